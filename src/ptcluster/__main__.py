@@ -1,0 +1,3 @@
+from ptcluster.cli import main
+
+main()

@@ -1,0 +1,49 @@
+"""Print the exact environment each node's ranks get, as shell exports."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import click
+
+from ptcluster.cli.common import cluster_option, load_spec
+from ptcluster.errors import UsageError
+from ptcluster.launch.job import prepare
+from ptcluster.launch.plan import SHIM_VAR, Target, rank_env
+
+
+@click.command(help=__doc__)
+@cluster_option
+@click.option("--node", "node_host", metavar="HOST", help="Only this node.")
+@click.option("--port", type=click.IntRange(1, 65535), help="Override master.port.")
+@click.option("--nproc", type=int, help="Processes on the local cluster.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per node.")
+def env(cluster: str | None, node_host: str | None, port: int | None, nproc: int | None,
+        as_json: bool) -> None:
+    spec = load_spec(cluster, nproc)
+    plan = prepare(spec, Target(module="_"), port=port)
+    nodes = [n for n in plan.nodes if node_host in (None, n.host)]
+    if not nodes:
+        raise UsageError(f"no node {node_host!r} in {spec.source}",
+                         "use one of: " + ", ".join(n.host for n in plan.nodes))
+    out = []
+    for node in nodes:
+        env_items = [(k, v) for k, v in rank_env(plan, node) if k != SHIM_VAR
+                     and k != "PTCLUSTER_JOB_ID"]
+        if as_json:
+            out.append({"host": node.host, "node_rank": node.node_rank,
+                        "ranks": [node.ranks.start, node.ranks.stop - 1],
+                        "interface": node.interface, "env": dict(env_items)})
+            continue
+        click.echo(f"# node {node.node_rank}: {node.host}  ranks {node.ranks.start}.."
+                   f"{node.ranks.stop - 1} (RANK = {node.rank_base} + LOCAL_RANK, "
+                   f"LOCAL_RANK 0..{node.nproc - 1})")
+        if node.interface is None:
+            click.echo("# NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME: detected on the node at launch "
+                       f"(the interface of its route to {plan.master_addr})")
+        for key, value in env_items:
+            click.echo(f"export {key}={shlex.quote(value)}")
+        click.echo("")
+    if as_json:
+        click.echo(json.dumps(out if node_host is None else out[0], indent=2))

@@ -1,0 +1,101 @@
+"""Run a script or module as one DDP job on every node (torchrun on each, one rendezvous)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ptcluster.cli.common import cluster_option, load_spec
+from ptcluster.errors import UsageError
+from ptcluster.launch.job import prepare, run_dir_for, transports
+from ptcluster.launch.plan import LaunchPlan, Target
+from ptcluster.launch.runner import Runner, RunResult
+
+
+@click.command(help=__doc__, context_settings={"allow_interspersed_args": False,
+                                               "ignore_unknown_options": True})
+@cluster_option
+@click.option("--nproc", type=int, help="Processes on the local cluster (default: GPUs, or 2).")
+@click.option("--port", type=click.IntRange(1, 65535), help="Rendezvous port (overrides master.port).")
+@click.option("-m", "module", metavar="MODULE", help="Run a module, like python -m.")
+@click.option("--run-dir", "runs_dir", metavar="DIR", help="Parent of the run directory "
+              "(default: ./ptcluster-runs).")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
+        runs_dir: str | None, args: tuple[str, ...]) -> None:
+    if module is None and not args:
+        raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
+                         "ptcluster run -m ptcluster.examples.mnist")
+    target = Target(module=module, args=args) if module else \
+        Target(script=args[0], args=args[1:])
+    spec = load_spec(cluster, nproc)
+    plan = prepare(spec, target, port=port)
+    run_dir = run_dir_for(plan, runs_dir)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    _print_plan(err, plan, run_dir)
+
+    def on_line(host: str, rank: int | None, text: str) -> None:
+        prefix = f"[{host}:{rank}]" if rank is not None else f"[{host}]"
+        sys.stdout.write(f"{prefix} {text}\n")
+        sys.stdout.flush()
+
+    runner = Runner(plan, transports(spec), run_dir, on_line=on_line,
+                    on_status=lambda text: err.print(f"[dim]ptcluster: {text}[/dim]",
+                                                     markup=True))
+    result = _run_with_signals(runner)
+    _print_summary(err, result)
+    code = 0 if result.ok else (130 if result.interrupted and result.root_cause is None else 1)
+    sys.exit(code)
+
+
+def _run_with_signals(runner: Runner) -> RunResult:
+    """Ctrl-C / SIGTERM end the job everywhere, in order, instead of killing the head."""
+    if threading.current_thread() is not threading.main_thread():
+        return runner.run()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        runner.request_stop(f"{signal.Signals(signum).name} received")
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return runner.run()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
+    console.print(f"[bold]ptcluster[/bold] job {plan.job_id}: world size {plan.world_size} on "
+                  f"{len(plan.nodes)} node(s), rendezvous {plan.master_addr}:{plan.master_port}, "
+                  f"backend {plan.backend}", markup=True)
+    for node in plan.nodes:
+        console.print(f"  node {node.node_rank} {node.host:<16} ranks {node.ranks.start}.."
+                      f"{node.ranks.stop - 1}  interface {node.interface or 'auto'}  "
+                      f"workdir {node.workdir}")
+    console.print(f"  logs: {run_dir}/")
+
+
+def _print_summary(console: Console, result: RunResult) -> None:
+    rc = result.root_cause
+    if rc is not None:
+        console.print(f"[bold red]Root cause (first observed failure):[/bold red] "
+                      f"{rc.headline()}", markup=True)
+        for line in rc.last_lines[-10:]:
+            console.print(f"    {line}", markup=False)
+    table = Table(title=f"job {result.job_id} ({result.duration:.1f} s)", title_justify="left")
+    for col in ("rank", "host", "local", "status", "duration"):
+        table.add_column(col)
+    for r in result.ranks:
+        style = "green" if r.exit_code == 0 else "red"
+        table.add_row(str(r.rank), r.host, str(r.local_rank), f"[{style}]{r.status}[/{style}]",
+                      f"{r.duration:.1f} s" if r.duration is not None else "-")
+    console.print(table)
+    verdict = "[green]ok[/green]" if result.ok else (
+        "[yellow]interrupted[/yellow]" if result.interrupted else "[red]failed[/red]")
+    console.print(f"{verdict}; logs in {result.run_dir}/", markup=True)

@@ -1,0 +1,54 @@
+"""The pieces ``ptcluster run`` (and later doctor/bench) put together: port, plan, transports."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+from ptcluster.launch.plan import LaunchPlan, Target, new_job_id, plan_launch
+from ptcluster.remote.transport import Transport, transport_for
+from ptcluster.spec.model import DEFAULT_MASTER_PORT, ClusterSpec
+
+DEFAULT_RUNS_DIR = "ptcluster-runs"
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (the local cluster's rendezvous, like --standalone)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_port(spec: ClusterSpec, override: int | None) -> int:
+    if override is not None:
+        return override
+    if spec.master.port is not None:
+        return spec.master.port
+    return free_port() if spec.local else DEFAULT_MASTER_PORT
+
+
+def local_gpu_count() -> int:
+    """GPUs on this machine, without importing torch (nvidia-smi -L); 0 when none."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def prepare(spec: ClusterSpec, target: Target, port: int | None = None,
+            job_id: str | None = None) -> LaunchPlan:
+    return plan_launch(spec, target, port=resolve_port(spec, port), job_id=job_id or new_job_id())
+
+
+def transports(spec: ClusterSpec) -> dict[str, Transport]:
+    return {node.host: transport_for(node, spec.local) for node in spec.nodes}
+
+
+def run_dir_for(plan: LaunchPlan, base: str | Path | None) -> Path:
+    return Path(base or DEFAULT_RUNS_DIR) / plan.job_id

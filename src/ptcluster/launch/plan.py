@@ -1,0 +1,141 @@
+"""Spec -> :class:`LaunchPlan`: per node, its node rank, process count, argv and env.
+
+Pure functions: no network, no processes. ``ptcluster env`` prints exactly what this computes,
+and the runner executes exactly this.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from ptcluster.spec.model import ClusterSpec, NodeSpec
+
+SHIM_VAR = "PTCLUSTER_WORKER_SHIM"
+SHIM_BOOT = f"import os;exec(compile(os.environ[{SHIM_VAR!r}],'ptcluster-shim','exec'))"
+JOB_VAR = "PTCLUSTER_JOB_ID"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """What every rank runs: a module (``-m``) or a script, with its arguments."""
+
+    module: str | None = None
+    script: str | None = None
+    args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.module is None) == (self.script is None):
+            raise ValueError("give exactly one of module or script")
+
+    def argv(self) -> list[str]:
+        head = ["-m", self.module] if self.module else [self.script or ""]
+        return head + list(self.args)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodePlan:
+    host: str
+    node_rank: int
+    nproc: int
+    rank_base: int
+    python: str
+    workdir: str
+    interface: str | None
+    """Socket interface for NCCL/Gloo; None: the guard detects the route to the master."""
+    argv: tuple[str, ...]
+    """torchrun command line, run by the guard on the node."""
+    env: tuple[tuple[str, str], ...]
+    """What we add to the node's environment for torchrun and its ranks."""
+    is_master: bool
+
+    @property
+    def ranks(self) -> range:
+        return range(self.rank_base, self.rank_base + self.nproc)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan:
+    job_id: str
+    master_addr: str
+    master_port: int
+    world_size: int
+    backend: str
+    nodes: tuple[NodePlan, ...]
+
+    def node_of_rank(self, rank: int) -> NodePlan:
+        for node in self.nodes:
+            if rank in node.ranks:
+                return node
+        raise KeyError(rank)
+
+
+def new_job_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+@lru_cache(maxsize=1)
+def shim_source() -> str:
+    return resources.files("ptcluster.launch").joinpath("shim.py").read_text()
+
+
+def torchrun_argv(spec: ClusterSpec, node: NodeSpec, node_rank: int, port: int,
+                  target: Target) -> list[str]:
+    return [
+        node.python, "-m", "torch.distributed.run",
+        "--nnodes", str(len(spec.nodes)),
+        "--node-rank", str(node_rank),
+        "--nproc-per-node", str(node.slots),
+        "--master-addr", spec.master.addr,
+        "--master-port", str(port),
+        "--max-restarts", "0",
+        "--tee", "3",  # per-rank prefixed lines: "[default<local_rank>]:"
+        "--no-python", node.python, "-u", "-c", SHIM_BOOT,
+        *target.argv(),
+    ]
+
+
+def node_env(spec: ClusterSpec, node: NodeSpec, job_id: str) -> list[tuple[str, str]]:
+    env = list(spec.env)
+    env.append(("PYTHONUNBUFFERED", "1"))
+    env.append(("PTCLUSTER_BACKEND", spec.backend))
+    env.append((JOB_VAR, job_id))
+    if node.interface:
+        env.append(("NCCL_SOCKET_IFNAME", node.interface))
+        env.append(("GLOO_SOCKET_IFNAME", node.interface))
+    return env
+
+
+def plan_launch(spec: ClusterSpec, target: Target, *, port: int, job_id: str) -> LaunchPlan:
+    """The whole job: node ``i`` of the file gets node rank ``i`` and the next ``slots`` ranks."""
+    nodes = []
+    for i, node in enumerate(spec.nodes):
+        nodes.append(NodePlan(
+            host=node.host, node_rank=i, nproc=node.slots, rank_base=spec.rank_base(i),
+            python=node.python, workdir=node.workdir, interface=node.interface,
+            argv=tuple(torchrun_argv(spec, node, i, port, target)),
+            env=tuple(node_env(spec, node, job_id)),
+            is_master=i == 0,  # static rendezvous: node rank 0 hosts the store
+        ))
+    return LaunchPlan(job_id=job_id, master_addr=spec.master.addr, master_port=port,
+                      world_size=spec.world_size, backend=spec.backend, nodes=tuple(nodes))
+
+
+def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
+    """What every rank on ``node`` sees (ours plus torchrun's), for ``ptcluster env``.
+
+    RANK and LOCAL_RANK differ per process; they are given as ranges in the caller's output.
+    """
+    env = [(k, v) for k, v in node.env]
+    env += [
+        ("MASTER_ADDR", plan.master_addr),
+        ("MASTER_PORT", str(plan.master_port)),
+        ("WORLD_SIZE", str(plan.world_size)),
+        ("NODE_RANK", str(node.node_rank)),
+        ("GROUP_RANK", str(node.node_rank)),
+        ("LOCAL_WORLD_SIZE", str(node.nproc)),
+    ]
+    return env

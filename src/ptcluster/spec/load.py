@@ -1,0 +1,240 @@
+"""Cluster file, hostfile and ``--hosts`` -> :class:`ClusterSpec`.
+
+All validation happens here, at the boundary; the rest of the code trusts the spec.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ptcluster.errors import SpecError
+from ptcluster.spec.model import (
+    BACKENDS,
+    DEFAULT_MASTER_PORT,
+    ClusterSpec,
+    MasterSpec,
+    NodeSpec,
+    SshSpec,
+)
+from ptcluster.spec.validate import Reader, did_you_mean
+
+TOP_KEYS = ("nodes", "master", "backend", "interface", "python", "workdir", "env", "ssh")
+NODE_KEYS = ("host", "slots", "interface", "python", "workdir", "ssh")
+MASTER_KEYS = ("addr", "port")
+SSH_KEYS = ("user", "port", "identity_file", "config_file", "options")
+
+CLUSTER_ENV_VAR = "PTCLUSTER_CLUSTER"
+DEFAULT_CLUSTER_FILE = "cluster.yaml"
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen[key] = key_node
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_cluster_text(text: str, source: str) -> ClusterSpec:
+    """Parse and validate cluster-file text; ``source`` names it in errors."""
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = f"line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(source, line, f"YAML syntax error: {problem}",
+                        "fix the YAML at that line (indentation, a missing ':' or quote)") from None
+    if data is None:
+        raise SpecError(source, "", "the file is empty",
+                        "describe at least `nodes:`; `ptcluster init --hosts h1:2,h2:2` writes one")
+    return spec_from_data(data, source)
+
+
+def spec_from_data(data: Any, source: str) -> ClusterSpec:
+    r = Reader(source)
+    top = r.mapping(data, "", TOP_KEYS)
+    raw_nodes = top.get("nodes")
+    if raw_nodes is None:
+        raise r.fail("nodes", "is missing",
+                     "add `nodes:` with one `- host: NAME` entry per machine")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise r.fail("nodes", "must be a non-empty list of nodes",
+                     "add one `- host: NAME` entry per machine")
+
+    backend = top.get("backend", "auto")
+    if backend not in BACKENDS:
+        raise r.fail("backend", f"unknown backend {backend!r}", did_you_mean(str(backend), BACKENDS))
+    interface = r.interface(top["interface"], "interface") if "interface" in top else None
+    python = r.text(top["python"], "python", "the interpreter path on the nodes") \
+        if "python" in top else sys.executable
+    workdir = r.text(top["workdir"], "workdir", "a directory present on every node") \
+        if "workdir" in top else os.getcwd()
+    ssh = _ssh(r, top["ssh"], "ssh") if "ssh" in top else SshSpec()
+    env = r.env(top.get("env"), "env")
+
+    nodes: list[NodeSpec] = []
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(raw_nodes):
+        path = f"nodes[{i}]"
+        if isinstance(raw, str):
+            host, slots = _host_slots(r, raw, path)
+            raw = {"host": host, "slots": slots}
+        node = r.mapping(raw, path, NODE_KEYS)
+        if "host" not in node:
+            raise r.fail(f"{path}.host", "is missing", "add `host: NAME` to this node")
+        host = r.host(node["host"], f"{path}.host")
+        if host.lower() in seen:
+            raise r.fail(f"{path}.host", f"duplicate host {host!r} (also nodes[{seen[host.lower()]}])",
+                         "list every machine once and give it more slots instead")
+        seen[host.lower()] = i
+        nodes.append(NodeSpec(
+            host=host,
+            slots=r.slots(node.get("slots", 1), f"{path}.slots"),
+            interface=r.interface(node["interface"], f"{path}.interface")
+            if "interface" in node else interface,
+            python=r.text(node["python"], f"{path}.python", "the interpreter path on this node")
+            if "python" in node else python,
+            workdir=r.text(node["workdir"], f"{path}.workdir", "a directory on this node")
+            if "workdir" in node else workdir,
+            ssh=ssh.merged(_ssh(r, node["ssh"], f"{path}.ssh")) if "ssh" in node else ssh,
+        ))
+
+    master_raw = r.mapping(top.get("master") or {}, "master", MASTER_KEYS)
+    master = MasterSpec(
+        addr=r.host(master_raw["addr"], "master.addr") if "addr" in master_raw else nodes[0].host,
+        port=r.port(master_raw["port"], "master.port") if "port" in master_raw
+        else DEFAULT_MASTER_PORT,
+    )
+    for i, node in enumerate(nodes[1:], start=1):
+        if node.host.lower() == master.addr.lower():
+            raise r.fail("master.addr", f"{master.addr!r} is nodes[{i}], but the rendezvous runs "
+                         "on the first node (node rank 0, ranks 0..)",
+                         f"move {master.addr} to the top of `nodes`, or drop master.addr")
+    return ClusterSpec(nodes=tuple(nodes), master=master, backend=backend, env=env, source=source)
+
+
+def _ssh(r: Reader, value: Any, path: str) -> SshSpec:
+    raw = r.mapping(value or {}, path, SSH_KEYS)
+    return SshSpec(
+        user=r.user(raw["user"], f"{path}.user") if "user" in raw else None,
+        port=r.port(raw["port"], f"{path}.port") if "port" in raw else None,
+        identity_file=r.text(raw["identity_file"], f"{path}.identity_file", "a private key path")
+        if "identity_file" in raw else None,
+        config_file=r.text(raw["config_file"], f"{path}.config_file", "an ssh config path")
+        if "config_file" in raw else None,
+        options=r.ssh_options(raw.get("options"), f"{path}.options"),
+    )
+
+
+_BRACKETED = re.compile(r"^\[(?P<host>[^\]]+)\](?::(?P<slots>.*))?$")
+
+
+def _host_slots(r: Reader, item: str, path: str) -> tuple[str, int]:
+    """``host``, ``host:N`` or ``[v6addr]:N`` -> (host, slots)."""
+    item = item.strip()
+    m = _BRACKETED.match(item)
+    if m:
+        host, slots_text = m.group("host"), m.group("slots")
+    elif item.count(":") == 1:
+        host, slots_text = item.split(":")
+    else:
+        host, slots_text = item, None
+    host = r.host(host, path)
+    if slots_text is None:
+        return host, 1
+    if not slots_text.strip().isdigit():
+        raise r.fail(path, f"slots {slots_text!r} in {item!r} is not an integer",
+                     "write HOST:SLOTS, e.g. node1:2")
+    return host, r.slots(int(slots_text), path)
+
+
+def parse_hosts(text: str) -> ClusterSpec:
+    """``--hosts h1:2,h2:1`` -> spec (other settings at their defaults)."""
+    r = Reader("--hosts")
+    items = [s for s in text.split(",") if s.strip()]
+    if not items:
+        raise r.fail("", "no hosts given", "write --hosts h1:2,h2:1")
+    nodes = [dict(zip(("host", "slots"), _host_slots(r, s, f"[{i}]"))) for i, s in
+             enumerate(items)]
+    return spec_from_data({"nodes": nodes}, "--hosts")
+
+
+def parse_hostfile_text(text: str, source: str) -> ClusterSpec:
+    """DeepSpeed/OpenMPI hostfile: ``host slots=N`` lines, ``#`` comments."""
+    r = Reader(source)
+    nodes: list[dict[str, Any]] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        path = f"line {lineno}"
+        host, *fields = line.split()
+        node: dict[str, Any] = {"host": r.host(host, path), "slots": 1}
+        for field_ in fields:
+            key, sep, value = field_.partition("=")
+            if not sep or key not in ("slots", "max_slots", "max-slots"):
+                raise r.fail(path, f"unexpected {field_!r}", "write `HOST slots=N`")
+            if not value.isdigit():
+                raise r.fail(path, f"{key}={value!r} is not an integer", "write `HOST slots=N`")
+            if key == "slots":
+                node["slots"] = r.slots(int(value), path)
+        nodes.append(node)
+    if not nodes:
+        raise r.fail("", "no hosts in the hostfile", "add `HOST slots=N` lines")
+    try:
+        return spec_from_data({"nodes": nodes}, source)
+    except SpecError as exc:  # report hostfile lines, not synthetic key paths
+        raise SpecError(source, "", exc.problem, exc.fix) from None
+
+
+def _read(path: str | os.PathLike[str], what: str) -> str:
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(str(p), "", f"{what} not found",
+                        "check the path, or write one with `ptcluster init`") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(str(p), "", f"cannot read the {what}: {exc}", "check the file") from None
+
+
+def load_cluster_file(path: str | os.PathLike[str]) -> ClusterSpec:
+    return parse_cluster_text(_read(path, "cluster file"), str(path))
+
+
+def load_hostfile(path: str | os.PathLike[str]) -> ClusterSpec:
+    return parse_hostfile_text(_read(path, "hostfile"), str(path))
+
+
+def local_cluster(nproc: int) -> ClusterSpec:
+    """This machine alone, reached without ssh; rendezvous on loopback on a free port."""
+    node = NodeSpec(host="localhost", slots=nproc, interface="lo",
+                    python=sys.executable, workdir=os.getcwd())
+    return ClusterSpec(nodes=(node,), master=MasterSpec(addr="127.0.0.1", port=None),
+                       source="<local>", local=True)
+
+
+def find_cluster_file(explicit: str | None) -> str | None:
+    """The cluster file to use: ``--cluster``, else ./cluster.yaml, else $PTCLUSTER_CLUSTER."""
+    if explicit:
+        return explicit
+    if Path(DEFAULT_CLUSTER_FILE).is_file():
+        return DEFAULT_CLUSTER_FILE
+    return os.environ.get(CLUSTER_ENV_VAR) or None

@@ -1,0 +1,112 @@
+"""The validated, frozen description of a cluster.
+
+Everything here is computed from the cluster file once; derived values (world size, node ranks,
+rank ranges) are properties, never stored twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BACKENDS = ("auto", "nccl", "gloo")
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True, kw_only=True)
+class SshSpec:
+    """How the head reaches a node with the OpenSSH client (``~/.ssh/config`` still applies)."""
+
+    user: str | None = None
+    """Login user; default: whatever ssh would use (``~/.ssh/config``, then the local user)."""
+    port: int | None = None
+    """sshd port on the node; default: ssh's own default (22 or ``~/.ssh/config``)."""
+    identity_file: str | None = None
+    """Private key passed with ``-i``."""
+    config_file: str | None = None
+    """An ssh config file passed with ``-F``."""
+    options: tuple[tuple[str, str], ...] = ()
+    """Extra ``-o KEY=VALUE`` options, in file order."""
+
+    def merged(self, override: SshSpec | None) -> SshSpec:
+        """This spec with every field that ``override`` sets replaced (options merged by key)."""
+        if override is None:
+            return self
+        options = dict(self.options)
+        options.update(dict(override.options))
+        return SshSpec(
+            user=override.user if override.user is not None else self.user,
+            port=override.port if override.port is not None else self.port,
+            identity_file=override.identity_file or self.identity_file,
+            config_file=override.config_file or self.config_file,
+            options=tuple(options.items()),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSpec:
+    """One machine of the cluster, with every per-node override already resolved."""
+
+    host: str
+    """Hostname or IP address the head uses to reach the node (and the default master address)."""
+    slots: int = 1
+    """Processes started on this node (normally its GPU count)."""
+    interface: str | None = None
+    """NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME on this node; None: detected on the node."""
+    python: str
+    """Interpreter on the node."""
+    workdir: str
+    """Working directory of the job on the node."""
+    ssh: SshSpec = field(default_factory=SshSpec)
+    """Resolved ssh settings for this node (cluster-wide ``ssh`` merged with the node's own)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MasterSpec:
+    """Where the rendezvous runs."""
+
+    addr: str
+    """Address every node connects to for the rendezvous."""
+    port: int | None = DEFAULT_MASTER_PORT
+    """Rendezvous TCP port; None (local cluster only): a free port is chosen at launch."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """A whole cluster: nodes in rank order plus job-wide settings."""
+
+    nodes: tuple[NodeSpec, ...]
+    master: MasterSpec
+    backend: str = "auto"
+    """auto (NCCL when every rank has a GPU, else gloo) | nccl | gloo."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Variables every rank gets, in file order. Nothing else of the head's env is shipped."""
+    source: str = "<local>"
+    """Where the spec came from (a file path, ``--hosts`` or ``<local>``), for messages."""
+    local: bool = False
+    """True for the local cluster: this machine alone, reached without ssh."""
+
+    def __post_init__(self) -> None:
+        assert self.nodes, "a cluster has at least one node"
+        assert self.backend in BACKENDS, self.backend
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.slots for n in self.nodes)
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def node_rank(self, host: str) -> int:
+        for i, node in enumerate(self.nodes):
+            if node.host == host:
+                return i
+        raise KeyError(host)
+
+    def rank_base(self, node_rank: int) -> int:
+        """Global rank of local rank 0 on node ``node_rank`` (ranks follow file order)."""
+        return sum(n.slots for n in self.nodes[:node_rank])
+
+    def ranks_of(self, node_rank: int) -> range:
+        base = self.rank_base(node_rank)
+        return range(base, base + self.nodes[node_rank].slots)
