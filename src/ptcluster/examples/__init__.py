@@ -1,0 +1,1 @@
+"""Reference jobs that run under ``ptcluster run``."""

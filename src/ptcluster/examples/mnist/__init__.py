@@ -1,0 +1,1 @@
+"""The reference DDP trainer: ``ptcluster run -m ptcluster.examples.mnist``."""

@@ -1,0 +1,5 @@
+import sys
+
+from ptcluster.examples.mnist.train import main
+
+sys.exit(main())

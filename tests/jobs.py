@@ -1,0 +1,100 @@
+"""Helpers to run `ptcluster run` as a real subprocess and watch it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+class Head:
+    """A `ptcluster ...` process with its output collected live."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+        self.lines: list[str] = []
+        self.err: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ptcluster", *args], cwd=cwd,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **(env or {})}, start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        self._threads = [threading.Thread(target=self._pump, args=(s, into), daemon=True)
+                         for s, into in ((self.proc.stdout, self.lines),
+                                         (self.proc.stderr, self.err))]
+        for t in self._threads:
+            t.start()
+
+    def _pump(self, stream, into: list[str]) -> None:
+        for line in stream:
+            into.append(line.rstrip("\n"))
+
+    def wait_for(self, text: str, count: int = 1, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sum(text in line for line in self.lines) >= count:
+                return
+            if self.proc.poll() is not None:
+                time.sleep(0.2)
+                if sum(text in line for line in self.lines) >= count:
+                    return
+                raise AssertionError(f"exited {self.proc.returncode} before {text!r}:\n"
+                                     + self.output())
+            time.sleep(0.05)
+        raise AssertionError(f"no {text!r} after {timeout} s:\n" + self.output())
+
+    def wait(self, timeout: float = 300.0) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        for t in self._threads:
+            t.join(timeout=5)
+        return code
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def output(self) -> str:
+        return "\n".join(self.lines[-60:] + ["--- stderr ---"] + self.err[-60:])
+
+
+def run_head(args: list[str], cwd: Path, timeout: float = 300.0,
+             env: dict[str, str] | None = None) -> tuple[int, Head]:
+    head = Head(args, cwd, env)
+    try:
+        return head.wait(timeout), head
+    finally:
+        if head.proc.poll() is None:
+            head.kill()
+
+
+def only_run(runs: Path) -> tuple[str, dict]:
+    """The job id and summary.json of the single run under ``runs``."""
+    (run,) = [p for p in runs.iterdir() if p.is_dir()]
+    summary = run / "summary.json"
+    return run.name, json.loads(summary.read_text()) if summary.exists() else {}
+
+
+def job_id_when_started(runs: Path, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if runs.is_dir():
+            found = [p.name for p in runs.iterdir() if p.is_dir()]
+            if found:
+                return found[0]
+        time.sleep(0.05)
+    raise AssertionError("no run directory appeared")

@@ -1,0 +1,93 @@
+"""Spec -> plan -> argv/env, pure; and the ssh command line. No processes, no network."""
+
+from __future__ import annotations
+
+import shlex
+
+from ptcluster.launch.plan import SHIM_VAR, Target, plan_launch, rank_env
+from ptcluster.remote.bootstrap import BOOTSTRAP, guard_argv
+from ptcluster.remote.transport import LocalTransport, SshTransport
+from ptcluster.spec import SshSpec, local_cluster, parse_cluster_text
+
+CLUSTER = """
+nodes:
+  - {host: n1, slots: 2}
+  - {host: n2, slots: 1, interface: ens33, python: /other/python, workdir: /w2}
+  - {host: n3, slots: 1}
+interface: eth0
+python: /venv/bin/python
+workdir: /w
+env: {NCCL_DEBUG: WARN, WEIRD: "a b; $(x)"}
+"""
+
+
+def _arg(argv: tuple[str, ...], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_2_1_1_plan_ranks_and_argv() -> None:
+    spec = parse_cluster_text(CLUSTER, "c.yaml")
+    plan = plan_launch(spec, Target(script="train.py", args=("--lr", "0.1")), port=29511,
+                       job_id="J")
+    assert plan.world_size == 4
+    assert [list(n.ranks) for n in plan.nodes] == [[0, 1], [2], [3]]
+    assert [n.is_master for n in plan.nodes] == [True, False, False]
+    for i, node in enumerate(plan.nodes):
+        argv = node.argv
+        assert argv[:3] == (node.python, "-m", "torch.distributed.run")
+        assert _arg(argv, "--nnodes") == "3"
+        assert _arg(argv, "--node-rank") == str(i)
+        assert _arg(argv, "--nproc-per-node") == str(spec.nodes[i].slots)
+        assert _arg(argv, "--master-addr") == "n1"
+        assert _arg(argv, "--master-port") == "29511"
+        assert argv[-3:] == ("train.py", "--lr", "0.1")
+    assert plan.nodes[1].python == "/other/python" and plan.nodes[1].workdir == "/w2"
+    assert plan.nodes[2].workdir == "/w"
+    assert plan.node_of_rank(2).host == "n2"
+
+
+def test_env_is_cluster_env_plus_ours_only() -> None:
+    spec = parse_cluster_text(CLUSTER, "c.yaml")
+    plan = plan_launch(spec, Target(module="m"), port=29500, job_id="J")
+    env = dict(plan.nodes[1].env)
+    assert env["NCCL_DEBUG"] == "WARN" and env["WEIRD"] == "a b; $(x)"
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "ens33"
+    assert dict(plan.nodes[0].env)["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert env["PTCLUSTER_JOB_ID"] == "J"
+    assert set(env) == {"NCCL_DEBUG", "WEIRD", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+                        "PYTHONUNBUFFERED", "PTCLUSTER_BACKEND", "PTCLUSTER_JOB_ID"}
+    assert SHIM_VAR not in env  # added by the runner, not shown by `env`
+    full = dict(rank_env(plan, plan.nodes[2]))
+    assert full["WORLD_SIZE"] == "4" and full["NODE_RANK"] == "2"
+    assert full["MASTER_ADDR"] == "n1" and full["MASTER_PORT"] == "29500"
+    assert full["LOCAL_WORLD_SIZE"] == "1"
+
+
+def test_module_target_argv() -> None:
+    plan = plan_launch(local_cluster(2), Target(module="pkg.mod", args=("-x",)), port=1234,
+                       job_id="J")
+    (node,) = plan.nodes
+    assert node.argv[-3:] == ("-m", "pkg.mod", "-x")
+    assert _arg(node.argv, "--master-addr") == "127.0.0.1"
+    assert dict(node.env)["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+def test_ssh_argv_batchmode_quoting_and_user_options_first() -> None:
+    ssh = SshSpec(user="ubuntu", port=2222, identity_file="/k/id", config_file="/k/cfg",
+                  options=(("ServerAliveInterval", "2"), ("ProxyJump", "bastion")))
+    argv = SshTransport(host="n1", ssh=ssh).argv(guard_argv("/opt/my env/python"))
+    assert argv[0] == "ssh"
+    assert argv[argv.index("-F") + 1] == "/k/cfg" and argv[argv.index("-i") + 1] == "/k/id"
+    assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "ubuntu"
+    opts = [argv[i + 1] for i, a in enumerate(argv) if a == "-o"]
+    assert opts.index("ServerAliveInterval=2") < opts.index("BatchMode=yes")
+    assert "ServerAliveInterval=5" not in opts  # the user's value wins, ours is not added
+    assert "ProxyJump=bastion" in opts and "ConnectTimeout=10" in opts
+    assert not any("StrictHostKeyChecking" in o for o in opts)
+    assert argv[-3:-1] == ["--", "n1"]
+    # The remote command is one shell-quoted string that splits back to the exact argv.
+    assert shlex.split(argv[-1]) == ["/opt/my env/python", "-u", "-c", BOOTSTRAP]
+
+
+def test_local_transport_runs_argv_as_is() -> None:
+    assert LocalTransport().argv(["a b", "c"]) == ["a b", "c"]
