@@ -276,13 +276,17 @@ def _reap() -> None:
 
 def _reap_others(keep: int) -> None:
     """Reap re-parented orphans (we are a subreaper) without stealing the child's status."""
-    me = os.getpid()
-    for pid, ppid, state in _proc_table():
-        if ppid == me and state == "Z" and pid != keep:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid == keep:
+            return  # nothing to reap, or the child itself: Popen.poll() collects that one
+        try:
+            os.waitpid(info.si_pid, 0)
+        except ChildProcessError:
+            return
 
 
 def _rmtree(path: str) -> None:

@@ -185,6 +185,7 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
                                  shuffle=True, seed=args.seed)
     loss_fn = nn.CrossEntropyLoss()
     samples, train_time, accuracy = 0, 0.0, float("nan")
+    t_start = time.perf_counter()
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         order = torch.tensor(list(sampler), device=device)
@@ -205,8 +206,9 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
         samples += len(order) * world
         total_loss, count = all_sum([loss_sum.item(), len(order)], device, world)
         accuracy = evaluate(net, data, rank, world, device)
-        log.info("epoch %d/%d loss=%.4f test_accuracy=%.4f time=%.2fs", epoch + 1, args.epochs,
-                 total_loss / count, accuracy, time.perf_counter() - t0)
+        log.info("epoch %d/%d loss=%.4f test_accuracy=%.4f time=%.2fs elapsed=%.2fs", epoch + 1,
+                 args.epochs, total_loss / count, accuracy, time.perf_counter() - t0,
+                 time.perf_counter() - t_start)
         if rank == 0:
             save_checkpoint(ckpt_path, {"model": net.state_dict(), "optimizer": opt.state_dict(),
                                         "epoch": epoch, "dataset": data.name})

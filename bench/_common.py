@@ -1,0 +1,58 @@
+"""Shared helpers for the benchmark scripts: timing whole commands, medians, streams."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+PTCLUSTER = [str(BIN / "ptcluster")]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def timed(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+    took = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(argv)}\n{proc.stdout[-2000:]}"
+                         f"\n{proc.stderr[-2000:]}")
+    return took
+
+
+def time_to_line(argv: list[str], cwd: Path, predicate,
+                 timeout: float = 600) -> tuple[float, str]:
+    """(seconds from start, the line) for the first stdout line that satisfies ``predicate``;
+    the run is then ended."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if predicate(line):
+                return time.perf_counter() - t0, line
+            if time.perf_counter() - t0 > timeout:
+                break
+        raise SystemExit(f"never reached the target: {' '.join(argv)}")
+    finally:
+        if proc.poll() is None:
+            import signal
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def show(rows: list[tuple[str, str]]) -> None:
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
