@@ -49,3 +49,28 @@ def no_leftovers():
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+@pytest.fixture(scope="module")
+def testbed():
+    """A 3-node namespace testbed shared by a test module (torn down even on failure).
+
+    In CI (CI=true) a testbed that cannot start fails the tests; elsewhere they skip.
+    """
+    from tests.testbed import Testbed, TestbedError, available
+
+    why = available()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI needs the multi-node testbed: {why}")
+        pytest.skip(f"multi-node testbed unavailable: {why}")
+    try:
+        bed = Testbed(3)
+    except TestbedError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the testbed did not start: {exc}")
+        pytest.skip(f"the testbed did not start: {exc}")
+    try:
+        yield bed
+    finally:
+        bed.close()

@@ -206,16 +206,25 @@ class GuardError(Exception):
 
 
 def route_interface(addr: str) -> str:
-    """The interface the kernel uses to reach ``addr`` (``ip route get``); '' if unknown."""
+    """The interface this node uses to reach ``addr`` (``ip route get``); '' if unknown.
+
+    When ``addr`` is this node's own address the kernel routes it over ``lo``; the interface
+    peers reach it on is the one that holds the address, so that one is returned.
+    """
     try:
         ip = socket.getaddrinfo(addr, None, socket.AF_INET)[0][4][0]
         out = subprocess.run(["ip", "-o", "route", "get", str(ip)], capture_output=True,
                              text=True, timeout=5).stdout.split()
-    except (OSError, subprocess.SubprocessError, socket.gaierror, IndexError):
+        dev = out[out.index("dev") + 1] if "dev" in out else ""
+        if dev == "lo" and not ip.startswith("127."):
+            for line in subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True,
+                                       text=True, timeout=5).stdout.splitlines():
+                fields = line.split()
+                if len(fields) > 3 and fields[3].split("/")[0] == ip:
+                    return fields[1].split("@")[0]
+        return dev
+    except (OSError, subprocess.SubprocessError, socket.gaierror, IndexError, ValueError):
         return ""
-    if "dev" in out:
-        return out[out.index("dev") + 1]
-    return ""
 
 
 def _set_subreaper() -> None:

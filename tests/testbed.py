@@ -1,0 +1,254 @@
+"""A multi-host testbed on one machine: network namespaces joined by a bridge, each "node" with
+its own address, hostname, /etc/hosts and a real sshd; plus a client key, known_hosts and an ssh
+config for the head (the root namespace).
+
+Needs root, iproute2, openssh-server and util-linux's unshare. Names are unique per testbed;
+``close()`` tears everything down (also after a failure) and only ever signals processes that
+live in the testbed's own namespaces. Traffic goes only to the testbed's own addresses.
+
+By hand:  .venv/bin/python scripts/testbed.py up 3    (prints the cluster file; Ctrl-C ends it)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+class TestbedError(RuntimeError):
+    pass
+
+
+def available() -> str | None:
+    """None when a testbed can be built here, else the reason it cannot."""
+    if os.geteuid() != 0:
+        return "the testbed needs root (network namespaces)"
+    for tool in ("ip", "ssh", "ssh-keygen", "unshare"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    if not os.path.exists(SSHD):
+        return "sshd is not installed (apt-get install openssh-server)"
+    return None
+
+
+def _run(*argv: str, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise TestbedError(f"{' '.join(argv)}: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+@dataclass(frozen=True)
+class Node:
+    index: int
+    name: str  # hostname inside the node, and its alias for ssh
+    addr: str
+    netns: str
+    veth_host: str
+    sshd_pidfile: Path
+
+    def pids(self) -> list[int]:
+        out = _run("ip", "netns", "pids", self.netns, check=False).stdout.split()
+        return [int(p) for p in out if p.isdigit()]
+
+
+class Testbed:
+    def __init__(self, n: int, root: Path | None = None) -> None:
+        why = available()
+        if why:
+            raise TestbedError(why)
+        self.id = secrets.token_hex(3)
+        self.dir = (root or Path.home() / ".cache" / "ptcluster-testbed") / self.id
+        self.bridge = f"ptcb{self.id}"
+        self.subnet = _free_subnet()
+        hosts = list(self.subnet.hosts())
+        self.bridge_addr = str(hosts[0])
+        self.nodes = [Node(index=i, name=f"tb{self.id}-n{i}", addr=str(hosts[10 + i]),
+                           netns=f"ptc{self.id}n{i}", veth_host=f"ptc{self.id}h{i}",
+                           sshd_pidfile=self.dir / f"sshd{i}.pid") for i in range(n)]
+        self.unused_addr = str(hosts[200])  # in the subnet, never assigned: "unreachable"
+        self.key = self.dir / "id_ed25519"
+        self.ssh_config = self.dir / "ssh_config"
+        self._made_run_sshd = False
+        self._up = False
+        try:
+            self._bring_up()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- bring-up -----------------------------------------------------------------------------
+    def _bring_up(self) -> None:
+        self.dir.mkdir(parents=True, mode=0o700)
+        os.chmod(self.dir.parent, 0o700)
+        self._up = True
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key))
+        (self.dir / "authorized_keys").write_text((self.dir / "id_ed25519.pub").read_text())
+        os.chmod(self.dir / "authorized_keys", 0o600)
+        if not os.path.isdir("/run/sshd"):
+            os.makedirs("/run/sshd", mode=0o755)
+            self._made_run_sshd = True
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"{self.bridge_addr}/{self.subnet.prefixlen}", "dev",
+             self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+        hosts = ["127.0.0.1 localhost"] + [f"{n.addr} {n.name}" for n in self.nodes]
+        (self.dir / "hosts").write_text("\n".join(hosts) + "\n")
+        known, config = [], []
+        for node in self.nodes:
+            self._add_node(node)
+            pub = (self.dir / f"host{node.index}.pub").read_text().split()
+            known.append(f"{node.name},{node.addr} {pub[0]} {pub[1]}")
+            config.append(f"Host {node.name} {node.addr}\n  HostName {node.addr}\n")
+        config.append(f"Host {self.unused_addr}\n  HostName {self.unused_addr}\n")
+        (self.dir / "known_hosts").write_text("\n".join(known) + "\n")
+        config.append(
+            "Host *\n  User root\n"
+            f"  IdentityFile {self.key}\n  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {self.dir / 'known_hosts'}\n  GlobalKnownHostsFile /dev/null\n"
+            "  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 5\n"
+            "  LogLevel ERROR\n")
+        self.ssh_config.write_text("\n".join(config))
+        for node in self.nodes:
+            self._wait_ssh(node)
+
+    def _add_node(self, node: Node) -> None:
+        _run("ip", "netns", "add", node.netns)
+        _run("ip", "link", "add", node.veth_host, "type", "veth", "peer", "name", "veth0",
+             "netns", node.netns)
+        _run("ip", "link", "set", node.veth_host, "master", self.bridge)
+        _run("ip", "link", "set", node.veth_host, "up")
+        ns = ("ip", "netns", "exec", node.netns)
+        _run(*ns, "ip", "addr", "add", f"{node.addr}/{self.subnet.prefixlen}", "dev", "veth0")
+        _run(*ns, "ip", "link", "set", "veth0", "up")
+        _run(*ns, "ip", "link", "set", "lo", "up")
+        hostkey = self.dir / f"host{node.index}"
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hostkey))
+        conf = self.dir / f"sshd{node.index}.conf"
+        conf.write_text(
+            f"ListenAddress {node.addr}\nPort 22\nHostKey {hostkey}\n"
+            f"PidFile {node.sshd_pidfile}\nAuthorizedKeysFile {self.dir / 'authorized_keys'}\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nUsePAM no\nPrintMotd no\n"
+            "AcceptEnv LANG LC_*\nMaxStartups 100:30:200\nMaxSessions 100\n")
+        script = (f"hostname {node.name} && mount --bind {self.dir / 'hosts'} /etc/hosts && "
+                  f"exec {SSHD} -f {conf} -E {self.dir / f'sshd{node.index}.log'}")
+        _run(*ns, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script)
+
+    def _wait_ssh(self, node: Node, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = _run("ssh", "-F", str(self.ssh_config), node.name, "true", check=False)
+            if proc.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise TestbedError(f"sshd on {node.name} never answered: {proc.stderr.strip()}")
+            time.sleep(0.1)
+
+    # -- use ----------------------------------------------------------------------------------
+    def cluster_yaml(self, slots: list[int], *, extra: str = "", hosts: list[str] | None = None,
+                     python: str | None = None, workdir: str | None = None,
+                     port: int | None = None) -> str:
+        names = hosts or [n.name for n in self.nodes[:len(slots)]]
+        lines = ["nodes:"] + [f"  - {{host: {h}, slots: {s}}}" for h, s in zip(names, slots)]
+        if port:
+            lines.append(f"master: {{port: {port}}}")
+        lines.append(f"ssh: {{config_file: {self.ssh_config}, "
+                     "options: {ServerAliveInterval: 2, ServerAliveCountMax: 3}}")
+        if python:
+            lines.append(f"python: {python}")
+        if workdir:
+            lines.append(f"workdir: {workdir}")
+        return "\n".join(lines) + "\n" + extra
+
+    def ssh(self, node: Node, command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return _run("ssh", "-F", str(self.ssh_config), node.name, command, check=False,
+                    timeout=timeout)
+
+    def exec_in(self, node: Node, *argv: str) -> subprocess.Popen[bytes]:
+        """Start a process inside a node's network namespace (for faults such as a port hog)."""
+        return subprocess.Popen(["ip", "netns", "exec", node.netns, *argv],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+
+    def cut_link(self, node: Node) -> None:
+        _run("ip", "link", "set", node.veth_host, "down")
+
+    def restore_link(self, node: Node) -> None:
+        _run("ip", "link", "set", node.veth_host, "up")
+
+    def node_of_pid(self, pid: int) -> Node | None:
+        try:
+            mine = os.readlink(f"/proc/{pid}/ns/net")
+        except OSError:
+            return None
+        for node in self.nodes:
+            try:
+                target = os.stat(f"/run/netns/{node.netns}").st_ino
+            except OSError:
+                continue
+            if mine == f"net:[{target}]":
+                return node
+        return None
+
+    # -- teardown -----------------------------------------------------------------------------
+    def close(self) -> None:
+        if not self._up:
+            return
+        for node in self.nodes:
+            self._kill_pidfile(node.sshd_pidfile)
+        for node in self.nodes:
+            if os.path.exists(f"/run/netns/{node.netns}"):
+                for pid in node.pids():
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            _run("ip", "link", "del", node.veth_host, check=False)  # netns del frees it lazily
+            _run("ip", "netns", "del", node.netns, check=False)
+        _run("ip", "link", "del", self.bridge, check=False)
+        if self._made_run_sshd:
+            shutil.rmtree("/run/sshd", ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self._up = False
+
+    @staticmethod
+    def _kill_pidfile(path: Path) -> None:
+        try:
+            pid = int(path.read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+
+    def __enter__(self) -> Testbed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    """A random 10.213.X.0/24 that no route on this machine already covers."""
+    routes = _run("ip", "-4", "route", "show", "table", "all", check=False).stdout
+    used = set()
+    for line in routes.splitlines():
+        first = line.split()[0] if line.split() else ""
+        for word in (first, *line.split()):
+            try:
+                used.add(ipaddress.ip_network(word, strict=False))
+            except ValueError:
+                continue
+    for _ in range(100):
+        net = ipaddress.ip_network(f"10.213.{secrets.randbelow(250) + 1}.0/24")
+        if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
+            return net
+    raise TestbedError("no free 10.213.X.0/24 subnet for the testbed")
