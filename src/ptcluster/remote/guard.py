@@ -101,6 +101,9 @@ class Guard:
         port = self.cfg.get("check_port")
         if port:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                # Like torch's TCPStore: connections of a previous job in TIME_WAIT are fine,
+                # only a socket still bound or listening on the port is a conflict.
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     s.bind(("", int(port)))
                 except OSError as exc:
