@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 from ptcluster.launch.plan import SHIM_VAR, Target, plan_launch, rank_env
-from ptcluster.remote.bootstrap import BOOTSTRAP, guard_argv
+from ptcluster.remote.bootstrap import BOOTSTRAP, node_argv
 from ptcluster.remote.transport import LocalTransport, SshTransport
 from ptcluster.spec import SshSpec, local_cluster, parse_cluster_text
 
@@ -75,7 +75,7 @@ def test_module_target_argv() -> None:
 def test_ssh_argv_batchmode_quoting_and_user_options_first() -> None:
     ssh = SshSpec(user="ubuntu", port=2222, identity_file="/k/id", config_file="/k/cfg",
                   options=(("ServerAliveInterval", "2"), ("ProxyJump", "bastion")))
-    argv = SshTransport(host="n1", ssh=ssh).argv(guard_argv("/opt/my env/python"))
+    argv = SshTransport(host="n1", ssh=ssh).argv(node_argv("/opt/my env/python"))
     assert argv[0] == "ssh"
     assert argv[argv.index("-F") + 1] == "/k/cfg" and argv[argv.index("-i") + 1] == "/k/id"
     assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "ubuntu"

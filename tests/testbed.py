@@ -101,8 +101,10 @@ class Testbed:
         _run("ip", "addr", "add", f"{self.bridge_addr}/{self.subnet.prefixlen}", "dev",
              self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
-        hosts = ["127.0.0.1 localhost"] + [f"{n.addr} {n.name}" for n in self.nodes]
-        (self.dir / "hosts").write_text("\n".join(hosts) + "\n")
+        self.hosts_text = "\n".join(["127.0.0.1 localhost"] +
+                                    [f"{n.addr} {n.name}" for n in self.nodes]) + "\n"
+        for node in self.nodes:  # one file per node, so a test can break one node's resolver
+            self.hosts_file(node).write_text(self.hosts_text)
         known, config = [], []
         for node in self.nodes:
             self._add_node(node)
@@ -140,7 +142,7 @@ class Testbed:
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nUsePAM no\nPrintMotd no\n"
             "AcceptEnv LANG LC_*\nMaxStartups 100:30:200\nMaxSessions 100\n")
-        script = (f"hostname {node.name} && mount --bind {self.dir / 'hosts'} /etc/hosts && "
+        script = (f"hostname {node.name} && mount --bind {self.hosts_file(node)} /etc/hosts && "
                   f"exec {SSHD} -f {conf} -E {self.dir / f'sshd{node.index}.log'}")
         _run(*ns, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script)
 
@@ -155,6 +157,20 @@ class Testbed:
             time.sleep(0.1)
 
     # -- use ----------------------------------------------------------------------------------
+    def hosts_file(self, node: Node) -> Path:
+        """The node's /etc/hosts (bind-mounted: rewrite it in place, the inode must stay)."""
+        return self.dir / f"hosts{node.index}"
+
+    def set_hosts(self, node: Node, text: str | None = None) -> None:
+        """Replace a node's /etc/hosts content; None restores the testbed's own."""
+        with open(self.hosts_file(node), "r+") as f:
+            f.truncate(0)
+            f.write(self.hosts_text if text is None else text)
+
+    def nft(self, node: Node, *args: str) -> None:
+        """Run nft inside a node's namespace (firewall faults)."""
+        _run("ip", "netns", "exec", node.netns, "nft", *args)
+
     def cluster_yaml(self, slots: list[int], *, extra: str = "", hosts: list[str] | None = None,
                      python: str | None = None, workdir: str | None = None,
                      port: int | None = None) -> str:

@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 
 from ptcluster import __version__
-from ptcluster.cli import env_cmd, init_cmd, run_cmd
+from ptcluster.cli import doctor_cmd, env_cmd, init_cmd, run_cmd
 from ptcluster.errors import PtclusterError
 
 log = logging.getLogger("ptcluster")
@@ -31,6 +31,7 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 cli.add_command(run_cmd.run)
 cli.add_command(env_cmd.env)
 cli.add_command(init_cmd.init)
+cli.add_command(doctor_cmd.doctor)
 
 
 def main(argv: list[str] | None = None) -> None:

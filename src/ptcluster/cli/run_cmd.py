@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ptcluster.cli.common import cluster_option, load_spec
+from ptcluster.cli.doctor_cmd import render
+from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
 from ptcluster.launch.job import prepare, run_dir_for, transports
 from ptcluster.launch.plan import LaunchPlan, Target
@@ -26,18 +28,28 @@ from ptcluster.launch.runner import Runner, RunResult
 @click.option("-m", "module", metavar="MODULE", help="Run a module, like python -m.")
 @click.option("--run-dir", "runs_dir", metavar="DIR", help="Parent of the run directory "
               "(default: ./ptcluster-runs).")
+@click.option("--preflight", is_flag=True, help="Run the doctor's fast checks first; refuse to "
+              "launch when one fails.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
-        runs_dir: str | None, args: tuple[str, ...]) -> None:
+        runs_dir: str | None, preflight: bool, args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
     target = Target(module=module, args=args) if module else \
         Target(script=args[0], args=args[1:])
     spec = load_spec(cluster, nproc)
-    plan = prepare(spec, target, port=port)
-    run_dir = run_dir_for(plan, runs_dir)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
+    plan = prepare(spec, target, port=port)
+    if preflight:
+        report = run_preflight(spec, plan.master_port)
+        if not report.ok:
+            render(err, report, [n.host for n in spec.nodes])
+            err.print("[red]preflight failed: not launching[/red]", markup=True)
+            sys.exit(1)
+        err.print(f"[dim]ptcluster: preflight passed ({report.duration:.1f} s)[/dim]",
+                  markup=True)
+    run_dir = run_dir_for(plan, runs_dir)
     _print_plan(err, plan, run_dir)
 
     def on_line(host: str, rank: int | None, text: str) -> None:

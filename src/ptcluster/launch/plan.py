@@ -21,18 +21,25 @@ JOB_VAR = "PTCLUSTER_JOB_ID"
 
 @dataclass(frozen=True, kw_only=True)
 class Target:
-    """What every rank runs: a module (``-m``) or a script, with its arguments."""
+    """What every rank runs: a module (``-m``), a script, or source code (``-c``, shipped in
+    the guard's JSON config, so it needs no file on the nodes), with its arguments."""
 
     module: str | None = None
     script: str | None = None
+    code: str | None = None
     args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if (self.module is None) == (self.script is None):
-            raise ValueError("give exactly one of module or script")
+        if sum(x is not None for x in (self.module, self.script, self.code)) != 1:
+            raise ValueError("give exactly one of module, script or code")
 
     def argv(self) -> list[str]:
-        head = ["-m", self.module] if self.module else [self.script or ""]
+        if self.module is not None:
+            head = ["-m", self.module]
+        elif self.code is not None:
+            head = ["-c", self.code]
+        else:
+            head = [self.script or ""]
         return head + list(self.args)
 
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from ptcluster.launch.plan import SHIM_VAR, LaunchPlan, NodePlan, shim_source
-from ptcluster.remote.bootstrap import guard_argv, guard_preamble
+from ptcluster.remote.bootstrap import node_argv, guard_preamble
 from ptcluster.remote.guard import CONTROL as GUARD_MARK
-from ptcluster.remote.transport import Transport
+from ptcluster.remote.transport import Transport, explain_channel_failure
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,8 @@ class RunOptions:
     """Seconds a guard gives torchrun to end its workers after SIGTERM before SIGKILL."""
     stop_deadline: float = 8.0
     """After stop, seconds before the head cuts the channel of a guard that has not finished."""
+    deadline: float | None = None
+    """Seconds after "go" before the whole job is ended as timed out (None: no limit)."""
 
 
 @dataclass(kw_only=True)
@@ -190,7 +192,7 @@ class Runner:
         }
         transport = self.transports[node.host]
         try:
-            proc = transport.spawn(guard_argv(node.python))
+            proc = transport.spawn(node_argv(node.python))
         except OSError as exc:
             self._fail(Failure(host=node.host, rank=None, message=f"cannot start: {exc}"))
             self.nodes[node.host].closed = True
@@ -221,6 +223,7 @@ class Runner:
         started = time.monotonic()
         next_beat = 0.0
         went = False
+        went_at = 0.0
         while not all(n.closed for n in self.nodes.values()):
             now = time.monotonic()
             if self._stop_requested.is_set() and self.stopping_since is None:
@@ -232,6 +235,7 @@ class Runner:
             if not went and self.stopping_since is None:
                 if all(n.ready for n in self.nodes.values()):
                     went = True
+                    went_at = now
                     self.on_status(f"all {len(self.nodes)} node(s) ready; starting "
                                    f"{self.plan.world_size} rank(s)")
                     self._send_all(b"go\n")
@@ -240,6 +244,12 @@ class Runner:
                     self._fail(Failure(host=", ".join(slow), rank=None,
                                        message=f"not ready after {self.opts.ready_timeout:.0f} s",
                                        fix="check that the node is reachable (`ptcluster doctor`)"))
+            if went and self.opts.deadline is not None and self.stopping_since is None \
+                    and now - went_at > self.opts.deadline:
+                self._fail(Failure(host=self.plan.nodes[0].host, rank=None,
+                                   message=f"timed out after {self.opts.deadline:.0f} s",
+                                   fix="a collective hung or a rank is stuck: check the ports "
+                                   "and interface findings of `ptcluster doctor`"))
             self._check_silence(now)
             self._check_stop_deadline(now)
             try:
@@ -382,18 +392,15 @@ class Runner:
 
     def _lost_channel(self, node: NodeOutcome) -> Failure:
         err = [line for line in node.stderr if line.strip()]
-        detail = err[-1] if err else f"exit status {node.transport_exit}"
-        fix = "check the node is up and reachable (`ptcluster doctor`)"
-        low = detail.lower()
-        if "permission denied" in low or "publickey" in low:
-            fix = "install your key on the node (`ptcluster setup`, or ssh-copy-id)"
-        elif "host key verification failed" in low:
-            fix = "add the node's host key to known_hosts (ssh once and check the fingerprint)"
-        elif "not found" in low or node.transport_exit == 127:
-            fix = "set python: to an interpreter that exists on the node"
-        what = "connection lost" if node.ready else "cannot start the job there"
-        return Failure(host=node.host, rank=None, message=f"{what}: {detail}", fix=fix,
-                       exit_code=node.transport_exit, last_lines=err)
+        if node.ready:
+            detail = err[-1] if err else f"exit status {node.transport_exit}"
+            return Failure(host=node.host, rank=None, message=f"connection lost: {detail}",
+                           fix="check the node's network and power (`ptcluster doctor`)",
+                           exit_code=node.transport_exit, last_lines=err)
+        problem, fix = explain_channel_failure(err, node.transport_exit,
+                                               self._plan_node(node.host).python)
+        return Failure(host=node.host, rank=None, message=f"cannot start the job: {problem}",
+                       fix=fix, exit_code=node.transport_exit, last_lines=err)
 
     # -- stopping -----------------------------------------------------------------------------
     def _fail(self, failure: Failure) -> None:

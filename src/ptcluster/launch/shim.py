@@ -35,6 +35,9 @@ def run_target(argv: list[str]) -> int:
         if argv and argv[0] == "-m":
             sys.argv = argv[1:]
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv and argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            exec(compile(argv[1], "<ptcluster -c>", "exec"), {"__name__": "__main__"})
         else:
             sys.argv = argv
             sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))

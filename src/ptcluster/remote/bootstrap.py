@@ -1,4 +1,4 @@
-"""How the guard reaches a node: a fixed one-line command, then everything else over stdin.
+"""How node programs (the guard, the doctor's probe) reach a node: a fixed one-line command, then everything else over stdin.
 
 The only text that passes through the node's shell is ``PYTHON -c BOOTSTRAP`` (quoted with
 shlex); the guard's source and its JSON config (argv, env, paths) travel on the channel's
@@ -21,18 +21,26 @@ BOOTSTRAP = (
 )
 
 
-@lru_cache(maxsize=1)
-def guard_payload() -> bytes:
-    """Line 1 of the guard's stdin: its own source, compressed."""
-    source = resources.files("ptcluster.remote").joinpath("guard.py").read_bytes()
+@lru_cache(maxsize=8)
+def payload(package: str, filename: str) -> bytes:
+    """Line 1 of a node program's stdin: its own source, compressed."""
+    source = resources.files(package).joinpath(filename).read_bytes()
     return base64.b64encode(zlib.compress(source, 9)) + b"\n"
 
 
-def guard_argv(python: str) -> list[str]:
+def node_argv(python: str) -> list[str]:
     """The command run on the node (locally, or as ssh's remote command)."""
     return [python, "-u", "-c", BOOTSTRAP]
 
 
+def preamble(package: str, filename: str, config: dict[str, Any]) -> bytes:
+    """What a node program reads first: its source, then its JSON config."""
+    return payload(package, filename) + json.dumps(config).encode() + b"\n"
+
+
 def guard_preamble(config: dict[str, Any]) -> bytes:
-    """Everything the guard reads before heartbeats: its source, then its config."""
-    return guard_payload() + json.dumps(config).encode() + b"\n"
+    return preamble("ptcluster.remote", "guard.py", config)
+
+
+def probe_preamble(config: dict[str, Any]) -> bytes:
+    return preamble("ptcluster.doctor", "probe.py", config)

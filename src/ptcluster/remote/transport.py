@@ -93,3 +93,31 @@ def transport_for(node: NodeSpec, local: bool) -> Transport:
     if local:
         return LocalTransport(host=node.host)
     return SshTransport(host=node.host, ssh=node.ssh)
+
+
+def explain_channel_failure(stderr: list[str], exit_code: int | None,
+                            python: str) -> tuple[str, str]:
+    """(problem, fix) for a node command that died before saying anything useful.
+
+    ssh exits 255 for its own errors (the last stderr line says which); a remote shell exits
+    127 when the interpreter does not exist and 126 when it cannot be executed.
+    """
+    lines = [line for line in stderr if line.strip()]
+    detail = lines[-1] if lines else f"exit status {exit_code}"
+    low = detail.lower()
+    if exit_code in (126, 127) or ("no such file" in low and python in detail):
+        return (f"python not found or not executable at {python} ({detail})",
+                "set python: (cluster-wide or for this node) to an interpreter that exists there")
+    if "permission denied" in low or "publickey" in low:
+        return (f"ssh refused the key ({detail})",
+                "install your key on the node: ssh-copy-id, or `ptcluster setup`")
+    if "host key verification failed" in low or "host key" in low:
+        return (f"host key not trusted ({detail})",
+                "ssh to the node once by hand and check the fingerprint (we never turn host-key "
+                "checking off)")
+    if "could not resolve" in low or "name or service not known" in low:
+        return f"cannot resolve the host ({detail})", "fix the host name or use its IP address"
+    if "timed out" in low or "no route" in low or "refused" in low or "unreachable" in low:
+        return (f"cannot reach the node over ssh ({detail})",
+                "check the node is up, the address is right and sshd runs (port 22 or ssh.port)")
+    return f"the node's command failed ({detail})", "run `ptcluster doctor` for details"

@@ -1,0 +1,64 @@
+"""Check every node and the links between them before a job runs; name the node and the fix."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ptcluster.cli.common import cluster_option, load_spec
+from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN
+from ptcluster.doctor.diagnose import DoctorReport, diagnose
+
+STYLE = {OK: "[green]ok[/green]", WARN: "[yellow]warn[/yellow]", FAIL: "[bold red]FAIL[/bold red]",
+         SKIP: "[dim]-[/dim]"}
+
+
+@click.command(help=__doc__)
+@cluster_option
+@click.option("--nproc", type=int, help="Processes on the local cluster.")
+@click.option("--port", type=click.IntRange(1, 65535), help="Rendezvous port to check.")
+@click.option("--skip-allreduce", is_flag=True, help="Only the fast checks.")
+@click.option("--timeout", type=float, default=60.0, show_default=True,
+              help="Seconds for the probes, and for the all-reduce.")
+@click.option("--json", "as_json", is_flag=True, help="The whole report as JSON.")
+def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allreduce: bool,
+           timeout: float, as_json: bool) -> None:
+    spec = load_spec(cluster, nproc)
+    report = diagnose(spec, port=port, skip_allreduce=skip_allreduce,
+                      allreduce_timeout=timeout, probe_timeout=timeout)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        render(Console(highlight=False, soft_wrap=True), report, [n.host for n in spec.nodes])
+    sys.exit(0 if report.ok else 1)
+
+
+def render(console: Console, report: DoctorReport, hosts: list[str]) -> None:
+    checks: list[str] = []
+    for f in report.findings:
+        if f.check not in checks and f.check != "all-reduce":
+            checks.append(f.check)
+    table = Table(title="ptcluster doctor", title_justify="left")
+    table.add_column("check")
+    for host in hosts:
+        table.add_column(host)
+    cells = {(f.host, f.check): f.status for f in report.findings}
+    for check in checks:
+        table.add_row(check, *[STYLE[cells.get((host, check), SKIP)] for host in hosts])
+    console.print(table)
+    for f in report.findings:
+        if f.status == OK and f.check in ("interface", "versions", "all-reduce", "master port"):
+            console.print(f"  [green]ok[/green]   {f.check}: {f.line()}", markup=True)
+    for status in (FAIL, WARN):
+        for f in report.findings:
+            if f.status == status:
+                console.print(f"  {STYLE[status]} {f.check}: {f.line()}", markup=True)
+    verdict = "[green]all checks passed[/green]" if report.ok and not any(
+        f.status == WARN for f in report.findings) else (
+        "[yellow]passed with warnings[/yellow]" if report.ok else
+        f"[red]{len(report.failed)} check(s) failed[/red]")
+    console.print(f"{verdict} ({report.duration:.1f} s)", markup=True)

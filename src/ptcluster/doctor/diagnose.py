@@ -1,0 +1,105 @@
+"""The doctor, end to end: probe every node -> checks -> a real all-reduce -> report."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ptcluster.doctor import allreduce
+from ptcluster.doctor.checks import FAIL, OK, Finding, run_checks
+from ptcluster.doctor.collect import NodeProbe, probe_cluster
+from ptcluster.launch.job import prepare, resolve_port, transports
+from ptcluster.launch.plan import Target
+from ptcluster.launch.runner import Runner, RunOptions
+from ptcluster.spec.model import ClusterSpec
+
+
+@dataclass(kw_only=True)
+class DoctorReport:
+    findings: list[Finding]
+    probes: dict[str, NodeProbe]
+    allreduce: dict[str, Any] | None = None
+    duration: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Finding]:
+        return [f for f in self.findings if f.status == FAIL]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "duration_s": round(self.duration, 3),
+            "findings": [f.__dict__ for f in self.findings],
+            "allreduce": self.allreduce,
+            "nodes": {h: {"ok": p.ok, "ssh_s": p.ssh_s, "clock_offset_s": p.clock_offset,
+                          "problem": p.problem, "facts": p.facts, "connects": p.connects}
+                      for h, p in self.probes.items()},
+        }
+
+
+def preflight(spec: ClusterSpec, port: int | None = None, timeout: float = 60.0) -> DoctorReport:
+    """The fast checks (everything but the all-reduce)."""
+    t0 = time.monotonic()
+    master_port = resolve_port(spec, port)
+    probes = probe_cluster(spec, transports(spec), master_port=master_port, timeout=timeout)
+    return DoctorReport(findings=run_checks(spec, probes), probes=probes,
+                        duration=time.monotonic() - t0)
+
+
+def diagnose(spec: ClusterSpec, *, port: int | None = None, skip_allreduce: bool = False,
+             allreduce_timeout: float = 60.0, probe_timeout: float = 60.0) -> DoctorReport:
+    t0 = time.monotonic()
+    report = preflight(spec, port, probe_timeout)
+    if not skip_allreduce:
+        if report.ok:
+            result, finding = run_allreduce(spec, port, allreduce_timeout)
+            report.allreduce = result
+            report.findings.append(finding)
+        else:
+            report.findings.append(Finding("all-reduce", spec.nodes[0].host, "skip",
+                                           "skipped: fix the failures above first"))
+    report.duration = time.monotonic() - t0
+    return report
+
+
+def run_allreduce(spec: ClusterSpec, port: int | None,
+                  timeout: float) -> tuple[dict[str, Any] | None, Finding]:
+    """All ranks, the configured backend, through the same launch path as `ptcluster run`."""
+    plan = prepare(spec, Target(code=allreduce.CODE, args=(str(int(timeout / 2)),)), port=port)
+    captured: list[str] = []
+    lines: list[str] = []
+
+    def on_line(host: str, rank: int | None, text: str) -> None:
+        lines.append(f"[{host}:{rank}] {text}" if rank is not None else f"[{host}] {text}")
+        if text.startswith(allreduce.MARK):
+            captured.append(text[len(allreduce.MARK):])
+
+    with tempfile.TemporaryDirectory(prefix="ptcluster-doctor-") as tmp:
+        runner = Runner(plan, transports(spec), Path(tmp) / plan.job_id, on_line=on_line,
+                        options=RunOptions(deadline=timeout, ready_timeout=timeout))
+        result = runner.run()
+    host = spec.nodes[0].host
+    if result.ok and captured:
+        data = json.loads(captured[-1])
+        return data, Finding("all-reduce", host, OK,
+                             f"{data['world_size']} ranks over {data['backend']}: result "
+                             f"verified, {data['bytes'] >> 20} MiB in {data['time_ms']:.1f} ms "
+                             f"(busbw {data['busbw_gbps']:.2f} GB/s)")
+    rc = result.root_cause
+    data = json.loads(captured[-1]) if captured else None
+    if data and data.get("wrong"):
+        return data, Finding("all-reduce", host, FAIL, f"{data['wrong']} wrong elements in "
+                             "the all-reduce result", "check GPUs/NICs for faults (dmesg, "
+                             "nvidia-smi -q) and that NCCL versions match")
+    detail = rc.headline() if rc else "the all-reduce did not finish"
+    return data, Finding("all-reduce", rc.host if rc else host, FAIL,
+                         f"all-reduce failed: {detail}",
+                         "see the failures above; run with NCCL_DEBUG=INFO in env: for details")
