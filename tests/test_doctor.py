@@ -1,0 +1,144 @@
+"""`ptcluster doctor` on the testbed: a healthy cluster passes with a verified all-reduce, and
+each injected fault is caught and names the node."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+from tests.jobs import run_head
+
+pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+PY = sys.executable
+
+
+def cluster(testbed, tmp_path, nodes_yaml: str | None = None, extra: str = "",
+            port: int = 29590) -> str:
+    path = tmp_path / f"c{time.monotonic_ns()}.yaml"
+    if nodes_yaml is None:
+        text = testbed.cluster_yaml([2, 1, 1], python=PY, workdir=str(tmp_path), port=port,
+                                    extra=extra)
+    else:
+        text = (nodes_yaml + f"master: {{port: {port}}}\n"
+                f"ssh: {{config_file: {testbed.ssh_config}}}\npython: {PY}\n"
+                f"workdir: {tmp_path}\n" + extra)
+    path.write_text(text)
+    return str(path)
+
+
+def doctor(path: str, tmp_path, *args: str) -> tuple[int, dict]:
+    code, head = run_head(["doctor", "--cluster", path, "--json", "--timeout", "30", *args],
+                          cwd=tmp_path, timeout=120)
+    return code, json.loads("\n".join(head.lines))
+
+
+def failures(report: dict) -> dict[tuple[str, str], str]:
+    return {(f["check"], f["host"]): f["detail"] + " Fix: " + str(f["fix"])
+            for f in report["findings"] if f["status"] == "fail"}
+
+
+def test_healthy_testbed_passes_with_verified_allreduce(testbed, tmp_path) -> None:
+    code, report = doctor(cluster(testbed, tmp_path), tmp_path)
+    assert code == 0, failures(report)
+    assert report["ok"] and not failures(report)
+    ar = report["allreduce"]
+    assert ar["world_size"] == 4 and ar["wrong"] == 0 and ar["backend"] == "gloo"
+    checks = {(f["check"], f["host"]): f for f in report["findings"]}
+    for node in testbed.nodes:
+        assert checks[("interface", node.name)]["detail"].startswith("veth0 (detected)")
+        assert checks[("ports", node.name)]["status"] == "ok"
+        assert checks[("master port", node.name)]["status"] == "ok"
+        assert report["nodes"][node.name]["facts"]["torch"]["ok"]
+    assert checks[("all-reduce", testbed.nodes[0].name)]["status"] == "ok"
+
+
+def test_wrong_interface_on_one_node(testbed, tmp_path) -> None:
+    n = testbed.nodes
+    nodes = (f"nodes:\n  - {{host: {n[0].name}}}\n  - {{host: {n[1].name}, interface: eth9}}\n"
+             f"  - {{host: {n[2].name}}}\n")
+    code, report = doctor(cluster(testbed, tmp_path, nodes), tmp_path, "--skip-allreduce")
+    assert code == 1
+    fails = failures(report)
+    assert list(fails) == [("interface", n[1].name)]
+    assert "interface eth9 not found (has: lo, veth0)" in fails[("interface", n[1].name)]
+    assert "set interface: to one of veth0" in fails[("interface", n[1].name)]
+
+
+def test_hostname_mapped_to_loopback(testbed, tmp_path) -> None:
+    victim = testbed.nodes[2]
+    testbed.set_hosts(victim, f"127.0.1.1 {victim.name}\n" + testbed.hosts_text)
+    try:
+        code, report = doctor(cluster(testbed, tmp_path), tmp_path, "--skip-allreduce")
+    finally:
+        testbed.set_hosts(victim)
+    assert code == 1
+    fails = failures(report)
+    assert ("hostname", victim.name) in fails, fails
+    assert "127.0.1.1 (loopback)" in fails[("hostname", victim.name)]
+    assert victim.addr in fails[("hostname", victim.name)]  # the fix names the right address
+    assert all(host == victim.name for _, host in fails)
+
+
+def test_master_port_blocked_by_firewall(testbed, tmp_path) -> None:
+    master = testbed.nodes[0]
+    port = 29591
+    testbed.nft(master, "add", "table", "inet", "ptctest")
+    testbed.nft(master, "add", "chain", "inet", "ptctest", "input",
+                "{ type filter hook input priority 0 ; }")
+    testbed.nft(master, "add", "rule", "inet", "ptctest", "input", "tcp", "dport", str(port),
+                "drop")
+    try:
+        code, report = doctor(cluster(testbed, tmp_path, port=port), tmp_path)
+    finally:
+        testbed.nft(master, "delete", "table", "inet", "ptctest")
+    assert code == 1
+    fails = failures(report)
+    for node in testbed.nodes[1:]:
+        detail = fails[("master port", node.name)]
+        assert f"cannot connect to the master {master.name}:{port}" in detail
+        assert f"open TCP port {port}" in detail
+    assert ("ports", testbed.nodes[1].name) not in fails  # other ports still pass
+    fw = {f["host"]: f["detail"] for f in report["findings"] if f["check"] == "firewall"}
+    assert "1 drop/reject" in fw[master.name]
+    ar = [f for f in report["findings"] if f["check"] == "all-reduce"]
+    assert ar and ar[0]["status"] == "skip"  # not attempted: no rendezvous is possible
+
+
+def test_missing_python_on_one_node(testbed, tmp_path) -> None:
+    n = testbed.nodes
+    nodes = (f"nodes:\n  - {{host: {n[0].name}}}\n"
+             f"  - {{host: {n[1].name}, python: /nonexistent/bin/python3}}\n")
+    code, report = doctor(cluster(testbed, tmp_path, nodes), tmp_path, "--skip-allreduce")
+    assert code == 1
+    fails = failures(report)
+    assert list(fails) == [("python", n[1].name)]
+    assert "/nonexistent/bin/python3" in fails[("python", n[1].name)]
+    assert "set python:" in fails[("python", n[1].name)]
+
+
+def test_unreachable_node(testbed, tmp_path) -> None:
+    n = testbed.nodes
+    nodes = f"nodes:\n  - {{host: {n[0].name}}}\n  - {{host: {testbed.unused_addr}}}\n"
+    t0 = time.monotonic()
+    code, report = doctor(cluster(testbed, tmp_path, nodes), tmp_path, "--skip-allreduce")
+    assert time.monotonic() - t0 < 30
+    assert code == 1
+    fails = failures(report)
+    assert ("ssh", testbed.unused_addr) in fails
+    assert "cannot reach the node over ssh" in fails[("ssh", testbed.unused_addr)]
+    assert not any(host == n[0].name for _, host in fails)
+
+
+def test_run_preflight_refuses_to_launch(testbed, tmp_path) -> None:
+    n = testbed.nodes
+    nodes = f"nodes:\n  - {{host: {n[0].name}}}\n  - {{host: {n[1].name}, interface: eth9}}\n"
+    (tmp_path / "never.py").write_text("raise SystemExit('must not run')\n")
+    code, head = run_head(["run", "--preflight", "--cluster", cluster(testbed, tmp_path, nodes),
+                           "--run-dir", "runs", "never.py"], cwd=tmp_path, timeout=120)
+    assert code == 1
+    err = "\n".join(head.err)
+    assert "interface eth9 not found" in err and "not launching" in err
+    assert not (tmp_path / "runs").exists()
