@@ -77,3 +77,12 @@ def test_run_usage_errors(cli, tmp_path) -> None:
     assert code == 2 and "slots" in err
     code, _, err = cli("run", "--cluster", str(tmp_path / "missing.yaml"), "x.py")
     assert code == 2 and "not found" in err
+
+
+def test_head_never_imports_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, ptcluster.cli, ptcluster.launch.runner, ptcluster.doctor.diagnose; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
