@@ -1,0 +1,1 @@
+"""`ptcluster bench`: an nccl-tests-style collective sweep on every rank, plus a node-pair matrix."""

@@ -1,0 +1,127 @@
+"""Head side of `ptcluster bench`: run the worker on every rank, turn its timings into
+nccl-tests rows (formulas.py), and collect the node-pair matrix."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ptcluster.bench.formulas import DTYPES, bandwidths, size_for
+from ptcluster.launch.job import prepare, transports
+from ptcluster.launch.plan import Target
+from ptcluster.launch.runner import Failure, Runner, RunOptions
+from ptcluster.spec.model import ClusterSpec
+
+MARK = "PTCBENCH "
+
+
+@dataclass(kw_only=True)
+class BenchConfig:
+    ops: tuple[str, ...]
+    sizes: tuple[int, ...]
+    iters: int = 20
+    warmup: int = 5
+    check: int = 1
+    dtype: str = "float32"
+    pairs: bool = False
+    pair_size: int = 16 << 20
+    timeout: float = 300.0
+    corrupt: bool = False
+    """Test-only: rank 0 perturbs one expected value, so #wrong must count it."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype}")
+
+
+@dataclass(kw_only=True)
+class Row:
+    op: str
+    size: int
+    count: int
+    type: str
+    redop: str
+    root: int
+    time_us: float
+    algbw: float
+    busbw: float
+    wrong: int
+
+
+@dataclass(kw_only=True)
+class BenchResult:
+    world_size: int = 0
+    backend: str = ""
+    rows: list[Row] = field(default_factory=list)
+    pairs: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failure: Failure | None = None
+
+    @property
+    def wrong(self) -> int:
+        return sum(r.wrong for r in self.rows)
+
+    @property
+    def avg_busbw(self) -> float:
+        return sum(r.busbw for r in self.rows) / len(self.rows) if self.rows else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"world_size": self.world_size, "backend": self.backend,
+                "rows": [asdict(r) for r in self.rows], "pairs": self.pairs,
+                "skipped": self.skipped, "out_of_bounds": self.wrong,
+                "avg_busbw": self.avg_busbw,
+                "failure": None if self.failure is None else self.failure.headline()}
+
+
+def worker_code() -> str:
+    return resources.files("ptcluster.bench").joinpath("worker.py").read_text()
+
+
+def run_bench(spec: ClusterSpec, cfg: BenchConfig, port: int | None = None,
+              on_line: Any = None) -> BenchResult:
+    pairs = [[spec.rank_base(i), spec.rank_base(j)]
+             for i in range(len(spec.nodes)) for j in range(i + 1, len(spec.nodes))]
+    worker_cfg = {"ops": list(cfg.ops), "sizes": list(cfg.sizes), "iters": cfg.iters,
+                  "warmup": cfg.warmup, "check": cfg.check, "dtype": cfg.dtype,
+                  "timeout": cfg.timeout, "corrupt": cfg.corrupt,
+                  "pairs": pairs if cfg.pairs else [], "pair_size": cfg.pair_size}
+    plan = prepare(spec, Target(code=worker_code(), args=(json.dumps(worker_cfg),)), port=port)
+    host_of = {r: n.host for n in plan.nodes for r in n.ranks}
+    result = BenchResult(world_size=plan.world_size)
+    elem = DTYPES[cfg.dtype]
+
+    def handle(host: str, rank: int | None, text: str) -> None:
+        if not text.startswith(MARK):
+            if on_line is not None:
+                on_line(host, rank, text)
+            return
+        data = json.loads(text[len(MARK):])
+        kind = data.pop("kind")
+        if kind == "start":
+            result.backend = data["backend"]
+        elif kind == "skip":
+            result.skipped.append(f"{data['op']}: {data['why']}")
+        elif kind == "row":
+            size = size_for(data["op"], data["count"], plan.world_size, elem)
+            algbw, busbw = bandwidths(data["op"], size, data["seconds"], plan.world_size)
+            result.rows.append(Row(op=data["op"], size=size, count=data["count"],
+                                   type=data["type"], redop=data["redop"], root=data["root"],
+                                   time_us=data["seconds"] * 1e6, algbw=algbw, busbw=busbw,
+                                   wrong=data["wrong"]))
+        elif kind == "pair":
+            result.pairs.append({"a": host_of[data["a"]], "b": host_of[data["b"]],
+                                 "bytes": data["bytes"],
+                                 "gbps": 2 * data["bytes"] / data["seconds"] / 1e9})
+
+    with tempfile.TemporaryDirectory(prefix="ptcluster-bench-") as tmp:
+        runner = Runner(plan, transports(spec), Path(tmp) / plan.job_id, on_line=handle,
+                        options=RunOptions(deadline=cfg.timeout))
+        run = runner.run()
+    if not run.ok:
+        result.failure = run.root_cause or Failure(host=plan.nodes[0].host, rank=None,
+                                                   message="the benchmark was interrupted")
+    return result

@@ -1,0 +1,106 @@
+"""Benchmark collectives on every rank, nccl-tests style (sizes, algbw, busbw, #wrong)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from ptcluster.bench.formulas import DTYPES, OPS, parse_size, sizes
+from ptcluster.bench.sweep import BenchConfig, BenchResult, run_bench
+from ptcluster.cli.common import cluster_option, load_spec
+
+
+@click.command(help=__doc__)
+@cluster_option
+@click.option("--nproc", type=int, help="Processes on the local cluster.")
+@click.option("--port", type=click.IntRange(1, 65535), help="Rendezvous port.")
+@click.option("--op", "op", type=click.Choice(OPS + ("all",)), default="all_reduce",
+              show_default=True)
+@click.option("-b", "--minbytes", default="8", show_default=True, help="Smallest size (K/M/G).")
+@click.option("-e", "--maxbytes", default="64M", show_default=True, help="Largest size.")
+@click.option("-f", "--stepfactor", type=int, default=2, show_default=True)
+@click.option("-i", "--stepbytes", default=None, help="Add this many bytes instead of -f.")
+@click.option("-n", "--iters", type=click.IntRange(1), default=20, show_default=True)
+@click.option("-w", "--warmup", type=click.IntRange(0), default=5, show_default=True)
+@click.option("-c", "--check", type=click.IntRange(0), default=1, show_default=True,
+              help="Verified runs per size (0: no check).")
+@click.option("--dtype", type=click.Choice(sorted(DTYPES)), default="float32", show_default=True)
+@click.option("--pairs", is_flag=True, help="Also a node-pair bandwidth matrix (sendrecv).")
+@click.option("--pair-size", default="16M", show_default=True)
+@click.option("--json", "json_file", metavar="FILE", help="Write the results as JSON.")
+@click.option("--plot", "plot_file", metavar="FILE.png", help="PNG of busbw against size.")
+@click.option("--min-busbw", type=float, help="Exit 1 when the average busbw (GB/s) is lower.")
+@click.option("--timeout", type=float, default=600.0, show_default=True)
+@click.option("--corrupt-check", is_flag=True, hidden=True)
+def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, minbytes: str,
+          maxbytes: str, stepfactor: int, stepbytes: str | None, iters: int, warmup: int,
+          check: int, dtype: str, pairs: bool, pair_size: str, json_file: str | None,
+          plot_file: str | None, min_busbw: float | None, timeout: float,
+          corrupt_check: bool) -> None:
+    spec = load_spec(cluster, nproc)
+    cfg = BenchConfig(
+        ops=OPS if op == "all" else (op,),
+        sizes=tuple(sizes(parse_size(minbytes), parse_size(maxbytes), stepfactor,
+                          parse_size(stepbytes) if stepbytes else None)),
+        iters=iters, warmup=warmup, check=check, dtype=dtype, pairs=pairs,
+        pair_size=parse_size(pair_size), timeout=timeout, corrupt=corrupt_check)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err.print(f"[dim]ptcluster bench: {spec.world_size} rank(s) on {len(spec.nodes)} node(s), "
+              f"{', '.join(cfg.ops)}, {len(cfg.sizes)} size(s)[/dim]", markup=True)
+    result = run_bench(spec, cfg, port=port)
+    click.echo(render(result, cfg))
+    if json_file:
+        Path(json_file).write_text(json.dumps(result.to_json(), indent=2))
+    if plot_file and result.rows:
+        from ptcluster.bench.plot import plot_busbw
+
+        plot_busbw(result, plot_file)
+        err.print(f"[dim]plot: {plot_file}[/dim]", markup=True)
+    if result.failure is not None:
+        err.print(f"[red]bench failed:[/red] {result.failure.headline()}", markup=True)
+        sys.exit(1)
+    if result.wrong:
+        sys.exit(1)
+    if min_busbw is not None and result.avg_busbw < min_busbw:
+        err.print(f"[red]average bus bandwidth {result.avg_busbw:.3f} GB/s is below "
+                  f"--min-busbw {min_busbw}[/red]", markup=True)
+        sys.exit(1)
+
+
+def render(result: BenchResult, cfg: BenchConfig) -> str:
+    """nccl-tests' column layout, one block per op, then the footer."""
+    out = [f"# ptcluster bench: {result.world_size} ranks, backend {result.backend or '?'}, "
+           f"iters {cfg.iters}, warmup {cfg.warmup}, check {cfg.check}"]
+    for op in dict.fromkeys(r.op for r in result.rows):
+        out.append(f"#\n# {op}")
+        out.append(f"# {'size':>12} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} "
+                   f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}")
+        out.append(f"# {'(B)':>12} {'(elements)':>12} {'':>9} {'':>6} {'':>5} "
+                   f"{'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}")
+        for r in (r for r in result.rows if r.op == op):
+            out.append(f"  {r.size:>12} {r.count:>12} {r.type:>9} {r.redop:>6} {r.root:>5} "
+                       f"{r.time_us:>10.2f} {r.algbw:>8.3f} {r.busbw:>8.3f} {r.wrong:>7}")
+    for line in result.skipped:
+        out.append(f"# skipped {line}")
+    if result.pairs:
+        hosts = list(dict.fromkeys([p["a"] for p in result.pairs] + [p["b"] for p in
+                                                                     result.pairs]))
+        width = max(len(h) for h in hosts) + 2
+        out.append(f"#\n# node-pair bandwidth (GB/s, sendrecv ping-pong, "
+                   f"{result.pairs[0]['bytes']} B)")
+        out.append("# " + " " * width + "".join(f"{h:>{width}}" for h in hosts))
+        gbps = {(p["a"], p["b"]): p["gbps"] for p in result.pairs}
+        for a in hosts:
+            cells = []
+            for b in hosts:
+                v = gbps.get((a, b), gbps.get((b, a)))
+                cells.append(f"{'-' if v is None else f'{v:.3f}':>{width}}")
+            out.append(f"# {a:<{width}}" + "".join(cells))
+    status = "OK" if result.wrong == 0 else "FAILED"
+    out.append(f"# Out of bounds values : {result.wrong} {status}")
+    out.append(f"# Avg bus bandwidth    : {result.avg_busbw:.4f} GB/s")
+    return "\n".join(out)
