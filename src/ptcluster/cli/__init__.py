@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 
 from ptcluster import __version__
-from ptcluster.cli import bench_cmd, doctor_cmd, env_cmd, init_cmd, run_cmd
+from ptcluster.cli import bench_cmd, doctor_cmd, env_cmd, init_cmd, monitor_cmd, run_cmd
 from ptcluster.errors import PtclusterError
 
 log = logging.getLogger("ptcluster")
@@ -33,6 +33,7 @@ cli.add_command(env_cmd.env)
 cli.add_command(init_cmd.init)
 cli.add_command(doctor_cmd.doctor)
 cli.add_command(bench_cmd.bench)
+cli.add_command(monitor_cmd.monitor)
 
 
 def main(argv: list[str] | None = None) -> None:

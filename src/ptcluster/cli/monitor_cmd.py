@@ -1,0 +1,94 @@
+"""A live table of every node: GPU util, memory, power, temperature, CPU, RAM, network, jobs."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from ptcluster.cli.common import cluster_option, load_spec
+from ptcluster.launch.job import transports
+from ptcluster.monitor.watch import Monitor, NodeView
+
+GB = 1e9
+
+
+@click.command(help=__doc__)
+@cluster_option
+@click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True)
+@click.option("--once", is_flag=True, help="One sample of every node, then exit.")
+@click.option("--json", "as_json", is_flag=True, help="JSON (with --once: one object).")
+@click.option("--timeout", type=float, default=20.0, show_default=True,
+              help="Seconds to wait for the first sample of every node.")
+def monitor(cluster: str | None, interval: float, once: bool, as_json: bool,
+            timeout: float) -> None:
+    spec = load_spec(cluster, None)
+    mon = Monitor(spec, transports(spec), interval=interval)
+    try:
+        mon.wait_first(timeout)
+        if once:
+            views = mon.snapshot()
+            if as_json:
+                click.echo(json.dumps(to_json(views), indent=2))
+            else:
+                Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(
+                    table(views))
+            return
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        if as_json:
+            while not stop.wait(interval):
+                click.echo(json.dumps(to_json(mon.snapshot())))
+            return
+        with Live(table(mon.snapshot()), refresh_per_second=4, screen=False) as live:
+            while not stop.wait(min(interval, 1.0)):
+                live.update(table(mon.snapshot()))
+    finally:
+        mon.close()
+
+
+def to_json(views: list[NodeView]) -> dict:
+    return {"time": time.time(),
+            "nodes": [{"host": v.host, "ok": v.sample is not None and v.error is None,
+                       "error": v.error, "sample": v.sample} for v in views]}
+
+
+def _rate(bps: float) -> str:
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.1f} {unit}"
+    return f"{bps:.0f} B/s"
+
+
+def table(views: list[NodeView]) -> Table:
+    t = Table(title=f"ptcluster monitor  {time.strftime('%H:%M:%S')}", title_justify="left")
+    for col in ("node", "gpu", "util", "gpu mem", "power", "temp", "cpu", "ram", "net rx",
+                "net tx", "jobs"):
+        t.add_column(col)
+    for v in views:
+        s = v.sample
+        if s is None or v.error:
+            t.add_row(v.host, f"[red]{v.error or 'waiting…'}[/red]", *[""] * 9)
+            continue
+        cpu = f"{s['cpu_percent']:.0f}% of {s['cpus']}"
+        ram = f"{s['mem']['used'] / GB:.1f}/{s['mem']['total'] / GB:.1f} GB"
+        jobs = ", ".join(f"{j} ({n})" for j, n in s["jobs"].items()) or "-"
+        common = [cpu, ram, _rate(s["net"]["rx_bps"]), _rate(s["net"]["tx_bps"]), jobs]
+        if not s["gpus"]:
+            t.add_row(v.host, "[dim]no GPU[/dim]", "", "", "", "", *common)
+        for i, g in enumerate(s["gpus"]):
+            power = (f"{g['power_w']:.0f}/{g['power_limit_w']:.0f} W"
+                     if g.get("power_w") is not None else "-")
+            temp = f"{g['temp_c']} C" if g.get("temp_c") is not None else "-"
+            t.add_row(v.host if i == 0 else "", f"{g['index']} {g['name']}", f"{g['util']}%",
+                      f"{g['mem_used'] / GB:.1f}/{g['mem_total'] / GB:.1f} GB", power, temp,
+                      *(common if i == 0 else [""] * 5))
+    return t
