@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ptcluster.bench.formulas import bandwidths, bus_factor, count_for, parse_size, sizes, size_for
+from ptcluster.bench.formulas import bandwidths, bus_factor, count_for, parse_size, size_for, sizes
 from ptcluster.errors import UsageError
 from tests.jobs import run_head
 

@@ -175,7 +175,8 @@ class Testbed:
                      python: str | None = None, workdir: str | None = None,
                      port: int | None = None) -> str:
         names = hosts or [n.name for n in self.nodes[:len(slots)]]
-        lines = ["nodes:"] + [f"  - {{host: {h}, slots: {s}}}" for h, s in zip(names, slots)]
+        lines = ["nodes:"] + [f"  - {{host: {h}, slots: {s}}}" for h, s in
+                              zip(names, slots, strict=False)]
         if port:
             lines.append(f"master: {{port: {port}}}")
         lines.append(f"ssh: {{config_file: {self.ssh_config}, "
@@ -186,7 +187,8 @@ class Testbed:
             lines.append(f"workdir: {workdir}")
         return "\n".join(lines) + "\n" + extra
 
-    def ssh(self, node: Node, command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    def ssh(self, node: Node, command: str,
+            timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return _run("ssh", "-F", str(self.ssh_config), node.name, command, check=False,
                     timeout=timeout)
 

@@ -1,1 +1,2 @@
-"""`ptcluster bench`: an nccl-tests-style collective sweep on every rank, plus a node-pair matrix."""
+"""`ptcluster bench`: an nccl-tests-style collective sweep on every rank, and a node-pair
+matrix."""

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import tempfile
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from ptcluster.bench.formulas import DTYPES, bandwidths, size_for
 from ptcluster.launch.job import prepare, transports
-from ptcluster.launch.plan import Target
+from ptcluster.launch.plan import Target, rank_program
 from ptcluster.launch.runner import Failure, Runner, RunOptions
 from ptcluster.spec.model import ClusterSpec
 
@@ -77,10 +76,6 @@ class BenchResult:
                 "failure": None if self.failure is None else self.failure.headline()}
 
 
-def worker_code() -> str:
-    return resources.files("ptcluster.bench").joinpath("worker.py").read_text()
-
-
 def run_bench(spec: ClusterSpec, cfg: BenchConfig, port: int | None = None,
               on_line: Any = None) -> BenchResult:
     pairs = [[spec.rank_base(i), spec.rank_base(j)]
@@ -89,7 +84,8 @@ def run_bench(spec: ClusterSpec, cfg: BenchConfig, port: int | None = None,
                   "warmup": cfg.warmup, "check": cfg.check, "dtype": cfg.dtype,
                   "timeout": cfg.timeout, "corrupt": cfg.corrupt,
                   "pairs": pairs if cfg.pairs else [], "pair_size": cfg.pair_size}
-    plan = prepare(spec, Target(code=worker_code(), args=(json.dumps(worker_cfg),)), port=port)
+    code = rank_program("ptcluster.bench", "worker.py")
+    plan = prepare(spec, Target(code=code, args=(json.dumps(worker_cfg),)), port=port)
     host_of = {r: n.host for n in plan.nodes for r in n.ranks}
     result = BenchResult(world_size=plan.world_size)
     elem = DTYPES[cfg.dtype]

@@ -1,4 +1,5 @@
-"""Runs on every rank (shipped as ``-c`` code through the launch path; torch is only needed here).
+"""Runs on every rank (shipped as ``-c`` code through the launch path, after
+``launch/rank_setup.py``, which defines ``init_distributed`` and ``device_sync``).
 
 argv[1] is a JSON config from the head. Rank 0 prints one ``PTCBENCH {json}`` line per result.
 Timing: warm-ups, then timed iterations between device synchronisations, the time averaged
@@ -7,36 +8,25 @@ type), compared with the exact expected result; mismatches are summed over ranks
 """
 
 import json
-import os
 import sys
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+# init_distributed and device_sync come from launch/rank_setup.py, prepended when shipped.
 
 MARK = "PTCBENCH "
 
 
 def main() -> int:
     cfg = json.loads(sys.argv[1])
-    backend = os.environ.get("PTCLUSTER_BACKEND", "auto")
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-    if backend == "nccl":
-        local = int(os.environ["LOCAL_RANK"])
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.get("timeout", 300)))
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank, n, device, backend = init_distributed(cfg.get("timeout", 300))  # type: ignore[name-defined]  # noqa: F821
     dtype = getattr(torch, cfg["dtype"])
     elem = torch.tensor([], dtype=dtype).element_size()
 
     def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        device_sync(device)  # type: ignore[name-defined]  # noqa: F821
 
     def emit(kind: str, data: dict) -> None:
         if rank == 0:
@@ -65,20 +55,8 @@ def main() -> int:
             recv = torch.zeros(big if op == "all_gather" else count, dtype=dtype, device=device)
             prev, nxt = (rank - 1) % n, (rank + 1) % n
 
-            def run() -> None:
-                if op == "all_reduce":
-                    dist.all_reduce(send)
-                elif op == "all_gather":
-                    dist.all_gather_into_tensor(recv, send)
-                elif op == "reduce_scatter":
-                    dist.reduce_scatter_tensor(recv, send)
-                elif op == "broadcast":
-                    dist.broadcast(send, src=0)
-                else:
-                    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, nxt),
-                                                   dist.P2POp(dist.irecv, recv, prev)])
-                    for req in reqs:
-                        req.wait()
+            def run(op=op, send=send, recv=recv, prev=prev, nxt=nxt) -> None:
+                run_op(op, send, recv, prev, nxt)
 
             for _ in range(cfg["warmup"]):
                 run()
@@ -102,13 +80,28 @@ def main() -> int:
                          "redop": "sum" if op in ("all_reduce", "reduce_scatter") else "none",
                          "root": 0 if op == "broadcast" else -1, "seconds": seconds,
                          "wrong": int(bad.item())})
-            del send, recv
 
     if cfg.get("pairs"):
         pair_matrix(cfg, rank, device, dtype, elem, sync, emit)
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def run_op(op, send, recv, prev, nxt) -> None:
+    if op == "all_reduce":
+        dist.all_reduce(send)
+    elif op == "all_gather":
+        dist.all_gather_into_tensor(recv, send)
+    elif op == "reduce_scatter":
+        dist.reduce_scatter_tensor(recv, send)
+    elif op == "broadcast":
+        dist.broadcast(send, src=0)
+    else:
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, nxt),
+                                       dist.P2POp(dist.irecv, recv, prev)])
+        for req in reqs:
+            req.wait()
 
 
 def check(op, send, recv, count, rank, n, pattern, run, corrupt) -> int:

@@ -33,8 +33,9 @@ def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allred
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        render(Console(highlight=False, soft_wrap=True,
-                       width=None if sys.stdout.isatty() else 160), report, [n.host for n in spec.nodes])
+        console = Console(highlight=False, soft_wrap=True,
+                          width=None if sys.stdout.isatty() else 160)
+        render(console, report, [n.host for n in spec.nodes])
     sys.exit(0 if report.ok else 1)
 
 

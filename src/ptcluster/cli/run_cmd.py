@@ -24,7 +24,8 @@ from ptcluster.launch.runner import Runner, RunResult
                                                "ignore_unknown_options": True})
 @cluster_option
 @click.option("--nproc", type=int, help="Processes on the local cluster (default: GPUs, or 2).")
-@click.option("--port", type=click.IntRange(1, 65535), help="Rendezvous port (overrides master.port).")
+@click.option("--port", type=click.IntRange(1, 65535),
+              help="Rendezvous port (overrides master.port).")
 @click.option("-m", "module", metavar="MODULE", help="Run a module, like python -m.")
 @click.option("--run-dir", "runs_dir", metavar="DIR", help="Parent of the run directory "
               "(default: ./ptcluster-runs).")

@@ -103,7 +103,11 @@ def _versions(facts: dict[str, Any]) -> dict[str, str | None]:
 
 def check_versions(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
     """torch imports everywhere; Python, torch, CUDA and NCCL versions identical on all nodes."""
-    have = {n.host: probes[n.host].facts for n in spec.nodes if probes[n.host].facts}
+    have: dict[str, dict[str, Any]] = {}
+    for n in spec.nodes:
+        facts = probes[n.host].facts
+        if facts is not None:
+            have[n.host] = facts
     majority: dict[str, str | None] = {}
     for key in ("python", "torch", "cuda", "nccl"):
         values = Counter(_versions(f)[key] for f in have.values() if (f.get("torch") or {})
@@ -176,7 +180,7 @@ def check_gpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]
 
 def check_interface(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
     """The interface exists, is up, has IPv4; nodes share a subnet; routes to peers use it."""
-    nets: dict[str, ipaddress.IPv4Interface] = {}
+    nets: dict[str, ipaddress.IPv4Interface | ipaddress.IPv6Interface] = {}
     out: list[Finding] = []
     for node in spec.nodes:
         facts = probes[node.host].facts
@@ -191,8 +195,8 @@ def check_interface(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Fin
                 out.append(Finding("interface", node.host, FAIL,
                                    f"interface {node.interface} not found (has: "
                                    f"{', '.join(names)})",
-                                   f"set interface: to one of {', '.join(n for n in names if n != 'lo')} "
-                                   "for this node"))
+                                   "set interface: to one of "
+                                   f"{', '.join(n for n in names if n != 'lo')} for this node"))
             else:
                 out.append(Finding("interface", node.host, FAIL,
                                    f"no route to the master {spec.master.addr}",

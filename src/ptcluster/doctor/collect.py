@@ -150,7 +150,7 @@ def probe_cluster(spec: ClusterSpec, transports: dict[str, Transport], *, master
     _wait(events, probes, sessions, waiting, "connect",
           time.monotonic() + connect_timeout + 10)
 
-    for host, session in sessions.items():
+    for session in sessions.values():
         session.send(b"bye\n")
     for host, session in sessions.items():
         code = session.close()

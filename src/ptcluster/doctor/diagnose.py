@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptcluster.doctor import allreduce
 from ptcluster.doctor.checks import FAIL, OK, Finding, run_checks
 from ptcluster.doctor.collect import NodeProbe, probe_cluster
 from ptcluster.launch.job import prepare, resolve_port, transports
-from ptcluster.launch.plan import Target
+from ptcluster.launch.plan import Target, rank_program
 from ptcluster.launch.runner import Runner, RunOptions
 from ptcluster.spec.model import ClusterSpec
+
+ALLREDUCE_MARK = "PTCDOCTOR "
 
 
 @dataclass(kw_only=True)
@@ -73,14 +74,15 @@ def diagnose(spec: ClusterSpec, *, port: int | None = None, skip_allreduce: bool
 def run_allreduce(spec: ClusterSpec, port: int | None,
                   timeout: float) -> tuple[dict[str, Any] | None, Finding]:
     """All ranks, the configured backend, through the same launch path as `ptcluster run`."""
-    plan = prepare(spec, Target(code=allreduce.CODE, args=(str(int(timeout / 2)),)), port=port)
+    code = rank_program("ptcluster.doctor", "allreduce.py")
+    plan = prepare(spec, Target(code=code, args=(str(int(timeout / 2)),)), port=port)
     captured: list[str] = []
     lines: list[str] = []
 
     def on_line(host: str, rank: int | None, text: str) -> None:
         lines.append(f"[{host}:{rank}] {text}" if rank is not None else f"[{host}] {text}")
-        if text.startswith(allreduce.MARK):
-            captured.append(text[len(allreduce.MARK):])
+        if text.startswith(ALLREDUCE_MARK):
+            captured.append(text[len(ALLREDUCE_MARK):])
 
     with tempfile.TemporaryDirectory(prefix="ptcluster-doctor-") as tmp:
         runner = Runner(plan, transports(spec), Path(tmp) / plan.job_id, on_line=on_line,

@@ -84,6 +84,13 @@ def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
+def rank_program(package: str, filename: str) -> str:
+    """Source of a program shipped to ranks as ``-c`` code, prefixed with the shared set-up."""
+    setup = resources.files("ptcluster.launch").joinpath("rank_setup.py").read_text()
+    body = resources.files(package).joinpath(filename).read_text()
+    return setup + "\n\n" + body
+
+
 @lru_cache(maxsize=1)
 def shim_source() -> str:
     return resources.files("ptcluster.launch").joinpath("shim.py").read_text()

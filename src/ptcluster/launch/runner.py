@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ptcluster.launch.plan import SHIM_VAR, LaunchPlan, NodePlan, shim_source
-from ptcluster.remote.bootstrap import node_argv, guard_preamble
+from ptcluster.remote.bootstrap import guard_preamble, node_argv
 from ptcluster.remote.guard import CONTROL as GUARD_MARK
 from ptcluster.remote.transport import Transport, explain_channel_failure
 

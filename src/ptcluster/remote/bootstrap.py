@@ -1,4 +1,5 @@
-"""How node programs (the guard, the doctor's probe) reach a node: a fixed one-line command, then everything else over stdin.
+"""How node programs (the guard, the doctor's probe, the monitor's sampler) reach a node: a
+fixed one-line command, then everything else over stdin.
 
 The only text that passes through the node's shell is ``PYTHON -c BOOTSTRAP`` (quoted with
 shlex); the guard's source and its JSON config (argv, env, paths) travel on the channel's

@@ -215,7 +215,7 @@ def route_interface(addr: str) -> str:
     peers reach it on is the one that holds the address, so that one is returned.
     """
     try:
-        ip = socket.getaddrinfo(addr, None, socket.AF_INET)[0][4][0]
+        ip = str(socket.getaddrinfo(addr, None, socket.AF_INET)[0][4][0])
         out = subprocess.run(["ip", "-o", "route", "get", str(ip)], capture_output=True,
                              text=True, timeout=5).stdout.split()
         dev = out[out.index("dev") + 1] if "dev" in out else ""

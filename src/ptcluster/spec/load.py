@@ -80,7 +80,8 @@ def spec_from_data(data: Any, source: str) -> ClusterSpec:
 
     backend = top.get("backend", "auto")
     if backend not in BACKENDS:
-        raise r.fail("backend", f"unknown backend {backend!r}", did_you_mean(str(backend), BACKENDS))
+        raise r.fail("backend", f"unknown backend {backend!r}",
+                     did_you_mean(str(backend), BACKENDS))
     interface = r.interface(top["interface"], "interface") if "interface" in top else None
     python = r.text(top["python"], "python", "the interpreter path on the nodes") \
         if "python" in top else sys.executable
@@ -101,7 +102,8 @@ def spec_from_data(data: Any, source: str) -> ClusterSpec:
             raise r.fail(f"{path}.host", "is missing", "add `host: NAME` to this node")
         host = r.host(node["host"], f"{path}.host")
         if host.lower() in seen:
-            raise r.fail(f"{path}.host", f"duplicate host {host!r} (also nodes[{seen[host.lower()]}])",
+            raise r.fail(f"{path}.host",
+                         f"duplicate host {host!r} (also nodes[{seen[host.lower()]}])",
                          "list every machine once and give it more slots instead")
         seen[host.lower()] = i
         nodes.append(NodeSpec(
@@ -122,8 +124,8 @@ def spec_from_data(data: Any, source: str) -> ClusterSpec:
         port=r.port(master_raw["port"], "master.port") if "port" in master_raw
         else DEFAULT_MASTER_PORT,
     )
-    for i, node in enumerate(nodes[1:], start=1):
-        if node.host.lower() == master.addr.lower():
+    for i, other in enumerate(nodes[1:], start=1):
+        if other.host.lower() == master.addr.lower():
             raise r.fail("master.addr", f"{master.addr!r} is nodes[{i}], but the rendezvous runs "
                          "on the first node (node rank 0, ranks 0..)",
                          f"move {master.addr} to the top of `nodes`, or drop master.addr")
@@ -171,7 +173,7 @@ def parse_hosts(text: str) -> ClusterSpec:
     items = [s for s in text.split(",") if s.strip()]
     if not items:
         raise r.fail("", "no hosts given", "write --hosts h1:2,h2:1")
-    nodes = [dict(zip(("host", "slots"), _host_slots(r, s, f"[{i}]"))) for i, s in
+    nodes = [dict(zip(("host", "slots"), _host_slots(r, s, f"[{i}]"), strict=True)) for i, s in
              enumerate(items)]
     return spec_from_data({"nodes": nodes}, "--hosts")
 

@@ -27,7 +27,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -181,8 +181,10 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
     autocast = (lambda: torch.autocast("cuda", dtype=amp_dtype)) if use_amp else nullcontext
 
     train_x, train_y = data.train_x.to(device), data.train_y.to(device)
-    sampler = DistributedSampler(range(len(train_y)), num_replicas=world, rank=rank,
-                                 shuffle=True, seed=args.seed)
+    # The sampler only needs len(); indices into the in-memory tensors are all we take from it.
+    sampler: DistributedSampler[int] = DistributedSampler(
+        cast(Any, range(len(train_y))), num_replicas=world, rank=rank, shuffle=True,
+        seed=args.seed)
     loss_fn = nn.CrossEntropyLoss()
     samples, train_time, accuracy = 0, 0.0, float("nan")
     t_start = time.perf_counter()

@@ -1,0 +1,34 @@
+"""Per-rank set-up shared by the programs ptcluster ships to ranks as ``-c`` code (the doctor's
+all-reduce, the bench worker): they are prefixed with this file's source, so a node needs only
+torch, not ptcluster. Stdlib + torch only.
+"""
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def init_distributed(timeout_s: float) -> tuple:
+    """init_process_group with the backend ptcluster chose -> (rank, world, device, backend).
+
+    PTCLUSTER_BACKEND=auto: NCCL when this rank has a GPU, else gloo. The device comes from
+    LOCAL_RANK, never from the global rank.
+    """
+    backend = os.environ.get("PTCLUSTER_BACKEND", "auto")
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    if backend == "nccl":
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size(), device, backend
+
+
+def device_sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
