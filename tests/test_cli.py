@@ -86,3 +86,8 @@ def test_head_never_imports_torch() -> None:
     code = ("import sys, ptcluster.cli, ptcluster.launch.runner, ptcluster.doctor.diagnose; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_init_without_hosts_and_no_terminal_is_a_usage_error(cli) -> None:
+    code, _, err = cli("init", "-o", "-")
+    assert code == 2 and "--hosts" in err

@@ -1,13 +1,16 @@
-"""Write a commented cluster.yaml from --hosts or a hostfile."""
+"""Write a commented cluster.yaml from --hosts, a hostfile, or by asking questions."""
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from pathlib import Path
 
 import click
 
-from ptcluster.errors import UsageError
-from ptcluster.spec import load_hostfile, parse_hosts, render_cluster_yaml
+from ptcluster.errors import SpecError, UsageError
+from ptcluster.spec import ClusterSpec, SshSpec, load_hostfile, parse_hosts, render_cluster_yaml
+from ptcluster.spec.validate import Reader
 
 
 @click.command(help=__doc__)
@@ -17,10 +20,16 @@ from ptcluster.spec import load_hostfile, parse_hosts, render_cluster_yaml
               help="Where to write ('-' for stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 def init(hosts: str | None, hostfile: str | None, output: str, force: bool) -> None:
-    if (hosts is None) == (hostfile is None):
-        raise UsageError("give exactly one of --hosts or --hostfile",
+    if hosts is not None and hostfile is not None:
+        raise UsageError("give one of --hosts or --hostfile, not both",
                          "e.g. ptcluster init --hosts node1:2,node2:2")
-    spec = parse_hosts(hosts) if hosts is not None else load_hostfile(hostfile or "")
+    if hosts is None and hostfile is None:
+        if not sys.stdin.isatty():
+            raise UsageError("no --hosts or --hostfile, and no terminal to ask on",
+                             "e.g. ptcluster init --hosts node1:2,node2:2")
+        spec = ask()
+    else:
+        spec = parse_hosts(hosts) if hosts is not None else load_hostfile(hostfile or "")
     text = render_cluster_yaml(spec)
     if output == "-":
         click.echo(text, nl=False)
@@ -31,3 +40,27 @@ def init(hosts: str | None, hostfile: str | None, output: str, force: bool) -> N
     path.write_text(text)
     click.echo(f"wrote {path}: {len(spec.nodes)} node(s), world size {spec.world_size}. "
                f"Next: ptcluster doctor --cluster {path}")
+
+
+def ask() -> ClusterSpec:
+    """The same questions the blog recipe leaves you to work out, answered once."""
+    while True:
+        text = click.prompt("Nodes and processes per node (first node hosts the rendezvous)",
+                            default="localhost:2")
+        try:
+            spec = parse_hosts(text)
+            break
+        except SpecError as exc:
+            click.echo(f"  {exc}")
+    r = Reader("init")
+    interface = click.prompt("Network interface for NCCL/Gloo (blank: detect per node)",
+                             default="", show_default=False).strip()
+    user = click.prompt("SSH user (blank: your ssh default)", default="",
+                        show_default=False).strip()
+    try:
+        nodes = tuple(dataclasses.replace(
+            n, interface=r.interface(interface, "interface") if interface else None,
+            ssh=SshSpec(user=r.user(user, "ssh.user")) if user else n.ssh) for n in spec.nodes)
+    except SpecError as exc:
+        raise UsageError(str(exc)) from None
+    return dataclasses.replace(spec, nodes=nodes)
