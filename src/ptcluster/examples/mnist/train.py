@@ -35,7 +35,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from ptcluster.examples.mnist.data import Dataset, load_dataset
+from ptcluster.examples.mnist.data import Dataset, find_mnist, load_dataset
 
 log = logging.getLogger("ptcluster.examples.mnist")
 CHECKPOINT = "checkpoint.pt"
@@ -46,8 +46,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    p.add_argument("--lr", type=float, default=None,
+                   help="default: 1e-3 for adamw, 0.05 for sgd")
+    p.add_argument("--momentum", type=float, default=0.9, help="sgd only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", type=Path, default=Path("data"))
     p.add_argument("--dataset", choices=("auto", "mnist", "digits"), default="auto",
@@ -118,9 +120,13 @@ def params_digest(net: nn.Module) -> str:
 
 
 def load_data(args: argparse.Namespace, local_rank: int, world: int) -> Dataset:
-    # One download per node (local rank 0), the others wait and then read the files.
+    may_download = (args.dataset != "digits" and not args.no_download
+                    and find_mnist(args.data_dir) is None)
+    if not may_download:  # nothing to fetch: every rank reads at once
+        return load_dataset(args.dataset, args.data_dir, download=False)
+    # One download per node (local rank 0); the others wait, then read the files.
     if local_rank == 0:
-        data = load_dataset(args.dataset, args.data_dir, download=not args.no_download)
+        data = load_dataset(args.dataset, args.data_dir, download=True)
     if world > 1:
         dist.barrier()
     if local_rank != 0:
@@ -160,7 +166,11 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
 
     torch.manual_seed(args.seed)
     net = model().to(device)
-    opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum)
+    opt: torch.optim.Optimizer
+    if args.optimizer == "sgd":
+        opt = torch.optim.SGD(net.parameters(), lr=args.lr or 0.05, momentum=args.momentum)
+    else:
+        opt = torch.optim.AdamW(net.parameters(), lr=args.lr or 1e-3)
     start_epoch = 0
     ckpt_path = args.checkpoint_dir / CHECKPOINT
     if args.resume and ckpt_path.is_file():
