@@ -147,6 +147,7 @@ class Runner:
         self._stop_requested = threading.Event()
         self._stop_reason = ""
         self.stopping_since: float | None = None
+        self._escalated: set[tuple[str, str]] = set()
         self.interrupted = False
         self._logs: dict[str, IO[str]] = {}
         self._torchrun_rank: dict[str, int] = {}
@@ -282,17 +283,23 @@ class Runner:
         if self.stopping_since is None:
             return
         late = now - self.stopping_since
+        # Each step is taken once per node: stop (the node spared at first included), then
+        # SIGTERM to its channel, then SIGKILL.
+        steps = ((self.opts.stop_deadline + 4.0, "kill"), (self.opts.stop_deadline, "term"),
+                 (self.opts.stop_deadline / 2, "stop"))
         for host, node in self.nodes.items():
-            if node.closed:
+            step = next((name for after, name in steps if late > after), None)
+            if node.closed or step is None or (host, step) in self._escalated:
                 continue
-            if late > self.opts.stop_deadline + 4.0:
+            self._escalated.add((host, step))
+            if step == "kill":
                 self._kill_transport(host, signal.SIGKILL)
                 node.closed = True
                 node.reason = node.reason or "channel cut after the stop deadline"
-            elif late > self.opts.stop_deadline:
+            elif step == "term":
                 self._kill_transport(host, signal.SIGTERM)
-            elif late > self.opts.stop_deadline / 2:
-                self._send_all(b"stop\n")  # includes a node spared at first
+            else:
+                self._send(host, b"stop\n")
 
     # -- events -------------------------------------------------------------------------------
     def _handle(self, kind: str, host: str, payload: Any) -> None:
@@ -418,14 +425,19 @@ class Runner:
         self._send_all(b"stop\n", skip=spare)
 
     def _send_all(self, data: bytes, skip: str | None = None) -> None:
-        for host, proc in self.procs.items():
-            if host == skip or self.nodes[host].closed or proc.stdin is None:
-                continue
-            try:
-                proc.stdin.write(data)
-                proc.stdin.flush()
-            except (OSError, ValueError):
-                pass
+        for host in self.procs:
+            if host != skip:
+                self._send(host, data)
+
+    def _send(self, host: str, data: bytes) -> None:
+        proc = self.procs.get(host)
+        if proc is None or proc.stdin is None or self.nodes[host].closed:
+            return
+        try:
+            proc.stdin.write(data)
+            proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
 
     def _kill_transport(self, host: str, sig: int) -> None:
         proc = self.procs.get(host)
@@ -450,14 +462,12 @@ class Runner:
 
     # -- results ------------------------------------------------------------------------------
     def _root_cause(self) -> Failure | None:
-        ranked = [f for f in self.failures if f.rank is not None]
+        ranked = [(self.ranks[f.rank].ended_at or f.at, i, f)
+                  for i, f in enumerate(self.failures) if f.rank is not None]
         if ranked:
             # Earliest end on the nodes, not arrival order: a peer's "connection reset" can
             # reach the head before the line of the rank that really failed.
-            def ended(f: Failure) -> float:
-                record = self.ranks[f.rank] if f.rank is not None else None
-                return record.ended_at or f.at if record else f.at
-            return min(ranked, key=ended)
+            return min(ranked)[2]
         return self.failures[0] if self.failures else None
 
     def _plan_node(self, host: str) -> NodePlan:
