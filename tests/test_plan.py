@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 
-from ptcluster.launch.plan import SHIM_VAR, Target, plan_launch, rank_env
-from ptcluster.remote.bootstrap import BOOTSTRAP, node_argv
+from ptcluster.launch.plan import SHIM_VAR, Target, plan_launch, rank_env, shim_source
+from ptcluster.remote.bootstrap import BOOTSTRAP, GUARD, node_argv
 from ptcluster.remote.transport import LocalTransport, SshTransport
 from ptcluster.spec import SshSpec, local_cluster, parse_cluster_text
 
@@ -55,9 +56,10 @@ def test_env_is_cluster_env_plus_ours_only() -> None:
     assert dict(plan.nodes[0].env)["GLOO_SOCKET_IFNAME"] == "eth0"
     assert env["PTCLUSTER_JOB_ID"] == "J"
     assert set(env) == {"NCCL_DEBUG", "WEIRD", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
-                        "PYTHONUNBUFFERED", "PTCLUSTER_BACKEND", "PTCLUSTER_JOB_ID"}
-    assert SHIM_VAR not in env  # added by the runner, not shown by `env`
+                        "PYTHONUNBUFFERED", "PTCLUSTER_BACKEND", "PTCLUSTER_JOB_ID", SHIM_VAR}
+    assert env[SHIM_VAR] == shim_source()  # the plan holds what is shipped, the shim included
     full = dict(rank_env(plan, plan.nodes[2]))
+    assert SHIM_VAR not in full  # code, not configuration: `ptcluster env` leaves it out
     assert full["WORLD_SIZE"] == "4" and full["NODE_RANK"] == "2"
     assert full["MASTER_ADDR"] == "n1" and full["MASTER_PORT"] == "29500"
     assert full["LOCAL_WORLD_SIZE"] == "1"
@@ -75,7 +77,7 @@ def test_module_target_argv() -> None:
 def test_ssh_argv_batchmode_quoting_and_user_options_first() -> None:
     ssh = SshSpec(user="ubuntu", port=2222, identity_file="/k/id", config_file="/k/cfg",
                   options=(("ServerAliveInterval", "2"), ("ProxyJump", "bastion")))
-    argv = SshTransport(host="n1", ssh=ssh).argv(node_argv("/opt/my env/python"))
+    argv = SshTransport(host="n1", ssh=ssh).argv(node_argv("/opt/my env/python", GUARD, "J-1"))
     assert argv[0] == "ssh"
     assert argv[argv.index("-F") + 1] == "/k/cfg" and argv[argv.index("-i") + 1] == "/k/id"
     assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "ubuntu"
@@ -86,8 +88,30 @@ def test_ssh_argv_batchmode_quoting_and_user_options_first() -> None:
     assert not any("StrictHostKeyChecking" in o for o in opts)
     assert argv[-3:-1] == ["--", "n1"]
     # The remote command is one shell-quoted string that splits back to the exact argv.
-    assert shlex.split(argv[-1]) == ["/opt/my env/python", "-u", "-c", BOOTSTRAP]
+    assert shlex.split(argv[-1]) == ["/opt/my env/python", "-u", "-c", BOOTSTRAP, "guard", "J-1"]
+
+
+def test_home_relative_python_is_expanded_by_the_node() -> None:
+    """`~/venv/bin/python` must reach the node's shell with `~/` bare (it expands there) and
+    everything else quoted; locally it is expanded here."""
+    argv = SshTransport(host="n1", ssh=SshSpec()).argv(node_argv("~/my venv/bin/python", GUARD))
+    assert argv[-1].startswith("~/'my venv/bin/python' -u -c ")
+    assert shlex.split(argv[-1][2:])[0] == "my venv/bin/python"
+    local = LocalTransport().argv(node_argv("~/v/python", GUARD))
+    assert local[0] == os.path.expanduser("~/v/python")
 
 
 def test_local_transport_runs_argv_as_is() -> None:
     assert LocalTransport().argv(["a b", "c"]) == ["a b", "c"]
+
+
+def test_guard_config_is_in_the_plan() -> None:
+    """plan.json = what is shipped: the guard's config comes from the plan alone."""
+    spec = parse_cluster_text(CLUSTER, "c.yaml")
+    plan = plan_launch(spec, Target(script="train.py"), port=29500, job_id="J")
+    cfg = plan.nodes[0].guard_config(plan, heartbeat_timeout=15.0, grace=4.0)
+    assert cfg["target"] == {"script": "train.py"} and cfg["check_port"] == 29500
+    assert cfg["interface"] == "eth0" and cfg["detect_interface_for"] is None
+    assert cfg["argv"] == list(plan.nodes[0].argv) and cfg["env"] == dict(plan.nodes[0].env)
+    assert plan.nodes[1].guard_config(plan, heartbeat_timeout=15.0, grace=4.0)["check_port"] \
+        is None

@@ -19,9 +19,7 @@ class PtclusterError(Exception):
         super().__init__(self.__str__())
 
     def __str__(self) -> str:
-        if self.fix:
-            return f"{self.message}. Fix: {self.fix}"
-        return self.message
+        return who_what_fix(None, self.message, self.fix)
 
 
 class UsageError(PtclusterError):
@@ -44,10 +42,7 @@ class SpecError(UsageError):
         super().__init__(f"{where}: {problem}", fix)
 
 
-class NodeError(PtclusterError):
-    """Something failed on a node (unreachable, refused, port taken, ...)."""
-
-    def __init__(self, node: str, problem: str, fix: str | None = None) -> None:
-        self.node = node
-        self.problem = problem
-        super().__init__(f"{node}: {problem}", fix)
+def who_what_fix(who: str | None, what: str, fix: str | None) -> str:
+    """The one shape of every problem we report: ``who: what. Fix: how``."""
+    text = f"{who}: {what}" if who else what
+    return f"{text}. Fix: {fix}" if fix else text

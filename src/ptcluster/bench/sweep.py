@@ -4,6 +4,7 @@ nccl-tests rows (formulas.py), and collect the node-pair matrix."""
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -12,10 +13,9 @@ from typing import Any
 from ptcluster.bench.formulas import DTYPES, bandwidths, size_for
 from ptcluster.launch.job import prepare, transports
 from ptcluster.launch.plan import Target, rank_program
-from ptcluster.launch.runner import Failure, Runner, RunOptions
+from ptcluster.launch.result import Failure, RunOptions
+from ptcluster.launch.runner import LineSink, Runner
 from ptcluster.spec.model import ClusterSpec
-
-MARK = "PTCBENCH "
 
 
 @dataclass(kw_only=True)
@@ -77,7 +77,7 @@ class BenchResult:
 
 
 def run_bench(spec: ClusterSpec, cfg: BenchConfig, port: int | None = None,
-              on_line: Any = None) -> BenchResult:
+              on_line: LineSink | None = None) -> BenchResult:
     pairs = [[spec.rank_base(i), spec.rank_base(j)]
              for i in range(len(spec.nodes)) for j in range(i + 1, len(spec.nodes))]
     worker_cfg = {"ops": list(cfg.ops), "sizes": list(cfg.sizes), "iters": cfg.iters,
@@ -90,13 +90,8 @@ def run_bench(spec: ClusterSpec, cfg: BenchConfig, port: int | None = None,
     result = BenchResult(world_size=plan.world_size)
     elem = DTYPES[cfg.dtype]
 
-    def handle(host: str, rank: int | None, text: str) -> None:
-        if not text.startswith(MARK):
-            if on_line is not None:
-                on_line(host, rank, text)
-            return
-        data = json.loads(text[len(MARK):])
-        kind = data.pop("kind")
+    def handle(host: str, rank: int, data: dict[str, Any]) -> None:
+        kind = data.pop("kind", None)
         if kind == "start":
             result.backend = data["backend"]
         elif kind == "skip":
@@ -113,11 +108,13 @@ def run_bench(spec: ClusterSpec, cfg: BenchConfig, port: int | None = None,
                                  "bytes": data["bytes"],
                                  "gbps": 2 * data["bytes"] / data["seconds"] / 1e9})
 
-    with tempfile.TemporaryDirectory(prefix="ptcluster-bench-") as tmp:
-        runner = Runner(plan, transports(spec), Path(tmp) / plan.job_id, on_line=handle,
-                        options=RunOptions(deadline=cfg.timeout))
-        run = runner.run()
-    if not run.ok:
+    tmp = Path(tempfile.mkdtemp(prefix="ptcluster-bench-"))
+    runner = Runner(plan, transports(spec), tmp / plan.job_id, on_line=on_line, on_data=handle,
+                    options=RunOptions(deadline=cfg.timeout))
+    run = runner.run()
+    if run.ok:
+        shutil.rmtree(tmp, ignore_errors=True)  # kept when it failed: its logs tell why
+    else:
         result.failure = run.root_cause or Failure(host=plan.nodes[0].host, rank=None,
                                                    message="the benchmark was interrupted")
     return result

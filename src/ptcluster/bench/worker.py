@@ -1,7 +1,8 @@
 """Runs on every rank (shipped as ``-c`` code through the launch path, after
 ``launch/rank_setup.py``, which defines ``init_distributed`` and ``device_sync``).
 
-argv[1] is a JSON config from the head. Rank 0 prints one ``PTCBENCH {json}`` line per result.
+argv[1] is a JSON config from the head. Rank 0 reports one record per result
+(``rank_setup.report``, never printed).
 Timing: warm-ups, then timed iterations between device synchronisations, the time averaged
 over ranks. Correctness: a separate pass whose inputs are small integers (exact in every float
 type), compared with the exact expected result; mismatches are summed over ranks.
@@ -14,9 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 
-# init_distributed and device_sync come from launch/rank_setup.py, prepended when shipped.
-
-MARK = "PTCBENCH "
+# init_distributed, device_sync and report come from launch/rank_setup.py, prepended when
+# shipped.
 
 
 def main() -> int:
@@ -30,7 +30,7 @@ def main() -> int:
 
     def emit(kind: str, data: dict) -> None:
         if rank == 0:
-            print(MARK + json.dumps({"kind": kind, **data}), flush=True)
+            report(kind, data)  # type: ignore[name-defined]  # noqa: F821
 
     def pattern(count: int, r: int, offset: int = 0) -> torch.Tensor:
         # small integers: their sums over ranks stay exact in fp16/bf16
@@ -159,8 +159,8 @@ def pair_matrix(cfg, rank, device, dtype, elem, sync, emit) -> None:
         sync()
         seconds = (time.perf_counter() - t0) / cfg["iters"]
         if rank == a:
-            print(MARK + json.dumps({"kind": "pair", "a": a, "b": b, "bytes": count * elem,
-                                     "seconds": seconds}), flush=True)
+            report("pair", {"a": a, "b": b, "bytes": count * elem,  # type: ignore[name-defined]  # noqa: F821
+                            "seconds": seconds})
 
 
 if __name__ == "__main__":

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 import click
@@ -17,7 +20,9 @@ from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
 from ptcluster.launch.job import prepare, run_dir_for, transports
 from ptcluster.launch.plan import LaunchPlan, Target
-from ptcluster.launch.runner import Runner, RunResult
+from ptcluster.launch.result import RunResult
+from ptcluster.launch.runlogs import ConsoleFeed
+from ptcluster.launch.runner import Runner
 
 
 @click.command(help=__doc__, context_settings={"allow_interspersed_args": False,
@@ -52,32 +57,67 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
                   markup=True)
     run_dir = run_dir_for(plan, runs_dir)
     _print_plan(err, plan, run_dir)
+    feed = ConsoleFeed(_stdout_writer(run_dir), _fd_writer(2, dim=err.is_terminal))
 
     def on_line(host: str, rank: int | None, text: str) -> None:
-        prefix = f"[{host}:{rank}]" if rank is not None else f"[{host}]"
-        sys.stdout.write(f"{prefix} {text}\n")
-        sys.stdout.flush()
+        if rank is None:
+            feed.line(f"[{host}] {text}", f"the node log of {host} in {run_dir}/")
+        else:
+            feed.line(f"[{host}:{rank}] {text}", f"{run_dir}/rank{rank}.log")
 
     runner = Runner(plan, transports(spec), run_dir, on_line=on_line,
-                    on_status=lambda text: err.print(f"[dim]ptcluster: {text}[/dim]",
-                                                     markup=True))
-    result = _run_with_signals(runner)
-    _print_summary(err, result)
-    code = 0 if result.ok else (130 if result.interrupted and result.root_cause is None else 1)
-    sys.exit(code)
+                    on_status=lambda text: feed.note(f"ptcluster: {text}"))
+    result, signum = _run_with_signals(runner)
+    feed.close(timeout=5.0)
+    _print_summary(err, result, feed.dropped_total)
+    if result.ok:
+        sys.exit(0)
+    if result.interrupted and result.root_cause is None:
+        sys.exit(128 + (signum or signal.SIGINT))
+    sys.exit(1)
 
 
-def _run_with_signals(runner: Runner) -> RunResult:
+def _fd_writer(fd: int, dim: bool = False) -> Callable[[str], None]:
+    """Write to a file descriptor directly: no Python buffer lock for a blocked writer thread
+    to hold when the process exits."""
+    def write(text: str) -> None:
+        data = (f"\x1b[2m{text.rstrip(chr(10))}\x1b[0m\n" if dim else text).encode(
+            errors="replace")
+        while data:
+            data = data[os.write(fd, data):]
+    return write
+
+
+def _stdout_writer(run_dir: Path) -> Callable[[str], None]:
+    write = _fd_writer(1)
+
+    def write_out(text: str) -> None:
+        try:
+            write(text)
+        except BrokenPipeError:
+            # The reader went away (`| head`): the job goes on, into its logs only.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.close(devnull)
+            _fd_writer(2)(f"ptcluster: stdout was closed; the job goes on, its output is in "
+                          f"{run_dir}/\n")
+            raise
+    return write_out
+
+
+def _run_with_signals(runner: Runner) -> tuple[RunResult, int | None]:
     """Ctrl-C / SIGTERM end the job everywhere, in order, instead of killing the head."""
     if threading.current_thread() is not threading.main_thread():
-        return runner.run()
+        return runner.run(), None
+    got: list[int] = []
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        got.append(signum)
         runner.request_stop(f"{signal.Signals(signum).name} received")
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return runner.run()
+        return runner.run(), (got[0] if got else None)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -94,7 +134,7 @@ def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
     console.print(f"  logs: {run_dir}/")
 
 
-def _print_summary(console: Console, result: RunResult) -> None:
+def _print_summary(console: Console, result: RunResult, dropped: int) -> None:
     rc = result.root_cause
     if rc is not None:
         console.print(f"[bold red]Root cause (first observed failure):[/bold red] "
@@ -111,4 +151,7 @@ def _print_summary(console: Console, result: RunResult) -> None:
     console.print(table)
     verdict = "[green]ok[/green]" if result.ok else (
         "[yellow]interrupted[/yellow]" if result.interrupted else "[red]failed[/red]")
+    if dropped:
+        console.print(f"{dropped} line(s) were not shown because the console fell behind; "
+                      "every line is in the logs")
     console.print(f"{verdict}; logs in {result.run_dir}/", markup=True)

@@ -4,10 +4,9 @@ Shipped as ``-c`` code through the same launch path as ``ptcluster run`` (after
 ``launch/rank_setup.py``, which defines ``init_distributed`` and ``device_sync``), so it tests
 exactly what a job would use: torchrun, the rendezvous, the interface env, the backend choice.
 Every rank contributes ``rank + 1``; the sum must be ``n (n + 1) / 2`` in every element. Rank 0
-prints one ``PTCDOCTOR {json}`` line.
+reports one ``allreduce`` record to the head (``rank_setup.report``).
 """
 
-import json
 import sys
 import time
 
@@ -37,10 +36,10 @@ def main() -> int:
     t = sorted(times)[len(times) // 2]
     if rank == 0:
         size = numel * 4
-        print("PTCDOCTOR " + json.dumps({
+        report("allreduce", {  # type: ignore[name-defined]  # noqa: F821
             "world_size": world, "backend": backend, "bytes": size, "wrong": int(bad.item()),
             "time_ms": round(t * 1000, 3),
-            "busbw_gbps": round(size / t * 2 * (world - 1) / world / 1e9, 3)}), flush=True)
+            "busbw_gbps": round(size / t * 2 * (world - 1) / world / 1e9, 3)})
     dist.destroy_process_group()
     return 1 if int(bad.item()) else 0
 

@@ -7,17 +7,17 @@ node that fails: every node gets a :class:`NodeProbe`.
 
 from __future__ import annotations
 
-import json
 import queue
-import subprocess
-import threading
+import signal
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any
+from functools import partial
+from typing import Any
 
-from ptcluster.doctor.probe import CONTROL
-from ptcluster.remote.bootstrap import node_argv, probe_preamble
+from ptcluster.remote.bootstrap import PROBE
+from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
+from ptcluster.remote.wire import control, split
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 
@@ -62,75 +62,36 @@ def address_of(iface: str | None, facts: dict[str, Any]) -> str | None:
     return None
 
 
-class _Session:
-    def __init__(self, host: str, proc: subprocess.Popen[bytes], events: queue.Queue) -> None:
-        self.host = host
-        self.proc = proc
-        self.stderr: list[str] = []
-        self.started = time.monotonic()
-        threading.Thread(target=self._out, args=(proc.stdout, events), daemon=True).start()
-        threading.Thread(target=self._err, args=(proc.stderr,), daemon=True).start()
-
-    def _out(self, stream: IO[bytes], events: queue.Queue) -> None:
-        for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            if line.startswith(CONTROL):
-                kind, _, body = line[len(CONTROL):].partition(" ")
-                events.put((self.host, kind, json.loads(body), time.time()))
-        events.put((self.host, "closed", None, time.time()))
-
-    def _err(self, stream: IO[bytes]) -> None:
-        for raw in iter(stream.readline, b""):
-            self.stderr.append(raw.decode(errors="replace").rstrip("\n"))
-
-    def send(self, data: bytes) -> None:
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
-        except (OSError, ValueError):
-            pass
-
-    def close(self, timeout: float = 5.0) -> int | None:
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
-
-
 def probe_cluster(spec: ClusterSpec, transports: dict[str, Transport], *, master_port: int,
                   timeout: float = 60.0, connect_timeout: float = 2.0) -> dict[str, NodeProbe]:
     events: queue.Queue[tuple[str, str, Any, float]] = queue.Queue()
     probes = {n.host: NodeProbe(host=n.host) for n in spec.nodes}
-    sessions: dict[str, _Session] = {}
     hosts = [n.host for n in spec.nodes]
+    channels: list[NodeChannel] = []
     for i, node in enumerate(spec.nodes):
         config = {"workdir": node.workdir, "peers": [h for h in hosts if h != node.host],
                   "master_addr": spec.master.addr, "master_port": master_port if i == 0 else None}
-        try:
-            proc = transports[node.host].spawn(node_argv(node.python))
-        except OSError as exc:
-            probes[node.host].problem, probes[node.host].fix = str(exc), "install OpenSSH client"
-            continue
-        sessions[node.host] = _Session(node.host, proc, events)
-        sessions[node.host].send(probe_preamble(config))
+        channels.append(NodeChannel(
+            transports[node.host], node.python, PROBE, config,
+            on_frames=partial(_frames, node.host, events),
+            on_closed=partial(_closed, node.host, events)))
 
-    open_hosts = set(sessions)
-    deadline = time.monotonic() + timeout
-    _wait(events, probes, sessions, open_hosts, "ready", deadline)
+    def could_not_start(channel: NodeChannel, exc: OSError) -> None:
+        probe = probes[channel.host]
+        probe.problem = f"cannot start {channel.argv[0]!r}: {exc}"
+        probe.fix = ("install the OpenSSH client (ssh) on this machine" if channel.argv[0] == "ssh"
+                     else "set python: to an interpreter that exists")
+
+    started = {c.host: c for c in start_all(channels, could_not_start)}
+    begun = time.monotonic()
+    _wait(events, probes, started, set(started), "ready", begun + timeout, begun)
 
     # Connectivity, as the job would use it: every node to the master port (by the master's
     # name, as MASTER_ADDR is used), and to every peer's ephemeral port on its NCCL/Gloo address.
     waiting = set()
     for node in spec.nodes:
         probe = probes[node.host]
-        if not probe.ok or node.host not in open_hosts:
+        if not probe.ok or node.host not in started or started[node.host].closed:
             continue
         targets: list[list[Any]] = []
         master_facts = probes[spec.nodes[0].host].facts
@@ -144,28 +105,43 @@ def probe_cluster(spec: ClusterSpec, transports: dict[str, Transport], *, master
             port = peer_facts["listening"].get("ephemeral")
             if addr and port:
                 targets.append([f"peer:{peer.host}", addr, port])
-        sessions[node.host].send(json.dumps({"connect": targets,
-                                             "timeout": connect_timeout}).encode() + b"\n")
+        started[node.host].send("connect", {"targets": targets, "timeout": connect_timeout})
         waiting.add(node.host)
-    _wait(events, probes, sessions, waiting, "connect",
-          time.monotonic() + connect_timeout + 10)
+    _wait(events, probes, started, waiting, "connect",
+          time.monotonic() + connect_timeout + 10, begun)
 
-    for session in sessions.values():
-        session.send(b"bye\n")
-    for host, session in sessions.items():
-        code = session.close()
-        probe = probes[host]
-        probe.stderr = session.stderr
-        if probe.exit_code is None:
-            probe.exit_code = code
+    for channel in started.values():
+        channel.send("bye")
+    close_all(list(started.values()), timeout=5.0)  # one deadline for all (not 5 s each)
+    while not events.empty():
+        host, kind, payload, _ = events.get_nowait()
+        if kind == "closed":
+            probes[host].exit_code, probes[host].stderr = payload
+    for host, probe in probes.items():
         if not probe.ok and probe.problem is None:
-            probe.problem, probe.fix = explain_channel_failure(session.stderr, code,
-                                                               spec.nodes[hosts.index(host)].python)
+            probe.problem, probe.fix = explain_channel_failure(
+                probe.stderr, probe.exit_code, spec.nodes[hosts.index(host)].python)
     return probes
 
 
-def _wait(events: queue.Queue, probes: dict[str, NodeProbe], sessions: dict[str, _Session],
-          pending: set[str], kind: str, deadline: float) -> None:
+def _frames(host: str, events: queue.Queue, lines: list[str]) -> None:
+    """On the channel's reader thread: frames -> events. A bad frame is noted, never raised."""
+    for line in lines:
+        kind, payload = split(line)
+        if kind not in ("ready", "connect"):
+            continue
+        try:
+            events.put((host, kind, control(payload), time.time()))
+        except ValueError as exc:
+            events.put((host, "bad", f"{kind}: {exc}", time.time()))
+
+
+def _closed(host: str, events: queue.Queue, code: int | None, stderr: list[str]) -> None:
+    events.put((host, "closed", (code, stderr), time.time()))
+
+
+def _wait(events: queue.Queue, probes: dict[str, NodeProbe], channels: dict[str, NodeChannel],
+          pending: set[str], kind: str, deadline: float, begun: float) -> None:
     pending = set(pending)
     while pending:
         left = deadline - time.monotonic()
@@ -174,7 +150,7 @@ def _wait(events: queue.Queue, probes: dict[str, NodeProbe], sessions: dict[str,
                 if not probes[host].ok:
                     probes[host].problem = f"no answer within the timeout ({kind})"
                     probes[host].fix = "check the node is up and not overloaded"
-                sessions[host].proc.kill()
+                channels[host].signal(signal.SIGKILL)
             return
         try:
             host, got, payload, at = events.get(timeout=min(left, 0.5))
@@ -183,11 +159,14 @@ def _wait(events: queue.Queue, probes: dict[str, NodeProbe], sessions: dict[str,
         probe = probes[host]
         if got == "ready":
             probe.facts = payload
-            probe.ssh_s = round(time.monotonic() - sessions[host].started, 3)
+            probe.ssh_s = round(time.monotonic() - begun, 3)
             probe.clock_offset = round(payload["time"] - at, 3)
         elif got == "connect":
-            probe.connects = payload
+            probe.connects = payload.get("results", [])
+        elif got == "bad":
+            probe.problem = f"the probe sent a bad frame ({payload})"
+            probe.fix = "report this bug: ptcluster versions may differ between head and node"
         elif got == "closed":
-            probe.exit_code = sessions[host].proc.wait()
-        if got in (kind, "closed"):
+            probe.exit_code, probe.stderr = payload
+        if got in (kind, "closed", "bad"):
             pending.discard(host)

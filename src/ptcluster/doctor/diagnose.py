@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -13,10 +13,9 @@ from ptcluster.doctor.checks import FAIL, OK, Finding, run_checks
 from ptcluster.doctor.collect import NodeProbe, probe_cluster
 from ptcluster.launch.job import prepare, resolve_port, transports
 from ptcluster.launch.plan import Target, rank_program
-from ptcluster.launch.runner import Runner, RunOptions
+from ptcluster.launch.result import RunOptions
+from ptcluster.launch.runner import Runner
 from ptcluster.spec.model import ClusterSpec
-
-ALLREDUCE_MARK = "PTCDOCTOR "
 
 
 @dataclass(kw_only=True)
@@ -76,32 +75,32 @@ def run_allreduce(spec: ClusterSpec, port: int | None,
     """All ranks, the configured backend, through the same launch path as `ptcluster run`."""
     code = rank_program("ptcluster.doctor", "allreduce.py")
     plan = prepare(spec, Target(code=code, args=(str(int(timeout / 2)),)), port=port)
-    captured: list[str] = []
-    lines: list[str] = []
+    captured: list[dict[str, Any]] = []
 
-    def on_line(host: str, rank: int | None, text: str) -> None:
-        lines.append(f"[{host}:{rank}] {text}" if rank is not None else f"[{host}] {text}")
-        if text.startswith(ALLREDUCE_MARK):
-            captured.append(text[len(ALLREDUCE_MARK):])
+    def on_data(host: str, rank: int, data: dict[str, Any]) -> None:
+        if data.get("kind") == "allreduce":
+            captured.append(data)
 
-    with tempfile.TemporaryDirectory(prefix="ptcluster-doctor-") as tmp:
-        runner = Runner(plan, transports(spec), Path(tmp) / plan.job_id, on_line=on_line,
-                        options=RunOptions(deadline=timeout, ready_timeout=timeout))
-        result = runner.run()
+    tmp = Path(tempfile.mkdtemp(prefix="ptcluster-doctor-"))
+    runner = Runner(plan, transports(spec), tmp / plan.job_id, on_data=on_data,
+                    options=RunOptions(deadline=timeout, ready_timeout=timeout))
+    result = runner.run()
     host = spec.nodes[0].host
     if result.ok and captured:
-        data = json.loads(captured[-1])
+        shutil.rmtree(tmp, ignore_errors=True)  # kept when it failed: its logs tell why
+        data = captured[-1]
         return data, Finding("all-reduce", host, OK,
                              f"{data['world_size']} ranks over {data['backend']}: result "
                              f"verified, {data['bytes'] >> 20} MiB in {data['time_ms']:.1f} ms "
                              f"(busbw {data['busbw_gbps']:.2f} GB/s)")
     rc = result.root_cause
-    data = json.loads(captured[-1]) if captured else None
-    if data and data.get("wrong"):
-        return data, Finding("all-reduce", host, FAIL, f"{data['wrong']} wrong elements in "
+    failed_data = captured[-1] if captured else None
+    if failed_data and failed_data.get("wrong"):
+        return failed_data, Finding("all-reduce", host, FAIL, f"{failed_data['wrong']} wrong elements in "
                              "the all-reduce result", "check GPUs/NICs for faults (dmesg, "
                              "nvidia-smi -q) and that NCCL versions match")
     detail = rc.headline() if rc else "the all-reduce did not finish"
-    return data, Finding("all-reduce", rc.host if rc else host, FAIL,
+    return failed_data, Finding("all-reduce", rc.host if rc else host, FAIL,
                          f"all-reduce failed: {detail}",
-                         "see the failures above; run with NCCL_DEBUG=INFO in env: for details")
+                         f"see the failures above and the logs in {tmp / plan.job_id}; run with "
+                         "NCCL_DEBUG=INFO in env: for details")

@@ -4,10 +4,11 @@ Shipped and started like the guard (source over the channel's stdin, see ``remot
 One ssh session per node does everything:
 
   stdin  line 2   JSON config: workdir, peers, master_addr, master_port (master only), ...
-  stdout          CONTROL "ready {facts}"   facts, plus the ports this node now listens on
-  stdin           JSON {"connect": [[label, host, port], ...]}
-  stdout          CONTROL "connect {results}"
-  stdin           EOF or "bye": close the listeners and exit
+  stdout          frames of ``remote.wire``: ``hello``, then ``ready {facts}`` (facts, plus the
+                  ports this node now listens on)
+  stdin           ``connect {"targets": [[label, host, port], ...], "timeout": s}``
+  stdout          ``connect {"results": [...]}``
+  stdin           EOF or ``bye``: close the listeners and exit
 
 torch is imported once, last, in this process (never per check).
 """
@@ -25,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-CONTROL = "\x1ePTCP "
+from ptcluster.remote.wire import control, encode, hello, split  # inlined
 
 
 def sh(*argv: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -212,13 +213,14 @@ def connect_all(targets: list[list[Any]], timeout: float) -> list[dict[str, Any]
     return results
 
 
-def emit(kind: str, payload: Any) -> None:
-    sys.stdout.write(CONTROL + kind + " " + json.dumps(payload) + "\n")
+def emit(frame: bytes) -> None:
+    sys.stdout.buffer.write(frame)
     sys.stdout.flush()
 
 
 def main() -> int:
     cfg = json.loads(sys.stdin.readline())
+    emit(hello("probe"))
     facts = collect(cfg)
     listening: dict[str, Any] = {"master": None, "ephemeral": None, "master_error": None}
     listeners = []
@@ -235,14 +237,15 @@ def main() -> int:
     except OSError as exc:
         listening["ephemeral_error"] = str(exc)
     facts["listening"] = listening
-    emit("ready", facts)
+    emit(encode("ready", facts))
     for line in sys.stdin:
-        line = line.strip()
-        if not line or line == "bye":
-            break
-        request = json.loads(line)
-        emit("connect", connect_all(request.get("connect", []),
-                                    float(request.get("timeout", 2.0))))
+        kind, payload = split(line.strip())
+        if kind == "connect":
+            request = control(payload)
+            emit(encode("connect", {"results": connect_all(request.get("targets", []),
+                                                           float(request.get("timeout", 2.0)))}))
+        elif kind != "hb":
+            break  # "bye", EOF or anything unknown: done
     for lst in listeners:
         lst.sock.close()
     return 0

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from typing import Any
 
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
@@ -56,12 +57,27 @@ class NodePlan:
     argv: tuple[str, ...]
     """torchrun command line, run by the guard on the node."""
     env: tuple[tuple[str, str], ...]
-    """What we add to the node's environment for torchrun and its ranks."""
+    """What we add to the node's environment for torchrun and its ranks (the shim included)."""
     is_master: bool
+    target: Target
 
     @property
     def ranks(self) -> range:
         return range(self.rank_base, self.rank_base + self.nproc)
+
+    def guard_config(self, plan: LaunchPlan, *, heartbeat_timeout: float,
+                     grace: float) -> dict[str, Any]:
+        """Everything the node's guard is told (plus the runner's two timing knobs)."""
+        target = {"script": self.target.script} if self.target.script else \
+            {"module": self.target.module} if self.target.module else {}
+        return {
+            "job_id": plan.job_id, "argv": list(self.argv), "env": dict(self.env),
+            "workdir": self.workdir, "target": target,
+            "check_port": plan.master_port if self.is_master else None,
+            "interface": self.interface,
+            "detect_interface_for": None if self.interface else plan.master_addr,
+            "heartbeat_timeout": heartbeat_timeout, "grace": grace,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +122,7 @@ def torchrun_argv(spec: ClusterSpec, node: NodeSpec, node_rank: int, port: int,
         "--master-addr", spec.master.addr,
         "--master-port", str(port),
         "--max-restarts", "0",
-        "--tee", "3",  # per-rank prefixed lines: "[default<local_rank>]:"
+        # No --tee/--redirects: every rank's output reaches the guard through the shim.
         "--no-python", node.python, "-u", "-c", SHIM_BOOT,
         *target.argv(),
     ]
@@ -117,6 +133,7 @@ def node_env(spec: ClusterSpec, node: NodeSpec, job_id: str) -> list[tuple[str, 
     env.append(("PYTHONUNBUFFERED", "1"))
     env.append(("PTCLUSTER_BACKEND", spec.backend))
     env.append((JOB_VAR, job_id))
+    env.append((SHIM_VAR, shim_source()))
     if node.interface:
         env.append(("NCCL_SOCKET_IFNAME", node.interface))
         env.append(("GLOO_SOCKET_IFNAME", node.interface))
@@ -133,6 +150,7 @@ def plan_launch(spec: ClusterSpec, target: Target, *, port: int, job_id: str) ->
             argv=tuple(torchrun_argv(spec, node, i, port, target)),
             env=tuple(node_env(spec, node, job_id)),
             is_master=i == 0,  # static rendezvous: node rank 0 hosts the store
+            target=target,
         ))
     return LaunchPlan(job_id=job_id, master_addr=spec.master.addr, master_port=port,
                       world_size=spec.world_size, backend=spec.backend, nodes=tuple(nodes))
@@ -142,8 +160,10 @@ def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
     """What every rank on ``node`` sees (ours plus torchrun's), for ``ptcluster env``.
 
     RANK and LOCAL_RANK differ per process; they are given as ranges in the caller's output.
+    The shim's source (``SHIM_VAR``) is left out: it is code, not configuration. An interface
+    detected on the node at launch is in ``summary.json``, not here.
     """
-    env = [(k, v) for k, v in node.env]
+    env = [(k, v) for k, v in node.env if k != SHIM_VAR]
     env += [
         ("MASTER_ADDR", plan.master_addr),
         ("MASTER_PORT", str(plan.master_port)),

@@ -3,7 +3,9 @@ all-reduce, the bench worker): they are prefixed with this file's source, so a n
 torch, not ptcluster. Stdlib + torch only.
 """
 
+import json
 import os
+import socket
 from datetime import timedelta
 
 import torch
@@ -32,3 +34,20 @@ def init_distributed(timeout_s: float) -> tuple:
 def device_sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+_REPORT: list = []
+
+
+def report(kind: str, data: dict) -> None:
+    """Send a structured record to the head (``Runner.on_data``), on the guard's socket.
+
+    Never mixed with the rank's output, so nothing a program prints can pass for a record.
+    """
+    if not _REPORT:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(os.environ["PTCLUSTER_GUARD_SOCK"])
+        s.sendall(json.dumps({"rank": int(os.environ["RANK"]), "role": "data"}).encode() + b"\n")
+        _REPORT.append(s)
+    body = json.dumps({"kind": kind, **data})
+    _REPORT[0].sendall(b"data " + body.encode() + b"\n")

@@ -5,7 +5,7 @@ is importable and a driver is loaded; CPU, RAM and network from psutil, or from 
 node's Python has no psutil. Stops when stdin closes (the head went away).
 
   stdin  line 2  JSON config: {"interval": seconds}
-  stdout         CONTROL "sample {json}" every interval
+  stdout         frames of ``remote.wire``: ``hello``, then ``sample {json}`` every interval
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-CONTROL = "\x1ePTCM "
+from ptcluster.remote.wire import encode, hello  # inlined
 
 
 class Cpu:
@@ -137,6 +137,8 @@ def jobs() -> dict[str, int]:
 
 def main() -> int:
     cfg = json.loads(sys.stdin.readline())
+    sys.stdout.buffer.write(hello("sampler"))
+    sys.stdout.flush()
     interval = max(0.2, float(cfg.get("interval", 2.0)))
     done = threading.Event()
 
@@ -160,7 +162,7 @@ def main() -> int:
         }
         last_net, last_t = (rx, tx), now
         try:
-            sys.stdout.write(CONTROL + "sample " + json.dumps(sample) + "\n")
+            sys.stdout.buffer.write(encode("sample", sample))
             sys.stdout.flush()
         except (BrokenPipeError, OSError):
             break

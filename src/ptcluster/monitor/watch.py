@@ -6,15 +6,16 @@ keep updating.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Any
+from functools import partial
+from typing import Any
 
-from ptcluster.monitor.sampler import CONTROL
-from ptcluster.remote.bootstrap import node_argv, preamble
+from ptcluster.remote.bootstrap import SAMPLER
+from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
+from ptcluster.remote.wire import control, split
 from ptcluster.spec.model import ClusterSpec
 
 
@@ -27,39 +28,45 @@ class NodeView:
 
 
 class Monitor:
+    """One sampler channel per node; use as a context manager (or call ``close``)."""
+
     def __init__(self, spec: ClusterSpec, transports: dict[str, Transport],
                  interval: float = 2.0) -> None:
         self.spec = spec
         self.views = {n.host: NodeView(host=n.host) for n in spec.nodes}
         self.lock = threading.Lock()
-        self.procs = {}
-        for node in spec.nodes:
-            try:
-                proc = transports[node.host].spawn(node_argv(node.python))
-            except OSError as exc:
-                self.views[node.host].error = str(exc)
-                continue
-            self.procs[node.host] = proc
-            assert proc.stdin is not None
-            try:
-                proc.stdin.write(preamble("ptcluster.monitor", "sampler.py",
-                                          {"interval": interval}))
-                proc.stdin.flush()
-            except OSError:
-                pass
-            threading.Thread(target=self._read, args=(node.host, node.python, proc.stdout,
-                                                      proc.stderr), daemon=True).start()
+        channels = [NodeChannel(transports[n.host], n.python, SAMPLER, {"interval": interval},
+                                on_frames=partial(self._frames, n.host),
+                                on_closed=partial(self._closed, n.host, n.python))
+                    for n in spec.nodes]
+        self.channels = start_all(channels, self._could_not_start)
 
-    def _read(self, host: str, python: str, out: IO[bytes], err: IO[bytes]) -> None:
-        for raw in iter(out.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            if line.startswith(CONTROL + "sample "):
-                sample = json.loads(line[len(CONTROL) + 7:])
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _could_not_start(self, channel: NodeChannel, exc: OSError) -> None:
+        with self.lock:
+            self.views[channel.host].error = f"cannot start {channel.argv[0]!r}: {exc}"
+
+    def _frames(self, host: str, lines: list[str]) -> None:
+        for line in lines:
+            kind, payload = split(line)
+            if kind != "sample":
+                continue
+            try:
+                sample = control(payload)
+            except ValueError as exc:
                 with self.lock:
-                    view = self.views[host]
-                    view.sample, view.error, view.updated = sample, None, time.time()
-        stderr = err.read().decode(errors="replace").splitlines()
-        code = self.procs[host].wait()
+                    self.views[host].error = f"bad sample from the node: {exc}"
+                continue
+            with self.lock:
+                view = self.views[host]
+                view.sample, view.error, view.updated = sample, None, time.time()
+
+    def _closed(self, host: str, python: str, code: int | None, stderr: list[str]) -> None:
         problem, _ = explain_channel_failure(stderr, code, python)
         with self.lock:
             self.views[host].error = f"unreachable: {problem}"
@@ -81,15 +88,4 @@ class Monitor:
                     view.error = f"no sample within {timeout:.0f} s"
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            try:
-                if proc.stdin is not None:
-                    proc.stdin.close()
-            except OSError:
-                pass
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=5)
-            except Exception:  # noqa: BLE001
-                proc.kill()
-                proc.wait()
+        close_all(self.channels, timeout=5.0)

@@ -1,16 +1,23 @@
 """How node programs (the guard, the doctor's probe, the monitor's sampler) reach a node: a
 fixed one-line command, then everything else over stdin.
 
-The only text that passes through the node's shell is ``PYTHON -c BOOTSTRAP`` (quoted with
-shlex); the guard's source and its JSON config (argv, env, paths) travel on the channel's
-stdin, so no host, path or env value is ever re-parsed by a shell.
+The only text that passes through the node's shell is ``PYTHON -u -c BOOTSTRAP PROGRAM TAG``
+(quoted with shlex; PROGRAM and TAG are plain words), so ``ps`` on the node shows which program
+runs for which job. The program's source and its JSON config (argv, env, paths) travel on the
+channel's stdin, so no host, path or env value is ever re-parsed by a shell.
+
+A shipped program may use the standard library and the modules named in ``INLINED``: the packer
+puts their source in front of the program's and drops the program's own import lines for them
+(lines ending in ``# inlined``), so the node needs nothing of ptcluster installed.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import zlib
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -18,30 +25,56 @@ from typing import Any
 BOOTSTRAP = (
     "import sys,zlib,base64;"
     "exec(compile(zlib.decompress(base64.b64decode(sys.stdin.buffer.readline())),"
-    "'ptcluster-guard','exec'))"
+    "'ptcluster-'+sys.argv[1],'exec'))"
 )
+INLINED = (("ptcluster.remote", "wire.py"), ("ptcluster.remote", "netif.py"))
+"""Modules every shipped program gets in front of its own source, in this order."""
+_FUTURE = "from __future__ import annotations"
+_WORD = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class NodeProgram:
+    """A program shipped to a node: ``name`` is its label on the node (argv, tracebacks)."""
+
+    name: str
+    package: str
+    filename: str
+
+
+GUARD = NodeProgram("guard", "ptcluster.remote", "guard.py")
+PROBE = NodeProgram("probe", "ptcluster.doctor", "probe.py")
+SAMPLER = NodeProgram("sampler", "ptcluster.monitor", "sampler.py")
+
+
+def pack_source(package: str, filename: str) -> str:
+    """The source a node executes: the inlined modules, then the program (one namespace)."""
+    parts = [_FUTURE]
+    for pkg, name in (*INLINED, (package, filename)):
+        text = resources.files(pkg).joinpath(name).read_text()
+        parts.append("\n".join(line for line in text.splitlines()
+                               if line.strip() != _FUTURE and not line.endswith("# inlined")))
+    return "\n\n".join(parts) + "\n"
 
 
 @lru_cache(maxsize=8)
-def payload(package: str, filename: str) -> bytes:
-    """Line 1 of a node program's stdin: its own source, compressed."""
-    source = resources.files(package).joinpath(filename).read_bytes()
+def payload(program: NodeProgram) -> bytes:
+    """Line 1 of a node program's stdin: its packed source, compressed."""
+    source = pack_source(program.package, program.filename).encode()
     return base64.b64encode(zlib.compress(source, 9)) + b"\n"
 
 
-def node_argv(python: str) -> list[str]:
-    """The command run on the node (locally, or as ssh's remote command)."""
-    return [python, "-u", "-c", BOOTSTRAP]
+def node_argv(python: str, program: NodeProgram, tag: str = "-") -> list[str]:
+    """The command run on the node (locally, or as ssh's remote command).
+
+    ``tag`` (a job id, or "-") is only there to be seen: in ``ps`` and by tests that look for
+    what a job left behind.
+    """
+    if not _WORD.match(tag):
+        raise ValueError(f"bad node program tag {tag!r}")
+    return [python, "-u", "-c", BOOTSTRAP, program.name, tag]
 
 
-def preamble(package: str, filename: str, config: dict[str, Any]) -> bytes:
+def preamble(program: NodeProgram, config: dict[str, Any]) -> bytes:
     """What a node program reads first: its source, then its JSON config."""
-    return payload(package, filename) + json.dumps(config).encode() + b"\n"
-
-
-def guard_preamble(config: dict[str, Any]) -> bytes:
-    return preamble("ptcluster.remote", "guard.py", config)
-
-
-def probe_preamble(config: dict[str, Any]) -> bytes:
-    return preamble("ptcluster.doctor", "probe.py", config)
+    return payload(program) + json.dumps(config).encode() + b"\n"

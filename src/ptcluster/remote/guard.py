@@ -1,15 +1,20 @@
 """The node-side guard: owns one node's part of a job and ends it when the head goes away.
 
-Standard library only: the head ships this file's source over the ssh channel's stdin (see
-``remote.bootstrap``), so a node needs nothing but its Python; ptcluster itself need not be
-installed there, and no path, host or env value ever passes through a remote shell.
+Standard library only: the head ships this source (with the inlined ``wire`` and ``netif``) over
+the channel's stdin (see ``remote.bootstrap``), so a node needs nothing but its Python.
 
-Protocol (one line each, UTF-8):
-  stdin  line 1  the bootstrap reads this source (handled before this module runs)
-         line 2  JSON config: argv, env, workdir, job_id, heartbeat_timeout, checks
-         then    "" (heartbeat), "go" (start the job), "stop" (end it); EOF = the head is gone
-  stdout         the job's merged output, byte for byte, plus control lines that start with
-                 CONTROL: "ready {facts}", "started {pid}", "hb", "exit {code}", "error {msg}"
+Protocol (frames of ``remote.wire``, one per line):
+  stdin   line 1 the packed source (read by the bootstrap); line 2 the JSON config (the
+          ``NodePlan``'s guard config: argv, env, workdir, job_id, checks, timing)
+          then ``hb`` (heartbeat), ``go`` (start the job), ``stop {reason}``; EOF = head gone
+  stdout  ``hello``, ``ready {facts}`` or ``error {problem, fix}``, ``started {pid}``,
+          per rank ``rstart``/``rexit``/``rdata`` and its output as ``o``/``e`` text frames,
+          torchrun's own output as ``a`` frames, ``hb`` every second, ``exit {code, reason}``.
+
+Ranks talk to the guard over a Unix socket in the job's private temp dir (``GUARD_SOCK`` in
+their env): the shim that wraps every rank connects one stream per stdout/stderr and one for
+control records, so output reaches the head tagged with its rank without parsing anyone's log
+format, and a rank's exit frame is sent only after its last output line.
 
 Teardown is by process tree, never by name: the guard is a child subreaper, so workers that
 torchrun leaves behind are re-parented here and found by walking /proc from our own pid.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -27,10 +33,27 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from typing import Any
 
-CONTROL = "\x1ePTCG "
+from ptcluster.remote.netif import route_interface  # inlined
+from ptcluster.remote.wire import encode, encode_text, hello, split  # inlined
+
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
+GUARD_SOCK = "PTCLUSTER_GUARD_SOCK"
+"""Env var: the Unix socket ranks report to."""
+MAX_LINE = 65536
+"""Longer output lines are cut into pieces of this size (bounded memory per stream)."""
+EXIT_WAIT = 2.0
+"""Seconds a rank's exit frame waits for the rest of its output (streams held by children)."""
+
+
+class GuardError(Exception):
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.fix = fix
 
 
 class Guard:
@@ -43,6 +66,7 @@ class Guard:
         self.last_hb = time.monotonic()
         self.child: subprocess.Popen[bytes] | None = None
         self.tmpdir = ""
+        self.ranks: RankServer | None = None
         self.pump_thread: threading.Thread | None = None
 
     # -- output -------------------------------------------------------------------------------
@@ -51,11 +75,11 @@ class Guard:
             with self.out_lock:
                 sys.stdout.buffer.write(data)
                 sys.stdout.buffer.flush()
-        except (BrokenPipeError, OSError, ValueError):
+        except (OSError, ValueError):
             self.request_stop("the head's channel is closed")
 
-    def control(self, text: str) -> None:
-        self.write((CONTROL + text + "\n").encode())
+    def send(self, kind: str, payload: object = None) -> None:
+        self.write(encode(kind, payload))
 
     def request_stop(self, reason: str) -> None:
         if not self.stop.is_set():
@@ -73,121 +97,138 @@ class Guard:
                 self.request_stop("the head's channel closed (head gone or link lost)")
                 return
             self.last_hb = time.monotonic()
-            word = line.strip().decode(errors="replace")
-            if word == "go":
+            kind, payload = split(line.decode(errors="replace").rstrip("\n"))
+            if kind == "go":
                 self.go.set()
-            elif word == "stop":
-                self.request_stop("stopped by the head")
+            elif kind == "stop":
+                try:
+                    reason = json.loads(payload).get("reason") or ""
+                except (ValueError, AttributeError):
+                    reason = ""
+                self.request_stop(f"stopped by the head{': ' + reason if reason else ''}")
 
     def heartbeat(self) -> None:
         timeout = float(self.cfg.get("heartbeat_timeout", 15))
         while not self.stop.wait(1.0):
-            self.control("hb")
+            self.send("hb", {"t": time.time()})
             if time.monotonic() - self.last_hb > timeout:
                 self.request_stop(f"no heartbeat from the head for {timeout:.0f} s")
 
-    def pump(self, stream: Any) -> None:
+    def pump_agent(self, stream: Any) -> None:
+        """torchrun's own stdout/stderr (the ranks' output arrives through the rank server)."""
         for line in iter(stream.readline, b""):
-            self.write(line if line.endswith(b"\n") else line + b"\n")
+            self.write(encode_text("a", None, line.rstrip(b"\r\n")))
 
     # -- checks before the job ----------------------------------------------------------------
     def precheck(self) -> dict[str, Any]:
         facts: dict[str, Any] = {"hostname": socket.gethostname(), "pid": os.getpid(),
-                                 "python": sys.executable}
-        workdir = self.cfg["workdir"]
+                                 "python": sys.executable, "time": time.time()}
+        try:
+            _set_subreaper()
+            facts["subreaper"] = True
+        except OSError as exc:
+            facts["subreaper"] = False
+            facts["subreaper_error"] = str(exc)
+        workdir = os.path.expanduser(self.cfg["workdir"])
         if not os.path.isdir(workdir):
             raise GuardError(f"workdir {workdir} does not exist on this node",
                              "create it, or set workdir: to a directory present on every node")
+        self.cfg["workdir"] = facts["workdir"] = workdir
+        check_target(self.cfg.get("target") or {}, workdir)
         port = self.cfg.get("check_port")
         if port:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                # Like torch's TCPStore: connections of a previous job in TIME_WAIT are fine,
-                # only a socket still bound or listening on the port is a conflict.
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind(("", int(port)))
-                except OSError as exc:
-                    raise GuardError(
-                        f"master port {port} is already in use on this node ({exc.strerror})",
-                        "pass --port with a free port, or set master.port in the cluster file",
-                    ) from None
-        ifname_for = self.cfg.get("ifname_for")
-        if ifname_for:
-            facts["interface"] = route_interface(ifname_for)
+            check_port_free(int(port))
+        if self.cfg.get("interface"):
+            facts["interface"] = self.cfg["interface"]
+            facts["interface_source"] = "cluster file"
+        elif self.cfg.get("detect_interface_for"):
+            dev, why = route_interface(self.cfg["detect_interface_for"])
+            facts["interface"] = dev
+            facts["interface_source"] = ("route to the master" if dev else
+                                         f"not detected ({why})")
         return facts
 
     # -- the job ------------------------------------------------------------------------------
     def start(self, facts: dict[str, Any]) -> None:
+        self.tmpdir = tempfile.mkdtemp(prefix="ptcluster-" + self.cfg["job_id"] + "-")
+        with open(os.path.join(self.tmpdir, "guard.pid"), "w") as f:
+            f.write(str(os.getpid()))
+        self.ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.write)
         env = dict(os.environ)
         env.update(self.cfg["env"])
         if facts.get("interface"):
             env.setdefault("NCCL_SOCKET_IFNAME", facts["interface"])
             env.setdefault("GLOO_SOCKET_IFNAME", facts["interface"])
-        self.tmpdir = tempfile.mkdtemp(prefix="ptcluster-" + self.cfg["job_id"] + "-")
-        env["PET_LOG_DIR"] = self.tmpdir  # torchrun's per-rank tee files: removed at the end
+        env[GUARD_SOCK] = self.ranks.path
+        env["PET_LOG_DIR"] = self.tmpdir  # torchrun's own files: removed with the temp dir
+        prctl = _libc_prctl()  # resolved here: the child between fork and exec stays minimal
 
         def child_setup() -> None:
             os.setsid()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            # The job dies with the guard even when the guard is SIGKILLed.
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            if prctl is not None:  # the job dies with the guard, even on SIGKILL
+                prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
         self.child = subprocess.Popen(
             self.cfg["argv"], cwd=self.cfg["workdir"], env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=child_setup,
         )
-        self.control(f"started {self.child.pid}")
-        self.pump_thread = threading.Thread(target=self.pump, args=(self.child.stdout,),
+        self.send("started", {"pid": self.child.pid})
+        self.pump_thread = threading.Thread(target=self.pump_agent, args=(self.child.stdout,),
                                             daemon=True)
         self.pump_thread.start()
 
-    def teardown(self, grace: float) -> None:
-        """SIGTERM the job (torchrun forwards it to its workers), then SIGKILL what is left."""
+    def wait_child(self) -> int | None:
+        """Until torchrun ends or a stop is asked; its exit status, or None if stopped."""
+        assert self.child is not None
+        while True:
+            code = self.child.poll()
+            _reap_others(self.child.pid)
+            if code is not None:
+                return code
+            if self.stop.wait(0.1):
+                return None
+
+    def teardown(self, grace: float) -> int | None:
+        """SIGTERM torchrun (it forwards to its workers), then SIGKILL what is left."""
         child = self.child
         if child is None:
-            return
+            return None
         if child.poll() is None:
-            _signal_tree(os.getpid(), signal.SIGTERM)
+            try:
+                child.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
             deadline = time.monotonic() + grace
             while child.poll() is None and time.monotonic() < deadline:
+                _reap_others(child.pid)
                 time.sleep(0.05)
         for _ in range(50):
-            pids = _descendants(os.getpid())
-            if not pids:
+            if not _descendants(os.getpid()):
                 break
             _signal_tree(os.getpid(), signal.SIGKILL)
-            _reap()
+            _reap_others(child.pid)
             time.sleep(0.05)
+        return child.poll()
 
     def run(self) -> int:
-        try:
-            _set_subreaper()
-        except OSError:
-            pass
+        self.write(hello("guard"))
         threading.Thread(target=self.read_stdin, daemon=True).start()
         threading.Thread(target=self.heartbeat, daemon=True).start()
         try:
             facts = self.precheck()
         except GuardError as exc:
-            self.control("error " + json.dumps({"problem": exc.problem, "fix": exc.fix}))
+            self.send("error", {"problem": exc.problem, "fix": exc.fix})
             return 2
-        self.control("ready " + json.dumps(facts))
+        self.send("ready", facts)
         while not self.go.wait(0.1):
             if self.stop.is_set():
-                self.control("exit " + json.dumps({"code": 0, "reason": self.stop_reason}))
+                self.send("exit", {"code": 0, "reason": self.stop_reason, "t": time.time()})
                 return 0
         self.start(facts)
-        assert self.child is not None
-        code: int | None = None
-        while code is None:
-            code = self.child.poll()
-            _reap_others(self.child.pid)
-            if code is None and self.stop.wait(0.1):
-                break
+        code = self.wait_child()
         if code is None:
-            self.teardown(grace=float(self.cfg.get("grace", 4.0)))
-            code = self.child.poll()
+            code = self.teardown(grace=float(self.cfg.get("grace", 4.0)))
             reason = self.stop_reason
         else:
             reason = "job ended"
@@ -195,45 +236,237 @@ class Guard:
         if code is None:
             code = -9
         if self.pump_thread is not None:
-            self.pump_thread.join(timeout=2.0)  # the last lines before the exit record
-        self.control("exit " + json.dumps({"code": code, "reason": reason}))
+            self.pump_thread.join(timeout=2.0)
+        if self.ranks is not None:
+            self.ranks.close(EXIT_WAIT)  # every rank's last lines and exit before ours
+        self.send("exit", {"code": code, "reason": reason, "t": time.time()})
         _rmtree(self.tmpdir)
         return code if code >= 0 else 128 - code
 
 
-class GuardError(Exception):
-    def __init__(self, problem: str, fix: str) -> None:
-        super().__init__(problem)
-        self.problem = problem
-        self.fix = fix
+class RankServer:
+    """The Unix socket the ranks' shims connect to; one selector thread serves every stream.
 
-
-def route_interface(addr: str) -> str:
-    """The interface this node uses to reach ``addr`` (``ip route get``); '' if unknown.
-
-    When ``addr`` is this node's own address the kernel routes it over ``lo``; the interface
-    peers reach it on is the one that holds the address, so that one is returned.
+    A connection starts with one JSON header line ``{"rank": R, "role": "out"|"err"|"ctl"}``;
+    ``out``/``err`` then carry raw output, ``ctl`` the shim's records (``start``, ``exit``,
+    ``data``). A rank's ``rexit`` frame waits until its output streams are closed (or
+    ``EXIT_WAIT``), so the head has its traceback before it learns that it ended.
     """
+
+    def __init__(self, path: str, write: Any) -> None:
+        self.path = path
+        self.write = write
+        self.sel = selectors.DefaultSelector()
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        os.chmod(path, 0o600)
+        self.listener.listen(256)
+        self.sel.register(self.listener, selectors.EVENT_READ, None)
+        self.open_streams: dict[int, int] = {}
+        self.pending: dict[int, tuple[dict[str, Any], float]] = {}
+        self.exited: set[int] = set()
+        self.closing = threading.Event()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        while True:
+            for key, _ in self.sel.select(timeout=0.1):
+                if key.data is None:
+                    self.accept()
+                else:
+                    self.read(key.fileobj, key.data)
+            self.flush_exits(force=False)
+            if self.closing.is_set() and not self.pending and not self.open_streams:
+                return
+
+    def accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        self.sel.register(conn, selectors.EVENT_READ, {"head": b"", "rank": None, "buf": b""})
+
+    def read(self, conn: Any, st: dict[str, Any]) -> None:
+        try:
+            data = conn.recv(65536)
+        except OSError:
+            data = b""
+        eof = not data
+        if st["rank"] is None:
+            st["head"] += data
+            if b"\n" not in st["head"] and not eof and len(st["head"]) < 4096:
+                return
+            header, _, data = st["head"].partition(b"\n")
+            try:
+                info = json.loads(header)
+                rank, role = int(info["rank"]), str(info["role"])
+            except (ValueError, KeyError, TypeError):
+                self.drop(conn)
+                return
+            st["rank"], st["role"] = rank, role
+            if role in ("out", "err"):
+                self.open_streams[rank] = self.open_streams.get(rank, 0) + 1
+        if data:
+            self.feed(st, data)
+        if eof:
+            self.drop(conn, st)
+
+    def feed(self, st: dict[str, Any], data: bytes) -> None:
+        lines = (st["buf"] + data).split(b"\n")
+        st["buf"] = lines.pop()
+        if len(st["buf"]) > MAX_LINE:
+            lines.append(st["buf"])
+            st["buf"] = b""
+        if not lines:
+            return
+        role, rank = st["role"], st["rank"]
+        if role in ("out", "err"):
+            kind = "o" if role == "out" else "e"
+            self.write(b"".join(encode_text(kind, rank, line.rstrip(b"\r")) for line in lines))
+            return
+        for line in lines:
+            self.record(rank, line.decode(errors="replace"))
+
+    def record(self, rank: int, line: str) -> None:
+        kind, payload = split(line)
+        try:
+            body = json.loads(payload) if payload else {}
+        except ValueError:
+            return
+        if not isinstance(body, dict):
+            return
+        body["rank"] = rank
+        if kind == "exit":
+            self.exited.add(rank)
+            self.pending[rank] = (body, time.monotonic() + EXIT_WAIT)
+        elif kind in ("start", "data"):
+            self.write(encode("r" + kind, body))
+
+    def drop(self, conn: Any, st: dict[str, Any] | None = None) -> None:
+        self.sel.unregister(conn)
+        conn.close()
+        if st is None or st["rank"] is None:
+            return
+        if st["buf"]:
+            self.feed(st, b"\n")
+        rank = st["rank"]
+        if st["role"] in ("out", "err"):
+            self.open_streams[rank] -= 1
+            if self.open_streams[rank] <= 0:
+                del self.open_streams[rank]
+        elif st["role"] == "ctl" and rank not in self.exited:
+            self.exited.add(rank)
+            # The shim itself died (SIGKILL): no exit record; the head reports it as killed.
+            self.pending[rank] = ({"rank": rank, "code": None, "t": time.time(),
+                                   "note": "ended without an exit record"},
+                                  time.monotonic() + EXIT_WAIT)
+
+    def flush_exits(self, force: bool) -> None:
+        now = time.monotonic()
+        for rank, (body, deadline) in list(self.pending.items()):
+            if force or rank not in self.open_streams or now >= deadline:
+                del self.pending[rank]
+                self.write(encode("rexit", body))
+
+    def close(self, wait: float) -> None:
+        """Serve until every stream is closed and every exit is sent, at most ``wait`` s."""
+        self.closing.set()
+        self.thread.join(timeout=wait)
+        if self.thread.is_alive():
+            return  # a descendant still holds a stream: its exit goes out with what we have
+        self.flush_exits(force=True)
+        self.listener.close()
+
+
+def check_target(target: dict[str, Any], workdir: str) -> None:
+    """Refuse before launch a script or module that is not there (what `python` would find)."""
+    script = target.get("script")
+    if script:
+        path = os.path.join(workdir, os.path.expanduser(script))
+        if not os.path.isfile(path):
+            raise GuardError(f"script {script} not found in {workdir} on this node",
+                             "copy the project to every node (a shared filesystem, or "
+                             "`ptcluster sync`), or check the path")
+    module = target.get("module")
+    if module and not module_present(module, workdir):
+        raise GuardError(f"module {module} not found by {sys.executable} on this node "
+                         f"(workdir {workdir})",
+                         "install it into that interpreter on every node, or run from the "
+                         "directory that contains it")
+
+
+def module_present(name: str, workdir: str) -> bool:
+    """Whether ``python -m name`` run in ``workdir`` would find it, without importing it.
+
+    The top-level package is looked up like the interpreter would (installed, editable or in
+    the workdir); submodules are looked for in its directories. Only a definite miss is False.
+    """
+    import importlib.util
+
+    top, *rest = name.split(".")
+    sys.path.insert(0, workdir)
     try:
-        ip = str(socket.getaddrinfo(addr, None, socket.AF_INET)[0][4][0])
-        out = subprocess.run(["ip", "-o", "route", "get", str(ip)], capture_output=True,
-                             text=True, timeout=5).stdout.split()
-        dev = out[out.index("dev") + 1] if "dev" in out else ""
-        if dev == "lo" and not ip.startswith("127."):
-            for line in subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True,
-                                       text=True, timeout=5).stdout.splitlines():
-                fields = line.split()
-                if len(fields) > 3 and fields[3].split("/")[0] == ip:
-                    return fields[1].split("@")[0]
-        return dev
-    except (OSError, subprocess.SubprocessError, socket.gaierror, IndexError, ValueError):
-        return ""
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path.remove(workdir)
+    if spec is None:
+        return False
+    dirs = list(spec.submodule_search_locations or [])
+    for i, part in enumerate(rest):
+        if not dirs:
+            return spec.loader is not None and not rest  # a module has no submodules
+        last = i == len(rest) - 1
+        found = []
+        for d in dirs:
+            if os.path.isdir(os.path.join(d, part)):
+                found.append(os.path.join(d, part))
+            elif last and any(os.path.isfile(os.path.join(d, part + ext))
+                              for ext in (".py", ".pyc")):
+                return True
+            elif last and any(f.startswith(part + ".") and f.endswith(".so")
+                              for f in _listdir(d)):
+                return True
+        if not found:
+            return False
+        dirs = found
+    return True
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def check_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # Like torch's TCPStore: connections of a previous job in TIME_WAIT are fine, only a
+        # socket still bound or listening on the port is a conflict.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as exc:
+            raise GuardError(
+                f"master port {port} is already in use on this node ({exc.strerror})",
+                "pass --port with a free port, or set master.port in the cluster file",
+            ) from None
+
+
+def _libc_prctl() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
 
 def _set_subreaper() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    prctl = _libc_prctl()
+    if prctl is None or prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
 def _proc_table() -> list[tuple[int, int, str]]:
@@ -276,16 +509,6 @@ def _signal_tree(root: int, sig: int) -> None:
             pass
 
 
-def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
 def _reap_others(keep: int) -> None:
     """Reap re-parented orphans (we are a subreaper) without stealing the child's status."""
     while True:
@@ -321,15 +544,40 @@ def _rmtree(path: str) -> None:
         pass
 
 
+def remove_stale_tmpdirs() -> None:
+    """Temp dirs of guards that were killed (SIGKILL leaves them): their pid is gone."""
+    base = tempfile.gettempdir()
+    for name in _listdir(base):
+        path = os.path.join(base, name)
+        if not name.startswith("ptcluster-"):
+            continue
+        try:
+            with open(os.path.join(path, "guard.pid")) as f:
+                pid = int(f.read().strip())
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _rmtree(path)
+        except (OSError, ValueError):
+            continue
+
+
 def main() -> int:
     line = sys.stdin.buffer.readline()
     if not line:
         return 2
-    cfg = json.loads(line)
+    guard = Guard(json.loads(line))
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda *_: guard.request_stop("the guard was signalled"))
-    guard = Guard(cfg)
-    return guard.run()
+    try:
+        remove_stale_tmpdirs()
+        return guard.run()
+    except Exception as exc:  # noqa: BLE001 - report it on the channel, never a bare traceback
+        guard.send("error", {"problem": f"the guard failed: {exc!r}",
+                             "fix": "report this bug with the node's details: "
+                             + traceback.format_exc(limit=3).replace("\n", " | ")})
+        guard.teardown(grace=1.0)
+        _rmtree(guard.tmpdir)
+        return 70
 
 
 if __name__ == "__main__":

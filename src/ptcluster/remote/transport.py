@@ -8,6 +8,7 @@ the one place a remote shell is unavoidable.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from abc import ABC, abstractmethod
@@ -45,19 +46,13 @@ class Transport(ABC):
             stderr=subprocess.PIPE, start_new_session=True,
         )
 
-    def run(self, node_argv: list[str], timeout: float,
-            input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-        """Run ``node_argv`` to completion (raises ``subprocess.TimeoutExpired``)."""
-        return subprocess.run(self.argv(node_argv), input=input, capture_output=True,
-                              timeout=timeout, start_new_session=True)
-
 
 @dataclass
 class LocalTransport(Transport):
     host: str = "localhost"
 
     def argv(self, node_argv: list[str]) -> list[str]:
-        return list(node_argv)
+        return [os.path.expanduser(node_argv[0]), *node_argv[1:]]
 
 
 @dataclass
@@ -66,7 +61,16 @@ class SshTransport(Transport):
     ssh: SshSpec
 
     def argv(self, node_argv: list[str]) -> list[str]:
-        return ssh_argv(self.host, self.ssh) + [shlex.join(node_argv)]
+        return ssh_argv(self.host, self.ssh) + [remote_command(node_argv)]
+
+
+def remote_command(argv: list[str]) -> str:
+    """``argv`` as one string for the node's shell: every word quoted, except that a leading
+    ``~/`` of the program stays bare so that the node's shell expands it to the node's home."""
+    head, rest = argv[0], argv[1:]
+    if head.startswith("~/"):
+        return "~/" + shlex.join([head[2:], *rest])
+    return shlex.join(argv)
 
 
 def ssh_argv(host: str, ssh: SshSpec) -> list[str]:
@@ -111,7 +115,7 @@ def explain_channel_failure(stderr: list[str], exit_code: int | None,
     if "permission denied" in low or "publickey" in low:
         return (f"ssh refused the key ({detail})",
                 "install your key on the node: ssh-copy-id, or `ptcluster setup`")
-    if "host key verification failed" in low or "host key" in low:
+    if "host key" in low:
         return (f"host key not trusted ({detail})",
                 "ssh to the node once by hand and check the fingerprint (we never turn host-key "
                 "checking off)")

@@ -1,0 +1,157 @@
+"""What a node's guard says, as typed events: the only place that knows the guard's frames.
+
+``decode(host, line)`` is pure (table-tested on recorded frames); a frame that does not decode
+becomes :class:`Malformed` (shown and logged as a node line), never an exception in a reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ptcluster.remote import wire
+
+
+@dataclass(frozen=True)
+class Hello:
+    host: str
+    version: int
+    pid: int
+    node_time: float
+
+
+@dataclass(frozen=True)
+class Ready:
+    host: str
+    facts: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GuardError:
+    host: str
+    problem: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Started:
+    host: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    host: str
+
+
+@dataclass(frozen=True)
+class RankStart:
+    host: str
+    rank: int
+    pid: int
+    node_time: float
+
+
+@dataclass(frozen=True)
+class RankExit:
+    host: str
+    rank: int
+    code: int | None
+    """Wait status as Popen gives it (negative: killed by that signal); None: no record."""
+    node_time: float
+    duration: float | None
+
+
+@dataclass(frozen=True)
+class RankData:
+    host: str
+    rank: int
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    host: str
+    rank: int
+    stream: str
+    """"out" or "err"."""
+    text: str
+
+
+@dataclass(frozen=True)
+class AgentOutput:
+    """A line of the node's own processes: torchrun's agent, or ssh/the node on stderr."""
+
+    host: str
+    text: str
+    stream: str = "agent"
+
+
+@dataclass(frozen=True)
+class GuardExit:
+    host: str
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Malformed:
+    host: str
+    line: str
+    error: str
+
+
+@dataclass(frozen=True)
+class ChannelClosed:
+    """Both streams of the node's channel ended and its process was reaped."""
+
+    host: str
+    exit_code: int | None
+    stderr: list[str] = field(default_factory=list)
+
+
+Event = (Hello | Ready | GuardError | Started | Heartbeat | RankStart | RankExit | RankData
+         | RankOutput | AgentOutput | GuardExit | Malformed | ChannelClosed)
+
+
+def decode(host: str, line: str) -> Event:
+    """One frame of the guard's stdout as an event."""
+    kind, payload = wire.split(line)
+    try:
+        if kind in ("o", "e"):
+            rank, _, text = payload.partition(" ")
+            return RankOutput(host, int(rank), "out" if kind == "o" else "err", text)
+        if kind == "a":
+            return AgentOutput(host, payload)
+        body = wire.control(payload)
+        return _control(host, kind, body)
+    except (ValueError, KeyError, TypeError) as exc:
+        return Malformed(host, line, f"{type(exc).__name__}: {exc}")
+
+
+def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
+    if kind == "hb":
+        return Heartbeat(host)
+    if kind == "rstart":
+        return RankStart(host, int(body["rank"]), int(body["pid"]), float(body["t"]))
+    if kind == "rexit":
+        code = body.get("code")
+        return RankExit(host, int(body["rank"]), None if code is None else int(code),
+                        float(body["t"]), _opt_float(body.get("duration")))
+    if kind == "rdata":
+        return RankData(host, int(body.pop("rank")), body)
+    if kind == "hello":
+        return Hello(host, int(body["v"]), int(body["pid"]), float(body["time"]))
+    if kind == "ready":
+        return Ready(host, body)
+    if kind == "error":
+        return GuardError(host, str(body["problem"]), str(body.get("fix") or ""))
+    if kind == "started":
+        return Started(host, int(body["pid"]))
+    if kind == "exit":
+        return GuardExit(host, int(body["code"]), str(body.get("reason", "")))
+    raise ValueError(f"unknown frame kind {kind!r}")
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)

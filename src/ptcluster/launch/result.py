@@ -1,0 +1,160 @@
+"""The runner's knobs and its outcome: options, per-rank and per-node records, failures, JSON."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ptcluster.errors import who_what_fix
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """Timing knobs of the runner (defaults suit real clusters and the testbed alike)."""
+
+    ready_timeout: float = 60.0
+    """Seconds for every node to connect and pass its checks before the launch is abandoned."""
+    node_silence: float = 20.0
+    """A node whose channel brings nothing (not even a heartbeat) for this long is lost."""
+    heartbeat_interval: float = 1.0
+    """Seconds between the head's heartbeats to every guard (sent by each channel's thread)."""
+    guard_heartbeat_timeout: float = 15.0
+    """A guard that hears nothing from the head for this long ends its part of the job."""
+    stop_grace: float = 4.0
+    """Seconds a guard gives torchrun to end its workers after SIGTERM before SIGKILL."""
+    stop_deadline: float = 8.0
+    """After stop, seconds before the head signals the channel of a guard that has not ended
+    (SIGTERM; SIGKILL and giving up on the node 4 s later)."""
+    deadline: float | None = None
+    """Seconds after "go" before the whole job is ended as timed out (None: no limit)."""
+
+    def __post_init__(self) -> None:
+        for name in ("ready_timeout", "node_silence", "heartbeat_interval",
+                     "guard_heartbeat_timeout", "stop_grace", "stop_deadline"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"RunOptions.{name} must be > 0, got {getattr(self, name)}")
+        if self.deadline is not None and self.deadline <= 0:
+            raise ValueError(f"RunOptions.deadline must be > 0 or None, got {self.deadline}")
+        if self.guard_heartbeat_timeout <= 2 * self.heartbeat_interval:
+            raise ValueError("RunOptions.guard_heartbeat_timeout must exceed two heartbeat "
+                             "intervals")
+
+
+@dataclass(kw_only=True)
+class RankRecord:
+    rank: int
+    host: str
+    local_rank: int
+    started_at: float | None = None
+    """Head clock (node clock corrected by the offset measured at hello)."""
+    exit_code: int | None = None
+    """Wait status: >= 0 an exit code, < 0 killed by that signal, None unknown."""
+    ended_at: float | None = None
+    """Head clock, corrected like ``started_at``."""
+    duration: float | None = None
+    stopped: bool = False
+    """It ended after its node was told to stop: a result of the teardown, not a cause."""
+
+    @property
+    def status(self) -> str:
+        if self.exit_code == 0:
+            return "ok"
+        if self.stopped:
+            return "stopped (job teardown)"
+        if self.exit_code is None:
+            return "not started" if self.started_at is None else "lost (no exit status)"
+        if self.exit_code < 0:
+            return f"killed by {signame(-self.exit_code)}"
+        return f"exit {self.exit_code}"
+
+
+@dataclass(kw_only=True)
+class NodeOutcome:
+    host: str
+    node_rank: int
+    ready: bool = False
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What the guard reported at ready: hostname, interface (and how it was chosen), ..."""
+    clock_offset: float | None = None
+    """Node clock minus head clock (s), measured at hello; within one-way latency."""
+    guard_exit: int | None = None
+    reason: str = ""
+    transport_exit: int | None = None
+    stderr: list[str] = field(default_factory=list)
+    escalations: list[str] = field(default_factory=list)
+    """Teardown steps the head had to take for this node (stop resent, channel signalled)."""
+    closed: bool = False
+    """The channel is finished: ended, or given up on by the head."""
+
+
+@dataclass(kw_only=True)
+class Failure:
+    """One thing that went wrong; the earliest (on a corrected clock) is the root cause."""
+
+    host: str
+    rank: int | None
+    message: str
+    fix: str | None = None
+    exit_code: int | None = None
+    at: float = 0.0
+    """When it happened, head clock (for a rank: its node's time, corrected)."""
+    last_lines: list[str] = field(default_factory=list)
+
+    def headline(self) -> str:
+        who = f"rank {self.rank} on {self.host}" if self.rank is not None else self.host
+        return who_what_fix(who, self.message, self.fix)
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    job_id: str
+    run_dir: Path
+    ranks: list[RankRecord]
+    nodes: list[NodeOutcome]
+    failures: list[Failure]
+    interrupted: bool
+    duration: float
+    console_dropped: int = 0
+    """Lines the console skipped because it could not keep up (all are in the logs)."""
+
+    @property
+    def root_cause(self) -> Failure | None:
+        return self.failures[0] if self.failures else None
+
+    @property
+    def ok(self) -> bool:
+        return (not self.failures and not self.interrupted
+                and all(r.exit_code == 0 for r in self.ranks))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id, "ok": self.ok, "interrupted": self.interrupted,
+            "duration_s": round(self.duration, 3), "console_dropped": self.console_dropped,
+            "root_cause": None if self.root_cause is None else _failure_json(self.root_cause),
+            "failures": [_failure_json(f) for f in self.failures],
+            "ranks": [{"rank": r.rank, "host": r.host, "local_rank": r.local_rank,
+                       "exit_code": r.exit_code, "status": r.status, "duration_s": r.duration,
+                       "started_at": r.started_at, "ended_at": r.ended_at}
+                      for r in self.ranks],
+            "nodes": [{"host": n.host, "node_rank": n.node_rank, "ready": n.ready,
+                       "interface": n.facts.get("interface"),
+                       "interface_source": n.facts.get("interface_source"),
+                       "hostname": n.facts.get("hostname"), "clock_offset_s": n.clock_offset,
+                       "guard_exit": n.guard_exit, "reason": n.reason,
+                       "transport_exit": n.transport_exit, "escalations": n.escalations}
+                      for n in self.nodes],
+        }
+
+
+def _failure_json(f: Failure) -> dict[str, Any]:
+    return {"host": f.host, "rank": f.rank, "message": f.message, "fix": f.fix,
+            "exit_code": f.exit_code, "at": f.at, "last_lines": f.last_lines}
+
+
+def signame(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"

@@ -1,0 +1,137 @@
+"""Where a run's output goes: every line to its log file, and to a console that may lag.
+
+``RunLogs`` writes each rank's lines to ``rankN.log`` and each node's own lines (torchrun's
+agent, ssh, the head's notes about the node) to ``nodeI-HOST.log``, files readable by the owner
+only, and keeps the last lines of each rank for the summary.
+
+``ConsoleFeed`` decouples the terminal from the job: lines are queued for a writer thread; when
+the terminal cannot keep up (a paused pager, a flood of output) the queue stays bounded and
+lines are skipped with a count ("N lines not shown, see rank3.log") — the job never waits.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+LAST_LINES = 40
+
+
+class RunLogs:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._files: dict[str, IO[str]] = {}
+        self.tails: dict[int, deque[str]] = {}
+
+    def rank_line(self, rank: int, text: str) -> None:
+        tail = self.tails.get(rank)
+        if tail is None:
+            tail = self.tails[rank] = deque(maxlen=LAST_LINES)
+        tail.append(text)
+        self._write(f"rank{rank}", text)
+
+    def node_line(self, node_rank: int, host: str, text: str) -> None:
+        self._write(f"node{node_rank}-{host}", text)
+
+    def tail(self, rank: int) -> list[str]:
+        return list(self.tails.get(rank, ()))
+
+    def flush(self) -> None:
+        for f in self._files.values():
+            f.flush()
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def _write(self, name: str, line: str) -> None:
+        f = self._files.get(name)
+        if f is None:
+            fd = os.open(self.run_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                         0o600)
+            f = self._files[name] = open(fd, "a", encoding="utf-8", errors="replace")
+        f.write(line + "\n")
+
+
+class ConsoleFeed:
+    """A bounded, non-blocking path to the terminal, drained by its own thread.
+
+    ``write_out(text)`` gets the job's lines, ``write_err(text)`` the notes (status lines); both
+    may block or raise ``BrokenPipeError`` (then that stream is closed and what would go there
+    is only in the logs). Notes are never dropped; job lines are, beyond ``capacity``, counted
+    per source and replaced by one line that says how many and where they are.
+    """
+
+    def __init__(self, write_out: Callable[[str], None], write_err: Callable[[str], None],
+                 capacity: int = 20000) -> None:
+        self._writers = {"out": write_out, "err": write_err}
+        self.capacity = capacity
+        self._items: deque[tuple[str, str]] = deque()
+        self._lines = 0
+        self._cond = threading.Condition()
+        self._dropped: dict[str, int] = {}
+        self.dropped_total = 0
+        self.broken: set[str] = set()
+        self._closing = False
+        self._thread = threading.Thread(target=self._drain, name="console", daemon=True)
+        self._thread.start()
+
+    def line(self, text: str, source: str) -> None:
+        """A job line; ``source`` names where it is logged (for the "not shown" note)."""
+        with self._cond:
+            if "out" in self.broken:
+                return
+            if self._lines >= self.capacity:
+                self._dropped[source] = self._dropped.get(source, 0) + 1
+                self.dropped_total += 1
+                return
+            self._lines += 1
+            self._items.append(("out", text))
+            self._cond.notify()
+
+    def note(self, text: str) -> None:
+        with self._cond:
+            self._items.append(("err", text))
+            self._cond.notify()
+
+    def close(self, timeout: float) -> None:
+        """Let the writer finish what is queued, for at most ``timeout`` seconds."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    def _drain(self) -> None:
+        while True:
+            with self._cond:
+                while not self._items and not self._dropped and not self._closing:
+                    self._cond.wait()
+                if not self._items and not self._dropped:
+                    return
+                batch = list(self._items)
+                self._items.clear()
+                self._lines = 0
+                dropped, self._dropped = self._dropped, {}
+            batch += [("out", f"ptcluster: {n} line(s) not shown (the console fell behind), "
+                              f"see {source}") for source, n in sorted(dropped.items())]
+            self._write_batch(batch)
+
+    def _write_batch(self, batch: list[tuple[str, str]]) -> None:
+        start = 0
+        while start < len(batch):
+            stream = batch[start][0]
+            end = start
+            while end < len(batch) and batch[end][0] == stream:
+                end += 1
+            if stream not in self.broken:
+                try:
+                    self._writers[stream]("".join(text + "\n" for _, text in batch[start:end]))
+                except OSError:  # BrokenPipeError included: that stream is gone
+                    with self._cond:
+                        self.broken.add(stream)
+            start = end

@@ -1,0 +1,304 @@
+"""The life of one job as an explicit state machine: no I/O, no threads, no clock of its own.
+
+``Supervisor.on_event(event, now)`` and ``.on_tick(now, quiet)`` take what happened and return
+what to do (:data:`Action` values: send a frame to a node, signal a node's channel, tell the
+user). The runner executes the actions; tests drive it with a fake clock.
+
+Phases: STARTING (guards connect and check their node) -> RUNNING (every node said ready, the
+head said go) -> STOPPING (a failure, Ctrl-C or the deadline: every node is told to stop, then
+escalation) -> DONE (every channel closed or given up on). Every failure is kept with the time it
+happened on a corrected clock (node time minus the offset measured at hello); the earliest is the
+root cause, whatever order the news arrived in.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from ptcluster.launch import events as ev
+from ptcluster.launch.plan import LaunchPlan
+from ptcluster.launch.result import Failure, NodeOutcome, RankRecord, RunOptions, signame
+from ptcluster.remote import wire
+from ptcluster.remote.transport import explain_channel_failure
+
+KILL_AFTER = 4.0
+"""Seconds after the channel's SIGTERM before SIGKILL and giving up on the node."""
+
+
+class Phase(Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class Send:
+    host: str
+    kind: str
+    payload: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class SignalChannel:
+    host: str
+    sig: int
+
+
+@dataclass(frozen=True)
+class Status:
+    text: str
+
+
+Action = Send | SignalChannel | Status
+
+
+class Supervisor:
+    def __init__(self, plan: LaunchPlan, opts: RunOptions, now: float,
+                 wall_offset: float = 0.0) -> None:
+        """``now`` is monotonic; ``wall_offset`` turns it into the head's wall clock."""
+        self.plan = plan
+        self.opts = opts
+        self.wall_offset = wall_offset
+        self.phase = Phase.STARTING
+        self.started = now
+        self.went_at: float | None = None
+        self.stopping_since: float | None = None
+        self.interrupted = False
+        self.nodes = {n.host: NodeOutcome(host=n.host, node_rank=n.node_rank)
+                      for n in plan.nodes}
+        self.ranks = {r: RankRecord(rank=r, host=n.host, local_rank=r - n.rank_base)
+                      for n in plan.nodes for r in n.ranks}
+        self.failures: list[Failure] = []
+        self.stop_sent: dict[str, float] = {}
+        """Head wall time at which each node was told to stop."""
+        self._escalated: set[tuple[str, str]] = set()
+
+    # -- inputs -------------------------------------------------------------------------------
+    def on_event(self, event: ev.Event, now: float) -> list[Action]:
+        handler = _HANDLERS.get(type(event))
+        actions = handler(self, event, now) if handler else []
+        return actions + self._maybe_done()
+
+    def on_tick(self, now: float, quiet: dict[str, float]) -> list[Action]:
+        """Periodic checks; ``quiet[host]``: seconds since that node's channel brought data."""
+        actions: list[Action] = []
+        if self.phase is Phase.STARTING and now - self.started > self.opts.ready_timeout:
+            slow = [h for h, n in self.nodes.items() if not n.ready and not n.closed]
+            actions += self._fail(Failure(
+                host=", ".join(slow) or self.plan.nodes[0].host, rank=None,
+                message=f"not ready after {self.opts.ready_timeout:.0f} s", at=self.wall(now),
+                fix="check that the node is reachable and not overloaded (`ptcluster doctor`)"),
+                now)
+        if (self.phase is Phase.RUNNING and self.opts.deadline is not None
+                and self.went_at is not None and now - self.went_at > self.opts.deadline):
+            actions += self._fail(self._deadline_failure(now), now)
+        actions += self._check_silence(now, quiet)
+        actions += self._escalate(now)
+        return actions + self._maybe_done()
+
+    def request_stop(self, reason: str, now: float) -> list[Action]:
+        """Ctrl-C, SIGTERM or a caller: end the job everywhere (never a failure of its own)."""
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            return []
+        self.interrupted = True
+        return self._stop_all(reason, now)
+
+    @property
+    def done(self) -> bool:
+        return self.phase is Phase.DONE
+
+    def wall(self, now: float) -> float:
+        return now + self.wall_offset
+
+    # -- events -------------------------------------------------------------------------------
+    def _hello(self, e: ev.Hello, now: float) -> list[Action]:
+        node = self.nodes[e.host]
+        node.clock_offset = round(e.node_time - self.wall(now), 3)
+        if e.version != wire.VERSION:
+            return self._fail(Failure(
+                host=e.host, rank=None, at=self.wall(now),
+                message=f"its node program speaks protocol v{e.version}, the head v"
+                        f"{wire.VERSION}", fix="use the same ptcluster version everywhere"), now)
+        return []
+
+    def _ready(self, e: ev.Ready, now: float) -> list[Action]:
+        node = self.nodes[e.host]
+        node.ready, node.facts = True, dict(e.facts)
+        actions: list[Action] = []
+        if e.facts.get("interface_source") and e.facts.get("interface_source") != "cluster file":
+            actions.append(Status(f"{e.host}: sockets on {e.facts.get('interface') or '?'} "
+                                  f"({e.facts['interface_source']})"))
+        if e.facts.get("subreaper") is False:
+            actions.append(Status(f"{e.host}: cannot become a subreaper "
+                                  f"({e.facts.get('subreaper_error')}); orphans of the job "
+                                  "may escape teardown"))
+        if self.phase is Phase.STARTING and all(n.ready for n in self.nodes.values()):
+            self.phase, self.went_at = Phase.RUNNING, now
+            actions.append(Status(f"all {len(self.nodes)} node(s) ready; starting "
+                                  f"{self.plan.world_size} rank(s)"))
+            actions += [Send(h, "go") for h in self.nodes]
+        return actions
+
+    def _guard_error(self, e: ev.GuardError, now: float) -> list[Action]:
+        return self._fail(Failure(host=e.host, rank=None, message=e.problem, fix=e.fix or None,
+                                  at=self.wall(now)), now)
+
+    def _rank_start(self, e: ev.RankStart, now: float) -> list[Action]:
+        record = self._rank(e.host, e.rank)
+        if record is not None:
+            record.started_at = self._corrected(e.host, e.node_time)
+        return []
+
+    def _rank_exit(self, e: ev.RankExit, now: float) -> list[Action]:
+        record = self._rank(e.host, e.rank)
+        if record is None:
+            return []
+        record.exit_code, record.duration = e.code, e.duration
+        record.ended_at = self._corrected(e.host, e.node_time)
+        if e.code == 0:
+            return []
+        stop_at = self.stop_sent.get(e.host)
+        if stop_at is not None and record.ended_at >= stop_at:
+            record.stopped = True  # ended by our own teardown
+            return []
+        message = ("ended without an exit status (its process was killed)" if e.code is None
+                   else f"killed by {signame(-e.code)}" if e.code < 0
+                   else f"exited with code {e.code}")
+        return self._fail(Failure(host=e.host, rank=e.rank, message=message, exit_code=e.code,
+                                  at=record.ended_at), now)
+
+    def _guard_exit(self, e: ev.GuardExit, now: float) -> list[Action]:
+        node = self.nodes[e.host]
+        node.guard_exit, node.reason = e.code, e.reason
+        if e.host in self.stop_sent:
+            return [Status(f"{e.host}: stopped")]
+        if e.code == 0:
+            # torchrun exits 0 only when every rank on its node did.
+            for record in self.ranks.values():
+                if record.host == e.host and record.exit_code is None and \
+                        record.started_at is not None:
+                    record.exit_code = 0
+            return []
+        if any(f.host == e.host and f.rank is not None for f in self.failures):
+            return []  # its failed rank is the news, torchrun's exit the consequence
+        return self._fail(Failure(host=e.host, rank=None, exit_code=e.code, at=self.wall(now),
+                                  message=f"torchrun exited with code {e.code} ({e.reason})"),
+                          now)
+
+    def _closed(self, e: ev.ChannelClosed, now: float) -> list[Action]:
+        node = self.nodes[e.host]
+        node.transport_exit, node.stderr = e.exit_code, list(e.stderr)
+        was_closed, node.closed = node.closed, True
+        if was_closed or node.guard_exit is not None or e.host in self.stop_sent:
+            return []
+        err = [line for line in e.stderr if line.strip()]
+        if node.ready:
+            detail = err[-1] if err else f"exit status {e.exit_code}"
+            failure = Failure(host=e.host, rank=None, message=f"connection lost: {detail}",
+                              fix="check the node's network and power (`ptcluster doctor`)",
+                              exit_code=e.exit_code, last_lines=err, at=self.wall(now))
+        else:
+            python = self.plan.nodes[node.node_rank].python
+            problem, fix = explain_channel_failure(err, e.exit_code, python)
+            failure = Failure(host=e.host, rank=None, message=f"cannot start the job: {problem}",
+                              fix=fix, exit_code=e.exit_code, last_lines=err, at=self.wall(now))
+        return self._fail(failure, now)
+
+    # -- checks -------------------------------------------------------------------------------
+    def _check_silence(self, now: float, quiet: dict[str, float]) -> list[Action]:
+        actions: list[Action] = []
+        for host, node in self.nodes.items():
+            silent = quiet.get(host, 0.0)
+            if node.closed or not node.ready or silent <= self.opts.node_silence:
+                continue
+            node.closed = True  # gone as far as we can tell; its guard ends itself
+            node.reason = f"no data for {silent:.0f} s"
+            actions.append(SignalChannel(host, signal.SIGKILL))
+            actions += self._fail(Failure(
+                host=host, rank=None, at=self.wall(now - silent),
+                message=f"node lost: nothing heard for {silent:.0f} s (link down or node dead)",
+                fix="check the node's network and power; `ptcluster doctor`"), now)
+        return actions
+
+    def _escalate(self, now: float) -> list[Action]:
+        if self.stopping_since is None:
+            return []
+        late = now - self.stopping_since
+        deadline = self.opts.stop_deadline
+        steps = ((deadline + KILL_AFTER, "kill"), (deadline, "term"), (deadline / 2, "stop"))
+        actions: list[Action] = []
+        for host, node in self.nodes.items():
+            step = next((name for after, name in steps if late > after), None)
+            if node.closed or step is None or (host, step) in self._escalated:
+                continue
+            self._escalated.add((host, step))
+            if step == "stop":
+                note = "not ended yet: stop sent again"
+                actions.append(Send(host, "stop", {"reason": "stop deadline"}))
+            elif step == "term":
+                note = f"not ended {deadline:.0f} s after stop: its channel gets SIGTERM"
+                actions.append(SignalChannel(host, signal.SIGTERM))
+            else:
+                note = "still not ended: its channel was cut (SIGKILL); the node's guard ends " \
+                       "the job when it notices"
+                actions.append(SignalChannel(host, signal.SIGKILL))
+                node.closed = True
+                node.reason = node.reason or "given up: channel cut after the stop deadline"
+            node.escalations.append(note)
+            actions.append(Status(f"{host}: {note}"))
+        return actions
+
+    def _deadline_failure(self, now: float) -> Failure:
+        running = [r for r in self.ranks.values() if r.exit_code is None]
+        hosts = sorted({r.host for r in running}) or [self.plan.nodes[0].host]
+        ranks = ", ".join(str(r.rank) for r in running) or "none"
+        return Failure(host=", ".join(hosts), rank=None, at=self.wall(now),
+                       message=f"timed out after {self.opts.deadline:.0f} s; ranks still "
+                               f"running: {ranks}",
+                       fix="a collective hung or a rank is stuck: check the ports and interface "
+                           "findings of `ptcluster doctor`")
+
+    # -- stopping -----------------------------------------------------------------------------
+    def _fail(self, failure: Failure, now: float) -> list[Action]:
+        self.failures.append(failure)
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            return []
+        return self._stop_all(failure.headline(), now)
+
+    def _stop_all(self, reason: str, now: float) -> list[Action]:
+        self.phase, self.stopping_since = Phase.STOPPING, now
+        actions: list[Action] = [Status(f"stopping the job on every node: {reason}")]
+        for host, node in self.nodes.items():
+            if not node.closed:
+                self.stop_sent[host] = self.wall(now)
+                actions.append(Send(host, "stop", {"reason": reason}))
+        return actions
+
+    def _maybe_done(self) -> list[Action]:
+        if self.phase is not Phase.DONE and all(n.closed for n in self.nodes.values()):
+            self.phase = Phase.DONE
+        return []
+
+    # -- results ------------------------------------------------------------------------------
+    def ordered_failures(self) -> list[Failure]:
+        """Every failure, earliest first (rank failures before others at the same time)."""
+        return sorted(self.failures, key=lambda f: (f.at, f.rank is None))
+
+    def _rank(self, host: str, rank: int) -> RankRecord | None:
+        record = self.ranks.get(rank)
+        return record if record is not None and record.host == host else None
+
+    def _corrected(self, host: str, node_time: float) -> float:
+        return node_time - (self.nodes[host].clock_offset or 0.0)
+
+
+_HANDLERS: dict[type, Any] = {
+    ev.Hello: Supervisor._hello, ev.Ready: Supervisor._ready,
+    ev.GuardError: Supervisor._guard_error, ev.RankStart: Supervisor._rank_start,
+    ev.RankExit: Supervisor._rank_exit, ev.GuardExit: Supervisor._guard_exit,
+    ev.ChannelClosed: Supervisor._closed,
+}

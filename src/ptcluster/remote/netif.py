@@ -1,0 +1,48 @@
+"""Which network interface a node's NCCL/Gloo sockets should use: the one rule, shared.
+
+Standard library only, and inlined into the programs shipped to nodes (the guard decides the
+interface at launch with it, the doctor's probe reports what it decides), so ``doctor`` can never
+approve an interface that ``run`` would not pick.
+
+The rule: the interface of this node's route to the master's address; on the master itself
+(the kernel routes its own address over ``lo``) the interface that holds that address.
+"""
+
+import socket
+import subprocess
+
+
+def route_interface(addr: str) -> tuple[str, str]:
+    """``(interface, "")`` for reaching ``addr`` from here, or ``("", why it is unknown)``."""
+    try:
+        ip = str(socket.getaddrinfo(addr, None, socket.AF_INET)[0][4][0])
+    except (OSError, UnicodeError) as exc:
+        return "", f"cannot resolve {addr}: {exc}"
+    try:
+        out = subprocess.run(["ip", "-o", "route", "get", ip], capture_output=True, text=True,
+                             timeout=5)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return "", f"`ip route get {ip}` failed: {exc}"
+    words = out.stdout.split()
+    if out.returncode != 0 or "dev" not in words:
+        return "", f"no route to {ip}: {(out.stderr or out.stdout).strip()}"
+    dev = words[words.index("dev") + 1]
+    if dev == "lo" and not ip.startswith("127."):
+        holder = interface_holding(ip)
+        if holder:
+            return holder, ""
+    return dev, ""
+
+
+def interface_holding(ip: str) -> str:
+    """The interface that has ``ip`` as one of its IPv4 addresses ('' when none)."""
+    try:
+        out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
+                             timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[3].split("/")[0] == ip:
+            return fields[1].split("@")[0]
+    return ""
