@@ -4,7 +4,7 @@ Both: gloo, 5 warm-ups, 50 timed iterations, time averaged over ranks; the bare 
 `torchrun --standalone`. Alternating runs; prints the median time of each and their ratio.
 Target: within +-10%.
 
-    .venv/bin/python bench/bench_vs_reference.py [--repeat 5]
+    .venv/bin/python benchmarks/bench_vs_reference.py [--repeat 5]
 """
 
 from __future__ import annotations
