@@ -11,7 +11,7 @@ from rich.console import Console
 
 from ptcluster.bench.formulas import DTYPES, OPS, parse_size, sizes
 from ptcluster.bench.sweep import BenchConfig, BenchResult, run_bench
-from ptcluster.cli.common import cluster_option, load_spec
+from ptcluster.cli.common import cluster_option, load_spec, quiet
 
 
 @click.command(help=__doc__)
@@ -49,8 +49,9 @@ def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, min
         iters=iters, warmup=warmup, check=check, dtype=dtype, pairs=pairs,
         pair_size=parse_size(pair_size), timeout=timeout, corrupt=corrupt_check)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    err.print(f"[dim]ptcluster bench: {spec.world_size} rank(s) on {len(spec.nodes)} node(s), "
-              f"{', '.join(cfg.ops)}, {len(cfg.sizes)} size(s)[/dim]", markup=True)
+    if not quiet():
+        err.print(f"[dim]ptcluster bench: {spec.world_size} rank(s) on {len(spec.nodes)} "
+                  f"node(s), {', '.join(cfg.ops)}, {len(cfg.sizes)} size(s)[/dim]", markup=True)
     result = run_bench(spec, cfg, port=port)
     click.echo(render(result, cfg))
     if json_file:
@@ -59,7 +60,8 @@ def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, min
         from ptcluster.bench.plot import plot_busbw
 
         plot_busbw(result, plot_file)
-        err.print(f"[dim]plot: {plot_file}[/dim]", markup=True)
+        if not quiet():
+            err.print(f"[dim]plot: {plot_file}[/dim]", markup=True)
     if result.failure is not None:
         err.print(f"[red]bench failed:[/red] {result.failure.headline()}", markup=True)
         sys.exit(1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
@@ -12,6 +13,28 @@ from ptcluster.launch.job import local_gpu_count
 from ptcluster.spec import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class CliState:
+    """What the top-level options asked for; the ``ctx.obj`` every subcommand can read."""
+
+    verbose: int = 0
+    """-v count: 1 info logs and tracebacks for errors, 2 debug logs."""
+    quiet: bool = False
+    """-q: print only the command's data and errors, no progress or status chatter."""
+
+
+def state() -> CliState:
+    """The running command's :class:`CliState` (defaults outside a command)."""
+    ctx = click.get_current_context(silent=True)
+    found = ctx.find_object(CliState) if ctx is not None else None
+    return found if found is not None else CliState()
+
+
+def quiet() -> bool:
+    """True under ``ptcluster -q``: skip status lines, keep data and errors."""
+    return state().quiet
 
 
 def cluster_option(func: F) -> F:
