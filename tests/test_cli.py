@@ -317,3 +317,58 @@ def test_console_script_piped_into_head(console_script: Path, tmp_path: Path) ->
     producer.wait(timeout=60)
     assert head.stdout.decode().startswith("# node 0: node0")
     assert "Traceback" not in err and "Error" not in err, err
+
+
+# --- numeric options: a bad value is a usage error (exit 2, one line), never a run -----------
+
+BAD_NUMBERS = [
+    (cmd, opt, value)
+    for cmd, opts in {
+        "doctor": {"--nproc": ["0", "-1", "x"], "--port": ["0", "65536", "x"],
+                   "--timeout": ["-5", "0", "nan", "inf", "x"]},
+        "bench": {"--nproc": ["0"], "--port": ["0"], "-b": ["0", "-1", "x"], "-e": ["0"],
+                  "-f": ["1", "0", "x"], "-i": ["0", "2Q"], "-n": ["0"], "-w": ["-1"],
+                  "-c": ["-1"], "--pair-size": ["0"], "--min-busbw": ["-1", "nan"],
+                  "--timeout": ["-5", "0", "inf"]},
+        "monitor": {"--interval": ["0", "0.1", "-1", "nan"], "--timeout": ["-5", "0", "nan"]},
+        "env": {"--nproc": ["0", "-2"], "--port": ["0", "99999"]},
+        "run": {"--nproc": ["0", "-1", "x"], "--port": ["0", "70000", "x"]},
+    }.items()
+    for opt, values in opts.items() for value in values
+]
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch) -> None:
+    """A value that gets through would start real work: make that a loud failure instead."""
+    import ptcluster.cli.bench_cmd as bench_cmd
+    import ptcluster.cli.doctor_cmd as doctor_cmd
+    import ptcluster.cli.monitor_cmd as monitor_cmd
+    import ptcluster.cli.run_cmd as run_cmd
+
+    def must_not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a bad value got through and the command started")
+
+    monkeypatch.setattr(doctor_cmd, "diagnose", must_not_run)
+    monkeypatch.setattr(bench_cmd, "run_bench", must_not_run)
+    monkeypatch.setattr(monitor_cmd, "Monitor", must_not_run)
+    monkeypatch.setattr(run_cmd, "prepare", must_not_run)
+
+
+@pytest.mark.parametrize("cmd,opt,value", BAD_NUMBERS,
+                         ids=[f"{c} {o} {v}" for c, o, v in BAD_NUMBERS])
+def test_bad_numbers_are_usage_errors(cli, nothing_runs: None, cmd: str, opt: str,
+                                      value: str) -> None:
+    argv = [cmd, opt, value] + (["x.py"] if cmd == "run" else [])
+    code, out, err = cli(*argv)
+    assert code == 2, err
+    line = one_error_line(err)
+    assert opt in line or opt.lstrip("-") in line, line
+    assert out == ""
+
+
+def test_good_numbers_still_pass(cli, tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(GOOD)
+    code, out, _ = cli("env", "--nproc", "1", "--port", "1")
+    assert code == 0 and "export WORLD_SIZE=1" in out and "export MASTER_PORT=1" in out

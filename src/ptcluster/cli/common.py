@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -37,6 +38,25 @@ def quiet() -> bool:
     return state().quiet
 
 
+class FiniteFloat(click.FloatRange):
+    """A float in a range that is also finite: ``nan`` and ``inf`` are usage errors too."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+SECONDS = FiniteFloat(min=0, min_open=True)
+"""A timeout or interval: seconds > 0."""
+NPROC = click.IntRange(min=1)
+PORT = click.IntRange(1, 65535)
+
+
 def cluster_option(func: F) -> F:
     return click.option(
         "--cluster", "cluster", metavar="FILE", default=None,
@@ -52,7 +72,7 @@ def default_nproc() -> int:
 def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
     path = find_cluster_file(cluster)
     if path is None:
-        if nproc is not None and nproc < 1:
+        if nproc is not None and nproc < 1:  # run's --nproc is a plain int
             raise UsageError("--nproc must be >= 1", "pass --nproc 1 or more")
         return local_cluster(nproc or default_nproc())
     if nproc is not None:

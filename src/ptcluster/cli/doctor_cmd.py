@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ptcluster.cli.common import cluster_option, load_spec, quiet
+from ptcluster.cli.common import NPROC, PORT, SECONDS, cluster_option, load_spec, quiet
 from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN
 from ptcluster.doctor.diagnose import DoctorReport, diagnose
 
@@ -19,10 +19,10 @@ STYLE = {OK: "[green]ok[/green]", WARN: "[yellow]warn[/yellow]", FAIL: "[bold re
 
 @click.command(help=__doc__)
 @cluster_option
-@click.option("--nproc", type=int, help="Processes on the local cluster.")
-@click.option("--port", type=click.IntRange(1, 65535), help="Rendezvous port to check.")
+@click.option("--nproc", type=NPROC, help="Processes on the local cluster.")
+@click.option("--port", type=PORT, help="Rendezvous port to check.")
 @click.option("--skip-allreduce", is_flag=True, help="Only the fast checks.")
-@click.option("--timeout", type=float, default=60.0, show_default=True,
+@click.option("--timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds for the probes, and for the all-reduce.")
 @click.option("--json", "as_json", is_flag=True, help="The whole report as JSON.")
 def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allreduce: bool,

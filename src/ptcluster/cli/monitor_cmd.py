@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ptcluster.cli.common import cluster_option, load_spec
+from ptcluster.cli.common import SECONDS, FiniteFloat, cluster_option, load_spec
 from ptcluster.launch.job import transports
 from ptcluster.monitor.watch import Monitor, NodeView
 
@@ -22,10 +22,11 @@ GB = 1e9
 
 @click.command(help=__doc__)
 @cluster_option
-@click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True)
+@click.option("--interval", type=FiniteFloat(min=0.2), default=2.0, show_default=True,
+              help="Seconds between samples.")
 @click.option("--once", is_flag=True, help="One sample of every node, then exit.")
 @click.option("--json", "as_json", is_flag=True, help="JSON (with --once: one object).")
-@click.option("--timeout", type=float, default=20.0, show_default=True,
+@click.option("--timeout", type=SECONDS, default=20.0, show_default=True,
               help="Seconds to wait for the first sample of every node.")
 def monitor(cluster: str | None, interval: float, once: bool, as_json: bool,
             timeout: float) -> None:
