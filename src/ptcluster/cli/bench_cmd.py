@@ -64,7 +64,10 @@ SIZE = ByteSize()
 @click.option("--dtype", type=click.Choice(sorted(DTYPES)), default="float32", show_default=True)
 @click.option("--pairs", is_flag=True, help="Also a node-pair bandwidth matrix (sendrecv).")
 @click.option("--pair-size", type=SIZE, default="16M", show_default=True)
-@click.option("--json", "json_file", metavar="FILE", help="Write the results as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the result as JSON instead of the table (stdout: data only).")
+@click.option("-o", "--json-out", "json_file", metavar="FILE",
+              help="Also write the result as JSON to FILE.")
 @click.option("--plot", "plot_file", metavar="FILE.png", help="PNG of busbw against size.")
 @click.option("--min-busbw", type=FiniteFloat(min=0),
               help="Exit 1 when the average busbw (GB/s) is lower.")
@@ -73,8 +76,8 @@ SIZE = ByteSize()
 @click.option("--corrupt-check", is_flag=True, hidden=True)
 def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, minbytes: int,
           maxbytes: int, stepfactor: int, stepbytes: int | None, iters: int, warmup: int,
-          check: int, dtype: str, pairs: bool, pair_size: int, json_file: str | None,
-          plot_file: str | None, min_busbw: float | None, timeout: float,
+          check: int, dtype: str, pairs: bool, pair_size: int, as_json: bool,
+          json_file: str | None, plot_file: str | None, min_busbw: float | None, timeout: float,
           corrupt_check: bool) -> None:
     spec = load_spec(cluster, nproc)
     cfg = BenchConfig(
@@ -87,9 +90,10 @@ def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, min
         err.print(f"[dim]ptcluster bench: {spec.world_size} rank(s) on {len(spec.nodes)} "
                   f"node(s), {', '.join(cfg.ops)}, {len(cfg.sizes)} size(s)[/dim]", markup=True)
     result = run_bench(spec, cfg, port=port)
-    click.echo(render(result, cfg))
+    data = json.dumps(result.to_json(), indent=2)
+    click.echo(data if as_json else render(result, cfg))
     if json_file:
-        Path(json_file).write_text(json.dumps(result.to_json(), indent=2))
+        Path(json_file).write_text(data + "\n")
     if plot_file and result.rows:
         from ptcluster.bench.plot import plot_busbw
 
