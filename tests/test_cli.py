@@ -195,6 +195,13 @@ def test_a_bug_says_so_and_keeps_its_traceback(cli, tmp_path: Path, monkeypatch)
     assert "Traceback" in err and 'raise RuntimeError("boom")' in err
 
 
+def test_bare_command_shows_the_help_not_an_error(cli) -> None:
+    code, out, err = cli()
+    assert code in (0, 2)  # click < 8.2 exits 0, later versions 2
+    assert "Usage: ptcluster" in out + err and "Commands:" in out + err
+    assert "error:" not in err
+
+
 def test_help_and_version_exit_0(cli) -> None:
     code, out, err = cli("--version")
     assert code == 0 and "ptcluster, version" in out and err == ""

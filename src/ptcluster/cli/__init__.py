@@ -19,6 +19,10 @@ from ptcluster.errors import PtclusterError
 
 log = logging.getLogger("ptcluster")
 
+# click >= 8.2 raises this for a bare `ptcluster` (older versions print the help themselves)
+_NO_ARGS_IS_HELP: tuple[type[click.UsageError], ...] = tuple(
+    t for t in [getattr(click.exceptions, "NoArgsIsHelpError", None)] if t is not None)
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ptcluster")
@@ -93,6 +97,9 @@ def _dispatch(args: list[str], state: CliState) -> int:
         return 130
     except KeyboardInterrupt:
         return 130
+    except _NO_ARGS_IS_HELP as exc:  # bare `ptcluster` (click >= 8.2): the help, as click does
+        exc.show()
+        return exc.exit_code
     except click.UsageError as exc:  # exit 2: bad option, value, command or argument
         _report(exc, state, exc.format_message(), _help_fix(exc.ctx))
         return exc.exit_code
