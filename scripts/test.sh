@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up everything the tests need, then run them. Extra arguments go to pytest.
+# Set up everything the tests need, run ruff and mypy, then the tests. Extra arguments go to
+# pytest.
 # As root it installs the multi-node testbed's system packages (openssh-server, iproute2,
 # nftables); without root the testbed tests skip with the reason (in CI they must run).
 set -euo pipefail
@@ -17,4 +18,7 @@ if [ "$(id -u)" = 0 ]; then
   fi
 fi
 bash scripts/setup.sh
+# Lint and types fail the run like a test does, and first (they take seconds).
+.venv/bin/ruff check .
+.venv/bin/mypy src
 exec .venv/bin/python -m pytest "$@"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import os
 import sys
 from pathlib import Path
@@ -12,25 +13,34 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def cli():
-    """In-process CLI: returns (exit_code, stdout, stderr)."""
-    from click.testing import CliRunner
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    """In-process CLI through the real entry point, ``ptcluster.cli.main`` (what the console
+    script calls): returns (exit_code, stdout, stderr) as a user would see them.
 
-    from ptcluster.cli import cli as group
+    stdin is ``input`` (default: empty, and not a terminal).
+    """
+    from ptcluster.cli import main
 
-    def invoke(*args: str, input: str | None = None):
-        runner = CliRunner()
-        result = runner.invoke(group, list(args), input=input, catch_exceptions=True)
-        code = result.exit_code
-        exc = result.exception
-        if exc is not None and not isinstance(exc, SystemExit):
-            from ptcluster.errors import PtclusterError
-            if isinstance(exc, PtclusterError):
-                return exc.exit_code, result.stdout, str(exc)
-            raise exc
-        return code, result.stdout, result.stderr
+    def invoke(*args: str, input: str | None = None) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(input or ""))
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            main(list(args))
+        out, err = capsys.readouterr()
+        code = exited.value.code
+        assert code is None or isinstance(code, int), f"exit code {code!r}"
+        return code or 0, out, err
 
     return invoke
+
+
+@pytest.fixture
+def console_script() -> Path:
+    """The installed ``ptcluster`` command of this interpreter's environment."""
+    path = Path(sys.executable).parent / "ptcluster"
+    if not path.exists():
+        pytest.skip(f"no installed console script at {path} (pip install -e . first)")
+    return path
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from ptcluster.bench.formulas import bandwidths, bus_factor, count_for, parse_size, size_for, sizes
+from ptcluster.bench.sweep import BenchConfig, BenchResult, Row
 from ptcluster.errors import UsageError
 from tests.jobs import run_head
 
@@ -60,7 +61,7 @@ def check_rows(rows: list[dict], n: int) -> None:
 @pytest.mark.slow
 def test_local_bench_all_ops_json_plot(tmp_path) -> None:
     code, head = run_head(["bench", "--nproc", "2", "--op", "all", "-b", "8", "-e", "64K",
-                           "-f", "8", "-n", "3", "-w", "1", "--json", "out.json",
+                           "-f", "8", "-n", "3", "-w", "1", "-o", "out.json",
                            "--plot", "busbw.png"], cwd=tmp_path, timeout=180)
     assert code == 0, head.output()
     data = json.loads((tmp_path / "out.json").read_text())
@@ -83,11 +84,75 @@ def test_local_bench_all_ops_json_plot(tmp_path) -> None:
 @pytest.mark.slow
 def test_wrong_counts_real_mismatches_and_gates(tmp_path) -> None:
     code, head = run_head(["bench", "--nproc", "2", "-b", "1K", "-e", "4K", "-n", "2", "-w", "0",
-                           "--json", "out.json", "--corrupt-check"], cwd=tmp_path, timeout=120)
-    data = json.loads((tmp_path / "out.json").read_text())
+                           "--json", "-o", "out.json", "--corrupt-check"], cwd=tmp_path,
+                          timeout=120)
+    data = json.loads("\n".join(head.lines))  # --json: stdout is the JSON alone
+    assert data == json.loads((tmp_path / "out.json").read_text())
     assert code == 1
     assert [r["wrong"] for r in data["rows"]] == [1, 1, 1]  # one perturbed element per size
-    assert "# Out of bounds values : 3 FAILED" in "\n".join(head.lines)
+    assert data["out_of_bounds"] == 3
     code, head = run_head(["bench", "--nproc", "2", "-b", "1K", "-e", "1K", "-n", "2", "-w", "0",
                            "--min-busbw", "1000000"], cwd=tmp_path, timeout=120)
     assert code == 1 and "below --min-busbw" in "\n".join(head.err)
+
+
+def fake_result(wrong: int = 0) -> BenchResult:
+    size, seconds = 1024, 1e-4
+    algbw, busbw = bandwidths("all_reduce", size, seconds, 2)
+    return BenchResult(world_size=2, backend="gloo", rows=[Row(
+        op="all_reduce", size=size, count=256, type="float32", redop="sum", root=-1,
+        time_us=seconds * 1e6, algbw=algbw, busbw=busbw, wrong=wrong)])
+
+
+@pytest.fixture
+def fake_bench(monkeypatch) -> list[BenchConfig]:
+    """`ptcluster bench` with the sweep replaced by a fixed result: the CLI's own behaviour.
+    ``--corrupt-check`` makes the result have one wrong element."""
+    import ptcluster.cli.bench_cmd as bench_cmd
+
+    seen: list[BenchConfig] = []
+
+    def run_bench(spec: object, cfg: BenchConfig, port: int | None = None) -> BenchResult:
+        seen.append(cfg)
+        return fake_result(wrong=int(cfg.corrupt))
+
+    monkeypatch.setattr(bench_cmd, "run_bench", run_bench)
+    return seen
+
+
+def test_bench_json_flag_prints_data_only(cli, fake_bench) -> None:
+    code, out, err = cli("bench", "--nproc", "2", "-b", "1K", "-e", "4K", "--json")
+    assert code == 0
+    assert json.loads(out) == fake_result().to_json()  # nothing but the JSON on stdout
+    assert "ptcluster bench: 2 rank(s)" in err  # status goes to stderr
+    assert fake_bench[0].sizes == (1024, 2048, 4096)
+    code, out, err = cli("-q", "bench", "--nproc", "2", "--json")
+    assert code == 0 and json.loads(out) == fake_result().to_json() and err == ""
+
+
+@pytest.mark.parametrize("flag", ["-o", "--json-out"])
+def test_bench_json_out_writes_a_file_and_keeps_the_table(cli, fake_bench, tmp_path,
+                                                          flag: str) -> None:
+    f = tmp_path / "b.json"
+    code, out, _ = cli("bench", "--nproc", "2", flag, str(f))
+    assert code == 0 and "# Avg bus bandwidth" in out
+    assert json.loads(f.read_text()) == fake_result().to_json()
+    code, out, _ = cli("bench", "--nproc", "2", "--json", flag, str(f))
+    assert code == 0 and json.loads(out) == json.loads(f.read_text())
+
+
+def test_bench_json_takes_no_file_and_an_unwritable_file_is_one_line(cli, fake_bench,
+                                                                     tmp_path) -> None:
+    code, out, err = cli("bench", "--nproc", "2", "--json", str(tmp_path / "b.json"))
+    assert code == 2 and out == "" and "b.json" in err and "Traceback" not in err
+    code, _, err = cli("-q", "bench", "--nproc", "2", "-o", "/proc/x/b.json")
+    assert code == 1
+    assert err.startswith("error: /proc/x/b.json: ") and "Fix:" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_bench_wrong_values_fail_in_table_and_json(cli, fake_bench) -> None:
+    code, out, _ = cli("bench", "--nproc", "2", "--corrupt-check")
+    assert code == 1 and "# Out of bounds values : 1 FAILED" in out
+    code, out, _ = cli("bench", "--nproc", "2", "--corrupt-check", "--json")
+    assert code == 1 and json.loads(out)["out_of_bounds"] == 1

@@ -22,7 +22,7 @@ def test_bench_4_ranks_with_pair_matrix(testbed, tmp_path) -> None:
                                          port=29580))
     code, head = run_head(["bench", "--cluster", str(path), "--op", "all", "-b", "1K", "-e",
                            "256K", "-f", "16", "-n", "3", "-w", "1", "--pairs", "--pair-size",
-                           "1M", "--json", "out.json"], cwd=tmp_path, timeout=240)
+                           "1M", "--json-out", "out.json"], cwd=tmp_path, timeout=240)
     assert code == 0, head.output()
     data = json.loads((tmp_path / "out.json").read_text())
     assert data["world_size"] == 4 and data["out_of_bounds"] == 0

@@ -1,9 +1,16 @@
-"""In-process CLI tests: (exit code, stdout, stderr)."""
+"""CLI tests through the real entry point (`ptcluster.cli.main`, in process: exit code, stdout,
+stderr) and a few runs of the installed `ptcluster` command."""
 
 from __future__ import annotations
 
 import json
+import logging
 import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from ptcluster.spec import load_cluster_file, parse_hosts
 
@@ -91,3 +98,284 @@ def test_head_never_imports_torch() -> None:
 def test_init_without_hosts_and_no_terminal_is_a_usage_error(cli) -> None:
     code, _, err = cli("init", "-o", "-")
     assert code == 2 and "--hosts" in err
+
+
+# --- every error is one line, through the real entry point -----------------------------------
+
+GOOD = "nodes: [{host: n1, slots: 2}, {host: n2, slots: 1}]\n"
+
+
+def _files(tmp_path: Path) -> dict[str, str]:
+    files = {"good": GOOD, "slots0": "nodes: [{host: a, slots: 0}]\n",
+             "yaml": "nodes: [{host: a\n", "empty": ""}
+    out = {}
+    for name, text in files.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+        out[name] = str(tmp_path / f"{name}.yaml")
+    (tmp_path / "adir.yaml").mkdir()
+    out["adir"] = str(tmp_path / "adir.yaml")
+    out["missing"] = str(tmp_path / "missing.yaml")
+    return out
+
+
+ERRORS = [
+    # (id, argv with {name} for a file from _files, exit code, text in the error line)
+    ("unknown cluster file", ["env", "--cluster", "{missing}"], 2, "not found"),
+    ("bad cluster file", ["env", "--cluster", "{slots0}"], 2, "nodes[0].slots"),
+    ("yaml syntax", ["env", "--cluster", "{yaml}"], 2, "YAML"),
+    ("empty cluster file", ["doctor", "--cluster", "{empty}"], 2, "empty"),
+    ("cluster file is a folder", ["env", "--cluster", "{adir}"], 2, "adir.yaml"),
+    ("no such node", ["env", "--cluster", "{good}", "--node", "nosuch"], 2, "'nosuch'"),
+    ("--nproc with a cluster file", ["env", "--cluster", "{good}", "--nproc", "2"], 2, "slots"),
+    ("init into a missing folder (OSError)", ["init", "--hosts", "a:1", "-o",
+                                              "/proc/x/cluster.yaml"], 1, "/proc/x/cluster.yaml"),
+    ("init through a file (OSError)", ["init", "--hosts", "a:1", "-o", "/dev/null/x"], 1,
+     "Not a directory"),
+    ("init into /sys (PermissionError)", ["init", "--hosts", "a:1", "-o", "/sys/cluster.yaml"],
+     1, "/sys/cluster.yaml"),
+    ("bad --hosts", ["init", "--hosts", "a:x", "-o", "-"], 2, "not an integer"),
+    ("missing hostfile", ["init", "--hostfile", "{missing}", "-o", "-"], 2, "not found"),
+    ("--hosts and --hostfile", ["init", "--hosts", "a:1", "--hostfile", "{good}"], 2, "one of"),
+    ("nothing to run", ["run"], 2, "nothing to run"),
+    ("unknown option", ["env", "--bogus"], 2, "--bogus"),
+    ("unknown command", ["nosuch"], 2, "nosuch"),
+    ("unknown top-level option", ["-x", "env"], 2, "-x"),
+    ("bad choice", ["bench", "--op", "nope"], 2, "nope"),
+    ("option without its value", ["env", "--cluster"], 2, "--cluster"),
+    ("--port out of range", ["env", "--port", "70000"], 2, "70000"),
+]
+
+
+def one_error_line(err: str) -> str:
+    """The single `error: ... Fix: ...` line that is the whole of stderr."""
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and "Fix: " in lines[0], err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv,code,text", [e[1:] for e in ERRORS], ids=[e[0] for e in ERRORS])
+def test_errors_are_one_line_with_a_fix(cli, tmp_path: Path, argv: list[str], code: int,
+                                        text: str) -> None:
+    files = _files(tmp_path)
+    got, out, err = cli(*[a.format(**files) for a in argv])
+    assert got == code, err
+    assert text in one_error_line(err)
+    assert out == ""
+
+
+@pytest.mark.parametrize("flags", [["-v"], ["-vv"], ["--verbose"], ["-v", "-v"]])
+def test_verbose_shows_the_traceback_then_the_line(cli, tmp_path: Path,
+                                                   flags: list[str]) -> None:
+    missing = str(tmp_path / "missing.yaml")
+    code, _, err = cli(*flags, "env", "--cluster", missing)
+    assert code == 2
+    assert "Traceback" in err and "SpecError" in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "not found" in last and "Fix:" in last
+    # an OSError too
+    code, _, err = cli(*flags, "init", "--hosts", "a:1", "-o", "/proc/x/cluster.yaml")
+    assert code == 1 and "Traceback" in err and "FileNotFoundError" in err
+
+
+def test_a_bug_says_so_and_keeps_its_traceback(cli, tmp_path: Path, monkeypatch) -> None:
+    import ptcluster.cli.env_cmd as env_cmd
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(env_cmd, "prepare", broken)
+    f = tmp_path / "c.yaml"
+    f.write_text(GOOD)
+    code, _, err = cli("env", "--cluster", str(f))
+    assert code == 1
+    first = err.splitlines()[0]
+    assert first.startswith("error: ") and "bug" in first and "RuntimeError: boom" in first
+    assert "Traceback" in err and 'raise RuntimeError("boom")' in err
+
+
+def test_bare_command_shows_the_help_not_an_error(cli) -> None:
+    code, out, err = cli()
+    assert code in (0, 2)  # click < 8.2 exits 0, later versions 2
+    assert "Usage: ptcluster" in out + err and "Commands:" in out + err
+    assert "error:" not in err
+
+
+def test_help_and_version_exit_0(cli) -> None:
+    code, out, err = cli("--version")
+    assert code == 0 and "ptcluster, version" in out and err == ""
+    code, out, err = cli("env", "-h")
+    assert code == 0 and "--node" in out and err == ""
+
+
+# --- -q and -v reach the commands and the library's logging ----------------------------------
+
+def test_quiet_env_prints_the_exports_alone(cli, tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(GOOD)
+    code, loud, _ = cli("env", "--cluster", str(f))
+    assert code == 0 and any(line.startswith("#") for line in loud.splitlines())
+    code, out, err = cli("-q", "env", "--cluster", str(f))
+    assert code == 0 and err == ""
+    lines = [line for line in out.splitlines() if line]
+    assert lines and all(line.startswith("export ") for line in lines)
+    assert lines == [line for line in loud.splitlines() if line.startswith("export ")]
+
+
+def test_quiet_init_writes_silently(cli, tmp_path: Path) -> None:
+    f = tmp_path / "cluster.yaml"
+    code, out, err = cli("-q", "init", "--hosts", "a:2", "-o", str(f))
+    assert code == 0 and out == "" and err == ""
+    assert load_cluster_file(f).world_size == 2
+
+
+def test_quiet_doctor_keeps_table_failures_and_verdict(cli, monkeypatch) -> None:
+    import ptcluster.cli.doctor_cmd as doctor_cmd
+    from ptcluster.doctor.checks import FAIL, OK, Finding
+    from ptcluster.doctor.diagnose import DoctorReport
+
+    report = DoctorReport(findings=[
+        Finding("versions", "localhost", OK, "torch 2.13 everywhere"),
+        Finding("disk", "localhost", FAIL, "1 GB free", "free some space")], probes={})
+    monkeypatch.setattr(doctor_cmd, "diagnose", lambda *a, **k: report)
+    code, loud, _ = cli("doctor", "--nproc", "1")
+    assert code == 1 and "torch 2.13 everywhere" in loud and "free some space" in loud
+    code, out, _ = cli("-q", "doctor", "--nproc", "1")
+    assert code == 1
+    assert "torch 2.13 everywhere" not in out
+    assert "ptcluster doctor" in out and "free some space" in out and "1 check(s) failed" in out
+
+
+@pytest.mark.parametrize("flags,level", [([], logging.WARNING), (["-q"], logging.ERROR),
+                                         (["-v"], logging.INFO), (["-vv"], logging.DEBUG),
+                                         (["--verbose"], logging.INFO)])
+def test_verbosity_sets_the_library_log_level(cli, tmp_path: Path, monkeypatch,
+                                              flags: list[str], level: int) -> None:
+    import ptcluster.cli.env_cmd as env_cmd
+
+    real = env_cmd.prepare
+
+    def logging_prepare(*args: Any, **kwargs: Any) -> Any:
+        lib = logging.getLogger("ptcluster.launch.plan")
+        lib.debug("debug-record")
+        lib.info("info-record")
+        lib.warning("warning-record")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(env_cmd, "prepare", logging_prepare)
+    f = tmp_path / "c.yaml"
+    f.write_text(GOOD)
+    code, out, err = cli(*flags, "env", "--cluster", str(f))
+    assert code == 0 and "record" not in out
+    for name, lvl in (("debug", logging.DEBUG), ("info", logging.INFO),
+                      ("warning", logging.WARNING)):
+        assert (f"{name}-record" in err) == (lvl >= level), (flags, err)
+
+
+# --- the installed console script ------------------------------------------------------------
+
+def test_console_script_runs_and_maps_errors(console_script: Path, tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(GOOD)
+    ok = subprocess.run([str(console_script), "env", "--cluster", str(f)], capture_output=True,
+                        text=True, timeout=60)
+    assert ok.returncode == 0 and "export WORLD_SIZE=3" in ok.stdout and ok.stderr == ""
+    for argv, code in ((["init", "--hosts", "a:1", "-o", "/proc/x/cluster.yaml"], 1),
+                       (["env", "--cluster", str(tmp_path / "missing.yaml")], 2),
+                       (["doctor", "--bogus"], 2)):
+        bad = subprocess.run([str(console_script), *argv], capture_output=True, text=True,
+                             timeout=60)
+        assert bad.returncode == code, bad.stderr
+        one_error_line(bad.stderr)
+        assert bad.stdout == ""
+    verbose = subprocess.run([str(console_script), "-vv", "env", "--cluster",
+                              str(tmp_path / "missing.yaml")], capture_output=True, text=True,
+                             timeout=60)
+    assert verbose.returncode == 2 and "Traceback" in verbose.stderr
+
+
+@pytest.mark.parametrize("args", [["env"], ["env", "--json"], ["-q", "env"]])
+def test_console_script_reader_gone_ends_quietly(console_script: Path, tmp_path: Path,
+                                                 args: list[str]) -> None:
+    """`ptcluster env ... | head -1` with the reader gone before we write: no traceback."""
+    f = tmp_path / "c.yaml"
+    f.write_text(GOOD)
+    proc = subprocess.Popen([str(console_script), *args, "--cluster", str(f)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the only reader: every write of the child now fails with EPIPE
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 1
+    assert err == "", err
+
+
+def test_console_script_piped_into_head(console_script: Path, tmp_path: Path) -> None:
+    """A real `ptcluster env | head -1` with more output than a pipe holds."""
+    f = tmp_path / "big.yaml"
+    f.write_text("nodes:\n" + "".join(f"  - {{host: node{i}, slots: 8}}\n" for i in range(400)))
+    producer = subprocess.Popen([str(console_script), "env", "--cluster", str(f)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    head = subprocess.run(["head", "-1"], stdin=producer.stdout, capture_output=True,
+                          timeout=60)
+    assert producer.stdout is not None and producer.stderr is not None
+    producer.stdout.close()
+    err = producer.stderr.read().decode()
+    producer.wait(timeout=60)
+    assert head.stdout.decode().startswith("# node 0: node0")
+    assert "Traceback" not in err and "Error" not in err, err
+
+
+# --- numeric options: a bad value is a usage error (exit 2, one line), never a run -----------
+
+BAD_NUMBERS = [
+    (cmd, opt, value)
+    for cmd, opts in {
+        "doctor": {"--nproc": ["0", "-1", "x"], "--port": ["0", "65536", "x"],
+                   "--timeout": ["-5", "0", "nan", "inf", "x"]},
+        "bench": {"--nproc": ["0"], "--port": ["0"], "-b": ["0", "-1", "x"], "-e": ["0"],
+                  "-f": ["1", "0", "x"], "-i": ["0", "2Q"], "-n": ["0"], "-w": ["-1"],
+                  "-c": ["-1"], "--pair-size": ["0"], "--min-busbw": ["-1", "nan"],
+                  "--timeout": ["-5", "0", "inf"]},
+        "monitor": {"--interval": ["0", "0.1", "-1", "nan"], "--timeout": ["-5", "0", "nan"]},
+        "env": {"--nproc": ["0", "-2"], "--port": ["0", "99999"]},
+        "run": {"--nproc": ["0", "-1", "x"], "--port": ["0", "70000", "x"]},
+    }.items()
+    for opt, values in opts.items() for value in values
+]
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch) -> None:
+    """A value that gets through would start real work: make that a loud failure instead."""
+    import ptcluster.cli.bench_cmd as bench_cmd
+    import ptcluster.cli.doctor_cmd as doctor_cmd
+    import ptcluster.cli.monitor_cmd as monitor_cmd
+    import ptcluster.cli.run_cmd as run_cmd
+
+    def must_not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a bad value got through and the command started")
+
+    monkeypatch.setattr(doctor_cmd, "diagnose", must_not_run)
+    monkeypatch.setattr(bench_cmd, "run_bench", must_not_run)
+    monkeypatch.setattr(monitor_cmd, "Monitor", must_not_run)
+    monkeypatch.setattr(run_cmd, "prepare", must_not_run)
+
+
+@pytest.mark.parametrize("cmd,opt,value", BAD_NUMBERS,
+                         ids=[f"{c} {o} {v}" for c, o, v in BAD_NUMBERS])
+def test_bad_numbers_are_usage_errors(cli, nothing_runs: None, cmd: str, opt: str,
+                                      value: str) -> None:
+    argv = [cmd, opt, value] + (["x.py"] if cmd == "run" else [])
+    code, out, err = cli(*argv)
+    assert code == 2, err
+    line = one_error_line(err)
+    assert opt in line or opt.lstrip("-") in line, line
+    assert out == ""
+
+
+def test_good_numbers_still_pass(cli, tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(GOOD)
+    code, out, _ = cli("env", "--nproc", "1", "--port", "1")
+    assert code == 0 and "export WORLD_SIZE=1" in out and "export MASTER_PORT=1" in out

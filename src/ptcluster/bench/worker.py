@@ -11,6 +11,8 @@ type), compared with the exact expected result; mismatches are summed over ranks
 import json
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,7 +30,7 @@ def main() -> int:
     def sync() -> None:
         device_sync(device)  # type: ignore[name-defined]  # noqa: F821
 
-    def emit(kind: str, data: dict) -> None:
+    def emit(kind: str, data: dict[str, Any]) -> None:
         if rank == 0:
             report(kind, data)  # type: ignore[name-defined]  # noqa: F821
 
@@ -55,7 +57,8 @@ def main() -> int:
             recv = torch.zeros(big if op == "all_gather" else count, dtype=dtype, device=device)
             prev, nxt = (rank - 1) % n, (rank + 1) % n
 
-            def run(op=op, send=send, recv=recv, prev=prev, nxt=nxt) -> None:
+            def run(op: str = op, send: torch.Tensor = send, recv: torch.Tensor = recv,
+                    prev: int = prev, nxt: int = nxt) -> None:
                 run_op(op, send, recv, prev, nxt)
 
             for _ in range(cfg["warmup"]):
@@ -88,7 +91,7 @@ def main() -> int:
     return 0
 
 
-def run_op(op, send, recv, prev, nxt) -> None:
+def run_op(op: str, send: torch.Tensor, recv: torch.Tensor, prev: int, nxt: int) -> None:
     if op == "all_reduce":
         dist.all_reduce(send)
     elif op == "all_gather":
@@ -104,11 +107,13 @@ def run_op(op, send, recv, prev, nxt) -> None:
             req.wait()
 
 
-def check(op, send, recv, count, rank, n, pattern, run, corrupt) -> int:
+def check(op: str, send: torch.Tensor, recv: torch.Tensor, count: int, rank: int, n: int,
+          pattern: Callable[..., torch.Tensor], run: Callable[[], None],
+          corrupt: bool | None) -> int:
     """One verified run: returns this rank's number of wrong elements."""
     if op == "all_reduce":
         send.copy_(pattern(count, rank))
-        expected = sum(pattern(count, r).double() for r in range(n))
+        expected = torch.stack([pattern(count, r).double() for r in range(n)]).sum(0)
         run()
         got = send
     elif op == "all_gather":
@@ -118,7 +123,8 @@ def check(op, send, recv, count, rank, n, pattern, run, corrupt) -> int:
         got = recv
     elif op == "reduce_scatter":
         send.copy_(pattern(count * n, rank))
-        expected = sum(pattern(count, r, offset=rank * count).double() for r in range(n))
+        expected = torch.stack([pattern(count, r, offset=rank * count).double()
+                                for r in range(n)]).sum(0)
         run()
         got = recv
     elif op == "broadcast":
@@ -137,7 +143,9 @@ def check(op, send, recv, count, rank, n, pattern, run, corrupt) -> int:
     return int((got.double() != expected).sum().item())
 
 
-def pair_matrix(cfg, rank, device, dtype, elem, sync, emit) -> None:
+def pair_matrix(cfg: dict[str, Any], rank: int, device: torch.device, dtype: torch.dtype,
+                elem: int, sync: Callable[[], None],
+                emit: Callable[[str, dict[str, Any]], None]) -> None:
     """Ping-pong between the first ranks of every pair of nodes; others wait at the barrier."""
     count = max(1, cfg["pair_size"] // elem)
     buf = torch.ones(count, dtype=dtype, device=device)

@@ -2,30 +2,39 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import sys
+import traceback
+from collections.abc import Sequence
+from typing import NoReturn
 
 import click
-from rich.console import Console
 
 from ptcluster import __version__
 from ptcluster.cli import bench_cmd, doctor_cmd, env_cmd, init_cmd, monitor_cmd, run_cmd
+from ptcluster.cli.common import CliState
 from ptcluster.errors import PtclusterError
 
 log = logging.getLogger("ptcluster")
 
+# click >= 8.2 raises this for a bare `ptcluster` (older versions print the help themselves)
+_NO_ARGS_IS_HELP: tuple[type[click.UsageError], ...] = tuple(
+    t for t in [getattr(click.exceptions, "NoArgsIsHelpError", None)] if t is not None)
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ptcluster")
-@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
-@click.option("-q", "--quiet", is_flag=True, help="Only errors and the job's own output.")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug); tracebacks "
+              "for errors.")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors and the command's data.")
 @click.pass_context
 def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
     """Turn a few machines into a working PyTorch DDP cluster: set up, check, run, bench, watch."""
-    level = logging.ERROR if quiet else (logging.DEBUG if verbose > 1 else
-                                         logging.INFO if verbose else logging.WARNING)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    ctx.obj = {"verbose": verbose, "quiet": quiet}
+    state = ctx.ensure_object(CliState)
+    state.verbose, state.quiet = verbose, quiet
+    configure_logging(verbose, quiet)
 
 
 cli.add_command(run_cmd.run)
@@ -36,19 +45,126 @@ cli.add_command(bench_cmd.bench)
 cli.add_command(monitor_cmd.monitor)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point: expected errors become one red line and their exit code."""
+class _StderrHandler(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is when a record arrives (not when it was created)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # logging must never take the command down
+            self.handleError(record)
+
+
+def configure_logging(verbose: int, quiet: bool) -> None:
+    """-q: errors only; default: warnings; -v: info; -vv: debug. Applies to ``ptcluster.*``."""
+    level = (logging.DEBUG if verbose > 1 else logging.INFO if verbose else
+             logging.ERROR if quiet else logging.WARNING)
+    log.setLevel(level)
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+    log.propagate = False  # our handler prints it; a root handler would print it twice
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Entry point (the console script's): every expected error becomes one red line
+    ``error: WHAT. Fix: HOW`` and its exit code; the traceback only with -v."""
+    state = CliState()
+    code = _dispatch(list(sys.argv[1:] if argv is None else argv), state)
     try:
-        code = cli.main(args=argv, prog_name="ptcluster", standalone_mode=False)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _stdout_gone()
+    sys.exit(code)
+
+
+def _dispatch(args: list[str], state: CliState) -> int:
+    try:
+        rv = cli.main(args=args, prog_name="ptcluster", standalone_mode=False, obj=state)
+        return rv if isinstance(rv, int) else 0
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        _error_line(str(exc.code), None)
+        return 1
+    except BrokenPipeError:
+        return _stdout_gone()
     except PtclusterError as exc:
-        Console(stderr=True, highlight=False).print(f"[red]error:[/red] {exc}", markup=True,
-                                                     soft_wrap=True)
-        if "-v" in (argv or sys.argv):
-            log.exception("details")
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except click.ClickException as exc:
+        _report(exc, state, exc.message, exc.fix)
+        return exc.exit_code
+    except click.exceptions.Abort:  # Ctrl-C at a prompt, or EOF on it
+        return 130
+    except KeyboardInterrupt:
+        return 130
+    except _NO_ARGS_IS_HELP as exc:  # bare `ptcluster` (click >= 8.2): the help, as click does
         exc.show()
-        sys.exit(exc.exit_code)
-    sys.exit(code or 0)
+        return exc.exit_code
+    except click.UsageError as exc:  # exit 2: bad option, value, command or argument
+        _report(exc, state, exc.format_message(), _help_fix(exc.ctx))
+        return exc.exit_code
+    except click.ClickException as exc:
+        _report(exc, state, exc.format_message(), "see ptcluster -h")
+        return exc.exit_code
+    except OSError as exc:
+        _report(exc, state, *_describe_os_error(exc))
+        return 1
+    except Exception as exc:  # a bug: say so, and keep the traceback
+        _error_line(f"ptcluster hit a bug: {type(exc).__name__}: {exc}",
+                    "please report it with the traceback below")
+        traceback.print_exception(exc, file=sys.stderr)
+        return 1
+
+
+def _report(exc: BaseException, state: CliState, message: str, fix: str | None) -> None:
+    if state.verbose:
+        traceback.print_exception(exc, file=sys.stderr)
+    _error_line(message, fix)
+
+
+def _error_line(message: str, fix: str | None) -> None:
+    text = " ".join(message.split())
+    if fix and "Fix:" not in text:
+        text = f"{text.rstrip('.')}. Fix: {' '.join(fix.split())}"
+    click.echo(f"{click.style('error:', fg='red', bold=True)} {text}", err=True)
+
+
+def _help_fix(ctx: click.Context | None) -> str:
+    path = ctx.command_path if ctx is not None else "ptcluster"
+    return f"see `{path} -h`"
+
+
+_OS_FIXES = {
+    errno.ENOENT: "check the path; its folder must exist",
+    errno.EACCES: "check the permissions, or use another path",
+    errno.EPERM: "check the permissions, or use another path",
+    errno.EROFS: "use a path on a writable file system",
+    errno.ENOSPC: "free some disk space, or use another path",
+    errno.EISDIR: "give a file, not a folder",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: fix the path",
+    errno.EEXIST: "remove it, or use another path",
+}
+
+
+def _describe_os_error(exc: OSError) -> tuple[str, str]:
+    what = exc.strerror or str(exc) or type(exc).__name__
+    message = f"{exc.filename}: {what}" if exc.filename is not None else what
+    if exc.filename2 is not None:
+        message += f" (and {exc.filename2})"
+    fix = _OS_FIXES.get(exc.errno or 0, "check the path and try again (-v shows the details)")
+    return message, fix
+
+
+def _stdout_gone() -> int:
+    """The reader of our stdout went away (``ptcluster env | head -1``): stop quietly.
+
+    As the Python docs recommend, point stdout at /dev/null so the interpreter's final flush
+    does not raise again at exit.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real file descriptor (e.g. captured in a test)
+        pass
+    return 1

@@ -5,61 +5,101 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 
 from ptcluster.bench.formulas import DTYPES, OPS, parse_size, sizes
 from ptcluster.bench.sweep import BenchConfig, BenchResult, run_bench
-from ptcluster.cli.common import cluster_option, load_spec
+from ptcluster.cli.common import (
+    NPROC,
+    PORT,
+    SECONDS,
+    FiniteFloat,
+    cluster_option,
+    load_spec,
+    quiet,
+)
+from ptcluster.errors import UsageError
+
+
+class ByteSize(click.ParamType):
+    """A size in bytes >= 1: 8, 64K, 64M, 1G (1024-based)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        try:
+            size = value if isinstance(value, int) else parse_size(value)
+        except UsageError as exc:
+            self.fail(str(exc), param, ctx)
+        if size < 1:
+            self.fail(f"{value!r} is less than 1 byte.", param, ctx)
+        return size
+
+
+SIZE = ByteSize()
 
 
 @click.command(help=__doc__)
 @cluster_option
-@click.option("--nproc", type=int, help="Processes on the local cluster.")
-@click.option("--port", type=click.IntRange(1, 65535), help="Rendezvous port.")
+@click.option("--nproc", type=NPROC, help="Processes on the local cluster.")
+@click.option("--port", type=PORT, help="Rendezvous port.")
 @click.option("--op", "op", type=click.Choice(OPS + ("all",)), default="all_reduce",
               show_default=True)
-@click.option("-b", "--minbytes", default="8", show_default=True, help="Smallest size (K/M/G).")
-@click.option("-e", "--maxbytes", default="64M", show_default=True, help="Largest size.")
-@click.option("-f", "--stepfactor", type=int, default=2, show_default=True)
-@click.option("-i", "--stepbytes", default=None, help="Add this many bytes instead of -f.")
+@click.option("-b", "--minbytes", type=SIZE, default="8", show_default=True,
+              help="Smallest size (K/M/G).")
+@click.option("-e", "--maxbytes", type=SIZE, default="64M", show_default=True,
+              help="Largest size.")
+@click.option("-f", "--stepfactor", type=click.IntRange(2), default=2, show_default=True,
+              help="Multiply the size by this.")
+@click.option("-i", "--stepbytes", type=SIZE, default=None, help="Add this many bytes instead "
+              "of -f.")
 @click.option("-n", "--iters", type=click.IntRange(1), default=20, show_default=True)
 @click.option("-w", "--warmup", type=click.IntRange(0), default=5, show_default=True)
 @click.option("-c", "--check", type=click.IntRange(0), default=1, show_default=True,
               help="Verified runs per size (0: no check).")
 @click.option("--dtype", type=click.Choice(sorted(DTYPES)), default="float32", show_default=True)
 @click.option("--pairs", is_flag=True, help="Also a node-pair bandwidth matrix (sendrecv).")
-@click.option("--pair-size", default="16M", show_default=True)
-@click.option("--json", "json_file", metavar="FILE", help="Write the results as JSON.")
+@click.option("--pair-size", type=SIZE, default="16M", show_default=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the result as JSON instead of the table (stdout: data only).")
+@click.option("-o", "--json-out", "json_file", metavar="FILE",
+              help="Also write the result as JSON to FILE.")
 @click.option("--plot", "plot_file", metavar="FILE.png", help="PNG of busbw against size.")
-@click.option("--min-busbw", type=float, help="Exit 1 when the average busbw (GB/s) is lower.")
-@click.option("--timeout", type=float, default=600.0, show_default=True)
+@click.option("--min-busbw", type=FiniteFloat(min=0),
+              help="Exit 1 when the average busbw (GB/s) is lower.")
+@click.option("--timeout", type=SECONDS, default=600.0, show_default=True,
+              help="Seconds for the whole sweep.")
 @click.option("--corrupt-check", is_flag=True, hidden=True)
-def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, minbytes: str,
-          maxbytes: str, stepfactor: int, stepbytes: str | None, iters: int, warmup: int,
-          check: int, dtype: str, pairs: bool, pair_size: str, json_file: str | None,
-          plot_file: str | None, min_busbw: float | None, timeout: float,
+def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, minbytes: int,
+          maxbytes: int, stepfactor: int, stepbytes: int | None, iters: int, warmup: int,
+          check: int, dtype: str, pairs: bool, pair_size: int, as_json: bool,
+          json_file: str | None, plot_file: str | None, min_busbw: float | None, timeout: float,
           corrupt_check: bool) -> None:
     spec = load_spec(cluster, nproc)
     cfg = BenchConfig(
         ops=OPS if op == "all" else (op,),
-        sizes=tuple(sizes(parse_size(minbytes), parse_size(maxbytes), stepfactor,
-                          parse_size(stepbytes) if stepbytes else None)),
+        sizes=tuple(sizes(minbytes, maxbytes, stepfactor, stepbytes)),
         iters=iters, warmup=warmup, check=check, dtype=dtype, pairs=pairs,
-        pair_size=parse_size(pair_size), timeout=timeout, corrupt=corrupt_check)
+        pair_size=pair_size, timeout=timeout, corrupt=corrupt_check)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    err.print(f"[dim]ptcluster bench: {spec.world_size} rank(s) on {len(spec.nodes)} node(s), "
-              f"{', '.join(cfg.ops)}, {len(cfg.sizes)} size(s)[/dim]", markup=True)
+    if not quiet():
+        err.print(f"[dim]ptcluster bench: {spec.world_size} rank(s) on {len(spec.nodes)} "
+                  f"node(s), {', '.join(cfg.ops)}, {len(cfg.sizes)} size(s)[/dim]", markup=True)
     result = run_bench(spec, cfg, port=port)
-    click.echo(render(result, cfg))
+    data = json.dumps(result.to_json(), indent=2)
+    click.echo(data if as_json else render(result, cfg))
     if json_file:
-        Path(json_file).write_text(json.dumps(result.to_json(), indent=2))
+        Path(json_file).write_text(data + "\n")
     if plot_file and result.rows:
         from ptcluster.bench.plot import plot_busbw
 
         plot_busbw(result, plot_file)
-        err.print(f"[dim]plot: {plot_file}[/dim]", markup=True)
+        if not quiet():
+            err.print(f"[dim]plot: {plot_file}[/dim]", markup=True)
     if result.failure is not None:
         err.print(f"[red]bench failed:[/red] {result.failure.headline()}", markup=True)
         sys.exit(1)

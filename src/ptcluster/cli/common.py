@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
@@ -12,6 +14,47 @@ from ptcluster.launch.job import local_gpu_count
 from ptcluster.spec import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class CliState:
+    """What the top-level options asked for; the ``ctx.obj`` every subcommand can read."""
+
+    verbose: int = 0
+    """-v count: 1 info logs and tracebacks for errors, 2 debug logs."""
+    quiet: bool = False
+    """-q: print only the command's data and errors, no progress or status chatter."""
+
+
+def state() -> CliState:
+    """The running command's :class:`CliState` (defaults outside a command)."""
+    ctx = click.get_current_context(silent=True)
+    found = ctx.find_object(CliState) if ctx is not None else None
+    return found if found is not None else CliState()
+
+
+def quiet() -> bool:
+    """True under ``ptcluster -q``: skip status lines, keep data and errors."""
+    return state().quiet
+
+
+class FiniteFloat(click.FloatRange):
+    """A float in a range that is also finite: ``nan`` and ``inf`` are usage errors too."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+SECONDS = FiniteFloat(min=0, min_open=True)
+"""A timeout or interval: seconds > 0."""
+NPROC = click.IntRange(min=1)
+PORT = click.IntRange(1, 65535)
 
 
 def cluster_option(func: F) -> F:
@@ -29,7 +72,7 @@ def default_nproc() -> int:
 def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
     path = find_cluster_file(cluster)
     if path is None:
-        if nproc is not None and nproc < 1:
+        if nproc is not None and nproc < 1:  # run's --nproc is a plain int
             raise UsageError("--nproc must be >= 1", "pass --nproc 1 or more")
         return local_cluster(nproc or default_nproc())
     if nproc is not None:

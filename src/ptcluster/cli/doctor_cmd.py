@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ptcluster.cli.common import cluster_option, load_spec
+from ptcluster.cli.common import NPROC, PORT, SECONDS, cluster_option, load_spec, quiet
 from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN
 from ptcluster.doctor.diagnose import DoctorReport, diagnose
 
@@ -19,10 +19,10 @@ STYLE = {OK: "[green]ok[/green]", WARN: "[yellow]warn[/yellow]", FAIL: "[bold re
 
 @click.command(help=__doc__)
 @cluster_option
-@click.option("--nproc", type=int, help="Processes on the local cluster.")
-@click.option("--port", type=click.IntRange(1, 65535), help="Rendezvous port to check.")
+@click.option("--nproc", type=NPROC, help="Processes on the local cluster.")
+@click.option("--port", type=PORT, help="Rendezvous port to check.")
 @click.option("--skip-allreduce", is_flag=True, help="Only the fast checks.")
-@click.option("--timeout", type=float, default=60.0, show_default=True,
+@click.option("--timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds for the probes, and for the all-reduce.")
 @click.option("--json", "as_json", is_flag=True, help="The whole report as JSON.")
 def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allreduce: bool,
@@ -35,11 +35,14 @@ def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allred
     else:
         console = Console(highlight=False, soft_wrap=True,
                           width=None if sys.stdout.isatty() else 160)
-        render(console, report, [n.host for n in spec.nodes])
+        render(console, report, [n.host for n in spec.nodes], details=not quiet())
     sys.exit(0 if report.ok else 1)
 
 
-def render(console: Console, report: DoctorReport, hosts: list[str]) -> None:
+def render(console: Console, report: DoctorReport, hosts: list[str], *,
+           details: bool = True) -> None:
+    """The check x node table, then (with ``details``) what passed, then every failure and
+    warning with its fix, then the verdict."""
     checks: list[str] = []
     for f in report.findings:
         if f.check not in checks and f.check != "all-reduce":
@@ -52,7 +55,7 @@ def render(console: Console, report: DoctorReport, hosts: list[str]) -> None:
     for check in checks:
         table.add_row(check, *[STYLE[cells.get((host, check), SKIP)] for host in hosts])
     console.print(table)
-    for f in report.findings:
+    for f in report.findings if details else ():
         if f.status == OK and f.check in ("interface", "versions", "all-reduce", "master port"):
             console.print(f"  [green]ok[/green]   {f.check}: {f.line()}", markup=True)
     for status in (FAIL, WARN):

@@ -7,7 +7,7 @@ import shlex
 
 import click
 
-from ptcluster.cli.common import cluster_option, load_spec
+from ptcluster.cli.common import NPROC, PORT, cluster_option, load_spec, quiet
 from ptcluster.errors import UsageError
 from ptcluster.launch.job import prepare
 from ptcluster.launch.plan import SHIM_VAR, Target, rank_env
@@ -16,8 +16,8 @@ from ptcluster.launch.plan import SHIM_VAR, Target, rank_env
 @click.command(help=__doc__)
 @cluster_option
 @click.option("--node", "node_host", metavar="HOST", help="Only this node.")
-@click.option("--port", type=click.IntRange(1, 65535), help="Override master.port.")
-@click.option("--nproc", type=int, help="Processes on the local cluster.")
+@click.option("--port", type=PORT, help="Override master.port.")
+@click.option("--nproc", type=NPROC, help="Processes on the local cluster.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per node.")
 def env(cluster: str | None, node_host: str | None, port: int | None, nproc: int | None,
         as_json: bool) -> None:
@@ -36,10 +36,11 @@ def env(cluster: str | None, node_host: str | None, port: int | None, nproc: int
                         "ranks": [node.ranks.start, node.ranks.stop - 1],
                         "interface": node.interface, "env": dict(env_items)})
             continue
-        click.echo(f"# node {node.node_rank}: {node.host}  ranks {node.ranks.start}.."
-                   f"{node.ranks.stop - 1} (RANK = {node.rank_base} + LOCAL_RANK, "
-                   f"LOCAL_RANK 0..{node.nproc - 1})")
-        if node.interface is None:
+        if not quiet():  # -q: the exports alone
+            click.echo(f"# node {node.node_rank}: {node.host}  ranks {node.ranks.start}.."
+                       f"{node.ranks.stop - 1} (RANK = {node.rank_base} + LOCAL_RANK, "
+                       f"LOCAL_RANK 0..{node.nproc - 1})")
+        if node.interface is None and not quiet():
             click.echo("# NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME: detected on the node at launch "
                        f"(the interface of its route to {plan.master_addr})")
         for key, value in env_items:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ptcluster.cli.common import quiet
 from ptcluster.errors import SpecError, UsageError
 from ptcluster.spec import ClusterSpec, SshSpec, load_hostfile, parse_hosts, render_cluster_yaml
 from ptcluster.spec.validate import Reader
@@ -38,8 +39,9 @@ def init(hosts: str | None, hostfile: str | None, output: str, force: bool) -> N
     if path.exists() and not force:
         raise UsageError(f"{path} already exists", "pass --force to overwrite it, or -o ANOTHER")
     path.write_text(text)
-    click.echo(f"wrote {path}: {len(spec.nodes)} node(s), world size {spec.world_size}. "
-               f"Next: ptcluster doctor --cluster {path}")
+    if not quiet():
+        click.echo(f"wrote {path}: {len(spec.nodes)} node(s), world size {spec.world_size}. "
+                   f"Next: ptcluster doctor --cluster {path}")
 
 
 def ask() -> ClusterSpec:

@@ -7,13 +7,16 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 
 import click
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ptcluster.cli.common import cluster_option, load_spec
+from ptcluster.cli.common import SECONDS, FiniteFloat, cluster_option, load_spec
 from ptcluster.launch.job import transports
 from ptcluster.monitor.watch import Monitor, NodeView
 
@@ -22,10 +25,11 @@ GB = 1e9
 
 @click.command(help=__doc__)
 @cluster_option
-@click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True)
+@click.option("--interval", type=FiniteFloat(min=0.2), default=2.0, show_default=True,
+              help="Seconds between samples.")
 @click.option("--once", is_flag=True, help="One sample of every node, then exit.")
 @click.option("--json", "as_json", is_flag=True, help="JSON (with --once: one object).")
-@click.option("--timeout", type=float, default=20.0, show_default=True,
+@click.option("--timeout", type=SECONDS, default=20.0, show_default=True,
               help="Seconds to wait for the first sample of every node.")
 def monitor(cluster: str | None, interval: float, once: bool, as_json: bool,
             timeout: float) -> None:
@@ -41,18 +45,37 @@ def monitor(cluster: str | None, interval: float, once: bool, as_json: bool,
                 Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(
                     table(views))
             return
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        if as_json:
-            while not stop.wait(interval):
-                click.echo(json.dumps(to_json(mon.snapshot())))
-            return
-        with Live(table(mon.snapshot()), refresh_per_second=4, screen=False) as live:
-            while not stop.wait(min(interval, 1.0)):
-                live.update(table(mon.snapshot()))
+        with stop_on_signals() as stop:
+            if as_json:
+                while not stop.wait(interval):
+                    click.echo(json.dumps(to_json(mon.snapshot())))
+                return
+            with Live(table(mon.snapshot()), refresh_per_second=4, screen=False) as live:
+                while not stop.wait(min(interval, 1.0)):
+                    live.update(table(mon.snapshot()))
     finally:
         mon.close()
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An event that Ctrl-C or SIGTERM sets (instead of killing us mid-update); the previous
+    handlers are back when the block ends. Off the main thread, where Python cannot install
+    handlers, the event is only set by the caller."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
 
 
 def to_json(views: list[NodeView]) -> dict:

@@ -2,7 +2,7 @@
 against the targets of the multi-node issue; plain torchrun's figures on the same kind of
 testbed (../shared/TESTBED.md) are > 120 s for the first four (it never ends them).
 
-    .venv/bin/python bench/teardown.py
+    .venv/bin/python benchmarks/teardown.py
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Targets: total 8/1 <= 1.3; 3 testbed nodes / local torchrun x3 <= 1.5. On a 2-co
 extra node adds a full torch import on the same 2 cores, which the total cannot hide; the
 ready column shows whether the fan-out itself is parallel.
 
-    .venv/bin/python bench/launch_fanout.py [--repeat 3] [--max-nodes 8]
+    .venv/bin/python benchmarks/launch_fanout.py [--repeat 3] [--max-nodes 8]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The job only does init_process_group + barrier, so the figure is launcher overhead. Runs
 alternate (this machine is noisy); the ratio of medians is printed. Target: <= 1.10.
 
-    .venv/bin/python bench/launch_overhead.py [--repeat 7]
+    .venv/bin/python benchmarks/launch_overhead.py [--repeat 7]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reference trainer vs the seed recipe (bench/seed_recipe.py), world size 2, same data/model.
+"""Reference trainer vs the seed recipe (benchmarks/seed_recipe.py), world size 2, same data/model.
 
 (a) samples/s with our trainer forced to the recipe's settings (batch 64, SGD lr 0.01, no
     momentum),
@@ -6,7 +6,7 @@
 (b) wall time from launch to test accuracy >= 0.90 with each one's defaults, ours under
     `ptcluster run`, the recipe under torchrun: target ours >= 3x faster.
 
-    .venv/bin/python bench/trainer_vs_seed.py [--repeat 3]
+    .venv/bin/python benchmarks/trainer_vs_seed.py [--repeat 3]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from _common import PTCLUSTER, ROOT, TORCHRUN, median, show, time_to_line
 
-SEED = str(ROOT / "bench" / "seed_recipe.py")
+SEED = str(ROOT / "benchmarks" / "seed_recipe.py")
 OURS = ["-m", "ptcluster.examples.mnist", "--dataset", "digits"]
 
 

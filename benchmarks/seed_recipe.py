@@ -4,7 +4,7 @@ torch DataLoader over a map-style dataset, batch 64, SGD lr 0.01, Linear-ReLU-Li
 ``loss.item()`` every step, rank 0 evaluates the whole test set. Same offline data as the
 reference trainer (scikit-learn digits upsampled to 28x28), so only the loops differ.
 
-    torchrun --standalone --nproc-per-node 2 bench/seed_recipe.py --epochs 40
+    torchrun --standalone --nproc-per-node 2 benchmarks/seed_recipe.py --epochs 40
 """
 
 import argparse

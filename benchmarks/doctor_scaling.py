@@ -3,7 +3,7 @@
 Target: 3 nodes <= 1.5x one node. Each node pays for one torch import in the probe (plus the
 all-reduce job's torchrun and ranks, unless --skip-allreduce).
 
-    .venv/bin/python bench/doctor_scaling.py [--repeat 3] [--max-nodes 8] [--skip-allreduce]
+    .venv/bin/python benchmarks/doctor_scaling.py [--repeat 3] [--max-nodes 8] [--skip-allreduce]
 """
 
 from __future__ import annotations

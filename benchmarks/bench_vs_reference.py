@@ -4,7 +4,7 @@ Both: gloo, 5 warm-ups, 50 timed iterations, time averaged over ranks; the bare 
 `torchrun --standalone`. Alternating runs; prints the median time of each and their ratio.
 Target: within +-10%.
 
-    .venv/bin/python bench/bench_vs_reference.py [--repeat 5]
+    .venv/bin/python benchmarks/bench_vs_reference.py [--repeat 5]
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ def main() -> None:
             out = subprocess.run(TORCHRUN + ["--standalone", "--nproc-per-node", "2", "bare.py"],
                                  cwd=cwd, capture_output=True, text=True, check=True).stdout
             bare.append(float(re.search(r"bare_us=([\d.]+)", out).group(1)))
-            subprocess.run(PTCLUSTER + ["bench", "--nproc", "2", "-b", "4M", "-e", "4M", "-n",
-                                        "50", "-w", "5", "-c", "0", "--json", "b.json"],
-                           cwd=cwd, capture_output=True, text=True, check=True)
-            ours.append(json.loads((cwd / "b.json").read_text())["rows"][0]["time_us"])
+            out = subprocess.run(PTCLUSTER + ["bench", "--nproc", "2", "-b", "4M", "-e", "4M",
+                                              "-n", "50", "-w", "5", "-c", "0", "--json"],
+                                 cwd=cwd, capture_output=True, text=True, check=True).stdout
+            ours.append(json.loads(out)["rows"][0]["time_us"])
     show([
         ("bare loop, 4 MiB all_reduce (median us)", f"{median(bare):.0f}  {sorted(bare)}"),
         ("ptcluster bench (median us)", f"{median(ours):.0f}  {sorted(ours)}"),
