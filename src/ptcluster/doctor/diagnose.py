@@ -96,9 +96,10 @@ def run_allreduce(spec: ClusterSpec, port: int | None,
     rc = result.root_cause
     failed_data = captured[-1] if captured else None
     if failed_data and failed_data.get("wrong"):
-        return failed_data, Finding("all-reduce", host, FAIL, f"{failed_data['wrong']} wrong elements in "
-                             "the all-reduce result", "check GPUs/NICs for faults (dmesg, "
-                             "nvidia-smi -q) and that NCCL versions match")
+        return failed_data, Finding("all-reduce", host, FAIL,
+                                    f"{failed_data['wrong']} wrong elements in the all-reduce "
+                                    "result", "check GPUs/NICs for faults (dmesg, "
+                                    "nvidia-smi -q) and that NCCL versions match")
     detail = rc.headline() if rc else "the all-reduce did not finish"
     return failed_data, Finding("all-reduce", rc.host if rc else host, FAIL,
                          f"all-reduce failed: {detail}",
