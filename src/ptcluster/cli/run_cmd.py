@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ptcluster.cli.common import cluster_option, load_spec
+from ptcluster.cli.common import NPROC, PORT, cluster_option, load_spec, quiet
 from ptcluster.cli.doctor_cmd import render
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
@@ -28,9 +28,8 @@ from ptcluster.launch.runner import Runner
 @click.command(help=__doc__, context_settings={"allow_interspersed_args": False,
                                                "ignore_unknown_options": True})
 @cluster_option
-@click.option("--nproc", type=int, help="Processes on the local cluster (default: GPUs, or 2).")
-@click.option("--port", type=click.IntRange(1, 65535),
-              help="Rendezvous port (overrides master.port).")
+@click.option("--nproc", type=NPROC, help="Processes on the local cluster (default: GPUs, or 2).")
+@click.option("--port", type=PORT, help="Rendezvous port (overrides master.port).")
 @click.option("-m", "module", metavar="MODULE", help="Run a module, like python -m.")
 @click.option("--run-dir", "runs_dir", metavar="DIR", help="Parent of the run directory "
               "(default: ./ptcluster-runs).")
@@ -56,7 +55,9 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         err.print(f"[dim]ptcluster: preflight passed ({report.duration:.1f} s)[/dim]",
                   markup=True)
     run_dir = run_dir_for(plan, runs_dir)
-    _print_plan(err, plan, run_dir)
+    hush = quiet()
+    if not hush:
+        _print_plan(err, plan, run_dir)
     feed = ConsoleFeed(_stdout_writer(run_dir), _fd_writer(2, dim=err.is_terminal))
 
     def on_line(host: str, rank: int | None, text: str) -> None:
@@ -66,10 +67,11 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
             feed.line(f"[{host}:{rank}] {text}", f"{run_dir}/rank{rank}.log")
 
     runner = Runner(plan, transports(spec), run_dir, on_line=on_line,
-                    on_status=lambda text: feed.note(f"ptcluster: {text}"))
+                    on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"))
     result, signum = _run_with_signals(runner)
     feed.close(timeout=5.0)
-    _print_summary(err, result, feed.dropped_total)
+    if not hush or not result.ok:
+        _print_summary(err, result, feed.dropped_total)
     if result.ok:
         sys.exit(0)
     if result.interrupted and result.root_cause is None:
