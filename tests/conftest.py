@@ -54,7 +54,7 @@ def no_leftovers():
     ids: list[str] = []
     yield ids
     for job_id in ids:
-        left = job_processes(job_id)
+        left = job_processes(job_id, wait=15.0)  # a failed test's teardown may be under way
         assert not left, f"job {job_id} left processes behind: {left}"
 
 

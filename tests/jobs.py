@@ -16,6 +16,8 @@ class Head:
     """A `ptcluster ...` process with its output collected live."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.cwd = cwd
         self.lines: list[str] = []
         self.err: list[str] = []
         self.proc = subprocess.Popen(

@@ -1,4 +1,5 @@
-"""Find processes of a job by the PTCLUSTER_JOB_ID every one of them carries in its env."""
+"""Find processes of a job: torchrun and the ranks carry PTCLUSTER_JOB_ID in their env; the
+node's guard (and the head's ssh client to it) carry the job id in their command line."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import time
 
 
 def job_processes(job_id: str, wait: float = 0.0) -> list[tuple[int, str]]:
-    """(pid, cmdline) of live processes whose environment holds PTCLUSTER_JOB_ID=job_id.
+    """(pid, cmdline) of live processes whose environment holds PTCLUSTER_JOB_ID=job_id, or
+    whose command line ends with the job id (the guard's tag: ``... BOOTSTRAP guard JOB``).
 
     With ``wait``, polls until none are left or the time is up (processes in teardown).
     """
     needle = f"PTCLUSTER_JOB_ID={job_id}".encode()
+    tags = (b"\0" + job_id.encode(), b" " + job_id.encode())  # a guard's last word (or ssh's)
     deadline = time.monotonic() + wait
     while True:
         found = []
@@ -24,10 +27,12 @@ def job_processes(job_id: str, wait: float = 0.0) -> list[tuple[int, str]]:
                 with open(f"/proc/{entry}/stat", "rb") as f:
                     state = f.read().rsplit(b")", 1)[1].split()[0]
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+                    raw = f.read()
+                cmd = raw.replace(b"\0", b" ").decode(errors="replace")[:200]
             except OSError:
                 continue
-            if needle in env and state != b"Z":
+            tagged = raw.rstrip(b"\0").endswith(tags)
+            if (needle in env or tagged) and state != b"Z":
                 found.append((int(entry), cmd))
         if not found or time.monotonic() >= deadline:
             return found

@@ -10,7 +10,7 @@ import click
 from ptcluster.cli.common import NPROC, PORT, cluster_option, load_spec, quiet
 from ptcluster.errors import UsageError
 from ptcluster.launch.job import prepare
-from ptcluster.launch.plan import SHIM_VAR, Target, rank_env
+from ptcluster.launch.plan import JOB_VAR, Target, rank_env
 
 
 @click.command(help=__doc__)
@@ -22,15 +22,15 @@ from ptcluster.launch.plan import SHIM_VAR, Target, rank_env
 def env(cluster: str | None, node_host: str | None, port: int | None, nproc: int | None,
         as_json: bool) -> None:
     spec = load_spec(cluster, nproc)
-    plan = prepare(spec, Target(module="_"), port=port)
+    plan = prepare(spec, Target(code=""), port=port)  # the env does not depend on the target
     nodes = [n for n in plan.nodes if node_host in (None, n.host)]
     if not nodes:
         raise UsageError(f"no node {node_host!r} in {spec.source}",
                          "use one of: " + ", ".join(n.host for n in plan.nodes))
     out = []
     for node in nodes:
-        env_items = [(k, v) for k, v in rank_env(plan, node) if k != SHIM_VAR
-                     and k != "PTCLUSTER_JOB_ID"]
+        # The job id is new for every run: not something to export by hand.
+        env_items = [(k, v) for k, v in rank_env(plan, node) if k != JOB_VAR]
         if as_json:
             out.append({"host": node.host, "node_rank": node.node_rank,
                         "ranks": [node.ranks.start, node.ranks.stop - 1],

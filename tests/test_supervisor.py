@@ -1,0 +1,196 @@
+"""The runner's decisions without processes: the supervisor state machine on a fake clock,
+and the frame decoder on recorded frames."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from ptcluster.launch import events as ev
+from ptcluster.launch.plan import Target, plan_launch
+from ptcluster.launch.result import RunOptions
+from ptcluster.launch.supervisor import Phase, Send, SignalChannel, Status, Supervisor
+from ptcluster.remote import wire
+from ptcluster.spec import parse_cluster_text
+
+CLUSTER = "nodes:\n  - {host: a, slots: 2}\n  - {host: b, slots: 1}\n"
+WALL = 1_000_000.0  # head wall clock at monotonic 0
+
+
+def make(**opts: float) -> Supervisor:
+    spec = parse_cluster_text(CLUSTER, "c.yaml")
+    plan = plan_launch(spec, Target(script="t.py"), port=29500, job_id="J")
+    return Supervisor(plan, RunOptions(**opts), now=0.0, wall_offset=WALL)
+
+
+def start(sup: Supervisor, offsets: dict[str, float] | None = None) -> list:
+    """Both guards say hello (node clock = head clock + offset) and ready at t=1."""
+    actions = []
+    for host in ("a", "b"):
+        off = (offsets or {}).get(host, 0.0)
+        actions += sup.on_event(ev.Hello(host, wire.VERSION, 10, WALL + 1.0 + off), 1.0)
+        actions += sup.on_event(ev.Ready(host, {"interface": "eth0",
+                                                "interface_source": "route to the master"}), 1.0)
+    return actions
+
+
+def sends(actions: list, kind: str) -> list[str]:
+    return [a.host for a in actions if isinstance(a, Send) and a.kind == kind]
+
+
+def test_go_only_when_every_node_is_ready() -> None:
+    sup = make()
+    sup.on_event(ev.Hello("a", wire.VERSION, 1, WALL), 0.5)
+    assert sends(sup.on_event(ev.Ready("a", {}), 0.5), "go") == []
+    actions = sup.on_event(ev.Ready("b", {}), 0.6)
+    assert sorted(sends(actions, "go")) == ["a", "b"] and sup.phase is Phase.RUNNING
+
+
+def test_root_cause_is_the_earliest_failure_not_the_first_to_arrive() -> None:
+    """Rank 2 (node b) failed first; rank 0's "connection reset" reaches the head first. Node
+    b's clock runs 5 s ahead: its times are corrected by the offset measured at hello."""
+    sup = make()
+    start(sup, offsets={"b": 5.0})
+    first = sup.on_event(ev.RankExit("a", 0, 1, WALL + 10.2, 9.0), 10.3)
+    assert sorted(sends(first, "stop")) == ["a", "b"]  # the first news stops the job
+    sup.on_event(ev.RankExit("b", 2, 3, WALL + 10.0 + 5.0, 9.0), 11.0)  # arrives later
+    failures = sup.ordered_failures()
+    assert [(f.rank, f.exit_code) for f in failures] == [(2, 3), (0, 1)]
+    assert failures[0].at == pytest.approx(WALL + 10.0)
+
+
+def test_exit_after_the_stop_is_teardown_not_a_failure() -> None:
+    sup = make()
+    start(sup)
+    sup.on_event(ev.RankExit("a", 0, 3, WALL + 5.0, 4.0), 5.1)
+    sup.on_event(ev.RankExit("a", 1, -15, WALL + 5.5, 4.5), 5.6)
+    assert [f.rank for f in sup.failures] == [0]
+    assert sup.ranks[1].status == "stopped (job teardown)"
+    assert sup.ranks[0].status == "exit 3"
+
+
+def test_os_exit_0_is_success_and_a_signal_is_named() -> None:
+    sup = make()
+    start(sup)
+    sup.on_event(ev.RankExit("a", 0, 0, WALL + 2.0, 1.0), 2.0)  # the shim saw exit status 0
+    assert sup.ranks[0].status == "ok" and not sup.failures
+    sup.on_event(ev.RankExit("a", 1, -signal.SIGKILL, WALL + 3.0, 1.0), 3.0)
+    assert sup.failures[0].message == "killed by SIGKILL"
+
+
+def test_guard_exit_0_means_every_started_rank_on_it_succeeded() -> None:
+    sup = make()
+    start(sup)
+    sup.on_event(ev.RankStart("b", 2, 99, WALL + 1.5), 1.5)
+    sup.on_event(ev.GuardExit("b", 0, "job ended"), 4.0)
+    assert sup.ranks[2].exit_code == 0 and not sup.failures
+
+
+def test_torchrun_failure_without_a_rank_failure_is_reported() -> None:
+    sup = make()
+    start(sup)
+    actions = sup.on_event(ev.GuardExit("b", 1, "job ended"), 4.0)
+    assert "torchrun exited with code 1" in sup.failures[0].message
+    assert sends(actions, "stop") == ["a", "b"]
+
+
+def test_escalation_takes_each_step_once_per_node_and_says_so() -> None:
+    sup = make(stop_deadline=8.0)
+    start(sup)
+    sup.request_stop("SIGINT received", 2.0)
+    assert sup.interrupted and not sup.failures
+    sup.on_event(ev.GuardExit("a", -15, "stopped by the head"), 3.0)
+    sup.on_event(ev.ChannelClosed("a", 0), 3.0)
+    all_actions = []
+    for t in (5.0, 6.5, 7.0, 10.5, 11.0, 14.5, 15.0, 20.0):
+        all_actions += sup.on_tick(t, {"a": 0.0, "b": 0.0})
+    assert sends(all_actions, "stop") == ["b"]  # resent once, only to the node still running
+    signals = [(a.host, a.sig) for a in all_actions if isinstance(a, SignalChannel)]
+    assert signals == [("b", signal.SIGTERM), ("b", signal.SIGKILL)]
+    notes = [a.text for a in all_actions if isinstance(a, Status)]
+    assert len(notes) == 3 and all(n.startswith("b: ") for n in notes)
+    assert sup.nodes["b"].escalations and sup.done
+
+
+def test_silent_node_is_lost_as_of_when_it_was_last_heard() -> None:
+    sup = make(node_silence=20.0)
+    start(sup)
+    actions = sup.on_tick(30.0, {"a": 0.5, "b": 21.0})
+    assert SignalChannel("b", signal.SIGKILL) in actions
+    (failure,) = sup.failures
+    assert failure.host == "b" and failure.at == pytest.approx(WALL + 9.0)
+    # A peer that fails later (its collective timed out) does not become the root cause.
+    sup.on_event(ev.RankExit("a", 0, 1, WALL + 25.0, 24.0), 30.1)
+    assert sup.ordered_failures()[0].host == "b"
+
+
+def test_ready_timeout_names_the_slow_node() -> None:
+    sup = make(ready_timeout=10.0)
+    sup.on_event(ev.Ready("a", {}), 1.0)
+    sup.on_tick(11.0, {})
+    assert sup.failures[0].host == "b" and "not ready after 10 s" in sup.failures[0].message
+
+
+def test_deadline_names_the_ranks_still_running() -> None:
+    sup = make(deadline=60.0)
+    start(sup)
+    sup.on_event(ev.RankExit("a", 0, 0, WALL + 5.0, 4.0), 5.0)
+    sup.on_tick(62.0, {"a": 0.1, "b": 0.1})
+    (failure,) = sup.failures
+    assert failure.host == "a, b" and "ranks still running: 1, 2" in failure.message
+
+
+def test_lost_channel_before_ready_is_explained() -> None:
+    sup = make()
+    sup.on_event(ev.ChannelClosed("b", 255, ["root@b: Permission denied (publickey)."]), 1.0)
+    (failure,) = sup.failures
+    assert "ssh refused the key" in failure.message and "ssh-copy-id" in (failure.fix or "")
+
+
+def test_protocol_version_mismatch_is_refused() -> None:
+    sup = make()
+    sup.on_event(ev.Hello("a", wire.VERSION + 1, 1, WALL), 0.1)
+    assert "protocol" in sup.failures[0].message and sup.phase is Phase.STOPPING
+
+
+def test_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="stop_deadline"):
+        RunOptions(stop_deadline=0)
+    with pytest.raises(ValueError, match="heartbeat"):
+        RunOptions(guard_heartbeat_timeout=1.0, heartbeat_interval=1.0)
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("o 3 hello world", ev.RankOutput("n", 3, "out", "hello world")),
+    ("e 0 Traceback (most recent call last):", ev.RankOutput("n", 0, "err",
+                                                             "Traceback (most recent call last):")),
+    ("o 1 ", ev.RankOutput("n", 1, "out", "")),
+    ("o 2 rexit {\"rank\": 0}", ev.RankOutput("n", 2, "out", "rexit {\"rank\": 0}")),
+    ("a [default0]:W torchrun says", ev.AgentOutput("n", "[default0]:W torchrun says")),
+    ('rexit {"rank":2,"code":-9,"t":5.5,"duration":1.25}', ev.RankExit("n", 2, -9, 5.5, 1.25)),
+    ('rexit {"rank":2,"code":null,"t":5.5}', ev.RankExit("n", 2, None, 5.5, None)),
+    ('rstart {"rank":1,"pid":42,"t":3.0,"local_rank":0}', ev.RankStart("n", 1, 42, 3.0)),
+    ('rdata {"rank":0,"kind":"row","x":1}', ev.RankData("n", 0, {"kind": "row", "x": 1})),
+    ('hello {"v":2,"program":"guard","pid":7,"time":1.5}', ev.Hello("n", 2, 7, 1.5)),
+    ('error {"problem":"p","fix":"f"}', ev.GuardError("n", "p", "f")),
+    ('exit {"code":0,"reason":"job ended"}', ev.GuardExit("n", 0, "job ended")),
+    ("hb {}", ev.Heartbeat("n")),
+    ("hb", ev.Heartbeat("n")),
+])
+def test_decode_recorded_frames(line: str, expected: ev.Event) -> None:
+    assert ev.decode("n", line) == expected
+
+
+@pytest.mark.parametrize("line", ["o x text", "rexit {not json", 'rexit {"code": 1}', "zz {}",
+                                  "exit []", "\x1ePTCG ready {}"])
+def test_bad_frames_become_malformed_never_an_exception(line: str) -> None:
+    assert isinstance(ev.decode("n", line), ev.Malformed)
+
+
+def test_wire_round_trip() -> None:
+    frame = wire.encode("ready", {"interface": "eth0", "text": "a b\tc"})
+    kind, payload = wire.split(frame.decode().rstrip("\n"))
+    assert kind == "ready" and wire.control(payload)["text"] == "a b\tc"
+    assert wire.encode_text("o", 3, b"x y") == b"o 3 x y\n"
+    assert wire.encode_text("a", None, b"z") == b"a z\n"
