@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import re
 import struct
 
@@ -45,6 +46,31 @@ def test_read_idx_rejects_bad_files(tmp_path) -> None:
     (tmp_path / "short").write_bytes(bytes([0, 0, 8, 1]) + struct.pack(">I", 10) + b"abc")
     with pytest.raises(ValueError, match="expected 10"):
         mnist_data.read_idx(tmp_path / "short")
+
+
+def test_failed_download_write_leaves_no_temp_file(tmp_path, monkeypatch) -> None:
+    blob = b"not really mnist"
+
+    class Response:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+        def read(self) -> bytes:
+            return blob
+
+    monkeypatch.setattr(mnist_data, "MNIST_FILES", {"x-idx3": hashlib.md5(blob).hexdigest()})
+    monkeypatch.setattr(mnist_data.urllib.request, "urlopen", lambda *a, **kw: Response())
+
+    def full_disk(src, dst) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(mnist_data.os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        mnist_data.download_mnist(tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def make_mnist_dir(folder) -> None:
