@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import re
+import socket
 import struct
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from ptcluster.examples.mnist import checkpoint
 from ptcluster.examples.mnist import data as mnist_data
+from ptcluster.examples.mnist import train as train_mod
 from ptcluster.examples.mnist.train import main as train_main
 from tests.jobs import only_run, run_head
 
@@ -47,6 +52,31 @@ def test_read_idx_rejects_bad_files(tmp_path) -> None:
         mnist_data.read_idx(tmp_path / "short")
 
 
+def test_failed_download_write_leaves_no_temp_file(tmp_path, monkeypatch) -> None:
+    blob = b"not really mnist"
+
+    class Response:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+        def read(self) -> bytes:
+            return blob
+
+    monkeypatch.setattr(mnist_data, "MNIST_FILES", {"x-idx3": hashlib.md5(blob).hexdigest()})
+    monkeypatch.setattr(mnist_data.urllib.request, "urlopen", lambda *a, **kw: Response())
+
+    def full_disk(src, dst) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(mnist_data.os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        mnist_data.download_mnist(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def make_mnist_dir(folder) -> None:
     """The offline digits written as the four MNIST IDX files (uint8, 28x28)."""
     from sklearn.datasets import load_digits
@@ -72,10 +102,23 @@ def test_load_dataset_prefers_idx_files_and_never_hangs_offline(tmp_path) -> Non
     assert mnist_data.load_dataset("auto", tmp_path / "empty", download=False).name == "digits"
 
 
+def digests_of(lines: list[str]) -> dict[int, dict[str, str]]:
+    """rank -> the fields of its ``rank=R params_sha256=... start_epoch=N`` line."""
+    out = {}
+    for line in lines:
+        m = re.match(r"\[localhost:(\d)\] (rank=\d params_sha256=.*)", line)
+        if m:
+            fields = dict(f.split("=", 1) for f in m.group(2).split())
+            assert fields["rank"] == m.group(1)
+            out[int(m.group(1))] = fields
+    return out
+
+
 @pytest.mark.slow
 def test_ddp_trainer_reaches_accuracy_with_identical_params(tmp_path, no_leftovers) -> None:
     code, head = run_head(["run", "--nproc", "2", "--run-dir", "runs", "-m",
-                           "ptcluster.examples.mnist", "--dataset", "digits"], cwd=tmp_path)
+                           "ptcluster.examples.mnist", "--dataset", "digits"], cwd=tmp_path,
+                          timeout=180)
     job_id, _ = only_run(tmp_path / "runs")
     no_leftovers.append(job_id)
     assert code == 0, head.output()
@@ -85,40 +128,136 @@ def test_ddp_trainer_reaches_accuracy_with_identical_params(tmp_path, no_leftove
     assert float(fields["test_accuracy"]) >= 0.90, final
     assert fields["world_size"] == "2" and fields["backend"] == "gloo"
     assert float(fields["samples_per_s"]) > 0
-    digests = {}
-    for line in head.lines:
-        m = re.match(r"\[localhost:(\d)\] rank=(\d) params_sha256=(\w+)", line)
-        if m:
-            assert m.group(1) == m.group(2)
-            digests[int(m.group(1))] = m.group(3)
-    assert len(digests) == 2 and digests[0] == digests[1], digests
+    ranks = digests_of(head.lines)
+    assert sorted(ranks) == [0, 1], head.output()
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"], ranks
+    assert ranks[0]["start_epoch"] == ranks[1]["start_epoch"] == "0"
     epochs = [line for line in head.lines if "epoch " in line and "test_accuracy" in line]
     assert len(epochs) == 5 and all(line.startswith("[localhost:0]") for line in epochs)
-    assert (tmp_path / "checkpoints" / "checkpoint.pt").is_file()
+    assert checkpoint.epochs_in(tmp_path / "checkpoints") == {3, 4}  # the last two
+
+    # --resume on 2 ranks: both continue after epoch index 4, from the node's newest copy.
+    code, head = run_head(["run", "--nproc", "2", "--run-dir", "runs2", "-m",
+                           "ptcluster.examples.mnist", "--dataset", "digits", "--epochs", "6",
+                           "--resume"], cwd=tmp_path, timeout=180)
+    no_leftovers.append(only_run(tmp_path / "runs2")[0])
+    assert code == 0, head.output()
+    ranks = digests_of(head.lines)
+    assert [ranks[r]["start_epoch"] for r in (0, 1)] == ["5", "5"], ranks
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"], ranks
+    assert "[localhost:0] epoch 6/6" in "\n".join(head.lines) and "epoch 5/6" not in \
+        "\n".join(head.lines)
+    assert checkpoint.epochs_in(tmp_path / "checkpoints") == {4, 5}
 
 
-def test_resume_continues_at_the_right_epoch(tmp_path, monkeypatch, capsys) -> None:
+@pytest.fixture
+def plain(tmp_path, monkeypatch):
+    """A plain single-process run in tmp_path (no torchrun variables)."""
     monkeypatch.chdir(tmp_path)
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
+    return tmp_path
+
+
+def digest(out: str) -> str:
+    return re.search(r"rank=0 params_sha256=(\w+)", out).group(1)
+
+
+def test_resume_continues_at_the_right_epoch(plain, capsys) -> None:
+    assert train_main(["--epochs", "4", "--dataset", "digits", "--checkpoint-dir", "whole"]) == 0
+    uninterrupted = digest(capsys.readouterr().out)
     assert train_main(["--epochs", "2", "--dataset", "digits"]) == 0
-    ckpt = torch.load(tmp_path / "checkpoints" / "checkpoint.pt")
+    ckpt = torch.load(plain / "checkpoints" / "checkpoint-1.pt")
     assert ckpt["epoch"] == 1 and ckpt["dataset"] == "digits"
-    assert not list((tmp_path / "checkpoints").glob("*.tmp*"))
+    assert checkpoint.epochs_in(plain / "checkpoints") == {0, 1}
+    assert not list((plain / "checkpoints").glob("*.tmp*"))
     capsys.readouterr()
     assert train_main(["--epochs", "4", "--dataset", "digits", "--resume"]) == 0
     out = capsys.readouterr().out
     assert "resumed from" in out and "continuing at epoch 3" in out
     assert "epoch 1/4" not in out and "epoch 2/4" not in out
     assert "epoch 3/4" in out and "epoch 4/4" in out
-    assert torch.load(tmp_path / "checkpoints" / "checkpoint.pt")["epoch"] == 3
+    assert "start_epoch=2" in out
+    # model, optimizer and RNG state all came back: the same result as never stopping
+    assert digest(out) == uninterrupted
+    assert torch.load(plain / "checkpoints" / "checkpoint-3.pt")["epoch"] == 3
+    assert checkpoint.epochs_in(plain / "checkpoints") == {2, 3}
 
 
-def test_mnist_idx_path_trains(tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.chdir(tmp_path)
-    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(var, raising=False)
-    make_mnist_dir(tmp_path / "data")
+def test_resume_without_checkpoints_starts_fresh(plain, capsys) -> None:
+    assert train_main(["--epochs", "1", "--dataset", "digits", "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "starting fresh" in out and "start_epoch=0" in out and "epoch 1/1" in out
+
+
+def test_resume_refuses_a_checkpoint_of_another_data_set(plain) -> None:
+    assert train_main(["--epochs", "1", "--dataset", "digits"]) == 0
+    make_mnist_dir(plain / "data")
+    with pytest.raises(ValueError, match="digits.*mnist"):
+        train_main(["--epochs", "2", "--no-download", "--resume"])
+
+
+@pytest.mark.parametrize(("per_rank", "agreed"), [
+    ([[0, 1], [0, 1], [0, 1]], 1),
+    ([[0, 1], [0], [0, 1]], 0),          # one node lost its newest copy
+    ([[3, 4], [2, 3]], 3),               # nodes one epoch apart (a kill between two saves)
+    ([[4, 5], [2, 3]], None),            # nothing in common
+    ([[], [0, 1]], None),                # a node lost its disk
+    ([[0, 1]], 1),
+    ([[]], None),
+])
+def test_agreed_epoch_is_the_newest_every_rank_has(per_rank, agreed) -> None:
+    assert checkpoint.agreed_epoch(per_rank) == agreed
+
+
+def test_checkpoint_save_is_atomic_and_keeps_the_last_two(tmp_path, monkeypatch) -> None:
+    folder = tmp_path / "ckpt"
+    for epoch in range(4):
+        checkpoint.save(folder, epoch, {"epoch": epoch})
+    assert checkpoint.epochs_in(folder) == {2, 3}
+    checkpoint.save(folder, 0, {"epoch": 0})  # a fresh run prunes a previous run's newer ones
+    assert checkpoint.epochs_in(folder) == {0}
+
+    def broken_save(obj, f) -> None:
+        f.write(b"half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="No space"):
+        checkpoint.save(folder, 1, {"epoch": 1})
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint-0.pt"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_world_of_one_under_torchrun_ends_its_process_group(plain, monkeypatch) -> None:
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "PTCLUSTER_BACKEND": "gloo"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    try:
+        assert train_main(["--epochs", "1", "--dataset", "digits"]) == 0
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore:.*GradScaler.*:FutureWarning")  # the old spelling, on purpose
+def test_grad_scaler_works_without_torch_amp_grad_scaler(monkeypatch) -> None:
+    """torch < 2.3 has no torch.amp.GradScaler (the declared floor is torch 2.1)."""
+    monkeypatch.delattr(torch.amp, "GradScaler", raising=False)
+    scaler = train_mod.grad_scaler(enabled=False)
+    assert not scaler.is_enabled()
+    assert isinstance(scaler, torch.cuda.amp.GradScaler)
+
+
+def test_mnist_idx_path_trains(plain, capsys) -> None:
+    make_mnist_dir(plain / "data")
     assert train_main(["--epochs", "3", "--no-download"]) == 0
     out = capsys.readouterr().out
     assert "dataset=mnist" in out

@@ -85,7 +85,10 @@ def find_mnist(data_dir: Path) -> dict[str, Path] | None:
 
 
 def download_mnist(data_dir: Path, timeout: float = 5.0) -> str | None:
-    """Fetch the four .gz files; None on success, else why not (never hangs: ``timeout``)."""
+    """Fetch the four .gz files; None on success, else why not (never hangs: ``timeout``).
+
+    Network failures are returned; a failure to write the files (``OSError``) is raised.
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
     for base, md5 in MNIST_FILES.items():
         target = data_dir / (base + ".gz")
@@ -102,10 +105,14 @@ def download_mnist(data_dir: Path, timeout: float = 5.0) -> str | None:
             if hashlib.md5(blob).hexdigest() != md5:
                 errors.append(f"{mirror}: checksum mismatch")
                 continue
-            fd, tmp = tempfile.mkstemp(dir=data_dir, prefix=base)
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-            os.replace(tmp, target)
+            fd, tmp = tempfile.mkstemp(dir=data_dir, prefix=base + ".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(blob)
+                os.replace(tmp, target)
+            except BaseException:  # a full disk must not leave a stray file per attempt
+                Path(tmp).unlink(missing_ok=True)
+                raise
             break
         else:
             return f"cannot download {base}.gz ({'; '.join(errors)})"

@@ -13,8 +13,13 @@ What the classic recipe gets wrong and this does not:
 - the logged loss is averaged over all ranks, not rank 0's shard;
 - test accuracy covers the whole test set, split across ranks and summed;
 - no ``loss.item()`` per step (a CPU-GPU sync point): losses are summed on the device;
-- checkpoints are written to a temporary file and renamed (a crash never leaves half a file);
-- gloo on CPU and NCCL on GPU chosen automatically; bf16 (or fp16) autocast on GPU.
+- checkpoints are written to a temporary file and renamed (a crash never leaves half a file),
+  by local rank 0 of every node into its own ``--checkpoint-dir``, so nodes with separate disks
+  each hold a copy; ``--resume`` takes the newest epoch that every node has, on every rank;
+- what depends on a node's disk (resume epoch, MNIST or the digits, downloads) is agreed by all
+  ranks, so no rank skips a collective that another enters;
+- gloo on CPU and NCCL on GPU chosen automatically (ptcluster's own rank set-up);
+  bf16 (or fp16) autocast on GPU.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ import argparse
 import hashlib
 import logging
 import os
+import socket
 import sys
 import time
-from contextlib import nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -35,10 +42,19 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from ptcluster.examples.mnist.data import Dataset, find_mnist, load_dataset
+from ptcluster.examples.mnist import checkpoint
+from ptcluster.examples.mnist.data import (
+    Dataset,
+    download_mnist,
+    find_mnist,
+    load_digits,
+    load_mnist,
+)
+from ptcluster.launch.rank_setup import init_distributed
 
 log = logging.getLogger("ptcluster.examples.mnist")
-CHECKPOINT = "checkpoint.pt"
+T = TypeVar("T")
+Autocast = Callable[[], AbstractContextManager[Any]]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,14 +67,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="default: 1e-3 for adamw, 0.05 for sgd")
     p.add_argument("--momentum", type=float, default=0.9, help="sgd only")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-dir", type=Path, default=Path("data"))
+    p.add_argument("--data-dir", type=Path, default=Path("data"),
+                   help="on each node; relative to its workdir")
     p.add_argument("--dataset", choices=("auto", "mnist", "digits"), default="auto",
-                   help="auto: MNIST when its files are there or can be downloaded, else digits")
+                   help="auto: MNIST when every node has its files (or can download them), "
+                        "else digits")
     p.add_argument("--no-download", action="store_true", help="never touch the network")
-    p.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"))
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"),
+                   help="on each node; relative to its workdir")
+    p.add_argument("--resume", action="store_true",
+                   help="continue after the newest checkpoint every node has")
     p.add_argument("--amp", choices=("auto", "bf16", "fp16", "off"), default="auto",
                    help="autocast on GPU (auto: bf16 where supported, else fp16)")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="seconds a collective may wait for the other ranks")
     return p.parse_args(argv)
 
 
@@ -67,22 +89,24 @@ def model() -> nn.Module:
     return nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def setup() -> tuple[int, int, int, torch.device, str]:
+def setup(timeout_s: float) -> tuple[int, int, int, torch.device, str]:
     """(rank, local_rank, world_size, device, backend); a plain run is a world of one."""
     if "RANK" not in os.environ:
         device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
         return 0, 0, 1, device, "none"
-    local_rank = int(os.environ["LOCAL_RANK"])
-    backend = os.environ.get("PTCLUSTER_BACKEND", "auto")
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)  # LOCAL_RANK, never the global rank
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
-    return dist.get_rank(), local_rank, dist.get_world_size(), device, backend
+    # The rule every ptcluster rank program uses: PTCLUSTER_BACKEND (auto: NCCL with a GPU, else
+    # gloo) and the device from LOCAL_RANK, never from the global rank.
+    rank, world, device, backend = init_distributed(timeout_s)
+    return rank, int(os.environ["LOCAL_RANK"]), world, device, backend
+
+
+def gather(obj: T, world: int) -> list[T]:
+    """Every rank's ``obj`` in rank order. A collective: every rank must call it."""
+    if world == 1:
+        return [obj]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def all_sum(values: list[float], device: torch.device, world: int) -> list[float]:
@@ -104,14 +128,6 @@ def evaluate(net: nn.Module, data: Dataset, rank: int, world: int,
     return correct_all / total
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write then rename: a crash mid-write leaves the previous checkpoint intact."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
 def params_digest(net: nn.Module) -> str:
     h = hashlib.sha256()
     for p in net.parameters():
@@ -120,23 +136,140 @@ def params_digest(net: nn.Module) -> str:
 
 
 def load_data(args: argparse.Namespace, local_rank: int, world: int) -> Dataset:
-    may_download = (args.dataset != "digits" and not args.no_download
-                    and find_mnist(args.data_dir) is None)
-    if not may_download:  # nothing to fetch: every rank reads at once
-        return load_dataset(args.dataset, args.data_dir, download=False)
-    # One download per node (local rank 0); the others wait, then read the files.
-    if local_rank == 0:
-        data = load_dataset(args.dataset, args.data_dir, download=True)
-    if world > 1:
-        dist.barrier()
-    if local_rank != 0:
-        data = load_dataset(args.dataset, args.data_dir, download=False)
-    return data
+    """The same data set on every rank, whatever each node's disk holds.
+
+    Every rank takes the same collective steps: local rank 0 of each node downloads what its
+    node lacks while the others wait at the barrier; then MNIST only if every rank finds its
+    files, else the digits everywhere.
+    """
+    if args.dataset == "digits":
+        return load_digits()
+    if not args.no_download:
+        if local_rank == 0 and find_mnist(args.data_dir) is None:
+            why = download_mnist(args.data_dir)
+            if why:  # asked for MNIST: every node says why it has none
+                (log.warning if args.dataset == "mnist" else log.info)("MNIST unavailable (%s)",
+                                                                       why)
+        if world > 1:
+            dist.barrier()
+    files = find_mnist(args.data_dir)
+    found = gather(files is not None, world)
+    if files is not None and all(found):
+        return load_mnist(files)
+    lacking = [r for r, ok in enumerate(found) if not ok]
+    where = f"{args.data_dir} on rank(s) {lacking}" if world > 1 else str(args.data_dir)
+    if args.dataset == "mnist":
+        raise RuntimeError(f"MNIST is not in {where}. Put the four IDX files there on every "
+                           "node, or use --dataset digits")
+    log.info("MNIST is not in %s: every rank uses the offline digits", where)
+    return load_digits()
+
+
+def check_same_data(data: Dataset, world: int) -> None:
+    """Different files on different nodes would give ranks different numbers of steps (a hang)."""
+    seen = gather((data.name, len(data.train_y), len(data.test_y)), world)
+    if len(set(seen)) != 1:
+        raise RuntimeError(f"ranks loaded different data (name, train, test per rank: {seen}): "
+                           "put the same MNIST files on every node, or use --dataset digits")
+
+
+def build(args: argparse.Namespace,
+          device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(args.seed)
+    net = model().to(device)
+    opt: torch.optim.Optimizer
+    if args.optimizer == "sgd":
+        opt = torch.optim.SGD(net.parameters(), lr=args.lr or 0.05, momentum=args.momentum)
+    else:
+        opt = torch.optim.AdamW(net.parameters(), lr=args.lr or 1e-3)
+    return net, opt
+
+
+def resume(args: argparse.Namespace, net: nn.Module, opt: torch.optim.Optimizer,
+           data: Dataset, world: int, device: torch.device) -> int:
+    """The first epoch to train: after the newest checkpoint every node has (0: none).
+
+    Each rank reports the epochs on its node's disk; all pick the same one and each loads it
+    from its own node's disk. A collective: every rank must call it.
+    """
+    folder = args.checkpoint_dir
+    held = gather((socket.gethostname(), sorted(checkpoint.epochs_in(folder))), world)
+    epoch = checkpoint.agreed_epoch([epochs for _, epochs in held])
+    if epoch is None:
+        nodes = "; ".join(f"{host} has {', '.join(map(str, e)) or 'none'}"
+                          for host, e in dict(held).items())
+        log.info("--resume: no epoch has a checkpoint in %s on every node (%s): starting fresh",
+                 folder, nodes)
+        return 0
+    path = checkpoint.path_of(folder, epoch)
+    state = checkpoint.load(folder, epoch, device)
+    if state["dataset"] != data.name:
+        raise ValueError(f"{path} was trained on {state['dataset']}, but this run loaded "
+                         f"{data.name}: resume with the data it was trained on, or start "
+                         "without --resume")
+    net.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"].cpu())
+    if "cuda_rng" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
+    log.info("resumed from %s (the newest epoch on every node): continuing at epoch %d", path,
+             epoch + 2)
+    return epoch + 1
+
+
+def save(args: argparse.Namespace, epoch: int, net: nn.Module, opt: torch.optim.Optimizer,
+         data: Dataset, device: torch.device) -> None:
+    state = {"model": net.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,
+             "dataset": data.name, "rng": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
+    checkpoint.save(args.checkpoint_dir, epoch, state)
+
+
+def grad_scaler(enabled: bool) -> Any:
+    """A CUDA GradScaler on every torch from the declared floor (2.1) up.
+
+    ``torch.amp.GradScaler("cuda")`` is torch >= 2.3; ``torch.cuda.amp.GradScaler`` is the older
+    spelling (deprecated since).
+    """
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler("cuda", enabled=enabled)
+    return torch.cuda.amp.GradScaler(enabled=enabled)
+
+
+def mixed_precision(amp: str, device: torch.device) -> tuple[Autocast, Any]:
+    """(autocast factory, grad scaler): bf16 (or fp16 with loss scaling) on GPU, else off."""
+    use_amp = device.type == "cuda" and amp != "off"
+    amp_dtype = torch.bfloat16 if amp == "bf16" or (
+        amp == "auto" and use_amp and torch.cuda.is_bf16_supported()) else torch.float16
+    scaler = grad_scaler(enabled=use_amp and amp_dtype == torch.float16)
+    if not use_amp:
+        return nullcontext, scaler
+    return (lambda: torch.autocast("cuda", dtype=amp_dtype)), scaler
+
+
+def run_epoch(ddp: nn.Module, opt: torch.optim.Optimizer, amp: tuple[Autocast, Any],
+              x: torch.Tensor, y: torch.Tensor, order: torch.Tensor,
+              batch_size: int) -> torch.Tensor:
+    """One pass over ``order`` (this rank's shard); the summed loss, still on the device."""
+    autocast, scaler = amp
+    loss_fn = nn.CrossEntropyLoss()
+    loss_sum = torch.zeros((), device=x.device)
+    for i in range(0, len(order), batch_size):
+        idx = order[i:i + batch_size]
+        with autocast():
+            loss = loss_fn(ddp(x[idx]), y[idx])
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        loss_sum += loss.detach() * len(idx)  # stays on the device: no sync per step
+    return loss_sum
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rank, local_rank, world, device, backend = setup()
+    rank, local_rank, world, device, backend = setup(args.timeout)
     # Rank 0 alone logs progress; lines go to stdout so they interleave with prints in order.
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -148,70 +281,34 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return train(args, rank, local_rank, world, device, backend)
     finally:
-        if world > 1 and dist.is_initialized():
+        if dist.is_initialized():  # also a world of one under torchrun
             dist.destroy_process_group()
 
 
 def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
           device: torch.device, backend: str) -> int:
     data = load_data(args, local_rank, world)
-    if world > 1:  # every rank must train on the same data set
-        names = [None] * world
-        dist.all_gather_object(names, data.name)
-        if len(set(names)) != 1:
-            raise RuntimeError(f"ranks loaded different data sets {names}: put the MNIST files "
-                               "on every node, or pass --dataset digits")
+    check_same_data(data, world)
     log.info("dataset=%s train=%d test=%d world_size=%d backend=%s device=%s", data.name,
              len(data.train_y), len(data.test_y), world, backend, device.type)
-
-    torch.manual_seed(args.seed)
-    net = model().to(device)
-    opt: torch.optim.Optimizer
-    if args.optimizer == "sgd":
-        opt = torch.optim.SGD(net.parameters(), lr=args.lr or 0.05, momentum=args.momentum)
-    else:
-        opt = torch.optim.AdamW(net.parameters(), lr=args.lr or 1e-3)
-    start_epoch = 0
-    ckpt_path = args.checkpoint_dir / CHECKPOINT
-    if args.resume and ckpt_path.is_file():
-        state = torch.load(ckpt_path, map_location=device)
-        net.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        start_epoch = state["epoch"] + 1
-        log.info("resumed from %s: continuing at epoch %d", ckpt_path, start_epoch + 1)
-    elif args.resume:
-        log.info("no checkpoint at %s: starting fresh", ckpt_path)
+    net, opt = build(args, device)
+    start_epoch = resume(args, net, opt, data, world, device) if args.resume else 0
     ddp = DDP(net, device_ids=[device.index] if device.type == "cuda" else None) \
         if world > 1 else net
-
-    use_amp = device.type == "cuda" and args.amp != "off"
-    amp_dtype = torch.bfloat16 if args.amp == "bf16" or (
-        args.amp == "auto" and use_amp and torch.cuda.is_bf16_supported()) else torch.float16
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
-    autocast = (lambda: torch.autocast("cuda", dtype=amp_dtype)) if use_amp else nullcontext
+    amp = mixed_precision(args.amp, device)
 
     train_x, train_y = data.train_x.to(device), data.train_y.to(device)
     # The sampler only needs len(); indices into the in-memory tensors are all we take from it.
     sampler: DistributedSampler[int] = DistributedSampler(
         cast(Any, range(len(train_y))), num_replicas=world, rank=rank, shuffle=True,
         seed=args.seed)
-    loss_fn = nn.CrossEntropyLoss()
     samples, train_time, accuracy = 0, 0.0, float("nan")
     t_start = time.perf_counter()
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         order = torch.tensor(list(sampler), device=device)
-        loss_sum = torch.zeros((), device=device)
         t0 = time.perf_counter()
-        for i in range(0, len(order), args.batch_size):
-            idx = order[i:i + args.batch_size]
-            with autocast():
-                loss = loss_fn(ddp(train_x[idx]), train_y[idx])
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            loss_sum += loss.detach() * len(idx)  # stays on the device: no sync per step
+        loss_sum = run_epoch(ddp, opt, amp, train_x, train_y, order, args.batch_size)
         if device.type == "cuda":
             torch.cuda.synchronize()
         train_time += time.perf_counter() - t0
@@ -221,12 +318,12 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
         log.info("epoch %d/%d loss=%.4f test_accuracy=%.4f time=%.2fs elapsed=%.2fs", epoch + 1,
                  args.epochs, total_loss / count, accuracy, time.perf_counter() - t0,
                  time.perf_counter() - t_start)
-        if rank == 0:
-            save_checkpoint(ckpt_path, {"model": net.state_dict(), "optimizer": opt.state_dict(),
-                                        "epoch": epoch, "dataset": data.name})
+        if local_rank == 0:  # one copy per node: a node that loses its disk loses nothing
+            save(args, epoch, net, opt, data, device)
     if world > 1:
         dist.barrier()
-    print(f"rank={rank} params_sha256={params_digest(net)}", flush=True)
+    print(f"rank={rank} params_sha256={params_digest(net)} start_epoch={start_epoch}",
+          flush=True)
     if rank == 0:
         rate = samples / train_time if train_time else 0.0
         print(f"final epochs={args.epochs} test_accuracy={accuracy:.4f} "
