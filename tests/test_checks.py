@@ -124,6 +124,11 @@ CASES = [
     ("interface-missing", "nodes: [{host: node0, slots: 2}, {host: node1, interface: eth9}, "
      "{host: node2}]\n", lambda d: None, ("interface", "node1"),
      "interface eth9 not found (has: lo, veth0)"),
+    ("interfaces-unlisted", CLUSTER,
+     lambda d: d["node1"]["facts"].update(
+         interfaces=[], interfaces_error="`ip -j addr show` failed: ip: not installed"),
+     ("interface", "node1"),
+     "could not list interfaces: `ip -j addr show` failed: ip: not installed"),
     ("interface-down", CLUSTER, lambda d: d["node2"]["facts"]["interfaces"][1].update(up=False),
      ("interface", "node2"), "veth0 is down"),
     ("interface-no-ipv4", CLUSTER, lambda d: d["node1"]["facts"]["interfaces"][1].update(ipv4=[]),
@@ -185,6 +190,14 @@ def test_gpu_facts_of_a_healthy_gpu_cluster_pass() -> None:
     assert fails(CLUSTER, _gpu("580.82.07", 2, cuda="13.0", cuda_driver="13.0")) == {
         ("gpus", "node1"): "node1: 2 GPUs, only 1 used (slots). Fix: set slots: 2 to use them all",
         ("gpus", "node2"): "node2: 2 GPUs, only 1 used (slots). Fix: set slots: 2 to use them all"}
+
+
+def test_unlisted_interfaces_are_not_reported_as_missing() -> None:
+    found = fails("nodes: [{host: node0}, {host: node1, interface: veth0}]\n",
+                  lambda d: d["node1"]["facts"].update(
+                      interfaces=[], interfaces_error="`ip -j addr show` output does not parse"))
+    assert "not found" not in found[("interface", "node1")]
+    assert "could not list interfaces" in found[("interface", "node1")]
 
 
 # -- the probe's parsers, on recorded strings -----------------------------------------------------

@@ -220,6 +220,12 @@ def check_interface(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Fin
         if facts is None:
             out.append(Finding("interface", node.host, SKIP, "no facts"))
             continue
+        if facts.get("interfaces_error"):
+            out.append(Finding("interface", node.host, FAIL,
+                               f"could not list interfaces: {facts['interfaces_error']}",
+                               "install iproute2 with JSON output on this node (doctor reads "
+                               "`ip -j addr show`)"))
+            continue
         names = [i["name"] for i in facts["interfaces"]]
         iface = interface_of(node, facts, spec.master.addr)
         entry = next((i for i in facts["interfaces"] if i["name"] == iface), None)

@@ -63,21 +63,28 @@ def resolve(name: str) -> list[str]:
     return out
 
 
-def interfaces() -> list[dict[str, Any]]:
+def parse_ip_addr(text: str) -> list[dict[str, Any]]:
+    """``ip -j addr show`` -> [{name, up, ipv4: ["addr/len"]}]; raises on unexpected output."""
+    links = json.loads(text)
+    if not isinstance(links, list):
+        raise ValueError(f"expected a JSON list, got {type(links).__name__}")
+    return [{
+        "name": str(link["ifname"]),
+        "up": "UP" in link.get("flags", []) and link.get("operstate") != "DOWN",
+        "ipv4": [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
+                 if a.get("family") == "inet"],
+    } for link in links]
+
+
+def interfaces() -> tuple[list[dict[str, Any]], str | None]:
+    """(interfaces, None), or ([], why they could not be listed)."""
     code, out = sh("ip", "-j", "addr", "show")
-    result = []
-    if code == 0:
-        try:
-            for link in json.loads(out):
-                result.append({
-                    "name": link.get("ifname"),
-                    "up": "UP" in link.get("flags", []) and link.get("operstate") != "DOWN",
-                    "ipv4": [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
-                             if a.get("family") == "inet"],
-                })
-        except (ValueError, KeyError, TypeError):
-            pass
-    return result
+    if code != 0:
+        return [], f"`ip -j addr show` failed: {out or f'exit status {code}'}"
+    try:
+        return parse_ip_addr(out), None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return [], f"`ip -j addr show` output does not parse ({type(exc).__name__}: {exc})"
 
 
 def route_dev(addr: str) -> str | None:
@@ -391,11 +398,11 @@ def collect(cfg: dict[str, Any]) -> dict[str, Any]:
         "python": {"executable": sys.executable, "version": platform.python_version()},
         "workdir": {"path": workdir, "exists": os.path.isdir(workdir),
                     "writable": os.access(workdir, os.W_OK)},
-        "interfaces": interfaces(),
         "peers": {},
         "firewall": firewall(),
         "gpus": gpus(),
     }
+    facts["interfaces"], facts["interfaces_error"] = interfaces()
     for peer in cfg.get("peers", []):
         addrs = resolve(peer)
         facts["peers"][peer] = {"addrs": addrs,
