@@ -18,7 +18,7 @@ import pytest
 
 from ptcluster.doctor import probe
 from ptcluster.doctor.checks import run_checks
-from ptcluster.doctor.collect import NodeProbe
+from ptcluster.doctor.collect import NodeProbe, ProblemKind
 from ptcluster.spec import parse_cluster_text
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "testbed_facts.json").read_text())
@@ -134,7 +134,7 @@ CASES = [
     ("interface-no-ipv4", CLUSTER, lambda d: d["node1"]["facts"]["interfaces"][1].update(ipv4=[]),
      ("interface", "node1"), "has no IPv4"),
     ("wrong-route", CLUSTER, _set("node1.facts.peers.node2.route_dev", "docker0"),
-     ("interface", "node1"), "node2 via docker0, not veth0"),
+     ("interface", "node1"), "node2 via docker0, not veth0. Fix: set interface: docker0"),
     ("other-subnet", CLUSTER,
      lambda d: d["node2"]["facts"]["interfaces"][1].update(ipv4=["192.168.5.2/24"]),
      ("interface", "node2"), "not in node0's subnet"),
@@ -198,6 +198,25 @@ def test_unlisted_interfaces_are_not_reported_as_missing() -> None:
                       interfaces=[], interfaces_error="`ip -j addr show` output does not parse"))
     assert "not found" not in found[("interface", "node1")]
     assert "could not list interfaces" in found[("interface", "node1")]
+
+
+@pytest.mark.parametrize("exit_code,kind,ssh,python", [
+    (127, ProblemKind.PYTHON, "ok", "fail"),      # bash: /x/python3: No such file or directory
+    (126, ProblemKind.PYTHON, "ok", "fail"),      # not executable
+    (255, ProblemKind.SSH, "fail", "skip"),       # ssh: Permission denied (publickey)
+    (1, ProblemKind.COMMAND, "fail", "skip"),     # the probe raised
+    (None, ProblemKind.NO_ANSWER, "fail", "skip"),  # never started
+    (-9, ProblemKind.NO_ANSWER, "fail", "skip"),  # killed after the timeout
+])
+def test_problem_kind_comes_from_the_exit_status(exit_code, kind, ssh, python) -> None:
+    spec = parse_cluster_text(CLUSTER, "c.yaml")
+    probes = probes_from(copy.deepcopy(RECORDED))
+    # the wording must not matter: "python" in an ssh failure's text is not a python problem
+    probes["node2"] = NodeProbe(host="node2", exit_code=exit_code, problem="python? (x)",
+                                fix="f")
+    assert probes["node2"].kind is kind and probes["node0"].kind is None
+    node2 = {f.check: f.status for f in run_checks(spec, probes) if f.host == "node2"}
+    assert (node2["ssh"], node2["python"]) == (ssh, python)
 
 
 # -- the probe's parsers, on recorded strings -----------------------------------------------------

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ptcluster.doctor.collect import NodeProbe, address_of, interface_of
+from ptcluster.doctor.collect import NodeProbe, ProblemKind, address_of, interface_of
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -61,7 +61,7 @@ def check_ssh(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
         if p.ok:
             how = "local" if spec.local else "BatchMode ssh"
             out.append(Finding("ssh", node.host, OK, f"{how} ok, facts in {p.ssh_s:.2f} s"))
-        elif p.problem and p.problem.startswith("python"):
+        elif p.kind is ProblemKind.PYTHON:
             out.append(Finding("ssh", node.host, OK, "ssh ok (the command failed)"))
         else:
             out.append(Finding("ssh", node.host, FAIL, p.problem or "no answer", p.fix))
@@ -75,8 +75,8 @@ def check_python(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Findin
         if p.ok and p.facts is not None:
             out.append(Finding("python", node.host, OK,
                                f"{node.python} (Python {p.facts['python']['version']})"))
-        elif p.problem and p.problem.startswith("python"):
-            out.append(Finding("python", node.host, FAIL, p.problem, p.fix))
+        elif p.kind is ProblemKind.PYTHON:
+            out.append(Finding("python", node.host, FAIL, p.problem or "python failed", p.fix))
         else:
             out.append(Finding("python", node.host, SKIP, "node not reached"))
     return out
@@ -250,15 +250,13 @@ def check_interface(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Fin
                                "address", "give it an address on the cluster subnet"))
             continue
         nets[node.host] = ipaddress.ip_interface(entry["ipv4"][0])
-        wrong = []
-        for peer, info in facts["peers"].items():
-            dev = info.get("route_dev")
-            if dev is not None and dev not in (iface, "lo"):
-                wrong.append(f"{peer} via {dev}")
+        wrong = [(peer, info["route_dev"]) for peer, info in facts["peers"].items()
+                 if info.get("route_dev") not in (None, iface, "lo")]
         if wrong and not spec.local:
             out.append(Finding("interface", node.host, FAIL,
-                               f"traffic to {', '.join(wrong)}, not {iface}",
-                               f"set interface: {wrong[0].split(' via ')[1]} for this node, or "
+                               f"traffic to {', '.join(f'{p} via {d}' for p, d in wrong)}, "
+                               f"not {iface}",
+                               f"set interface: {wrong[0][1]} for this node, or "
                                "fix the routes so peers are reached through one interface"))
             continue
         how = "set" if node.interface else "detected"
@@ -310,13 +308,11 @@ def check_hostname(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Find
     return _each(spec, probes, "hostname", one)
 
 
-def check_master_port(spec: ClusterSpec, probes: dict[str, NodeProbe],
-                      port: int | None = None) -> list[Finding]:
+def check_master_port(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
     master = spec.nodes[0]
     mfacts = probes[master.host].facts
     out = []
     listening = (mfacts or {}).get("listening", {})
-    port = port or listening.get("master")
     if mfacts is not None and listening.get("master") is None:
         return [Finding("master port", master.host, FAIL,
                         f"master port is already in use on the master "

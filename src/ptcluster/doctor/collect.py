@@ -13,12 +13,26 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import IO, Any
 
 from ptcluster.doctor.probe import CONTROL
 from ptcluster.remote.bootstrap import node_argv, probe_preamble
 from ptcluster.remote.transport import Transport, explain_channel_failure
 from ptcluster.spec.model import ClusterSpec, NodeSpec
+
+
+class ProblemKind(str, Enum):
+    """Why a node has no facts, as far as the checks need to tell."""
+
+    PYTHON = "python"
+    """ssh worked, the node's shell could not run the interpreter (exit status 126 or 127)."""
+    SSH = "ssh"
+    """ssh itself failed: key refused, host key, unreachable... (exit status 255)."""
+    COMMAND = "command"
+    """The probe started and failed (any other exit status)."""
+    NO_ANSWER = "no answer"
+    """No exit status: the channel could not be started, or was killed after the timeout."""
 
 
 @dataclass(kw_only=True)
@@ -39,6 +53,20 @@ class NodeProbe:
     @property
     def ok(self) -> bool:
         return self.facts is not None
+
+    @property
+    def kind(self) -> ProblemKind | None:
+        """What went wrong, from the exit status (the shell's 126/127, ssh's 255), not from the
+        wording of ``problem``; None when the node answered."""
+        if self.ok:
+            return None
+        if self.exit_code in (126, 127):
+            return ProblemKind.PYTHON
+        if self.exit_code == 255:
+            return ProblemKind.SSH
+        if self.exit_code is None or self.exit_code < 0:
+            return ProblemKind.NO_ANSWER
+        return ProblemKind.COMMAND
 
 
 def interface_of(node: NodeSpec, facts: dict[str, Any], master_addr: str) -> str | None:
