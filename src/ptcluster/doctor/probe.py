@@ -201,7 +201,7 @@ def parse_nvidia_smi_csv(text: str, fields: tuple[str, ...] = SMI_FIELDS) -> dic
 
 def smi_gpus() -> dict[str, Any] | None:
     """GPU facts from nvidia-smi; None when it is not installed."""
-    for fields in (SMI_FIELDS, SMI_FIELDS[:3]):  # compute_cap: nvidia-smi from driver 510 on
+    for fields in (SMI_FIELDS, SMI_FIELDS[:3]):  # an older nvidia-smi has no compute_cap
         code, out = sh("nvidia-smi", f"--query-gpu={','.join(fields)}",
                        "--format=csv,noheader,nounits", timeout=15)
         if code == 127:
@@ -245,7 +245,10 @@ def gpus() -> dict[str, Any]:
     except OSError:
         facts = smi_gpus()
     else:
-        facts = read_nvml(nvml)
+        try:
+            facts = read_nvml(nvml)
+        except AttributeError as exc:  # an NVML too old for nvmlInit_v2
+            facts = no_gpus(error=f"{NVML_LIB}: {exc}")
     if facts is None:
         driver = kernel_driver_version()
         facts = no_gpus(driver, f"NVIDIA driver {driver} is loaded but neither {NVML_LIB} nor "
@@ -359,20 +362,28 @@ def torch_facts() -> dict[str, Any]:
         version_py, why = {}, f"torch/version.py: {type(exc).__name__}: {exc}"
     # The metadata next to the package `import torch` finds, not another torch on the path.
     dist = next(iter(metadata.distributions(name="torch", path=[str(root.parent)])), None)
-    if dist is not None:
-        facts["version"], facts["source"]["version"] = dist.version, "package metadata"
+    try:
+        meta_version = dist.version if dist is not None else None
+    except Exception:  # noqa: BLE001 - a broken dist-info folder: fall back to version.py
+        meta_version = None
+    if meta_version:
+        facts["version"], facts["source"]["version"] = meta_version, "package metadata"
     elif isinstance(version_py.get("__version__"), str):
         facts["version"], facts["source"]["version"] = version_py["__version__"], "version.py"
     else:
         unknown["torch"] = f"no package metadata, and {why or 'no __version__ in version.py'}"
-    if "cuda" in version_py:
+    if "cuda" in version_py and isinstance(version_py["cuda"], (str, type(None))):
         facts["cuda"], facts["source"]["cuda"] = version_py["cuda"], "version.py"
     else:
-        unknown["cuda"] = why or "no cuda = ... in torch/version.py"
-    facts["hip"] = version_py.get("hip")
+        unknown["cuda"] = why or "no cuda = '<version>' or None in torch/version.py"
+    if isinstance(version_py.get("hip"), str):
+        facts["hip"] = version_py["hip"]
     if facts["cuda"] is None and "cuda" not in unknown:
-        return facts  # a CPU (or ROCm) build: NCCL and cuDNN are not installed for it
-    requires = (dist.requires or []) if dist is not None else []
+        return facts  # a CPU build has no NCCL or cuDNN (ROCm's RCCL is not looked for)
+    try:
+        requires = (dist.requires or []) if dist is not None else []
+    except Exception:  # noqa: BLE001 - as above
+        requires = []
     dirs = [str(root / "lib"), os.path.join(sys.prefix, "lib"),
             *[d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d],
             *SYSTEM_LIB_DIRS]
