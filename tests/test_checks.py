@@ -455,7 +455,7 @@ class FakeNvml:
         return 0
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, out: Any) -> int:
-        out.contents.total = 143771 << 20
+        out.contents[0] = 143771 << 20  # total; then free, used
         return 0
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any, major: Any, minor: Any) -> int:

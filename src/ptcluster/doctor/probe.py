@@ -21,7 +21,6 @@ named in ``unknown`` (with the reason) when it is there but its version cannot b
 from __future__ import annotations
 
 import ast
-import ctypes
 import importlib.util
 import json
 import os
@@ -120,11 +119,6 @@ NVML_DRIVER_NOT_LOADED = 9  # nvmlInit on a machine with the library but no NVID
 SMI_FIELDS = ("name", "driver_version", "memory.total", "compute_cap")
 
 
-class NvmlMemory(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
-                ("used", ctypes.c_ulonglong)]
-
-
 def no_gpus(driver: str | None = None, error: str | None = None) -> dict[str, Any]:
     return {"count": 0, "names": [], "memory_mib": [], "compute_capability": [],
             "driver": driver, "cuda_driver": None, "source": None, "error": error}
@@ -132,6 +126,7 @@ def no_gpus(driver: str | None = None, error: str | None = None) -> dict[str, An
 
 def read_nvml(nvml: Any) -> dict[str, Any]:
     """GPU facts from a loaded NVML library (``ctypes.CDLL(NVML_LIB)``)."""
+    import ctypes  # here, not at the top: a Python built without libffi has no ctypes
     nvml.nvmlErrorString.restype = ctypes.c_char_p
 
     def call(name: str, *args: Any) -> None:
@@ -159,13 +154,13 @@ def read_nvml(nvml: Any) -> dict[str, Any]:
             handle = ctypes.c_void_p()
             call("nvmlDeviceGetHandleByIndex_v2", index, ctypes.pointer(handle))
             call("nvmlDeviceGetName", handle, text, 96)
-            memory = NvmlMemory()
+            memory = (ctypes.c_ulonglong * 3)()  # nvmlMemory_t: total, free, used
             call("nvmlDeviceGetMemoryInfo", handle, ctypes.pointer(memory))
             major, minor = ctypes.c_int(0), ctypes.c_int(0)
             capability = nvml.nvmlDeviceGetCudaComputeCapability(
                 handle, ctypes.pointer(major), ctypes.pointer(minor))
             facts["names"].append(text.value.decode(errors="replace"))
-            facts["memory_mib"].append(memory.total >> 20)
+            facts["memory_mib"].append(memory[0] >> 20)
             facts["compute_capability"].append(f"{major.value}.{minor.value}"
                                                if capability == 0 else None)
             facts["count"] += 1
@@ -241,8 +236,9 @@ def gpus() -> dict[str, Any]:
     """NVML through ctypes; nvidia-smi when the library cannot be loaded; the kernel module's
     version for the driver when neither says it."""
     try:
+        import ctypes
         nvml = ctypes.CDLL(NVML_LIB)
-    except OSError:
+    except (ImportError, OSError):  # no NVML here (or no ctypes in this Python)
         facts = smi_gpus()
     else:
         try:
