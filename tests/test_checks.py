@@ -1,23 +1,30 @@
 """Doctor checks as pure functions, on facts recorded from a real 3-node testbed probe
 (tests/data/testbed_facts.json, hosts renamed node0..2 on 10.9.0.0/24), each case mutating
-them into one classic failure."""
+them into one classic failure; then the probe's parsers on recorded strings (nvidia-smi,
+torch/version.py, the NVIDIA driver's version files, library file names)."""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ptcluster.doctor import probe
 from ptcluster.doctor.checks import run_checks
-from ptcluster.doctor.collect import NodeProbe
+from ptcluster.doctor.collect import NodeProbe, ProblemKind
+from ptcluster.remote.bootstrap import pack_source
 from ptcluster.spec import parse_cluster_text
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "testbed_facts.json").read_text())
 CLUSTER = "nodes: [{host: node0, slots: 2}, {host: node1}, {host: node2}]\n"
+PROBE = Path(probe.__file__)
 
 
 def probes_from(recorded: dict[str, Any]) -> dict[str, NodeProbe]:
@@ -46,12 +53,24 @@ def _set(path: str, value: Any) -> Callable[[dict], None]:
     return mutate
 
 
-def _gpu(driver: str, count: int, cuda: str = "12.4") -> Callable[[dict], None]:
+def _gpu(driver: str, count: int, cuda: str = "12.4",
+         cuda_driver: str | None = None) -> Callable[[dict], None]:
+    """Every node gets ``count`` H200s and a CUDA build of torch (as the probe reports them)."""
     def mutate(d: dict) -> None:
         for h in d:
-            d[h]["facts"]["gpus"] = {"count": count, "driver": driver, "names": ["H200"] * count}
-            d[h]["facts"]["torch"].update(cuda=cuda, cuda_available=True, device_count=count,
-                                          nccl="2.21.5")
+            d[h]["facts"]["gpus"] = {
+                "count": count, "names": ["NVIDIA H200"] * count,
+                "memory_mib": [143771] * count, "compute_capability": ["9.0"] * count,
+                "driver": driver, "cuda_driver": cuda_driver, "source": "nvml", "error": None}
+            d[h]["facts"]["torch"].update(version=f"2.13.0+cu{cuda.replace('.', '')}",
+                                          cuda=cuda, nccl="2.21.5", cudnn="9.13.0.50")
+    return mutate
+
+
+def _both(*mutations: Callable[[dict], None]) -> Callable[[dict], None]:
+    def mutate(d: dict) -> None:
+        for m in mutations:
+            m(d)
     return mutate
 
 
@@ -69,13 +88,35 @@ CASES = [
      ("versions", "node2"), "torch 2.5.1+cpu (others: 2.13.0+cpu)"),
     ("python-version", CLUSTER, _set("node1.facts.python.version", "3.10.12"),
      ("versions", "node1"), "python 3.10.12"),
-    ("torch-missing", CLUSTER, _set("node1.facts.torch", {"ok": False, "error": "No module"}),
-     ("versions", "node1"), "torch does not import"),
+    ("torch-missing", CLUSTER,
+     _set("node1.facts.torch", {"ok": False, "version": None, "unknown": {},
+                                "error": "torch is not installed for /usr/bin/python3"}),
+     ("versions", "node1"), "torch not found with"),
+    ("torch-version-unknown", CLUSTER,
+     lambda d: d["node1"]["facts"]["torch"].update(
+         version=None, unknown={"torch": "no package metadata, and no __version__"}),
+     ("versions", "node1"), "could not tell torch (no package metadata"),
     ("nccl-version", CLUSTER,
-     lambda d: (_gpu("550.54.15", 2)(d), d["node2"]["facts"]["torch"].update(nccl="2.18.1")),
+     _both(_gpu("550.54.15", 2), _set("node2.facts.torch.nccl", "2.18.1")),
      ("versions", "node2"), "nccl 2.18.1 (others: 2.21.5)"),
+    ("nccl-unknown", CLUSTER,
+     _both(_gpu("550.54.15", 2), lambda d: d["node2"]["facts"]["torch"].update(
+         nccl=None, unknown={"nccl": "no nvidia-nccl-* package and no libnccl.so.X.Y file"})),
+     ("versions", "node2"), "could not tell nccl (no nvidia-nccl-* package"),
     ("driver-old", CLUSTER, _gpu("470.82.01", 2), ("gpus", "node0"),
      "too old for torch's CUDA 12.4"),
+    ("driver-old-cuda13", CLUSTER, _gpu("575.57.08", 2, cuda="13.0"), ("gpus", "node0"),
+     "driver 575.57.08 is too old for torch's CUDA 13.0 (needs >= 580.65.06)"),
+    ("driver-behind-unlisted-cuda", CLUSTER, _gpu("580.82.07", 2, "14.0", cuda_driver="13.0"),
+     ("gpus", "node1"), "runs CUDA up to 13.0, torch is built for CUDA 14.0"),
+    ("cpu-torch-on-gpus", CLUSTER,
+     _both(_gpu("580.82.07", 2, cuda="13.0"),
+           lambda d: d["node1"]["facts"]["torch"].update(version="2.13.0+cpu", cuda=None,
+                                                         nccl=None)),
+     ("gpus", "node1"), "2 GPU(s) but torch 2.13.0+cpu is a CPU build"),
+    ("nvml-broken", CLUSTER,
+     _set("node2.facts.gpus.error", "nvmlInit: Driver/library version mismatch"),
+     ("gpus", "node2"), "no GPU found (nvmlInit: Driver/library version mismatch)"),
     ("gpus-fewer-than-slots", CLUSTER, _gpu("550.54.15", 1), ("gpus", "node0"),
      "1 GPU(s) for 2 slots"),
     ("gpus-more-than-slots", CLUSTER, _gpu("550.54.15", 4), ("gpus", "node1"), "4 GPUs, only 1"),
@@ -84,12 +125,17 @@ CASES = [
     ("interface-missing", "nodes: [{host: node0, slots: 2}, {host: node1, interface: eth9}, "
      "{host: node2}]\n", lambda d: None, ("interface", "node1"),
      "interface eth9 not found (has: lo, veth0)"),
+    ("interfaces-unlisted", CLUSTER,
+     lambda d: d["node1"]["facts"].update(
+         interfaces=[], interfaces_error="`ip -j addr show` failed: ip: not installed"),
+     ("interface", "node1"),
+     "could not list interfaces: `ip -j addr show` failed: ip: not installed"),
     ("interface-down", CLUSTER, lambda d: d["node2"]["facts"]["interfaces"][1].update(up=False),
      ("interface", "node2"), "veth0 is down"),
     ("interface-no-ipv4", CLUSTER, lambda d: d["node1"]["facts"]["interfaces"][1].update(ipv4=[]),
      ("interface", "node1"), "has no IPv4"),
     ("wrong-route", CLUSTER, _set("node1.facts.peers.node2.route_dev", "docker0"),
-     ("interface", "node1"), "node2 via docker0, not veth0"),
+     ("interface", "node1"), "node2 via docker0, not veth0. Fix: set interface: docker0"),
     ("other-subnet", CLUSTER,
      lambda d: d["node2"]["facts"]["interfaces"][1].update(ipv4=["192.168.5.2/24"]),
      ("interface", "node2"), "not in node0's subnet"),
@@ -139,3 +185,304 @@ def test_unreached_node_skips_its_checks_and_fails_ssh() -> None:
     node2 = {f.check: f.status for f in findings if f.host == "node2"}
     assert node2["ssh"] == "fail" and node2["versions"] == "skip"
     assert not [f for f in findings if f.host != "node2" and f.status == "fail"]
+
+
+def test_gpu_facts_of_a_healthy_gpu_cluster_pass() -> None:
+    assert fails(CLUSTER, _gpu("580.82.07", 2, cuda="13.0", cuda_driver="13.0")) == {
+        ("gpus", "node1"): "node1: 2 GPUs, only 1 used (slots). Fix: set slots: 2 to use them all",
+        ("gpus", "node2"): "node2: 2 GPUs, only 1 used (slots). Fix: set slots: 2 to use them all"}
+
+
+def test_unlisted_interfaces_are_not_reported_as_missing() -> None:
+    found = fails("nodes: [{host: node0}, {host: node1, interface: veth0}]\n",
+                  lambda d: d["node1"]["facts"].update(
+                      interfaces=[], interfaces_error="`ip -j addr show` output does not parse"))
+    assert "not found" not in found[("interface", "node1")]
+    assert "could not list interfaces" in found[("interface", "node1")]
+
+
+@pytest.mark.parametrize("exit_code,kind,ssh,python", [
+    (127, ProblemKind.PYTHON, "ok", "fail"),      # bash: /x/python3: No such file or directory
+    (126, ProblemKind.PYTHON, "ok", "fail"),      # not executable
+    (255, ProblemKind.SSH, "fail", "skip"),       # ssh: Permission denied (publickey)
+    (1, ProblemKind.COMMAND, "fail", "skip"),     # the probe raised
+    (None, ProblemKind.NO_ANSWER, "fail", "skip"),  # never started
+    (-9, ProblemKind.NO_ANSWER, "fail", "skip"),  # killed after the timeout
+])
+def test_problem_kind_comes_from_the_exit_status(exit_code, kind, ssh, python) -> None:
+    spec = parse_cluster_text(CLUSTER, "c.yaml")
+    probes = probes_from(copy.deepcopy(RECORDED))
+    # the wording must not matter: "python" in an ssh failure's text is not a python problem
+    probes["node2"] = NodeProbe(host="node2", exit_code=exit_code, problem="python? (x)",
+                                fix="f")
+    assert probes["node2"].kind is kind and probes["node0"].kind is None
+    node2 = {f.check: f.status for f in run_checks(spec, probes) if f.host == "node2"}
+    assert (node2["ssh"], node2["python"]) == (ssh, python)
+
+
+# -- the probe's parsers, on recorded strings -----------------------------------------------------
+
+H200 = "NVIDIA H200, 580.82.07, 143771, 9.0"
+
+
+@pytest.mark.parametrize("text,fields,count,names,driver,memory,capability", [
+    ("\n".join([H200] * 8) + "\n", probe.SMI_FIELDS, 8, ["NVIDIA H200"] * 8, "580.82.07",
+     [143771] * 8, ["9.0"] * 8),
+    ("NVIDIA A100-SXM4-80GB, 535.154.05, 81920\nNVIDIA A100-SXM4-80GB, 535.154.05, 81920\n",
+     probe.SMI_FIELDS[:3], 2, ["NVIDIA A100-SXM4-80GB"] * 2, "535.154.05", [81920] * 2,
+     [None, None]),  # nvidia-smi before compute_cap existed
+    ("NVIDIA GeForce RTX 4090, 550.54.15, [N/A], 8.9\n", probe.SMI_FIELDS, 1,
+     ["NVIDIA GeForce RTX 4090"], "550.54.15", [None], ["8.9"]),
+    ("Tesla, V100, 470.82.01, 32768, 7.0\n", probe.SMI_FIELDS, 1, ["Tesla, V100"],
+     "470.82.01", [32768], ["7.0"]),  # a comma in the name stays in the name
+    ("", probe.SMI_FIELDS, 0, [], None, [], []),
+])
+def test_nvidia_smi_csv(text, fields, count, names, driver, memory, capability) -> None:
+    g = probe.parse_nvidia_smi_csv(text, fields)
+    assert (g["count"], g["names"], g["driver"], g["memory_mib"], g["compute_capability"]) == \
+        (count, names, driver, memory, capability)
+    assert g["source"] == "nvidia-smi" and g["error"] is None
+
+
+def test_nvidia_smi_csv_rejects_other_text() -> None:
+    with pytest.raises(ValueError):
+        probe.parse_nvidia_smi_csv("NVIDIA-SMI has failed because it couldn't communicate with "
+                                   "the NVIDIA driver. Make sure that the latest NVIDIA driver is "
+                                   "installed and running.")
+
+
+@pytest.mark.parametrize("text,version", [
+    ("580.82.07\n", "580.82.07"),  # /sys/module/nvidia/version
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.154.05  Thu Dec 28 15:37:48 UTC 2023\n"
+     "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14) \n", "535.154.05"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  "
+     "(dvs-builder@U16-I3-B14-1-1)  Sun Jul 27 07:09:14 UTC 2025\n"
+     "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04) \n", "580.65.06"),
+    ("GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n", None),
+    ("", None),
+])
+def test_driver_version_files(text, version) -> None:
+    assert probe.parse_driver_version(text) == version
+
+
+VERSION_PY_CU130 = """from typing import Optional
+
+__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip', 'rocm', 'xpu']
+__version__ = '2.13.0+cu130'
+debug = False
+cuda: Optional[str] = '13.0'
+git_version = 'cf30153c4c131c8164ee7798e5022d810682e2cb'
+hip: Optional[str] = None
+rocm: Optional[str] = None
+xpu: Optional[str] = None
+"""
+VERSION_PY_CPU = VERSION_PY_CU130.replace("+cu130", "+cpu").replace("'13.0'", "None")
+
+
+@pytest.mark.parametrize("text,version,cuda,hip", [
+    (VERSION_PY_CU130, "2.13.0+cu130", "13.0", None),
+    (VERSION_PY_CPU, "2.13.0+cpu", None, None),
+    ("__version__ = '1.13.1+cu117'\ndebug = False\ncuda = '11.7'\n"
+     "git_version = '49444c3e546bf240bed24a101e747422d1f8a0ee'\nhip = None\n",
+     "1.13.1+cu117", "11.7", None),
+    ("from typing import Optional\n__version__ = '2.5.1+rocm6.2'\n"
+     "cuda: Optional[str] = None\nhip: Optional[str] = '6.2.41133-dd7f95766'\n",
+     "2.5.1+rocm6.2", None, "6.2.41133-dd7f95766"),
+])
+def test_torch_version_py(text, version, cuda, hip) -> None:
+    got = probe.parse_version_py(text)
+    assert (got["__version__"], got["cuda"], got.get("hip")) == (version, cuda, hip)
+
+
+def test_torch_version_py_is_never_executed(tmp_path) -> None:
+    marker = tmp_path / "ran"
+    got = probe.parse_version_py(f"__version__ = '2.13.0'\n"
+                                 f"cuda = __import__('os').mkdir({str(marker)!r})\n")
+    assert got == {"__version__": "2.13.0"} and not marker.exists()
+
+
+@pytest.mark.parametrize("name,stem,version", [
+    ("libnccl.so.2.27.7", "libnccl", "2.27.7"),
+    ("libnccl.so.2.21.5", "libnccl", "2.21.5"),
+    ("libnccl.so.2", "libnccl", None),  # the major version only: not enough
+    ("libnccl.so", "libnccl", None),
+    ("libnccl.so.2.27.7.bak", "libnccl", None),
+    ("libnccl-net.so", "libnccl", None),
+    ("libcudnn.so.9.13.0", "libcudnn", "9.13.0"),
+    ("libcudnn_ops.so.9.13.0", "libcudnn", None),
+])
+def test_library_file_names(name, stem, version) -> None:
+    assert probe.lib_file_version(name, stem) == version
+
+
+def test_library_version_follows_the_soname_link(tmp_path) -> None:
+    first, system = tmp_path / "torch_lib", tmp_path / "system"
+    first.mkdir()
+    system.mkdir()
+    (system / "libnccl.so.2.18.1").write_bytes(b"")
+    assert probe.lib_version("libnccl", [str(first), str(system)]) == \
+        ("2.18.1", str(system / "libnccl.so.2.18.1"))
+    (first / "libnccl.so.2.27.7").write_bytes(b"")
+    (first / "libnccl.so.2.28.3").write_bytes(b"")  # newer, but not the one the loader opens
+    (first / "libnccl.so.2").symlink_to("libnccl.so.2.27.7")
+    assert probe.lib_version("libnccl", [str(first), str(system)]) == \
+        ("2.27.7", str(first / "libnccl.so.2"))
+    (first / "libnccl.so.2").unlink()
+    assert probe.lib_version("libnccl", [str(first)]) == \
+        ("2.28.3", str(first / "libnccl.so.2.28.3"))
+
+
+def test_required_names() -> None:
+    requires = ['filelock', 'nvidia-cuda-nvrtc==13.0.88; platform_system == "Linux"',
+                'nvidia-cudnn-cu13==9.13.0.50; platform_system == "Linux"',
+                'nvidia_nccl_cu13==2.27.7; platform_system == "Linux"',
+                'optree>=0.13.0; extra == "optree"']
+    assert probe.required_names(requires, "nvidia-nccl") == ["nvidia_nccl_cu13"]
+    assert probe.required_names(requires, "nvidia-cudnn") == ["nvidia-cudnn-cu13"]
+
+
+def _dist_info(site: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    folder = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    folder.mkdir(parents=True)
+    (folder / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" +
+        "".join(f"Requires-Dist: {r}\n" for r in requires))
+
+
+def _torch_facts(site: Path) -> dict[str, Any]:
+    """torch_facts() in a fresh interpreter that sees only ``site`` (no site-packages); the probe
+    is loaded from its file, as it is shipped."""
+    packed = site.parent / "probe_packed.py"
+    packed.write_text(pack_source("ptcluster.doctor", "probe.py"))  # as the node gets it
+    code = ("import importlib.util, json, sys\n"
+            f"spec = importlib.util.spec_from_file_location('probe', {str(packed)!r})\n"
+            "probe = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(probe)\n"
+            "probe.SYSTEM_LIB_DIRS = ()\n"
+            "print(json.dumps(probe.torch_facts()))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH")}
+    out = subprocess.run([sys.executable, "-S", "-c", code], env={**env, "PYTHONPATH": str(site)},
+                         cwd=site.parent, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def _torch(site: Path, version_py: str | None) -> Path:
+    root = site / "torch"
+    (root / "lib").mkdir(parents=True)
+    (root / "__init__.py").write_text("raise SystemExit('the probe must not import torch')\n")
+    if version_py is not None:
+        (root / "version.py").write_text(version_py)
+    return root
+
+
+def test_torch_facts_cpu_build(tmp_path) -> None:
+    site = tmp_path / "site"
+    _torch(site, VERSION_PY_CPU)
+    _dist_info(site, "torch", "2.13.0+cpu", ("filelock",))
+    t = _torch_facts(site)
+    assert t["ok"] and (t["version"], t["cuda"], t["nccl"], t["cudnn"]) == \
+        ("2.13.0+cpu", None, None, None)
+    assert t["unknown"] == {} and t["source"]["version"] == "package metadata"
+
+
+def test_torch_facts_cuda_build_with_nvidia_wheels(tmp_path) -> None:
+    site = tmp_path / "site"
+    _torch(site, VERSION_PY_CU130)
+    _dist_info(site, "torch", "2.13.0+cu130",
+               ('nvidia-cudnn-cu13==9.13.0.50; platform_system == "Linux"',
+                'nvidia-nccl-cu13==2.27.7; platform_system == "Linux"'))
+    _dist_info(site, "nvidia-nccl-cu13", "2.27.7")
+    _dist_info(site, "nvidia-cudnn-cu13", "9.13.0.50")
+    t = _torch_facts(site)
+    assert (t["version"], t["cuda"], t["nccl"], t["cudnn"]) == \
+        ("2.13.0+cu130", "13.0", "2.27.7", "9.13.0.50")
+    assert t["source"]["nccl"] == "nvidia-nccl-cu13 package" and t["unknown"] == {}
+
+
+def test_torch_facts_nccl_from_a_library_file_else_unknown(tmp_path) -> None:
+    site = tmp_path / "site"
+    root = _torch(site, VERSION_PY_CU130)
+    _dist_info(site, "torch", "2.13.0+cu130")
+    t = _torch_facts(site)
+    assert t["nccl"] is None and "nccl" in t["unknown"] and "cudnn" in t["unknown"]
+    (root / "lib" / "libnccl.so.2.27.7").write_bytes(b"")
+    t = _torch_facts(site)
+    assert t["nccl"] == "2.27.7" and "nccl" not in t["unknown"]
+    assert t["source"]["nccl"].endswith("torch/lib/libnccl.so.2.27.7")
+
+
+def test_torch_facts_not_installed_is_not_unknown(tmp_path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    t = _torch_facts(site)
+    assert not t["ok"] and "not installed" in t["error"] and t["unknown"] == {}
+    _torch(site, "cuda = ")  # there, but its version.py is broken and it has no metadata
+    t = _torch_facts(site)
+    assert t["ok"] and t["version"] is None and set(t["unknown"]) == {"torch", "cuda", "nccl",
+                                                                      "cudnn"}
+
+
+class FakeNvml:
+    """Stands in for ctypes.CDLL("libnvidia-ml.so.1"): two H200s, driver 580.82.07."""
+
+    def __init__(self, init_code: int = 0, count: int = 2) -> None:
+        self.init_code, self.count, self.shut = init_code, count, False
+        self.nvmlErrorString = lambda code: {9: b"Driver Not Loaded",
+                                             18: b"Driver/library version mismatch"}[code]
+
+    def nvmlInit_v2(self) -> int:
+        return self.init_code
+
+    def nvmlShutdown(self) -> int:
+        self.shut = True
+        return 0
+
+    def nvmlSystemGetDriverVersion(self, buf: Any, size: int) -> int:
+        buf.value = b"580.82.07"
+        return 0
+
+    def nvmlSystemGetCudaDriverVersion_v2(self, out: Any) -> int:
+        out.contents.value = 13000
+        return 0
+
+    def nvmlDeviceGetCount_v2(self, out: Any) -> int:
+        out.contents.value = self.count
+        return 0
+
+    def nvmlDeviceGetHandleByIndex_v2(self, index: int, out: Any) -> int:
+        out.contents.value = 0x1000 + index
+        return 0
+
+    def nvmlDeviceGetName(self, handle: Any, buf: Any, size: int) -> int:
+        buf.value = b"NVIDIA H200"
+        return 0
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, out: Any) -> int:
+        out.contents[0] = 143771 << 20  # total; then free, used
+        return 0
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Any, major: Any, minor: Any) -> int:
+        major.contents.value, minor.contents.value = 9, 0
+        return 0
+
+
+def test_nvml_reader() -> None:
+    nvml = FakeNvml()
+    g = probe.read_nvml(nvml)
+    assert g == {"count": 2, "names": ["NVIDIA H200"] * 2, "memory_mib": [143771] * 2,
+                 "compute_capability": ["9.0"] * 2, "driver": "580.82.07",
+                 "cuda_driver": "13.0", "source": "nvml", "error": None}
+    assert nvml.shut
+
+
+def test_nvml_without_driver_is_no_gpu_and_a_broken_one_says_why() -> None:
+    assert probe.read_nvml(FakeNvml(init_code=9)) == probe.no_gpus()
+    g = probe.read_nvml(FakeNvml(init_code=18))
+    assert g["count"] == 0 and g["error"] == "nvmlInit: Driver/library version mismatch"
+
+
+def test_no_gpu_here_is_clean() -> None:
+    """This machine (CI, the testbed) has no NVIDIA driver: no GPU, no error."""
+    if os.path.exists("/proc/driver/nvidia/version"):
+        pytest.skip("this machine has an NVIDIA driver")
+    assert probe.gpus() == probe.no_gpus()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from importlib import metadata
 
 import pytest
 
@@ -51,7 +52,11 @@ def test_healthy_testbed_passes_with_verified_allreduce(testbed, tmp_path) -> No
         assert checks[("interface", node.name)]["detail"].startswith("veth0 (detected)")
         assert checks[("ports", node.name)]["status"] == "ok"
         assert checks[("master port", node.name)]["status"] == "ok"
-        assert report["nodes"][node.name]["facts"]["torch"]["ok"]
+        torch_facts = report["nodes"][node.name]["facts"]["torch"]  # read, never imported
+        assert torch_facts["ok"] and torch_facts["unknown"] == {}
+        assert torch_facts["version"] == metadata.version("torch")
+        assert checks[("versions", node.name)]["detail"].startswith(
+            f"torch {metadata.version('torch')}, ")
     assert checks[("all-reduce", testbed.nodes[0].name)]["status"] == "ok"
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ptcluster.doctor.collect import NodeProbe, address_of, interface_of
+from ptcluster.doctor.collect import NodeProbe, ProblemKind, address_of, interface_of
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -61,7 +61,7 @@ def check_ssh(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
         if p.ok:
             how = "local" if spec.local else "BatchMode ssh"
             out.append(Finding("ssh", node.host, OK, f"{how} ok, facts in {p.ssh_s:.2f} s"))
-        elif p.problem and p.problem.startswith("python"):
+        elif p.kind is ProblemKind.PYTHON:
             out.append(Finding("ssh", node.host, OK, "ssh ok (the command failed)"))
         else:
             out.append(Finding("ssh", node.host, FAIL, p.problem or "no answer", p.fix))
@@ -75,8 +75,8 @@ def check_python(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Findin
         if p.ok and p.facts is not None:
             out.append(Finding("python", node.host, OK,
                                f"{node.python} (Python {p.facts['python']['version']})"))
-        elif p.problem and p.problem.startswith("python"):
-            out.append(Finding("python", node.host, FAIL, p.problem, p.fix))
+        elif p.kind is ProblemKind.PYTHON:
+            out.append(Finding("python", node.host, FAIL, p.problem or "python failed", p.fix))
         else:
             out.append(Finding("python", node.host, SKIP, "node not reached"))
     return out
@@ -95,6 +95,10 @@ def check_workdir(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Findi
     return _each(spec, probes, "workdir", one)
 
 
+VERSION_KEYS = ("python", "torch", "cuda", "nccl")
+"""What must be identical on every node (cuDNN is reported, not compared)."""
+
+
 def _versions(facts: dict[str, Any]) -> dict[str, str | None]:
     t = facts.get("torch") or {}
     return {"python": facts["python"]["version"], "torch": t.get("version"),
@@ -102,35 +106,47 @@ def _versions(facts: dict[str, Any]) -> dict[str, str | None]:
 
 
 def check_versions(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
-    """torch imports everywhere; Python, torch, CUDA and NCCL versions identical on all nodes."""
-    have: dict[str, dict[str, Any]] = {}
+    """torch installed everywhere; Python, torch, CUDA and NCCL versions identical on all nodes.
+
+    A version the probe could not tell (``unknown``) is left out of the comparison and warned
+    about; ``None`` is a real value (a CPU build has no CUDA and no NCCL)."""
+    known: dict[str, Counter[str | None]] = {key: Counter() for key in VERSION_KEYS}
     for n in spec.nodes:
         facts = probes[n.host].facts
-        if facts is not None:
-            have[n.host] = facts
-    majority: dict[str, str | None] = {}
-    for key in ("python", "torch", "cuda", "nccl"):
-        values = Counter(_versions(f)[key] for f in have.values() if (f.get("torch") or {})
-                         .get("ok"))
-        majority[key] = values.most_common(1)[0][0] if values else None
+        t = (facts or {}).get("torch") or {}
+        if facts is None or not t.get("ok"):
+            continue
+        for key, value in _versions(facts).items():
+            if key not in (t.get("unknown") or {}):
+                known[key][value] += 1
+    majority = {key: c.most_common(1)[0][0] if c else None for key, c in known.items()}
 
     def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
         t = facts.get("torch") or {}
         if not t.get("ok"):
             return Finding("versions", node.host, FAIL,
-                           f"torch does not import with {node.python}: {t.get('error')}",
+                           f"torch not found with {node.python}: {t.get('error')}",
                            "install the same torch build as on the other nodes into that python")
+        unknown = {k: why for k, why in (t.get("unknown") or {}).items() if k in VERSION_KEYS}
         mine = _versions(facts)
-        diffs = [f"{k} {mine[k]} (others: {majority[k]})" for k in mine
-                 if mine[k] != majority[k]]
+        diffs = [f"{k} {mine[k]} (others: {majority[k]})" for k in VERSION_KEYS
+                 if k not in unknown and mine[k] != majority[k]]
         if diffs:
             return Finding("versions", node.host, FAIL, "differs from the cluster: " +
                            ", ".join(diffs),
                            "install identical Python/torch builds on every node "
                            "(mismatched NCCL versions hang or crash collectives)")
+        if unknown:
+            told = "; ".join(f"{k} ({why})" for k, why in unknown.items())
+            return Finding("versions", node.host, WARN, f"could not tell {told}",
+                           f"compare by hand: {node.python} -c 'import torch; "
+                           "print(torch.__version__, torch.version.cuda, "
+                           "torch.cuda.nccl.version())'")
         text = f"torch {mine['torch']}" + (f", CUDA {mine['cuda']}" if mine["cuda"] else ", CPU")
         if mine["nccl"]:
             text += f", NCCL {mine['nccl']}"
+        if t.get("cudnn"):
+            text += f", cuDNN {t['cudnn']}"
         return Finding("versions", node.host, OK, text + f", Python {mine['python']}")
     return _each(spec, probes, "versions", one)
 
@@ -150,22 +166,35 @@ def check_gpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]
         t = facts.get("torch") or {}
         count = g["count"]
         if count == 0:
+            why = f" ({g['error']})" if g.get("error") else ""
             if spec.backend == "nccl":
-                return Finding("gpus", node.host, FAIL, "no NVIDIA GPU, but backend: nccl",
+                return Finding("gpus", node.host, FAIL, f"no NVIDIA GPU{why}, but backend: nccl",
                                "use backend: auto or gloo on CPU-only nodes")
+            if why:
+                return Finding("gpus", node.host, WARN, f"no GPU found{why}",
+                               "check the NVIDIA driver (nvidia-smi); on a CPU-only node, "
+                               "ignore this")
             return Finding("gpus", node.host, OK, "no GPU: gloo on CPU")
         cuda = t.get("cuda")
         if cuda and g.get("driver"):
-            need = MIN_DRIVER.get(_parse_version(cuda)[0])
+            major = _parse_version(cuda)[0]
+            need = MIN_DRIVER.get(major)
             if need and _parse_version(g["driver"]) < need:
                 return Finding("gpus", node.host, FAIL,
                                f"driver {g['driver']} is too old for torch's CUDA {cuda} "
-                               f"(needs >= {'.'.join(map(str, need))})",
+                               f"(needs >= {need[0]}.{need[1]:02d}.{need[2]:02d})",
                                "upgrade the NVIDIA driver, or install a torch build for an "
                                "older CUDA")
-        if t.get("ok") and not t.get("cuda_available"):
+            if need is None and g.get("cuda_driver") and \
+                    _parse_version(g["cuda_driver"])[0] < major:
+                return Finding("gpus", node.host, FAIL,
+                               f"driver {g['driver']} runs CUDA up to {g['cuda_driver']}, "
+                               f"torch is built for CUDA {cuda}",
+                               "upgrade the NVIDIA driver, or install a torch build for an "
+                               "older CUDA")
+        if t.get("ok") and cuda is None and "cuda" not in (t.get("unknown") or {}):
             return Finding("gpus", node.host, FAIL,
-                           f"{count} GPU(s) but torch cannot use them (CPU build or CUDA error)",
+                           f"{count} GPU(s) but torch {t.get('version')} is a CPU build",
                            "install a CUDA build of torch that matches the driver")
         if count < node.slots and spec.backend != "gloo":
             return Finding("gpus", node.host, FAIL, f"{count} GPU(s) for {node.slots} slots",
@@ -174,6 +203,10 @@ def check_gpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]
             return Finding("gpus", node.host, WARN,
                            f"{count} GPUs, only {node.slots} used (slots)",
                            f"set slots: {count} to use them all")
+        if g.get("error"):
+            return Finding("gpus", node.host, WARN,
+                           f"{count} GPU(s) found, then the query failed: {g['error']}",
+                           "check the NVIDIA driver (nvidia-smi -q)")
         return Finding("gpus", node.host, OK, f"{count} x {g['names'][0]}, driver {g['driver']}")
     return _each(spec, probes, "gpus", one)
 
@@ -186,6 +219,12 @@ def check_interface(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Fin
         facts = probes[node.host].facts
         if facts is None:
             out.append(Finding("interface", node.host, SKIP, "no facts"))
+            continue
+        if facts.get("interfaces_error"):
+            out.append(Finding("interface", node.host, FAIL,
+                               f"could not list interfaces: {facts['interfaces_error']}",
+                               "install iproute2 with JSON output on this node (doctor reads "
+                               "`ip -j addr show`)"))
             continue
         names = [i["name"] for i in facts["interfaces"]]
         iface = interface_of(node, facts, spec.master.addr)
@@ -211,15 +250,13 @@ def check_interface(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Fin
                                "address", "give it an address on the cluster subnet"))
             continue
         nets[node.host] = ipaddress.ip_interface(entry["ipv4"][0])
-        wrong = []
-        for peer, info in facts["peers"].items():
-            dev = info.get("route_dev")
-            if dev is not None and dev not in (iface, "lo"):
-                wrong.append(f"{peer} via {dev}")
+        wrong = [(peer, info["route_dev"]) for peer, info in facts["peers"].items()
+                 if info.get("route_dev") not in (None, iface, "lo")]
         if wrong and not spec.local:
             out.append(Finding("interface", node.host, FAIL,
-                               f"traffic to {', '.join(wrong)}, not {iface}",
-                               f"set interface: {wrong[0].split(' via ')[1]} for this node, or "
+                               f"traffic to {', '.join(f'{p} via {d}' for p, d in wrong)}, "
+                               f"not {iface}",
+                               f"set interface: {wrong[0][1]} for this node, or "
                                "fix the routes so peers are reached through one interface"))
             continue
         how = "set" if node.interface else "detected"
@@ -271,13 +308,11 @@ def check_hostname(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Find
     return _each(spec, probes, "hostname", one)
 
 
-def check_master_port(spec: ClusterSpec, probes: dict[str, NodeProbe],
-                      port: int | None = None) -> list[Finding]:
+def check_master_port(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
     master = spec.nodes[0]
     mfacts = probes[master.host].facts
     out = []
     listening = (mfacts or {}).get("listening", {})
-    port = port or listening.get("master")
     if mfacts is not None and listening.get("master") is None:
         return [Finding("master port", master.host, FAIL,
                         f"master port is already in use on the master "

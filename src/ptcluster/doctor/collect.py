@@ -11,6 +11,7 @@ import queue
 import signal
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import partial
 from typing import Any
 
@@ -19,6 +20,19 @@ from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
 from ptcluster.remote.wire import control, split
 from ptcluster.spec.model import ClusterSpec, NodeSpec
+
+
+class ProblemKind(str, Enum):
+    """Why a node has no facts, as far as the checks need to tell."""
+
+    PYTHON = "python"
+    """ssh worked, the node's shell could not run the interpreter (exit status 126 or 127)."""
+    SSH = "ssh"
+    """ssh itself failed: key refused, host key, unreachable... (exit status 255)."""
+    COMMAND = "command"
+    """The probe started and failed (any other exit status)."""
+    NO_ANSWER = "no answer"
+    """No exit status: the channel could not be started, or was killed after the timeout."""
 
 
 @dataclass(kw_only=True)
@@ -40,19 +54,27 @@ class NodeProbe:
     def ok(self) -> bool:
         return self.facts is not None
 
+    @property
+    def kind(self) -> ProblemKind | None:
+        """What went wrong, from the exit status (the shell's 126/127, ssh's 255), not from the
+        wording of ``problem``; None when the node answered."""
+        if self.ok:
+            return None
+        if self.exit_code in (126, 127):
+            return ProblemKind.PYTHON
+        if self.exit_code == 255:
+            return ProblemKind.SSH
+        if self.exit_code is None or self.exit_code < 0:
+            return ProblemKind.NO_ANSWER
+        return ProblemKind.COMMAND
+
 
 def interface_of(node: NodeSpec, facts: dict[str, Any], master_addr: str) -> str | None:
-    """The interface NCCL/Gloo will use on this node: configured, else the route to the master
-    (the interface holding the master's address when the node is the master)."""
+    """The interface NCCL/Gloo will use on this node: configured, else what the node's probe
+    decided with the guard's own rule (``remote.netif.route_interface``)."""
     if node.interface:
         return node.interface
-    route = (facts.get("master") or {}).get("route_dev")
-    if route == "lo" and not master_addr.startswith("127."):
-        own = set((facts.get("master") or {}).get("addrs", []))
-        for iface in facts.get("interfaces", []):
-            if any(a.split("/")[0] in own for a in iface["ipv4"]):
-                return str(iface["name"])
-    return route
+    return (facts.get("master") or {}).get("interface") or None
 
 
 def address_of(iface: str | None, facts: dict[str, Any]) -> str | None:
