@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptcluster.doctor.checks import FAIL, OK, Finding, run_checks
+from ptcluster.doctor.checks import FAIL, OK, SKIP, Finding, run_checks
 from ptcluster.doctor.collect import NodeProbe, probe_cluster
 from ptcluster.launch.job import prepare, resolve_port, transports
 from ptcluster.launch.plan import Target, rank_program
@@ -64,7 +64,7 @@ def diagnose(spec: ClusterSpec, *, port: int | None = None, skip_allreduce: bool
             report.allreduce = result
             report.findings.append(finding)
         else:
-            report.findings.append(Finding("all-reduce", spec.nodes[0].host, "skip",
+            report.findings.append(Finding("all-reduce", spec.nodes[0].host, SKIP,
                                            "skipped: fix the failures above first"))
     report.duration = time.monotonic() - t0
     return report

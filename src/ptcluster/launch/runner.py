@@ -161,7 +161,13 @@ class Runner:
             self._node_line(sup, e.host, text)
         elif kind is ev.RankData:
             assert isinstance(e, ev.RankData)
-            self.on_data(e.host, e.rank, e.data)
+            try:
+                self.on_data(e.host, e.rank, e.data)
+            except Exception:  # noqa: BLE001 - a bad record is noted, the job is not lost
+                log.exception("%s: rank %s reported a record the caller cannot use", e.host,
+                              e.rank)
+                self._node_line(sup, e.host, f"ptcluster: unusable record from rank {e.rank}: "
+                                f"{str(e.data)[:200]}")
         elif kind is not ev.Heartbeat:
             self._apply(sup.on_event(e, time.monotonic()))
 

@@ -128,10 +128,11 @@ def jobs() -> dict[str, int]:
                 env = f.read()
         except OSError:
             continue
-        i = env.find(b"PTCLUSTER_JOB_ID=")
-        if i >= 0:
-            job = env[i + 17:env.find(b"\0", i)].decode(errors="replace")
-            found[job] = found.get(job, 0) + 1
+        for var in env.split(b"\0"):  # whole entries: not a match inside another value
+            if var.startswith(b"PTCLUSTER_JOB_ID="):
+                job = var[17:].decode(errors="replace")
+                found[job] = found.get(job, 0) + 1
+                break
     return found
 
 

@@ -124,12 +124,21 @@ def spec_from_data(data: Any, source: str) -> ClusterSpec:
         port=r.port(master_raw["port"], "master.port") if "port" in master_raw
         else DEFAULT_MASTER_PORT,
     )
+    if len(nodes) > 1 and _loopback(master.addr):
+        raise r.fail("master.addr", f"{master.addr!r} is this machine's loopback, which the "
+                     "other nodes cannot reach", "set master.addr to the first node's address "
+                     "on the cluster network, or drop master.addr")
     for i, other in enumerate(nodes[1:], start=1):
         if other.host.lower() == master.addr.lower():
             raise r.fail("master.addr", f"{master.addr!r} is nodes[{i}], but the rendezvous runs "
                          "on the first node (node rank 0, ranks 0..)",
                          f"move {master.addr} to the top of `nodes`, or drop master.addr")
     return ClusterSpec(nodes=tuple(nodes), master=master, backend=backend, env=env, source=source)
+
+
+def _loopback(addr: str) -> bool:
+    low = addr.lower()
+    return low in ("localhost", "::1", "ip6-localhost") or low.startswith("127.")
 
 
 def _ssh(r: Reader, value: Any, path: str) -> SshSpec:
