@@ -62,9 +62,19 @@ FAIL_ON = textwrap.dedent("""
 """)
 
 
+IDLE = textwrap.dedent("""
+    import time, torch.distributed as dist
+    dist.init_process_group("gloo")
+    print("ready", flush=True)
+    for _ in range(1200):  # no collectives: its peers' end does not end it
+        time.sleep(0.1)
+""")
+
+
 @pytest.fixture
 def job_dir(tmp_path):
-    for name, text in (("ranks.py", RANKS), ("sleeper.py", SLEEPER), ("fail_on.py", FAIL_ON)):
+    for name, text in (("ranks.py", RANKS), ("sleeper.py", SLEEPER), ("fail_on.py", FAIL_ON),
+                       ("idle.py", IDLE)):
         (tmp_path / name).write_text(text)
     return tmp_path
 
@@ -144,6 +154,27 @@ def test_node_processes_sigkilled_ends_the_job(testbed, job_dir, no_leftovers) -
     assert code == 1, head.output()
     assert f"Root cause (first observed failure): rank 2 on {victim.name}" in "\n".join(head.err)
     assert job_processes(job_id, wait=10) == []
+
+
+def test_guard_sigkilled_leaves_nothing_on_its_node(testbed, job_dir, no_leftovers) -> None:
+    """kill -9 of a node's guard: torchrun dies with it, every rank with torchrun, every rank's
+    program with its shim (PR_SET_PDEATHSIG down the chain); the head names the node."""
+    head, job_id = start(testbed, job_dir, ["idle.py"])
+    no_leftovers.append(job_id)
+    victim = testbed.nodes[2]
+    try:
+        head.wait_for("ready", count=4)
+        (guard,) = [p for p, cmd in job_processes(job_id)
+                    if testbed.node_of_pid(p) == victim and is_guard(cmd)]
+        os.kill(guard, signal.SIGKILL)
+        code = head.wait(timeout=60)
+        left = [(p, cmd) for p, cmd in job_processes(job_id, wait=10)]
+    finally:
+        head.kill()
+    assert code == 1, head.output()
+    assert left == [], left
+    assert f"Root cause (first observed failure): {victim.name}: connection lost" in \
+        "\n".join(head.err), head.output()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -11,8 +11,10 @@ from importlib import resources
 
 import pytest
 
+from ptcluster.doctor.collect import PROBE
+from ptcluster.monitor.watch import SAMPLER
 from ptcluster.remote import wire
-from ptcluster.remote.bootstrap import GUARD, INLINED, PROBE, SAMPLER, pack_source, preamble
+from ptcluster.remote.bootstrap import GUARD, INLINED, pack_source, preamble
 
 INLINED_MODULES = {f"{pkg}.{name[:-3]}" for pkg, name in INLINED}
 NODE_PROGRAMS = [("ptcluster.remote", "guard.py"), ("ptcluster.doctor", "probe.py"),

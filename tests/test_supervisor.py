@@ -177,6 +177,11 @@ def test_options_are_validated() -> None:
     ('exit {"code":0,"reason":"job ended"}', ev.GuardExit("n", 0, "job ended")),
     ("hb {}", ev.Heartbeat("n")),
     ("hb", ev.Heartbeat("n")),
+    ('hb {"t":7.5}', ev.Heartbeat("n", 7.5)),
+    ('rerror {"rank":1,"t":4.0,"text":"RuntimeError: x"}', ev.RankError("n", 1, 4.0,
+                                                                      "RuntimeError: x")),
+    ('stopping {"reason":"the guard was signalled","t":9.0}',
+     ev.GuardStopping("n", "the guard was signalled", 9.0)),
 ])
 def test_decode_recorded_frames(line: str, expected: ev.Event) -> None:
     assert ev.decode("n", line) == expected
@@ -194,3 +199,59 @@ def test_wire_round_trip() -> None:
     assert kind == "ready" and wire.control(payload)["text"] == "a b\tc"
     assert wire.encode_text("o", 3, b"x y") == b"o 3 x y\n"
     assert wire.encode_text("a", None, b"z") == b"a z\n"
+
+
+def test_a_rank_that_raised_before_the_stop_failed_then_not_when_it_was_killed() -> None:
+    """Rank 0 raises at t=5 but hangs in its cleanup; its peer times out (exit 1 at t=8); the
+    teardown kills rank 0 at t=9. The root cause is rank 0's exception, with its text."""
+    sup = make()
+    start(sup)
+    sup.on_event(ev.RankError("a", 0, WALL + 5.0, "RuntimeError: boom"), 5.1)
+    sup.on_event(ev.RankExit("b", 2, 1, WALL + 8.0, 7.0), 8.1)  # starts the teardown
+    sup.on_event(ev.RankExit("a", 0, -15, WALL + 9.0, 8.0), 9.1)  # ended by the teardown
+    first = sup.ordered_failures()[0]
+    assert first.rank == 0 and first.at == pytest.approx(WALL + 5.0)
+    assert first.message == "killed by SIGTERM (RuntimeError: boom)"
+    assert sup.ranks[0].status == "killed by SIGTERM"
+
+
+def test_the_error_report_may_come_after_the_exit() -> None:
+    sup = make()
+    start(sup)
+    sup.on_event(ev.RankExit("a", 1, 1, WALL + 6.0, 5.0), 6.1)
+    sup.on_event(ev.RankError("a", 1, WALL + 5.5, "ValueError: late news"), 6.2)
+    (failure,) = sup.failures
+    assert failure.at == pytest.approx(WALL + 5.5) and "ValueError: late news" in failure.message
+
+
+def test_guard_that_stops_on_its_own_is_the_cause() -> None:
+    sup = make()
+    start(sup)
+    actions = sup.on_event(ev.GuardStopping("b", "no heartbeat from the head for 15 s",
+                                            WALL + 20.0), 20.5)
+    assert sends(actions, "stop") == ["a"]  # b is already stopping
+    sup.on_event(ev.RankExit("b", 2, -15, WALL + 21.0, 20.0), 21.1)
+    (failure,) = sup.failures
+    assert failure.host == "b" and "ended the job on its own" in failure.message
+    assert sup.ranks[2].status == "stopped (job teardown)"
+
+
+def test_second_interrupt_cuts_the_channels_at_once() -> None:
+    sup = make()
+    start(sup)
+    sup.request_stop("SIGINT received", 2.0)
+    actions = sup.request_stop("SIGINT received", 2.5)
+    signals = sorted((a.host, a.sig) for a in actions if isinstance(a, SignalChannel))
+    assert signals == [("a", signal.SIGTERM), ("b", signal.SIGTERM)]
+    assert sup.request_stop("SIGINT received", 2.6) == []  # once is enough
+    later = sup.on_tick(7.0, {"a": 0.0, "b": 0.0}) + sup.on_tick(11.0, {"a": 0.0, "b": 0.0})
+    assert not any(isinstance(a, SignalChannel) and a.sig == signal.SIGTERM for a in later)
+
+
+def test_heartbeats_refine_the_clock_offset() -> None:
+    sup = make()
+    sup.on_event(ev.Hello("a", wire.VERSION, 1, WALL + 3.0), 1.0)  # arrived 1 s late: 2.0
+    assert sup.nodes["a"].clock_offset == pytest.approx(2.0)
+    sup.on_event(ev.Heartbeat("a", WALL + 13.0), 10.2)  # arrived 0.2 s late: 2.8
+    sup.on_event(ev.Heartbeat("a", WALL + 14.0), 12.0)  # arrived 1 s late
+    assert sup.nodes["a"].clock_offset == pytest.approx(2.8)

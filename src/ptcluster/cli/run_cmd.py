@@ -12,7 +12,9 @@ from types import FrameType
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ptcluster.cli.common import NPROC, PORT, cluster_option, load_spec, quiet
 from ptcluster.cli.doctor_cmd import render
@@ -44,7 +46,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     target = Target(module=module, args=args) if module else \
         Target(script=args[0], args=args[1:])
     spec = load_spec(cluster, nproc)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
     plan = prepare(spec, target, port=port)
     if preflight:
         report = run_preflight(spec, plan.master_port)
@@ -140,7 +142,7 @@ def _print_summary(console: Console, result: RunResult, dropped: int) -> None:
     rc = result.root_cause
     if rc is not None:
         console.print(f"[bold red]Root cause (first observed failure):[/bold red] "
-                      f"{rc.headline()}", markup=True)
+                      f"{escape(rc.headline())}", markup=True)
         for line in rc.last_lines[-10:]:
             console.print(f"    {line}", markup=False)
     table = Table(title=f"job {result.job_id} ({result.duration:.1f} s)", title_justify="left")
@@ -148,7 +150,7 @@ def _print_summary(console: Console, result: RunResult, dropped: int) -> None:
         table.add_column(col)
     for r in result.ranks:
         style = "green" if r.exit_code == 0 else "red"
-        table.add_row(str(r.rank), r.host, str(r.local_rank), f"[{style}]{r.status}[/{style}]",
+        table.add_row(str(r.rank), r.host, str(r.local_rank), Text(r.status, style=style),
                       f"{r.duration:.1f} s" if r.duration is not None else "-")
     console.print(table)
     verdict = "[green]ok[/green]" if result.ok else (
@@ -156,4 +158,4 @@ def _print_summary(console: Console, result: RunResult, dropped: int) -> None:
     if dropped:
         console.print(f"{dropped} line(s) were not shown because the console fell behind; "
                       "every line is in the logs")
-    console.print(f"{verdict}; logs in {result.run_dir}/", markup=True)
+    console.print(f"{verdict}; logs in {escape(str(result.run_dir))}/", markup=True)

@@ -15,7 +15,7 @@ from enum import Enum
 from functools import partial
 from typing import Any
 
-from ptcluster.remote.bootstrap import PROBE
+from ptcluster.remote.bootstrap import NodeProgram
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
 from ptcluster.remote.wire import control, split
@@ -67,6 +67,9 @@ class NodeProbe:
         if self.exit_code is None or self.exit_code < 0:
             return ProblemKind.NO_ANSWER
         return ProblemKind.COMMAND
+
+
+PROBE = NodeProgram("probe", "ptcluster.doctor", "probe.py")
 
 
 def interface_of(node: NodeSpec, facts: dict[str, Any], master_addr: str) -> str | None:

@@ -42,6 +42,16 @@ class Started:
 @dataclass(frozen=True)
 class Heartbeat:
     host: str
+    node_time: float | None = None
+
+
+@dataclass(frozen=True)
+class GuardStopping:
+    """The guard is ending its part of the job on its own (signalled, head unheard)."""
+
+    host: str
+    reason: str
+    node_time: float
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,16 @@ class RankExit:
     """Wait status as Popen gives it (negative: killed by that signal); None: no record."""
     node_time: float
     duration: float | None
+
+
+@dataclass(frozen=True)
+class RankError:
+    """An exception left the rank's code (reported by the rank, before its exit)."""
+
+    host: str
+    rank: int
+    node_time: float
+    text: str
 
 
 @dataclass(frozen=True)
@@ -110,8 +130,8 @@ class ChannelClosed:
     stderr: list[str] = field(default_factory=list)
 
 
-Event = (Hello | Ready | GuardError | Started | Heartbeat | RankStart | RankExit | RankData
-         | RankOutput | AgentOutput | GuardExit | Malformed | ChannelClosed)
+Event = (Hello | Ready | GuardError | Started | Heartbeat | GuardStopping | RankStart | RankExit
+         | RankError | RankData | RankOutput | AgentOutput | GuardExit | Malformed | ChannelClosed)
 
 
 def decode(host: str, line: str) -> Event:
@@ -131,7 +151,11 @@ def decode(host: str, line: str) -> Event:
 
 def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == "hb":
-        return Heartbeat(host)
+        return Heartbeat(host, _opt_float(body.get("t")))
+    if kind == "rerror":
+        return RankError(host, int(body["rank"]), float(body["t"]), str(body.get("text", "")))
+    if kind == "stopping":
+        return GuardStopping(host, str(body.get("reason", "")), float(body["t"]))
     if kind == "rstart":
         return RankStart(host, int(body["rank"]), int(body["pid"]), float(body["t"]))
     if kind == "rexit":

@@ -13,10 +13,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from ptcluster.launch.shim import SHIM_BOOT, SHIM_VAR
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
-SHIM_VAR = "PTCLUSTER_WORKER_SHIM"
-SHIM_BOOT = f"import os;exec(compile(os.environ[{SHIM_VAR!r}],'ptcluster-shim','exec'))"
 JOB_VAR = "PTCLUSTER_JOB_ID"
 
 

@@ -37,6 +37,9 @@ class RunOptions:
                 raise ValueError(f"RunOptions.{name} must be > 0, got {getattr(self, name)}")
         if self.deadline is not None and self.deadline <= 0:
             raise ValueError(f"RunOptions.deadline must be > 0 or None, got {self.deadline}")
+        if self.stop_deadline <= self.stop_grace + 2.0:
+            raise ValueError("RunOptions.stop_deadline must exceed stop_grace by more than 2 s "
+                             "(the guard's own teardown must fit before its channel is cut)")
         if self.guard_heartbeat_timeout <= 2 * self.heartbeat_interval:
             raise ValueError("RunOptions.guard_heartbeat_timeout must exceed two heartbeat "
                              "intervals")

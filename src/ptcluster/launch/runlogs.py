@@ -26,6 +26,7 @@ class RunLogs:
         self.run_dir = run_dir
         self._files: dict[str, IO[str]] = {}
         self.tails: dict[int, deque[str]] = {}
+        self.node_tails: dict[str, deque[str]] = {}
 
     def rank_line(self, rank: int, text: str) -> None:
         tail = self.tails.get(rank)
@@ -35,10 +36,17 @@ class RunLogs:
         self._write(f"rank{rank}", text)
 
     def node_line(self, node_rank: int, host: str, text: str) -> None:
+        tail = self.node_tails.get(host)
+        if tail is None:
+            tail = self.node_tails[host] = deque(maxlen=LAST_LINES // 2)
+        tail.append(text)
         self._write(f"node{node_rank}-{host}", text)
 
     def tail(self, rank: int) -> list[str]:
         return list(self.tails.get(rank, ()))
+
+    def node_tail(self, host: str) -> list[str]:
+        return list(self.node_tails.get(host, ()))
 
     def flush(self) -> None:
         for f in self._files.values():

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import queue
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -63,14 +62,15 @@ class Runner:
         self.logs = RunLogs(run_dir)
         self._node_rank = {n.host: n.node_rank for n in plan.nodes}
         self._stop_reason = ""
-        self._stop_requested = threading.Event()
+        self._stop_requests = 0
+        self._sink_errors: set[str] = set()
         self.sup: Supervisor | None = None
 
     # -- public -------------------------------------------------------------------------------
     def request_stop(self, reason: str = "interrupted") -> None:
         """Thread- and signal-safe: ask the run to end everywhere (Ctrl-C, SIGTERM)."""
         self._stop_reason = reason
-        self._stop_requested.set()
+        self._stop_requests += 1
 
     def run(self) -> RunResult:
         t0 = time.monotonic()
@@ -117,10 +117,10 @@ class Runner:
 
     # -- the loop -----------------------------------------------------------------------------
     def _loop(self, sup: Supervisor) -> None:
-        stop_applied = False
+        stops_applied = 0
         while not sup.done:
-            if self._stop_requested.is_set() and not stop_applied:
-                stop_applied = True
+            while stops_applied < self._stop_requests:  # a second Ctrl-C hurries the teardown
+                stops_applied += 1
                 self._apply(sup.request_stop(self._stop_reason, time.monotonic()))
             try:
                 item: tuple[str, Any] | None = self.events.get(timeout=0.1)
@@ -141,11 +141,13 @@ class Runner:
             self._apply(sup.on_tick(now, quiet))
 
     def _handle(self, sup: Supervisor, host: str, payload: Any) -> None:
-        if isinstance(payload, list):
-            for line in payload:
-                self._event(sup, ev.decode(host, line))
-        else:
-            self._event(sup, payload)
+        for e in ([ev.decode(host, line) for line in payload] if isinstance(payload, list)
+                  else [payload]):
+            try:
+                self._event(sup, e)
+            except Exception as exc:  # noqa: BLE001 - a log or sink error must not lose the job
+                log.debug("handling %r failed", e, exc_info=True)
+                self._sink_error(exc)
 
     def _event(self, sup: Supervisor, e: ev.Event) -> None:
         kind = type(e)
@@ -168,8 +170,16 @@ class Runner:
                               e.rank)
                 self._node_line(sup, e.host, f"ptcluster: unusable record from rank {e.rank}: "
                                 f"{str(e.data)[:200]}")
-        elif kind is not ev.Heartbeat:
+        else:
             self._apply(sup.on_event(e, time.monotonic()))
+
+    def _sink_error(self, exc: Exception) -> None:
+        """Once per kind of error: say it, keep supervising (the logs may be incomplete)."""
+        key = type(exc).__name__
+        if key not in self._sink_errors:
+            self._sink_errors.add(key)
+            self.on_status(f"output could not be handled ({exc}); the job goes on, but its "
+                           "logs or console output may be incomplete")
 
     def _node_line(self, sup: Supervisor, host: str, text: str) -> None:
         """A line of the node itself (torchrun, ssh): always logged; shown unless we are
@@ -195,9 +205,11 @@ class Runner:
     def _result(self, sup: Supervisor, duration: float) -> RunResult:
         failures = sup.ordered_failures()
         for failure in failures:
+            # Filled now, not when the exit arrived: a traceback may come after it.
             if failure.rank is not None:
-                # Filled now, not when the exit arrived: a traceback may come after it.
                 failure.last_lines = self.logs.tail(failure.rank)
+            elif not failure.last_lines and failure.host in self._node_rank:
+                failure.last_lines = self.logs.node_tail(failure.host)
         return RunResult(job_id=self.plan.job_id, run_dir=self.run_dir,
                          ranks=[sup.ranks[r] for r in sorted(sup.ranks)],
                          nodes=[sup.nodes[n.host] for n in self.plan.nodes],

@@ -1,14 +1,17 @@
 """Every rank's process under torchrun: a small parent around the user's program (stdlib only).
 
 torchrun starts ``python -u -c 'exec(os.environ[SHIM_VAR])' (-m MODULE | SCRIPT | -c CODE)
-ARGS``. This code connects to its node's guard (``PTCLUSTER_GUARD_SOCK``), starts the target as
-``python -u (-m MODULE | SCRIPT | -c CODE) ARGS`` — exactly what ``python`` would run — with its
-stdout and stderr going straight into the guard's socket, forwards signals to it, waits for it
-and reports its exit status as the kernel gave it: an exit code, ``os._exit(0)``, or the signal
-that killed it. No log format is parsed anywhere, so any torchrun log setting is fine.
+ARGS``. This code connects to its node's guard (``PTCLUSTER_GUARD_SOCK``) and starts the target
+in a child, ``python -u -c SHIM --ptcluster-child TARGET...``, which runs it the way ``python``
+would (``run_in_process``), with its stdout and stderr going straight into the guard's socket.
+The parent forwards signals, waits, and reports the exit status as the kernel gave it: an exit
+code, ``os._exit(0)``, or the signal that killed it. The child reports the moment an exception
+leaves the user's code (a rank that raises and then hangs in its cleanup failed when it raised,
+not when the teardown killed it). No log format is parsed anywhere.
 
 The target runs in its own process group (torchrun signals the shim's group: the shim forwards
-once) and dies with the shim (PR_SET_PDEATHSIG), so a SIGKILL of the shim leaves nothing behind.
+once). PR_SET_PDEATHSIG ties the child to the shim and the shim to torchrun, so a SIGKILL
+anywhere above a rank leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -16,13 +19,20 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import runpy
 import signal
 import socket
 import subprocess
 import sys
 import time
+from types import TracebackType
 
 GUARD_SOCK = "PTCLUSTER_GUARD_SOCK"
+SHIM_VAR = "PTCLUSTER_WORKER_SHIM"
+"""Env var holding this file's source (every rank's process runs it from there)."""
+SHIM_BOOT = f"import os;exec(compile(os.environ[{SHIM_VAR!r}],'ptcluster-shim','exec'))"
+CHILD_FLAG = "--ptcluster-child"
+PR_SET_PDEATHSIG = 1
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2)
 
@@ -46,40 +56,49 @@ def _send(ctl: socket.socket | None, kind: str, body: dict[str, object]) -> None
         pass
 
 
+def _prctl() -> object:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
 def run_target(argv: list[str]) -> int:
     """Run the target, report start and exit to the guard; the target's wait status."""
     rank = int(os.environ.get("RANK", "-1"))
+    prctl = _prctl()
+    if callable(prctl):
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with torchrun
     path = os.environ.get(GUARD_SOCK, "")
     ctl = _connect(path, rank, "ctl") if path else None
     out = _connect(path, rank, "out") if ctl else None
     err = _connect(path, rank, "err") if ctl else None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        prctl = None
     parent = os.getpid()
 
     def child_setup() -> None:
         os.setpgid(0, 0)
-        if prctl is not None:
-            prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if callable(prctl):
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the shim died before the line above: do not run orphaned
             os._exit(137)
 
     start = time.time()
+    head = ["-c", SHIM_BOOT, CHILD_FLAG] if SHIM_VAR in os.environ else \
+        [os.path.abspath(__file__), CHILD_FLAG]
     child = subprocess.Popen(
-        [sys.executable, "-u", *argv], preexec_fn=child_setup,
+        [sys.executable, "-u", *head, *argv], preexec_fn=child_setup,
         stdout=out.fileno() if out else None, stderr=err.fileno() if err else None,
     )
     for s in (out, err):
         if s is not None:
             s.close()  # the target holds them now: EOF comes when it (and its children) end
     _send(ctl, "start", {"pid": child.pid, "shim_pid": parent, "t": start,
+                         "streams": int(out is not None) + int(err is not None),
                          "local_rank": int(os.environ.get("LOCAL_RANK", "-1"))})
 
     def forward(signum: int, frame: object) -> None:
         try:
-            os.kill(child.pid, signum)
+            child.send_signal(signum)  # a no-op once the child is reaped (no pid reuse)
         except ProcessLookupError:
             pass
 
@@ -93,10 +112,63 @@ def run_target(argv: list[str]) -> int:
     return code
 
 
+def run_in_process(argv: list[str]) -> None:
+    """In the child: run ``(-m MODULE | -c CODE | SCRIPT) ARGS`` as ``python`` would; when an
+    exception leaves it, tell the guard when and what, then let it end the process as usual."""
+    try:
+        if argv[0] == "-m":
+            sys.argv = argv[1:]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            sys.path[0] = ""
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+        else:
+            sys.argv = argv
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            _report_error("")
+        raise
+    except KeyboardInterrupt:
+        _report_error("KeyboardInterrupt")
+        raise
+    except BaseException as exc:  # noqa: BLE001 - reported, then shown as python shows it
+        _report_error(f"{type(exc).__name__}: {exc}"[:300])
+        # The traceback as `python` would print it: from the user's code down, without our
+        # frames and runpy's (sys.excepthook: torch's rank prefix applies as usual).
+        exc.__traceback__ = _user_frames(exc.__traceback__)  # (what the hook prints)
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        raise SystemExit(1) from None
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    first = tb
+    while tb is not None and tb.tb_frame.f_code is not run_in_process.__code__:
+        tb = tb.tb_next
+    if tb is None:
+        return first
+    tb = tb.tb_next
+    while tb is not None and "runpy" in tb.tb_frame.f_code.co_filename:
+        tb = tb.tb_next
+    return tb or first
+
+
+def _report_error(text: str) -> None:
+    rank = int(os.environ.get("RANK", "-1"))
+    path = os.environ.get(GUARD_SOCK, "")
+    s = _connect(path, rank, "data") if path else None
+    _send(s, "error", {"t": time.time(), "text": text})
+    if s is not None:
+        s.close()
+
+
 def exit_like(code: int) -> None:
     """End this process the way the target ended, so torchrun sees the same status."""
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code != signal.SIGKILL:
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         time.sleep(1)
         code = 128 - code
@@ -104,4 +176,7 @@ def exit_like(code: int) -> None:
 
 
 if __name__ == "__main__":
-    exit_like(run_target(sys.argv[1:]))
+    if len(sys.argv) > 1 and sys.argv[1] == CHILD_FLAG:
+        run_in_process(sys.argv[2:])
+    else:
+        exit_like(run_target(sys.argv[1:]))

@@ -76,6 +76,10 @@ class Supervisor:
         self.stop_sent: dict[str, float] = {}
         """Head wall time at which each node was told to stop."""
         self._escalated: set[tuple[str, str]] = set()
+        self._hurried = False
+        self._raised: dict[int, tuple[float, str]] = {}
+        """When (corrected) and what an exception left a rank's code, from the rank itself."""
+        self._rank_failure: dict[int, Failure] = {}
 
     # -- inputs -------------------------------------------------------------------------------
     def on_event(self, event: ev.Event, now: float) -> list[Action]:
@@ -101,11 +105,24 @@ class Supervisor:
         return actions + self._maybe_done()
 
     def request_stop(self, reason: str, now: float) -> list[Action]:
-        """Ctrl-C, SIGTERM or a caller: end the job everywhere (never a failure of its own)."""
-        if self.phase in (Phase.STOPPING, Phase.DONE):
+        """Ctrl-C, SIGTERM or a caller: end the job everywhere (never a failure of its own).
+        Asked again while stopping: skip the wait, cut every channel now (each guard ends its
+        node's job when its channel closes)."""
+        if self.phase is Phase.DONE:
             return []
-        self.interrupted = True
-        return self._stop_all(reason, now)
+        if self.phase is not Phase.STOPPING:
+            self.interrupted = True
+            return self._stop_all(reason, now)
+        if self._hurried:
+            return []
+        self._hurried = True
+        actions: list[Action] = [Status(f"{reason} again: not waiting for the nodes, cutting "
+                                        "their channels (each guard ends its job on EOF)")]
+        for host, node in self.nodes.items():
+            if not node.closed:
+                self._escalated |= {(host, "stop"), (host, "term")}
+                actions.append(SignalChannel(host, signal.SIGTERM))
+        return actions
 
     @property
     def done(self) -> bool:
@@ -159,17 +176,59 @@ class Supervisor:
             return []
         record.exit_code, record.duration = e.code, e.duration
         record.ended_at = self._corrected(e.host, e.node_time)
-        if e.code == 0:
+        return self._judge(record, now)
+
+    def _rank_error(self, e: ev.RankError, now: float) -> list[Action]:
+        record = self._rank(e.host, e.rank)
+        if record is None:
             return []
-        stop_at = self.stop_sent.get(e.host)
-        if stop_at is not None and record.ended_at >= stop_at:
+        self._raised[e.rank] = (self._corrected(e.host, e.node_time), e.text)
+        return self._judge(record, now) if record.ended_at is not None else []
+
+    def _judge(self, record: RankRecord, now: float) -> list[Action]:
+        """A rank that ended: success, a failure (when it failed: the exception it reported,
+        else its exit), or a result of our own teardown. Either report may come first."""
+        if record.exit_code == 0 or record.ended_at is None:
+            return []
+        raised_at, text = self._raised.get(record.rank, (record.ended_at, ""))
+        failed_at = min(raised_at, record.ended_at)
+        stop_at = self.stop_sent.get(record.host)
+        if stop_at is not None and failed_at >= stop_at:
             record.stopped = True  # ended by our own teardown
             return []
-        message = ("ended without an exit status (its process was killed)" if e.code is None
-                   else f"killed by {signame(-e.code)}" if e.code < 0
-                   else f"exited with code {e.code}")
-        return self._fail(Failure(host=e.host, rank=e.rank, message=message, exit_code=e.code,
-                                  at=record.ended_at), now)
+        record.stopped = False
+        code = record.exit_code
+        message = ("ended without an exit status (its process was killed)" if code is None
+                   else f"killed by {signame(-code)}" if code < 0
+                   else f"exited with code {code}")
+        if text:
+            message += f" ({text})"
+        known = self._rank_failure.get(record.rank)
+        if known is not None:  # the second report of the same failure: refine it
+            known.at, known.message = failed_at, message
+            return []
+        failure = Failure(host=record.host, rank=record.rank, message=message, exit_code=code,
+                          at=failed_at)
+        self._rank_failure[record.rank] = failure
+        return self._fail(failure, now)
+
+    def _heartbeat(self, e: ev.Heartbeat, now: float) -> list[Action]:
+        node = self.nodes[e.host]
+        if e.node_time is not None and node.clock_offset is not None:
+            # A frame is received after it was sent: the largest (node - head) is the best
+            # estimate of the offset.
+            node.clock_offset = max(node.clock_offset, round(e.node_time - self.wall(now), 3))
+        return []
+
+    def _guard_stopping(self, e: ev.GuardStopping, now: float) -> list[Action]:
+        if e.host in self.stop_sent:
+            return []  # it is doing what the head asked
+        at = self._corrected(e.host, e.node_time)
+        self.stop_sent[e.host] = at
+        return self._fail(Failure(host=e.host, rank=None, at=at,
+                                  message=f"its guard ended the job on its own: {e.reason}",
+                                  fix="see the node log; a guard that no longer hears the head "
+                                      "means the network or the head stalled"), now)
 
     def _guard_exit(self, e: ev.GuardExit, now: float) -> list[Action]:
         node = self.nodes[e.host]
@@ -217,6 +276,7 @@ class Supervisor:
                 continue
             node.closed = True  # gone as far as we can tell; its guard ends itself
             node.reason = f"no data for {silent:.0f} s"
+            self.stop_sent.setdefault(host, self.wall(now))  # what it still sends is teardown
             actions.append(SignalChannel(host, signal.SIGKILL))
             actions += self._fail(Failure(
                 host=host, rank=None, at=self.wall(now - silent),
@@ -273,7 +333,7 @@ class Supervisor:
         self.phase, self.stopping_since = Phase.STOPPING, now
         actions: list[Action] = [Status(f"stopping the job on every node: {reason}")]
         for host, node in self.nodes.items():
-            if not node.closed:
+            if not node.closed and host not in self.stop_sent:  # (not one stopping by itself)
                 self.stop_sent[host] = self.wall(now)
                 actions.append(Send(host, "stop", {"reason": reason}))
         return actions
@@ -299,6 +359,7 @@ class Supervisor:
 _HANDLERS: dict[type, Any] = {
     ev.Hello: Supervisor._hello, ev.Ready: Supervisor._ready,
     ev.GuardError: Supervisor._guard_error, ev.RankStart: Supervisor._rank_start,
-    ev.RankExit: Supervisor._rank_exit, ev.GuardExit: Supervisor._guard_exit,
-    ev.ChannelClosed: Supervisor._closed,
+    ev.RankExit: Supervisor._rank_exit, ev.RankError: Supervisor._rank_error,
+    ev.GuardExit: Supervisor._guard_exit, ev.ChannelClosed: Supervisor._closed,
+    ev.Heartbeat: Supervisor._heartbeat, ev.GuardStopping: Supervisor._guard_stopping,
 }

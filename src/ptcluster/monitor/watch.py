@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ptcluster.remote.bootstrap import SAMPLER
+from ptcluster.remote.bootstrap import NodeProgram
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
 from ptcluster.remote.wire import control, split
 from ptcluster.spec.model import ClusterSpec
+
+SAMPLER = NodeProgram("sampler", "ptcluster.monitor", "sampler.py")
 
 
 @dataclass

@@ -43,8 +43,7 @@ class NodeProgram:
 
 
 GUARD = NodeProgram("guard", "ptcluster.remote", "guard.py")
-PROBE = NodeProgram("probe", "ptcluster.doctor", "probe.py")
-SAMPLER = NodeProgram("sampler", "ptcluster.monitor", "sampler.py")
+"""The node side of a run (the programs of other subsystems are declared where they are used)."""
 
 
 def pack_source(package: str, filename: str) -> str:

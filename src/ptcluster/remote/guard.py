@@ -47,6 +47,8 @@ MAX_LINE = 65536
 """Longer output lines are cut into pieces of this size (bounded memory per stream)."""
 EXIT_WAIT = 2.0
 """Seconds a rank's exit frame waits for the rest of its output (streams held by children)."""
+IDLE_FLUSH = 0.2
+"""Seconds after which a partial output line (no newline yet) is sent as it is."""
 
 
 class GuardError(Exception):
@@ -61,8 +63,11 @@ class Guard:
         self.cfg = cfg
         self.out_lock = threading.Lock()
         self.stop = threading.Event()
+        self.finished = threading.Event()
         self.go = threading.Event()
         self.stop_reason = ""
+        self.stop_by_head = False
+        self.stop_time = 0.0
         self.last_hb = time.monotonic()
         self.child: subprocess.Popen[bytes] | None = None
         self.tmpdir = ""
@@ -81,9 +86,11 @@ class Guard:
     def send(self, kind: str, payload: object = None) -> None:
         self.write(encode(kind, payload))
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, by_head: bool = False) -> None:
+        """Signal-safe (sets state only); the main thread tells the head when it was not the
+        head that asked (``stopping`` frame, sent before the teardown)."""
         if not self.stop.is_set():
-            self.stop_reason = reason
+            self.stop_reason, self.stop_by_head, self.stop_time = reason, by_head, time.time()
             self.stop.set()
 
     # -- threads ------------------------------------------------------------------------------
@@ -105,13 +112,14 @@ class Guard:
                     reason = json.loads(payload).get("reason") or ""
                 except (ValueError, AttributeError):
                     reason = ""
-                self.request_stop(f"stopped by the head{': ' + reason if reason else ''}")
+                self.request_stop(f"stopped by the head{': ' + reason if reason else ''}",
+                                  by_head=True)
 
     def heartbeat(self) -> None:
         timeout = float(self.cfg.get("heartbeat_timeout", 15))
-        while not self.stop.wait(1.0):
+        while not self.finished.wait(1.0):  # also during the teardown: we are still here
             self.send("hb", {"t": time.time()})
-            if time.monotonic() - self.last_hb > timeout:
+            if not self.stop.is_set() and time.monotonic() - self.last_hb > timeout:
                 self.request_stop(f"no heartbeat from the head for {timeout:.0f} s")
 
     def pump_agent(self, stream: Any) -> None:
@@ -228,6 +236,8 @@ class Guard:
         self.start(facts)
         code = self.wait_child()
         if code is None:
+            if not self.stop_by_head:
+                self.send("stopping", {"reason": self.stop_reason, "t": self.stop_time})
             code = self.teardown(grace=float(self.cfg.get("grace", 4.0)))
             reason = self.stop_reason
         else:
@@ -247,10 +257,13 @@ class Guard:
 class RankServer:
     """The Unix socket the ranks' shims connect to; one selector thread serves every stream.
 
-    A connection starts with one JSON header line ``{"rank": R, "role": "out"|"err"|"ctl"}``;
-    ``out``/``err`` then carry raw output, ``ctl`` the shim's records (``start``, ``exit``,
-    ``data``). A rank's ``rexit`` frame waits until its output streams are closed (or
-    ``EXIT_WAIT``), so the head has its traceback before it learns that it ended.
+    A connection starts with one JSON header line ``{"rank": R, "role": ROLE}``. ``out`` and
+    ``err`` then carry the rank's raw output: lines end at ``\n`` or ``\r`` (progress bars),
+    and a partial line is sent after ``IDLE_FLUSH`` s without more (prompts). ``ctl`` carries
+    the shim's ``start`` (with the number of output streams it opened) and ``exit``; ``data``
+    carries what the rank itself reports (``error``, ``data`` records). A rank's ``rexit`` waits
+    until every declared output stream has come and gone (or ``EXIT_WAIT``), so the head has a
+    rank's last lines, its traceback included, before it learns that it ended.
     """
 
     def __init__(self, path: str, write: Any) -> None:
@@ -260,9 +273,12 @@ class RankServer:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         os.chmod(path, 0o600)
-        self.listener.listen(256)
+        self.listener.listen(1024)
+        self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, None)
         self.open_streams: dict[int, int] = {}
+        self.seen_streams: dict[int, int] = {}
+        self.declared: dict[int, int] = {}
         self.pending: dict[int, tuple[dict[str, Any], float]] = {}
         self.exited: set[int] = set()
         self.closing = threading.Event()
@@ -271,21 +287,25 @@ class RankServer:
 
     def serve(self) -> None:
         while True:
-            for key, _ in self.sel.select(timeout=0.1):
+            for key, _ in self.sel.select(timeout=0.05):
                 if key.data is None:
                     self.accept()
                 else:
                     self.read(key.fileobj, key.data)
+            self.flush_partial_lines()
             self.flush_exits(force=False)
             if self.closing.is_set() and not self.pending and not self.open_streams:
                 return
 
     def accept(self) -> None:
-        try:
-            conn, _ = self.listener.accept()
-        except OSError:
-            return
-        self.sel.register(conn, selectors.EVENT_READ, {"head": b"", "rank": None, "buf": b""})
+        while True:  # every waiting connection, so a rank's streams are counted together
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, OSError):
+                return
+            conn.setblocking(True)
+            self.sel.register(conn, selectors.EVENT_READ,
+                              {"head": b"", "rank": None, "buf": b"", "cr": False, "at": 0.0})
 
     def read(self, conn: Any, st: dict[str, Any]) -> None:
         try:
@@ -307,40 +327,61 @@ class RankServer:
             st["rank"], st["role"] = rank, role
             if role in ("out", "err"):
                 self.open_streams[rank] = self.open_streams.get(rank, 0) + 1
+                self.seen_streams[rank] = self.seen_streams.get(rank, 0) + 1
         if data:
             self.feed(st, data)
         if eof:
             self.drop(conn, st)
 
     def feed(self, st: dict[str, Any], data: bytes) -> None:
-        lines = (st["buf"] + data).split(b"\n")
+        role, rank = st["role"], st["rank"]
+        if role not in ("out", "err"):
+            lines = (st["buf"] + data).split(b"\n")
+            st["buf"] = lines.pop()
+            for line in lines:
+                self.record(rank, line.decode(errors="replace"))
+            return
+        if st["cr"] and data.startswith(b"\n"):
+            data = data[1:]  # the \n of a \r\n split across two reads
+        st["cr"] = data.endswith(b"\r")
+        lines = (st["buf"] + data).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
         st["buf"] = lines.pop()
         if len(st["buf"]) > MAX_LINE:
             lines.append(st["buf"])
             st["buf"] = b""
-        if not lines:
-            return
-        role, rank = st["role"], st["rank"]
-        if role in ("out", "err"):
+        st["at"] = time.monotonic()
+        if lines:
             kind = "o" if role == "out" else "e"
-            self.write(b"".join(encode_text(kind, rank, line.rstrip(b"\r")) for line in lines))
-            return
-        for line in lines:
-            self.record(rank, line.decode(errors="replace"))
+            self.write(b"".join(encode_text(kind, rank, line) for line in lines))
+
+    def flush_partial_lines(self) -> None:
+        """A partial output line (a prompt, a progress bar) goes out once the rank pauses."""
+        now = time.monotonic()
+        for key in list(self.sel.get_map().values()):
+            st = key.data
+            if st and st.get("buf") and st.get("role") in ("out", "err") \
+                    and now - st["at"] > IDLE_FLUSH:
+                line, st["buf"] = st["buf"], b""
+                self.write(encode_text("o" if st["role"] == "out" else "e", st["rank"], line))
 
     def record(self, rank: int, line: str) -> None:
         kind, payload = split(line)
         try:
             body = json.loads(payload) if payload else {}
         except ValueError:
-            return
+            body = None
         if not isinstance(body, dict):
+            self.write(encode("rdata", {"rank": rank, "kind": "bad-record",
+                                        "text": line[:200]}))
             return
         body["rank"] = rank
         if kind == "exit":
             self.exited.add(rank)
             self.pending[rank] = (body, time.monotonic() + EXIT_WAIT)
-        elif kind in ("start", "data"):
+        elif kind == "start":
+            self.declared[rank] = int(body.get("streams", 0))
+            self.write(encode("rstart", body))
+        elif kind in ("data", "error"):
             self.write(encode("r" + kind, body))
 
     def drop(self, conn: Any, st: dict[str, Any] | None = None) -> None:
@@ -356,8 +397,8 @@ class RankServer:
             if self.open_streams[rank] <= 0:
                 del self.open_streams[rank]
         elif st["role"] == "ctl" and rank not in self.exited:
-            self.exited.add(rank)
             # The shim itself died (SIGKILL): no exit record; the head reports it as killed.
+            self.exited.add(rank)
             self.pending[rank] = ({"rank": rank, "code": None, "t": time.time(),
                                    "note": "ended without an exit record"},
                                   time.monotonic() + EXIT_WAIT)
@@ -365,7 +406,9 @@ class RankServer:
     def flush_exits(self, force: bool) -> None:
         now = time.monotonic()
         for rank, (body, deadline) in list(self.pending.items()):
-            if force or rank not in self.open_streams or now >= deadline:
+            streams_done = rank not in self.open_streams and \
+                self.seen_streams.get(rank, 0) >= self.declared.get(rank, 0)
+            if force or streams_done or now >= deadline:
                 del self.pending[rank]
                 self.write(encode("rexit", body))
 
@@ -578,6 +621,8 @@ def main() -> int:
         guard.teardown(grace=1.0)
         _rmtree(guard.tmpdir)
         return 70
+    finally:
+        guard.finished.set()
 
 
 if __name__ == "__main__":
