@@ -1,0 +1,79 @@
+"""The node side without ssh or torch: the real shim talking to the guard's real rank server
+over its Unix socket, frames checked as the head would decode them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ptcluster.launch import events as ev
+from ptcluster.launch import shim
+from ptcluster.remote.guard import RankServer
+
+SHIM = Path(shim.__file__)
+
+
+def run_rank(tmp_path: Path, code: str, wait: float = 3.0) -> list[ev.Event]:
+    """Run ``python -c code`` as rank 3 under the shim; the frames the guard sent, decoded."""
+    out: list[bytes] = []
+    server = RankServer(str(tmp_path / "g.sock"), out.append)
+    env = {**os.environ, "PTCLUSTER_GUARD_SOCK": server.path, "RANK": "3", "LOCAL_RANK": "1"}
+    env.pop(shim.SHIM_VAR, None)
+    subprocess.run([sys.executable, "-u", str(SHIM), "-c", code], env=env, timeout=60)
+    server.close(wait)
+    lines = b"".join(out).decode().splitlines()
+    return [ev.decode("n", line) for line in lines]
+
+
+def texts(events: list[ev.Event], stream: str) -> list[str]:
+    return [e.text for e in events if isinstance(e, ev.RankOutput) and e.stream == stream]
+
+
+def test_output_by_stream_and_exit_after_the_last_line(tmp_path) -> None:
+    events = run_rank(tmp_path, "import sys\nprint('out 1')\nprint('err 1', file=sys.stderr)\n"
+                                "raise ValueError('bad value')")
+    assert texts(events, "out") == ["out 1"]
+    err = texts(events, "err")
+    assert err[0] == "err 1" and err[-1] == "ValueError: bad value"
+    assert err[1] == "Traceback (most recent call last):" and "shim" not in " ".join(err)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[0] == "RankStart" and kinds[-1] == "RankExit"  # after every output line
+    (error,) = [e for e in events if isinstance(e, ev.RankError)]
+    assert error.rank == 3 and error.text == "ValueError: bad value"
+    assert events[-1] == ev.RankExit("n", 3, 1, events[-1].node_time, events[-1].duration)
+
+
+@pytest.mark.parametrize("code, status", [
+    ("import os; os._exit(0)", 0),
+    ("import sys; sys.exit(7)", 7),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM),
+])
+def test_exit_status_as_the_kernel_gave_it(tmp_path, code, status) -> None:
+    events = run_rank(tmp_path, code)
+    (exit_event,) = [e for e in events if isinstance(e, ev.RankExit)]
+    assert exit_event.code == status
+
+
+def test_progress_bars_and_prompts_become_lines(tmp_path) -> None:
+    events = run_rank(tmp_path, "import sys, time\n"
+                                "sys.stdout.write('10%\\r20%\\r30%\\r\\n')\n"
+                                "sys.stdout.write('a\\r\\nb\\n')\n"
+                                "sys.stdout.write('name? ')\nsys.stdout.flush()\ntime.sleep(1)\n"
+                                "print('done')")
+    assert texts(events, "out") == ["10%", "20%", "30%", "a", "b", "name? ", "done"]
+
+
+def test_a_child_holding_stdout_delays_the_exit_only_boundedly(tmp_path) -> None:
+    """The rank leaves a background child that keeps its stdout: the exit is sent anyway after
+    EXIT_WAIT (the child's later lines still arrive while it runs)."""
+    events = run_rank(tmp_path, "import subprocess, sys\n"
+                                "subprocess.Popen([sys.executable, '-c', "
+                                "'import time; time.sleep(6)'])\nprint('parent done')", wait=10)
+    assert texts(events, "out") == ["parent done"]
+    assert any(isinstance(e, ev.RankExit) and e.code == 0 for e in events)
