@@ -332,11 +332,13 @@ def test_root_cause_is_the_first_failure_even_when_its_news_comes_last(
     finally:
         head.kill()
     assert code == 1, head.output()
-    err = "\n".join(head.err)
-    assert f"Root cause (first observed failure): rank 1 on {victim.name}: exited with code 3" \
-        in err, head.output()
+    (cause,) = [line for line in head.err if line.startswith("Root cause")]
+    # Its exit code, or (when its exit hangs in torch's shutdown until our teardown) the
+    # SystemExit it raised: either way rank 1, not the peer whose news came first.
+    assert cause.startswith(f"Root cause (first observed failure): rank 1 on {victim.name}: ")
+    assert "exited with code 3" in cause or "SystemExit: 3, then it hung" in cause, cause
     _, summary = only_run(head_runs(head))
-    assert [(f["rank"], f["exit_code"]) for f in summary["failures"]][:2] == [(1, 3), (0, 1)]
+    assert [f["rank"] for f in summary["failures"]][:2] == [1, 0]
     assert job_processes(job_id, wait=10) == []
 
 

@@ -111,6 +111,9 @@ def test_signal_to_head_ends_every_process(tmp_path, sig, no_leftovers) -> None:
         "stopped by the head")  # the guard ended it in order; no channel was cut
     assert "Traceback" not in "\n".join(head.err) and "SignalException" not in \
         "\n".join(head.err + head.lines)
+    # ... while the node log keeps what torchrun said about the signal it got from the guard.
+    (node_log,) = (tmp_path / "runs" / job_id).glob("node0-*.log")
+    assert "death signal" in node_log.read_text()
 
 
 def test_sigkill_of_head_group_leaves_nothing(tmp_path, no_leftovers) -> None:

@@ -211,7 +211,8 @@ def test_a_rank_that_raised_before_the_stop_failed_then_not_when_it_was_killed()
     sup.on_event(ev.RankExit("a", 0, -15, WALL + 9.0, 8.0), 9.1)  # ended by the teardown
     first = sup.ordered_failures()[0]
     assert first.rank == 0 and first.at == pytest.approx(WALL + 5.0)
-    assert first.message == "killed by SIGTERM (RuntimeError: boom)"
+    assert first.message == ("RuntimeError: boom, then it hung until the teardown ended it "
+                             "(killed by SIGTERM)")
     assert sup.ranks[0].status == "killed by SIGTERM"
 
 

@@ -129,7 +129,7 @@ def run_in_process(argv: list[str]) -> None:
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
-            _report_error("")
+            _report_error(f"SystemExit: {exc.code}")
         raise
     except KeyboardInterrupt:
         _report_error("KeyboardInterrupt")

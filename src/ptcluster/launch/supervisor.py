@@ -201,7 +201,9 @@ class Supervisor:
         message = ("ended without an exit status (its process was killed)" if code is None
                    else f"killed by {signame(-code)}" if code < 0
                    else f"exited with code {code}")
-        if text:
+        if text and stop_at is not None and record.ended_at >= stop_at:
+            message = f"{text}, then it hung until the teardown ended it ({message})"
+        elif text and not text.startswith("SystemExit"):
             message += f" ({text})"
         known = self._rank_failure.get(record.rank)
         if known is not None:  # the second report of the same failure: refine it
