@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -56,3 +57,14 @@ def show(rows: list[tuple[str, str]]) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+
+
+def ssh_only(bed: Any, k: int) -> float:
+    """Seconds for k parallel `ssh node true` on a testbed (connect, authenticate, run
+    nothing): the floor of any fan-out over ssh there."""
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(["ssh", "-F", str(bed.ssh_config), "-T", node.name, "true"],
+                              stdin=subprocess.DEVNULL) for node in bed.nodes[:k]]
+    if any(p.wait() != 0 for p in procs):
+        raise SystemExit("ssh to a testbed node failed")
+    return time.perf_counter() - t0

@@ -12,26 +12,14 @@ show how much of the scaling is the testbed's, not doctor's.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _common import PTCLUSTER, ROOT, median, show, timed
+from _common import PTCLUSTER, ROOT, median, show, ssh_only, timed
 
 sys.path.insert(0, str(ROOT))
 from tests.testbed import Testbed  # noqa: E402
-
-
-def ssh_only(bed: Testbed, k: int) -> float:
-    """Seconds for k parallel `ssh node true` (connect, authenticate, run nothing)."""
-    t0 = time.perf_counter()
-    procs = [subprocess.Popen(["ssh", "-F", str(bed.ssh_config), "-T", node.name, "true"],
-                              stdin=subprocess.DEVNULL) for node in bed.nodes[:k]]
-    if any(p.wait() != 0 for p in procs):
-        raise SystemExit("ssh to a testbed node failed")
-    return time.perf_counter() - t0
 
 
 def main() -> None:

@@ -155,7 +155,8 @@ class Supervisor:
                                   "may escape teardown"))
         if self.phase is Phase.STARTING and all(n.ready for n in self.nodes.values()):
             self.phase, self.went_at = Phase.RUNNING, now
-            actions.append(Status(f"all {len(self.nodes)} node(s) ready; starting "
+            actions.append(Status(f"all {len(self.nodes)} node(s) ready in "
+                                  f"{now - self.started:.2f} s; starting "
                                   f"{self.plan.world_size} rank(s)"))
             actions += [Send(h, "go") for h in self.nodes]
         return actions
