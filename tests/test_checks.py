@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
-from ptcluster.doctor import probe
+from ptcluster.doctor import accel
 from ptcluster.doctor.checks import run_checks
+from ptcluster.doctor.collect import PROBE as PROBE_PROGRAM
 from ptcluster.doctor.collect import NodeProbe, ProblemKind
 from ptcluster.remote.bootstrap import pack_source
 from ptcluster.spec import parse_cluster_text
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "testbed_facts.json").read_text())
 CLUSTER = "nodes: [{host: node0, slots: 2}, {host: node1}, {host: node2}]\n"
-PROBE = Path(probe.__file__)
 
 
 def probes_from(recorded: dict[str, Any]) -> dict[str, NodeProbe]:
@@ -226,19 +226,19 @@ H200 = "NVIDIA H200, 580.82.07, 143771, 9.0"
 
 
 @pytest.mark.parametrize("text,fields,count,names,driver,memory,capability", [
-    ("\n".join([H200] * 8) + "\n", probe.SMI_FIELDS, 8, ["NVIDIA H200"] * 8, "580.82.07",
+    ("\n".join([H200] * 8) + "\n", accel.SMI_FIELDS, 8, ["NVIDIA H200"] * 8, "580.82.07",
      [143771] * 8, ["9.0"] * 8),
     ("NVIDIA A100-SXM4-80GB, 535.154.05, 81920\nNVIDIA A100-SXM4-80GB, 535.154.05, 81920\n",
-     probe.SMI_FIELDS[:3], 2, ["NVIDIA A100-SXM4-80GB"] * 2, "535.154.05", [81920] * 2,
+     accel.SMI_FIELDS[:3], 2, ["NVIDIA A100-SXM4-80GB"] * 2, "535.154.05", [81920] * 2,
      [None, None]),  # nvidia-smi before compute_cap existed
-    ("NVIDIA GeForce RTX 4090, 550.54.15, [N/A], 8.9\n", probe.SMI_FIELDS, 1,
+    ("NVIDIA GeForce RTX 4090, 550.54.15, [N/A], 8.9\n", accel.SMI_FIELDS, 1,
      ["NVIDIA GeForce RTX 4090"], "550.54.15", [None], ["8.9"]),
-    ("Tesla, V100, 470.82.01, 32768, 7.0\n", probe.SMI_FIELDS, 1, ["Tesla, V100"],
+    ("Tesla, V100, 470.82.01, 32768, 7.0\n", accel.SMI_FIELDS, 1, ["Tesla, V100"],
      "470.82.01", [32768], ["7.0"]),  # a comma in the name stays in the name
-    ("", probe.SMI_FIELDS, 0, [], None, [], []),
+    ("", accel.SMI_FIELDS, 0, [], None, [], []),
 ])
 def test_nvidia_smi_csv(text, fields, count, names, driver, memory, capability) -> None:
-    g = probe.parse_nvidia_smi_csv(text, fields)
+    g = accel.parse_nvidia_smi_csv(text, fields)
     assert (g["count"], g["names"], g["driver"], g["memory_mib"], g["compute_capability"]) == \
         (count, names, driver, memory, capability)
     assert g["source"] == "nvidia-smi" and g["error"] is None
@@ -246,7 +246,7 @@ def test_nvidia_smi_csv(text, fields, count, names, driver, memory, capability) 
 
 def test_nvidia_smi_csv_rejects_other_text() -> None:
     with pytest.raises(ValueError):
-        probe.parse_nvidia_smi_csv("NVIDIA-SMI has failed because it couldn't communicate with "
+        accel.parse_nvidia_smi_csv("NVIDIA-SMI has failed because it couldn't communicate with "
                                    "the NVIDIA driver. Make sure that the latest NVIDIA driver is "
                                    "installed and running.")
 
@@ -262,7 +262,7 @@ def test_nvidia_smi_csv_rejects_other_text() -> None:
     ("", None),
 ])
 def test_driver_version_files(text, version) -> None:
-    assert probe.parse_driver_version(text) == version
+    assert accel.parse_driver_version(text) == version
 
 
 VERSION_PY_CU130 = """from typing import Optional
@@ -290,13 +290,13 @@ VERSION_PY_CPU = VERSION_PY_CU130.replace("+cu130", "+cpu").replace("'13.0'", "N
      "2.5.1+rocm6.2", None, "6.2.41133-dd7f95766"),
 ])
 def test_torch_version_py(text, version, cuda, hip) -> None:
-    got = probe.parse_version_py(text)
+    got = accel.parse_version_py(text)
     assert (got["__version__"], got["cuda"], got.get("hip")) == (version, cuda, hip)
 
 
 def test_torch_version_py_is_never_executed(tmp_path) -> None:
     marker = tmp_path / "ran"
-    got = probe.parse_version_py(f"__version__ = '2.13.0'\n"
+    got = accel.parse_version_py(f"__version__ = '2.13.0'\n"
                                  f"cuda = __import__('os').mkdir({str(marker)!r})\n")
     assert got == {"__version__": "2.13.0"} and not marker.exists()
 
@@ -312,7 +312,7 @@ def test_torch_version_py_is_never_executed(tmp_path) -> None:
     ("libcudnn_ops.so.9.13.0", "libcudnn", None),
 ])
 def test_library_file_names(name, stem, version) -> None:
-    assert probe.lib_file_version(name, stem) == version
+    assert accel.lib_file_version(name, stem) == version
 
 
 def test_library_version_follows_the_soname_link(tmp_path) -> None:
@@ -320,15 +320,15 @@ def test_library_version_follows_the_soname_link(tmp_path) -> None:
     first.mkdir()
     system.mkdir()
     (system / "libnccl.so.2.18.1").write_bytes(b"")
-    assert probe.lib_version("libnccl", [str(first), str(system)]) == \
+    assert accel.lib_version("libnccl", [str(first), str(system)]) == \
         ("2.18.1", str(system / "libnccl.so.2.18.1"))
     (first / "libnccl.so.2.27.7").write_bytes(b"")
     (first / "libnccl.so.2.28.3").write_bytes(b"")  # newer, but not the one the loader opens
     (first / "libnccl.so.2").symlink_to("libnccl.so.2.27.7")
-    assert probe.lib_version("libnccl", [str(first), str(system)]) == \
+    assert accel.lib_version("libnccl", [str(first), str(system)]) == \
         ("2.27.7", str(first / "libnccl.so.2"))
     (first / "libnccl.so.2").unlink()
-    assert probe.lib_version("libnccl", [str(first)]) == \
+    assert accel.lib_version("libnccl", [str(first)]) == \
         ("2.28.3", str(first / "libnccl.so.2.28.3"))
 
 
@@ -337,8 +337,8 @@ def test_required_names() -> None:
                 'nvidia-cudnn-cu13==9.13.0.50; platform_system == "Linux"',
                 'nvidia_nccl_cu13==2.27.7; platform_system == "Linux"',
                 'optree>=0.13.0; extra == "optree"']
-    assert probe.required_names(requires, "nvidia-nccl") == ["nvidia_nccl_cu13"]
-    assert probe.required_names(requires, "nvidia-cudnn") == ["nvidia-cudnn-cu13"]
+    assert accel.required_names(requires, "nvidia-nccl") == ["nvidia_nccl_cu13"]
+    assert accel.required_names(requires, "nvidia-cudnn") == ["nvidia-cudnn-cu13"]
 
 
 def _dist_info(site: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
@@ -353,7 +353,7 @@ def _torch_facts(site: Path) -> dict[str, Any]:
     """torch_facts() in a fresh interpreter that sees only ``site`` (no site-packages); the probe
     is loaded from its file, as it is shipped."""
     packed = site.parent / "probe_packed.py"
-    packed.write_text(pack_source("ptcluster.doctor", "probe.py"))  # as the node gets it
+    packed.write_text(pack_source(PROBE_PROGRAM))  # as the node gets it
     code = ("import importlib.util, json, sys\n"
             f"spec = importlib.util.spec_from_file_location('probe', {str(packed)!r})\n"
             "probe = importlib.util.module_from_spec(spec)\n"
@@ -468,7 +468,7 @@ class FakeNvml:
 
 def test_nvml_reader() -> None:
     nvml = FakeNvml()
-    g = probe.read_nvml(nvml)
+    g = accel.read_nvml(nvml)
     assert g == {"count": 2, "names": ["NVIDIA H200"] * 2, "memory_mib": [143771] * 2,
                  "compute_capability": ["9.0"] * 2, "driver": "580.82.07",
                  "cuda_driver": "13.0", "source": "nvml", "error": None}
@@ -476,8 +476,8 @@ def test_nvml_reader() -> None:
 
 
 def test_nvml_without_driver_is_no_gpu_and_a_broken_one_says_why() -> None:
-    assert probe.read_nvml(FakeNvml(init_code=9)) == probe.no_gpus()
-    g = probe.read_nvml(FakeNvml(init_code=18))
+    assert accel.read_nvml(FakeNvml(init_code=9)) == accel.no_gpus()
+    g = accel.read_nvml(FakeNvml(init_code=18))
     assert g["count"] == 0 and g["error"] == "nvmlInit: Driver/library version mismatch"
 
 
@@ -485,4 +485,4 @@ def test_no_gpu_here_is_clean() -> None:
     """This machine (CI, the testbed) has no NVIDIA driver: no GPU, no error."""
     if os.path.exists("/proc/driver/nvidia/version"):
         pytest.skip("this machine has an NVIDIA driver")
-    assert probe.gpus() == probe.no_gpus()
+    assert accel.gpus() == accel.no_gpus()

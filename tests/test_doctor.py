@@ -127,12 +127,12 @@ def test_missing_python_on_one_node(testbed, tmp_path) -> None:
 def test_unreachable_node(testbed, tmp_path) -> None:
     n = testbed.nodes
     nodes = f"nodes:\n  - {{host: {n[0].name}}}\n  - {{host: {testbed.unused_addr}}}\n"
-    t0 = time.monotonic()
     code, report = doctor(cluster(testbed, tmp_path, nodes), tmp_path, "--skip-allreduce")
-    assert time.monotonic() - t0 < 30
     assert code == 1
     fails = failures(report)
-    assert ("ssh", testbed.unused_addr) in fails
+    # ssh's own verdict (its connect timeout), not our probe's 60 s "no answer" deadline
+    assert "no answer within the timeout" not in fails[("ssh", testbed.unused_addr)]
+    assert "cannot reach the node over ssh" in fails[("ssh", testbed.unused_addr)]
     assert "cannot reach the node over ssh" in fails[("ssh", testbed.unused_addr)]
     assert not any(host == n[0].name for _, host in fails)
 

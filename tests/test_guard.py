@@ -13,7 +13,7 @@ import pytest
 
 from ptcluster.launch import events as ev
 from ptcluster.launch import shim
-from ptcluster.remote.guard import RankServer
+from ptcluster.remote.rank_server import RankServer
 
 SHIM = Path(shim.__file__)
 

@@ -69,7 +69,7 @@ class NodeProbe:
         return ProblemKind.COMMAND
 
 
-PROBE = NodeProgram("probe", "ptcluster.doctor", "probe.py")
+PROBE = NodeProgram("probe", "ptcluster.doctor", "probe.py", ("accel.py",))
 
 
 def interface_of(node: NodeSpec, facts: dict[str, Any], master_addr: str) -> str | None:

@@ -6,13 +6,14 @@ The only text that passes through the node's shell is ``PYTHON -u -c BOOTSTRAP P
 runs for which job. The program's source and its JSON config (argv, env, paths) travel on the
 channel's stdin, so no host, path or env value is ever re-parsed by a shell.
 
-A shipped program may use the standard library and the modules named in ``INLINED``: the packer
-puts their source in front of the program's and drops the program's own import lines for them
-(lines ending in ``# inlined``), so the node needs nothing of ptcluster installed.
+A shipped program may use the standard library, the modules named in ``INLINED`` and its own
+``parts``: the packer puts their source in front of the program's and drops the imports of them
+(marked ``# inlined``), so the node needs nothing of ptcluster installed.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import re
@@ -35,31 +36,41 @@ _WORD = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 @dataclass(frozen=True)
 class NodeProgram:
-    """A program shipped to a node: ``name`` is its label on the node (argv, tracebacks)."""
+    """A program shipped to a node: ``name`` is its label on the node (argv, tracebacks);
+    ``parts`` are modules of the same package shipped in front of it."""
 
     name: str
     package: str
     filename: str
+    parts: tuple[str, ...] = ()
 
 
-GUARD = NodeProgram("guard", "ptcluster.remote", "guard.py")
+GUARD = NodeProgram("guard", "ptcluster.remote", "guard.py", ("proctree.py", "rank_server.py"))
 """The node side of a run (the programs of other subsystems are declared where they are used)."""
 
 
-def pack_source(package: str, filename: str) -> str:
-    """The source a node executes: the inlined modules, then the program (one namespace)."""
+def pack_source(program: NodeProgram) -> str:
+    """The source a node executes: the inlined modules, the program's parts, then the program,
+    in one namespace. Imports of the shipped modules are dropped (found by the AST, not by
+    formatting); they are marked ``# inlined`` for the reader."""
+    files = [*INLINED, *((program.package, part) for part in program.parts),
+             (program.package, program.filename)]
+    shipped = {"__future__"} | {f"{pkg}.{name.removesuffix('.py')}" for pkg, name in files}
     parts = [_FUTURE]
-    for pkg, name in (*INLINED, (package, filename)):
+    for pkg, name in files:
         text = resources.files(pkg).joinpath(name).read_text()
-        parts.append("\n".join(line for line in text.splitlines()
-                               if line.strip() != _FUTURE and not line.endswith("# inlined")))
+        lines = text.splitlines()
+        for node in reversed(ast.parse(text).body):
+            if isinstance(node, ast.ImportFrom) and node.module in shipped:
+                del lines[node.lineno - 1:node.end_lineno]
+        parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
 
 
 @lru_cache(maxsize=8)
 def payload(program: NodeProgram) -> bytes:
     """Line 1 of a node program's stdin: its packed source, compressed."""
-    source = pack_source(program.package, program.filename).encode()
+    source = pack_source(program).encode()
     return base64.b64encode(zlib.compress(source, 9)) + b"\n"
 
 

@@ -22,10 +22,8 @@ torchrun leaves behind are re-parented here and found by walking /proc from our 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import selectors
 import signal
 import socket
 import subprocess
@@ -37,18 +35,22 @@ import traceback
 from typing import Any
 
 from ptcluster.remote.netif import route_interface  # inlined
+from ptcluster.remote.proctree import (  # inlined
+    descendants,
+    libc_prctl,
+    listdir,
+    reap_others,
+    remove_stale_tmpdirs,
+    rmtree,
+    set_subreaper,
+    signal_tree,
+)
+from ptcluster.remote.rank_server import EXIT_WAIT, RankServer  # inlined
 from ptcluster.remote.wire import encode, encode_text, hello, split  # inlined
 
-PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 GUARD_SOCK = "PTCLUSTER_GUARD_SOCK"
 """Env var: the Unix socket ranks report to."""
-MAX_LINE = 65536
-"""Longer output lines are cut into pieces of this size (bounded memory per stream)."""
-EXIT_WAIT = 2.0
-"""Seconds a rank's exit frame waits for the rest of its output (streams held by children)."""
-IDLE_FLUSH = 0.2
-"""Seconds after which a partial output line (no newline yet) is sent as it is."""
 
 
 class GuardError(Exception):
@@ -132,7 +134,7 @@ class Guard:
         facts: dict[str, Any] = {"hostname": socket.gethostname(), "pid": os.getpid(),
                                  "python": sys.executable, "time": time.time()}
         try:
-            _set_subreaper()
+            set_subreaper()
             facts["subreaper"] = True
         except OSError as exc:
             facts["subreaper"] = False
@@ -169,7 +171,7 @@ class Guard:
             env.setdefault("GLOO_SOCKET_IFNAME", facts["interface"])
         env[GUARD_SOCK] = self.ranks.path
         env["PET_LOG_DIR"] = self.tmpdir  # torchrun's own files: removed with the temp dir
-        prctl = _libc_prctl()  # resolved here: the child between fork and exec stays minimal
+        prctl = libc_prctl()  # resolved here: the child between fork and exec stays minimal
 
         def child_setup() -> None:
             os.setsid()
@@ -191,7 +193,7 @@ class Guard:
         assert self.child is not None
         while True:
             code = self.child.poll()
-            _reap_others(self.child.pid)
+            reap_others(self.child.pid)
             if code is not None:
                 return code
             if self.stop.wait(0.1):
@@ -209,13 +211,13 @@ class Guard:
                 pass
             deadline = time.monotonic() + grace
             while child.poll() is None and time.monotonic() < deadline:
-                _reap_others(child.pid)
+                reap_others(child.pid)
                 time.sleep(0.05)
         for _ in range(50):
-            if not _descendants(os.getpid()):
+            if not descendants(os.getpid()):
                 break
-            _signal_tree(os.getpid(), signal.SIGKILL)
-            _reap_others(child.pid)
+            signal_tree(os.getpid(), signal.SIGKILL)
+            reap_others(child.pid)
             time.sleep(0.05)
         return child.poll()
 
@@ -250,176 +252,8 @@ class Guard:
         if self.ranks is not None:
             self.ranks.close(EXIT_WAIT)  # every rank's last lines and exit before ours
         self.send("exit", {"code": code, "reason": reason, "t": time.time()})
-        _rmtree(self.tmpdir)
+        rmtree(self.tmpdir)
         return code if code >= 0 else 128 - code
-
-
-class RankServer:
-    """The Unix socket the ranks' shims connect to; one selector thread serves every stream.
-
-    A connection starts with one JSON header line ``{"rank": R, "role": ROLE}``. ``out`` and
-    ``err`` then carry the rank's raw output: lines end at ``\n`` or ``\r`` (progress bars),
-    and a partial line is sent after ``IDLE_FLUSH`` s without more (prompts). ``ctl`` carries
-    the shim's ``start`` (with the number of output streams it opened) and ``exit``; ``data``
-    carries what the rank itself reports (``error``, ``data`` records). A rank's ``rexit`` waits
-    until every declared output stream has come and gone (or ``EXIT_WAIT``), so the head has a
-    rank's last lines, its traceback included, before it learns that it ended.
-    """
-
-    def __init__(self, path: str, write: Any) -> None:
-        self.path = path
-        self.write = write
-        self.sel = selectors.DefaultSelector()
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(path)
-        os.chmod(path, 0o600)
-        self.listener.listen(1024)
-        self.listener.setblocking(False)
-        self.sel.register(self.listener, selectors.EVENT_READ, None)
-        self.open_streams: dict[int, int] = {}
-        self.seen_streams: dict[int, int] = {}
-        self.declared: dict[int, int] = {}
-        self.pending: dict[int, tuple[dict[str, Any], float]] = {}
-        self.exited: set[int] = set()
-        self.closing = threading.Event()
-        self.thread = threading.Thread(target=self.serve, daemon=True)
-        self.thread.start()
-
-    def serve(self) -> None:
-        while True:
-            for key, _ in self.sel.select(timeout=0.05):
-                if key.data is None:
-                    self.accept()
-                else:
-                    self.read(key.fileobj, key.data)
-            self.flush_partial_lines()
-            self.flush_exits(force=False)
-            if self.closing.is_set() and not self.pending and not self.open_streams:
-                return
-
-    def accept(self) -> None:
-        while True:  # every waiting connection, so a rank's streams are counted together
-            try:
-                conn, _ = self.listener.accept()
-            except (BlockingIOError, OSError):
-                return
-            conn.setblocking(True)
-            self.sel.register(conn, selectors.EVENT_READ,
-                              {"head": b"", "rank": None, "buf": b"", "cr": False, "at": 0.0})
-
-    def read(self, conn: Any, st: dict[str, Any]) -> None:
-        try:
-            data = conn.recv(65536)
-        except OSError:
-            data = b""
-        eof = not data
-        if st["rank"] is None:
-            st["head"] += data
-            if b"\n" not in st["head"] and not eof and len(st["head"]) < 4096:
-                return
-            header, _, data = st["head"].partition(b"\n")
-            try:
-                info = json.loads(header)
-                rank, role = int(info["rank"]), str(info["role"])
-            except (ValueError, KeyError, TypeError):
-                self.drop(conn)
-                return
-            st["rank"], st["role"] = rank, role
-            if role in ("out", "err"):
-                self.open_streams[rank] = self.open_streams.get(rank, 0) + 1
-                self.seen_streams[rank] = self.seen_streams.get(rank, 0) + 1
-        if data:
-            self.feed(st, data)
-        if eof:
-            self.drop(conn, st)
-
-    def feed(self, st: dict[str, Any], data: bytes) -> None:
-        role, rank = st["role"], st["rank"]
-        if role not in ("out", "err"):
-            lines = (st["buf"] + data).split(b"\n")
-            st["buf"] = lines.pop()
-            for line in lines:
-                self.record(rank, line.decode(errors="replace"))
-            return
-        if st["cr"] and data.startswith(b"\n"):
-            data = data[1:]  # the \n of a \r\n split across two reads
-        st["cr"] = data.endswith(b"\r")
-        lines = (st["buf"] + data).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
-        st["buf"] = lines.pop()
-        if len(st["buf"]) > MAX_LINE:
-            lines.append(st["buf"])
-            st["buf"] = b""
-        st["at"] = time.monotonic()
-        if lines:
-            kind = "o" if role == "out" else "e"
-            self.write(b"".join(encode_text(kind, rank, line) for line in lines))
-
-    def flush_partial_lines(self) -> None:
-        """A partial output line (a prompt, a progress bar) goes out once the rank pauses."""
-        now = time.monotonic()
-        for key in list(self.sel.get_map().values()):
-            st = key.data
-            if st and st.get("buf") and st.get("role") in ("out", "err") \
-                    and now - st["at"] > IDLE_FLUSH:
-                line, st["buf"] = st["buf"], b""
-                self.write(encode_text("o" if st["role"] == "out" else "e", st["rank"], line))
-
-    def record(self, rank: int, line: str) -> None:
-        kind, payload = split(line)
-        try:
-            body = json.loads(payload) if payload else {}
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            self.write(encode("rdata", {"rank": rank, "kind": "bad-record",
-                                        "text": line[:200]}))
-            return
-        body["rank"] = rank
-        if kind == "exit":
-            self.exited.add(rank)
-            self.pending[rank] = (body, time.monotonic() + EXIT_WAIT)
-        elif kind == "start":
-            self.declared[rank] = int(body.get("streams", 0))
-            self.write(encode("rstart", body))
-        elif kind in ("data", "error"):
-            self.write(encode("r" + kind, body))
-
-    def drop(self, conn: Any, st: dict[str, Any] | None = None) -> None:
-        self.sel.unregister(conn)
-        conn.close()
-        if st is None or st["rank"] is None:
-            return
-        if st["buf"]:
-            self.feed(st, b"\n")
-        rank = st["rank"]
-        if st["role"] in ("out", "err"):
-            self.open_streams[rank] -= 1
-            if self.open_streams[rank] <= 0:
-                del self.open_streams[rank]
-        elif st["role"] == "ctl" and rank not in self.exited:
-            # The shim itself died (SIGKILL): no exit record; the head reports it as killed.
-            self.exited.add(rank)
-            self.pending[rank] = ({"rank": rank, "code": None, "t": time.time(),
-                                   "note": "ended without an exit record"},
-                                  time.monotonic() + EXIT_WAIT)
-
-    def flush_exits(self, force: bool) -> None:
-        now = time.monotonic()
-        for rank, (body, deadline) in list(self.pending.items()):
-            streams_done = rank not in self.open_streams and \
-                self.seen_streams.get(rank, 0) >= self.declared.get(rank, 0)
-            if force or streams_done or now >= deadline:
-                del self.pending[rank]
-                self.write(encode("rexit", body))
-
-    def close(self, wait: float) -> None:
-        """Serve until every stream is closed and every exit is sent, at most ``wait`` s."""
-        self.closing.set()
-        self.thread.join(timeout=wait)
-        if self.thread.is_alive():
-            return  # a descendant still holds a stream: its exit goes out with what we have
-        self.flush_exits(force=True)
-        self.listener.close()
 
 
 def check_target(target: dict[str, Any], workdir: str) -> None:
@@ -470,19 +304,12 @@ def module_present(name: str, workdir: str) -> bool:
                               for ext in (".py", ".pyc")):
                 return True
             elif last and any(f.startswith(part + ".") and f.endswith(".so")
-                              for f in _listdir(d)):
+                              for f in listdir(d)):
                 return True
         if not found:
             return False
         dirs = found
     return True
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
 
 
 def check_port_free(port: int) -> None:
@@ -497,111 +324,6 @@ def check_port_free(port: int) -> None:
                 f"master port {port} is already in use on this node ({exc.strerror})",
                 "pass --port with a free port, or set master.port in the cluster file",
             ) from None
-
-
-def _libc_prctl() -> Any:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-def _set_subreaper() -> None:
-    prctl = _libc_prctl()
-    if prctl is None or prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
-
-
-def _proc_table() -> list[tuple[int, int, str]]:
-    """(pid, ppid, state) of every process we can see."""
-    table = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        # The command name may hold spaces and ')': fields start after the last ')'.
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 1:
-            table.append((int(entry), int(fields[1]), fields[0]))
-    return table
-
-
-def _descendants(root: int) -> list[int]:
-    """Live (non-zombie) processes below ``root``."""
-    children: dict[int, list[int]] = {}
-    for pid, ppid, state in _proc_table():
-        if state != "Z":
-            children.setdefault(ppid, []).append(pid)
-    out, todo = [], [root]
-    while todo:
-        for pid in children.get(todo.pop(), []):
-            out.append(pid)
-            todo.append(pid)
-    return out
-
-
-def _signal_tree(root: int, sig: int) -> None:
-    for pid in _descendants(root):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def _reap_others(keep: int) -> None:
-    """Reap re-parented orphans (we are a subreaper) without stealing the child's status."""
-    while True:
-        try:
-            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if info is None or info.si_pid == keep:
-            return  # nothing to reap, or the child itself: Popen.poll() collects that one
-        try:
-            os.waitpid(info.si_pid, 0)
-        except ChildProcessError:
-            return
-
-
-def _rmtree(path: str) -> None:
-    if not path:
-        return
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            try:
-                os.unlink(os.path.join(root, name))
-            except OSError:
-                pass
-        for name in dirs:
-            try:
-                os.rmdir(os.path.join(root, name))
-            except OSError:
-                pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
-def remove_stale_tmpdirs() -> None:
-    """Temp dirs of guards that were killed (SIGKILL leaves them): their pid is gone."""
-    base = tempfile.gettempdir()
-    for name in _listdir(base):
-        path = os.path.join(base, name)
-        if not name.startswith("ptcluster-"):
-            continue
-        try:
-            with open(os.path.join(path, "guard.pid")) as f:
-                pid = int(f.read().strip())
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            _rmtree(path)
-        except (OSError, ValueError):
-            continue
 
 
 def main() -> int:
@@ -619,7 +341,7 @@ def main() -> int:
                              "fix": "report this bug with the node's details: "
                              + traceback.format_exc(limit=3).replace("\n", " | ")})
         guard.teardown(grace=1.0)
-        _rmtree(guard.tmpdir)
+        rmtree(guard.tmpdir)
         return 70
     finally:
         guard.finished.set()

@@ -1,0 +1,123 @@
+"""Processes by tree, never by name: the guard's view of what its job left on the node.
+
+Standard library only; shipped with the guard (inlined by ``remote.bootstrap``).
+"""
+
+import ctypes
+import os
+import tempfile
+from typing import Any
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def libc_prctl() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def set_subreaper() -> None:
+    prctl = libc_prctl()
+    if prctl is None or prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def _proc_table() -> list[tuple[int, int, str]]:
+    """(pid, ppid, state) of every process we can see."""
+    table = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        # The command name may hold spaces and ')': fields start after the last ')'.
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1:
+            table.append((int(entry), int(fields[1]), fields[0]))
+    return table
+
+
+def descendants(root: int) -> list[int]:
+    """Live (non-zombie) processes below ``root``."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid, state in _proc_table():
+        if state != "Z":
+            children.setdefault(ppid, []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            out.append(pid)
+            todo.append(pid)
+    return out
+
+
+def signal_tree(root: int, sig: int) -> None:
+    for pid in descendants(root):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def reap_others(keep: int) -> None:
+    """Reap re-parented orphans (we are a subreaper) without stealing the child's status."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid == keep:
+            return  # nothing to reap, or the child itself: Popen.poll() collects that one
+        try:
+            os.waitpid(info.si_pid, 0)
+        except ChildProcessError:
+            return
+
+
+def rmtree(path: str) -> None:
+    if not path:
+        return
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            try:
+                os.unlink(os.path.join(root, name))
+            except OSError:
+                pass
+        for name in dirs:
+            try:
+                os.rmdir(os.path.join(root, name))
+            except OSError:
+                pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def remove_stale_tmpdirs() -> None:
+    """Temp dirs of guards that were killed (SIGKILL leaves them): their pid is gone."""
+    base = tempfile.gettempdir()
+    for name in listdir(base):
+        path = os.path.join(base, name)
+        if not name.startswith("ptcluster-"):
+            continue
+        try:
+            with open(os.path.join(path, "guard.pid")) as f:
+                pid = int(f.read().strip())
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            rmtree(path)
+        except (OSError, ValueError):
+            continue
+
+
+def listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []

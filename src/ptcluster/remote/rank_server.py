@@ -1,0 +1,189 @@
+"""The guard's side of its ranks: one Unix socket, every rank's output and records as frames.
+
+Standard library only; shipped with the guard (inlined by ``remote.bootstrap``).
+"""
+
+import json
+import os
+import selectors
+import socket
+import threading
+import time
+from typing import Any
+
+from ptcluster.remote.wire import encode, encode_text, split  # inlined
+
+MAX_LINE = 65536
+"""Longer output lines are cut into pieces of this size (bounded memory per stream)."""
+EXIT_WAIT = 2.0
+"""Seconds a rank's exit frame waits for the rest of its output (streams held by children)."""
+IDLE_FLUSH = 0.2
+"""Seconds after which a partial output line (no newline yet) is sent as it is."""
+
+
+class RankServer:
+    """The Unix socket the ranks' shims connect to; one selector thread serves every stream.
+
+    A connection starts with one JSON header line ``{"rank": R, "role": ROLE}``. ``out`` and
+    ``err`` then carry the rank's raw output: lines end at ``\n`` or ``\r`` (progress bars),
+    and a partial line is sent after ``IDLE_FLUSH`` s without more (prompts). ``ctl`` carries
+    the shim's ``start`` (with the number of output streams it opened) and ``exit``; ``data``
+    carries what the rank itself reports (``error``, ``data`` records). A rank's ``rexit`` waits
+    until every declared output stream has come and gone (or ``EXIT_WAIT``), so the head has a
+    rank's last lines, its traceback included, before it learns that it ended.
+    """
+
+    def __init__(self, path: str, write: Any) -> None:
+        self.path = path
+        self.write = write
+        self.sel = selectors.DefaultSelector()
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        os.chmod(path, 0o600)
+        self.listener.listen(1024)
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, None)
+        self.open_streams: dict[int, int] = {}
+        self.seen_streams: dict[int, int] = {}
+        self.declared: dict[int, int] = {}
+        self.pending: dict[int, tuple[dict[str, Any], float]] = {}
+        self.exited: set[int] = set()
+        self.closing = threading.Event()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        while True:
+            for key, _ in self.sel.select(timeout=0.05):
+                if key.data is None:
+                    self.accept()
+                else:
+                    self.read(key.fileobj, key.data)
+            self.flush_partial_lines()
+            self.flush_exits(force=False)
+            if self.closing.is_set() and not self.pending and not self.open_streams:
+                return
+
+    def accept(self) -> None:
+        while True:  # every waiting connection, so a rank's streams are counted together
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, OSError):
+                return
+            conn.setblocking(True)
+            self.sel.register(conn, selectors.EVENT_READ,
+                              {"head": b"", "rank": None, "buf": b"", "cr": False, "at": 0.0})
+
+    def read(self, conn: Any, st: dict[str, Any]) -> None:
+        try:
+            data = conn.recv(65536)
+        except OSError:
+            data = b""
+        eof = not data
+        if st["rank"] is None:
+            st["head"] += data
+            if b"\n" not in st["head"] and not eof and len(st["head"]) < 4096:
+                return
+            header, _, data = st["head"].partition(b"\n")
+            try:
+                info = json.loads(header)
+                rank, role = int(info["rank"]), str(info["role"])
+            except (ValueError, KeyError, TypeError):
+                self.drop(conn)
+                return
+            st["rank"], st["role"] = rank, role
+            if role in ("out", "err"):
+                self.open_streams[rank] = self.open_streams.get(rank, 0) + 1
+                self.seen_streams[rank] = self.seen_streams.get(rank, 0) + 1
+        if data:
+            self.feed(st, data)
+        if eof:
+            self.drop(conn, st)
+
+    def feed(self, st: dict[str, Any], data: bytes) -> None:
+        role, rank = st["role"], st["rank"]
+        if role not in ("out", "err"):
+            lines = (st["buf"] + data).split(b"\n")
+            st["buf"] = lines.pop()
+            for line in lines:
+                self.record(rank, line.decode(errors="replace"))
+            return
+        if st["cr"] and data.startswith(b"\n"):
+            data = data[1:]  # the \n of a \r\n split across two reads
+        st["cr"] = data.endswith(b"\r")
+        lines = (st["buf"] + data).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        st["buf"] = lines.pop()
+        if len(st["buf"]) > MAX_LINE:
+            lines.append(st["buf"])
+            st["buf"] = b""
+        st["at"] = time.monotonic()
+        if lines:
+            kind = "o" if role == "out" else "e"
+            self.write(b"".join(encode_text(kind, rank, line) for line in lines))
+
+    def flush_partial_lines(self) -> None:
+        """A partial output line (a prompt, a progress bar) goes out once the rank pauses."""
+        now = time.monotonic()
+        for key in list(self.sel.get_map().values()):
+            st = key.data
+            if st and st.get("buf") and st.get("role") in ("out", "err") \
+                    and now - st["at"] > IDLE_FLUSH:
+                line, st["buf"] = st["buf"], b""
+                self.write(encode_text("o" if st["role"] == "out" else "e", st["rank"], line))
+
+    def record(self, rank: int, line: str) -> None:
+        kind, payload = split(line)
+        try:
+            body = json.loads(payload) if payload else {}
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            self.write(encode("rdata", {"rank": rank, "kind": "bad-record",
+                                        "text": line[:200]}))
+            return
+        body["rank"] = rank
+        if kind == "exit":
+            self.exited.add(rank)
+            self.pending[rank] = (body, time.monotonic() + EXIT_WAIT)
+        elif kind == "start":
+            self.declared[rank] = int(body.get("streams", 0))
+            self.write(encode("rstart", body))
+        elif kind in ("data", "error"):
+            self.write(encode("r" + kind, body))
+
+    def drop(self, conn: Any, st: dict[str, Any] | None = None) -> None:
+        self.sel.unregister(conn)
+        conn.close()
+        if st is None or st["rank"] is None:
+            return
+        if st["buf"]:
+            self.feed(st, b"\n")
+        rank = st["rank"]
+        if st["role"] in ("out", "err"):
+            self.open_streams[rank] -= 1
+            if self.open_streams[rank] <= 0:
+                del self.open_streams[rank]
+        elif st["role"] == "ctl" and rank not in self.exited:
+            # The shim itself died (SIGKILL): no exit record; the head reports it as killed.
+            self.exited.add(rank)
+            self.pending[rank] = ({"rank": rank, "code": None, "t": time.time(),
+                                   "note": "ended without an exit record"},
+                                  time.monotonic() + EXIT_WAIT)
+
+    def flush_exits(self, force: bool) -> None:
+        now = time.monotonic()
+        for rank, (body, deadline) in list(self.pending.items()):
+            streams_done = rank not in self.open_streams and \
+                self.seen_streams.get(rank, 0) >= self.declared.get(rank, 0)
+            if force or streams_done or now >= deadline:
+                del self.pending[rank]
+                self.write(encode("rexit", body))
+
+    def close(self, wait: float) -> None:
+        """Serve until every stream is closed and every exit is sent, at most ``wait`` s."""
+        self.closing.set()
+        self.thread.join(timeout=wait)
+        if self.thread.is_alive():
+            return  # a descendant still holds a stream: its exit goes out with what we have
+        self.flush_exits(force=True)
+        self.listener.close()
