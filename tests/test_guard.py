@@ -64,7 +64,7 @@ def test_progress_bars_and_prompts_become_lines(tmp_path) -> None:
     events = run_rank(tmp_path, "import sys, time\n"
                                 "sys.stdout.write('10%\\r20%\\r30%\\r\\n')\n"
                                 "sys.stdout.write('a\\r\\nb\\n')\n"
-                                "sys.stdout.write('name? ')\nsys.stdout.flush()\ntime.sleep(1)\n"
+                                "sys.stdout.write('name? ')\nsys.stdout.flush()\ntime.sleep(2.5)\n"
                                 "print('done')")
     assert texts(events, "out") == ["10%", "20%", "30%", "a", "b", "name? ", "done"]
 

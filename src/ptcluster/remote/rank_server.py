@@ -5,6 +5,7 @@ Standard library only; shipped with the guard (inlined by ``remote.bootstrap``).
 
 import json
 import os
+import select
 import selectors
 import socket
 import threading
@@ -17,7 +18,7 @@ MAX_LINE = 65536
 """Longer output lines are cut into pieces of this size (bounded memory per stream)."""
 EXIT_WAIT = 2.0
 """Seconds a rank's exit frame waits for the rest of its output (streams held by children)."""
-IDLE_FLUSH = 0.2
+IDLE_FLUSH = 1.0
 """Seconds after which a partial output line (no newline yet) is sent as it is."""
 
 
@@ -122,12 +123,16 @@ class RankServer:
             self.write(b"".join(encode_text(kind, rank, line) for line in lines))
 
     def flush_partial_lines(self) -> None:
-        """A partial output line (a prompt, a progress bar) goes out once the rank pauses."""
+        """A partial output line (a prompt, a progress bar) goes out once the rank pauses:
+        no new data for ``IDLE_FLUSH`` s *and* none waiting now (when we were slow, e.g. the
+        head did not read, the rest of the line may be queued: that is not a pause)."""
         now = time.monotonic()
         for key in list(self.sel.get_map().values()):
             st = key.data
             if st and st.get("buf") and st.get("role") in ("out", "err") \
                     and now - st["at"] > IDLE_FLUSH:
+                if select.select([key.fileobj], [], [], 0)[0]:
+                    continue  # more of it is waiting: read it first
                 line, st["buf"] = st["buf"], b""
                 self.write(encode_text("o" if st["role"] == "out" else "e", st["rank"], line))
 
