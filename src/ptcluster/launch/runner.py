@@ -57,7 +57,7 @@ class Runner:
         self.on_status = on_status or (lambda text: None)
         self.on_data = on_data or (lambda host, rank, data: None)
         self.opts = options or RunOptions()
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=2000)
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=256)  # batches: <= ~16 MiB
         self.channels: dict[str, NodeChannel] = {}
         self.logs = RunLogs(run_dir)
         self._node_rank = {n.host: n.node_rank for n in plan.nodes}
