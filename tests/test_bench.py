@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from ptcluster.bench.formulas import bandwidths, bus_factor, count_for, parse_size, size_for, sizes
+from ptcluster.bench.formulas import (
+    OPS,
+    bandwidths,
+    bus_factor,
+    count_for,
+    parse_size,
+    size_for,
+    sizes,
+)
 from ptcluster.bench.sweep import BenchConfig, BenchResult, Row
 from ptcluster.errors import UsageError
 from tests.jobs import run_head
@@ -32,6 +40,27 @@ def test_bandwidths_and_sizes() -> None:
     assert size_for("all_gather", 64, 4, 4) == 1024
     assert count_for("all_reduce", 1024, 4, 4) == 256
     assert count_for("reduce_scatter", 8, 4, 4) == 0  # too small: skipped like nccl-tests
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("iters", 0, "iters must be >= 1"), ("warmup", -1, "warmup must be >= 0"),
+    ("check", -1, "check must be >= 0"), ("pair_size", 0, "pair_size must be >= 1"),
+    ("sizes", (), "sizes must be one or more"), ("sizes", (8, 0), "sizes must be one or more"),
+    ("ops", ("all_reduce", "nope"), "ops must be one or more of all_reduce"),
+    ("ops", (), "ops must be one or more"), ("timeout", 0.0, "timeout must be"),
+    ("timeout", float("nan"), "timeout must be"), ("timeout", float("inf"), "timeout must be"),
+    ("dtype", "int8", "dtype must be one of"),
+])
+def test_bench_config_rejects_bad_values(field: str, value: object, message: str) -> None:
+    kwargs: dict = {"ops": ("all_reduce",), "sizes": (8,), field: value}
+    with pytest.raises(ValueError, match=message):
+        BenchConfig(**kwargs)
+
+
+def test_bench_config_accepts_the_edges() -> None:
+    cfg = BenchConfig(ops=OPS, sizes=(1,), iters=1, warmup=0, check=0, pair_size=1,
+                      timeout=0.5)
+    assert cfg.sizes == (1,)
 
 
 @pytest.mark.parametrize("text,value", [("8", 8), ("64K", 65536), ("64M", 64 << 20),

@@ -4,13 +4,14 @@ nccl-tests rows (formulas.py), and collect the node-pair matrix."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptcluster.bench.formulas import DTYPES, bandwidths, size_for
+from ptcluster.bench.formulas import DTYPES, OPS, bandwidths, size_for
 from ptcluster.launch.job import prepare, transports
 from ptcluster.launch.plan import Target, rank_program
 from ptcluster.launch.result import Failure, RunOptions
@@ -18,23 +19,47 @@ from ptcluster.launch.runner import LineSink, Runner
 from ptcluster.spec.model import ClusterSpec
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class BenchConfig:
+    """One sweep: which ops at which sizes, and how each size is timed and checked."""
+
     ops: tuple[str, ...]
+    """Collectives to run, from ``formulas.OPS``, in this order."""
     sizes: tuple[int, ...]
+    """Message sizes in bytes (nccl-tests' "size" column); a size below one element per rank
+    is skipped, as nccl-tests does."""
     iters: int = 20
+    """Timed iterations per size; the time is their average."""
     warmup: int = 5
+    """Untimed iterations before the timed ones."""
     check: int = 1
+    """Verified runs per size (0: no check)."""
     dtype: str = "float32"
+    """Element type, a key of ``formulas.DTYPES``."""
     pairs: bool = False
+    """Also measure every pair of nodes (first rank of each) with a sendrecv ping-pong."""
     pair_size: int = 16 << 20
+    """Bytes per message of the node-pair ping-pong."""
     timeout: float = 300.0
+    """Seconds for the whole sweep."""
     corrupt: bool = False
     """Test-only: rank 0 perturbs one expected value, so #wrong must count it."""
 
     def __post_init__(self) -> None:
+        unknown = [op for op in self.ops if op not in OPS]
+        if not self.ops or unknown:
+            raise ValueError(f"ops must be one or more of {', '.join(OPS)}; got "
+                             f"{list(self.ops)}")
+        if not self.sizes or any(size < 1 for size in self.sizes):
+            raise ValueError(f"sizes must be one or more sizes >= 1 byte; got {list(self.sizes)}")
+        for name, least in (("iters", 1), ("warmup", 0), ("check", 0), ("pair_size", 1)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}; got {getattr(self, name)}")
+        if not 0 < self.timeout < math.inf:  # also rejects nan
+            raise ValueError(f"timeout must be a finite number of seconds > 0; got "
+                             f"{self.timeout}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype}")
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
 
 
 @dataclass(kw_only=True)
