@@ -15,7 +15,7 @@ from ptcluster.bench.formulas import (
     size_for,
     sizes,
 )
-from ptcluster.bench.sweep import BenchConfig, BenchResult, Row
+from ptcluster.bench.sweep import BenchConfig, BenchResult, Row, worker_config
 from ptcluster.errors import UsageError
 from tests.jobs import run_head
 
@@ -40,6 +40,22 @@ def test_bandwidths_and_sizes() -> None:
     assert size_for("all_gather", 64, 4, 4) == 1024
     assert count_for("all_reduce", 1024, 4, 4) == 256
     assert count_for("reduce_scatter", 8, 4, 4) == 0  # too small: skipped like nccl-tests
+
+
+def test_the_worker_gets_the_heads_counts() -> None:
+    """The counts the ranks run are count_for's (the worker has no formula of its own)."""
+    cfg = BenchConfig(ops=OPS, sizes=(8, 1024, 4096), dtype="float16", pair_size=3)
+    wc = worker_config(cfg, 4, [[0, 2]])
+    assert wc["plan"] == [(op, [c for c in (count_for(op, s, 4, 2) for s in cfg.sizes) if c])
+                          for op in OPS]
+    assert dict(wc["plan"])["all_gather"] == [1, 128, 512]  # 8 B / (2 B x 4 ranks) = 1
+    assert dict(wc["plan"])["all_reduce"] == [4, 512, 2048]
+    assert wc["pairs"] == [] and wc["pair_count"] == 1 and wc["corrupt"] is False
+    assert worker_config(BenchConfig(ops=OPS, sizes=(8,), pairs=True), 4, [[0, 2]])["pairs"] == [
+        [0, 2]]
+    one_rank = worker_config(BenchConfig(ops=("all_reduce", "sendrecv"), sizes=(8,)), 1, [])
+    assert one_rank["plan"] == [("all_reduce", [2])]  # sendrecv needs 2 ranks: not shipped
+    json.dumps(wc)  # it travels as argv JSON
 
 
 @pytest.mark.parametrize("field,value,message", [
