@@ -15,8 +15,9 @@ from ptcluster.bench.formulas import (
     size_for,
     sizes,
 )
-from ptcluster.bench.sweep import BenchConfig, BenchResult, Row, worker_config
+from ptcluster.bench.sweep import BenchConfig, BenchResult, Row, run_bench, worker_config
 from ptcluster.errors import UsageError
+from ptcluster.spec.load import local_cluster
 from tests.jobs import run_head
 
 
@@ -127,15 +128,24 @@ def test_local_bench_all_ops_json_plot(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_wrong_counts_real_mismatches_and_gates(tmp_path) -> None:
-    code, head = run_head(["bench", "--nproc", "2", "-b", "1K", "-e", "4K", "-n", "2", "-w", "0",
-                           "--json", "-o", "out.json", "--corrupt-check"], cwd=tmp_path,
-                          timeout=120)
-    data = json.loads("\n".join(head.lines))  # --json: stdout is the JSON alone
-    assert data == json.loads((tmp_path / "out.json").read_text())
-    assert code == 1
-    assert [r["wrong"] for r in data["rows"]] == [1, 1, 1]  # one perturbed element per size
-    assert data["out_of_bounds"] == 3
+def test_wrong_counts_real_mismatches(tmp_path, monkeypatch) -> None:
+    """Through the library only (BenchConfig.corrupt has no CLI option): on real ranks, rank 0
+    expects one wrong value per check, and #wrong, summed over ranks, counts exactly those."""
+    monkeypatch.chdir(tmp_path)  # the local cluster's workdir
+    cfg = BenchConfig(ops=("all_reduce", "all_gather"), sizes=(1024, 2048, 4096), iters=2,
+                      warmup=0, check=2, timeout=120, corrupt=True)
+    result = run_bench(local_cluster(2), cfg)
+    assert result.failure is None
+    assert [(r.op, r.wrong) for r in result.rows] == [(op, 2) for op in cfg.ops for _ in
+                                                      cfg.sizes]  # 2 checks x 1 element
+    assert result.wrong == 12 and result.to_json()["out_of_bounds"] == 12
+    clean = run_bench(local_cluster(2), BenchConfig(ops=("all_reduce",), sizes=(1024,),
+                                                    iters=2, warmup=0, timeout=120))
+    assert clean.failure is None and [r.wrong for r in clean.rows] == [0]
+
+
+@pytest.mark.slow
+def test_min_busbw_gates(tmp_path) -> None:
     code, head = run_head(["bench", "--nproc", "2", "-b", "1K", "-e", "1K", "-n", "2", "-w", "0",
                            "--min-busbw", "1000000"], cwd=tmp_path, timeout=120)
     assert code == 1 and "below --min-busbw" in "\n".join(head.err)
@@ -149,17 +159,22 @@ def fake_result(wrong: int = 0) -> BenchResult:
         time_us=seconds * 1e6, algbw=algbw, busbw=busbw, wrong=wrong)])
 
 
+class FakeBench(list[BenchConfig]):
+    """The configs the CLI passed, in order; ``wrong``: the wrong elements of the result."""
+
+    wrong = 0
+
+
 @pytest.fixture
-def fake_bench(monkeypatch) -> list[BenchConfig]:
-    """`ptcluster bench` with the sweep replaced by a fixed result: the CLI's own behaviour.
-    ``--corrupt-check`` makes the result have one wrong element."""
+def fake_bench(monkeypatch) -> FakeBench:
+    """`ptcluster bench` with the sweep replaced by a fixed result: the CLI's own behaviour."""
     import ptcluster.cli.bench_cmd as bench_cmd
 
-    seen: list[BenchConfig] = []
+    seen = FakeBench()
 
     def run_bench(spec: object, cfg: BenchConfig, port: int | None = None) -> BenchResult:
         seen.append(cfg)
-        return fake_result(wrong=int(cfg.corrupt))
+        return fake_result(wrong=seen.wrong)
 
     monkeypatch.setattr(bench_cmd, "run_bench", run_bench)
     return seen
@@ -197,7 +212,15 @@ def test_bench_json_takes_no_file_and_an_unwritable_file_is_one_line(cli, fake_b
 
 
 def test_bench_wrong_values_fail_in_table_and_json(cli, fake_bench) -> None:
-    code, out, _ = cli("bench", "--nproc", "2", "--corrupt-check")
+    fake_bench.wrong = 1
+    code, out, _ = cli("bench", "--nproc", "2")
     assert code == 1 and "# Out of bounds values : 1 FAILED" in out
-    code, out, _ = cli("bench", "--nproc", "2", "--corrupt-check", "--json")
+    code, out, _ = cli("bench", "--nproc", "2", "--json")
     assert code == 1 and json.loads(out)["out_of_bounds"] == 1
+    assert not any(cfg.corrupt for cfg in fake_bench)
+
+
+def test_the_corruption_hook_is_not_a_cli_option(cli, fake_bench) -> None:
+    code, _, err = cli("bench", "--nproc", "2", "--corrupt-check")
+    assert code == 2 and "--corrupt-check" in err and not fake_bench
+

@@ -51,7 +51,8 @@ class BenchConfig:
     timeout: float = 300.0
     """Seconds for the whole sweep."""
     corrupt: bool = False
-    """Test-only: rank 0 perturbs one expected value, so #wrong must count it."""
+    """Test-only, library-only (no CLI option): rank 0 perturbs one expected value per check,
+    so a test can prove that #wrong counts real mismatches."""
 
     def __post_init__(self) -> None:
         unknown = [op for op in self.ops if op not in OPS]

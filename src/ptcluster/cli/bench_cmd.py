@@ -73,18 +73,17 @@ SIZE = ByteSize()
               help="Exit 1 when the average busbw (GB/s) is lower.")
 @click.option("--timeout", type=SECONDS, default=600.0, show_default=True,
               help="Seconds for the whole sweep.")
-@click.option("--corrupt-check", is_flag=True, hidden=True)
 def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, minbytes: int,
           maxbytes: int, stepfactor: int, stepbytes: int | None, iters: int, warmup: int,
           check: int, dtype: str, pairs: bool, pair_size: int, as_json: bool,
-          json_file: str | None, plot_file: str | None, min_busbw: float | None, timeout: float,
-          corrupt_check: bool) -> None:
+          json_file: str | None, plot_file: str | None, min_busbw: float | None,
+          timeout: float) -> None:
     spec = load_spec(cluster, nproc)
     cfg = BenchConfig(
         ops=OPS if op == "all" else (op,),
         sizes=tuple(sizes(minbytes, maxbytes, stepfactor, stepbytes)),
         iters=iters, warmup=warmup, check=check, dtype=dtype, pairs=pairs,
-        pair_size=pair_size, timeout=timeout, corrupt=corrupt_check)
+        pair_size=pair_size, timeout=timeout)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     if not quiet():
         err.print(f"[dim]ptcluster bench: {spec.world_size} rank(s) on {len(spec.nodes)} "
