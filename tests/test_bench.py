@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,14 @@ from ptcluster.bench.formulas import (
     parse_size,
     size_for,
     sizes,
+)
+from ptcluster.bench.plot import (
+    number_label,
+    pairs_path,
+    size_label,
+    size_ticks,
+    time_ticks,
+    write_plots,
 )
 from ptcluster.bench.sweep import BenchConfig, BenchResult, Row, run_bench, worker_config
 from ptcluster.errors import UsageError
@@ -224,3 +233,78 @@ def test_the_corruption_hook_is_not_a_cli_option(cli, fake_bench) -> None:
     code, _, err = cli("bench", "--nproc", "2", "--corrupt-check")
     assert code == 2 and "--corrupt-check" in err and not fake_bench
 
+
+# --- plots ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nbytes,label", [
+    (8, "8 B"), (1000, "1000 B"), (1024, "1 KiB"), (1536, "1.5 KiB"), (3 << 20, "3 MiB"),
+    (1 << 30, "1 GiB"), (64 << 30, "64 GiB"), (1 << 40, "1 TiB"),
+])
+def test_size_label(nbytes: int, label: str) -> None:
+    assert size_label(nbytes) == label
+
+
+@pytest.mark.parametrize("lo,hi,ticks", [
+    (8, 64 << 20, [16, 64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20,
+                   4 << 20, 16 << 20, 64 << 20]),  # the default sweep: every 2nd power
+    (8, 1 << 30, [1 << e for e in range(4, 31, 2)]),
+    (8, 1 << 40, [32, 1 << 10, 32 << 10, 1 << 20, 32 << 20, 1 << 30, 32 << 30, 1 << 40]),
+    (1 << 20, 1 << 20, [1 << 20]), (3000, 3000, [3000]),
+])
+def test_size_ticks_stay_few_and_keep_1024_powers(lo: int, hi: int, ticks: list[int]) -> None:
+    assert size_ticks(lo, hi) == ticks
+
+
+def test_time_ticks_are_round_and_few() -> None:
+    assert time_ticks(15, 900) == [20, 50, 100, 200, 500]
+    assert time_ticks(10, 10**7) == [10.0**e for e in range(1, 8)]
+    assert time_ticks(610, 790) == [700]
+    assert [number_label(t) for t in (20, 1500, 10**6, 0.5)] == ["20", "1,500", "1,000,000",
+                                                                 "0.5"]
+
+
+def sweep_result(pairs: bool) -> BenchResult:
+    rows = []
+    for op in OPS:
+        for e in range(3, 21):
+            size, seconds = 1 << e, 20e-6 + (1 << e) / 50e9
+            algbw, busbw = bandwidths(op, size, seconds, 8)
+            rows.append(Row(op=op, size=size, count=size // 4, type="float32", redop="sum",
+                            root=-1, time_us=seconds * 1e6, algbw=algbw, busbw=busbw, wrong=0))
+    hosts = ["node0", "node1", "node2"]
+    return BenchResult(world_size=8, backend="nccl", rows=rows, pairs=[
+        {"a": hosts[i], "b": hosts[j], "bytes": 16 << 20, "gbps": 10.0 * (i + j + 1)}
+        for i in range(3) for j in range(i + 1, 3)] if pairs else [])
+
+
+def assert_png(path, min_px: int) -> None:
+    import matplotlib.image
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    img = matplotlib.image.imread(path)
+    assert min(img.shape[:2]) >= min_px
+    assert img[..., :3].std() > 0.05  # something was drawn, not a blank canvas
+
+
+def test_plots_without_and_with_pairs(tmp_path) -> None:
+    written = write_plots(sweep_result(pairs=False), tmp_path / "b.png")
+    assert written == [tmp_path / "b.png"] and not (tmp_path / "b-pairs.png").exists()
+    assert_png(tmp_path / "b.png", 700)  # two panels, 10 x 8 in at 100 dpi
+    written = write_plots(sweep_result(pairs=True), tmp_path / "c.png")
+    assert written == [tmp_path / "c.png", tmp_path / "c-pairs.png"]
+    assert_png(tmp_path / "c.png", 700)
+    assert_png(tmp_path / "c-pairs.png", 400)
+    assert pairs_path("out/F") == Path("out/F-pairs.png")
+
+
+def test_plot_option_writes_the_pairs_heatmap_next_to_the_plot(cli, monkeypatch,
+                                                               tmp_path) -> None:
+    import ptcluster.cli.bench_cmd as bench_cmd
+
+    monkeypatch.setattr(bench_cmd, "run_bench", lambda spec, cfg, port=None: sweep_result(
+        pairs=cfg.pairs))
+    code, _, err = cli("bench", "--nproc", "2", "--pairs", "--plot", str(tmp_path / "F.png"))
+    assert code == 0, err
+    assert f"plot: {tmp_path / 'F.png'}" in err and f"plot: {tmp_path / 'F-pairs.png'}" in err
+    assert_png(tmp_path / "F-pairs.png", 400)

@@ -68,7 +68,9 @@ SIZE = ByteSize()
               help="Print the result as JSON instead of the table (stdout: data only).")
 @click.option("-o", "--json-out", "json_file", metavar="FILE",
               help="Also write the result as JSON to FILE.")
-@click.option("--plot", "plot_file", metavar="FILE.png", help="PNG of busbw against size.")
+@click.option("--plot", "plot_file", metavar="FILE.png",
+              help="PNG of busbw and time against size, one line per op; with --pairs also "
+              "FILE-pairs.png, the node-pair bandwidth heatmap (needs the plot extra).")
 @click.option("--min-busbw", type=FiniteFloat(min=0),
               help="Exit 1 when the average busbw (GB/s) is lower.")
 @click.option("--timeout", type=SECONDS, default=600.0, show_default=True,
@@ -93,12 +95,12 @@ def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, min
     click.echo(data if as_json else render(result, cfg))
     if json_file:
         Path(json_file).write_text(data + "\n")
-    if plot_file and result.rows:
-        from ptcluster.bench.plot import plot_busbw
+    if plot_file:
+        from ptcluster.bench.plot import write_plots
 
-        plot_busbw(result, plot_file)
-        if not quiet():
-            err.print(f"[dim]plot: {plot_file}[/dim]", markup=True)
+        for path in write_plots(result, plot_file):
+            if not quiet():
+                err.print(f"[dim]plot: {path}[/dim]", markup=True)
     if result.failure is not None:
         err.print(f"[red]bench failed:[/red] {result.failure.headline()}", markup=True)
         sys.exit(1)
