@@ -61,6 +61,16 @@ def size_for(op: str, count: int, nranks: int, elem: int) -> int:
     return count * elem
 
 
+def redop_for(op: str) -> str:
+    """nccl-tests' "redop" column: the reduction the op applies."""
+    return "sum" if op in ("all_reduce", "reduce_scatter") else "none"
+
+
+def root_for(op: str) -> int:
+    """nccl-tests' "root" column: the source rank of a rooted op, -1 for the others."""
+    return 0 if op == "broadcast" else -1
+
+
 def bus_factor(op: str, nranks: int) -> float:
     if op == "all_reduce":
         return 2 * (nranks - 1) / nranks

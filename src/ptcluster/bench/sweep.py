@@ -4,13 +4,22 @@ nccl-tests rows (formulas.py), and collect the node-pair matrix."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptcluster.bench.formulas import DTYPES, bandwidths, size_for
+from ptcluster.bench.formulas import (
+    DTYPES,
+    OPS,
+    bandwidths,
+    count_for,
+    redop_for,
+    root_for,
+    size_for,
+)
 from ptcluster.launch.job import prepare, transports
 from ptcluster.launch.plan import Target, rank_program
 from ptcluster.launch.result import Failure, RunOptions
@@ -18,23 +27,48 @@ from ptcluster.launch.runner import LineSink, Runner
 from ptcluster.spec.model import ClusterSpec
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class BenchConfig:
+    """One sweep: which ops at which sizes, and how each size is timed and checked."""
+
     ops: tuple[str, ...]
+    """Collectives to run, from ``formulas.OPS``, in this order."""
     sizes: tuple[int, ...]
+    """Message sizes in bytes (nccl-tests' "size" column); a size below one element per rank
+    is skipped, as nccl-tests does."""
     iters: int = 20
+    """Timed iterations per size; the time is their average."""
     warmup: int = 5
+    """Untimed iterations before the timed ones."""
     check: int = 1
+    """Verified runs per size (0: no check)."""
     dtype: str = "float32"
+    """Element type, a key of ``formulas.DTYPES``."""
     pairs: bool = False
+    """Also measure every pair of nodes (first rank of each) with a sendrecv ping-pong."""
     pair_size: int = 16 << 20
+    """Bytes per message of the node-pair ping-pong."""
     timeout: float = 300.0
+    """Seconds for the whole sweep."""
     corrupt: bool = False
-    """Test-only: rank 0 perturbs one expected value, so #wrong must count it."""
+    """Test-only, library-only (no CLI option): rank 0 perturbs one expected value per check,
+    so a test can prove that #wrong counts real mismatches."""
 
     def __post_init__(self) -> None:
+        unknown = [op for op in self.ops if op not in OPS]
+        if not self.ops or unknown:
+            raise ValueError(f"ops must be one or more of {', '.join(OPS)}; got "
+                             f"{list(self.ops)}")
+        if not self.sizes or any(size < 1 for size in self.sizes):
+            raise ValueError(f"sizes must be one or more sizes >= 1 byte; got {list(self.sizes)}")
+        for name, least in (("iters", 1), ("warmup", 0), ("check", 0), ("pair_size", 1)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}; got {getattr(self, name)}")
+        if not 0 < self.timeout < math.inf:  # also rejects nan
+            raise ValueError(f"timeout must be a finite number of seconds > 0; got "
+                             f"{self.timeout}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype}")
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
 
 
 @dataclass(kw_only=True)
@@ -76,37 +110,64 @@ class BenchResult:
                 "failure": None if self.failure is None else self.failure.headline()}
 
 
+def sweep_plan(cfg: BenchConfig, nranks: int) -> tuple[list[tuple[str, list[int]]], list[str]]:
+    """The per-rank element counts of every op (``formulas.count_for``; sizes too small for
+    one element per rank are left out), and a line for each op that cannot run."""
+    elem = DTYPES[cfg.dtype]
+    plan: list[tuple[str, list[int]]] = []
+    skipped: list[str] = []
+    for op in cfg.ops:
+        if op == "sendrecv" and nranks < 2:
+            skipped.append(f"{op}: sendrecv needs 2 ranks")
+            continue
+        counts = [count_for(op, size, nranks, elem) for size in cfg.sizes]
+        plan.append((op, [c for c in counts if c >= 1]))
+    return plan, skipped
+
+
+def worker_config(cfg: BenchConfig, nranks: int, pairs: list[list[int]]) -> dict[str, Any]:
+    """What every rank's worker gets (JSON, argv[1]): counts, not sizes, so the head's formulas
+    are the only ones. ``pairs``: the [rank a, rank b] ping-pongs, when ``cfg.pairs``."""
+    return {"plan": sweep_plan(cfg, nranks)[0], "iters": cfg.iters, "warmup": cfg.warmup,
+            "check": cfg.check, "dtype": cfg.dtype, "timeout": cfg.timeout,
+            "corrupt": cfg.corrupt, "pairs": pairs if cfg.pairs else [],
+            "pair_count": pair_count(cfg)}
+
+
+def pair_count(cfg: BenchConfig) -> int:
+    """Elements per node-pair message (at least one)."""
+    return max(1, cfg.pair_size // DTYPES[cfg.dtype])
+
+
 def run_bench(spec: ClusterSpec, cfg: BenchConfig, port: int | None = None,
               on_line: LineSink | None = None) -> BenchResult:
     pairs = [[spec.rank_base(i), spec.rank_base(j)]
              for i in range(len(spec.nodes)) for j in range(i + 1, len(spec.nodes))]
-    worker_cfg = {"ops": list(cfg.ops), "sizes": list(cfg.sizes), "iters": cfg.iters,
-                  "warmup": cfg.warmup, "check": cfg.check, "dtype": cfg.dtype,
-                  "timeout": cfg.timeout, "corrupt": cfg.corrupt,
-                  "pairs": pairs if cfg.pairs else [], "pair_size": cfg.pair_size}
+    n = spec.world_size
+    worker_cfg = worker_config(cfg, n, pairs)
     code = rank_program("ptcluster.bench", "worker.py")
     plan = prepare(spec, Target(code=code, args=(json.dumps(worker_cfg),)), port=port)
-    host_of = {r: n.host for n in plan.nodes for r in n.ranks}
-    result = BenchResult(world_size=plan.world_size)
+    host_of = {r: node.host for node in plan.nodes for r in node.ranks}
+    result = BenchResult(world_size=n, skipped=sweep_plan(cfg, n)[1])
     elem = DTYPES[cfg.dtype]
+    pair_bytes = pair_count(cfg) * elem
 
     def handle(host: str, rank: int, data: dict[str, Any]) -> None:
         kind = data.pop("kind", None)
         if kind == "start":
             result.backend = data["backend"]
-        elif kind == "skip":
-            result.skipped.append(f"{data['op']}: {data['why']}")
         elif kind == "row":
-            size = size_for(data["op"], data["count"], plan.world_size, elem)
-            algbw, busbw = bandwidths(data["op"], size, data["seconds"], plan.world_size)
-            result.rows.append(Row(op=data["op"], size=size, count=data["count"],
-                                   type=data["type"], redop=data["redop"], root=data["root"],
-                                   time_us=data["seconds"] * 1e6, algbw=algbw, busbw=busbw,
+            op, count, seconds = data["op"], data["count"], data["seconds"]
+            size = size_for(op, count, n, elem)
+            algbw, busbw = bandwidths(op, size, seconds, n)
+            result.rows.append(Row(op=op, size=size, count=count, type=cfg.dtype,
+                                   redop=redop_for(op), root=root_for(op),
+                                   time_us=seconds * 1e6, algbw=algbw, busbw=busbw,
                                    wrong=data["wrong"]))
         elif kind == "pair":
             result.pairs.append({"a": host_of[data["a"]], "b": host_of[data["b"]],
-                                 "bytes": data["bytes"],
-                                 "gbps": 2 * data["bytes"] / data["seconds"] / 1e9})
+                                 "bytes": pair_bytes,
+                                 "gbps": 2 * pair_bytes / data["seconds"] / 1e9})
 
     tmp = Path(tempfile.mkdtemp(prefix="ptcluster-bench-"))
     runner = Runner(plan, transports(spec), tmp / plan.job_id, on_line=on_line, on_data=handle,

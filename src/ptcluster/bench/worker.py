@@ -1,8 +1,9 @@
 """Runs on every rank (shipped as ``-c`` code through the launch path, after
-``launch/rank_setup.py``, which defines ``init_distributed`` and ``device_sync``).
+``launch/rank_setup.py``, which defines ``init_distributed``, ``device_sync`` and ``report``).
 
-argv[1] is a JSON config from the head. Rank 0 reports one record per result
-(``rank_setup.report``, never printed).
+argv[1] is a JSON config from the head (``sweep.worker_config``): per op, the element counts
+to run, computed on the head (``formulas.count_for``), so this file has no size formula.
+Rank 0 reports one record per result (``rank_setup.report``, never printed).
 Timing: warm-ups, then timed iterations between device synchronisations, the time averaged
 over ranks. Correctness: a separate pass whose inputs are small integers (exact in every float
 type), compared with the exact expected result; mismatches are summed over ranks.
@@ -12,6 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,74 +23,74 @@ import torch.distributed as dist
 # shipped.
 
 
+@dataclass(frozen=True)
+class Rank:
+    """This rank's place in the job, and the sweep's element type."""
+
+    rank: int
+    n: int
+    device: torch.device
+    dtype: torch.dtype
+
+    def sync(self) -> None:
+        device_sync(self.device)  # type: ignore[name-defined]  # noqa: F821
+
+    def pattern(self, count: int, r: int, offset: int = 0) -> torch.Tensor:
+        """Rank r's check input: small integers, whose sums over ranks stay exact in fp16/bf16."""
+        idx = torch.arange(offset, offset + count, device=self.device)
+        return ((idx + r) % 4).to(self.dtype)
+
+
 def main() -> int:
     cfg = json.loads(sys.argv[1])
-    rank, n, device, backend = init_distributed(cfg.get("timeout", 300))  # type: ignore[name-defined]  # noqa: F821
-    dtype = getattr(torch, cfg["dtype"])
-    elem = torch.tensor([], dtype=dtype).element_size()
-
-    def sync() -> None:
-        device_sync(device)  # type: ignore[name-defined]  # noqa: F821
-
-    def emit(kind: str, data: dict[str, Any]) -> None:
-        if rank == 0:
-            report(kind, data)  # type: ignore[name-defined]  # noqa: F821
-
-    def pattern(count: int, r: int, offset: int = 0) -> torch.Tensor:
-        # small integers: their sums over ranks stay exact in fp16/bf16
-        idx = torch.arange(offset, offset + count, device=device)
-        return ((idx + r) % 4).to(dtype)
-
-    emit("start", {"world_size": n, "backend": backend, "device": device.type})
-    for op in cfg["ops"]:
-        if op == "sendrecv" and n < 2:
-            emit("skip", {"op": op, "why": "sendrecv needs 2 ranks"})
-            continue
-        for size in cfg["sizes"]:
-            if op in ("all_gather", "reduce_scatter"):
-                count = size // (elem * n)
-            else:
-                count = size // elem
-            if count < 1:
-                continue
-            big = count * n if op in ("all_gather", "reduce_scatter") else count
-            send = torch.zeros(big if op == "reduce_scatter" else count, dtype=dtype,
-                               device=device)
-            recv = torch.zeros(big if op == "all_gather" else count, dtype=dtype, device=device)
-            prev, nxt = (rank - 1) % n, (rank + 1) % n
-
-            def run(op: str = op, send: torch.Tensor = send, recv: torch.Tensor = recv,
-                    prev: int = prev, nxt: int = nxt) -> None:
-                run_op(op, send, recv, prev, nxt)
-
-            for _ in range(cfg["warmup"]):
-                run()
-            sync()
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(cfg["iters"]):
-                run()
-            sync()
-            elapsed = torch.tensor([(time.perf_counter() - t0) / cfg["iters"]],
-                                   dtype=torch.float64, device=device)
-            dist.all_reduce(elapsed)
-            seconds = elapsed.item() / n
-
-            wrong = 0
-            for _ in range(cfg["check"]):
-                wrong += check(op, send, recv, count, rank, n, pattern, run, cfg.get("corrupt"))
-            bad = torch.tensor([wrong], dtype=torch.int64, device=device)
-            dist.all_reduce(bad)
-            emit("row", {"op": op, "count": count, "type": cfg["dtype"],
-                         "redop": "sum" if op in ("all_reduce", "reduce_scatter") else "none",
-                         "root": 0 if op == "broadcast" else -1, "seconds": seconds,
-                         "wrong": int(bad.item())})
-
-    if cfg.get("pairs"):
-        pair_matrix(cfg, rank, device, dtype, elem, sync, emit)
+    rank, n, device, backend = init_distributed(cfg["timeout"])  # type: ignore[name-defined]  # noqa: F821
+    me = Rank(rank, n, device, getattr(torch, cfg["dtype"]))
+    if rank == 0:
+        report("start", {"world_size": n, "backend": backend, "device": device.type})  # type: ignore[name-defined]  # noqa: F821
+    for op, counts in cfg["plan"]:
+        for count in counts:
+            seconds, wrong = bench_count(me, cfg, op, count)
+            if rank == 0:
+                report("row", {"op": op, "count": count, "seconds": seconds, "wrong": wrong})  # type: ignore[name-defined]  # noqa: F821
+    if cfg["pairs"]:
+        pair_matrix(me, cfg)
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def bench_count(me: Rank, cfg: dict[str, Any], op: str, count: int) -> tuple[float, int]:
+    """One row: seconds per op (averaged over ranks) and wrong elements (summed over ranks)."""
+    big = count * me.n  # all_gather's output and reduce_scatter's input
+    send = torch.zeros(big if op == "reduce_scatter" else count, dtype=me.dtype, device=me.device)
+    recv = torch.zeros(big if op == "all_gather" else count, dtype=me.dtype, device=me.device)
+    prev, nxt = (me.rank - 1) % me.n, (me.rank + 1) % me.n
+
+    def run() -> None:
+        run_op(op, send, recv, prev, nxt)
+
+    seconds = time_op(me, run, cfg["warmup"], cfg["iters"])
+    wrong = sum(check(me, op, send, recv, count, run, cfg["corrupt"])
+                for _ in range(cfg["check"]))
+    bad = torch.tensor([wrong], dtype=torch.int64, device=me.device)
+    dist.all_reduce(bad)
+    return seconds, int(bad.item())
+
+
+def time_op(me: Rank, run: Callable[[], None], warmup: int, iters: int) -> float:
+    """Seconds per run: warm-ups, then ``iters`` runs between device syncs; mean over ranks."""
+    for _ in range(warmup):
+        run()
+    me.sync()  # the warm-ups are queued on a GPU: wait for them before starting the clock
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        run()
+    me.sync()
+    elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64,
+                           device=me.device)
+    dist.all_reduce(elapsed)
+    return float(elapsed.item()) / me.n
 
 
 def run_op(op: str, send: torch.Tensor, recv: torch.Tensor, prev: int, nxt: int) -> None:
@@ -107,10 +109,10 @@ def run_op(op: str, send: torch.Tensor, recv: torch.Tensor, prev: int, nxt: int)
             req.wait()
 
 
-def check(op: str, send: torch.Tensor, recv: torch.Tensor, count: int, rank: int, n: int,
-          pattern: Callable[..., torch.Tensor], run: Callable[[], None],
-          corrupt: bool | None) -> int:
+def check(me: Rank, op: str, send: torch.Tensor, recv: torch.Tensor, count: int,
+          run: Callable[[], None], corrupt: bool) -> int:
     """One verified run: returns this rank's number of wrong elements."""
+    rank, n, pattern = me.rank, me.n, me.pattern
     if op == "all_reduce":
         send.copy_(pattern(count, rank))
         expected = torch.stack([pattern(count, r).double() for r in range(n)]).sum(0)
@@ -137,38 +139,40 @@ def check(op: str, send: torch.Tensor, recv: torch.Tensor, count: int, rank: int
         expected = pattern(count, (rank - 1) % n).double()
         run()
         got = recv
-    if corrupt and rank == 0:  # test-only hook: prove #wrong counts real mismatches
+    if corrupt and rank == 0:  # library-only test hook (BenchConfig.corrupt)
         expected = expected.clone()
         expected[0] += 1
     return int((got.double() != expected).sum().item())
 
 
-def pair_matrix(cfg: dict[str, Any], rank: int, device: torch.device, dtype: torch.dtype,
-                elem: int, sync: Callable[[], None],
-                emit: Callable[[str, dict[str, Any]], None]) -> None:
+def pair_matrix(me: Rank, cfg: dict[str, Any]) -> None:
     """Ping-pong between the first ranks of every pair of nodes; others wait at the barrier."""
-    count = max(1, cfg["pair_size"] // elem)
-    buf = torch.ones(count, dtype=dtype, device=device)
+    buf = torch.ones(cfg["pair_count"], dtype=me.dtype, device=me.device)
     for a, b in cfg["pairs"]:
         dist.barrier()
-        if rank not in (a, b):
+        if me.rank not in (a, b):
             continue
-        peer = b if rank == a else a
-        for i in range(cfg["warmup"] + cfg["iters"]):
-            if i == cfg["warmup"]:
-                sync()
-                t0 = time.perf_counter()
-            if rank == a:
-                dist.send(buf, peer)
-                dist.recv(buf, peer)
-            else:
-                dist.recv(buf, peer)
-                dist.send(buf, peer)
-        sync()
+        peer, first = (b, True) if me.rank == a else (a, False)
+        for _ in range(cfg["warmup"]):
+            round_trip(buf, peer, first)
+        me.sync()
+        t0 = time.perf_counter()
+        for _ in range(cfg["iters"]):
+            round_trip(buf, peer, first)
+        me.sync()
         seconds = (time.perf_counter() - t0) / cfg["iters"]
-        if rank == a:
-            report("pair", {"a": a, "b": b, "bytes": count * elem,  # type: ignore[name-defined]  # noqa: F821
-                            "seconds": seconds})
+        if me.rank == a:
+            report("pair", {"a": a, "b": b, "seconds": seconds})  # type: ignore[name-defined]  # noqa: F821
+
+
+def round_trip(buf: torch.Tensor, peer: int, first: bool) -> None:
+    """One ping-pong: the first side sends, then receives it back; the other the reverse."""
+    if first:
+        dist.send(buf, peer)
+        dist.recv(buf, peer)
+    else:
+        dist.recv(buf, peer)
+        dist.send(buf, peer)
 
 
 if __name__ == "__main__":

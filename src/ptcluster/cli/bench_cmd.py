@@ -68,23 +68,24 @@ SIZE = ByteSize()
               help="Print the result as JSON instead of the table (stdout: data only).")
 @click.option("-o", "--json-out", "json_file", metavar="FILE",
               help="Also write the result as JSON to FILE.")
-@click.option("--plot", "plot_file", metavar="FILE.png", help="PNG of busbw against size.")
+@click.option("--plot", "plot_file", metavar="FILE.png",
+              help="PNG of busbw and time against size, one line per op; with --pairs also "
+              "FILE-pairs.png, the node-pair bandwidth heatmap (needs the plot extra).")
 @click.option("--min-busbw", type=FiniteFloat(min=0),
               help="Exit 1 when the average busbw (GB/s) is lower.")
 @click.option("--timeout", type=SECONDS, default=600.0, show_default=True,
               help="Seconds for the whole sweep.")
-@click.option("--corrupt-check", is_flag=True, hidden=True)
 def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, minbytes: int,
           maxbytes: int, stepfactor: int, stepbytes: int | None, iters: int, warmup: int,
           check: int, dtype: str, pairs: bool, pair_size: int, as_json: bool,
-          json_file: str | None, plot_file: str | None, min_busbw: float | None, timeout: float,
-          corrupt_check: bool) -> None:
+          json_file: str | None, plot_file: str | None, min_busbw: float | None,
+          timeout: float) -> None:
     spec = load_spec(cluster, nproc)
     cfg = BenchConfig(
         ops=OPS if op == "all" else (op,),
         sizes=tuple(sizes(minbytes, maxbytes, stepfactor, stepbytes)),
         iters=iters, warmup=warmup, check=check, dtype=dtype, pairs=pairs,
-        pair_size=pair_size, timeout=timeout, corrupt=corrupt_check)
+        pair_size=pair_size, timeout=timeout)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     if not quiet():
         err.print(f"[dim]ptcluster bench: {spec.world_size} rank(s) on {len(spec.nodes)} "
@@ -94,12 +95,12 @@ def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, min
     click.echo(data if as_json else render(result, cfg))
     if json_file:
         Path(json_file).write_text(data + "\n")
-    if plot_file and result.rows:
-        from ptcluster.bench.plot import plot_busbw
+    if plot_file:
+        from ptcluster.bench.plot import write_plots
 
-        plot_busbw(result, plot_file)
-        if not quiet():
-            err.print(f"[dim]plot: {plot_file}[/dim]", markup=True)
+        for path in write_plots(result, plot_file):
+            if not quiet():
+                err.print(f"[dim]plot: {path}[/dim]", markup=True)
     if result.failure is not None:
         err.print(f"[red]bench failed:[/red] {result.failure.headline()}", markup=True)
         sys.exit(1)
