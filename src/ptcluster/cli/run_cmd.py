@@ -62,11 +62,15 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         _print_plan(err, plan, run_dir)
     feed = ConsoleFeed(_stdout_writer(run_dir), _fd_writer(2, dim=err.is_terminal))
 
+    labels: dict[tuple[str, int | None], tuple[str, str]] = {}
+
     def on_line(host: str, rank: int | None, text: str) -> None:
-        if rank is None:
-            feed.line(f"[{host}] {text}", f"the node log of {host} in {run_dir}/")
-        else:
-            feed.line(f"[{host}:{rank}] {text}", f"{run_dir}/rank{rank}.log")
+        label = labels.get((host, rank))
+        if label is None:  # once per rank: this runs for every line of the job
+            label = labels[(host, rank)] = (
+                (f"[{host}] ", f"the node log of {host} in {run_dir}/") if rank is None
+                else (f"[{host}:{rank}] ", f"{run_dir}/rank{rank}.log"))
+        feed.line(label[0] + text, label[1])
 
     runner = Runner(plan, transports(spec), run_dir, on_line=on_line,
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"))

@@ -25,15 +25,17 @@ class RunLogs:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self._files: dict[str, IO[str]] = {}
+        self._rank_files: dict[int, IO[str]] = {}
         self.tails: dict[int, deque[str]] = {}
         self.node_tails: dict[str, deque[str]] = {}
 
     def rank_line(self, rank: int, text: str) -> None:
-        tail = self.tails.get(rank)
-        if tail is None:
-            tail = self.tails[rank] = deque(maxlen=LAST_LINES)
-        tail.append(text)
-        self._write(f"rank{rank}", text)
+        f = self._rank_files.get(rank)
+        if f is None:
+            self.tails[rank] = deque(maxlen=LAST_LINES)
+            f = self._rank_files[rank] = self._open(f"rank{rank}")
+        self.tails[rank].append(text)
+        f.write(text + "\n")
 
     def node_line(self, node_rank: int, host: str, text: str) -> None:
         tail = self.node_tails.get(host)
@@ -56,14 +58,18 @@ class RunLogs:
         for f in self._files.values():
             f.close()
         self._files.clear()
+        self._rank_files.clear()
 
     def _write(self, name: str, line: str) -> None:
         f = self._files.get(name)
         if f is None:
-            fd = os.open(self.run_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                         0o600)
-            f = self._files[name] = open(fd, "a", encoding="utf-8", errors="replace")
+            f = self._open(name)
         f.write(line + "\n")
+
+    def _open(self, name: str) -> IO[str]:
+        fd = os.open(self.run_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        f = self._files[name] = open(fd, "a", encoding="utf-8", errors="replace")
+        return f
 
 
 class ConsoleFeed:
@@ -72,7 +78,8 @@ class ConsoleFeed:
     ``write_out(text)`` gets the job's lines, ``write_err(text)`` the notes (status lines); both
     may block or raise ``BrokenPipeError`` (then that stream is closed and what would go there
     is only in the logs). Notes are never dropped; job lines are, beyond ``capacity``, counted
-    per source and replaced by one line that says how many and where they are.
+    per source and replaced by one line that says how many and where they are. ``line`` takes
+    no lock on its common path (it runs once per line of the job).
     """
 
     def __init__(self, write_out: Callable[[str], None], write_err: Callable[[str], None],
@@ -80,8 +87,8 @@ class ConsoleFeed:
         self._writers = {"out": write_out, "err": write_err}
         self.capacity = capacity
         self._items: deque[tuple[str, str]] = deque()
-        self._lines = 0
-        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
         self._dropped: dict[str, int] = {}
         self.dropped_total = 0
         self.broken: set[str] = set()
@@ -91,43 +98,46 @@ class ConsoleFeed:
 
     def line(self, text: str, source: str) -> None:
         """A job line; ``source`` names where it is logged (for the "not shown" note)."""
-        with self._cond:
-            if "out" in self.broken:
-                return
-            if self._lines >= self.capacity:
+        if "out" in self.broken:
+            return
+        if len(self._items) >= self.capacity:
+            with self._lock:
                 self._dropped[source] = self._dropped.get(source, 0) + 1
                 self.dropped_total += 1
-                return
-            self._lines += 1
+        else:
             self._items.append(("out", text))
-            self._cond.notify()
+        if not self._wake.is_set():
+            self._wake.set()
 
     def note(self, text: str) -> None:
-        with self._cond:
-            self._items.append(("err", text))
-            self._cond.notify()
+        self._items.append(("err", text))
+        self._wake.set()
 
     def close(self, timeout: float) -> None:
         """Let the writer finish what is queued, for at most ``timeout`` seconds."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
+        self._closing = True
+        self._wake.set()
         self._thread.join(timeout)
 
     def _drain(self) -> None:
         while True:
-            with self._cond:
-                while not self._items and not self._dropped and not self._closing:
-                    self._cond.wait()
-                if not self._items and not self._dropped:
-                    return
-                batch = list(self._items)
-                self._items.clear()
-                self._lines = 0
+            if not self._closing:
+                self._wake.wait()
+            self._wake.clear()
+            batch: list[tuple[str, str]] = []
+            try:
+                while True:
+                    batch.append(self._items.popleft())
+            except IndexError:
+                pass
+            with self._lock:
                 dropped, self._dropped = self._dropped, {}
             batch += [("out", f"ptcluster: {n} line(s) not shown (the console fell behind), "
                               f"see {source}") for source, n in sorted(dropped.items())]
-            self._write_batch(batch)
+            if batch:
+                self._write_batch(batch)
+            elif self._closing:
+                return
 
     def _write_batch(self, batch: list[tuple[str, str]]) -> None:
         start = 0
@@ -140,6 +150,5 @@ class ConsoleFeed:
                 try:
                     self._writers[stream]("".join(text + "\n" for _, text in batch[start:end]))
                 except OSError:  # BrokenPipeError included: that stream is gone
-                    with self._cond:
-                        self.broken.add(stream)
+                    self.broken.add(stream)
             start = end
