@@ -118,7 +118,13 @@ def spec_from_data(data: Any, source: str) -> ClusterSpec:
             ssh=ssh.merged(_ssh(r, node["ssh"], f"{path}.ssh")) if "ssh" in node else ssh,
         ))
 
-    master_raw = r.mapping(top.get("master") or {}, "master", MASTER_KEYS)
+    master = _master(r, top.get("master"), nodes)
+    return ClusterSpec(nodes=tuple(nodes), master=master, backend=backend, env=env, source=source)
+
+
+def _master(r: Reader, value: Any, nodes: list[NodeSpec]) -> MasterSpec:
+    """``master:``, defaulting to the first node; it must be that node and reachable."""
+    master_raw = r.mapping(value or {}, "master", MASTER_KEYS)
     master = MasterSpec(
         addr=r.host(master_raw["addr"], "master.addr") if "addr" in master_raw else nodes[0].host,
         port=r.port(master_raw["port"], "master.port") if "port" in master_raw
@@ -133,7 +139,7 @@ def spec_from_data(data: Any, source: str) -> ClusterSpec:
             raise r.fail("master.addr", f"{master.addr!r} is nodes[{i}], but the rendezvous runs "
                          "on the first node (node rank 0, ranks 0..)",
                          f"move {master.addr} to the top of `nodes`, or drop master.addr")
-    return ClusterSpec(nodes=tuple(nodes), master=master, backend=backend, env=env, source=source)
+    return master
 
 
 def _loopback(addr: str) -> bool:
