@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,3 +101,16 @@ def job_id_when_started(runs: Path, timeout: float = 60.0) -> str:
                 return found[0]
         time.sleep(0.05)
     raise AssertionError("no run directory appeared")
+
+
+def rank_fields(lines: list[str]) -> dict[int, dict[str, str]]:
+    """rank -> the fields of the reference trainer's ``rank=R params_sha256=... start_epoch=N``
+    line, from a head's prefixed output."""
+    out = {}
+    for line in lines:
+        m = re.match(r"\[[^]]+:(\d+)\] (rank=\d+ params_sha256=.*)", line)
+        if m:
+            fields = dict(f.split("=", 1) for f in m.group(2).split())
+            assert fields["rank"] == m.group(1)
+            out[int(m.group(1))] = fields
+    return out

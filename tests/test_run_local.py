@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -231,15 +232,20 @@ FLOOD_SCRIPT = textwrap.dedent("""
 """)
 
 
+def start_flood(tmp_path: Path, seconds: int) -> subprocess.Popen[bytes]:
+    """`ptcluster run` of a 1-rank job printing as fast as it can, stdout and stderr piped."""
+    (tmp_path / "flood.py").write_text(FLOOD_SCRIPT)
+    return subprocess.Popen([sys.executable, "-m", "ptcluster", "run", "--nproc", "1",
+                             "--run-dir", "runs", "flood.py", str(seconds)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
 def test_paused_console_never_stops_the_job(tmp_path, no_leftovers) -> None:
     """Nobody reads the head's stdout for longer than the guards' heartbeat timeout (15 s),
     while the ranks print flat out: the job still ends well, every line is in the logs, and
     the console says how many lines it skipped."""
-    (tmp_path / "flood.py").write_text(FLOOD_SCRIPT)
-    proc = subprocess.Popen([sys.executable, "-m", "ptcluster", "run", "--nproc", "1",
-                             "--run-dir", "runs", "flood.py", "20"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = start_flood(tmp_path, seconds=20)
     try:
         time.sleep(25)  # the console is "paused": its pipe is full and nobody reads it
         out, err = proc.communicate(timeout=120)
@@ -258,11 +264,7 @@ def test_paused_console_never_stops_the_job(tmp_path, no_leftovers) -> None:
 
 def test_closed_stdout_the_job_goes_on_into_its_logs(tmp_path, no_leftovers) -> None:
     """`ptcluster run … | head -2`: the console is gone, the job is not."""
-    (tmp_path / "flood.py").write_text(FLOOD_SCRIPT)
-    proc = subprocess.Popen([sys.executable, "-m", "ptcluster", "run", "--nproc", "1",
-                             "--run-dir", "runs", "flood.py", "3"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = start_flood(tmp_path, seconds=3)
     try:
         assert proc.stdout is not None
         proc.stdout.readline()

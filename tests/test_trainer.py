@@ -16,7 +16,7 @@ from ptcluster.examples.mnist import checkpoint
 from ptcluster.examples.mnist import data as mnist_data
 from ptcluster.examples.mnist import train as train_mod
 from ptcluster.examples.mnist.train import main as train_main
-from tests.jobs import only_run, run_head
+from tests.jobs import only_run, rank_fields, run_head
 
 
 def write_idx(path, tensor: torch.Tensor, gz: bool) -> None:
@@ -102,18 +102,6 @@ def test_load_dataset_prefers_idx_files_and_never_hangs_offline(tmp_path) -> Non
     assert mnist_data.load_dataset("auto", tmp_path / "empty", download=False).name == "digits"
 
 
-def digests_of(lines: list[str]) -> dict[int, dict[str, str]]:
-    """rank -> the fields of its ``rank=R params_sha256=... start_epoch=N`` line."""
-    out = {}
-    for line in lines:
-        m = re.match(r"\[localhost:(\d)\] (rank=\d params_sha256=.*)", line)
-        if m:
-            fields = dict(f.split("=", 1) for f in m.group(2).split())
-            assert fields["rank"] == m.group(1)
-            out[int(m.group(1))] = fields
-    return out
-
-
 @pytest.mark.slow
 def test_ddp_trainer_reaches_accuracy_with_identical_params(tmp_path, no_leftovers) -> None:
     code, head = run_head(["run", "--nproc", "2", "--run-dir", "runs", "-m",
@@ -128,7 +116,7 @@ def test_ddp_trainer_reaches_accuracy_with_identical_params(tmp_path, no_leftove
     assert float(fields["test_accuracy"]) >= 0.90, final
     assert fields["world_size"] == "2" and fields["backend"] == "gloo"
     assert float(fields["samples_per_s"]) > 0
-    ranks = digests_of(head.lines)
+    ranks = rank_fields(head.lines)
     assert sorted(ranks) == [0, 1], head.output()
     assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"], ranks
     assert ranks[0]["start_epoch"] == ranks[1]["start_epoch"] == "0"
@@ -142,7 +130,7 @@ def test_ddp_trainer_reaches_accuracy_with_identical_params(tmp_path, no_leftove
                            "--resume"], cwd=tmp_path, timeout=180)
     no_leftovers.append(only_run(tmp_path / "runs2")[0])
     assert code == 0, head.output()
-    ranks = digests_of(head.lines)
+    ranks = rank_fields(head.lines)
     assert [ranks[r]["start_epoch"] for r in (0, 1)] == ["5", "5"], ranks
     assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"], ranks
     assert "[localhost:0] epoch 6/6" in "\n".join(head.lines) and "epoch 5/6" not in \

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import Head, job_id_when_started
+from tests.jobs import Head, job_id_when_started, rank_fields
 from tests.test_trainer import make_mnist_dir
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
@@ -56,18 +56,6 @@ def train(root: Path, cluster: Path, no_leftovers: list[str], *args: str) -> lis
     return head.lines
 
 
-def per_rank(lines: list[str]) -> dict[int, dict[str, str]]:
-    """rank -> the fields of its ``rank=R params_sha256=... start_epoch=...`` line."""
-    out = {}
-    for line in lines:
-        m = re.match(r"\[[^]]+:(\d+)\] (rank=\d+ params_sha256=.*)", line)
-        if m:
-            fields = dict(f.split("=", 1) for f in m.group(2).split())
-            assert fields["rank"] == m.group(1)
-            out[int(m.group(1))] = fields
-    return out
-
-
 def epochs_on_disk(workdir: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in (workdir / "checkpoints").glob("*")
                   if (m := re.fullmatch(r"checkpoint-(\d+)\.pt", p.name)))
@@ -77,7 +65,7 @@ def test_resume_takes_the_newest_epoch_every_node_has(testbed, tmp_path, no_left
     cluster, workdirs = cluster_file(testbed, tmp_path)
     lines = train(tmp_path, cluster, no_leftovers, "--epochs", "2")
     assert "dataset=digits" in "\n".join(lines)
-    ranks = per_rank(lines)
+    ranks = rank_fields(lines)
     assert {r["start_epoch"] for r in ranks.values()} == {"0"}, ranks
 
     # Nodes hold different newest epochs: node 1 lost its last one. Every rank resumes after
@@ -85,7 +73,7 @@ def test_resume_takes_the_newest_epoch_every_node_has(testbed, tmp_path, no_left
     (workdirs[1] / "checkpoints" / "checkpoint-1.pt").unlink(missing_ok=True)
     lines = train(tmp_path, cluster, no_leftovers, "--epochs", "3", "--resume")
     text = "\n".join(lines)
-    ranks = per_rank(lines)
+    ranks = rank_fields(lines)
     assert sorted(ranks) == [0, 1, 2, 3], text
     assert {r["start_epoch"] for r in ranks.values()} == {"1"}, ranks
     assert len({r["params_sha256"] for r in ranks.values()}) == 1, ranks
@@ -98,7 +86,7 @@ def test_resume_takes_the_newest_epoch_every_node_has(testbed, tmp_path, no_left
     # other nodes' stale, newer checkpoints are pruned as the new run saves).
     shutil.rmtree(workdirs[0] / "checkpoints")
     lines = train(tmp_path, cluster, no_leftovers, "--epochs", "1", "--resume")
-    ranks = per_rank(lines)
+    ranks = rank_fields(lines)
     assert sorted(ranks) == [0, 1, 2, 3], "\n".join(lines)
     assert {r["start_epoch"] for r in ranks.values()} == {"0"}, ranks
     assert len({r["params_sha256"] for r in ranks.values()}) == 1, ranks
@@ -114,7 +102,7 @@ def test_mnist_on_some_nodes_only_means_digits_everywhere(testbed, tmp_path,
     lines = train(tmp_path, cluster, no_leftovers, "--epochs", "1")
     text = "\n".join(lines)
     assert "dataset=digits" in text and "dataset=mnist" not in text, text
-    ranks = per_rank(lines)
+    ranks = rank_fields(lines)
     assert sorted(ranks) == [0, 1, 2, 3], text
     assert len({r["params_sha256"] for r in ranks.values()}) == 1, ranks
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ptcluster.bench.formulas import (
@@ -20,10 +17,9 @@ from ptcluster.bench.formulas import (
     root_for,
     size_for,
 )
-from ptcluster.launch.job import prepare, transports
-from ptcluster.launch.plan import Target, rank_program
+from ptcluster.launch.job import run_rank_program
 from ptcluster.launch.result import Failure, RunOptions
-from ptcluster.launch.runner import LineSink, Runner
+from ptcluster.launch.runner import LineSink
 from ptcluster.spec.model import ClusterSpec
 
 
@@ -145,9 +141,7 @@ def run_bench(spec: ClusterSpec, cfg: BenchConfig, port: int | None = None,
              for i in range(len(spec.nodes)) for j in range(i + 1, len(spec.nodes))]
     n = spec.world_size
     worker_cfg = worker_config(cfg, n, pairs)
-    code = rank_program("ptcluster.bench", "worker.py")
-    plan = prepare(spec, Target(code=code, args=(json.dumps(worker_cfg),)), port=port)
-    host_of = {r: node.host for node in plan.nodes for r in node.ranks}
+    host_of = {r: spec.nodes[i].host for i in range(len(spec.nodes)) for r in spec.ranks_of(i)}
     result = BenchResult(world_size=n, skipped=sweep_plan(cfg, n)[1])
     elem = DTYPES[cfg.dtype]
     pair_bytes = pair_count(cfg) * elem
@@ -169,13 +163,10 @@ def run_bench(spec: ClusterSpec, cfg: BenchConfig, port: int | None = None,
                                  "bytes": pair_bytes,
                                  "gbps": 2 * pair_bytes / data["seconds"] / 1e9})
 
-    tmp = Path(tempfile.mkdtemp(prefix="ptcluster-bench-"))
-    runner = Runner(plan, transports(spec), tmp / plan.job_id, on_line=on_line, on_data=handle,
-                    options=RunOptions(deadline=cfg.timeout))
-    run = runner.run()
-    if run.ok:
-        shutil.rmtree(tmp, ignore_errors=True)  # kept when it failed: its logs tell why
-    else:
-        result.failure = run.root_cause or Failure(host=plan.nodes[0].host, rank=None,
+    run = run_rank_program(spec, "ptcluster.bench", "worker.py", (json.dumps(worker_cfg),),
+                           port=port, on_data=handle, on_line=on_line,
+                           options=RunOptions(deadline=cfg.timeout))
+    if not run.ok:
+        result.failure = run.root_cause or Failure(host=spec.nodes[0].host, rank=None,
                                                    message="the benchmark was interrupted")
     return result

@@ -101,11 +101,8 @@ def probe_cluster(spec: ClusterSpec, transports: dict[str, Transport], *, master
             on_frames=partial(_frames, node.host, events),
             on_closed=partial(_closed, node.host, events)))
 
-    def could_not_start(channel: NodeChannel, exc: OSError) -> None:
-        probe = probes[channel.host]
-        probe.problem = f"cannot start {channel.argv[0]!r}: {exc}"
-        probe.fix = ("install the OpenSSH client (ssh) on this machine" if channel.argv[0] == "ssh"
-                     else "set python: to an interpreter that exists")
+    def could_not_start(channel: NodeChannel, problem: str, fix: str) -> None:
+        probes[channel.host].problem, probes[channel.host].fix = problem, fix
 
     started = {c.host: c for c in start_all(channels, could_not_start)}
     begun = time.monotonic()

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ptcluster.doctor.checks import FAIL, OK, SKIP, Finding, run_checks
 from ptcluster.doctor.collect import NodeProbe, probe_cluster
-from ptcluster.launch.job import prepare, resolve_port, transports
-from ptcluster.launch.plan import Target, rank_program
+from ptcluster.launch.job import resolve_port, run_rank_program, transports
 from ptcluster.launch.result import RunOptions
-from ptcluster.launch.runner import Runner
 from ptcluster.spec.model import ClusterSpec
 
 
@@ -73,21 +68,17 @@ def diagnose(spec: ClusterSpec, *, port: int | None = None, skip_allreduce: bool
 def run_allreduce(spec: ClusterSpec, port: int | None,
                   timeout: float) -> tuple[dict[str, Any] | None, Finding]:
     """All ranks, the configured backend, through the same launch path as `ptcluster run`."""
-    code = rank_program("ptcluster.doctor", "allreduce.py")
-    plan = prepare(spec, Target(code=code, args=(str(int(timeout / 2)),)), port=port)
     captured: list[dict[str, Any]] = []
 
     def on_data(host: str, rank: int, data: dict[str, Any]) -> None:
         if data.get("kind") == "allreduce":
             captured.append(data)
 
-    tmp = Path(tempfile.mkdtemp(prefix="ptcluster-doctor-"))
-    runner = Runner(plan, transports(spec), tmp / plan.job_id, on_data=on_data,
-                    options=RunOptions(deadline=timeout, ready_timeout=timeout))
-    result = runner.run()
+    result = run_rank_program(spec, "ptcluster.doctor", "allreduce.py", (str(int(timeout / 2)),),
+                              port=port, on_data=on_data,
+                              options=RunOptions(deadline=timeout, ready_timeout=timeout))
     host = spec.nodes[0].host
     if result.ok and captured:
-        shutil.rmtree(tmp, ignore_errors=True)  # kept when it failed: its logs tell why
         data = captured[-1]
         return data, Finding("all-reduce", host, OK,
                              f"{data['world_size']} ranks over {data['backend']}: result "
@@ -103,5 +94,5 @@ def run_allreduce(spec: ClusterSpec, port: int | None,
     detail = rc.headline() if rc else "the all-reduce did not finish"
     return failed_data, Finding("all-reduce", rc.host if rc else host, FAIL,
                          f"all-reduce failed: {detail}",
-                         f"see the failures above and the logs in {tmp / plan.job_id}; run with "
+                         f"see the failures above and the logs in {result.run_dir}; run with "
                          "NCCL_DEBUG=INFO in env: for details")

@@ -128,6 +128,8 @@ class ChannelClosed:
     host: str
     exit_code: int | None
     stderr: list[str] = field(default_factory=list)
+    cause: tuple[str, str] | None = None
+    """(problem, fix) when it is already known (the channel could not even start)."""
 
 
 Event = (Hello | Ready | GuardError | Started | Heartbeat | GuardStopping | RankStart | RankExit

@@ -1,13 +1,17 @@
-"""The pieces ``ptcluster run`` (and later doctor/bench) put together: port, plan, transports."""
+"""The pieces ``ptcluster run``, doctor and bench put together: port, plan, transports, and a
+shipped rank program run through the same launcher."""
 
 from __future__ import annotations
 
 import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
-from ptcluster.launch.plan import LaunchPlan, Target, new_job_id, plan_launch
+from ptcluster.launch.plan import LaunchPlan, Target, new_job_id, plan_launch, rank_program
+from ptcluster.launch.result import RunOptions, RunResult
+from ptcluster.launch.runner import DataSink, LineSink, Runner
 from ptcluster.remote.transport import Transport, transport_for
 from ptcluster.spec.model import DEFAULT_MASTER_PORT, ClusterSpec
 
@@ -52,3 +56,19 @@ def transports(spec: ClusterSpec) -> dict[str, Transport]:
 
 def run_dir_for(plan: LaunchPlan, base: str | Path | None) -> Path:
     return Path(base or DEFAULT_RUNS_DIR) / plan.job_id
+
+
+def run_rank_program(spec: ClusterSpec, package: str, filename: str, args: tuple[str, ...], *,
+                     port: int | None, options: RunOptions, on_data: DataSink,
+                     on_line: LineSink | None = None) -> RunResult:
+    """Ship ``package/filename`` (after ``rank_setup.py``) to every rank as ``-c`` code and run
+    it through the launcher, its records going to ``on_data``. The run's logs are kept in a
+    temporary directory when it fails (the result names it), removed when it succeeds."""
+    code = rank_program(package, filename)
+    plan = prepare(spec, Target(code=code, args=args), port=port)
+    tmp = Path(tempfile.mkdtemp(prefix=f"ptcluster-{filename.removesuffix('.py')}-"))
+    result = Runner(plan, transports(spec), tmp / plan.job_id, on_line=on_line, on_data=on_data,
+                    options=options).run()
+    if result.ok:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result

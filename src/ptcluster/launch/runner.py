@@ -12,6 +12,7 @@ bounded batch of events between its checks.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -111,10 +112,9 @@ class Runner:
             on_closed=lambda code, err: self.events.put((host, ev.ChannelClosed(host, code, err))),
             heartbeat=self.opts.heartbeat_interval, tag=self.plan.job_id)
 
-    def _could_not_start(self, channel: NodeChannel, exc: OSError) -> None:
-        self.events.put((channel.host, ev.ChannelClosed(channel.host, None,
-                                                        [f"cannot start {channel.argv[0]!r} "
-                                                         f"here: {exc}"])))
+    def _could_not_start(self, channel: NodeChannel, problem: str, fix: str) -> None:
+        self.events.put((channel.host, ev.ChannelClosed(channel.host, None, [problem],
+                                                        cause=(problem, fix))))
 
     # -- the loop -----------------------------------------------------------------------------
     def _loop(self, sup: Supervisor) -> None:
@@ -168,13 +168,9 @@ class Runner:
 
     def _event(self, sup: Supervisor, e: ev.Event) -> None:
         kind = type(e)
-        if kind is ev.RankOutput:
+        if kind is ev.RankOutput:  # only a rank this node does not run gets here (see _frames)
             assert isinstance(e, ev.RankOutput)
-            if sup.ranks.get(e.rank) is not None and sup.ranks[e.rank].host == e.host:
-                self.logs.rank_line(e.rank, e.text)
-                self.on_line(e.host, e.rank, e.text)
-            else:
-                self._node_line(sup, e.host, f"(rank {e.rank}?) {e.text}")
+            self._node_line(sup, e.host, f"(rank {e.rank}?) {e.text}")
         elif kind is ev.AgentOutput or kind is ev.Malformed:
             text = e.text if isinstance(e, ev.AgentOutput) else getattr(e, "line", "")
             self._node_line(sup, e.host, text)
@@ -235,8 +231,6 @@ class Runner:
 
 def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
     """The plan as shipped: per node, the guard's whole config (the shim's code by digest)."""
-    import hashlib
-
     data: dict[str, Any] = {k: v for k, v in asdict(plan).items() if k != "nodes"}
     data["options"] = asdict(opts)
     data["nodes"] = []

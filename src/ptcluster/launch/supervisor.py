@@ -85,7 +85,8 @@ class Supervisor:
     def on_event(self, event: ev.Event, now: float) -> list[Action]:
         handler = _HANDLERS.get(type(event))
         actions = handler(self, event, now) if handler else []
-        return actions + self._maybe_done()
+        self._update_done()
+        return actions
 
     def on_tick(self, now: float, quiet: dict[str, float]) -> list[Action]:
         """Periodic checks; ``quiet[host]``: seconds since that node's channel brought data."""
@@ -102,7 +103,8 @@ class Supervisor:
             actions += self._fail(self._deadline_failure(now), now)
         actions += self._check_silence(now, quiet)
         actions += self._escalate(now)
-        return actions + self._maybe_done()
+        self._update_done()
+        return actions
 
     def request_stop(self, reason: str, now: float) -> list[Action]:
         """Ctrl-C, SIGTERM or a caller: end the job everywhere (never a failure of its own).
@@ -265,7 +267,7 @@ class Supervisor:
                               exit_code=e.exit_code, last_lines=err, at=self.wall(now))
         else:
             python = self.plan.nodes[node.node_rank].python
-            problem, fix = explain_channel_failure(err, e.exit_code, python)
+            problem, fix = e.cause or explain_channel_failure(err, e.exit_code, python)
             failure = Failure(host=e.host, rank=None, message=f"cannot start the job: {problem}",
                               fix=fix, exit_code=e.exit_code, last_lines=err, at=self.wall(now))
         return self._fail(failure, now)
@@ -341,10 +343,9 @@ class Supervisor:
                 actions.append(Send(host, "stop", {"reason": reason}))
         return actions
 
-    def _maybe_done(self) -> list[Action]:
+    def _update_done(self) -> None:
         if self.phase is not Phase.DONE and all(n.closed for n in self.nodes.values()):
             self.phase = Phase.DONE
-        return []
 
     # -- results ------------------------------------------------------------------------------
     def ordered_failures(self) -> list[Failure]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from ptcluster.errors import who_what_fix
 from ptcluster.remote.bootstrap import NodeProgram
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
@@ -49,9 +50,9 @@ class Monitor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _could_not_start(self, channel: NodeChannel, exc: OSError) -> None:
+    def _could_not_start(self, channel: NodeChannel, problem: str, fix: str) -> None:
         with self.lock:
-            self.views[channel.host].error = f"cannot start {channel.argv[0]!r}: {exc}"
+            self.views[channel.host].error = who_what_fix(None, problem, fix)
 
     def _frames(self, host: str, lines: list[str]) -> None:
         for line in lines:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from ptcluster.remote.bootstrap import NodeProgram, node_argv, preamble
-from ptcluster.remote.transport import Transport
+from ptcluster.remote.transport import Transport, explain_start_failure
 from ptcluster.remote.wire import encode
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ class NodeChannel:
         """True while a batch is being handed over (the node is not silent, we are slow)."""
         self._out: queue.Queue[bytes | None] = queue.Queue()
         self._closed = threading.Event()
+        self._input_closed = False
         self._stderr_done = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -87,8 +88,10 @@ class NodeChannel:
             self._out.put(encode(kind, payload))
 
     def close_input(self) -> None:
-        """EOF to the node program (it ends its work and exits)."""
-        self._out.put(None)
+        """EOF to the node program (it ends its work and exits); once is enough."""
+        if not self._input_closed:
+            self._input_closed = True
+            self._out.put(None)
 
     def signal(self, sig: int) -> None:
         """Signal the transport process's group (ssh, or the local program)."""
@@ -196,14 +199,15 @@ class NodeChannel:
 
 
 def start_all(channels: list[NodeChannel],
-              on_error: Callable[[NodeChannel, OSError], None]) -> list[NodeChannel]:
-    """Start every channel; the ones that could not start go to ``on_error``, never raise."""
+              on_error: Callable[[NodeChannel, str, str], None]) -> list[NodeChannel]:
+    """Start every channel; the ones that could not start go to ``on_error(channel, problem,
+    fix)``; never raises."""
     started = []
     for channel in channels:
         try:
             channel.start()
         except OSError as exc:
-            on_error(channel, exc)
+            on_error(channel, *explain_start_failure(channel.argv[0], exc))
             continue
         started.append(channel)
     return started

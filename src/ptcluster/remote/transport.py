@@ -99,6 +99,15 @@ def transport_for(node: NodeSpec, local: bool) -> Transport:
     return SshTransport(host=node.host, ssh=node.ssh)
 
 
+def explain_start_failure(program: str, exc: OSError) -> tuple[str, str]:
+    """(problem, fix) when the local process of a channel (ssh, or a local python) cannot be
+    started at all."""
+    problem = f"cannot start {program!r} here: {exc.strerror or exc}"
+    if program == "ssh":
+        return problem, "install the OpenSSH client (apt-get install openssh-client)"
+    return problem, "set python: to an interpreter that exists"
+
+
 def explain_channel_failure(stderr: list[str], exit_code: int | None,
                             python: str) -> tuple[str, str]:
     """(problem, fix) for a node command that died before saying anything useful.
@@ -109,8 +118,6 @@ def explain_channel_failure(stderr: list[str], exit_code: int | None,
     lines = [line for line in stderr if line.strip()]
     detail = lines[-1] if lines else f"exit status {exit_code}"
     low = detail.lower()
-    if low.startswith("cannot start 'ssh'"):
-        return detail, "install the OpenSSH client (apt-get install openssh-client)"
     if exit_code in (126, 127) or ("no such file" in low and python in detail):
         return (f"python not found or not executable at {python} ({detail})",
                 "set python: (cluster-wide or for this node) to an interpreter that exists there")
