@@ -234,9 +234,10 @@ class Testbed:
             _run("ip", "link", "del", node.veth_host, check=False)  # netns del frees it lazily
             _run("ip", "netns", "del", node.netns, check=False)
         _run("ip", "link", "del", self.bridge, check=False)
-        if self._made_run_sshd:
-            shutil.rmtree("/run/sshd", ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self._made_run_sshd and not any(self.dir.parent.iterdir()):
+            # only when no other testbed (another test run, a helper's) still needs it
+            shutil.rmtree("/run/sshd", ignore_errors=True)
         self._up = False
 
     @staticmethod
