@@ -56,13 +56,34 @@ def test_env_is_cluster_env_plus_ours_only() -> None:
     assert dict(plan.nodes[0].env)["GLOO_SOCKET_IFNAME"] == "eth0"
     assert env["PTCLUSTER_JOB_ID"] == "J"
     assert set(env) == {"NCCL_DEBUG", "WEIRD", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
-                        "PYTHONUNBUFFERED", "PTCLUSTER_BACKEND", "PTCLUSTER_JOB_ID", SHIM_VAR}
+                        "PYTHONUNBUFFERED", "PTCLUSTER_BACKEND", "PTCLUSTER_JOB_ID", SHIM_VAR,
+                        "PTCLUSTER_ATTEMPT", "PTCLUSTER_MAX_RESTARTS"}
+    assert env["PTCLUSTER_ATTEMPT"] == "0" and env["PTCLUSTER_MAX_RESTARTS"] == "0"
     assert env[SHIM_VAR] == shim_source()  # the plan holds what is shipped, the shim included
     full = dict(rank_env(plan, plan.nodes[2]))
     assert SHIM_VAR not in full  # code, not configuration: `ptcluster env` leaves it out
     assert full["WORLD_SIZE"] == "4" and full["NODE_RANK"] == "2"
     assert full["MASTER_ADDR"] == "n1" and full["MASTER_PORT"] == "29500"
     assert full["LOCAL_WORLD_SIZE"] == "1"
+
+
+def test_a_restart_is_planned_over_the_nodes_that_remain() -> None:
+    from ptcluster.launch.job import restarts
+    from ptcluster.launch.restart import RestartPolicy
+
+    spec = parse_cluster_text(CLUSTER, "c.yaml")
+    first = plan_launch(spec, Target(module="m"), port=29500, job_id="J", max_restarts=3)
+    replan = restarts(spec, Target(module="m"), first, RestartPolicy(max_restarts=3)).replan
+    plan = replan(2, ("n2", "n3"))  # the master's node (n1, 2 slots) was lost
+    assert [n.host for n in plan.nodes] == ["n2", "n3"] and plan.attempt == 2
+    assert [(n.node_rank, n.rank_base) for n in plan.nodes] == [(0, 0), (1, 1)]
+    assert plan.master_addr == "n2" and plan.master_port == 29502  # a fresh store
+    assert plan.world_size == sum(n.nproc for n in plan.nodes)
+    env = dict(plan.nodes[1].env)
+    assert (env["PTCLUSTER_ATTEMPT"], env["PTCLUSTER_MAX_RESTARTS"]) == ("2", "3")
+    assert "--node-rank" in plan.nodes[1].argv and plan.nodes[1].is_master is False
+    assert plan.nodes[0].is_master and plan.nodes[0].argv[plan.nodes[0].argv.index(
+        "--master-addr") + 1] == "n2"
 
 
 def test_module_target_argv() -> None:

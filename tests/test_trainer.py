@@ -185,26 +185,35 @@ def test_resume_refuses_a_checkpoint_of_another_data_set(plain) -> None:
         train_main(["--epochs", "2", "--no-download", "--resume"])
 
 
+E = checkpoint.END
+
+
 @pytest.mark.parametrize(("per_rank", "agreed"), [
-    ([[0, 1], [0, 1], [0, 1]], 1),
-    ([[0, 1], [0], [0, 1]], 0),          # one node lost its newest copy
-    ([[3, 4], [2, 3]], 3),               # nodes one epoch apart (a kill between two saves)
-    ([[4, 5], [2, 3]], None),            # nothing in common
-    ([[], [0, 1]], None),                # a node lost its disk
-    ([[0, 1]], 1),
+    ([[(0, E), (1, E)], [(0, E), (1, E)], [(0, E), (1, E)]], (1, E)),
+    ([[(0, E), (1, E)], [(0, E)], [(0, E), (1, E)]], (0, E)),  # one node lost its newest copy
+    ([[(3, E), (4, E)], [(2, E), (3, E)]], (3, E)),  # one save apart (a kill between two saves)
+    ([[(4, E), (5, E)], [(2, E), (3, E)]], None),    # nothing in common
+    ([[], [(0, E), (1, E)]], None),                  # a node lost its disk
+    ([[(1, 20), (1, 40)], [(1, 20)]], (1, 20)),      # step checkpoints within an epoch
+    ([[(1, 40), (1, E)], [(1, 40), (1, E)]], (1, E)),  # the end of an epoch is after its steps
+    ([[(0, E), (1, 10)]], (1, 10)),
     ([[]], None),
 ])
-def test_agreed_epoch_is_the_newest_every_rank_has(per_rank, agreed) -> None:
-    assert checkpoint.agreed_epoch(per_rank) == agreed
+def test_agreed_position_is_the_newest_every_rank_has(per_rank, agreed) -> None:
+    assert checkpoint.agreed(per_rank) == agreed
 
 
 def test_checkpoint_save_is_atomic_and_keeps_the_last_two(tmp_path, monkeypatch) -> None:
     folder = tmp_path / "ckpt"
-    for epoch in range(4):
-        checkpoint.save(folder, epoch, {"epoch": epoch})
-    assert checkpoint.epochs_in(folder) == {2, 3}
-    checkpoint.save(folder, 0, {"epoch": 0})  # a fresh run prunes a previous run's newer ones
-    assert checkpoint.epochs_in(folder) == {0}
+    previous = None
+    for position in [(0, 5), (0, E), (1, 5), (1, E)]:
+        checkpoint.save(folder, position, {"p": position}, keep=previous)
+        previous = position
+    assert checkpoint.positions_in(folder) == {(1, 5), (1, E)}
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint-1-5.pt", "checkpoint-1.pt"]
+    assert checkpoint.epochs_in(folder) == {1}
+    checkpoint.save(folder, (0, E), {})  # a fresh run prunes a previous run's newer ones
+    assert checkpoint.epochs_in(folder) == {0} and checkpoint.positions_in(folder) == {(0, E)}
 
     def broken_save(obj, f) -> None:
         f.write(b"half a checkpoint")
@@ -212,7 +221,7 @@ def test_checkpoint_save_is_atomic_and_keeps_the_last_two(tmp_path, monkeypatch)
 
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(OSError, match="No space"):
-        checkpoint.save(folder, 1, {"epoch": 1})
+        checkpoint.save(folder, (1, E), {}, keep=(0, E))
     assert sorted(p.name for p in folder.iterdir()) == ["checkpoint-0.pt"]
 
 

@@ -1,5 +1,21 @@
-"""ptcluster: turn a few machines into a working PyTorch DDP cluster."""
+"""ptcluster: turn a few machines into a working PyTorch DDP cluster.
+
+For programs run by ``ptcluster run``: ``ptcluster.checkpoint_saved(step)`` and
+``ptcluster.resumed_from(step)`` tell the head about the job's progress (``--max-restarts``).
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["checkpoint_saved", "resumed_from"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazily: they live beside the rank set-up, which imports torch; the CLI must not.
+    if name in __all__:
+        from ptcluster.launch import rank_setup
+
+        return getattr(rank_setup, name)
+    raise AttributeError(f"module 'ptcluster' has no attribute {name!r}")

@@ -20,8 +20,9 @@ from ptcluster.cli.common import NPROC, PORT, cluster_option, load_spec, quiet
 from ptcluster.cli.doctor_cmd import render
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
-from ptcluster.launch.job import prepare, run_dir_for, transports
+from ptcluster.launch.job import prepare, restarts, run_dir_for, transports
 from ptcluster.launch.plan import LaunchPlan, Target
+from ptcluster.launch.restart import RestartPolicy
 from ptcluster.launch.result import RunResult
 from ptcluster.launch.runlogs import ConsoleFeed
 from ptcluster.launch.runner import Runner
@@ -37,17 +38,29 @@ from ptcluster.launch.runner import Runner
               "(default: ./ptcluster-runs).")
 @click.option("--preflight", is_flag=True, help="Run the doctor's fast checks first; refuse to "
               "launch when one fails.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Restart the whole job after a failure, at most this many times (on the "
+              "nodes that remain; the job resumes from its last checkpoint).")
+@click.option("--min-nodes", type=click.IntRange(min=1), default=None,
+              help="With --max-restarts: fewest nodes a restart may run on (default: all of "
+              "them, i.e. a lost node ends the job).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
-        runs_dir: str | None, preflight: bool, args: tuple[str, ...]) -> None:
+        runs_dir: str | None, preflight: bool, max_restarts: int, min_nodes: int | None,
+        args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
     target = Target(module=module, args=args) if module else \
         Target(script=args[0], args=args[1:])
     spec = load_spec(cluster, nproc)
+    if min_nodes is not None and min_nodes > len(spec.nodes):
+        raise UsageError(f"--min-nodes {min_nodes} exceeds the {len(spec.nodes)} node(s) of the "
+                         "cluster", f"pass --min-nodes {len(spec.nodes)} or less")
+    policy = RestartPolicy(max_restarts=max_restarts,
+                           min_nodes=len(spec.nodes) if min_nodes is None else min_nodes)
     err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
-    plan = prepare(spec, target, port=port)
+    plan = prepare(spec, target, port=port, max_restarts=max_restarts)
     if preflight:
         report = run_preflight(spec, plan.master_port)
         if not report.ok:
@@ -73,16 +86,17 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         feed.line(label[0] + text, label[1])
 
     runner = Runner(plan, transports(spec), run_dir, on_line=on_line,
-                    on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"))
+                    on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
+                    restarts=restarts(spec, target, plan, policy) if max_restarts else None)
     result, signum = _run_with_signals(runner)
     feed.close(timeout=5.0)
     if not hush or not result.ok:
         _print_summary(err, result, feed.dropped_total)
     if result.ok:
         sys.exit(0)
-    if result.interrupted and result.root_cause is None:
+    if result.interrupted and (result.root_cause is None or signum):
         sys.exit(128 + (signum or signal.SIGINT))
-    sys.exit(1)
+    sys.exit(3 if result.no_progress else 1)
 
 
 def _fd_writer(fd: int, dim: bool = False) -> Callable[[str], None]:
@@ -142,7 +156,30 @@ def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
     console.print(f"  logs: {run_dir}/")
 
 
+def _print_attempts(console: Console, result: RunResult) -> None:
+    """One line per attempt of a restarted job: cause, downtime, where it resumed."""
+    if len(result.attempts) < 2:
+        return
+    for a in result.attempts:
+        cause = "ok" if a.ok else ("stopped" if a.cause is None else a.cause.headline())
+        extra = []
+        if a.resumed_from is not None:
+            extra.append(f"resumed from step {a.resumed_from}")
+        if a.checkpoint is not None:
+            extra.append(f"checkpoint {a.checkpoint}")
+        if a.downtime is not None:
+            extra.append(f"downtime {a.downtime:.1f} s")
+        if a.dropped:
+            extra.append(f"dropped {', '.join(a.dropped)}")
+        console.print(f"  attempt {a.number}: world size {a.world_size} on {len(a.hosts)} "
+                      f"node(s): {cause}" + (f" ({'; '.join(extra)})" if extra else ""),
+                      markup=False)
+
+
 def _print_summary(console: Console, result: RunResult, dropped: int) -> None:
+    _print_attempts(console, result)
+    if result.gave_up and not result.ok:
+        console.print(f"[bold red]{escape(result.gave_up)}[/bold red]", markup=True)
     rc = result.root_cause
     if rc is not None:
         console.print(f"[bold red]Root cause (first observed failure):[/bold red] "

@@ -7,11 +7,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from ptcluster.launch.plan import LaunchPlan, Target, new_job_id, plan_launch, rank_program
+from ptcluster.launch.restart import RestartPolicy
 from ptcluster.launch.result import RunOptions, RunResult
-from ptcluster.launch.runner import DataSink, LineSink, Runner
+from ptcluster.launch.runner import DataSink, LineSink, Restarts, Runner
 from ptcluster.remote.transport import Transport, transport_for
 from ptcluster.spec.model import DEFAULT_MASTER_PORT, ClusterSpec
 
@@ -46,8 +48,33 @@ def local_gpu_count() -> int:
 
 
 def prepare(spec: ClusterSpec, target: Target, port: int | None = None,
-            job_id: str | None = None) -> LaunchPlan:
-    return plan_launch(spec, target, port=resolve_port(spec, port), job_id=job_id or new_job_id())
+            job_id: str | None = None, max_restarts: int = 0) -> LaunchPlan:
+    return plan_launch(spec, target, port=resolve_port(spec, port), job_id=job_id or new_job_id(),
+                       max_restarts=max_restarts)
+
+
+def restarts(spec: ClusterSpec, target: Target, first: LaunchPlan,
+             policy: RestartPolicy) -> Restarts:
+    """How the attempts after ``first`` are planned: the same job over the nodes that remain
+    (ranks renumbered in file order), a fresh rendezvous port (a fresh store, so no key of the
+    failed attempt is seen again: pytorch#135712), and node rank 0 hosting it — when the master's
+    node was dropped, the next node in the file takes over."""
+
+    def replan(attempt: int, hosts: tuple[str, ...]) -> LaunchPlan:
+        nodes = tuple(n for n in spec.nodes if n.host in hosts)
+        master = spec.master
+        if nodes[0].host != spec.nodes[0].host:
+            master = replace(master, addr=nodes[0].host)
+        if spec.local:
+            port = free_port()
+        else:
+            port = first.master_port + attempt
+            port = port if port <= 65535 else first.master_port - attempt
+        return plan_launch(replace(spec, nodes=nodes, master=master), target, port=port,
+                           job_id=first.job_id, attempt=attempt,
+                           max_restarts=policy.max_restarts)
+
+    return Restarts(policy, replan)
 
 
 def transports(spec: ClusterSpec) -> dict[str, Transport]:

@@ -17,6 +17,11 @@ from ptcluster.launch.shim import SHIM_BOOT, SHIM_VAR
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 JOB_VAR = "PTCLUSTER_JOB_ID"
+ATTEMPT_VAR = "PTCLUSTER_ATTEMPT"
+"""The attempt of the job, 0 first (every restart of ``--max-restarts`` adds one); the shim
+also gives it to the rank as ``TORCHELASTIC_RESTART_COUNT``."""
+MAX_RESTARTS_VAR = "PTCLUSTER_MAX_RESTARTS"
+"""``--max-restarts``; the rank also sees it as ``TORCHELASTIC_MAX_RESTARTS``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +92,8 @@ class LaunchPlan:
     world_size: int
     backend: str
     nodes: tuple[NodePlan, ...]
+    attempt: int = 0
+    """0 for the first attempt; a restart's plan counts up (``PTCLUSTER_ATTEMPT``)."""
 
     def node_of_rank(self, rank: int) -> NodePlan:
         for node in self.nodes:
@@ -127,11 +134,14 @@ def torchrun_argv(spec: ClusterSpec, node: NodeSpec, node_rank: int, port: int,
     ]
 
 
-def node_env(spec: ClusterSpec, node: NodeSpec, job_id: str) -> list[tuple[str, str]]:
+def node_env(spec: ClusterSpec, node: NodeSpec, job_id: str, attempt: int = 0,
+             max_restarts: int = 0) -> list[tuple[str, str]]:
     env = list(spec.env)
     env.append(("PYTHONUNBUFFERED", "1"))
     env.append(("PTCLUSTER_BACKEND", spec.backend))
     env.append((JOB_VAR, job_id))
+    env.append((ATTEMPT_VAR, str(attempt)))
+    env.append((MAX_RESTARTS_VAR, str(max_restarts)))
     env.append((SHIM_VAR, shim_source()))
     if node.interface:
         env.append(("NCCL_SOCKET_IFNAME", node.interface))
@@ -139,20 +149,23 @@ def node_env(spec: ClusterSpec, node: NodeSpec, job_id: str) -> list[tuple[str, 
     return env
 
 
-def plan_launch(spec: ClusterSpec, target: Target, *, port: int, job_id: str) -> LaunchPlan:
-    """The whole job: node ``i`` of the file gets node rank ``i`` and the next ``slots`` ranks."""
+def plan_launch(spec: ClusterSpec, target: Target, *, port: int, job_id: str, attempt: int = 0,
+                max_restarts: int = 0) -> LaunchPlan:
+    """The whole job: node ``i`` of the file gets node rank ``i`` and the next ``slots`` ranks.
+    A restart (``attempt`` > 0) is planned the same way over the nodes that remain."""
     nodes = []
     for i, node in enumerate(spec.nodes):
         nodes.append(NodePlan(
             host=node.host, node_rank=i, nproc=node.slots, rank_base=spec.rank_base(i),
             python=node.python, workdir=node.workdir, interface=node.interface,
             argv=tuple(torchrun_argv(spec, node, i, port, target)),
-            env=tuple(node_env(spec, node, job_id)),
+            env=tuple(node_env(spec, node, job_id, attempt, max_restarts)),
             is_master=i == 0,  # static rendezvous: node rank 0 hosts the store
             target=target,
         ))
     return LaunchPlan(job_id=job_id, master_addr=spec.master.addr, master_port=port,
-                      world_size=spec.world_size, backend=spec.backend, nodes=tuple(nodes))
+                      world_size=spec.world_size, backend=spec.backend, nodes=tuple(nodes),
+                      attempt=attempt)
 
 
 def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:

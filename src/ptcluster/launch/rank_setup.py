@@ -51,3 +51,21 @@ def report(kind: str, data: dict) -> None:
         _REPORT.append(s)
     body = json.dumps({"kind": kind, **data})
     _REPORT[0].sendall(b"data " + body.encode() + b"\n")
+
+
+def checkpoint_saved(step: int) -> None:
+    """Tell ptcluster that a checkpoint of ``step`` is complete on this node.
+
+    ``run --max-restarts`` uses it for its no-progress rule: a restarted attempt that saves
+    nothing newer than the step it resumed from ends the job (exit 3) instead of failing the
+    same way again. A no-op outside ``ptcluster run``.
+    """
+    if "PTCLUSTER_GUARD_SOCK" in os.environ:
+        report("checkpoint", {"step": int(step)})
+
+
+def resumed_from(step: int) -> None:
+    """Tell ptcluster the step this attempt starts from (0: from the beginning). Shown per
+    attempt in the summary; with ``checkpoint_saved`` it makes the no-progress rule apply."""
+    if "PTCLUSTER_GUARD_SOCK" in os.environ:
+        report("resumed", {"step": int(step)})

@@ -99,6 +99,10 @@ class Failure:
     host: str
     rank: int | None
     message: str
+    kind: str = "rank"
+    """What failed: ``rank`` (a rank's own failure), ``lost`` (a node stopped answering or its
+    channel closed), ``start`` (a node could not start its part), ``guard`` (a node's checks or
+    its guard), ``node`` (torchrun itself), ``timeout`` (the deadline), ``hang``."""
     fix: str | None = None
     exit_code: int | None = None
     at: float = 0.0
@@ -121,6 +125,13 @@ class RunResult:
     duration: float
     console_dropped: int = 0
     """Lines the console skipped because it could not keep up (all are in the logs)."""
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    """Every attempt of the job in order (one unless ``--max-restarts`` restarted it)."""
+    gave_up: str = ""
+    """Why no further attempt was made after a failed one ("" when none failed, or no restarts
+    were allowed)."""
+    no_progress: bool = False
+    """The restart rule gave up because an attempt saved no newer checkpoint (exit 3)."""
 
     @property
     def root_cause(self) -> Failure | None:
@@ -134,6 +145,8 @@ class RunResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id, "ok": self.ok, "interrupted": self.interrupted,
+            "gave_up": self.gave_up, "no_progress": self.no_progress,
+            "attempts": [a.to_json() for a in self.attempts],
             "duration_s": round(self.duration, 3), "console_dropped": self.console_dropped,
             "root_cause": None if self.root_cause is None else _failure_json(self.root_cause),
             "failures": [_failure_json(f) for f in self.failures],
@@ -151,8 +164,44 @@ class RunResult:
         }
 
 
+@dataclass(kw_only=True)
+class AttemptRecord:
+    """One attempt of a job (``--max-restarts``): who ran it, how it ended, what it resumed."""
+
+    number: int
+    """0 for the first attempt (``PTCLUSTER_ATTEMPT`` / ``TORCHELASTIC_RESTART_COUNT``)."""
+    hosts: list[str]
+    world_size: int
+    master_port: int
+    started_at: float
+    """Head wall clock when the attempt began (its channels were started)."""
+    ranks_started_at: float | None = None
+    """When its first rank started (corrected clock): the end of the downtime before it."""
+    ended_at: float | None = None
+    ok: bool = False
+    cause: Failure | None = None
+    """Its root cause when it failed."""
+    resumed_from: int | None = None
+    """The step the job reported resuming from (``resumed_from``), None when not reported."""
+    checkpoint: int | None = None
+    """The newest checkpoint step the job reported saving during this attempt."""
+    downtime: float | None = None
+    """Seconds from the previous attempt's failure to this attempt's first rank start."""
+    dropped: list[str] = field(default_factory=list)
+    """Nodes left out of the next attempt (lost, or failed twice)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.number, "hosts": self.hosts, "world_size": self.world_size,
+                "master_port": self.master_port, "ok": self.ok,
+                "cause": None if self.cause is None else _failure_json(self.cause),
+                "resumed_from": self.resumed_from, "checkpoint": self.checkpoint,
+                "downtime_s": None if self.downtime is None else round(self.downtime, 3),
+                "started_at": self.started_at, "ended_at": self.ended_at,
+                "dropped": self.dropped}
+
+
 def _failure_json(f: Failure) -> dict[str, Any]:
-    return {"host": f.host, "rank": f.rank, "message": f.message, "fix": f.fix,
+    return {"host": f.host, "rank": f.rank, "kind": f.kind, "message": f.message, "fix": f.fix,
             "exit_code": f.exit_code, "at": f.at, "last_lines": f.last_lines}
 
 

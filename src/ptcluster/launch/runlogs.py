@@ -28,6 +28,8 @@ class RunLogs:
         self._rank_files: dict[int, IO[str]] = {}
         self.tails: dict[int, deque[str]] = {}
         self.node_tails: dict[str, deque[str]] = {}
+        self.banner = ""
+        """Written first into every file opened from now on (a restart's attempt marker)."""
 
     def rank_line(self, rank: int, text: str) -> None:
         f = self._rank_files.get(rank)
@@ -69,6 +71,8 @@ class RunLogs:
     def _open(self, name: str) -> IO[str]:
         fd = os.open(self.run_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         f = self._files[name] = open(fd, "a", encoding="utf-8", errors="replace")
+        if self.banner:
+            f.write(self.banner + "\n")
         return f
 
 

@@ -19,16 +19,24 @@ import os
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ptcluster.errors import PtclusterError
 from ptcluster.launch import events as ev
 from ptcluster.launch.plan import SHIM_VAR, LaunchPlan
-from ptcluster.launch.result import RunOptions, RunResult
+from ptcluster.launch.restart import RestartPolicy, decide
+from ptcluster.launch.result import AttemptRecord, RunOptions, RunResult
 from ptcluster.launch.runlogs import RunLogs
-from ptcluster.launch.supervisor import Action, Send, SignalChannel, Status, Supervisor
+from ptcluster.launch.supervisor import (
+    PROGRESS_KINDS,
+    Action,
+    Send,
+    SignalChannel,
+    Status,
+    Supervisor,
+)
 from ptcluster.remote.bootstrap import GUARD
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport
@@ -47,11 +55,22 @@ class RunDirError(PtclusterError):
     """The run directory cannot be created or written (checked before anything starts)."""
 
 
+@dataclass(frozen=True)
+class Restarts:
+    """How a failed attempt is followed by another (``run --max-restarts``)."""
+
+    policy: RestartPolicy
+    replan: Callable[[int, tuple[str, ...]], LaunchPlan]
+    """(attempt number, the hosts that remain, in order) -> that attempt's plan."""
+
+
 class Runner:
     def __init__(self, plan: LaunchPlan, transports: dict[str, Transport], run_dir: Path,
                  on_line: LineSink | None = None, on_status: Callable[[str], None] | None = None,
-                 options: RunOptions | None = None, on_data: DataSink | None = None) -> None:
+                 options: RunOptions | None = None, on_data: DataSink | None = None,
+                 restarts: Restarts | None = None) -> None:
         self.plan = plan
+        self.restarts = restarts
         self.transports = transports
         self.run_dir = run_dir
         self.on_line = on_line or (lambda host, rank, text: None)
@@ -61,8 +80,7 @@ class Runner:
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=256)  # batches: <= ~16 MiB
         self.channels: dict[str, NodeChannel] = {}
         self.logs = RunLogs(run_dir)
-        self._node_rank = {n.host: n.node_rank for n in plan.nodes}
-        self._ranks_of = {n.host: frozenset(n.ranks) for n in plan.nodes}
+        self._use_plan(plan)
         self._stop_reason = ""
         self._stop_requests = 0
         self._sink_errors: set[str] = set()
@@ -75,31 +93,88 @@ class Runner:
         self._stop_requests += 1
 
     def run(self) -> RunResult:
+        """Every attempt of the job (one unless ``restarts`` allows more): the last one's
+        result, with the record of each attempt."""
         t0 = time.monotonic()
         self._prepare_run_dir()
-        self.sup = Supervisor(self.plan, self.opts, t0, wall_offset=time.time() - t0)
+        attempts: list[AttemptRecord] = []
+        while True:
+            sup, record = self._attempt(attempts)
+            attempts.append(record)
+            result = self._result(sup, time.monotonic() - t0)
+            result.attempts = attempts
+            if self.restarts is None:
+                break
+            decision = decide(self.restarts.policy, attempts, result.failures,
+                              sup.interrupted or self._stop_requests > 0)
+            record.dropped = list(decision.drop)
+            if not decision.restart:
+                result.gave_up, result.no_progress = decision.reason, decision.no_progress
+                break
+            if self._stop_requests:  # Ctrl-C while the last attempt was being torn down
+                result.interrupted, result.gave_up = True, "stopped by the user: not restarted"
+                break
+            hosts = tuple(n.host for n in self.plan.nodes if n.host not in decision.drop)
+            self._use_plan(self.restarts.replan(len(attempts), hosts))
+            self.on_status(f"{decision.reason}: attempt {len(attempts)} on {len(hosts)} "
+                           f"node(s), world size {self.plan.world_size}, rendezvous port "
+                           f"{self.plan.master_port}")
+            self._write_plan(f"plan.{len(attempts)}.json")
+        _write_private(self.run_dir / "summary.json", json.dumps(result.to_json(), indent=2))
+        return result
+
+    def _attempt(self, before: list[AttemptRecord]) -> tuple[Supervisor, AttemptRecord]:
+        """One attempt: every node started, supervised, torn down; every channel closed."""
+        t0 = time.monotonic()
+        sup = self.sup = Supervisor(self.plan, self.opts, t0, wall_offset=time.time() - t0)
+        record = AttemptRecord(number=self.plan.attempt,
+                               hosts=[n.host for n in self.plan.nodes],
+                               world_size=self.plan.world_size,
+                               master_port=self.plan.master_port, started_at=sup.wall(t0))
+        if self.plan.attempt:  # the same files go on; the last lines are this attempt's
+            self.logs.banner = f"----- attempt {self.plan.attempt}: world size " \
+                               f"{self.plan.world_size} -----"
+            self.logs.tails.clear()
+            self.logs.node_tails.clear()
         try:
             started = start_all([self._channel(n.host) for n in self.plan.nodes],
                                 self._could_not_start)
             self.channels = {c.host: c for c in started}
-            self._loop(self.sup)
+            self._loop(sup)
         finally:
             close_all(list(self.channels.values()), timeout=self.opts.stop_deadline)
+            self.channels = {}
             self.logs.close()
-        result = self._result(self.sup, time.monotonic() - t0)
-        _write_private(self.run_dir / "summary.json", json.dumps(result.to_json(), indent=2))
-        return result
+        failures = sup.ordered_failures()
+        record.ok = not failures and not sup.interrupted and \
+            all(r.exit_code == 0 for r in sup.ranks.values())
+        record.cause = failures[0] if failures else None
+        record.ended_at = time.time()
+        record.checkpoint, record.resumed_from = sup.checkpoint, sup.resumed_from
+        record.ranks_started_at = sup.first_rank_start
+        previous = before[-1] if before else None
+        if previous is not None and previous.cause is not None and \
+                sup.first_rank_start is not None:
+            record.downtime = sup.first_rank_start - previous.cause.at
+        return sup, record
+
+    def _use_plan(self, plan: LaunchPlan) -> None:
+        self.plan = plan
+        self._node_rank = {n.host: n.node_rank for n in plan.nodes}
+        self._ranks_of = {n.host: frozenset(n.ranks) for n in plan.nodes}
 
     # -- starting -----------------------------------------------------------------------------
     def _prepare_run_dir(self) -> None:
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            _write_private(self.run_dir / "plan.json", json.dumps(plan_json(self.plan, self.opts),
-                                                                   indent=2))
+            self._write_plan("plan.json")
         except OSError as exc:
             raise RunDirError(f"cannot write the run directory {self.run_dir}: "
                               f"{exc.strerror or exc}",
                               "pass --run-dir with a directory you can write to") from None
+
+    def _write_plan(self, name: str) -> None:
+        _write_private(self.run_dir / name, json.dumps(plan_json(self.plan, self.opts), indent=2))
 
     def _channel(self, host: str) -> NodeChannel:
         node = self.plan.nodes[self._node_rank[host]]
@@ -174,6 +249,8 @@ class Runner:
         elif kind is ev.AgentOutput or kind is ev.Malformed:
             text = e.text if isinstance(e, ev.AgentOutput) else getattr(e, "line", "")
             self._node_line(sup, e.host, text)
+        elif kind is ev.RankData and getattr(e, "data", {}).get("kind") in PROGRESS_KINDS:
+            self._apply(sup.on_event(e, time.monotonic()))
         elif kind is ev.RankData:
             assert isinstance(e, ev.RankData)
             try:

@@ -74,6 +74,12 @@ def run_target(argv: list[str]) -> int:
     out = _connect(path, rank, "out") if ctl else None
     err = _connect(path, rank, "err") if ctl else None
     parent = os.getpid()
+    # torchrun sets its own restart count (always 0: ptcluster restarts the whole job); a rank
+    # sees the job's attempt instead, as torch's elastic scripts expect it.
+    for ours, theirs in (("PTCLUSTER_ATTEMPT", "TORCHELASTIC_RESTART_COUNT"),
+                         ("PTCLUSTER_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS")):
+        if ours in os.environ:
+            os.environ[theirs] = os.environ[ours]
 
     def child_setup() -> None:
         os.setpgid(0, 0)

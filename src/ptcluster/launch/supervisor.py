@@ -80,6 +80,12 @@ class Supervisor:
         self._raised: dict[int, tuple[float, str]] = {}
         """When (corrected) and what an exception left a rank's code, from the rank itself."""
         self._rank_failure: dict[int, Failure] = {}
+        self.checkpoint: int | None = None
+        """The newest checkpoint step the job reported saving (``checkpoint_saved``)."""
+        self.resumed_from: int | None = None
+        """The step the job reported resuming from (``resumed_from``)."""
+        self.first_rank_start: float | None = None
+        """When the first rank started (corrected head clock)."""
 
     # -- inputs -------------------------------------------------------------------------------
     def on_event(self, event: ev.Event, now: float) -> list[Action]:
@@ -94,7 +100,7 @@ class Supervisor:
         if self.phase is Phase.STARTING and now - self.started > self.opts.ready_timeout:
             slow = [h for h, n in self.nodes.items() if not n.ready and not n.closed]
             actions += self._fail(Failure(
-                host=", ".join(slow) or self.plan.nodes[0].host, rank=None,
+                host=", ".join(slow) or self.plan.nodes[0].host, rank=None, kind="start",
                 message=f"not ready after {self.opts.ready_timeout:.0f} s", at=self.wall(now),
                 fix="check that the node is reachable and not overloaded (`ptcluster doctor`)"),
                 now)
@@ -139,7 +145,7 @@ class Supervisor:
         node.clock_offset = round(e.node_time - self.wall(now), 3)
         if e.version != wire.VERSION:
             return self._fail(Failure(
-                host=e.host, rank=None, at=self.wall(now),
+                host=e.host, rank=None, at=self.wall(now), kind="guard",
                 message=f"its node program speaks protocol v{e.version}, the head v"
                         f"{wire.VERSION}", fix="use the same ptcluster version everywhere"), now)
         return []
@@ -165,12 +171,26 @@ class Supervisor:
 
     def _guard_error(self, e: ev.GuardError, now: float) -> list[Action]:
         return self._fail(Failure(host=e.host, rank=None, message=e.problem, fix=e.fix or None,
-                                  at=self.wall(now)), now)
+                                  kind="guard", at=self.wall(now)), now)
 
     def _rank_start(self, e: ev.RankStart, now: float) -> list[Action]:
         record = self._rank(e.host, e.rank)
         if record is not None:
             record.started_at = self._corrected(e.host, e.node_time)
+            if self.first_rank_start is None or record.started_at < self.first_rank_start:
+                self.first_rank_start = record.started_at
+        return []
+
+    def _progress(self, e: ev.RankData, now: float) -> list[Action]:
+        """The job's own progress reports: a checkpoint saved, the step it resumed from."""
+        step = e.data.get("step")
+        if type(step) is not int or self._rank(e.host, e.rank) is None:
+            return []
+        if e.data.get("kind") == "checkpoint":
+            self.checkpoint = step if self.checkpoint is None else max(self.checkpoint, step)
+        elif e.data.get("kind") == "resumed":
+            self.resumed_from = step if self.resumed_from is None else min(self.resumed_from,
+                                                                           step)
         return []
 
     def _rank_exit(self, e: ev.RankExit, now: float) -> list[Action]:
@@ -230,7 +250,7 @@ class Supervisor:
             return []  # it is doing what the head asked
         at = self._corrected(e.host, e.node_time)
         self.stop_sent[e.host] = at
-        return self._fail(Failure(host=e.host, rank=None, at=at,
+        return self._fail(Failure(host=e.host, rank=None, at=at, kind="lost",
                                   message=f"its guard ended the job on its own: {e.reason}",
                                   fix="see the node log; a guard that no longer hears the head "
                                       "means the network or the head stalled"), now)
@@ -250,6 +270,7 @@ class Supervisor:
         if any(f.host == e.host and f.rank is not None for f in self.failures):
             return []  # its failed rank is the news, torchrun's exit the consequence
         return self._fail(Failure(host=e.host, rank=None, exit_code=e.code, at=self.wall(now),
+                                  kind="node",
                                   message=f"torchrun exited with code {e.code} ({e.reason})"),
                           now)
 
@@ -263,12 +284,14 @@ class Supervisor:
         if node.ready:
             detail = err[-1] if err else f"exit status {e.exit_code}"
             failure = Failure(host=e.host, rank=None, message=f"connection lost: {detail}",
+                              kind="lost",
                               fix="check the node's network and power (`ptcluster doctor`)",
                               exit_code=e.exit_code, last_lines=err, at=self.wall(now))
         else:
             python = self.plan.nodes[node.node_rank].python
             problem, fix = e.cause or explain_channel_failure(err, e.exit_code, python)
             failure = Failure(host=e.host, rank=None, message=f"cannot start the job: {problem}",
+                              kind="start",
                               fix=fix, exit_code=e.exit_code, last_lines=err, at=self.wall(now))
         return self._fail(failure, now)
 
@@ -284,7 +307,7 @@ class Supervisor:
             self.stop_sent.setdefault(host, self.wall(now))  # what it still sends is teardown
             actions.append(SignalChannel(host, signal.SIGKILL))
             actions += self._fail(Failure(
-                host=host, rank=None, at=self.wall(now - silent),
+                host=host, rank=None, at=self.wall(now - silent), kind="lost",
                 message=f"node lost: nothing heard for {silent:.0f} s (link down or node dead)",
                 fix="check the node's network and power; `ptcluster doctor`"), now)
         return actions
@@ -321,7 +344,7 @@ class Supervisor:
         running = [r for r in self.ranks.values() if r.exit_code is None]
         hosts = sorted({r.host for r in running}) or [self.plan.nodes[0].host]
         ranks = ", ".join(str(r.rank) for r in running) or "none"
-        return Failure(host=", ".join(hosts), rank=None, at=self.wall(now),
+        return Failure(host=", ".join(hosts), rank=None, at=self.wall(now), kind="timeout",
                        message=f"timed out after {self.opts.deadline:.0f} s; ranks still "
                                f"running: {ranks}",
                        fix="a collective hung or a rank is stuck: check the ports and interface "
@@ -366,4 +389,7 @@ _HANDLERS: dict[type, Any] = {
     ev.RankExit: Supervisor._rank_exit, ev.RankError: Supervisor._rank_error,
     ev.GuardExit: Supervisor._guard_exit, ev.ChannelClosed: Supervisor._closed,
     ev.Heartbeat: Supervisor._heartbeat, ev.GuardStopping: Supervisor._guard_stopping,
+    ev.RankData: Supervisor._progress,
 }
+PROGRESS_KINDS = ("checkpoint", "resumed")
+"""RankData kinds the supervisor keeps (the rest go to the caller's data sink)."""

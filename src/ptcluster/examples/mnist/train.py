@@ -9,13 +9,18 @@
 What the classic recipe gets wrong and this does not:
 - the device comes from LOCAL_RANK; ``torch.cuda.set_device(rank)`` with the global rank breaks
   on every node after the first;
-- a DistributedSampler with ``set_epoch`` (otherwise every epoch sees the same order);
+- a new shuffle every epoch, the same on every rank (what ``DistributedSampler.set_epoch`` is
+  for), each global batch split over the ranks: the same samples whatever the world size;
 - the logged loss is averaged over all ranks, not rank 0's shard;
 - test accuracy covers the whole test set, split across ranks and summed;
 - no ``loss.item()`` per step (a CPU-GPU sync point): losses are summed on the device;
 - checkpoints are written to a temporary file and renamed (a crash never leaves half a file),
   by local rank 0 of every node into its own ``--checkpoint-dir``, so nodes with separate disks
-  each hold a copy; ``--resume`` takes the newest epoch that every node has, on every rank;
+  each hold a copy; ``--resume`` takes the newest one that every node has, on every rank; every
+  epoch, and every ``--checkpoint-every-steps`` steps;
+- restarted by ``ptcluster run --max-restarts`` it resumes by itself (from this job's own
+  checkpoints), tells the head what it resumed from and what it saved (the no-progress rule),
+  and on fewer nodes keeps the global batch (or refuses with the reason);
 - what depends on a node's disk (resume epoch, MNIST or the digits, downloads) is agreed by all
   ranks, so no rank skips a collective that another enters;
 - gloo on CPU and NCCL on GPU chosen automatically (ptcluster's own rank set-up);
@@ -33,14 +38,14 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data.distributed import DistributedSampler
 
 from ptcluster.examples.mnist import checkpoint
 from ptcluster.examples.mnist.data import (
@@ -50,7 +55,7 @@ from ptcluster.examples.mnist.data import (
     load_digits,
     load_mnist,
 )
-from ptcluster.launch.rank_setup import init_distributed
+from ptcluster.launch.rank_setup import checkpoint_saved, init_distributed, resumed_from
 
 log = logging.getLogger("ptcluster.examples.mnist")
 T = TypeVar("T")
@@ -76,7 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"),
                    help="on each node; relative to its workdir")
     p.add_argument("--resume", action="store_true",
-                   help="continue after the newest checkpoint every node has")
+                   help="continue after the newest checkpoint every node has (a restart of "
+                        "ptcluster run --max-restarts does so by itself)")
+    p.add_argument("--checkpoint-every-steps", type=int, default=0, metavar="K",
+                   help="also save every K optimizer steps, not only every epoch (0: off)")
     p.add_argument("--amp", choices=("auto", "bf16", "fp16", "off"), default="auto",
                    help="autocast on GPU (auto: bf16 where supported, else fp16)")
     p.add_argument("--timeout", type=float, default=1800.0,
@@ -185,45 +193,74 @@ def build(args: argparse.Namespace,
     return net, opt
 
 
-def resume(args: argparse.Namespace, net: nn.Module, opt: torch.optim.Optimizer,
-           data: Dataset, world: int, device: torch.device) -> int:
-    """The first epoch to train: after the newest checkpoint every node has (0: none).
+@dataclass(frozen=True)
+class Start:
+    """Where training starts: epoch, steps already done in it, the global batch, and the
+    checkpoint position it came from (None: from the beginning)."""
 
-    Each rank reports the epochs on its node's disk; all pick the same one and each loads it
-    from its own node's disk. A collective: every rank must call it.
+    epoch: int
+    step: int
+    global_batch: int
+    position: checkpoint.Position | None = None
+
+
+def resume(args: argparse.Namespace, net: nn.Module, opt: torch.optim.Optimizer,
+           data: Dataset, world: int, device: torch.device, restarted: bool) -> Start:
+    """Where to start: after the newest checkpoint every node has (none: the beginning).
+
+    Each rank reports the positions on its node's disk; all pick the same one and each loads it
+    from its own node's disk. A restart (``restarted``) takes only this job's own checkpoints.
+    A collective: every rank must call it.
     """
+    fresh = Start(0, 0, args.batch_size * world)
     folder = args.checkpoint_dir
-    held = gather((socket.gethostname(), sorted(checkpoint.epochs_in(folder))), world)
-    epoch = checkpoint.agreed_epoch([epochs for _, epochs in held])
-    if epoch is None:
-        nodes = "; ".join(f"{host} has {', '.join(map(str, e)) or 'none'}"
-                          for host, e in dict(held).items())
-        log.info("--resume: no epoch has a checkpoint in %s on every node (%s): starting fresh",
-                 folder, nodes)
-        return 0
-    path = checkpoint.path_of(folder, epoch)
-    state = checkpoint.load(folder, epoch, device)
+    held = gather((socket.gethostname(), sorted(checkpoint.positions_in(folder))), world)
+    position = checkpoint.agreed([positions for _, positions in held])
+    if position is None:
+        nodes = "; ".join(f"{host} has {len(p) or 'none'}" for host, p in dict(held).items())
+        log.info("resume: no checkpoint in %s is on every node (%s): starting fresh", folder,
+                 nodes)
+        return fresh
+    path = checkpoint.path_of(folder, position)
+    state = checkpoint.load(folder, position, device)
+    job = os.environ.get("PTCLUSTER_JOB_ID", "")
+    if restarted and not all(j == job for j in gather(state.get("job_id", ""), world)):
+        log.info("restart: %s is not this job's: starting fresh", path)
+        return fresh
     if state["dataset"] != data.name:
         raise ValueError(f"{path} was trained on {state['dataset']}, but this run loaded "
                          f"{data.name}: resume with the data it was trained on, or start "
                          "without --resume")
+    global_batch = int(state.get("global_batch", args.batch_size * world))
+    if global_batch % world:
+        raise ValueError(f"{path} was trained with a global batch of {global_batch}, which "
+                         f"{world} ranks cannot share evenly: resume on a world size that "
+                         f"divides it, or start afresh")
     net.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"].cpu())
     if "cuda_rng" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
-    log.info("resumed from %s (the newest epoch on every node): continuing at epoch %d", path,
-             epoch + 2)
-    return epoch + 1
+    epoch, step = position
+    if step == checkpoint.END:
+        log.info("resumed from %s (the newest on every node): continuing at epoch %d", path,
+                 epoch + 2)
+        return Start(epoch + 1, 0, global_batch, position)
+    log.info("resumed from %s (the newest on every node): continuing in epoch %d after step "
+             "%d", path, epoch + 1, step)
+    return Start(epoch, step, global_batch, position)
 
 
-def save(args: argparse.Namespace, epoch: int, net: nn.Module, opt: torch.optim.Optimizer,
-         data: Dataset, device: torch.device) -> None:
-    state = {"model": net.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,
-             "dataset": data.name, "rng": torch.get_rng_state()}
+def save(args: argparse.Namespace, position: checkpoint.Position, start: Start, world: int,
+         net: nn.Module, opt: torch.optim.Optimizer, data: Dataset, device: torch.device,
+         keep: checkpoint.Position | None) -> None:
+    state = {"model": net.state_dict(), "optimizer": opt.state_dict(), "epoch": position[0],
+             "step": position[1], "dataset": data.name, "rng": torch.get_rng_state(),
+             "global_batch": start.global_batch, "world_size": world,
+             "job_id": os.environ.get("PTCLUSTER_JOB_ID", "")}
     if device.type == "cuda":
         state["cuda_rng"] = torch.cuda.get_rng_state(device)
-    checkpoint.save(args.checkpoint_dir, epoch, state)
+    checkpoint.save(args.checkpoint_dir, position, state, keep=keep)
 
 
 def grad_scaler(enabled: bool) -> Any:
@@ -248,15 +285,24 @@ def mixed_precision(amp: str, device: torch.device) -> tuple[Autocast, Any]:
     return (lambda: torch.autocast("cuda", dtype=amp_dtype)), scaler
 
 
+def epoch_order(n: int, seed: int, epoch: int, device: torch.device) -> torch.Tensor:
+    """The epoch's shuffle of ``n`` samples: new each epoch, the same on every rank."""
+    g = torch.Generator().manual_seed(seed + epoch)
+    return torch.randperm(n, generator=g).to(device)
+
+
 def run_epoch(ddp: nn.Module, opt: torch.optim.Optimizer, amp: tuple[Autocast, Any],
-              x: torch.Tensor, y: torch.Tensor, order: torch.Tensor,
-              batch_size: int) -> torch.Tensor:
-    """One pass over ``order`` (this rank's shard); the summed loss, still on the device."""
+              x: torch.Tensor, y: torch.Tensor, order: torch.Tensor, steps: range,
+              global_batch: int, rank: int, world: int,
+              after_step: Callable[[int], None]) -> tuple[torch.Tensor, int]:
+    """``steps`` of the epoch: step ``k`` takes global batch ``k`` of ``order``, this rank its
+    ``rank::world`` share. (The summed loss, still on the device; the samples it covers.)"""
     autocast, scaler = amp
     loss_fn = nn.CrossEntropyLoss()
     loss_sum = torch.zeros((), device=x.device)
-    for i in range(0, len(order), batch_size):
-        idx = order[i:i + batch_size]
+    count = 0
+    for k in steps:
+        idx = order[k * global_batch:(k + 1) * global_batch][rank::world]
         with autocast():
             loss = loss_fn(ddp(x[idx]), y[idx])
         opt.zero_grad(set_to_none=True)
@@ -264,7 +310,9 @@ def run_epoch(ddp: nn.Module, opt: torch.optim.Optimizer, amp: tuple[Autocast, A
         scaler.step(opt)
         scaler.update()
         loss_sum += loss.detach() * len(idx)  # stays on the device: no sync per step
-    return loss_sum
+        count += len(idx)
+        after_step(k + 1)
+    return loss_sum, count
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,38 +340,58 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
     log.info("dataset=%s train=%d test=%d world_size=%d backend=%s device=%s", data.name,
              len(data.train_y), len(data.test_y), world, backend, device.type)
     net, opt = build(args, device)
-    start_epoch = resume(args, net, opt, data, world, device) if args.resume else 0
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    start = resume(args, net, opt, data, world, device, restarted) \
+        if args.resume or restarted else Start(0, 0, args.batch_size * world)
+    steps_per_epoch = len(data.train_y) // start.global_batch  # the last partial batch: dropped
+    if steps_per_epoch < 1:
+        raise ValueError(f"a global batch of {start.global_batch} is larger than the "
+                         f"{len(data.train_y)} training samples: use a smaller --batch-size")
+    if rank == 0:
+        resumed_from(start.epoch * steps_per_epoch + start.step)
     ddp = DDP(net, device_ids=[device.index] if device.type == "cuda" else None) \
         if world > 1 else net
     amp = mixed_precision(args.amp, device)
+    last_saved = start.position
+
+    def checkpoint_at(position: checkpoint.Position, global_step: int) -> None:
+        nonlocal last_saved
+        if local_rank == 0:  # one copy per node: a node that loses its disk loses nothing
+            save(args, position, start, world, net, opt, data, device, keep=last_saved)
+            checkpoint_saved(global_step)
+        last_saved = position
 
     train_x, train_y = data.train_x.to(device), data.train_y.to(device)
-    # The sampler only needs len(); indices into the in-memory tensors are all we take from it.
-    sampler: DistributedSampler[int] = DistributedSampler(
-        cast(Any, range(len(train_y))), num_replicas=world, rank=rank, shuffle=True,
-        seed=args.seed)
     samples, train_time, accuracy = 0, 0.0, float("nan")
     t_start = time.perf_counter()
-    for epoch in range(start_epoch, args.epochs):
-        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        order = torch.tensor(list(sampler), device=device)
+    every = args.checkpoint_every_steps
+    for epoch in range(start.epoch, args.epochs):
+        order = epoch_order(len(train_y), args.seed, epoch, device)
+        first = start.step if epoch == start.epoch else 0
+
+        def after_step(k: int, epoch: int = epoch) -> None:
+            g = epoch * steps_per_epoch + k
+            if every > 0 and g % every == 0 and k < steps_per_epoch:
+                checkpoint_at((epoch, k), g)
+
         t0 = time.perf_counter()
-        loss_sum = run_epoch(ddp, opt, amp, train_x, train_y, order, args.batch_size)
+        loss_sum, count = run_epoch(ddp, opt, amp, train_x, train_y, order,
+                                    range(first, steps_per_epoch), start.global_batch, rank,
+                                    world, after_step)
         if device.type == "cuda":
             torch.cuda.synchronize()
         train_time += time.perf_counter() - t0
-        samples += len(order) * world
-        total_loss, count = all_sum([loss_sum.item(), len(order)], device, world)
+        samples += count * world
+        total_loss, total = all_sum([loss_sum.item(), count], device, world)
         accuracy = evaluate(net, data, rank, world, device)
         log.info("epoch %d/%d loss=%.4f test_accuracy=%.4f time=%.2fs elapsed=%.2fs", epoch + 1,
-                 args.epochs, total_loss / count, accuracy, time.perf_counter() - t0,
+                 args.epochs, total_loss / max(total, 1), accuracy, time.perf_counter() - t0,
                  time.perf_counter() - t_start)
-        if local_rank == 0:  # one copy per node: a node that loses its disk loses nothing
-            save(args, epoch, net, opt, data, device)
+        checkpoint_at((epoch, checkpoint.END), (epoch + 1) * steps_per_epoch)
     if world > 1:
         dist.barrier()
-    print(f"rank={rank} params_sha256={params_digest(net)} start_epoch={start_epoch}",
-          flush=True)
+    print(f"rank={rank} params_sha256={params_digest(net)} start_epoch={start.epoch} "
+          f"start_step={start.epoch * steps_per_epoch + start.step}", flush=True)
     if rank == 0:
         rate = samples / train_time if train_time else 0.0
         print(f"final epochs={args.epochs} test_accuracy={accuracy:.4f} "

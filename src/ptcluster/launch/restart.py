@@ -1,0 +1,106 @@
+"""Whether a failed attempt of a job is restarted, and on which nodes: a pure function.
+
+``run --max-restarts N [--min-nodes M]`` restarts the *whole* job, driven by the head: every node
+is torn down as for any failure, then the next attempt starts with a fresh rendezvous over the
+nodes that remain, ranks renumbered. (torchrun's own ``--max-restarts`` restarts only its node's
+workers and cannot bring a static rendezvous back: pytorch#146371; its counter is per node:
+pytorch#108158.) The rules, in order:
+
+- an attempt that succeeded, or that the user stopped (Ctrl-C, SIGTERM), is never restarted;
+- at most ``max_restarts`` restarts;
+- nodes that were lost (silent, channel closed, could not start) are dropped (when fewer than
+  ``min_nodes`` would remain, the job gives up), and so is a node whose rank or guard was the
+  root cause of two attempts, while ``min_nodes`` remain without it;
+- no progress: a job that reports its checkpoints (``checkpoint_saved``/``resumed_from`` of
+  ``ptcluster.launch.rank_setup``) gives up when an attempt ends without a checkpoint newer
+  than the step it started from — it would only fail the same way again (exit 3). An attempt
+  whose cause was a node that is now dropped is exempt: the next one runs on other hardware.
+  A job that never reports checkpoints gets plain ``max_restarts`` restarts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ptcluster.launch.result import AttemptRecord, Failure
+
+NODE_LOSS = ("lost", "start")
+"""Failure kinds that mean the node itself is gone or unusable: it is left out of the next
+attempt."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartPolicy:
+    """What ``--max-restarts`` and ``--min-nodes`` allow."""
+
+    max_restarts: int = 0
+    """Whole-job restarts after a failure (0: a failure ends the job)."""
+    min_nodes: int = 1
+    """Fewest nodes a restarted attempt may run on (nodes are dropped when lost)."""
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.min_nodes < 1:
+            raise ValueError(f"min_nodes must be >= 1, got {self.min_nodes}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    restart: bool
+    reason: str
+    """Why the job goes on or ends ("" for a success or a stop)."""
+    drop: tuple[str, ...] = ()
+    """Nodes left out from now on."""
+    no_progress: bool = False
+
+
+def decide(policy: RestartPolicy, attempts: Sequence[AttemptRecord], failures: Sequence[Failure],
+           interrupted: bool) -> Decision:
+    """After ``attempts[-1]`` ended (``failures``: all of its failures): restart or not."""
+    last = attempts[-1]
+    if last.ok:
+        return Decision(False, "")
+    if interrupted:
+        return Decision(False, "stopped by the user: not restarted")
+    if policy.max_restarts == 0:
+        return Decision(False, "")
+    hosts = last.hosts
+    lost = {f.host for f in failures if f.kind in NODE_LOSS and f.host in hosts}
+    blamed = Counter(a.cause.host for a in attempts
+                     if a.cause is not None and a.cause.host in hosts)
+    twice = {h for h, n in blamed.items() if n >= 2} - lost
+    if len(hosts) - len(lost | twice) < policy.min_nodes:
+        twice = set()  # a node that failed twice is kept rather than end the job
+    drop = tuple(h for h in hosts if h in lost | twice)
+    left = len(hosts) - len(drop)
+    used = len(attempts) - 1
+    if used >= policy.max_restarts:
+        return Decision(False, f"no restarts left ({used} of {policy.max_restarts} used)", drop)
+    if left < policy.min_nodes:
+        why = ", ".join(f"{h} ({'lost' if h in lost else 'failed twice'})" for h in drop)
+        return Decision(False, f"only {left} node(s) would remain after dropping {why}; "
+                               f"--min-nodes is {policy.min_nodes}", drop)
+    reports = any(a.checkpoint is not None or a.resumed_from is not None for a in attempts)
+    cause_dropped = last.cause is not None and last.cause.host in drop \
+        and last.cause.kind in NODE_LOSS
+    if reports and not cause_dropped:
+        start = start_step(attempts)
+        if last.checkpoint is None or (start is not None and last.checkpoint <= start):
+            since = "since it started" if start is None else f"after step {start}"
+            return Decision(False, f"gave up: no progress (attempt {last.number} saved no "
+                                   f"checkpoint {since})", drop, no_progress=True)
+    kept = f" without {', '.join(drop)}" if drop else ""
+    return Decision(True, f"restart {used + 1} of {policy.max_restarts}{kept}", drop)
+
+
+def start_step(attempts: Sequence[AttemptRecord]) -> int | None:
+    """The step the last attempt started from: what it reported resuming from, else the newest
+    checkpoint reported before it (None: from the beginning, as far as we know)."""
+    last = attempts[-1]
+    if last.resumed_from is not None:
+        return last.resumed_from
+    earlier = [a.checkpoint for a in attempts[:-1] if a.checkpoint is not None]
+    return max(earlier, default=None)

@@ -1,0 +1,224 @@
+"""Whole-job restarts (`run --max-restarts`): the rule as a pure function, then real local jobs.
+
+The multi-node cases (a node's link cut, the master's node lost) are in
+``test_restart_multinode.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ptcluster.launch.restart import RestartPolicy, decide, start_step
+from ptcluster.launch.result import AttemptRecord, Failure
+from tests.jobs import Head, only_run, rank_fields, run_head
+
+HOSTS = ["a", "b", "c"]
+
+
+def attempt(number: int, *, ok: bool = False, cause: tuple[str, str] | None = ("b", "rank"),
+            hosts: list[str] | None = None, resumed: int | None = None,
+            saved: int | None = None) -> AttemptRecord:
+    failure = None if cause is None or ok else \
+        Failure(host=cause[0], rank=None if cause[1] != "rank" else 1, kind=cause[1],
+                message="x")
+    return AttemptRecord(number=number, hosts=hosts or HOSTS, world_size=3, master_port=1,
+                         started_at=0.0, ok=ok, cause=failure, resumed_from=resumed,
+                         checkpoint=saved)
+
+
+def failures_of(a: AttemptRecord) -> list[Failure]:
+    return [a.cause] if a.cause is not None else []
+
+
+P = RestartPolicy(max_restarts=3, min_nodes=2)
+
+
+@pytest.mark.parametrize(("policy", "attempts", "interrupted", "restart", "drop", "why"), [
+    # success and stops are final
+    (P, [attempt(0, ok=True)], False, False, (), ""),
+    (P, [attempt(0)], True, False, (), "stopped by the user"),
+    # no --max-restarts: a failure ends the job as before
+    (RestartPolicy(), [attempt(0)], False, False, (), ""),
+    # a script that reports nothing: plain restarts until none are left
+    (P, [attempt(0)], False, True, (), "restart 1 of 3"),
+    (P, [attempt(0), attempt(1, cause=("a", "rank")), attempt(2, cause=("c", "rank")),
+         attempt(3, cause=("a", "rank"))], False, False, ("a",), "no restarts left (3 of 3"),
+    # progress: saved a newer checkpoint than it started from -> restart
+    (P, [attempt(0, resumed=0, saved=20)], False, True, (), "restart 1 of 3"),
+    (P, [attempt(0, resumed=0, saved=20), attempt(1, resumed=20, saved=40, cause=("a", "rank"))],
+     False, True, (), "restart 2 of 3"),
+    # no progress -> give up (exit 3)
+    (P, [attempt(0, resumed=0)], False, False, (), "no progress"),
+    (P, [attempt(0, resumed=0, saved=20), attempt(1, resumed=20, saved=20, cause=("a", "rank"))],
+     False, False, (), "no progress (attempt 1 saved no checkpoint after step 20)"),
+    (P, [attempt(0, saved=20), attempt(1, cause=("c", "rank"))], False, False, (), "no progress"),
+    # a lost node is dropped; its attempt is exempt from the no-progress rule
+    (P, [attempt(0, cause=("c", "lost"), resumed=0)], False, True, ("c",),
+     "restart 1 of 3 without c"),
+    (P, [attempt(0, cause=("a", "start"))], False, True, ("a",), "without a"),
+    # the same node caused two attempts: dropped
+    (P, [attempt(0, saved=5), attempt(1, saved=9)], False, True, ("b",), "without b"),
+    (RestartPolicy(max_restarts=3, min_nodes=3), [attempt(0, saved=5), attempt(1, saved=9)],
+     False, True, (), "restart 2 of 3"),  # ...unless fewer than --min-nodes would remain
+    # fewer than --min-nodes would remain
+    (RestartPolicy(max_restarts=3, min_nodes=3), [attempt(0, cause=("c", "lost"))], False,
+     False, ("c",), "only 2 node(s) would remain after dropping c (lost); --min-nodes is 3"),
+])
+def test_restart_rule(policy, attempts, interrupted, restart, drop, why) -> None:
+    d = decide(policy, attempts, failures_of(attempts[-1]), interrupted)
+    assert (d.restart, d.drop) == (restart, drop), d
+    assert why in d.reason, d
+    assert d.no_progress == ("no progress" in why)
+
+
+def test_start_step_is_what_the_attempt_resumed_from_else_the_last_checkpoint() -> None:
+    assert start_step([attempt(0)]) is None
+    assert start_step([attempt(0, saved=10), attempt(1)]) == 10
+    assert start_step([attempt(0, saved=10), attempt(1, resumed=5)]) == 5
+
+
+def test_policy_validates() -> None:
+    with pytest.raises(ValueError, match="max_restarts"):
+        RestartPolicy(max_restarts=-1)
+    with pytest.raises(ValueError, match="min_nodes"):
+        RestartPolicy(min_nodes=0)
+
+
+# -- real jobs on this machine -------------------------------------------------------------
+KILLER = textwrap.dedent("""
+    # The reference trainer, with rank KILL_RANK SIGKILLed at optimizer step KILL_STEP of the
+    # first attempt (a real kill -9, in the middle of training).
+    import os, signal, sys
+    import torch
+    from ptcluster.examples.mnist.train import main
+
+    step, victim = int(sys.argv.pop(1)), sys.argv.pop(1)
+    if os.environ["PTCLUSTER_ATTEMPT"] == "0" and os.environ["RANK"] == victim:
+        count = [0]
+        original = torch.optim.AdamW.step
+
+        def counted(self, *a, **k):
+            count[0] += 1
+            if count[0] == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original(self, *a, **k)
+
+        torch.optim.AdamW.step = counted
+    sys.exit(main())
+""")
+TRAIN = ["--dataset", "digits", "--no-download", "--epochs", "2", "--batch-size", "32",
+         "--checkpoint-every-steps", "5"]
+"""2 ranks: 22 steps per epoch (1438 samples, global batch 64), a checkpoint every 5 steps."""
+
+
+def summary(runs: Path) -> dict:
+    return only_run(runs)[1]
+
+
+@pytest.mark.slow
+def test_a_killed_rank_restarts_the_job_and_it_ends_as_if_uninterrupted(
+        tmp_path, no_leftovers) -> None:
+    (tmp_path / "killer.py").write_text(KILLER)
+    code, head = run_head(["run", "--nproc", "2", "--run-dir", "clean", "-m",
+                           "ptcluster.examples.mnist", "--checkpoint-dir", "ck-clean", *TRAIN],
+                          cwd=tmp_path, timeout=240)
+    no_leftovers.append(only_run(tmp_path / "clean")[0])
+    assert code == 0, head.output()
+    clean = rank_fields(head.lines)
+
+    code, head = run_head(["run", "--nproc", "2", "--run-dir", "runs", "--max-restarts", "2",
+                           "killer.py", "13", "1", "--checkpoint-dir", "ck", *TRAIN],
+                          cwd=tmp_path, timeout=300)
+    job_id, s = only_run(tmp_path / "runs")
+    no_leftovers.append(job_id)
+    assert code == 0, head.output()
+    attempts = s["attempts"]
+    assert [a["ok"] for a in attempts] == [False, True], attempts
+    cause = attempts[0]["cause"]
+    assert (cause["rank"], cause["kind"]) == (1, "rank") and "SIGKILL" in cause["message"]
+    # Killed at step 13 of attempt 0 (global step 13): the checkpoint of step 10 is the newest.
+    assert attempts[0]["checkpoint"] == 10 and attempts[1]["resumed_from"] == 10, attempts
+    assert 13 - attempts[1]["resumed_from"] <= 5  # lost work <= --checkpoint-every-steps
+    assert attempts[1]["downtime_s"] is not None and attempts[1]["downtime_s"] > 0
+    assert attempts[1]["master_port"] != attempts[0]["master_port"]  # a fresh store
+    ranks = rank_fields(head.lines)
+    assert {r["start_step"] for r in ranks.values()} == {"10"}, ranks
+    # The same parameters, bit for bit, as the run that was never interrupted.
+    assert {r["params_sha256"] for r in ranks.values()} == \
+        {r["params_sha256"] for r in clean.values()}, (ranks, clean)
+    err = "\n".join(head.err)
+    assert "restart 1 of 2: attempt 1 on 1 node(s), world size 2" in err, err
+    assert "attempt 0: world size 2 on 1 node(s): rank 1 on localhost" in err, err
+    log = (tmp_path / "runs" / job_id / "rank1.log").read_text()
+    assert "----- attempt 1: world size 2 -----" in log
+
+
+ATTEMPTS = textwrap.dedent("""
+    import os, sys
+    import ptcluster
+    print("attempt", os.environ["PTCLUSTER_ATTEMPT"], os.environ["TORCHELASTIC_RESTART_COUNT"],
+          os.environ["TORCHELASTIC_MAX_RESTARTS"], flush=True)
+    if len(sys.argv) > 1:
+        ptcluster.resumed_from(0)  # a job that reports its progress...
+    sys.exit(7)                    # ...and crashes at start
+""")
+
+
+def test_a_script_that_never_reports_progress_gets_plain_restarts(tmp_path, no_leftovers) -> None:
+    (tmp_path / "fail.py").write_text(ATTEMPTS)
+    code, head = run_head(["run", "--nproc", "1", "--run-dir", "runs", "--max-restarts", "2",
+                           "fail.py"], cwd=tmp_path, timeout=120)
+    job_id, s = only_run(tmp_path / "runs")
+    no_leftovers.append(job_id)
+    assert code == 1, head.output()
+    seen = [line.split("] ", 1)[1] for line in head.lines if "] attempt " in line]
+    assert seen == ["attempt 0 0 2", "attempt 1 1 2", "attempt 2 2 2"], head.output()
+    assert [a["attempt"] for a in s["attempts"]] == [0, 1, 2]
+    assert s["gave_up"] == "no restarts left (2 of 2 used)" and not s["no_progress"]
+    assert "no restarts left" in "\n".join(head.err)
+
+
+def test_a_script_that_crashes_at_start_gives_up_with_no_progress(tmp_path,
+                                                                  no_leftovers) -> None:
+    (tmp_path / "fail.py").write_text(ATTEMPTS)
+    code, head = run_head(["run", "--nproc", "1", "--run-dir", "runs", "--max-restarts", "3",
+                           "fail.py", "report"], cwd=tmp_path, timeout=120)
+    job_id, s = only_run(tmp_path / "runs")
+    no_leftovers.append(job_id)
+    assert code == 3, head.output()
+    assert len(s["attempts"]) == 1 and s["no_progress"], s
+    assert s["attempts"][0]["resumed_from"] == 0 and s["attempts"][0]["checkpoint"] is None
+    err = "\n".join(head.err)
+    assert "gave up: no progress (attempt 0 saved no checkpoint after step 0)" in err, err
+    assert "Root cause (first observed failure): rank 0 on localhost" in err, err
+
+
+SLOW_FAIL = textwrap.dedent("""
+    import os, sys, time
+    print("started", os.environ["PTCLUSTER_ATTEMPT"], flush=True)
+    if os.environ["RANK"] == "1":
+        sys.exit(3)
+    time.sleep(60)
+""")
+
+
+def test_ctrl_c_during_a_restart_stops_everything(tmp_path, no_leftovers) -> None:
+    (tmp_path / "job.py").write_text(SLOW_FAIL)
+    head = Head(["run", "--nproc", "2", "--run-dir", "runs", "--max-restarts", "5", "job.py"],
+                cwd=tmp_path)
+    try:
+        head.wait_for("started 1", timeout=60)  # the restart is under way
+        head.signal(signal.SIGINT)
+        code = head.wait(timeout=60)
+    finally:
+        if head.proc.poll() is None:
+            head.kill()
+    job_id, s = only_run(tmp_path / "runs")
+    no_leftovers.append(job_id)
+    assert code == 130, head.output()
+    assert s["interrupted"] and len(s["attempts"]) <= 3, json.dumps(s)[:2000]
