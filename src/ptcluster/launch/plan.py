@@ -81,6 +81,9 @@ class NodePlan:
             "interface": self.interface,
             "detect_interface_for": None if self.interface else plan.master_addr,
             "heartbeat_timeout": heartbeat_timeout, "grace": grace,
+            # What torchrun sets for several ranks per node when the node has no value, set
+            # here so that it does not print its four-line banner about it on every run.
+            "env_defaults": {"OMP_NUM_THREADS": "1"} if self.nproc > 1 else {},
         }
 
 
@@ -176,6 +179,8 @@ def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
     detected on the node at launch is in ``summary.json``, not here.
     """
     env = [(k, v) for k, v in node.env if k != SHIM_VAR]
+    if node.nproc > 1 and "OMP_NUM_THREADS" not in dict(node.env):
+        env.append(("OMP_NUM_THREADS", "1"))  # unless the node has its own (as torchrun does)
     env += [
         ("MASTER_ADDR", plan.master_addr),
         ("MASTER_PORT", str(plan.master_port)),

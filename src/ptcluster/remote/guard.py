@@ -166,6 +166,8 @@ class Guard:
         self.ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.write)
         env = dict(os.environ)
         env.update(self.cfg["env"])
+        for key, value in (self.cfg.get("env_defaults") or {}).items():
+            env.setdefault(key, value)
         if facts.get("interface"):
             env.setdefault("NCCL_SOCKET_IFNAME", facts["interface"])
             env.setdefault("GLOO_SOCKET_IFNAME", facts["interface"])
