@@ -260,3 +260,31 @@ def test_mnist_idx_path_trains(plain, capsys) -> None:
     assert "dataset=mnist" in out
     acc = float(re.search(r"final .*test_accuracy=([\d.]+)", out).group(1))
     assert acc >= 0.85
+
+
+@pytest.mark.slow
+def test_resume_on_another_world_size_keeps_the_global_batch_or_refuses(tmp_path,
+                                                                        no_leftovers) -> None:
+    common = ["-m", "ptcluster.examples.mnist", "--dataset", "digits", "--batch-size", "32",
+              "--checkpoint-every-steps", "7"]
+    code, head = run_head(["run", "--nproc", "2", "--run-dir", "r1", *common, "--epochs", "1"],
+                          cwd=tmp_path, timeout=180)
+    no_leftovers.append(only_run(tmp_path / "r1")[0])
+    assert code == 0, head.output()
+    # 2 ranks x 32 = a global batch of 64, 22 steps per epoch: saved at step 7, 14, 21 and 22.
+    assert checkpoint.positions_in(tmp_path / "checkpoints") == {(0, 21), (0, checkpoint.END)}
+
+    # 3 ranks cannot share 64 samples evenly: refused, with the reason, on every rank.
+    code, head = run_head(["run", "--nproc", "3", "--run-dir", "r2", *common, "--epochs", "2",
+                           "--resume"], cwd=tmp_path, timeout=180)
+    no_leftovers.append(only_run(tmp_path / "r2")[0])
+    assert code == 1, head.output()
+    assert "a global batch of 64, which 3 ranks cannot share evenly" in head.output()
+
+    # 1 rank takes all 64: it continues in epoch 2 with the same steps as 2 ranks would.
+    code, head = run_head(["run", "--nproc", "1", "--run-dir", "r3", *common, "--epochs", "2",
+                           "--resume"], cwd=tmp_path, timeout=180)
+    no_leftovers.append(only_run(tmp_path / "r3")[0])
+    assert code == 0, head.output()
+    assert rank_fields(head.lines)[0]["start_step"] == "22", head.output()
+    assert "epoch 2/2" in head.output() and "epoch 1/2" not in head.output()
