@@ -23,10 +23,11 @@ if [ "$(id -u)" = 0 ]; then
       printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
       chmod 755 /usr/sbin/policy-rc.d
       made_policy=1
+      trap 'rm -f /usr/sbin/policy-rc.d' EXIT  # also when the install fails
     fi
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends $missing >/dev/null
-    [ -z "$made_policy" ] || rm -f /usr/sbin/policy-rc.d
+    if [ -n "$made_policy" ]; then rm -f /usr/sbin/policy-rc.d; trap - EXIT; fi
   fi
 fi
 bash scripts/setup.sh

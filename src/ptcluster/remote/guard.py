@@ -173,9 +173,13 @@ class Guard:
         env["PET_LOG_DIR"] = self.tmpdir  # torchrun's own files: removed with the temp dir
         prctl = libc_prctl()  # resolved here: the child between fork and exec stays minimal
 
+        slurm = under_slurm()
+
         def child_setup() -> None:
             os.setsid()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            if slurm:  # torchrun would die of it; the ranks install their own handler
+                signal.signal(signal.SIGUSR2, signal.SIG_IGN)
             if prctl is not None:  # the job dies with the guard, even on SIGKILL
                 prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
@@ -256,6 +260,16 @@ class Guard:
         return code if code >= 0 else 128 - code
 
 
+def under_slurm() -> bool:
+    """True when this guard is a Slurm task (an ``srun`` step of ``ptcluster run``).
+
+    Slurm's preemption warning (``sbatch --signal=USR2@T``, ``scancel -s USR2``) goes to every
+    process of the step: the ranks get it from Slurm, and the guard and torchrun, whose default
+    action for SIGUSR2 is to die, must survive it.
+    """
+    return "SLURM_STEP_ID" in os.environ
+
+
 def check_target(target: dict[str, Any], workdir: str) -> None:
     """Refuse before launch a script or module that is not there (what `python` would find)."""
     script = target.get("script")
@@ -333,6 +347,8 @@ def main() -> int:
     guard = Guard(json.loads(line))
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda *_: guard.request_stop("the guard was signalled"))
+    if under_slurm():
+        signal.signal(signal.SIGUSR2, lambda *_: None)  # for the ranks (see under_slurm)
     try:
         remove_stale_tmpdirs()
         return guard.run()

@@ -18,6 +18,8 @@ What the classic recipe gets wrong and this does not:
   each hold a copy; ``--resume`` takes the newest epoch that every node has, on every rank;
 - what depends on a node's disk (resume epoch, MNIST or the digits, downloads) is agreed by all
   ranks, so no rank skips a collective that another enters;
+- SIGUSR2 (Slurm's warning before preemption or the time limit) ends the run after the next
+  checkpoint, on every rank at the same epoch; under Slurm the job is requeued (``preempt.py``);
 - gloo on CPU and NCCL on GPU chosen automatically (ptcluster's own rank set-up);
   bf16 (or fp16) autocast on GPU.
 """
@@ -50,6 +52,7 @@ from ptcluster.examples.mnist.data import (
     load_digits,
     load_mnist,
 )
+from ptcluster.examples.mnist.preempt import Preemption
 from ptcluster.launch.rank_setup import init_distributed
 
 log = logging.getLogger("ptcluster.examples.mnist")
@@ -303,6 +306,7 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
         cast(Any, range(len(train_y))), num_replicas=world, rank=rank, shuffle=True,
         seed=args.seed)
     samples, train_time, accuracy = 0, 0.0, float("nan")
+    preempted = Preemption.install()
     t_start = time.perf_counter()
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
@@ -320,6 +324,10 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
                  time.perf_counter() - t_start)
         if local_rank == 0:  # one copy per node: a node that loses its disk loses nothing
             save(args, epoch, net, opt, data, device)
+        if preempted.agreed(device, world):  # after the save: every node holds this epoch
+            log.info("preempted (SIGUSR2) after epoch %d: checkpoint saved; %s", epoch + 1,
+                     preempted.requeue(rank))
+            return 0
     if world > 1:
         dist.barrier()
     print(f"rank={rank} params_sha256={params_digest(net)} start_epoch={start_epoch}",
