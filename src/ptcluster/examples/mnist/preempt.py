@@ -46,18 +46,21 @@ class Preemption:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
-    def requeue(self, rank: int) -> str:
-        """Rank 0 asks Slurm to requeue this job; what happened, for the log."""
+    def requeue(self, rank: int) -> None:
+        """Rank 0 asks Slurm to requeue this job (said before it is asked: Slurm ends the run
+        at once, and the line must be on its way by then)."""
         job = os.environ.get("SLURM_JOB_ID")
-        if not job:
-            return "not a Slurm job: stopping (run again with --resume)"
         if rank != 0:
-            return f"rank 0 requeues Slurm job {job}"
+            return
+        if not job:
+            log.info("not a Slurm job: stopping here (run again with --resume)")
+            return
+        log.info("requeueing Slurm job %s (scontrol requeue)", job)
         try:
             proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True,
                                   timeout=30)
         except (OSError, subprocess.SubprocessError) as exc:
-            return f"scontrol requeue {job} failed: {exc}"
-        if proc.returncode != 0:
-            return f"scontrol requeue {job} failed: {proc.stderr.strip()}"
-        return f"Slurm job {job} requeued"
+            log.warning("scontrol requeue %s failed: %s", job, exc)
+            return
+        if proc.returncode != 0:  # e.g. an interactive allocation: only batch jobs requeue
+            log.warning("scontrol requeue %s failed: %s", job, proc.stderr.strip())

@@ -325,8 +325,8 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
         if local_rank == 0:  # one copy per node: a node that loses its disk loses nothing
             save(args, epoch, net, opt, data, device)
         if preempted.agreed(device, world):  # after the save: every node holds this epoch
-            log.info("preempted (SIGUSR2) after epoch %d: checkpoint saved; %s", epoch + 1,
-                     preempted.requeue(rank))
+            log.info("preempted (SIGUSR2) after epoch %d: checkpoint saved", epoch + 1)
+            preempted.requeue(rank)
             return 0
     if world > 1:
         dist.barrier()
