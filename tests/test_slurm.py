@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from ptcluster.doctor.collect import NodeProbe
+from ptcluster.doctor.slurm_checks import slurm_checks
 from ptcluster.remote.slurm import SrunTransport
 from ptcluster.spec.slurm import (
     allocation_from_env,
@@ -144,6 +146,32 @@ def test_submit_dry_run_prints_the_script_and_writes_nothing(cli, tmp_path, monk
         "--epochs 3 --resume")
     code, out, err = cli("submit", "--time", "soon", "--dry-run", "--", "x.py")
     assert code == 2 and "--time 'soon' is not a Slurm time" in err
+
+
+def _doctor(slots: int, slurm: dict, gpus: int = 0) -> list[tuple[str, str, str]]:
+    alloc = allocation_from_env({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "sl[0-2]"})
+    assert alloc is not None
+    spec = slurm_cluster(alloc, slots, scontrol=fake_scontrol)
+    facts = {"slurm": slurm, "gpus": {"count": gpus}}
+    probes = {n.host: NodeProbe(host=n.host, facts=facts) for n in spec.nodes}
+    return [(f.check, f.status, f.detail) for f in slurm_checks(spec, probes)
+            if f.host == spec.nodes[0].host]
+
+
+@pytest.mark.parametrize(("slots", "slurm", "gpus", "cpus", "gpu_status", "words"), [
+    (2, {"affinity": [0, 1, 2, 3], "cpus_on_node": "4"}, 0, "ok", "ok", "4 CPU(s) for 2 rank"),
+    (2, {"affinity": [3], "cpus_on_node": "4"}, 0, "fail", "ok", "2 ranks may use only 1 CPU"),
+    (1, {"affinity": [0, 1], "cpus_on_node": "8"}, 0, "warn", "ok", "2 of the 8 CPUs"),
+    (4, {"affinity": list(range(8)), "cpus_on_node": "8", "cuda_visible_devices": "2"}, 4, "ok",
+     "fail", "4 ranks see 1 GPU(s) (CUDA_VISIBLE_DEVICES=2; 4 on the node)"),
+    (4, {"affinity": list(range(8)), "cuda_visible_devices": "0,1,2,3"}, 4, "ok", "ok",
+     "4 GPU(s) visible to 4 rank(s)"),
+])
+def test_doctor_slurm_checks(slots: int, slurm: dict, gpus: int, cpus: str, gpu_status: str,
+                             words: str) -> None:
+    found = _doctor(slots, slurm, gpus)
+    assert [(c, s) for c, s, _ in found] == [("slurm cpus", cpus), ("slurm gpus", gpu_status)]
+    assert any(words in detail for _, _, detail in found), found
 
 
 # -- the real Slurm ---------------------------------------------------------------------------
@@ -273,6 +301,26 @@ def test_salloc_run_2_1_1_on_the_allocations_nodes(clean, tmp_path) -> None:
     # one step per node (0, 1, 2), every rank inside its node's step
     assert sorted({info["SLURM_STEP_ID"] for info in ranks.values()}) == ["0", "1", "2"]
     assert not job_processes(the_run(tmp_path), wait=10)
+
+
+@pytest.mark.testbed
+@pytest.mark.slow
+def test_doctor_in_an_allocation_probes_through_srun(clean, tmp_path) -> None:
+    slurm = clean
+    proc = Proc(["salloc", "-N3", PY, "-m", "ptcluster", "doctor", "--json"], slurm.env,
+                tmp_path)
+    assert proc.wait() == 0, proc.text()
+    text = "\n".join(proc.out)
+    report = json.loads(text[text.index("{"):text.rindex("}") + 1])
+    assert report["ok"], text
+    addrs = [n.addr for n in slurm.nodes]
+    assert list(report["nodes"]) == addrs
+    for i, addr in enumerate(addrs):
+        facts = report["nodes"][addr]["facts"]
+        assert facts["hostname"] == slurm.nodes[i].name  # it ran inside that node
+        assert facts["slurm"]["node"] == f"sl{i}" and facts["slurm"]["affinity"] == [0, 1]
+    checks = {(f["check"], f["status"]) for f in report["findings"]}
+    assert {("slurm cpus", "ok"), ("slurm gpus", "ok"), ("all-reduce", "ok")} <= checks
 
 
 @pytest.mark.testbed
