@@ -325,6 +325,25 @@ def test_doctor_in_an_allocation_probes_through_srun(clean, tmp_path) -> None:
 
 @pytest.mark.testbed
 @pytest.mark.slow
+def test_monitor_and_bench_in_an_allocation(clean, tmp_path) -> None:
+    slurm = clean
+    addrs = [n.addr for n in slurm.nodes]
+    mon = Proc(["salloc", "-N3", PY, "-m", "ptcluster", "-q", "monitor", "--once", "--json"],
+               slurm.env, tmp_path)
+    assert mon.wait() == 0, mon.text()
+    text = "\n".join(line for line in mon.out if not line.startswith("salloc:"))
+    rows = json.loads(text)["nodes"]
+    assert [r["host"] for r in rows] == addrs and all(r["ok"] for r in rows), text
+    assert [r["sample"]["hostname"] for r in rows] == [n.name for n in slurm.nodes]
+    bench = Proc(["salloc", "-N3", "-n4", PY, "-m", "ptcluster", "bench", "--op", "all_reduce",
+                  "-b", "8", "-e", "64", "-n", "2", "-w", "1"], slurm.env, tmp_path)
+    assert bench.wait() == 0, bench.text()
+    assert "# ptcluster bench: 4 ranks, backend gloo" in bench.text()
+    assert "# Out of bounds values : 0 OK" in bench.text()
+
+
+@pytest.mark.testbed
+@pytest.mark.slow
 def test_a_killed_rank_ends_every_node_and_leaves_no_step(clean, tmp_path) -> None:
     slurm = clean
     head = salloc_run(slurm, tmp_path, ["-N3"], ["sleeper.py"])
