@@ -26,9 +26,11 @@ import pytest
 from ptcluster.doctor.collect import NodeProbe
 from ptcluster.doctor.slurm_checks import slurm_checks
 from ptcluster.remote.slurm import SrunTransport
+from ptcluster.remote.transport import explain_channel_failure
 from ptcluster.spec.slurm import (
     allocation_from_env,
     describe,
+    ended_by_slurm,
     job_port,
     parse_node_addrs,
     parse_tasks_per_node,
@@ -106,6 +108,41 @@ def test_slots_from_nproc_then_gpus_then_tasks(env: dict[str, str], nproc: int |
     assert spec.master.addr == "10.9.0.10" and spec.master.port == job_port("1234") == 29734
     assert spec.slurm_job == "1234" and not spec.local
     assert describe(spec).startswith(f"using Slurm job 1234: 3 node(s), {sum(slots)} rank(s)")
+
+
+def test_ended_by_slurm_only_when_the_job_no_longer_runs() -> None:
+    def state(text: str):
+        return lambda argv: text
+    assert ended_by_slurm("7", state("JobId=7 JobName=x JobState=RUNNING Reason=None")) is None
+    why = ended_by_slurm("7", state("JobId=7 JobState=CANCELLED Reason=None Dependency=(null)"))
+    assert why is not None and why.startswith("Slurm ended job 7 (JobState=CANCELLED)")
+    why = ended_by_slurm("7", state("JobId=7 JobState=PENDING Reason=BeginTime"))
+    assert why is not None and "JobState=PENDING, reason BeginTime" in why
+
+
+def test_srun_refusing_the_step_is_explained() -> None:
+    problem, fix = explain_channel_failure(
+        ["srun: error: Unable to confirm allocation for job 999: Invalid job id specified"], 1,
+        "/venv/bin/python")
+    assert problem.startswith("Slurm could not run the node's step (srun: error: Unable")
+    assert "squeue -j" in fix
+    problem, _ = explain_channel_failure(["srun: error: sl0: task 0: Exited with exit code 1"],
+                                         1, "/venv/bin/python")
+    assert not problem.startswith("Slurm could not")
+
+
+def test_cluster_option_wins_inside_an_allocation(cli, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "55")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "sl[0-2]")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: asking Slurm would fail
+    (tmp_path / "c.yaml").write_text("nodes:\n  - {host: 10.0.0.1, slots: 2}\n")
+    code, out, err = cli("env", "--cluster", str(tmp_path / "c.yaml"))
+    assert code == 0, err
+    assert "using Slurm" not in err and "export MASTER_ADDR=10.0.0.1" in out
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cluster.yaml").write_text("nodes:\n  - {host: 10.0.0.1, slots: 2}\n")
+    code, out, err = cli("env")  # inside the allocation: Slurm, not ./cluster.yaml
+    assert code == 2 and "SLURM_JOB_ID is set but scontrol is not installed here" in err
 
 
 def test_outside_an_allocation_nothing_changes() -> None:
@@ -367,6 +404,7 @@ def test_scancel_leaves_no_process_on_any_node(clean, tmp_path) -> None:
     assert job_processes(run)
     slurm.run("scancel", job)
     head.wait(timeout=60)
+    assert f"ptcluster: Slurm ended job {job} (JobState=" in head.text()
     assert not job_processes(run, wait=30)
     assert not _wait_nodes_empty(slurm, 10)
     assert not slurm.steps()

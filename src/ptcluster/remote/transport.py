@@ -118,6 +118,12 @@ def explain_channel_failure(stderr: list[str], exit_code: int | None,
     lines = [line for line in stderr if line.strip()]
     detail = lines[-1] if lines else f"exit status {exit_code}"
     low = detail.lower()
+    srun = [line for line in lines  # not "srun: error: sl0: task 0: Exited with exit code 1"
+            if line.startswith("srun: error:") and ": task " not in line]
+    if srun:  # Slurm refused or lost the step (remote/slurm.py)
+        return (f"Slurm could not run the node's step ({srun[0]})",
+                "check that the allocation still runs (squeue -j $SLURM_JOB_ID); outside one, "
+                "unset SLURM_JOB_ID or pass --cluster")
     if exit_code in (126, 127) or ("no such file" in low and python in detail):
         return (f"python not found or not executable at {python} ({detail})",
                 "set python: (cluster-wide or for this node) to an interpreter that exists there")

@@ -154,6 +154,23 @@ def job_port(job_id: str) -> int:
     return DEFAULT_MASTER_PORT + (int(digits.group(0)) % 1000 if digits else 0)
 
 
+def ended_by_slurm(job_id: str, scontrol: Runner = run_scontrol) -> str | None:
+    """Why the job's processes were signalled, when it was Slurm that ended them (``scancel``,
+    the time limit, preemption, a requeue): the job is no longer RUNNING. None while it runs,
+    or when Slurm cannot tell."""
+    try:
+        text = scontrol(["-o", "show", "job", job_id])
+    except SlurmError:
+        return None
+    m = re.search(r"(?:^|\s)JobState=(\S+)", text)
+    if m is None or m.group(1) == "RUNNING":
+        return None
+    reason = re.search(r"(?:^|\s)Reason=(\S+)", text)
+    why = f", reason {reason.group(1)}" if reason and reason.group(1) != "None" else ""
+    return (f"Slurm ended job {job_id} (JobState={m.group(1)}{why}): the ranks were stopped by "
+            "Slurm (scancel, time limit, preemption or requeue), not by a failure of the job")
+
+
 def describe(spec: ClusterSpec) -> str:
     """The one line every command prints when it takes its nodes from Slurm."""
     nodes = ", ".join(f"{n.slurm_node} ({n.host}) x{n.slots}" for n in spec.nodes)
