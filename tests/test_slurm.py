@@ -46,7 +46,7 @@ RANKS = textwrap.dedent("""
     t = torch.tensor([float(dist.get_rank() + 1)])
     dist.all_reduce(t)
     info = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                          "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NODEID")}
+            "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NTASKS")}
     info["host"] = socket.gethostname()
     info["sum"] = t.item()
     with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as f:
@@ -337,6 +337,9 @@ def test_salloc_run_2_1_1_on_the_allocations_nodes(clean, tmp_path) -> None:
     assert {info["SLURM_JOB_ID"] for info in ranks.values()} == {job}
     # one step per node (0, 1, 2), every rank inside its node's step
     assert sorted({info["SLURM_STEP_ID"] for info in ranks.values()}) == ["0", "1", "2"]
+    # not the step's "task 0 of 1", which Slurm-aware libraries would take for the world
+    assert all(info["SLURM_PROCID"] is None and info["SLURM_NTASKS"] is None
+               for info in ranks.values())
     assert not job_processes(the_run(tmp_path), wait=10)
 
 

@@ -165,6 +165,10 @@ class Guard:
             f.write(str(os.getpid()))
         self.ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.write)
         env = dict(os.environ)
+        slurm = under_slurm()
+        if slurm:  # this step's task identity is not the ranks': RANK, WORLD_SIZE are
+            for key in SLURM_TASK_VARS:
+                env.pop(key, None)
         env.update(self.cfg["env"])
         if facts.get("interface"):
             env.setdefault("NCCL_SOCKET_IFNAME", facts["interface"])
@@ -172,8 +176,6 @@ class Guard:
         env[GUARD_SOCK] = self.ranks.path
         env["PET_LOG_DIR"] = self.tmpdir  # torchrun's own files: removed with the temp dir
         prctl = libc_prctl()  # resolved here: the child between fork and exec stays minimal
-
-        slurm = under_slurm()
 
         def child_setup() -> None:
             os.setsid()
@@ -258,6 +260,17 @@ class Guard:
         self.send("exit", {"code": code, "reason": reason, "t": time.time()})
         rmtree(self.tmpdir)
         return code if code >= 0 else 128 - code
+
+
+SLURM_TASK_VARS = (
+    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
+    "SLURM_NNODES", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_TASKS_PER_NODE",
+    "SLURM_STEP_TASKS_PER_NODE", "SLURM_GTIDS", "SLURM_TASK_PID",
+)
+"""What an srun step tells its one task about itself (task 0 of 1 on 1 node). Left in the
+ranks' environment, code that reads a rank's place from Slurm's variables instead of torchrun's
+(``SLURM_PROCID`` as the rank, ``SLURM_NTASKS`` as the world) would see a world of one; the
+job's own variables (SLURM_JOB_ID, SLURM_JOB_NODELIST, …) stay."""
 
 
 def under_slurm() -> bool:
