@@ -227,7 +227,7 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         left: dict[str, list[tuple[int, str]]] = {}
         for node, name in zip(self.bed.nodes, self.names, strict=True):
             for pid in node.pids():
-                if pid in daemons or _parent(pid) in daemons:  # slurmctld's slurmscriptd
+                if pid in daemons or parent_pid(pid) in daemons:  # slurmctld's slurmscriptd
                     continue
                 try:
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
@@ -279,7 +279,7 @@ def _kill_pidfiles(paths: list[Path], timeout: float = 5.0) -> None:
             pass
 
 
-def _parent(pid: int) -> int:
+def parent_pid(pid: int) -> int:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):

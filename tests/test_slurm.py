@@ -37,6 +37,7 @@ from ptcluster.spec.slurm import (
     slurm_cluster,
 )
 from tests.procs import job_processes
+from tests.slurmbed import parent_pid
 
 PY = sys.executable
 
@@ -394,6 +395,26 @@ def test_a_killed_rank_ends_every_node_and_leaves_no_step(clean, tmp_path) -> No
     assert "Root cause (first observed failure): rank 1 on " + slurm.nodes[1].addr in text, text
     assert not slurm.steps()
     assert not job_processes(the_run(tmp_path), wait=10)
+
+
+@pytest.mark.testbed
+@pytest.mark.slow
+def test_ctrl_c_of_the_head_ends_every_step(clean, tmp_path) -> None:
+    """The head's own teardown (not Slurm's) reaches the ranks through the srun steps."""
+    slurm = clean
+    head = salloc_run(slurm, tmp_path, ["-N3"], ["sleeper.py"])
+    job = head.wait_for(r"using Slurm job (\d+)").group(1)
+    head.ready_pids(3)
+    run = the_run(tmp_path)
+    heads = [int(p) for p in os.listdir("/proc")  # salloc's child: the ptcluster head
+             if p.isdigit() and parent_pid(int(p)) == head.proc.pid]
+    assert len(heads) == 1, heads
+    os.kill(heads[0], signal.SIGINT)
+    assert head.wait(timeout=60) != 0
+    assert "SIGINT received" in head.text()
+    assert not job_processes(run, wait=15)
+    assert not slurm.steps()
+    assert slurm.jobs().get(job) in (None, "COMPLETED", "COMPLETING")
 
 
 @pytest.mark.testbed
