@@ -366,7 +366,7 @@ def test_doctor_in_an_allocation_probes_through_srun(clean, tmp_path) -> None:
 
 @pytest.mark.testbed
 @pytest.mark.slow
-def test_monitor_and_bench_in_an_allocation(clean, tmp_path) -> None:
+def test_monitor_env_and_bench_in_an_allocation(clean, tmp_path) -> None:
     slurm = clean
     addrs = [n.addr for n in slurm.nodes]
     mon = Proc(["salloc", "-N3", PY, "-m", "ptcluster", "-q", "monitor", "--once", "--json"],
@@ -376,6 +376,10 @@ def test_monitor_and_bench_in_an_allocation(clean, tmp_path) -> None:
     rows = json.loads(text)["nodes"]
     assert [r["host"] for r in rows] == addrs and all(r["ok"] for r in rows), text
     assert [r["sample"]["hostname"] for r in rows] == [n.name for n in slurm.nodes]
+    env = Proc(["salloc", "-N3", "-n4", PY, "-m", "ptcluster", "env"], slurm.env, tmp_path)
+    assert env.wait() == 0, env.text()
+    assert f"export MASTER_ADDR={addrs[0]}" in env.text()
+    assert "export WORLD_SIZE=4" in env.text()
     bench = Proc(["salloc", "-N3", "-n4", PY, "-m", "ptcluster", "bench", "--op", "all_reduce",
                   "-b", "8", "-e", "64", "-n", "2", "-w", "1"], slurm.env, tmp_path)
     assert bench.wait() == 0, bench.text()
