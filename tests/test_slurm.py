@@ -26,7 +26,7 @@ import pytest
 from ptcluster.doctor.collect import NodeProbe
 from ptcluster.doctor.slurm_checks import slurm_checks
 from ptcluster.remote.slurm import SrunTransport
-from ptcluster.remote.transport import explain_channel_failure
+from ptcluster.remote.transport import explain_channel_failure, explain_start_failure
 from ptcluster.spec.slurm import (
     allocation_from_env,
     describe,
@@ -130,6 +130,8 @@ def test_srun_refusing_the_step_is_explained() -> None:
     problem, _ = explain_channel_failure(["srun: error: sl0: task 0: Exited with exit code 1"],
                                          1, "/venv/bin/python")
     assert not problem.startswith("Slurm could not")
+    problem, fix = explain_start_failure("srun", FileNotFoundError(2, "No such file"))
+    assert problem == "cannot start 'srun' here: No such file" and "Slurm's clients" in fix
 
 
 def test_cluster_option_wins_inside_an_allocation(cli, tmp_path, monkeypatch) -> None:

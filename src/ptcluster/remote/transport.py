@@ -105,6 +105,9 @@ def explain_start_failure(program: str, exc: OSError) -> tuple[str, str]:
     problem = f"cannot start {program!r} here: {exc.strerror or exc}"
     if program == "ssh":
         return problem, "install the OpenSSH client (apt-get install openssh-client)"
+    if program == "srun":
+        return problem, ("run ptcluster where Slurm's clients are installed, or pass --cluster "
+                         "outside an allocation")
     return problem, "set python: to an interpreter that exists"
 
 
