@@ -2,7 +2,8 @@
 # Set up everything the tests need, run ruff and mypy, then the tests. Extra arguments go to
 # pytest.
 # As root it installs the multi-node testbed's system packages (openssh-server, iproute2,
-# nftables); without root the testbed tests skip with the reason (in CI they must run).
+# nftables) and a real Slurm (slurm-wlm, munge: the daemons are started by the tests, inside
+# the testbed's nodes); without root the testbed tests skip with the reason (in CI they must run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ]; then
@@ -11,10 +12,22 @@ if [ "$(id -u)" = 0 ]; then
   command -v ip >/dev/null 2>&1 || missing="$missing iproute2"
   command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing="$missing nftables"
   command -v ssh >/dev/null 2>&1 || missing="$missing openssh-client"
+  command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || missing="$missing slurm-wlm"
+  command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || missing="$missing munge"
   if [ -n "$missing" ]; then
     export DEBIAN_FRONTEND=noninteractive
+    # apt must not start munge/slurm daemons on this machine (the tests start their own, in
+    # the testbed's nodes): a policy-rc.d that refuses every start, only while we install.
+    made_policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+      chmod 755 /usr/sbin/policy-rc.d
+      made_policy=1
+      trap 'rm -f /usr/sbin/policy-rc.d' EXIT  # also when the install fails
+    fi
     apt-get update -qq
-    apt-get install -y -qq $missing >/dev/null
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    if [ -n "$made_policy" ]; then rm -f /usr/sbin/policy-rc.d; trap - EXIT; fi
   fi
 fi
 bash scripts/setup.sh

@@ -59,6 +59,10 @@ def no_leftovers():
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+# Tests say which cluster they use; a CI runner that is itself a Slurm job must not turn every
+# local-cluster test into one on its allocation (tests/slurmbed.py brings its own Slurm).
+for _var in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST"):
+    os.environ.pop(_var, None)
 
 
 @pytest.fixture(scope="module")

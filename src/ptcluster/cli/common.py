@@ -12,6 +12,7 @@ import click
 from ptcluster.errors import UsageError
 from ptcluster.launch.job import local_gpu_count
 from ptcluster.spec import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
+from ptcluster.spec.slurm import allocation_from_env, describe, slurm_cluster
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -70,6 +71,15 @@ def default_nproc() -> int:
 
 
 def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
+    """The cluster a command works on: ``--cluster``; else, inside a Slurm allocation, its
+    nodes (announced on stderr); else ./cluster.yaml, $PTCLUSTER_CLUSTER, this machine."""
+    if cluster is None:
+        alloc = allocation_from_env()
+        if alloc is not None:
+            spec = slurm_cluster(alloc, nproc)
+            if not quiet():
+                click.echo(describe(spec), err=True)
+            return spec
     path = find_cluster_file(cluster)
     if path is None:
         if nproc is not None and nproc < 1:  # run's --nproc is a plain int

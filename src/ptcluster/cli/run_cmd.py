@@ -26,6 +26,7 @@ from ptcluster.launch.restart import RestartPolicy
 from ptcluster.launch.result import RunResult
 from ptcluster.launch.runlogs import ConsoleFeed
 from ptcluster.launch.runner import Runner
+from ptcluster.spec.slurm import ended_by_slurm
 
 
 @click.command(help=__doc__, context_settings={"allow_interspersed_args": False,
@@ -90,6 +91,10 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
                     restarts=restarts(spec, target, plan, policy) if max_restarts else None)
     result, signum = _run_with_signals(runner)
     feed.close(timeout=5.0)
+    if spec.slurm_job is not None and not result.ok:  # Slurm's own doing comes first
+        why = ended_by_slurm(spec.slurm_job)
+        if why:
+            err.print(f"ptcluster: {why}")
     if not hush or not result.ok:
         _print_summary(err, result, feed.dropped_total)
     if result.ok:

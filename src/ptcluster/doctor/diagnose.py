@@ -8,6 +8,7 @@ from typing import Any
 
 from ptcluster.doctor.checks import FAIL, OK, SKIP, Finding, run_checks
 from ptcluster.doctor.collect import NodeProbe, probe_cluster
+from ptcluster.doctor.slurm_checks import slurm_checks
 from ptcluster.launch.job import resolve_port, run_rank_program, transports
 from ptcluster.launch.result import RunOptions
 from ptcluster.spec.model import ClusterSpec
@@ -45,8 +46,10 @@ def preflight(spec: ClusterSpec, port: int | None = None, timeout: float = 60.0)
     t0 = time.monotonic()
     master_port = resolve_port(spec, port)
     probes = probe_cluster(spec, transports(spec), master_port=master_port, timeout=timeout)
-    return DoctorReport(findings=run_checks(spec, probes), probes=probes,
-                        duration=time.monotonic() - t0)
+    findings = run_checks(spec, probes)
+    if spec.slurm_job is not None:
+        findings += slurm_checks(spec, probes)
+    return DoctorReport(findings=findings, probes=probes, duration=time.monotonic() - t0)
 
 
 def diagnose(spec: ClusterSpec, *, port: int | None = None, skip_allreduce: bool = False,

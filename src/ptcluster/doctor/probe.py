@@ -138,8 +138,24 @@ def collect(cfg: dict[str, Any]) -> dict[str, Any]:
         except OSError:
             facts[key] = None
     facts["torch"] = torch_facts() if cfg.get("torch", True) else None
+    facts["slurm"] = slurm_facts()
     facts["time"] = time.time()  # last: the head compares it with its clock on arrival
     return facts
+
+
+def slurm_facts() -> dict[str, Any] | None:
+    """Under an srun step (how ptcluster reaches an allocation's nodes): what the step may use.
+    The ranks are the guard's children in the same kind of step, so they inherit the same."""
+    if "SLURM_STEP_ID" not in os.environ:
+        return None
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = None
+    return {"affinity": cpus, "cpus_on_node": os.environ.get("SLURM_CPUS_ON_NODE"),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "gpus_on_node": os.environ.get("SLURM_GPUS_ON_NODE"),
+            "node": os.environ.get("SLURMD_NODENAME")}
 
 
 class Listener:

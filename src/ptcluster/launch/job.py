@@ -14,6 +14,7 @@ from ptcluster.launch.plan import LaunchPlan, Target, new_job_id, plan_launch, r
 from ptcluster.launch.restart import RestartPolicy
 from ptcluster.launch.result import RunOptions, RunResult
 from ptcluster.launch.runner import DataSink, LineSink, Restarts, Runner
+from ptcluster.remote.slurm import SrunTransport
 from ptcluster.remote.transport import Transport, transport_for
 from ptcluster.spec.model import DEFAULT_MASTER_PORT, ClusterSpec
 
@@ -78,6 +79,9 @@ def restarts(spec: ClusterSpec, target: Target, first: LaunchPlan,
 
 
 def transports(spec: ClusterSpec) -> dict[str, Transport]:
+    if spec.slurm_job is not None:  # an allocation's nodes: an srun step each, not ssh
+        return {node.host: SrunTransport(host=node.host, node=node.slurm_node or node.host,
+                                         job_id=spec.slurm_job) for node in spec.nodes}
     return {node.host: transport_for(node, spec.local) for node in spec.nodes}
 
 

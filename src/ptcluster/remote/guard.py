@@ -165,6 +165,10 @@ class Guard:
             f.write(str(os.getpid()))
         self.ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.write)
         env = dict(os.environ)
+        slurm = under_slurm()
+        if slurm:  # this step's task identity is not the ranks': RANK, WORLD_SIZE are
+            for key in SLURM_TASK_VARS:
+                env.pop(key, None)
         env.update(self.cfg["env"])
         for key, value in (self.cfg.get("env_defaults") or {}).items():
             env.setdefault(key, value)
@@ -178,6 +182,8 @@ class Guard:
         def child_setup() -> None:
             os.setsid()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            if slurm:  # torchrun would die of it; the ranks install their own handler
+                signal.signal(signal.SIGUSR2, signal.SIG_IGN)
             if prctl is not None:  # the job dies with the guard, even on SIGKILL
                 prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
@@ -258,6 +264,27 @@ class Guard:
         return code if code >= 0 else 128 - code
 
 
+SLURM_TASK_VARS = (
+    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
+    "SLURM_NNODES", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_TASKS_PER_NODE",
+    "SLURM_STEP_TASKS_PER_NODE", "SLURM_GTIDS", "SLURM_TASK_PID",
+)
+"""What an srun step tells its one task about itself (task 0 of 1 on 1 node). Left in the
+ranks' environment, code that reads a rank's place from Slurm's variables instead of torchrun's
+(``SLURM_PROCID`` as the rank, ``SLURM_NTASKS`` as the world) would see a world of one; the
+job's own variables (SLURM_JOB_ID, SLURM_JOB_NODELIST, …) stay."""
+
+
+def under_slurm() -> bool:
+    """True when this guard is a Slurm task (an ``srun`` step of ``ptcluster run``).
+
+    Slurm's preemption warning (``sbatch --signal=USR2@T``, ``scancel -s USR2``) goes to every
+    process of the step: the ranks get it from Slurm, and the guard and torchrun, whose default
+    action for SIGUSR2 is to die, must survive it.
+    """
+    return "SLURM_STEP_ID" in os.environ
+
+
 def check_target(target: dict[str, Any], workdir: str) -> None:
     """Refuse before launch a script or module that is not there (what `python` would find)."""
     script = target.get("script")
@@ -335,6 +362,8 @@ def main() -> int:
     guard = Guard(json.loads(line))
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda *_: guard.request_stop("the guard was signalled"))
+    if under_slurm():
+        signal.signal(signal.SIGUSR2, lambda *_: None)  # for the ranks (see under_slurm)
     try:
         remove_stale_tmpdirs()
         return guard.run()

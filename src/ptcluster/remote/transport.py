@@ -105,6 +105,9 @@ def explain_start_failure(program: str, exc: OSError) -> tuple[str, str]:
     problem = f"cannot start {program!r} here: {exc.strerror or exc}"
     if program == "ssh":
         return problem, "install the OpenSSH client (apt-get install openssh-client)"
+    if program == "srun":
+        return problem, ("run ptcluster where Slurm's clients are installed, or pass --cluster "
+                         "outside an allocation")
     return problem, "set python: to an interpreter that exists"
 
 
@@ -118,6 +121,12 @@ def explain_channel_failure(stderr: list[str], exit_code: int | None,
     lines = [line for line in stderr if line.strip()]
     detail = lines[-1] if lines else f"exit status {exit_code}"
     low = detail.lower()
+    srun = [line for line in lines  # not "srun: error: sl0: task 0: Exited with exit code 1"
+            if line.startswith("srun: error:") and ": task " not in line]
+    if srun:  # Slurm refused or lost the step (remote/slurm.py)
+        return (f"Slurm could not run the node's step ({srun[0]})",
+                "check that the allocation still runs (squeue -j $SLURM_JOB_ID); outside one, "
+                "unset SLURM_JOB_ID or pass --cluster")
     if exit_code in (126, 127) or ("no such file" in low and python in detail):
         return (f"python not found or not executable at {python} ({detail})",
                 "set python: (cluster-wide or for this node) to an interpreter that exists there")

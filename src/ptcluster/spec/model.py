@@ -58,6 +58,9 @@ class NodeSpec:
     """Working directory of the job on the node."""
     ssh: SshSpec = field(default_factory=SshSpec)
     """Resolved ssh settings for this node (cluster-wide ``ssh`` merged with the node's own)."""
+    slurm_node: str | None = None
+    """Slurm's NodeName when the node is part of a Slurm allocation (started with ``srun``,
+    not ssh); ``host`` is then its NodeAddr."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +87,8 @@ class ClusterSpec:
     """Where the spec came from (a file path, ``--hosts`` or ``<local>``), for messages."""
     local: bool = False
     """True for the local cluster: this machine alone, reached without ssh."""
+    slurm_job: str | None = None
+    """The Slurm job whose allocation these nodes are (see ``spec/slurm.py``); None otherwise."""
 
     def __post_init__(self) -> None:
         assert self.nodes, "a cluster has at least one node"

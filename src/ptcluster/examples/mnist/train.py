@@ -23,6 +23,8 @@ What the classic recipe gets wrong and this does not:
   and on fewer nodes keeps the global batch (or refuses with the reason);
 - what depends on a node's disk (resume epoch, MNIST or the digits, downloads) is agreed by all
   ranks, so no rank skips a collective that another enters;
+- SIGUSR2 (Slurm's warning before preemption or the time limit) ends the run after the next
+  checkpoint, on every rank at the same step; under Slurm the job is requeued (``preempt.py``);
 - gloo on CPU and NCCL on GPU chosen automatically (ptcluster's own rank set-up);
   bf16 (or fp16) autocast on GPU.
 """
@@ -55,6 +57,7 @@ from ptcluster.examples.mnist.data import (
     load_digits,
     load_mnist,
 )
+from ptcluster.examples.mnist.preempt import Preemption
 from ptcluster.launch.rank_setup import checkpoint_saved, init_distributed, resumed_from
 
 log = logging.getLogger("ptcluster.examples.mnist")
@@ -294,9 +297,10 @@ def epoch_order(n: int, seed: int, epoch: int, device: torch.device) -> torch.Te
 def run_epoch(ddp: nn.Module, opt: torch.optim.Optimizer, amp: tuple[Autocast, Any],
               x: torch.Tensor, y: torch.Tensor, order: torch.Tensor, steps: range,
               global_batch: int, rank: int, world: int,
-              after_step: Callable[[int], None]) -> tuple[torch.Tensor, int]:
+              after_step: Callable[[int], bool]) -> tuple[torch.Tensor, int, bool]:
     """``steps`` of the epoch: step ``k`` takes global batch ``k`` of ``order``, this rank its
-    ``rank::world`` share. (The summed loss, still on the device; the samples it covers.)"""
+    ``rank::world`` share; ``after_step(k + 1)`` True stops it there. (The summed loss, still
+    on the device; the samples it covers; whether it was stopped.)"""
     autocast, scaler = amp
     loss_fn = nn.CrossEntropyLoss()
     loss_sum = torch.zeros((), device=x.device)
@@ -311,8 +315,9 @@ def run_epoch(ddp: nn.Module, opt: torch.optim.Optimizer, amp: tuple[Autocast, A
         scaler.update()
         loss_sum += loss.detach() * len(idx)  # stays on the device: no sync per step
         count += len(idx)
-        after_step(k + 1)
-    return loss_sum, count
+        if after_step(k + 1):
+            return loss_sum, count, True
+    return loss_sum, count, False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,13 +358,20 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
         if world > 1 else net
     amp = mixed_precision(args.amp, device)
     last_saved = start.position
+    preempted = Preemption.install()
 
-    def checkpoint_at(position: checkpoint.Position, global_step: int) -> None:
+    def checkpoint_at(position: checkpoint.Position, global_step: int) -> bool:
+        """Save (local rank 0 of every node), then: stop here, preempted? A collective."""
         nonlocal last_saved
         if local_rank == 0:  # one copy per node: a node that loses its disk loses nothing
             save(args, position, start, world, net, opt, data, device, keep=last_saved)
             checkpoint_saved(global_step)
         last_saved = position
+        if preempted.agreed(device, world):  # after the save: every node holds it
+            log.info("preempted (SIGUSR2) at step %d: checkpoint saved", global_step)
+            preempted.requeue(rank)
+            return True
+        return False
 
     train_x, train_y = data.train_x.to(device), data.train_y.to(device)
     samples, train_time, accuracy = 0, 0.0, float("nan")
@@ -369,15 +381,17 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
         order = epoch_order(len(train_y), args.seed, epoch, device)
         first = start.step if epoch == start.epoch else 0
 
-        def after_step(k: int, epoch: int = epoch) -> None:
+        def after_step(k: int, epoch: int = epoch) -> bool:
             g = epoch * steps_per_epoch + k
-            if every > 0 and g % every == 0 and k < steps_per_epoch:
+            return every > 0 and g % every == 0 and k < steps_per_epoch and \
                 checkpoint_at((epoch, k), g)
 
         t0 = time.perf_counter()
-        loss_sum, count = run_epoch(ddp, opt, amp, train_x, train_y, order,
-                                    range(first, steps_per_epoch), start.global_batch, rank,
-                                    world, after_step)
+        loss_sum, count, stopped = run_epoch(ddp, opt, amp, train_x, train_y, order,
+                                             range(first, steps_per_epoch), start.global_batch,
+                                             rank, world, after_step)
+        if stopped:
+            return 0
         if device.type == "cuda":
             torch.cuda.synchronize()
         train_time += time.perf_counter() - t0
@@ -387,7 +401,8 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
         log.info("epoch %d/%d loss=%.4f test_accuracy=%.4f time=%.2fs elapsed=%.2fs", epoch + 1,
                  args.epochs, total_loss / max(total, 1), accuracy, time.perf_counter() - t0,
                  time.perf_counter() - t_start)
-        checkpoint_at((epoch, checkpoint.END), (epoch + 1) * steps_per_epoch)
+        if checkpoint_at((epoch, checkpoint.END), (epoch + 1) * steps_per_epoch):
+            return 0
     if world > 1:
         dist.barrier()
     print(f"rank={rank} params_sha256={params_digest(net)} start_epoch={start.epoch} "

@@ -1,0 +1,80 @@
+"""What only Slurm breaks: the CPUs a node's ranks may use and the GPUs they can see.
+
+Pure functions of the probe's ``slurm`` facts, which it collects inside the same kind of
+``srun`` step the ranks run in (``remote/slurm.py``). A binding plugin (``task/affinity``,
+``task/cgroup``) can leave a step one CPU or one GPU where the job has many; a job that asked
+``--gpus-per-task`` gives each task only its own GPU, so NCCL cannot see the peers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ptcluster.doctor.checks import FAIL, OK, WARN, Finding, _each
+from ptcluster.doctor.collect import NodeProbe
+from ptcluster.spec.model import ClusterSpec, NodeSpec
+
+
+def _cpu_ranges(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out: list[str] = []
+    for cpu in cpus:
+        if out and "-" not in out[-1] and int(out[-1]) == cpu - 1:
+            out[-1] = f"{out[-1]}-{cpu}"
+        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == cpu - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{cpu}"
+        else:
+            out.append(str(cpu))
+    return ",".join(out)
+
+
+def check_slurm_cpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+    """sched_getaffinity of the step against the CPUs the job has on the node and the slots."""
+    def one(node: NodeSpec, facts: dict[str, Any]) -> Finding | None:
+        slurm = facts.get("slurm")
+        if not slurm or slurm.get("affinity") is None:
+            return None
+        usable = len(slurm["affinity"])
+        asked = int(slurm["cpus_on_node"]) if str(slurm.get("cpus_on_node")).isdigit() else None
+        where = f"CPUs {_cpu_ranges(slurm['affinity'])}"
+        if usable < node.slots:
+            return Finding("slurm cpus", node.host, FAIL,
+                           f"{node.slots} ranks may use only {usable} CPU(s) ({where})",
+                           "ask Slurm for at least one CPU per rank (--cpus-per-task or "
+                           "--exclusive), and do not bind the step (--cpu-bind=none)")
+        if asked is not None and usable < asked:
+            return Finding("slurm cpus", node.host, WARN,
+                           f"the ranks may use {usable} of the {asked} CPUs the job has here "
+                           f"({where}): a binding plugin narrowed the step",
+                           "check TaskPlugin / --cpu-bind; every rank shares these CPUs")
+        return Finding("slurm cpus", node.host, OK,
+                       f"{usable} CPU(s) for {node.slots} rank(s) ({where}"
+                       + (f"; the job has {asked} here)" if asked is not None else ")"))
+    return _each(spec, probes, "slurm cpus", one)
+
+
+def check_slurm_gpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+    """GPUs the ranks can see (CUDA_VISIBLE_DEVICES of the step) against the slots."""
+    def one(node: NodeSpec, facts: dict[str, Any]) -> Finding | None:
+        slurm = facts.get("slurm")
+        if not slurm:
+            return None
+        present = (facts.get("gpus") or {}).get("count", 0)
+        cvd = slurm.get("cuda_visible_devices")
+        visible = present if cvd is None else len([d for d in cvd.split(",") if d.strip()])
+        if present == 0 and not cvd:
+            return Finding("slurm gpus", node.host, OK, "no GPU on this node: CPU ranks")
+        shown = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "no CUDA_VISIBLE_DEVICES"
+        if visible < node.slots and spec.backend != "gloo":
+            return Finding("slurm gpus", node.host, FAIL,
+                           f"{node.slots} ranks see {visible} GPU(s) ({shown}; "
+                           f"{present} on the node)",
+                           "ask for --gpus-per-node (not --gpus-per-task, which hides the peers' "
+                           "GPUs), or run fewer ranks (--nproc)")
+        return Finding("slurm gpus", node.host, OK,
+                       f"{visible} GPU(s) visible to {node.slots} rank(s) ({shown})")
+    return _each(spec, probes, "slurm gpus", one)
+
+
+def slurm_checks(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+    return check_slurm_cpus(spec, probes) + check_slurm_gpus(spec, probes)
