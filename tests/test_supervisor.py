@@ -249,6 +249,18 @@ def test_second_interrupt_cuts_the_channels_at_once() -> None:
     assert not any(isinstance(a, SignalChannel) and a.sig == signal.SIGTERM for a in later)
 
 
+def test_first_interrupt_while_a_failure_is_torn_down_is_noted_not_hurried() -> None:
+    sup = make()
+    start(sup)
+    sup.on_event(ev.RankExit("a", 0, 3, WALL + 5.0, 4.0), 5.1)  # a failure stops the job
+    actions = sup.request_stop("SIGINT received", 5.2)
+    assert sup.interrupted and not any(isinstance(a, SignalChannel) for a in actions)
+    assert [a.text for a in actions if isinstance(a, Status)] == [
+        "SIGINT received: the job is already being stopped everywhere"]
+    again = sup.request_stop("SIGINT received", 5.3)  # the second one hurries
+    assert sorted(a.host for a in again if isinstance(a, SignalChannel)) == ["a", "b"]
+
+
 def test_heartbeats_refine_the_clock_offset() -> None:
     sup = make()
     sup.on_event(ev.Hello("a", wire.VERSION, 1, WALL + 3.0), 1.0)  # arrived 1 s late: 2.0

@@ -106,12 +106,12 @@ class Runner:
             if self.restarts is None:
                 break
             decision = decide(self.restarts.policy, attempts, result.failures,
-                              sup.interrupted or self._stop_requests > 0)
+                              result.interrupted)
             record.dropped = list(decision.drop)
             if not decision.restart:
                 result.gave_up, result.no_progress = decision.reason, decision.no_progress
                 break
-            if self._stop_requests:  # Ctrl-C while the last attempt was being torn down
+            if self._stop_requests:  # Ctrl-C after the last attempt had ended
                 result.interrupted, result.gave_up = True, "stopped by the user: not restarted"
                 break
             hosts = tuple(n.host for n in self.plan.nodes if n.host not in decision.drop)

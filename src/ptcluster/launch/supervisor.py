@@ -118,9 +118,11 @@ class Supervisor:
         node's job when its channel closes)."""
         if self.phase is Phase.DONE:
             return []
-        if self.phase is not Phase.STOPPING:
+        if not self.interrupted:
             self.interrupted = True
-            return self._stop_all(reason, now)
+            if self.phase is not Phase.STOPPING:
+                return self._stop_all(reason, now)
+            return [Status(f"{reason}: the job is already being stopped everywhere")]
         if self._hurried:
             return []
         self._hurried = True

@@ -3,9 +3,10 @@
 Slurm warns a job before it ends it (``sbatch --signal=USR2@120``, which ``ptcluster submit``
 asks for, or ``scancel -s USR2`` by hand): every rank gets SIGUSR2. The handler only sets a
 flag; after each checkpoint (every epoch, and every ``--checkpoint-every-steps``) the ranks
-agree on it with one all-reduce (a rank that got the signal a moment later must not go on alone), and when any rank was signalled
-they all stop. Inside a Slurm job rank 0 then runs ``scontrol requeue``: Slurm ends this run and
-queues the job again, whose ``--resume`` continues after the checkpoint just written.
+agree on it with one all-reduce (a rank that got the signal a moment later must not go on
+alone), and when any rank was signalled they all stop. Inside a Slurm job rank 0 then runs
+``scontrol requeue``: Slurm ends this run and queues the job again, whose ``--resume``
+continues after the checkpoint just written.
 """
 
 from __future__ import annotations
