@@ -368,7 +368,10 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
             checkpoint_saved(global_step)
         last_saved = position
         if preempted.agreed(device, world):  # after the save: every node holds it
-            log.info("preempted (SIGUSR2) at step %d: checkpoint saved", global_step)
+            epoch, step = position
+            log.info("preempted (SIGUSR2) %s: checkpoint saved",
+                     f"after epoch {epoch + 1}" if step == checkpoint.END else
+                     f"in epoch {epoch + 1} after step {step}")
             preempted.requeue(rank)
             return True
         return False
