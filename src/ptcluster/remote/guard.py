@@ -180,7 +180,8 @@ class Guard:
                 prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
         self.child = subprocess.Popen(
-            self.cfg["argv"], cwd=self.cfg["workdir"], env=env, stdin=subprocess.DEVNULL,
+            node_python(self.cfg["argv"]), cwd=self.cfg["workdir"], env=env,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=child_setup,
         )
         self.send("started", {"pid": self.child.pid})
@@ -254,6 +255,16 @@ class Guard:
         self.send("exit", {"code": code, "reason": reason, "t": time.time()})
         rmtree(self.tmpdir)
         return code if code >= 0 else 128 - code
+
+
+def node_python(argv: list[str]) -> list[str]:
+    """torchrun's argv with the interpreter resolved here: ``auto`` (the cluster file's default
+    ``python:``) is the interpreter this guard runs on, and ``~/`` is this node's home."""
+    out = list(argv)
+    for i, word in enumerate(out):
+        if i == 0 or out[i - 1] == "--no-python":
+            out[i] = sys.executable if word == "auto" else os.path.expanduser(word)
+    return out
 
 
 def check_target(target: dict[str, Any], workdir: str) -> None:
