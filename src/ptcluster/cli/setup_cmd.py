@@ -145,9 +145,9 @@ def render(console: Console, report: SetupReport) -> None:
         if n.problem:
             console.print(f"  [bold red]FAIL[/bold red] {host}: {n.problem}. Fix: {n.fix}",
                           markup=True)
-        for s, r, d in n.applied:
+        for name, r, d in n.applied:
             if r == "failed":
-                console.print(f"  [bold red]FAILED[/bold red] {host}: {s}: {d.strip()[-500:]}",
+                console.print(f"  [bold red]FAILED[/bold red] {host}: {name}: {d.strip()[-500:]}",
                               markup=True)
         for step in n.final:
             if step.status == P.BLOCKED:
