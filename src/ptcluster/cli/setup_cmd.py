@@ -116,9 +116,11 @@ def render(console: Console, report: SetupReport) -> None:
                 console.print(f"  {STYLE[s.status]} {s.name}: {s.why}", markup=True)
                 for cmd in s.commands(n.host) if s.status != P.OK else []:
                     console.print(f"      $ {cmd}", markup=False)
-        pending = sum(P.pending(n.before) for n in report.nodes.values())
-        console.print(f"{pending} node(s) with changes pending" if pending else
-                      "no changes pending", markup=False)
+        pending = sum(P.pending(n.before) for n in report.nodes.values() if not n.problem)
+        unreached = sum(bool(n.problem) for n in report.nodes.values())
+        console.print((f"{pending} node(s) with changes pending" if pending else
+                       "no changes pending") + (f"; {unreached} node(s) not reached"
+                                                if unreached else ""), markup=False)
         return
     table = Table(title="ptcluster setup", title_justify="left")
     table.add_column("step")

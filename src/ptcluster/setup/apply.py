@@ -37,7 +37,8 @@ NODE_PYTHON = "python3"
 """The setup program runs on the node's system Python (Debian/Ubuntu always have python3)."""
 SECTIONS = {"ssh key": ["key"], "apt packages": ["apt"], "python venv": ["venv", "apt"],
             "wheels": ["wheels", "venv"], "torch + ptcluster": ["venv"],
-            "firewall": ["firewall"], "/etc/hosts": ["hosts"], "env file": ["env"]}
+            "firewall": ["firewall"], "/etc/hosts": ["hosts"], "env file": ["env"],
+            "workdir": ["workdir"]}
 """The facts each step re-reads right before it runs."""
 
 
@@ -288,6 +289,10 @@ class Setup:
         begun = time.monotonic()
         head, pubkey = self.head_key()
         self.pubkey = pubkey
+        self.targets: dict[str, tuple[str, int]] = {}
+        for node in self.spec.nodes:  # ssh -G is local and quick
+            self.targets[node.host] = ssh_target(node)
+            self.outcomes[node.host].addr = self.targets[node.host][0]
         try:
             self._parallel(self._connect_and_facts)
             facts = {h: o for h, o in self._facts.items() if o is not None}
@@ -332,68 +337,82 @@ class Setup:
 
     def _connect_and_facts(self, node: NodeSpec) -> None:
         outcome = self.outcomes[node.host]
-        addr, port = ssh_target(node)
-        outcome.addr = addr
+        addr, port = self.targets[node.host]
         ssh = node.ssh
         if self.opts.accept_new_host_keys:
             ssh = _with_options(ssh, ("StrictHostKeyChecking", "accept-new"))
         self.ssh[node.host] = ssh
         self.on_event(node.host, "connecting")
-        probe = subprocess.run(ssh_argv(node.host, _with_options(
-            ssh, ("BatchMode", "yes"), ("PasswordAuthentication", "no"))) + ["true"],
-            capture_output=True, text=True, timeout=self.opts.timeout, stdin=subprocess.DEVNULL)
-        err = probe.stderr.strip()
-        if probe.returncode == 0:
-            transport: SshTransport = SshTransport(host=node.host, ssh=ssh)
+        # the key first (BatchMode: never a prompt); the password only when the key is refused
+        session = self._open(node, SshTransport(host=node.host, ssh=ssh))
+        try:
+            first = session.ask("facts", {"only": ["sudo"]}, self.opts.timeout)
             outcome.connection = "key"
-        elif "IDENTIFICATION HAS CHANGED" in err.upper():
-            raise NodeFailure("the node's host key CHANGED since it was last seen",
-                              "check with the node's admin; if expected, remove the old key "
-                              f"(ssh-keygen -R {node.host}); setup never accepts a changed key")
-        elif "host key" in err.lower():
-            raise NodeFailure(f"unknown host key {host_fingerprint(addr, port)}",
-                              "check the fingerprint with the node's admin, then run again with "
-                              "--accept-new-host-keys")
-        elif probe.returncode == 255 and "permission denied" in err.lower():
+        except NodeFailure:
+            if session.closed is None:
+                raise
+            code, stderr = session.closed
+            err = "\n".join(stderr).strip()
+            if "IDENTIFICATION HAS CHANGED" in err.upper():
+                raise NodeFailure(
+                    "the node's host key CHANGED since it was last seen",
+                    "check with the node's admin; if expected, remove the old key "
+                    f"(ssh-keygen -R {node.host}); setup never accepts a changed key") from None
+            if "host key" in err.lower():
+                raise NodeFailure(f"unknown host key {host_fingerprint(addr, port)}",
+                                  "check the fingerprint with the node's admin, then run again "
+                                  "with --accept-new-host-keys") from None
+            if code != 255 or "permission denied" not in err.lower():
+                last = err.splitlines()[-1] if err else f"exit status {code}"
+                raise NodeFailure(f"cannot start the setup program over ssh ({last})",
+                                  "check the node is up, its address, sshd (port 22 or "
+                                  "ssh.port) and that it has python3") from None
             askpass = self.askpass()
             if askpass is None:
                 raise NodeFailure("the node does not accept the head's key yet and no password "
                                   "was given", "run setup at a terminal (it asks once), or "
-                                  "pass --password-file FILE (mode 600)")
+                                  "pass --password-file FILE (mode 600)") from None
             pw = _PasswordSsh(host=node.host, ssh=_password_ssh(ssh))
             pw.askpass = askpass
-            transport = pw
+            session = self._open(node, pw)
+            try:
+                first = session.ask("facts", {"only": ["sudo"]}, self.opts.timeout)
+            except NodeFailure as exc:
+                tail = "\n".join(session.closed[1] if session.closed else []).lower()
+                if "permission denied" in tail:
+                    raise NodeFailure("the node refused the password (and the key)",
+                                      "check the password, and ssh.user in the cluster file"
+                                      ) from None
+                raise exc from None
             outcome.connection = "password"
-        else:
-            last = err.splitlines()[-1] if err else f"exit status {probe.returncode}"
-            raise NodeFailure(f"cannot reach the node over ssh ({last})",
-                              "check the node is up, its address and sshd (port 22 or ssh.port)")
-        session = NodeSession(NodeChannel(
-            transport, NODE_PYTHON, SETUP, self._node_config(), on_frames=lambda lines: None,
-            on_closed=lambda code, err: None, tag="setup"))
-        session.channel.on_frames = session.on_frames
-        session.channel.on_closed = session.on_closed
-        try:
-            session.channel.start()
-        except OSError as exc:
-            raise NodeFailure(f"cannot start ssh: {exc}", "install openssh-client") from None
         self.sessions[node.host] = session
         secret = self.password() if outcome.connection == "password" else None
-        facts = session.ask("facts", {"only": ["sudo"]}, self._answer_timeout(outcome))
-        if facts["sudo"]["mode"] == "needs-password":
+        if first["sudo"]["mode"] == "needs-password":
             secret = secret or self.password()
         if secret is not None:
             session.channel.send("sudo", {"password": secret.reveal()})
         self._facts[node.host] = session.ask("facts", {}, self.opts.timeout * 3)
         self.on_event(node.host, f"facts ({outcome.connection})")
 
-    def _answer_timeout(self, outcome: NodeOutcome) -> float:
-        return self.opts.timeout
+    def _open(self, node: NodeSpec, transport: SshTransport) -> NodeSession:
+        channel = NodeChannel(transport, NODE_PYTHON, SETUP, self._node_config(node),
+                              on_frames=lambda lines: None, on_closed=lambda code, err: None,
+                              tag="setup")
+        session = NodeSession(channel)
+        channel.on_frames, channel.on_closed = session.on_frames, session.on_closed
+        try:
+            channel.start()
+        except OSError as exc:
+            raise NodeFailure(f"cannot start ssh: {exc}", "install openssh-client") from None
+        return session
 
-    def _node_config(self) -> dict[str, Any]:
+    def _node_config(self, node: NodeSpec) -> dict[str, Any]:
+        # the interface is the route to the master's address as the head resolves it: the
+        # master's name may resolve on the nodes only once the /etc/hosts step ran
+        master = self.targets[self.spec.nodes[0].host][0]
         return {"pubkey": self.pubkey, "venv": P.VENV, "wheelhouse": P.WHEELHOUSE,
-                "env_file": P.ENV_FILE, "packages": list(P.PACKAGES),
-                "master_addr": self.spec.master.addr}
+                "env_file": P.ENV_FILE, "packages": list(P.PACKAGES), "master_addr": master,
+                "workdir": node.workdir}
 
     def _choose_torch(self, facts: dict[str, dict[str, Any]]) -> TorchChoice:
         try:
@@ -408,7 +427,7 @@ class Setup:
 
     def _cluster_facts(self, facts: dict[str, dict[str, Any]],
                        torch: TorchChoice) -> P.ClusterFacts:
-        master_addr = self.outcomes[self.spec.nodes[0].host].addr or self.spec.master.addr
+        master_addr = self.spec.master.addr
         return P.ClusterFacts(
             pubkey=self.pubkey, torch=torch, self_version=self_version(),
             python=f"{sys.version_info[0]}.{sys.version_info[1]}",
@@ -497,9 +516,15 @@ class Setup:
 
     def _confirm(self, node: NodeSpec) -> None:
         outcome = self.outcomes[node.host]
+        if not any(r in ("changed", "failed") for _, r, _ in outcome.applied):
+            outcome.after = outcome.before  # nothing was done: the first facts still hold
+            return
         session = self.sessions[node.host]
         facts = session.ask("facts", {}, self.opts.timeout * 3)
         outcome.after = P.plan_node(node.host, facts, self.cluster)
+        if P.pending(outcome.after) and self.cluster.manifest is not None:
+            facts.update(session.ask("facts", {"only": ["wheels"]}, self.opts.timeout * 3))
+            outcome.after = P.plan_node(node.host, facts, self.cluster)
         self.on_event(node.host, "converged" if not P.pending(outcome.after) else
                       "not converged")
 

@@ -50,6 +50,7 @@ class Node:
         self.cfg = cfg
         self.password: str | None = None
         self.sudo_mode: str | None = None
+        self.sudo_facts: dict[str, Any] | None = None
 
     # -- sudo ---------------------------------------------------------------------------------
     def sudo(self) -> dict[str, Any]:
@@ -99,7 +100,9 @@ class Node:
                                "home": os.path.expanduser("~"), "hostname": os.uname()[1],
                                "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
                                "python_path": sys.executable}
-        sudo = self.sudo()
+        if self.sudo_facts is None:  # once per password (sudo is slow to ask)
+            self.sudo_facts = self.sudo()
+        sudo = self.sudo_facts
         self.sudo_mode = sudo["mode"]
         out["sudo"] = sudo
         root_ok = sudo["mode"] in ("root", "nopasswd", "password")
@@ -109,16 +112,19 @@ class Node:
             out["os"] = _os_release()
             out["gpu"] = _gpu()
         if every or "apt" in want:
-            out["packages"] = {p: _installed(p) for p in self.cfg["packages"]}
+            out["packages"] = _installed(self.cfg["packages"])
         if every or "venv" in want or "pip" in want:
             out["venv"] = _venv(os.path.expanduser(self.cfg["venv"]))
-        if every or "wheels" in want:
+        if "wheels" in want:  # hashing the wheels costs: only when asked by name
             out["wheelhouse"] = _hashes(os.path.expanduser(self.cfg["wheelhouse"]),
                                         self.cfg.get("hash_only"))
         if every or "firewall" in want:
             out["firewall"] = self.firewall(root_ok)
         if every or "hosts" in want:
             out["hosts"] = _read("/etc/hosts")
+        if (every or "workdir" in want) and self.cfg.get("workdir"):
+            path = os.path.expanduser(self.cfg["workdir"])
+            out["workdir"] = {"path": path, "exists": os.path.isdir(path)}
         if every or "env" in want:
             out["env_file"] = _read(os.path.expanduser(self.cfg["env_file"]))
             iface, why = route_interface(self.cfg["master_addr"])
@@ -134,12 +140,14 @@ class Node:
             if not root_ok:
                 return {"kind": "ufw", "active": enabled, "rules": None,
                         "why": "reading ufw's rules needs root"}
-            argv, data = self.root_argv(["ufw", "status"], None)
-            code, status = run(argv, stdin=data)
+            if not enabled:
+                return {"kind": "ufw", "active": False, "rules": []}
+            # ufw is slow to start: one call, the rules as ufw's own command syntax
             argv, data = self.root_argv(["ufw", "show", "added"], None)
-            _, added = run(argv, stdin=data)
+            code, added = run(argv, stdin=data)
             rules = [line.strip() for line in added.splitlines() if line.startswith("ufw ")]
-            return {"kind": "ufw", "active": "Status: active" in status, "rules": rules}
+            return {"kind": "ufw", "active": enabled, "rules": rules if code == 0 else None,
+                    "why": "" if code == 0 else self.scrub(added.strip())[-200:]}
         if shutil.which("firewall-cmd"):
             code, out = run(["firewall-cmd", "--state"])
             active = code == 0 and "running" in out
@@ -195,9 +203,11 @@ def _os_release() -> dict[str, str]:
     return {k: out.get(k, "") for k in ("ID", "ID_LIKE", "VERSION_ID", "PRETTY_NAME")}
 
 
-def _installed(package: str) -> bool:
-    code, out = run(["dpkg-query", "-W", "-f", "${Status}", package])
-    return code == 0 and out.strip().endswith("ok installed")
+def _installed(packages: list[str]) -> dict[str, bool]:
+    _, out = run(["dpkg-query", "-W", "-f", "${Package} ${Status}\n", *packages])
+    done = {line.split()[0] for line in out.splitlines()
+            if line.strip().endswith("ok installed")}
+    return {p: p in done for p in packages}
 
 
 def _gpu() -> dict[str, Any]:
@@ -281,7 +291,7 @@ def main() -> None:
         msg = control(payload)
         if kind == "sudo":
             node.password = msg.get("password")
-            node.sudo_mode = None
+            node.sudo_mode = node.sudo_facts = None
         elif kind == "facts":
             if "hash_only" in msg:
                 node.cfg["hash_only"] = msg["hash_only"]

@@ -23,7 +23,7 @@ ENV_FILE = "~/.ptcluster/env"
 HOSTS_BEGIN = "# BEGIN ptcluster: cluster nodes (managed by `ptcluster setup`, edits are replaced)"
 HOSTS_END = "# END ptcluster"
 STEPS = ("ssh key", "sudo", "os", "gpu driver", "apt packages", "python venv", "wheels",
-         "torch + ptcluster", "firewall", "/etc/hosts", "env file")
+         "torch + ptcluster", "firewall", "/etc/hosts", "env file", "workdir")
 """Every step, in the order apply runs them (the connection comes before all of them)."""
 ROOT_STEPS = ("apt packages", "firewall", "/etc/hosts")
 
@@ -45,11 +45,18 @@ class Action:
         if self.kind == "copy":
             return (f"tar -C <head wheelhouse> -cf - {shlex.join(self.argv)} | ssh {host} "
                     f"'mkdir -p {WHEELHOUSE} && tar -C {WHEELHOUSE} -xf -'")
-        env = "".join(f"{k}={shlex.quote(v)} " for k, v in self.env)
-        text = ("sudo " if self.root else "") + env + shlex.join(self.argv)
+        argv = (["env", *[f"{k}={v}" for k, v in self.env]] if self.env else []) + [*self.argv]
+        text = ("sudo " if self.root else "") + shell_words(argv)
         if self.input is not None:
             text += f"  # stdin: {len(self.input.splitlines())} lines"
         return text
+
+
+def shell_words(argv: list[str]) -> str:
+    """``argv`` as a shell would need it typed, with a leading ``~/`` left bare (the node's
+    home, as the node program expands it)."""
+    return " ".join("~/" + shlex.quote(w[2:]) if w.startswith("~/") and len(w) > 2 else
+                    shlex.quote(w) for w in argv)
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,7 @@ class ClusterFacts:
     hostnames: dict[str, str]
     """host -> the node's own hostname (nodes whose facts are known)."""
     master_addr: str
+    """MASTER_ADDR as ``ptcluster run`` sets it (the cluster file's master address)."""
     master_port: int
     interfaces: dict[str, str | None] = field(default_factory=dict)
     """host -> interface from the cluster file (None: the node's route to the master)."""
@@ -197,6 +205,12 @@ def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
             "differs" if facts.get("env_file") is not None else "missing"), (
             Action(("sh", "-c", f"mkdir -p ~/.ptcluster && cat > {ENV_FILE}.tmp && "
                     f"mv {ENV_FILE}.tmp {ENV_FILE}"), input=env_text),)))
+    workdir = facts.get("workdir") or {}
+    if workdir.get("exists", True):
+        steps.append(Step("workdir", OK, workdir.get("path", "")))
+    else:
+        steps.append(Step("workdir", CHANGE, f"{workdir['path']} does not exist", (
+            Action(("mkdir", "-p", workdir["path"])),)))
     return steps
 
 
