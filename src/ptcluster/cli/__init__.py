@@ -21,6 +21,7 @@ from ptcluster.cli import (
     monitor_cmd,
     run_cmd,
     setup_cmd,
+    sync_cmd,
 )
 from ptcluster.cli.common import CliState
 from ptcluster.errors import PtclusterError
@@ -52,6 +53,7 @@ cli.add_command(doctor_cmd.doctor)
 cli.add_command(bench_cmd.bench)
 cli.add_command(monitor_cmd.monitor)
 cli.add_command(setup_cmd.setup)
+cli.add_command(sync_cmd.sync)
 
 
 class _StderrHandler(logging.Handler):

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from ptcluster.cli.common import NPROC, PORT, cluster_option, load_spec, quiet
 from ptcluster.cli.doctor_cmd import render
+from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
 from ptcluster.launch.job import prepare, run_dir_for, transports
@@ -37,9 +38,11 @@ from ptcluster.launch.runner import Runner
               "(default: ./ptcluster-runs).")
 @click.option("--preflight", is_flag=True, help="Run the doctor's fast checks first; refuse to "
               "launch when one fails.")
+@click.option("--sync", "sync_first", is_flag=True, help="First copy the project to every "
+              "node's workdir (as `ptcluster sync`).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
-        runs_dir: str | None, preflight: bool, args: tuple[str, ...]) -> None:
+        runs_dir: str | None, preflight: bool, sync_first: bool, args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
@@ -47,6 +50,8 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         Target(script=args[0], args=args[1:])
     spec = load_spec(cluster, nproc)
     err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+    if sync_first and not all(r.ok for r in run_sync(spec, err, show=not quiet())):
+        sys.exit(1)
     plan = prepare(spec, target, port=port)
     if preflight:
         report = run_preflight(spec, plan.master_port)
