@@ -71,8 +71,8 @@ class Node:
         low = out.lower()
         if "incorrect password" in low or "sorry, try again" in low:
             return {"mode": "wrong-password", "why": "sudo refused the password"}
-        return {"mode": "none", "why": out.strip().splitlines()[-1] if out.strip() else
-                f"sudo exit status {code}"}
+        return {"mode": "none", "why": out.strip().splitlines()[-1].rstrip(".") if out.strip()
+                else f"sudo exit status {code}"}
 
     def root_argv(self, argv: list[str], data: str | None) -> tuple[list[str], str | None]:
         """``argv`` run as root the way this node allows, and its stdin."""

@@ -172,6 +172,9 @@ def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
         steps.append(Step("wheels", OK, "nothing to copy: the venv has what it needs"))
         steps.append(Step("torch + ptcluster", OK, f"torch {want['torch']}, ptcluster "
                           f"{want['ptcluster']} ({cf.torch.why})"))
+    elif not venv_possible:
+        steps.append(Step("wheels", BLOCKED, "not copied: the venv cannot be made (see above)"))
+        steps.append(Step("torch + ptcluster", BLOCKED, "needs the venv (see above)"))
     else:
         node_wheels: dict[str, str] = facts.get("wheelhouse") or {}
         if cf.manifest is None:
@@ -189,10 +192,8 @@ def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
                       "--no-index", "--find-links", WHEELHOUSE, cf.torch.requirement,
                       f"ptcluster=={cf.self_version}"), timeout=3600)
         now = ", ".join(f"{k} {dists.get(k) or 'missing'}" for k in want)
-        steps.append(Step("torch + ptcluster", CHANGE if venv_possible else BLOCKED,
-                          f"{now}; want torch {want['torch']} ({cf.torch.why}), ptcluster "
-                          f"{want['ptcluster']}" + ("" if venv_possible else
-                                                    " (needs the venv)"), (pip,)))
+        steps.append(Step("torch + ptcluster", CHANGE, f"{now}; want torch {want['torch']} "
+                          f"({cf.torch.why}), ptcluster {want['ptcluster']}", (pip,)))
 
     steps.append(_firewall(host, facts, cf, root_ok))
     steps.append(_hosts(host, facts, cf, root_ok))
