@@ -24,6 +24,10 @@ from ptcluster.remote.transport import remote_command, ssh_argv
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 
+NO_RSYNC = 4
+"""Exit status of the node's probe when it has no rsync."""
+
+
 @dataclass
 class SyncResult:
     host: str
@@ -112,15 +116,16 @@ def sync_node(node: NodeSpec, root: Path, files: list[str], *, timeout: float = 
     dest = remote_dir(node.workdir)
     probe = subprocess.run(
         ssh_argv(node.host, node.ssh) + [remote_command(
-            ["sh", "-c", 'mkdir -p -- "$1" && command -v rsync >/dev/null', "sync", dest])],
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    if probe.returncode not in (0, 1):
+            ["sh", "-c", 'mkdir -p -- "$1" || exit 3; command -v rsync >/dev/null || exit 4',
+             "sync", dest])], capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL)
+    if probe.returncode not in (0, NO_RSYNC):
         tail = probe.stderr.strip().splitlines()[-1:] or [f"exit status {probe.returncode}"]
         result.problem = f"cannot prepare {node.workdir} over ssh ({tail[0]})"
         result.fix = "check ssh to the node (`ptcluster doctor`) and that workdir is writable"
         return result
     listing = "\0".join(files).encode() + b"\0"
-    if probe.returncode == 0 and shutil.which("rsync"):
+    if probe.returncode != NO_RSYNC and shutil.which("rsync"):
         result.method = "rsync"
         proc = subprocess.run(
             ["rsync", "-a", "--from0", "--files-from=-", "--out-format=%n", "-e", _ssh_e(node),

@@ -83,8 +83,11 @@ class Node:
         if mode == "nopasswd":
             return ["sudo", "-n", "--", *argv], data
         if mode == "password" and self.password is not None:
-            # sudo -S reads the first line; the command gets the rest
-            return ["sudo", "-S", "-p", "", "--", *argv], self.password + "\n" + (data or "")
+            # sudo -S reads the first line, the command gets the rest. -k: sudo must ask (and
+            # so read that line) every time; with a cached credential it would not, and the
+            # password would become the command's input.
+            return (["sudo", "-k", "-S", "-p", "", "--", *argv],
+                    self.password + "\n" + (data or ""))
         raise PermissionError(f"no root on this node (sudo: {mode})")
 
     def scrub(self, text: str) -> str:
