@@ -16,13 +16,13 @@ import shlex
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ptcluster.remote.transport import remote_command, ssh_argv
 from ptcluster.spec.model import ClusterSpec, NodeSpec
-
 
 NO_RSYNC = 4
 """Exit status of the node's probe when it has no rsync."""
@@ -109,8 +109,6 @@ def _ssh_e(node: NodeSpec) -> str:
 
 
 def sync_node(node: NodeSpec, root: Path, files: list[str], *, timeout: float = 3600) -> SyncResult:
-    import time
-
     begun = time.monotonic()
     result = SyncResult(host=node.host)
     dest = remote_dir(node.workdir)
