@@ -256,3 +256,24 @@ def test_sync_lists_what_git_would_track(tmp_path: Path) -> None:
 @pytest.mark.parametrize("workdir, dest", [("~", "."), ("~/p", "p"), ("/srv/p", "/srv/p")])
 def test_sync_remote_dir(workdir: str, dest: str) -> None:
     assert remote_dir(workdir) == dest
+
+
+# -- usage errors (exit 2, one line) -------------------------------------------------------------
+def test_setup_usage_errors(cli, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("nodes: [a, b]\n")
+    pw = tmp_path / "pw"
+    pw.write_text("x\n")
+    os.chmod(pw, 0o644)
+    for args, words in [
+        (["--password-file", str(pw)], "readable by group or others"),
+        (["--password-file", str(tmp_path / "none")], "--password-file"),
+        (["--torch-backend", "rocm"], "is not auto, cpu or cuXYZ"),
+        (["--node", "c"], "--node c: not in"),
+        (["--timeout", "-5"], "--timeout"),
+    ]:
+        code, out, err = cli("setup", "--cluster", str(cfg), *args)
+        assert code == 2, (args, out, err)
+        assert words in err and err.count("error:") == 1 and "Traceback" not in err
+    code, _, err = cli("setup")  # no cluster file: the local cluster has nothing to set up
+    assert code == 2 and "no cluster file" in err
