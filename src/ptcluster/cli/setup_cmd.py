@@ -75,7 +75,7 @@ def setup(cluster: str | None, dry_run: bool, check: bool, as_json: bool,
             err.print(f"[dim]{host}:[/dim] {text}", markup=True)
 
     report = run_setup(spec, opts, password=password, on_event=on_event,
-                       only=list(nodes) or None)
+                       only=list(nodes) or None, known_password=secret)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,8 @@ class NodeOutcome:
     """(step, changed | failed | skipped, detail) for every step apply looked at."""
     problem: str | None = None
     fix: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Where the time went: ``facts``, each applied step, ``confirm``."""
 
     @property
     def final(self) -> list[P.Step]:
@@ -84,7 +87,8 @@ class NodeOutcome:
                 "problem": self.problem, "fix": self.fix, "converged": self.converged,
                 "plan": [s.to_json(self.host) for s in self.before],
                 "applied": [{"step": s, "result": r, "detail": d} for s, r, d in self.applied],
-                "after": [s.to_json(self.host) for s in self.after]}
+                "after": [s.to_json(self.host) for s in self.after],
+                "seconds": {k: round(v, 2) for k, v in self.seconds.items()}}
 
 
 @dataclass
@@ -94,6 +98,8 @@ class SetupReport:
     torch: TorchChoice | None
     dry_run: bool
     duration: float = 0.0
+    wheelhouse_s: float | None = None
+    """Seconds the head spent preparing its wheelhouse (None: not needed)."""
 
     @property
     def converged(self) -> bool:
@@ -102,7 +108,7 @@ class SetupReport:
     def to_json(self) -> dict[str, Any]:
         t = self.torch
         return {"dry_run": self.dry_run, "converged": self.converged,
-                "duration_s": round(self.duration, 2),
+                "duration_s": round(self.duration, 2), "wheelhouse_s": self.wheelhouse_s,
                 "head": [s.to_json("head") for s in self.head],
                 "torch": None if t is None else {"version": t.version, "variant": t.variant,
                                                  "why": t.why, "problem": t.problem},
@@ -219,7 +225,7 @@ class Setup:
 
     def __init__(self, spec: ClusterSpec, opts: SetupOptions, *,
                  password: Callable[[], Secret | None], on_event: Event | None = None,
-                 only: set[str] | None = None) -> None:
+                 only: set[str] | None = None, known_password: Secret | None = None) -> None:
         self.spec = spec
         self.only = only
         """--node: apply on these hosts only (facts still come from every node: the firewall
@@ -227,8 +233,8 @@ class Setup:
         self._facts: dict[str, dict[str, Any] | None] = {n.host: None for n in spec.nodes}
         self.opts = opts
         self._password_source = password
-        self._password: Secret | None = None
-        self._asked = False
+        self._password: Secret | None = known_password
+        self._asked = known_password is not None
         self._lock = threading.Lock()
         self._askpass: Askpass | None = None
         self.on_event = on_event or (lambda host, text: None)
@@ -238,6 +244,7 @@ class Setup:
         self._wheels_lock = threading.Lock()
         self._wheels: tuple[Path, dict[str, str]] | None = None
         self._wheels_error: NodeFailure | None = None
+        self._wheels_s: float | None = None
 
     # -- password ------------------------------------------------------------------------------
     def password(self) -> Secret | None:
@@ -246,6 +253,11 @@ class Setup:
             if not self._asked:
                 self._asked = True
                 self._password = self._password_source()
+            return self._password
+
+    def _known_password(self) -> Secret | None:
+        """The password if it is already at hand (never asks)."""
+        with self._lock:
             return self._password
 
     def askpass(self) -> Askpass | None:
@@ -289,10 +301,11 @@ class Setup:
         begun = time.monotonic()
         head, pubkey = self.head_key()
         self.pubkey = pubkey
-        self.targets: dict[str, tuple[str, int]] = {}
-        for node in self.spec.nodes:  # ssh -G is local and quick
-            self.targets[node.host] = ssh_target(node)
-            self.outcomes[node.host].addr = self.targets[node.host][0]
+        with ThreadPoolExecutor(max_workers=16) as pool:  # ssh -G: local, ~20 ms each
+            self.targets = dict(zip([n.host for n in self.spec.nodes],
+                                    pool.map(ssh_target, self.spec.nodes), strict=True))
+        for host, (addr, _) in self.targets.items():
+            self.outcomes[host].addr = addr
         try:
             self._parallel(self._connect_and_facts)
             facts = {h: o for h, o in self._facts.items() if o is not None}
@@ -310,15 +323,19 @@ class Setup:
             if self._askpass is not None:
                 self._askpass.close()
         shown = {h: o for h, o in self.outcomes.items() if not self.only or h in self.only}
-        return SetupReport(shown, head, torch, self.opts.dry_run, time.monotonic() - begun)
+        return SetupReport(shown, head, torch, self.opts.dry_run, time.monotonic() - begun,
+                           self._wheels_s)
 
     def _parallel(self, work: Callable[[NodeSpec], None], selected: bool = False) -> None:
         def guarded(node: NodeSpec) -> None:
             outcome = self.outcomes[node.host]
             if outcome.problem:
                 return
+            begun = time.monotonic()
             try:
                 work(node)
+                if work.__name__ != "_apply":
+                    outcome.seconds[work.__name__.strip("_")] = time.monotonic() - begun
             except NodeFailure as exc:
                 outcome.problem, outcome.fix = exc.problem, exc.fix
                 self.on_event(node.host, f"failed: {exc.problem}")
@@ -345,8 +362,12 @@ class Setup:
         self.on_event(node.host, "connecting")
         # the key first (BatchMode: never a prompt); the password only when the key is refused
         session = self._open(node, SshTransport(host=node.host, ssh=ssh))
+        known = self._known_password()
+        if known is not None:  # sudo may need it: it travels first, then one round trip
+            session.channel.send("sudo", {"password": known.reveal()})
         try:
-            first = session.ask("facts", {"only": ["sudo"]}, self.opts.timeout)
+            first = session.ask("facts", {"only": ["sudo"]} if known is None else {},
+                                self.opts.timeout * 3)
             outcome.connection = "key"
         except NodeFailure:
             if session.closed is None:
@@ -386,6 +407,10 @@ class Setup:
                 raise exc from None
             outcome.connection = "password"
         self.sessions[node.host] = session
+        if outcome.connection == "key" and known is not None:
+            self._facts[node.host] = first  # the whole facts already, in one round trip
+            self.on_event(node.host, "facts (key)")
+            return
         secret = self.password() if outcome.connection == "password" else None
         if first["sudo"]["mode"] == "needs-password":
             secret = secret or self.password()
@@ -458,6 +483,7 @@ class Setup:
                 outcome.applied.append((name, "blocked", step.why))
                 continue
             self.on_event(node.host, f"{name}: {step.why}")
+            begun = time.monotonic()
             for action in step.actions:
                 ok, detail = self._act(node, session, action)
                 if not ok:
@@ -466,7 +492,8 @@ class Setup:
                     break
             else:
                 outcome.applied.append((name, "changed", step.why))
-                self.on_event(node.host, f"{name}: done")
+                outcome.seconds[name] = time.monotonic() - begun
+                self.on_event(node.host, f"{name}: done ({outcome.seconds[name]:.1f} s)")
 
     def _with_manifest(self, cluster: P.ClusterFacts, steps: list[P.Step]) -> P.ClusterFacts:
         wheels = next(s for s in steps if s.name == "wheels")
@@ -476,6 +503,7 @@ class Setup:
             if self._wheels_error is not None:
                 raise self._wheels_error
             if self._wheels is None:
+                begun = time.monotonic()
                 try:
                     folder, _, man = prepare_wheelhouse(Path(self.opts.wheelhouse), cluster.torch)
                 except Exception as exc:  # noqa: BLE001
@@ -483,6 +511,7 @@ class Setup:
                     self._wheels_error = NodeFailure(getattr(exc, "message", str(exc)), fix)
                     raise self._wheels_error from None
                 self._wheels = (folder, man)
+                self._wheels_s = round(time.monotonic() - begun, 2)
         self.cluster = replace(self.cluster, manifest=self._wheels[1])
         return replace(cluster, manifest=self._wheels[1])
 
@@ -530,8 +559,12 @@ class Setup:
 
 
 def run_setup(spec: ClusterSpec, opts: SetupOptions, *, password: Callable[[], Secret | None],
-              on_event: Event | None = None, only: list[str] | None = None) -> SetupReport:
-    """Set up every node of ``spec`` (or the ``only`` hosts); never raises for one node."""
+              on_event: Event | None = None, only: list[str] | None = None,
+              known_password: Secret | None = None) -> SetupReport:
+    """Set up every node of ``spec`` (or the ``only`` hosts); never raises for one node.
+
+    ``password`` is called at most once, when a node first needs it (the CLI prompts then);
+    ``known_password`` is one at hand already (``--password-file``)."""
     report = Setup(spec, opts, password=password, on_event=on_event,
-                   only=set(only) if only else None).run()
+                   only=set(only) if only else None, known_password=known_password).run()
     return report

@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from typing import Any
 
 from ptcluster.remote.netif import route_interface  # inlined
@@ -31,18 +32,46 @@ C_ENV = {"LC_ALL": "C", "LANG": "C"}
 """Commands whose words we look at run in the C locale."""
 
 
+RUNNING: set[subprocess.Popen[str]] = set()
+"""Commands running now: ended with the channel (see ``main``)."""
+
+
 def run(argv: list[str], *, stdin: str | None = None, timeout: float = 30.0,
         env: dict[str, str] | None = None) -> tuple[int, str]:
     if shutil.which(argv[0]) is None and not os.path.isabs(argv[0]):
         return 127, f"{argv[0]}: not installed"
     try:
-        p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, **C_ENV, **(env or {})})
-    except subprocess.TimeoutExpired:
-        return 124, f"{argv[0]}: timed out after {timeout:.0f} s"
+        # its own process group, so that the whole command (sudo, apt, dpkg...) can be ended
+        p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             env={**os.environ, **C_ENV, **(env or {})})
     except OSError as exc:
         return 126, f"{argv[0]}: {exc}"
-    return p.returncode, (p.stdout + p.stderr)
+    RUNNING.add(p)
+    try:
+        out, _ = p.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        end(p)
+        return 124, f"{argv[0]}: timed out after {timeout:.0f} s"
+    finally:
+        RUNNING.discard(p)
+    return p.returncode, out
+
+
+def end(p: subprocess.Popen[str]) -> None:
+    """SIGTERM to the command's group (apt, dpkg and pip stop cleanly), then SIGKILL."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(p.pid, sig)
+        except OSError:
+            return
+        try:
+            p.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 class Node:
@@ -116,13 +145,19 @@ class Node:
             out["gpu"] = _gpu()
         if every or "apt" in want:
             out["packages"] = _installed(self.cfg["packages"])
+        # the slow facts (another Python's start, ufw's) side by side
+        slow: list[threading.Thread] = []
         if every or "venv" in want or "pip" in want:
-            out["venv"] = _venv(os.path.expanduser(self.cfg["venv"]))
+            slow.append(threading.Thread(target=lambda: out.__setitem__(
+                "venv", _venv(os.path.expanduser(self.cfg["venv"])))))
+        if every or "firewall" in want:
+            slow.append(threading.Thread(target=lambda: out.__setitem__(
+                "firewall", self.firewall(root_ok))))
+        for t in slow:
+            t.start()
         if "wheels" in want:  # hashing the wheels costs: only when asked by name
             out["wheelhouse"] = _hashes(os.path.expanduser(self.cfg["wheelhouse"]),
                                         self.cfg.get("hash_only"))
-        if every or "firewall" in want:
-            out["firewall"] = self.firewall(root_ok)
         if every or "hosts" in want:
             out["hosts"] = _read("/etc/hosts")
         if (every or "workdir" in want) and self.cfg.get("workdir"):
@@ -133,6 +168,8 @@ class Node:
             iface, why = route_interface(self.cfg["master_addr"])
             out["interface"] = iface or None
             out["interface_why"] = why
+        for t in slow:
+            t.join()
         return out
 
     def firewall(self, root_ok: bool) -> dict[str, Any]:
@@ -285,6 +322,31 @@ def main() -> None:
 
     out.write(hello("setup"))
     out.flush()
+    # Requests are served on a worker thread, so that this thread sees the channel end (EOF:
+    # the head went away, Ctrl-C there) even while a command runs, and ends that command:
+    # every step can be re-run, so a re-run brings the node to the same end state.
+    import queue
+
+    requests: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue()
+
+    def serve() -> None:
+        while True:
+            item = requests.get()
+            if item is None:
+                return
+            kind, msg = item
+            try:
+                if kind == "facts":
+                    if "hash_only" in msg:
+                        node.cfg["hash_only"] = msg["hash_only"]
+                    send("facts", node.facts(msg.get("only")))
+                elif kind == "run":
+                    send("done", node.run_step(msg))
+            except OSError:  # the head is gone
+                return
+
+    worker = threading.Thread(target=serve, daemon=True)
+    worker.start()
     for raw in iter(stdin.readline, b""):
         kind, payload = split(raw.decode().rstrip("\n"))
         if kind == "bye":
@@ -295,12 +357,12 @@ def main() -> None:
         if kind == "sudo":
             node.password = msg.get("password")
             node.sudo_mode = node.sudo_facts = None
-        elif kind == "facts":
-            if "hash_only" in msg:
-                node.cfg["hash_only"] = msg["hash_only"]
-            send("facts", node.facts(msg.get("only")))
-        elif kind == "run":
-            send("done", node.run_step(msg))
+        elif kind in ("facts", "run"):
+            requests.put((kind, msg))
+    # bye, or EOF: the head is done or gone (a bye while a command runs is a Ctrl-C there)
+    for p in list(RUNNING):
+        end(p)
+    os._exit(0)
 
 
 if __name__ == "__main__":
