@@ -277,3 +277,44 @@ def test_setup_usage_errors(cli, tmp_path: Path) -> None:
         assert words in err and err.count("error:") == 1 and "Traceback" not in err
     code, _, err = cli("setup")  # no cluster file: the local cluster has nothing to set up
     assert code == 2 and "no cluster file" in err
+
+
+# -- the node program, run here as a node would run it ------------------------------------------
+def test_setup_node_program_facts_and_run(tmp_path: Path) -> None:
+    import ast
+    import json
+    from importlib import resources
+
+    from ptcluster.remote import wire
+    from ptcluster.remote.bootstrap import BOOTSTRAP, INLINED, pack_source, preamble
+    from ptcluster.setup.apply import SETUP
+
+    tree = ast.parse(resources.files("ptcluster.setup").joinpath("node.py").read_text())
+    inlined = {f"{p}.{n[:-3]}" for p, n in INLINED}
+    for node in ast.walk(tree):  # nodes have Python, not ptcluster: stdlib and inlined only
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+        for name in names:
+            assert name.split(".")[0] in sys.stdlib_module_names or name in inlined, name
+    compile(pack_source(SETUP), "setup", "exec")
+    config = {"pubkey": "ssh-ed25519 AAAAnot-there x", "venv": str(tmp_path / "venv"),
+              "wheelhouse": str(tmp_path), "env_file": str(tmp_path / "env"),
+              "packages": ["dpkg", "surely-not-a-package"], "master_addr": "127.0.0.1",
+              "workdir": str(tmp_path / "w")}
+    (tmp_path / "a.whl").write_bytes(b"wheel")
+    requests = b"".join([
+        wire.encode("facts", {"only": ["key", "apt", "venv", "wheels", "env", "workdir"]}),
+        wire.encode("run", {"id": 1, "argv": ["sh", "-c", "cat; echo done"], "input": "in\n"}),
+        wire.encode("bye")])
+    proc = subprocess.run([sys.executable, "-u", "-c", BOOTSTRAP, "setup", "-"],
+                          input=preamble(SETUP, config) + requests, capture_output=True,
+                          timeout=60)
+    frames = [wire.split(line) for line in proc.stdout.decode().splitlines()]
+    assert [k for k, _ in frames] == ["hello", "facts", "done"], proc.stderr
+    facts = json.loads(frames[1][1])
+    assert facts["key_authorized"] is False and facts["venv"] == {"exists": False}
+    assert facts["packages"] == {"dpkg": True, "surely-not-a-package": False}
+    assert facts["wheelhouse"] == {"a.whl": hashlib.sha256(b"wheel").hexdigest()}
+    assert facts["workdir"] == {"path": str(tmp_path / "w"), "exists": False}
+    assert facts["env_file"] is None and facts["interface"] == "lo"
+    assert json.loads(frames[2][1]) == {"id": 1, "rc": 0, "out": "in\ndone\n"}

@@ -316,15 +316,25 @@ class Setup:
             if not self.opts.dry_run:
                 self._parallel(self._apply, selected=True)
                 self._parallel(self._confirm, selected=True)
+        except BaseException:
+            # Ctrl-C (or a bug): the nodes end what they run now; every step can be re-run
+            self._close_sessions("stop")
+            raise
         finally:
-            for session in self.sessions.values():
-                session.channel.send("bye")
-                session.channel.close(time.monotonic() + 5)
+            self._close_sessions("bye")
             if self._askpass is not None:
                 self._askpass.close()
         shown = {h: o for h, o in self.outcomes.items() if not self.only or h in self.only}
         return SetupReport(shown, head, torch, self.opts.dry_run, time.monotonic() - begun,
                            self._wheels_s)
+
+    def _close_sessions(self, how: str) -> None:
+        deadline = time.monotonic() + 5
+        sessions = list(self.sessions.values())  # node threads may still be adding to it
+        for session in sessions:
+            session.channel.send(how)
+        for session in sessions:
+            session.channel.close(deadline)
 
     def _parallel(self, work: Callable[[NodeSpec], None], selected: bool = False) -> None:
         def guarded(node: NodeSpec) -> None:

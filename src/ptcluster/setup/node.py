@@ -7,7 +7,8 @@ by the node's system ``python3``: standard library only, nothing of ptcluster in
   stdin           ``sudo {"password": ...}``   kept in memory only, piped to ``sudo -S``
                   ``facts {"only": [...]}``    -> ``facts {...}``
                   ``run {"id", "argv", "root", "input", "timeout"}`` -> ``done {"id", "rc", "out"}``
-                  ``bye`` or EOF: exit
+                  ``bye``: exit once what was asked is done; ``stop`` or EOF: end the
+                  running command (its process group) and exit
 
 The password never reaches a command line, an environment, a file or a frame sent back: it is
 written to ``sudo -S``'s stdin and scrubbed from any output returned.
@@ -349,7 +350,11 @@ def main() -> None:
     worker.start()
     for raw in iter(stdin.readline, b""):
         kind, payload = split(raw.decode().rstrip("\n"))
-        if kind == "bye":
+        if kind == "bye":  # what was asked is finished first
+            requests.put(None)
+            worker.join()
+            os._exit(0)
+        if kind == "stop":
             break
         if kind == "hb":
             continue
@@ -359,7 +364,7 @@ def main() -> None:
             node.sudo_mode = node.sudo_facts = None
         elif kind in ("facts", "run"):
             requests.put((kind, msg))
-    # bye, or EOF: the head is done or gone (a bye while a command runs is a Ctrl-C there)
+    # stop, or EOF: the head was interrupted (Ctrl-C) or is gone
     for p in list(RUNNING):
         end(p)
     os._exit(0)
