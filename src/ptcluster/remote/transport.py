@@ -128,6 +128,10 @@ def explain_channel_failure(stderr: list[str], exit_code: int | None,
     lines = [line for line in stderr if line.strip()]
     detail = lines[-1] if lines else f"exit status {exit_code}"
     low = detail.lower()
+    if exit_code in (126, 127) and python == AUTO_PYTHON:
+        return (f"no python: neither {SETUP_PYTHON} (made by `ptcluster setup`) nor the head's "
+                f"{sys.executable} is there ({detail})",
+                "run `ptcluster setup`, or set python: to an interpreter that exists there")
     if exit_code in (126, 127) or ("no such file" in low and python in detail):
         return (f"python not found or not executable at {python} ({detail})",
                 "set python: (cluster-wide or for this node) to an interpreter that exists there")
