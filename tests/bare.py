@@ -31,7 +31,17 @@ REPO = Path(__file__).resolve().parents[1]
 USER = "ptuser"
 PASSWORD = "Tb-pw-7f3a9c-secret"
 """The login password of every bare node's user (a test secret: grepped for afterwards)."""
-REMOVED = ("python3-venv", f"python3.{sys.version_info[1]}-venv", "rsync")
+def _system_python() -> str:
+    """``3.X`` of the machine's own python3 (the nodes' Python; the venv's may differ)."""
+    try:
+        out = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(*sys.version_info[:2],"
+                              " sep='.')"], capture_output=True, text=True, timeout=10).stdout
+    except OSError:
+        out = ""
+    return out.strip() or f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+REMOVED = ("python3-venv", f"python{_system_python()}-venv", "rsync")
 """Packages a bare node does not have (setup installs them from the node's apt repository)."""
 
 
