@@ -2,8 +2,10 @@
 # Set up everything the tests need, run ruff and mypy, then the tests. Extra arguments go to
 # pytest.
 # As root it installs the multi-node testbed's system packages (openssh-server, iproute2,
-# nftables) and a real Slurm (slurm-wlm, munge: the daemons are started by the tests, inside
-# the testbed's nodes); without root the testbed tests skip with the reason (in CI they must run).
+# nftables), a real Slurm (slurm-wlm, munge: the daemons are started by the tests, inside
+# the testbed's nodes), and for the bare nodes sudo, ufw, rsync and a local apt repo and
+# wheelhouse (scripts/prepare_testbed.sh); without root the testbed tests skip with the
+# reason (in CI they must run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ]; then
@@ -14,6 +16,14 @@ if [ "$(id -u)" = 0 ]; then
   command -v ssh >/dev/null 2>&1 || missing="$missing openssh-client"
   command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || missing="$missing slurm-wlm"
   command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || missing="$missing munge"
+  # the bare-node testbed (setup, sync): what its nodes get from this machine's root, and the
+  # tools that build their apt repository
+  for tool in sudo:sudo ufw:ufw rsync:rsync dpkg-repack:dpkg-repack dpkg-scanpackages:dpkg-dev; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool%%:*}" ] \
+      || missing="$missing ${tool#*:}"
+  done
+  dpkg-query -W -f '${Status}' python3-venv 2>/dev/null | grep -q "ok installed" \
+    || missing="$missing python3-venv"
   if [ -n "$missing" ]; then
     export DEBIAN_FRONTEND=noninteractive
     # apt must not start munge/slurm daemons on this machine (the tests start their own, in
@@ -31,6 +41,9 @@ if [ "$(id -u)" = 0 ]; then
   fi
 fi
 bash scripts/setup.sh
+if [ "$(id -u)" = 0 ]; then
+  bash scripts/prepare_testbed.sh
+fi
 # Lint and types fail the run like a test does, and first (they take seconds).
 .venv/bin/ruff check .
 .venv/bin/mypy src

@@ -3,6 +3,7 @@
 address, hostname, /etc/hosts and a real sshd, plus a cluster file that uses them.
 
     sudo .venv/bin/python scripts/testbed.py up 3 [--slots 2,1,1]
+    sudo .venv/bin/python scripts/testbed.py up 3 --bare   # own root file systems (tests/bare.py)
     # in another shell: .venv/bin/ptcluster run --cluster <printed path> -m ptcluster.examples.mnist
 
 Ctrl-C (or SIGTERM) tears everything down.
@@ -17,6 +18,8 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests import bare  # noqa: E402
+from tests.bare import BareNode, BareOptions  # noqa: E402
 from tests.testbed import Testbed, TestbedError  # noqa: E402
 
 
@@ -26,6 +29,9 @@ def main() -> int:
     ap.add_argument("nodes", type=int, nargs="?", default=3)
     ap.add_argument("--slots", help="comma-separated slots per node (default 1 each)")
     ap.add_argument("--cluster", default="testbed-cluster.yaml", help="where to write it")
+    ap.add_argument("--bare", action="store_true",
+                    help="nodes with their own root file system, a password login and no key "
+                    "(sudo with a password on node 0, NOPASSWD on node 1, ufw on node 2)")
     args = ap.parse_args()
     slots = [int(s) for s in args.slots.split(",")] if args.slots else [1] * args.nodes
     if len(slots) != args.nodes:
@@ -34,13 +40,21 @@ def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     try:
-        bed = Testbed(args.nodes)
+        bed = Testbed(args.nodes, bare=BareOptions(nodes=(
+            BareNode(sudo="password"), BareNode(sudo="nopasswd"), BareNode(ufw=True),
+        )) if args.bare else False)
     except TestbedError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     with bed:
         path = Path(args.cluster).resolve()
-        path.write_text(bed.cluster_yaml(slots, python=sys.executable, workdir=str(Path.cwd())))
+        if args.bare:
+            path.write_text(bed.cluster_yaml(slots, workdir="~/project", extra=(
+                f"# login: {bare.USER}, password: {bare.PASSWORD}; then `ptcluster setup "
+                "--accept-new-host-keys`\n")))
+        else:
+            path.write_text(bed.cluster_yaml(slots, python=sys.executable,
+                                             workdir=str(Path.cwd())))
         for node in bed.nodes:
             print(f"{node.name:<16} {node.addr:<15} netns {node.netns}")
         print(f"cluster file: {path}")

@@ -7,6 +7,10 @@ Needs root, iproute2, openssh-server and util-linux's unshare. Names are unique 
 live in the testbed's own namespaces. Traffic goes only to the testbed's own addresses.
 
 By hand:  .venv/bin/python scripts/testbed.py up 3    (prints the cluster file; Ctrl-C ends it)
+
+``Testbed(n, bare=BareOptions(...))`` (``scripts/testbed.py up --bare``) makes nodes with their
+own root file systems instead (see ``tests/bare.py``): a password login, no key, no venv, an apt
+repository of their own. The shared-root mode (default) stays the fast one.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests import bare as bare_nodes
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -62,10 +68,17 @@ class Node:
 
 
 class Testbed:
-    def __init__(self, n: int, root: Path | None = None) -> None:
+    def __init__(self, n: int, root: Path | None = None, *,
+                 bare: bare_nodes.BareOptions | bool = False) -> None:
         why = available()
+        if not why and bare:
+            why = bare_nodes.available()
         if why:
             raise TestbedError(why)
+        self.bare = (bare if isinstance(bare, bare_nodes.BareOptions) else
+                     bare_nodes.BareOptions()) if bare else None
+        self.sshd_pids: dict[int, int] = {}
+        """Bare nodes: the pid of each node's sshd (its root is /proc/PID/root)."""
         self.id = secrets.token_hex(3)
         self.dir = (root or Path.home() / ".cache" / "ptcluster-testbed") / self.id
         self.bridge = f"ptcb{self.id}"
@@ -107,21 +120,39 @@ class Testbed:
             self.hosts_file(node).write_text(self.hosts_text)
         known, config = [], []
         for node in self.nodes:
-            self._add_node(node)
+            if self.bare:
+                self._add_bare_node(node)
+            else:
+                self._add_node(node)
             pub = (self.dir / f"host{node.index}.pub").read_text().split()
             known.append(f"{node.name},{node.addr} {pub[0]} {pub[1]}")
             config.append(f"Host {node.name} {node.addr}\n  HostName {node.addr}\n")
         config.append(f"Host {self.unused_addr}\n  HostName {self.unused_addr}\n")
-        (self.dir / "known_hosts").write_text("\n".join(known) + "\n")
-        config.append(
-            "Host *\n  User root\n"
-            f"  IdentityFile {self.key}\n  IdentitiesOnly yes\n"
-            f"  UserKnownHostsFile {self.dir / 'known_hosts'}\n  GlobalKnownHostsFile /dev/null\n"
-            "  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 5\n"
-            "  LogLevel ERROR\n")
+        self.known_hosts_lines = known
+        if self.bare:
+            # a new user's head: no key on the nodes, their host keys not yet known
+            (self.dir / "known_hosts").write_text("")
+            config.append(
+                f"Host *\n  User {bare_nodes.USER}\n  IdentitiesOnly yes\n"
+                f"  UserKnownHostsFile {self.dir / 'known_hosts'}\n"
+                "  GlobalKnownHostsFile /dev/null\n"
+                "  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 5\n"
+                "  LogLevel ERROR\n")
+        else:
+            (self.dir / "known_hosts").write_text("\n".join(known) + "\n")
+            config.append(
+                "Host *\n  User root\n"
+                f"  IdentityFile {self.key}\n  IdentitiesOnly yes\n"
+                f"  UserKnownHostsFile {self.dir / 'known_hosts'}\n"
+                "  GlobalKnownHostsFile /dev/null\n"
+                "  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 5\n"
+                "  LogLevel ERROR\n")
         self.ssh_config.write_text("\n".join(config))
         for node in self.nodes:
-            self._wait_ssh(node)
+            if self.bare:
+                self._wait_port(node)
+            else:
+                self._wait_ssh(node)
 
     def _add_node(self, node: Node) -> None:
         _run("ip", "netns", "add", node.netns)
@@ -145,6 +176,67 @@ class Testbed:
         script = (f"hostname {node.name} && mount --bind {self.hosts_file(node)} /etc/hosts && "
                   f"exec {SSHD} -f {conf} -E {self.dir / f'sshd{node.index}.log'}")
         _run(*ns, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script)
+
+    def _add_bare_node(self, node: Node) -> None:
+        assert self.bare is not None
+        _run("ip", "netns", "add", node.netns)
+        _run("ip", "link", "add", node.veth_host, "type", "veth", "peer", "name", "veth0",
+             "netns", node.netns)
+        _run("ip", "link", "set", node.veth_host, "master", self.bridge)
+        _run("ip", "link", "set", node.veth_host, "up")
+        ns = ("ip", "netns", "exec", node.netns)
+        _run(*ns, "ip", "addr", "add", f"{node.addr}/{self.subnet.prefixlen}", "dev", "veth0")
+        _run(*ns, "ip", "link", "set", "veth0", "up")
+        _run(*ns, "ip", "link", "set", "lo", "up")
+        hostkey = self.dir / f"host{node.index}"
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hostkey))
+        base = self.dir / f"root{node.index}"
+        upper, work, merged = base / "upper", base / "work", base / "merged"
+        for d in (upper, work, merged):
+            d.mkdir(parents=True)
+        opts = self.bare.node(node.index)
+        bare_nodes.prepare_upper(upper, name=node.name, addr=node.addr, opts=opts,
+                                 hostkey=hostkey)
+        script = bare_nodes.node_script(name=node.name, merged=merged, upper=upper, work=work,
+                                        tag=f"{self.id}n{node.index}", opts=opts)
+        try:
+            self.sshd_pids[node.index] = bare_nodes.start_node(
+                node.netns, script, bare_nodes.users_of(opts))
+        except RuntimeError as exc:
+            raise TestbedError(str(exc)) from None
+
+    def upper_dir(self, node: Node) -> Path:
+        """A bare node's writes (its overlay's upper dir), readable from this machine."""
+        return self.dir / f"root{node.index}" / "upper"
+
+    def node_root(self, node: Node) -> Path:
+        """A bare node's root file system as this machine sees it (through its sshd)."""
+        return Path(f"/proc/{self.sshd_pids[node.index]}/root")
+
+    def root_exec(self, node: Node, *argv: str, input: str | None = None,
+                  timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` as root inside a bare node (its namespaces and its root)."""
+        pid = str(self.sshd_pids[node.index])
+        return subprocess.run(["nsenter", "-t", pid, "-m", "-u", "-n", "-r", "-w", *argv],
+                              input=input, capture_output=True, text=True, timeout=timeout)
+
+    def trust_host_keys(self) -> None:
+        """Put every node's host key in the head's known_hosts (what --accept-new-host-keys
+        does)."""
+        (self.dir / "known_hosts").write_text("\n".join(self.known_hosts_lines) + "\n")
+
+    def _wait_port(self, node: Node, timeout: float = 15) -> None:
+        import socket
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection((node.addr, 22), timeout=1):
+                    return
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise TestbedError(f"sshd on {node.name} never answered: {exc}") from None
+                time.sleep(0.1)
 
     def _wait_ssh(self, node: Node, timeout: float = 15) -> None:
         deadline = time.monotonic() + timeout

@@ -20,7 +20,9 @@ from ptcluster.cli import (
     init_cmd,
     monitor_cmd,
     run_cmd,
+    setup_cmd,
     submit_cmd,
+    sync_cmd,
 )
 from ptcluster.cli.common import CliState
 from ptcluster.errors import PtclusterError
@@ -52,6 +54,8 @@ cli.add_command(doctor_cmd.doctor)
 cli.add_command(bench_cmd.bench)
 cli.add_command(monitor_cmd.monitor)
 cli.add_command(submit_cmd.submit_job)
+cli.add_command(setup_cmd.setup)
+cli.add_command(sync_cmd.sync)
 
 
 class _StderrHandler(logging.Handler):

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from ptcluster.cli.common import NPROC, PORT, cluster_option, load_spec, quiet
 from ptcluster.cli.doctor_cmd import render
+from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
 from ptcluster.launch.job import prepare, restarts, run_dir_for, transports
@@ -39,6 +40,8 @@ from ptcluster.spec.slurm import ended_by_slurm
               "(default: ./ptcluster-runs).")
 @click.option("--preflight", is_flag=True, help="Run the doctor's fast checks first; refuse to "
               "launch when one fails.")
+@click.option("--sync", "sync_first", is_flag=True, help="First copy the project to every "
+              "node's workdir (as `ptcluster sync`).")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="Restart the whole job after a failure, at most this many times (on the "
               "nodes that remain; the job resumes from its last checkpoint).")
@@ -47,8 +50,8 @@ from ptcluster.spec.slurm import ended_by_slurm
               "them, i.e. a lost node ends the job).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
-        runs_dir: str | None, preflight: bool, max_restarts: int, min_nodes: int | None,
-        args: tuple[str, ...]) -> None:
+        runs_dir: str | None, preflight: bool, sync_first: bool, max_restarts: int,
+        min_nodes: int | None, args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
@@ -61,6 +64,8 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     policy = RestartPolicy(max_restarts=max_restarts,
                            min_nodes=len(spec.nodes) if min_nodes is None else min_nodes)
     err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+    if sync_first and not all(r.ok for r in run_sync(spec, err, show=not quiet())):
+        sys.exit(1)
     plan = prepare(spec, target, port=port, max_restarts=max_restarts)
     if preflight:
         report = run_preflight(spec, plan.master_port)

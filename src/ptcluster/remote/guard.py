@@ -188,7 +188,8 @@ class Guard:
                 prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
         self.child = subprocess.Popen(
-            self.cfg["argv"], cwd=self.cfg["workdir"], env=env, stdin=subprocess.DEVNULL,
+            node_python(self.cfg["argv"]), cwd=self.cfg["workdir"], env=env,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=child_setup,
         )
         self.send("started", {"pid": self.child.pid})
@@ -283,6 +284,16 @@ def under_slurm() -> bool:
     action for SIGUSR2 is to die, must survive it.
     """
     return "SLURM_STEP_ID" in os.environ
+
+
+def node_python(argv: list[str]) -> list[str]:
+    """torchrun's argv with the interpreter resolved here: ``auto`` (the cluster file's default
+    ``python:``) is the interpreter this guard runs on, and ``~/`` is this node's home."""
+    out = list(argv)
+    for i, word in enumerate(out):
+        if i == 0 or out[i - 1] == "--no-python":
+            out[i] = sys.executable if word == "auto" else os.path.expanduser(word)
+    return out
 
 
 def check_target(target: dict[str, Any], workdir: str) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from ptcluster.spec.model import NodeSpec, SshSpec
+from ptcluster.spec.model import AUTO_PYTHON, SETUP_PYTHON, NodeSpec, SshSpec
 
 # Defaults a user's `ssh.options` may override (ssh keeps the first value it sees, so the
 # user's options come first on the command line).
@@ -52,7 +53,11 @@ class LocalTransport(Transport):
     host: str = "localhost"
 
     def argv(self, node_argv: list[str]) -> list[str]:
-        return [os.path.expanduser(node_argv[0]), *node_argv[1:]]
+        program = node_argv[0]
+        if program == AUTO_PYTHON:
+            setup_venv = os.path.expanduser(SETUP_PYTHON)
+            program = setup_venv if os.access(setup_venv, os.X_OK) else sys.executable
+        return [os.path.expanduser(program), *node_argv[1:]]
 
 
 @dataclass
@@ -66,8 +71,13 @@ class SshTransport(Transport):
 
 def remote_command(argv: list[str]) -> str:
     """``argv`` as one string for the node's shell: every word quoted, except that a leading
-    ``~/`` of the program stays bare so that the node's shell expands it to the node's home."""
+    ``~/`` of the program stays bare so that the node's shell expands it to the node's home, and
+    the program ``auto`` (the default ``python:``) is chosen by the node's shell."""
     head, rest = argv[0], argv[1:]
+    if head == AUTO_PYTHON:
+        # the venv `ptcluster setup` made, where the node has one; else the head's path
+        return (f'p={SETUP_PYTHON.replace("~", "$HOME", 1)}; [ -x "$p" ] || p='
+                f'{shlex.quote(sys.executable)}; exec "$p" {shlex.join(rest)}')
     if head.startswith("~/"):
         return "~/" + shlex.join([head[2:], *rest])
     return shlex.join(argv)
@@ -121,6 +131,10 @@ def explain_channel_failure(stderr: list[str], exit_code: int | None,
     lines = [line for line in stderr if line.strip()]
     detail = lines[-1] if lines else f"exit status {exit_code}"
     low = detail.lower()
+    if exit_code in (126, 127) and python == AUTO_PYTHON:
+        return (f"no python: neither {SETUP_PYTHON} (made by `ptcluster setup`) nor the head's "
+                f"{sys.executable} is there ({detail})",
+                "run `ptcluster setup`, or set python: to an interpreter that exists there")
     srun = [line for line in lines  # not "srun: error: sl0: task 0: Exited with exit code 1"
             if line.startswith("srun: error:") and ": task " not in line]
     if srun:  # Slurm refused or lost the step (remote/slurm.py)

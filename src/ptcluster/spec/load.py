@@ -15,6 +15,7 @@ import yaml
 
 from ptcluster.errors import SpecError
 from ptcluster.spec.model import (
+    AUTO_PYTHON,
     BACKENDS,
     DEFAULT_MASTER_PORT,
     ClusterSpec,
@@ -84,7 +85,7 @@ def spec_from_data(data: Any, source: str) -> ClusterSpec:
                      did_you_mean(str(backend), BACKENDS))
     interface = r.interface(top["interface"], "interface") if "interface" in top else None
     python = r.text(top["python"], "python", "the interpreter path on the nodes") \
-        if "python" in top else sys.executable
+        if "python" in top else AUTO_PYTHON
     workdir = r.text(top["workdir"], "workdir", "a directory present on every node") \
         if "workdir" in top else os.getcwd()
     ssh = _ssh(r, top["ssh"], "ssh") if "ssh" in top else SshSpec()

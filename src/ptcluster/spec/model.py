@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 
 BACKENDS = ("auto", "nccl", "gloo")
 DEFAULT_MASTER_PORT = 29500
+AUTO_PYTHON = "auto"
+"""``python:`` when a cluster file sets none: on each node the venv ``ptcluster setup`` made
+(``SETUP_PYTHON``) where it exists, else the head's own interpreter path."""
+SETUP_PYTHON = "~/.ptcluster/venv/bin/python"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +57,7 @@ class NodeSpec:
     interface: str | None = None
     """NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME on this node; None: detected on the node."""
     python: str
-    """Interpreter on the node."""
+    """Interpreter on the node (``auto``: see ``AUTO_PYTHON``)."""
     workdir: str
     """Working directory of the job on the node."""
     ssh: SshSpec = field(default_factory=SshSpec)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
-from ptcluster.spec.model import DEFAULT_MASTER_PORT, ClusterSpec, SshSpec
+from ptcluster.spec.model import AUTO_PYTHON, DEFAULT_MASTER_PORT, ClusterSpec, SshSpec
 
 
 def _q(value: str) -> str:
@@ -15,7 +14,7 @@ def _q(value: str) -> str:
 
 
 def render_cluster_yaml(spec: ClusterSpec) -> str:
-    default_python, default_workdir = sys.executable, os.getcwd()
+    default_python, default_workdir = AUTO_PYTHON, os.getcwd()
     first = spec.nodes[0]
     common_if = first.interface if all(n.interface == first.interface for n in spec.nodes) else None
     common_ssh = first.ssh if all(n.ssh == first.ssh for n in spec.nodes) else SshSpec()
@@ -47,7 +46,8 @@ def render_cluster_yaml(spec: ClusterSpec) -> str:
     out.append("# NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME on every node; detected when absent.")
     out.append(f"interface: {_q(common_if)}" if common_if else "# interface: eth0")
     out.append("")
-    out.append("# Interpreter and working directory on the nodes (default: the head's own).")
+    out.append("# Interpreter on the nodes (default: the venv `ptcluster setup` makes, where it")
+    out.append("# exists, else the head's own path) and working directory (default: the head's).")
     out.append("# python: /opt/venv/bin/python")
     out.append("# workdir: /shared/project")
     out.append("")

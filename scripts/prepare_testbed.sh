@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Artifacts the bare-node testbed needs, made at install time (as root, network allowed) so that
+# nothing is downloaded while the tests run. Idempotent and quick when already there.
+#   $PTC_TESTBED_CACHE/apt/     a `file:` apt repository: the packages the bare nodes lack
+#                               (python3-venv, python3.X-venv, rsync), repacked from this machine's
+#                               installed ones so their versions match its dpkg database exactly
+#   $PTC_TESTBED_CACHE/wheels/  the head's wheelhouse source: torch (pinned) and ptcluster's deps
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CACHE="${PTC_TESTBED_CACHE:-/var/cache/ptcluster-testbed}"
+PY="${1:-.venv/bin/python}"
+mkdir -p "$CACHE/apt" "$CACHE/wheels"
+pyver="$(/usr/bin/python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+pkgs="python3-venv python${pyver}-venv rsync"
+stamp="$CACHE/apt/.made-from"
+want="$(dpkg-query -W -f '${Package}=${Version} ' $pkgs)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ ! -f "$CACHE/apt/Packages.gz" ]; then
+  rm -f "$CACHE"/apt/*.deb
+  (cd "$CACHE/apt" && dpkg-repack $pkgs >/dev/null 2>&1 &&
+   dpkg-scanpackages --multiversion . /dev/null 2>/dev/null | gzip -9 > Packages.gz)
+  echo "$want" > "$stamp"
+fi
+# The wheels for the nodes: the head downloads them into its wheelhouse at test time with
+# PIP_NO_INDEX=1 PIP_FIND_LINKS=$CACHE/wheels (an air-gapped head with a local mirror).
+if ! ls "$CACHE"/wheels/torch-2.13.0*.whl >/dev/null 2>&1 || [ ! -f "$CACHE/wheels/.complete" ]; then
+  "$PY" -m pip download -q -c constraints.txt -d "$CACHE/wheels" torch==2.13.0 click rich PyYAML \
+    psutil >/dev/null
+  touch "$CACHE/wheels/.complete"
+fi

@@ -1,0 +1,164 @@
+"""Prepare every node: key, packages, a venv with torch, firewall, /etc/hosts, env file."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ptcluster.cli.common import SECONDS, cluster_option, load_spec, quiet
+from ptcluster.errors import UsageError
+from ptcluster.setup import plan as P
+from ptcluster.setup.apply import SetupOptions, SetupReport, run_setup
+from ptcluster.setup.secret import Secret, read_password_file
+from ptcluster.setup.torch_choice import VARIANT
+from ptcluster.setup.wheels import DEFAULT_WHEELHOUSE
+
+STYLE = {P.OK: "[green]ok[/green]", P.CHANGE: "[yellow]change[/yellow]",
+         P.BLOCKED: "[bold red]blocked[/bold red]"}
+
+
+@click.command(help=__doc__ + "\n\nAfter it, `ptcluster doctor` and `ptcluster run` use the "
+               "venv it made (~/.ptcluster/venv) on every node whose cluster file sets no "
+               "`python:`.")
+@cluster_option
+@click.option("--dry-run", is_flag=True, help="Show each node's plan (ok / change / blocked, "
+              "with the exact commands); change nothing.")
+@click.option("--check", is_flag=True, help="Like --dry-run; exit 1 when a change is pending.")
+@click.option("--json", "as_json", is_flag=True, help="The plan and the outcome as JSON.")
+@click.option("--password-file", metavar="FILE", help="The nodes' login (and sudo) password, "
+              "first line of FILE (mode 600). Default: asked once at the terminal, when needed.")
+@click.option("--torch-backend", default="auto", show_default=True,
+              help="auto (from the nodes' GPUs and drivers), cpu, or a CUDA build (cu126, ...).")
+@click.option("--node", "nodes", multiple=True, metavar="HOST",
+              help="Set up only this node (repeatable).")
+@click.option("--accept-new-host-keys", is_flag=True,
+              help="Trust the host key of a node seen for the first time (never a changed one).")
+@click.option("--wheelhouse", default=DEFAULT_WHEELHOUSE, show_default=True, metavar="DIR",
+              help="Where the head keeps the wheels it downloads once for every node.")
+@click.option("--timeout", type=SECONDS, default=60.0, show_default=True,
+              help="Seconds for a node to answer (commands have their own limits).")
+def setup(cluster: str | None, dry_run: bool, check: bool, as_json: bool,
+          password_file: str | None, torch_backend: str, nodes: tuple[str, ...],
+          accept_new_host_keys: bool, wheelhouse: str, timeout: float) -> None:
+    spec = load_spec(cluster)
+    if spec.local:
+        raise UsageError("setup prepares remote nodes, and no cluster file is in use",
+                         "pass --cluster FILE (write one with `ptcluster init --hosts ...`)")
+    if torch_backend != "auto" and not VARIANT.match(torch_backend):
+        raise UsageError(f"--torch-backend {torch_backend!r} is not auto, cpu or cuXYZ",
+                         "pass e.g. --torch-backend cu128")
+    hosts = [n.host for n in spec.nodes]
+    for host in nodes:
+        if host not in hosts:
+            raise UsageError(f"--node {host}: not in {spec.source}",
+                             f"pick one of: {', '.join(hosts)}")
+    secret = read_password_file(password_file) if password_file else None
+    opts = SetupOptions(dry_run=dry_run or check, accept_new_host_keys=accept_new_host_keys,
+                        torch_backend=torch_backend, wheelhouse=wheelhouse, timeout=timeout)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    live = not as_json and not quiet()
+
+    def password() -> Secret | None:
+        if secret is not None:
+            return secret
+        if not sys.stdin.isatty():
+            return None
+        return Secret(getpass.getpass("password for the nodes (login and sudo): "))
+
+    def on_event(host: str, text: str) -> None:
+        if live:
+            err.print(f"[dim]{host}:[/dim] {text}", markup=True)
+
+    report = run_setup(spec, opts, password=password, on_event=on_event,
+                       only=list(nodes) or None, known_password=secret)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+        render(out, report)
+    sys.exit(exit_code(report, check=check, dry_run=dry_run))
+
+
+def exit_code(report: SetupReport, *, check: bool, dry_run: bool) -> int:
+    reached = all(n.problem is None for n in report.nodes.values())
+    if check:
+        return 0 if report.converged else 1
+    if dry_run:
+        return 0 if reached else 1
+    return 0 if report.converged else 1
+
+
+def render(console: Console, report: SetupReport) -> None:
+    """Dry run: each node's plan with its commands. Apply: what changed, then the node x step
+    table of the end state, then the problems with their fixes."""
+    for step in report.head:
+        if step.status != P.OK:
+            console.print(f"head: {STYLE[step.status]} {step.name}: {step.why}", markup=True)
+            for cmd in step.commands("head"):
+                console.print(f"      $ {cmd}", markup=False)
+    if report.torch is not None:
+        t = report.torch
+        console.print(f"torch: {t.local_version if t.variant else t.problem} "
+                      f"({t.why or t.fix})", markup=False)
+    if report.dry_run:
+        for n in report.nodes.values():
+            console.print(f"[bold]{n.host}[/bold] ({n.addr}, {n.connection or 'no login'})",
+                          markup=True)
+            if n.problem:
+                console.print(f"  [bold red]FAIL[/bold red] {n.problem}. Fix: {n.fix}",
+                              markup=True)
+            for s in n.before:
+                console.print(f"  {STYLE[s.status]} {s.name}: {s.why}", markup=True)
+                for cmd in s.commands(n.host) if s.status != P.OK else []:
+                    console.print(f"      $ {cmd}", markup=False)
+        pending = sum(P.pending(n.before) for n in report.nodes.values() if not n.problem)
+        unreached = sum(bool(n.problem) for n in report.nodes.values())
+        console.print((f"{pending} node(s) with changes pending" if pending else
+                       "no changes pending") + (f"; {unreached} node(s) not reached"
+                                                if unreached else ""), markup=False)
+        return
+    table = Table(title="ptcluster setup", title_justify="left")
+    table.add_column("step")
+    hosts = list(report.nodes)
+    for host in hosts:
+        table.add_column(host)
+    changed = {(h, s) for h, n in report.nodes.items() for s, r, _ in n.applied if r == "changed"}
+    failed = {(h, s) for h, n in report.nodes.items() for s, r, _ in n.applied if r == "failed"}
+    for name in P.STEPS:
+        cells = []
+        for host in hosts:
+            final = {s.name: s for s in report.nodes[host].final}
+            if (host, name) in failed:
+                cells.append("[bold red]FAILED[/bold red]")
+            elif name not in final:
+                cells.append("[dim]-[/dim]")
+            elif (host, name) in changed and final[name].status == P.OK:
+                cells.append("[cyan]changed[/cyan]")
+            else:
+                cells.append(STYLE[final[name].status])
+        table.add_row(name, *cells)
+    console.print(table)
+    for host, n in report.nodes.items():
+        if n.problem:
+            console.print(f"  [bold red]FAIL[/bold red] {host}: {n.problem}. Fix: {n.fix}",
+                          markup=True)
+        for name, r, d in n.applied:
+            if r == "failed":
+                console.print(f"  [bold red]FAILED[/bold red] {host}: {name}: {d.strip()[-500:]}",
+                              markup=True)
+        for step in n.final:
+            if step.status == P.BLOCKED:
+                console.print(f"  {STYLE[step.status]} {host}: {step.name}: {step.why}",
+                              markup=True)
+                for cmd in step.commands(host):
+                    console.print(f"      $ {cmd}", markup=False)
+    n_changed = len(changed)
+    verdict = ("[green]every node converged[/green]" if report.converged else
+               "[red]not every node converged[/red]")
+    console.print(f"{verdict}; {n_changed} change(s) made" + (
+        "" if n_changed else " (nothing to do)") + f" ({report.duration:.1f} s)", markup=True)

@@ -1,0 +1,47 @@
+"""Copy the project (what git tracks or would track; never .git) to every node's workdir."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+
+from ptcluster.cli.common import cluster_option, load_spec, quiet
+from ptcluster.remote.sync import SyncResult, sync_project
+from ptcluster.spec import ClusterSpec
+
+
+@click.command(help=__doc__ + "\n\nrsync over the cluster's ssh options (only what changed); "
+               "tar over ssh on a node without rsync.")
+@cluster_option
+@click.option("--json", "as_json", is_flag=True, help="Per node: method, files sent, problem.")
+def sync(cluster: str | None, as_json: bool) -> None:
+    spec = load_spec(cluster)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    results = run_sync(spec, err, show=not as_json and not quiet())
+    if as_json:
+        click.echo(json.dumps([r.__dict__ for r in results], indent=2))
+    sys.exit(0 if all(r.ok for r in results) else 1)
+
+
+def run_sync(spec: ClusterSpec, console: Console, *, show: bool = True) -> list[SyncResult]:
+    """Sync to every node, one line per node as it finishes, every failure with its fix."""
+    if spec.local:
+        if show:
+            console.print("[dim]ptcluster: local cluster: the workdir is this directory, "
+                          "nothing to sync[/dim]", markup=True)
+        return []
+
+    def done(r: SyncResult) -> None:
+        if not show:
+            return
+        if r.ok:
+            console.print(f"[dim]ptcluster: synced {r.host}: {r.sent} file(s) sent ({r.method}, "
+                          f"{r.seconds:.1f} s)[/dim]", markup=True)
+        else:
+            console.print(f"[red]sync failed on {r.host}[/red]: {r.problem}. Fix: {r.fix}",
+                          markup=True)
+
+    return sync_project(spec, on_done=done)

@@ -1,0 +1,329 @@
+"""What setup does on each node: a pure function of the facts of every node.
+
+Per node, in order, each step is ``ok`` (its fact proves it done), ``change`` (with the exact
+commands apply runs) or ``blocked`` (why, and the commands an admin can run instead). Apply
+re-plans a step from fresh facts right before acting, so a step is only ever run when its own
+fact still says it is needed.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from ptcluster.setup.torch_choice import TorchChoice
+
+OK, CHANGE, BLOCKED = "ok", "change", "blocked"
+PACKAGES = ("python3-venv", "python3-dev", "build-essential", "rsync")
+VENV = "~/.ptcluster/venv"
+VENV_PYTHON = VENV + "/bin/python"
+WHEELHOUSE = "~/.ptcluster/wheelhouse"
+ENV_FILE = "~/.ptcluster/env"
+HOSTS_BEGIN = "# BEGIN ptcluster: cluster nodes (managed by `ptcluster setup`, edits are replaced)"
+HOSTS_END = "# END ptcluster"
+STEPS = ("ssh key", "sudo", "os", "gpu driver", "apt packages", "python venv", "wheels",
+         "torch + ptcluster", "firewall", "/etc/hosts", "env file", "workdir")
+"""Every step, in the order apply runs them (the connection comes before all of them)."""
+ROOT_STEPS = ("apt packages", "firewall", "/etc/hosts")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One command: on the node over the setup channel, or a copy from the head."""
+
+    argv: tuple[str, ...]
+    kind: str = "node"
+    """``node``: run on the node; ``copy``: the head copies ``argv`` (wheel names) over ssh."""
+    root: bool = False
+    input: str | None = None
+    """Data for the command's stdin (file contents; never a password)."""
+    timeout: float = 600.0
+    env: tuple[tuple[str, str], ...] = ()
+
+    def display(self, host: str = "NODE") -> str:
+        if self.kind == "copy":
+            return (f"tar -C <head wheelhouse> -cf - {shlex.join(self.argv)} | ssh {host} "
+                    f"'mkdir -p {WHEELHOUSE} && tar -C {WHEELHOUSE} -xf -'")
+        argv = (["env", *[f"{k}={v}" for k, v in self.env]] if self.env else []) + [*self.argv]
+        text = ("sudo " if self.root else "") + shell_words(argv)
+        if self.input is not None:
+            text += f"  # stdin: {len(self.input.splitlines())} lines"
+        return text
+
+
+def shell_words(argv: list[str]) -> str:
+    """``argv`` as a shell would need it typed, with a leading ``~/`` left bare (the node's
+    home, as the node program expands it)."""
+    return " ".join("~/" + shlex.quote(w[2:]) if w.startswith("~/") and len(w) > 2 else
+                    shlex.quote(w) for w in argv)
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    status: str
+    why: str = ""
+    actions: tuple[Action, ...] = ()
+
+    def commands(self, host: str = "NODE") -> list[str]:
+        return [a.display(host) for a in self.actions]
+
+    def to_json(self, host: str = "NODE") -> dict[str, Any]:
+        return {"step": self.name, "status": self.status, "why": self.why,
+                "commands": self.commands(host)}
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What every node's plan may depend on beyond its own facts."""
+
+    pubkey: str
+    torch: TorchChoice
+    self_version: str
+    """The ptcluster version the nodes get (``wheels.self_version``)."""
+    python: str
+    """The head's Python (major.minor): the wheels are for it."""
+    addrs: dict[str, str]
+    """host -> cluster address (as the head reaches it)."""
+    hostnames: dict[str, str]
+    """host -> the node's own hostname (nodes whose facts are known)."""
+    master_addr: str
+    """MASTER_ADDR as ``ptcluster run`` sets it (the cluster file's master address)."""
+    master_port: int
+    interfaces: dict[str, str | None] = field(default_factory=dict)
+    """host -> interface from the cluster file (None: the node's route to the master)."""
+    manifest: dict[str, str] | None = None
+    """The head's wheelhouse {file: sha256}; None until it has been prepared."""
+
+
+def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
+    """Every step for one node, from its facts (see ``setup.node``) and the cluster's."""
+    steps: list[Step] = []
+    sudo = facts["sudo"]["mode"]
+    root_ok = sudo in ("root", "nopasswd", "password")
+
+    if facts.get("key_authorized"):
+        steps.append(Step("ssh key", OK, "the head's key is authorized"))
+    else:
+        steps.append(Step("ssh key", CHANGE, "the head's key is not in ~/.ssh/authorized_keys", (
+            Action(("sh", "-c", "umask 077 && mkdir -p ~/.ssh && cat >> ~/.ssh/authorized_keys"),
+                   input=cf.pubkey.strip() + "\n"),)))
+
+    sudo_why = {"root": "logged in as root", "nopasswd": "sudo without a password",
+                "password": "sudo with the password (checked)",
+                "needs-password": "sudo needs a password and none was given",
+                "wrong-password": "sudo refused the password",
+                }.get(sudo, facts["sudo"].get("why") or "no sudo")
+    steps.append(Step("sudo", OK if root_ok else BLOCKED, sudo_why))
+
+    os_ = facts["os"]
+    family = {os_.get("ID", "")} | set(os_.get("ID_LIKE", "").split())
+    debian = bool(family & {"debian", "ubuntu"})
+    steps.append(Step("os", OK if debian else BLOCKED, os_.get("PRETTY_NAME") or os_.get("ID")
+                      if debian else f"{os_.get('PRETTY_NAME') or 'unknown OS'}: setup knows "
+                      "Debian and Ubuntu only (apt); prepare this node by hand"))
+
+    gpu = facts["gpu"]
+    if gpu["count"] and not gpu["driver"]:
+        steps.append(Step("gpu driver", BLOCKED, f"{gpu['count']} NVIDIA GPU(s) but no driver: "
+                          "install it (e.g. `sudo ubuntu-drivers install`) and reboot; setup "
+                          "never installs drivers"))
+    else:
+        steps.append(Step("gpu driver", OK, f"driver {gpu['driver']}, {gpu['count']} GPU(s)"
+                          if gpu["count"] else "no NVIDIA GPU"))
+
+    missing = [p for p, ok in facts["packages"].items() if not ok]
+    if not missing:
+        steps.append(Step("apt packages", OK, "installed: " + ", ".join(facts["packages"])))
+    else:
+        apt = Action(("sh", "-c", "dpkg --configure -a && apt-get update -q && apt-get install "
+                      "-y -q -o DPkg::Lock::Timeout=300 " + shlex.join(missing)),
+                     root=True, env=(("DEBIAN_FRONTEND", "noninteractive"),), timeout=1800)
+        steps.append(_root_step("apt packages", root_ok and debian, "missing: " +
+                                ", ".join(missing), (apt,), sudo_why if debian else "not apt"))
+    apt_pending = bool(missing)
+
+    venv = facts["venv"]
+    node_py = facts["python"]
+    if node_py != cf.python:
+        steps.append(Step("python venv", BLOCKED, f"the node's python3 is {node_py}, the head's "
+                          f"is {cf.python} (the wheels are the head's): install python{cf.python} "
+                          "there, or run setup from a head with the nodes' Python"))
+    elif venv.get("exists") and venv.get("ok"):
+        steps.append(Step("python venv", OK, f"{VENV} (Python {venv.get('python')})"))
+    else:
+        make = Action(("sh", "-c", f"rm -rf {VENV} && python3 -m venv {VENV}"))
+        if apt_pending and not (root_ok and debian):
+            steps.append(Step("python venv", BLOCKED, "needs python3-venv (apt packages)",
+                              (make,)))
+        else:
+            steps.append(Step("python venv", CHANGE, "no working venv at " + VENV, (make,)))
+    venv_ready = steps[-1].status == OK
+    venv_possible = steps[-1].status != BLOCKED
+
+    dists = venv.get("dists") or {}
+    want = {"torch": cf.torch.local_version, "ptcluster": cf.self_version}
+    have_all = venv_ready and all(dists.get(k) == v for k, v in want.items())
+    if cf.torch.variant is None:
+        steps.append(Step("wheels", BLOCKED, cf.torch.problem or "no torch build fits"))
+        steps.append(Step("torch + ptcluster", BLOCKED, f"{cf.torch.problem}. Fix: {cf.torch.fix}"))
+    elif have_all:
+        steps.append(Step("wheels", OK, "nothing to copy: the venv has what it needs"))
+        steps.append(Step("torch + ptcluster", OK, f"torch {want['torch']}, ptcluster "
+                          f"{want['ptcluster']} ({cf.torch.why})"))
+    elif not venv_possible:
+        steps.append(Step("wheels", BLOCKED, "not copied: the venv cannot be made (see above)"))
+        steps.append(Step("torch + ptcluster", BLOCKED, "needs the venv (see above)"))
+    else:
+        node_wheels: dict[str, str] = facts.get("wheelhouse") or {}
+        if cf.manifest is None:
+            copy = Step("wheels", CHANGE, "the head downloads the wheels once, then copies what "
+                        "the node lacks", (Action((f"{cf.torch.requirement}", "ptcluster + deps"),
+                                                  kind="copy"),))
+        else:
+            lacking = tuple(n for n, h in cf.manifest.items() if node_wheels.get(n) != h)
+            copy = (Step("wheels", OK, f"{len(cf.manifest)} wheels already on the node")
+                    if not lacking else
+                    Step("wheels", CHANGE, f"{len(lacking)} of {len(cf.manifest)} wheels to copy",
+                         (Action(lacking, kind="copy"),)))
+        steps.append(copy)
+        pip = Action((VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check",
+                      "--no-index", "--find-links", WHEELHOUSE, cf.torch.requirement,
+                      f"ptcluster=={cf.self_version}"), timeout=3600)
+        now = ", ".join(f"{k} {dists.get(k) or 'missing'}" for k in want)
+        steps.append(Step("torch + ptcluster", CHANGE, f"{now}; want torch {want['torch']} "
+                          f"({cf.torch.why}), ptcluster {want['ptcluster']}", (pip,)))
+
+    steps.append(_firewall(host, facts, cf, root_ok))
+    steps.append(_hosts(host, facts, cf, root_ok))
+
+    env_text = env_file_text(host, facts, cf)
+    if facts.get("env_file") == env_text:
+        steps.append(Step("env file", OK, ENV_FILE))
+    else:
+        steps.append(Step("env file", CHANGE, f"{ENV_FILE} " + (
+            "differs" if facts.get("env_file") is not None else "missing"), (
+            Action(("sh", "-c", f"mkdir -p ~/.ptcluster && cat > {ENV_FILE}.tmp && "
+                    f"mv {ENV_FILE}.tmp {ENV_FILE}"), input=env_text),)))
+    workdir = facts.get("workdir") or {}
+    if workdir.get("exists", True):
+        steps.append(Step("workdir", OK, workdir.get("path", "")))
+    else:
+        steps.append(Step("workdir", CHANGE, f"{workdir['path']} does not exist", (
+            Action(("mkdir", "-p", workdir["path"])),)))
+    return steps
+
+
+def _root_step(name: str, can: bool, why: str, actions: tuple[Action, ...],
+               why_not: str) -> Step:
+    if can:
+        return Step(name, CHANGE, why, actions)
+    return Step(name, BLOCKED, f"{why}; needs root ({why_not}): an admin can run the "
+                "commands below", actions)
+
+
+def _firewall(host: str, facts: dict[str, Any], cf: ClusterFacts, root_ok: bool) -> Step:
+    fw = facts["firewall"]
+    if not fw["kind"] or not fw["active"]:
+        return Step("firewall", OK, "no active firewall" + (f" ({fw['kind']} inactive)"
+                                                            if fw["kind"] else ""))
+    peers = [a for h, a in cf.addrs.items() if h != host]
+    if fw["kind"] == "ufw":
+        want = {a: f"ufw allow from {a} proto tcp" for a in peers}
+        have = set(fw["rules"] or [])
+        lacking = [a for a in peers if want[a] not in have]
+        actions = tuple(Action(("ufw", "allow", "from", a, "proto", "tcp"), root=True)
+                        for a in lacking)
+    else:
+        have = set(fw["rules"] or [])
+        lacking = [a for a in peers if a not in have]
+        actions = tuple(Action(("firewall-cmd", "--permanent", "--zone=trusted",
+                                f"--add-source={a}"), root=True) for a in lacking)
+        if actions:
+            actions += (Action(("firewall-cmd", "--reload"), root=True),)
+    if fw["rules"] is None:
+        return Step("firewall", BLOCKED, f"{fw['kind']} is active and its rules need root to "
+                    "read or change: an admin can run the commands below",
+                    tuple(Action(("ufw", "allow", "from", a, "proto", "tcp"), root=True)
+                          for a in peers) if fw["kind"] == "ufw" else ())
+    if not lacking:
+        return Step("firewall", OK, f"{fw['kind']}: TCP open to the other nodes only "
+                    f"({', '.join(peers) or 'none'})")
+    return _root_step("firewall", root_ok, f"{fw['kind']} active: TCP from "
+                      f"{', '.join(lacking)} not allowed", actions, "no sudo")
+
+
+def hosts_with_block(current: str, entries: list[tuple[str, list[str]]], own: str) -> str:
+    """``current`` /etc/hosts with our marked block (replaced, or appended), and this node's own
+    name taken off any 127.x line (Ubuntu's 127.0.1.1 trap, which doctor flags); nothing else
+    touched."""
+    lines = current.splitlines()
+    out: list[str] = []
+    inside = False
+    for line in lines:
+        if line.strip() == HOSTS_BEGIN:
+            inside = True
+            continue
+        if inside:
+            if line.strip() == HOSTS_END:
+                inside = False
+            continue
+        words = line.split("#", 1)[0].split()
+        if len(words) >= 2 and words[0].startswith("127.") and own in words[1:] \
+                and own != "localhost":
+            names = [w for w in words[1:] if w != own]
+            if not names:
+                continue
+            line = " ".join([words[0], *names])
+        out.append(line)
+    while out and not out[-1].strip():
+        out.pop()
+    block = [HOSTS_BEGIN, *(f"{addr} {' '.join(names)}" for addr, names in entries), HOSTS_END]
+    return "\n".join([*out, "", *block]) + "\n"
+
+
+def _hosts(host: str, facts: dict[str, Any], cf: ClusterFacts, root_ok: bool) -> Step:
+    entries = []
+    for h, addr in cf.addrs.items():
+        names = [n for n in [cf.hostnames.get(h), h] if n and n != addr and not _is_ip(n)]
+        names = list(dict.fromkeys(names))
+        if names:
+            entries.append((addr, names))
+    current = facts.get("hosts") or ""
+    want = hosts_with_block(current, entries, facts["hostname"])
+    if want == current:
+        return Step("/etc/hosts", OK, "every node's name maps to its cluster address")
+    why = "the managed block " + ("differs" if HOSTS_BEGIN in current else "is missing")
+    if any(line.split()[:1] and line.split()[0].startswith("127.") and facts["hostname"] in
+           line.split()[1:] for line in current.splitlines()):
+        why += f"; {facts['hostname']} maps to 127.x (the 127.0.1.1 trap): that name is removed"
+    # written in place (tee), not renamed over: /etc/hosts is often a bind mount (containers)
+    return _root_step("/etc/hosts", root_ok, why, (
+        Action(("sh", "-c", "cat > /etc/hosts"), root=True, input=want),), "no sudo")
+
+
+def _is_ip(text: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def env_file_text(host: str, facts: dict[str, Any], cf: ClusterFacts) -> str:
+    iface = cf.interfaces.get(host) or facts.get("interface")
+    pairs = [("MASTER_ADDR", cf.master_addr), ("MASTER_PORT", str(cf.master_port))]
+    if iface:
+        pairs += [("NCCL_SOCKET_IFNAME", iface), ("GLOO_SOCKET_IFNAME", iface)]
+    lines = ["# Written by `ptcluster setup`: the cluster's variables, for jobs started by hand",
+             "# (`. ~/.ptcluster/env`). `ptcluster run` sets them itself."]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in pairs]
+    lines.append(f"export PATH={shlex.quote(VENV.replace('~', facts['home'], 1) + '/bin')}:$PATH")
+    return "\n".join(lines) + "\n"
+
+
+def pending(steps: list[Step]) -> bool:
+    return any(s.status != OK for s in steps)

@@ -1,0 +1,320 @@
+"""setup's pure parts: the torch resolver, the per-node plan, the /etc/hosts block; the password
+file rule and the askpass channel; the wheel of ptcluster itself; what sync copies."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ptcluster.errors import UsageError
+from ptcluster.remote.guard import node_python
+from ptcluster.remote.sync import project_files, remote_dir
+from ptcluster.remote.transport import remote_command
+from ptcluster.setup import plan as P
+from ptcluster.setup.secret import Askpass, Secret, read_password_file
+from ptcluster.setup.torch_choice import GpuNode, choose_torch
+from ptcluster.setup.wheels import build_self_wheel
+
+# -- torch resolver -----------------------------------------------------------------------------
+CPU = GpuNode("a", 0)
+
+
+@pytest.mark.parametrize("nodes, variant, why", [
+    ([CPU, GpuNode("b", 0)], "cpu", "no node has an NVIDIA GPU"),
+    ([GpuNode("a", 8, "580.65.06", ("9.0",) * 8)], "cu130", "580"),
+    ([GpuNode("a", 1, "590.1", ("8.0",)), GpuNode("b", 1, "570.86.15", ("8.9",))], "cu128",
+     "570.86.15 (b)"),
+    ([GpuNode("a", 1, "525.60.13", ("7.5",))], "cu128", "525.60.13"),
+    # one old GPU decides for the whole cluster, whatever the drivers
+    ([GpuNode("a", 1, "580.1", ("9.0",)), GpuNode("b", 1, "580.1", ("7.0",))], "cu126",
+     "b (sm_70)"),
+    ([GpuNode("a", 1, "550.54.14", ("6.1",))], "cu126", "sm_61"),
+    # CPU-only nodes next to GPU nodes do not pull the cluster to +cpu
+    ([CPU, GpuNode("b", 2, "560.35.03", ("8.6", "8.6"))], "cu128", "560.35.03"),
+])
+def test_torch_resolver(nodes: list[GpuNode], variant: str, why: str) -> None:
+    choice = choose_torch("2.13.0+cpu", nodes)
+    assert choice.variant == variant
+    assert why in choice.why
+    assert choice.requirement == f"torch==2.13.0+{variant}"
+    assert choice.index_url == f"https://download.pytorch.org/whl/{variant}"
+
+
+@pytest.mark.parametrize("nodes, problem", [
+    ([GpuNode("a", 1, "520.61.05", ("8.0",))], "older than 525.60.13"),
+    ([GpuNode("a", 1, "580.1", ("8.0",)), GpuNode("b", 2, None)], "without an NVIDIA driver on b"),
+])
+def test_torch_resolver_blocks(nodes: list[GpuNode], problem: str) -> None:
+    choice = choose_torch("2.13.0", nodes)
+    assert choice.variant is None and problem in (choice.problem or "") and choice.fix
+
+
+def test_torch_backend_override() -> None:
+    assert choose_torch("2.13.0", [GpuNode("a", 1, "580.1", ("9.0",))], "cpu").variant == "cpu"
+    with pytest.raises(ValueError):
+        choose_torch("2.13.0", [], "rocm6")
+
+
+# -- the plan -----------------------------------------------------------------------------------
+CF = P.ClusterFacts(pubkey="ssh-ed25519 AAAAkey head", torch=choose_torch("2.13.0", []),
+                    self_version="0.1.0+gabc", python="3.11",
+                    addrs={"n0": "10.0.0.1", "n1": "10.0.0.2", "n2": "10.0.0.3"},
+                    hostnames={"n0": "node0", "n1": "node1", "n2": "node2"},
+                    master_addr="n0", master_port=29500)
+FRESH = {  # a fresh Ubuntu node, as setup/node.py reports it
+    "user": "u", "uid": 1000, "home": "/home/u", "hostname": "node1", "python": "3.11",
+    "sudo": {"mode": "password"}, "key_authorized": False,
+    "os": {"ID": "ubuntu", "ID_LIKE": "debian", "PRETTY_NAME": "Ubuntu 24.04"},
+    "gpu": {"count": 0, "driver": None, "compute_capability": []},
+    "packages": {"python3-venv": False, "python3-dev": True, "build-essential": True,
+                 "rsync": True},
+    "venv": {"exists": False},
+    "firewall": {"kind": "ufw", "active": True, "rules": ["ufw allow 22/tcp"]},
+    "hosts": "127.0.0.1 localhost\n127.0.1.1 node1\n",
+    "env_file": None, "interface": "eth0", "workdir": {"path": "/home/u/w", "exists": False},
+}
+
+
+def converged(facts: dict, cf: P.ClusterFacts = CF) -> dict:
+    """``facts`` after every step of its plan ran."""
+    done = copy.deepcopy(facts)
+    done["key_authorized"] = True
+    done["packages"] = {p: True for p in done["packages"]}
+    done["venv"] = {"exists": True, "ok": True, "python": "3.11",
+                    "dists": {"torch": "2.13.0+cpu", "ptcluster": "0.1.0+gabc"}}
+    done["firewall"]["rules"] += ["ufw allow from 10.0.0.1 proto tcp",
+                                  "ufw allow from 10.0.0.3 proto tcp"]
+    done["hosts"] = P.hosts_with_block(facts["hosts"], [
+        ("10.0.0.1", ["node0", "n0"]), ("10.0.0.2", ["node1", "n1"]),
+        ("10.0.0.3", ["node2", "n2"])], facts["hostname"])
+    done["env_file"] = P.env_file_text("n1", done, cf)
+    done["workdir"]["exists"] = True
+    return done
+
+
+def by_name(steps: list[P.Step]) -> dict[str, P.Step]:
+    return {s.name: s for s in steps}
+
+
+def test_plan_of_a_fresh_node() -> None:
+    steps = by_name(P.plan_node("n1", FRESH, CF))
+    assert [s for s in P.STEPS if steps[s].status == P.OK] == ["sudo", "os", "gpu driver"]
+    assert steps["apt packages"].actions[0].root
+    assert "python3-venv" in steps["apt packages"].commands()[0]
+    assert "rsync" not in steps["apt packages"].commands()[0]  # installed already
+    # the firewall opens TCP to the other nodes' addresses only: not anywhere, not the subnet
+    assert steps["firewall"].commands() == ["sudo ufw allow from 10.0.0.1 proto tcp",
+                                            "sudo ufw allow from 10.0.0.3 proto tcp"]
+    assert "127.0.1.1 trap" in steps["/etc/hosts"].why
+    pip = steps["torch + ptcluster"].commands()[0]
+    assert "--no-index --find-links ~/.ptcluster/wheelhouse torch==2.13.0+cpu" in pip
+    assert pip.startswith("~/.ptcluster/venv/bin/python -m pip install")
+
+
+def test_plan_is_all_ok_once_converged() -> None:
+    steps = P.plan_node("n1", converged(FRESH), CF)
+    assert [(s.name, s.status) for s in steps if s.status != P.OK] == []
+    assert not P.pending(steps)
+
+
+def test_plan_without_sudo_blocks_root_steps_with_admin_commands() -> None:
+    facts = copy.deepcopy(FRESH)
+    facts["sudo"] = {"mode": "none", "why": "u is not in the sudoers file"}
+    facts["firewall"]["rules"] = None  # cannot be read without root
+    steps = by_name(P.plan_node("n1", facts, CF))
+    for name in ("sudo", "apt packages", "firewall", "/etc/hosts", "python venv", "wheels",
+                 "torch + ptcluster"):
+        assert steps[name].status == P.BLOCKED, name
+    assert steps["apt packages"].commands()[0].startswith("sudo env DEBIAN_FRONTEND")
+    assert steps["firewall"].commands()  # what an admin can run
+    # what needs no root still happens
+    for name in ("ssh key", "env file", "workdir"):
+        assert steps[name].status == P.CHANGE, name
+
+
+@pytest.mark.parametrize("change, step, status", [
+    ({"os": {"ID": "fedora", "ID_LIKE": "rhel", "PRETTY_NAME": "Fedora 40"}}, "os", P.BLOCKED),
+    ({"gpu": {"count": 2, "driver": None, "compute_capability": []}}, "gpu driver", P.BLOCKED),
+    ({"python": "3.12"}, "python venv", P.BLOCKED),
+    ({"firewall": {"kind": None, "active": False, "rules": []}}, "firewall", P.OK),
+    ({"firewall": {"kind": "ufw", "active": False, "rules": []}}, "firewall", P.OK),
+])
+def test_plan_cases(change: dict, step: str, status: str) -> None:
+    facts = {**converged(FRESH), **change}
+    assert by_name(P.plan_node("n1", facts, CF))[step].status == status
+
+
+def test_drift_is_a_change_again() -> None:
+    facts = converged(FRESH)
+    facts["env_file"] = None
+    facts["firewall"]["rules"].remove("ufw allow from 10.0.0.3 proto tcp")
+    pending = [s for s in P.plan_node("n1", facts, CF) if s.status != P.OK]
+    assert [s.name for s in pending] == ["firewall", "env file"]
+    assert pending[0].commands() == ["sudo ufw allow from 10.0.0.3 proto tcp"]
+
+
+def test_wheels_copied_only_when_missing_or_different() -> None:
+    facts = converged(FRESH)
+    facts["venv"]["dists"]["ptcluster"] = "0.1.0+gold"
+    facts["wheelhouse"] = {"torch.whl": "aa", "ptcluster-old.whl": "bb"}
+    cf = P.ClusterFacts(**{**CF.__dict__, "manifest": {"torch.whl": "aa", "ptc.whl": "cc"}})
+    steps = by_name(P.plan_node("n1", facts, cf))
+    assert steps["wheels"].actions[0].argv == ("ptc.whl",)
+    assert steps["torch + ptcluster"].status == P.CHANGE
+
+
+@pytest.mark.parametrize("current, own, expect", [
+    # Ubuntu's trap: the own name on 127.0.1.1 goes, localhost stays, the block is appended
+    ("127.0.0.1 localhost\n127.0.1.1 node1\n", "node1",
+     "127.0.0.1 localhost\n\nBLOCK"),
+    # other names on the 127.0.1.1 line stay
+    ("127.0.0.1 localhost\n127.0.1.1 node1 node1.lan other\n", "node1",
+     "127.0.0.1 localhost\n127.0.1.1 node1.lan other\n\nBLOCK"),
+    # an old block is replaced, everything else (comments, other entries) untouched
+    (f"# mine\n10.9.9.9 db\n\n{P.HOSTS_BEGIN}\n1.2.3.4 old\n{P.HOSTS_END}\n::1 ip6-lo\n",
+     "node1", "# mine\n10.9.9.9 db\n\n::1 ip6-lo\n\nBLOCK"),
+])
+def test_hosts_block(current: str, own: str, expect: str) -> None:
+    entries = [("10.0.0.1", ["node0"]), ("10.0.0.2", ["node1", "n1"])]
+    block = f"{P.HOSTS_BEGIN}\n10.0.0.1 node0\n10.0.0.2 node1 n1\n{P.HOSTS_END}\n"
+    got = P.hosts_with_block(current, entries, own)
+    assert got == expect.replace("BLOCK", block)
+    assert P.hosts_with_block(got, entries, own) == got  # idempotent
+
+
+# -- password -----------------------------------------------------------------------------------
+def test_password_file_must_be_private(tmp_path: Path) -> None:
+    f = tmp_path / "pw"
+    f.write_text("s3cret\nignored\n")
+    os.chmod(f, 0o640)
+    with pytest.raises(UsageError, match="readable by group or others.*chmod 600"):
+        read_password_file(str(f))
+    os.chmod(f, 0o600)
+    secret = read_password_file(str(f))
+    assert secret.reveal() == "s3cret" and "s3cret" not in repr(secret) + str(secret)
+
+
+def test_askpass_answers_ssh_without_the_secret_in_argv_env_or_files() -> None:
+    askpass = Askpass(Secret("pa ss:word"))
+    try:
+        env = askpass.env()
+        assert "pa ss:word" not in "".join(env.values())
+        assert "pa ss:word" not in askpass.helper.read_text()
+        out = subprocess.run([str(askpass.helper), "user@host's password: "], env=env,
+                             capture_output=True, text=True, timeout=10)
+        assert out.stdout == "pa ss:word\n"
+    finally:
+        askpass.close()
+    assert not askpass.dir.exists()
+
+
+# -- python: auto, ptcluster's own wheel, sync -------------------------------------------------
+def test_auto_python_prefers_setups_venv_then_the_heads_path() -> None:
+    cmd = remote_command(["auto", "-u", "-c", "print(1)", "probe"])
+    assert cmd.startswith('p=$HOME/.ptcluster/venv/bin/python; [ -x "$p" ] || p=')
+    assert sys.executable in cmd and cmd.endswith("exec \"$p\" -u -c 'print(1)' probe")
+    argv = node_python(["auto", "-m", "torch.distributed.run", "--no-python", "~/x/python", "-c",
+                        "auto"])
+    assert argv == [sys.executable, "-m", "torch.distributed.run", "--no-python",
+                    os.path.expanduser("~/x/python"), "-c", "auto"]
+
+
+def test_self_wheel_is_reproducible(tmp_path: Path) -> None:
+    a = build_self_wheel(tmp_path / "a")
+    b = build_self_wheel(tmp_path / "b")
+    assert a.version == b.version and "+g" in a.version
+    digest = [hashlib.sha256(w.path.read_bytes()).hexdigest() for w in (a, b)]
+    assert digest[0] == digest[1]
+    import zipfile
+
+    names = zipfile.ZipFile(a.path).namelist()
+    assert "ptcluster/setup/node.py" in names
+    assert f"ptcluster-{a.version}.dist-info/METADATA" in names
+
+
+def test_sync_lists_what_git_would_track(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    for name in ("a.py", "sub/b.txt", "skip.log", "sub/c.py"):
+        (tmp_path / name).write_text(name)
+    (tmp_path / ".gitignore").write_text("*.log\n")
+    # not a checkout: the directory less what .gitignore excludes
+    assert project_files(tmp_path) == [".gitignore", "a.py", "sub/b.txt", "sub/c.py"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "a.py"], check=True)
+    (tmp_path / "a.py").write_text("changed")
+    files = project_files(tmp_path)
+    assert files == [".gitignore", "a.py", "sub/b.txt", "sub/c.py"]
+    assert not any(f.startswith(".git/") for f in files)
+
+
+@pytest.mark.parametrize("workdir, dest", [("~", "."), ("~/p", "p"), ("/srv/p", "/srv/p")])
+def test_sync_remote_dir(workdir: str, dest: str) -> None:
+    assert remote_dir(workdir) == dest
+
+
+# -- usage errors (exit 2, one line) -------------------------------------------------------------
+def test_setup_usage_errors(cli, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("nodes: [a, b]\n")
+    pw = tmp_path / "pw"
+    pw.write_text("x\n")
+    os.chmod(pw, 0o644)
+    for args, words in [
+        (["--password-file", str(pw)], "readable by group or others"),
+        (["--password-file", str(tmp_path / "none")], "--password-file"),
+        (["--torch-backend", "rocm"], "is not auto, cpu or cuXYZ"),
+        (["--node", "c"], "--node c: not in"),
+        (["--timeout", "-5"], "--timeout"),
+    ]:
+        code, out, err = cli("setup", "--cluster", str(cfg), *args)
+        assert code == 2, (args, out, err)
+        assert words in err and err.count("error:") == 1 and "Traceback" not in err
+    code, _, err = cli("setup")  # no cluster file: the local cluster has nothing to set up
+    assert code == 2 and "no cluster file" in err
+
+
+# -- the node program, run here as a node would run it ------------------------------------------
+def test_setup_node_program_facts_and_run(tmp_path: Path) -> None:
+    import ast
+    import json
+    from importlib import resources
+
+    from ptcluster.remote import wire
+    from ptcluster.remote.bootstrap import BOOTSTRAP, INLINED, pack_source, preamble
+    from ptcluster.setup.apply import SETUP
+
+    tree = ast.parse(resources.files("ptcluster.setup").joinpath("node.py").read_text())
+    inlined = {f"{p}.{n[:-3]}" for p, n in INLINED}
+    for node in ast.walk(tree):  # nodes have Python, not ptcluster: stdlib and inlined only
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+        for name in names:
+            assert name.split(".")[0] in sys.stdlib_module_names or name in inlined, name
+    compile(pack_source(SETUP), "setup", "exec")
+    config = {"pubkey": "ssh-ed25519 AAAAnot-there x", "venv": str(tmp_path / "venv"),
+              "wheelhouse": str(tmp_path), "env_file": str(tmp_path / "env"),
+              "packages": ["dpkg", "surely-not-a-package"], "master_addr": "127.0.0.1",
+              "workdir": str(tmp_path / "w")}
+    (tmp_path / "a.whl").write_bytes(b"wheel")
+    requests = b"".join([
+        wire.encode("facts", {"only": ["key", "apt", "venv", "wheels", "env", "workdir"]}),
+        wire.encode("run", {"id": 1, "argv": ["sh", "-c", "cat; echo done"], "input": "in\n"}),
+        wire.encode("bye")])
+    proc = subprocess.run([sys.executable, "-u", "-c", BOOTSTRAP, "setup", "-"],
+                          input=preamble(SETUP, config) + requests, capture_output=True,
+                          timeout=60)
+    frames = [wire.split(line) for line in proc.stdout.decode().splitlines()]
+    assert [k for k, _ in frames] == ["hello", "facts", "done"], proc.stderr
+    facts = json.loads(frames[1][1])
+    assert facts["key_authorized"] is False and facts["venv"] == {"exists": False}
+    assert facts["packages"] == {"dpkg": True, "surely-not-a-package": False}
+    assert facts["wheelhouse"] == {"a.whl": hashlib.sha256(b"wheel").hexdigest()}
+    assert facts["workdir"] == {"path": str(tmp_path / "w"), "exists": False}
+    assert facts["env_file"] is None and facts["interface"] == "lo"
+    assert json.loads(frames[2][1]) == {"id": 1, "rc": 0, "out": "in\ndone\n"}
