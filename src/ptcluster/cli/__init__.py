@@ -13,7 +13,15 @@ from typing import NoReturn
 import click
 
 from ptcluster import __version__
-from ptcluster.cli import bench_cmd, doctor_cmd, env_cmd, init_cmd, monitor_cmd, run_cmd
+from ptcluster.cli import (
+    bench_cmd,
+    doctor_cmd,
+    env_cmd,
+    init_cmd,
+    monitor_cmd,
+    run_cmd,
+    stacks_cmd,
+)
 from ptcluster.cli.common import CliState
 from ptcluster.errors import PtclusterError
 
@@ -43,6 +51,7 @@ cli.add_command(init_cmd.init)
 cli.add_command(doctor_cmd.doctor)
 cli.add_command(bench_cmd.bench)
 cli.add_command(monitor_cmd.monitor)
+cli.add_command(stacks_cmd.stacks)
 
 
 class _StderrHandler(logging.Handler):

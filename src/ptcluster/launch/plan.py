@@ -13,10 +13,14 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from ptcluster.launch.shim import SHIM_BOOT, SHIM_VAR
+from ptcluster.launch.shim import PROBE_VAR, SHIM_BOOT, SHIM_VAR
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 JOB_VAR = "PTCLUSTER_JOB_ID"
+FR_VAR = "TORCH_FR_BUFFER_SIZE"
+FR_DEFAULT = "2000"
+"""torch's flight recorder keeps this many collectives per rank: the hang report and the
+progress measure read it (``launch/probe.py``); a user's own value in ``env:`` is kept."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +111,11 @@ def rank_program(package: str, filename: str) -> str:
 
 
 @lru_cache(maxsize=1)
+def probe_source() -> str:
+    return resources.files("ptcluster.launch").joinpath("probe.py").read_text()
+
+
+@lru_cache(maxsize=1)
 def shim_source() -> str:
     return resources.files("ptcluster.launch").joinpath("shim.py").read_text()
 
@@ -133,6 +142,9 @@ def node_env(spec: ClusterSpec, node: NodeSpec, job_id: str) -> list[tuple[str, 
     env.append(("PTCLUSTER_BACKEND", spec.backend))
     env.append((JOB_VAR, job_id))
     env.append((SHIM_VAR, shim_source()))
+    env.append((PROBE_VAR, probe_source()))
+    if not any(k == FR_VAR for k, _ in spec.env):  # the user's own setting wins
+        env.append((FR_VAR, FR_DEFAULT))
     if node.interface:
         env.append(("NCCL_SOCKET_IFNAME", node.interface))
         env.append(("GLOO_SOCKET_IFNAME", node.interface))
@@ -162,7 +174,7 @@ def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
     The shim's source (``SHIM_VAR``) is left out: it is code, not configuration. An interface
     detected on the node at launch is in ``summary.json``, not here.
     """
-    env = [(k, v) for k, v in node.env if k != SHIM_VAR]
+    env = [(k, v) for k, v in node.env if k not in (SHIM_VAR, PROBE_VAR)]
     env += [
         ("MASTER_ADDR", plan.master_addr),
         ("MASTER_PORT", str(plan.master_port)),

@@ -29,12 +29,18 @@ class RunOptions:
     (SIGTERM; SIGKILL and giving up on the node 4 s later)."""
     deadline: float | None = None
     """Seconds after "go" before the whole job is ended as timed out (None: no limit)."""
+    hang_timeout: float | None = None
+    """Seconds without progress on every running rank before the job is called hung: every
+    rank's stacks are collected, the straggler named, and the job ended (None: never)."""
 
     def __post_init__(self) -> None:
         for name in ("ready_timeout", "node_silence", "heartbeat_interval",
                      "guard_heartbeat_timeout", "stop_grace", "stop_deadline"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RunOptions.{name} must be > 0, got {getattr(self, name)}")
+        if self.hang_timeout is not None and self.hang_timeout <= 0:
+            raise ValueError(f"RunOptions.hang_timeout must be > 0 or None, got "
+                             f"{self.hang_timeout}")
         if self.deadline is not None and self.deadline <= 0:
             raise ValueError(f"RunOptions.deadline must be > 0 or None, got {self.deadline}")
         if self.stop_deadline <= self.stop_grace + 2.0:
@@ -104,6 +110,9 @@ class Failure:
     at: float = 0.0
     """When it happened, head clock (for a rank: its node's time, corrected)."""
     last_lines: list[str] = field(default_factory=list)
+    kind: str = ""
+    """What kind of failure it is where a caller acts on it: "hang" (no rank made progress for
+    the hang timeout); "" for the rest."""
 
     def headline(self) -> str:
         who = f"rank {self.rank} on {self.host}" if self.rank is not None else self.host
@@ -121,6 +130,12 @@ class RunResult:
     duration: float
     console_dropped: int = 0
     """Lines the console skipped because it could not keep up (all are in the logs)."""
+    hang_report: dict[str, Any] | None = None
+    """Every rank's stacks when the job was found hung (``StackReport.to_json``)."""
+
+    @property
+    def hung(self) -> bool:
+        return self.root_cause is not None and self.root_cause.kind == "hang"
 
     @property
     def root_cause(self) -> Failure | None:
@@ -137,6 +152,7 @@ class RunResult:
             "duration_s": round(self.duration, 3), "console_dropped": self.console_dropped,
             "root_cause": None if self.root_cause is None else _failure_json(self.root_cause),
             "failures": [_failure_json(f) for f in self.failures],
+            "hang_report": self.hang_report,
             "ranks": [{"rank": r.rank, "host": r.host, "local_rank": r.local_rank,
                        "exit_code": r.exit_code, "status": r.status, "duration_s": r.duration,
                        "started_at": r.started_at, "ended_at": r.ended_at}
@@ -153,7 +169,7 @@ class RunResult:
 
 def _failure_json(f: Failure) -> dict[str, Any]:
     return {"host": f.host, "rank": f.rank, "message": f.message, "fix": f.fix,
-            "exit_code": f.exit_code, "at": f.at, "last_lines": f.last_lines}
+            "exit_code": f.exit_code, "at": f.at, "last_lines": f.last_lines, "kind": f.kind}
 
 
 def signame(num: int) -> str:

@@ -19,16 +19,26 @@ import os
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ptcluster.errors import PtclusterError
 from ptcluster.launch import events as ev
-from ptcluster.launch.plan import SHIM_VAR, LaunchPlan
+from ptcluster.launch.control import ControlServer
+from ptcluster.launch.plan import PROBE_VAR, SHIM_VAR, LaunchPlan
 from ptcluster.launch.result import RunOptions, RunResult
 from ptcluster.launch.runlogs import RunLogs
-from ptcluster.launch.supervisor import Action, Send, SignalChannel, Status, Supervisor
+from ptcluster.launch.stacks import build_report
+from ptcluster.launch.supervisor import (
+    Action,
+    CollectStacks,
+    Phase,
+    Send,
+    SignalChannel,
+    Status,
+    Supervisor,
+)
 from ptcluster.remote.bootstrap import GUARD
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport
@@ -41,6 +51,26 @@ DataSink = Callable[[str, int, dict[str, Any]], None]
 """on_data(host, rank, record) for structured records a rank program reports."""
 BATCH_SECONDS = 0.05
 """Longest stretch the loop spends on queued events before its next round of checks."""
+STACKS_WAIT = 5.0
+"""Seconds a stacks collection waits for every node's answer (each guard needs <= 2.5 s)."""
+
+
+@dataclass
+class _Collection:
+    """One stacks collection in flight: asked of ``hosts``, answered in ``replies``."""
+
+    purpose: str
+    hosts: set[str]
+    deadline: float
+    replies: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    waiters: list[queue.Queue[dict[str, Any]]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _AskStacks:
+    """From the control socket's thread: collect stacks, answer on ``reply``."""
+
+    reply: queue.Queue[dict[str, Any]]
 
 
 class RunDirError(PtclusterError):
@@ -67,6 +97,8 @@ class Runner:
         self._stop_requests = 0
         self._sink_errors: set[str] = set()
         self.sup: Supervisor | None = None
+        self._collections: dict[int, _Collection] = {}
+        self._hang_report: dict[str, Any] | None = None
 
     # -- public -------------------------------------------------------------------------------
     def request_stop(self, reason: str = "interrupted") -> None:
@@ -74,16 +106,31 @@ class Runner:
         self._stop_reason = reason
         self._stop_requests += 1
 
+    def ask_stacks(self, timeout: float = 20.0) -> dict[str, Any]:
+        """Thread-safe: every rank's stacks, collected by the loop (the job goes on)."""
+        reply: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=1)
+        self.events.put(("", _AskStacks(reply)))
+        try:
+            return reply.get(timeout=timeout)
+        except queue.Empty:
+            return {"ok": False, "error": f"no report within {timeout:.0f} s"}
+
     def run(self) -> RunResult:
         t0 = time.monotonic()
         self._prepare_run_dir()
         self.sup = Supervisor(self.plan, self.opts, t0, wall_offset=time.time() - t0)
+        control = self._open_control()
         try:
             started = start_all([self._channel(n.host) for n in self.plan.nodes],
                                 self._could_not_start)
             self.channels = {c.host: c for c in started}
             self._loop(self.sup)
         finally:
+            if control is not None:
+                control.close()
+            for collection in self._collections.values():
+                for waiter in collection.waiters:
+                    waiter.put({"ok": False, "error": "the job ended before every node answered"})
             close_all(list(self.channels.values()), timeout=self.opts.stop_deadline)
             self.logs.close()
         result = self._result(self.sup, time.monotonic() - t0)
@@ -100,6 +147,15 @@ class Runner:
             raise RunDirError(f"cannot write the run directory {self.run_dir}: "
                               f"{exc.strerror or exc}",
                               "pass --run-dir with a directory you can write to") from None
+
+    def _open_control(self) -> ControlServer | None:
+        """``ptcluster stacks`` asks through this; a run goes on without it."""
+        try:
+            return ControlServer(self.run_dir, lambda request: self.ask_stacks())
+        except OSError as exc:
+            self.on_status(f"no control socket in {self.run_dir} ({exc}): `ptcluster stacks` "
+                           "cannot reach this job")
+            return None
 
     def _channel(self, host: str) -> NodeChannel:
         node = self.plan.nodes[self._node_rank[host]]
@@ -137,13 +193,16 @@ class Runner:
                 except queue.Empty:
                     item = None
             self.logs.flush()
+            self._finish_collections(sup, time.monotonic())
             now = time.monotonic()
             quiet = {h: 0.0 if c.busy else now - c.last_recv for h, c in self.channels.items()}
             self._apply(sup.on_tick(now, quiet))
 
     def _handle(self, sup: Supervisor, host: str, payload: Any) -> None:
         try:
-            if isinstance(payload, list):
+            if isinstance(payload, _AskStacks):
+                self._collect(sup, "asked by `ptcluster stacks`", payload.reply)
+            elif isinstance(payload, list):
                 self._frames(sup, host, payload)
             else:
                 self._event(sup, payload)
@@ -174,6 +233,11 @@ class Runner:
         elif kind is ev.AgentOutput or kind is ev.Malformed:
             text = e.text if isinstance(e, ev.AgentOutput) else getattr(e, "line", "")
             self._node_line(sup, e.host, text)
+        elif kind is ev.StacksReply:
+            assert isinstance(e, ev.StacksReply)
+            collection = self._collections.get(e.id) if e.id is not None else None
+            if collection is not None and e.host in collection.hosts:
+                collection.replies[e.host] = e.ranks
         elif kind is ev.RankData:
             assert isinstance(e, ev.RankData)
             try:
@@ -213,6 +277,56 @@ class Runner:
                     channel.signal(action.sig)
             elif isinstance(action, Status):
                 self.on_status(action.text)
+            elif isinstance(action, CollectStacks):
+                assert self.sup is not None
+                self._collect(self.sup, action.purpose)
+
+    # -- stacks -------------------------------------------------------------------------------
+    def _collect(self, sup: Supervisor, purpose: str,
+                 waiter: queue.Queue[dict[str, Any]] | None = None) -> None:
+        """Ask every node that runs ranks for their stacks (answered in ``_event``)."""
+        hosts = {h for h, n in sup.nodes.items() if n.ready and not n.closed
+                 and h in self.channels and h not in sup.stop_sent}
+        if sup.phase is not Phase.RUNNING or not hosts:
+            if waiter is not None:
+                waiter.put({"ok": False, "error": f"the job is {sup.phase.value}, not running"})
+                return
+            hosts = set()  # a hang with no node left to ask: an empty report, at once
+        ident = max(self._collections, default=0) + 1
+        collection = _Collection(purpose, hosts, time.monotonic() + STACKS_WAIT)
+        if waiter is not None:
+            collection.waiters.append(waiter)
+        self._collections[ident] = collection
+        for host in hosts:
+            self.channels[host].send("stacks", {"id": ident})
+
+    def _finish_collections(self, sup: Supervisor, now: float) -> None:
+        for ident, c in list(self._collections.items()):
+            if not c.hosts <= c.replies.keys() and now < c.deadline:
+                continue
+            del self._collections[ident]
+            hang = c.purpose == "hang"
+            reason = (f"hang: no rank made progress for {self.opts.hang_timeout:.0f} s" if hang
+                      else c.purpose)
+            report = build_report(c.replies.items(), reason=reason, at=time.time(),
+                                  missing=sorted(c.hosts - c.replies.keys()))
+            name = "hang-stacks" if hang else f"stacks-{time.strftime('%H%M%S')}-{ident}"
+            saved = self.run_dir / f"{name}.txt"
+            data = report.to_json()
+            try:
+                _write_private(saved, "\n".join(report.lines()) + "\n")
+                _write_private(self.run_dir / f"{name}.json", json.dumps(data, indent=2))
+            except OSError as exc:
+                self.on_status(f"the stacks report could not be saved in {self.run_dir}: {exc}")
+            for waiter in c.waiters:
+                waiter.put({"ok": True, "report": data, "lines": report.lines(),
+                            "saved": str(saved)})
+            if hang:
+                self._hang_report = data
+                late, _ = report.straggler()
+                self._apply(sup.hang_reported(
+                    report.headline(), late[0].rank if len(late) == 1 else None,
+                    ", ".join(dict.fromkeys(r.host for r in late)) or None, now))
 
     # -- results ------------------------------------------------------------------------------
     def _result(self, sup: Supervisor, duration: float) -> RunResult:
@@ -226,7 +340,8 @@ class Runner:
         return RunResult(job_id=self.plan.job_id, run_dir=self.run_dir,
                          ranks=[sup.ranks[r] for r in sorted(sup.ranks)],
                          nodes=[sup.nodes[n.host] for n in self.plan.nodes],
-                         failures=failures, interrupted=sup.interrupted, duration=duration)
+                         failures=failures, interrupted=sup.interrupted, duration=duration,
+                         hang_report=self._hang_report)
 
 
 def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
@@ -237,9 +352,10 @@ def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
     for node in plan.nodes:
         cfg = node.guard_config(plan, heartbeat_timeout=opts.guard_heartbeat_timeout,
                                 grace=opts.stop_grace)
-        shim = cfg["env"].get(SHIM_VAR, "")
-        cfg["env"][SHIM_VAR] = f"<shim source, {len(shim)} bytes, sha256 " \
-                               f"{hashlib.sha256(shim.encode()).hexdigest()[:16]}>"
+        for var, what in ((SHIM_VAR, "shim"), (PROBE_VAR, "probe")):
+            code = cfg["env"].get(var, "")
+            cfg["env"][var] = f"<{what} source, {len(code)} bytes, sha256 " \
+                              f"{hashlib.sha256(code.encode()).hexdigest()[:16]}>"
         data["nodes"].append({"host": node.host, "node_rank": node.node_rank,
                               "ranks": [node.ranks.start, node.ranks.stop - 1],
                               "python": node.python, "guard": cfg})
