@@ -100,7 +100,8 @@ def flight_recorder(active: bool) -> dict:
         if not dist.is_initialized():
             return {}
         c10d = sys.modules["torch"]._C._distributed_c10d
-        raw = json.loads(c10d._dump_fr_trace_json(active, True))
+        # counters only: no entries (cheap, every POLL s); on a request: every entry
+        raw = json.loads(c10d._dump_fr_trace_json(active, not active))
     except Exception as exc:  # noqa: BLE001 - a torch without it, or a recorder error
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
     status = raw.get("pg_status") or {}
@@ -114,8 +115,15 @@ def flight_recorder(active: bool) -> dict:
             waiting.append(pg)
     out: dict = {"counts": {"enqueued": enq, "completed": comp, "waiting": waiting}}
     if active:
+        entries = raw.get("entries") or []
         out["active"] = [{"pg": (e.get("process_group") or ["?"])[-1],
                           "seq": e.get("collective_seq_id"), "op": e.get("profiling_name"),
                           "sizes": e.get("input_sizes"), "state": e.get("state")}
-                         for e in raw.get("entries") or [] if not e.get("retired")][-8:]
+                         for e in entries if not e.get("retired")][-8:]
+        if len(entries) < _fr_buffer():  # the whole history: a desync shows in the counts
+            ops: dict = {}
+            for e in entries:
+                name = str(e.get("profiling_name"))
+                ops[name] = ops.get(name, 0) + 1
+            out["ops"] = ops
     return out

@@ -5,8 +5,10 @@ on every tick. Each guard measures its own ranks (``remote.hangwatch``: output l
 rank's process tree, collectives completed per the flight recorder) and sends, with every
 heartbeat, the seconds since each rank last progressed, so node clocks never matter.
 
-A node the head does not hear from is never a hang: the verdict waits while any node that runs a
-rank is silent or its last report is stale; the supervisor's silence rule makes that a lost node.
+A node the head does not hear from is never a hang: the verdict takes each node's idle seconds
+as that node reported them (never extrapolated by the head), so it needs a report sent after
+the timeout passed from every node that runs a rank. A node cut off reports nothing more; the
+supervisor's silence rule makes it a lost node. A stale report suspends the verdict too.
 """
 
 from __future__ import annotations
@@ -46,8 +48,7 @@ class ProgressWatch:
             age = now - received
             if rank not in idle or age > self.fresh:
                 return None
-            value = idle[rank] + age
-            least = value if least is None else min(least, value)
+            least = idle[rank] if least is None else min(least, idle[rank])
         return least
 
     def hung(self, running: dict[int, str], now: float, quiet: dict[str, float]) -> bool:

@@ -100,6 +100,8 @@ class RankStack:
     """Collectives in flight per the flight recorder ({pg, seq, op, sizes, state})."""
     counts: dict[str, Any] | None = None
     """The recorder's counters (enqueued, completed, waiting) when the rank answered."""
+    ops: dict[str, int] | None = None
+    """Collectives issued so far, by kind (the recorder's whole history, when it holds it)."""
     error: str = ""
     note: str = ""
     ms: float | None = None
@@ -201,6 +203,9 @@ class StackReport:
             what = _common_collective(waiting)
             return outside, (f"not in the collective the others wait in ({what})" if what
                              else "not in a collective while the others wait in one")
+        odd = _odd_history(self.ranks)
+        if odd is not None:
+            return odd
         groups = self.groups()
         if len(groups) > 1 and len(groups[-1].ranks) < len(groups[0].ranks):
             small = [g for g in groups if len(g.ranks) == len(groups[-1].ranks)]
@@ -254,7 +259,8 @@ class StackReport:
                        for g in self.groups()],
             "ranks": [{"rank": r.rank, "host": r.host, "pid": r.pid, "where": r.where(),
                        "error": r.error, "note": r.note, "probe_ms": r.ms,
-                       "flight_recorder": {"counts": r.counts, "active": r.active},
+                       "flight_recorder": {"counts": r.counts, "active": r.active,
+                                           "ops": r.ops},
                        "threads": [{"id": t.ident, "name": t.name, "main": t.main,
                                     "frames": [{"file": f.file, "line": f.line, "func": f.func}
                                                for f in t.frames]} for t in r.threads]}
@@ -282,6 +288,7 @@ def rank_stack(rank: int, host: str, raw: dict[str, Any]) -> RankStack:
     return RankStack(rank=rank, host=host, pid=int(pid) if pid else None,
                      threads=parse_faulthandler(str(raw.get("text") or "")),
                      active=list(fr.get("active") or []), counts=fr.get("counts"),
+                     ops=fr.get("ops"),
                      error=str(raw.get("error") or ""), note=str(raw.get("fr_note") or ""),
                      ms=raw.get("ms"))
 
@@ -302,3 +309,24 @@ def _common_collective(waiting: list[RankStack]) -> str:
     if not op:
         return ""
     return f"{op}{f' #{seq}' if seq is not None else ''}"
+
+
+def _odd_history(ranks: list[RankStack]) -> tuple[list[RankStack], str] | None:
+    """A desync by the recorder's history: the ranks (a minority) that issued a different
+    number of some collective than the others did."""
+    known = [r for r in ranks if r.ops is not None]
+    if len(known) < 2:
+        return None
+    by: dict[tuple[tuple[str, int], ...], list[RankStack]] = {}
+    for r in known:
+        by.setdefault(tuple(sorted((r.ops or {}).items())), []).append(r)
+    if len(by) < 2:
+        return None
+    groups = sorted(by.items(), key=lambda kv: -len(kv[1]))
+    (usual, most), (odd, few) = groups[0], groups[1]
+    if len(groups) > 2 or len(few) >= len(most):
+        return None
+    mine, theirs = dict(odd), dict(usual)
+    diffs = [f"{mine.get(op, 0)} {op}, the others {theirs.get(op, 0)}"
+             for op in sorted(set(mine) | set(theirs)) if mine.get(op, 0) != theirs.get(op, 0)]
+    return few, "its collectives differ from the others' (a desync): issued " + "; ".join(diffs)
