@@ -203,6 +203,9 @@ class StackReport:
             what = _common_collective(waiting)
             return outside, (f"not in the collective the others wait in ({what})" if what
                              else "not in a collective while the others wait in one")
+        silent = [r for r in self.ranks if not r.threads]
+        if silent and len(silent) < len(self.ranks):
+            return silent, "it gave no stack while the others did"
         odd = _odd_history(self.ranks)
         if odd is not None:
             return odd
@@ -212,9 +215,6 @@ class StackReport:
             if len(small) == 1:
                 return small[0].ranks, (f"its stack differs from the other ranks' "
                                         f"({groups[0].ranks[0].where()})")
-        silent = [r for r in self.ranks if not r.threads]
-        if silent and len(silent) < len(self.ranks):
-            return silent, "it gave no stack while the others did"
         if len(groups) == 1 and waiting:
             return [], "every rank waits in the same collective: a rank or node that is " \
                        "gone (see the nodes) or a collective no rank will issue"
