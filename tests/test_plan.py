@@ -5,7 +5,15 @@ from __future__ import annotations
 import os
 import shlex
 
-from ptcluster.launch.plan import SHIM_VAR, Target, plan_launch, rank_env, shim_source
+from ptcluster.launch.plan import (
+    PROBE_VAR,
+    SHIM_VAR,
+    Target,
+    plan_launch,
+    probe_source,
+    rank_env,
+    shim_source,
+)
 from ptcluster.remote.bootstrap import BOOTSTRAP, GUARD, node_argv
 from ptcluster.remote.transport import LocalTransport, SshTransport
 from ptcluster.spec import SshSpec, local_cluster, parse_cluster_text
@@ -56,13 +64,21 @@ def test_env_is_cluster_env_plus_ours_only() -> None:
     assert dict(plan.nodes[0].env)["GLOO_SOCKET_IFNAME"] == "eth0"
     assert env["PTCLUSTER_JOB_ID"] == "J"
     assert set(env) == {"NCCL_DEBUG", "WEIRD", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
-                        "PYTHONUNBUFFERED", "PTCLUSTER_BACKEND", "PTCLUSTER_JOB_ID", SHIM_VAR}
+                        "PYTHONUNBUFFERED", "PTCLUSTER_BACKEND", "PTCLUSTER_JOB_ID", SHIM_VAR,
+                        PROBE_VAR, "TORCH_FR_BUFFER_SIZE"}
     assert env[SHIM_VAR] == shim_source()  # the plan holds what is shipped, the shim included
+    assert env[PROBE_VAR] == probe_source() and env["TORCH_FR_BUFFER_SIZE"] == "2000"
     full = dict(rank_env(plan, plan.nodes[2]))
-    assert SHIM_VAR not in full  # code, not configuration: `ptcluster env` leaves it out
+    assert SHIM_VAR not in full and PROBE_VAR not in full  # code: `ptcluster env` leaves it out
     assert full["WORLD_SIZE"] == "4" and full["NODE_RANK"] == "2"
     assert full["MASTER_ADDR"] == "n1" and full["MASTER_PORT"] == "29500"
     assert full["LOCAL_WORLD_SIZE"] == "1"
+
+
+def test_flight_recorder_size_from_the_cluster_file_is_kept() -> None:
+    spec = parse_cluster_text("nodes: [{host: n1}]\nenv: {TORCH_FR_BUFFER_SIZE: '0'}\n", "c.yaml")
+    env = plan_launch(spec, Target(module="m"), port=29500, job_id="J").nodes[0].env
+    assert [v for k, v in env if k == "TORCH_FR_BUFFER_SIZE"] == ["0"]
 
 
 def test_module_target_argv() -> None:
