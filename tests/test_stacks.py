@@ -21,7 +21,7 @@ from ptcluster.launch.result import RunOptions
 from ptcluster.launch.stacks import RankStack, StackReport, parse_faulthandler, rank_stack
 from ptcluster.launch.supervisor import CollectStacks, Send, SignalChannel, Supervisor
 from ptcluster.remote import wire
-from ptcluster.remote.hangwatch import ProgressMeter
+from ptcluster.remote.hangwatch import ProgressMeter, find_pyspy
 from ptcluster.remote.rank_server import RankServer
 from ptcluster.spec import parse_cluster_text
 
@@ -262,7 +262,8 @@ def wait_ready(server: RankServer, ranks: set[int], timeout: float = 20.0) -> No
         time.sleep(0.05)
 
 
-SLEEPS = "import time\ndef load_batch():\n    time.sleep(60)\nprint('go', flush=True)\nload_batch()\n"
+SLEEPS = ("import time\ndef load_batch():\n    time.sleep(60)\nprint('go', flush=True)\n"
+          "load_batch()\n")
 HOLDS_GIL = ("import ctypes\ndef read_sensor():\n    while True:\n"
              "        ctypes.PyDLL(None).sleep(60)\nread_sensor()\n")
 BUSY = "while True:\n    sum(range(10000))\n"
@@ -279,6 +280,9 @@ def test_stacks_of_real_ranks_a_sleeping_one_and_one_holding_the_gil(rank_server
     where = {r.rank: r.where() for r in report.ranks}
     assert where == {0: "in load_batch at <string>:3", 1: "in read_sensor at <string>:4"}
     assert all(v["ms"] is not None and v["ms"] < 1000 for v in raw.values())
+    if find_pyspy() is not None:  # the `stacks` extra (installed for the tests): native frames
+        native = report.ranks[[r.rank for r in report.ranks].index(1)].native
+        assert "read_sensor" in native and "sleep (libc" in native, native
 
 
 def test_progress_meter_tells_a_busy_rank_from_an_idle_one(rank_server) -> None:

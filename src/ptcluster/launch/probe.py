@@ -1,19 +1,22 @@
 """The rank's stack probe: installed by the shim in the rank's process before the user's code.
 
 Standard library only (it runs in every rank, shipped like the shim in an env var, and imports
-torch only when the user's program already did). Two connections to the node's guard socket:
+torch only when the user's program already did). Two things:
 
-* ``stk``: the target of ``faulthandler.register(STACK_SIGNAL, all_threads=True)``. On the
-  signal, the C handler writes every thread's Python stack there. It needs no GIL and no help
-  from the script, so it answers while a thread holds the GIL in C code, while the main thread
-  waits in a collective, or while Python code is stuck anywhere.
-* ``probe``: a daemon thread. It says ``ready`` (with this process's pid: the guard signals only
-  a process whose handler is installed; the default action of a real-time signal is to
-  terminate). When torch.distributed is initialized and its flight recorder is on
-  (``TORCH_FR_BUFFER_SIZE``), it reports the collectives enqueued and completed whenever they
-  change (the guard's progress measure) and answers ``fr`` requests with the collectives in
-  flight. It needs the GIL: a rank whose GIL is held simply does not answer; the stack still
-  comes from ``stk``.
+* a file in the guard's private temp dir (next to its socket), the target of
+  ``faulthandler.register(STACK_SIGNAL, all_threads=True)``. On the signal, the C handler writes
+  every thread's Python stack there. It needs no GIL and no help from the script, so it answers
+  while a thread holds the GIL in C code, while the main thread waits in a collective, or while
+  Python code is stuck anywhere. A file, not a socket: faulthandler writes in many tiny pieces,
+  which fill a socket's buffer after a few hundred of them, and the rank would then wait in its
+  signal handler for the guard to read; a file never makes it wait.
+* a ``probe`` connection to the guard's socket, served by a daemon thread. It says ``ready``
+  (with this process's pid and the dump file: the guard signals only a process whose handler
+  is installed; the default action of a real-time signal is to terminate). When
+  torch.distributed is initialized and its flight recorder is on (``TORCH_FR_BUFFER_SIZE``),
+  it reports the collectives enqueued and completed whenever they change (the guard's
+  progress measure) and answers ``fr`` requests with the collectives in flight. It needs the
+  GIL: a rank whose GIL is held simply does not answer; the stack still comes from the file.
 """
 
 import faulthandler
@@ -36,15 +39,17 @@ _keep: list = []  # the sockets live as long as the process (faulthandler holds 
 def install(path: str, rank: int) -> None:
     """Connect to the guard and install the handler; silently nothing when that fails (the
     probe must never keep a rank from running)."""
+    stk_path = os.path.join(os.path.dirname(path), f"stk-{rank}-{os.getpid()}")
     try:
-        stk = _connect(path, rank, "stk")
+        stk = open(stk_path, "ab", buffering=0)
         probe = _connect(path, rank, "probe")
     except OSError:
         return
-    faulthandler.register(STACK_SIGNAL, file=stk.fileno(), all_threads=True, chain=False)
+    faulthandler.register(STACK_SIGNAL, file=stk, all_threads=True, chain=False)
     _keep.extend((stk, probe))
     probe.sendall(b"ready " + json.dumps({"pid": os.getpid(), "signal": int(STACK_SIGNAL),
-                                          "fr": _fr_buffer() > 0}).encode() + b"\n")
+                                          "fr": _fr_buffer() > 0, "stk": stk_path}).encode()
+                  + b"\n")
     threading.Thread(target=_serve, args=(probe,), name="ptcluster-probe", daemon=True).start()
 
 

@@ -51,8 +51,9 @@ DataSink = Callable[[str, int, dict[str, Any]], None]
 """on_data(host, rank, record) for structured records a rank program reports."""
 BATCH_SECONDS = 0.05
 """Longest stretch the loop spends on queued events before its next round of checks."""
-STACKS_WAIT = 5.0
-"""Seconds a stacks collection waits for every node's answer (each guard needs <= 2.5 s)."""
+STACKS_WAIT = 10.0
+"""Seconds a stacks collection waits for every node's answer (a guard needs <= 2.5 s, plus
+<= 6 s when it runs py-spy)."""
 
 
 @dataclass

@@ -106,6 +106,8 @@ class RankStack:
     note: str = ""
     ms: float | None = None
     """From the signal to the end of the dump (how long asking cost)."""
+    native: str = ""
+    """py-spy's dump (native frames, the GIL holder) when the node has py-spy."""
 
     @property
     def main(self) -> ThreadStack | None:
@@ -258,7 +260,7 @@ class StackReport:
             "groups": [{"ranks": [r.rank for r in g.ranks], "where": g.ranks[0].where()}
                        for g in self.groups()],
             "ranks": [{"rank": r.rank, "host": r.host, "pid": r.pid, "where": r.where(),
-                       "error": r.error, "note": r.note, "probe_ms": r.ms,
+                       "error": r.error, "note": r.note, "probe_ms": r.ms, "pyspy": r.native,
                        "flight_recorder": {"counts": r.counts, "active": r.active,
                                            "ops": r.ops},
                        "threads": [{"id": t.ident, "name": t.name, "main": t.main,
@@ -278,6 +280,9 @@ def rank_stack_lines(r: RankStack) -> list[str]:
         label = "main thread" if t.main else f"thread {t.name or t.ident}"
         out.append(f"{label} (most recent call last):")
         out += [f"  {f.file}:{f.line} in {f.func}" for f in reversed(t.frames)]
+    if r.native:
+        out.append("py-spy (native frames too, most recent call first):")
+        out += [f"  {line}" for line in r.native.splitlines() if line.strip()]
     return out
 
 
@@ -290,7 +295,9 @@ def rank_stack(rank: int, host: str, raw: dict[str, Any]) -> RankStack:
                      active=list(fr.get("active") or []), counts=fr.get("counts"),
                      ops=fr.get("ops"),
                      error=str(raw.get("error") or ""), note=str(raw.get("fr_note") or ""),
-                     ms=raw.get("ms"))
+                     ms=raw.get("ms"),
+                     native=str(raw.get("pyspy") or (f"(py-spy: {raw['pyspy_error']})"
+                                                     if raw.get("pyspy_error") else "")))
 
 
 def build_report(replies: Iterable[tuple[str, dict[int, dict[str, Any]]]], *, reason: str,

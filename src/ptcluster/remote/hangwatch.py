@@ -1,8 +1,9 @@
 """The guard's view of whether its ranks make progress, and their stacks on demand.
 
 Standard library only; shipped with the guard (inlined by ``remote.bootstrap``). The rank
-server hands this module what comes on the ranks' ``stk`` and ``probe`` connections (see
-``launch/probe.py``, installed in every rank by the shim) and when each rank last printed.
+server hands this module what comes on the ranks' ``probe`` connections (see
+``launch/probe.py``, installed in every rank by the shim) and when each rank last printed; a
+rank's stack dump is read from the file its probe names (in the guard's temp dir).
 
 Progress, per rank, from what the node already has at no cost to the rank: its last output
 line, the CPU time of its process tree (``/proc/PID/stat``, children such as data loader
@@ -14,7 +15,10 @@ with every heartbeat; the head decides what a hang is.
 
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -29,6 +33,28 @@ CPU_FLOOR = 0.05
 """CPU seconds per second below which a rank counts as idle: a rank blocked in gloo's wait
 measured 0.007 here; anything computing uses far more."""
 TICK = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+PYSPY_TIMEOUT = 5.0
+"""Seconds one ``py-spy dump`` may take (it pauses the rank while it reads its memory)."""
+MAX_PYSPY = 64 * 1024
+
+
+def find_pyspy() -> str | None:
+    """py-spy (the ``stacks`` extra) next to the node's Python, or on PATH; None without it."""
+    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return here if os.access(here, os.X_OK) else shutil.which("py-spy")
+
+
+def pyspy_dump(exe: str, pid: int) -> dict[str, str]:
+    """Native frames too, and whether a thread holds the GIL; ``{"pyspy": text}`` or
+    ``{"pyspy_error": why}`` (py-spy needs ptrace rights: root or CAP_SYS_PTRACE here)."""
+    try:
+        proc = subprocess.run([exe, "dump", "--pid", str(pid), "--native"],
+                              capture_output=True, text=True, timeout=PYSPY_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"pyspy_error": f"{type(exc).__name__}: {exc}"[:300]}
+    if proc.returncode != 0:
+        return {"pyspy_error": (proc.stderr.strip() or f"exit {proc.returncode}")[-300:]}
+    return {"pyspy": proc.stdout[:MAX_PYSPY]}
 
 
 class RankProbes:
@@ -37,12 +63,11 @@ class RankProbes:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.collecting = threading.Lock()
-        self.ready: dict[int, tuple[Any, int, bool]] = {}
-        """rank -> (probe connection, pid whose handler is installed, flight recorder on)."""
+        self.ready: dict[int, tuple[Any, int, bool, str]] = {}
+        """rank -> (probe connection, pid whose handler is installed, flight recorder on, the
+        file its dumps go to)."""
         self.pids: dict[int, int] = {}
         """rank -> pid of the rank's process (the shim's start record), until it exits."""
-        self.stacks: dict[int, bytearray] = {}
-        self.stack_at: dict[int, float] = {}
         self.fr_counts: dict[int, dict[str, Any]] = {}
         self.fr_replies: dict[int, dict[str, Any]] = {}
         self.last_output: dict[int, float] = {}
@@ -60,13 +85,6 @@ class RankProbes:
 
     def feed(self, st: dict[str, Any], data: bytes) -> None:
         rank = st["rank"]
-        if st["role"] == "stk":
-            with self.lock:
-                buf = self.stacks.setdefault(rank, bytearray())
-                if len(buf) < MAX_STACK:
-                    buf += data[:MAX_STACK - len(buf)]
-                self.stack_at[rank] = time.monotonic()
-            return
         lines = (st["buf"] + data).split(b"\n")
         st["buf"] = lines.pop()
         for line in lines:
@@ -78,7 +96,8 @@ class RankProbes:
             if not isinstance(body, dict):
                 continue
             if kind == b"ready":
-                self.ready[rank] = (st["conn"], int(body.get("pid", 0)), bool(body.get("fr")))
+                self.ready[rank] = (st["conn"], int(body.get("pid", 0)), bool(body.get("fr")),
+                                    str(body.get("stk", "")))
             elif kind == b"progress":
                 self.fr_counts[rank] = body
             elif kind == b"fr":
@@ -102,12 +121,12 @@ class RankProbes:
         targets = dict(self.ready)
         with self.lock:
             for rank in targets:
-                self.stacks.pop(rank, None)
-                self.stack_at.pop(rank, None)
                 self.fr_replies.pop(rank, None)
         sent: dict[int, float] = {}
+        start = {rank: _size(t[3]) for rank, t in targets.items()}
+        grown: dict[int, tuple[int, float]] = {}  # rank -> (size, when it last grew)
         out: dict[str, dict[str, Any]] = {}
-        for rank, (conn, pid, fr) in targets.items():
+        for rank, (conn, pid, fr, _) in targets.items():
             if fr:
                 try:
                     conn.sendall(b"fr\n")
@@ -123,18 +142,21 @@ class RankProbes:
         fr_wait = min(deadline, time.monotonic() + 1.0)  # a held GIL never answers: not long
         while time.monotonic() < deadline:
             now = time.monotonic()
+            for r in sent:
+                size = _size(targets[r][3])
+                if size > grown.get(r, (start[r], 0.0))[0]:
+                    grown[r] = (size, now)
+            dumps_done = all(r in grown and now - grown[r][1] > QUIET for r in sent)
             with self.lock:
-                dumps_done = all(r in self.stack_at and now - self.stack_at[r] > QUIET
-                                 for r in sent)
-                fr_done = now > fr_wait or all(r in self.fr_replies for r, (_, _, fr)
-                                                in targets.items() if fr and r in sent)
+                fr_done = now > fr_wait or all(r in self.fr_replies for r, t
+                                               in targets.items() if t[2] and r in sent)
             if dumps_done and fr_done:
                 break
             time.sleep(0.02)
         with self.lock:
             for rank, at in sent.items():
-                text = bytes(self.stacks.get(rank, b"")).decode(errors="replace")
-                done = self.stack_at.get(rank)
+                text = _read(targets[rank][3], start[rank])
+                done = grown[rank][1] if rank in grown else None
                 entry: dict[str, Any] = {"pid": targets[rank][1], "text": text,
                                          "ms": None if done is None else
                                          round((done - at) * 1000, 1)}
@@ -145,6 +167,15 @@ class RankProbes:
                 if not text:
                     entry["error"] = "no stack came back"
                 out[str(rank)] = entry
+        exe = find_pyspy()
+        if exe is not None and sent:  # after faulthandler: never two at a rank at once
+            def spy(rank: int) -> None:
+                out[str(rank)].update(pyspy_dump(exe, targets[rank][1]))
+            spies = [threading.Thread(target=spy, args=(r,), daemon=True) for r in sent]
+            for t in spies:
+                t.start()
+            for t in spies:
+                t.join(PYSPY_TIMEOUT + 1.0)
         for rank, pid in self.pids.items():
             if str(rank) not in out:
                 out[str(rank)] = {"pid": pid, "text": "",
@@ -191,6 +222,23 @@ class ProgressMeter:
             if rank not in pids:
                 del self.state[rank]
         return idle
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _read(path: str, offset: int) -> str:
+    """What a rank's dump file gained since ``offset`` (at most ``MAX_STACK`` bytes)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(MAX_STACK).decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def proc_ticks() -> dict[int, tuple[int, int]]:

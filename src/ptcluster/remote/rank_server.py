@@ -30,8 +30,8 @@ class RankServer:
     ``err`` then carry the rank's raw output: lines end at ``\n`` or ``\r`` (progress bars),
     and a partial line is sent after ``IDLE_FLUSH`` s without more (prompts). ``ctl`` carries
     the shim's ``start`` (with the number of output streams it opened) and ``exit``; ``data``
-    carries what the rank itself reports (``error``, ``data`` records); ``stk`` and ``probe`` are
-    the stack probe's (``remote.hangwatch``). A rank's ``rexit`` waits
+    carries what the rank itself reports (``error``, ``data`` records); ``probe`` is the stack
+    probe's (``remote.hangwatch``). A rank's ``rexit`` waits
     until every declared output stream has come and gone (or ``EXIT_WAIT``), so the head has a
     rank's last lines, its traceback included, before it learns that it ended.
     """
@@ -107,7 +107,7 @@ class RankServer:
 
     def feed(self, st: dict[str, Any], data: bytes) -> None:
         role, rank = st["role"], st["rank"]
-        if role in ("stk", "probe"):
+        if role == "probe":
             self.probes.feed(st, data)
             return
         if role not in ("out", "err"):
@@ -171,7 +171,7 @@ class RankServer:
         conn.close()
         if st is None or st["rank"] is None:
             return
-        if st["buf"] and st["role"] not in ("stk", "probe"):
+        if st["buf"] and st["role"] != "probe":
             self.feed(st, b"\n")
         rank = st["rank"]
         self.probes.dropped(st)
