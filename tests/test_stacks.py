@@ -14,7 +14,7 @@ import pytest
 
 from ptcluster.launch import events as ev
 from ptcluster.launch import shim
-from ptcluster.launch.control import ControlError, ControlServer, ask
+from ptcluster.launch.control import ControlError, ControlServer, alive, ask
 from ptcluster.launch.plan import Target, plan_launch
 from ptcluster.launch.progress import ProgressWatch
 from ptcluster.launch.result import RunOptions
@@ -300,11 +300,14 @@ def test_progress_meter_tells_a_busy_rank_from_an_idle_one(rank_server) -> None:
 def test_control_socket_answers_its_owner_in_a_deep_run_dir(tmp_path) -> None:
     deep = tmp_path / ("d" * 60) / ("e" * 60)  # longer than a socket path may be
     deep.mkdir(parents=True)
-    server = ControlServer(deep, lambda request: {"ok": True, "echo": request})
+    asked: list[dict] = []
+    server = ControlServer(deep, lambda request: asked.append(request) or {"ok": True})
     try:
         assert (deep / "control.sock").stat().st_mode & 0o777 == 0o600
-        assert ask(deep, {"cmd": "stacks"}) == {"ok": True, "echo": {"cmd": "stacks"}}
+        assert alive(deep) and asked == []  # looking is not asking
+        assert ask(deep, {"cmd": "stacks"}) == {"ok": True} and asked == [{"cmd": "stacks"}]
     finally:
         server.close()
+    assert not alive(deep)
     with pytest.raises(ControlError, match="no job is running"):
         ask(deep, {"cmd": "stacks"})

@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 
 from ptcluster.errors import UsageError
-from ptcluster.launch.control import SOCKET_NAME, ask
+from ptcluster.launch.control import SOCKET_NAME, alive, ask
 from ptcluster.launch.job import DEFAULT_RUNS_DIR
 
 
@@ -46,9 +46,10 @@ def find_run(run: str | None, runs: Path) -> Path:
                 return candidate
         raise UsageError(f"no run directory {run} (nor {runs / run})",
                          "give a run directory or a job id from ./ptcluster-runs")
-    live = sorted((p for p in runs.glob("*") if (p / SOCKET_NAME).exists()),
-                  key=lambda p: p.stat().st_mtime, reverse=True) if runs.is_dir() else []
-    if not live:
-        raise UsageError(f"no running job under {runs}/",
-                         "start one with `ptcluster run`, or give its run directory")
-    return live[0]
+    found = sorted((p for p in runs.glob("*") if (p / SOCKET_NAME).exists()),
+                   key=lambda p: p.stat().st_mtime, reverse=True) if runs.is_dir() else []
+    for run_dir in found:
+        if alive(run_dir):
+            return run_dir
+    raise UsageError(f"no running job under {runs}/",
+                     "start one with `ptcluster run`, or give its run directory")

@@ -79,7 +79,9 @@ class ControlServer:
                     return
                 conn.settimeout(10.0)
                 line = conn.makefile("rb").readline(65536)
-                request = json.loads(line) if line.strip() else {}
+                if not line.strip():
+                    return  # a look whether we are alive (``alive``), not a request
+                request = json.loads(line)
                 answer = self.handler(request if isinstance(request, dict) else {})
             except Exception as exc:  # noqa: BLE001 - the asker gets the reason, the job goes on
                 log.debug("control request failed", exc_info=True)
@@ -116,6 +118,20 @@ def ask(run_dir: Path, request: dict[str, Any], timeout: float = 30.0) -> dict[s
     if not isinstance(answer, dict):
         raise ControlError(f"the head of {run_dir} gave a bad answer", "report this bug")
     return answer
+
+
+def alive(run_dir: Path) -> bool:
+    """Whether a head still listens in ``run_dir`` (a head killed with SIGKILL leaves its
+    socket file behind)."""
+    path = run_dir / SOCKET_NAME
+    if not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            _with_dir(path, lambda short: s.connect(short))
+        except OSError:
+            return False
+    return True
 
 
 def _with_dir(path: Path, act: Callable[[str], None]) -> None:

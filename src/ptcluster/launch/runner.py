@@ -152,11 +152,16 @@ class Runner:
     def _open_control(self) -> ControlServer | None:
         """``ptcluster stacks`` asks through this; a run goes on without it."""
         try:
-            return ControlServer(self.run_dir, lambda request: self.ask_stacks())
+            return ControlServer(self.run_dir, self._control_request)
         except OSError as exc:
             self.on_status(f"no control socket in {self.run_dir} ({exc}): `ptcluster stacks` "
                            "cannot reach this job")
             return None
+
+    def _control_request(self, request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("cmd") == "stacks":
+            return self.ask_stacks()
+        return {"ok": False, "error": f"unknown request {str(request.get('cmd'))[:40]!r}"}
 
     def _channel(self, host: str) -> NodeChannel:
         node = self.plan.nodes[self._node_rank[host]]
