@@ -104,7 +104,7 @@ def test_straggler_by_the_flight_recorder_names_the_collective() -> None:
 
 def test_straggler_by_stack_when_the_rank_cannot_answer() -> None:
     """A rank whose GIL is held answers no recorder question: its stack decides."""
-    report = StackReport(ranks=[rs(0, "n1", IN_LOAD, None, fr_note="no answer"),
+    report = StackReport(ranks=[rs(0, "n1", IN_LOAD, None, note="its probe thread did not answer"),
                                 rs(1, "n2", IN_ALL_REDUCE, fr(4, 3)),
                                 rs(2, "n2", IN_ALL_REDUCE, fr(4, 3))])
     assert [r.rank for r in report.straggler()[0]] == [0]
@@ -279,6 +279,8 @@ def test_stacks_of_real_ranks_a_sleeping_one_and_one_holding_the_gil(rank_server
     report = StackReport(ranks=[rank_stack(int(r), "n", v) for r, v in raw.items()])
     where = {r.rank: r.where() for r in report.ranks}
     assert where == {0: "in load_batch at <string>:3", 1: "in read_sensor at <string>:4"}
+    # the sleeping rank's own thread answers; the one holding the GIL needs the signal
+    assert (raw["0"]["how"], raw["1"]["how"]) == ("probe thread", "signal (faulthandler)")
     assert all(v["ms"] is not None and v["ms"] < 1000 for v in raw.values())
     if find_pyspy() is not None:  # the `stacks` extra (installed for the tests): native frames
         native = report.ranks[[r.rank for r in report.ranks].index(1)].native

@@ -3,20 +3,24 @@
 Standard library only (it runs in every rank, shipped like the shim in an env var, and imports
 torch only when the user's program already did). Two things:
 
+* a ``probe`` connection to the guard's socket, served by a daemon thread (below), which
+  answers ``dump`` with every thread's stack from ``sys._current_frames()``: under the GIL, so
+  safe while the program runs.
 * a file in the guard's private temp dir (next to its socket), the target of
-  ``faulthandler.register(STACK_SIGNAL, all_threads=True)``. On the signal, the C handler writes
-  every thread's Python stack there. It needs no GIL and no help from the script, so it answers
-  while a thread holds the GIL in C code, while the main thread waits in a collective, or while
-  Python code is stuck anywhere. A file, not a socket: faulthandler writes in many tiny pieces,
-  which fill a socket's buffer after a few hundred of them, and the rank would then wait in its
-  signal handler for the guard to read; a file never makes it wait.
-* a ``probe`` connection to the guard's socket, served by a daemon thread. It says ``ready``
-  (with this process's pid and the dump file: the guard signals only a process whose handler
-  is installed; the default action of a real-time signal is to terminate). When
-  torch.distributed is initialized and its flight recorder is on (``TORCH_FR_BUFFER_SIZE``),
-  it reports the collectives enqueued and completed whenever they change (the guard's
-  progress measure) and answers ``fr`` requests with the collectives in flight. It needs the
-  GIL: a rank whose GIL is held simply does not answer; the stack still comes from the file.
+  ``faulthandler.register(STACK_SIGNAL, all_threads=True)``: the fallback when the thread cannot
+  answer because a thread holds the GIL in C code. The C handler needs no GIL and no help from
+  the script; it reads the frames of every thread without a lock, which is safe only when no
+  thread runs Python at that moment (a held GIL guarantees it; a healthy job does not: a dump
+  by signal while the job ran crashed a rank with SIGSEGV in 2 of 7 tries here, hence the
+  thread first). A file, not a socket: faulthandler writes in many tiny pieces, which fill a
+  socket's buffer after a few hundred of them, and the rank would then wait in its signal
+  handler for the guard to read; a file never makes it wait.
+
+The thread says ``ready`` (with this process's pid and the dump file: the guard signals only a
+process whose handler is installed; the default action of a real-time signal is to terminate).
+When torch.distributed is initialized and its flight recorder is on (``TORCH_FR_BUFFER_SIZE``),
+it reports the collectives enqueued and completed whenever they change (the guard's progress
+measure) and adds the collectives in flight to its ``dump`` answer.
 """
 
 import faulthandler
@@ -26,6 +30,7 @@ import signal
 import socket
 import sys
 import threading
+import types
 
 STACK_SIGNAL = signal.SIGRTMIN + 7
 """The guard's "dump your stacks" signal (glibc keeps SIGRTMIN-2..-1 for itself; +7 is free of
@@ -84,14 +89,36 @@ def _serve(s: socket.socket) -> None:
         try:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
-                if line.strip() == b"fr":
-                    s.sendall(b"fr " + json.dumps(flight_recorder(active=True)).encode() + b"\n")
+                if line.strip() == b"dump":
+                    s.sendall(b"dump " + json.dumps({"text": stacks_text(),
+                                                     "fr": flight_recorder(active=True)}).encode()
+                              + b"\n")
             counts = flight_recorder(active=False).get("counts")
             if counts is not None and counts != last:
                 last = counts
                 s.sendall(b"progress " + json.dumps(counts).encode() + b"\n")
         except OSError:
             return
+
+
+def stacks_text() -> str:
+    """Every other thread's stack, from ``sys._current_frames()`` under the GIL, in
+    faulthandler's format (one parser for both). Safe while threads run, unlike faulthandler's
+    handler, which reads the frames of threads that may be running at that very moment."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    out = []
+    for ident, top in sys._current_frames().items():
+        if ident == me:
+            continue
+        frame: types.FrameType | None = top
+        out.append(f"Thread 0x{ident:016x} [{names.get(ident, '')}] (most recent call first):")
+        while frame is not None:
+            code = frame.f_code
+            out.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
+            frame = frame.f_back
+        out.append("")
+    return "\n".join(out)
 
 
 def flight_recorder(active: bool) -> dict:

@@ -19,17 +19,17 @@ import os
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ptcluster.errors import PtclusterError
 from ptcluster.launch import events as ev
+from ptcluster.launch.collector import StackCollector
 from ptcluster.launch.control import ControlServer
 from ptcluster.launch.plan import PROBE_VAR, SHIM_VAR, LaunchPlan
 from ptcluster.launch.result import RunOptions, RunResult
 from ptcluster.launch.runlogs import RunLogs
-from ptcluster.launch.stacks import build_report
 from ptcluster.launch.supervisor import (
     Action,
     CollectStacks,
@@ -51,22 +51,6 @@ DataSink = Callable[[str, int, dict[str, Any]], None]
 """on_data(host, rank, record) for structured records a rank program reports."""
 BATCH_SECONDS = 0.05
 """Longest stretch the loop spends on queued events before its next round of checks."""
-STACKS_WAIT = 10.0
-"""Seconds a stacks collection waits for every node's answer (a guard needs <= 2.5 s, plus
-<= 6 s when it runs py-spy)."""
-
-
-@dataclass
-class _Collection:
-    """One stacks collection in flight: asked of ``hosts``, answered in ``replies``."""
-
-    purpose: str
-    hosts: set[str]
-    deadline: float
-    replies: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
-    waiters: list[queue.Queue[dict[str, Any]]] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
 class _AskStacks:
     """From the control socket's thread: collect stacks, answer on ``reply``."""
@@ -98,7 +82,7 @@ class Runner:
         self._stop_requests = 0
         self._sink_errors: set[str] = set()
         self.sup: Supervisor | None = None
-        self._collections: dict[int, _Collection] = {}
+        self.stacks = StackCollector(run_dir, self.on_status)
         self._hang_report: dict[str, Any] | None = None
 
     # -- public -------------------------------------------------------------------------------
@@ -129,9 +113,7 @@ class Runner:
         finally:
             if control is not None:
                 control.close()
-            for collection in self._collections.values():
-                for waiter in collection.waiters:
-                    waiter.put({"ok": False, "error": "the job ended before every node answered"})
+            self.stacks.abandon()
             close_all(list(self.channels.values()), timeout=self.opts.stop_deadline)
             self.logs.close()
         result = self._result(self.sup, time.monotonic() - t0)
@@ -241,9 +223,7 @@ class Runner:
             self._node_line(sup, e.host, text)
         elif kind is ev.StacksReply:
             assert isinstance(e, ev.StacksReply)
-            collection = self._collections.get(e.id) if e.id is not None else None
-            if collection is not None and e.host in collection.hosts:
-                collection.replies[e.host] = e.ranks
+            self.stacks.reply(e)
         elif kind is ev.RankData:
             assert isinstance(e, ev.RankData)
             try:
@@ -298,37 +278,16 @@ class Runner:
                 waiter.put({"ok": False, "error": f"the job is {sup.phase.value}, not running"})
                 return
             hosts = set()  # a hang with no node left to ask: an empty report, at once
-        ident = max(self._collections, default=0) + 1
-        collection = _Collection(purpose, hosts, time.monotonic() + STACKS_WAIT)
-        if waiter is not None:
-            collection.waiters.append(waiter)
-        self._collections[ident] = collection
-        for host in hosts:
-            self.channels[host].send("stacks", {"id": ident})
+        reason = (f"hang: no rank made progress for {self.opts.hang_timeout:.0f} s"
+                  if purpose == "hang" else purpose)
+        self.stacks.start(purpose, reason, hosts,
+                          lambda host, payload: self.channels[host].send("stacks", payload),
+                          waiter)
 
     def _finish_collections(self, sup: Supervisor, now: float) -> None:
-        for ident, c in list(self._collections.items()):
-            if not c.hosts <= c.replies.keys() and now < c.deadline:
-                continue
-            del self._collections[ident]
-            hang = c.purpose == "hang"
-            reason = (f"hang: no rank made progress for {self.opts.hang_timeout:.0f} s" if hang
-                      else c.purpose)
-            report = build_report(c.replies.items(), reason=reason, at=time.time(),
-                                  missing=sorted(c.hosts - c.replies.keys()))
-            name = "hang-stacks" if hang else f"stacks-{time.strftime('%H%M%S')}-{ident}"
-            saved = self.run_dir / f"{name}.txt"
-            data = report.to_json()
-            try:
-                _write_private(saved, "\n".join(report.lines()) + "\n")
-                _write_private(self.run_dir / f"{name}.json", json.dumps(data, indent=2))
-            except OSError as exc:
-                self.on_status(f"the stacks report could not be saved in {self.run_dir}: {exc}")
-            for waiter in c.waiters:
-                waiter.put({"ok": True, "report": data, "lines": report.lines(),
-                            "saved": str(saved)})
-            if hang:
-                self._hang_report = data
+        for purpose, report in self.stacks.finish(now):
+            if purpose == "hang":
+                self._hang_report = report.to_json()
                 late, _ = report.straggler()
                 self._apply(sup.hang_reported(
                     report.headline(), late[0].rank if len(late) == 1 else None,

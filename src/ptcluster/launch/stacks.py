@@ -274,6 +274,8 @@ def rank_stack_lines(r: RankStack) -> list[str]:
     out = []
     if r.error:
         out.append(f"({r.error})")
+    if r.note:
+        out.append(f"({r.note})")
     for act in r.active:
         out.append(f"in flight: {act.get('op')} #{act.get('seq')} sizes {act.get('sizes')}")
     for t in r.threads:
@@ -294,7 +296,7 @@ def rank_stack(rank: int, host: str, raw: dict[str, Any]) -> RankStack:
                      threads=parse_faulthandler(str(raw.get("text") or "")),
                      active=list(fr.get("active") or []), counts=fr.get("counts"),
                      ops=fr.get("ops"),
-                     error=str(raw.get("error") or ""), note=str(raw.get("fr_note") or ""),
+                     error=str(raw.get("error") or ""), note=str(raw.get("note") or ""),
                      ms=raw.get("ms"),
                      native=str(raw.get("pyspy") or (f"(py-spy: {raw['pyspy_error']})"
                                                      if raw.get("pyspy_error") else "")))

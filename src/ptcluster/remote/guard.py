@@ -143,7 +143,8 @@ class Guard:
             ask = json.loads(payload) if payload else {}
         except ValueError:
             ask = {}
-        ranks = self.ranks.probes.collect() if self.ranks is not None else {}
+        native = bool(ask.get("native")) if isinstance(ask, dict) else False
+        ranks = self.ranks.probes.collect(native) if self.ranks is not None else {}
         self.send("stacks", {"id": ask.get("id"), "ranks": ranks, "t": time.time()})
 
     def pump_agent(self, stream: Any) -> None:

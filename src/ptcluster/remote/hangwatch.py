@@ -27,6 +27,10 @@ STACK_SIGNAL = signal.SIGRTMIN + 7
 """Same expression as ``launch/probe.py``: the signal its faulthandler answers."""
 MAX_STACK = 256 * 1024
 """Bytes of one rank's dump kept (a process with thousands of threads is cut there)."""
+ANSWER_WAIT = 1.0
+"""Seconds for a rank's probe thread to answer before the rank counts as holding its GIL."""
+SIGNAL_WAIT = 2.0
+"""Seconds for faulthandler's dumps to arrive after the signal."""
 QUIET = 0.2
 """A rank's dump is complete when no byte came for this long (faulthandler sends no end mark)."""
 CPU_FLOOR = 0.05
@@ -69,7 +73,8 @@ class RankProbes:
         self.pids: dict[int, int] = {}
         """rank -> pid of the rank's process (the shim's start record), until it exits."""
         self.fr_counts: dict[int, dict[str, Any]] = {}
-        self.fr_replies: dict[int, dict[str, Any]] = {}
+        self.dumps: dict[int, dict[str, Any]] = {}
+        """rank -> the probe thread's answer to ``dump`` (text, fr, at)."""
         self.last_output: dict[int, float] = {}
 
     # -- fed by the rank server ---------------------------------------------------------------
@@ -100,9 +105,10 @@ class RankProbes:
                                     str(body.get("stk", "")))
             elif kind == b"progress":
                 self.fr_counts[rank] = body
-            elif kind == b"fr":
+            elif kind == b"dump":
+                body["at"] = time.monotonic()
                 with self.lock:
-                    self.fr_replies[rank] = body
+                    self.dumps[rank] = body
 
     def dropped(self, st: dict[str, Any]) -> None:
         if st.get("role") == "probe":
@@ -111,67 +117,47 @@ class RankProbes:
                 del self.ready[st["rank"]]  # exec'd or ended: never signal that pid again
 
     # -- stacks -------------------------------------------------------------------------------
-    def collect(self, timeout: float = 2.5) -> dict[str, dict[str, Any]]:
-        """Every rank's stacks: signal each rank whose probe is ready, ask its recorder, and
-        wait (at most ``timeout`` s) for the dumps to be complete. One collection at a time."""
+    def collect(self, native: bool = False) -> dict[str, dict[str, Any]]:
+        """Every rank's stacks: first from the rank's probe thread (under the GIL: safe while
+        the rank runs); a rank that cannot answer within ``ANSWER_WAIT`` s has a thread holding
+        the GIL, so nothing runs Python there and faulthandler's dump by signal is safe. py-spy
+        (when installed) adds native frames for those ranks, and for every rank when
+        ``native`` (a hang report). One collection at a time."""
         with self.collecting:
-            return self._collect(timeout)
+            return self._collect(native)
 
-    def _collect(self, timeout: float) -> dict[str, dict[str, Any]]:
+    def _collect(self, native: bool) -> dict[str, dict[str, Any]]:
         targets = dict(self.ready)
         with self.lock:
             for rank in targets:
-                self.fr_replies.pop(rank, None)
-        sent: dict[int, float] = {}
-        start = {rank: _size(t[3]) for rank, t in targets.items()}
-        grown: dict[int, tuple[int, float]] = {}  # rank -> (size, when it last grew)
-        out: dict[str, dict[str, Any]] = {}
-        for rank, (conn, pid, fr, _) in targets.items():
-            if fr:
-                try:
-                    conn.sendall(b"fr\n")
-                except OSError:
-                    fr = False
+                self.dumps.pop(rank, None)
+        asked = time.monotonic()
+        for conn, _, _, _ in targets.values():
             try:
-                sent[rank] = time.monotonic()
-                os.kill(pid, STACK_SIGNAL)
-            except OSError as exc:
-                out[str(rank)] = {"pid": pid, "text": "", "error": f"not signalled: {exc}"}
-                sent.pop(rank)
-        deadline = time.monotonic() + timeout
-        fr_wait = min(deadline, time.monotonic() + 1.0)  # a held GIL never answers: not long
-        while time.monotonic() < deadline:
-            now = time.monotonic()
-            for r in sent:
-                size = _size(targets[r][3])
-                if size > grown.get(r, (start[r], 0.0))[0]:
-                    grown[r] = (size, now)
-            dumps_done = all(r in grown and now - grown[r][1] > QUIET for r in sent)
+                conn.sendall(b"dump\n")
+            except OSError:
+                pass
+        while time.monotonic() - asked < ANSWER_WAIT:
             with self.lock:
-                fr_done = now > fr_wait or all(r in self.fr_replies for r, t
-                                               in targets.items() if t[2] and r in sent)
-            if dumps_done and fr_done:
-                break
-            time.sleep(0.02)
+                if all(r in self.dumps for r in targets):
+                    break
+            time.sleep(0.01)
+        out: dict[str, dict[str, Any]] = {}
         with self.lock:
-            for rank, at in sent.items():
-                text = _read(targets[rank][3], start[rank])
-                done = grown[rank][1] if rank in grown else None
-                entry: dict[str, Any] = {"pid": targets[rank][1], "text": text,
-                                         "ms": None if done is None else
-                                         round((done - at) * 1000, 1)}
-                if rank in self.fr_replies:
-                    entry["fr"] = self.fr_replies[rank]
-                elif targets[rank][2]:
-                    entry["fr_note"] = "no answer from the rank's probe thread (GIL held?)"
-                if not text:
-                    entry["error"] = "no stack came back"
-                out[str(rank)] = entry
+            for rank, answer in self.dumps.items():
+                if rank in targets:
+                    out[str(rank)] = {"pid": targets[rank][1], "how": "probe thread",
+                                      "text": str(answer.get("text") or ""),
+                                      "fr": answer.get("fr") or {},
+                                      "ms": round((answer["at"] - asked) * 1000, 1)}
+        silent = [r for r in targets if str(r) not in out]
+        out.update(self._by_signal({r: targets[r] for r in silent}))
         exe = find_pyspy()
-        if exe is not None and sent:  # after faulthandler: never two at a rank at once
+        spied = list(targets) if native else silent
+        if exe is not None and spied:
             def spy(rank: int) -> None:
                 out[str(rank)].update(pyspy_dump(exe, targets[rank][1]))
-            spies = [threading.Thread(target=spy, args=(r,), daemon=True) for r in sent]
+            spies = [threading.Thread(target=spy, args=(r,), daemon=True) for r in spied]
             for t in spies:
                 t.start()
             for t in spies:
@@ -181,6 +167,43 @@ class RankProbes:
                 out[str(rank)] = {"pid": pid, "text": "",
                                   "error": "no probe in this rank (not started yet, or the "
                                            "program replaced its process)"}
+        return out
+
+    def _by_signal(self, targets: dict[int, tuple[Any, int, bool, str]]
+                   ) -> dict[str, dict[str, Any]]:
+        """faulthandler's dumps of ranks whose probe thread could not answer."""
+        out: dict[str, dict[str, Any]] = {}
+        start = {rank: _size(t[3]) for rank, t in targets.items()}
+        grown: dict[int, tuple[int, float]] = {}  # rank -> (size, when it last grew)
+        sent: dict[int, float] = {}
+        for rank, (_, pid, _, _) in targets.items():
+            try:
+                sent[rank] = time.monotonic()
+                os.kill(pid, STACK_SIGNAL)
+            except OSError as exc:
+                out[str(rank)] = {"pid": pid, "text": "", "error": f"not signalled: {exc}"}
+                sent.pop(rank)
+        deadline = time.monotonic() + SIGNAL_WAIT
+        while sent and time.monotonic() < deadline:
+            now = time.monotonic()
+            for r in sent:
+                size = _size(targets[r][3])
+                if size > grown.get(r, (start[r], 0.0))[0]:
+                    grown[r] = (size, now)
+            if all(r in grown and now - grown[r][1] > QUIET for r in sent):
+                break
+            time.sleep(0.02)
+        for rank, at in sent.items():
+            text = _read(targets[rank][3], start[rank])
+            done = grown[rank][1] if rank in grown else None
+            entry: dict[str, Any] = {
+                "pid": targets[rank][1], "text": text, "how": "signal (faulthandler)",
+                "ms": None if done is None else round((done - at) * 1000, 1),
+                "note": f"its probe thread did not answer in {ANSWER_WAIT:.0f} s: a thread "
+                        "holds the GIL (C code that does not release it)"}
+            if not text:
+                entry["error"] = "no stack came back"
+            out[str(rank)] = entry
         return out
 
 
