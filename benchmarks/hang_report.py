@@ -8,7 +8,8 @@
     thread into a file (what the rank pays: its threads stop for that long); plus the guard's
     per-heartbeat progress sample (/proc of the rank trees).
 (c) The reference trainer's samples/s with torch's flight recorder on (``TORCH_FR_BUFFER_SIZE``
-    2000, ptcluster's default) vs off (0), 2 ranks under torchrun, alternated, medians.
+    2000, ptcluster's default) vs off (0), 2 ranks under torchrun, alternated, medians; and, more
+    sensitive to a per-collective cost, small all_reduces per second (gloo, 2 ranks).
 
     .venv/bin/python benchmarks/hang_report.py [--timeout 5] [--repeat 3] [--epochs 3]
 """
@@ -99,6 +100,28 @@ def progress_sample_cost(repeat: int = 50) -> tuple[float, int]:
     return median(times), len([p for p in os.listdir("/proc") if p.isdigit()])
 
 
+COLLECTIVES = """
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+for _ in range(200):
+    dist.all_reduce(t)
+n, t0 = 3000, time.perf_counter()
+for _ in range(n):
+    dist.all_reduce(t)
+if dist.get_rank() == 0:
+    print(f"rate {n / (time.perf_counter() - t0):.1f}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def collective_rate(cwd: Path, fr: str) -> float:
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": fr}
+    out = subprocess.run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", "coll.py"],
+                         cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout
+    return float(re.search(r"rate ([\d.]+)", out).group(1))
+
+
 def trainer_rate(cwd: Path, fr: str, epochs: int) -> float:
     env = {**os.environ, "TORCH_FR_BUFFER_SIZE": fr}
     out = subprocess.run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m",
@@ -122,10 +145,13 @@ def main() -> None:
             took, ms = hang_latency(cwd, args.timeout)
             lat.append(took)
             probe_ms += ms
-        on, off = [], []
+        on, off, c_on, c_off = [], [], [], []
+        (cwd / "coll.py").write_text(COLLECTIVES)
         for _ in range(args.repeat):
             off.append(trainer_rate(cwd, "0", args.epochs))
             on.append(trainer_rate(cwd, "2000", args.epochs))
+            c_off.append(collective_rate(cwd, "0"))
+            c_on.append(collective_rate(cwd, "2000"))
     sample_ms, nprocs = progress_sample_cost()
     s = args.timeout
 
@@ -147,6 +173,9 @@ def main() -> None:
         ("trainer samples/s, recorder off", f"{median(off):.0f}  ({runs(off)})"),
         ("trainer samples/s, recorder on", f"{median(on):.0f}  ({runs(on)})"),
         ("  on vs off", f"{(median(on) / median(off) - 1) * 100:+.1f} %"),
+        ("all_reduce(1 float)/s, recorder off", f"{median(c_off):.0f}  ({runs(c_off)})"),
+        ("all_reduce(1 float)/s, recorder on", f"{median(c_on):.0f}  ({runs(c_on)})"),
+        ("  on vs off ", f"{(median(c_on) / median(c_off) - 1) * 100:+.1f} %"),
     ])
 
 
