@@ -3,13 +3,14 @@
 (a) From the onset of a hang to the report (``hang-stacks.json`` written by the head): a
     2-rank job on the local cluster in which rank 1 goes to sleep before a collective, under
     ``ptcluster run --hang-timeout S``; target <= S + 5 s.
-(b) The cost of a stack probe per rank: the head's measure (signal -> the rank's whole dump
-    written, as its guard saw it, from the report) and, in-process, faulthandler's dump of every
-    thread into a file (what the rank pays: its threads stop for that long); plus the guard's
-    per-heartbeat progress sample (/proc of the rank trees).
+(b) The cost of a stack probe per rank: the guard's measure from the report (asked -> the
+    rank's stacks in hand; in this job both ranks answer through their probe thread) and,
+    in-process, faulthandler's dump of every thread into a file (what a rank whose GIL is held
+    pays when it is signalled: its threads stop for that long); plus the guard's per-heartbeat
+    progress sample (/proc of the rank trees).
 (c) The reference trainer's samples/s with torch's flight recorder on (``TORCH_FR_BUFFER_SIZE``
     2000, ptcluster's default) vs off (0), 2 ranks under torchrun, alternated, medians; and, more
-    sensitive to a per-collective cost, small all_reduces per second (gloo, 2 ranks).
+    sensitive, the recorder's cost per collective (µs per all_reduce of one float, world 1).
 
     .venv/bin/python benchmarks/hang_report.py [--timeout 5] [--repeat 3] [--epochs 3]
 """
@@ -100,26 +101,28 @@ def progress_sample_cost(repeat: int = 50) -> tuple[float, int]:
     return median(times), len([p for p in os.listdir("/proc") if p.isdigit()])
 
 
-COLLECTIVES = """
-import time, torch, torch.distributed as dist
-dist.init_process_group("gloo")
+COLLECTIVE = """
+import os, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 t = torch.ones(1)
-for _ in range(200):
+for _ in range(500):
     dist.all_reduce(t)
-n, t0 = 3000, time.perf_counter()
+n, t0 = 20000, time.perf_counter()
 for _ in range(n):
     dist.all_reduce(t)
-if dist.get_rank() == 0:
-    print(f"rate {n / (time.perf_counter() - t0):.1f}", flush=True)
+print(f"us {(time.perf_counter() - t0) / n * 1e6:.2f}", flush=True)
 dist.destroy_process_group()
 """
 
 
-def collective_rate(cwd: Path, fr: str) -> float:
+def collective_cost(cwd: Path, fr: str) -> float:
+    """µs per all_reduce of one float in a world of 1 (gloo): what the recorder adds to each
+    collective, without the network's noise."""
     env = {**os.environ, "TORCH_FR_BUFFER_SIZE": fr}
-    out = subprocess.run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", "coll.py"],
-                         cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout
-    return float(re.search(r"rate ([\d.]+)", out).group(1))
+    store = cwd / f"store-{time.monotonic_ns()}"
+    out = subprocess.run([sys.executable, "coll.py", str(store)], cwd=cwd, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    return float(re.search(r"us ([\d.]+)", out).group(1))
 
 
 def trainer_rate(cwd: Path, fr: str, epochs: int) -> float:
@@ -146,17 +149,17 @@ def main() -> None:
             lat.append(took)
             probe_ms += ms
         on, off, c_on, c_off = [], [], [], []
-        (cwd / "coll.py").write_text(COLLECTIVES)
+        (cwd / "coll.py").write_text(COLLECTIVE)
         for _ in range(args.repeat):
             off.append(trainer_rate(cwd, "0", args.epochs))
             on.append(trainer_rate(cwd, "2000", args.epochs))
-            c_off.append(collective_rate(cwd, "0"))
-            c_on.append(collective_rate(cwd, "2000"))
+            c_off.append(collective_cost(cwd, "0"))
+            c_on.append(collective_cost(cwd, "2000"))
     sample_ms, nprocs = progress_sample_cost()
     s = args.timeout
 
     def runs(values: list[float]) -> str:
-        return ", ".join(f"{x:.0f}" for x in values)
+        return ", ".join(f"{x:.0f}" if x > 100 else f"{x:.1f}" for x in values)
 
     verdict = "ok" if median(lat) <= s + 5 else "MISSED"
     show([
@@ -164,7 +167,7 @@ def main() -> None:
          f"{median(lat):.2f} s  (S = {s:.0f} s; target <= {s + 5:.0f} s: {verdict})"),
         ("  each run", ", ".join(f"{x:.2f}" for x in lat)),
         ("  over S", f"{median(lat) - s:.2f} s (ratio to S + 5: {median(lat) / (s + 5):.2f})"),
-        ("probe, signal -> dump at the guard", f"median {median(probe_ms):.1f} ms, "
+        ("probe, asked -> stack at the guard", f"median {median(probe_ms):.1f} ms, "
                                                f"max {max(probe_ms):.1f} ms per rank"),
         ("probe, rank side (dump, 1 thread)", f"{dump_cost(0):.0f} us"),
         ("probe, rank side (dump, 16 threads)", f"{dump_cost(16):.0f} us"),
@@ -173,9 +176,9 @@ def main() -> None:
         ("trainer samples/s, recorder off", f"{median(off):.0f}  ({runs(off)})"),
         ("trainer samples/s, recorder on", f"{median(on):.0f}  ({runs(on)})"),
         ("  on vs off", f"{(median(on) / median(off) - 1) * 100:+.1f} %"),
-        ("all_reduce(1 float)/s, recorder off", f"{median(c_off):.0f}  ({runs(c_off)})"),
-        ("all_reduce(1 float)/s, recorder on", f"{median(c_on):.0f}  ({runs(c_on)})"),
-        ("  on vs off ", f"{(median(c_on) / median(c_off) - 1) * 100:+.1f} %"),
+        ("us per all_reduce (world 1), recorder off", f"{median(c_off):.1f}  ({runs(c_off)})"),
+        ("us per all_reduce (world 1), recorder on", f"{median(c_on):.1f}  ({runs(c_on)})"),
+        ("  recorder cost per collective", f"{median(c_on) - median(c_off):+.1f} us"),
     ])
 
 
