@@ -51,6 +51,8 @@ DataSink = Callable[[str, int, dict[str, Any]], None]
 """on_data(host, rank, record) for structured records a rank program reports."""
 BATCH_SECONDS = 0.05
 """Longest stretch the loop spends on queued events before its next round of checks."""
+
+
 @dataclass(frozen=True)
 class _AskStacks:
     """From the control socket's thread: collect stacks, answer on ``reply``."""

@@ -147,7 +147,7 @@ def run_in_process(argv: list[str]) -> None:
 
 
 def _install_probe() -> None:
-    """The stack probe (``probe.py``): every thread's stack on the guard's signal, without the
+    """The stack probe (``probe.py``): every thread's stack when the guard asks, without the
     script's help. Never in the way of the target: any trouble leaves the rank without it."""
     path = os.environ.get(GUARD_SOCK, "")
     source = os.environ.get(PROBE_VAR)

@@ -6,8 +6,8 @@ the channel's stdin (see ``remote.bootstrap``), so a node needs nothing but its 
 Protocol (frames of ``remote.wire``, one per line):
   stdin   line 1 the packed source (read by the bootstrap); line 2 the JSON config (the
           ``NodePlan``'s guard config: argv, env, workdir, job_id, checks, timing)
-          then ``hb`` (heartbeat), ``go`` (start the job), ``stop {reason}``, ``stacks {id}``
-          (every rank's stacks, see ``remote.hangwatch``); EOF = head gone
+          then ``hb`` (heartbeat), ``go`` (start the job), ``stop {reason}``, ``stacks {id,
+          native}`` (every rank's stacks, see ``remote.hangwatch``); EOF = head gone
   stdout  ``hello``, ``ready {facts}`` or ``error {problem, fix}``, ``started {pid}``,
           per rank ``rstart``/``rexit``/``rdata`` and its output as ``o``/``e`` text frames,
           torchrun's own output as ``a`` frames, ``hb {t, idle}`` every second (``idle``: per
@@ -143,7 +143,9 @@ class Guard:
             ask = json.loads(payload) if payload else {}
         except ValueError:
             ask = {}
-        native = bool(ask.get("native")) if isinstance(ask, dict) else False
+        if not isinstance(ask, dict):
+            ask = {}
+        native = bool(ask.get("native"))
         ranks = self.ranks.probes.collect(native) if self.ranks is not None else {}
         self.send("stacks", {"id": ask.get("id"), "ranks": ranks, "t": time.time()})
 
