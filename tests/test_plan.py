@@ -5,7 +5,15 @@ from __future__ import annotations
 import os
 import shlex
 
-from ptcluster.launch.plan import SHIM_VAR, Target, plan_launch, rank_env, shim_source
+from ptcluster.launch.plan import (
+    PROBE_VAR,
+    SHIM_VAR,
+    Target,
+    plan_launch,
+    probe_source,
+    rank_env,
+    shim_source,
+)
 from ptcluster.remote.bootstrap import BOOTSTRAP, GUARD, node_argv
 from ptcluster.remote.transport import LocalTransport, SshTransport
 from ptcluster.spec import SshSpec, local_cluster, parse_cluster_text
@@ -57,11 +65,13 @@ def test_env_is_cluster_env_plus_ours_only() -> None:
     assert env["PTCLUSTER_JOB_ID"] == "J"
     assert set(env) == {"NCCL_DEBUG", "WEIRD", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
                         "PYTHONUNBUFFERED", "PTCLUSTER_BACKEND", "PTCLUSTER_JOB_ID", SHIM_VAR,
-                        "PTCLUSTER_ATTEMPT", "PTCLUSTER_MAX_RESTARTS"}
+                        "PTCLUSTER_ATTEMPT", "PTCLUSTER_MAX_RESTARTS", PROBE_VAR,
+                        "TORCH_FR_BUFFER_SIZE"}
     assert env["PTCLUSTER_ATTEMPT"] == "0" and env["PTCLUSTER_MAX_RESTARTS"] == "0"
     assert env[SHIM_VAR] == shim_source()  # the plan holds what is shipped, the shim included
+    assert env[PROBE_VAR] == probe_source() and env["TORCH_FR_BUFFER_SIZE"] == "2000"
     full = dict(rank_env(plan, plan.nodes[2]))
-    assert SHIM_VAR not in full  # code, not configuration: `ptcluster env` leaves it out
+    assert SHIM_VAR not in full and PROBE_VAR not in full  # code: `ptcluster env` leaves it out
     assert full["WORLD_SIZE"] == "4" and full["NODE_RANK"] == "2"
     assert full["MASTER_ADDR"] == "n1" and full["MASTER_PORT"] == "29500"
     assert full["LOCAL_WORLD_SIZE"] == "1"

@@ -21,6 +21,7 @@ from ptcluster.cli import (
     monitor_cmd,
     run_cmd,
     setup_cmd,
+    stacks_cmd,
     submit_cmd,
     sync_cmd,
 )
@@ -56,6 +57,7 @@ cli.add_command(monitor_cmd.monitor)
 cli.add_command(submit_cmd.submit_job)
 cli.add_command(setup_cmd.setup)
 cli.add_command(sync_cmd.sync)
+cli.add_command(stacks_cmd.stacks)
 
 
 class _StderrHandler(logging.Handler):

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ptcluster.cli.common import NPROC, PORT, cluster_option, load_spec, quiet
+from ptcluster.cli.common import NPROC, PORT, SECONDS, cluster_option, load_spec, quiet
 from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.doctor.diagnose import preflight as run_preflight
@@ -24,7 +24,7 @@ from ptcluster.errors import UsageError
 from ptcluster.launch.job import prepare, restarts, run_dir_for, transports
 from ptcluster.launch.plan import LaunchPlan, Target
 from ptcluster.launch.restart import RestartPolicy
-from ptcluster.launch.result import RunResult
+from ptcluster.launch.result import RunOptions, RunResult
 from ptcluster.launch.runlogs import ConsoleFeed
 from ptcluster.launch.runner import Runner
 from ptcluster.spec.slurm import ended_by_slurm
@@ -48,10 +48,13 @@ from ptcluster.spec.slurm import ended_by_slurm
 @click.option("--min-nodes", type=click.IntRange(min=1), default=None,
               help="With --max-restarts: fewest nodes a restart may run on (default: all of "
               "them, i.e. a lost node ends the job).")
+@click.option("--hang-timeout", type=SECONDS, metavar="S", help="When no rank makes progress "
+              "for S seconds, print every rank's stack (the straggler first) and end the job "
+              "(exit 4).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
         runs_dir: str | None, preflight: bool, sync_first: bool, max_restarts: int,
-        min_nodes: int | None, args: tuple[str, ...]) -> None:
+        min_nodes: int | None, hang_timeout: float | None, args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
@@ -93,6 +96,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
 
     runner = Runner(plan, transports(spec), run_dir, on_line=on_line,
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
+                    options=RunOptions(hang_timeout=hang_timeout),
                     restarts=restarts(spec, target, plan, policy) if max_restarts else None)
     result, signum = _run_with_signals(runner)
     feed.close(timeout=5.0)
@@ -106,7 +110,11 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         sys.exit(0)
     if result.interrupted and (result.root_cause is None or signum):
         sys.exit(128 + (signum or signal.SIGINT))
-    sys.exit(3 if result.no_progress else 1)
+    if result.no_progress:
+        sys.exit(3)
+    if result.hung:
+        sys.exit(4)
+    sys.exit(1)
 
 
 def _fd_writer(fd: int, dim: bool = False) -> Callable[[str], None]:
@@ -196,6 +204,8 @@ def _print_summary(console: Console, result: RunResult, dropped: int) -> None:
                       f"{escape(rc.headline())}", markup=True)
         for line in rc.last_lines[-10:]:
             console.print(f"    {line}", markup=False)
+    if result.hang_report is not None:
+        _print_hang(console, result)
     table = Table(title=f"job {result.job_id} ({result.duration:.1f} s)", title_justify="left")
     for col in ("rank", "host", "local", "status", "duration"):
         table.add_column(col)
@@ -210,3 +220,24 @@ def _print_summary(console: Console, result: RunResult, dropped: int) -> None:
         console.print(f"{dropped} line(s) were not shown because the console fell behind; "
                       "every line is in the logs")
     console.print(f"{verdict}; logs in {escape(str(result.run_dir))}/", markup=True)
+
+
+def _print_hang(console: Console, result: RunResult) -> None:
+    """The straggler and the ranks by place (every stack is in the run dir)."""
+    report = result.hang_report or {}
+    by_rank = {r["rank"]: r for r in report.get("ranks", [])}
+    late = report.get("straggler", {})
+    for rank in late.get("ranks", []):
+        r = by_rank.get(rank, {})
+        console.print(f"[bold]straggler:[/bold] rank {rank} on {escape(str(r.get('host')))}: "
+                      f"{escape(str(r.get('where')))} -- {escape(str(late.get('why')))}",
+                      markup=True)
+    if not late.get("ranks"):
+        console.print(f"no straggler named: {late.get('why')}", markup=False)
+    for group in report.get("groups", []):
+        ranks = group["ranks"]
+        hosts = ",".join(dict.fromkeys(str(by_rank.get(r, {}).get("host")) for r in ranks))
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else \
+            f"ranks {','.join(str(r) for r in ranks)}"
+        console.print(f"  {who} on {hosts}: {group['where']}", markup=False)
+    console.print(f"  every rank's stack: {result.run_dir}/hang-stacks.txt", markup=False)

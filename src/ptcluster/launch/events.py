@@ -43,6 +43,18 @@ class Started:
 class Heartbeat:
     host: str
     node_time: float | None = None
+    idle: dict[int, float] | None = None
+    """Per running rank of the node: seconds since it last made progress (output, CPU, a
+    completed collective); None when the guard had nothing to say (no rank running)."""
+
+
+@dataclass(frozen=True)
+class StacksReply:
+    """Every rank's stacks on one node (raw: ``launch.stacks`` parses them)."""
+
+    host: str
+    id: int | None
+    ranks: dict[int, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -133,7 +145,8 @@ class ChannelClosed:
 
 
 Event = (Hello | Ready | GuardError | Started | Heartbeat | GuardStopping | RankStart | RankExit
-         | RankError | RankData | RankOutput | AgentOutput | GuardExit | Malformed | ChannelClosed)
+         | RankError | RankData | RankOutput | AgentOutput | GuardExit | Malformed | ChannelClosed
+         | StacksReply)
 
 
 def decode(host: str, line: str) -> Event:
@@ -153,7 +166,13 @@ def decode(host: str, line: str) -> Event:
 
 def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == "hb":
-        return Heartbeat(host, _opt_float(body.get("t")))
+        idle = body.get("idle")
+        return Heartbeat(host, _opt_float(body.get("t")),
+                         None if idle is None else {int(r): float(s) for r, s in idle.items()})
+    if kind == "stacks":
+        ident = body.get("id")
+        return StacksReply(host, None if ident is None else int(ident),
+                           {int(r): dict(v) for r, v in (body.get("ranks") or {}).items()})
     if kind == "rerror":
         return RankError(host, int(body["rank"]), float(body["t"]), str(body.get("text", "")))
     if kind == "stopping":

@@ -13,7 +13,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from ptcluster.launch.shim import SHIM_BOOT, SHIM_VAR
+from ptcluster.launch.shim import PROBE_VAR, SHIM_BOOT, SHIM_VAR
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 JOB_VAR = "PTCLUSTER_JOB_ID"
@@ -22,6 +22,10 @@ ATTEMPT_VAR = "PTCLUSTER_ATTEMPT"
 also gives it to the rank as ``TORCHELASTIC_RESTART_COUNT``."""
 MAX_RESTARTS_VAR = "PTCLUSTER_MAX_RESTARTS"
 """``--max-restarts``; the rank also sees it as ``TORCHELASTIC_MAX_RESTARTS``."""
+FR_VAR = "TORCH_FR_BUFFER_SIZE"
+FR_DEFAULT = "2000"
+"""torch's flight recorder keeps this many collectives per rank: the hang report and the
+progress measure read it (``launch/probe.py``); a user's own value in ``env:`` is kept."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +121,11 @@ def rank_program(package: str, filename: str) -> str:
 
 
 @lru_cache(maxsize=1)
+def probe_source() -> str:
+    return resources.files("ptcluster.launch").joinpath("probe.py").read_text()
+
+
+@lru_cache(maxsize=1)
 def shim_source() -> str:
     return resources.files("ptcluster.launch").joinpath("shim.py").read_text()
 
@@ -146,6 +155,9 @@ def node_env(spec: ClusterSpec, node: NodeSpec, job_id: str, attempt: int = 0,
     env.append((ATTEMPT_VAR, str(attempt)))
     env.append((MAX_RESTARTS_VAR, str(max_restarts)))
     env.append((SHIM_VAR, shim_source()))
+    env.append((PROBE_VAR, probe_source()))
+    if not any(k == FR_VAR for k, _ in spec.env):  # the user's own setting wins
+        env.append((FR_VAR, FR_DEFAULT))
     if node.interface:
         env.append(("NCCL_SOCKET_IFNAME", node.interface))
         env.append(("GLOO_SOCKET_IFNAME", node.interface))
@@ -178,7 +190,7 @@ def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
     The shim's source (``SHIM_VAR``) is left out: it is code, not configuration. An interface
     detected on the node at launch is in ``summary.json``, not here.
     """
-    env = [(k, v) for k, v in node.env if k != SHIM_VAR]
+    env = [(k, v) for k, v in node.env if k not in (SHIM_VAR, PROBE_VAR)]
     if node.nproc > 1 and "OMP_NUM_THREADS" not in dict(node.env):
         env.append(("OMP_NUM_THREADS", "1"))  # unless the node has its own (as torchrun does)
     env += [

@@ -29,12 +29,18 @@ class RunOptions:
     (SIGTERM; SIGKILL and giving up on the node 4 s later)."""
     deadline: float | None = None
     """Seconds after "go" before the whole job is ended as timed out (None: no limit)."""
+    hang_timeout: float | None = None
+    """Seconds without progress on every running rank before the job is called hung: every
+    rank's stacks are collected, the straggler named, and the job ended (None: never)."""
 
     def __post_init__(self) -> None:
         for name in ("ready_timeout", "node_silence", "heartbeat_interval",
                      "guard_heartbeat_timeout", "stop_grace", "stop_deadline"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RunOptions.{name} must be > 0, got {getattr(self, name)}")
+        if self.hang_timeout is not None and self.hang_timeout <= 0:
+            raise ValueError(f"RunOptions.hang_timeout must be > 0 or None, got "
+                             f"{self.hang_timeout}")
         if self.deadline is not None and self.deadline <= 0:
             raise ValueError(f"RunOptions.deadline must be > 0 or None, got {self.deadline}")
         if self.stop_deadline <= self.stop_grace + 2.0:
@@ -102,7 +108,8 @@ class Failure:
     kind: str = "rank"
     """What failed: ``rank`` (a rank's own failure), ``lost`` (a node stopped answering or its
     channel closed), ``start`` (a node could not start its part), ``guard`` (a node's checks or
-    its guard), ``node`` (torchrun itself), ``timeout`` (the deadline), ``hang``."""
+    its guard), ``node`` (torchrun itself), ``timeout`` (the deadline), ``hang`` (no rank made
+    progress for ``--hang-timeout``)."""
     fix: str | None = None
     exit_code: int | None = None
     at: float = 0.0
@@ -132,6 +139,12 @@ class RunResult:
     were allowed)."""
     no_progress: bool = False
     """The restart rule gave up because an attempt saved no newer checkpoint (exit 3)."""
+    hang_report: dict[str, Any] | None = None
+    """Every rank's stacks when the job was found hung (``StackReport.to_json``)."""
+
+    @property
+    def hung(self) -> bool:
+        return self.root_cause is not None and self.root_cause.kind == "hang"
 
     @property
     def root_cause(self) -> Failure | None:
@@ -150,6 +163,7 @@ class RunResult:
             "duration_s": round(self.duration, 3), "console_dropped": self.console_dropped,
             "root_cause": None if self.root_cause is None else _failure_json(self.root_cause),
             "failures": [_failure_json(f) for f in self.failures],
+            "hang_report": self.hang_report,
             "ranks": [{"rank": r.rank, "host": r.host, "local_rank": r.local_rank,
                        "exit_code": r.exit_code, "status": r.status, "duration_s": r.duration,
                        "started_at": r.started_at, "ended_at": r.ended_at}

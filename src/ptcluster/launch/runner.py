@@ -25,13 +25,17 @@ from typing import Any
 
 from ptcluster.errors import PtclusterError
 from ptcluster.launch import events as ev
-from ptcluster.launch.plan import SHIM_VAR, LaunchPlan
+from ptcluster.launch.collector import StackCollector
+from ptcluster.launch.control import ControlServer
+from ptcluster.launch.plan import PROBE_VAR, SHIM_VAR, LaunchPlan
 from ptcluster.launch.restart import RestartPolicy, decide
 from ptcluster.launch.result import AttemptRecord, RunOptions, RunResult
 from ptcluster.launch.runlogs import RunLogs
 from ptcluster.launch.supervisor import (
     PROGRESS_KINDS,
     Action,
+    CollectStacks,
+    Phase,
     Send,
     SignalChannel,
     Status,
@@ -47,8 +51,17 @@ LineSink = Callable[[str, "int | None", str], None]
 """on_line(host, rank or None for the node's own lines, text)."""
 DataSink = Callable[[str, int, dict[str, Any]], None]
 """on_data(host, rank, record) for structured records a rank program reports."""
+ANY_ATTEMPT = -1
+"""Queue tag of a request that is for whichever attempt runs (``ptcluster stacks``)."""
 BATCH_SECONDS = 0.05
 """Longest stretch the loop spends on queued events before its next round of checks."""
+
+
+@dataclass(frozen=True)
+class _AskStacks:
+    """From the control socket's thread: collect stacks, answer on ``reply``."""
+
+    reply: queue.Queue[dict[str, Any]]
 
 
 class RunDirError(PtclusterError):
@@ -77,7 +90,9 @@ class Runner:
         self.on_status = on_status or (lambda text: None)
         self.on_data = on_data or (lambda host, rank, data: None)
         self.opts = options or RunOptions()
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=256)  # batches: <= ~16 MiB
+        # (attempt, host, frames or event): what a channel of an earlier attempt still brings
+        # after its attempt ended is dropped, not taken for news of the next one.
+        self.events: queue.Queue[tuple[int, str, Any]] = queue.Queue(maxsize=256)  # <= ~16 MiB
         self.channels: dict[str, NodeChannel] = {}
         self.logs = RunLogs(run_dir)
         self._use_plan(plan)
@@ -85,6 +100,8 @@ class Runner:
         self._stop_requests = 0
         self._sink_errors: set[str] = set()
         self.sup: Supervisor | None = None
+        self.stacks = StackCollector(run_dir, self.on_status)
+        self._hang_report: dict[str, Any] | None = None
 
     # -- public -------------------------------------------------------------------------------
     def request_stop(self, reason: str = "interrupted") -> None:
@@ -92,12 +109,31 @@ class Runner:
         self._stop_reason = reason
         self._stop_requests += 1
 
+    def ask_stacks(self, timeout: float = 20.0) -> dict[str, Any]:
+        """Thread-safe: every rank's stacks, collected by the loop (the job goes on)."""
+        reply: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=1)
+        self.events.put((ANY_ATTEMPT, "", _AskStacks(reply)))
+        try:
+            return reply.get(timeout=timeout)
+        except queue.Empty:
+            return {"ok": False, "error": f"no report within {timeout:.0f} s"}
+
     def run(self) -> RunResult:
         """Every attempt of the job (one unless ``restarts`` allows more): the last one's
         result, with the record of each attempt."""
         t0 = time.monotonic()
         self._prepare_run_dir()
         attempts: list[AttemptRecord] = []
+        control = self._open_control()  # one for the job: `stacks` reaches the running attempt
+        try:
+            result = self._attempts(attempts, t0)
+        finally:
+            if control is not None:
+                control.close()
+        _write_private(self.run_dir / "summary.json", json.dumps(result.to_json(), indent=2))
+        return result
+
+    def _attempts(self, attempts: list[AttemptRecord], t0: float) -> RunResult:
         while True:
             sup, record = self._attempt(attempts)
             attempts.append(record)
@@ -120,7 +156,6 @@ class Runner:
                            f"node(s), world size {self.plan.world_size}, rendezvous port "
                            f"{self.plan.master_port}")
             self._write_plan(f"plan.{len(attempts)}.json")
-        _write_private(self.run_dir / "summary.json", json.dumps(result.to_json(), indent=2))
         return result
 
     def _attempt(self, before: list[AttemptRecord]) -> tuple[Supervisor, AttemptRecord]:
@@ -136,12 +171,14 @@ class Runner:
                                f"{self.plan.world_size} -----"
             self.logs.tails.clear()
             self.logs.node_tails.clear()
+        self._hang_report = None
         try:
             started = start_all([self._channel(n.host) for n in self.plan.nodes],
                                 self._could_not_start)
             self.channels = {c.host: c for c in started}
             self._loop(sup)
         finally:
+            self.stacks.abandon()
             close_all(list(self.channels.values()), timeout=self.opts.stop_deadline)
             self.channels = {}
             self.logs.close()
@@ -176,20 +213,35 @@ class Runner:
     def _write_plan(self, name: str) -> None:
         _write_private(self.run_dir / name, json.dumps(plan_json(self.plan, self.opts), indent=2))
 
+    def _open_control(self) -> ControlServer | None:
+        """``ptcluster stacks`` asks through this; a run goes on without it."""
+        try:
+            return ControlServer(self.run_dir, self._control_request)
+        except OSError as exc:
+            self.on_status(f"no control socket in {self.run_dir} ({exc}): `ptcluster stacks` "
+                           "cannot reach this job")
+            return None
+
+    def _control_request(self, request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("cmd") == "stacks":
+            return self.ask_stacks()
+        return {"ok": False, "error": f"unknown request {str(request.get('cmd'))[:40]!r}"}
+
     def _channel(self, host: str) -> NodeChannel:
         node = self.plan.nodes[self._node_rank[host]]
         config = node.guard_config(self.plan, heartbeat_timeout=self.opts.guard_heartbeat_timeout,
                                    grace=self.opts.stop_grace)
+        put, attempt = self.events.put, self.plan.attempt
         return NodeChannel(
             self.transports[host], node.python, GUARD, config,
-            on_frames=lambda lines: self.events.put((host, lines)),
-            on_stderr=lambda line: self.events.put((host, ev.AgentOutput(host, line, "stderr"))),
-            on_closed=lambda code, err: self.events.put((host, ev.ChannelClosed(host, code, err))),
+            on_frames=lambda lines: put((attempt, host, lines)),
+            on_stderr=lambda line: put((attempt, host, ev.AgentOutput(host, line, "stderr"))),
+            on_closed=lambda code, err: put((attempt, host, ev.ChannelClosed(host, code, err))),
             heartbeat=self.opts.heartbeat_interval, tag=self.plan.job_id)
 
     def _could_not_start(self, channel: NodeChannel, problem: str, fix: str) -> None:
-        self.events.put((channel.host, ev.ChannelClosed(channel.host, None, [problem],
-                                                        cause=(problem, fix))))
+        self.events.put((self.plan.attempt, channel.host,
+                         ev.ChannelClosed(channel.host, None, [problem], cause=(problem, fix))))
 
     # -- the loop -----------------------------------------------------------------------------
     def _loop(self, sup: Supervisor) -> None:
@@ -199,7 +251,7 @@ class Runner:
                 stops_applied += 1
                 self._apply(sup.request_stop(self._stop_reason, time.monotonic()))
             try:
-                item: tuple[str, Any] | None = self.events.get(timeout=0.1)
+                item: tuple[int, str, Any] | None = self.events.get(timeout=0.1)
             except queue.Empty:
                 item = None
             budget_end = time.monotonic() + BATCH_SECONDS
@@ -212,13 +264,18 @@ class Runner:
                 except queue.Empty:
                     item = None
             self.logs.flush()
+            self._finish_collections(sup, time.monotonic())
             now = time.monotonic()
             quiet = {h: 0.0 if c.busy else now - c.last_recv for h, c in self.channels.items()}
             self._apply(sup.on_tick(now, quiet))
 
-    def _handle(self, sup: Supervisor, host: str, payload: Any) -> None:
+    def _handle(self, sup: Supervisor, attempt: int, host: str, payload: Any) -> None:
+        if attempt != self.plan.attempt and attempt != ANY_ATTEMPT:
+            return  # a late word from an earlier attempt's channel
         try:
-            if isinstance(payload, list):
+            if isinstance(payload, _AskStacks):
+                self._collect(sup, "asked by `ptcluster stacks`", payload.reply)
+            elif isinstance(payload, list):
                 self._frames(sup, host, payload)
             else:
                 self._event(sup, payload)
@@ -251,6 +308,9 @@ class Runner:
             self._node_line(sup, e.host, text)
         elif kind is ev.RankData and getattr(e, "data", {}).get("kind") in PROGRESS_KINDS:
             self._apply(sup.on_event(e, time.monotonic()))
+        elif kind is ev.StacksReply:
+            assert isinstance(e, ev.StacksReply)
+            self.stacks.reply(e)
         elif kind is ev.RankData:
             assert isinstance(e, ev.RankData)
             try:
@@ -290,6 +350,35 @@ class Runner:
                     channel.signal(action.sig)
             elif isinstance(action, Status):
                 self.on_status(action.text)
+            elif isinstance(action, CollectStacks):
+                assert self.sup is not None
+                self._collect(self.sup, action.purpose)
+
+    # -- stacks -------------------------------------------------------------------------------
+    def _collect(self, sup: Supervisor, purpose: str,
+                 waiter: queue.Queue[dict[str, Any]] | None = None) -> None:
+        """Ask every node that runs ranks for their stacks (answered in ``_event``)."""
+        hosts = {h for h, n in sup.nodes.items() if n.ready and not n.closed
+                 and h in self.channels and h not in sup.stop_sent}
+        if sup.phase is not Phase.RUNNING or not hosts:
+            if waiter is not None:
+                waiter.put({"ok": False, "error": f"the job is {sup.phase.value}, not running"})
+                return
+            hosts = set()  # a hang with no node left to ask: an empty report, at once
+        reason = (f"hang: no rank made progress for {self.opts.hang_timeout:.0f} s"
+                  if purpose == "hang" else purpose)
+        self.stacks.start(purpose, reason, hosts,
+                          lambda host, payload: self.channels[host].send("stacks", payload),
+                          waiter)
+
+    def _finish_collections(self, sup: Supervisor, now: float) -> None:
+        for purpose, report in self.stacks.finish(now):
+            if purpose == "hang":
+                self._hang_report = report.to_json()
+                late, _ = report.straggler()
+                self._apply(sup.hang_reported(
+                    report.headline(), late[0].rank if len(late) == 1 else None,
+                    ", ".join(dict.fromkeys(r.host for r in late)) or None, now))
 
     # -- results ------------------------------------------------------------------------------
     def _result(self, sup: Supervisor, duration: float) -> RunResult:
@@ -303,7 +392,8 @@ class Runner:
         return RunResult(job_id=self.plan.job_id, run_dir=self.run_dir,
                          ranks=[sup.ranks[r] for r in sorted(sup.ranks)],
                          nodes=[sup.nodes[n.host] for n in self.plan.nodes],
-                         failures=failures, interrupted=sup.interrupted, duration=duration)
+                         failures=failures, interrupted=sup.interrupted, duration=duration,
+                         hang_report=self._hang_report)
 
 
 def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
@@ -314,9 +404,10 @@ def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
     for node in plan.nodes:
         cfg = node.guard_config(plan, heartbeat_timeout=opts.guard_heartbeat_timeout,
                                 grace=opts.stop_grace)
-        shim = cfg["env"].get(SHIM_VAR, "")
-        cfg["env"][SHIM_VAR] = f"<shim source, {len(shim)} bytes, sha256 " \
-                               f"{hashlib.sha256(shim.encode()).hexdigest()[:16]}>"
+        for var, what in ((SHIM_VAR, "shim"), (PROBE_VAR, "probe")):
+            code = cfg["env"].get(var, "")
+            cfg["env"][var] = f"<{what} source, {len(code)} bytes, sha256 " \
+                              f"{hashlib.sha256(code.encode()).hexdigest()[:16]}>"
         data["nodes"].append({"host": node.host, "node_rank": node.node_rank,
                               "ranks": [node.ranks.start, node.ranks.stop - 1],
                               "python": node.python, "guard": cfg})

@@ -30,6 +30,8 @@ from types import TracebackType
 GUARD_SOCK = "PTCLUSTER_GUARD_SOCK"
 SHIM_VAR = "PTCLUSTER_WORKER_SHIM"
 """Env var holding this file's source (every rank's process runs it from there)."""
+PROBE_VAR = "PTCLUSTER_PROBE"
+"""Env var holding ``probe.py``'s source: the stack probe installed before the user's code."""
 SHIM_BOOT = f"import os;exec(compile(os.environ[{SHIM_VAR!r}],'ptcluster-shim','exec'))"
 CHILD_FLAG = "--ptcluster-child"
 PR_SET_PDEATHSIG = 1
@@ -121,6 +123,7 @@ def run_target(argv: list[str]) -> int:
 def run_in_process(argv: list[str]) -> None:
     """In the child: run ``(-m MODULE | -c CODE | SCRIPT) ARGS`` as ``python`` would; when an
     exception leaves it, tell the guard when and what, then let it end the process as usual."""
+    _install_probe()
     try:
         if argv[0] == "-m":
             sys.argv = argv[1:]
@@ -147,6 +150,24 @@ def run_in_process(argv: list[str]) -> None:
         exc.__traceback__ = _user_frames(exc.__traceback__)  # (what the hook prints)
         sys.excepthook(type(exc), exc, exc.__traceback__)
         raise SystemExit(1) from None
+
+
+def _install_probe() -> None:
+    """The stack probe (``probe.py``): every thread's stack when the guard asks, without the
+    script's help. Never in the way of the target: any trouble leaves the rank without it."""
+    path = os.environ.get(GUARD_SOCK, "")
+    source = os.environ.get(PROBE_VAR)
+    if not path:
+        return
+    try:
+        if source is None:  # run from the file (tests): the probe is its neighbour
+            with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe.py")) as f:
+                source = f.read()
+        namespace: dict[str, object] = {"__name__": "ptcluster_probe"}
+        exec(compile(source, "ptcluster-probe", "exec"), namespace)
+        namespace["install"](path, int(os.environ.get("RANK", "-1")))  # type: ignore[operator]
+    except Exception:  # noqa: BLE001, S110 - see above
+        pass
 
 
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from ptcluster.launch import events as ev
 from ptcluster.launch.plan import LaunchPlan
+from ptcluster.launch.progress import ProgressWatch
 from ptcluster.launch.result import Failure, NodeOutcome, RankRecord, RunOptions, signame
 from ptcluster.remote import wire
 from ptcluster.remote.transport import explain_channel_failure
@@ -53,7 +54,14 @@ class Status:
     text: str
 
 
-Action = Send | SignalChannel | Status
+@dataclass(frozen=True)
+class CollectStacks:
+    """Collect every rank's stacks; for "hang", hand the report to ``hang_reported``."""
+
+    purpose: str
+
+
+Action = Send | SignalChannel | Status | CollectStacks
 
 
 class Supervisor:
@@ -86,6 +94,9 @@ class Supervisor:
         """The step the job reported resuming from (``resumed_from``)."""
         self.first_rank_start: float | None = None
         """When the first rank started (corrected head clock)."""
+        self.progress = None if opts.hang_timeout is None else ProgressWatch(
+            timeout=opts.hang_timeout, fresh=max(3.0, 3 * opts.heartbeat_interval))
+        self.hang_seen_at: float | None = None
 
     # -- inputs -------------------------------------------------------------------------------
     def on_event(self, event: ev.Event, now: float) -> list[Action]:
@@ -108,6 +119,7 @@ class Supervisor:
                 and self.went_at is not None and now - self.went_at > self.opts.deadline):
             actions += self._fail(self._deadline_failure(now), now)
         actions += self._check_silence(now, quiet)
+        actions += self._check_hang(now, quiet)
         actions += self._escalate(now)
         self._update_done()
         return actions
@@ -245,6 +257,8 @@ class Supervisor:
             # A frame is received after it was sent: the largest (node - head) is the best
             # estimate of the offset.
             node.clock_offset = max(node.clock_offset, round(e.node_time - self.wall(now), 3))
+        if self.progress is not None:
+            self.progress.heartbeat(e.host, e.idle, now)
         return []
 
     def _guard_stopping(self, e: ev.GuardStopping, now: float) -> list[Action]:
@@ -313,6 +327,30 @@ class Supervisor:
                 message=f"node lost: nothing heard for {silent:.0f} s (link down or node dead)",
                 fix="check the node's network and power; `ptcluster doctor`"), now)
         return actions
+
+    def _check_hang(self, now: float, quiet: dict[str, float]) -> list[Action]:
+        """No running rank made progress for the hang timeout: collect every rank's stacks
+        (the runner then calls ``hang_reported``). Once per job."""
+        if self.progress is None or self.phase is not Phase.RUNNING or \
+                self.hang_seen_at is not None:
+            return []
+        running = {r.rank: r.host for r in self.ranks.values()
+                   if r.started_at is not None and r.ended_at is None}
+        if not self.progress.hung(running, now, quiet):
+            return []
+        self.hang_seen_at = now
+        return [Status(f"no rank made progress for {self.progress.timeout:.0f} s: collecting "
+                       "every rank's stacks"), CollectStacks("hang")]
+
+    def hang_reported(self, headline: str, rank: int | None, host: str | None,
+                      now: float) -> list[Action]:
+        """The stacks of a hang are in: end the job with the hang as a failure."""
+        assert self.progress is not None and self.hang_seen_at is not None
+        return self._fail(Failure(
+            host=host or ", ".join(self.nodes), rank=rank, kind="hang",
+            at=self.wall(self.hang_seen_at - self.progress.timeout),
+            message=f"hang: no rank made progress for {self.progress.timeout:.0f} s; {headline}",
+            fix="see the stacks report in the run directory (the straggler first)"), now)
 
     def _escalate(self, now: float) -> list[Action]:
         if self.stopping_since is None:

@@ -45,7 +45,8 @@ class NodeProgram:
     parts: tuple[str, ...] = ()
 
 
-GUARD = NodeProgram("guard", "ptcluster.remote", "guard.py", ("proctree.py", "rank_server.py"))
+GUARD = NodeProgram("guard", "ptcluster.remote", "guard.py",
+                    ("proctree.py", "hangwatch.py", "rank_server.py"))
 """The node side of a run (the programs of other subsystems are declared where they are used)."""
 
 

@@ -6,10 +6,13 @@ the channel's stdin (see ``remote.bootstrap``), so a node needs nothing but its 
 Protocol (frames of ``remote.wire``, one per line):
   stdin   line 1 the packed source (read by the bootstrap); line 2 the JSON config (the
           ``NodePlan``'s guard config: argv, env, workdir, job_id, checks, timing)
-          then ``hb`` (heartbeat), ``go`` (start the job), ``stop {reason}``; EOF = head gone
+          then ``hb`` (heartbeat), ``go`` (start the job), ``stop {reason}``, ``stacks {id,
+          native}`` (every rank's stacks, see ``remote.hangwatch``); EOF = head gone
   stdout  ``hello``, ``ready {facts}`` or ``error {problem, fix}``, ``started {pid}``,
           per rank ``rstart``/``rexit``/``rdata`` and its output as ``o``/``e`` text frames,
-          torchrun's own output as ``a`` frames, ``hb`` every second, ``exit {code, reason}``.
+          torchrun's own output as ``a`` frames, ``hb {t, idle}`` every second (``idle``: per
+          rank, seconds since it last made progress), ``stacks {id, ranks}``,
+          ``exit {code, reason}``.
 
 Ranks talk to the guard over a Unix socket in the job's private temp dir (``GUARD_SOCK`` in
 their env): the shim that wraps every rank connects one stream per stdout/stderr and one for
@@ -34,6 +37,7 @@ import time
 import traceback
 from typing import Any
 
+from ptcluster.remote.hangwatch import ProgressMeter  # inlined
 from ptcluster.remote.netif import route_interface  # inlined
 from ptcluster.remote.proctree import (  # inlined
     descendants,
@@ -75,6 +79,7 @@ class Guard:
         self.tmpdir = ""
         self.ranks: RankServer | None = None
         self.pump_thread: threading.Thread | None = None
+        self.meter: ProgressMeter | None = None
 
     # -- output -------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -109,6 +114,8 @@ class Guard:
             kind, payload = split(line.decode(errors="replace").rstrip("\n"))
             if kind == "go":
                 self.go.set()
+            elif kind == "stacks":
+                threading.Thread(target=self.send_stacks, args=(payload,), daemon=True).start()
             elif kind == "stop":
                 try:
                     reason = json.loads(payload).get("reason") or ""
@@ -120,9 +127,27 @@ class Guard:
     def heartbeat(self) -> None:
         timeout = float(self.cfg.get("heartbeat_timeout", 15))
         while not self.finished.wait(1.0):  # also during the teardown: we are still here
-            self.send("hb", {"t": time.time()})
+            beat: dict[str, Any] = {"t": time.time()}
+            if self.meter is not None and not self.stop.is_set():
+                try:
+                    beat["idle"] = self.meter.sample()
+                except Exception:  # noqa: BLE001 - progress is advice; the heartbeat is not
+                    pass
+            self.send("hb", beat)
             if not self.stop.is_set() and time.monotonic() - self.last_hb > timeout:
                 self.request_stop(f"no heartbeat from the head for {timeout:.0f} s")
+
+    def send_stacks(self, payload: str) -> None:
+        """Every rank's stacks for the head (``remote.hangwatch``); the job is not disturbed."""
+        try:
+            ask = json.loads(payload) if payload else {}
+        except ValueError:
+            ask = {}
+        if not isinstance(ask, dict):
+            ask = {}
+        native = bool(ask.get("native"))
+        ranks = self.ranks.probes.collect(native) if self.ranks is not None else {}
+        self.send("stacks", {"id": ask.get("id"), "ranks": ranks, "t": time.time()})
 
     def pump_agent(self, stream: Any) -> None:
         """torchrun's own stdout/stderr (the ranks' output arrives through the rank server)."""
@@ -164,6 +189,7 @@ class Guard:
         with open(os.path.join(self.tmpdir, "guard.pid"), "w") as f:
             f.write(str(os.getpid()))
         self.ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.write)
+        self.meter = ProgressMeter(self.ranks.probes)
         env = dict(os.environ)
         slurm = under_slurm()
         if slurm:  # this step's task identity is not the ranks': RANK, WORLD_SIZE are

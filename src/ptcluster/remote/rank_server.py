@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+from ptcluster.remote.hangwatch import RankProbes  # inlined
 from ptcluster.remote.wire import encode, encode_text, split  # inlined
 
 MAX_LINE = 65536
@@ -29,7 +30,8 @@ class RankServer:
     ``err`` then carry the rank's raw output: lines end at ``\n`` or ``\r`` (progress bars),
     and a partial line is sent after ``IDLE_FLUSH`` s without more (prompts). ``ctl`` carries
     the shim's ``start`` (with the number of output streams it opened) and ``exit``; ``data``
-    carries what the rank itself reports (``error``, ``data`` records). A rank's ``rexit`` waits
+    carries what the rank itself reports (``error``, ``data`` records); ``probe`` is the stack
+    probe's (``remote.hangwatch``). A rank's ``rexit`` waits
     until every declared output stream has come and gone (or ``EXIT_WAIT``), so the head has a
     rank's last lines, its traceback included, before it learns that it ended.
     """
@@ -49,6 +51,7 @@ class RankServer:
         self.declared: dict[int, int] = {}
         self.pending: dict[int, tuple[dict[str, Any], float]] = {}
         self.exited: set[int] = set()
+        self.probes = RankProbes()
         self.closing = threading.Event()
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
@@ -73,7 +76,8 @@ class RankServer:
                 return
             conn.setblocking(True)
             self.sel.register(conn, selectors.EVENT_READ,
-                              {"head": b"", "rank": None, "buf": b"", "cr": False, "at": 0.0})
+                              {"head": b"", "rank": None, "buf": b"", "cr": False, "at": 0.0,
+                               "conn": conn})
 
     def read(self, conn: Any, st: dict[str, Any]) -> None:
         try:
@@ -103,6 +107,9 @@ class RankServer:
 
     def feed(self, st: dict[str, Any], data: bytes) -> None:
         role, rank = st["role"], st["rank"]
+        if role == "probe":
+            self.probes.feed(st, data)
+            return
         if role not in ("out", "err"):
             lines = (st["buf"] + data).split(b"\n")
             st["buf"] = lines.pop()
@@ -119,6 +126,7 @@ class RankServer:
             st["buf"] = b""
         st["at"] = time.monotonic()
         if lines:
+            self.probes.output(rank, st["at"])
             kind = "o" if role == "out" else "e"
             self.write(b"".join(encode_text(kind, rank, line) for line in lines))
 
@@ -148,10 +156,12 @@ class RankServer:
             return
         body["rank"] = rank
         if kind == "exit":
+            self.probes.ended(rank)
             self.exited.add(rank)
             self.pending[rank] = (body, time.monotonic() + EXIT_WAIT)
         elif kind == "start":
             self.declared[rank] = int(body.get("streams", 0))
+            self.probes.started(rank, int(body.get("pid", 0)))
             self.write(encode("rstart", body))
         elif kind in ("data", "error"):
             self.write(encode("r" + kind, body))
@@ -161,15 +171,17 @@ class RankServer:
         conn.close()
         if st is None or st["rank"] is None:
             return
-        if st["buf"]:
+        if st["buf"] and st["role"] != "probe":
             self.feed(st, b"\n")
         rank = st["rank"]
+        self.probes.dropped(st)
         if st["role"] in ("out", "err"):
             self.open_streams[rank] -= 1
             if self.open_streams[rank] <= 0:
                 del self.open_streams[rank]
         elif st["role"] == "ctl" and rank not in self.exited:
             # The shim itself died (SIGKILL): no exit record; the head reports it as killed.
+            self.probes.ended(rank)
             self.exited.add(rank)
             self.pending[rank] = ({"rank": rank, "code": None, "t": time.time(),
                                    "note": "ended without an exit record"},

@@ -1,0 +1,55 @@
+"""Show every rank's stack of a running job, grouped by place, the straggler first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from ptcluster.errors import UsageError
+from ptcluster.launch.control import SOCKET_NAME, alive, ask
+from ptcluster.launch.job import DEFAULT_RUNS_DIR
+
+
+@click.command(help=__doc__)
+@click.argument("run", required=False, metavar="[RUN]")
+@click.option("--run-dir", "runs_dir", metavar="DIR", help="Parent of the run directories "
+              "(default: ./ptcluster-runs).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--brief", is_flag=True, help="Only the straggler and the groups, no stacks.")
+def stacks(run: str | None, runs_dir: str | None, as_json: bool, brief: bool) -> None:
+    run_dir = find_run(run, Path(runs_dir or DEFAULT_RUNS_DIR))
+    answer = ask(run_dir, {"cmd": "stacks"})
+    if not answer.get("ok"):
+        raise UsageError(f"{run_dir}: no stacks: {answer.get('error', 'unknown error')}",
+                         "try again while the job runs")
+    if as_json:
+        click.echo(json.dumps(answer["report"], indent=2))
+        return
+    out = Console(highlight=False, soft_wrap=True, markup=False)
+    lines = answer.get("lines") or []
+    if brief:
+        lines = lines[:next((i for i, line in enumerate(lines) if line.startswith("rank ")),
+                            len(lines))]
+    for line in lines:
+        out.print(line)
+    Console(stderr=True, highlight=False).print(f"saved in {answer.get('saved')}", markup=False)
+
+
+def find_run(run: str | None, runs: Path) -> Path:
+    """RUN as a run directory, or a job id under ``runs``; default: the newest running job."""
+    if run:
+        for candidate in (Path(run), runs / run):
+            if (candidate / "plan.json").exists():
+                return candidate
+        raise UsageError(f"no run directory {run} (nor {runs / run})",
+                         "give a run directory or a job id from ./ptcluster-runs")
+    found = sorted((p for p in runs.glob("*") if (p / SOCKET_NAME).exists()),
+                   key=lambda p: p.stat().st_mtime, reverse=True) if runs.is_dir() else []
+    for run_dir in found:
+        if alive(run_dir):
+            return run_dir
+    raise UsageError(f"no running job under {runs}/",
+                     "start one with `ptcluster run`, or give its run directory")

@@ -1,0 +1,98 @@
+"""Stacks collections on the head: asked of the nodes, answered by their guards, reported.
+
+The runner starts one when the supervisor says so (a hang) or ``ptcluster stacks`` asks through
+the control socket; each guard answers with its ranks' raw dumps (``remote.hangwatch``); a
+collection is complete when every node asked has answered or ``STACKS_WAIT`` passed (a node that
+did not answer is named in the report). Reports are saved in the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ptcluster.launch import events as ev
+from ptcluster.launch.stacks import StackReport, build_report
+
+STACKS_WAIT = 10.0
+"""Seconds a collection waits for every node's answer (a guard needs <= 2.5 s, plus <= 6 s
+when it runs py-spy)."""
+
+
+@dataclass
+class _Collection:
+    purpose: str
+    reason: str
+    hosts: set[str]
+    deadline: float
+    replies: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    waiters: list[queue.Queue[dict[str, Any]]] = field(default_factory=list)
+
+
+class StackCollector:
+    def __init__(self, run_dir: Path, on_status: Callable[[str], None]) -> None:
+        self.run_dir = run_dir
+        self.on_status = on_status
+        self.pending: dict[int, _Collection] = {}
+        self._last = 0
+
+    def start(self, purpose: str, reason: str, hosts: set[str],
+              send: Callable[[str, dict[str, Any]], None],
+              waiter: queue.Queue[dict[str, Any]] | None = None) -> None:
+        """Ask ``hosts`` (``send(host, payload)`` sends the ``stacks`` frame); no host: the
+        report (an empty one) is made at the next ``finish``."""
+        self._last += 1
+        collection = _Collection(purpose, reason, set(hosts), time.monotonic() + STACKS_WAIT)
+        if waiter is not None:
+            collection.waiters.append(waiter)
+        self.pending[self._last] = collection
+        for host in hosts:  # native frames (py-spy pauses each rank) only for a hang
+            send(host, {"id": self._last, "native": purpose == "hang"})
+
+    def reply(self, e: ev.StacksReply) -> None:
+        collection = self.pending.get(e.id) if e.id is not None else None
+        if collection is not None and e.host in collection.hosts:
+            collection.replies[e.host] = e.ranks
+
+    def finish(self, now: float) -> list[tuple[str, StackReport]]:
+        """(purpose, report) of every collection complete by now; saved, waiters answered."""
+        done = []
+        for ident, c in list(self.pending.items()):
+            if not c.hosts <= c.replies.keys() and now < c.deadline:
+                continue
+            del self.pending[ident]
+            report = build_report(c.replies.items(), reason=c.reason, at=time.time(),
+                                  missing=sorted(c.hosts - c.replies.keys()))
+            name = "hang-stacks" if c.purpose == "hang" else \
+                f"stacks-{time.strftime('%H%M%S')}-{ident}"
+            saved = self.run_dir / f"{name}.txt"
+            data = report.to_json()
+            try:
+                _write_private(saved, "\n".join(report.lines()) + "\n")
+                _write_private(self.run_dir / f"{name}.json", json.dumps(data, indent=2))
+            except OSError as exc:
+                self.on_status(f"the stacks report could not be saved in {self.run_dir}: {exc}")
+            for waiter in c.waiters:
+                waiter.put({"ok": True, "report": data, "lines": report.lines(),
+                            "saved": str(saved)})
+            done.append((c.purpose, report))
+        return done
+
+    def abandon(self) -> None:
+        """The job ended: whoever still waits gets an answer."""
+        for collection in self.pending.values():
+            for waiter in collection.waiters:
+                waiter.put({"ok": False, "error": "the job ended before every node answered"})
+        self.pending.clear()
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(text)

@@ -1,0 +1,315 @@
+"""Hang detection without a cluster: the dump parser and the straggler rule on recorded dumps,
+the head's hang rule and the supervisor on a fake clock, and the node side for real (the real
+shim and probe in a child process, the guard's real rank server, /proc, signals)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ptcluster.launch import events as ev
+from ptcluster.launch import shim
+from ptcluster.launch.control import ControlError, ControlServer, alive, ask
+from ptcluster.launch.plan import Target, plan_launch
+from ptcluster.launch.progress import ProgressWatch
+from ptcluster.launch.result import RunOptions
+from ptcluster.launch.stacks import RankStack, StackReport, parse_faulthandler, rank_stack
+from ptcluster.launch.supervisor import CollectStacks, Send, SignalChannel, Supervisor
+from ptcluster.remote import wire
+from ptcluster.remote.hangwatch import ProgressMeter, find_pyspy
+from ptcluster.remote.rank_server import RankServer
+from ptcluster.spec import parse_cluster_text
+
+TORCH = "/venv/lib/python3.11/site-packages/torch/distributed"
+SHIM_FRAMES = ('  File "ptcluster-shim", line 141 in run_in_process\n'
+               '  File "ptcluster-shim", line 200 in <module>\n'
+               '  File "<string>", line 1 in <module>\n')
+PROBE_THREAD = ('Thread 0x00007f0000000002 (most recent call first):\n'
+                '  File "ptcluster-probe", line 70 in _serve\n'
+                '  File "/usr/lib/python3.11/threading.py", line 975 in run\n'
+                '  File "/usr/lib/python3.11/threading.py", line 1038 in _bootstrap_inner\n'
+                '  File "/usr/lib/python3.11/threading.py", line 995 in _bootstrap\n\n')
+
+
+def dump(*inner: str, current: bool = True) -> str:
+    """A faulthandler dump of a rank: the probe's thread, then the main thread with ``inner``
+    frames (innermost first) above the user's module and the shim."""
+    head = "Current thread" if current else "Thread"
+    frames = "".join(f"  {f}\n" for f in inner)
+    return (PROBE_THREAD + f"{head} 0x00007f0000000001 (most recent call first):\n" + frames
+            + '  File "train.py", line 120 in <module>\n' + SHIM_FRAMES)
+
+
+IN_ALL_REDUCE = dump(f'File "{TORCH}/distributed_c10d.py", line 3252 in all_reduce',
+                     f'File "{TORCH}/c10d_logger.py", line 83 in wrapper',
+                     'File "train.py", line 88 in train_step')
+IN_LOAD = dump('File "data.py", line 40 in load_batch', 'File "train.py", line 86 in train_step')
+
+
+def test_parse_keeps_the_users_frames_of_the_main_thread_only() -> None:
+    (main,) = parse_faulthandler(IN_LOAD)
+    assert main.main and [(f.file, f.line, f.func) for f in main.frames] == [
+        ("data.py", 40, "load_batch"), ("train.py", 86, "train_step"),
+        ("train.py", 120, "<module>")]  # no shim, no boot code, no probe thread
+
+
+def test_parse_other_threads_and_odd_lines() -> None:
+    text = ("Thread 0x00007f00000000aa (most recent call first):\n"
+            '  File "loader.py", line ??? in worker\n  <no Python frame>\n\n'
+            + IN_LOAD + "  ...\n")
+    threads = parse_faulthandler(text)
+    assert [t.main for t in threads] == [True, False]  # the main thread first
+    assert threads[1].frames[0].func == "worker" and threads[1].frames[0].line == 0
+    assert parse_faulthandler("") == [] and parse_faulthandler("garbage\n") == []
+
+
+@pytest.mark.parametrize("text, where", [
+    (IN_ALL_REDUCE, "all_reduce at train.py:88 (in train_step)"),
+    (IN_LOAD, "in load_batch at data.py:40"),
+    (dump(), "in <module> at train.py:120"),
+])
+def test_where_a_rank_is(text: str, where: str) -> None:
+    assert rank_stack(0, "n1", {"text": text}).where() == where
+
+
+def rs(rank: int, host: str, text: str, fr: dict | None = None, **raw: object) -> RankStack:
+    return rank_stack(rank, host, {"text": text, "pid": 100 + rank, "fr": fr, **raw})
+
+
+def fr(enq: int, comp: int, op: str = "gloo:all_reduce", ops: dict | None = None) -> dict:
+    active = [{"pg": "default_pg", "seq": enq, "op": op}] if enq > comp else []
+    return {"counts": {"enqueued": enq, "completed": comp, "waiting": ["0"] if enq > comp
+                       else []}, "active": active, "ops": ops}
+
+
+def test_straggler_by_the_flight_recorder_names_the_collective() -> None:
+    report = StackReport(ranks=[rs(0, "n1", IN_ALL_REDUCE, fr(9, 8)),
+                                rs(1, "n2", IN_LOAD, fr(8, 8)),
+                                rs(2, "n3", IN_ALL_REDUCE, fr(9, 8))])
+    late, why = report.straggler()
+    assert [r.rank for r in late] == [1]
+    assert why == "not in the collective the others wait in (gloo:all_reduce #9)"
+    assert [g.label() for g in report.groups()] == [
+        "ranks 0,2 on n1,n3: all_reduce #9 at train.py:88 (in train_step)",
+        "rank 1 on n2: in load_batch at data.py:40"]
+    lines = report.lines()
+    assert lines[0].startswith("straggler: rank 1 on n2 (pid 101): in load_batch at data.py:40")
+    assert lines.index("rank 1 on n2:") < lines.index("rank 0 on n1:")  # its stack first too
+
+
+def test_straggler_by_stack_when_the_rank_cannot_answer() -> None:
+    """A rank whose GIL is held answers no recorder question: its stack decides."""
+    report = StackReport(ranks=[rs(0, "n1", IN_LOAD, None, note="its probe thread did not answer"),
+                                rs(1, "n2", IN_ALL_REDUCE, fr(4, 3)),
+                                rs(2, "n2", IN_ALL_REDUCE, fr(4, 3))])
+    assert [r.rank for r in report.straggler()[0]] == [0]
+    assert report.headline().startswith("straggler rank 0 on n1: in load_batch at data.py:40")
+
+
+def test_desync_by_the_recorders_history() -> None:
+    extra = {"gloo:all_reduce": 5}
+    usual = {"gloo:all_reduce": 4, "gloo:barrier": 1}
+    barrier = dump(f'File "{TORCH}/distributed_c10d.py", line 4800 in barrier',
+                   'File "train.py", line 95 in main')
+    report = StackReport(ranks=[rs(0, "n1", barrier, fr(5, 4, "gloo:barrier", usual)),
+                                rs(1, "n2", IN_ALL_REDUCE, fr(5, 4, ops=extra)),
+                                rs(2, "n3", barrier, fr(5, 4, "gloo:barrier", usual))])
+    late, why = report.straggler()
+    assert [r.rank for r in late] == [1]
+    assert why == ("its collectives differ from the others' (a desync): issued "
+                   "5 gloo:all_reduce, the others 4; 0 gloo:barrier, the others 1")
+
+
+def test_desync_by_stack_alone_and_no_straggler_when_all_agree() -> None:
+    barrier = dump(f'File "{TORCH}/distributed_c10d.py", line 4800 in barrier',
+                   'File "train.py", line 95 in main')
+    report = StackReport(ranks=[rs(0, "n1", barrier), rs(1, "n2", IN_ALL_REDUCE),
+                                rs(2, "n3", barrier)])
+    assert [r.rank for r in report.straggler()[0]] == [1]
+    same = StackReport(ranks=[rs(0, "n1", IN_ALL_REDUCE), rs(1, "n2", IN_ALL_REDUCE)])
+    late, why = same.straggler()
+    assert late == [] and "every rank waits in the same collective" in why
+
+
+def test_a_rank_without_a_stack_is_named_when_the_others_have_one() -> None:
+    report = StackReport(ranks=[rs(0, "n1", IN_ALL_REDUCE),
+                                rs(1, "n2", "", error="no stack came back"),
+                                rs(2, "n3", IN_ALL_REDUCE)])
+    late, why = report.straggler()
+    assert [r.rank for r in late] == [1] and why == "it gave no stack while the others did"
+    assert report.to_json()["straggler"] == {"ranks": [1], "why": why}
+
+
+# -- the head's rule -------------------------------------------------------------------------
+@pytest.mark.parametrize("reports, quiet, expect", [
+    ({"a": ({0: 9.0, 1: 7.0}, 10.0), "b": ({2: 8.0}, 10.0)}, {}, 7.0),
+    ({"a": ({0: 9.0, 1: 7.0}, 10.0)}, {}, None),  # node b never reported
+    ({"a": ({0: 9.0}, 10.0), "b": ({2: 8.0}, 10.0)}, {}, None),  # rank 1 not reported
+    ({"a": ({0: 9.0, 1: 7.0}, 10.0), "b": ({2: 8.0}, 6.0)}, {}, None),  # b's report is stale
+    ({"a": ({0: 9.0, 1: 7.0}, 10.0), "b": ({2: 8.0}, 10.0)}, {"b": 4.0}, None),  # b silent
+])
+def test_progress_watch_needs_a_fresh_report_of_every_running_rank(reports, quiet, expect):
+    watch = ProgressWatch(timeout=5.0, fresh=3.0)
+    for host, (idle, at) in reports.items():
+        watch.heartbeat(host, idle, at)
+    assert watch.idle_for({0: "a", 1: "a", 2: "b"}, 10.5, quiet) == expect
+
+
+CLUSTER = "nodes:\n  - {host: a, slots: 2}\n  - {host: b, slots: 1}\n"
+WALL = 1_000_000.0
+
+
+def running_supervisor(hang: float = 5.0) -> Supervisor:
+    spec = parse_cluster_text(CLUSTER, "c.yaml")
+    plan = plan_launch(spec, Target(script="t.py"), port=29500, job_id="J")
+    sup = Supervisor(plan, RunOptions(hang_timeout=hang), now=0.0, wall_offset=WALL)
+    for host in ("a", "b"):
+        sup.on_event(ev.Hello(host, wire.VERSION, 10, WALL + 1.0), 1.0)
+        sup.on_event(ev.Ready(host, {}), 1.0)
+    for rank, host in ((0, "a"), (1, "a"), (2, "b")):
+        sup.on_event(ev.RankStart(host, rank, 50 + rank, WALL + 1.5), 1.5)
+    return sup
+
+
+def beat(sup: Supervisor, t: float, idle: dict[str, dict[int, float]]) -> list:
+    actions = []
+    for host, ranks in idle.items():
+        actions += sup.on_event(ev.Heartbeat(host, WALL + t, ranks), t)
+    return actions + sup.on_tick(t, {h: 0.5 for h in ("a", "b") if h in idle})
+
+
+def test_supervisor_collects_stacks_once_then_ends_the_job_as_a_hang() -> None:
+    sup = running_supervisor()
+    assert not [a for a in beat(sup, 5.0, {"a": {0: 3.0, 1: 4.0}, "b": {2: 3.0}})
+                if isinstance(a, CollectStacks)]
+    actions = beat(sup, 8.0, {"a": {0: 6.0, 1: 7.0}, "b": {2: 5.0}})
+    assert [a for a in actions if isinstance(a, CollectStacks)] == [CollectStacks("hang")]
+    assert not [a for a in beat(sup, 9.0, {"a": {0: 7.0, 1: 8.0}, "b": {2: 6.0}})
+                if isinstance(a, CollectStacks)]  # once
+    stop = sup.hang_reported("straggler rank 2 on b: in load_batch at data.py:40", 2, "b", 10.0)
+    assert sorted(a.host for a in stop if isinstance(a, Send) and a.kind == "stop") == ["a", "b"]
+    (failure,) = sup.ordered_failures()
+    assert failure.kind == "hang" and failure.rank == 2 and failure.host == "b"
+    assert failure.at == pytest.approx(WALL + 8.0 - 5.0)  # when the last progress was
+    assert "no rank made progress for 5 s; straggler rank 2 on b" in failure.message
+
+
+def test_a_node_cut_off_is_lost_never_a_hang() -> None:
+    """Node b's link is cut at t=5: its last report showed progress; node a's ranks then wait
+    forever. No hang verdict; the silence rule makes b a lost node."""
+    sup = running_supervisor(hang=2.0)
+    beat(sup, 5.0, {"a": {0: 0.0, 1: 0.0}, "b": {2: 0.0}})
+    seen = []
+    for t in range(6, 30):
+        for host, idle in (("a", {0: t - 5.0, 1: t - 5.0}),):
+            seen += sup.on_event(ev.Heartbeat(host, WALL + t, idle), float(t))
+        seen += sup.on_tick(float(t), {"a": 0.5, "b": t - 5.0})
+    assert not [a for a in seen if isinstance(a, CollectStacks)]
+    assert SignalChannel("b", 9) in seen
+    (failure,) = sup.ordered_failures()
+    assert failure.kind == "lost" and failure.host == "b" and "node lost" in failure.message
+
+
+def test_decode_heartbeat_progress_and_stacks_frames() -> None:
+    hb = ev.decode("a", 'hb {"t": 5.0, "idle": {"0": 1.5, "3": 0.0}}')
+    assert hb == ev.Heartbeat("a", 5.0, {0: 1.5, 3: 0.0})
+    assert ev.decode("a", 'hb {"t": 5.0}') == ev.Heartbeat("a", 5.0, None)
+    reply = ev.decode("a", 'stacks {"id": 2, "ranks": {"1": {"pid": 7, "text": "x"}}}')
+    assert reply == ev.StacksReply("a", 2, {1: {"pid": 7, "text": "x"}})
+
+
+def test_hang_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="hang_timeout"):
+        RunOptions(hang_timeout=0)
+
+
+# -- the node side, for real -----------------------------------------------------------------
+SHIM = Path(shim.__file__)
+
+
+@pytest.fixture
+def rank_server(tmp_path):
+    server = RankServer(str(tmp_path / "g.sock"), lambda data: None)
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(rank: int, code: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "PTCLUSTER_GUARD_SOCK": server.path, "RANK": str(rank)}
+        env.pop(shim.SHIM_VAR, None)
+        proc = subprocess.Popen([sys.executable, "-u", str(SHIM), "-c", code], env=env,
+                                start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    yield server, start
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    server.close(1.0)
+
+
+def wait_ready(server: RankServer, ranks: set[int], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while set(server.probes.ready) != ranks:
+        assert time.monotonic() < deadline, f"probes ready: {set(server.probes.ready)}"
+        time.sleep(0.05)
+
+
+SLEEPS = ("import time\ndef load_batch():\n    time.sleep(60)\nprint('go', flush=True)\n"
+          "load_batch()\n")
+HOLDS_GIL = ("import ctypes\ndef read_sensor():\n    while True:\n"
+             "        ctypes.PyDLL(None).sleep(60)\nread_sensor()\n")
+BUSY = "while True:\n    sum(range(10000))\n"
+
+
+def test_stacks_of_real_ranks_a_sleeping_one_and_one_holding_the_gil(rank_server) -> None:
+    server, start = rank_server
+    start(0, SLEEPS)
+    start(1, HOLDS_GIL)
+    wait_ready(server, {0, 1})
+    time.sleep(0.5)
+    raw = server.probes.collect()
+    report = StackReport(ranks=[rank_stack(int(r), "n", v) for r, v in raw.items()])
+    where = {r.rank: r.where() for r in report.ranks}
+    assert where == {0: "in load_batch at <string>:3", 1: "in read_sensor at <string>:4"}
+    # the sleeping rank's own thread answers; the one holding the GIL needs the signal
+    assert (raw["0"]["how"], raw["1"]["how"]) == ("probe thread", "signal (faulthandler)")
+    assert all(v["ms"] is not None and v["ms"] < 1000 for v in raw.values())
+    if find_pyspy() is not None:  # the `stacks` extra (installed for the tests): native frames
+        native = report.ranks[[r.rank for r in report.ranks].index(1)].native
+        assert "read_sensor" in native and "sleep (libc" in native, native
+
+
+def test_progress_meter_tells_a_busy_rank_from_an_idle_one(rank_server) -> None:
+    server, start = rank_server
+    start(0, SLEEPS)
+    start(1, BUSY)
+    wait_ready(server, {0, 1})
+    meter = ProgressMeter(server.probes)
+    meter.sample()
+    time.sleep(2.5)
+    idle = meter.sample()
+    assert idle["1"] == 0.0 and idle["0"] >= 2.0, idle
+
+
+def test_control_socket_answers_its_owner_in_a_deep_run_dir(tmp_path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)  # longer than a socket path may be
+    deep.mkdir(parents=True)
+    asked: list[dict] = []
+    server = ControlServer(deep, lambda request: asked.append(request) or {"ok": True})
+    try:
+        assert (deep / "control.sock").stat().st_mode & 0o777 == 0o600
+        assert alive(deep) and asked == []  # looking is not asking
+        assert ask(deep, {"cmd": "stacks"}) == {"ok": True} and asked == [{"cmd": "stacks"}]
+    finally:
+        server.close()
+    assert not alive(deep)
+    with pytest.raises(ControlError, match="no job is running"):
+        ask(deep, {"cmd": "stacks"})
