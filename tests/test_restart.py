@@ -222,3 +222,29 @@ def test_ctrl_c_during_a_restart_stops_everything(tmp_path, no_leftovers) -> Non
     no_leftovers.append(job_id)
     assert code == 130, head.output()
     assert s["interrupted"] and len(s["attempts"]) <= 3, json.dumps(s)[:2000]
+
+
+HANGS_ONCE = textwrap.dedent("""
+    import os, time
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    if os.environ["PTCLUSTER_ATTEMPT"] == "0" and dist.get_rank() == 1:
+        time.sleep(600)  # the straggler: the others wait in the all_reduce
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print("sum", int(t.item()), flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def test_a_hang_is_reported_then_the_job_restarts(tmp_path, no_leftovers) -> None:
+    (tmp_path / "job.py").write_text(HANGS_ONCE)
+    code, head = run_head(["run", "--nproc", "2", "--run-dir", "runs", "--max-restarts", "1",
+                           "--hang-timeout", "3", "job.py"], cwd=tmp_path, timeout=120)
+    job_id, s = only_run(tmp_path / "runs")
+    no_leftovers.append(job_id)
+    assert code == 0, head.output()
+    first, second = s["attempts"]
+    assert first["cause"]["kind"] == "hang" and first["cause"]["rank"] == 1, first
+    assert second["ok"] and [line for line in head.lines if "sum 2" in line], head.output()
+    assert (tmp_path / "runs" / job_id / "hang-stacks.txt").exists()
