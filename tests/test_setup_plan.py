@@ -14,7 +14,7 @@ import pytest
 
 from ptcluster.errors import UsageError
 from ptcluster.remote.guard import node_python
-from ptcluster.remote.sync import project_files, remote_dir
+from ptcluster.remote.sync import project_files, remote_dir, tar_pipe
 from ptcluster.remote.transport import remote_command
 from ptcluster.setup import plan as P
 from ptcluster.setup.secret import Askpass, Secret, read_password_file
@@ -251,6 +251,26 @@ def test_sync_lists_what_git_would_track(tmp_path: Path) -> None:
     files = project_files(tmp_path)
     assert files == [".gitignore", "a.py", "sub/b.txt", "sub/c.py"]
     assert not any(f.startswith(".git/") for f in files)
+
+
+def test_sync_tar_with_a_long_listing(tmp_path: Path) -> None:
+    # more names than a pipe holds (64 KiB) and more data: tar reads names as it archives, so
+    # feeding all the names before anything drains tar's output deadlocks
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    (src / "d").mkdir(parents=True)
+    dest.mkdir()
+    files = [f"d/{'n' * 80}-{i:05d}.py" for i in range(1500)]
+    for name in files:
+        (src / name).write_text(name)
+    listing = "\0".join(files).encode() + b"\0"
+    assert len(listing) > 1 << 17
+    proc = tar_pipe(src, listing, ["tar", "-C", str(dest), "-xf", "-"], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*.py")) == files
+    assert (dest / files[-1]).read_text() == files[-1]
+    # a receiver that fails: its status, and no tar left behind (tar_pipe waited for it)
+    bad = tar_pipe(src, listing, ["sh", "-c", "exit 3"], timeout=60)
+    assert bad.returncode == 3
 
 
 @pytest.mark.parametrize("workdir, dest", [("~", "."), ("~/p", "p"), ("/srv/p", "/srv/p")])
