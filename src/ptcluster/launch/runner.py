@@ -77,7 +77,11 @@ class Runner:
         self.on_status = on_status or (lambda text: None)
         self.on_data = on_data or (lambda host, rank, data: None)
         self.opts = options or RunOptions()
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=256)  # batches: <= ~16 MiB
+        self.events: queue.Queue[tuple[int, str, Any]] = queue.Queue(maxsize=256)  # <= ~16 MiB
+        # Which attempt's channels an event came from: a channel of an attempt that was torn
+        # down may still report (its ChannelClosed after a SIGKILL, its last stderr lines) once
+        # the next attempt runs, and must not count as that attempt's node closing.
+        self._generation = 0
         self.channels: dict[str, NodeChannel] = {}
         self.logs = RunLogs(run_dir)
         self._use_plan(plan)
@@ -126,6 +130,7 @@ class Runner:
     def _attempt(self, before: list[AttemptRecord]) -> tuple[Supervisor, AttemptRecord]:
         """One attempt: every node started, supervised, torn down; every channel closed."""
         t0 = time.monotonic()
+        self._generation += 1
         sup = self.sup = Supervisor(self.plan, self.opts, t0, wall_offset=time.time() - t0)
         record = AttemptRecord(number=self.plan.attempt,
                                hosts=[n.host for n in self.plan.nodes],
@@ -180,16 +185,17 @@ class Runner:
         node = self.plan.nodes[self._node_rank[host]]
         config = node.guard_config(self.plan, heartbeat_timeout=self.opts.guard_heartbeat_timeout,
                                    grace=self.opts.stop_grace)
+        gen, put = self._generation, self.events.put
         return NodeChannel(
             self.transports[host], node.python, GUARD, config,
-            on_frames=lambda lines: self.events.put((host, lines)),
-            on_stderr=lambda line: self.events.put((host, ev.AgentOutput(host, line, "stderr"))),
-            on_closed=lambda code, err: self.events.put((host, ev.ChannelClosed(host, code, err))),
+            on_frames=lambda lines: put((gen, host, lines)),
+            on_stderr=lambda line: put((gen, host, ev.AgentOutput(host, line, "stderr"))),
+            on_closed=lambda code, err: put((gen, host, ev.ChannelClosed(host, code, err))),
             heartbeat=self.opts.heartbeat_interval, tag=self.plan.job_id)
 
     def _could_not_start(self, channel: NodeChannel, problem: str, fix: str) -> None:
-        self.events.put((channel.host, ev.ChannelClosed(channel.host, None, [problem],
-                                                        cause=(problem, fix))))
+        closed = ev.ChannelClosed(channel.host, None, [problem], cause=(problem, fix))
+        self.events.put((self._generation, channel.host, closed))
 
     # -- the loop -----------------------------------------------------------------------------
     def _loop(self, sup: Supervisor) -> None:
@@ -199,7 +205,7 @@ class Runner:
                 stops_applied += 1
                 self._apply(sup.request_stop(self._stop_reason, time.monotonic()))
             try:
-                item: tuple[str, Any] | None = self.events.get(timeout=0.1)
+                item: tuple[int, str, Any] | None = self.events.get(timeout=0.1)
             except queue.Empty:
                 item = None
             budget_end = time.monotonic() + BATCH_SECONDS
@@ -216,7 +222,9 @@ class Runner:
             quiet = {h: 0.0 if c.busy else now - c.last_recv for h, c in self.channels.items()}
             self._apply(sup.on_tick(now, quiet))
 
-    def _handle(self, sup: Supervisor, host: str, payload: Any) -> None:
+    def _handle(self, sup: Supervisor, gen: int, host: str, payload: Any) -> None:
+        if gen != self._generation:
+            return  # from a channel of an earlier attempt, closed since (see __init__)
         try:
             if isinstance(payload, list):
                 self._frames(sup, host, payload)
