@@ -24,6 +24,7 @@ from typing import Any
 
 from ptcluster.remote.bootstrap import NodeProgram
 from ptcluster.remote.channel import NodeChannel
+from ptcluster.remote.sync import tar_pipe
 from ptcluster.remote.transport import SshTransport, remote_command, ssh_argv
 from ptcluster.remote.wire import control, split
 from ptcluster.setup import plan as P
@@ -542,15 +543,11 @@ class Setup:
         remote = remote_command(["sh", "-c", f"mkdir -p {P.WHEELHOUSE} && tar -C "
                                  f"{P.WHEELHOUSE} -xf -"])
         ssh = ssh_argv(node.host, self.ssh[node.host]) + [remote]
-        tar = subprocess.Popen(["tar", "-C", str(folder), "-cf", "-", "--", *names],
-                               stdout=subprocess.PIPE)
-        proc = subprocess.run(ssh, stdin=tar.stdout, capture_output=True, text=True,
-                              timeout=3600)
-        assert tar.stdout is not None
-        tar.stdout.close()
-        tar_rc = tar.wait()
-        if proc.returncode != 0 or tar_rc != 0:
-            return False, (proc.stderr.strip() or f"tar exit status {tar_rc}")[-2000:]
+        listing = "\0".join(names).encode() + b"\0"
+        proc = tar_pipe(folder, listing, ssh, timeout=3600)  # the same pipe as `sync`
+        if proc.returncode != 0:
+            err = proc.stderr.decode(errors="replace").strip()
+            return False, (err or f"tar over ssh: exit status {proc.returncode}")[-2000:]
         return True, f"{len(names)} wheels"
 
     def _confirm(self, node: NodeSpec) -> None:
