@@ -273,6 +273,26 @@ def test_sync_tar_with_a_long_listing(tmp_path: Path) -> None:
     assert bad.returncode == 3
 
 
+def test_a_failed_sync_is_said_also_under_quiet(cli, tmp_path: Path, monkeypatch) -> None:
+    # -q skips status lines, never errors: `run --sync` must not exit 1 without a word
+    import socket
+
+    with socket.socket() as s:  # a port on loopback that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"nodes: [{{host: 127.0.0.1}}]\nssh: {{port: {port}, options: "
+                       "{BatchMode: 'yes', ConnectTimeout: 5}}\n")
+    (tmp_path / "t.py").write_text("print('never')\n")
+    monkeypatch.chdir(tmp_path)
+    for args in (("-q", "run", "--cluster", str(cluster), "--sync", "t.py"),
+                 ("-q", "sync", "--cluster", str(cluster))):
+        code, out, err = cli(*args)
+        assert code == 1, err
+        assert "sync failed on 127.0.0.1" in err and "Fix:" in err
+        assert "never" not in out
+
+
 @pytest.mark.parametrize("workdir, dest", [("~", "."), ("~/p", "p"), ("/srv/p", "/srv/p")])
 def test_sync_remote_dir(workdir: str, dest: str) -> None:
     assert remote_dir(workdir) == dest
