@@ -293,6 +293,22 @@ def test_a_failed_sync_is_said_also_under_quiet(cli, tmp_path: Path, monkeypatch
         assert "never" not in out
 
 
+def test_setup_closes_a_session_it_gave_up_on() -> None:
+    # a node whose setup program stopped answering fails with "no answer within..." before its
+    # session is kept: its ssh and node program must still be ended with the others
+    from ptcluster.remote.transport import LocalTransport
+    from ptcluster.setup.apply import Setup, SetupOptions
+    from ptcluster.spec import parse_cluster_text
+
+    spec = parse_cluster_text("nodes: [{host: n1}]\n", "c.yaml")
+    setup = Setup(spec, SetupOptions(dry_run=True), password=lambda: None)
+    setup.targets, setup.pubkey = {"n1": ("127.0.0.1", 22)}, ""
+    session = setup._open(spec.nodes[0], LocalTransport(host="n1"))  # the real node program
+    assert session.channel.proc is not None and not session.channel.closed
+    setup._close_sessions("bye")
+    assert session.channel.closed and session.channel.proc.poll() is not None
+
+
 @pytest.mark.parametrize("workdir, dest", [("~", "."), ("~/p", "p"), ("/srv/p", "/srv/p")])
 def test_sync_remote_dir(workdir: str, dest: str) -> None:
     assert remote_dir(workdir) == dest

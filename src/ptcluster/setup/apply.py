@@ -241,6 +241,10 @@ class Setup:
         self.on_event = on_event or (lambda host, text: None)
         self.outcomes = {n.host: NodeOutcome(host=n.host) for n in spec.nodes}
         self.sessions: dict[str, NodeSession] = {}
+        self._opened: list[NodeSession] = []
+        """Every session started, also those given up on before they joined ``sessions`` (a
+        node that stopped answering): each is closed at the end, none left running."""
+        self._opened_lock = threading.Lock()  # not _lock: that one is held during the prompt
         self.ssh: dict[str, SshSpec] = {}
         self._wheels_lock = threading.Lock()
         self._wheels: tuple[Path, dict[str, str]] | None = None
@@ -331,7 +335,8 @@ class Setup:
 
     def _close_sessions(self, how: str) -> None:
         deadline = time.monotonic() + 5
-        sessions = list(self.sessions.values())  # node threads may still be adding to it
+        with self._opened_lock:  # node threads may still be adding to it
+            sessions = list(self._opened)
         for session in sessions:
             session.channel.send(how)
         for session in sessions:
@@ -440,6 +445,8 @@ class Setup:
             channel.start()
         except OSError as exc:
             raise NodeFailure(f"cannot start ssh: {exc}", "install openssh-client") from None
+        with self._opened_lock:
+            self._opened.append(session)
         return session
 
     def _node_config(self, node: NodeSpec) -> dict[str, Any]:
