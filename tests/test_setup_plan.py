@@ -212,6 +212,8 @@ def test_askpass_answers_ssh_without_the_secret_in_argv_env_or_files() -> None:
     finally:
         askpass.close()
     assert not askpass.dir.exists()
+    askpass._thread.join(timeout=5)
+    assert not askpass._thread.is_alive()  # close() ended the thread that answers
 
 
 # -- python: auto, ptcluster's own wheel, sync -------------------------------------------------
