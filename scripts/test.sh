@@ -14,6 +14,9 @@ if [ "$(id -u)" = 0 ]; then
   command -v ip >/dev/null 2>&1 || missing="$missing iproute2"
   command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing="$missing nftables"
   command -v ssh >/dev/null 2>&1 || missing="$missing openssh-client"
+  # sync lists a checkout's files with git; its tests make repositories (a CI checkout made
+  # without git, e.g. from a tarball, would not have it)
+  command -v git >/dev/null 2>&1 || missing="$missing git"
   command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || missing="$missing slurm-wlm"
   command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || missing="$missing munge"
   # the bare-node testbed (setup, sync): what its nodes get from this machine's root, and the

@@ -89,6 +89,31 @@ def test_policy_validates() -> None:
         RestartPolicy(min_nodes=0)
 
 
+def test_a_torn_down_attempts_late_channel_close_is_not_the_next_attempts(tmp_path) -> None:
+    # A channel SIGKILLed at the end of one attempt (a lost node, the stop deadline) reports its
+    # close when it is gone, which may be after the next attempt started, on the same queue.
+    from ptcluster.launch import events as ev
+    from ptcluster.launch.plan import Target, plan_launch
+    from ptcluster.launch.result import RunOptions
+    from ptcluster.launch.runner import Runner
+    from ptcluster.launch.supervisor import Supervisor
+    from ptcluster.remote import wire
+    from ptcluster.spec import parse_cluster_text
+
+    spec = parse_cluster_text("nodes:\n  - {host: a, slots: 1}\n  - {host: b, slots: 1}\n",
+                              "c.yaml")
+    plan = plan_launch(spec, Target(script="t.py"), port=29500, job_id="J", attempt=2)
+    runner = Runner(plan, {}, tmp_path / "run")  # attempt 2 runs
+    sup = Supervisor(plan, RunOptions(), 0.0, wall_offset=0.0)
+    for host in ("a", "b"):
+        sup.on_event(ev.Hello(host, wire.VERSION, 10, 1.0), 1.0)
+        sup.on_event(ev.Ready(host, {"interface": "lo", "interface_source": "x"}), 1.0)
+    runner._handle(sup, 1, "a", ev.ChannelClosed("a", -9, ["killed"]))
+    assert not sup.nodes["a"].closed and not sup.failures
+    runner._handle(sup, 2, "a", ev.ChannelClosed("a", -9, ["killed"]))  # this attempt's: counts
+    assert sup.nodes["a"].closed and [f.kind for f in sup.failures] == ["lost"]
+
+
 # -- real jobs on this machine -------------------------------------------------------------
 KILLER = textwrap.dedent("""
     # The reference trainer, with rank KILL_RANK SIGKILLed at optimizer step KILL_STEP of the

@@ -14,7 +14,7 @@ import pytest
 
 from ptcluster.errors import UsageError
 from ptcluster.remote.guard import node_python
-from ptcluster.remote.sync import project_files, remote_dir
+from ptcluster.remote.sync import project_files, remote_dir, tar_pipe
 from ptcluster.remote.transport import remote_command
 from ptcluster.setup import plan as P
 from ptcluster.setup.secret import Askpass, Secret, read_password_file
@@ -212,6 +212,8 @@ def test_askpass_answers_ssh_without_the_secret_in_argv_env_or_files() -> None:
     finally:
         askpass.close()
     assert not askpass.dir.exists()
+    askpass._thread.join(timeout=5)
+    assert not askpass._thread.is_alive()  # close() ended the thread that answers
 
 
 # -- python: auto, ptcluster's own wheel, sync -------------------------------------------------
@@ -251,6 +253,62 @@ def test_sync_lists_what_git_would_track(tmp_path: Path) -> None:
     files = project_files(tmp_path)
     assert files == [".gitignore", "a.py", "sub/b.txt", "sub/c.py"]
     assert not any(f.startswith(".git/") for f in files)
+
+
+def test_sync_tar_with_a_long_listing(tmp_path: Path) -> None:
+    # more names than a pipe holds (64 KiB) and more data: tar reads names as it archives, so
+    # feeding all the names before anything drains tar's output deadlocks
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    (src / "d").mkdir(parents=True)
+    dest.mkdir()
+    files = [f"d/{'n' * 80}-{i:05d}.py" for i in range(1500)]
+    for name in files:
+        (src / name).write_text(name)
+    listing = "\0".join(files).encode() + b"\0"
+    assert len(listing) > 1 << 17
+    proc = tar_pipe(src, listing, ["tar", "-C", str(dest), "-xf", "-"], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*.py")) == files
+    assert (dest / files[-1]).read_text() == files[-1]
+    # a receiver that fails: its status, and no tar left behind (tar_pipe waited for it)
+    bad = tar_pipe(src, listing, ["sh", "-c", "exit 3"], timeout=60)
+    assert bad.returncode == 3
+
+
+def test_a_failed_sync_is_said_also_under_quiet(cli, tmp_path: Path, monkeypatch) -> None:
+    # -q skips status lines, never errors: `run --sync` must not exit 1 without a word
+    import socket
+
+    with socket.socket() as s:  # a port on loopback that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"nodes: [{{host: 127.0.0.1}}]\nssh: {{port: {port}, options: "
+                       "{BatchMode: 'yes', ConnectTimeout: 5}}\n")
+    (tmp_path / "t.py").write_text("print('never')\n")
+    monkeypatch.chdir(tmp_path)
+    for args in (("-q", "run", "--cluster", str(cluster), "--sync", "t.py"),
+                 ("-q", "sync", "--cluster", str(cluster))):
+        code, out, err = cli(*args)
+        assert code == 1, err
+        assert "sync failed on 127.0.0.1" in err and "Fix:" in err
+        assert "never" not in out
+
+
+def test_setup_closes_a_session_it_gave_up_on() -> None:
+    # a node whose setup program stopped answering fails with "no answer within..." before its
+    # session is kept: its ssh and node program must still be ended with the others
+    from ptcluster.remote.transport import LocalTransport
+    from ptcluster.setup.apply import Setup, SetupOptions
+    from ptcluster.spec import parse_cluster_text
+
+    spec = parse_cluster_text("nodes: [{host: n1}]\n", "c.yaml")
+    setup = Setup(spec, SetupOptions(dry_run=True), password=lambda: None)
+    setup.targets, setup.pubkey = {"n1": ("127.0.0.1", 22)}, ""
+    session = setup._open(spec.nodes[0], LocalTransport(host="n1"))  # the real node program
+    assert session.channel.proc is not None and not session.channel.closed
+    setup._close_sessions("bye")
+    assert session.channel.closed and session.channel.proc.poll() is not None
 
 
 @pytest.mark.parametrize("workdir, dest", [("~", "."), ("~/p", "p"), ("/srv/p", "/srv/p")])

@@ -154,7 +154,9 @@ class Testbed:
             else:
                 self._wait_ssh(node)
 
-    def _add_node(self, node: Node) -> None:
+    def _add_netns(self, node: Node) -> tuple[tuple[str, ...], Path]:
+        """The node's network namespace on the bridge, and its host key: what both kinds of
+        node have. Returns the ``ip netns exec`` prefix and the host key's path."""
         _run("ip", "netns", "add", node.netns)
         _run("ip", "link", "add", node.veth_host, "type", "veth", "peer", "name", "veth0",
              "netns", node.netns)
@@ -166,6 +168,10 @@ class Testbed:
         _run(*ns, "ip", "link", "set", "lo", "up")
         hostkey = self.dir / f"host{node.index}"
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hostkey))
+        return ns, hostkey
+
+    def _add_node(self, node: Node) -> None:
+        ns, hostkey = self._add_netns(node)
         conf = self.dir / f"sshd{node.index}.conf"
         conf.write_text(
             f"ListenAddress {node.addr}\nPort 22\nHostKey {hostkey}\n"
@@ -179,17 +185,7 @@ class Testbed:
 
     def _add_bare_node(self, node: Node) -> None:
         assert self.bare is not None
-        _run("ip", "netns", "add", node.netns)
-        _run("ip", "link", "add", node.veth_host, "type", "veth", "peer", "name", "veth0",
-             "netns", node.netns)
-        _run("ip", "link", "set", node.veth_host, "master", self.bridge)
-        _run("ip", "link", "set", node.veth_host, "up")
-        ns = ("ip", "netns", "exec", node.netns)
-        _run(*ns, "ip", "addr", "add", f"{node.addr}/{self.subnet.prefixlen}", "dev", "veth0")
-        _run(*ns, "ip", "link", "set", "veth0", "up")
-        _run(*ns, "ip", "link", "set", "lo", "up")
-        hostkey = self.dir / f"host{node.index}"
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hostkey))
+        _, hostkey = self._add_netns(node)
         base = self.dir / f"root{node.index}"
         upper, work, merged = base / "upper", base / "work", base / "merged"
         for d in (upper, work, merged):

@@ -35,11 +35,10 @@ def run_sync(spec: ClusterSpec, console: Console, *, show: bool = True) -> list[
         return []
 
     def done(r: SyncResult) -> None:
-        if not show:
-            return
         if r.ok:
-            console.print(f"[dim]ptcluster: synced {r.host}: {r.sent} file(s) sent ({r.method}, "
-                          f"{r.seconds:.1f} s)[/dim]", markup=True)
+            if show:  # a status line; a failure is an error and always said (also under -q)
+                console.print(f"[dim]ptcluster: synced {r.host}: {r.sent} file(s) sent "
+                              f"({r.method}, {r.seconds:.1f} s)[/dim]", markup=True)
         else:
             console.print(f"[red]sync failed on {r.host}[/red]: {r.problem}. Fix: {r.fix}",
                           markup=True)

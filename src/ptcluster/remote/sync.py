@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from ptcluster.remote.transport import remote_command, ssh_argv
 from ptcluster.spec.model import ClusterSpec, NodeSpec
@@ -135,16 +136,7 @@ def sync_node(node: NodeSpec, root: Path, files: list[str], *, timeout: float = 
         result.method = "tar"
         remote = remote_command(["sh", "-c", 'mkdir -p -- "$1" && tar -C "$1" -xf -', "sync",
                                  dest])
-        tar = subprocess.Popen(["tar", "-C", str(root), "-cf", "-", "--null", "-T", "-"],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        assert tar.stdin is not None and tar.stdout is not None
-        tar.stdin.write(listing)
-        tar.stdin.close()
-        proc = subprocess.run(ssh_argv(node.host, node.ssh) + [remote], stdin=tar.stdout,
-                              capture_output=True, timeout=timeout)
-        tar.stdout.close()
-        if tar.wait() != 0 and proc.returncode == 0:
-            proc.returncode = 1
+        proc = tar_pipe(root, listing, ssh_argv(node.host, node.ssh) + [remote], timeout)
         result.sent = len(files)
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [
@@ -153,6 +145,53 @@ def sync_node(node: NodeSpec, root: Path, files: list[str], *, timeout: float = 
         result.fix = "check the workdir is writable on the node and has space"
     result.seconds = round(time.monotonic() - begun, 2)
     return result
+
+
+def tar_pipe(root: Path, listing: bytes, receiver: list[str],
+             timeout: float) -> subprocess.CompletedProcess[bytes]:
+    """``tar -c`` of the NUL-separated ``listing`` under ``root`` into ``receiver``'s stdin.
+
+    The receiver starts before the listing is written, and the listing goes in from a thread:
+    tar reads names as it archives, so with a long listing (more than a pipe's 64 KiB) tar
+    blocks on a full stdout while we block on its full stdin, unless something drains it.
+    On a timeout both processes are killed (TimeoutExpired is raised, as ``subprocess.run``)."""
+    tar = subprocess.Popen(["tar", "-C", str(root), "-cf", "-", "--null", "-T", "-"],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert tar.stdin is not None and tar.stdout is not None
+    try:
+        recv = subprocess.Popen(receiver, stdin=tar.stdout, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+    except OSError:
+        tar.kill()
+        tar.wait()
+        raise
+    tar.stdout.close()  # the receiver holds it: tar gets SIGPIPE should the receiver die
+
+    def feed(stdin: IO[bytes]) -> None:
+        try:
+            stdin.write(listing)
+            stdin.close()
+        except OSError:  # tar is gone: its exit status says why
+            pass
+
+    feeder = threading.Thread(target=feed, args=(tar.stdin,), daemon=True)
+    feeder.start()
+    try:
+        out, err = recv.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        recv.kill()
+        tar.kill()
+        recv.communicate()
+        raise
+    finally:
+        if recv.returncode is not None and recv.returncode != 0:
+            tar.kill()  # nobody reads its output any more
+        code = tar.wait()
+        feeder.join()
+    returncode = recv.returncode
+    if code != 0 and returncode == 0:
+        returncode = 1
+    return subprocess.CompletedProcess(receiver, returncode, out, err)
 
 
 def sync_project(spec: ClusterSpec, root: Path | None = None,

@@ -24,6 +24,7 @@ from typing import Any
 
 from ptcluster.remote.bootstrap import NodeProgram
 from ptcluster.remote.channel import NodeChannel
+from ptcluster.remote.sync import tar_pipe
 from ptcluster.remote.transport import SshTransport, remote_command, ssh_argv
 from ptcluster.remote.wire import control, split
 from ptcluster.setup import plan as P
@@ -240,6 +241,10 @@ class Setup:
         self.on_event = on_event or (lambda host, text: None)
         self.outcomes = {n.host: NodeOutcome(host=n.host) for n in spec.nodes}
         self.sessions: dict[str, NodeSession] = {}
+        self._opened: list[NodeSession] = []
+        """Every session started, also those given up on before they joined ``sessions`` (a
+        node that stopped answering): each is closed at the end, none left running."""
+        self._opened_lock = threading.Lock()  # not _lock: that one is held during the prompt
         self.ssh: dict[str, SshSpec] = {}
         self._wheels_lock = threading.Lock()
         self._wheels: tuple[Path, dict[str, str]] | None = None
@@ -330,7 +335,8 @@ class Setup:
 
     def _close_sessions(self, how: str) -> None:
         deadline = time.monotonic() + 5
-        sessions = list(self.sessions.values())  # node threads may still be adding to it
+        with self._opened_lock:  # node threads may still be adding to it
+            sessions = list(self._opened)
         for session in sessions:
             session.channel.send(how)
         for session in sessions:
@@ -439,6 +445,8 @@ class Setup:
             channel.start()
         except OSError as exc:
             raise NodeFailure(f"cannot start ssh: {exc}", "install openssh-client") from None
+        with self._opened_lock:
+            self._opened.append(session)
         return session
 
     def _node_config(self, node: NodeSpec) -> dict[str, Any]:
@@ -542,15 +550,11 @@ class Setup:
         remote = remote_command(["sh", "-c", f"mkdir -p {P.WHEELHOUSE} && tar -C "
                                  f"{P.WHEELHOUSE} -xf -"])
         ssh = ssh_argv(node.host, self.ssh[node.host]) + [remote]
-        tar = subprocess.Popen(["tar", "-C", str(folder), "-cf", "-", "--", *names],
-                               stdout=subprocess.PIPE)
-        proc = subprocess.run(ssh, stdin=tar.stdout, capture_output=True, text=True,
-                              timeout=3600)
-        assert tar.stdout is not None
-        tar.stdout.close()
-        tar_rc = tar.wait()
-        if proc.returncode != 0 or tar_rc != 0:
-            return False, (proc.stderr.strip() or f"tar exit status {tar_rc}")[-2000:]
+        listing = "\0".join(names).encode() + b"\0"
+        proc = tar_pipe(folder, listing, ssh, timeout=3600)  # the same pipe as `sync`
+        if proc.returncode != 0:
+            err = proc.stderr.decode(errors="replace").strip()
+            return False, (err or f"tar over ssh: exit status {proc.returncode}")[-2000:]
         return True, f"{len(names)} wheels"
 
     def _confirm(self, node: NodeSpec) -> None:

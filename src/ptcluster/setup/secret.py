@@ -107,7 +107,14 @@ class Askpass:
     def close(self) -> None:
         self._stop.set()
         try:
+            # close() alone does not wake an accept() blocked in another thread on Linux:
+            # shutdown() does, so the answering thread ends with the run
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
             self._sock.close()
         except OSError:
             pass
+        self._thread.join(timeout=5)
         shutil.rmtree(self.dir, ignore_errors=True)
