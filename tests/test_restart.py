@@ -76,6 +76,14 @@ def test_restart_rule(policy, attempts, interrupted, restart, drop, why) -> None
     assert d.no_progress == ("no progress" in why)
 
 
+def test_a_node_cut_off_at_the_stop_deadline_is_dropped() -> None:
+    """Its ranks may still run (its guard has not noticed yet): the next attempt goes without."""
+    d = decide(P, [attempt(0, cause=("b", "rank"))], [], False, cut_off=["c"])
+    assert d.restart and d.drop == ("c",), d
+    d = decide(RestartPolicy(max_restarts=3, min_nodes=3), [attempt(0)], [], False, ["c"])
+    assert not d.restart and "c (lost)" in d.reason, d
+
+
 def test_start_step_is_what_the_attempt_resumed_from_else_the_last_checkpoint() -> None:
     assert start_step([attempt(0)]) is None
     assert start_step([attempt(0, saved=10), attempt(1)]) == 10

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
+import os
 import sys
+from collections.abc import Iterator
 
 import click
 from rich.console import Console
@@ -74,8 +77,9 @@ def setup(cluster: str | None, dry_run: bool, check: bool, as_json: bool,
         if live:
             err.print(f"[dim]{host}:[/dim] {text}", markup=True)
 
-    report = run_setup(spec, opts, password=password, on_event=on_event,
-                       only=list(nodes) or None, known_password=secret)
+    with _terminal_kept():
+        report = run_setup(spec, opts, password=password, on_event=on_event,
+                           only=list(nodes) or None, known_password=secret)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -162,3 +166,21 @@ def render(console: Console, report: SetupReport) -> None:
                "[red]not every node converged[/red]")
     console.print(f"{verdict}; {n_changed} change(s) made" + (
         "" if n_changed else " (nothing to do)") + f" ({report.duration:.1f} s)", markup=True)
+
+
+@contextlib.contextmanager
+def _terminal_kept() -> Iterator[None]:
+    """The password is asked from a node's thread: a Ctrl-C there ends the process before
+    getpass turns echo back on, so the terminal's settings are restored here."""
+    try:
+        import termios
+
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd) if os.isatty(fd) else None
+    except (ImportError, OSError, ValueError):
+        saved = None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)

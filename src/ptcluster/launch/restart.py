@@ -8,7 +8,8 @@ pytorch#108158.) The rules, in order:
 
 - an attempt that succeeded, or that the user stopped (Ctrl-C, SIGTERM), is never restarted;
 - at most ``max_restarts`` restarts;
-- nodes that were lost (silent, channel closed, could not start) are dropped (when fewer than
+- nodes that were lost (silent, channel closed, could not start, or not ended by the stop
+  deadline: their ranks may still run) are dropped (when fewer than
   ``min_nodes`` would remain, the job gives up), and so is a node whose rank or guard was the
   root cause of two attempts, while ``min_nodes`` remain without it;
 - no progress: a job that reports its checkpoints (``checkpoint_saved``/``resumed_from`` of
@@ -58,8 +59,9 @@ class Decision:
 
 
 def decide(policy: RestartPolicy, attempts: Sequence[AttemptRecord], failures: Sequence[Failure],
-           interrupted: bool) -> Decision:
-    """After ``attempts[-1]`` ended (``failures``: all of its failures): restart or not."""
+           interrupted: bool, cut_off: Sequence[str] = ()) -> Decision:
+    """After ``attempts[-1]`` ended (``failures``: all of its failures; ``cut_off``: nodes given
+    up on at the stop deadline, whose ranks may still run): restart or not."""
     last = attempts[-1]
     if last.ok:
         return Decision(False, "")
@@ -68,7 +70,8 @@ def decide(policy: RestartPolicy, attempts: Sequence[AttemptRecord], failures: S
     if policy.max_restarts == 0:
         return Decision(False, "")
     hosts = last.hosts
-    lost = {f.host for f in failures if f.kind in NODE_LOSS and f.host in hosts}
+    lost = {f.host for f in failures if f.kind in NODE_LOSS and f.host in hosts} | \
+        {h for h in cut_off if h in hosts}
     blamed = Counter(a.cause.host for a in attempts
                      if a.cause is not None and a.cause.host in hosts)
     twice = {h for h, n in blamed.items() if n >= 2} - lost

@@ -142,7 +142,7 @@ class Runner:
             if self.restarts is None:
                 break
             decision = decide(self.restarts.policy, attempts, result.failures,
-                              result.interrupted)
+                              result.interrupted, sup.cut_off)
             record.dropped = list(decision.drop)
             if not decision.restart:
                 result.gave_up, result.no_progress = decision.reason, decision.no_progress

@@ -147,6 +147,12 @@ class Supervisor:
         return actions
 
     @property
+    def cut_off(self) -> list[str]:
+        """Nodes given up on at the stop deadline (channel SIGKILLed): their part of the job
+        may run on until their guard notices, so a restart must not use them."""
+        return [h for h in self.nodes if (h, "kill") in self._escalated]
+
+    @property
     def done(self) -> bool:
         return self.phase is Phase.DONE
 

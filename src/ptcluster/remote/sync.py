@@ -128,7 +128,7 @@ def sync_node(node: NodeSpec, root: Path, files: list[str], *, timeout: float = 
         result.method = "rsync"
         proc = subprocess.run(
             ["rsync", "-a", "--from0", "--files-from=-", "--out-format=%n", "-e", _ssh_e(node),
-             f"{root}/", f"{node.host}:{dest}/"],
+             f"{root}/", f"{_rsync_host(node.host)}:{dest}/"],
             input=listing, capture_output=True, timeout=timeout)
         out = proc.stdout.decode(errors="replace")
         result.sent = sum(1 for line in out.splitlines() if line and not line.endswith("/"))
@@ -216,3 +216,8 @@ def sync_project(spec: ClusterSpec, root: Path | None = None,
     for t in threads:
         t.join()
     return [results[n.host] for n in spec.nodes]
+
+
+def _rsync_host(host: str) -> str:
+    """rsync's ``HOST:PATH`` with an IPv6 address: the address in brackets."""
+    return f"[{host}]" if ":" in host else host

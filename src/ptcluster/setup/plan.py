@@ -298,9 +298,13 @@ def _hosts(host: str, facts: dict[str, Any], cf: ClusterFacts, root_ok: bool) ->
     if any(line.split()[:1] and line.split()[0].startswith("127.") and facts["hostname"] in
            line.split()[1:] for line in current.splitlines()):
         why += f"; {facts['hostname']} maps to 127.x (the 127.0.1.1 trap): that name is removed"
-    # written in place (tee), not renamed over: /etc/hosts is often a bind mount (containers)
+    # Written in place, not renamed over (/etc/hosts is often a bind mount: containers), but
+    # only once the whole new text is on disk beside it: an interrupted step never leaves it
+    # empty or half written.
+    script = ("cat > /etc/hosts.ptcluster-new && cat /etc/hosts.ptcluster-new > /etc/hosts "
+              "&& rm -f /etc/hosts.ptcluster-new")
     return _root_step("/etc/hosts", root_ok, why, (
-        Action(("sh", "-c", "cat > /etc/hosts"), root=True, input=want),), "no sudo")
+        Action(("sh", "-c", script), root=True, input=want),), "no sudo")
 
 
 def _is_ip(text: str) -> bool:
