@@ -376,3 +376,20 @@ def test_setup_node_program_facts_and_run(tmp_path: Path) -> None:
     assert facts["workdir"] == {"path": str(tmp_path / "w"), "exists": False}
     assert facts["env_file"] is None and facts["interface"] == "lo"
     assert json.loads(frames[2][1]) == {"id": 1, "rc": 0, "out": "in\ndone\n"}
+
+
+def test_setup_node_program_starts_nothing_once_stopped() -> None:
+    """After the head's stop (or EOF) no command starts, and one started in that moment ends."""
+    import time
+
+    from ptcluster.setup import node
+
+    assert node.run(["true"]) == (0, "")
+    node.STOPPING.set()
+    try:
+        t0 = time.monotonic()
+        code, out = node.run(["sleep", "30"])
+        assert code == 130 and "not started" in out
+        assert time.monotonic() - t0 < 5 and not node.RUNNING
+    finally:
+        node.STOPPING.clear()

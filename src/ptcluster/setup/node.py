@@ -35,12 +35,16 @@ C_ENV = {"LC_ALL": "C", "LANG": "C"}
 
 RUNNING: set[subprocess.Popen[str]] = set()
 """Commands running now: ended with the channel (see ``main``)."""
+STOPPING = threading.Event()
+"""Set when the head said stop or went away: no command starts any more."""
 
 
 def run(argv: list[str], *, stdin: str | None = None, timeout: float = 30.0,
         env: dict[str, str] | None = None) -> tuple[int, str]:
     if shutil.which(argv[0]) is None and not os.path.isabs(argv[0]):
         return 127, f"{argv[0]}: not installed"
+    if STOPPING.is_set():
+        return 130, f"{argv[0]}: not started, setup was stopped"
     try:
         # its own process group, so that the whole command (sudo, apt, dpkg...) can be ended
         p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -49,6 +53,8 @@ def run(argv: list[str], *, stdin: str | None = None, timeout: float = 30.0,
     except OSError as exc:
         return 126, f"{argv[0]}: {exc}"
     RUNNING.add(p)
+    if STOPPING.is_set():  # stopped while it was being started: main may have missed it
+        end(p)
     try:
         out, _ = p.communicate(stdin, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -365,8 +371,11 @@ def main() -> None:
         elif kind in ("facts", "run"):
             requests.put((kind, msg))
     # stop, or EOF: the head was interrupted (Ctrl-C) or is gone
+    STOPPING.set()  # first: a command being started now ends itself (see run)
     for p in list(RUNNING):
         end(p)
+    requests.put(None)
+    worker.join(timeout=15)  # what is queued returns at once; one being started is ended
     os._exit(0)
 
 
