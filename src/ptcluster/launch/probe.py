@@ -23,6 +23,7 @@ it reports the collectives enqueued and completed whenever they change (the guar
 measure) and adds the collectives in flight to its ``dump`` answer.
 """
 
+import atexit
 import faulthandler
 import json
 import os
@@ -37,6 +38,14 @@ STACK_SIGNAL = signal.SIGRTMIN + 7
 torch and Python). The guard uses the same expression."""
 POLL = 1.0
 """Seconds between two looks at the flight recorder's counters (a cheap call: no entries)."""
+_torch_calls = threading.Lock()
+"""Held while this thread is inside torch; taken for good when the interpreter exits, so the
+thread is never inside torch's C++ while the process tears it down (a daemon thread otherwise
+runs on into exit)."""
+
+
+def _stop_torch_calls() -> None:
+    _torch_calls.acquire(timeout=5)
 
 _keep: list = []  # the sockets live as long as the process (faulthandler holds the fd)
 
@@ -51,6 +60,7 @@ def install(path: str, rank: int) -> None:
     except OSError:
         return
     faulthandler.register(STACK_SIGNAL, file=stk, all_threads=True, chain=False)
+    atexit.register(_stop_torch_calls)
     _keep.extend((stk, probe))
     probe.sendall(b"ready " + json.dumps({"pid": os.getpid(), "signal": int(STACK_SIGNAL),
                                           "fr": _fr_buffer() > 0, "stk": stk_path}).encode()
@@ -126,8 +136,8 @@ def flight_recorder(active: bool) -> dict:
     last completed (``counts``), and with ``active`` the collectives in flight. Empty when the
     program has no initialized process group or the recorder is off."""
     dist = sys.modules.get("torch.distributed")
-    if dist is None or _fr_buffer() <= 0:
-        return {}
+    if dist is None or _fr_buffer() <= 0 or not _torch_calls.acquire(blocking=False):
+        return {}  # (not taken: the process is exiting)
     try:
         if not dist.is_initialized():
             return {}
@@ -136,6 +146,8 @@ def flight_recorder(active: bool) -> dict:
         raw = json.loads(c10d._dump_fr_trace_json(active, not active))
     except Exception as exc:  # noqa: BLE001 - a torch without it, or a recorder error
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    finally:
+        _torch_calls.release()
     status = raw.get("pg_status") or {}
     enq = comp = 0
     waiting = []
