@@ -128,7 +128,7 @@ KILLER = textwrap.dedent("""
     # first attempt (a real kill -9, in the middle of training).
     import os, signal, sys
     import torch
-    from ptcluster.examples.mnist.train import main
+    from ptcluster.examples.mnist.train import run
 
     step, victim = int(sys.argv.pop(1)), sys.argv.pop(1)
     if os.environ["PTCLUSTER_ATTEMPT"] == "0" and os.environ["RANK"] == victim:
@@ -142,7 +142,7 @@ KILLER = textwrap.dedent("""
             return original(self, *a, **k)
 
         torch.optim.AdamW.step = counted
-    sys.exit(main())
+    run()  # the trainer's own entry point, so it ends as `-m ptcluster.examples.mnist` does
 """)
 TRAIN = ["--dataset", "digits", "--no-download", "--epochs", "2", "--batch-size", "32",
          "--checkpoint-every-steps", "5"]
@@ -171,7 +171,9 @@ def test_a_killed_rank_restarts_the_job_and_it_ends_as_if_uninterrupted(
     no_leftovers.append(job_id)
     assert code == 0, head.output()
     attempts = s["attempts"]
-    assert [a["ok"] for a in attempts] == [False, True], attempts
+    assert [a["ok"] for a in attempts] == [False, True], \
+        [(a["attempt"], a["cause"] and (a["cause"]["rank"], a["cause"]["message"]))
+         for a in attempts]
     cause = attempts[0]["cause"]
     assert (cause["rank"], cause["kind"]) == (1, "rank") and "SIGKILL" in cause["message"]
     # Killed at step 13 of attempt 0 (global step 13): the checkpoint of step 10 is the newest.

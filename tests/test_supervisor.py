@@ -79,6 +79,20 @@ def test_os_exit_0_is_success_and_a_signal_is_named() -> None:
     assert sup.failures[0].message == "killed by SIGKILL"
 
 
+@pytest.mark.parametrize("returned_first", [True, False])
+def test_a_death_after_the_program_returned_is_named_in_either_order(returned_first) -> None:
+    sup = make()
+    start(sup)
+    returned = ev.RankData("a", 1, {"kind": "returned", "t": WALL + 2.0})
+    died = ev.RankExit("a", 1, -signal.SIGABRT, WALL + 2.1, 1.0)
+    for e in (returned, died) if returned_first else (died, returned):
+        sup.on_event(e, 2.2)
+    (f,) = sup.failures
+    assert f.message == ("killed by SIGABRT after its program had returned, in the "
+                         "interpreter's shutdown (its work was done)")
+    assert f.fix is not None and "PR 179291" in f.fix
+
+
 def test_guard_exit_0_means_every_started_rank_on_it_succeeded() -> None:
     sup = make()
     start(sup)

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# init_distributed, device_sync and report come from launch/rank_setup.py, prepended when
-# shipped.
+# init_distributed, device_sync, report and end_rank come from launch/rank_setup.py, prepended
+# when shipped.
 
 
 @dataclass(frozen=True)
@@ -176,4 +176,4 @@ def round_trip(buf: torch.Tensor, peer: int, first: bool) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_rank(main())  # type: ignore[name-defined]  # noqa: F821

@@ -13,7 +13,8 @@ import time
 import torch
 import torch.distributed as dist
 
-# init_distributed and device_sync come from launch/rank_setup.py, prepended when shipped.
+# init_distributed, device_sync and end_rank come from launch/rank_setup.py, prepended when
+# shipped.
 
 
 def main() -> int:
@@ -45,4 +46,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_rank(main())  # type: ignore[name-defined]  # noqa: F821

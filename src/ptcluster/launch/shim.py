@@ -7,7 +7,8 @@ would (``run_in_process``), with its stdout and stderr going straight into the g
 The parent forwards signals, waits, and reports the exit status as the kernel gave it: an exit
 code, ``os._exit(0)``, or the signal that killed it. The child reports the moment an exception
 leaves the user's code (a rank that raises and then hangs in its cleanup failed when it raised,
-not when the teardown killed it). No log format is parsed anywhere.
+not when the teardown killed it), and the moment the user's code returned (a rank killed in
+the interpreter's shutdown after that had finished its work). No log format is parsed anywhere.
 
 The target runs in its own process group (torchrun signals the shim's group: the shim forwards
 once). PR_SET_PDEATHSIG ties the child to the shim and the shim to torchrun, so a SIGKILL
@@ -122,7 +123,8 @@ def run_target(argv: list[str]) -> int:
 
 def run_in_process(argv: list[str]) -> None:
     """In the child: run ``(-m MODULE | -c CODE | SCRIPT) ARGS`` as ``python`` would; when an
-    exception leaves it, tell the guard when and what, then let it end the process as usual."""
+    exception leaves it, tell the guard when and what, then let it end the process as usual;
+    when it returns (or exits 0), say so too: the rest is the interpreter's shutdown."""
     _install_probe()
     try:
         if argv[0] == "-m":
@@ -137,7 +139,9 @@ def run_in_process(argv: list[str]) -> None:
             sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
-        if exc.code not in (None, 0):
+        if exc.code in (None, 0):
+            _report("data", {"kind": "returned", "t": time.time()})
+        else:
             _report_error(f"SystemExit: {exc.code}")
         raise
     except KeyboardInterrupt:
@@ -150,6 +154,9 @@ def run_in_process(argv: list[str]) -> None:
         exc.__traceback__ = _user_frames(exc.__traceback__)  # (what the hook prints)
         sys.excepthook(type(exc), exc, exc.__traceback__)
         raise SystemExit(1) from None
+    # The program is done; what follows is the interpreter's shutdown. Said now, so that a
+    # process that dies in it (a library's exit-time abort) is reported as what it is.
+    _report("data", {"kind": "returned", "t": time.time()})
 
 
 def _install_probe() -> None:
@@ -183,10 +190,15 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
 
 
 def _report_error(text: str) -> None:
+    _report("error", {"t": time.time(), "text": text})
+
+
+def _report(kind: str, body: dict[str, object]) -> None:
+    """One record to the guard on a connection of its own (the child has no ``ctl``)."""
     rank = int(os.environ.get("RANK", "-1"))
     path = os.environ.get(GUARD_SOCK, "")
     s = _connect(path, rank, "data") if path else None
-    _send(s, "error", {"t": time.time(), "text": text})
+    _send(s, kind, body)
     if s is not None:
         s.close()
 

@@ -87,6 +87,8 @@ class Supervisor:
         self._hurried = False
         self._raised: dict[int, tuple[float, str]] = {}
         """When (corrected) and what an exception left a rank's code, from the rank itself."""
+        self._returned: set[int] = set()
+        """Ranks whose program returned (or exited 0): a death after that is in the shutdown."""
         self._rank_failure: dict[int, Failure] = {}
         self.checkpoint: int | None = None
         """The newest checkpoint step the job reported saving (``checkpoint_saved``)."""
@@ -202,7 +204,12 @@ class Supervisor:
         return []
 
     def _progress(self, e: ev.RankData, now: float) -> list[Action]:
-        """The job's own progress reports: a checkpoint saved, the step it resumed from."""
+        """The job's own progress reports: a checkpoint saved, the step it resumed from; and
+        from the rank's shim: its program returned (what is left is the interpreter's exit)."""
+        record = self._rank(e.host, e.rank)
+        if e.data.get("kind") == "returned" and record is not None:
+            self._returned.add(e.rank)
+            return self._judge(record, now) if record.ended_at is not None else []
         step = e.data.get("step")
         if type(step) is not int or self._rank(e.host, e.rank) is None:
             return []
@@ -244,16 +251,21 @@ class Supervisor:
         message = ("ended without an exit status (its process was killed)" if code is None
                    else f"killed by {signame(-code)}" if code < 0
                    else f"exited with code {code}")
+        fix = None
         if text and stop_at is not None and record.ended_at >= stop_at:
             message = f"{text}, then it hung until the teardown ended it ({message})"
         elif text and not text.startswith("SystemExit"):
             message += f" ({text})"
+        elif record.rank in self._returned and code is not None and code != 0:
+            message += (" after its program had returned, in the interpreter's shutdown "
+                        "(its work was done)")
+            fix = SHUTDOWN_FIX
         known = self._rank_failure.get(record.rank)
         if known is not None:  # the second report of the same failure: refine it
-            known.at, known.message = failed_at, message
+            known.at, known.message, known.fix = failed_at, message, fix
             return []
         failure = Failure(host=record.host, rank=record.rank, message=message, exit_code=code,
-                          at=failed_at)
+                          at=failed_at, fix=fix)
         self._rank_failure[record.rank] = failure
         return self._fail(failure, now)
 
@@ -437,5 +449,9 @@ _HANDLERS: dict[type, Any] = {
     ev.Heartbeat: Supervisor._heartbeat, ev.GuardStopping: Supervisor._guard_stopping,
     ev.RankData: Supervisor._progress,
 }
-PROGRESS_KINDS = ("checkpoint", "resumed")
+PROGRESS_KINDS = ("checkpoint", "resumed", "returned")
 """RankData kinds the supervisor keeps (the rest go to the caller's data sink)."""
+SHUTDOWN_FIX = ("a library crashed while Python tore the process down: with gloo, work objects "
+                "freed during interpreter finalization can abort it (pytorch PR 179291). End "
+                "the script with dist.destroy_process_group(), then flush and os._exit(code), "
+                "as `python -m ptcluster.examples.mnist` does")

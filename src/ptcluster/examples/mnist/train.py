@@ -58,7 +58,12 @@ from ptcluster.examples.mnist.data import (
     load_mnist,
 )
 from ptcluster.examples.mnist.preempt import Preemption
-from ptcluster.launch.rank_setup import checkpoint_saved, init_distributed, resumed_from
+from ptcluster.launch.rank_setup import (
+    checkpoint_saved,
+    end_rank,
+    init_distributed,
+    resumed_from,
+)
 
 log = logging.getLogger("ptcluster.examples.mnist")
 T = TypeVar("T")
@@ -336,6 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if dist.is_initialized():  # also a world of one under torchrun
             dist.destroy_process_group()
+
+
+def run(argv: list[str] | None = None) -> None:
+    """:func:`main`, then end the process (``end_rank``: under a launcher, without the
+    interpreter's teardown); what ``python -m ptcluster.examples.mnist`` runs."""
+    end_rank(main(argv))
 
 
 def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
