@@ -6,6 +6,7 @@ torch/version.py, the NVIDIA driver's version files, library file names)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -185,6 +186,15 @@ def test_unreached_node_skips_its_checks_and_fails_ssh() -> None:
     node2 = {f.check: f.status for f in findings if f.host == "node2"}
     assert node2["ssh"] == "fail" and node2["versions"] == "skip"
     assert not [f for f in findings if f.host != "node2" and f.status == "fail"]
+
+
+@pytest.mark.parametrize("slurm_job, words", [(None, "BatchMode ssh ok"),
+                                               ("4242", "srun step in job 4242 ok")])
+def test_the_reach_row_says_how_the_node_was_reached(slurm_job, words) -> None:
+    spec = dataclasses.replace(parse_cluster_text(CLUSTER, "c.yaml"), slurm_job=slurm_job)
+    row = {f.host: f.detail for f in run_checks(spec, probes_from(copy.deepcopy(RECORDED)))
+           if f.check == "ssh"}
+    assert all(d.startswith(words) for d in row.values()), row
 
 
 def test_gpu_facts_of_a_healthy_gpu_cluster_pass() -> None:

@@ -40,8 +40,10 @@ class Finding:
 Check = Callable[[ClusterSpec, dict[str, NodeProbe]], list[Finding]]
 
 
-def _each(spec: ClusterSpec, probes: dict[str, NodeProbe], name: str,
-          fn: Callable[[NodeSpec, dict[str, Any]], Finding | None]) -> list[Finding]:
+def per_node(spec: ClusterSpec, probes: dict[str, NodeProbe], name: str,
+             fn: Callable[[NodeSpec, dict[str, Any]], Finding | None]) -> list[Finding]:
+    """Check ``name`` on every node by its own facts (``fn`` -> a finding or none); a node
+    that was not probed is a skip. The shape of every single-node check."""
     out = []
     for node in spec.nodes:
         facts = probes[node.host].facts
@@ -58,11 +60,12 @@ def check_ssh(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
     out = []
     for node in spec.nodes:
         p = probes[node.host]
+        how = "local" if spec.local else \
+            f"srun step in job {spec.slurm_job}" if spec.slurm_job else "BatchMode ssh"
         if p.ok:
-            how = "local" if spec.local else "BatchMode ssh"
             out.append(Finding("ssh", node.host, OK, f"{how} ok, facts in {p.ssh_s:.2f} s"))
         elif p.kind is ProblemKind.PYTHON:
-            out.append(Finding("ssh", node.host, OK, "ssh ok (the command failed)"))
+            out.append(Finding("ssh", node.host, OK, f"{how} ok (the command failed)"))
         else:
             out.append(Finding("ssh", node.host, FAIL, p.problem or "no answer", p.fix))
     return out
@@ -92,7 +95,7 @@ def check_workdir(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Findi
             return Finding("workdir", node.host, WARN, f"workdir {wd['path']} is not writable",
                            "checkpoints and logs written there will fail; fix its permissions")
         return Finding("workdir", node.host, OK, wd["path"])
-    return _each(spec, probes, "workdir", one)
+    return per_node(spec, probes, "workdir", one)
 
 
 VERSION_KEYS = ("python", "torch", "cuda", "nccl")
@@ -148,7 +151,7 @@ def check_versions(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Find
         if t.get("cudnn"):
             text += f", cuDNN {t['cudnn']}"
         return Finding("versions", node.host, OK, text + f", Python {mine['python']}")
-    return _each(spec, probes, "versions", one)
+    return per_node(spec, probes, "versions", one)
 
 
 def _parse_version(text: str) -> tuple[int, ...]:
@@ -208,7 +211,7 @@ def check_gpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]
                            f"{count} GPU(s) found, then the query failed: {g['error']}",
                            "check the NVIDIA driver (nvidia-smi -q)")
         return Finding("gpus", node.host, OK, f"{count} x {g['names'][0]}, driver {g['driver']}")
-    return _each(spec, probes, "gpus", one)
+    return per_node(spec, probes, "gpus", one)
 
 
 def check_interface(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
@@ -305,7 +308,7 @@ def check_hostname(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Find
                            "make /etc/hosts or DNS agree on every node")
         return Finding("hostname", node.host, OK, f"{facts['hostname']} -> "
                        f"{', '.join(facts['hostname_addrs']) or 'unresolved'}")
-    return _each(spec, probes, "hostname", one)
+    return per_node(spec, probes, "hostname", one)
 
 
 def check_master_port(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
@@ -382,7 +385,7 @@ def check_firewall(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Find
         if fw.get("ufw"):
             parts.append(fw["ufw"])
         return Finding("firewall", node.host, OK, "; ".join(parts) or "no firewall tool found")
-    return _each(spec, probes, "firewall", one)
+    return per_node(spec, probes, "firewall", one)
 
 
 def check_resources(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
@@ -403,7 +406,7 @@ def check_resources(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Fin
         elif disk is not None:
             notes.append(f"{disk['free'] / GIB:.0f} GiB free")
         return Finding("resources", node.host, status, ", ".join(notes), fix)
-    return _each(spec, probes, "resources", one)
+    return per_node(spec, probes, "resources", one)
 
 
 def check_clock(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ptcluster.doctor.checks import FAIL, OK, WARN, Finding, _each
+from ptcluster.doctor.checks import FAIL, OK, WARN, Finding, per_node
 from ptcluster.doctor.collect import NodeProbe
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
@@ -50,7 +50,7 @@ def check_slurm_cpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Fi
         return Finding("slurm cpus", node.host, OK,
                        f"{usable} CPU(s) for {node.slots} rank(s) ({where}"
                        + (f"; the job has {asked} here)" if asked is not None else ")"))
-    return _each(spec, probes, "slurm cpus", one)
+    return per_node(spec, probes, "slurm cpus", one)
 
 
 def check_slurm_gpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
@@ -73,7 +73,7 @@ def check_slurm_gpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Fi
                            "GPUs), or run fewer ranks (--nproc)")
         return Finding("slurm gpus", node.host, OK,
                        f"{visible} GPU(s) visible to {node.slots} rank(s) ({shown})")
-    return _each(spec, probes, "slurm gpus", one)
+    return per_node(spec, probes, "slurm gpus", one)
 
 
 def slurm_checks(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
