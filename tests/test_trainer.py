@@ -253,6 +253,29 @@ def test_grad_scaler_works_without_torch_amp_grad_scaler(monkeypatch) -> None:
     assert isinstance(scaler, torch.cuda.amp.GradScaler)
 
 
+def test_the_fp16_loss_scale_is_checkpointed_and_resumed(plain) -> None:
+    """On a GPU with fp16 the GradScaler's state is in the checkpoint and comes back (here:
+    torch's CPU GradScaler, the same state_dict contract)."""
+    args = train_mod.parse_args(["--dataset", "digits", "--no-download"])
+    cpu = torch.device("cpu")
+    data = train_mod.load_data(args, 0, 1)
+    net, opt = train_mod.build(args, cpu)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    scaler.scale(torch.ones(1))  # the scale exists once used
+    scaler.update(512.0)  # e.g. after overflows
+    start = train_mod.Start(0, 0, 64)
+    train_mod.save(args, (0, 10), start, 1, net, opt, scaler, data, cpu, keep=None)
+    off = torch.amp.GradScaler("cpu", enabled=False)  # bf16 or CPU: nothing to keep
+    train_mod.save(args, (0, 20), start, 1, net, opt, off, data, cpu, keep=(0, 10))
+    assert "scaler" not in torch.load(checkpoint.path_of(args.checkpoint_dir, (0, 20)))
+    checkpoint.path_of(args.checkpoint_dir, (0, 20)).unlink()
+    resumed = train_mod.resume(args, *train_mod.build(args, cpu), data, 1, cpu, False)
+    assert resumed.position == (0, 10) and resumed.scaler is not None
+    again = torch.amp.GradScaler("cpu")
+    again.load_state_dict(resumed.scaler)
+    assert again.get_scale() == 512.0
+
+
 def test_mnist_idx_path_trains(plain, capsys) -> None:
     make_mnist_dir(plain / "data")
     assert train_main(["--epochs", "3", "--no-download"]) == 0

@@ -210,6 +210,8 @@ class Start:
     step: int
     global_batch: int
     position: checkpoint.Position | None = None
+    scaler: dict[str, Any] | None = None
+    """fp16's GradScaler state from the checkpoint (its loss scale goes on where it was)."""
 
 
 def resume(args: argparse.Namespace, net: nn.Module, opt: torch.optim.Optimizer,
@@ -253,21 +255,23 @@ def resume(args: argparse.Namespace, net: nn.Module, opt: torch.optim.Optimizer,
     if step == checkpoint.END:
         log.info("resumed from %s (the newest on every node): continuing at epoch %d", path,
                  epoch + 2)
-        return Start(epoch + 1, 0, global_batch, position)
+        return Start(epoch + 1, 0, global_batch, position, state.get("scaler"))
     log.info("resumed from %s (the newest on every node): continuing in epoch %d after step "
              "%d", path, epoch + 1, step)
-    return Start(epoch, step, global_batch, position)
+    return Start(epoch, step, global_batch, position, state.get("scaler"))
 
 
 def save(args: argparse.Namespace, position: checkpoint.Position, start: Start, world: int,
-         net: nn.Module, opt: torch.optim.Optimizer, data: Dataset, device: torch.device,
-         keep: checkpoint.Position | None) -> None:
+         net: nn.Module, opt: torch.optim.Optimizer, scaler: Any, data: Dataset,
+         device: torch.device, keep: checkpoint.Position | None) -> None:
     state = {"model": net.state_dict(), "optimizer": opt.state_dict(), "epoch": position[0],
              "step": position[1], "dataset": data.name, "rng": torch.get_rng_state(),
              "global_batch": start.global_batch, "world_size": world,
              "job_id": os.environ.get("PTCLUSTER_JOB_ID", "")}
     if device.type == "cuda":
         state["cuda_rng"] = torch.cuda.get_rng_state(device)
+    if scaler.is_enabled():  # fp16: without it a resume starts the loss scale over
+        state["scaler"] = scaler.state_dict()
     checkpoint.save(args.checkpoint_dir, position, state, keep=keep)
 
 
@@ -368,6 +372,8 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
     ddp = DDP(net, device_ids=[device.index] if device.type == "cuda" else None) \
         if world > 1 else net
     amp = mixed_precision(args.amp, device)
+    if start.scaler and amp[1].is_enabled():
+        amp[1].load_state_dict(start.scaler)
     last_saved = start.position
     preempted = Preemption.install()
 
@@ -375,7 +381,8 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
         """Save (local rank 0 of every node), then: stop here, preempted? A collective."""
         nonlocal last_saved
         if local_rank == 0:  # one copy per node: a node that loses its disk loses nothing
-            save(args, position, start, world, net, opt, data, device, keep=last_saved)
+            save(args, position, start, world, net, opt, amp[1], data, device,
+                 keep=last_saved)
             checkpoint_saved(global_step)
         last_saved = position
         if preempted.agreed(device, world):  # after the save: every node holds it
