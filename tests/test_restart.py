@@ -233,6 +233,36 @@ def test_a_script_that_crashes_at_start_gives_up_with_no_progress(tmp_path,
     assert "Root cause (first observed failure): rank 0 on localhost" in err, err
 
 
+def test_a_job_ended_from_outside_is_stopped_not_failed_and_not_restarted(tmp_path,
+                                                                          no_leftovers) -> None:
+    """What Slurm's scancel does to an allocation, through the runner's ``ended_by`` (the real
+    scancel is in test_slurm.py): asked once, after the failed attempt."""
+    from ptcluster.launch.job import prepare, restarts, transports
+    from ptcluster.launch.plan import Target
+    from ptcluster.launch.runner import Runner
+    from ptcluster.spec import local_cluster
+
+    (tmp_path / "fail.py").write_text(ATTEMPTS)
+    spec = local_cluster(1)
+    target = Target(script=str(tmp_path / "fail.py"))
+    plan = prepare(spec, target, max_restarts=3)
+    no_leftovers.append(plan.job_id)
+    asked: list[int] = []
+
+    def ended_by() -> str:
+        asked.append(1)
+        return "the scheduler ended it"
+
+    result = Runner(plan, transports(spec), tmp_path / "run",
+                    restarts=restarts(spec, target, plan, RestartPolicy(max_restarts=3)),
+                    ended_by=ended_by).run()
+    assert asked == [1] and len(result.attempts) == 1, result.attempts
+    assert result.interrupted and not result.ok and result.ended_by == "the scheduler ended it"
+    assert result.gave_up == "ended from outside: not restarted"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["ended_by"] == "the scheduler ended it"
+
+
 SLOW_FAIL = textwrap.dedent("""
     import os, sys, time
     print("started", os.environ["PTCLUSTER_ATTEMPT"], flush=True)

@@ -21,13 +21,12 @@ from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
-from ptcluster.launch.job import prepare, restarts, run_dir_for, transports
+from ptcluster.launch.job import outside_stop, prepare, restarts, run_dir_for, transports
 from ptcluster.launch.plan import LaunchPlan, Target
 from ptcluster.launch.restart import RestartPolicy
 from ptcluster.launch.result import RunOptions, RunResult
 from ptcluster.launch.runlogs import ConsoleFeed
 from ptcluster.launch.runner import Runner
-from ptcluster.spec.slurm import ended_by_slurm
 
 
 @click.command(help=__doc__, context_settings={"allow_interspersed_args": False,
@@ -97,17 +96,18 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     runner = Runner(plan, transports(spec), run_dir, on_line=on_line,
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
                     options=RunOptions(hang_timeout=hang_timeout),
-                    restarts=restarts(spec, target, plan, policy) if max_restarts else None)
+                    restarts=restarts(spec, target, plan, policy) if max_restarts else None,
+                    ended_by=outside_stop(spec))
     result, signum = _run_with_signals(runner)
     feed.close(timeout=5.0)
-    if spec.slurm_job is not None and not result.ok:  # Slurm's own doing comes first
-        why = ended_by_slurm(spec.slurm_job)
-        if why:
-            err.print(f"ptcluster: {why}")
+    if result.ended_by:  # Slurm's own doing comes first
+        err.print(f"ptcluster: {result.ended_by}")
     if not hush or not result.ok:
         _print_summary(err, result, feed.dropped_total)
     if result.ok:
         sys.exit(0)
+    if result.ended_by and not signum:
+        sys.exit(128 + signal.SIGTERM)  # what Slurm sends; as if the head had got it too
     if result.interrupted and (result.root_cause is None or signum):
         sys.exit(128 + (signum or signal.SIGINT))
     if result.no_progress:
@@ -200,8 +200,9 @@ def _print_summary(console: Console, result: RunResult, dropped: int) -> None:
         console.print(f"[bold red]{escape(result.gave_up)}[/bold red]", markup=True)
     rc = result.root_cause
     if rc is not None:
-        console.print(f"[bold red]Root cause (first observed failure):[/bold red] "
-                      f"{escape(rc.headline())}", markup=True)
+        title = "What the nodes saw first:" if result.ended_by else \
+            "Root cause (first observed failure):"
+        console.print(f"[bold red]{title}[/bold red] {escape(rc.headline())}", markup=True)
         for line in rc.last_lines[-10:]:
             console.print(f"    {line}", markup=False)
     if result.hang_report is not None:

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ptcluster.launch.runner import DataSink, LineSink, Restarts, Runner
 from ptcluster.remote.slurm import SrunTransport
 from ptcluster.remote.transport import Transport, transport_for
 from ptcluster.spec.model import DEFAULT_MASTER_PORT, ClusterSpec
+from ptcluster.spec.slurm import ended_by_slurm
 
 DEFAULT_RUNS_DIR = "ptcluster-runs"
 
@@ -85,6 +87,13 @@ def transports(spec: ClusterSpec) -> dict[str, Transport]:
     return {node.host: transport_for(node, spec.local) for node in spec.nodes}
 
 
+def outside_stop(spec: ClusterSpec) -> Callable[[], str | None] | None:
+    """Who can end the job from outside, asked after a failed attempt (``Runner.ended_by``):
+    in a Slurm allocation, Slurm (scancel, the time limit, preemption, a requeue)."""
+    job = spec.slurm_job
+    return None if job is None else (lambda: ended_by_slurm(job))
+
+
 def run_dir_for(plan: LaunchPlan, base: str | Path | None) -> Path:
     return Path(base or DEFAULT_RUNS_DIR) / plan.job_id
 
@@ -99,7 +108,7 @@ def run_rank_program(spec: ClusterSpec, package: str, filename: str, args: tuple
     plan = prepare(spec, Target(code=code, args=args), port=port)
     tmp = Path(tempfile.mkdtemp(prefix=f"ptcluster-{filename.removesuffix('.py')}-"))
     result = Runner(plan, transports(spec), tmp / plan.job_id, on_line=on_line, on_data=on_data,
-                    options=options).run()
+                    options=options, ended_by=outside_stop(spec)).run()
     if result.ok:
         shutil.rmtree(tmp, ignore_errors=True)
     return result

@@ -141,6 +141,9 @@ class RunResult:
     """The restart rule gave up because an attempt saved no newer checkpoint (exit 3)."""
     hang_report: dict[str, Any] | None = None
     """Every rank's stacks when the job was found hung (``StackReport.to_json``)."""
+    ended_by: str = ""
+    """Who ended the job from outside, when someone did (Slurm: scancel, the time limit,
+    preemption, a requeue): the job was stopped, it did not fail (``interrupted``)."""
 
     @property
     def hung(self) -> bool:
@@ -158,7 +161,7 @@ class RunResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id, "ok": self.ok, "interrupted": self.interrupted,
-            "gave_up": self.gave_up, "no_progress": self.no_progress,
+            "gave_up": self.gave_up, "no_progress": self.no_progress, "ended_by": self.ended_by,
             "attempts": [a.to_json() for a in self.attempts],
             "duration_s": round(self.duration, 3), "console_dropped": self.console_dropped,
             "root_cause": None if self.root_cause is None else _failure_json(self.root_cause),

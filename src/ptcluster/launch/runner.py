@@ -81,9 +81,13 @@ class Runner:
     def __init__(self, plan: LaunchPlan, transports: dict[str, Transport], run_dir: Path,
                  on_line: LineSink | None = None, on_status: Callable[[str], None] | None = None,
                  options: RunOptions | None = None, on_data: DataSink | None = None,
-                 restarts: Restarts | None = None) -> None:
+                 restarts: Restarts | None = None,
+                 ended_by: Callable[[], str | None] | None = None) -> None:
         self.plan = plan
         self.restarts = restarts
+        self.ended_by = ended_by
+        """After a failed attempt: who ended it from outside, if anyone did (Slurm's scancel,
+        time limit, preemption): then it is not the job's failure, and never restarted."""
         self.transports = transports
         self.run_dir = run_dir
         self.on_line = on_line or (lambda host, rank, text: None)
@@ -139,6 +143,13 @@ class Runner:
             attempts.append(record)
             result = self._result(sup, time.monotonic() - t0)
             result.attempts = attempts
+            if not record.ok and self.ended_by is not None:
+                result.ended_by = self.ended_by() or ""
+                if result.ended_by:
+                    result.interrupted = True
+                    if self.restarts is not None:
+                        result.gave_up = "ended from outside: not restarted"
+                    break
             if self.restarts is None:
                 break
             decision = decide(self.restarts.policy, attempts, result.failures,
