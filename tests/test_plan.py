@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shlex
 
+import pytest
+
 from ptcluster.launch.plan import (
     PROBE_VAR,
     SHIM_VAR,
@@ -84,7 +86,8 @@ def test_a_restart_is_planned_over_the_nodes_that_remain() -> None:
     spec = parse_cluster_text(CLUSTER, "c.yaml")
     first = plan_launch(spec, Target(module="m"), port=29500, job_id="J", max_restarts=3)
     replan = restarts(spec, Target(module="m"), first, RestartPolicy(max_restarts=3)).replan
-    plan = replan(2, ("n2", "n3"))  # the master's node (n1, 2 slots) was lost
+    reported = {"n1": "10.1.0.1", "n2": "10.1.0.2", "n3": "10.1.0.3"}  # the guards' addresses
+    plan = replan(2, ("n2", "n3"), reported)  # the master's node (n1, 2 slots) was lost
     assert [n.host for n in plan.nodes] == ["n2", "n3"] and plan.attempt == 2
     assert [(n.node_rank, n.rank_base) for n in plan.nodes] == [(0, 0), (1, 1)]
     assert plan.master_addr == "n2" and plan.master_port == 29502  # a fresh store
@@ -94,6 +97,25 @@ def test_a_restart_is_planned_over_the_nodes_that_remain() -> None:
     assert "--node-rank" in plan.nodes[1].argv and plan.nodes[1].is_master is False
     assert plan.nodes[0].is_master and plan.nodes[0].argv[plan.nodes[0].argv.index(
         "--master-addr") + 1] == "n2"
+
+
+@pytest.mark.parametrize("reported, addr", [
+    ({"n2": "10.1.0.2"}, "10.1.0.2"),  # where n2's guard said peers reach it
+    ({}, "n2"),                         # no report (its guard never got ready): its host
+])
+def test_a_master_with_its_own_address_moves_to_the_next_nodes_reported_address(
+        reported, addr) -> None:
+    """`master: {addr: 10.1.0.1}` (a fabric address; hosts are how the head reaches nodes):
+    when n1 is lost, n2's host may not even resolve on the nodes; its reported address does."""
+    from ptcluster.launch.job import restarts
+    from ptcluster.launch.restart import RestartPolicy
+
+    spec = parse_cluster_text(CLUSTER + "master: {addr: 10.1.0.1, port: 29500}\n", "c.yaml")
+    first = plan_launch(spec, Target(module="m"), port=29500, job_id="J", max_restarts=3)
+    assert first.master_addr == "10.1.0.1"
+    replan = restarts(spec, Target(module="m"), first, RestartPolicy(max_restarts=3)).replan
+    assert replan(1, ("n1", "n3"), reported).master_addr == "10.1.0.1"  # n1 stays: unchanged
+    assert replan(1, ("n2", "n3"), reported).master_addr == addr
 
 
 def test_module_target_argv() -> None:

@@ -4,6 +4,9 @@ the nodes that remain — also when the lost node held rank 0 and the rendezvous
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from tests.jobs import Head, job_id_when_started, only_run, rank_fields
@@ -21,6 +24,11 @@ def test_a_lost_node_is_dropped_and_the_job_resumes_on_the_others(
         testbed, tmp_path, no_leftovers, victim_index) -> None:
     cluster, workdirs = cluster_file(testbed, tmp_path)
     victim = testbed.nodes[victim_index]
+    if victim_index == 0:  # the master by its own address (a fabric address, not its host)
+        text = re.sub(r"master: \{port: (\d+)\}", rf"master: {{addr: {victim.addr}, port: \1}}",
+                      cluster.read_text())
+        assert victim.addr in text
+        cluster.write_text(text)
     runs = tmp_path / "runs"
     head = Head(["run", "--cluster", str(cluster), "--run-dir", str(runs), "--max-restarts",
                  "2", "--min-nodes", "2", *TRAIN], cwd=tmp_path)
@@ -52,6 +60,10 @@ def test_a_lost_node_is_dropped_and_the_job_resumes_on_the_others(
     assert {r["start_step"] for r in ranks.values()} == {str(second["resumed_from"])}, ranks
     err = "\n".join(head.err)
     assert f"restart 1 of 2 without {victim.name}" in err, err
+    # The next master: at the address its guard reported when the file gave one of its own
+    plan = json.loads((runs / job_id / "plan.1.json").read_text())
+    assert plan["master_addr"] == (testbed.nodes[1].addr if victim_index == 0
+                                   else testbed.nodes[0].name), plan["master_addr"]
     # Each node resumed from its own disk: the lost node's copies were never needed.
     assert not (workdirs[victim_index] / "checkpoints" / "checkpoint-24.pt").exists()
     for i, w in enumerate(workdirs):

@@ -61,13 +61,17 @@ def restarts(spec: ClusterSpec, target: Target, first: LaunchPlan,
     """How the attempts after ``first`` are planned: the same job over the nodes that remain
     (ranks renumbered in file order), a fresh rendezvous port (a fresh store, so no key of the
     failed attempt is seen again: pytorch#135712), and node rank 0 hosting it — when the master's
-    node was dropped, the next node in the file takes over."""
+    node was dropped, the next node in the file takes over, at its ``host``; or, when the
+    cluster file gave the master an address of its own (a fabric address, while ``host`` is how
+    the head reaches it), at the address that node's guard reported on its interface (the one
+    it chose to reach the old master: the same network)."""
 
-    def replan(attempt: int, hosts: tuple[str, ...]) -> LaunchPlan:
+    def replan(attempt: int, hosts: tuple[str, ...], addresses: dict[str, str]) -> LaunchPlan:
         nodes = tuple(n for n in spec.nodes if n.host in hosts)
         master = spec.master
         if nodes[0].host != spec.nodes[0].host:
-            master = replace(master, addr=nodes[0].host)
+            own = spec.master.addr != spec.nodes[0].host and addresses.get(nodes[0].host)
+            master = replace(master, addr=own or nodes[0].host)
         if spec.local:
             port = free_port()
         else:

@@ -73,8 +73,9 @@ class Restarts:
     """How a failed attempt is followed by another (``run --max-restarts``)."""
 
     policy: RestartPolicy
-    replan: Callable[[int, tuple[str, ...]], LaunchPlan]
-    """(attempt number, the hosts that remain, in order) -> that attempt's plan."""
+    replan: Callable[[int, tuple[str, ...], dict[str, str]], LaunchPlan]
+    """(attempt number, the hosts that remain in order, each node's address as its guard
+    reported it) -> that attempt's plan."""
 
 
 class Runner:
@@ -128,6 +129,7 @@ class Runner:
         t0 = time.monotonic()
         self._prepare_run_dir()
         attempts: list[AttemptRecord] = []
+        self._addresses: dict[str, str] = {}
         control = self._open_control()  # one for the job: `stacks` reaches the running attempt
         try:
             result = self._attempts(attempts, t0)
@@ -143,6 +145,8 @@ class Runner:
             attempts.append(record)
             result = self._result(sup, time.monotonic() - t0)
             result.attempts = attempts
+            self._addresses.update((n.host, str(n.facts["address"])) for n in result.nodes
+                                   if n.facts.get("address"))
             if not record.ok and self.ended_by is not None:
                 result.ended_by = self.ended_by() or ""
                 if result.ended_by:
@@ -162,7 +166,7 @@ class Runner:
                 result.interrupted, result.gave_up = True, "stopped by the user: not restarted"
                 break
             hosts = tuple(n.host for n in self.plan.nodes if n.host not in decision.drop)
-            self._use_plan(self.restarts.replan(len(attempts), hosts))
+            self._use_plan(self.restarts.replan(len(attempts), hosts, self._addresses))
             self.on_status(f"{decision.reason}: attempt {len(attempts)} on {len(hosts)} "
                            f"node(s), world size {self.plan.world_size}, rendezvous port "
                            f"{self.plan.master_port}")

@@ -38,7 +38,7 @@ import traceback
 from typing import Any
 
 from ptcluster.remote.hangwatch import ProgressMeter  # inlined
-from ptcluster.remote.netif import route_interface  # inlined
+from ptcluster.remote.netif import address_on, route_interface  # inlined
 from ptcluster.remote.proctree import (  # inlined
     descendants,
     libc_prctl,
@@ -181,6 +181,8 @@ class Guard:
             facts["interface"] = dev
             facts["interface_source"] = ("route to the master" if dev else
                                          f"not detected ({why})")
+        if facts.get("interface"):  # where peers reach this node (a new master, after a loss)
+            facts["address"] = address_on(str(facts["interface"]))
         return facts
 
     # -- the job ------------------------------------------------------------------------------

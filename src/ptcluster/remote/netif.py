@@ -36,13 +36,24 @@ def route_interface(addr: str) -> tuple[str, str]:
 
 def interface_holding(ip: str) -> str:
     """The interface that has ``ip`` as one of its IPv4 addresses ('' when none)."""
+    for dev, address in _ipv4_addresses():
+        if address == ip:
+            return dev
+    return ""
+
+
+def address_on(dev: str) -> str:
+    """The first IPv4 address of interface ``dev`` ('' when none): this node's address on the
+    network its ranks talk over (what peers reach it at)."""
+    return next((address for d, address in _ipv4_addresses() if d == dev), "")
+
+
+def _ipv4_addresses() -> list[tuple[str, str]]:
+    """(interface, address) for every IPv4 address here, in ``ip``'s order."""
     try:
         out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
                              timeout=5).stdout
     except (OSError, subprocess.SubprocessError):
-        return ""
-    for line in out.splitlines():
-        fields = line.split()
-        if len(fields) > 3 and fields[3].split("/")[0] == ip:
-            return fields[1].split("@")[0]
-    return ""
+        return []
+    return [(f[1].split("@")[0], f[3].split("/")[0]) for f in map(str.split, out.splitlines())
+            if len(f) > 3]
