@@ -203,7 +203,8 @@ def _print_summary(console: Console, result: RunResult, dropped: int) -> None:
         title = "What the nodes saw first:" if result.ended_by else \
             "Root cause (first observed failure):"
         console.print(f"[bold red]{title}[/bold red] {escape(rc.headline())}", markup=True)
-        for line in rc.last_lines[-10:]:
+        # (stopped from outside: what a node said on its way down is in its log, not news)
+        for line in [] if result.ended_by else rc.last_lines[-10:]:
             console.print(f"    {line}", markup=False)
     if result.hang_report is not None:
         _print_hang(console, result)
