@@ -439,6 +439,7 @@ def test_scancel_leaves_no_process_on_any_node(clean, tmp_path) -> None:
     # Slurm stopped it: not a failure of the job, and no node event passes for its root cause
     assert "Root cause" not in text and "interrupted; logs in" in text, text
     assert "SignalException" not in text.split("What the nodes saw first")[-1], text
+    assert "the guard got SIGTERM" in text and "network or the head stalled" not in text, text
     summary = json.loads((tmp_path / "runs" / run / "summary.json").read_text())
     assert summary["ended_by"].startswith(f"Slurm ended job {job}") and summary["interrupted"]
     assert not job_processes(run, wait=30)

@@ -248,7 +248,17 @@ def test_guard_that_stops_on_its_own_is_the_cause() -> None:
     sup.on_event(ev.RankExit("b", 2, -15, WALL + 21.0, 20.0), 21.1)
     (failure,) = sup.failures
     assert failure.host == "b" and "ended the job on its own" in failure.message
+    assert "network or the head stalled" in failure.fix
     assert sup.ranks[2].status == "stopped (job teardown)"
+
+
+def test_a_guard_that_was_signalled_is_not_blamed_on_the_network() -> None:
+    sup = make()
+    start(sup)
+    sup.on_event(ev.GuardStopping("b", "the guard got SIGTERM", WALL + 20.0), 20.5)
+    (failure,) = sup.failures
+    assert failure.message == "its guard ended the job on its own: the guard got SIGTERM"
+    assert "signalled it" in failure.fix and "network" not in failure.fix
 
 
 def test_second_interrupt_cuts_the_channels_at_once() -> None:

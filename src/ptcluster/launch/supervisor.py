@@ -284,10 +284,13 @@ class Supervisor:
             return []  # it is doing what the head asked
         at = self._corrected(e.host, e.node_time)
         self.stop_sent[e.host] = at
+        fix = ("something on that node signalled it (a scheduler's cancel or time limit, an "
+               "administrator, a shutdown): see the node log") if "got SIG" in e.reason else \
+            "see the node log; a guard that no longer hears the head means the network or " \
+            "the head stalled"
         return self._fail(Failure(host=e.host, rank=None, at=at, kind="lost",
                                   message=f"its guard ended the job on its own: {e.reason}",
-                                  fix="see the node log; a guard that no longer hears the head "
-                                      "means the network or the head stalled"), now)
+                                  fix=fix), now)
 
     def _guard_exit(self, e: ev.GuardExit, now: float) -> list[Action]:
         node = self.nodes[e.host]

@@ -400,7 +400,8 @@ def main() -> int:
         return 2
     guard = Guard(json.loads(line))
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, lambda *_: guard.request_stop("the guard was signalled"))
+        signal.signal(sig, lambda signum, _: guard.request_stop(
+            f"the guard got {signal.Signals(signum).name}"))
     if under_slurm():
         signal.signal(signal.SIGUSR2, lambda *_: None)  # for the ranks (see under_slurm)
     try:
