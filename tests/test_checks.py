@@ -194,6 +194,7 @@ def test_the_reach_row_says_how_the_node_was_reached(slurm_job, words) -> None:
     spec = dataclasses.replace(parse_cluster_text(CLUSTER, "c.yaml"), slurm_job=slurm_job)
     row = {f.host: f.detail for f in run_checks(spec, probes_from(copy.deepcopy(RECORDED)))
            if f.check == "ssh"}
+    assert set(row) == {"node0", "node1", "node2"}, row
     assert all(d.startswith(words) for d in row.values()), row
 
 

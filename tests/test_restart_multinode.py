@@ -19,12 +19,13 @@ TRAIN = ["-m", "ptcluster.examples.mnist", "--no-download", "--dataset", "digits
 """4 ranks (2+1+1): a global batch of 96, 14 steps per epoch; on 3 ranks 32 each, on 2 48."""
 
 
-@pytest.mark.parametrize("victim_index", [2, 0], ids=["a-worker-node", "the-master-node"])
+@pytest.mark.parametrize(("victim_index", "own_addr"), [(2, False), (0, False), (0, True)],
+                         ids=["a-worker-node", "the-master-node", "the-master-by-its-address"])
 def test_a_lost_node_is_dropped_and_the_job_resumes_on_the_others(
-        testbed, tmp_path, no_leftovers, victim_index) -> None:
+        testbed, tmp_path, no_leftovers, victim_index, own_addr) -> None:
     cluster, workdirs = cluster_file(testbed, tmp_path)
     victim = testbed.nodes[victim_index]
-    if victim_index == 0:  # the master by its own address (a fabric address, not its host)
+    if own_addr:  # the master by its own address (a fabric address, not its host)
         text = re.sub(r"master: \{port: (\d+)\}", rf"master: {{addr: {victim.addr}, port: \1}}",
                       cluster.read_text())
         assert victim.addr in text
@@ -62,8 +63,9 @@ def test_a_lost_node_is_dropped_and_the_job_resumes_on_the_others(
     assert f"restart 1 of 2 without {victim.name}" in err, err
     # The next master: at the address its guard reported when the file gave one of its own
     plan = json.loads((runs / job_id / "plan.1.json").read_text())
-    assert plan["master_addr"] == (testbed.nodes[1].addr if victim_index == 0
-                                   else testbed.nodes[0].name), plan["master_addr"]
+    assert plan["master_addr"] == (testbed.nodes[1].addr if own_addr else
+                                   testbed.nodes[1].name if victim_index == 0 else
+                                   testbed.nodes[0].name), plan["master_addr"]
     # Each node resumed from its own disk: the lost node's copies were never needed.
     assert not (workdirs[victim_index] / "checkpoints" / "checkpoint-24.pt").exists()
     for i, w in enumerate(workdirs):

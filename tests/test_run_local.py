@@ -137,10 +137,10 @@ EXITS_SCRIPT = textwrap.dedent("""
         os._exit(0)  # no interpreter shutdown, no atexit: the exit status is still 0
     if sys.argv[1] == "abort_at_exit":  # a library that crashes in the interpreter's shutdown
         dist.destroy_process_group()
-        if rank == 1:  # its program returns (rank 0's exits 0: the shim's other path)
+        if rank == 1:
             import atexit; atexit.register(os.abort)
-        else:
-            sys.exit(0)
+        if rank == 0 or sys.argv[2] == "exit":
+            sys.exit(0)  # else: rank 1's program returns
     else:
         if rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -185,19 +185,21 @@ def test_rank_killed_by_a_signal_is_named(tmp_path, no_leftovers) -> None:
     assert summary["ranks"][0]["status"] == "stopped (job teardown)"
 
 
-def test_a_rank_that_dies_after_its_program_returned_is_told_apart(tmp_path,
-                                                                  no_leftovers) -> None:
-    """Its work was done: the report says so and names the likely cause, not only SIGABRT."""
+@pytest.mark.parametrize("how", ["return", "exit"])
+def test_a_rank_that_dies_after_its_program_returned_is_told_apart(tmp_path, no_leftovers,
+                                                                  how) -> None:
+    """Its program had ended (returned, or sys.exit(0)): the report says so and names the
+    likely cause, not only SIGABRT."""
     (tmp_path / "exits.py").write_text(EXITS_SCRIPT)
     code, head = run_head(["run", "--nproc", "2", "--run-dir", "runs", "exits.py",
-                           "abort_at_exit"], cwd=tmp_path)
+                           "abort_at_exit", how], cwd=tmp_path)
     job_id, summary = only_run(tmp_path / "runs")
     no_leftovers.append(job_id)
     assert code == 1, head.output()  # the exit status is what the kernel gave: not hidden
     rc = summary["root_cause"]
     assert (rc["rank"], rc["exit_code"]) == (1, -signal.SIGABRT), rc
     assert rc["message"] == ("killed by SIGABRT after its program had returned, in the "
-                             "interpreter's shutdown (its work was done)"), rc
+                             "interpreter's shutdown"), rc
     assert "PR 179291" in rc["fix"], rc
 
 

@@ -89,8 +89,17 @@ def test_a_death_after_the_program_returned_is_named_in_either_order(returned_fi
         sup.on_event(e, 2.2)
     (f,) = sup.failures
     assert f.message == ("killed by SIGABRT after its program had returned, in the "
-                         "interpreter's shutdown (its work was done)")
+                         "interpreter's shutdown")
     assert f.fix is not None and "PR 179291" in f.fix
+
+
+def test_a_kill_after_the_program_returned_is_not_blamed_on_its_shutdown() -> None:
+    sup = make()
+    start(sup)
+    sup.on_event(ev.RankData("a", 1, {"kind": "returned", "t": WALL + 2.0}), 2.0)
+    sup.on_event(ev.RankExit("a", 1, -signal.SIGKILL, WALL + 2.1, 1.0), 2.2)
+    (f,) = sup.failures
+    assert f.message == "killed by SIGKILL" and f.fix is None  # the OOM killer, say
 
 
 def test_guard_exit_0_means_every_started_rank_on_it_succeeded() -> None:
@@ -194,8 +203,9 @@ def test_options_are_validated() -> None:
     ('hb {"t":7.5}', ev.Heartbeat("n", 7.5)),
     ('rerror {"rank":1,"t":4.0,"text":"RuntimeError: x"}', ev.RankError("n", 1, 4.0,
                                                                       "RuntimeError: x")),
-    ('stopping {"reason":"the guard was signalled","t":9.0}',
-     ev.GuardStopping("n", "the guard was signalled", 9.0)),
+    ('stopping {"reason":"the guard got SIGTERM","t":9.0,"signal":"SIGTERM"}',
+     ev.GuardStopping("n", "the guard got SIGTERM", 9.0, "SIGTERM")),
+    ('stopping {"reason":"no heartbeat","t":9.0}', ev.GuardStopping("n", "no heartbeat", 9.0)),
 ])
 def test_decode_recorded_frames(line: str, expected: ev.Event) -> None:
     assert ev.decode("n", line) == expected
@@ -255,7 +265,7 @@ def test_guard_that_stops_on_its_own_is_the_cause() -> None:
 def test_a_guard_that_was_signalled_is_not_blamed_on_the_network() -> None:
     sup = make()
     start(sup)
-    sup.on_event(ev.GuardStopping("b", "the guard got SIGTERM", WALL + 20.0), 20.5)
+    sup.on_event(ev.GuardStopping("b", "the guard got SIGTERM", WALL + 20.0, "SIGTERM"), 20.5)
     (failure,) = sup.failures
     assert failure.message == "its guard ended the job on its own: the guard got SIGTERM"
     assert "signalled it" in failure.fix and "network" not in failure.fix

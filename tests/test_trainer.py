@@ -7,6 +7,8 @@ import hashlib
 import re
 import socket
 import struct
+from contextlib import nullcontext
+from typing import Any
 
 import pytest
 import torch
@@ -253,27 +255,30 @@ def test_grad_scaler_works_without_torch_amp_grad_scaler(monkeypatch) -> None:
     assert isinstance(scaler, torch.cuda.amp.GradScaler)
 
 
-def test_the_fp16_loss_scale_is_checkpointed_and_resumed(plain) -> None:
-    """On a GPU with fp16 the GradScaler's state is in the checkpoint and comes back (here:
-    torch's CPU GradScaler, the same state_dict contract)."""
-    args = train_mod.parse_args(["--dataset", "digits", "--no-download"])
-    cpu = torch.device("cpu")
-    data = train_mod.load_data(args, 0, 1)
-    net, opt = train_mod.build(args, cpu)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
-    scaler.scale(torch.ones(1))  # the scale exists once used
-    scaler.update(512.0)  # e.g. after overflows
-    start = train_mod.Start(0, 0, 64)
-    train_mod.save(args, (0, 10), start, 1, net, opt, scaler, data, cpu, keep=None)
-    off = torch.amp.GradScaler("cpu", enabled=False)  # bf16 or CPU: nothing to keep
-    train_mod.save(args, (0, 20), start, 1, net, opt, off, data, cpu, keep=(0, 10))
-    assert "scaler" not in torch.load(checkpoint.path_of(args.checkpoint_dir, (0, 20)))
-    checkpoint.path_of(args.checkpoint_dir, (0, 20)).unlink()
-    resumed = train_mod.resume(args, *train_mod.build(args, cpu), data, 1, cpu, False)
-    assert resumed.position == (0, 10) and resumed.scaler is not None
-    again = torch.amp.GradScaler("cpu")
-    again.load_state_dict(resumed.scaler)
-    assert again.get_scale() == 512.0
+@pytest.mark.skipif(not hasattr(torch.amp, "GradScaler"), reason="torch < 2.3: no CPU scaler")
+def test_the_fp16_loss_scale_is_checkpointed_and_resumed(plain, monkeypatch) -> None:
+    """On a GPU with fp16 the GradScaler's state goes into every checkpoint and comes back on
+    resume (here: torch's CPU GradScaler in the trainer's place, the same contract)."""
+    scalers: list[Any] = []
+    original = train_mod.mixed_precision
+
+    def with_scaler(scale: float) -> None:
+        def mixed_precision(amp: str, device: torch.device) -> tuple[Any, Any]:
+            scalers.append(torch.amp.GradScaler("cpu", init_scale=scale))
+            return nullcontext, scalers[-1]
+        monkeypatch.setattr(train_mod, "mixed_precision", mixed_precision)
+
+    with_scaler(512.0)  # e.g. where the loss scale had come down to after overflows
+    assert train_main(["--epochs", "1", "--dataset", "digits"]) == 0
+    assert torch.load(plain / "checkpoints" / "checkpoint-0.pt")["scaler"]["scale"] == 512.0
+    with_scaler(2.0 ** 16)  # a fresh run's scale
+    assert train_main(["--epochs", "2", "--dataset", "digits", "--resume"]) == 0
+    assert scalers[-1].get_scale() == 512.0  # restored, not started over
+    assert torch.load(plain / "checkpoints" / "checkpoint-1.pt")["scaler"]["scale"] == 512.0
+    # bf16, or CPU: the scaler is off and nothing is kept
+    monkeypatch.setattr(train_mod, "mixed_precision", original)
+    assert train_main(["--epochs", "3", "--dataset", "digits", "--resume"]) == 0
+    assert "scaler" not in torch.load(plain / "checkpoints" / "checkpoint-2.pt")
 
 
 def test_mnist_idx_path_trains(plain, capsys) -> None:

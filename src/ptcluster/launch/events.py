@@ -64,6 +64,8 @@ class GuardStopping:
     host: str
     reason: str
     node_time: float
+    signal: str = ""
+    """The signal that stopped the guard ("SIGTERM"), when one did."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == "rerror":
         return RankError(host, int(body["rank"]), float(body["t"]), str(body.get("text", "")))
     if kind == "stopping":
-        return GuardStopping(host, str(body.get("reason", "")), float(body["t"]))
+        return GuardStopping(host, str(body.get("reason", "")), float(body["t"]),
+                             str(body.get("signal") or ""))
     if kind == "rstart":
         return RankStart(host, int(body["rank"]), int(body["pid"]), float(body["t"]))
     if kind == "rexit":

@@ -64,7 +64,8 @@ def restarts(spec: ClusterSpec, target: Target, first: LaunchPlan,
     node was dropped, the next node in the file takes over, at its ``host``; or, when the
     cluster file gave the master an address of its own (a fabric address, while ``host`` is how
     the head reaches it), at the address that node's guard reported on its interface (the one
-    it chose to reach the old master: the same network)."""
+    it chose to reach the old master: the same network), or at its host when it reported none
+    (an interface list or prefix in the cluster file names no one address)."""
 
     def replan(attempt: int, hosts: tuple[str, ...], addresses: dict[str, str]) -> LaunchPlan:
         nodes = tuple(n for n in spec.nodes if n.host in hosts)

@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -73,7 +74,7 @@ def resumed_from(step: int) -> None:
         report("resumed", {"step": int(step)})
 
 
-def end_rank(code: int) -> None:
+def end_rank(code: int) -> NoReturn:
     """End a rank whose work is done and whose process group is destroyed, without the
     interpreter's teardown: with gloo that teardown can abort a finished process (SIGABRT,
     "terminate called without an active exception": gloo work objects holding tensors freed
@@ -82,6 +83,9 @@ def end_rank(code: int) -> None:
     if "RANK" not in os.environ:
         sys.exit(code)
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # its reader is gone: nothing left to say it to
+            pass
     os._exit(code)

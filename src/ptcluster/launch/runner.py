@@ -107,6 +107,8 @@ class Runner:
         self.sup: Supervisor | None = None
         self.stacks = StackCollector(run_dir, self.on_status)
         self._hang_report: dict[str, Any] | None = None
+        self._addresses: dict[str, str] = {}
+        """Each node's address as its guard last reported it (where a new master is reached)."""
 
     # -- public -------------------------------------------------------------------------------
     def request_stop(self, reason: str = "interrupted") -> None:
@@ -129,7 +131,6 @@ class Runner:
         t0 = time.monotonic()
         self._prepare_run_dir()
         attempts: list[AttemptRecord] = []
-        self._addresses: dict[str, str] = {}
         control = self._open_control()  # one for the job: `stacks` reaches the running attempt
         try:
             result = self._attempts(attempts, t0)

@@ -256,9 +256,9 @@ class Supervisor:
             message = f"{text}, then it hung until the teardown ended it ({message})"
         elif text and not text.startswith("SystemExit"):
             message += f" ({text})"
-        elif record.rank in self._returned and code is not None and code != 0:
-            message += (" after its program had returned, in the interpreter's shutdown "
-                        "(its work was done)")
+        elif record.rank in self._returned and code is not None and -code in CRASH_SIGNALS:
+            # (a SIGKILL or SIGTERM then is someone else's doing: named as it is)
+            message += " after its program had returned, in the interpreter's shutdown"
             fix = SHUTDOWN_FIX
         known = self._rank_failure.get(record.rank)
         if known is not None:  # the second report of the same failure: refine it
@@ -285,7 +285,7 @@ class Supervisor:
         at = self._corrected(e.host, e.node_time)
         self.stop_sent[e.host] = at
         fix = ("something on that node signalled it (a scheduler's cancel or time limit, an "
-               "administrator, a shutdown): see the node log") if "got SIG" in e.reason else \
+               "administrator, a shutdown): see the node log") if e.signal else \
             "see the node log; a guard that no longer hears the head means the network or " \
             "the head stalled"
         return self._fail(Failure(host=e.host, rank=None, at=at, kind="lost",
@@ -454,6 +454,8 @@ _HANDLERS: dict[type, Any] = {
 }
 PROGRESS_KINDS = ("checkpoint", "resumed", "returned")
 """RankData kinds the supervisor keeps (the rest go to the caller's data sink)."""
+CRASH_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS)
+"""How a process's own code dies: after its program returned, that is a library's teardown."""
 SHUTDOWN_FIX = ("a library crashed while Python tore the process down: with gloo, work objects "
                 "freed during interpreter finalization can abort it (pytorch PR 179291). End "
                 "the script with dist.destroy_process_group(), then flush and os._exit(code), "

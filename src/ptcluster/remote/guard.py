@@ -74,6 +74,7 @@ class Guard:
         self.stop_reason = ""
         self.stop_by_head = False
         self.stop_time = 0.0
+        self.stop_signal = ""
         self.last_hb = time.monotonic()
         self.child: subprocess.Popen[bytes] | None = None
         self.tmpdir = ""
@@ -93,11 +94,13 @@ class Guard:
     def send(self, kind: str, payload: object = None) -> None:
         self.write(encode(kind, payload))
 
-    def request_stop(self, reason: str, by_head: bool = False) -> None:
+    def request_stop(self, reason: str, by_head: bool = False, signum: int = 0) -> None:
         """Signal-safe (sets state only); the main thread tells the head when it was not the
-        head that asked (``stopping`` frame, sent before the teardown)."""
+        head that asked (``stopping`` frame, sent before the teardown; ``signal``: the name of
+        the signal that stopped the guard, when one did)."""
         if not self.stop.is_set():
             self.stop_reason, self.stop_by_head, self.stop_time = reason, by_head, time.time()
+            self.stop_signal = signal.Signals(signum).name if signum else ""
             self.stop.set()
 
     # -- threads ------------------------------------------------------------------------------
@@ -276,7 +279,8 @@ class Guard:
         code = self.wait_child()
         if code is None:
             if not self.stop_by_head:
-                self.send("stopping", {"reason": self.stop_reason, "t": self.stop_time})
+                self.send("stopping", {"reason": self.stop_reason, "t": self.stop_time,
+                                       "signal": self.stop_signal})
             code = self.teardown(grace=float(self.cfg.get("grace", 4.0)))
             reason = self.stop_reason
         else:
@@ -401,7 +405,7 @@ def main() -> int:
     guard = Guard(json.loads(line))
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda signum, _: guard.request_stop(
-            f"the guard got {signal.Signals(signum).name}"))
+            f"the guard got {signal.Signals(signum).name}", signum=signum))
     if under_slurm():
         signal.signal(signal.SIGUSR2, lambda *_: None)  # for the ranks (see under_slurm)
     try:

@@ -92,16 +92,17 @@ def parse_node_addrs(text: str) -> dict[str, str]:
     return addrs
 
 
-def run_scontrol(argv: list[str]) -> str:
+def run_scontrol(argv: list[str], timeout: float = 30.0) -> str:
     """The default :data:`Runner`: ``scontrol ARGS`` (``SLURM_CONF`` as the caller has it)."""
     try:
-        proc = subprocess.run(["scontrol", *argv], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(["scontrol", *argv], capture_output=True, text=True,
+                              timeout=timeout)
     except FileNotFoundError:
         raise SlurmError("SLURM_JOB_ID is set but scontrol is not installed here",
                          "run ptcluster on a node with the Slurm clients, or pass --cluster"
                          ) from None
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"scontrol {' '.join(argv)} did not answer in 30 s",
+        raise SlurmError(f"scontrol {' '.join(argv)} did not answer in {timeout:.0f} s",
                          "check that slurmctld is up (scontrol ping)") from None
     if proc.returncode != 0:
         detail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
@@ -154,12 +155,14 @@ def job_port(job_id: str) -> int:
     return DEFAULT_MASTER_PORT + (int(digits.group(0)) % 1000 if digits else 0)
 
 
-def ended_by_slurm(job_id: str, scontrol: Runner = run_scontrol) -> str | None:
+def ended_by_slurm(job_id: str, scontrol: Runner | None = None) -> str | None:
     """Why the job's processes were signalled, when it was Slurm that ended them (``scancel``,
     the time limit, preemption, a requeue): the job is no longer RUNNING. None while it runs,
-    or when Slurm cannot tell."""
+    or when Slurm cannot tell within 5 s (a job at its time limit has KillWait, 30 s by
+    default, before Slurm kills the head: the summary must still be written)."""
     try:
-        text = scontrol(["-o", "show", "job", job_id])
+        text = (scontrol or (lambda argv: run_scontrol(argv, timeout=5.0)))(
+            ["-o", "show", "job", job_id])
     except SlurmError:
         return None
     m = re.search(r"(?:^|\s)JobState=(\S+)", text)

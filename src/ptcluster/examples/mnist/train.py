@@ -42,7 +42,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
 
 
-def run(argv: list[str] | None = None) -> None:
+def run(argv: list[str] | None = None) -> NoReturn:
     """:func:`main`, then end the process (``end_rank``: under a launcher, without the
     interpreter's teardown); what ``python -m ptcluster.examples.mnist`` runs."""
     end_rank(main(argv))
