@@ -77,3 +77,30 @@ def test_a_child_holding_stdout_delays_the_exit_only_boundedly(tmp_path) -> None
                                 "'import time; time.sleep(6)'])\nprint('parent done')", wait=10)
     assert texts(events, "out") == ["parent done"]
     assert any(isinstance(e, ev.RankExit) and e.code == 0 for e in events)
+
+
+@pytest.mark.parametrize("transport, words", [
+    ("ssh", "install the OpenSSH client"),
+    ("srun", "Slurm's clients"),
+    ("local", "set python: to an interpreter that exists"),
+])
+def test_a_channel_that_cannot_start_names_the_local_program_that_is_missing(
+        tmp_path, monkeypatch, transport, words) -> None:
+    """ssh or srun missing on the head is not a bad `python:` (the node's interpreter)."""
+    from ptcluster.remote.bootstrap import GUARD
+    from ptcluster.remote.channel import NodeChannel, start_all
+    from ptcluster.remote.slurm import SrunTransport
+    from ptcluster.remote.transport import LocalTransport, SshTransport
+    from ptcluster.spec import SshSpec
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing to start here
+    t = {"ssh": SshTransport(host="n1", ssh=SshSpec()),
+         "srun": SrunTransport(host="10.0.0.1", node="n1", job_id="7"),
+         "local": LocalTransport(host="localhost")}[transport]
+    channel = NodeChannel(t, "/no/such/python" if transport == "local" else "python3", GUARD,
+                          {}, on_frames=lambda lines: None, on_closed=lambda code, err: None)
+    errors: list[tuple[str, str]] = []
+    assert start_all([channel], lambda c, problem, fix: errors.append((problem, fix))) == []
+    ((problem, fix),) = errors
+    assert problem.startswith("cannot start"), problem
+    assert words in fix, fix

@@ -207,7 +207,9 @@ def start_all(channels: list[NodeChannel],
         try:
             channel.start()
         except OSError as exc:
-            on_error(channel, *explain_start_failure(channel.argv[0], exc))
+            # (the local program that failed: ssh or srun, or the interpreter for a local node)
+            program = channel.transport.argv(channel.argv)[0]
+            on_error(channel, *explain_start_failure(program, exc))
             continue
         started.append(channel)
     return started

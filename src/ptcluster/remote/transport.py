@@ -113,9 +113,10 @@ def explain_start_failure(program: str, exc: OSError) -> tuple[str, str]:
     """(problem, fix) when the local process of a channel (ssh, or a local python) cannot be
     started at all."""
     problem = f"cannot start {program!r} here: {exc.strerror or exc}"
-    if program == "ssh":
+    name = os.path.basename(program)
+    if name == "ssh":
         return problem, "install the OpenSSH client (apt-get install openssh-client)"
-    if program == "srun":
+    if name == "srun":
         return problem, ("run ptcluster where Slurm's clients are installed, or pass --cluster "
                          "outside an allocation")
     return problem, "set python: to an interpreter that exists"
