@@ -246,6 +246,25 @@ def test_unreachable_node_fails_before_launch(testbed, job_dir, no_leftovers) ->
     assert not head.lines or not any(":0]" in line for line in head.lines)
 
 
+def test_a_master_address_of_another_node_is_refused_before_launch(testbed, job_dir,
+                                                                     no_leftovers) -> None:
+    """`master.addr` set to node 1's IP while node 0 (rank 0) hosts the rendezvous: plain
+    torchrun waits out its rendezvous timeout; here no rank starts and the fix names both."""
+    port = next(_ports)
+    cluster = write_cluster(testbed, job_dir, slots=(1, 1),
+                            extra=f"master: {{addr: {testbed.nodes[1].addr}, port: {port}}}\n",
+                            port=None)
+    code, head = run_head(["run", "--cluster", cluster, "--run-dir", "runs", "ranks.py", "x"],
+                          cwd=job_dir, timeout=60)
+    job_id, summary = only_run(job_dir / "runs")
+    no_leftovers.append(job_id)
+    assert code == 1, head.output()
+    err = "\n".join(head.err)
+    assert f"the rendezvous address {testbed.nodes[1].addr} is {testbed.nodes[1].name}'s " \
+        "address" in err, err
+    assert all(r["status"] == "not started" for r in summary["ranks"])
+
+
 def test_master_port_taken_is_reported_before_launch(testbed, job_dir, no_leftovers) -> None:
     port = next(_ports)
     master = testbed.nodes[0]

@@ -302,3 +302,26 @@ def test_heartbeats_refine_the_clock_offset() -> None:
     sup.on_event(ev.Heartbeat("a", WALL + 13.0), 10.2)  # arrived 0.2 s late: 2.8
     sup.on_event(ev.Heartbeat("a", WALL + 14.0), 12.0)  # arrived 1 s late
     assert sup.nodes["a"].clock_offset == pytest.approx(2.8)
+
+
+@pytest.mark.parametrize("facts_b, fails", [
+    ({"address": "10.0.0.2", "hostname": "b"}, "b's address"),
+    ({"address": "10.0.0.7", "hostname": "10.0.0.2"}, "b's hostname"),
+    ({"address": "10.0.0.7", "hostname": "b"}, None),  # node a's own address, presumably
+])
+def test_a_rendezvous_address_of_another_node_fails_before_any_rank_starts(facts_b,
+                                                                           fails) -> None:
+    spec = parse_cluster_text(CLUSTER + "master: {addr: 10.0.0.2}\n", "c.yaml")
+    sup = Supervisor(plan_launch(spec, Target(script="t.py"), port=29500, job_id="J"),
+                     RunOptions(), now=0.0, wall_offset=WALL)
+    actions = []
+    for host, facts in (("a", {"address": "10.0.0.1", "hostname": "a"}), ("b", facts_b)):
+        actions += sup.on_event(ev.Hello(host, wire.VERSION, 10, WALL + 1.0), 1.0)
+        actions += sup.on_event(ev.Ready(host, facts), 1.0)
+    if fails is None:
+        assert sends(actions, "go") == ["a", "b"] and not sup.failures
+        return
+    assert sends(actions, "go") == [] and sends(actions, "stop") == ["a", "b"]
+    (f,) = sup.failures
+    assert f.host == "a" and fails in f.message and "10.0.0.2" in f.message, f
+    assert "top of `nodes`" in (f.fix or "")

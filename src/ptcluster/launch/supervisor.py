@@ -184,12 +184,34 @@ class Supervisor:
                                   f"({e.facts.get('subreaper_error')}); orphans of the job "
                                   "may escape teardown"))
         if self.phase is Phase.STARTING and all(n.ready for n in self.nodes.values()):
+            wrong = self._master_elsewhere(now)
+            if wrong is not None:
+                return actions + self._fail(wrong, now)
             self.phase, self.went_at = Phase.RUNNING, now
             actions.append(Status(f"all {len(self.nodes)} node(s) ready in "
                                   f"{now - self.started:.2f} s; starting "
                                   f"{self.plan.world_size} rank(s)"))
             actions += [Send(h, "go") for h in self.nodes]
         return actions
+
+    def _master_elsewhere(self, now: float) -> Failure | None:
+        """The rendezvous address is another node's (its address or hostname as its guard
+        reported them): node rank 0 would host a store nobody reaches, and every rank would
+        wait out the rendezvous timeout. Caught before any rank starts."""
+        addr = self.plan.master_addr.lower()
+        first = self.plan.nodes[0].host
+        for node in self.plan.nodes[1:]:
+            facts = self.nodes[node.host].facts
+            for what in ("address", "hostname"):
+                if str(facts.get(what) or "").lower() == addr:
+                    return Failure(
+                        host=first, rank=None, kind="guard", at=self.wall(now),
+                        message=f"the rendezvous address {self.plan.master_addr} is {node.host}'s "
+                                f"{what}, but the rendezvous runs on the first node (node rank "
+                                f"0: {first})",
+                        fix=f"set master.addr to {first}'s address, or move {node.host} to the "
+                            "top of `nodes`")
+        return None
 
     def _guard_error(self, e: ev.GuardError, now: float) -> list[Action]:
         return self._fail(Failure(host=e.host, rank=None, message=e.problem, fix=e.fix or None,
