@@ -9,7 +9,6 @@ import pytest
 
 from ptcluster.bench.formulas import bus_factor
 from tests.jobs import Head, run_head
-from tests.procs import job_processes
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 PY = sys.executable
@@ -62,7 +61,7 @@ def test_monitor_once_json_every_node_even_with_one_unreachable(testbed, tmp_pat
         assert s["gpus"] == [] and s["net"]["rx_bps"] >= 0
 
 
-def test_monitor_shows_a_running_job(testbed, tmp_path) -> None:
+def test_monitor_shows_a_running_job(testbed, tmp_path, no_leftovers) -> None:
     (tmp_path / "sleep.py").write_text(
         "import time, torch.distributed as dist\ndist.init_process_group('gloo')\n"
         "print('ready', flush=True)\ntime.sleep(60)\n")
@@ -72,8 +71,10 @@ def test_monitor_shows_a_running_job(testbed, tmp_path) -> None:
     try:
         job.wait_for("ready", count=2)
         job_id = next((tmp_path / "runs").iterdir()).name
+        no_leftovers.append(job_id)  # checked even when an assertion below fails
         code, head = run_head(["monitor", "--cluster", str(path), "--once", "--json"],
                               cwd=tmp_path, timeout=60)
+        assert code == 0, head.output()
         data = json.loads("\n".join(head.lines))
         for v in data["nodes"]:
             assert v["sample"]["jobs"].get(job_id, 0) >= 2  # torchrun + its rank
@@ -81,4 +82,3 @@ def test_monitor_shows_a_running_job(testbed, tmp_path) -> None:
         job.signal(2)
         job.wait(timeout=30)
         job.kill()
-    assert job_processes(job_id, wait=10) == []

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec, quiet
-from ptcluster.errors import UsageError
+from ptcluster.errors import UsageError, who_what_fix
 from ptcluster.setup import plan as P
 from ptcluster.setup.apply import SetupOptions, SetupReport, run_setup
 from ptcluster.setup.secret import Secret, read_password_file
@@ -114,8 +115,8 @@ def render(console: Console, report: SetupReport) -> None:
             console.print(f"[bold]{n.host}[/bold] ({n.addr}, {n.connection or 'no login'})",
                           markup=True)
             if n.problem:
-                console.print(f"  [bold red]FAIL[/bold red] {n.problem}. Fix: {n.fix}",
-                              markup=True)
+                console.print("  [bold red]FAIL[/bold red] "
+                              f"{escape(who_what_fix(None, n.problem, n.fix))}", markup=True)
             for s in n.before:
                 console.print(f"  {STYLE[s.status]} {s.name}: {s.why}", markup=True)
                 for cmd in s.commands(n.host) if s.status != P.OK else []:
@@ -149,8 +150,8 @@ def render(console: Console, report: SetupReport) -> None:
     console.print(table)
     for host, n in report.nodes.items():
         if n.problem:
-            console.print(f"  [bold red]FAIL[/bold red] {host}: {n.problem}. Fix: {n.fix}",
-                          markup=True)
+            console.print("  [bold red]FAIL[/bold red] "
+                          f"{escape(who_what_fix(host, n.problem, n.fix))}", markup=True)
         for name, r, d in n.applied:
             if r == "failed":
                 console.print(f"  [bold red]FAILED[/bold red] {host}: {name}: {d.strip()[-500:]}",

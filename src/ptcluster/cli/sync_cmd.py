@@ -7,8 +7,10 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from ptcluster.cli.common import cluster_option, load_spec, quiet
+from ptcluster.errors import who_what_fix
 from ptcluster.remote.sync import SyncResult, sync_project
 from ptcluster.spec import ClusterSpec
 
@@ -40,7 +42,8 @@ def run_sync(spec: ClusterSpec, console: Console, *, show: bool = True) -> list[
                 console.print(f"[dim]ptcluster: synced {r.host}: {r.sent} file(s) sent "
                               f"({r.method}, {r.seconds:.1f} s)[/dim]", markup=True)
         else:
-            console.print(f"[red]sync failed on {r.host}[/red]: {r.problem}. Fix: {r.fix}",
+            what = who_what_fix(None, r.problem or "failed", r.fix)
+            console.print(f"[red]sync failed on {escape(r.host)}[/red]: {escape(what)}",
                           markup=True)
 
     return sync_project(spec, on_done=done)

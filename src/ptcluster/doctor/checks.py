@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ptcluster.doctor.collect import NodeProbe, ProblemKind, address_of, interface_of
+from ptcluster.errors import who_what_fix
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -33,8 +34,7 @@ class Finding:
     fix: str | None = None
 
     def line(self) -> str:
-        text = f"{self.host}: {self.detail}"
-        return f"{text}. Fix: {self.fix}" if self.fix else text
+        return who_what_fix(self.host, self.detail, self.fix)
 
 
 Check = Callable[[ClusterSpec, dict[str, NodeProbe]], list[Finding]]

@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from ptcluster.errors import who_what_fix
 from ptcluster.setup.torch_choice import TorchChoice
 
 OK, CHANGE, BLOCKED = "ok", "change", "blocked"
@@ -167,7 +168,9 @@ def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
     have_all = venv_ready and all(dists.get(k) == v for k, v in want.items())
     if cf.torch.variant is None:
         steps.append(Step("wheels", BLOCKED, cf.torch.problem or "no torch build fits"))
-        steps.append(Step("torch + ptcluster", BLOCKED, f"{cf.torch.problem}. Fix: {cf.torch.fix}"))
+        steps.append(Step("torch + ptcluster", BLOCKED,
+                          who_what_fix(None, cf.torch.problem or "no torch build fits",
+                                       cf.torch.fix)))
     elif have_all:
         steps.append(Step("wheels", OK, "nothing to copy: the venv has what it needs"))
         steps.append(Step("torch + ptcluster", OK, f"torch {want['torch']}, ptcluster "
