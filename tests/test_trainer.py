@@ -95,7 +95,7 @@ def make_mnist_dir(folder) -> None:
     write_idx(folder / "t10k-labels-idx1-ubyte", labels[1400:].reshape(-1), gz=False)
 
 
-def test_load_dataset_prefers_idx_files_and_never_hangs_offline(tmp_path) -> None:
+def test_load_dataset_prefers_idx_files_else_the_digits_offline(tmp_path) -> None:
     make_mnist_dir(tmp_path / "MNIST" / "raw")
     ds = mnist_data.load_dataset("auto", tmp_path, download=False)
     assert ds.name == "mnist" and ds.train_x.shape == (1400, 784) and len(ds.test_y) == 397

@@ -102,16 +102,6 @@ class ClusterSpec:
     def world_size(self) -> int:
         return sum(n.slots for n in self.nodes)
 
-    @property
-    def env_dict(self) -> dict[str, str]:
-        return dict(self.env)
-
-    def node_rank(self, host: str) -> int:
-        for i, node in enumerate(self.nodes):
-            if node.host == host:
-                return i
-        raise KeyError(host)
-
     def rank_base(self, node_rank: int) -> int:
         """Global rank of local rank 0 on node ``node_rank`` (ranks follow file order)."""
         return sum(n.slots for n in self.nodes[:node_rank])
