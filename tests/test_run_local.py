@@ -70,6 +70,8 @@ def test_two_rank_gloo_job_env_prefixes_logs_summary(tmp_path, no_leftovers) -> 
     assert "rank 1 says hello" in (run / "rank1.log").read_text()
     assert "rank 0 says hello" not in (run / "rank1.log").read_text()
     assert summary["ok"] is True and [r["exit_code"] for r in summary["ranks"]] == [0, 0]
+    (node,) = summary["nodes"]  # what its guard reported: where peers reach it, torchrun's pid
+    assert node["address"] == "127.0.0.1" and node["torchrun_pid"] > 1, node
     assert any("logs: runs/" + job_id in line for line in head.err)
 
 

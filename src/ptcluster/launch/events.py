@@ -35,6 +35,8 @@ class GuardError:
 
 @dataclass(frozen=True)
 class Started:
+    """torchrun is running on the node (its pid there, for the summary and a human)."""
+
     host: str
     pid: int
 

@@ -175,6 +175,8 @@ class RunResult:
                        "interface": n.facts.get("interface"),
                        "interface_source": n.facts.get("interface_source"),
                        "hostname": n.facts.get("hostname"), "clock_offset_s": n.clock_offset,
+                       "address": n.facts.get("address"),
+                       "torchrun_pid": n.facts.get("torchrun_pid"),
                        "guard_exit": n.guard_exit, "reason": n.reason,
                        "transport_exit": n.transport_exit, "escalations": n.escalations}
                       for n in self.nodes],

@@ -213,6 +213,10 @@ class Supervisor:
                             "top of `nodes`")
         return None
 
+    def _started(self, e: ev.Started, now: float) -> list[Action]:
+        self.nodes[e.host].facts["torchrun_pid"] = e.pid
+        return []
+
     def _guard_error(self, e: ev.GuardError, now: float) -> list[Action]:
         return self._fail(Failure(host=e.host, rank=None, message=e.problem, fix=e.fix or None,
                                   kind="guard", at=self.wall(now)), now)
@@ -472,7 +476,7 @@ _HANDLERS: dict[type, Any] = {
     ev.RankExit: Supervisor._rank_exit, ev.RankError: Supervisor._rank_error,
     ev.GuardExit: Supervisor._guard_exit, ev.ChannelClosed: Supervisor._closed,
     ev.Heartbeat: Supervisor._heartbeat, ev.GuardStopping: Supervisor._guard_stopping,
-    ev.RankData: Supervisor._progress,
+    ev.RankData: Supervisor._progress, ev.Started: Supervisor._started,
 }
 PROGRESS_KINDS = ("checkpoint", "resumed", "returned")
 """RankData kinds the supervisor keeps (the rest go to the caller's data sink)."""
