@@ -232,17 +232,23 @@ def test_link_cut_ends_job_everywhere(testbed, job_dir, no_leftovers) -> None:
         head.output()  # ssh's keepalive (15 s) or our silence check (20 s), whichever is first
 
 
-def test_unreachable_node_fails_before_launch(testbed, job_dir, no_leftovers) -> None:
-    hosts = [testbed.nodes[0].name, testbed.unused_addr]
-    cluster = write_cluster(testbed, job_dir, slots=(1, 1), hosts=hosts)
+def refused_before_launch(job_dir, cluster: str, no_leftovers) -> tuple[Head, str]:
+    """Run ``ranks.py`` on ``cluster``: it must fail (exit 1) with no rank started. The head
+    and its stderr."""
     code, head = run_head(["run", "--cluster", cluster, "--run-dir", "runs", "ranks.py", "x"],
                           cwd=job_dir, timeout=60)
     job_id, summary = only_run(job_dir / "runs")
     no_leftovers.append(job_id)
     assert code == 1, head.output()
-    err = "\n".join(head.err)
-    assert testbed.unused_addr in err and "Fix:" in err
     assert all(r["status"] == "not started" for r in summary["ranks"])
+    return head, "\n".join(head.err)
+
+
+def test_unreachable_node_fails_before_launch(testbed, job_dir, no_leftovers) -> None:
+    hosts = [testbed.nodes[0].name, testbed.unused_addr]
+    cluster = write_cluster(testbed, job_dir, slots=(1, 1), hosts=hosts)
+    head, err = refused_before_launch(job_dir, cluster, no_leftovers)
+    assert testbed.unused_addr in err and "Fix:" in err
     assert not head.lines or not any(":0]" in line for line in head.lines)
 
 
@@ -254,15 +260,9 @@ def test_a_master_address_of_another_node_is_refused_before_launch(testbed, job_
     cluster = write_cluster(testbed, job_dir, slots=(1, 1),
                             extra=f"master: {{addr: {testbed.nodes[1].addr}, port: {port}}}\n",
                             port=None)
-    code, head = run_head(["run", "--cluster", cluster, "--run-dir", "runs", "ranks.py", "x"],
-                          cwd=job_dir, timeout=60)
-    job_id, summary = only_run(job_dir / "runs")
-    no_leftovers.append(job_id)
-    assert code == 1, head.output()
-    err = "\n".join(head.err)
+    _, err = refused_before_launch(job_dir, cluster, no_leftovers)
     assert f"the rendezvous address {testbed.nodes[1].addr} is {testbed.nodes[1].name}'s " \
         "address" in err, err
-    assert all(r["status"] == "not started" for r in summary["ranks"])
 
 
 def test_master_port_taken_is_reported_before_launch(testbed, job_dir, no_leftovers) -> None:
@@ -274,18 +274,12 @@ def test_master_port_taken_is_reported_before_launch(testbed, job_dir, no_leftov
     try:
         assert hog.stdout is not None and hog.stdout.readline().strip() == b"up"
         cluster = write_cluster(testbed, job_dir, port=port)
-        code, head = run_head(["run", "--cluster", cluster, "--run-dir", "runs", "ranks.py",
-                               "x"], cwd=job_dir, timeout=60)
+        _, err = refused_before_launch(job_dir, cluster, no_leftovers)
     finally:
         os.killpg(hog.pid, signal.SIGKILL)
         hog.wait()
-    job_id, summary = only_run(job_dir / "runs")
-    no_leftovers.append(job_id)
-    assert code == 1, head.output()
-    err = "\n".join(head.err)
     assert f"master port {port} is already in use" in err and "--port" in err
     assert master.name in err
-    assert all(r["status"] == "not started" for r in summary["ranks"])
 
 
 def test_two_jobs_on_the_same_nodes_stopping_one_spares_the_other(testbed, job_dir,
