@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ptcluster.launch import events as ev
-from ptcluster.launch import shim
-from ptcluster.remote.rank_server import RankServer
+from ptcluster.node.rank import shim
+from ptcluster.node.rank_server import RankServer
 
 SHIM = Path(shim.__file__)
 

@@ -105,7 +105,7 @@ def test_a_torn_down_attempts_late_channel_close_is_not_the_next_attempts(tmp_pa
     from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
     from ptcluster.launch.supervisor import Supervisor
-    from ptcluster.remote import wire
+    from ptcluster.node import wire
     from ptcluster.spec import parse_cluster_text
 
     spec = parse_cluster_text("nodes:\n  - {host: a, slots: 1}\n  - {host: b, slots: 1}\n",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ptcluster.errors import UsageError
-from ptcluster.remote.guard import node_python
+from ptcluster.node.guard import node_python
 from ptcluster.remote.sync import project_files, remote_dir, tar_pipe
 from ptcluster.remote.transport import remote_command
 from ptcluster.setup import plan as P
@@ -67,7 +67,7 @@ CF = P.ClusterFacts(pubkey="ssh-ed25519 AAAAkey head", torch=choose_torch("2.13.
                     addrs={"n0": "10.0.0.1", "n1": "10.0.0.2", "n2": "10.0.0.3"},
                     hostnames={"n0": "node0", "n1": "node1", "n2": "node2"},
                     master_addr="n0", master_port=29500)
-FRESH = {  # a fresh Ubuntu node, as setup/node.py reports it
+FRESH = {  # a fresh Ubuntu node, as node/setup_agent.py reports it
     "user": "u", "uid": 1000, "home": "/home/u", "hostname": "node1", "python": "3.11",
     "sudo": {"mode": "password"}, "key_authorized": False,
     "os": {"ID": "ubuntu", "ID_LIKE": "debian", "PRETTY_NAME": "Ubuntu 24.04"},
@@ -236,7 +236,7 @@ def test_self_wheel_is_reproducible(tmp_path: Path) -> None:
     import zipfile
 
     names = zipfile.ZipFile(a.path).namelist()
-    assert "ptcluster/setup/node.py" in names
+    assert "ptcluster/node/setup_agent.py" in names
     assert f"ptcluster-{a.version}.dist-info/METADATA" in names
 
 
@@ -343,11 +343,11 @@ def test_setup_node_program_facts_and_run(tmp_path: Path) -> None:
     import json
     from importlib import resources
 
-    from ptcluster.remote import wire
+    from ptcluster.node import wire
     from ptcluster.remote.bootstrap import BOOTSTRAP, INLINED, pack_source, preamble
     from ptcluster.setup.apply import SETUP
 
-    tree = ast.parse(resources.files("ptcluster.setup").joinpath("node.py").read_text())
+    tree = ast.parse(resources.files("ptcluster.node").joinpath("setup_agent.py").read_text())
     inlined = {f"{p}.{n[:-3]}" for p, n in INLINED}
     for node in ast.walk(tree):  # nodes have Python, not ptcluster: stdlib and inlined only
         names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
@@ -382,7 +382,7 @@ def test_setup_node_program_starts_nothing_once_stopped() -> None:
     """After the head's stop (or EOF) no command starts, and one started in that moment ends."""
     import time
 
-    from ptcluster.setup import node
+    from ptcluster.node import setup_agent as node
 
     assert node.run(["true"]) == (0, "")
     node.STOPPING.set()

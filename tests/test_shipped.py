@@ -13,18 +13,18 @@ import pytest
 
 from ptcluster.doctor.collect import PROBE
 from ptcluster.monitor.watch import SAMPLER
-from ptcluster.remote import wire
+from ptcluster.node import wire
 from ptcluster.remote.bootstrap import GUARD, INLINED, pack_source, preamble
 
 INLINED_MODULES = {f"{pkg}.{name[:-3]}" for pkg, name in INLINED} | {
     f"{prog.package}.{part[:-3]}" for prog in (GUARD, PROBE) for part in prog.parts}
-NODE_PROGRAMS = [("ptcluster.remote", "guard.py"), ("ptcluster.doctor", "probe.py"),
-                 ("ptcluster.monitor", "sampler.py"), ("ptcluster.remote", "wire.py"),
-                 ("ptcluster.remote", "netif.py"), ("ptcluster.launch", "shim.py"),
-                 ("ptcluster.remote", "proctree.py"), ("ptcluster.remote", "rank_server.py"),
-                 ("ptcluster.doctor", "accel.py")]
-RANK_PROGRAMS = [("ptcluster.launch", "rank_setup.py"), ("ptcluster.doctor", "allreduce.py"),
-                 ("ptcluster.bench", "worker.py")]
+NODE_PROGRAMS = [("ptcluster.node", "guard.py"), ("ptcluster.node", "facts.py"),
+                 ("ptcluster.node", "sampler.py"), ("ptcluster.node", "wire.py"),
+                 ("ptcluster.node", "netif.py"), ("ptcluster.node.rank", "shim.py"),
+                 ("ptcluster.node", "proctree.py"), ("ptcluster.node", "rank_server.py"),
+                 ("ptcluster.node", "accel.py")]
+RANK_PROGRAMS = [("ptcluster.node.rank", "api.py"), ("ptcluster.node.rank", "allreduce.py"),
+                 ("ptcluster.node.rank", "bench_worker.py")]
 OPTIONAL = {"psutil", "pynvml"}  # imported inside try/except by the sampler
 
 

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 
 from ptcluster.launch import events as ev
-from ptcluster.launch import shim
 from ptcluster.launch.control import ControlError, ControlServer, alive, ask
 from ptcluster.launch.plan import Target, plan_launch
 from ptcluster.launch.progress import ProgressWatch
 from ptcluster.launch.result import RunOptions
 from ptcluster.launch.stacks import RankStack, StackReport, parse_faulthandler, rank_stack
 from ptcluster.launch.supervisor import CollectStacks, Send, SignalChannel, Supervisor
-from ptcluster.remote import wire
-from ptcluster.remote.hangwatch import ProgressMeter, find_pyspy
-from ptcluster.remote.rank_server import RankServer
+from ptcluster.node import wire
+from ptcluster.node.hangwatch import ProgressMeter, find_pyspy
+from ptcluster.node.rank import shim
+from ptcluster.node.rank_server import RankServer
 from ptcluster.spec import parse_cluster_text
 
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed"

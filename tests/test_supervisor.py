@@ -11,7 +11,7 @@ from ptcluster.launch import events as ev
 from ptcluster.launch.plan import Target, plan_launch
 from ptcluster.launch.result import RunOptions
 from ptcluster.launch.supervisor import Phase, Send, SignalChannel, Status, Supervisor
-from ptcluster.remote import wire
+from ptcluster.node import wire
 from ptcluster.spec import parse_cluster_text
 
 CLUSTER = "nodes:\n  - {host: a, slots: 2}\n  - {host: b, slots: 1}\n"

@@ -15,7 +15,7 @@ __all__ = ["checkpoint_saved", "resumed_from"]
 def __getattr__(name: str) -> Any:
     # Lazily: they live beside the rank set-up, which imports torch; the CLI must not.
     if name in __all__:
-        from ptcluster.launch import rank_setup
+        from ptcluster.node.rank import api as rank_setup
 
         return getattr(rank_setup, name)
     raise AttributeError(f"module 'ptcluster' has no attribute {name!r}")

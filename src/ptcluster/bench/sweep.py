@@ -163,8 +163,8 @@ def run_bench(spec: ClusterSpec, cfg: BenchConfig, port: int | None = None,
                                  "bytes": pair_bytes,
                                  "gbps": 2 * pair_bytes / data["seconds"] / 1e9})
 
-    run = run_rank_program(spec, "ptcluster.bench", "worker.py", (json.dumps(worker_cfg),),
-                           port=port, on_data=handle, on_line=on_line,
+    run = run_rank_program(spec, "ptcluster.node.rank", "bench_worker.py",
+                           (json.dumps(worker_cfg),), port=port, on_data=handle, on_line=on_line,
                            options=RunOptions(deadline=cfg.timeout))
     if not run.ok:
         result.failure = run.root_cause or Failure(host=spec.nodes[0].host, rank=None,

@@ -15,10 +15,10 @@ from enum import Enum
 from functools import partial
 from typing import Any
 
+from ptcluster.node.wire import control, split
 from ptcluster.remote.bootstrap import NodeProgram
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
-from ptcluster.remote.wire import control, split
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 
@@ -69,7 +69,7 @@ class NodeProbe:
         return ProblemKind.COMMAND
 
 
-PROBE = NodeProgram("probe", "ptcluster.doctor", "probe.py", ("accel.py",))
+PROBE = NodeProgram("probe", "ptcluster.node", "facts.py", ("accel.py",))
 
 
 def interface_of(node: NodeSpec, facts: dict[str, Any], master_addr: str) -> str | None:

@@ -77,7 +77,7 @@ def run_allreduce(spec: ClusterSpec, port: int | None,
         if data.get("kind") == "allreduce":
             captured.append(data)
 
-    result = run_rank_program(spec, "ptcluster.doctor", "allreduce.py", (str(int(timeout / 2)),),
+    result = run_rank_program(spec, "ptcluster.node.rank", "allreduce.py", (str(int(timeout / 2)),),
                               port=port, on_data=on_data,
                               options=RunOptions(deadline=timeout, ready_timeout=timeout))
     host = spec.nodes[0].host

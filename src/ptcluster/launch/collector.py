@@ -1,7 +1,7 @@
 """Stacks collections on the head: asked of the nodes, answered by their guards, reported.
 
 The runner starts one when the supervisor says so (a hang) or ``ptcluster stacks`` asks through
-the control socket; each guard answers with its ranks' raw dumps (``remote.hangwatch``); a
+the control socket; each guard answers with its ranks' raw dumps (``node.hangwatch``); a
 collection is complete when every node asked has answered or ``STACKS_WAIT`` passed (a node that
 did not answer is named in the report). Reports are saved in the run directory.
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ptcluster.remote import wire
+from ptcluster.node import wire
 
 
 @dataclass(frozen=True)

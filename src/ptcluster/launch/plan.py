@@ -13,7 +13,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from ptcluster.launch.shim import PROBE_VAR, SHIM_BOOT, SHIM_VAR
+from ptcluster.node.rank.shim import PROBE_VAR, SHIM_BOOT, SHIM_VAR
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 JOB_VAR = "PTCLUSTER_JOB_ID"
@@ -25,7 +25,7 @@ MAX_RESTARTS_VAR = "PTCLUSTER_MAX_RESTARTS"
 FR_VAR = "TORCH_FR_BUFFER_SIZE"
 FR_DEFAULT = "2000"
 """torch's flight recorder keeps this many collectives per rank: the hang report and the
-progress measure read it (``launch/probe.py``); a user's own value in ``env:`` is kept."""
+progress measure read it (``node/rank/stack_probe.py``); a user's own value in ``env:`` is kept."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,19 +115,19 @@ def new_job_id() -> str:
 
 def rank_program(package: str, filename: str) -> str:
     """Source of a program shipped to ranks as ``-c`` code, prefixed with the shared set-up."""
-    setup = resources.files("ptcluster.launch").joinpath("rank_setup.py").read_text()
+    setup = resources.files("ptcluster.node.rank").joinpath("api.py").read_text()
     body = resources.files(package).joinpath(filename).read_text()
     return setup + "\n\n" + body
 
 
 @lru_cache(maxsize=1)
 def probe_source() -> str:
-    return resources.files("ptcluster.launch").joinpath("probe.py").read_text()
+    return resources.files("ptcluster.node.rank").joinpath("stack_probe.py").read_text()
 
 
 @lru_cache(maxsize=1)
 def shim_source() -> str:
-    return resources.files("ptcluster.launch").joinpath("shim.py").read_text()
+    return resources.files("ptcluster.node.rank").joinpath("shim.py").read_text()
 
 
 def torchrun_argv(spec: ClusterSpec, node: NodeSpec, node_rank: int, port: int,

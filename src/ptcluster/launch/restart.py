@@ -13,7 +13,7 @@ pytorch#108158.) The rules, in order:
   ``min_nodes`` would remain, the job gives up), and so is a node whose rank or guard was the
   root cause of two attempts, while ``min_nodes`` remain without it;
 - no progress: a job that reports its checkpoints (``checkpoint_saved``/``resumed_from`` of
-  ``ptcluster.launch.rank_setup``) gives up when an attempt ends without a checkpoint newer
+  ``ptcluster.node.rank.api``) gives up when an attempt ends without a checkpoint newer
   than the step it started from — it would only fail the same way again (exit 3). An attempt
   whose cause was a node that is now dropped is exempt: the next one runs on other hardware.
   A job that never reports checkpoints gets plain ``max_restarts`` restarts.

@@ -1,11 +1,11 @@
 """Every rank's stacks as one report: parse the probes' dumps, group ranks by where they are,
 and name the straggler. Pure functions (table-tested); the runner collects, the CLI prints.
 
-A rank's dump is faulthandler's text (``launch/probe.py``), plus, when the flight recorder is
-on and the rank's probe thread could answer, the collectives it has in flight. The straggler is
-the rank that holds the others up: the one not in the collective the others wait in (recorder),
-else the one whose stack is outside torch.distributed while the others are inside, else the
-smallest group of ranks whose stacks differ from the rest.
+A rank's dump is faulthandler's text (``node/rank/stack_probe.py``), plus, when the flight
+recorder is on and the rank's probe thread could answer, the collectives it has in flight. The
+straggler is the rank that holds the others up: the one not in the collective the others wait in
+(recorder), else the one whose stack is outside torch.distributed while the others are inside,
+else the smallest group of ranks whose stacks differ from the rest.
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ class Frame:
     @property
     def ours(self) -> bool:
         return self.file in OUR_FILES or "runpy" in self.file or self.shim or \
-            self.file.endswith("/ptcluster/launch/probe.py")
+            self.file.endswith("/ptcluster/node/rank/stack_probe.py")
 
     @property
     def shim(self) -> bool:
         """The shim's code that runs the user's program (everything outside it is ours)."""
-        return self.file == "ptcluster-shim" or self.file.endswith("/ptcluster/launch/shim.py")
+        return self.file == "ptcluster-shim" or self.file.endswith("/ptcluster/node/rank/shim.py")
 
     @property
     def library(self) -> bool:

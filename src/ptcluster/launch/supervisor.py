@@ -22,7 +22,7 @@ from ptcluster.launch import events as ev
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.progress import ProgressWatch
 from ptcluster.launch.result import Failure, NodeOutcome, RankRecord, RunOptions, signame
-from ptcluster.remote import wire
+from ptcluster.node import wire
 from ptcluster.remote.transport import explain_channel_failure
 
 KILL_AFTER = 4.0

@@ -28,7 +28,7 @@ BOOTSTRAP = (
     "exec(compile(zlib.decompress(base64.b64decode(sys.stdin.buffer.readline())),"
     "'ptcluster-'+sys.argv[1],'exec'))"
 )
-INLINED = (("ptcluster.remote", "wire.py"), ("ptcluster.remote", "netif.py"))
+INLINED = (("ptcluster.node", "wire.py"), ("ptcluster.node", "netif.py"))
 """Modules every shipped program gets in front of its own source, in this order."""
 _FUTURE = "from __future__ import annotations"
 _WORD = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -45,7 +45,7 @@ class NodeProgram:
     parts: tuple[str, ...] = ()
 
 
-GUARD = NodeProgram("guard", "ptcluster.remote", "guard.py",
+GUARD = NodeProgram("guard", "ptcluster.node", "guard.py",
                     ("proctree.py", "hangwatch.py", "rank_server.py"))
 """The node side of a run (the programs of other subsystems are declared where they are used)."""
 

@@ -26,9 +26,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO, Any
 
+from ptcluster.node.wire import encode
 from ptcluster.remote.bootstrap import NodeProgram, node_argv, preamble
 from ptcluster.remote.transport import Transport, explain_start_failure
-from ptcluster.remote.wire import encode
 
 log = logging.getLogger(__name__)
 STDERR_TAIL = 40

@@ -2,9 +2,10 @@
 before it runs) -> facts again, on every node in parallel. One node failing never stops the
 others; every node ends with its own outcome.
 
-The node side is ``setup/node.py`` on the one node channel (``remote.channel.NodeChannel``). The
-first contact with a node that does not know our key yet uses the password, through ssh's
-``SSH_ASKPASS`` (``setup.secret``); everything after that uses the key.
+The node side is ``node/setup_agent.py`` on the one node channel
+(``remote.channel.NodeChannel``). The first contact with a node that does not know our key yet
+uses the password, through ssh's ``SSH_ASKPASS`` (``setup.secret``); everything after that uses
+the key.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ptcluster.node.wire import control, split
 from ptcluster.remote.bootstrap import NodeProgram
 from ptcluster.remote.channel import NodeChannel
 from ptcluster.remote.sync import tar_pipe
 from ptcluster.remote.transport import SshTransport, remote_command, ssh_argv
-from ptcluster.remote.wire import control, split
 from ptcluster.setup import plan as P
 from ptcluster.setup.secret import Askpass, Secret
 from ptcluster.setup.torch_choice import GpuNode, TorchChoice, choose_torch
@@ -34,7 +35,7 @@ from ptcluster.setup.wheels import DEFAULT_WHEELHOUSE, prepare_wheelhouse, self_
 from ptcluster.spec.model import ClusterSpec, NodeSpec, SshSpec
 
 log = logging.getLogger(__name__)
-SETUP = NodeProgram("setup", "ptcluster.setup", "node.py")
+SETUP = NodeProgram("setup", "ptcluster.node", "setup_agent.py")
 NODE_PYTHON = "python3"
 """The setup program runs on the node's system Python (Debian/Ubuntu always have python3)."""
 SECTIONS = {"ssh key": ["key"], "apt packages": ["apt"], "python venv": ["venv", "apt"],

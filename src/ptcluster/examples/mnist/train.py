@@ -58,7 +58,7 @@ from ptcluster.examples.mnist.data import (
     load_mnist,
 )
 from ptcluster.examples.mnist.preempt import Preemption
-from ptcluster.launch.rank_setup import (
+from ptcluster.node.rank.api import (
     checkpoint_saved,
     end_rank,
     init_distributed,

@@ -4,7 +4,7 @@ Shipped and started like the guard (source over the channel's stdin, see ``remot
 One ssh session per node does everything:
 
   stdin  line 2   JSON config: workdir, peers, master_addr, master_port (master only), ...
-  stdout          frames of ``remote.wire``: ``hello``, then ``ready {facts}`` (facts, plus the
+  stdout          frames of ``node.wire``: ``hello``, then ``ready {facts}`` (facts, plus the
                   ports this node now listens on)
   stdin           ``connect {"targets": [[label, host, port], ...], "timeout": s}``
   stdout          ``connect {"results": [...]}``
@@ -13,7 +13,7 @@ One ssh session per node does everything:
 torch is never imported here (an import costs seconds per node): its versions come from its
 package metadata and ``torch/version.py`` (parsed, never executed), the CUDA libraries' versions
 from their wheels' metadata or file names, and GPUs from NVML through ctypes. Importing torch is
-the all-reduce's job (``doctor/allreduce.py``).
+the all-reduce's job (``node/rank/allreduce.py``).
 
 Version facts are ``None`` when the thing is not installed (a CPU build has no NCCL) and are
 named in ``unknown`` (with the reason) when it is there but its version cannot be told.
@@ -30,9 +30,9 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.doctor.accel import gpus, sh, torch_facts  # inlined
-from ptcluster.remote.netif import route_interface  # inlined
-from ptcluster.remote.wire import control, encode, hello, split  # inlined
+from ptcluster.node.accel import gpus, sh, torch_facts  # inlined
+from ptcluster.node.netif import route_interface  # inlined
+from ptcluster.node.wire import control, encode, hello, split  # inlined
 
 
 def resolve(name: str) -> list[str]:
@@ -122,7 +122,7 @@ def collect(cfg: dict[str, Any]) -> dict[str, Any]:
     master = cfg.get("master_addr")
     if master:
         addrs = resolve(master)
-        iface, why = route_interface(master)  # the guard's own rule (remote/netif.py)
+        iface, why = route_interface(master)  # the guard's own rule (node/netif.py)
         facts["master"] = {"addrs": addrs, "route_dev": route_dev(addrs[0]) if addrs else None,
                            "interface": iface, "interface_error": why}
     try:

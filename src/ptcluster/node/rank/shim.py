@@ -168,7 +168,8 @@ def _install_probe() -> None:
         return
     try:
         if source is None:  # run from the file (tests): the probe is its neighbour
-            with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe.py")) as f:
+            here = os.path.dirname(os.path.abspath(__file__))
+            with open(os.path.join(here, "stack_probe.py")) as f:
                 source = f.read()
         namespace: dict[str, object] = {"__name__": "ptcluster_probe"}
         exec(compile(source, "ptcluster-probe", "exec"), namespace)

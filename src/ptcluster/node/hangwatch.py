@@ -2,8 +2,8 @@
 
 Standard library only; shipped with the guard (inlined by ``remote.bootstrap``). The rank
 server hands this module what comes on the ranks' ``probe`` connections (see
-``launch/probe.py``, installed in every rank by the shim) and when each rank last printed; a
-rank's stack dump is read from the file its probe names (in the guard's temp dir).
+``node/rank/stack_probe.py``, installed in every rank by the shim) and when each rank last
+printed; a rank's stack dump is read from the file its probe names (in the guard's temp dir).
 
 Progress, per rank, from what the node already has at no cost to the rank: its last output
 line, the CPU time of its process tree (``/proc/PID/stat``, children such as data loader
@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 STACK_SIGNAL = signal.SIGRTMIN + 7
-"""Same expression as ``launch/probe.py``: the signal its faulthandler answers."""
+"""Same expression as ``node/rank/stack_probe.py``: the signal its faulthandler answers."""
 MAX_STACK = 256 * 1024
 """Bytes of one rank's dump kept (a process with thousands of threads is cut there)."""
 ANSWER_WAIT = 1.0

@@ -12,8 +12,8 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.remote.hangwatch import RankProbes  # inlined
-from ptcluster.remote.wire import encode, encode_text, split  # inlined
+from ptcluster.node.hangwatch import RankProbes  # inlined
+from ptcluster.node.wire import encode, encode_text, split  # inlined
 
 MAX_LINE = 65536
 """Longer output lines are cut into pieces of this size (bounded memory per stream)."""
@@ -31,7 +31,7 @@ class RankServer:
     and a partial line is sent after ``IDLE_FLUSH`` s without more (prompts). ``ctl`` carries
     the shim's ``start`` (with the number of output streams it opened) and ``exit``; ``data``
     carries what the rank itself reports (``error``, ``data`` records); ``probe`` is the stack
-    probe's (``remote.hangwatch``). A rank's ``rexit`` waits
+    probe's (``node.hangwatch``). A rank's ``rexit`` waits
     until every declared output stream has come and gone (or ``EXIT_WAIT``), so the head has a
     rank's last lines, its traceback included, before it learns that it ended.
     """

@@ -1,5 +1,5 @@
 """Runs on every rank (shipped as ``-c`` code through the launch path, after
-``launch/rank_setup.py``, which defines ``init_distributed``, ``device_sync`` and ``report``).
+``node/rank/api.py``, which defines ``init_distributed``, ``device_sync`` and ``report``).
 
 argv[1] is a JSON config from the head (``sweep.worker_config``): per op, the element counts
 to run, computed on the head (``formulas.count_for``), so this file has no size formula.
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# init_distributed, device_sync, report and end_rank come from launch/rank_setup.py, prepended
+# init_distributed, device_sync, report and end_rank come from node/rank/api.py, prepended
 # when shipped.
 
 

@@ -26,8 +26,8 @@ import sys
 import threading
 from typing import Any
 
-from ptcluster.remote.netif import route_interface  # inlined
-from ptcluster.remote.wire import control, encode, hello, split  # inlined
+from ptcluster.node.netif import route_interface  # inlined
+from ptcluster.node.wire import control, encode, hello, split  # inlined
 
 C_ENV = {"LC_ALL": "C", "LANG": "C"}
 """Commands whose words we look at run in the C locale."""

@@ -1,7 +1,7 @@
 """The doctor's last check, run on every rank: a real all-reduce, result verified.
 
 Shipped as ``-c`` code through the same launch path as ``ptcluster run`` (after
-``launch/rank_setup.py``, which defines ``init_distributed`` and ``device_sync``), so it tests
+``node/rank/api.py``, which defines ``init_distributed`` and ``device_sync``), so it tests
 exactly what a job would use: torchrun, the rendezvous, the interface env, the backend choice.
 Every rank contributes ``rank + 1``; the sum must be ``n (n + 1) / 2`` in every element. Rank 0
 reports one ``allreduce`` record to the head (``rank_setup.report``).
@@ -13,7 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 
-# init_distributed, device_sync and end_rank come from launch/rank_setup.py, prepended when
+# init_distributed, device_sync and end_rank come from node/rank/api.py, prepended when
 # shipped.
 
 

@@ -3,11 +3,11 @@
 Standard library only: the head ships this source (with the inlined ``wire`` and ``netif``) over
 the channel's stdin (see ``remote.bootstrap``), so a node needs nothing but its Python.
 
-Protocol (frames of ``remote.wire``, one per line):
+Protocol (frames of ``node.wire``, one per line):
   stdin   line 1 the packed source (read by the bootstrap); line 2 the JSON config (the
           ``NodePlan``'s guard config: argv, env, workdir, job_id, checks, timing)
           then ``hb`` (heartbeat), ``go`` (start the job), ``stop {reason}``, ``stacks {id,
-          native}`` (every rank's stacks, see ``remote.hangwatch``); EOF = head gone
+          native}`` (every rank's stacks, see ``node.hangwatch``); EOF = head gone
   stdout  ``hello``, ``ready {facts}`` or ``error {problem, fix}``, ``started {pid}``,
           per rank ``rstart``/``rexit``/``rdata`` and its output as ``o``/``e`` text frames,
           torchrun's own output as ``a`` frames, ``hb {t, idle}`` every second (``idle``: per
@@ -37,9 +37,9 @@ import time
 import traceback
 from typing import Any
 
-from ptcluster.remote.hangwatch import ProgressMeter  # inlined
-from ptcluster.remote.netif import address_on, route_interface  # inlined
-from ptcluster.remote.proctree import (  # inlined
+from ptcluster.node.hangwatch import ProgressMeter  # inlined
+from ptcluster.node.netif import address_on, route_interface  # inlined
+from ptcluster.node.proctree import (  # inlined
     descendants,
     libc_prctl,
     listdir,
@@ -49,8 +49,8 @@ from ptcluster.remote.proctree import (  # inlined
     set_subreaper,
     signal_tree,
 )
-from ptcluster.remote.rank_server import EXIT_WAIT, RankServer  # inlined
-from ptcluster.remote.wire import encode, encode_text, hello, split  # inlined
+from ptcluster.node.rank_server import EXIT_WAIT, RankServer  # inlined
+from ptcluster.node.wire import encode, encode_text, hello, split  # inlined
 
 PR_SET_PDEATHSIG = 1
 GUARD_SOCK = "PTCLUSTER_GUARD_SOCK"
@@ -141,7 +141,7 @@ class Guard:
                 self.request_stop(f"no heartbeat from the head for {timeout:.0f} s")
 
     def send_stacks(self, payload: str) -> None:
-        """Every rank's stacks for the head (``remote.hangwatch``); the job is not disturbed."""
+        """Every rank's stacks for the head (``node.hangwatch``); the job is not disturbed."""
         try:
             ask = json.loads(payload) if payload else {}
         except ValueError:

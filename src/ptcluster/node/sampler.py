@@ -5,7 +5,7 @@ is importable and a driver is loaded; CPU, RAM and network from psutil, or from 
 node's Python has no psutil. Stops when stdin closes (the head went away).
 
   stdin  line 2  JSON config: {"interval": seconds}
-  stdout         frames of ``remote.wire``: ``hello``, then ``sample {json}`` every interval
+  stdout         frames of ``node.wire``: ``hello``, then ``sample {json}`` every interval
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.remote.wire import encode, hello  # inlined
+from ptcluster.node.wire import encode, hello  # inlined
 
 
 class Cpu:
