@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from ptcluster.doctor.checks import run_checks
-from ptcluster.doctor.collect import PROBE as PROBE_PROGRAM
 from ptcluster.doctor.collect import NodeProbe, ProblemKind
+from ptcluster.node import FACTS as PROBE_PROGRAM
 from ptcluster.node import accel
 from ptcluster.remote.bootstrap import pack_source
 from ptcluster.spec import parse_cluster_text

@@ -87,7 +87,7 @@ def test_a_child_holding_stdout_delays_the_exit_only_boundedly(tmp_path) -> None
 def test_a_channel_that_cannot_start_names_the_local_program_that_is_missing(
         tmp_path, monkeypatch, transport, words) -> None:
     """ssh or srun missing on the head is not a bad `python:` (the node's interpreter)."""
-    from ptcluster.remote.bootstrap import GUARD
+    from ptcluster.node import GUARD
     from ptcluster.remote.channel import NodeChannel, start_all
     from ptcluster.remote.slurm import SrunTransport
     from ptcluster.remote.transport import LocalTransport, SshTransport

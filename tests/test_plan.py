@@ -7,16 +7,9 @@ import shlex
 
 import pytest
 
-from ptcluster.launch.plan import (
-    PROBE_VAR,
-    SHIM_VAR,
-    Target,
-    plan_launch,
-    probe_source,
-    rank_env,
-    shim_source,
-)
-from ptcluster.remote.bootstrap import BOOTSTRAP, GUARD, node_argv
+from ptcluster.launch.plan import Target, plan_launch, rank_env
+from ptcluster.node import GUARD
+from ptcluster.remote.bootstrap import BOOTSTRAP, node_argv
 from ptcluster.remote.transport import LocalTransport, SshTransport
 from ptcluster.spec import SshSpec, local_cluster, parse_cluster_text
 
@@ -54,7 +47,6 @@ def test_2_1_1_plan_ranks_and_argv() -> None:
         assert argv[-3:] == ("train.py", "--lr", "0.1")
     assert plan.nodes[1].python == "/other/python" and plan.nodes[1].workdir == "/w2"
     assert plan.nodes[2].workdir == "/w"
-    assert plan.node_of_rank(2).host == "n2"
 
 
 def test_env_is_cluster_env_plus_ours_only() -> None:
@@ -66,14 +58,13 @@ def test_env_is_cluster_env_plus_ours_only() -> None:
     assert dict(plan.nodes[0].env)["GLOO_SOCKET_IFNAME"] == "eth0"
     assert env["PTCLUSTER_JOB_ID"] == "J"
     assert set(env) == {"NCCL_DEBUG", "WEIRD", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
-                        "PYTHONUNBUFFERED", "PTCLUSTER_BACKEND", "PTCLUSTER_JOB_ID", SHIM_VAR,
-                        "PTCLUSTER_ATTEMPT", "PTCLUSTER_MAX_RESTARTS", PROBE_VAR,
-                        "TORCH_FR_BUFFER_SIZE"}
+                        "PYTHONUNBUFFERED", "PTCLUSTER_BACKEND", "PTCLUSTER_JOB_ID",
+                        "PTCLUSTER_ATTEMPT", "PTCLUSTER_MAX_RESTARTS", "TORCH_FR_BUFFER_SIZE"}
     assert env["PTCLUSTER_ATTEMPT"] == "0" and env["PTCLUSTER_MAX_RESTARTS"] == "0"
-    assert env[SHIM_VAR] == shim_source()  # the plan holds what is shipped, the shim included
-    assert env[PROBE_VAR] == probe_source() and env["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert all(len(v) < 100 for v in env.values())  # configuration: no code travels in it
     full = dict(rank_env(plan, plan.nodes[2]))
-    assert SHIM_VAR not in full and PROBE_VAR not in full  # code: `ptcluster env` leaves it out
+    assert set(env) < set(full)
     assert full["WORLD_SIZE"] == "4" and full["NODE_RANK"] == "2"
     assert full["MASTER_ADDR"] == "n1" and full["MASTER_PORT"] == "29500"
     assert full["LOCAL_WORLD_SIZE"] == "1"

@@ -1,6 +1,8 @@
-"""Programs shipped to nodes and ranks run where ptcluster is not installed: they may import
-only the standard library (node programs also the inlined modules; rank programs also torch).
-A cheap AST check, plus: every packed node program compiles and says hello in the wire format."""
+"""Programs shipped to nodes and ranks run where ptcluster is not installed. What each may import
+follows from its declaration in ``ptcluster.node`` (the one list): node programs the standard
+library and their parts; rank programs also torch. Every module of the node package is declared.
+Plus: every packed node program compiles and says hello in the wire format, and the guard hands
+its ranks what they run."""
 
 from __future__ import annotations
 
@@ -8,28 +10,32 @@ import ast
 import subprocess
 import sys
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
-from ptcluster.doctor.collect import PROBE
-from ptcluster.monitor.watch import SAMPLER
-from ptcluster.node import wire
-from ptcluster.remote.bootstrap import GUARD, INLINED, pack_source, preamble
+import ptcluster.node
+from ptcluster.node import (
+    FACTS,
+    GUARD,
+    NODE,
+    OPTIONAL,
+    PROGRAMS,
+    RANK,
+    SAMPLER,
+    SETUP_AGENT,
+    Program,
+    rank_wire,
+    wire,
+)
+from ptcluster.remote.bootstrap import BOOTSTRAP, HANDED, pack_source, preamble
 
-INLINED_MODULES = {f"{pkg}.{name[:-3]}" for pkg, name in INLINED} | {
-    f"{prog.package}.{part[:-3]}" for prog in (GUARD, PROBE) for part in prog.parts}
-NODE_PROGRAMS = [("ptcluster.node", "guard.py"), ("ptcluster.node", "facts.py"),
-                 ("ptcluster.node", "sampler.py"), ("ptcluster.node", "wire.py"),
-                 ("ptcluster.node", "netif.py"), ("ptcluster.node.rank", "shim.py"),
-                 ("ptcluster.node", "proctree.py"), ("ptcluster.node", "rank_server.py"),
-                 ("ptcluster.node", "accel.py")]
-RANK_PROGRAMS = [("ptcluster.node.rank", "api.py"), ("ptcluster.node.rank", "allreduce.py"),
-                 ("ptcluster.node.rank", "bench_worker.py")]
-OPTIONAL = {"psutil", "pynvml"}  # imported inside try/except by the sampler
+ALLOWED_THIRD_PARTY = {NODE: set(OPTIONAL), RANK: {"torch"}}
 
 
-def imports(package: str, filename: str) -> set[str]:
-    tree = ast.parse(resources.files(package).joinpath(filename).read_text())
+def imports(module: str) -> set[str]:
+    package, _, name = module.rpartition(".")
+    tree = ast.parse(resources.files(package).joinpath(name + ".py").read_text())
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -39,35 +45,63 @@ def imports(package: str, filename: str) -> set[str]:
     return found
 
 
-def allowed(name: str, extra: set[str]) -> bool:
-    top = name.split(".")[0]
-    return top in sys.stdlib_module_names or name in extra or top in extra
+def not_allowed(program: Program, module: str) -> set[str]:
+    """What ``module`` imports that the node would not have: only the standard library, the
+    parts shipped before it in ``program`` and the kind's third-party modules are there."""
+    before = set(program.modules[:program.modules.index(module)])
+    extra = ALLOWED_THIRD_PARTY[program.kind]
+    return {m for m in imports(module)
+            if m.split(".")[0] not in sys.stdlib_module_names and m not in before
+            and m.split(".")[0] not in extra}
 
 
-@pytest.mark.parametrize("package, filename", NODE_PROGRAMS)
-def test_node_programs_import_only_stdlib_and_inlined(package: str, filename: str) -> None:
-    bad = {m for m in imports(package, filename)
-           if not allowed(m, INLINED_MODULES | OPTIONAL | {"__future__"})}
-    assert not bad, f"{filename} imports {bad}: nodes do not have them"
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)
+def test_every_shipped_module_imports_only_what_its_node_has(program: Program) -> None:
+    for module in program.modules:
+        bad = not_allowed(program, module)
+        assert not bad, f"{module} (in {program.name}) imports {bad}: the node does not have them"
 
 
-@pytest.mark.parametrize("package, filename", RANK_PROGRAMS)
-def test_rank_programs_import_only_stdlib_and_torch(package: str, filename: str) -> None:
-    bad = {m for m in imports(package, filename) if not allowed(m, {"torch", "__future__"})}
-    assert not bad, f"{filename} imports {bad}: ranks have only torch"
+def test_the_check_finds_a_forbidden_import() -> None:
+    """The rule itself: a module shipped before the one that needs it does not count."""
+    wrong_order = Program("x", "ptcluster.node.rank_server", parts=("ptcluster.node.wire",))
+    assert not_allowed(wrong_order, "ptcluster.node.rank_server") == {
+        "ptcluster.node.hangwatch", "ptcluster.node.rank_wire"}
+    assert "torch" in not_allowed(Program("y", "ptcluster.node.rank.api"),
+                                  "ptcluster.node.rank.api")
 
 
-@pytest.mark.parametrize("program", [GUARD, PROBE, SAMPLER])
-def test_packed_program_compiles_and_says_hello(program, tmp_path) -> None:
+def test_every_module_of_the_node_package_is_declared() -> None:
+    root = Path(ptcluster.node.__file__).parent
+    found = {".".join(("ptcluster.node", *p.relative_to(root).with_suffix("").parts))
+             for p in root.rglob("*.py") if p.name != "__init__.py"}
+    declared = {m for p in PROGRAMS for m in p.modules}
+    assert found == declared, f"undeclared: {found - declared}, missing: {declared - found}"
+
+
+def test_rank_records_and_their_frames_agree() -> None:
+    assert set(wire.RANK_FRAMES) == {rank_wire.START, rank_wire.EXIT, rank_wire.ERROR,
+                                     rank_wire.REPORT}
+    handed = next(line for line in pack_source(GUARD).splitlines()
+                  if line.startswith(f"{HANDED} = "))  # one line: a repr
+    names = ast.literal_eval(handed.partition(" = ")[2])
+    assert set(names) == {rank_wire.SHIM_FILE, rank_wire.PROBE_FILE}
+    for name, source in names.items():
+        compile(source, name, "exec")
+        assert "from ptcluster" not in source
+
+
+@pytest.mark.parametrize("program", [GUARD, FACTS, SAMPLER, SETUP_AGENT], ids=lambda p: p.name)
+def test_packed_program_compiles_and_says_hello(program: Program) -> None:
     source = pack_source(program)
     compile(source, program.name, "exec")
     assert "from ptcluster" not in source  # the package imports were dropped
-    if program is PROBE:
-        return  # it collects facts before anything else; its frames are tested on the testbed
+    if program in (FACTS, SETUP_AGENT):
+        return  # they collect facts first; their frames are tested with them
     config = {"interval": 0.2} if program is SAMPLER else {
         "job_id": "J", "argv": ["true"], "env": {}, "workdir": "/nonexistent-dir",
         "target": {}, "heartbeat_timeout": 15, "grace": 1}
-    proc = subprocess.run([sys.executable, "-u", "-c", _BOOT, program.name, "-"],
+    proc = subprocess.run([sys.executable, "-u", "-c", BOOTSTRAP, program.name, "-"],
                           input=preamble(program, config), capture_output=True, timeout=60)
     first = proc.stdout.decode().splitlines()[0]
     kind, payload = wire.split(first)
@@ -75,6 +109,3 @@ def test_packed_program_compiles_and_says_hello(program, tmp_path) -> None:
     if program is GUARD:  # a missing workdir is refused before anything starts
         kind, payload = wire.split(proc.stdout.decode().splitlines()[1])
         assert kind == "error" and "does not exist" in wire.control(payload)["problem"]
-
-
-_BOOT = __import__("ptcluster.remote.bootstrap", fromlist=["BOOTSTRAP"]).BOOTSTRAP

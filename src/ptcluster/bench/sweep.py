@@ -20,6 +20,7 @@ from ptcluster.bench.formulas import (
 from ptcluster.launch.job import run_rank_program
 from ptcluster.launch.result import Failure, RunOptions
 from ptcluster.launch.runner import LineSink
+from ptcluster.node import BENCH_WORKER
 from ptcluster.spec.model import ClusterSpec
 
 
@@ -163,7 +164,7 @@ def run_bench(spec: ClusterSpec, cfg: BenchConfig, port: int | None = None,
                                  "bytes": pair_bytes,
                                  "gbps": 2 * pair_bytes / data["seconds"] / 1e9})
 
-    run = run_rank_program(spec, "ptcluster.node.rank", "bench_worker.py",
+    run = run_rank_program(spec, BENCH_WORKER,
                            (json.dumps(worker_cfg),), port=port, on_data=handle, on_line=on_line,
                            options=RunOptions(deadline=cfg.timeout))
     if not run.ok:

@@ -15,8 +15,8 @@ from enum import Enum
 from functools import partial
 from typing import Any
 
+from ptcluster.node import FACTS
 from ptcluster.node.wire import control, split
-from ptcluster.remote.bootstrap import NodeProgram
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
 from ptcluster.spec.model import ClusterSpec, NodeSpec
@@ -69,12 +69,9 @@ class NodeProbe:
         return ProblemKind.COMMAND
 
 
-PROBE = NodeProgram("probe", "ptcluster.node", "facts.py", ("accel.py",))
-
-
 def interface_of(node: NodeSpec, facts: dict[str, Any], master_addr: str) -> str | None:
     """The interface NCCL/Gloo will use on this node: configured, else what the node's probe
-    decided with the guard's own rule (``remote.netif.route_interface``)."""
+    decided with the guard's own rule (``node.netif.route_interface``)."""
     if node.interface:
         return node.interface
     return (facts.get("master") or {}).get("interface") or None
@@ -97,7 +94,7 @@ def probe_cluster(spec: ClusterSpec, transports: dict[str, Transport], *, master
         config = {"workdir": node.workdir, "peers": [h for h in hosts if h != node.host],
                   "master_addr": spec.master.addr, "master_port": master_port if i == 0 else None}
         channels.append(NodeChannel(
-            transports[node.host], node.python, PROBE, config,
+            transports[node.host], node.python, FACTS, config,
             on_frames=partial(_frames, node.host, events),
             on_closed=partial(_closed, node.host, events)))
 

@@ -11,6 +11,7 @@ from ptcluster.doctor.collect import NodeProbe, probe_cluster
 from ptcluster.doctor.slurm_checks import slurm_checks
 from ptcluster.launch.job import resolve_port, run_rank_program, transports
 from ptcluster.launch.result import RunOptions
+from ptcluster.node import ALLREDUCE
 from ptcluster.spec.model import ClusterSpec
 
 
@@ -77,7 +78,7 @@ def run_allreduce(spec: ClusterSpec, port: int | None,
         if data.get("kind") == "allreduce":
             captured.append(data)
 
-    result = run_rank_program(spec, "ptcluster.node.rank", "allreduce.py", (str(int(timeout / 2)),),
+    result = run_rank_program(spec, ALLREDUCE, (str(int(timeout / 2)),),
                               port=port, on_data=on_data,
                               options=RunOptions(deadline=timeout, ready_timeout=timeout))
     host = spec.nodes[0].host

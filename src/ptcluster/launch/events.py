@@ -96,6 +96,8 @@ class RankError:
     rank: int
     node_time: float
     text: str
+    exc: str = ""
+    """The exception's type name (``SystemExit`` for a non-zero ``sys.exit``); "" if unknown."""
 
 
 @dataclass(frozen=True)
@@ -177,18 +179,19 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         ident = body.get("id")
         return StacksReply(host, None if ident is None else int(ident),
                            {int(r): dict(v) for r, v in (body.get("ranks") or {}).items()})
-    if kind == "rerror":
-        return RankError(host, int(body["rank"]), float(body["t"]), str(body.get("text", "")))
+    if kind == wire.RERROR:
+        return RankError(host, int(body["rank"]), float(body["t"]), str(body.get("text", "")),
+                         str(body.get("exc") or ""))
     if kind == "stopping":
         return GuardStopping(host, str(body.get("reason", "")), float(body["t"]),
                              str(body.get("signal") or ""))
-    if kind == "rstart":
+    if kind == wire.RSTART:
         return RankStart(host, int(body["rank"]), int(body["pid"]), float(body["t"]))
-    if kind == "rexit":
+    if kind == wire.REXIT:
         code = body.get("code")
         return RankExit(host, int(body["rank"]), None if code is None else int(code),
                         float(body["t"]), _opt_float(body.get("duration")))
-    if kind == "rdata":
+    if kind == wire.RDATA:
         return RankData(host, int(body.pop("rank")), body)
     if kind == "hello":
         return Hello(host, int(body["v"]), int(body["pid"]), float(body["time"]))

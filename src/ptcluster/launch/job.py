@@ -11,10 +11,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from ptcluster.launch.plan import LaunchPlan, Target, new_job_id, plan_launch, rank_program
+from ptcluster.launch.plan import LaunchPlan, Target, new_job_id, plan_launch
 from ptcluster.launch.restart import RestartPolicy
 from ptcluster.launch.result import RunOptions, RunResult
 from ptcluster.launch.runner import DataSink, LineSink, Restarts, Runner
+from ptcluster.node import Program
+from ptcluster.remote.bootstrap import pack_source
 from ptcluster.remote.slurm import SrunTransport
 from ptcluster.remote.transport import Transport, transport_for
 from ptcluster.spec.model import DEFAULT_MASTER_PORT, ClusterSpec
@@ -103,15 +105,15 @@ def run_dir_for(plan: LaunchPlan, base: str | Path | None) -> Path:
     return Path(base or DEFAULT_RUNS_DIR) / plan.job_id
 
 
-def run_rank_program(spec: ClusterSpec, package: str, filename: str, args: tuple[str, ...], *,
+def run_rank_program(spec: ClusterSpec, program: Program, args: tuple[str, ...], *,
                      port: int | None, options: RunOptions, on_data: DataSink,
                      on_line: LineSink | None = None) -> RunResult:
-    """Ship ``package/filename`` (after ``rank_setup.py``) to every rank as ``-c`` code and run
-    it through the launcher, its records going to ``on_data``. The run's logs are kept in a
+    """Ship a rank program (packed with its parts) to every rank as ``-c`` code and run it
+    through the launcher, its records going to ``on_data``. The run's logs are kept in a
     temporary directory when it fails (the result names it), removed when it succeeds."""
-    code = rank_program(package, filename)
+    code = pack_source(program)
     plan = prepare(spec, Target(code=code, args=args), port=port)
-    tmp = Path(tempfile.mkdtemp(prefix=f"ptcluster-{filename.removesuffix('.py')}-"))
+    tmp = Path(tempfile.mkdtemp(prefix=f"ptcluster-{program.name}-"))
     result = Runner(plan, transports(spec), tmp / plan.job_id, on_line=on_line, on_data=on_data,
                     options=options, ended_by=outside_stop(spec)).run()
     if result.ok:

@@ -9,11 +9,9 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 from typing import Any
 
-from ptcluster.node.rank.shim import PROBE_VAR, SHIM_BOOT, SHIM_VAR
+from ptcluster.node.rank.shim import SHIM_BOOT
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 JOB_VAR = "PTCLUSTER_JOB_ID"
@@ -65,7 +63,8 @@ class NodePlan:
     argv: tuple[str, ...]
     """torchrun command line, run by the guard on the node."""
     env: tuple[tuple[str, str], ...]
-    """What we add to the node's environment for torchrun and its ranks (the shim included)."""
+    """What we add to the node's environment for torchrun and its ranks: configuration only
+    (the guard adds its socket and the path of the shim it writes)."""
     is_master: bool
     target: Target
 
@@ -102,32 +101,9 @@ class LaunchPlan:
     attempt: int = 0
     """0 for the first attempt; a restart's plan counts up (``PTCLUSTER_ATTEMPT``)."""
 
-    def node_of_rank(self, rank: int) -> NodePlan:
-        for node in self.nodes:
-            if rank in node.ranks:
-                return node
-        raise KeyError(rank)
-
 
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-
-
-def rank_program(package: str, filename: str) -> str:
-    """Source of a program shipped to ranks as ``-c`` code, prefixed with the shared set-up."""
-    setup = resources.files("ptcluster.node.rank").joinpath("api.py").read_text()
-    body = resources.files(package).joinpath(filename).read_text()
-    return setup + "\n\n" + body
-
-
-@lru_cache(maxsize=1)
-def probe_source() -> str:
-    return resources.files("ptcluster.node.rank").joinpath("stack_probe.py").read_text()
-
-
-@lru_cache(maxsize=1)
-def shim_source() -> str:
-    return resources.files("ptcluster.node.rank").joinpath("shim.py").read_text()
 
 
 def torchrun_argv(spec: ClusterSpec, node: NodeSpec, node_rank: int, port: int,
@@ -154,8 +130,6 @@ def node_env(spec: ClusterSpec, node: NodeSpec, job_id: str, attempt: int = 0,
     env.append((JOB_VAR, job_id))
     env.append((ATTEMPT_VAR, str(attempt)))
     env.append((MAX_RESTARTS_VAR, str(max_restarts)))
-    env.append((SHIM_VAR, shim_source()))
-    env.append((PROBE_VAR, probe_source()))
     if not any(k == FR_VAR for k, _ in spec.env):  # the user's own setting wins
         env.append((FR_VAR, FR_DEFAULT))
     if node.interface:
@@ -187,10 +161,9 @@ def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
     """What every rank on ``node`` sees (ours plus torchrun's), for ``ptcluster env``.
 
     RANK and LOCAL_RANK differ per process; they are given as ranges in the caller's output.
-    The shim's source (``SHIM_VAR``) is left out: it is code, not configuration. An interface
-    detected on the node at launch is in ``summary.json``, not here.
+    An interface detected on the node at launch is in ``summary.json``, not here.
     """
-    env = [(k, v) for k, v in node.env if k not in (SHIM_VAR, PROBE_VAR)]
+    env = list(node.env)
     if node.nproc > 1 and "OMP_NUM_THREADS" not in dict(node.env):
         env.append(("OMP_NUM_THREADS", "1"))  # unless the node has its own (as torchrun does)
     env += [

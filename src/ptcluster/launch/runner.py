@@ -12,7 +12,6 @@ bounded batch of events between its checks.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -27,7 +26,7 @@ from ptcluster.errors import PtclusterError
 from ptcluster.launch import events as ev
 from ptcluster.launch.collector import StackCollector
 from ptcluster.launch.control import ControlServer
-from ptcluster.launch.plan import PROBE_VAR, SHIM_VAR, LaunchPlan
+from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.restart import RestartPolicy, decide
 from ptcluster.launch.result import AttemptRecord, RunOptions, RunResult
 from ptcluster.launch.runlogs import RunLogs
@@ -41,7 +40,7 @@ from ptcluster.launch.supervisor import (
     Status,
     Supervisor,
 )
-from ptcluster.remote.bootstrap import GUARD
+from ptcluster.node import GUARD
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport
 
@@ -413,17 +412,14 @@ class Runner:
 
 
 def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
-    """The plan as shipped: per node, the guard's whole config (the shim's code by digest)."""
+    """The plan as shipped: per node, the guard's whole config (configuration only: the code
+    travels in the guard's program)."""
     data: dict[str, Any] = {k: v for k, v in asdict(plan).items() if k != "nodes"}
     data["options"] = asdict(opts)
     data["nodes"] = []
     for node in plan.nodes:
         cfg = node.guard_config(plan, heartbeat_timeout=opts.guard_heartbeat_timeout,
                                 grace=opts.stop_grace)
-        for var, what in ((SHIM_VAR, "shim"), (PROBE_VAR, "probe")):
-            code = cfg["env"].get(var, "")
-            cfg["env"][var] = f"<{what} source, {len(code)} bytes, sha256 " \
-                              f"{hashlib.sha256(code.encode()).hexdigest()[:16]}>"
         data["nodes"].append({"host": node.host, "node_rank": node.node_rank,
                               "ranks": [node.ranks.start, node.ranks.stop - 1],
                               "python": node.python, "guard": cfg})

@@ -23,6 +23,7 @@ from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.progress import ProgressWatch
 from ptcluster.launch.result import Failure, NodeOutcome, RankRecord, RunOptions, signame
 from ptcluster.node import wire
+from ptcluster.node.rank_wire import CHECKPOINT, PROGRESS_REPORTS, RESUMED, RETURNED
 from ptcluster.remote.transport import explain_channel_failure
 
 KILL_AFTER = 4.0
@@ -85,7 +86,7 @@ class Supervisor:
         """Head wall time at which each node was told to stop."""
         self._escalated: set[tuple[str, str]] = set()
         self._hurried = False
-        self._raised: dict[int, tuple[float, str]] = {}
+        self._raised: dict[int, tuple[float, str, bool]] = {}
         """When (corrected) and what an exception left a rank's code, from the rank itself."""
         self._returned: set[int] = set()
         """Ranks whose program returned (or exited 0): a death after that is in the shutdown."""
@@ -233,15 +234,15 @@ class Supervisor:
         """The job's own progress reports: a checkpoint saved, the step it resumed from; and
         from the rank's shim: its program returned (what is left is the interpreter's exit)."""
         record = self._rank(e.host, e.rank)
-        if e.data.get("kind") == "returned" and record is not None:
+        if e.data.get("kind") == RETURNED and record is not None:
             self._returned.add(e.rank)
             return self._judge(record, now) if record.ended_at is not None else []
         step = e.data.get("step")
         if type(step) is not int or self._rank(e.host, e.rank) is None:
             return []
-        if e.data.get("kind") == "checkpoint":
+        if e.data.get("kind") == CHECKPOINT:
             self.checkpoint = step if self.checkpoint is None else max(self.checkpoint, step)
-        elif e.data.get("kind") == "resumed":
+        elif e.data.get("kind") == RESUMED:
             self.resumed_from = step if self.resumed_from is None else min(self.resumed_from,
                                                                            step)
         return []
@@ -258,7 +259,8 @@ class Supervisor:
         record = self._rank(e.host, e.rank)
         if record is None:
             return []
-        self._raised[e.rank] = (self._corrected(e.host, e.node_time), e.text)
+        self._raised[e.rank] = (self._corrected(e.host, e.node_time), e.text,
+                                e.exc == "SystemExit")
         return self._judge(record, now) if record.ended_at is not None else []
 
     def _judge(self, record: RankRecord, now: float) -> list[Action]:
@@ -266,7 +268,7 @@ class Supervisor:
         else its exit), or a result of our own teardown. Either report may come first."""
         if record.exit_code == 0 or record.ended_at is None:
             return []
-        raised_at, text = self._raised.get(record.rank, (record.ended_at, ""))
+        raised_at, text, exited = self._raised.get(record.rank, (record.ended_at, "", False))
         failed_at = min(raised_at, record.ended_at)
         stop_at = self.stop_sent.get(record.host)
         if stop_at is not None and failed_at >= stop_at:
@@ -280,7 +282,7 @@ class Supervisor:
         fix = None
         if text and stop_at is not None and record.ended_at >= stop_at:
             message = f"{text}, then it hung until the teardown ended it ({message})"
-        elif text and not text.startswith("SystemExit"):
+        elif text and not exited:  # (sys.exit(N): its code says it all)
             message += f" ({text})"
         elif record.rank in self._returned and code is not None and -code in CRASH_SIGNALS:
             # (a SIGKILL or SIGTERM then is someone else's doing: named as it is)
@@ -478,7 +480,7 @@ _HANDLERS: dict[type, Any] = {
     ev.Heartbeat: Supervisor._heartbeat, ev.GuardStopping: Supervisor._guard_stopping,
     ev.RankData: Supervisor._progress, ev.Started: Supervisor._started,
 }
-PROGRESS_KINDS = ("checkpoint", "resumed", "returned")
+PROGRESS_KINDS = PROGRESS_REPORTS
 """RankData kinds the supervisor keeps (the rest go to the caller's data sink)."""
 CRASH_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS)
 """How a process's own code dies: after its program returned, that is a library's teardown."""

@@ -13,13 +13,11 @@ from functools import partial
 from typing import Any
 
 from ptcluster.errors import who_what_fix
+from ptcluster.node import SAMPLER
 from ptcluster.node.wire import control, split
-from ptcluster.remote.bootstrap import NodeProgram
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
 from ptcluster.spec.model import ClusterSpec
-
-SAMPLER = NodeProgram("sampler", "ptcluster.node", "sampler.py")
 
 
 @dataclass

@@ -1,1 +1,65 @@
-"""The node side: every program that runs on a node or inside a rank (see ARCHITECTURE.md)."""
+"""The node side: every program that runs on a node or inside a rank, declared here, once.
+
+Nothing of ptcluster is installed where these run, so every module in this package is shipped:
+the head's packer (``remote.bootstrap``) puts a program's ``parts`` in front of its source and
+drops the imports of them (marked ``# inlined``). What a shipped module may import follows from
+its program's kind, and ``tests/test_shipped.py`` checks it for every module declared below:
+
+* ``NODE`` programs (started by the head over a node channel): the standard library and their
+  parts (plus an optional third-party module behind ``try``: ``OPTIONAL``);
+* ``RANK`` programs (run inside a rank, under torchrun): the standard library, torch and their
+  parts.
+
+This ``__init__`` is the one module here that is not shipped: it is the head's list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NODE, RANK = "node", "rank"
+OPTIONAL = ("psutil", "pynvml")
+"""Third-party modules a node program may try to import (and must work without)."""
+
+
+@dataclass(frozen=True)
+class Program:
+    """A shipped program: ``module`` is its main module; ``parts`` are the modules shipped in
+    front of it, in order (each may import only those before it); ``hands`` are programs packed
+    into this one for it to hand on (the guard gives its ranks their shim and stack probe)."""
+
+    name: str
+    """Its label where it runs: ``ptcluster-NAME`` in tracebacks, ``ps`` and stacks."""
+    module: str
+    kind: str = NODE
+    parts: tuple[str, ...] = ()
+    hands: tuple[Program, ...] = ()
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return (*self.parts, self.module)
+
+
+_N = "ptcluster.node."
+WIRE, NETIF, RANK_WIRE = _N + "wire", _N + "netif", _N + "rank_wire"
+
+SHIM = Program("shim", _N + "rank.shim", RANK, (RANK_WIRE,))
+"""Every rank's process: the parent around the user's program (reads no torch itself)."""
+STACK_PROBE = Program("probe", _N + "rank.stack_probe", RANK, (RANK_WIRE,))
+"""Installed by the shim in the rank's process: stacks on request, collectives' progress."""
+GUARD = Program("guard", _N + "guard", NODE,
+                (WIRE, NETIF, RANK_WIRE, _N + "proctree", _N + "hangwatch", _N + "rank_server"),
+                hands=(SHIM, STACK_PROBE))
+"""Run's node agent: owns one node's part of a job."""
+FACTS = Program("facts", _N + "facts", NODE, (WIRE, NETIF, _N + "accel"))
+"""The doctor's node program: the node's facts, then its port and peer tests."""
+SAMPLER = Program("sampler", _N + "sampler", NODE, (WIRE,))
+"""The monitor's node program: one sample per interval."""
+SETUP_AGENT = Program("setup", _N + "setup_agent", NODE, (WIRE, NETIF))
+"""Setup's node program: facts, then the commands the head asks for."""
+ALLREDUCE = Program("allreduce", _N + "rank.allreduce", RANK, (RANK_WIRE, _N + "rank.api"))
+"""The doctor's last check, in every rank: a verified all-reduce."""
+BENCH_WORKER = Program("bench", _N + "rank.bench_worker", RANK, (RANK_WIRE, _N + "rank.api"))
+"""``ptcluster bench``'s sweep, in every rank."""
+
+PROGRAMS = (GUARD, SHIM, STACK_PROBE, FACTS, SAMPLER, SETUP_AGENT, ALLREDUCE, BENCH_WORKER)

@@ -14,10 +14,12 @@ Protocol (frames of ``node.wire``, one per line):
           rank, seconds since it last made progress), ``stacks {id, ranks}``,
           ``exit {code, reason}``.
 
-Ranks talk to the guard over a Unix socket in the job's private temp dir (``GUARD_SOCK`` in
-their env): the shim that wraps every rank connects one stream per stdout/stderr and one for
-control records, so output reaches the head tagged with its rank without parsing anyone's log
-format, and a rank's exit frame is sent only after its last output line.
+Ranks talk to the guard over a Unix socket in the job's private temp dir (``node.rank_wire``;
+its path in their env). The guard writes the shim and the stack probe it was shipped with
+(``HANDED``) into that dir and gives the ranks the shim's path: code is never in their env. The
+shim that wraps every rank connects one stream per stdout/stderr and one for control records,
+so output reaches the head tagged with its rank without parsing anyone's log format, and a
+rank's exit frame is sent only after its last output line.
 
 Teardown is by process tree, never by name: the guard is a child subreaper, so workers that
 torchrun leaves behind are re-parented here and found by walking /proc from our own pid.
@@ -50,11 +52,13 @@ from ptcluster.node.proctree import (  # inlined
     signal_tree,
 )
 from ptcluster.node.rank_server import EXIT_WAIT, RankServer  # inlined
+from ptcluster.node.rank_wire import SHIM_FILE, SHIM_VAR, SOCK_VAR  # inlined
 from ptcluster.node.wire import encode, encode_text, hello, split  # inlined
 
 PR_SET_PDEATHSIG = 1
-GUARD_SOCK = "PTCLUSTER_GUARD_SOCK"
-"""Env var: the Unix socket ranks report to."""
+HANDED: dict[str, str] = globals().get("HANDED", {})
+"""The programs this guard hands its ranks (file name -> packed source: the shim and its stack
+probe), set by the packer (``remote.bootstrap``) in front of this source; kept from there."""
 
 
 class GuardError(Exception):
@@ -193,6 +197,9 @@ class Guard:
         self.tmpdir = tempfile.mkdtemp(prefix="ptcluster-" + self.cfg["job_id"] + "-")
         with open(os.path.join(self.tmpdir, "guard.pid"), "w") as f:
             f.write(str(os.getpid()))
+        for name, source in HANDED.items():  # (the dir is ours alone: mkdtemp made it 0700)
+            with open(os.path.join(self.tmpdir, name), "w") as f:
+                f.write(source)
         self.ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.write)
         self.meter = ProgressMeter(self.ranks.probes)
         env = dict(os.environ)
@@ -206,7 +213,8 @@ class Guard:
         if facts.get("interface"):
             env.setdefault("NCCL_SOCKET_IFNAME", facts["interface"])
             env.setdefault("GLOO_SOCKET_IFNAME", facts["interface"])
-        env[GUARD_SOCK] = self.ranks.path
+        env[SOCK_VAR] = self.ranks.path
+        env[SHIM_VAR] = os.path.join(self.tmpdir, SHIM_FILE)
         env["PET_LOG_DIR"] = self.tmpdir  # torchrun's own files: removed with the temp dir
         prctl = libc_prctl()  # resolved here: the child between fork and exec stays minimal
 

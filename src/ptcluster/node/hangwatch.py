@@ -13,18 +13,16 @@ that waits inside a collective (the recorder says so) makes no progress whatever
 with every heartbeat; the head decides what a hang is.
 """
 
-import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
 from typing import Any
 
-STACK_SIGNAL = signal.SIGRTMIN + 7
-"""Same expression as ``node/rank/stack_probe.py``: the signal its faulthandler answers."""
+from ptcluster.node.rank_wire import DUMP, PROBE, PROGRESS, READY, STACK_SIGNAL, decode  # inlined
+
 MAX_STACK = 256 * 1024
 """Bytes of one rank's dump kept (a process with thousands of threads is cut there)."""
 ANSWER_WAIT = 1.0
@@ -93,25 +91,22 @@ class RankProbes:
         lines = (st["buf"] + data).split(b"\n")
         st["buf"] = lines.pop()
         for line in lines:
-            kind, _, payload = line.partition(b" ")
-            try:
-                body = json.loads(payload)
-            except ValueError:
+            record = decode(line.decode(errors="replace"))
+            if record is None:
                 continue
-            if not isinstance(body, dict):
-                continue
-            if kind == b"ready":
+            kind, body = record
+            if kind == READY:
                 self.ready[rank] = (st["conn"], int(body.get("pid", 0)), bool(body.get("fr")),
                                     str(body.get("stk", "")))
-            elif kind == b"progress":
+            elif kind == PROGRESS:
                 self.fr_counts[rank] = body
-            elif kind == b"dump":
+            elif kind == DUMP:
                 body["at"] = time.monotonic()
                 with self.lock:
                     self.dumps[rank] = body
 
     def dropped(self, st: dict[str, Any]) -> None:
-        if st.get("role") == "probe":
+        if st.get("role") == PROBE:
             entry = self.ready.get(st["rank"])
             if entry is not None and entry[0] is st.get("conn"):
                 del self.ready[st["rank"]]  # exec'd or ended: never signal that pid again
@@ -134,7 +129,7 @@ class RankProbes:
         asked = time.monotonic()
         for conn, _, _, _ in targets.values():
             try:
-                conn.sendall(b"dump\n")
+                conn.sendall(DUMP.encode() + b"\n")
             except OSError:
                 pass
         while time.monotonic() - asked < ANSWER_WAIT:

@@ -3,7 +3,6 @@
 Standard library only; shipped with the guard (inlined by ``remote.bootstrap``).
 """
 
-import json
 import os
 import select
 import selectors
@@ -13,7 +12,20 @@ import time
 from typing import Any
 
 from ptcluster.node.hangwatch import RankProbes  # inlined
-from ptcluster.node.wire import encode, encode_text, split  # inlined
+from ptcluster.node.rank_wire import (  # inlined
+    BAD_RECORD,
+    CTL,
+    ERR,
+    ERROR,
+    EXIT,
+    PROBE,
+    REPORT,
+    START,
+    STREAMS,
+    decode,
+    header,
+)
+from ptcluster.node.wire import RANK_FRAMES, encode, encode_text  # inlined
 
 MAX_LINE = 65536
 """Longer output lines are cut into pieces of this size (bounded memory per stream)."""
@@ -24,16 +36,14 @@ IDLE_FLUSH = 1.0
 
 
 class RankServer:
-    """The Unix socket the ranks' shims connect to; one selector thread serves every stream.
+    """The Unix socket the ranks' shims connect to (``node.rank_wire``); one selector thread
+    serves every stream.
 
-    A connection starts with one JSON header line ``{"rank": R, "role": ROLE}``. ``out`` and
-    ``err`` then carry the rank's raw output: lines end at ``\n`` or ``\r`` (progress bars),
-    and a partial line is sent after ``IDLE_FLUSH`` s without more (prompts). ``ctl`` carries
-    the shim's ``start`` (with the number of output streams it opened) and ``exit``; ``data``
-    carries what the rank itself reports (``error``, ``data`` records); ``probe`` is the stack
-    probe's (``node.hangwatch``). A rank's ``rexit`` waits
-    until every declared output stream has come and gone (or ``EXIT_WAIT``), so the head has a
-    rank's last lines, its traceback included, before it learns that it ended.
+    Output lines end at ``\n`` or ``\r`` (progress bars), and a partial line is sent after
+    ``IDLE_FLUSH`` s without more (prompts). ``probe`` connections go to ``node.hangwatch``;
+    every other record is passed to the head as its ``wire.RANK_FRAMES`` frame. A rank's
+    ``rexit`` waits until every declared output stream has come and gone (or ``EXIT_WAIT``), so
+    the head has a rank's last lines, its traceback included, before it learns that it ended.
     """
 
     def __init__(self, path: str, write: Any) -> None:
@@ -89,15 +99,14 @@ class RankServer:
             st["head"] += data
             if b"\n" not in st["head"] and not eof and len(st["head"]) < 4096:
                 return
-            header, _, data = st["head"].partition(b"\n")
+            first, _, data = st["head"].partition(b"\n")
             try:
-                info = json.loads(header)
-                rank, role = int(info["rank"]), str(info["role"])
-            except (ValueError, KeyError, TypeError):
+                rank, role = header(first)
+            except ValueError:
                 self.drop(conn)
                 return
             st["rank"], st["role"] = rank, role
-            if role in ("out", "err"):
+            if role in STREAMS:
                 self.open_streams[rank] = self.open_streams.get(rank, 0) + 1
                 self.seen_streams[rank] = self.seen_streams.get(rank, 0) + 1
         if data:
@@ -107,10 +116,10 @@ class RankServer:
 
     def feed(self, st: dict[str, Any], data: bytes) -> None:
         role, rank = st["role"], st["rank"]
-        if role == "probe":
+        if role == PROBE:
             self.probes.feed(st, data)
             return
-        if role not in ("out", "err"):
+        if role not in STREAMS:
             lines = (st["buf"] + data).split(b"\n")
             st["buf"] = lines.pop()
             for line in lines:
@@ -127,7 +136,7 @@ class RankServer:
         st["at"] = time.monotonic()
         if lines:
             self.probes.output(rank, st["at"])
-            kind = "o" if role == "out" else "e"
+            kind = "e" if role == ERR else "o"
             self.write(b"".join(encode_text(kind, rank, line) for line in lines))
 
     def flush_partial_lines(self) -> None:
@@ -137,49 +146,46 @@ class RankServer:
         now = time.monotonic()
         for key in list(self.sel.get_map().values()):
             st = key.data
-            if st and st.get("buf") and st.get("role") in ("out", "err") \
+            if st and st.get("buf") and st.get("role") in STREAMS \
                     and now - st["at"] > IDLE_FLUSH:
                 if select.select([key.fileobj], [], [], 0)[0]:
                     continue  # more of it is waiting: read it first
                 line, st["buf"] = st["buf"], b""
-                self.write(encode_text("o" if st["role"] == "out" else "e", st["rank"], line))
+                self.write(encode_text("e" if st["role"] == ERR else "o", st["rank"], line))
 
     def record(self, rank: int, line: str) -> None:
-        kind, payload = split(line)
-        try:
-            body = json.loads(payload) if payload else {}
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            self.write(encode("rdata", {"rank": rank, "kind": "bad-record",
-                                        "text": line[:200]}))
+        record = decode(line)
+        if record is None:
+            self.write(encode(RANK_FRAMES[REPORT], {"rank": rank, "kind": BAD_RECORD,
+                                                    "text": line[:200]}))
             return
+        kind, body = record
         body["rank"] = rank
-        if kind == "exit":
+        if kind == EXIT:
             self.probes.ended(rank)
             self.exited.add(rank)
             self.pending[rank] = (body, time.monotonic() + EXIT_WAIT)
-        elif kind == "start":
+        elif kind == START:
             self.declared[rank] = int(body.get("streams", 0))
             self.probes.started(rank, int(body.get("pid", 0)))
-            self.write(encode("rstart", body))
-        elif kind in ("data", "error"):
-            self.write(encode("r" + kind, body))
+            self.write(encode(RANK_FRAMES[START], body))
+        elif kind in (REPORT, ERROR):
+            self.write(encode(RANK_FRAMES[kind], body))
 
     def drop(self, conn: Any, st: dict[str, Any] | None = None) -> None:
         self.sel.unregister(conn)
         conn.close()
         if st is None or st["rank"] is None:
             return
-        if st["buf"] and st["role"] != "probe":
+        if st["buf"] and st["role"] != PROBE:
             self.feed(st, b"\n")
         rank = st["rank"]
         self.probes.dropped(st)
-        if st["role"] in ("out", "err"):
+        if st["role"] in STREAMS:
             self.open_streams[rank] -= 1
             if self.open_streams[rank] <= 0:
                 del self.open_streams[rank]
-        elif st["role"] == "ctl" and rank not in self.exited:
+        elif st["role"] == CTL and rank not in self.exited:
             # The shim itself died (SIGKILL): no exit record; the head reports it as killed.
             self.probes.ended(rank)
             self.exited.add(rank)
@@ -194,7 +200,7 @@ class RankServer:
                 self.seen_streams.get(rank, 0) >= self.declared.get(rank, 0)
             if force or streams_done or now >= deadline:
                 del self.pending[rank]
-                self.write(encode("rexit", body))
+                self.write(encode(RANK_FRAMES[EXIT], body))
 
     def close(self, wait: float) -> None:
         """Serve until every stream is closed and every exit is sent, at most ``wait`` s."""

@@ -18,7 +18,10 @@ import json
 import time
 
 VERSION = 2
-TEXT_KINDS = ("o", "e", "a")
+RSTART, REXIT, RERROR, RDATA = "rstart", "rexit", "rerror", "rdata"
+"""Control frames that carry a rank's records (``node.rank_wire``) from its guard to the head."""
+RANK_FRAMES = {"start": RSTART, "exit": REXIT, "error": RERROR, "data": RDATA}
+"""The frame for each rank record kind (``rank_wire.START``, ``EXIT``, ``ERROR``, ``REPORT``)."""
 
 
 def encode(kind: str, payload: object = None) -> bytes:

@@ -1,4 +1,4 @@
-"""How node programs (the guard, the doctor's probe, the monitor's sampler) reach a node: a
+"""How node programs (the guard, the doctor's facts, the monitor's sampler) reach a node: a
 fixed one-line command, then everything else over stdin.
 
 The only text that passes through the node's shell is ``PYTHON -u -c BOOTSTRAP PROGRAM TAG``
@@ -6,9 +6,9 @@ The only text that passes through the node's shell is ``PYTHON -u -c BOOTSTRAP P
 runs for which job. The program's source and its JSON config (argv, env, paths) travel on the
 channel's stdin, so no host, path or env value is ever re-parsed by a shell.
 
-A shipped program may use the standard library, the modules named in ``INLINED`` and its own
-``parts``: the packer puts their source in front of the program's and drops the imports of them
-(marked ``# inlined``), so the node needs nothing of ptcluster installed.
+What a shipped program may import, and what is packed with it, is declared in ``ptcluster.node``
+(``Program``): the packer puts its ``parts`` in front of the program's own source and drops the
+imports of them (marked ``# inlined``), so the node needs nothing of ptcluster installed.
 """
 
 from __future__ import annotations
@@ -18,48 +18,41 @@ import base64
 import json
 import re
 import zlib
-from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Any
+
+from ptcluster.node import Program
 
 BOOTSTRAP = (
     "import sys,zlib,base64;"
     "exec(compile(zlib.decompress(base64.b64decode(sys.stdin.buffer.readline())),"
     "'ptcluster-'+sys.argv[1],'exec'))"
 )
-INLINED = (("ptcluster.node", "wire.py"), ("ptcluster.node", "netif.py"))
-"""Modules every shipped program gets in front of its own source, in this order."""
+HANDED = "HANDED"
+"""The name, in a packed program, of its ``hands``: ``{filename: packed source}``."""
 _FUTURE = "from __future__ import annotations"
 _WORD = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
-@dataclass(frozen=True)
-class NodeProgram:
-    """A program shipped to a node: ``name`` is its label on the node (argv, tracebacks);
-    ``parts`` are modules of the same package shipped in front of it."""
-
-    name: str
-    package: str
-    filename: str
-    parts: tuple[str, ...] = ()
+def module_source(module: str) -> str:
+    package, _, name = module.rpartition(".")
+    return resources.files(package).joinpath(name + ".py").read_text()
 
 
-GUARD = NodeProgram("guard", "ptcluster.node", "guard.py",
-                    ("proctree.py", "hangwatch.py", "rank_server.py"))
-"""The node side of a run (the programs of other subsystems are declared where they are used)."""
-
-
-def pack_source(program: NodeProgram) -> str:
-    """The source a node executes: the inlined modules, the program's parts, then the program,
-    in one namespace. Imports of the shipped modules are dropped (found by the AST, not by
-    formatting); they are marked ``# inlined`` for the reader."""
-    files = [*INLINED, *((program.package, part) for part in program.parts),
-             (program.package, program.filename)]
-    shipped = {"__future__"} | {f"{pkg}.{name.removesuffix('.py')}" for pkg, name in files}
+@lru_cache(maxsize=16)
+def pack_source(program: Program) -> str:
+    """The source a node or rank executes: the program's parts, then the program, in one
+    namespace (the programs it hands on first, as one constant). Imports of the shipped modules
+    are dropped (found by the AST, not by formatting); they are marked ``# inlined``."""
+    shipped = {"__future__", *program.modules}
     parts = [_FUTURE]
-    for pkg, name in files:
-        text = resources.files(pkg).joinpath(name).read_text()
+    if program.hands:
+        handed = {hand.module.rpartition(".")[2] + ".py": pack_source(hand)
+                  for hand in program.hands}
+        parts.append(f"{HANDED} = {handed!r}")
+    for module in program.modules:
+        text = module_source(module)
         lines = text.splitlines()
         for node in reversed(ast.parse(text).body):
             if isinstance(node, ast.ImportFrom) and node.module in shipped:
@@ -69,13 +62,13 @@ def pack_source(program: NodeProgram) -> str:
 
 
 @lru_cache(maxsize=8)
-def payload(program: NodeProgram) -> bytes:
+def payload(program: Program) -> bytes:
     """Line 1 of a node program's stdin: its packed source, compressed."""
     source = pack_source(program).encode()
     return base64.b64encode(zlib.compress(source, 9)) + b"\n"
 
 
-def node_argv(python: str, program: NodeProgram, tag: str = "-") -> list[str]:
+def node_argv(python: str, program: Program, tag: str = "-") -> list[str]:
     """The command run on the node (locally, or as ssh's remote command).
 
     ``tag`` (a job id, or "-") is only there to be seen: in ``ps`` and by tests that look for
@@ -86,6 +79,6 @@ def node_argv(python: str, program: NodeProgram, tag: str = "-") -> list[str]:
     return [python, "-u", "-c", BOOTSTRAP, program.name, tag]
 
 
-def preamble(program: NodeProgram, config: dict[str, Any]) -> bytes:
+def preamble(program: Program, config: dict[str, Any]) -> bytes:
     """What a node program reads first: its source, then its JSON config."""
     return payload(program) + json.dumps(config).encode() + b"\n"

@@ -26,8 +26,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO, Any
 
+from ptcluster.node import Program
 from ptcluster.node.wire import encode
-from ptcluster.remote.bootstrap import NodeProgram, node_argv, preamble
+from ptcluster.remote.bootstrap import node_argv, preamble
 from ptcluster.remote.transport import Transport, explain_start_failure
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class NodeChannel:
     Callbacks run on the channel's reader threads: they must be quick or hand off.
     """
 
-    def __init__(self, transport: Transport, python: str, program: NodeProgram,
+    def __init__(self, transport: Transport, python: str, program: Program,
                  config: dict[str, Any], *, on_frames: Callable[[list[str]], None],
                  on_closed: Callable[[int | None, list[str]], None],
                  on_stderr: Callable[[str], None] | None = None,

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ptcluster.node import SETUP_AGENT as SETUP
 from ptcluster.node.wire import control, split
-from ptcluster.remote.bootstrap import NodeProgram
 from ptcluster.remote.channel import NodeChannel
 from ptcluster.remote.sync import tar_pipe
 from ptcluster.remote.transport import SshTransport, remote_command, ssh_argv
@@ -35,7 +35,6 @@ from ptcluster.setup.wheels import DEFAULT_WHEELHOUSE, prepare_wheelhouse, self_
 from ptcluster.spec.model import ClusterSpec, NodeSpec, SshSpec
 
 log = logging.getLogger(__name__)
-SETUP = NodeProgram("setup", "ptcluster.node", "setup_agent.py")
 NODE_PYTHON = "python3"
 """The setup program runs on the node's system Python (Debian/Ubuntu always have python3)."""
 SECTIONS = {"ssh key": ["key"], "apt packages": ["apt"], "python venv": ["venv", "apt"],

@@ -1,18 +1,27 @@
-"""Per-rank set-up shared by the programs ptcluster ships to ranks as ``-c`` code (the doctor's
-all-reduce, the bench worker): they are prefixed with this file's source, so a node needs only
-torch, not ptcluster. Stdlib + torch only.
+"""The rank side's API: what a rank program calls (``ptcluster.resumed_from``,
+``checkpoint_saved``, ``end_rank``; the reference trainer) and the set-up shared by the programs
+ptcluster ships to ranks as ``-c`` code (the doctor's all-reduce, the bench worker: packed with
+this module and ``node.rank_wire``, so a node needs only torch, not ptcluster). Stdlib + torch.
 """
 
-import json
 import logging
 import os
-import socket
 import sys
 from datetime import timedelta
 from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+
+from ptcluster.node.rank_wire import (  # inlined
+    CHECKPOINT,
+    DATA,
+    REPORT,
+    RESUMED,
+    SOCK_VAR,
+    connect,
+    encode,
+)
 
 
 def init_distributed(timeout_s: float) -> tuple:
@@ -48,12 +57,8 @@ def report(kind: str, data: dict) -> None:
     Never mixed with the rank's output, so nothing a program prints can pass for a record.
     """
     if not _REPORT:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(os.environ["PTCLUSTER_GUARD_SOCK"])
-        s.sendall(json.dumps({"rank": int(os.environ["RANK"]), "role": "data"}).encode() + b"\n")
-        _REPORT.append(s)
-    body = json.dumps({"kind": kind, **data})
-    _REPORT[0].sendall(b"data " + body.encode() + b"\n")
+        _REPORT.append(connect(os.environ[SOCK_VAR], int(os.environ["RANK"]), DATA))
+    _REPORT[0].sendall(encode(REPORT, {"kind": kind, **data}))
 
 
 def checkpoint_saved(step: int) -> None:
@@ -63,15 +68,15 @@ def checkpoint_saved(step: int) -> None:
     nothing newer than the step it resumed from ends the job (exit 3) instead of failing the
     same way again. A no-op outside ``ptcluster run``.
     """
-    if "PTCLUSTER_GUARD_SOCK" in os.environ:
-        report("checkpoint", {"step": int(step)})
+    if SOCK_VAR in os.environ:
+        report(CHECKPOINT, {"step": int(step)})
 
 
 def resumed_from(step: int) -> None:
     """Tell ptcluster the step this attempt starts from (0: from the beginning). Shown per
     attempt in the summary; with ``checkpoint_saved`` it makes the no-progress rule apply."""
-    if "PTCLUSTER_GUARD_SOCK" in os.environ:
-        report("resumed", {"step": int(step)})
+    if SOCK_VAR in os.environ:
+        report(RESUMED, {"step": int(step)})
 
 
 def end_rank(code: int) -> NoReturn:

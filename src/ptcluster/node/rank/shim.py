@@ -1,9 +1,11 @@
 """Every rank's process under torchrun: a small parent around the user's program (stdlib only).
 
-torchrun starts ``python -u -c 'exec(os.environ[SHIM_VAR])' (-m MODULE | SCRIPT | -c CODE)
-ARGS``. This code connects to its node's guard (``PTCLUSTER_GUARD_SOCK``) and starts the target
-in a child, ``python -u -c SHIM --ptcluster-child TARGET...``, which runs it the way ``python``
-would (``run_in_process``), with its stdout and stderr going straight into the guard's socket.
+torchrun starts ``python -u -c SHIM_BOOT (-m MODULE | SCRIPT | -c CODE) ARGS``: SHIM_BOOT runs
+the file the guard wrote this program to (its path in ``rank_wire.SHIM_VAR``; packed with the
+rank protocol, ``node.rank_wire``). This code connects to its node's guard (``SOCK_VAR``) and
+starts the target in a child, ``python -u -c SHIM_BOOT --ptcluster-child TARGET...``, which
+runs it the way ``python`` would (``run_in_process``), with its stdout and stderr going straight
+into the guard's socket.
 The parent forwards signals, waits, and reports the exit status as the kernel gave it: an exit
 code, ``os._exit(0)``, or the signal that killed it. The child reports the moment an exception
 leaves the user's code (a rank that raises and then hangs in its cleanup failed when it raised,
@@ -18,7 +20,6 @@ anywhere above a rank leaves nothing behind.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import runpy
 import signal
@@ -28,12 +29,26 @@ import sys
 import time
 from types import TracebackType
 
-GUARD_SOCK = "PTCLUSTER_GUARD_SOCK"
-SHIM_VAR = "PTCLUSTER_WORKER_SHIM"
-"""Env var holding this file's source (every rank's process runs it from there)."""
-PROBE_VAR = "PTCLUSTER_PROBE"
-"""Env var holding ``probe.py``'s source: the stack probe installed before the user's code."""
-SHIM_BOOT = f"import os;exec(compile(os.environ[{SHIM_VAR!r}],'ptcluster-shim','exec'))"
+from ptcluster.node.rank_wire import (  # inlined
+    CTL,
+    DATA,
+    ERR,
+    ERROR,
+    EXIT,
+    OUT,
+    PROBE_FILE,
+    REPORT,
+    RETURNED,
+    SHIM_VAR,
+    SOCK_VAR,
+    START,
+    connect,
+    encode,
+)
+
+SHIM_BOOT = (f"import os;f=open(os.environ[{SHIM_VAR!r}]);s=f.read();f.close();"
+             "exec(compile(s,'ptcluster-shim','exec'))")
+"""The code torchrun runs for every rank (the shim from the file the guard wrote)."""
 CHILD_FLAG = "--ptcluster-child"
 PR_SET_PDEATHSIG = 1
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
@@ -42,10 +57,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 
 def _connect(path: str, rank: int, role: str) -> socket.socket | None:
     try:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(path)
-        s.sendall(json.dumps({"rank": rank, "role": role}).encode() + b"\n")
-        return s
+        return connect(path, rank, role)
     except OSError:
         return None
 
@@ -54,7 +66,7 @@ def _send(ctl: socket.socket | None, kind: str, body: dict[str, object]) -> None
     if ctl is None:
         return
     try:
-        ctl.sendall(f"{kind} {json.dumps(body)}\n".encode())
+        ctl.sendall(encode(kind, body))
     except OSError:
         pass
 
@@ -72,10 +84,10 @@ def run_target(argv: list[str]) -> int:
     prctl = _prctl()
     if callable(prctl):
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with torchrun
-    path = os.environ.get(GUARD_SOCK, "")
-    ctl = _connect(path, rank, "ctl") if path else None
-    out = _connect(path, rank, "out") if ctl else None
-    err = _connect(path, rank, "err") if ctl else None
+    path = os.environ.get(SOCK_VAR, "")
+    ctl = _connect(path, rank, CTL) if path else None
+    out = _connect(path, rank, OUT) if ctl else None
+    err = _connect(path, rank, ERR) if ctl else None
     parent = os.getpid()
     # torchrun sets its own restart count (always 0: ptcluster restarts the whole job); a rank
     # sees the job's attempt instead, as torch's elastic scripts expect it.
@@ -101,7 +113,7 @@ def run_target(argv: list[str]) -> int:
     for s in (out, err):
         if s is not None:
             s.close()  # the target holds them now: EOF comes when it (and its children) end
-    _send(ctl, "start", {"pid": child.pid, "shim_pid": parent, "t": start,
+    _send(ctl, START, {"pid": child.pid, "shim_pid": parent, "t": start,
                          "streams": int(out is not None) + int(err is not None),
                          "local_rank": int(os.environ.get("LOCAL_RANK", "-1"))})
 
@@ -115,7 +127,7 @@ def run_target(argv: list[str]) -> int:
         signal.signal(sig, forward)
     code = child.wait()
     end = time.time()
-    _send(ctl, "exit", {"code": code, "t": end, "duration": round(end - start, 3)})
+    _send(ctl, EXIT, {"code": code, "t": end, "duration": round(end - start, 3)})
     if ctl is not None:
         ctl.close()
     return code
@@ -140,15 +152,15 @@ def run_in_process(argv: list[str]) -> None:
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
         if exc.code in (None, 0):
-            _report("data", {"kind": "returned", "t": time.time()})
+            _report(REPORT, {"kind": RETURNED, "t": time.time()})
         else:
-            _report_error(f"SystemExit: {exc.code}")
+            _report_error(exc, f"SystemExit: {exc.code}")
         raise
-    except KeyboardInterrupt:
-        _report_error("KeyboardInterrupt")
+    except KeyboardInterrupt as exc:
+        _report_error(exc, "KeyboardInterrupt")
         raise
     except BaseException as exc:  # noqa: BLE001 - reported, then shown as python shows it
-        _report_error(f"{type(exc).__name__}: {exc}"[:300])
+        _report_error(exc, f"{type(exc).__name__}: {exc}"[:300])
         # The traceback as `python` would print it: from the user's code down, without our
         # frames and runpy's (sys.excepthook: torch's rank prefix applies as usual).
         exc.__traceback__ = _user_frames(exc.__traceback__)  # (what the hook prints)
@@ -156,21 +168,19 @@ def run_in_process(argv: list[str]) -> None:
         raise SystemExit(1) from None
     # The program is done; what follows is the interpreter's shutdown. Said now, so that a
     # process that dies in it (a library's exit-time abort) is reported as what it is.
-    _report("data", {"kind": "returned", "t": time.time()})
+    _report(REPORT, {"kind": RETURNED, "t": time.time()})
 
 
 def _install_probe() -> None:
     """The stack probe (``probe.py``): every thread's stack when the guard asks, without the
     script's help. Never in the way of the target: any trouble leaves the rank without it."""
-    path = os.environ.get(GUARD_SOCK, "")
-    source = os.environ.get(PROBE_VAR)
+    path = os.environ.get(SOCK_VAR, "")
     if not path:
         return
     try:
-        if source is None:  # run from the file (tests): the probe is its neighbour
-            here = os.path.dirname(os.path.abspath(__file__))
-            with open(os.path.join(here, "stack_probe.py")) as f:
-                source = f.read()
+        shim = os.environ.get(SHIM_VAR) or os.path.abspath(__file__)  # (tests: run from here)
+        with open(os.path.join(os.path.dirname(shim), PROBE_FILE)) as f:
+            source = f.read()
         namespace: dict[str, object] = {"__name__": "ptcluster_probe"}
         exec(compile(source, "ptcluster-probe", "exec"), namespace)
         namespace["install"](path, int(os.environ.get("RANK", "-1")))  # type: ignore[operator]
@@ -190,15 +200,15 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
     return tb or first
 
 
-def _report_error(text: str) -> None:
-    _report("error", {"t": time.time(), "text": text})
+def _report_error(exc: BaseException, text: str) -> None:
+    _report(ERROR, {"t": time.time(), "exc": type(exc).__name__, "text": text})
 
 
 def _report(kind: str, body: dict[str, object]) -> None:
     """One record to the guard on a connection of its own (the child has no ``ctl``)."""
     rank = int(os.environ.get("RANK", "-1"))
-    path = os.environ.get(GUARD_SOCK, "")
-    s = _connect(path, rank, "data") if path else None
+    path = os.environ.get(SOCK_VAR, "")
+    s = _connect(path, rank, DATA) if path else None
     _send(s, kind, body)
     if s is not None:
         s.close()

@@ -27,15 +27,21 @@ import atexit
 import faulthandler
 import json
 import os
-import signal
 import socket
 import sys
 import threading
 import types
 
-STACK_SIGNAL = signal.SIGRTMIN + 7
-"""The guard's "dump your stacks" signal (glibc keeps SIGRTMIN-2..-1 for itself; +7 is free of
-torch and Python). The guard uses the same expression."""
+from ptcluster.node.rank_wire import (  # inlined
+    DUMP,
+    PROBE,
+    PROGRESS,
+    READY,
+    STACK_SIGNAL,
+    connect,
+    encode,
+)
+
 POLL = 1.0
 """Seconds between two looks at the flight recorder's counters (a cheap call: no entries)."""
 _torch_calls = threading.Lock()
@@ -56,23 +62,15 @@ def install(path: str, rank: int) -> None:
     stk_path = os.path.join(os.path.dirname(path), f"stk-{rank}-{os.getpid()}")
     try:
         stk = open(stk_path, "ab", buffering=0)
-        probe = _connect(path, rank, "probe")
+        probe = connect(path, rank, PROBE)
     except OSError:
         return
     faulthandler.register(STACK_SIGNAL, file=stk, all_threads=True, chain=False)
     atexit.register(_stop_torch_calls)
     _keep.extend((stk, probe))
-    probe.sendall(b"ready " + json.dumps({"pid": os.getpid(), "signal": int(STACK_SIGNAL),
-                                          "fr": _fr_buffer() > 0, "stk": stk_path}).encode()
-                  + b"\n")
+    probe.sendall(encode(READY, {"pid": os.getpid(), "signal": int(STACK_SIGNAL),
+                                 "fr": _fr_buffer() > 0, "stk": stk_path}))
     threading.Thread(target=_serve, args=(probe,), name="ptcluster-probe", daemon=True).start()
-
-
-def _connect(path: str, rank: int, role: str) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(path)
-    s.sendall(json.dumps({"rank": rank, "role": role}).encode() + b"\n")
-    return s
 
 
 def _fr_buffer() -> int:
@@ -99,14 +97,13 @@ def _serve(s: socket.socket) -> None:
         try:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
-                if line.strip() == b"dump":
-                    s.sendall(b"dump " + json.dumps({"text": stacks_text(),
-                                                     "fr": flight_recorder(active=True)}).encode()
-                              + b"\n")
+                if line.strip() == DUMP.encode():
+                    s.sendall(encode(DUMP, {"text": stacks_text(),
+                                            "fr": flight_recorder(active=True)}))
             counts = flight_recorder(active=False).get("counts")
             if counts is not None and counts != last:
                 last = counts
-                s.sendall(b"progress " + json.dumps(counts).encode() + b"\n")
+                s.sendall(encode(PROGRESS, counts))
         except OSError:
             return
 
