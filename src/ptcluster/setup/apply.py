@@ -60,7 +60,9 @@ class SetupOptions:
 
 
 @dataclass
-class NodeOutcome:
+class NodeSetupOutcome:
+    """One node's setup: how the head got in, its plan before and after, what apply did."""
+
     host: str
     addr: str = ""
     connection: str = ""
@@ -95,7 +97,7 @@ class NodeOutcome:
 
 @dataclass
 class SetupReport:
-    nodes: dict[str, NodeOutcome]
+    nodes: dict[str, NodeSetupOutcome]
     head: list[P.Step]
     torch: TorchChoice | None
     dry_run: bool
@@ -240,7 +242,7 @@ class Setup:
         self._lock = threading.Lock()
         self._askpass: Askpass | None = None
         self.on_event = on_event or (lambda host, text: None)
-        self.outcomes = {n.host: NodeOutcome(host=n.host) for n in spec.nodes}
+        self.outcomes = {n.host: NodeSetupOutcome(host=n.host) for n in spec.nodes}
         self.sessions: dict[str, NodeSession] = {}
         self._opened: list[NodeSession] = []
         """Every session started, also those given up on before they joined ``sessions`` (a
@@ -287,12 +289,12 @@ class Setup:
                 steps.append(P.Step("head key", P.OK, str(path)))
             elif path.exists():
                 steps.append(P.Step("head key", P.BLOCKED, f"{path} exists without {pub.name}: "
-                                    "never overwritten", (P.Action(("ssh-keygen", "-y", "-f",
-                                                                    str(path))),)))
+                                    "never overwritten", (P.StepAction(("ssh-keygen", "-y", "-f",
+                                                                        str(path))),)))
                 continue
             elif self.opts.dry_run:
                 steps.append(P.Step("head key", P.CHANGE, f"no key at {path}",
-                                    (P.Action(argv),)))
+                                    (P.StepAction(argv),)))
                 pubkey = pubkey or "ssh-ed25519 <the new key> ptcluster"
                 continue
             else:
@@ -534,7 +536,7 @@ class Setup:
         self.cluster = replace(self.cluster, manifest=self._wheels[1])
         return replace(cluster, manifest=self._wheels[1])
 
-    def _act(self, node: NodeSpec, session: NodeSession, action: P.Action) -> tuple[bool, str]:
+    def _act(self, node: NodeSpec, session: NodeSession, action: P.StepAction) -> tuple[bool, str]:
         if action.kind == "copy":
             return self._copy(node, list(action.argv))
         argv = list(action.argv)

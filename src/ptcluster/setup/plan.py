@@ -30,8 +30,9 @@ ROOT_STEPS = ("apt packages", "firewall", "/etc/hosts")
 
 
 @dataclass(frozen=True)
-class Action:
-    """One command: on the node over the setup channel, or a copy from the head."""
+class StepAction:
+    """One command of a setup step: on the node over the setup channel, or a copy from the
+    head."""
 
     argv: tuple[str, ...]
     kind: str = "node"
@@ -65,7 +66,7 @@ class Step:
     name: str
     status: str
     why: str = ""
-    actions: tuple[Action, ...] = ()
+    actions: tuple[StepAction, ...] = ()
 
     def commands(self, host: str = "NODE") -> list[str]:
         return [a.display(host) for a in self.actions]
@@ -108,8 +109,8 @@ def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
         steps.append(Step("ssh key", OK, "the head's key is authorized"))
     else:
         steps.append(Step("ssh key", CHANGE, "the head's key is not in ~/.ssh/authorized_keys", (
-            Action(("sh", "-c", "umask 077 && mkdir -p ~/.ssh && cat >> ~/.ssh/authorized_keys"),
-                   input=cf.pubkey.strip() + "\n"),)))
+            StepAction(("sh", "-c", "umask 077 && mkdir -p ~/.ssh && cat >> "
+                        "~/.ssh/authorized_keys"), input=cf.pubkey.strip() + "\n"),)))
 
     sudo_why = {"root": "logged in as root", "nopasswd": "sudo without a password",
                 "password": "sudo with the password (checked)",
@@ -138,9 +139,9 @@ def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
     if not missing:
         steps.append(Step("apt packages", OK, "installed: " + ", ".join(facts["packages"])))
     else:
-        apt = Action(("sh", "-c", "dpkg --configure -a && apt-get update -q && apt-get install "
-                      "-y -q -o DPkg::Lock::Timeout=300 " + shlex.join(missing)),
-                     root=True, env=(("DEBIAN_FRONTEND", "noninteractive"),), timeout=1800)
+        apt = StepAction(("sh", "-c", "dpkg --configure -a && apt-get update -q && apt-get "
+                          "install -y -q -o DPkg::Lock::Timeout=300 " + shlex.join(missing)),
+                         root=True, env=(("DEBIAN_FRONTEND", "noninteractive"),), timeout=1800)
         steps.append(_root_step("apt packages", root_ok and debian, "missing: " +
                                 ", ".join(missing), (apt,), sudo_why if debian else "not apt"))
     apt_pending = bool(missing)
@@ -154,7 +155,7 @@ def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
     elif venv.get("exists") and venv.get("ok"):
         steps.append(Step("python venv", OK, f"{VENV} (Python {venv.get('python')})"))
     else:
-        make = Action(("sh", "-c", f"rm -rf {VENV} && python3 -m venv {VENV}"))
+        make = StepAction(("sh", "-c", f"rm -rf {VENV} && python3 -m venv {VENV}"))
         if apt_pending and not (root_ok and debian):
             steps.append(Step("python venv", BLOCKED, "needs python3-venv (apt packages)",
                               (make,)))
@@ -182,18 +183,18 @@ def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
         node_wheels: dict[str, str] = facts.get("wheelhouse") or {}
         if cf.manifest is None:
             copy = Step("wheels", CHANGE, "the head downloads the wheels once, then copies what "
-                        "the node lacks", (Action((f"{cf.torch.requirement}", "ptcluster + deps"),
-                                                  kind="copy"),))
+                        "the node lacks", (StepAction((f"{cf.torch.requirement}",
+                                                       "ptcluster + deps"), kind="copy"),))
         else:
             lacking = tuple(n for n, h in cf.manifest.items() if node_wheels.get(n) != h)
             copy = (Step("wheels", OK, f"{len(cf.manifest)} wheels already on the node")
                     if not lacking else
                     Step("wheels", CHANGE, f"{len(lacking)} of {len(cf.manifest)} wheels to copy",
-                         (Action(lacking, kind="copy"),)))
+                         (StepAction(lacking, kind="copy"),)))
         steps.append(copy)
-        pip = Action((VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check",
-                      "--no-index", "--find-links", WHEELHOUSE, cf.torch.requirement,
-                      f"ptcluster=={cf.self_version}"), timeout=3600)
+        pip = StepAction((VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check",
+                          "--no-index", "--find-links", WHEELHOUSE, cf.torch.requirement,
+                          f"ptcluster=={cf.self_version}"), timeout=3600)
         now = ", ".join(f"{k} {dists.get(k) or 'missing'}" for k in want)
         steps.append(Step("torch + ptcluster", CHANGE, f"{now}; want torch {want['torch']} "
                           f"({cf.torch.why}), ptcluster {want['ptcluster']}", (pip,)))
@@ -207,18 +208,18 @@ def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
     else:
         steps.append(Step("env file", CHANGE, f"{ENV_FILE} " + (
             "differs" if facts.get("env_file") is not None else "missing"), (
-            Action(("sh", "-c", f"mkdir -p ~/.ptcluster && cat > {ENV_FILE}.tmp && "
-                    f"mv {ENV_FILE}.tmp {ENV_FILE}"), input=env_text),)))
+            StepAction(("sh", "-c", f"mkdir -p ~/.ptcluster && cat > {ENV_FILE}.tmp && "
+                        f"mv {ENV_FILE}.tmp {ENV_FILE}"), input=env_text),)))
     workdir = facts.get("workdir") or {}
     if workdir.get("exists", True):
         steps.append(Step("workdir", OK, workdir.get("path", "")))
     else:
         steps.append(Step("workdir", CHANGE, f"{workdir['path']} does not exist", (
-            Action(("mkdir", "-p", workdir["path"])),)))
+            StepAction(("mkdir", "-p", workdir["path"])),)))
     return steps
 
 
-def _root_step(name: str, can: bool, why: str, actions: tuple[Action, ...],
+def _root_step(name: str, can: bool, why: str, actions: tuple[StepAction, ...],
                why_not: str) -> Step:
     if can:
         return Step(name, CHANGE, why, actions)
@@ -236,19 +237,19 @@ def _firewall(host: str, facts: dict[str, Any], cf: ClusterFacts, root_ok: bool)
         want = {a: f"ufw allow from {a} proto tcp" for a in peers}
         have = set(fw["rules"] or [])
         lacking = [a for a in peers if want[a] not in have]
-        actions = tuple(Action(("ufw", "allow", "from", a, "proto", "tcp"), root=True)
+        actions = tuple(StepAction(("ufw", "allow", "from", a, "proto", "tcp"), root=True)
                         for a in lacking)
     else:
         have = set(fw["rules"] or [])
         lacking = [a for a in peers if a not in have]
-        actions = tuple(Action(("firewall-cmd", "--permanent", "--zone=trusted",
-                                f"--add-source={a}"), root=True) for a in lacking)
+        actions = tuple(StepAction(("firewall-cmd", "--permanent", "--zone=trusted",
+                                    f"--add-source={a}"), root=True) for a in lacking)
         if actions:
-            actions += (Action(("firewall-cmd", "--reload"), root=True),)
+            actions += (StepAction(("firewall-cmd", "--reload"), root=True),)
     if fw["rules"] is None:
         return Step("firewall", BLOCKED, f"{fw['kind']} is active and its rules need root to "
                     "read or change: an admin can run the commands below",
-                    tuple(Action(("ufw", "allow", "from", a, "proto", "tcp"), root=True)
+                    tuple(StepAction(("ufw", "allow", "from", a, "proto", "tcp"), root=True)
                           for a in peers) if fw["kind"] == "ufw" else ())
     if not lacking:
         return Step("firewall", OK, f"{fw['kind']}: TCP open to the other nodes only "
@@ -307,7 +308,7 @@ def _hosts(host: str, facts: dict[str, Any], cf: ClusterFacts, root_ok: bool) ->
     script = ("cat > /etc/hosts.ptcluster-new && cat /etc/hosts.ptcluster-new > /etc/hosts "
               "&& rm -f /etc/hosts.ptcluster-new")
     return _root_step("/etc/hosts", root_ok, why, (
-        Action(("sh", "-c", script), root=True, input=want),), "no sudo")
+        StepAction(("sh", "-c", script), root=True, input=want),), "no sudo")
 
 
 def _is_ip(text: str) -> bool:
