@@ -117,6 +117,19 @@ def test_plan_of_a_fresh_node() -> None:
     assert pip.startswith("~/.ptcluster/venv/bin/python -m pip install")
 
 
+def test_plan_is_the_step_registry_in_order() -> None:
+    # plan_node is STEP_DEFS' functions in their order, each planning the step it is declared as
+    no_sudo = {**FRESH, "sudo": {"mode": "none"}}
+    assert len(set(P.STEPS)) == len(P.STEPS) == 12
+    for facts in (FRESH, converged(FRESH), no_sudo):
+        steps = P.plan_node("n1", facts, CF)
+        assert [s.name for s in steps] == [d.name for d in P.STEP_DEFS] == list(P.STEPS)
+        assert [d.plan("n1", facts, CF) for d in P.STEP_DEFS] == steps
+        # a step with no facts of its own for apply to re-read only reports: never a change
+        assert [d.name for d, s in zip(P.STEP_DEFS, steps, strict=True)
+                if not d.sections and s.status == P.CHANGE] == []
+
+
 def test_plan_is_all_ok_once_converged() -> None:
     steps = P.plan_node("n1", converged(FRESH), CF)
     assert [(s.name, s.status) for s in steps if s.status != P.OK] == []
