@@ -38,11 +38,6 @@ log = logging.getLogger(__name__)
 SETUP = NodeProgram("setup", "ptcluster.node", "setup_agent.py")
 NODE_PYTHON = "python3"
 """The setup program runs on the node's system Python (Debian/Ubuntu always have python3)."""
-SECTIONS = {"ssh key": ["key"], "apt packages": ["apt"], "python venv": ["venv", "apt"],
-            "wheels": ["wheels", "venv"], "torch + ptcluster": ["venv"],
-            "firewall": ["firewall"], "/etc/hosts": ["hosts"], "env file": ["env"],
-            "workdir": ["workdir"]}
-"""The facts each step re-reads right before it runs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -487,39 +482,39 @@ class Setup:
         outcome = self.outcomes[node.host]
         session = self.sessions[node.host]
         facts = dict(self._facts[node.host] or {})
-        for name in P.STEPS:
-            planned = next(s for s in outcome.before if s.name == name)
-            if planned.status == P.OK:
+        before = {s.name: s for s in outcome.before}
+        for d in P.STEP_DEFS:
+            if before[d.name].status == P.OK:
                 continue
-            if name in SECTIONS:  # the step's own fact, read again right now
-                facts.update(session.ask("facts", {"only": SECTIONS[name]}, self.opts.timeout * 3))
+            if d.sections:  # the step's own facts, read again right now
+                facts.update(session.ask("facts", {"only": list(d.sections)},
+                                         self.opts.timeout * 3))
             cluster = self.cluster
-            if name == "wheels":
-                cluster = self._with_manifest(cluster, P.plan_node(node.host, facts, cluster))
-            step = next(s for s in P.plan_node(node.host, facts, cluster) if s.name == name)
+            step = d.plan(node.host, facts, cluster)  # this step alone, from those facts
+            if d.wheelhouse and step.status == P.CHANGE:
+                step = d.plan(node.host, facts, self._with_manifest(cluster))
             if step.status == P.OK:
-                outcome.applied.append((name, "skipped", "already done"))
+                outcome.applied.append((d.name, "skipped", "already done"))
                 continue
             if step.status == P.BLOCKED:
-                outcome.applied.append((name, "blocked", step.why))
+                outcome.applied.append((d.name, "blocked", step.why))
                 continue
-            self.on_event(node.host, f"{name}: {step.why}")
+            self.on_event(node.host, f"{d.name}: {step.why}")
             begun = time.monotonic()
             for action in step.actions:
                 ok, detail = self._act(node, session, action)
                 if not ok:
-                    outcome.applied.append((name, "failed", detail))
-                    self.on_event(node.host, f"{name}: FAILED {detail.splitlines()[-1:]}")
+                    outcome.applied.append((d.name, "failed", detail))
+                    self.on_event(node.host, f"{d.name}: FAILED {detail.splitlines()[-1:]}")
                     break
             else:
-                outcome.applied.append((name, "changed", step.why))
-                outcome.seconds[name] = time.monotonic() - begun
-                self.on_event(node.host, f"{name}: done ({outcome.seconds[name]:.1f} s)")
+                outcome.applied.append((d.name, "changed", step.why))
+                outcome.seconds[d.name] = time.monotonic() - begun
+                self.on_event(node.host, f"{d.name}: done ({outcome.seconds[d.name]:.1f} s)")
 
-    def _with_manifest(self, cluster: P.ClusterFacts, steps: list[P.Step]) -> P.ClusterFacts:
-        wheels = next(s for s in steps if s.name == "wheels")
-        if wheels.status != P.CHANGE:
-            return cluster
+    def _with_manifest(self, cluster: P.ClusterFacts) -> P.ClusterFacts:
+        """``cluster`` with the head's wheelhouse manifest, the wheelhouse prepared first (once,
+        for every node)."""
         with self._wheels_lock:
             if self._wheels_error is not None:
                 raise self._wheels_error
