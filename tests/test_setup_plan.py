@@ -117,6 +117,19 @@ def test_plan_of_a_fresh_node() -> None:
     assert pip.startswith("~/.ptcluster/venv/bin/python -m pip install")
 
 
+def test_plan_is_the_step_registry_in_order() -> None:
+    # plan_node is STEP_DEFS' functions in their order, each planning the step it is declared as
+    no_sudo = {**FRESH, "sudo": {"mode": "none"}}
+    assert len(set(P.STEPS)) == len(P.STEPS) == 12
+    for facts in (FRESH, converged(FRESH), no_sudo):
+        steps = P.plan_node("n1", facts, CF)
+        assert [s.name for s in steps] == [d.name for d in P.STEP_DEFS] == list(P.STEPS)
+        assert [d.plan("n1", facts, CF) for d in P.STEP_DEFS] == steps
+        # a step with no facts of its own for apply to re-read only reports: never a change
+        assert [d.name for d, s in zip(P.STEP_DEFS, steps, strict=True)
+                if not d.sections and s.status == P.CHANGE] == []
+
+
 def test_plan_is_all_ok_once_converged() -> None:
     steps = P.plan_node("n1", converged(FRESH), CF)
     assert [(s.name, s.status) for s in steps if s.status != P.OK] == []
@@ -309,6 +322,55 @@ def test_setup_closes_a_session_it_gave_up_on() -> None:
     assert session.channel.proc is not None and not session.channel.closed
     setup._close_sessions("bye")
     assert session.channel.closed and session.channel.proc.poll() is not None
+
+
+def test_apply_replans_only_the_step_it_applies(monkeypatch, tmp_path: Path) -> None:
+    # before each pending step apply re-reads the facts STEP_DEFS declares for it, then plans
+    # that step alone from them (not every step for every step)
+    from dataclasses import replace
+
+    from ptcluster.setup.apply import Setup, SetupOptions
+    from ptcluster.spec import parse_cluster_text
+
+    planned: list[str] = []
+
+    def counted(d: P.StepDef) -> P.StepDef:
+        def plan(host: str, facts: dict, cf: P.ClusterFacts) -> P.Step:
+            planned.append(d.name)
+            return d.plan(host, facts, cf)
+        return replace(d, plan=plan)
+
+    defs = tuple(counted(d) for d in P.STEP_DEFS)
+    monkeypatch.setattr(P, "STEP_DEFS", defs)
+    asked: list[tuple[str, dict]] = []
+
+    class Session:  # the node answers every fact request with "unchanged"
+        def ask(self, kind: str, payload: dict, timeout: float) -> dict:
+            asked.append((kind, payload))
+            return {}
+
+    spec = parse_cluster_text("nodes: [{host: n1}]\n", "c.yaml")
+    setup = Setup(spec, SetupOptions(), password=lambda: None)
+    setup.cluster, setup._facts["n1"] = CF, FRESH
+    setup._wheels = (tmp_path, {"torch.whl": "aa"})  # the head's wheelhouse, prepared already
+    setup.sessions["n1"] = Session()  # type: ignore[assignment]
+    setup.outcomes["n1"].before = P.plan_node("n1", FRESH, CF)
+    acted: list[P.StepAction] = []
+    monkeypatch.setattr(setup, "_act", lambda node, session, a: (acted.append(a), (True, ""))[1])
+    planned.clear()
+    setup._apply(spec.nodes[0])
+
+    pending = [d for d, s in zip(defs, setup.outcomes["n1"].before, strict=True)
+               if s.status != P.OK]
+    assert [d.name for d in pending] == [n for n in P.STEPS
+                                         if n not in ("sudo", "os", "gpu driver")]
+    # one plan per step applied; the wheels twice: again once the manifest is known
+    assert planned == [n for d in pending for n in [d.name] * (2 if d.wheelhouse else 1)]
+    assert asked == [("facts", {"only": list(d.sections)}) for d in pending]
+    assert asked[0] == ("facts", {"only": ["key"]})
+    applied = setup.outcomes["n1"].applied
+    assert [(n, r) for n, r, _ in applied] == [(d.name, "changed") for d in pending]
+    assert acted[3] == P.StepAction(("torch.whl",), kind="copy")  # the wheel the node lacks
 
 
 @pytest.mark.parametrize("workdir, dest", [("~", "."), ("~/p", "p"), ("/srv/p", "/srv/p")])

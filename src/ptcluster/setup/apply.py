@@ -37,11 +37,6 @@ from ptcluster.spec.model import ClusterSpec, NodeSpec, SshSpec
 log = logging.getLogger(__name__)
 NODE_PYTHON = "python3"
 """The setup program runs on the node's system Python (Debian/Ubuntu always have python3)."""
-SECTIONS = {"ssh key": ["key"], "apt packages": ["apt"], "python venv": ["venv", "apt"],
-            "wheels": ["wheels", "venv"], "torch + ptcluster": ["venv"],
-            "firewall": ["firewall"], "/etc/hosts": ["hosts"], "env file": ["env"],
-            "workdir": ["workdir"]}
-"""The facts each step re-reads right before it runs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +54,9 @@ class SetupOptions:
 
 
 @dataclass
-class NodeOutcome:
+class NodeSetupOutcome:
+    """One node's setup: how the head got in, its plan before and after, what apply did."""
+
     host: str
     addr: str = ""
     connection: str = ""
@@ -94,7 +91,7 @@ class NodeOutcome:
 
 @dataclass
 class SetupReport:
-    nodes: dict[str, NodeOutcome]
+    nodes: dict[str, NodeSetupOutcome]
     head: list[P.Step]
     torch: TorchChoice | None
     dry_run: bool
@@ -239,7 +236,7 @@ class Setup:
         self._lock = threading.Lock()
         self._askpass: Askpass | None = None
         self.on_event = on_event or (lambda host, text: None)
-        self.outcomes = {n.host: NodeOutcome(host=n.host) for n in spec.nodes}
+        self.outcomes = {n.host: NodeSetupOutcome(host=n.host) for n in spec.nodes}
         self.sessions: dict[str, NodeSession] = {}
         self._opened: list[NodeSession] = []
         """Every session started, also those given up on before they joined ``sessions`` (a
@@ -286,12 +283,12 @@ class Setup:
                 steps.append(P.Step("head key", P.OK, str(path)))
             elif path.exists():
                 steps.append(P.Step("head key", P.BLOCKED, f"{path} exists without {pub.name}: "
-                                    "never overwritten", (P.Action(("ssh-keygen", "-y", "-f",
-                                                                    str(path))),)))
+                                    "never overwritten", (P.StepAction(("ssh-keygen", "-y", "-f",
+                                                                        str(path))),)))
                 continue
             elif self.opts.dry_run:
                 steps.append(P.Step("head key", P.CHANGE, f"no key at {path}",
-                                    (P.Action(argv),)))
+                                    (P.StepAction(argv),)))
                 pubkey = pubkey or "ssh-ed25519 <the new key> ptcluster"
                 continue
             else:
@@ -484,39 +481,39 @@ class Setup:
         outcome = self.outcomes[node.host]
         session = self.sessions[node.host]
         facts = dict(self._facts[node.host] or {})
-        for name in P.STEPS:
-            planned = next(s for s in outcome.before if s.name == name)
-            if planned.status == P.OK:
+        before = {s.name: s for s in outcome.before}
+        for d in P.STEP_DEFS:
+            if before[d.name].status == P.OK:
                 continue
-            if name in SECTIONS:  # the step's own fact, read again right now
-                facts.update(session.ask("facts", {"only": SECTIONS[name]}, self.opts.timeout * 3))
+            if d.sections:  # the step's own facts, read again right now
+                facts.update(session.ask("facts", {"only": list(d.sections)},
+                                         self.opts.timeout * 3))
             cluster = self.cluster
-            if name == "wheels":
-                cluster = self._with_manifest(cluster, P.plan_node(node.host, facts, cluster))
-            step = next(s for s in P.plan_node(node.host, facts, cluster) if s.name == name)
+            step = d.plan(node.host, facts, cluster)  # this step alone, from those facts
+            if d.wheelhouse and step.status == P.CHANGE:
+                step = d.plan(node.host, facts, self._with_manifest(cluster))
             if step.status == P.OK:
-                outcome.applied.append((name, "skipped", "already done"))
+                outcome.applied.append((d.name, "skipped", "already done"))
                 continue
             if step.status == P.BLOCKED:
-                outcome.applied.append((name, "blocked", step.why))
+                outcome.applied.append((d.name, "blocked", step.why))
                 continue
-            self.on_event(node.host, f"{name}: {step.why}")
+            self.on_event(node.host, f"{d.name}: {step.why}")
             begun = time.monotonic()
             for action in step.actions:
                 ok, detail = self._act(node, session, action)
                 if not ok:
-                    outcome.applied.append((name, "failed", detail))
-                    self.on_event(node.host, f"{name}: FAILED {detail.splitlines()[-1:]}")
+                    outcome.applied.append((d.name, "failed", detail))
+                    self.on_event(node.host, f"{d.name}: FAILED {detail.splitlines()[-1:]}")
                     break
             else:
-                outcome.applied.append((name, "changed", step.why))
-                outcome.seconds[name] = time.monotonic() - begun
-                self.on_event(node.host, f"{name}: done ({outcome.seconds[name]:.1f} s)")
+                outcome.applied.append((d.name, "changed", step.why))
+                outcome.seconds[d.name] = time.monotonic() - begun
+                self.on_event(node.host, f"{d.name}: done ({outcome.seconds[d.name]:.1f} s)")
 
-    def _with_manifest(self, cluster: P.ClusterFacts, steps: list[P.Step]) -> P.ClusterFacts:
-        wheels = next(s for s in steps if s.name == "wheels")
-        if wheels.status != P.CHANGE:
-            return cluster
+    def _with_manifest(self, cluster: P.ClusterFacts) -> P.ClusterFacts:
+        """``cluster`` with the head's wheelhouse manifest, the wheelhouse prepared first (once,
+        for every node)."""
         with self._wheels_lock:
             if self._wheels_error is not None:
                 raise self._wheels_error
@@ -533,7 +530,7 @@ class Setup:
         self.cluster = replace(self.cluster, manifest=self._wheels[1])
         return replace(cluster, manifest=self._wheels[1])
 
-    def _act(self, node: NodeSpec, session: NodeSession, action: P.Action) -> tuple[bool, str]:
+    def _act(self, node: NodeSpec, session: NodeSession, action: P.StepAction) -> tuple[bool, str]:
         if action.kind == "copy":
             return self._copy(node, list(action.argv))
         argv = list(action.argv)

@@ -1,14 +1,16 @@
 """What setup does on each node: a pure function of the facts of every node.
 
 Per node, in order, each step is ``ok`` (its fact proves it done), ``change`` (with the exact
-commands apply runs) or ``blocked`` (why, and the commands an admin can run instead). Apply
-re-plans a step from fresh facts right before acting, so a step is only ever run when its own
-fact still says it is needed.
+commands apply runs) or ``blocked`` (why, and the commands an admin can run instead). Each step
+is one function, declared once in ``STEP_DEFS`` with the fact sections it needs. Apply re-plans
+a step (that function alone) from fresh facts right before acting, so a step is only ever run
+when its own fact still says it is needed.
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,15 +25,12 @@ WHEELHOUSE = "~/.ptcluster/wheelhouse"
 ENV_FILE = "~/.ptcluster/env"
 HOSTS_BEGIN = "# BEGIN ptcluster: cluster nodes (managed by `ptcluster setup`, edits are replaced)"
 HOSTS_END = "# END ptcluster"
-STEPS = ("ssh key", "sudo", "os", "gpu driver", "apt packages", "python venv", "wheels",
-         "torch + ptcluster", "firewall", "/etc/hosts", "env file", "workdir")
-"""Every step, in the order apply runs them (the connection comes before all of them)."""
-ROOT_STEPS = ("apt packages", "firewall", "/etc/hosts")
 
 
 @dataclass(frozen=True)
-class Action:
-    """One command: on the node over the setup channel, or a copy from the head."""
+class StepAction:
+    """One command of a setup step: on the node over the setup channel, or a copy from the
+    head."""
 
     argv: tuple[str, ...]
     kind: str = "node"
@@ -65,7 +64,7 @@ class Step:
     name: str
     status: str
     why: str = ""
-    actions: tuple[Action, ...] = ()
+    actions: tuple[StepAction, ...] = ()
 
     def commands(self, host: str = "NODE") -> list[str]:
         return [a.display(host) for a in self.actions]
@@ -98,127 +97,185 @@ class ClusterFacts:
     """The head's wheelhouse {file: sha256}; None until it has been prepared."""
 
 
+@dataclass(frozen=True)
+class StepDef:
+    """One setup step, declared once: its name, the facts it needs, the function that plans it
+    (as a pyinfra operation declares its facts beside its function)."""
+
+    name: str
+    """As the plan, the table and the JSON name the step."""
+    sections: tuple[str, ...]
+    """The node's fact sections (``facts {"only": [...]}``) apply reads again right before it acts
+    on this step; none for a step that only reports (never a change)."""
+    plan: Callable[[str, dict[str, Any], ClusterFacts], Step]
+    """``(host, the node's facts, the cluster's) -> Step``: pure."""
+    wheelhouse: bool = False
+    """Its commands name wheels of the head's wheelhouse: when the step is a change, apply
+    prepares the wheelhouse (once, for every node) and plans the step again with its manifest."""
+
+
 def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
-    """Every step for one node, from its facts (see ``setup.node``) and the cluster's."""
-    steps: list[Step] = []
-    sudo = facts["sudo"]["mode"]
-    root_ok = sudo in ("root", "nopasswd", "password")
+    """Every step for one node, in ``STEP_DEFS`` order, from its facts (``node/setup_agent.py``
+    reads them) and the cluster's."""
+    return [d.plan(host, facts, cf) for d in STEP_DEFS]
 
-    if facts.get("key_authorized"):
-        steps.append(Step("ssh key", OK, "the head's key is authorized"))
-    else:
-        steps.append(Step("ssh key", CHANGE, "the head's key is not in ~/.ssh/authorized_keys", (
-            Action(("sh", "-c", "umask 077 && mkdir -p ~/.ssh && cat >> ~/.ssh/authorized_keys"),
-                   input=cf.pubkey.strip() + "\n"),)))
 
-    sudo_why = {"root": "logged in as root", "nopasswd": "sudo without a password",
-                "password": "sudo with the password (checked)",
-                "needs-password": "sudo needs a password and none was given",
-                "wrong-password": "sudo refused the password",
-                }.get(sudo, facts["sudo"].get("why") or "no sudo")
-    steps.append(Step("sudo", OK if root_ok else BLOCKED, sudo_why))
+def _root_ok(facts: dict[str, Any]) -> bool:
+    return bool(facts["sudo"]["mode"] in ("root", "nopasswd", "password"))
 
+
+SUDO_WHY = {"root": "logged in as root", "nopasswd": "sudo without a password",
+            "password": "sudo with the password (checked)",
+            "needs-password": "sudo needs a password and none was given",
+            "wrong-password": "sudo refused the password"}
+
+
+def _sudo_why(facts: dict[str, Any]) -> str:
+    return SUDO_WHY.get(facts["sudo"]["mode"], facts["sudo"].get("why") or "no sudo")
+
+
+def _debian(facts: dict[str, Any]) -> bool:
     os_ = facts["os"]
     family = {os_.get("ID", "")} | set(os_.get("ID_LIKE", "").split())
-    debian = bool(family & {"debian", "ubuntu"})
-    steps.append(Step("os", OK if debian else BLOCKED, os_.get("PRETTY_NAME") or os_.get("ID")
-                      if debian else f"{os_.get('PRETTY_NAME') or 'unknown OS'}: setup knows "
-                      "Debian and Ubuntu only (apt); prepare this node by hand"))
+    return bool(family & {"debian", "ubuntu"})
 
+
+def _missing_packages(facts: dict[str, Any]) -> list[str]:
+    return [p for p, ok in facts["packages"].items() if not ok]
+
+
+def _ssh_key(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    if facts.get("key_authorized"):
+        return Step("ssh key", OK, "the head's key is authorized")
+    return Step("ssh key", CHANGE, "the head's key is not in ~/.ssh/authorized_keys", (
+        StepAction(("sh", "-c", "umask 077 && mkdir -p ~/.ssh && cat >> ~/.ssh/authorized_keys"),
+                   input=cf.pubkey.strip() + "\n"),))
+
+
+def _sudo(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    return Step("sudo", OK if _root_ok(facts) else BLOCKED, _sudo_why(facts))
+
+
+def _os(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    os_ = facts["os"]
+    if _debian(facts):
+        return Step("os", OK, os_.get("PRETTY_NAME") or os_.get("ID"))
+    return Step("os", BLOCKED, f"{os_.get('PRETTY_NAME') or 'unknown OS'}: setup knows Debian "
+                "and Ubuntu only (apt); prepare this node by hand")
+
+
+def _gpu_driver(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
     gpu = facts["gpu"]
     if gpu["count"] and not gpu["driver"]:
-        steps.append(Step("gpu driver", BLOCKED, f"{gpu['count']} NVIDIA GPU(s) but no driver: "
-                          "install it (e.g. `sudo ubuntu-drivers install`) and reboot; setup "
-                          "never installs drivers"))
-    else:
-        steps.append(Step("gpu driver", OK, f"driver {gpu['driver']}, {gpu['count']} GPU(s)"
-                          if gpu["count"] else "no NVIDIA GPU"))
+        return Step("gpu driver", BLOCKED, f"{gpu['count']} NVIDIA GPU(s) but no driver: "
+                    "install it (e.g. `sudo ubuntu-drivers install`) and reboot; setup never "
+                    "installs drivers")
+    return Step("gpu driver", OK, f"driver {gpu['driver']}, {gpu['count']} GPU(s)"
+                if gpu["count"] else "no NVIDIA GPU")
 
-    missing = [p for p, ok in facts["packages"].items() if not ok]
+
+def _apt_packages(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    missing = _missing_packages(facts)
     if not missing:
-        steps.append(Step("apt packages", OK, "installed: " + ", ".join(facts["packages"])))
-    else:
-        apt = Action(("sh", "-c", "dpkg --configure -a && apt-get update -q && apt-get install "
+        return Step("apt packages", OK, "installed: " + ", ".join(facts["packages"]))
+    apt = StepAction(("sh", "-c", "dpkg --configure -a && apt-get update -q && apt-get install "
                       "-y -q -o DPkg::Lock::Timeout=300 " + shlex.join(missing)),
                      root=True, env=(("DEBIAN_FRONTEND", "noninteractive"),), timeout=1800)
-        steps.append(_root_step("apt packages", root_ok and debian, "missing: " +
-                                ", ".join(missing), (apt,), sudo_why if debian else "not apt"))
-    apt_pending = bool(missing)
+    debian = _debian(facts)
+    return _root_step("apt packages", _root_ok(facts) and debian, "missing: " +
+                      ", ".join(missing), (apt,), _sudo_why(facts) if debian else "not apt")
 
-    venv = facts["venv"]
-    node_py = facts["python"]
+
+def _python_venv(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    venv, node_py = facts["venv"], facts["python"]
     if node_py != cf.python:
-        steps.append(Step("python venv", BLOCKED, f"the node's python3 is {node_py}, the head's "
-                          f"is {cf.python} (the wheels are the head's): install python{cf.python} "
-                          "there, or run setup from a head with the nodes' Python"))
-    elif venv.get("exists") and venv.get("ok"):
-        steps.append(Step("python venv", OK, f"{VENV} (Python {venv.get('python')})"))
-    else:
-        make = Action(("sh", "-c", f"rm -rf {VENV} && python3 -m venv {VENV}"))
-        if apt_pending and not (root_ok and debian):
-            steps.append(Step("python venv", BLOCKED, "needs python3-venv (apt packages)",
-                              (make,)))
-        else:
-            steps.append(Step("python venv", CHANGE, "no working venv at " + VENV, (make,)))
-    venv_ready = steps[-1].status == OK
-    venv_possible = steps[-1].status != BLOCKED
+        return Step("python venv", BLOCKED, f"the node's python3 is {node_py}, the head's is "
+                    f"{cf.python} (the wheels are the head's): install python{cf.python} there, "
+                    "or run setup from a head with the nodes' Python")
+    if venv.get("exists") and venv.get("ok"):
+        return Step("python venv", OK, f"{VENV} (Python {venv.get('python')})")
+    make = StepAction(("sh", "-c", f"rm -rf {VENV} && python3 -m venv {VENV}"))
+    if _missing_packages(facts) and not (_root_ok(facts) and _debian(facts)):
+        return Step("python venv", BLOCKED, "needs python3-venv (apt packages)", (make,))
+    return Step("python venv", CHANGE, "no working venv at " + VENV, (make,))
 
-    dists = venv.get("dists") or {}
-    want = {"torch": cf.torch.local_version, "ptcluster": cf.self_version}
-    have_all = venv_ready and all(dists.get(k) == v for k, v in want.items())
+
+def _wanted(cf: ClusterFacts) -> dict[str, str]:
+    """dist -> the version the venv gets."""
+    return {"torch": cf.torch.local_version, "ptcluster": cf.self_version}
+
+
+def _install_case(host: str, facts: dict[str, Any], cf: ClusterFacts) -> str:
+    """What ``wheels`` and ``torch + ptcluster`` share: ``no torch`` (no build fits),
+    ``installed`` (the venv has what they would bring), ``no venv`` (it cannot be made) or
+    ``install``."""
     if cf.torch.variant is None:
-        steps.append(Step("wheels", BLOCKED, cf.torch.problem or "no torch build fits"))
-        steps.append(Step("torch + ptcluster", BLOCKED,
-                          who_what_fix(None, cf.torch.problem or "no torch build fits",
-                                       cf.torch.fix)))
-    elif have_all:
-        steps.append(Step("wheels", OK, "nothing to copy: the venv has what it needs"))
-        steps.append(Step("torch + ptcluster", OK, f"torch {want['torch']}, ptcluster "
-                          f"{want['ptcluster']} ({cf.torch.why})"))
-    elif not venv_possible:
-        steps.append(Step("wheels", BLOCKED, "not copied: the venv cannot be made (see above)"))
-        steps.append(Step("torch + ptcluster", BLOCKED, "needs the venv (see above)"))
-    else:
-        node_wheels: dict[str, str] = facts.get("wheelhouse") or {}
-        if cf.manifest is None:
-            copy = Step("wheels", CHANGE, "the head downloads the wheels once, then copies what "
-                        "the node lacks", (Action((f"{cf.torch.requirement}", "ptcluster + deps"),
-                                                  kind="copy"),))
-        else:
-            lacking = tuple(n for n, h in cf.manifest.items() if node_wheels.get(n) != h)
-            copy = (Step("wheels", OK, f"{len(cf.manifest)} wheels already on the node")
-                    if not lacking else
-                    Step("wheels", CHANGE, f"{len(lacking)} of {len(cf.manifest)} wheels to copy",
-                         (Action(lacking, kind="copy"),)))
-        steps.append(copy)
-        pip = Action((VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check",
+        return "no torch"
+    venv = _python_venv(host, facts, cf)
+    dists = facts["venv"].get("dists") or {}
+    if venv.status == OK and all(dists.get(k) == v for k, v in _wanted(cf).items()):
+        return "installed"
+    return "no venv" if venv.status == BLOCKED else "install"
+
+
+def _wheels(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    case = _install_case(host, facts, cf)
+    if case == "no torch":
+        return Step("wheels", BLOCKED, cf.torch.problem or "no torch build fits")
+    if case == "installed":
+        return Step("wheels", OK, "nothing to copy: the venv has what it needs")
+    if case == "no venv":
+        return Step("wheels", BLOCKED, "not copied: the venv cannot be made (see above)")
+    if cf.manifest is None:
+        return Step("wheels", CHANGE, "the head downloads the wheels once, then copies what the "
+                    "node lacks", (StepAction((cf.torch.requirement, "ptcluster + deps"),
+                                              kind="copy"),))
+    node_wheels: dict[str, str] = facts.get("wheelhouse") or {}
+    lacking = tuple(n for n, h in cf.manifest.items() if node_wheels.get(n) != h)
+    if not lacking:
+        return Step("wheels", OK, f"{len(cf.manifest)} wheels already on the node")
+    return Step("wheels", CHANGE, f"{len(lacking)} of {len(cf.manifest)} wheels to copy",
+                (StepAction(lacking, kind="copy"),))
+
+
+def _torch(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    case, want = _install_case(host, facts, cf), _wanted(cf)
+    if case == "no torch":
+        return Step("torch + ptcluster", BLOCKED, who_what_fix(
+            None, cf.torch.problem or "no torch build fits", cf.torch.fix))
+    if case == "installed":
+        return Step("torch + ptcluster", OK, f"torch {want['torch']}, ptcluster "
+                    f"{want['ptcluster']} ({cf.torch.why})")
+    if case == "no venv":
+        return Step("torch + ptcluster", BLOCKED, "needs the venv (see above)")
+    dists = facts["venv"].get("dists") or {}
+    pip = StepAction((VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check",
                       "--no-index", "--find-links", WHEELHOUSE, cf.torch.requirement,
                       f"ptcluster=={cf.self_version}"), timeout=3600)
-        now = ", ".join(f"{k} {dists.get(k) or 'missing'}" for k in want)
-        steps.append(Step("torch + ptcluster", CHANGE, f"{now}; want torch {want['torch']} "
-                          f"({cf.torch.why}), ptcluster {want['ptcluster']}", (pip,)))
+    now = ", ".join(f"{k} {dists.get(k) or 'missing'}" for k in want)
+    return Step("torch + ptcluster", CHANGE, f"{now}; want torch {want['torch']} "
+                f"({cf.torch.why}), ptcluster {want['ptcluster']}", (pip,))
 
-    steps.append(_firewall(host, facts, cf, root_ok))
-    steps.append(_hosts(host, facts, cf, root_ok))
 
-    env_text = env_file_text(host, facts, cf)
-    if facts.get("env_file") == env_text:
-        steps.append(Step("env file", OK, ENV_FILE))
-    else:
-        steps.append(Step("env file", CHANGE, f"{ENV_FILE} " + (
-            "differs" if facts.get("env_file") is not None else "missing"), (
-            Action(("sh", "-c", f"mkdir -p ~/.ptcluster && cat > {ENV_FILE}.tmp && "
-                    f"mv {ENV_FILE}.tmp {ENV_FILE}"), input=env_text),)))
+def _env_file(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    text = env_file_text(host, facts, cf)
+    if facts.get("env_file") == text:
+        return Step("env file", OK, ENV_FILE)
+    return Step("env file", CHANGE, f"{ENV_FILE} " + (
+        "differs" if facts.get("env_file") is not None else "missing"), (
+        StepAction(("sh", "-c", f"mkdir -p ~/.ptcluster && cat > {ENV_FILE}.tmp && "
+                    f"mv {ENV_FILE}.tmp {ENV_FILE}"), input=text),))
+
+
+def _workdir(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
     workdir = facts.get("workdir") or {}
     if workdir.get("exists", True):
-        steps.append(Step("workdir", OK, workdir.get("path", "")))
-    else:
-        steps.append(Step("workdir", CHANGE, f"{workdir['path']} does not exist", (
-            Action(("mkdir", "-p", workdir["path"])),)))
-    return steps
+        return Step("workdir", OK, workdir.get("path", ""))
+    return Step("workdir", CHANGE, f"{workdir['path']} does not exist", (
+        StepAction(("mkdir", "-p", workdir["path"])),))
 
 
-def _root_step(name: str, can: bool, why: str, actions: tuple[Action, ...],
+def _root_step(name: str, can: bool, why: str, actions: tuple[StepAction, ...],
                why_not: str) -> Step:
     if can:
         return Step(name, CHANGE, why, actions)
@@ -226,7 +283,7 @@ def _root_step(name: str, can: bool, why: str, actions: tuple[Action, ...],
                 "commands below", actions)
 
 
-def _firewall(host: str, facts: dict[str, Any], cf: ClusterFacts, root_ok: bool) -> Step:
+def _firewall(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
     fw = facts["firewall"]
     if not fw["kind"] or not fw["active"]:
         return Step("firewall", OK, "no active firewall" + (f" ({fw['kind']} inactive)"
@@ -236,24 +293,24 @@ def _firewall(host: str, facts: dict[str, Any], cf: ClusterFacts, root_ok: bool)
         want = {a: f"ufw allow from {a} proto tcp" for a in peers}
         have = set(fw["rules"] or [])
         lacking = [a for a in peers if want[a] not in have]
-        actions = tuple(Action(("ufw", "allow", "from", a, "proto", "tcp"), root=True)
+        actions = tuple(StepAction(("ufw", "allow", "from", a, "proto", "tcp"), root=True)
                         for a in lacking)
     else:
         have = set(fw["rules"] or [])
         lacking = [a for a in peers if a not in have]
-        actions = tuple(Action(("firewall-cmd", "--permanent", "--zone=trusted",
-                                f"--add-source={a}"), root=True) for a in lacking)
+        actions = tuple(StepAction(("firewall-cmd", "--permanent", "--zone=trusted",
+                                    f"--add-source={a}"), root=True) for a in lacking)
         if actions:
-            actions += (Action(("firewall-cmd", "--reload"), root=True),)
+            actions += (StepAction(("firewall-cmd", "--reload"), root=True),)
     if fw["rules"] is None:
         return Step("firewall", BLOCKED, f"{fw['kind']} is active and its rules need root to "
                     "read or change: an admin can run the commands below",
-                    tuple(Action(("ufw", "allow", "from", a, "proto", "tcp"), root=True)
+                    tuple(StepAction(("ufw", "allow", "from", a, "proto", "tcp"), root=True)
                           for a in peers) if fw["kind"] == "ufw" else ())
     if not lacking:
         return Step("firewall", OK, f"{fw['kind']}: TCP open to the other nodes only "
                     f"({', '.join(peers) or 'none'})")
-    return _root_step("firewall", root_ok, f"{fw['kind']} active: TCP from "
+    return _root_step("firewall", _root_ok(facts), f"{fw['kind']} active: TCP from "
                       f"{', '.join(lacking)} not allowed", actions, "no sudo")
 
 
@@ -286,7 +343,7 @@ def hosts_with_block(current: str, entries: list[tuple[str, list[str]]], own: st
     return "\n".join([*out, "", *block]) + "\n"
 
 
-def _hosts(host: str, facts: dict[str, Any], cf: ClusterFacts, root_ok: bool) -> Step:
+def _hosts(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
     entries = []
     for h, addr in cf.addrs.items():
         names = [n for n in [cf.hostnames.get(h), h] if n and n != addr and not _is_ip(n)]
@@ -306,8 +363,8 @@ def _hosts(host: str, facts: dict[str, Any], cf: ClusterFacts, root_ok: bool) ->
     # empty or half written.
     script = ("cat > /etc/hosts.ptcluster-new && cat /etc/hosts.ptcluster-new > /etc/hosts "
               "&& rm -f /etc/hosts.ptcluster-new")
-    return _root_step("/etc/hosts", root_ok, why, (
-        Action(("sh", "-c", script), root=True, input=want),), "no sudo")
+    return _root_step("/etc/hosts", _root_ok(facts), why, (
+        StepAction(("sh", "-c", script), root=True, input=want),), "no sudo")
 
 
 def _is_ip(text: str) -> bool:
@@ -330,6 +387,25 @@ def env_file_text(host: str, facts: dict[str, Any], cf: ClusterFacts) -> str:
     lines += [f"export {k}={shlex.quote(v)}" for k, v in pairs]
     lines.append(f"export PATH={shlex.quote(VENV.replace('~', facts['home'], 1) + '/bin')}:$PATH")
     return "\n".join(lines) + "\n"
+
+
+STEP_DEFS: tuple[StepDef, ...] = (
+    StepDef("ssh key", ("key",), _ssh_key),
+    StepDef("sudo", (), _sudo),
+    StepDef("os", (), _os),
+    StepDef("gpu driver", (), _gpu_driver),
+    StepDef("apt packages", ("apt",), _apt_packages),
+    StepDef("python venv", ("venv", "apt"), _python_venv),
+    StepDef("wheels", ("wheels", "venv"), _wheels, wheelhouse=True),
+    StepDef("torch + ptcluster", ("venv",), _torch),
+    StepDef("firewall", ("firewall",), _firewall),
+    StepDef("/etc/hosts", ("hosts",), _hosts),
+    StepDef("env file", ("env",), _env_file),
+    StepDef("workdir", ("workdir",), _workdir),
+)
+"""Every step, in the order the plan lists them and apply runs them (the connection comes before
+all of them)."""
+STEPS = tuple(d.name for d in STEP_DEFS)
 
 
 def pending(steps: list[Step]) -> bool:
