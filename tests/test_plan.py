@@ -71,7 +71,7 @@ def test_env_is_cluster_env_plus_ours_only() -> None:
 
 
 def test_a_restart_is_planned_over_the_nodes_that_remain() -> None:
-    from ptcluster.launch.job import restarts
+    from ptcluster.launch.prepare import restarts
     from ptcluster.launch.restart import RestartPolicy
 
     spec = parse_cluster_text(CLUSTER, "c.yaml")
@@ -98,7 +98,7 @@ def test_a_master_with_its_own_address_moves_to_the_next_nodes_reported_address(
         reported, addr) -> None:
     """`master: {addr: 10.1.0.1}` (a fabric address; hosts are how the head reaches nodes):
     when n1 is lost, n2's host may not even resolve on the nodes; its reported address does."""
-    from ptcluster.launch.job import restarts
+    from ptcluster.launch.prepare import restarts
     from ptcluster.launch.restart import RestartPolicy
 
     spec = parse_cluster_text(CLUSTER + "master: {addr: 10.1.0.1, port: 29500}\n", "c.yaml")

@@ -237,8 +237,8 @@ def test_a_job_ended_from_outside_is_stopped_not_failed_and_not_restarted(tmp_pa
                                                                           no_leftovers) -> None:
     """What Slurm's scancel does to an allocation, through the runner's ``ended_by`` (the real
     scancel is in test_slurm.py): asked once, after the failed attempt."""
-    from ptcluster.launch.job import prepare, restarts, transports
     from ptcluster.launch.plan import Target
+    from ptcluster.launch.prepare import prepare, restarts, transports
     from ptcluster.launch.runner import Runner
     from ptcluster.spec import local_cluster
 

@@ -17,7 +17,7 @@ from ptcluster.bench.formulas import (
     root_for,
     size_for,
 )
-from ptcluster.launch.job import run_rank_program
+from ptcluster.launch.prepare import run_rank_program
 from ptcluster.launch.result import Failure, RunOptions
 from ptcluster.launch.runner import LineSink
 from ptcluster.node import BENCH_WORKER

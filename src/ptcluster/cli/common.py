@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from ptcluster.errors import UsageError
-from ptcluster.launch.job import local_gpu_count
+from ptcluster.launch.prepare import local_gpu_count
 from ptcluster.spec import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
 from ptcluster.spec.slurm import allocation_from_env, describe, slurm_cluster
 

@@ -17,7 +17,7 @@ from rich.live import Live
 from rich.table import Table
 
 from ptcluster.cli.common import SECONDS, FiniteFloat, cluster_option, load_spec
-from ptcluster.launch.job import transports
+from ptcluster.launch.prepare import transports
 from ptcluster.monitor.watch import Monitor, NodeView
 
 GB = 1e9

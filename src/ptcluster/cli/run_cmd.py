@@ -21,8 +21,8 @@ from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
-from ptcluster.launch.job import outside_stop, prepare, restarts, run_dir_for, transports
 from ptcluster.launch.plan import LaunchPlan, Target
+from ptcluster.launch.prepare import outside_stop, prepare, restarts, run_dir_for, transports
 from ptcluster.launch.restart import RestartPolicy
 from ptcluster.launch.result import RunOptions, RunResult
 from ptcluster.launch.runlogs import ConsoleFeed

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from ptcluster.errors import UsageError
 from ptcluster.launch.control import SOCKET_NAME, alive, ask
-from ptcluster.launch.job import DEFAULT_RUNS_DIR
+from ptcluster.launch.prepare import DEFAULT_RUNS_DIR
 
 
 @click.command(help=__doc__)

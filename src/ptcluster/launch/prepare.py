@@ -1,4 +1,5 @@
-"""The pieces ``ptcluster run``, doctor and bench put together: port, plan, transports, and a
+"""Preparing a job: what ``ptcluster run``, doctor and bench put together before a Runner starts:
+the port, the plan, how restarts are planned, the run dir; and a
 shipped rank program run through the same launcher."""
 
 from __future__ import annotations
