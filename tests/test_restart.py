@@ -238,8 +238,9 @@ def test_a_job_ended_from_outside_is_stopped_not_failed_and_not_restarted(tmp_pa
     """What Slurm's scancel does to an allocation, through the runner's ``ended_by`` (the real
     scancel is in test_slurm.py): asked once, after the failed attempt."""
     from ptcluster.launch.plan import Target
-    from ptcluster.launch.prepare import prepare, restarts, transports
+    from ptcluster.launch.prepare import prepare, restarts
     from ptcluster.launch.runner import Runner
+    from ptcluster.remote.connect import transports
     from ptcluster.spec import local_cluster
 
     (tmp_path / "fail.py").write_text(ATTEMPTS)

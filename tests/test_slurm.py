@@ -25,12 +25,11 @@ import pytest
 
 from ptcluster.doctor.collect import NodeProbe
 from ptcluster.doctor.slurm_checks import slurm_checks
-from ptcluster.remote.slurm import SrunTransport
+from ptcluster.remote.slurm import SrunTransport, ended_by_slurm
 from ptcluster.remote.transport import explain_channel_failure, explain_start_failure
 from ptcluster.spec.slurm import (
     allocation_from_env,
     describe,
-    ended_by_slurm,
     job_port,
     parse_node_addrs,
     parse_tasks_per_node,

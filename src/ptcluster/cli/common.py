@@ -11,6 +11,7 @@ import click
 
 from ptcluster.errors import UsageError
 from ptcluster.launch.prepare import local_gpu_count
+from ptcluster.remote.slurm import run_scontrol
 from ptcluster.spec import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
 from ptcluster.spec.slurm import allocation_from_env, describe, slurm_cluster
 
@@ -76,7 +77,7 @@ def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
     if cluster is None:
         alloc = allocation_from_env()
         if alloc is not None:
-            spec = slurm_cluster(alloc, nproc)
+            spec = slurm_cluster(alloc, nproc, scontrol=run_scontrol)
             if not quiet():
                 click.echo(describe(spec), err=True)
             return spec

@@ -17,8 +17,8 @@ from rich.live import Live
 from rich.table import Table
 
 from ptcluster.cli.common import SECONDS, FiniteFloat, cluster_option, load_spec
-from ptcluster.launch.prepare import transports
 from ptcluster.monitor.watch import Monitor, NodeView
+from ptcluster.remote.connect import transports
 
 GB = 1e9
 

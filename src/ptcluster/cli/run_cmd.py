@@ -22,11 +22,12 @@ from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
 from ptcluster.launch.plan import LaunchPlan, Target
-from ptcluster.launch.prepare import outside_stop, prepare, restarts, run_dir_for, transports
+from ptcluster.launch.prepare import prepare, restarts, run_dir_for
 from ptcluster.launch.restart import RestartPolicy
 from ptcluster.launch.result import RunOptions, RunResult
 from ptcluster.launch.runlogs import ConsoleFeed
 from ptcluster.launch.runner import Runner
+from ptcluster.remote.connect import outside_stop, transports
 
 
 @click.command(help=__doc__, context_settings={"allow_interspersed_args": False,

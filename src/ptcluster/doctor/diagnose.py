@@ -9,9 +9,10 @@ from typing import Any
 from ptcluster.doctor.checks import FAIL, OK, SKIP, Finding, run_checks
 from ptcluster.doctor.collect import NodeProbe, probe_cluster
 from ptcluster.doctor.slurm_checks import slurm_checks
-from ptcluster.launch.prepare import resolve_port, run_rank_program, transports
+from ptcluster.launch.prepare import resolve_port, run_rank_program
 from ptcluster.launch.result import RunOptions
 from ptcluster.node import ALLREDUCE
+from ptcluster.remote.connect import transports
 from ptcluster.spec.model import ClusterSpec
 
 

@@ -8,7 +8,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,10 +17,8 @@ from ptcluster.launch.result import RunOptions, RunResult
 from ptcluster.launch.runner import DataSink, LineSink, Restarts, Runner
 from ptcluster.node import Program
 from ptcluster.remote.bootstrap import pack_source
-from ptcluster.remote.slurm import SrunTransport
-from ptcluster.remote.transport import Transport, transport_for
+from ptcluster.remote.connect import outside_stop, transports
 from ptcluster.spec.model import DEFAULT_MASTER_PORT, ClusterSpec
-from ptcluster.spec.slurm import ended_by_slurm
 
 DEFAULT_RUNS_DIR = "ptcluster-runs"
 
@@ -86,20 +83,6 @@ def restarts(spec: ClusterSpec, target: Target, first: LaunchPlan,
                            max_restarts=policy.max_restarts)
 
     return Restarts(policy, replan)
-
-
-def transports(spec: ClusterSpec) -> dict[str, Transport]:
-    if spec.slurm_job is not None:  # an allocation's nodes: an srun step each, not ssh
-        return {node.host: SrunTransport(host=node.host, node=node.slurm_node or node.host,
-                                         job_id=spec.slurm_job) for node in spec.nodes}
-    return {node.host: transport_for(node, spec.local) for node in spec.nodes}
-
-
-def outside_stop(spec: ClusterSpec) -> Callable[[], str | None] | None:
-    """Who can end the job from outside, asked after a failed attempt (``Runner.ended_by``):
-    in a Slurm allocation, Slurm (scancel, the time limit, preemption, a requeue)."""
-    job = spec.slurm_job
-    return None if job is None else (lambda: ended_by_slurm(job))
 
 
 def run_dir_for(plan: LaunchPlan, base: str | Path | None) -> Path:

@@ -1,7 +1,8 @@
-"""How we reach a node: transports (local, OpenSSH) and the node-side guard."""
+"""How the head reaches a node: transports (local, OpenSSH, srun; chosen in ``connect``), the
+node channel, the packer of node programs, code sync. The node side itself is ``ptcluster.node``."""
 
 from __future__ import annotations
 
-from ptcluster.remote.transport import LocalTransport, SshTransport, Transport, transport_for
+from ptcluster.remote.transport import LocalTransport, SshTransport, Transport
 
-__all__ = ["LocalTransport", "SshTransport", "Transport", "transport_for"]
+__all__ = ["LocalTransport", "SshTransport", "Transport"]

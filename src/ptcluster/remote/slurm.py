@@ -1,4 +1,5 @@
-"""How the head reaches a node of a Slurm allocation: one ``srun`` step per node.
+"""How the head reaches a node of a Slurm allocation: one ``srun`` step per node; and what the
+head asks Slurm at run time (``scontrol``: the allocation's nodes, whether Slurm ended the job).
 
 The same node program, channel, heartbeats and teardown as over ssh; only the process that
 carries the channel differs. Each node gets its own step (``-N1 -n1 --nodelist NODE``): one
@@ -23,10 +24,12 @@ as its children, inside the step, so Slurm accounts for them and ``scancel`` rea
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 
 from ptcluster.remote.transport import Transport
+from ptcluster.spec.slurm import Runner, SlurmError
 
 EXPORTED = ("HOME", "PATH", "USER", "LOGNAME", "LANG", "LC_ALL", "SHELL", "TMPDIR")
 """What the node program gets of the head's environment (plus Slurm's ``SLURM_*``)."""
@@ -61,3 +64,41 @@ class SrunTransport(Transport):
             self.argv(node_argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True, env=env,
         )
+
+
+def run_scontrol(argv: list[str], timeout: float = 30.0) -> str:
+    """The default :data:`Runner`: ``scontrol ARGS`` (``SLURM_CONF`` as the caller has it)."""
+    try:
+        proc = subprocess.run(["scontrol", *argv], capture_output=True, text=True,
+                              timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmError("SLURM_JOB_ID is set but scontrol is not installed here",
+                         "run ptcluster on a node with the Slurm clients, or pass --cluster"
+                         ) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"scontrol {' '.join(argv)} did not answer in {timeout:.0f} s",
+                         "check that slurmctld is up (scontrol ping)") from None
+    if proc.returncode != 0:
+        detail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+        raise SlurmError(f"scontrol {' '.join(argv)} failed: {detail[0]}",
+                         "check the job still runs (squeue -j $SLURM_JOB_ID), or pass --cluster")
+    return proc.stdout
+
+
+def ended_by_slurm(job_id: str, scontrol: Runner | None = None) -> str | None:
+    """Why the job's processes were signalled, when it was Slurm that ended them (``scancel``,
+    the time limit, preemption, a requeue): the job is no longer RUNNING. None while it runs,
+    or when Slurm cannot tell within 5 s (a job at its time limit has KillWait, 30 s by
+    default, before Slurm kills the head: the summary must still be written)."""
+    try:
+        text = (scontrol or (lambda argv: run_scontrol(argv, timeout=5.0)))(
+            ["-o", "show", "job", job_id])
+    except SlurmError:
+        return None
+    m = re.search(r"(?:^|\s)JobState=(\S+)", text)
+    if m is None or m.group(1) == "RUNNING":
+        return None
+    reason = re.search(r"(?:^|\s)Reason=(\S+)", text)
+    why = f", reason {reason.group(1)}" if reason and reason.group(1) != "None" else ""
+    return (f"Slurm ended job {job_id} (JobState={m.group(1)}{why}): the ranks were stopped by "
+            "Slurm (scancel, time limit, preemption or requeue), not by a failure of the job")

@@ -15,7 +15,7 @@ import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from ptcluster.spec.model import AUTO_PYTHON, SETUP_PYTHON, NodeSpec, SshSpec
+from ptcluster.spec.model import AUTO_PYTHON, SETUP_PYTHON, SshSpec
 
 # Defaults a user's `ssh.options` may override (ssh keeps the first value it sees, so the
 # user's options come first on the command line).
@@ -101,12 +101,6 @@ def ssh_argv(host: str, ssh: SshSpec) -> list[str]:
         if key.lower() not in given:
             argv += ["-o", f"{key}={value}"]
     return argv + ["--", host]
-
-
-def transport_for(node: NodeSpec, local: bool) -> Transport:
-    if local:
-        return LocalTransport(host=node.host)
-    return SshTransport(host=node.host, ssh=node.ssh)
 
 
 def explain_start_failure(program: str, exc: OSError) -> tuple[str, str]:

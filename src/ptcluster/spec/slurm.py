@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -92,28 +91,10 @@ def parse_node_addrs(text: str) -> dict[str, str]:
     return addrs
 
 
-def run_scontrol(argv: list[str], timeout: float = 30.0) -> str:
-    """The default :data:`Runner`: ``scontrol ARGS`` (``SLURM_CONF`` as the caller has it)."""
-    try:
-        proc = subprocess.run(["scontrol", *argv], capture_output=True, text=True,
-                              timeout=timeout)
-    except FileNotFoundError:
-        raise SlurmError("SLURM_JOB_ID is set but scontrol is not installed here",
-                         "run ptcluster on a node with the Slurm clients, or pass --cluster"
-                         ) from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"scontrol {' '.join(argv)} did not answer in {timeout:.0f} s",
-                         "check that slurmctld is up (scontrol ping)") from None
-    if proc.returncode != 0:
-        detail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-        raise SlurmError(f"scontrol {' '.join(argv)} failed: {detail[0]}",
-                         "check the job still runs (squeue -j $SLURM_JOB_ID), or pass --cluster")
-    return proc.stdout
-
-
 def slurm_cluster(alloc: Allocation, nproc: int | None = None, *,
-                  scontrol: Runner = run_scontrol, port: int | None = None) -> ClusterSpec:
-    """The cluster of ``alloc``: its nodes in Slurm's order, reached with ``srun``."""
+                  scontrol: Runner, port: int | None = None) -> ClusterSpec:
+    """The cluster of ``alloc``: its nodes in Slurm's order, reached with ``srun``. ``scontrol``
+    asks Slurm (``remote.slurm.run_scontrol``; a spec reads, it does not run commands)."""
     names = scontrol(["show", "hostnames", alloc.nodelist]).split()
     if not names:
         raise SlurmError(f"Slurm job {alloc.job_id}: no nodes in {alloc.nodelist!r}",
@@ -153,25 +134,6 @@ def job_port(job_id: str) -> int:
     sharing a node rarely collide on one fixed port (``--port`` overrides it)."""
     digits = re.match(r"\d+", job_id)
     return DEFAULT_MASTER_PORT + (int(digits.group(0)) % 1000 if digits else 0)
-
-
-def ended_by_slurm(job_id: str, scontrol: Runner | None = None) -> str | None:
-    """Why the job's processes were signalled, when it was Slurm that ended them (``scancel``,
-    the time limit, preemption, a requeue): the job is no longer RUNNING. None while it runs,
-    or when Slurm cannot tell within 5 s (a job at its time limit has KillWait, 30 s by
-    default, before Slurm kills the head: the summary must still be written)."""
-    try:
-        text = (scontrol or (lambda argv: run_scontrol(argv, timeout=5.0)))(
-            ["-o", "show", "job", job_id])
-    except SlurmError:
-        return None
-    m = re.search(r"(?:^|\s)JobState=(\S+)", text)
-    if m is None or m.group(1) == "RUNNING":
-        return None
-    reason = re.search(r"(?:^|\s)Reason=(\S+)", text)
-    why = f", reason {reason.group(1)}" if reason and reason.group(1) != "None" else ""
-    return (f"Slurm ended job {job_id} (JobState={m.group(1)}{why}): the ranks were stopped by "
-            "Slurm (scancel, time limit, preemption or requeue), not by a failure of the job")
 
 
 def describe(spec: ClusterSpec) -> str:
