@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ptcluster.launch.restart import RestartPolicy, decide, start_step
-from ptcluster.launch.result import AttemptRecord, Failure
+from ptcluster.launch.result import AttemptRecord, Failure, FailureKind
 from tests.jobs import Head, only_run, rank_fields, run_head
 
 HOSTS = ["a", "b", "c"]
@@ -24,7 +24,8 @@ def attempt(number: int, *, ok: bool = False, cause: tuple[str, str] | None = ("
             hosts: list[str] | None = None, resumed: int | None = None,
             saved: int | None = None) -> AttemptRecord:
     failure = None if cause is None or ok else \
-        Failure(host=cause[0], rank=None if cause[1] != "rank" else 1, kind=cause[1],
+        Failure(host=cause[0], rank=None if cause[1] != "rank" else 1,
+                kind=FailureKind(cause[1]),
                 message="x")
     return AttemptRecord(number=number, hosts=hosts or HOSTS, world_size=3, master_port=1,
                          started_at=0.0, ok=ok, cause=failure, resumed_from=resumed,

@@ -3,13 +3,14 @@ and the frame decoder on recorded frames."""
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
 
 from ptcluster.launch import events as ev
 from ptcluster.launch.plan import Target, plan_launch
-from ptcluster.launch.result import RunOptions
+from ptcluster.launch.result import Failure, FailureKind, RunOptions
 from ptcluster.launch.supervisor import Phase, Send, SignalChannel, Status, Supervisor
 from ptcluster.node import wire
 from ptcluster.spec import parse_cluster_text
@@ -325,3 +326,16 @@ def test_a_rendezvous_address_of_another_node_fails_before_any_rank_starts(facts
     (f,) = sup.failures
     assert f.host == "a" and fails in f.message and "10.0.0.2" in f.message, f
     assert "top of `nodes`" in (f.fix or "")
+
+
+def test_failure_kinds_are_an_enum_shown_as_their_names_in_json() -> None:
+    sup = make()
+    start(sup)
+    sup.on_event(ev.GuardExit("b", 1, "job ended"), 4.0)
+    (failure,) = sup.failures
+    assert failure.kind is FailureKind.NODE and failure.kind == "node"
+    assert json.loads(json.dumps({"kind": failure.kind})) == {"kind": "node"}
+    named = Failure(host="a", rank=None, message="x", kind="lost")  # type: ignore[arg-type]
+    assert named.kind is FailureKind.LOST
+    with pytest.raises(ValueError):
+        Failure(host="a", rank=None, message="x", kind="gone")  # type: ignore[arg-type]

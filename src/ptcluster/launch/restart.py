@@ -25,9 +25,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ptcluster.launch.result import AttemptRecord, Failure
+from ptcluster.launch.result import AttemptRecord, Failure, FailureKind
 
-NODE_LOSS = ("lost", "start")
+NODE_LOSS = (FailureKind.LOST, FailureKind.START)
 """Failure kinds that mean the node itself is gone or unusable: it is left out of the next
 attempt."""
 

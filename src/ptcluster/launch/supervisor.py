@@ -21,7 +21,14 @@ from typing import Any
 from ptcluster.launch import events as ev
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.progress import ProgressWatch
-from ptcluster.launch.result import Failure, NodeOutcome, RankRecord, RunOptions, signame
+from ptcluster.launch.result import (
+    Failure,
+    FailureKind,
+    NodeOutcome,
+    RankRecord,
+    RunOptions,
+    signame,
+)
 from ptcluster.node import wire
 from ptcluster.remote.transport import explain_channel_failure
 
@@ -113,7 +120,8 @@ class Supervisor:
         if self.phase is Phase.STARTING and now - self.started > self.opts.ready_timeout:
             slow = [h for h, n in self.nodes.items() if not n.ready and not n.closed]
             actions += self._fail(Failure(
-                host=", ".join(slow) or self.plan.nodes[0].host, rank=None, kind="start",
+                host=", ".join(slow) or self.plan.nodes[0].host, rank=None,
+                kind=FailureKind.START,
                 message=f"not ready after {self.opts.ready_timeout:.0f} s", at=self.wall(now),
                 fix="check that the node is reachable and not overloaded (`ptcluster doctor`)"),
                 now)
@@ -167,7 +175,7 @@ class Supervisor:
         node.clock_offset = round(e.node_time - self.wall(now), 3)
         if e.version != wire.VERSION:
             return self._fail(Failure(
-                host=e.host, rank=None, at=self.wall(now), kind="guard",
+                host=e.host, rank=None, at=self.wall(now), kind=FailureKind.GUARD,
                 message=f"its node program speaks protocol v{e.version}, the head v"
                         f"{wire.VERSION}", fix="use the same ptcluster version everywhere"), now)
         return []
@@ -205,7 +213,7 @@ class Supervisor:
             for what in ("address", "hostname"):
                 if str(facts.get(what) or "").lower() == addr:
                     return Failure(
-                        host=first, rank=None, kind="guard", at=self.wall(now),
+                        host=first, rank=None, kind=FailureKind.GUARD, at=self.wall(now),
                         message=f"the rendezvous address {self.plan.master_addr} is {node.host}'s "
                                 f"{what}, but the rendezvous runs on the first node (node rank "
                                 f"0: {first})",
@@ -219,7 +227,7 @@ class Supervisor:
 
     def _guard_error(self, e: ev.GuardError, now: float) -> list[Action]:
         return self._fail(Failure(host=e.host, rank=None, message=e.problem, fix=e.fix or None,
-                                  kind="guard", at=self.wall(now)), now)
+                                  kind=FailureKind.GUARD, at=self.wall(now)), now)
 
     def _rank_start(self, e: ev.RankStart, now: float) -> list[Action]:
         record = self._rank(e.host, e.rank)
@@ -314,7 +322,7 @@ class Supervisor:
                "administrator, a shutdown): see the node log") if e.signal else \
             "see the node log; a guard that no longer hears the head means the network or " \
             "the head stalled"
-        return self._fail(Failure(host=e.host, rank=None, at=at, kind="lost",
+        return self._fail(Failure(host=e.host, rank=None, at=at, kind=FailureKind.LOST,
                                   message=f"its guard ended the job on its own: {e.reason}",
                                   fix=fix), now)
 
@@ -333,7 +341,7 @@ class Supervisor:
         if any(f.host == e.host and f.rank is not None for f in self.failures):
             return []  # its failed rank is the news, torchrun's exit the consequence
         return self._fail(Failure(host=e.host, rank=None, exit_code=e.code, at=self.wall(now),
-                                  kind="node",
+                                  kind=FailureKind.NODE,
                                   message=f"torchrun exited with code {e.code} ({e.reason})"),
                           now)
 
@@ -347,14 +355,14 @@ class Supervisor:
         if node.ready:
             detail = err[-1] if err else f"exit status {e.exit_code}"
             failure = Failure(host=e.host, rank=None, message=f"connection lost: {detail}",
-                              kind="lost",
+                              kind=FailureKind.LOST,
                               fix="check the node's network and power (`ptcluster doctor`)",
                               exit_code=e.exit_code, last_lines=err, at=self.wall(now))
         else:
             python = self.plan.nodes[node.node_rank].python
             problem, fix = e.cause or explain_channel_failure(err, e.exit_code, python)
             failure = Failure(host=e.host, rank=None, message=f"cannot start the job: {problem}",
-                              kind="start",
+                              kind=FailureKind.START,
                               fix=fix, exit_code=e.exit_code, last_lines=err, at=self.wall(now))
         return self._fail(failure, now)
 
@@ -370,7 +378,7 @@ class Supervisor:
             self.stop_sent.setdefault(host, self.wall(now))  # what it still sends is teardown
             actions.append(SignalChannel(host, signal.SIGKILL))
             actions += self._fail(Failure(
-                host=host, rank=None, at=self.wall(now - silent), kind="lost",
+                host=host, rank=None, at=self.wall(now - silent), kind=FailureKind.LOST,
                 message=f"node lost: nothing heard for {silent:.0f} s (link down or node dead)",
                 fix="check the node's network and power; `ptcluster doctor`"), now)
         return actions
@@ -394,7 +402,7 @@ class Supervisor:
         """The stacks of a hang are in: end the job with the hang as a failure."""
         assert self.progress is not None and self.hang_seen_at is not None
         return self._fail(Failure(
-            host=host or ", ".join(self.nodes), rank=rank, kind="hang",
+            host=host or ", ".join(self.nodes), rank=rank, kind=FailureKind.HANG,
             at=self.wall(self.hang_seen_at - self.progress.timeout),
             message=f"hang: no rank made progress for {self.progress.timeout:.0f} s; {headline}",
             fix="see the stacks report in the run directory (the straggler first)"), now)
@@ -431,7 +439,8 @@ class Supervisor:
         running = [r for r in self.ranks.values() if r.exit_code is None]
         hosts = sorted({r.host for r in running}) or [self.plan.nodes[0].host]
         ranks = ", ".join(str(r.rank) for r in running) or "none"
-        return Failure(host=", ".join(hosts), rank=None, at=self.wall(now), kind="timeout",
+        return Failure(host=", ".join(hosts), rank=None, at=self.wall(now),
+                       kind=FailureKind.TIMEOUT,
                        message=f"timed out after {self.opts.deadline:.0f} s; ranks still "
                                f"running: {ranks}",
                        fix="a collective hung or a rank is stuck: check the ports and interface "
