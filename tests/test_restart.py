@@ -85,6 +85,25 @@ def test_a_node_cut_off_at_the_stop_deadline_is_dropped() -> None:
     assert not d.restart and "c (lost)" in d.reason, d
 
 
+@pytest.mark.parametrize(("policy", "ended_by", "stop", "why", "drop"), [
+    # ended from outside (Slurm): stopped, never restarted; named only when restarts were asked
+    (P, "scancel", False, "ended from outside: not restarted", ()),
+    (None, "scancel", False, "", ()),
+    # Ctrl-C after the attempt had ended: stopped, not restarted (what it would drop is kept)
+    (P, "", True, "stopped by the user: not restarted", ("c",)),
+])
+def test_an_attempt_stopped_from_outside_or_after_it_ended_is_not_restarted(
+        policy, ended_by, stop, why, drop) -> None:
+    a = attempt(0, cause=("c", "lost"))
+    d = decide(policy, [a], failures_of(a), False, ended_by=ended_by, stop_requested=stop)
+    assert (d.restart, d.stopped, d.reason, d.drop) == (False, True, why, drop), d
+
+
+def test_no_restarts_asked_for_is_no_decision_to_make() -> None:
+    d = decide(None, [attempt(0)], [], True, stop_requested=True)
+    assert (d.restart, d.reason, d.stopped) == (False, "", False), d
+
+
 def test_start_step_is_what_the_attempt_resumed_from_else_the_last_checkpoint() -> None:
     assert start_step([attempt(0)]) is None
     assert start_step([attempt(0, saved=10), attempt(1)]) == 10
