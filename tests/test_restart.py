@@ -117,6 +117,22 @@ def test_policy_validates() -> None:
         RestartPolicy(min_nodes=0)
 
 
+def test_the_console_s_dropped_lines_are_in_the_summary(tmp_path, monkeypatch) -> None:
+    from ptcluster.launch.plan import Target, plan_launch
+    from ptcluster.launch.result import RunResult
+    from ptcluster.launch.runner import Runner
+    from ptcluster.spec import parse_cluster_text
+
+    spec = parse_cluster_text("nodes:\n  - {host: a, slots: 1}\n", "c.yaml")
+    plan = plan_launch(spec, Target(script="t.py"), port=29500, job_id="J")
+    runner = Runner(plan, {}, tmp_path / "run", console_dropped=lambda: 7)
+    monkeypatch.setattr(runner, "_attempts", lambda attempts, t0: RunResult(
+        job_id="J", run_dir=tmp_path / "run", ranks=[], nodes=[], failures=[],
+        interrupted=False, duration=1.0))
+    assert runner.run().console_dropped == 7
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["console_dropped"] == 7
+
+
 def test_a_torn_down_attempts_late_channel_close_is_not_the_next_attempts(tmp_path) -> None:
     # A channel SIGKILLed at the end of one attempt (a lost node, the stop deadline) reports its
     # close when it is gone, which may be after the next attempt started, on the same queue.
