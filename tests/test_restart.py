@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ptcluster.launch.restart import RestartPolicy, decide, start_step
-from ptcluster.launch.result import AttemptRecord, Failure
+from ptcluster.launch.result import AttemptRecord, Failure, FailureKind
 from tests.jobs import Head, only_run, rank_fields, run_head
 
 HOSTS = ["a", "b", "c"]
@@ -24,7 +24,8 @@ def attempt(number: int, *, ok: bool = False, cause: tuple[str, str] | None = ("
             hosts: list[str] | None = None, resumed: int | None = None,
             saved: int | None = None) -> AttemptRecord:
     failure = None if cause is None or ok else \
-        Failure(host=cause[0], rank=None if cause[1] != "rank" else 1, kind=cause[1],
+        Failure(host=cause[0], rank=None if cause[1] != "rank" else 1,
+                kind=FailureKind(cause[1]),
                 message="x")
     return AttemptRecord(number=number, hosts=hosts or HOSTS, world_size=3, master_port=1,
                          started_at=0.0, ok=ok, cause=failure, resumed_from=resumed,
@@ -84,6 +85,25 @@ def test_a_node_cut_off_at_the_stop_deadline_is_dropped() -> None:
     assert not d.restart and "c (lost)" in d.reason, d
 
 
+@pytest.mark.parametrize(("policy", "ended_by", "stop", "why", "drop"), [
+    # ended from outside (Slurm): stopped, never restarted; named only when restarts were asked
+    (P, "scancel", False, "ended from outside: not restarted", ()),
+    (None, "scancel", False, "", ()),
+    # Ctrl-C after the attempt had ended: stopped, not restarted (what it would drop is kept)
+    (P, "", True, "stopped by the user: not restarted", ("c",)),
+])
+def test_an_attempt_stopped_from_outside_or_after_it_ended_is_not_restarted(
+        policy, ended_by, stop, why, drop) -> None:
+    a = attempt(0, cause=("c", "lost"))
+    d = decide(policy, [a], failures_of(a), False, ended_by=ended_by, stop_requested=stop)
+    assert (d.restart, d.stopped, d.reason, d.drop) == (False, True, why, drop), d
+
+
+def test_no_restarts_asked_for_is_no_decision_to_make() -> None:
+    d = decide(None, [attempt(0)], [], True, stop_requested=True)
+    assert (d.restart, d.reason, d.stopped) == (False, "", False), d
+
+
 def test_start_step_is_what_the_attempt_resumed_from_else_the_last_checkpoint() -> None:
     assert start_step([attempt(0)]) is None
     assert start_step([attempt(0, saved=10), attempt(1)]) == 10
@@ -95,6 +115,22 @@ def test_policy_validates() -> None:
         RestartPolicy(max_restarts=-1)
     with pytest.raises(ValueError, match="min_nodes"):
         RestartPolicy(min_nodes=0)
+
+
+def test_the_console_s_dropped_lines_are_in_the_summary(tmp_path, monkeypatch) -> None:
+    from ptcluster.launch.plan import Target, plan_launch
+    from ptcluster.launch.result import RunResult
+    from ptcluster.launch.runner import Runner
+    from ptcluster.spec import parse_cluster_text
+
+    spec = parse_cluster_text("nodes:\n  - {host: a, slots: 1}\n", "c.yaml")
+    plan = plan_launch(spec, Target(script="t.py"), port=29500, job_id="J")
+    runner = Runner(plan, {}, tmp_path / "run", console_dropped=lambda: 7)
+    monkeypatch.setattr(runner, "_attempts", lambda attempts, t0: RunResult(
+        job_id="J", run_dir=tmp_path / "run", ranks=[], nodes=[], failures=[],
+        interrupted=False, duration=1.0))
+    assert runner.run().console_dropped == 7
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["console_dropped"] == 7
 
 
 def test_a_torn_down_attempts_late_channel_close_is_not_the_next_attempts(tmp_path) -> None:

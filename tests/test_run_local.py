@@ -288,6 +288,8 @@ def test_paused_console_never_stops_the_job(tmp_path, no_leftovers) -> None:
     assert total > 100_000 and len(log) == total + 1  # every line, in order
     assert log[0] == "line 0 of a flood" and log[-2] == f"line {total - 1} of a flood"
     assert b"line(s) not shown (the console fell behind), see" in out
+    assert summary["console_dropped"] > 0  # the count the console printed
+    assert f"{summary['console_dropped']} line(s) were not shown".encode() in err
 
 
 def test_closed_stdout_the_job_goes_on_into_its_logs(tmp_path, no_leftovers) -> None:

@@ -3,13 +3,16 @@ and the frame decoder on recorded frames."""
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
 
 from ptcluster.launch import events as ev
+from ptcluster.launch.actions import DeliverData, NodeLine, StacksAnswered
 from ptcluster.launch.plan import Target, plan_launch
-from ptcluster.launch.result import RunOptions
+from ptcluster.launch.result import Failure, FailureKind, RunOptions
+from ptcluster.launch.states import Escalation, NodeState
 from ptcluster.launch.supervisor import Phase, Send, SignalChannel, Status, Supervisor
 from ptcluster.node import wire
 from ptcluster.spec import parse_cluster_text
@@ -325,3 +328,79 @@ def test_a_rendezvous_address_of_another_node_fails_before_any_rank_starts(facts
     (f,) = sup.failures
     assert f.host == "a" and fails in f.message and "10.0.0.2" in f.message, f
     assert "top of `nodes`" in (f.fix or "")
+
+
+def test_failure_kinds_are_an_enum_shown_as_their_names_in_json() -> None:
+    sup = make()
+    start(sup)
+    sup.on_event(ev.GuardExit("b", 1, "job ended"), 4.0)
+    (failure,) = sup.failures
+    assert failure.kind is FailureKind.NODE and failure.kind == "node"
+    assert json.loads(json.dumps({"kind": failure.kind})) == {"kind": "node"}
+    named = Failure(host="a", rank=None, message="x", kind="lost")  # type: ignore[arg-type]
+    assert named.kind is FailureKind.LOST
+    with pytest.raises(ValueError):
+        Failure(host="a", rank=None, message="x", kind="gone")  # type: ignore[arg-type]
+
+
+def test_each_node_goes_through_its_states_and_is_stopped_or_lost() -> None:
+    sup = make(node_silence=20.0)
+    states = lambda: {h: life.state for h, life in sup.life.items()}  # noqa: E731
+    assert states() == {"a": NodeState.STARTING, "b": NodeState.STARTING}
+    sup.on_event(ev.Ready("a", {}), 0.5)
+    assert states() == {"a": NodeState.READY, "b": NodeState.STARTING}
+    assert sup.nodes["a"].ready and not sup.nodes["b"].ready
+    sup.on_event(ev.Ready("b", {}), 0.6)
+    assert states() == {"a": NodeState.RUNNING, "b": NodeState.RUNNING}
+    assert sup.view.askable == ["a", "b"]
+    sup.on_tick(30.0, {"a": 0.5, "b": 21.0})  # b falls silent: lost, a is told to stop
+    assert states() == {"a": NodeState.STOPPING, "b": NodeState.LOST}
+    assert sup.nodes["b"].closed and not sup.nodes["a"].closed and sup.view.askable == []
+    assert sup.life["a"].stop_at == pytest.approx(WALL + 30.0)
+    sup.on_event(ev.ChannelClosed("b", -9), 30.5)  # a final state is never left
+    sup.on_event(ev.ChannelClosed("a", 0), 31.0)
+    assert states() == {"a": NodeState.STOPPED, "b": NodeState.LOST} and sup.done
+    assert sup.cut_off == []  # lost by silence (a failure of its own), not cut at the deadline
+
+
+def test_escalation_steps_are_recorded_with_when_they_were_taken() -> None:
+    sup = make(stop_deadline=8.0)
+    start(sup)
+    sup.request_stop("SIGINT received", 2.0)
+    for t in (6.5, 10.5, 14.5):
+        sup.on_tick(t, {"a": 0.0, "b": 0.0})
+    assert sup.life["a"].steps == {Escalation.RESEND: 6.5, Escalation.TERM: 10.5,
+                                   Escalation.KILL: 14.5}
+    assert sup.life["a"].state is NodeState.LOST and sup.cut_off == ["a", "b"] and sup.done
+
+
+def test_a_second_stop_request_counts_the_steps_up_to_sigterm_as_taken() -> None:
+    sup = make(stop_deadline=8.0)
+    start(sup)
+    sup.request_stop("SIGINT received", 2.0)
+    sup.request_stop("SIGINT received", 2.5)
+    assert sup.life["b"].steps == {Escalation.RESEND: 2.5, Escalation.TERM: 2.5}
+    assert sup.on_tick(11.0, {"a": 0.0, "b": 0.0}) == []
+    kills = [a for a in sup.on_tick(14.5, {"a": 0.0, "b": 0.0}) if isinstance(a, SignalChannel)]
+    assert kills == [SignalChannel("a", signal.SIGKILL), SignalChannel("b", signal.SIGKILL)]
+    assert sup.life["b"].steps[Escalation.KILL] == 14.5
+
+
+def test_every_event_reaches_the_supervisor_and_comes_back_as_actions() -> None:
+    """The runner has no dispatcher of its own: node lines, records for the caller's sink
+    and stacks answers come out of ``on_event`` as actions."""
+    sup = make()
+    start(sup)
+    reply = ev.StacksReply("b", 1, {2: {"pid": 7, "text": "x"}})
+    got = [sup.on_event(e, 2.0) for e in (
+        ev.AgentOutput("a", "torchrun says"), ev.Malformed("a", "zz {}", "unknown kind"),
+        ev.RankOutput("a", 2, "out", "not a's rank"), ev.RankData("b", 2, {"kind": "row"}),
+        ev.RankData("b", 2, {"kind": "checkpoint", "step": 5}), reply)]
+    assert got == [[NodeLine("a", "torchrun says", show=True)],
+                   [NodeLine("a", "zz {}", show=True)],
+                   [NodeLine("a", "(rank 2?) not a's rank", show=True)],
+                   [DeliverData("b", 2, {"kind": "row"})], [], [StacksAnswered(reply)]]
+    assert sup.checkpoint == 5
+    sup.request_stop("SIGINT received", 3.0)
+    assert sup.on_event(ev.AgentOutput("a", "Traceback"), 3.1) == [
+        NodeLine("a", "Traceback", show=False)]  # our own teardown: logged, not shown

@@ -98,13 +98,13 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
                     options=RunOptions(hang_timeout=hang_timeout),
                     restarts=restarts(spec, target, plan, policy) if max_restarts else None,
-                    ended_by=outside_stop(spec))
+                    ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total)
     result, signum = _run_with_signals(runner)
     feed.close(timeout=5.0)
     if result.ended_by:  # Slurm's own doing comes first
         err.print(f"ptcluster: {result.ended_by}")
     if not hush or not result.ok:
-        _print_summary(err, result, feed.dropped_total)
+        _print_summary(err, result)
     if result.ok:
         sys.exit(0)
     if result.ended_by and not signum:
@@ -195,7 +195,7 @@ def _print_attempts(console: Console, result: RunResult) -> None:
                       markup=False)
 
 
-def _print_summary(console: Console, result: RunResult, dropped: int) -> None:
+def _print_summary(console: Console, result: RunResult) -> None:
     _print_attempts(console, result)
     if result.gave_up and not result.ok:
         console.print(f"[bold red]{escape(result.gave_up)}[/bold red]", markup=True)
@@ -219,9 +219,9 @@ def _print_summary(console: Console, result: RunResult, dropped: int) -> None:
     console.print(table)
     verdict = "[green]ok[/green]" if result.ok else (
         "[yellow]interrupted[/yellow]" if result.interrupted else "[red]failed[/red]")
-    if dropped:
-        console.print(f"{dropped} line(s) were not shown because the console fell behind; "
-                      "every line is in the logs")
+    if result.console_dropped:
+        console.print(f"{result.console_dropped} line(s) were not shown because the console "
+                      "fell behind; every line is in the logs")
     console.print(f"{verdict}; logs in {escape(str(result.run_dir))}/", markup=True)
 
 

@@ -9,7 +9,6 @@ did not answer is named in the report). Reports are saved in the run directory.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ptcluster.launch import events as ev
+from ptcluster.launch.runlogs import write_private
 from ptcluster.launch.stacks import StackReport, build_report
 
 STACKS_WAIT = 10.0
@@ -74,8 +74,8 @@ class StackCollector:
             saved = self.run_dir / f"{name}.txt"
             data = report.to_json()
             try:
-                _write_private(saved, "\n".join(report.lines()) + "\n")
-                _write_private(self.run_dir / f"{name}.json", json.dumps(data, indent=2))
+                write_private(saved, "\n".join(report.lines()) + "\n")
+                write_private(self.run_dir / f"{name}.json", json.dumps(data, indent=2))
             except OSError as exc:
                 self.on_status(f"the stacks report could not be saved in {self.run_dir}: {exc}")
             for waiter in c.waiters:
@@ -91,8 +91,3 @@ class StackCollector:
                 waiter.put({"ok": False, "error": "the job ended before every node answered"})
         self.pending.clear()
 
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with open(fd, "w", encoding="utf-8") as f:
-        f.write(text)

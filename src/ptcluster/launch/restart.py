@@ -6,7 +6,9 @@ nodes that remain, ranks renumbered. (torchrun's own ``--max-restarts`` restarts
 workers and cannot bring a static rendezvous back: pytorch#146371; its counter is per node:
 pytorch#108158.) The rules, in order:
 
-- an attempt that succeeded, or that the user stopped (Ctrl-C, SIGTERM), is never restarted;
+- an attempt that succeeded, that was ended from outside (Slurm: scancel, the time limit,
+  preemption), or that the user stopped (Ctrl-C, SIGTERM, also after it had ended) is never
+  restarted;
 - at most ``max_restarts`` restarts;
 - nodes that were lost (silent, channel closed, could not start, or not ended by the stop
   deadline: their ranks may still run) are dropped (when fewer than
@@ -25,9 +27,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ptcluster.launch.result import AttemptRecord, Failure
+from ptcluster.launch.result import AttemptRecord, Failure, FailureKind
 
-NODE_LOSS = ("lost", "start")
+NODE_LOSS = (FailureKind.LOST, FailureKind.START)
 """Failure kinds that mean the node itself is gone or unusable: it is left out of the next
 attempt."""
 
@@ -56,14 +58,26 @@ class Decision:
     drop: tuple[str, ...] = ()
     """Nodes left out from now on."""
     no_progress: bool = False
+    stopped: bool = False
+    """The job was stopped, it did not fail (ended from outside, or a stop request after the
+    attempt had ended): the result counts as interrupted."""
 
 
-def decide(policy: RestartPolicy, attempts: Sequence[AttemptRecord], failures: Sequence[Failure],
-           interrupted: bool, cut_off: Sequence[str] = ()) -> Decision:
-    """After ``attempts[-1]`` ended (``failures``: all of its failures; ``cut_off``: nodes given
-    up on at the stop deadline, whose ranks may still run): restart or not."""
+def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
+           failures: Sequence[Failure], interrupted: bool, cut_off: Sequence[str] = (), *,
+           ended_by: str = "", stop_requested: bool = False) -> Decision:
+    """After ``attempts[-1]`` ended: restart or not. ``policy``: None when no restarts were
+    asked for; ``failures``: all of the attempt's failures; ``interrupted``: it was stopped by
+    a request while it ran; ``cut_off``: nodes given up on at the stop deadline, whose ranks may
+    still run; ``ended_by``: who ended it from outside, if anyone did; ``stop_requested``: a
+    stop was asked for (also after the attempt had ended)."""
     last = attempts[-1]
     if last.ok:
+        return Decision(False, "")
+    if ended_by:
+        return Decision(False, "" if policy is None else "ended from outside: not restarted",
+                        stopped=True)
+    if policy is None:
         return Decision(False, "")
     if interrupted:
         return Decision(False, "stopped by the user: not restarted")
@@ -95,6 +109,8 @@ def decide(policy: RestartPolicy, attempts: Sequence[AttemptRecord], failures: S
             since = "since it started" if start is None else f"after step {start}"
             return Decision(False, f"gave up: no progress (attempt {last.number} saved no "
                                    f"checkpoint {since})", drop, no_progress=True)
+    if stop_requested:  # Ctrl-C after the attempt had ended
+        return Decision(False, "stopped by the user: not restarted", drop, stopped=True)
     kept = f" without {', '.join(drop)}" if drop else ""
     return Decision(True, f"restart {used + 1} of {policy.max_restarts}{kept}", drop)
 

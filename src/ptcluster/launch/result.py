@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,28 @@ class NodeOutcome:
     """The channel is finished: ended, or given up on by the head."""
 
 
+class FailureKind(str, Enum):
+    """What failed (a ``str`` enum: ``summary.json`` shows the value)."""
+
+    RANK = "rank"
+    """A rank's own failure."""
+    LOST = "lost"
+    """A node stopped answering, its channel closed, or its guard ended the job on its own."""
+    START = "start"
+    """A node could not start its part (not reachable, not ready in time)."""
+    GUARD = "guard"
+    """A node's checks or its guard."""
+    NODE = "node"
+    """torchrun itself."""
+    TIMEOUT = "timeout"
+    """The job's deadline."""
+    HANG = "hang"
+    """No rank made progress for ``--hang-timeout``."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(kw_only=True)
 class Failure:
     """One thing that went wrong; the earliest (on a corrected clock) is the root cause."""
@@ -105,16 +128,15 @@ class Failure:
     host: str
     rank: int | None
     message: str
-    kind: str = "rank"
-    """What failed: ``rank`` (a rank's own failure), ``lost`` (a node stopped answering or its
-    channel closed), ``start`` (a node could not start its part), ``guard`` (a node's checks or
-    its guard), ``node`` (torchrun itself), ``timeout`` (the deadline), ``hang`` (no rank made
-    progress for ``--hang-timeout``)."""
+    kind: FailureKind = FailureKind.RANK
     fix: str | None = None
     exit_code: int | None = None
     at: float = 0.0
     """When it happened, head clock (for a rank: its node's time, corrected)."""
     last_lines: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.kind = FailureKind(self.kind)  # a kind's name ("lost") is taken, an unknown one not
 
     def headline(self) -> str:
         who = f"rank {self.rank} on {self.host}" if self.rank is not None else self.host
@@ -147,7 +169,7 @@ class RunResult:
 
     @property
     def hung(self) -> bool:
-        return self.root_cause is not None and self.root_cause.kind == "hang"
+        return self.root_cause is not None and self.root_cause.kind is FailureKind.HANG
 
     @property
     def root_cause(self) -> Failure | None:
@@ -220,8 +242,8 @@ class AttemptRecord:
 
 
 def _failure_json(f: Failure) -> dict[str, Any]:
-    return {"host": f.host, "rank": f.rank, "kind": f.kind, "message": f.message, "fix": f.fix,
-            "exit_code": f.exit_code, "at": f.at, "last_lines": f.last_lines}
+    return {"host": f.host, "rank": f.rank, "kind": f.kind.value, "message": f.message,
+            "fix": f.fix, "exit_code": f.exit_code, "at": f.at, "last_lines": f.last_lines}
 
 
 def signame(num: int) -> str:

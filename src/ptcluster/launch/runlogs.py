@@ -21,6 +21,14 @@ from typing import IO
 LAST_LINES = 40
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (the plan holds every ``env:`` value; reports and
+    the summary hold the job's output)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
 class RunLogs:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir

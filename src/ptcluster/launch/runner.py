@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import time
 from collections.abc import Callable
@@ -24,22 +23,25 @@ from typing import Any
 
 from ptcluster.errors import PtclusterError
 from ptcluster.launch import events as ev
+from ptcluster.launch.actions import (
+    Action,
+    CollectStacks,
+    DeliverData,
+    NodeLine,
+    Send,
+    SignalChannel,
+    StacksAnswered,
+    Status,
+)
 from ptcluster.launch.collector import StackCollector
 from ptcluster.launch.control import ControlServer
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.restart import RestartPolicy, decide
 from ptcluster.launch.result import AttemptRecord, RunOptions, RunResult
-from ptcluster.launch.runlogs import RunLogs
-from ptcluster.launch.supervisor import (
-    PROGRESS_KINDS,
-    Action,
-    CollectStacks,
-    Phase,
-    Send,
-    SignalChannel,
-    Status,
-    Supervisor,
-)
+from ptcluster.launch.runlogs import RunLogs, write_private
+from ptcluster.launch.states import Phase
+from ptcluster.launch.supervisor import Supervisor
+from ptcluster.launch.view import SupervisorView
 from ptcluster.node import GUARD
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport
@@ -82,12 +84,15 @@ class Runner:
                  on_line: LineSink | None = None, on_status: Callable[[str], None] | None = None,
                  options: RunOptions | None = None, on_data: DataSink | None = None,
                  restarts: Restarts | None = None,
-                 ended_by: Callable[[], str | None] | None = None) -> None:
+                 ended_by: Callable[[], str | None] | None = None,
+                 console_dropped: Callable[[], int] | None = None) -> None:
         self.plan = plan
         self.restarts = restarts
         self.ended_by = ended_by
         """After a failed attempt: who ended it from outside, if anyone did (Slurm's scancel,
         time limit, preemption): then it is not the job's failure, and never restarted."""
+        self.console_dropped = console_dropped
+        """How many of the lines given to ``on_line`` its console skipped (for the summary)."""
         self.transports = transports
         self.run_dir = run_dir
         self.on_line = on_line or (lambda host, rank, text: None)
@@ -136,34 +141,27 @@ class Runner:
         finally:
             if control is not None:
                 control.close()
-        _write_private(self.run_dir / "summary.json", json.dumps(result.to_json(), indent=2))
+        if self.console_dropped is not None:  # (no line reaches on_line after the loop)
+            result.console_dropped = self.console_dropped()
+        write_private(self.run_dir / "summary.json", json.dumps(result.to_json(), indent=2))
         return result
 
     def _attempts(self, attempts: list[AttemptRecord], t0: float) -> RunResult:
         while True:
-            sup, record = self._attempt(attempts)
+            view, result, record = self._attempt(attempts, t0)
             attempts.append(record)
-            result = self._result(sup, time.monotonic() - t0)
             result.attempts = attempts
             self._addresses.update((n.host, str(n.facts["address"])) for n in result.nodes
                                    if n.facts.get("address"))
             if not record.ok and self.ended_by is not None:
                 result.ended_by = self.ended_by() or ""
-                if result.ended_by:
-                    result.interrupted = True
-                    if self.restarts is not None:
-                        result.gave_up = "ended from outside: not restarted"
-                    break
-            if self.restarts is None:
-                break
-            decision = decide(self.restarts.policy, attempts, result.failures,
-                              result.interrupted, sup.cut_off)
+            decision = decide(None if self.restarts is None else self.restarts.policy,
+                              attempts, result.failures, result.interrupted, view.cut_off,
+                              ended_by=result.ended_by, stop_requested=self._stop_requests > 0)
             record.dropped = list(decision.drop)
-            if not decision.restart:
+            result.interrupted = result.interrupted or decision.stopped
+            if not decision.restart or self.restarts is None:
                 result.gave_up, result.no_progress = decision.reason, decision.no_progress
-                break
-            if self._stop_requests:  # Ctrl-C after the last attempt had ended
-                result.interrupted, result.gave_up = True, "stopped by the user: not restarted"
                 break
             hosts = tuple(n.host for n in self.plan.nodes if n.host not in decision.drop)
             self._use_plan(self.restarts.replan(len(attempts), hosts, self._addresses))
@@ -173,10 +171,12 @@ class Runner:
             self._write_plan(f"plan.{len(attempts)}.json")
         return result
 
-    def _attempt(self, before: list[AttemptRecord]) -> tuple[Supervisor, AttemptRecord]:
+    def _attempt(self, before: list[AttemptRecord],
+                 run_t0: float) -> tuple[SupervisorView, RunResult, AttemptRecord]:
         """One attempt: every node started, supervised, torn down; every channel closed."""
         t0 = time.monotonic()
         sup = self.sup = Supervisor(self.plan, self.opts, t0, wall_offset=time.time() - t0)
+        view = sup.view
         record = AttemptRecord(number=self.plan.attempt,
                                hosts=[n.host for n in self.plan.nodes],
                                world_size=self.plan.world_size,
@@ -197,18 +197,15 @@ class Runner:
             close_all(list(self.channels.values()), timeout=self.opts.stop_deadline)
             self.channels = {}
             self.logs.close()
-        failures = sup.ordered_failures()
-        record.ok = not failures and not sup.interrupted and \
-            all(r.exit_code == 0 for r in sup.ranks.values())
-        record.cause = failures[0] if failures else None
+        result = self._result(view, time.monotonic() - run_t0)
+        record.ok, record.cause = result.ok, result.root_cause
         record.ended_at = time.time()
-        record.checkpoint, record.resumed_from = sup.checkpoint, sup.resumed_from
-        record.ranks_started_at = sup.first_rank_start
+        record.checkpoint, record.resumed_from = view.checkpoint, view.resumed_from
+        record.ranks_started_at = start = view.first_rank_start
         previous = before[-1] if before else None
-        if previous is not None and previous.cause is not None and \
-                sup.first_rank_start is not None:
-            record.downtime = sup.first_rank_start - previous.cause.at
-        return sup, record
+        if previous is not None and previous.cause is not None and start is not None:
+            record.downtime = start - previous.cause.at
+        return view, result, record
 
     def _use_plan(self, plan: LaunchPlan) -> None:
         self.plan = plan
@@ -226,7 +223,7 @@ class Runner:
                               "pass --run-dir with a directory you can write to") from None
 
     def _write_plan(self, name: str) -> None:
-        _write_private(self.run_dir / name, json.dumps(plan_json(self.plan, self.opts), indent=2))
+        write_private(self.run_dir / name, json.dumps(plan_json(self.plan, self.opts), indent=2))
 
     def _open_control(self) -> ControlServer | None:
         """``ptcluster stacks`` asks through this; a run goes on without it."""
@@ -261,7 +258,7 @@ class Runner:
     # -- the loop -----------------------------------------------------------------------------
     def _loop(self, sup: Supervisor) -> None:
         stops_applied = 0
-        while not sup.done:
+        while not sup.view.done:
             while stops_applied < self._stop_requests:  # a second Ctrl-C hurries the teardown
                 stops_applied += 1
                 self._apply(sup.request_stop(self._stop_reason, time.monotonic()))
@@ -289,11 +286,11 @@ class Runner:
             return  # a late word from an earlier attempt's channel
         try:
             if isinstance(payload, _AskStacks):
-                self._collect(sup, "asked by `ptcluster stacks`", payload.reply)
+                self._collect(sup.view, "asked by `ptcluster stacks`", payload.reply)
             elif isinstance(payload, list):
                 self._frames(sup, host, payload)
             else:
-                self._event(sup, payload)
+                self._apply(sup.on_event(payload, time.monotonic()))
         except Exception as exc:  # noqa: BLE001 - a log or sink error must not lose the job
             log.debug("handling a batch from %s failed", host, exc_info=True)
             self._sink_error(exc)
@@ -311,32 +308,7 @@ class Runner:
                     rank_line(rank, text)
                     on_line(host, rank, text)
                     continue
-            self._event(sup, ev.decode(host, line))
-
-    def _event(self, sup: Supervisor, e: ev.Event) -> None:
-        kind = type(e)
-        if kind is ev.RankOutput:  # only a rank this node does not run gets here (see _frames)
-            assert isinstance(e, ev.RankOutput)
-            self._node_line(sup, e.host, f"(rank {e.rank}?) {e.text}")
-        elif kind is ev.AgentOutput or kind is ev.Malformed:
-            text = e.text if isinstance(e, ev.AgentOutput) else getattr(e, "line", "")
-            self._node_line(sup, e.host, text)
-        elif kind is ev.RankData and getattr(e, "data", {}).get("kind") in PROGRESS_KINDS:
-            self._apply(sup.on_event(e, time.monotonic()))
-        elif kind is ev.StacksReply:
-            assert isinstance(e, ev.StacksReply)
-            self.stacks.reply(e)
-        elif kind is ev.RankData:
-            assert isinstance(e, ev.RankData)
-            try:
-                self.on_data(e.host, e.rank, e.data)
-            except Exception:  # noqa: BLE001 - a bad record is noted, the job is not lost
-                log.exception("%s: rank %s reported a record the caller cannot use", e.host,
-                              e.rank)
-                self._node_line(sup, e.host, f"ptcluster: unusable record from rank {e.rank}: "
-                                f"{str(e.data)[:200]}")
-        else:
-            self._apply(sup.on_event(e, time.monotonic()))
+            self._apply(sup.on_event(ev.decode(host, line), time.monotonic()))
 
     def _sink_error(self, exc: Exception) -> None:
         """Once per kind of error: say it, keep supervising (the logs may be incomplete)."""
@@ -346,12 +318,19 @@ class Runner:
             self.on_status(f"output could not be handled ({exc}); the job goes on, but its "
                            "logs or console output may be incomplete")
 
-    def _node_line(self, sup: Supervisor, host: str, text: str) -> None:
-        """A line of the node itself (torchrun, ssh): always logged; shown unless we are
-        stopping the job (then torchrun's tracebacks about our own SIGTERM are noise)."""
+    def _node_line(self, host: str, text: str, show: bool) -> None:
         self.logs.node_line(self._node_rank[host], host, text)
-        if sup.stopping_since is None:
+        if show:
             self.on_line(host, None, text)
+
+    def _deliver(self, d: DeliverData) -> None:
+        try:
+            self.on_data(d.host, d.rank, d.data)
+        except Exception:  # noqa: BLE001 - a bad record is noted, the job is not lost
+            log.exception("%s: rank %s reported a record the caller cannot use", d.host, d.rank)
+            assert self.sup is not None
+            self._node_line(d.host, f"ptcluster: unusable record from rank {d.rank}: "
+                            f"{str(d.data)[:200]}", show=not self.sup.view.stopping)
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
@@ -365,19 +344,24 @@ class Runner:
                     channel.signal(action.sig)
             elif isinstance(action, Status):
                 self.on_status(action.text)
+            elif isinstance(action, NodeLine):
+                self._node_line(action.host, action.text, action.show)
+            elif isinstance(action, DeliverData):
+                self._deliver(action)
+            elif isinstance(action, StacksAnswered):
+                self.stacks.reply(action.reply)
             elif isinstance(action, CollectStacks):
                 assert self.sup is not None
-                self._collect(self.sup, action.purpose)
+                self._collect(self.sup.view, action.purpose)
 
     # -- stacks -------------------------------------------------------------------------------
-    def _collect(self, sup: Supervisor, purpose: str,
+    def _collect(self, view: SupervisorView, purpose: str,
                  waiter: queue.Queue[dict[str, Any]] | None = None) -> None:
-        """Ask every node that runs ranks for their stacks (answered in ``_event``)."""
-        hosts = {h for h, n in sup.nodes.items() if n.ready and not n.closed
-                 and h in self.channels and h not in sup.stop_sent}
-        if sup.phase is not Phase.RUNNING or not hosts:
+        """Ask every node that runs ranks for their stacks (answers: ``StacksAnswered``)."""
+        hosts = {h for h in view.askable if h in self.channels}
+        if view.phase is not Phase.RUNNING or not hosts:
             if waiter is not None:
-                waiter.put({"ok": False, "error": f"the job is {sup.phase.value}, not running"})
+                waiter.put({"ok": False, "error": f"the job is {view.phase.value}, not running"})
                 return
             hosts = set()  # a hang with no node left to ask: an empty report, at once
         reason = (f"hang: no rank made progress for {self.opts.hang_timeout:.0f} s"
@@ -396,8 +380,8 @@ class Runner:
                     ", ".join(dict.fromkeys(r.host for r in late)) or None, now))
 
     # -- results ------------------------------------------------------------------------------
-    def _result(self, sup: Supervisor, duration: float) -> RunResult:
-        failures = sup.ordered_failures()
+    def _result(self, view: SupervisorView, duration: float) -> RunResult:
+        failures = view.failures
         for failure in failures:
             # Filled now, not when the exit arrived: a traceback may come after it.
             if failure.rank is not None:
@@ -405,9 +389,8 @@ class Runner:
             elif not failure.last_lines and failure.host in self._node_rank:
                 failure.last_lines = self.logs.node_tail(failure.host)
         return RunResult(job_id=self.plan.job_id, run_dir=self.run_dir,
-                         ranks=[sup.ranks[r] for r in sorted(sup.ranks)],
-                         nodes=[sup.nodes[n.host] for n in self.plan.nodes],
-                         failures=failures, interrupted=sup.interrupted, duration=duration,
+                         ranks=view.ranks, nodes=view.nodes,
+                         failures=failures, interrupted=view.interrupted, duration=duration,
                          hang_report=self._hang_report)
 
 
@@ -425,9 +408,3 @@ def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
                               "python": node.python, "guard": cfg})
     return data
 
-
-def _write_private(path: Path, text: str) -> None:
-    """Write a file only its owner can read (the plan holds every ``env:`` value)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with open(fd, "w", encoding="utf-8") as f:
-        f.write(text)

@@ -4,9 +4,11 @@
 what to do (:data:`Action` values: send a frame to a node, signal a node's channel, tell the
 user). The runner executes the actions; tests drive it with a fake clock.
 
-Phases: STARTING (guards connect and check their node) -> RUNNING (every node said ready, the
-head said go) -> STOPPING (a failure, Ctrl-C or the deadline: every node is told to stop, then
-escalation) -> DONE (every channel closed or given up on). Every failure is kept with the time it
+The job's phases: STARTING (guards connect and check their node) -> RUNNING (every node said
+ready, the head said go) -> STOPPING (a failure, Ctrl-C or the deadline: every node is told to
+stop, then escalation) -> DONE (every node STOPPED or LOST). Each node has its own
+:class:`NodeState`, changed in one place (``Supervisor._enter``); a node that does not end after
+stop is taken through the :class:`Escalation` steps. Every failure is kept with the time it
 happened on a corrected clock (node time minus the offset measured at hello); the earliest is the
 root cause, whatever order the news arrived in.
 """
@@ -14,55 +16,34 @@ root cause, whatever order the news arrived in.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from ptcluster.launch import events as ev
+from ptcluster.launch.actions import (
+    Action,
+    CollectStacks,
+    DeliverData,
+    NodeLine,
+    Send,
+    SignalChannel,
+    StacksAnswered,
+    Status,
+)
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.progress import ProgressWatch
-from ptcluster.launch.result import Failure, NodeOutcome, RankRecord, RunOptions, signame
+from ptcluster.launch.result import (
+    Failure,
+    FailureKind,
+    NodeOutcome,
+    RankRecord,
+    RunOptions,
+    signame,
+)
+from ptcluster.launch.states import FINAL, Escalation, NodeLife, NodeState, Phase
+from ptcluster.launch.view import SupervisorView
 from ptcluster.node import wire
 from ptcluster.node.rank_wire import CHECKPOINT, PROGRESS_REPORTS, RESUMED, RETURNED
 from ptcluster.remote.transport import explain_channel_failure
-
-KILL_AFTER = 4.0
-"""Seconds after the channel's SIGTERM before SIGKILL and giving up on the node."""
-
-
-class Phase(Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    DONE = "done"
-
-
-@dataclass(frozen=True)
-class Send:
-    host: str
-    kind: str
-    payload: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class SignalChannel:
-    host: str
-    sig: int
-
-
-@dataclass(frozen=True)
-class Status:
-    text: str
-
-
-@dataclass(frozen=True)
-class CollectStacks:
-    """Collect every rank's stacks; for "hang", hand the report to ``hang_reported``."""
-
-    purpose: str
-
-
-Action = Send | SignalChannel | Status | CollectStacks
 
 
 class Supervisor:
@@ -76,16 +57,14 @@ class Supervisor:
         self.started = now
         self.went_at: float | None = None
         self.stopping_since: float | None = None
-        self.interrupted = False
+        self._stop_requests = 0
+        """Ctrl-C, SIGTERM or a caller so far: 1 stops the job, 2 cuts the channels."""
         self.nodes = {n.host: NodeOutcome(host=n.host, node_rank=n.node_rank)
                       for n in plan.nodes}
+        self.life = {h: NodeLife(node) for h, node in self.nodes.items()}
         self.ranks = {r: RankRecord(rank=r, host=n.host, local_rank=r - n.rank_base)
                       for n in plan.nodes for r in n.ranks}
         self.failures: list[Failure] = []
-        self.stop_sent: dict[str, float] = {}
-        """Head wall time at which each node was told to stop."""
-        self._escalated: set[tuple[str, str]] = set()
-        self._hurried = False
         self._raised: dict[int, tuple[float, str, bool]] = {}
         """When (corrected) and what an exception left a rank's code, from the rank itself."""
         self._returned: set[int] = set()
@@ -112,9 +91,10 @@ class Supervisor:
         """Periodic checks; ``quiet[host]``: seconds since that node's channel brought data."""
         actions: list[Action] = []
         if self.phase is Phase.STARTING and now - self.started > self.opts.ready_timeout:
-            slow = [h for h, n in self.nodes.items() if not n.ready and not n.closed]
+            slow = [h for h, life in self.life.items() if life.state is NodeState.STARTING]
             actions += self._fail(Failure(
-                host=", ".join(slow) or self.plan.nodes[0].host, rank=None, kind="start",
+                host=", ".join(slow) or self.plan.nodes[0].host, rank=None,
+                kind=FailureKind.START,
                 message=f"not ready after {self.opts.ready_timeout:.0f} s", at=self.wall(now),
                 fix="check that the node is reachable and not overloaded (`ptcluster doctor`)"),
                 now)
@@ -133,31 +113,40 @@ class Supervisor:
         node's job when its channel closes)."""
         if self.phase is Phase.DONE:
             return []
-        if not self.interrupted:
-            self.interrupted = True
+        self._stop_requests += 1
+        if self._stop_requests == 1:
             if self.phase is not Phase.STOPPING:
                 return self._stop_all(reason, now)
             return [Status(f"{reason}: the job is already being stopped everywhere")]
-        if self._hurried:
+        if self._stop_requests > 2:
             return []
-        self._hurried = True
         actions: list[Action] = [Status(f"{reason} again: not waiting for the nodes, cutting "
                                         "their channels (each guard ends its job on EOF)")]
-        for host, node in self.nodes.items():
-            if not node.closed:
-                self._escalated |= {(host, "stop"), (host, "term")}
+        for host, life in self.life.items():
+            if life.state not in FINAL:  # (the steps up to SIGTERM count as taken)
+                life.steps.setdefault(Escalation.RESEND, now)
+                life.steps.setdefault(Escalation.TERM, now)
                 actions.append(SignalChannel(host, signal.SIGTERM))
         return actions
+
+    @property
+    def interrupted(self) -> bool:
+        """Stopped by a request (Ctrl-C, SIGTERM, a caller): never a failure of its own."""
+        return self._stop_requests > 0
 
     @property
     def cut_off(self) -> list[str]:
         """Nodes given up on at the stop deadline (channel SIGKILLed): their part of the job
         may run on until their guard notices, so a restart must not use them."""
-        return [h for h in self.nodes if (h, "kill") in self._escalated]
+        return [h for h, life in self.life.items() if Escalation.KILL in life.steps]
 
     @property
     def done(self) -> bool:
         return self.phase is Phase.DONE
+
+    @property
+    def view(self) -> SupervisorView:
+        return SupervisorView(self)
 
     def wall(self, now: float) -> float:
         return now + self.wall_offset
@@ -168,14 +157,15 @@ class Supervisor:
         node.clock_offset = round(e.node_time - self.wall(now), 3)
         if e.version != wire.VERSION:
             return self._fail(Failure(
-                host=e.host, rank=None, at=self.wall(now), kind="guard",
+                host=e.host, rank=None, at=self.wall(now), kind=FailureKind.GUARD,
                 message=f"its node program speaks protocol v{e.version}, the head v"
                         f"{wire.VERSION}", fix="use the same ptcluster version everywhere"), now)
         return []
 
     def _ready(self, e: ev.Ready, now: float) -> list[Action]:
-        node = self.nodes[e.host]
-        node.ready, node.facts = True, dict(e.facts)
+        self.nodes[e.host].facts = dict(e.facts)
+        if self.life[e.host].state is NodeState.STARTING:
+            self._enter(e.host, NodeState.READY)
         actions: list[Action] = []
         if e.facts.get("interface_source") and e.facts.get("interface_source") != "cluster file":
             actions.append(Status(f"{e.host}: sockets on {e.facts.get('interface') or '?'} "
@@ -184,7 +174,8 @@ class Supervisor:
             actions.append(Status(f"{e.host}: cannot become a subreaper "
                                   f"({e.facts.get('subreaper_error')}); orphans of the job "
                                   "may escape teardown"))
-        if self.phase is Phase.STARTING and all(n.ready for n in self.nodes.values()):
+        if self.phase is Phase.STARTING and all(life.state is NodeState.READY
+                                                for life in self.life.values()):
             wrong = self._master_elsewhere(now)
             if wrong is not None:
                 return actions + self._fail(wrong, now)
@@ -192,7 +183,9 @@ class Supervisor:
             actions.append(Status(f"all {len(self.nodes)} node(s) ready in "
                                   f"{now - self.started:.2f} s; starting "
                                   f"{self.plan.world_size} rank(s)"))
-            actions += [Send(h, "go") for h in self.nodes]
+            for host in self.nodes:
+                self._enter(host, NodeState.RUNNING)
+                actions.append(Send(host, "go"))
         return actions
 
     def _master_elsewhere(self, now: float) -> Failure | None:
@@ -206,7 +199,7 @@ class Supervisor:
             for what in ("address", "hostname"):
                 if str(facts.get(what) or "").lower() == addr:
                     return Failure(
-                        host=first, rank=None, kind="guard", at=self.wall(now),
+                        host=first, rank=None, kind=FailureKind.GUARD, at=self.wall(now),
                         message=f"the rendezvous address {self.plan.master_addr} is {node.host}'s "
                                 f"{what}, but the rendezvous runs on the first node (node rank "
                                 f"0: {first})",
@@ -214,13 +207,29 @@ class Supervisor:
                             "top of `nodes`")
         return None
 
+    def _node_output(self, e: ev.AgentOutput | ev.Malformed | ev.RankOutput,
+                     now: float) -> list[Action]:
+        """The node's own lines (torchrun, ssh), and frames that are not what they should be
+        (the output of a rank the node does not run: rank lines take the runner's short path)."""
+        text = e.text if isinstance(e, ev.AgentOutput) else e.line \
+            if isinstance(e, ev.Malformed) else f"(rank {e.rank}?) {e.text}"
+        return [NodeLine(e.host, text, show=self.stopping_since is None)]
+
+    def _rank_data(self, e: ev.RankData, now: float) -> list[Action]:
+        if e.data.get("kind") in PROGRESS_REPORTS:  # the job's life: ours; the rest: the caller's
+            return self._progress(e, now)
+        return [DeliverData(e.host, e.rank, e.data)]
+
+    def _stacks(self, e: ev.StacksReply, now: float) -> list[Action]:
+        return [StacksAnswered(e)]
+
     def _started(self, e: ev.Started, now: float) -> list[Action]:
         self.nodes[e.host].facts["torchrun_pid"] = e.pid
         return []
 
     def _guard_error(self, e: ev.GuardError, now: float) -> list[Action]:
         return self._fail(Failure(host=e.host, rank=None, message=e.problem, fix=e.fix or None,
-                                  kind="guard", at=self.wall(now)), now)
+                                  kind=FailureKind.GUARD, at=self.wall(now)), now)
 
     def _rank_start(self, e: ev.RankStart, now: float) -> list[Action]:
         record = self._rank(e.host, e.rank)
@@ -270,7 +279,7 @@ class Supervisor:
             return []
         raised_at, text, exited = self._raised.get(record.rank, (record.ended_at, "", False))
         failed_at = min(raised_at, record.ended_at)
-        stop_at = self.stop_sent.get(record.host)
+        stop_at = self.life[record.host].stop_at
         if stop_at is not None and failed_at >= stop_at:
             record.stopped = True  # ended by our own teardown
             return []
@@ -308,22 +317,22 @@ class Supervisor:
         return []
 
     def _guard_stopping(self, e: ev.GuardStopping, now: float) -> list[Action]:
-        if e.host in self.stop_sent:
+        if self.life[e.host].stop_at is not None:
             return []  # it is doing what the head asked
         at = self._corrected(e.host, e.node_time)
-        self.stop_sent[e.host] = at
+        self._enter(e.host, NodeState.STOPPING, at)
         fix = ("something on that node signalled it (a scheduler's cancel or time limit, an "
                "administrator, a shutdown): see the node log") if e.signal else \
             "see the node log; a guard that no longer hears the head means the network or " \
             "the head stalled"
-        return self._fail(Failure(host=e.host, rank=None, at=at, kind="lost",
+        return self._fail(Failure(host=e.host, rank=None, at=at, kind=FailureKind.LOST,
                                   message=f"its guard ended the job on its own: {e.reason}",
                                   fix=fix), now)
 
     def _guard_exit(self, e: ev.GuardExit, now: float) -> list[Action]:
         node = self.nodes[e.host]
         node.guard_exit, node.reason = e.code, e.reason
-        if e.host in self.stop_sent:
+        if self.life[e.host].stop_at is not None:
             return [Status(f"{e.host}: stopped")]
         if e.code == 0:
             # torchrun exits 0 only when every rank on its node did.
@@ -335,28 +344,29 @@ class Supervisor:
         if any(f.host == e.host and f.rank is not None for f in self.failures):
             return []  # its failed rank is the news, torchrun's exit the consequence
         return self._fail(Failure(host=e.host, rank=None, exit_code=e.code, at=self.wall(now),
-                                  kind="node",
+                                  kind=FailureKind.NODE,
                                   message=f"torchrun exited with code {e.code} ({e.reason})"),
                           now)
 
     def _closed(self, e: ev.ChannelClosed, now: float) -> list[Action]:
         node = self.nodes[e.host]
         node.transport_exit, node.stderr = e.exit_code, list(e.stderr)
-        was_closed, node.closed = node.closed, True
-        if was_closed or node.guard_exit is not None or e.host in self.stop_sent:
-            return []
+        life = self.life[e.host]
+        if not self._enter(e.host, NodeState.STOPPED) or node.guard_exit is not None or \
+                life.stop_at is not None:
+            return []  # given up on before, or the end of what it was doing
         err = [line for line in e.stderr if line.strip()]
         if node.ready:
             detail = err[-1] if err else f"exit status {e.exit_code}"
             failure = Failure(host=e.host, rank=None, message=f"connection lost: {detail}",
-                              kind="lost",
+                              kind=FailureKind.LOST,
                               fix="check the node's network and power (`ptcluster doctor`)",
                               exit_code=e.exit_code, last_lines=err, at=self.wall(now))
         else:
             python = self.plan.nodes[node.node_rank].python
             problem, fix = e.cause or explain_channel_failure(err, e.exit_code, python)
             failure = Failure(host=e.host, rank=None, message=f"cannot start the job: {problem}",
-                              kind="start",
+                              kind=FailureKind.START,
                               fix=fix, exit_code=e.exit_code, last_lines=err, at=self.wall(now))
         return self._fail(failure, now)
 
@@ -365,14 +375,15 @@ class Supervisor:
         actions: list[Action] = []
         for host, node in self.nodes.items():
             silent = quiet.get(host, 0.0)
-            if node.closed or not node.ready or silent <= self.opts.node_silence:
+            if self.life[host].state in FINAL or not node.ready or \
+                    silent <= self.opts.node_silence:
                 continue
-            node.closed = True  # gone as far as we can tell; its guard ends itself
             node.reason = f"no data for {silent:.0f} s"
-            self.stop_sent.setdefault(host, self.wall(now))  # what it still sends is teardown
+            # Gone as far as we can tell (its guard ends itself); what it still sends is teardown.
+            self._enter(host, NodeState.LOST, self.wall(now))
             actions.append(SignalChannel(host, signal.SIGKILL))
             actions += self._fail(Failure(
-                host=host, rank=None, at=self.wall(now - silent), kind="lost",
+                host=host, rank=None, at=self.wall(now - silent), kind=FailureKind.LOST,
                 message=f"node lost: nothing heard for {silent:.0f} s (link down or node dead)",
                 fix="check the node's network and power; `ptcluster doctor`"), now)
         return actions
@@ -396,7 +407,7 @@ class Supervisor:
         """The stacks of a hang are in: end the job with the hang as a failure."""
         assert self.progress is not None and self.hang_seen_at is not None
         return self._fail(Failure(
-            host=host or ", ".join(self.nodes), rank=rank, kind="hang",
+            host=host or ", ".join(self.nodes), rank=rank, kind=FailureKind.HANG,
             at=self.wall(self.hang_seen_at - self.progress.timeout),
             message=f"hang: no rank made progress for {self.progress.timeout:.0f} s; {headline}",
             fix="see the stacks report in the run directory (the straggler first)"), now)
@@ -406,25 +417,26 @@ class Supervisor:
             return []
         late = now - self.stopping_since
         deadline = self.opts.stop_deadline
-        steps = ((deadline + KILL_AFTER, "kill"), (deadline, "term"), (deadline / 2, "stop"))
+        # The latest step due (one a tick: a step skipped over is not taken late).
+        step = next((s for s in reversed(Escalation) if late > s.due(deadline)), None)
         actions: list[Action] = []
         for host, node in self.nodes.items():
-            step = next((name for after, name in steps if late > after), None)
-            if node.closed or step is None or (host, step) in self._escalated:
+            life = self.life[host]
+            if step is None or life.state in FINAL or step in life.steps:
                 continue
-            self._escalated.add((host, step))
-            if step == "stop":
+            life.steps[step] = now
+            if step is Escalation.RESEND:
                 note = "not ended yet: stop sent again"
                 actions.append(Send(host, "stop", {"reason": "stop deadline"}))
-            elif step == "term":
+            elif step is Escalation.TERM:
                 note = f"not ended {deadline:.0f} s after stop: its channel gets SIGTERM"
                 actions.append(SignalChannel(host, signal.SIGTERM))
             else:
                 note = "still not ended: its channel was cut (SIGKILL); the node's guard ends " \
                        "the job when it notices"
                 actions.append(SignalChannel(host, signal.SIGKILL))
-                node.closed = True
                 node.reason = node.reason or "given up: channel cut after the stop deadline"
+                self._enter(host, NodeState.LOST)
             node.escalations.append(note)
             actions.append(Status(f"{host}: {note}"))
         return actions
@@ -433,7 +445,8 @@ class Supervisor:
         running = [r for r in self.ranks.values() if r.exit_code is None]
         hosts = sorted({r.host for r in running}) or [self.plan.nodes[0].host]
         ranks = ", ".join(str(r.rank) for r in running) or "none"
-        return Failure(host=", ".join(hosts), rank=None, at=self.wall(now), kind="timeout",
+        return Failure(host=", ".join(hosts), rank=None, at=self.wall(now),
+                       kind=FailureKind.TIMEOUT,
                        message=f"timed out after {self.opts.deadline:.0f} s; ranks still "
                                f"running: {ranks}",
                        fix="a collective hung or a rank is stuck: check the ports and interface "
@@ -449,14 +462,17 @@ class Supervisor:
     def _stop_all(self, reason: str, now: float) -> list[Action]:
         self.phase, self.stopping_since = Phase.STOPPING, now
         actions: list[Action] = [Status(f"stopping the job on every node: {reason}")]
-        for host, node in self.nodes.items():
-            if not node.closed and host not in self.stop_sent:  # (not one stopping by itself)
-                self.stop_sent[host] = self.wall(now)
+        for host, life in self.life.items():  # (not one that is stopping by itself)
+            if life.stop_at is None and self._enter(host, NodeState.STOPPING, self.wall(now)):
                 actions.append(Send(host, "stop", {"reason": reason}))
         return actions
 
+    def _enter(self, host: str, state: NodeState, at: float | None = None) -> bool:
+        return self.life[host].enter(state, at)
+
     def _update_done(self) -> None:
-        if self.phase is not Phase.DONE and all(n.closed for n in self.nodes.values()):
+        if self.phase is not Phase.DONE and all(life.state in FINAL
+                                                for life in self.life.values()):
             self.phase = Phase.DONE
 
     # -- results ------------------------------------------------------------------------------
@@ -478,10 +494,10 @@ _HANDLERS: dict[type, Any] = {
     ev.RankExit: Supervisor._rank_exit, ev.RankError: Supervisor._rank_error,
     ev.GuardExit: Supervisor._guard_exit, ev.ChannelClosed: Supervisor._closed,
     ev.Heartbeat: Supervisor._heartbeat, ev.GuardStopping: Supervisor._guard_stopping,
-    ev.RankData: Supervisor._progress, ev.Started: Supervisor._started,
+    ev.RankData: Supervisor._rank_data, ev.Started: Supervisor._started,
+    ev.AgentOutput: Supervisor._node_output, ev.Malformed: Supervisor._node_output,
+    ev.RankOutput: Supervisor._node_output, ev.StacksReply: Supervisor._stacks,
 }
-PROGRESS_KINDS = PROGRESS_REPORTS
-"""RankData kinds the supervisor keeps (the rest go to the caller's data sink)."""
 CRASH_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS)
 """How a process's own code dies: after its program returned, that is a library's teardown."""
 SHUTDOWN_FIX = ("a library crashed while Python tore the process down: with gloo, work objects "

@@ -1,0 +1,104 @@
+"""The states of a job on the head: the job's :class:`Phase`, each node's :class:`NodeState`
+with its transitions, and the teardown steps for a node that does not end (:class:`Escalation`).
+
+The supervisor keeps one :class:`NodeLife` per node; ``NodeLife.enter`` is the only place a
+node's state changes (and with it ``NodeOutcome.ready``/``closed`` of the result).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from ptcluster.launch.result import NodeOutcome
+
+KILL_AFTER = 4.0
+"""Seconds after the channel's SIGTERM before SIGKILL and giving up on the node."""
+
+
+class Phase(Enum):
+    """The job's (one attempt's) phase."""
+
+    STARTING = "starting"
+    """Guards connect and check their node."""
+    RUNNING = "running"
+    """Every node said ready, the head said go."""
+    STOPPING = "stopping"
+    """A failure, a stop request or the deadline: every node told to stop, then escalation."""
+    DONE = "done"
+    """Every node STOPPED or LOST."""
+
+
+class NodeState(Enum):
+    """One node's part of the job as the head knows it (cf. torch elastic's ``WorkerState``).
+
+    STARTING -> READY -> RUNNING -> STOPPING -> STOPPED or LOST; a node may also go to STOPPING,
+    STOPPED or LOST from any earlier state. STOPPED and LOST are final: what still comes from
+    such a node changes nothing."""
+
+    STARTING = "starting"
+    """Its channel is started; its guard connects and checks the node."""
+    READY = "ready"
+    """Its guard passed its checks and waits for go."""
+    RUNNING = "running"
+    """Told go: torchrun and the node's ranks run."""
+    STOPPING = "stopping"
+    """Told to stop, or its guard began stopping on its own: a rank's end now is teardown."""
+    STOPPED = "stopped"
+    """Its channel closed (each guard ends its part of the job when its channel closes)."""
+    LOST = "lost"
+    """Given up on: silent for ``node_silence``, or its channel cut at the stop deadline (its
+    ranks may run on until its guard notices)."""
+
+
+FINAL = frozenset({NodeState.STOPPED, NodeState.LOST})
+NEXT: dict[NodeState, frozenset[NodeState]] = {
+    NodeState.STARTING: frozenset({NodeState.READY, NodeState.STOPPING}) | FINAL,
+    NodeState.READY: frozenset({NodeState.RUNNING, NodeState.STOPPING}) | FINAL,
+    NodeState.RUNNING: frozenset({NodeState.STOPPING}) | FINAL,
+    NodeState.STOPPING: FINAL,
+    NodeState.STOPPED: frozenset(), NodeState.LOST: frozenset(),
+}
+"""The transitions a node may take (anything else is ignored)."""
+
+
+class Escalation(Enum):
+    """The head's steps for a node not ended after stop, in order, each taken once."""
+
+    RESEND = "stop"
+    """Half the stop deadline: stop sent again."""
+    TERM = "term"
+    """The stop deadline: its channel gets SIGTERM."""
+    KILL = "kill"
+    """``KILL_AFTER`` later: its channel is cut (SIGKILL) and the node given up on (LOST)."""
+
+    def due(self, stop_deadline: float) -> float:
+        """Seconds after the stop when this step is taken."""
+        return {Escalation.RESEND: stop_deadline / 2, Escalation.TERM: stop_deadline,
+                Escalation.KILL: stop_deadline + KILL_AFTER}[self]
+
+
+@dataclass
+class NodeLife:
+    """A node's state, its stop and its escalation, as the supervisor tracks them."""
+
+    outcome: NodeOutcome
+    """Its record in the result: ``ready`` and ``closed`` follow the state (set in ``enter``)."""
+    state: NodeState = NodeState.STARTING
+    stop_at: float | None = None
+    """Head wall time at which it was told to stop (for a guard that began on its own: its
+    time, corrected); what its ranks do from then on is teardown."""
+    steps: dict[Escalation, float] = field(default_factory=dict)
+    """Each escalation step taken, with when (monotonic)."""
+
+    def enter(self, state: NodeState, at: float | None = None) -> bool:
+        """The one place a node changes state (``at``: for STOPPING and LOST, when it was told
+        to stop, unless it was before). False: not a transition from where the node is."""
+        if state not in NEXT[self.state]:
+            return False
+        self.state = state
+        if state in (NodeState.STOPPING, NodeState.LOST) and self.stop_at is None:
+            self.stop_at = at
+        self.outcome.ready = self.outcome.ready or state is NodeState.READY
+        self.outcome.closed = state in FINAL
+        return True
