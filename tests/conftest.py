@@ -88,3 +88,40 @@ def testbed():
         yield bed
     finally:
         bed.close()
+
+
+_JOB_PROGRAMS = ("torch.distributed.run", "torchrun")
+
+
+def _starts_a_job_or_testbed(argv: object) -> bool:
+    """A real job (a guard, which starts torchrun; torchrun itself) or the namespace testbed."""
+    from ptcluster.remote.bootstrap import BOOTSTRAP
+
+    args = [str(a) for a in argv] if isinstance(argv, (list, tuple)) else [str(argv)]
+    if BOOTSTRAP in args and args[args.index(BOOTSTRAP) + 1:][:1] == ["guard"]:
+        return True
+    if any(a in _JOB_PROGRAMS or a.endswith("/torchrun") for a in args):
+        return True
+    return args[:2] == ["ip", "netns"] or "sshd" in os.path.basename(args[0] if args else "")
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_job(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """``-m "not slow"`` is the quick inner loop: a test that starts a real job or the testbed
+    must be marked ``slow`` (testbed tests are); ``no_job``: a guard that refuses before any
+    job starts. Enforced, not hoped for."""
+    if request.node.get_closest_marker("slow") or request.node.get_closest_marker("no_job"):
+        yield
+        return
+    import subprocess
+
+    real = subprocess.Popen.__init__
+
+    def refuse(self, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
+        if _starts_a_job_or_testbed(args):
+            raise AssertionError(f"{request.node.nodeid} starts a job or the testbed "
+                                 f"({args!r:.120}): mark it @pytest.mark.slow")
+        real(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    yield

@@ -79,6 +79,7 @@ def test_a_child_holding_stdout_delays_the_exit_only_boundedly(tmp_path) -> None
     assert any(isinstance(e, ev.RankExit) and e.code == 0 for e in events)
 
 
+@pytest.mark.no_job  # the program is missing: nothing starts
 @pytest.mark.parametrize("transport, words", [
     ("ssh", "install the OpenSSH client"),
     ("srun", "Slurm's clients"),

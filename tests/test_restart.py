@@ -240,6 +240,7 @@ ATTEMPTS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_script_that_never_reports_progress_gets_plain_restarts(tmp_path, no_leftovers) -> None:
     (tmp_path / "fail.py").write_text(ATTEMPTS)
     code, head = run_head(["run", "--nproc", "1", "--run-dir", "runs", "--max-restarts", "2",
@@ -254,6 +255,7 @@ def test_a_script_that_never_reports_progress_gets_plain_restarts(tmp_path, no_l
     assert "no restarts left" in "\n".join(head.err)
 
 
+@pytest.mark.slow
 def test_a_script_that_crashes_at_start_gives_up_with_no_progress(tmp_path,
                                                                   no_leftovers) -> None:
     (tmp_path / "fail.py").write_text(ATTEMPTS)
@@ -269,6 +271,7 @@ def test_a_script_that_crashes_at_start_gives_up_with_no_progress(tmp_path,
     assert "Root cause (first observed failure): rank 0 on localhost" in err, err
 
 
+@pytest.mark.slow
 def test_a_job_ended_from_outside_is_stopped_not_failed_and_not_restarted(tmp_path,
                                                                           no_leftovers) -> None:
     """What Slurm's scancel does to an allocation, through the runner's ``ended_by`` (the real
@@ -309,6 +312,7 @@ SLOW_FAIL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_restart_stops_everything(tmp_path, no_leftovers) -> None:
     (tmp_path / "job.py").write_text(SLOW_FAIL)
     head = Head(["run", "--nproc", "2", "--run-dir", "runs", "--max-restarts", "5", "job.py"],
@@ -339,6 +343,7 @@ HANGS_ONCE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_hang_is_reported_then_the_job_restarts(tmp_path, no_leftovers) -> None:
     (tmp_path / "job.py").write_text(HANGS_ONCE)
     code, head = run_head(["run", "--nproc", "2", "--run-dir", "runs", "--max-restarts", "1",

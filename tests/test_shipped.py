@@ -91,6 +91,7 @@ def test_rank_records_and_their_frames_agree() -> None:
         assert "from ptcluster" not in source
 
 
+@pytest.mark.no_job
 @pytest.mark.parametrize("program", [GUARD, FACTS, SAMPLER, SETUP_AGENT], ids=lambda p: p.name)
 def test_packed_program_compiles_and_says_hello(program: Program) -> None:
     source = pack_source(program)
@@ -109,3 +110,17 @@ def test_packed_program_compiles_and_says_hello(program: Program) -> None:
     if program is GUARD:  # a missing workdir is refused before anything starts
         kind, payload = wire.split(proc.stdout.decode().splitlines()[1])
         assert kind == "error" and "does not exist" in wire.control(payload)["problem"]
+
+
+def test_the_fast_suite_refuses_a_test_that_starts_a_job() -> None:
+    """conftest's guard for ``-m "not slow"`` (this test is not slow: it is under the guard)."""
+    from ptcluster.node import GUARD as guard
+    from ptcluster.remote.bootstrap import node_argv
+
+    with pytest.raises(AssertionError, match="mark it @pytest.mark.slow"):
+        subprocess.Popen(node_argv(sys.executable, guard, "J"))
+    with pytest.raises(AssertionError, match="mark it @pytest.mark.slow"):
+        subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "x.py"])
+    with pytest.raises(AssertionError, match="mark it @pytest.mark.slow"):
+        subprocess.Popen(["ip", "netns", "add", "x"])
+    subprocess.run(["true"], check=True)  # anything else runs

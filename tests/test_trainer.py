@@ -95,13 +95,21 @@ def make_mnist_dir(folder) -> None:
     write_idx(folder / "t10k-labels-idx1-ubyte", labels[1400:].reshape(-1), gz=False)
 
 
-def test_load_dataset_prefers_idx_files_else_the_digits_offline(tmp_path) -> None:
+def test_the_trainer_prefers_idx_files_else_the_digits_offline(tmp_path) -> None:
+    """The trainer's own rule (``train.load_data``; one rank: no process group needed)."""
+    import argparse
+
+    from ptcluster.examples.mnist.train import load_data
+
+    def args(dataset: str, data_dir) -> argparse.Namespace:
+        return argparse.Namespace(dataset=dataset, data_dir=data_dir, no_download=True)
+
     make_mnist_dir(tmp_path / "MNIST" / "raw")
-    ds = mnist_data.load_dataset("auto", tmp_path, download=False)
+    ds = load_data(args("auto", tmp_path), 0, 1)
     assert ds.name == "mnist" and ds.train_x.shape == (1400, 784) and len(ds.test_y) == 397
     with pytest.raises(RuntimeError, match="--dataset digits"):
-        mnist_data.load_dataset("mnist", tmp_path / "empty", download=False)
-    assert mnist_data.load_dataset("auto", tmp_path / "empty", download=False).name == "digits"
+        load_data(args("mnist", tmp_path / "empty"), 0, 1)
+    assert load_data(args("auto", tmp_path / "empty"), 0, 1).name == "digits"
 
 
 @pytest.mark.slow

@@ -103,9 +103,6 @@ class NodeChannel:
             except ProcessLookupError:
                 pass
 
-    def wait_closed(self, timeout: float | None) -> bool:
-        return self._closed.wait(timeout)
-
     @property
     def closed(self) -> bool:
         return self._closed.is_set()

@@ -148,26 +148,3 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
     test, train = order[:n_test], order[n_test:]
     tx, vx = _normalise(images[train], images[test])
     return Dataset("digits", tx, labels[train], vx, labels[test])
-
-
-def load_dataset(kind: str, data_dir: Path, download: bool = True,
-                 timeout: float = 5.0) -> Dataset:
-    """``kind``: mnist (files or download, else fail) | digits | auto (mnist if it can be had)."""
-    if kind == "digits":
-        return load_digits()
-    files = find_mnist(data_dir)
-    if files is None and download:
-        why = download_mnist(data_dir, timeout=timeout)
-        if why is None:
-            files = find_mnist(data_dir)
-        elif kind == "mnist":
-            raise RuntimeError(f"MNIST is not in {data_dir} and {why}. Put the four IDX files "
-                               "there, or use --dataset digits")
-        else:
-            log.info("MNIST unavailable (%s)", why)
-    if files is None:
-        if kind == "mnist":
-            raise RuntimeError(f"MNIST is not in {data_dir} (downloads disabled). Put the four "
-                               "IDX files there, or use --dataset digits")
-        return load_digits()
-    return load_mnist(files)
