@@ -199,7 +199,7 @@ def test_options_are_validated() -> None:
     ('rstart {"rank":1,"pid":42,"t":3.0,"local_rank":0}', ev.RankStart("n", 1, 42, 3.0)),
     ('rdata {"rank":0,"kind":"row","x":1}', ev.RankData("n", 0, {"kind": "row", "x": 1})),
     ('hello {"v":2,"program":"guard","pid":7,"time":1.5}', ev.Hello("n", 2, 7, 1.5)),
-    ('error {"problem":"p","fix":"f"}', ev.GuardError("n", "p", "f")),
+    ('error {"problem":"p","fix":"f"}', ev.GuardRefused("n", "p", "f")),
     ('exit {"code":0,"reason":"job ended"}', ev.GuardExit("n", 0, "job ended")),
     ("hb {}", ev.Heartbeat("n")),
     ("hb", ev.Heartbeat("n")),

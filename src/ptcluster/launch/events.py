@@ -27,7 +27,10 @@ class Ready:
 
 
 @dataclass(frozen=True)
-class GuardError:
+class GuardRefused:
+    """The guard could not do its part (the node's ``error {problem, fix}``: a missing workdir,
+    a taken port, ...); on the node it is the guard's ``GuardError`` exception."""
+
     host: str
     problem: str
     fix: str
@@ -150,7 +153,7 @@ class ChannelClosed:
     """(problem, fix) when it is already known (the channel could not even start)."""
 
 
-Event = (Hello | Ready | GuardError | Started | Heartbeat | GuardStopping | RankStart | RankExit
+Event = (Hello | Ready | GuardRefused | Started | Heartbeat | GuardStopping | RankStart | RankExit
          | RankError | RankData | RankOutput | AgentOutput | GuardExit | Malformed | ChannelClosed
          | StacksReply)
 
@@ -198,7 +201,7 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == "ready":
         return Ready(host, body)
     if kind == "error":
-        return GuardError(host, str(body["problem"]), str(body.get("fix") or ""))
+        return GuardRefused(host, str(body["problem"]), str(body.get("fix") or ""))
     if kind == "started":
         return Started(host, int(body["pid"]))
     if kind == "exit":

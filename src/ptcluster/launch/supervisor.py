@@ -37,9 +37,18 @@ from ptcluster.launch.result import (
     NodeOutcome,
     RankRecord,
     RunOptions,
-    signame,
 )
 from ptcluster.launch.states import FINAL, Escalation, NodeLife, NodeState, Phase
+from ptcluster.launch.verdict import (
+    Raised,
+    guard_stopped,
+    hung,
+    judge,
+    master_elsewhere,
+    node_silent,
+    not_ready,
+    timed_out,
+)
 from ptcluster.launch.view import SupervisorView
 from ptcluster.node import wire
 from ptcluster.node.rank_wire import CHECKPOINT, PROGRESS_REPORTS, RESUMED, RETURNED
@@ -65,7 +74,7 @@ class Supervisor:
         self.ranks = {r: RankRecord(rank=r, host=n.host, local_rank=r - n.rank_base)
                       for n in plan.nodes for r in n.ranks}
         self.failures: list[Failure] = []
-        self._raised: dict[int, tuple[float, str, bool]] = {}
+        self._raised: dict[int, Raised] = {}
         """When (corrected) and what an exception left a rank's code, from the rank itself."""
         self._returned: set[int] = set()
         """Ranks whose program returned (or exited 0): a death after that is in the shutdown."""
@@ -92,15 +101,13 @@ class Supervisor:
         actions: list[Action] = []
         if self.phase is Phase.STARTING and now - self.started > self.opts.ready_timeout:
             slow = [h for h, life in self.life.items() if life.state is NodeState.STARTING]
-            actions += self._fail(Failure(
-                host=", ".join(slow) or self.plan.nodes[0].host, rank=None,
-                kind=FailureKind.START,
-                message=f"not ready after {self.opts.ready_timeout:.0f} s", at=self.wall(now),
-                fix="check that the node is reachable and not overloaded (`ptcluster doctor`)"),
-                now)
+            actions += self._fail(not_ready(slow or [self.plan.nodes[0].host],
+                                            self.opts.ready_timeout, self.wall(now)), now)
         if (self.phase is Phase.RUNNING and self.opts.deadline is not None
                 and self.went_at is not None and now - self.went_at > self.opts.deadline):
-            actions += self._fail(self._deadline_failure(now), now)
+            running = [r for r in self.ranks.values() if r.exit_code is None]
+            actions += self._fail(timed_out(running, self.plan.nodes[0].host,
+                                            self.opts.deadline, self.wall(now)), now)
         actions += self._check_silence(now, quiet)
         actions += self._check_hang(now, quiet)
         actions += self._escalate(now)
@@ -176,7 +183,8 @@ class Supervisor:
                                   "may escape teardown"))
         if self.phase is Phase.STARTING and all(life.state is NodeState.READY
                                                 for life in self.life.values()):
-            wrong = self._master_elsewhere(now)
+            wrong = master_elsewhere(self.plan, {h: n.facts for h, n in self.nodes.items()},
+                                     self.wall(now))
             if wrong is not None:
                 return actions + self._fail(wrong, now)
             self.phase, self.went_at = Phase.RUNNING, now
@@ -187,25 +195,6 @@ class Supervisor:
                 self._enter(host, NodeState.RUNNING)
                 actions.append(Send(host, "go"))
         return actions
-
-    def _master_elsewhere(self, now: float) -> Failure | None:
-        """The rendezvous address is another node's (its address or hostname as its guard
-        reported them): node rank 0 would host a store nobody reaches, and every rank would
-        wait out the rendezvous timeout. Caught before any rank starts."""
-        addr = self.plan.master_addr.lower()
-        first = self.plan.nodes[0].host
-        for node in self.plan.nodes[1:]:
-            facts = self.nodes[node.host].facts
-            for what in ("address", "hostname"):
-                if str(facts.get(what) or "").lower() == addr:
-                    return Failure(
-                        host=first, rank=None, kind=FailureKind.GUARD, at=self.wall(now),
-                        message=f"the rendezvous address {self.plan.master_addr} is {node.host}'s "
-                                f"{what}, but the rendezvous runs on the first node (node rank "
-                                f"0: {first})",
-                        fix=f"set master.addr to {first}'s address, or move {node.host} to the "
-                            "top of `nodes`")
-        return None
 
     def _node_output(self, e: ev.AgentOutput | ev.Malformed | ev.RankOutput,
                      now: float) -> list[Action]:
@@ -227,7 +216,7 @@ class Supervisor:
         self.nodes[e.host].facts["torchrun_pid"] = e.pid
         return []
 
-    def _guard_error(self, e: ev.GuardError, now: float) -> list[Action]:
+    def _guard_refused(self, e: ev.GuardRefused, now: float) -> list[Action]:
         return self._fail(Failure(host=e.host, rank=None, message=e.problem, fix=e.fix or None,
                                   kind=FailureKind.GUARD, at=self.wall(now)), now)
 
@@ -268,41 +257,26 @@ class Supervisor:
         record = self._rank(e.host, e.rank)
         if record is None:
             return []
-        self._raised[e.rank] = (self._corrected(e.host, e.node_time), e.text,
-                                e.exc == "SystemExit")
+        self._raised[e.rank] = Raised(self._corrected(e.host, e.node_time), e.text,
+                                      exit_call=e.exc == "SystemExit")
         return self._judge(record, now) if record.ended_at is not None else []
 
     def _judge(self, record: RankRecord, now: float) -> list[Action]:
         """A rank that ended: success, a failure (when it failed: the exception it reported,
         else its exit), or a result of our own teardown. Either report may come first."""
-        if record.exit_code == 0 or record.ended_at is None:
+        verdict = judge(record, self._raised.get(record.rank), record.rank in self._returned,
+                        self.life[record.host].stop_at)
+        if verdict is None:
             return []
-        raised_at, text, exited = self._raised.get(record.rank, (record.ended_at, "", False))
-        failed_at = min(raised_at, record.ended_at)
-        stop_at = self.life[record.host].stop_at
-        if stop_at is not None and failed_at >= stop_at:
-            record.stopped = True  # ended by our own teardown
+        record.stopped = verdict.stopped
+        if verdict.stopped:
             return []
-        record.stopped = False
-        code = record.exit_code
-        message = ("ended without an exit status (its process was killed)" if code is None
-                   else f"killed by {signame(-code)}" if code < 0
-                   else f"exited with code {code}")
-        fix = None
-        if text and stop_at is not None and record.ended_at >= stop_at:
-            message = f"{text}, then it hung until the teardown ended it ({message})"
-        elif text and not exited:  # (sys.exit(N): its code says it all)
-            message += f" ({text})"
-        elif record.rank in self._returned and code is not None and -code in CRASH_SIGNALS:
-            # (a SIGKILL or SIGTERM then is someone else's doing: named as it is)
-            message += " after its program had returned, in the interpreter's shutdown"
-            fix = SHUTDOWN_FIX
         known = self._rank_failure.get(record.rank)
         if known is not None:  # the second report of the same failure: refine it
-            known.at, known.message, known.fix = failed_at, message, fix
+            known.at, known.message, known.fix = verdict.at, verdict.message, verdict.fix
             return []
-        failure = Failure(host=record.host, rank=record.rank, message=message, exit_code=code,
-                          at=failed_at, fix=fix)
+        failure = Failure(host=record.host, rank=record.rank, message=verdict.message,
+                          exit_code=record.exit_code, at=verdict.at, fix=verdict.fix)
         self._rank_failure[record.rank] = failure
         return self._fail(failure, now)
 
@@ -321,13 +295,7 @@ class Supervisor:
             return []  # it is doing what the head asked
         at = self._corrected(e.host, e.node_time)
         self._enter(e.host, NodeState.STOPPING, at)
-        fix = ("something on that node signalled it (a scheduler's cancel or time limit, an "
-               "administrator, a shutdown): see the node log") if e.signal else \
-            "see the node log; a guard that no longer hears the head means the network or " \
-            "the head stalled"
-        return self._fail(Failure(host=e.host, rank=None, at=at, kind=FailureKind.LOST,
-                                  message=f"its guard ended the job on its own: {e.reason}",
-                                  fix=fix), now)
+        return self._fail(guard_stopped(e.host, e.reason, bool(e.signal), at), now)
 
     def _guard_exit(self, e: ev.GuardExit, now: float) -> list[Action]:
         node = self.nodes[e.host]
@@ -382,10 +350,7 @@ class Supervisor:
             # Gone as far as we can tell (its guard ends itself); what it still sends is teardown.
             self._enter(host, NodeState.LOST, self.wall(now))
             actions.append(SignalChannel(host, signal.SIGKILL))
-            actions += self._fail(Failure(
-                host=host, rank=None, at=self.wall(now - silent), kind=FailureKind.LOST,
-                message=f"node lost: nothing heard for {silent:.0f} s (link down or node dead)",
-                fix="check the node's network and power; `ptcluster doctor`"), now)
+            actions += self._fail(node_silent(host, silent, self.wall(now - silent)), now)
         return actions
 
     def _check_hang(self, now: float, quiet: dict[str, float]) -> list[Action]:
@@ -406,11 +371,9 @@ class Supervisor:
                       now: float) -> list[Action]:
         """The stacks of a hang are in: end the job with the hang as a failure."""
         assert self.progress is not None and self.hang_seen_at is not None
-        return self._fail(Failure(
-            host=host or ", ".join(self.nodes), rank=rank, kind=FailureKind.HANG,
-            at=self.wall(self.hang_seen_at - self.progress.timeout),
-            message=f"hang: no rank made progress for {self.progress.timeout:.0f} s; {headline}",
-            fix="see the stacks report in the run directory (the straggler first)"), now)
+        return self._fail(hung(host or ", ".join(self.nodes), rank, headline,
+                               self.progress.timeout,
+                               self.wall(self.hang_seen_at - self.progress.timeout)), now)
 
     def _escalate(self, now: float) -> list[Action]:
         if self.stopping_since is None:
@@ -440,17 +403,6 @@ class Supervisor:
             node.escalations.append(note)
             actions.append(Status(f"{host}: {note}"))
         return actions
-
-    def _deadline_failure(self, now: float) -> Failure:
-        running = [r for r in self.ranks.values() if r.exit_code is None]
-        hosts = sorted({r.host for r in running}) or [self.plan.nodes[0].host]
-        ranks = ", ".join(str(r.rank) for r in running) or "none"
-        return Failure(host=", ".join(hosts), rank=None, at=self.wall(now),
-                       kind=FailureKind.TIMEOUT,
-                       message=f"timed out after {self.opts.deadline:.0f} s; ranks still "
-                               f"running: {ranks}",
-                       fix="a collective hung or a rank is stuck: check the ports and interface "
-                           "findings of `ptcluster doctor`")
 
     # -- stopping -----------------------------------------------------------------------------
     def _fail(self, failure: Failure, now: float) -> list[Action]:
@@ -490,7 +442,7 @@ class Supervisor:
 
 _HANDLERS: dict[type, Any] = {
     ev.Hello: Supervisor._hello, ev.Ready: Supervisor._ready,
-    ev.GuardError: Supervisor._guard_error, ev.RankStart: Supervisor._rank_start,
+    ev.GuardRefused: Supervisor._guard_refused, ev.RankStart: Supervisor._rank_start,
     ev.RankExit: Supervisor._rank_exit, ev.RankError: Supervisor._rank_error,
     ev.GuardExit: Supervisor._guard_exit, ev.ChannelClosed: Supervisor._closed,
     ev.Heartbeat: Supervisor._heartbeat, ev.GuardStopping: Supervisor._guard_stopping,
@@ -498,9 +450,3 @@ _HANDLERS: dict[type, Any] = {
     ev.AgentOutput: Supervisor._node_output, ev.Malformed: Supervisor._node_output,
     ev.RankOutput: Supervisor._node_output, ev.StacksReply: Supervisor._stacks,
 }
-CRASH_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS)
-"""How a process's own code dies: after its program returned, that is a library's teardown."""
-SHUTDOWN_FIX = ("a library crashed while Python tore the process down: with gloo, work objects "
-                "freed during interpreter finalization can abort it (pytorch PR 179291). End "
-                "the script with dist.destroy_process_group(), then flush and os._exit(code), "
-                "as `python -m ptcluster.examples.mnist` does")

@@ -59,7 +59,7 @@ def pyspy_dump(exe: str, pid: int) -> dict[str, str]:
     return {"pyspy": proc.stdout[:MAX_PYSPY]}
 
 
-class RankProbes:
+class StackProbes:
     """What the ranks' probes said, fed by the rank server's selector thread."""
 
     def __init__(self) -> None:
@@ -205,7 +205,7 @@ class RankProbes:
 class ProgressMeter:
     """Seconds since each running rank last made progress (sampled once per heartbeat)."""
 
-    def __init__(self, probes: RankProbes, cpu_floor: float = CPU_FLOOR) -> None:
+    def __init__(self, probes: StackProbes, cpu_floor: float = CPU_FLOOR) -> None:
         self.probes = probes
         self.cpu_floor = cpu_floor
         self.state: dict[int, list[float]] = {}

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.hangwatch import RankProbes  # inlined
+from ptcluster.node.hangwatch import StackProbes  # inlined
 from ptcluster.node.rank_wire import (  # inlined
     BAD_RECORD,
     CTL,
@@ -61,7 +61,7 @@ class RankServer:
         self.declared: dict[int, int] = {}
         self.pending: dict[int, tuple[dict[str, Any], float]] = {}
         self.exited: set[int] = set()
-        self.probes = RankProbes()
+        self.probes = StackProbes()
         self.closing = threading.Event()
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()

@@ -1,0 +1,127 @@
+"""How the supervisor judges and words what went wrong: pure functions, no state of their own.
+
+A rank that ended is judged from what the kernel and the rank itself said: its record (exit
+status, when it ended), what its code raised (the shim's ``error`` record), whether its program
+had returned, and when its node was told to stop. The failures of nodes and of the job (not
+ready, silent, stopped by itself, hung, timed out, a rendezvous on the wrong node) are worded
+here too, each with its fix."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ptcluster.launch.plan import LaunchPlan
+from ptcluster.launch.result import Failure, FailureKind, RankRecord, signame
+
+CRASH_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS)
+"""How a process's own code dies: after its program returned, that is a library's teardown."""
+SHUTDOWN_FIX = ("a library crashed while Python tore the process down: with gloo, work objects "
+                "freed during interpreter finalization can abort it (pytorch PR 179291). End "
+                "the script with dist.destroy_process_group(), then flush and os._exit(code), "
+                "as `python -m ptcluster.examples.mnist` does")
+
+
+@dataclass(frozen=True)
+class Raised:
+    """An exception left the rank's code (its own report)."""
+
+    at: float
+    """When (the head's corrected clock)."""
+    text: str
+    exit_call: bool = False
+    """It was ``sys.exit(N)``: the exit code says it all."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    stopped: bool
+    """Ended by our own teardown (not a failure); the fields below are then unused."""
+    at: float = 0.0
+    message: str = ""
+    fix: str | None = None
+
+
+def judge(record: RankRecord, raised: Raised | None, returned: bool,
+          stop_at: float | None) -> Verdict | None:
+    """None while there is nothing to judge (the rank succeeded, or has not ended)."""
+    if record.exit_code == 0 or record.ended_at is None:
+        return None
+    failed_at = record.ended_at if raised is None else min(raised.at, record.ended_at)
+    if stop_at is not None and failed_at >= stop_at:
+        return Verdict(stopped=True)
+    code = record.exit_code
+    message = ("ended without an exit status (its process was killed)" if code is None
+               else f"killed by {signame(-code)}" if code < 0
+               else f"exited with code {code}")
+    fix = None
+    text = raised.text if raised is not None else ""
+    if text and stop_at is not None and record.ended_at >= stop_at:
+        message = f"{text}, then it hung until the teardown ended it ({message})"
+    elif text and raised is not None and not raised.exit_call:
+        message += f" ({text})"
+    elif returned and code is not None and -code in CRASH_SIGNALS:
+        # (a SIGKILL or SIGTERM then is someone else's doing: named as it is)
+        message += " after its program had returned, in the interpreter's shutdown"
+        fix = SHUTDOWN_FIX
+    return Verdict(stopped=False, at=failed_at, message=message, fix=fix)
+
+
+def not_ready(hosts: Sequence[str], timeout: float, at: float) -> Failure:
+    return Failure(host=", ".join(hosts), rank=None, kind=FailureKind.START, at=at,
+                   message=f"not ready after {timeout:.0f} s",
+                   fix="check that the node is reachable and not overloaded (`ptcluster doctor`)")
+
+
+def timed_out(running: Sequence[RankRecord], first_host: str, deadline: float | None,
+              at: float) -> Failure:
+    hosts = sorted({r.host for r in running}) or [first_host]
+    ranks = ", ".join(str(r.rank) for r in running) or "none"
+    return Failure(host=", ".join(hosts), rank=None, at=at, kind=FailureKind.TIMEOUT,
+                   message=f"timed out after {deadline or 0:.0f} s; ranks still running: {ranks}",
+                   fix="a collective hung or a rank is stuck: check the ports and interface "
+                       "findings of `ptcluster doctor`")
+
+
+def guard_stopped(host: str, reason: str, signalled: bool, at: float) -> Failure:
+    """The node's guard ended the job on its own (signalled, or the head unheard)."""
+    fix = ("something on that node signalled it (a scheduler's cancel or time limit, an "
+           "administrator, a shutdown): see the node log") if signalled else \
+        "see the node log; a guard that no longer hears the head means the network or " \
+        "the head stalled"
+    return Failure(host=host, rank=None, at=at, kind=FailureKind.LOST,
+                   message=f"its guard ended the job on its own: {reason}", fix=fix)
+
+
+def node_silent(host: str, silent: float, at: float) -> Failure:
+    return Failure(host=host, rank=None, at=at, kind=FailureKind.LOST,
+                   message=f"node lost: nothing heard for {silent:.0f} s (link down or node dead)",
+                   fix="check the node's network and power; `ptcluster doctor`")
+
+
+def hung(host: str, rank: int | None, headline: str, timeout: float, at: float) -> Failure:
+    return Failure(host=host, rank=rank, kind=FailureKind.HANG, at=at,
+                   message=f"hang: no rank made progress for {timeout:.0f} s; {headline}",
+                   fix="see the stacks report in the run directory (the straggler first)")
+
+
+def master_elsewhere(plan: LaunchPlan, facts: Mapping[str, Mapping[str, Any]],
+                     at: float) -> Failure | None:
+    """The rendezvous address is another node's (its address or hostname as its guard
+    reported them): node rank 0 would host a store nobody reaches, and every rank would
+    wait out the rendezvous timeout. Caught before any rank starts."""
+    addr = plan.master_addr.lower()
+    first = plan.nodes[0].host
+    for node in plan.nodes[1:]:
+        for what in ("address", "hostname"):
+            if str(facts[node.host].get(what) or "").lower() == addr:
+                return Failure(
+                    host=first, rank=None, kind=FailureKind.GUARD, at=at,
+                    message=f"the rendezvous address {plan.master_addr} is {node.host}'s "
+                            f"{what}, but the rendezvous runs on the first node (node rank "
+                            f"0: {first})",
+                    fix=f"set master.addr to {first}'s address, or move {node.host} to the "
+                        "top of `nodes`")
+    return None
