@@ -29,6 +29,9 @@ RANKS_SCRIPT = textwrap.dedent("""
                           os.environ.get("PTCLUSTER_BACKEND", "")]))
     print(f"rank {dist.get_rank()} says hello")
     print(f"to stderr from {dist.get_rank()}", file=sys.stderr)
+    shim = os.environ.get("PTCLUSTER_SHIM", "")
+    with open(os.path.join(out, f"env{os.environ['RANK']}.txt"), "w") as f:
+        f.write(f"{max(len(v) for v in os.environ.values())} {shim} {os.path.isfile(shim)}")
     dist.destroy_process_group()
 """)
 
@@ -63,6 +66,11 @@ def test_two_rank_gloo_job_env_prefixes_logs_summary(tmp_path, no_leftovers) -> 
     # RANK LOCAL_RANK WORLD_SIZE all_reduce(sum of rank+1) GLOO_SOCKET_IFNAME backend
     assert (out / "rank0.txt").read_text() == "0 0 2 3 lo auto"
     assert (out / "rank1.txt").read_text() == "1 1 2 3 lo auto"
+    # Code is not in a rank's environment: the shim's path is, in the guard's temp dir (gone
+    # with the job); the longest value is configuration (the user's PATH and the like).
+    longest, shim, there = (out / "env0.txt").read_text().split()
+    assert there == "True" and shim.endswith("/shim.py") and not os.path.exists(shim)
+    assert int(longest) < max(len(v) for v in os.environ.values()) + 1000
     assert "[localhost:0] rank 0 says hello" in head.lines
     assert "[localhost:1] rank 1 says hello" in head.lines
     assert "[localhost:1] to stderr from 1" in head.lines

@@ -168,10 +168,20 @@ def test_deadline_names_the_ranks_still_running() -> None:
 
 
 def test_lost_channel_before_ready_is_explained() -> None:
+    """The connector explains its channel's end (the runner puts it in the event); the
+    supervisor, pure, only words the failure."""
+    from ptcluster.remote.transport import explain_channel_failure
+
+    err = ["root@b: Permission denied (publickey)."]
     sup = make()
-    sup.on_event(ev.ChannelClosed("b", 255, ["root@b: Permission denied (publickey)."]), 1.0)
+    sup.on_event(ev.ChannelClosed("b", 255, err,
+                                  cause=explain_channel_failure(err, 255, "python3")), 1.0)
     (failure,) = sup.failures
     assert "ssh refused the key" in failure.message and "ssh-copy-id" in (failure.fix or "")
+    sup = make()
+    sup.on_event(ev.ChannelClosed("b", 255, err), 1.0)
+    (failure,) = sup.failures
+    assert failure.message == f"cannot start the job: {err[0]}" and failure.fix
 
 
 def test_protocol_version_mismatch_is_refused() -> None:

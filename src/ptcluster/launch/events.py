@@ -150,7 +150,8 @@ class ChannelClosed:
     exit_code: int | None
     stderr: list[str] = field(default_factory=list)
     cause: tuple[str, str] | None = None
-    """(problem, fix) when it is already known (the channel could not even start)."""
+    """(problem, fix): what the connector makes of the channel's end (``remote.transport.
+    explain_channel_failure``), or why it could not even start."""
 
 
 Event = (Hello | Ready | GuardRefused | Started | Heartbeat | GuardStopping | RankStart | RankExit

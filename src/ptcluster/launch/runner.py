@@ -44,7 +44,7 @@ from ptcluster.launch.supervisor import Supervisor
 from ptcluster.launch.view import SupervisorView
 from ptcluster.node import GUARD
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
-from ptcluster.remote.transport import Transport
+from ptcluster.remote.transport import Transport, explain_channel_failure
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +248,8 @@ class Runner:
             self.transports[host], node.python, GUARD, config,
             on_frames=lambda lines: put((attempt, host, lines)),
             on_stderr=lambda line: put((attempt, host, ev.AgentOutput(host, line, "stderr"))),
-            on_closed=lambda code, err: put((attempt, host, ev.ChannelClosed(host, code, err))),
+            on_closed=lambda code, err: put((attempt, host, ev.ChannelClosed(
+                host, code, err, cause=explain_channel_failure(err, code, node.python)))),
             heartbeat=self.opts.heartbeat_interval, tag=self.plan.job_id)
 
     def _could_not_start(self, channel: NodeChannel, problem: str, fix: str) -> None:

@@ -52,7 +52,6 @@ from ptcluster.launch.verdict import (
 from ptcluster.launch.view import SupervisorView
 from ptcluster.node import wire
 from ptcluster.node.rank_wire import CHECKPOINT, PROGRESS_REPORTS, RESUMED, RETURNED
-from ptcluster.remote.transport import explain_channel_failure
 
 
 class Supervisor:
@@ -324,15 +323,15 @@ class Supervisor:
                 life.stop_at is not None:
             return []  # given up on before, or the end of what it was doing
         err = [line for line in e.stderr if line.strip()]
+        detail = err[-1] if err else f"exit status {e.exit_code}"
         if node.ready:
-            detail = err[-1] if err else f"exit status {e.exit_code}"
             failure = Failure(host=e.host, rank=None, message=f"connection lost: {detail}",
                               kind=FailureKind.LOST,
                               fix="check the node's network and power (`ptcluster doctor`)",
                               exit_code=e.exit_code, last_lines=err, at=self.wall(now))
         else:
-            python = self.plan.nodes[node.node_rank].python
-            problem, fix = e.cause or explain_channel_failure(err, e.exit_code, python)
+            # (what the channel's own words mean is the connector's to say: the event's cause)
+            problem, fix = e.cause or (detail, "see the node log in the run directory")
             failure = Failure(host=e.host, rank=None, message=f"cannot start the job: {problem}",
                               kind=FailureKind.START,
                               fix=fix, exit_code=e.exit_code, last_lines=err, at=self.wall(now))
