@@ -213,3 +213,19 @@ def test_render_round_trips() -> None:
         assert "#" in text  # commented
         back = parse_cluster_text(text, spec.source)
         assert back == spec
+
+
+def test_how_the_head_reaches_the_nodes_is_one_derived_value() -> None:
+    from ptcluster.remote.connect import transports
+    from ptcluster.remote.slurm import SrunTransport
+    from ptcluster.remote.transport import LocalTransport, SshTransport
+    from ptcluster.spec import local_cluster
+    from ptcluster.spec.model import Reach
+
+    ssh = parse_cluster_text("nodes:\n  - {host: n1, slots: 1}\n", "c.yaml")
+    alloc = dataclasses.replace(ssh, slurm_job="42")
+    local = local_cluster(1)
+    assert [s.reach for s in (ssh, alloc, local)] == [Reach.SSH, Reach.SRUN, Reach.LOCAL]
+    assert isinstance(transports(ssh)["n1"], SshTransport)
+    assert isinstance(transports(alloc)["n1"], SrunTransport)
+    assert all(isinstance(t, LocalTransport) for t in transports(local).values())

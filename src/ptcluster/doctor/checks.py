@@ -15,7 +15,7 @@ from typing import Any
 
 from ptcluster.doctor.collect import NodeProbe, ProblemKind, address_of, interface_of
 from ptcluster.errors import who_what_fix
-from ptcluster.spec.model import ClusterSpec, NodeSpec
+from ptcluster.spec.model import ClusterSpec, NodeSpec, Reach
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 GIB = 1 << 30
@@ -60,8 +60,8 @@ def check_ssh(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
     out = []
     for node in spec.nodes:
         p = probes[node.host]
-        how = "local" if spec.local else \
-            f"srun step in job {spec.slurm_job}" if spec.slurm_job else "BatchMode ssh"
+        how = {Reach.LOCAL: "local", Reach.SSH: "BatchMode ssh",
+               Reach.SRUN: f"srun step in job {spec.slurm_job}"}[spec.reach]
         if p.ok:
             out.append(Finding("ssh", node.host, OK, f"{how} ok, facts in {p.ssh_s:.2f} s"))
         elif p.kind is ProblemKind.PYTHON:

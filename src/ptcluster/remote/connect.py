@@ -10,14 +10,14 @@ from collections.abc import Callable
 
 from ptcluster.remote.slurm import SrunTransport, ended_by_slurm
 from ptcluster.remote.transport import LocalTransport, SshTransport, Transport
-from ptcluster.spec.model import ClusterSpec, NodeSpec
+from ptcluster.spec.model import ClusterSpec, NodeSpec, Reach
 
 
 def transport(spec: ClusterSpec, node: NodeSpec) -> Transport:
-    if spec.slurm_job is not None:  # an allocation's node: an srun step, not ssh
+    if spec.reach is Reach.SRUN:  # an allocation's node: an srun step, not ssh
         return SrunTransport(host=node.host, node=node.slurm_node or node.host,
-                             job_id=spec.slurm_job)
-    if spec.local:
+                             job_id=str(spec.slurm_job))
+    if spec.reach is Reach.LOCAL:
         return LocalTransport(host=node.host)
     return SshTransport(host=node.host, ssh=node.ssh)
 

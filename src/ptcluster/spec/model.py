@@ -7,6 +7,7 @@ rank ranges) are properties, never stored twice.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 BACKENDS = ("auto", "nccl", "gloo")
 DEFAULT_MASTER_PORT = 29500
@@ -14,6 +15,17 @@ AUTO_PYTHON = "auto"
 """``python:`` when a cluster file sets none: on each node the venv ``ptcluster setup`` made
 (``SETUP_PYTHON``) where it exists, else the head's own interpreter path."""
 SETUP_PYTHON = "~/.ptcluster/venv/bin/python"
+
+
+class Reach(str, Enum):
+    """How the head reaches the nodes of a cluster (``remote.connect`` turns it into transports)."""
+
+    LOCAL = "local"
+    """The local cluster: this machine, no ssh."""
+    SSH = "ssh"
+    """OpenSSH, with the cluster file's ``ssh:`` options."""
+    SRUN = "srun"
+    """An ``srun`` step per node of the Slurm allocation we run in."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +109,13 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         assert self.nodes, "a cluster has at least one node"
         assert self.backend in BACKENDS, self.backend
+        assert not (self.local and self.slurm_job), "the local cluster is not an allocation"
+
+    @property
+    def reach(self) -> Reach:
+        """Derived from ``slurm_job`` and ``local`` (the facts), never stored beside them."""
+        return Reach.SRUN if self.slurm_job is not None else \
+            Reach.LOCAL if self.local else Reach.SSH
 
     @property
     def world_size(self) -> int:
