@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ptcluster.doctor.checks import run_checks
-from ptcluster.doctor.collect import NodeProbe, ProblemKind
+from ptcluster.doctor.collect import NodeReport, ProblemKind
 from ptcluster.node import FACTS as PROBE_PROGRAM
 from ptcluster.node import accel
 from ptcluster.remote.bootstrap import pack_source
@@ -28,8 +28,8 @@ RECORDED = json.loads((Path(__file__).parent / "data" / "testbed_facts.json").re
 CLUSTER = "nodes: [{host: node0, slots: 2}, {host: node1}, {host: node2}]\n"
 
 
-def probes_from(recorded: dict[str, Any]) -> dict[str, NodeProbe]:
-    return {h: NodeProbe(host=h, facts=r["facts"], connects=r["connects"], ssh_s=r["ssh_s"],
+def probes_from(recorded: dict[str, Any]) -> dict[str, NodeReport]:
+    return {h: NodeReport(host=h, facts=r["facts"], connects=r["connects"], ssh_s=r["ssh_s"],
                          clock_offset=r["clock_offset"]) for h, r in recorded.items()}
 
 
@@ -180,7 +180,7 @@ def test_each_fault_is_named_on_its_node(text, mutate, where, words) -> None:
 def test_unreached_node_skips_its_checks_and_fails_ssh() -> None:
     spec = parse_cluster_text(CLUSTER, "c.yaml")
     probes = probes_from(copy.deepcopy(RECORDED))
-    probes["node2"] = NodeProbe(host="node2", problem="cannot reach the node over ssh (x)",
+    probes["node2"] = NodeReport(host="node2", problem="cannot reach the node over ssh (x)",
                                 fix="check it")
     findings = run_checks(spec, probes)
     node2 = {f.check: f.status for f in findings if f.host == "node2"}
@@ -224,7 +224,7 @@ def test_problem_kind_comes_from_the_exit_status(exit_code, kind, ssh, python) -
     spec = parse_cluster_text(CLUSTER, "c.yaml")
     probes = probes_from(copy.deepcopy(RECORDED))
     # the wording must not matter: "python" in an ssh failure's text is not a python problem
-    probes["node2"] = NodeProbe(host="node2", exit_code=exit_code, problem="python? (x)",
+    probes["node2"] = NodeReport(host="node2", exit_code=exit_code, problem="python? (x)",
                                 fix="f")
     assert probes["node2"].kind is kind and probes["node0"].kind is None
     node2 = {f.check: f.status for f in run_checks(spec, probes) if f.host == "node2"}

@@ -33,15 +33,24 @@ from ptcluster.remote.bootstrap import BOOTSTRAP, HANDED, pack_source, preamble
 ALLOWED_THIRD_PARTY = {NODE: set(OPTIONAL), RANK: {"torch"}}
 
 
-def imports(module: str) -> set[str]:
+def tree(module: str) -> ast.Module:
     package, _, name = module.rpartition(".")
-    tree = ast.parse(resources.files(package).joinpath(name + ".py").read_text())
+    return ast.parse(resources.files(package).joinpath(name + ".py").read_text())
+
+
+def imports(module: str) -> set[str]:
+    """Every module ``module`` imports; a ptcluster module counts as shipped only when it is
+    imported the way the packer strips it: ``from X import ...`` at the top level."""
     found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
+    module_tree = tree(module)
+    top = {id(n) for n in module_tree.body}
+    for node in ast.walk(module_tree):
+        if isinstance(node, ast.Import):  # `import ptcluster.x` is never stripped
+            found |= {a.name + (" (import)" if a.name.startswith("ptcluster") else "")
+                      for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
+            nested = id(node) not in top and node.module.startswith("ptcluster")
+            found.add(node.module + (" (not top level)" if nested else ""))
     return found
 
 
@@ -53,6 +62,27 @@ def not_allowed(program: Program, module: str) -> set[str]:
     return {m for m in imports(module)
             if m.split(".")[0] not in sys.stdlib_module_names and m not in before
             and m.split(".")[0] not in extra}
+
+
+def top_level_names(module: str) -> set[str]:
+    names = set()
+    for node in tree(module).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names - {"__all__"}
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)
+def test_no_two_parts_of_a_program_define_one_name(program: Program) -> None:
+    """Packed, a program is one namespace: a name defined twice is silently the last one."""
+    seen: dict[str, str] = {}
+    for module in program.modules:
+        for name in top_level_names(module):
+            assert name not in seen, f"{name} is defined in {seen[name]} and {module}"
+            seen[name] = module
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)
@@ -69,6 +99,9 @@ def test_the_check_finds_a_forbidden_import() -> None:
         "ptcluster.node.hangwatch", "ptcluster.node.rank_wire"}
     assert "torch" in not_allowed(Program("y", "ptcluster.node.rank.api"),
                                   "ptcluster.node.rank.api")
+    clash = [n for n in top_level_names("ptcluster.node.wire")
+             if n in top_level_names("ptcluster.node.rank_wire")]
+    assert clash == [], clash  # (was: two `encode`s; the packed guard got the rank one)
 
 
 def test_every_module_of_the_node_package_is_declared() -> None:

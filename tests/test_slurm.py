@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from ptcluster.doctor.collect import NodeProbe
+from ptcluster.doctor.collect import NodeReport
 from ptcluster.doctor.slurm_checks import slurm_checks
 from ptcluster.remote.slurm import SrunTransport, ended_by_slurm
 from ptcluster.remote.transport import explain_channel_failure, explain_start_failure
@@ -192,7 +192,7 @@ def _doctor(slots: int, slurm: dict, gpus: int = 0) -> list[tuple[str, str, str]
     assert alloc is not None
     spec = slurm_cluster(alloc, slots, scontrol=fake_scontrol)
     facts = {"slurm": slurm, "gpus": {"count": gpus}}
-    probes = {n.host: NodeProbe(host=n.host, facts=facts) for n in spec.nodes}
+    probes = {n.host: NodeReport(host=n.host, facts=facts) for n in spec.nodes}
     return [(f.check, f.status, f.detail) for f in slurm_checks(spec, probes)
             if f.host == spec.nodes[0].host]
 

@@ -30,7 +30,7 @@ SHIM_FRAMES = ('  File "ptcluster-shim", line 141 in run_in_process\n'
                '  File "ptcluster-shim", line 200 in <module>\n'
                '  File "<string>", line 1 in <module>\n')
 PROBE_THREAD = ('Thread 0x00007f0000000002 (most recent call first):\n'
-                '  File "ptcluster-probe", line 70 in _serve\n'
+                '  File "ptcluster-stack-probe", line 70 in _serve\n'
                 '  File "/usr/lib/python3.11/threading.py", line 975 in run\n'
                 '  File "/usr/lib/python3.11/threading.py", line 1038 in _bootstrap_inner\n'
                 '  File "/usr/lib/python3.11/threading.py", line 995 in _bootstrap\n\n')

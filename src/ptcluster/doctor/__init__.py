@@ -1,1 +1,1 @@
-"""Doctor: probe every node, check across nodes, finish with a real all-reduce."""
+"""Doctor: the facts of every node, checks across nodes, finish with a real all-reduce."""

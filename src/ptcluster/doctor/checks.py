@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ptcluster.doctor.collect import NodeProbe, ProblemKind, address_of, interface_of
+from ptcluster.doctor.collect import NodeReport, ProblemKind, address_of, interface_of
 from ptcluster.errors import who_what_fix
 from ptcluster.spec.model import ClusterSpec, NodeSpec, Reach
 
@@ -37,10 +37,10 @@ class Finding:
         return who_what_fix(self.host, self.detail, self.fix)
 
 
-Check = Callable[[ClusterSpec, dict[str, NodeProbe]], list[Finding]]
+Check = Callable[[ClusterSpec, dict[str, NodeReport]], list[Finding]]
 
 
-def per_node(spec: ClusterSpec, probes: dict[str, NodeProbe], name: str,
+def per_node(spec: ClusterSpec, probes: dict[str, NodeReport], name: str,
              fn: Callable[[NodeSpec, dict[str, Any]], Finding | None]) -> list[Finding]:
     """Check ``name`` on every node by its own facts (``fn`` -> a finding or none); a node
     that was not probed is a skip. The shape of every single-node check."""
@@ -56,7 +56,7 @@ def per_node(spec: ClusterSpec, probes: dict[str, NodeProbe], name: str,
     return out
 
 
-def check_ssh(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_ssh(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     out = []
     for node in spec.nodes:
         p = probes[node.host]
@@ -71,7 +71,7 @@ def check_ssh(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
     return out
 
 
-def check_python(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_python(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     out = []
     for node in spec.nodes:
         p = probes[node.host]
@@ -85,7 +85,7 @@ def check_python(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Findin
     return out
 
 
-def check_workdir(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_workdir(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
         wd = facts["workdir"]
         if not wd["exists"]:
@@ -108,7 +108,7 @@ def _versions(facts: dict[str, Any]) -> dict[str, str | None]:
             "cuda": t.get("cuda"), "nccl": t.get("nccl")}
 
 
-def check_versions(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_versions(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     """torch installed everywhere; Python, torch, CUDA and NCCL versions identical on all nodes.
 
     A version the probe could not tell (``unknown``) is left out of the comparison and warned
@@ -162,7 +162,7 @@ def _parse_version(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def check_gpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_gpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     """Driver new enough for torch's CUDA; GPU count >= slots when GPUs are to be used."""
     def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
         g = facts["gpus"]
@@ -214,7 +214,7 @@ def check_gpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]
     return per_node(spec, probes, "gpus", one)
 
 
-def check_interface(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_interface(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     """The interface exists, is up, has IPv4; nodes share a subnet; routes to peers use it."""
     nets: dict[str, ipaddress.IPv4Interface | ipaddress.IPv6Interface] = {}
     out: list[Finding] = []
@@ -276,7 +276,7 @@ def check_interface(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Fin
     return out
 
 
-def check_hostname(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_hostname(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     """The hostname does not resolve to loopback; nodes resolve each other consistently."""
     iface_addr = {}
     for node in spec.nodes:
@@ -311,7 +311,7 @@ def check_hostname(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Find
     return per_node(spec, probes, "hostname", one)
 
 
-def check_master_port(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_master_port(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     master = spec.nodes[0]
     mfacts = probes[master.host].facts
     out = []
@@ -349,7 +349,7 @@ def check_master_port(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[F
     return out
 
 
-def check_ports(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_ports(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     """Ephemeral TCP ports reachable between nodes (NCCL/Gloo do not use the master port only)."""
     out = []
     for node in spec.nodes:
@@ -374,7 +374,7 @@ def check_ports(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding
     return out
 
 
-def check_firewall(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_firewall(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
         fw = facts["firewall"]
         parts = []
@@ -388,7 +388,7 @@ def check_firewall(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Find
     return per_node(spec, probes, "firewall", one)
 
 
-def check_resources(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_resources(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     """/dev/shm (DataLoader workers and NCCL use it) and free disk in workdir."""
     def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
         shm, disk = facts.get("shm"), facts.get("disk")
@@ -409,7 +409,7 @@ def check_resources(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Fin
     return per_node(spec, probes, "resources", one)
 
 
-def check_clock(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_clock(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     offsets = {h: p.clock_offset for h, p in probes.items() if p.clock_offset is not None}
     if not offsets:
         return []
@@ -436,7 +436,7 @@ FAST_CHECKS: tuple[Check, ...] = (
 )
 
 
-def run_checks(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def run_checks(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     findings: list[Finding] = []
     for check in FAST_CHECKS:
         findings.extend(check(spec, probes))

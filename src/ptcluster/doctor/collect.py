@@ -1,8 +1,8 @@
-"""Run the probe on every node at once and gather facts, then test connectivity across nodes.
+"""Run the doctor's facts program on every node at once, then test connectivity across nodes.
 
 One ssh session per node: facts (and listeners) first, then every node connects to the master
 port and to every peer's ephemeral listener, then the sessions close. Never stops at the first
-node that fails: every node gets a :class:`NodeProbe`.
+node that fails: every node gets a :class:`NodeReport`.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ class ProblemKind(str, Enum):
     SSH = "ssh"
     """ssh itself failed: key refused, host key, unreachable... (exit status 255)."""
     COMMAND = "command"
-    """The probe started and failed (any other exit status)."""
+    """The facts program started and failed (any other exit status)."""
     NO_ANSWER = "no answer"
     """No exit status: the channel could not be started, or was killed after the timeout."""
 
 
 @dataclass(kw_only=True)
-class NodeProbe:
+class NodeReport:
     host: str
     facts: dict[str, Any] | None = None
     problem: str | None = None
@@ -44,7 +44,7 @@ class NodeProbe:
     fix: str | None = None
     exit_code: int | None = None
     ssh_s: float | None = None
-    """Seconds from starting ssh to the node's facts (connect + probe)."""
+    """Seconds from starting ssh to the node's facts (connect + facts)."""
     clock_offset: float | None = None
     """Node clock minus head clock, seconds (one-way latency uncertainty)."""
     connects: list[dict[str, Any]] = field(default_factory=list)
@@ -70,7 +70,7 @@ class NodeProbe:
 
 
 def interface_of(node: NodeSpec, facts: dict[str, Any], master_addr: str) -> str | None:
-    """The interface NCCL/Gloo will use on this node: configured, else what the node's probe
+    """The interface NCCL/Gloo will use on this node: configured, else what the node's facts program
     decided with the guard's own rule (``node.netif.route_interface``)."""
     if node.interface:
         return node.interface
@@ -84,10 +84,10 @@ def address_of(iface: str | None, facts: dict[str, Any]) -> str | None:
     return None
 
 
-def probe_cluster(spec: ClusterSpec, transports: dict[str, Transport], *, master_port: int,
-                  timeout: float = 60.0, connect_timeout: float = 2.0) -> dict[str, NodeProbe]:
+def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master_port: int,
+                  timeout: float = 60.0, connect_timeout: float = 2.0) -> dict[str, NodeReport]:
     events: queue.Queue[tuple[str, str, Any, float]] = queue.Queue()
-    probes = {n.host: NodeProbe(host=n.host) for n in spec.nodes}
+    probes = {n.host: NodeReport(host=n.host) for n in spec.nodes}
     hosts = [n.host for n in spec.nodes]
     channels: list[NodeChannel] = []
     for i, node in enumerate(spec.nodes):
@@ -159,7 +159,7 @@ def _closed(host: str, events: queue.Queue, code: int | None, stderr: list[str])
     events.put((host, "closed", (code, stderr), time.time()))
 
 
-def _wait(events: queue.Queue, probes: dict[str, NodeProbe], channels: dict[str, NodeChannel],
+def _wait(events: queue.Queue, probes: dict[str, NodeReport], channels: dict[str, NodeChannel],
           pending: set[str], kind: str, deadline: float, begun: float) -> None:
     pending = set(pending)
     while pending:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ptcluster.doctor.checks import FAIL, OK, SKIP, Finding, run_checks
-from ptcluster.doctor.collect import NodeProbe, probe_cluster
+from ptcluster.doctor.collect import NodeReport, collect_facts
 from ptcluster.doctor.slurm_checks import slurm_checks
 from ptcluster.launch.prepare import resolve_port, run_rank_program
 from ptcluster.launch.result import RunOptions
@@ -19,7 +19,7 @@ from ptcluster.spec.model import ClusterSpec
 @dataclass(kw_only=True)
 class DoctorReport:
     findings: list[Finding]
-    probes: dict[str, NodeProbe]
+    probes: dict[str, NodeReport]
     allreduce: dict[str, Any] | None = None
     duration: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -47,7 +47,7 @@ def preflight(spec: ClusterSpec, port: int | None = None, timeout: float = 60.0)
     """The fast checks (everything but the all-reduce)."""
     t0 = time.monotonic()
     master_port = resolve_port(spec, port)
-    probes = probe_cluster(spec, transports(spec), master_port=master_port, timeout=timeout)
+    probes = collect_facts(spec, transports(spec), master_port=master_port, timeout=timeout)
     findings = run_checks(spec, probes)
     if spec.slurm_job is not None:
         findings += slurm_checks(spec, probes)

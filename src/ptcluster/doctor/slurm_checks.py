@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ptcluster.doctor.checks import FAIL, OK, WARN, Finding, per_node
-from ptcluster.doctor.collect import NodeProbe
+from ptcluster.doctor.collect import NodeReport
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 
@@ -28,7 +28,7 @@ def _cpu_ranges(cpus: list[int]) -> str:
     return ",".join(out)
 
 
-def check_slurm_cpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_slurm_cpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     """sched_getaffinity of the step against the CPUs the job has on the node and the slots."""
     def one(node: NodeSpec, facts: dict[str, Any]) -> Finding | None:
         slurm = facts.get("slurm")
@@ -53,7 +53,7 @@ def check_slurm_cpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Fi
     return per_node(spec, probes, "slurm cpus", one)
 
 
-def check_slurm_gpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def check_slurm_gpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     """GPUs the ranks can see (CUDA_VISIBLE_DEVICES of the step) against the slots."""
     def one(node: NodeSpec, facts: dict[str, Any]) -> Finding | None:
         slurm = facts.get("slurm")
@@ -76,5 +76,5 @@ def check_slurm_gpus(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Fi
     return per_node(spec, probes, "slurm gpus", one)
 
 
-def slurm_checks(spec: ClusterSpec, probes: dict[str, NodeProbe]) -> list[Finding]:
+def slurm_checks(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     return check_slurm_cpus(spec, probes) + check_slurm_gpus(spec, probes)

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ptcluster.node.rank.shim import SHIM_BOOT
+from ptcluster.node.rank_wire import SHIM_BOOT
 from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 JOB_VAR = "PTCLUSTER_JOB_ID"

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-OUR_FILES = ("ptcluster-probe", "ptcluster-shim", "ptcluster-guard")
+OUR_FILES = ("ptcluster-stack-probe", "ptcluster-shim", "ptcluster-guard")
 """Frames of ptcluster's own code in a rank (the shim that runs the target, the probe)."""
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(.*?)\])? "
                      r"\(most recent call first\):\s*$")

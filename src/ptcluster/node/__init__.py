@@ -45,7 +45,7 @@ WIRE, NETIF, RANK_WIRE = _N + "wire", _N + "netif", _N + "rank_wire"
 
 SHIM = Program("shim", _N + "rank.shim", RANK, (RANK_WIRE,))
 """Every rank's process: the parent around the user's program (reads no torch itself)."""
-STACK_PROBE = Program("probe", _N + "rank.stack_probe", RANK, (RANK_WIRE,))
+STACK_PROBE = Program("stack-probe", _N + "rank.stack_probe", RANK, (RANK_WIRE,))
 """Installed by the shim in the rank's process: stacks on request, collectives' progress."""
 GUARD = Program("guard", _N + "guard", NODE,
                 (WIRE, NETIF, RANK_WIRE, _N + "proctree", _N + "hangwatch", _N + "rank_server"),

@@ -208,7 +208,7 @@ def emit(frame: bytes) -> None:
 
 def main() -> int:
     cfg = json.loads(sys.stdin.readline())
-    emit(hello("probe"))
+    emit(hello("facts"))
     facts = collect(cfg)
     listening: dict[str, Any] = {"master": None, "ephemeral": None, "master_error": None}
     listeners = []

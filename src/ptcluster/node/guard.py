@@ -52,7 +52,7 @@ from ptcluster.node.proctree import (  # inlined
     signal_tree,
 )
 from ptcluster.node.rank_server import EXIT_WAIT, RankServer  # inlined
-from ptcluster.node.rank_wire import SHIM_FILE, SHIM_VAR, SOCK_VAR  # inlined
+from ptcluster.node.rank_wire import PROBE_FILE, SHIM_FILE, SHIM_VAR, SOCK_VAR  # inlined
 from ptcluster.node.wire import encode, encode_text, hello, split  # inlined
 
 PR_SET_PDEATHSIG = 1
@@ -163,6 +163,9 @@ class Guard:
 
     # -- checks before the job ----------------------------------------------------------------
     def precheck(self) -> dict[str, Any]:
+        if not {SHIM_FILE, PROBE_FILE} <= set(HANDED):  # run from its file, not as shipped
+            raise GuardError("this guard was started without the rank programs it hands on",
+                             "start it through the head (remote.bootstrap packs it)")
         facts: dict[str, Any] = {"hostname": socket.gethostname(), "pid": os.getpid(),
                                  "python": sys.executable, "time": time.time()}
         try:

@@ -21,7 +21,14 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.rank_wire import DUMP, PROBE, PROGRESS, READY, STACK_SIGNAL, decode  # inlined
+from ptcluster.node.rank_wire import (  # inlined
+    DUMP,
+    PROBE,
+    PROGRESS,
+    READY,
+    STACK_SIGNAL,
+    decode_record,
+)
 
 MAX_STACK = 256 * 1024
 """Bytes of one rank's dump kept (a process with thousands of threads is cut there)."""
@@ -91,7 +98,7 @@ class StackProbes:
         lines = (st["buf"] + data).split(b"\n")
         st["buf"] = lines.pop()
         for line in lines:
-            record = decode(line.decode(errors="replace"))
+            record = decode_record(line.decode(errors="replace"))
             if record is None:
                 continue
             kind, body = record

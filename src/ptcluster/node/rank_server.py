@@ -22,7 +22,7 @@ from ptcluster.node.rank_wire import (  # inlined
     REPORT,
     START,
     STREAMS,
-    decode,
+    decode_record,
     header,
 )
 from ptcluster.node.wire import RANK_FRAMES, encode, encode_text  # inlined
@@ -154,7 +154,7 @@ class RankServer:
                 self.write(encode_text("e" if st["role"] == ERR else "o", st["rank"], line))
 
     def record(self, rank: int, line: str) -> None:
-        record = decode(line)
+        record = decode_record(line)
         if record is None:
             self.write(encode(RANK_FRAMES[REPORT], {"rank": rank, "kind": BAD_RECORD,
                                                     "text": line[:200]}))

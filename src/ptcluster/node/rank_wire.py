@@ -26,6 +26,9 @@ SOCK_VAR = "PTCLUSTER_GUARD_SOCK"
 SHIM_VAR = "PTCLUSTER_SHIM"
 """Env var of every rank: the path of the shim the guard wrote into its private temp dir (the
 stack probe is its neighbour). A path, not code: a rank's environment carries configuration."""
+SHIM_BOOT = (f"import os;f=open(os.environ[{SHIM_VAR!r}]);s=f.read();f.close();"
+             "exec(compile(s,'ptcluster-shim','exec'))")
+"""The code torchrun runs for every rank (``-c``): the shim, from the file the guard wrote."""
 SHIM_FILE, PROBE_FILE = "shim.py", "stack_probe.py"
 """Their names in that dir (the packer names a handed program by its module's file)."""
 STACK_SIGNAL = signal.SIGRTMIN + 7
@@ -78,11 +81,11 @@ def header(line: bytes) -> tuple[int, str]:
         raise ValueError(f"bad header {line[:80]!r}") from exc
 
 
-def encode(kind: str, body: dict) -> bytes:
+def encode_record(kind: str, body: dict) -> bytes:
     return f"{kind} {json.dumps(body)}\n".encode()
 
 
-def decode(line: str) -> tuple[str, dict] | None:
+def decode_record(line: str) -> tuple[str, dict] | None:
     """``(kind, body)`` of one record line; None when it is not a record."""
     kind, _, payload = line.partition(" ")
     try:

@@ -20,7 +20,7 @@ from ptcluster.node.rank_wire import (  # inlined
     RESUMED,
     SOCK_VAR,
     connect,
-    encode,
+    encode_record,
 )
 
 
@@ -58,7 +58,7 @@ def report(kind: str, data: dict) -> None:
     """
     if not _REPORT:
         _REPORT.append(connect(os.environ[SOCK_VAR], int(os.environ["RANK"]), DATA))
-    _REPORT[0].sendall(encode(REPORT, {"kind": kind, **data}))
+    _REPORT[0].sendall(encode_record(REPORT, {"kind": kind, **data}))
 
 
 def checkpoint_saved(step: int) -> None:

@@ -39,16 +39,14 @@ from ptcluster.node.rank_wire import (  # inlined
     PROBE_FILE,
     REPORT,
     RETURNED,
+    SHIM_BOOT,
     SHIM_VAR,
     SOCK_VAR,
     START,
     connect,
-    encode,
+    encode_record,
 )
 
-SHIM_BOOT = (f"import os;f=open(os.environ[{SHIM_VAR!r}]);s=f.read();f.close();"
-             "exec(compile(s,'ptcluster-shim','exec'))")
-"""The code torchrun runs for every rank (the shim from the file the guard wrote)."""
 CHILD_FLAG = "--ptcluster-child"
 PR_SET_PDEATHSIG = 1
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
@@ -66,7 +64,7 @@ def _send(ctl: socket.socket | None, kind: str, body: dict[str, object]) -> None
     if ctl is None:
         return
     try:
-        ctl.sendall(encode(kind, body))
+        ctl.sendall(encode_record(kind, body))
     except OSError:
         pass
 
@@ -182,7 +180,7 @@ def _install_probe() -> None:
         with open(os.path.join(os.path.dirname(shim), PROBE_FILE)) as f:
             source = f.read()
         namespace: dict[str, object] = {"__name__": "ptcluster_probe"}
-        exec(compile(source, "ptcluster-probe", "exec"), namespace)
+        exec(compile(source, "ptcluster-stack-probe", "exec"), namespace)
         namespace["install"](path, int(os.environ.get("RANK", "-1")))  # type: ignore[operator]
     except Exception:  # noqa: BLE001, S110 - see above
         pass

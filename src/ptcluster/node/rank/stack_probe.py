@@ -39,7 +39,7 @@ from ptcluster.node.rank_wire import (  # inlined
     READY,
     STACK_SIGNAL,
     connect,
-    encode,
+    encode_record,
 )
 
 POLL = 1.0
@@ -68,9 +68,10 @@ def install(path: str, rank: int) -> None:
     faulthandler.register(STACK_SIGNAL, file=stk, all_threads=True, chain=False)
     atexit.register(_stop_torch_calls)
     _keep.extend((stk, probe))
-    probe.sendall(encode(READY, {"pid": os.getpid(), "signal": int(STACK_SIGNAL),
+    probe.sendall(encode_record(READY, {"pid": os.getpid(), "signal": int(STACK_SIGNAL),
                                  "fr": _fr_buffer() > 0, "stk": stk_path}))
-    threading.Thread(target=_serve, args=(probe,), name="ptcluster-probe", daemon=True).start()
+    threading.Thread(target=_serve, args=(probe,), name="ptcluster-stack-probe",
+                     daemon=True).start()
 
 
 def _fr_buffer() -> int:
@@ -98,12 +99,12 @@ def _serve(s: socket.socket) -> None:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 if line.strip() == DUMP.encode():
-                    s.sendall(encode(DUMP, {"text": stacks_text(),
+                    s.sendall(encode_record(DUMP, {"text": stacks_text(),
                                             "fr": flight_recorder(active=True)}))
             counts = flight_recorder(active=False).get("counts")
             if counts is not None and counts != last:
                 last = counts
-                s.sendall(encode(PROGRESS, counts))
+                s.sendall(encode_record(PROGRESS, counts))
         except OSError:
             return
 
