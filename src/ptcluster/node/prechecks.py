@@ -1,0 +1,103 @@
+"""What a guard checks on its node before a job starts, and its refusal (``GuardError``, sent to
+the head as ``error {problem, fix}``: the head's ``GuardRefused``).
+
+Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Any
+
+from ptcluster.node.proctree import listdir  # inlined
+
+
+class GuardError(Exception):
+    """The guard refuses: what is wrong on this node, and the fix."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.fix = fix
+
+
+def node_python(argv: list[str]) -> list[str]:
+    """torchrun's argv with the interpreter resolved here: ``auto`` (the cluster file's default
+    ``python:``) is the interpreter this guard runs on, and ``~/`` is this node's home."""
+    out = list(argv)
+    for i, word in enumerate(out):
+        if i == 0 or out[i - 1] == "--no-python":
+            out[i] = sys.executable if word == "auto" else os.path.expanduser(word)
+    return out
+
+
+def check_target(target: dict[str, Any], workdir: str) -> None:
+    """Refuse before launch a script or module that is not there (what `python` would find)."""
+    script = target.get("script")
+    if script:
+        path = os.path.join(workdir, os.path.expanduser(script))
+        if not os.path.isfile(path):
+            raise GuardError(f"script {script} not found in {workdir} on this node",
+                             "copy the project to every node (a shared filesystem, or "
+                             "`ptcluster sync`), or check the path")
+    module = target.get("module")
+    if module and not module_present(module, workdir):
+        raise GuardError(f"module {module} not found by {sys.executable} on this node "
+                         f"(workdir {workdir})",
+                         "install it into that interpreter on every node, or run from the "
+                         "directory that contains it")
+
+
+def module_present(name: str, workdir: str) -> bool:
+    """Whether ``python -m name`` run in ``workdir`` would find it, without importing it.
+
+    The top-level package is looked up like the interpreter would (installed, editable or in
+    the workdir); submodules are looked for in its directories. Only a definite miss is False.
+    """
+    import importlib.util
+
+    top, *rest = name.split(".")
+    sys.path.insert(0, workdir)
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path.remove(workdir)
+    if spec is None:
+        return False
+    dirs = list(spec.submodule_search_locations or [])
+    for i, part in enumerate(rest):
+        if not dirs:
+            return spec.loader is not None and not rest  # a module has no submodules
+        last = i == len(rest) - 1
+        found = []
+        for d in dirs:
+            if os.path.isdir(os.path.join(d, part)):
+                found.append(os.path.join(d, part))
+            elif last and any(os.path.isfile(os.path.join(d, part + ext))
+                              for ext in (".py", ".pyc")):
+                return True
+            elif last and any(f.startswith(part + ".") and f.endswith(".so")
+                              for f in listdir(d)):
+                return True
+        if not found:
+            return False
+        dirs = found
+    return True
+
+
+def check_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # Like torch's TCPStore: connections of a previous job in TIME_WAIT are fine, only a
+        # socket still bound or listening on the port is a conflict.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as exc:
+            raise GuardError(
+                f"master port {port} is already in use on this node ({exc.strerror})",
+                "pass --port with a free port, or set master.port in the cluster file",
+            ) from None
