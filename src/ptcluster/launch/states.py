@@ -7,9 +7,11 @@ node's state changes (and with it ``NodeOutcome.ready``/``closed`` of the result
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ptcluster.launch.actions import Action, Send, SignalChannel, Status
 from ptcluster.launch.result import NodeOutcome
 
 KILL_AFTER = 4.0
@@ -102,3 +104,35 @@ class NodeLife:
         self.outcome.ready = self.outcome.ready or state is NodeState.READY
         self.outcome.closed = state in FINAL
         return True
+
+    def escalate(self, step: Escalation, now: float, stop_deadline: float) -> list[Action]:
+        """Take ``step`` for this node unless it is ended or took it already."""
+        if self.state in FINAL or step in self.steps:
+            return []
+        self.steps[step] = now
+        host = self.outcome.host
+        actions: list[Action]
+        if step is Escalation.RESEND:
+            note = "not ended yet: stop sent again"
+            actions = [Send(host, "stop", {"reason": "stop deadline"})]
+        elif step is Escalation.TERM:
+            note = f"not ended {stop_deadline:.0f} s after stop: its channel gets SIGTERM"
+            actions = [SignalChannel(host, signal.SIGTERM)]
+        else:
+            note = "still not ended: its channel was cut (SIGKILL); the node's guard ends " \
+                   "the job when it notices"
+            actions = [SignalChannel(host, signal.SIGKILL)]
+            self.outcome.reason = self.outcome.reason or \
+                "given up: channel cut after the stop deadline"
+            self.enter(NodeState.LOST)
+        self.outcome.escalations.append(note)
+        return [*actions, Status(f"{host}: {note}")]
+
+    def hurry(self, now: float) -> list[Action]:
+        """A second stop request: skip the wait, SIGTERM its channel now (the steps up to it
+        count as taken); its guard ends its part of the job when the channel closes."""
+        if self.state in FINAL:
+            return []
+        self.steps.setdefault(Escalation.RESEND, now)
+        self.steps.setdefault(Escalation.TERM, now)
+        return [SignalChannel(self.outcome.host, signal.SIGTERM)]

@@ -128,11 +128,8 @@ class Supervisor:
             return []
         actions: list[Action] = [Status(f"{reason} again: not waiting for the nodes, cutting "
                                         "their channels (each guard ends its job on EOF)")]
-        for host, life in self.life.items():
-            if life.state not in FINAL:  # (the steps up to SIGTERM count as taken)
-                life.steps.setdefault(Escalation.RESEND, now)
-                life.steps.setdefault(Escalation.TERM, now)
-                actions.append(SignalChannel(host, signal.SIGTERM))
+        for life in self.life.values():
+            actions += life.hurry(now)
         return actions
 
     @property
@@ -377,31 +374,12 @@ class Supervisor:
     def _escalate(self, now: float) -> list[Action]:
         if self.stopping_since is None:
             return []
-        late = now - self.stopping_since
-        deadline = self.opts.stop_deadline
+        late, deadline = now - self.stopping_since, self.opts.stop_deadline
         # The latest step due (one a tick: a step skipped over is not taken late).
         step = next((s for s in reversed(Escalation) if late > s.due(deadline)), None)
-        actions: list[Action] = []
-        for host, node in self.nodes.items():
-            life = self.life[host]
-            if step is None or life.state in FINAL or step in life.steps:
-                continue
-            life.steps[step] = now
-            if step is Escalation.RESEND:
-                note = "not ended yet: stop sent again"
-                actions.append(Send(host, "stop", {"reason": "stop deadline"}))
-            elif step is Escalation.TERM:
-                note = f"not ended {deadline:.0f} s after stop: its channel gets SIGTERM"
-                actions.append(SignalChannel(host, signal.SIGTERM))
-            else:
-                note = "still not ended: its channel was cut (SIGKILL); the node's guard ends " \
-                       "the job when it notices"
-                actions.append(SignalChannel(host, signal.SIGKILL))
-                node.reason = node.reason or "given up: channel cut after the stop deadline"
-                self._enter(host, NodeState.LOST)
-            node.escalations.append(note)
-            actions.append(Status(f"{host}: {note}"))
-        return actions
+        if step is None:
+            return []
+        return [a for life in self.life.values() for a in life.escalate(step, now, deadline)]
 
     # -- stopping -----------------------------------------------------------------------------
     def _fail(self, failure: Failure, now: float) -> list[Action]:
