@@ -28,6 +28,7 @@ from ptcluster.launch.result import RunOptions, RunResult
 from ptcluster.launch.runlogs import ConsoleFeed
 from ptcluster.launch.runner import Runner
 from ptcluster.remote.connect import outside_stop, transports
+from ptcluster.spec.model import ClusterSpec
 
 
 @click.command(help=__doc__, context_settings={"allow_interspersed_args": False,
@@ -71,13 +72,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         sys.exit(1)
     plan = prepare(spec, target, port=port, max_restarts=max_restarts)
     if preflight:
-        report = run_preflight(spec, plan.master_port)
-        if not report.ok:
-            render(err, report, [n.host for n in spec.nodes])
-            err.print("[red]preflight failed: not launching[/red]", markup=True)
-            sys.exit(1)
-        err.print(f"[dim]ptcluster: preflight passed ({report.duration:.1f} s)[/dim]",
-                  markup=True)
+        _preflight(spec, plan.master_port, err)
     run_dir = run_dir_for(plan, runs_dir)
     hush = quiet()
     if not hush:
@@ -105,17 +100,33 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         err.print(f"ptcluster: {result.ended_by}")
     if not hush or not result.ok:
         _print_summary(err, result)
+    sys.exit(exit_code(result, signum))
+
+
+def exit_code(result: RunResult, signum: int | None) -> int:
+    """0 ok; 143 Slurm ended it (what Slurm sends, as if the head had got it too); 128+signal
+    interrupted; 3 restarts gave up (no progress); 4 a hang; 1 any other failure."""
     if result.ok:
-        sys.exit(0)
+        return 0
     if result.ended_by and not signum:
-        sys.exit(128 + signal.SIGTERM)  # what Slurm sends; as if the head had got it too
+        return 128 + signal.SIGTERM
     if result.interrupted and (result.root_cause is None or signum):
-        sys.exit(128 + (signum or signal.SIGINT))
+        return 128 + (signum or signal.SIGINT)
     if result.no_progress:
-        sys.exit(3)
+        return 3
     if result.hung:
-        sys.exit(4)
-    sys.exit(1)
+        return 4
+    return 1
+
+
+def _preflight(spec: ClusterSpec, port: int, err: Console) -> None:
+    """The doctor's fast checks; exit 1 (nothing launched) when one fails."""
+    report = run_preflight(spec, port)
+    if not report.ok:
+        render(err, report, [n.host for n in spec.nodes])
+        err.print("[red]preflight failed: not launching[/red]", markup=True)
+        sys.exit(1)
+    err.print(f"[dim]ptcluster: preflight passed ({report.duration:.1f} s)[/dim]", markup=True)
 
 
 def _fd_writer(fd: int, dim: bool = False) -> Callable[[str], None]:

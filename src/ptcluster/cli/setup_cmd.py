@@ -17,7 +17,8 @@ from rich.table import Table
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec, quiet
 from ptcluster.errors import UsageError, who_what_fix
 from ptcluster.setup import plan as P
-from ptcluster.setup.apply import SetupOptions, SetupReport, run_setup
+from ptcluster.setup.apply import SetupOptions, run_setup
+from ptcluster.setup.report import SetupReport
 from ptcluster.setup.secret import Secret, read_password_file
 from ptcluster.setup.torch_choice import VARIANT
 from ptcluster.setup.wheels import DEFAULT_WHEELHOUSE
@@ -111,22 +112,32 @@ def render(console: Console, report: SetupReport) -> None:
         console.print(f"torch: {t.local_version if t.variant else t.problem} "
                       f"({t.why or t.fix})", markup=False)
     if report.dry_run:
-        for n in report.nodes.values():
-            console.print(f"[bold]{n.host}[/bold] ({n.addr}, {n.connection or 'no login'})",
-                          markup=True)
-            if n.problem:
-                console.print("  [bold red]FAIL[/bold red] "
-                              f"{escape(who_what_fix(None, n.problem, n.fix))}", markup=True)
-            for s in n.before:
-                console.print(f"  {STYLE[s.status]} {s.name}: {s.why}", markup=True)
-                for cmd in s.commands(n.host) if s.status != P.OK else []:
-                    console.print(f"      $ {cmd}", markup=False)
-        pending = sum(P.pending(n.before) for n in report.nodes.values() if not n.problem)
-        unreached = sum(bool(n.problem) for n in report.nodes.values())
-        console.print((f"{pending} node(s) with changes pending" if pending else
-                       "no changes pending") + (f"; {unreached} node(s) not reached"
-                                                if unreached else ""), markup=False)
-        return
+        _render_plans(console, report)
+    else:
+        _render_applied(console, report)
+
+
+def _render_plans(console: Console, report: SetupReport) -> None:
+    """Dry run: every node's plan, step by step, with the commands of what is pending."""
+    for n in report.nodes.values():
+        console.print(f"[bold]{n.host}[/bold] ({n.addr}, {n.connection or 'no login'})",
+                      markup=True)
+        if n.problem:
+            console.print("  [bold red]FAIL[/bold red] "
+                          f"{escape(who_what_fix(None, n.problem, n.fix))}", markup=True)
+        for s in n.before:
+            console.print(f"  {STYLE[s.status]} {s.name}: {s.why}", markup=True)
+            for cmd in s.commands(n.host) if s.status != P.OK else []:
+                console.print(f"      $ {cmd}", markup=False)
+    pending = sum(P.pending(n.before) for n in report.nodes.values() if not n.problem)
+    unreached = sum(bool(n.problem) for n in report.nodes.values())
+    console.print((f"{pending} node(s) with changes pending" if pending else
+                   "no changes pending") + (f"; {unreached} node(s) not reached"
+                                            if unreached else ""), markup=False)
+
+
+def _render_applied(console: Console, report: SetupReport) -> None:
+    """What changed: the node x step table of the end state, then problems with their fixes."""
     table = Table(title="ptcluster setup", title_justify="left")
     table.add_column("step")
     hosts = list(report.nodes)

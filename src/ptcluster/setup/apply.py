@@ -11,7 +11,6 @@ the key.
 from __future__ import annotations
 
 import logging
-import queue
 import socket
 import subprocess
 import sys
@@ -19,22 +18,32 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ptcluster.node import SETUP_AGENT as SETUP
-from ptcluster.node.wire import control, split
 from ptcluster.remote.channel import NodeChannel
 from ptcluster.remote.sync import tar_pipe
 from ptcluster.remote.transport import SshTransport, remote_command, ssh_argv
 from ptcluster.setup import plan as P
+from ptcluster.setup.login import (
+    NodeFailure,
+    NodeSession,
+    PasswordSsh,
+    key_refusal,
+    password_ssh,
+    ssh_target,
+    with_options,
+)
+from ptcluster.setup.report import NodeSetupOutcome, SetupReport
 from ptcluster.setup.secret import Askpass, Secret
 from ptcluster.setup.torch_choice import GpuNode, TorchChoice, choose_torch
 from ptcluster.setup.wheels import DEFAULT_WHEELHOUSE, prepare_wheelhouse, self_version
 from ptcluster.spec.model import ClusterSpec, NodeSpec, SshSpec
 
 log = logging.getLogger(__name__)
+Event = Callable[[str, str], None]
 NODE_PYTHON = "python3"
 """The setup program runs on the node's system Python (Debian/Ubuntu always have python3)."""
 
@@ -51,171 +60,6 @@ class SetupOptions:
     """Where the head keeps the wheels it downloads for the nodes."""
     timeout: float = 60.0
     """Seconds for a node to answer (connect, facts); commands have their own (long) limits."""
-
-
-@dataclass
-class NodeSetupOutcome:
-    """One node's setup: how the head got in, its plan before and after, what apply did."""
-
-    host: str
-    addr: str = ""
-    connection: str = ""
-    """How the head got in: ``key``, ``password``, or why it could not."""
-    before: list[P.Step] = field(default_factory=list)
-    """The plan from the first facts."""
-    after: list[P.Step] = field(default_factory=list)
-    """The plan from the facts after apply (empty in a dry run)."""
-    applied: list[tuple[str, str, str]] = field(default_factory=list)
-    """(step, changed | failed | skipped, detail) for every step apply looked at."""
-    problem: str | None = None
-    fix: str | None = None
-    seconds: dict[str, float] = field(default_factory=dict)
-    """Where the time went: ``facts``, each applied step, ``confirm``."""
-
-    @property
-    def final(self) -> list[P.Step]:
-        return self.after or self.before
-
-    @property
-    def converged(self) -> bool:
-        return self.problem is None and bool(self.final) and not P.pending(self.final)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "addr": self.addr, "connection": self.connection,
-                "problem": self.problem, "fix": self.fix, "converged": self.converged,
-                "plan": [s.to_json(self.host) for s in self.before],
-                "applied": [{"step": s, "result": r, "detail": d} for s, r, d in self.applied],
-                "after": [s.to_json(self.host) for s in self.after],
-                "seconds": {k: round(v, 2) for k, v in self.seconds.items()}}
-
-
-@dataclass
-class SetupReport:
-    nodes: dict[str, NodeSetupOutcome]
-    head: list[P.Step]
-    torch: TorchChoice | None
-    dry_run: bool
-    duration: float = 0.0
-    wheelhouse_s: float | None = None
-    """Seconds the head spent preparing its wheelhouse (None: not needed)."""
-
-    @property
-    def converged(self) -> bool:
-        return all(n.converged for n in self.nodes.values()) and not P.pending(self.head)
-
-    def to_json(self) -> dict[str, Any]:
-        t = self.torch
-        return {"dry_run": self.dry_run, "converged": self.converged,
-                "duration_s": round(self.duration, 2), "wheelhouse_s": self.wheelhouse_s,
-                "head": [s.to_json("head") for s in self.head],
-                "torch": None if t is None else {"version": t.version, "variant": t.variant,
-                                                 "why": t.why, "problem": t.problem},
-                "nodes": [n.to_json() for n in self.nodes.values()]}
-
-
-Event = Callable[[str, str], None]
-
-
-class NodeSession:
-    """Request/reply over the setup program's channel."""
-
-    def __init__(self, channel: NodeChannel) -> None:
-        self.channel = channel
-        self.replies: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.closed: tuple[int | None, list[str]] | None = None
-
-    def on_frames(self, lines: list[str]) -> None:
-        for line in lines:
-            kind, payload = split(line)
-            if kind in ("facts", "done"):
-                try:
-                    self.replies.put((kind, control(payload)))
-                except ValueError as exc:
-                    self.replies.put(("bad", str(exc)))
-
-    def on_closed(self, code: int | None, stderr: list[str]) -> None:
-        self.closed = (code, stderr)
-        self.replies.put(("closed", (code, stderr)))
-
-    def ask(self, kind: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
-        self.channel.send(kind, payload)
-        try:
-            got, value = self.replies.get(timeout=timeout)
-        except queue.Empty:
-            raise NodeFailure(f"no answer within {timeout:.0f} s ({kind})",
-                              "check the node is up and not overloaded") from None
-        if got == "closed":
-            code, stderr = value
-            tail = [s for s in stderr if s.strip()][-1:] or [f"exit status {code}"]
-            raise NodeFailure(f"the setup channel closed ({tail[0]})",
-                              "check the node's python3 and ssh (-v shows more)")
-        if got == "bad":
-            raise NodeFailure(f"the node sent a bad frame ({value})", "report this bug")
-        return dict(value)
-
-
-class NodeFailure(Exception):
-    def __init__(self, problem: str, fix: str) -> None:
-        super().__init__(problem)
-        self.problem, self.fix = problem, fix
-
-
-class _PasswordSsh(SshTransport):
-    """ssh that may use the password (askpass) when the key is refused."""
-
-    askpass: Askpass | None = None
-
-    def spawn(self, node_argv: list[str]) -> subprocess.Popen[bytes]:
-        assert self.askpass is not None
-        return subprocess.Popen(self.argv(node_argv), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, env=self.askpass.env())
-
-
-def _with_options(ssh: SshSpec, *pairs: tuple[str, str]) -> SshSpec:
-    given = {k.lower() for k, _ in ssh.options}
-    extra = tuple(p for p in pairs if p[0].lower() not in given)
-    return replace(ssh, options=extra + ssh.options)
-
-
-def _password_ssh(ssh: SshSpec) -> SshSpec:
-    # ours first: ssh keeps the first value it sees, and the password path must not batch
-    keep = tuple((k, v) for k, v in ssh.options if k.lower() not in (
-        "batchmode", "preferredauthentications", "numberofpasswordprompts"))
-    return replace(ssh, options=(("BatchMode", "no"),
-                                 ("PreferredAuthentications", "password,keyboard-interactive"),
-                                 ("NumberOfPasswordPrompts", "1")) + keep)
-
-
-def ssh_target(node: NodeSpec) -> tuple[str, int]:
-    """(address, port) ssh would connect to for ``node`` (``ssh -G``: ~/.ssh/config applies)."""
-    argv = ssh_argv(node.host, node.ssh)
-    argv.insert(1, "-G")
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-    host, port = node.host, 22
-    for line in proc.stdout.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "hostname":
-            host = value.strip()
-        elif key == "port":
-            port = int(value)
-    try:
-        host = str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
-    except OSError:
-        pass
-    return str(host), port
-
-
-def host_fingerprint(addr: str, port: int) -> str:
-    try:
-        scan = subprocess.run(["ssh-keyscan", "-T", "5", "-p", str(port), addr],
-                              capture_output=True, text=True, timeout=15)
-        fp = subprocess.run(["ssh-keygen", "-lf", "-"], input=scan.stdout, capture_output=True,
-                            text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"(could not read it: {exc})"
-    return "; ".join(" ".join(line.split()[1:2] + line.split()[-1:])
-                     for line in fp.stdout.splitlines()) or "(no key offered)"
 
 
 class Setup:
@@ -370,7 +214,7 @@ class Setup:
         addr, port = self.targets[node.host]
         ssh = node.ssh
         if self.opts.accept_new_host_keys:
-            ssh = _with_options(ssh, ("StrictHostKeyChecking", "accept-new"))
+            ssh = with_options(ssh, ("StrictHostKeyChecking", "accept-new"))
         self.ssh[node.host] = ssh
         self.on_event(node.host, "connecting")
         # the key first (BatchMode: never a prompt); the password only when the key is refused
@@ -385,28 +229,15 @@ class Setup:
         except NodeFailure:
             if session.closed is None:
                 raise
-            code, stderr = session.closed
-            err = "\n".join(stderr).strip()
-            if "IDENTIFICATION HAS CHANGED" in err.upper():
-                raise NodeFailure(
-                    "the node's host key CHANGED since it was last seen",
-                    "check with the node's admin; if expected, remove the old key "
-                    f"(ssh-keygen -R {node.host}); setup never accepts a changed key") from None
-            if "host key" in err.lower():
-                raise NodeFailure(f"unknown host key {host_fingerprint(addr, port)}",
-                                  "check the fingerprint with the node's admin, then run again "
-                                  "with --accept-new-host-keys") from None
-            if code != 255 or "permission denied" not in err.lower():
-                last = err.splitlines()[-1] if err else f"exit status {code}"
-                raise NodeFailure(f"cannot start the setup program over ssh ({last})",
-                                  "check the node is up, its address, sshd (port 22 or "
-                                  "ssh.port) and that it has python3") from None
+            refused = key_refusal(node.host, addr, port, *session.closed)
+            if refused is not None:
+                raise refused from None
             askpass = self.askpass()
             if askpass is None:
                 raise NodeFailure("the node does not accept the head's key yet and no password "
                                   "was given", "run setup at a terminal (it asks once), or "
                                   "pass --password-file FILE (mode 600)") from None
-            pw = _PasswordSsh(host=node.host, ssh=_password_ssh(ssh))
+            pw = PasswordSsh(host=node.host, ssh=password_ssh(ssh))
             pw.askpass = askpass
             session = self._open(node, pw)
             try:

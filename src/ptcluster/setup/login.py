@@ -1,0 +1,140 @@
+"""How setup reaches a node: its session on the node channel (requests and answers), the
+password login through ssh's ``SSH_ASKPASS`` for a node that does not know the head's key yet,
+and why a key login failed (a changed or unknown host key, no sshd, or the password's turn)."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import subprocess
+from dataclasses import replace
+from typing import Any
+
+from ptcluster.node.wire import control, split
+from ptcluster.remote.channel import NodeChannel
+from ptcluster.remote.transport import SshTransport, ssh_argv
+from ptcluster.setup.secret import Askpass
+from ptcluster.spec.model import NodeSpec, SshSpec
+
+
+class NodeSession:
+    """Request/reply over the setup program's channel."""
+
+    def __init__(self, channel: NodeChannel) -> None:
+        self.channel = channel
+        self.replies: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.closed: tuple[int | None, list[str]] | None = None
+
+    def on_frames(self, lines: list[str]) -> None:
+        for line in lines:
+            kind, payload = split(line)
+            if kind in ("facts", "done"):
+                try:
+                    self.replies.put((kind, control(payload)))
+                except ValueError as exc:
+                    self.replies.put(("bad", str(exc)))
+
+    def on_closed(self, code: int | None, stderr: list[str]) -> None:
+        self.closed = (code, stderr)
+        self.replies.put(("closed", (code, stderr)))
+
+    def ask(self, kind: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self.channel.send(kind, payload)
+        try:
+            got, value = self.replies.get(timeout=timeout)
+        except queue.Empty:
+            raise NodeFailure(f"no answer within {timeout:.0f} s ({kind})",
+                              "check the node is up and not overloaded") from None
+        if got == "closed":
+            code, stderr = value
+            tail = [s for s in stderr if s.strip()][-1:] or [f"exit status {code}"]
+            raise NodeFailure(f"the setup channel closed ({tail[0]})",
+                              "check the node's python3 and ssh (-v shows more)")
+        if got == "bad":
+            raise NodeFailure(f"the node sent a bad frame ({value})", "report this bug")
+        return dict(value)
+
+
+class NodeFailure(Exception):
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.problem, self.fix = problem, fix
+
+
+def key_refusal(host: str, addr: str, port: int, code: int | None,
+                 stderr: list[str]) -> NodeFailure | None:
+    """Why the key login failed, as the failure to report; None when the node simply does not
+    know the key yet (ssh's "Permission denied": the password's turn)."""
+    err = "\n".join(stderr).strip()
+    if "IDENTIFICATION HAS CHANGED" in err.upper():
+        return NodeFailure("the node's host key CHANGED since it was last seen",
+                           "check with the node's admin; if expected, remove the old key "
+                           f"(ssh-keygen -R {host}); setup never accepts a changed key")
+    if "host key" in err.lower():
+        return NodeFailure(f"unknown host key {host_fingerprint(addr, port)}",
+                           "check the fingerprint with the node's admin, then run again "
+                           "with --accept-new-host-keys")
+    if code != 255 or "permission denied" not in err.lower():
+        last = err.splitlines()[-1] if err else f"exit status {code}"
+        return NodeFailure(f"cannot start the setup program over ssh ({last})",
+                           "check the node is up, its address, sshd (port 22 or ssh.port) and "
+                           "that it has python3")
+    return None
+
+
+class PasswordSsh(SshTransport):
+    """ssh that may use the password (askpass) when the key is refused."""
+
+    askpass: Askpass | None = None
+
+    def spawn(self, node_argv: list[str]) -> subprocess.Popen[bytes]:
+        assert self.askpass is not None
+        return subprocess.Popen(self.argv(node_argv), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, env=self.askpass.env())
+
+
+def with_options(ssh: SshSpec, *pairs: tuple[str, str]) -> SshSpec:
+    given = {k.lower() for k, _ in ssh.options}
+    extra = tuple(p for p in pairs if p[0].lower() not in given)
+    return replace(ssh, options=extra + ssh.options)
+
+
+def password_ssh(ssh: SshSpec) -> SshSpec:
+    # ours first: ssh keeps the first value it sees, and the password path must not batch
+    keep = tuple((k, v) for k, v in ssh.options if k.lower() not in (
+        "batchmode", "preferredauthentications", "numberofpasswordprompts"))
+    return replace(ssh, options=(("BatchMode", "no"),
+                                 ("PreferredAuthentications", "password,keyboard-interactive"),
+                                 ("NumberOfPasswordPrompts", "1")) + keep)
+
+
+def ssh_target(node: NodeSpec) -> tuple[str, int]:
+    """(address, port) ssh would connect to for ``node`` (``ssh -G``: ~/.ssh/config applies)."""
+    argv = ssh_argv(node.host, node.ssh)
+    argv.insert(1, "-G")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    host, port = node.host, 22
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "hostname":
+            host = value.strip()
+        elif key == "port":
+            port = int(value)
+    try:
+        host = str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
+    except OSError:
+        pass
+    return str(host), port
+
+
+def host_fingerprint(addr: str, port: int) -> str:
+    try:
+        scan = subprocess.run(["ssh-keyscan", "-T", "5", "-p", str(port), addr],
+                              capture_output=True, text=True, timeout=15)
+        fp = subprocess.run(["ssh-keygen", "-lf", "-"], input=scan.stdout, capture_output=True,
+                            text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"(could not read it: {exc})"
+    return "; ".join(" ".join(line.split()[1:2] + line.split()[-1:])
+                     for line in fp.stdout.splitlines()) or "(no key offered)"

@@ -1,0 +1,71 @@
+"""What ``ptcluster setup`` did: each node's outcome (plans before and after, what was applied)
+and the whole report, as the CLI renders it and as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ptcluster.setup import plan as P
+from ptcluster.setup.torch_choice import TorchChoice
+
+
+@dataclass
+class NodeSetupOutcome:
+    """One node's setup: how the head got in, its plan before and after, what apply did."""
+
+    host: str
+    addr: str = ""
+    connection: str = ""
+    """How the head got in: ``key``, ``password``, or why it could not."""
+    before: list[P.Step] = field(default_factory=list)
+    """The plan from the first facts."""
+    after: list[P.Step] = field(default_factory=list)
+    """The plan from the facts after apply (empty in a dry run)."""
+    applied: list[tuple[str, str, str]] = field(default_factory=list)
+    """(step, changed | failed | skipped, detail) for every step apply looked at."""
+    problem: str | None = None
+    fix: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Where the time went: ``facts``, each applied step, ``confirm``."""
+
+    @property
+    def final(self) -> list[P.Step]:
+        return self.after or self.before
+
+    @property
+    def converged(self) -> bool:
+        return self.problem is None and bool(self.final) and not P.pending(self.final)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "addr": self.addr, "connection": self.connection,
+                "problem": self.problem, "fix": self.fix, "converged": self.converged,
+                "plan": [s.to_json(self.host) for s in self.before],
+                "applied": [{"step": s, "result": r, "detail": d} for s, r, d in self.applied],
+                "after": [s.to_json(self.host) for s in self.after],
+                "seconds": {k: round(v, 2) for k, v in self.seconds.items()}}
+
+
+@dataclass
+class SetupReport:
+    nodes: dict[str, NodeSetupOutcome]
+    head: list[P.Step]
+    torch: TorchChoice | None
+    dry_run: bool
+    duration: float = 0.0
+    wheelhouse_s: float | None = None
+    """Seconds the head spent preparing its wheelhouse (None: not needed)."""
+
+    @property
+    def converged(self) -> bool:
+        return all(n.converged for n in self.nodes.values()) and not P.pending(self.head)
+
+    def to_json(self) -> dict[str, Any]:
+        t = self.torch
+        return {"dry_run": self.dry_run, "converged": self.converged,
+                "duration_s": round(self.duration, 2), "wheelhouse_s": self.wheelhouse_s,
+                "head": [s.to_json("head") for s in self.head],
+                "torch": None if t is None else {"version": t.version, "variant": t.variant,
+                                                 "why": t.why, "problem": t.problem},
+                "nodes": [n.to_json() for n in self.nodes.values()]}
+
