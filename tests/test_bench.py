@@ -308,3 +308,41 @@ def test_plot_option_writes_the_pairs_heatmap_next_to_the_plot(cli, monkeypatch,
     assert code == 0, err
     assert f"plot: {tmp_path / 'F.png'}" in err and f"plot: {tmp_path / 'F-pairs.png'}" in err
     assert_png(tmp_path / "F-pairs.png", 400)
+
+
+@pytest.mark.parametrize(("gbps", "slowest", "ratio", "slow"), [
+    ([10.0, 10.0, 10.0], ("n0", "n1"), 1.0, False),  # a tie: the first, within range
+    ([10.0, 9.0, 11.0], ("n0", "n2"), 0.9, False),
+    ([10.0, 10.0, 6.0, 10.0, 10.0, 10.0], ("n0", "n3"), 0.6, True),  # one bad link of 4 nodes
+    ([2.0, 10.0, 10.0, 10.0], ("n0", "n1"), 0.2, True),  # an even count: the middle two
+])
+def test_the_slowest_pair_is_named_against_the_median(gbps, slowest, ratio, slow) -> None:
+    from ptcluster.bench.sweep import slowest_pair
+
+    hosts = [f"n{i}" for i in range(4)]
+    links = [(a, b) for i, a in enumerate(hosts) for b in hosts[i + 1:]][:len(gbps)]
+    pairs = [{"a": a, "b": b, "bytes": 1, "gbps": g} for (a, b), g in zip(links, gbps, strict=True)]
+    found = slowest_pair(pairs)
+    assert found is not None and (found.a, found.b) == slowest
+    assert found.ratio == pytest.approx(ratio) and found.slow is slow
+    assert ("slow: below" in found.line()) is slow and found.to_json()["slow"] is slow
+
+
+def test_no_slowest_pair_from_fewer_than_three_pairs() -> None:
+    from ptcluster.bench.sweep import slowest_pair
+
+    result = sweep_result(pairs=False)
+    assert slowest_pair([{"a": "x", "b": "y", "bytes": 1, "gbps": 1.0}]) is None
+    assert result.to_json()["slowest_pair"] is None
+
+
+def test_the_table_and_the_json_name_the_same_slowest_pair() -> None:
+    from ptcluster.cli.bench_cmd import render
+
+    result = sweep_result(pairs=True)  # node0-node1 20, node0-node2 30, node1-node2 40 GB/s
+    data = result.to_json()["slowest_pair"]
+    assert data == {"a": "node0", "b": "node1", "gbps": 20.0, "median_gbps": 30.0,
+                    "ratio": 0.667, "slow": True}
+    text = render(result, BenchConfig(ops=OPS, sizes=(8,), pairs=True))
+    assert ("# slowest pair: node0 <-> node1 20.000 GB/s, median of the pairs 30.000 GB/s "
+            "(0.67x, slow: below 0.7x the median)") in text

@@ -35,6 +35,10 @@ def test_bench_4_ranks_with_pair_matrix(testbed, tmp_path) -> None:
     assert all(p["gbps"] > 0 for p in data["pairs"])
     text = "\n".join(head.lines)
     assert "# node-pair bandwidth" in text and "# Out of bounds values : 0 OK" in text
+    low = min(data["pairs"], key=lambda p: p["gbps"])  # named, with the median, in both
+    slowest = data["slowest_pair"]
+    assert (slowest["a"], slowest["b"], slowest["gbps"]) == (low["a"], low["b"], low["gbps"])
+    assert f"# slowest pair: {low['a']} <-> {low['b']} {low['gbps']:.3f} GB/s" in text
 
 
 def test_monitor_once_json_every_node_even_with_one_unreachable(testbed, tmp_path) -> None:

@@ -82,6 +82,48 @@ class Row:
     wrong: int
 
 
+SLOW_PAIR = 0.7
+"""A node pair whose bandwidth is below this fraction of the pairs' median is named slow (the
+ratio is printed whatever it is; the threshold only decides the word)."""
+
+
+@dataclass(frozen=True)
+class SlowestPair:
+    a: str
+    b: str
+    gbps: float
+    median_gbps: float
+
+    @property
+    def ratio(self) -> float:
+        return self.gbps / self.median_gbps if self.median_gbps > 0 else 0.0
+
+    @property
+    def slow(self) -> bool:
+        return self.ratio < SLOW_PAIR
+
+    def to_json(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "gbps": self.gbps, "median_gbps": self.median_gbps,
+                "ratio": round(self.ratio, 3), "slow": self.slow}
+
+    def line(self) -> str:
+        verdict = f"slow: below {SLOW_PAIR:.1f}x the median" if self.slow else "within range"
+        return (f"slowest pair: {self.a} <-> {self.b} {self.gbps:.3f} GB/s, median of the pairs "
+                f"{self.median_gbps:.3f} GB/s ({self.ratio:.2f}x, {verdict})")
+
+
+def slowest_pair(pairs: list[dict[str, Any]]) -> SlowestPair | None:
+    """The pair with the least bandwidth, against the median of all pairs; None with fewer
+    than 3 pairs (a median of one or two says nothing about one link)."""
+    if len(pairs) < 3:
+        return None
+    values = sorted(p["gbps"] for p in pairs)
+    mid = len(values) // 2
+    median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    low = min(pairs, key=lambda p: p["gbps"])
+    return SlowestPair(a=low["a"], b=low["b"], gbps=low["gbps"], median_gbps=median)
+
+
 @dataclass(kw_only=True)
 class BenchResult:
     world_size: int = 0
@@ -96,12 +138,18 @@ class BenchResult:
         return sum(r.wrong for r in self.rows)
 
     @property
+    def slowest_pair(self) -> SlowestPair | None:
+        return slowest_pair(self.pairs)
+
+    @property
     def avg_busbw(self) -> float:
         return sum(r.busbw for r in self.rows) / len(self.rows) if self.rows else 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "backend": self.backend,
                 "rows": [asdict(r) for r in self.rows], "pairs": self.pairs,
+                "slowest_pair": None if self.slowest_pair is None else
+                self.slowest_pair.to_json(),
                 "skipped": self.skipped, "out_of_bounds": self.wrong,
                 "avg_busbw": self.avg_busbw,
                 "failure": None if self.failure is None else self.failure.headline()}

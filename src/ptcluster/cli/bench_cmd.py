@@ -141,6 +141,8 @@ def render(result: BenchResult, cfg: BenchConfig) -> str:
                 v = gbps.get((a, b), gbps.get((b, a)))
                 cells.append(f"{'-' if v is None else f'{v:.3f}':>{width}}")
             out.append(f"# {a:<{width}}" + "".join(cells))
+        if result.slowest_pair is not None:
+            out.append(f"# {result.slowest_pair.line()}")
     status = "OK" if result.wrong == 0 else "FAILED"
     out.append(f"# Out of bounds values : {result.wrong} {status}")
     out.append(f"# Avg bus bandwidth    : {result.avg_busbw:.4f} GB/s")
