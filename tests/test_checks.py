@@ -497,3 +497,32 @@ def test_no_gpu_here_is_clean() -> None:
     if os.path.exists("/proc/driver/nvidia/version"):
         pytest.skip("this machine has an NVIDIA driver")
     assert accel.gpus() == accel.no_gpus()
+
+
+@pytest.mark.parametrize(("per_rank", "named"), [
+    ([0.20, 0.21, 0.22, 0.20], set()),  # balanced (ranks 0,1 on n1; 2 on n2; 3 on n3)
+    ([0.20, 0.21, 0.22, 0.80], {"n3"}),  # n3 3.8x the others' median
+    ([0.20, 0.90, 0.22, 0.20], {"n1"}),  # a node's figure is its slowest rank
+    ([0.20, 0.21, 0.30, 0.20], set()),  # 1.43x: within the margin
+])
+def test_compute_probe_names_the_node_slower_than_the_others(per_rank, named) -> None:
+    from ptcluster.doctor.compute import compute_findings
+
+    spec = parse_cluster_text("nodes:\n  - {host: n1, slots: 2}\n  - {host: n2, slots: 1}\n"
+                              "  - {host: n3, slots: 1}\n", "c.yaml")
+    found = {f.host: f for f in compute_findings(spec, per_rank)}
+    assert set(found) == {"n1", "n2", "n3"}
+    assert {h for h, f in found.items() if f.status == "warn"} == named
+    for host in named:
+        assert found[host].detail.startswith("slow node: probe ") and found[host].fix
+    assert compute_findings(spec, [0.1]) == []  # not one figure per rank: nothing to say
+
+
+def test_compute_probe_with_two_nodes_and_with_one() -> None:
+    from ptcluster.doctor.compute import compute_findings
+
+    two = parse_cluster_text("nodes:\n  - {host: a}\n  - {host: b}\n", "c.yaml")
+    assert [f.status for f in compute_findings(two, [0.2, 0.8])] == ["ok", "warn"]
+    one = parse_cluster_text("nodes:\n  - {host: a}\n", "c.yaml")
+    (only,) = compute_findings(one, [0.2])
+    assert only.status == "ok" and "nothing to compare" in only.detail

@@ -147,3 +147,30 @@ def test_run_preflight_refuses_to_launch(testbed, tmp_path) -> None:
     err = "\n".join(head.err)
     assert "interface eth9 not found" in err and "not launching" in err
     assert not (tmp_path / "runs").exists()
+
+
+def compute(report: dict) -> dict[str, dict]:
+    return {f["host"]: f for f in report["findings"] if f["check"] == "compute"}
+
+
+def test_doctor_names_the_slow_node_and_only_it(testbed, tmp_path) -> None:
+    """One node capped to 25 % of a CPU (a cgroup quota around its sshd): the compute probe
+    names it, with its figure and the others' median; balanced, no node is named."""
+    from tests.testbed import cpu_capped
+
+    path = cluster(testbed, tmp_path, port=29593)
+    code, report = doctor(path, tmp_path)
+    assert code == 0, failures(report)
+    balanced = compute(report)
+    assert set(balanced) == {n.name for n in testbed.nodes}
+    assert all(f["status"] == "ok" for f in balanced.values()), balanced
+    assert len(report["allreduce"]["compute_s"]) == 4
+    slow = testbed.nodes[2]
+    with cpu_capped(slow, 25):
+        code, report = doctor(path, tmp_path)
+    assert code == 0, failures(report)  # a warning, not a failure
+    found = compute(report)
+    assert found[slow.name]["status"] == "warn", found
+    assert found[slow.name]["detail"].startswith("slow node: probe ")
+    assert "the other nodes' median" in found[slow.name]["detail"]
+    assert all(found[n.name]["status"] == "ok" for n in testbed.nodes if n is not slow), found

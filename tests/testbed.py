@@ -15,6 +15,7 @@ repository of their own. The shared-root mode (default) stays the fast one.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import secrets
@@ -22,8 +23,11 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from tests import bare as bare_nodes
 
@@ -359,3 +363,36 @@ def _free_subnet() -> ipaddress.IPv4Network:
         if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
             return net
     raise TestbedError("no free 10.213.X.0/24 subnet for the testbed")
+
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+
+
+@contextlib.contextmanager
+def cpu_capped(node: Node, percent: int) -> Iterator[Path]:
+    """Cap what ``node`` starts from now on to ``percent`` % of one CPU: its sshd goes into a
+    cgroup v1 ``cpu`` group with that quota (per 100 ms period), so every session and job it
+    starts inherits it. Undone even on failure: every task back to the root group, the group
+    removed. Skips where the cpu controller is not mounted."""
+    if not (CPU_CGROUP / "tasks").exists():
+        pytest.skip("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
+    group = CPU_CGROUP / f"ptcluster-test-{os.getpid()}-{node.index}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(percent * 1000))
+        (group / "tasks").write_text(node.sshd_pidfile.read_text().strip())
+        yield group
+    finally:
+        for _ in range(50):  # tasks may still be forking while we move them
+            tasks = (group / "tasks").read_text().split()
+            for pid in tasks:
+                try:
+                    (CPU_CGROUP / "tasks").write_text(pid)
+                except OSError:
+                    pass  # it ended meanwhile
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)

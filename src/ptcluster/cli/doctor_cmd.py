@@ -56,7 +56,8 @@ def render(console: Console, report: DoctorReport, hosts: list[str], *,
         table.add_row(check, *[STYLE[cells.get((host, check), SKIP)] for host in hosts])
     console.print(table)
     for f in report.findings if details else ():
-        if f.status == OK and f.check in ("interface", "versions", "all-reduce", "master port"):
+        if f.status == OK and f.check in ("interface", "versions", "all-reduce", "master port",
+                                            "compute"):
             console.print(f"  [green]ok[/green]   {f.check}: {f.line()}", markup=True)
     for status in (FAIL, WARN):
         for f in report.findings:

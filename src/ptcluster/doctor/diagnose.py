@@ -8,6 +8,7 @@ from typing import Any
 
 from ptcluster.doctor.checks import FAIL, OK, SKIP, Finding, run_checks
 from ptcluster.doctor.collect import NodeReport, collect_facts
+from ptcluster.doctor.compute import compute_findings
 from ptcluster.doctor.slurm_checks import slurm_checks
 from ptcluster.launch.prepare import resolve_port, run_rank_program
 from ptcluster.launch.result import RunOptions
@@ -63,6 +64,8 @@ def diagnose(spec: ClusterSpec, *, port: int | None = None, skip_allreduce: bool
             result, finding = run_allreduce(spec, port, allreduce_timeout)
             report.allreduce = result
             report.findings.append(finding)
+            if result is not None:
+                report.findings += compute_findings(spec, result.get("compute_s") or [])
         else:
             report.findings.append(Finding("all-reduce", spec.nodes[0].host, SKIP,
                                            "skipped: fix the failures above first"))
