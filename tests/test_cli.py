@@ -379,3 +379,29 @@ def test_good_numbers_still_pass(cli, tmp_path: Path) -> None:
     f.write_text(GOOD)
     code, out, _ = cli("env", "--nproc", "1", "--port", "1")
     assert code == 0 and "export WORLD_SIZE=1" in out and "export MASTER_PORT=1" in out
+
+
+def test_the_head_raises_its_open_files_limit_to_the_hard_one() -> None:
+    """A login's soft limit (1024 on Ubuntu) would cap the nodes a job can have; the CLI raises
+    it at start, as servers do (in a child with a low soft limit, so this process is untouched)."""
+    import subprocess
+    import sys
+
+    code = ("import resource; from ptcluster.cli import raise_open_files_limit as r; "
+            "before = resource.getrlimit(resource.RLIMIT_NOFILE)[0]; soft, hard = r(); "
+            "print(before, soft, hard, resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    out = subprocess.run(["bash", "-c", f"ulimit -S -n 256 && {sys.executable} -c '{code}'"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    before, soft, hard, now = (int(v) for v in out)
+    assert before == 256 and now == soft and (soft == hard or hard > 1 << 20)
+
+
+def test_a_channel_without_descriptors_is_not_a_missing_program() -> None:
+    import errno
+
+    from ptcluster.remote.transport import explain_start_failure
+
+    problem, fix = explain_start_failure("ssh", OSError(errno.EMFILE, "Too many open files"))
+    assert "too many open files" in problem and "ulimit -n" in fix and "OpenSSH" not in fix
+    _, fix = explain_start_failure("ssh", FileNotFoundError(errno.ENOENT, "No such file"))
+    assert "OpenSSH" in fix

@@ -86,12 +86,30 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point (the console script's): every expected error becomes one red line
     ``error: WHAT. Fix: HOW`` and its exit code; the traceback only with -v."""
     state = CliState()
+    raise_open_files_limit()
     code = _dispatch(list(sys.argv[1:] if argv is None else argv), state)
     try:
         sys.stdout.flush()
     except BrokenPipeError:
         code = _stdout_gone()
     sys.exit(code)
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """The soft limit of open files up to the hard one, as servers do at start: the head holds
+    a channel's pipes and a log per rank for every node (Ubuntu's default soft limit, 1024, is
+    what a login gets even where the hard limit is far higher). Returns the (soft, hard) now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # (a kernel maximum below the hard limit: keep ours)
+            pass
+    return soft, hard
 
 
 def _dispatch(args: list[str], state: CliState) -> int:

@@ -8,6 +8,7 @@ the one place a remote shell is unavoidable.
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import subprocess
@@ -107,6 +108,11 @@ def explain_start_failure(program: str, exc: OSError) -> tuple[str, str]:
     """(problem, fix) when the local process of a channel (ssh, or a local python) cannot be
     started at all."""
     problem = f"cannot start {program!r} here: {exc.strerror or exc}"
+    if exc.errno in (errno.EMFILE, errno.ENFILE):  # not a missing program: no descriptors left
+        return (f"cannot start {program!r} here: too many open files (the head's limit is "
+                f"{_open_files_limit()})",
+                "raise the open-files limit (ulimit -n; the hard limit: /etc/security/"
+                "limits.conf), or run on fewer nodes")
     name = os.path.basename(program)
     if name == "ssh":
         return problem, "install the OpenSSH client (apt-get install openssh-client)"
@@ -114,6 +120,13 @@ def explain_start_failure(program: str, exc: OSError) -> tuple[str, str]:
         return problem, ("run ptcluster where Slurm's clients are installed, or pass --cluster "
                          "outside an allocation")
     return problem, "set python: to an interpreter that exists"
+
+
+def _open_files_limit() -> str:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return f"{soft} soft, {'unlimited' if hard == resource.RLIM_INFINITY else hard} hard"
 
 
 def explain_channel_failure(stderr: list[str], exit_code: int | None,
