@@ -129,8 +129,12 @@ def test_the_console_s_dropped_lines_are_in_the_summary(tmp_path, monkeypatch) -
     monkeypatch.setattr(runner, "_attempts", lambda attempts, t0: RunResult(
         job_id="J", run_dir=tmp_path / "run", ranks=[], nodes=[], failures=[],
         interrupted=False, duration=1.0))
+    runner.logs.run_dir = tmp_path / "nowhere"  # (what the job wrote: no log could be made)
+    runner.logs.rank_line(0, "a line")
     assert runner.run().console_dropped == 7
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["console_dropped"] == 7
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["console_dropped"] == 7
+    assert written["log_errors"] == ["rank0.log: No such file or directory (1 line(s) missing)"]
 
 
 def test_a_torn_down_attempts_late_channel_close_is_not_the_next_attempts(tmp_path) -> None:
@@ -156,6 +160,43 @@ def test_a_torn_down_attempts_late_channel_close_is_not_the_next_attempts(tmp_pa
     assert not sup.nodes["a"].closed and not sup.failures
     runner._handle(sup, 2, "a", ev.ChannelClosed("a", -9, ["killed"]))  # this attempt's: counts
     assert sup.nodes["a"].closed and [f.kind for f in sup.failures] == ["lost"]
+
+
+
+def test_a_log_that_cannot_be_written_loses_no_frame_after_it(tmp_path) -> None:
+    """Rank 0's log cannot be opened (here: a directory in its place; at scale: no descriptors
+    left): its output still reaches the console, and the exit status in the same batch is
+    not lost (it used to be: the batch ended at the error, and the rank looked killed)."""
+    from ptcluster.launch import events as ev
+    from ptcluster.launch.plan import Target, plan_launch
+    from ptcluster.launch.result import RunOptions
+    from ptcluster.launch.runner import Runner
+    from ptcluster.launch.supervisor import Supervisor
+    from ptcluster.node import wire
+    from ptcluster.spec import parse_cluster_text
+
+    spec = parse_cluster_text("nodes:\n  - {host: a, slots: 2}\n", "c.yaml")
+    plan = plan_launch(spec, Target(script="t.py"), port=29500, job_id="J")
+    run = tmp_path / "run"
+    (run / "rank0.log").mkdir(parents=True)
+    lines, notes = [], []
+    runner = Runner(plan, {}, run, on_line=lambda h, r, text: lines.append((r, text)),
+                    on_status=notes.append)
+    sup = Supervisor(plan, RunOptions(), 0.0, wall_offset=0.0)
+    sup.on_event(ev.Hello("a", wire.VERSION, 10, 1.0), 1.0)
+    sup.on_event(ev.Ready("a", {"interface": "lo", "interface_source": "x"}), 1.0)
+    batch = ["o 0 hello from 0", "o 1 hello from 1", "o 0 more from 0",
+             wire.encode("rexit", {"rank": 0, "code": 0, "t": 2.0}).decode().strip(),
+             wire.encode("rexit", {"rank": 1, "code": 0, "t": 2.0}).decode().strip()]
+    runner._handle(sup, 0, "a", batch)
+    assert [sup.ranks[r].exit_code for r in (0, 1)] == [0, 0]
+    assert lines == [(0, "hello from 0"), (1, "hello from 1"), (0, "more from 0")]
+    assert runner.logs.lost == {"rank0": 2} and runner.logs.tail(0) == ["hello from 0",
+                                                                         "more from 0"]
+    assert len(notes) == 1 and notes[0].startswith("cannot write rank0.log: ")
+    runner.logs.close()
+    assert (run / "rank1.log").read_text() == "hello from 1\n"
+
 
 
 # -- real jobs on this machine -------------------------------------------------------------

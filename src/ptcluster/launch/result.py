@@ -154,6 +154,8 @@ class RunResult:
     duration: float
     console_dropped: int = 0
     """Lines the console skipped because it could not keep up (all are in the logs)."""
+    log_errors: list[str] = field(default_factory=list)
+    """Logs that could not be written, with the first error and the lines they miss."""
     attempts: list[AttemptRecord] = field(default_factory=list)
     """Every attempt of the job in order (one unless ``--max-restarts`` restarted it)."""
     gave_up: str = ""
@@ -186,6 +188,7 @@ class RunResult:
             "gave_up": self.gave_up, "no_progress": self.no_progress, "ended_by": self.ended_by,
             "attempts": [a.to_json() for a in self.attempts],
             "duration_s": round(self.duration, 3), "console_dropped": self.console_dropped,
+            "log_errors": self.log_errors,
             "root_cause": None if self.root_cause is None else _failure_json(self.root_cause),
             "failures": [_failure_json(f) for f in self.failures],
             "hang_report": self.hang_report,

@@ -30,22 +30,31 @@ def write_private(path: Path, text: str) -> None:
 
 
 class RunLogs:
-    def __init__(self, run_dir: Path) -> None:
+    """A log that cannot be opened or written (no descriptors left, a full disk) never stops
+    what comes after its line in the same batch (a rank's exit, a heartbeat): the error is kept
+    once per file (``errors``, said through ``on_error``), the lines it misses are counted
+    (``lost``), and the rank's last lines are still kept for the summary."""
+
+    def __init__(self, run_dir: Path, on_error: Callable[[str], None] | None = None) -> None:
         self.run_dir = run_dir
-        self._files: dict[str, IO[str]] = {}
-        self._rank_files: dict[int, IO[str]] = {}
+        self.on_error = on_error or (lambda text: None)
+        self.errors: dict[str, str] = {}
+        """File -> the first error writing it."""
+        self.lost: dict[str, int] = {}
+        """File -> lines that did not reach it."""
+        self._files: dict[str, IO[str] | None] = {}
+        self._rank_files: dict[int, IO[str] | None] = {}
         self.tails: dict[int, deque[str]] = {}
         self.node_tails: dict[str, deque[str]] = {}
         self.banner = ""
         """Written first into every file opened from now on (a restart's attempt marker)."""
 
     def rank_line(self, rank: int, text: str) -> None:
-        f = self._rank_files.get(rank)
-        if f is None:
+        if rank not in self._rank_files:
             self.tails[rank] = deque(maxlen=LAST_LINES)
-            f = self._rank_files[rank] = self._open(f"rank{rank}")
+            self._rank_files[rank] = self._open(f"rank{rank}")
         self.tails[rank].append(text)
-        f.write(text + "\n")
+        self._put(f"rank{rank}", self._rank_files[rank], text)
 
     def node_line(self, node_rank: int, host: str, text: str) -> None:
         tail = self.node_tails.get(host)
@@ -61,27 +70,54 @@ class RunLogs:
         return list(self.node_tails.get(host, ()))
 
     def flush(self) -> None:
-        for f in self._files.values():
-            f.flush()
+        for name, f in self._files.items():
+            if f is not None:
+                try:
+                    f.flush()
+                except OSError as exc:
+                    self._failed(name, exc)
 
     def close(self) -> None:
-        for f in self._files.values():
-            f.close()
+        for name, f in self._files.items():
+            if f is not None:
+                try:
+                    f.close()
+                except OSError as exc:
+                    self._failed(name, exc)
         self._files.clear()
         self._rank_files.clear()
 
     def _write(self, name: str, line: str) -> None:
-        f = self._files.get(name)
-        if f is None:
-            f = self._open(name)
-        f.write(line + "\n")
+        f = self._files[name] if name in self._files else self._open(name)
+        self._put(name, f, line)
 
-    def _open(self, name: str) -> IO[str]:
-        fd = os.open(self.run_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        f = self._files[name] = open(fd, "a", encoding="utf-8", errors="replace")
-        if self.banner:
-            f.write(self.banner + "\n")
+    def _put(self, name: str, f: IO[str] | None, line: str) -> None:
+        if f is not None:
+            try:
+                f.write(line + "\n")
+                return
+            except OSError as exc:
+                self._failed(name, exc)
+        self.lost[name] = self.lost.get(name, 0) + 1
+
+    def _open(self, name: str) -> IO[str] | None:
+        try:
+            fd = os.open(self.run_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                         0o600)
+            f: IO[str] | None = open(fd, "a", encoding="utf-8", errors="replace")
+            if self.banner and f is not None:
+                f.write(self.banner + "\n")
+        except OSError as exc:
+            f = None
+            self._failed(name, exc)
+        self._files[name] = f
         return f
+
+    def _failed(self, name: str, exc: OSError) -> None:
+        if name not in self.errors:
+            self.errors[name] = f"{name}.log: {exc.strerror or exc}"
+            self.on_error(f"cannot write {self.errors[name]}: its lines are missing from the log "
+                          "(the console and the summary's last lines still have them)")
 
 
 class ConsoleFeed:

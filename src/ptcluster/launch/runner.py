@@ -103,7 +103,7 @@ class Runner:
         # after its attempt ended is dropped, not taken for news of the next one.
         self.events: queue.Queue[tuple[int, str, Any]] = queue.Queue(maxsize=256)  # <= ~16 MiB
         self.channels: dict[str, NodeChannel] = {}
-        self.logs = RunLogs(run_dir)
+        self.logs = RunLogs(run_dir, on_error=lambda text: self.on_status(text))
         self._use_plan(plan)
         self._stop_reason = ""
         self._stop_requests = 0
@@ -143,6 +143,8 @@ class Runner:
                 control.close()
         if self.console_dropped is not None:  # (no line reaches on_line after the loop)
             result.console_dropped = self.console_dropped()
+        result.log_errors = [f"{error} ({self.logs.lost.get(name, 0)} line(s) missing)"
+                             for name, error in self.logs.errors.items()]
         write_private(self.run_dir / "summary.json", json.dumps(result.to_json(), indent=2))
         return result
 
