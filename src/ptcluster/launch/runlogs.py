@@ -16,9 +16,11 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 LAST_LINES = 40
+_UNOPENED: Any = object()
+"""A rank whose log was never asked for (its file may be None: it could not be opened)."""
 
 
 def write_private(path: Path, text: str) -> None:
@@ -50,11 +52,19 @@ class RunLogs:
         """Written first into every file opened from now on (a restart's attempt marker)."""
 
     def rank_line(self, rank: int, text: str) -> None:
-        if rank not in self._rank_files:
+        """Once per line of the job: one lookup and a write (the file's name only on trouble)."""
+        f: IO[str] | None = self._rank_files.get(rank, _UNOPENED)
+        if f is _UNOPENED:
             self.tails[rank] = deque(maxlen=LAST_LINES)
-            self._rank_files[rank] = self._open(f"rank{rank}")
+            f = self._rank_files[rank] = self._open(f"rank{rank}")
         self.tails[rank].append(text)
-        self._put(f"rank{rank}", self._rank_files[rank], text)
+        if f is not None:
+            try:
+                f.write(text + "\n")
+                return
+            except OSError as exc:
+                self._failed(f"rank{rank}", exc)
+        self._missed(f"rank{rank}")
 
     def node_line(self, node_rank: int, host: str, text: str) -> None:
         tail = self.node_tails.get(host)
@@ -70,45 +80,47 @@ class RunLogs:
         return list(self.node_tails.get(host, ()))
 
     def flush(self) -> None:
-        for name, f in self._files.items():
-            if f is not None:
-                try:
-                    f.flush()
-                except OSError as exc:
-                    self._failed(name, exc)
+        self._each_file(lambda f: f.flush())
 
     def close(self) -> None:
-        for name, f in self._files.items():
-            if f is not None:
-                try:
-                    f.close()
-                except OSError as exc:
-                    self._failed(name, exc)
+        self._each_file(lambda f: f.close())
         self._files.clear()
         self._rank_files.clear()
 
+    def _each_file(self, op: Callable[[IO[str]], object]) -> None:
+        for name, f in self._files.items():
+            if f is not None:
+                try:
+                    op(f)
+                except OSError as exc:
+                    self._failed(name, exc)
+
     def _write(self, name: str, line: str) -> None:
         f = self._files[name] if name in self._files else self._open(name)
-        self._put(name, f, line)
-
-    def _put(self, name: str, f: IO[str] | None, line: str) -> None:
         if f is not None:
             try:
                 f.write(line + "\n")
                 return
             except OSError as exc:
                 self._failed(name, exc)
+        self._missed(name)
+
+    def _missed(self, name: str) -> None:
         self.lost[name] = self.lost.get(name, 0) + 1
 
     def _open(self, name: str) -> IO[str] | None:
+        """The file, or None (said once) when it cannot be opened: its lines are then counted."""
+        f: IO[str] | None = None
         try:
             fd = os.open(self.run_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                          0o600)
-            f: IO[str] | None = open(fd, "a", encoding="utf-8", errors="replace")
-            if self.banner and f is not None:
+            f = open(fd, "a", encoding="utf-8", errors="replace")
+            if self.banner:
                 f.write(self.banner + "\n")
         except OSError as exc:
-            f = None
+            if f is not None:
+                f.close()
+                f = None
             self._failed(name, exc)
         self._files[name] = f
         return f
