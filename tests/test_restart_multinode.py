@@ -15,8 +15,9 @@ from tests.test_trainer_multinode import cluster_file
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 TRAIN = ["-m", "ptcluster.examples.mnist", "--no-download", "--dataset", "digits",
-         "--batch-size", "24", "--epochs", "25", "--checkpoint-every-steps", "4"]
-"""4 ranks (2+1+1): a global batch of 96, 14 steps per epoch; on 3 ranks 32 each, on 2 48."""
+         "--batch-size", "32", "--epochs", "25", "--checkpoint-every-steps", "4"]
+"""4 ranks (2+1+1): a global batch of 128, 11 steps per epoch; on 3 ranks 43+43+42 (the
+shares of a batch that 3 cannot divide), on 2 ranks 64 each."""
 
 
 @pytest.mark.parametrize(("victim_index", "own_addr"), [(2, False), (0, False), (0, True)],
@@ -53,8 +54,9 @@ def test_a_lost_node_is_dropped_and_the_job_resumes_on_the_others(
     assert second["hosts"] == [n.name for n in testbed.nodes if n is not victim]
     # The ranks were renumbered over the two nodes left: 2+1 or 1+1.
     assert second["world_size"] == (2 if victim_index == 0 else 3), second
-    assert second["ok"] and second["resumed_from"] >= 2 * 14, second  # after epoch 2 at least
-    assert second["resumed_from"] <= first["checkpoint"], (first, second)
+    assert second["ok"] and second["resumed_from"] >= 2 * 11, second  # after epoch 2 at least
+    # Nothing saved was lost: it resumed from the newest checkpoint the job reported.
+    assert second["resumed_from"] == first["checkpoint"], (first, second)
     ranks = rank_fields(head.lines)
     assert sorted(ranks) == list(range(second["world_size"])), head.output()
     assert len({r["params_sha256"] for r in ranks.values()}) == 1, ranks

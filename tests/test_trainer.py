@@ -198,19 +198,19 @@ def test_resume_refuses_a_checkpoint_of_another_data_set(plain) -> None:
 E = checkpoint.END
 
 
-@pytest.mark.parametrize(("per_rank", "agreed"), [
+@pytest.mark.parametrize(("per_rank", "newest"), [
     ([[(0, E), (1, E)], [(0, E), (1, E)], [(0, E), (1, E)]], (1, E)),
-    ([[(0, E), (1, E)], [(0, E)], [(0, E), (1, E)]], (0, E)),  # one node lost its newest copy
-    ([[(3, E), (4, E)], [(2, E), (3, E)]], (3, E)),  # one save apart (a kill between two saves)
-    ([[(4, E), (5, E)], [(2, E), (3, E)]], None),    # nothing in common
-    ([[], [(0, E), (1, E)]], None),                  # a node lost its disk
-    ([[(1, 20), (1, 40)], [(1, 20)]], (1, 20)),      # step checkpoints within an epoch
+    ([[(0, E), (1, E)], [(0, E)], [(0, E), (1, E)]], (1, E)),  # one node lost its newest copy
+    ([[(3, E), (4, E)], [(2, E), (3, E)]], (4, E)),  # one save apart (a kill between two saves)
+    ([[], [(0, E), (1, E)]], (1, E)),                # a node lost its disk
+    ([[(1, 20), (1, 40)], [(1, 20)]], (1, 40)),      # step checkpoints within an epoch
     ([[(1, 40), (1, E)], [(1, 40), (1, E)]], (1, E)),  # the end of an epoch is after its steps
     ([[(0, E), (1, 10)]], (1, 10)),
+    ([[], []], None),                                # no node has any: a fresh start
     ([[]], None),
 ])
-def test_agreed_position_is_the_newest_every_rank_has(per_rank, agreed) -> None:
-    assert checkpoint.agreed(per_rank) == agreed
+def test_resume_takes_the_newest_position_any_rank_has(per_rank, newest) -> None:
+    assert checkpoint.newest(per_rank) == newest
 
 
 def test_checkpoint_save_is_atomic_and_keeps_the_last_two(tmp_path, monkeypatch) -> None:
@@ -298,9 +298,50 @@ def test_mnist_idx_path_trains(plain, capsys) -> None:
     assert acc >= 0.85
 
 
+STEPS, GLOBAL_BATCH = 5, 64
+
+
+def _steps_on(rank: int, world: int, port: int, out: str) -> None:
+    """One rank of a gloo job on loopback: the trainer's own model, optimizer and
+    ``run_epoch`` for STEPS global batches of GLOBAL_BATCH; rank 0 saves the parameters."""
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world)
+    args = train_mod.parse_args(["--optimizer", "sgd", "--lr", "0.1"])
+    net, opt = train_mod.build(args, torch.device("cpu"))
+    ddp = torch.nn.parallel.DistributedDataParallel(net) if world > 1 else net
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(STEPS * GLOBAL_BATCH, 784, generator=g), torch.randint(
+        0, 10, (STEPS * GLOBAL_BATCH,), generator=g)
+    order = train_mod.epoch_order(len(y), 0, 0, torch.device("cpu"))
+    amp = train_mod.mixed_precision("off", torch.device("cpu"))
+    _, count, _ = train_mod.run_epoch(ddp, opt, amp, x, y, order, range(STEPS), GLOBAL_BATCH,
+                                      rank, world, lambda k: False)
+    assert count == STEPS * len(range(rank, GLOBAL_BATCH, world))  # 22 or 21 of 64 on 3
+    if rank == 0:
+        torch.save([p.detach().clone() for p in net.parameters()], out)
+    if world > 1:
+        dist.destroy_process_group()
+
+
 @pytest.mark.slow
-def test_resume_on_another_world_size_keeps_the_global_batch_or_refuses(tmp_path,
-                                                                        no_leftovers) -> None:
+def test_a_step_is_the_same_step_on_any_world_size(tmp_path) -> None:
+    """64 samples a step: 64 on 1 rank, 16 each on 4, and 22+21+21 on 3 (each rank's loss
+    weighted by its share): after 5 steps the parameters agree up to float rounding."""
+    params = {}
+    for world in (1, 3, 4):
+        out = str(tmp_path / f"params-{world}.pt")
+        torch.multiprocessing.spawn(_steps_on, args=(world, free_port(), out), nprocs=world)
+        params[world] = torch.load(out)
+    start = train_mod.build(train_mod.parse_args([]), torch.device("cpu"))[0]
+    for world in (3, 4):
+        for a, b, p0 in zip(params[1], params[world], start.parameters(), strict=True):
+            assert not torch.equal(a, p0)  # it trained
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_resume_on_another_world_size_keeps_the_global_batch(tmp_path, no_leftovers) -> None:
     common = ["-m", "ptcluster.examples.mnist", "--dataset", "digits", "--batch-size", "32",
               "--checkpoint-every-steps", "7"]
     code, head = run_head(["run", "--nproc", "2", "--run-dir", "r1", *common, "--epochs", "1"],
@@ -310,17 +351,20 @@ def test_resume_on_another_world_size_keeps_the_global_batch_or_refuses(tmp_path
     # 2 ranks x 32 = a global batch of 64, 22 steps per epoch: saved at step 7, 14, 21 and 22.
     assert checkpoint.positions_in(tmp_path / "checkpoints") == {(0, 21), (0, checkpoint.END)}
 
-    # 3 ranks cannot share 64 samples evenly: refused, with the reason, on every rank.
+    # 3 ranks share the 64 samples of each step as 22+21+21: it continues in epoch 2.
     code, head = run_head(["run", "--nproc", "3", "--run-dir", "r2", *common, "--epochs", "2",
                            "--resume"], cwd=tmp_path, timeout=180)
     no_leftovers.append(only_run(tmp_path / "r2")[0])
-    assert code == 1, head.output()
-    assert "a global batch of 64, which 3 ranks cannot share evenly" in head.output()
+    assert code == 0, head.output()
+    ranks = rank_fields(head.lines)
+    assert sorted(ranks) == [0, 1, 2] and {r["start_step"] for r in ranks.values()} == {"22"}
+    assert len({r["params_sha256"] for r in ranks.values()}) == 1, ranks
+    assert "epoch 2/2" in head.output() and "epoch 1/2" not in head.output()
 
-    # 1 rank takes all 64: it continues in epoch 2 with the same steps as 2 ranks would.
-    code, head = run_head(["run", "--nproc", "1", "--run-dir", "r3", *common, "--epochs", "2",
+    # 1 rank takes all 64: it continues in epoch 3 with the same steps as 2 ranks would.
+    code, head = run_head(["run", "--nproc", "1", "--run-dir", "r3", *common, "--epochs", "3",
                            "--resume"], cwd=tmp_path, timeout=180)
     no_leftovers.append(only_run(tmp_path / "r3")[0])
     assert code == 0, head.output()
-    assert rank_fields(head.lines)[0]["start_step"] == "22", head.output()
-    assert "epoch 2/2" in head.output() and "epoch 1/2" not in head.output()
+    assert rank_fields(head.lines)[0]["start_step"] == "44", head.output()
+    assert "epoch 3/3" in head.output() and "epoch 2/3" not in head.output()

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.jobs import Head, job_id_when_started, rank_fields
 from tests.test_trainer import make_mnist_dir
@@ -61,36 +62,62 @@ def epochs_on_disk(workdir: Path) -> list[int]:
                   if (m := re.fullmatch(r"checkpoint-(\d+)\.pt", p.name)))
 
 
-def test_resume_takes_the_newest_epoch_every_node_has(testbed, tmp_path, no_leftovers) -> None:
+def in_step(lines: list[str], world: int = len(SLOTS) + 1) -> dict[int, dict[str, str]]:
+    """Every rank's final fields; all ranks ended with one model (checked in every run)."""
+    ranks = rank_fields(lines)
+    assert sorted(ranks) == list(range(world)), "\n".join(lines)
+    assert len({r["params_sha256"] for r in ranks.values()}) == 1, ranks
+    return ranks
+
+
+def test_resume_takes_the_newest_checkpoint_any_node_has(testbed, tmp_path,
+                                                         no_leftovers) -> None:
     cluster, workdirs = cluster_file(testbed, tmp_path)
+    hosts = [n.name for n in testbed.nodes]
     lines = train(tmp_path, cluster, no_leftovers, "--epochs", "2")
     assert "dataset=digits" in "\n".join(lines)
-    ranks = rank_fields(lines)
+    ranks = in_step(lines)
     assert {r["start_epoch"] for r in ranks.values()} == {"0"}, ranks
 
-    # Nodes hold different newest epochs: node 1 lost its last one. Every rank resumes after
-    # the newest epoch all nodes have (index 0), each from its own node's disk.
-    (workdirs[1] / "checkpoints" / "checkpoint-1.pt").unlink(missing_ok=True)
+    # Node 1 lost its newest checkpoint, node 2 holds other bytes under its name (a copy that
+    # is not the others'): both get node 0's (rank 0's) over the process group and keep it.
+    (workdirs[1] / "checkpoints" / "checkpoint-1.pt").unlink()
+    other = torch.load(workdirs[2] / "checkpoints" / "checkpoint-1.pt", weights_only=True)
+    for t in other["optimizer"]["state"][0].values():
+        t.add_(1.0)
+    torch.save(other, workdirs[2] / "checkpoints" / "checkpoint-1.pt")
     lines = train(tmp_path, cluster, no_leftovers, "--epochs", "3", "--resume")
     text = "\n".join(lines)
-    ranks = rank_fields(lines)
-    assert sorted(ranks) == [0, 1, 2, 3], text
-    assert {r["start_epoch"] for r in ranks.values()} == {"1"}, ranks
-    assert len({r["params_sha256"] for r in ranks.values()}) == 1, ranks
-    assert "epoch 1/3" not in text and "epoch 2/3" in text and "epoch 3/3" in text, text
+    ranks = in_step(lines)
+    assert {r["start_epoch"] for r in ranks.values()} == {"2"}, ranks
+    assert "epoch 2/3" not in text and "epoch 3/3" in text, text
+    assert (f"resume: checkpoint-1.pt came from {hosts[0]} (rank 0) to {hosts[1]}, {hosts[2]}"
+            in text), text
+    assert f"the copy of checkpoint-1.pt on {hosts[2]} was not the same" in text, text
     for w in workdirs:  # every node keeps its own copies, the last two (epoch indices 1, 2)
         assert epochs_on_disk(w) == [1, 2], w
         assert not list((w / "checkpoints").glob("*.tmp*"))
+    copies = {(w / "checkpoints" / "checkpoint-1.pt").read_bytes() for w in workdirs}
+    assert len(copies) == 1
 
-    # Node 0 loses its disk: no epoch is on every node, so every rank starts afresh (and the
-    # other nodes' stale, newer checkpoints are pruned as the new run saves).
+    # Node 0 loses its disk: the newest checkpoint is on nodes 1 and 2, and node 0 gets it
+    # from the first rank that holds it (rank 2, node 1). Nothing is lost.
     shutil.rmtree(workdirs[0] / "checkpoints")
+    lines = train(tmp_path, cluster, no_leftovers, "--epochs", "4", "--resume")
+    text = "\n".join(lines)
+    ranks = in_step(lines)
+    assert {r["start_epoch"] for r in ranks.values()} == {"3"}, ranks
+    assert f"resume: checkpoint-2.pt came from {hosts[1]} (rank 2) to {hosts[0]} (" in text, text
+    assert "starting fresh" not in text and "epoch 4/4" in text, text
+    assert [epochs_on_disk(w) for w in workdirs] == [[2, 3], [2, 3], [2, 3]]
+
+    # Only when no node has any checkpoint does every rank start afresh.
+    for w in workdirs:
+        shutil.rmtree(w / "checkpoints")
     lines = train(tmp_path, cluster, no_leftovers, "--epochs", "1", "--resume")
-    ranks = rank_fields(lines)
-    assert sorted(ranks) == [0, 1, 2, 3], "\n".join(lines)
+    ranks = in_step(lines)
     assert {r["start_epoch"] for r in ranks.values()} == {"0"}, ranks
-    assert len({r["params_sha256"] for r in ranks.values()}) == 1, ranks
-    assert any("starting fresh" in line for line in lines), "\n".join(lines)
+    assert any("no node has a checkpoint" in line for line in lines), "\n".join(lines)
     assert [epochs_on_disk(w) for w in workdirs] == [[0], [0], [0]]
 
 
@@ -102,10 +129,9 @@ def test_mnist_on_some_nodes_only_means_digits_everywhere(testbed, tmp_path,
     lines = train(tmp_path, cluster, no_leftovers, "--epochs", "1")
     text = "\n".join(lines)
     assert "dataset=digits" in text and "dataset=mnist" not in text, text
-    ranks = rank_fields(lines)
-    assert sorted(ranks) == [0, 1, 2, 3], text
-    assert len({r["params_sha256"] for r in ranks.values()}) == 1, ranks
+    in_step(lines)
 
     make_mnist_dir(workdirs[2] / "data")  # now every node has them: MNIST everywhere
     lines = train(tmp_path, cluster, no_leftovers, "--epochs", "1")
     assert "dataset=mnist" in "\n".join(lines)
+    in_step(lines)

@@ -10,17 +10,19 @@ What the classic recipe gets wrong and this does not:
 - the device comes from LOCAL_RANK; ``torch.cuda.set_device(rank)`` with the global rank breaks
   on every node after the first;
 - a new shuffle every epoch, the same on every rank (what ``DistributedSampler.set_epoch`` is
-  for), each global batch split over the ranks: the same samples whatever the world size;
+  for), each global batch split over the ranks: the same samples whatever the world size, and
+  the same step (each rank's loss weighted by its share, so shares may differ by one sample);
 - the logged loss is averaged over all ranks, not rank 0's shard;
 - test accuracy covers the whole test set, split across ranks and summed;
 - no ``loss.item()`` per step (a CPU-GPU sync point): losses are summed on the device;
 - checkpoints are written to a temporary file and renamed (a crash never leaves half a file),
   by local rank 0 of every node into its own ``--checkpoint-dir``, so nodes with separate disks
-  each hold a copy; ``--resume`` takes the newest one that every node has, on every rank; every
-  epoch, and every ``--checkpoint-every-steps`` steps;
+  each hold a copy; every epoch, and every ``--checkpoint-every-steps`` steps; ``--resume``
+  takes the newest one any node has, and nodes whose disk lacks it receive it from one that
+  has it (over the process group, sha256 checked) and keep a copy;
 - restarted by ``ptcluster run --max-restarts`` it resumes by itself (from this job's own
   checkpoints), tells the head what it resumed from and what it saved (the no-progress rule),
-  and on fewer nodes keeps the global batch (or refuses with the reason);
+  and on fewer ranks keeps the global batch (and the math of a step);
 - what depends on a node's disk (resume epoch, MNIST or the digits, downloads) is agreed by all
   ranks, so no rank skips a collective that another enters;
 - SIGUSR2 (Slurm's warning before preemption or the time limit) ends the run after the next
@@ -74,7 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ptcluster.examples.mnist",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="per rank; the global batch (this x the ranks) is kept on a resume")
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     p.add_argument("--lr", type=float, default=None,
                    help="default: 1e-3 for adamw, 0.05 for sgd")
@@ -89,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"),
                    help="on each node; relative to its workdir")
     p.add_argument("--resume", action="store_true",
-                   help="continue after the newest checkpoint every node has (a restart of "
+                   help="continue after the newest checkpoint any node has (a restart of "
                         "ptcluster run --max-restarts does so by itself)")
     p.add_argument("--checkpoint-every-steps", type=int, default=0, metavar="K",
                    help="also save every K optimizer steps, not only every epoch (0: off)")
@@ -149,6 +152,31 @@ def params_digest(net: nn.Module) -> str:
     for p in net.parameters():
         h.update(p.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def state_digest(net: nn.Module, opt: torch.optim.Optimizer) -> str:
+    """The parameters' and the optimizer state's digest: equal on every rank while DDP keeps
+    them in step (the optimizer state is each rank's own: DDP never syncs it)."""
+    h = hashlib.sha256(params_digest(net).encode())
+    for state in opt.state_dict()["state"].values():
+        for key in sorted(state):
+            value = state[key]
+            h.update(key.encode())
+            h.update(value.detach().float().cpu().numpy().tobytes()
+                     if isinstance(value, torch.Tensor) else repr(value).encode())
+    return h.hexdigest()[:16]
+
+
+def check_in_step(net: nn.Module, opt: torch.optim.Optimizer, world: int, where: str) -> None:
+    """Every rank's model and optimizer state are the same, or the job stops here naming the
+    groups of ranks (a collective: every rank calls it). Cheap next to a checkpoint's save."""
+    seen = gather(state_digest(net, opt), world)
+    if len(set(seen)) > 1:
+        groups: dict[str, list[int]] = {}
+        for r, d in enumerate(seen):
+            groups.setdefault(d, []).append(r)
+        raise RuntimeError(f"ranks diverged {where}: " + "; ".join(
+            f"ranks {rs} have state {d}" for d, rs in groups.items()))
 
 
 def load_data(args: argparse.Namespace, local_rank: int, world: int) -> Dataset:
@@ -215,37 +243,49 @@ class Start:
 
 
 def resume(args: argparse.Namespace, net: nn.Module, opt: torch.optim.Optimizer,
-           data: Dataset, world: int, device: torch.device, restarted: bool) -> Start:
-    """Where to start: after the newest checkpoint every node has (none: the beginning).
+           data: Dataset, world: int, device: torch.device, restarted: bool,
+           rank: int = 0) -> Start:
+    """Where to start: after the newest checkpoint any node holds (none: the beginning).
 
-    Each rank reports the positions on its node's disk; all pick the same one and each loads it
-    from its own node's disk. A restart (``restarted``) takes only this job's own checkpoints.
-    A collective: every rank must call it.
+    Each rank reports the positions on its node's disk and all pick the newest. Ranks whose
+    node holds it read it from there; the others (and any whose copy is not the same bytes)
+    receive it from the first rank that does (:func:`checkpoint.share`) and the first rank of
+    each such disk writes its copy. A restart (``restarted``) takes only this job's own
+    checkpoints. A collective: every rank must call it.
     """
     fresh = Start(0, 0, args.batch_size * world)
     folder = args.checkpoint_dir
-    held = gather((socket.gethostname(), sorted(checkpoint.positions_in(folder))), world)
-    position = checkpoint.agreed([positions for _, positions in held])
+    disk = (socket.gethostname(), str(folder.resolve()))
+    held = gather((disk, sorted(checkpoint.positions_in(folder))), world)
+    position = checkpoint.newest(positions for _, positions in held)
     if position is None:
-        nodes = "; ".join(f"{host} has {len(p) or 'none'}" for host, p in dict(held).items())
-        log.info("resume: no checkpoint in %s is on every node (%s): starting fresh", folder,
-                 nodes)
+        log.info("resume: no node has a checkpoint in %s: starting fresh", folder)
         return fresh
     path = checkpoint.path_of(folder, position)
-    state = checkpoint.load(folder, position, device)
-    job = os.environ.get("PTCLUSTER_JOB_ID", "")
-    if restarted and not all(j == job for j in gather(state.get("job_id", ""), world)):
+    have = [position in positions for _, positions in held]
+    shared = checkpoint.share(folder, position, have, rank, device)
+    state = checkpoint.from_bytes(shared.blob, device)
+    if restarted and state.get("job_id", "") != os.environ.get("PTCLUSTER_JOB_ID", ""):
         log.info("restart: %s is not this job's: starting fresh", path)
         return fresh
     if state["dataset"] != data.name:
         raise ValueError(f"{path} was trained on {state['dataset']}, but this run loaded "
                          f"{data.name}: resume with the data it was trained on, or start "
                          "without --resume")
+    disks = [d for d, _ in held]
+    if (not have[rank] or rank in shared.differed) and disks.index(disk) == rank:
+        checkpoint.write(folder, position, shared.blob)  # this disk's copy, by its first rank
+    if shared.sender >= 0:
+        def hosts(ranks: list[int]) -> str:
+            return ", ".join(dict.fromkeys(disks[r][0] for r in ranks))
+        lacking = [r for r in range(world) if not have[r]]
+        log.info("resume: %s came from %s (rank %d) to %s (%.1f MB, sha256 checked); each "
+                 "now holds a copy", path.name, disks[shared.sender][0], shared.sender,
+                 hosts(lacking + shared.differed), shared.size / 1e6)
+        if shared.differed and rank == 0:
+            log.warning("resume: the copy of %s on %s was not the same as %s's: replaced",
+                        path.name, hosts(shared.differed), disks[shared.sender][0])
     global_batch = int(state.get("global_batch", args.batch_size * world))
-    if global_batch % world:
-        raise ValueError(f"{path} was trained with a global batch of {global_batch}, which "
-                         f"{world} ranks cannot share evenly: resume on a world size that "
-                         f"divides it, or start afresh")
     net.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"].cpu())
@@ -253,10 +293,10 @@ def resume(args: argparse.Namespace, net: nn.Module, opt: torch.optim.Optimizer,
         torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
     epoch, step = position
     if step == checkpoint.END:
-        log.info("resumed from %s (the newest on every node): continuing at epoch %d", path,
+        log.info("resumed from %s (the newest any node has): continuing at epoch %d", path,
                  epoch + 2)
         return Start(epoch + 1, 0, global_batch, position, state.get("scaler"))
-    log.info("resumed from %s (the newest on every node): continuing in epoch %d after step "
+    log.info("resumed from %s (the newest any node has): continuing in epoch %d after step "
              "%d", path, epoch + 1, step)
     return Start(epoch, step, global_batch, position, state.get("scaler"))
 
@@ -309,20 +349,27 @@ def run_epoch(ddp: nn.Module, opt: torch.optim.Optimizer, amp: tuple[Autocast, A
               after_step: Callable[[int], bool]) -> tuple[torch.Tensor, int, bool]:
     """``steps`` of the epoch: step ``k`` takes global batch ``k`` of ``order``, this rank its
     ``rank::world`` share; ``after_step(k + 1)`` True stops it there. (The summed loss, still
-    on the device; the samples it covers; whether it was stopped.)"""
+    on the device; the samples it covers; whether it was stopped.)
+
+    The shares differ by one sample where ``world`` does not divide ``global_batch``, so each
+    rank's loss is its share's *sum* times ``world / global_batch``: DDP's average over the
+    ranks is then the mean over the whole global batch, and a step is the same step on any
+    world size (up to float rounding).
+    """
     autocast, scaler = amp
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    weight = world / global_batch
     loss_sum = torch.zeros((), device=x.device)
     count = 0
     for k in steps:
         idx = order[k * global_batch:(k + 1) * global_batch][rank::world]
         with autocast():
-            loss = loss_fn(ddp(x[idx]), y[idx])
+            share_sum = loss_fn(ddp(x[idx]), y[idx])
         opt.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
+        scaler.scale(share_sum * weight).backward()
         scaler.step(opt)
         scaler.update()
-        loss_sum += loss.detach() * len(idx)  # stays on the device: no sync per step
+        loss_sum += share_sum.detach()  # stays on the device: no sync per step
         count += len(idx)
         if after_step(k + 1):
             return loss_sum, count, True
@@ -361,7 +408,7 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
              len(data.train_y), len(data.test_y), world, backend, device.type)
     net, opt = build(args, device)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-    start = resume(args, net, opt, data, world, device, restarted) \
+    start = resume(args, net, opt, data, world, device, restarted, rank) \
         if args.resume or restarted else Start(0, 0, args.batch_size * world)
     steps_per_epoch = len(data.train_y) // start.global_batch  # the last partial batch: dropped
     if steps_per_epoch < 1:
@@ -371,6 +418,8 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
         resumed_from(start.epoch * steps_per_epoch + start.step)
     ddp = DDP(net, device_ids=[device.index] if device.type == "cuda" else None) \
         if world > 1 else net
+    if start.position is not None:
+        check_in_step(net, opt, world, f"after resuming from {start.position}")
     amp = mixed_precision(args.amp, device)
     if start.scaler and amp[1].is_enabled():
         amp[1].load_state_dict(start.scaler)
@@ -380,6 +429,7 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
     def checkpoint_at(position: checkpoint.Position, global_step: int) -> bool:
         """Save (local rank 0 of every node), then: stop here, preempted? A collective."""
         nonlocal last_saved
+        check_in_step(net, opt, world, f"before saving {checkpoint.path_of(Path(), position)}")
         if local_rank == 0:  # one copy per node: a node that loses its disk loses nothing
             save(args, position, start, world, net, opt, amp[1], data, device,
                  keep=last_saved)
@@ -416,8 +466,8 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
         if device.type == "cuda":
             torch.cuda.synchronize()
         train_time += time.perf_counter() - t0
-        samples += count * world
         total_loss, total = all_sum([loss_sum.item(), count], device, world)
+        samples += int(total)
         accuracy = evaluate(net, data, rank, world, device)
         log.info("epoch %d/%d loss=%.4f test_accuracy=%.4f time=%.2fs elapsed=%.2fs", epoch + 1,
                  args.epochs, total_loss / max(total, 1), accuracy, time.perf_counter() - t0,
