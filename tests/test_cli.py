@@ -64,6 +64,7 @@ def test_init_hosts_round_trips(cli, tmp_path) -> None:
     spec = load_cluster_file(out_file)
     assert [(n.host, n.slots) for n in spec.nodes] == [("a", 2), ("b", 1), ("c", 1)]
     assert spec.nodes == parse_hosts("a:2,b:1,c:1").nodes
+    assert "port: auto" in out_file.read_text() and spec.master.port is None  # a port per job
     code, _, err = cli("init", "--hosts", "a", "-o", str(out_file))
     assert code == 2 and "--force" in err
 

@@ -302,6 +302,54 @@ def test_two_jobs_on_the_same_nodes_stopping_one_spares_the_other(testbed, job_d
     assert sum("finished" in line for line in b.lines) == 3
 
 
+def test_jobs_with_port_auto_take_free_ports_beside_a_taken_29500(testbed, job_dir,
+                                                                   no_leftovers) -> None:
+    """Two jobs at once on the same nodes, `master.port: auto`, while something that is not
+    ptcluster listens on the master's 29500: each job's master guard leases its own free port
+    (the head tells the others with `go`), and both finish."""
+    hog = testbed.exec_in(testbed.nodes[0], PY, "-c", "import socket,time; s=socket.socket(); "
+                          "s.bind(('0.0.0.0', 29500)); s.listen(); print('up', flush=True); "
+                          "time.sleep(120)")
+    heads: list[Head] = []
+    try:
+        assert hog.stdout is not None and hog.stdout.readline().strip() == b"up"
+        for _ in range(2):
+            head, job = start(testbed, job_dir, ["sleeper.py", "25"], slots=(1, 1, 1),
+                              port=None, extra="master: {port: auto}\n")
+            heads.append(head)
+            no_leftovers.append(job)
+        codes = [h.wait(timeout=120) for h in heads]
+    finally:
+        os.killpg(hog.pid, signal.SIGKILL)
+        hog.wait()
+        for h in heads:
+            h.kill()
+    assert codes == [0, 0], "\n\n".join(h.output() for h in heads)
+    ports = [only_run(head_runs(h))[1]["attempts"][0]["master_port"] for h in heads]
+    assert len(set(ports)) == 2 and all(29500 < p < 30000 for p in ports), ports
+    for h, p in zip(heads, ports, strict=True):
+        assert f"rendezvous port {p} (auto: the first free one on {testbed.nodes[0].name})" in \
+            "\n".join(h.err), h.output()
+        assert sum("finished" in line for line in h.lines) == 3, h.output()
+
+
+def test_a_fixed_port_held_by_a_running_job_is_refused_naming_it(testbed, job_dir,
+                                                                 no_leftovers) -> None:
+    port = next(_ports)
+    first, job = start(testbed, job_dir, ["sleeper.py", "300"], slots=(1, 1, 1), port=port)
+    no_leftovers.append(job)
+    try:
+        first.wait_for("ready", count=3)
+        _, err = refused_before_launch(job_dir, write_cluster(testbed, job_dir, slots=(1, 1, 1),
+                                                              port=port), no_leftovers)
+    finally:
+        first.signal(signal.SIGINT)
+        first.wait(timeout=30)
+    assert f"{testbed.nodes[0].name}: master port {port} is in use on this node by job {job} " \
+        f"(root, python sleeper.py 300, since " in err, err
+    assert "master.port: auto" in err, err
+
+
 ROOT = textwrap.dedent("""
     import os, sys, time, torch, torch.distributed as dist
     from datetime import timedelta

@@ -31,6 +31,8 @@ def init(hosts: str | None, hostfile: str | None, output: str, force: bool) -> N
         spec = ask()
     else:
         spec = parse_hosts(hosts) if hosts is not None else load_hostfile(hostfile or "")
+    # A new file's rendezvous port is auto: a second job on the same nodes is never refused.
+    spec = dataclasses.replace(spec, master=dataclasses.replace(spec.master, port=None))
     text = render_cluster_yaml(spec)
     if output == "-":
         click.echo(text, nl=False)

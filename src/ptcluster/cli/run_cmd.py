@@ -177,7 +177,8 @@ def _run_with_signals(runner: Runner) -> tuple[RunResult, int | None]:
 
 def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
     console.print(f"[bold]ptcluster[/bold] job {plan.job_id}: world size {plan.world_size} on "
-                  f"{len(plan.nodes)} node(s), rendezvous {plan.master_addr}:{plan.master_port}, "
+                  f"{len(plan.nodes)} node(s), rendezvous "
+                  f"{plan.master_addr}:{plan.master_port or 'auto'}, "
                   f"backend {plan.backend}", markup=True)
     for node in plan.nodes:
         console.print(f"  node {node.node_rank} {node.host:<16} ranks {node.ranks.start}.."

@@ -320,7 +320,8 @@ def check_master_port(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[
         return [Finding("master port", master.host, FAIL,
                         f"master port is already in use on the master "
                         f"({listening.get('master_error')})",
-                        "pass --port with a free port, or set master.port")]
+                        "set master.port: auto (every job takes a free port), or pass --port "
+                        "with a free port")]
     for node in spec.nodes:
         p = probes[node.host]
         if not p.ok or mfacts is None:

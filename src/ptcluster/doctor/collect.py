@@ -92,7 +92,8 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
     channels: list[NodeChannel] = []
     for i, node in enumerate(spec.nodes):
         config = {"workdir": node.workdir, "peers": [h for h in hosts if h != node.host],
-                  "master_addr": spec.master.addr, "master_port": master_port if i == 0 else None}
+                  "master_addr": spec.master.addr,
+                  "master_port": (master_port or "auto") if i == 0 else None}
         channels.append(NodeChannel(
             transports[node.host], node.python, FACTS, config,
             on_frames=partial(_frames, node.host, events),
@@ -115,7 +116,7 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
         targets: list[list[Any]] = []
         master_facts = probes[spec.nodes[0].host].facts
         if master_facts and master_facts["listening"].get("master"):
-            targets.append(["master", spec.master.addr, master_port])
+            targets.append(["master", spec.master.addr, master_facts["listening"]["master"]])
         for peer in spec.nodes:
             peer_facts = probes[peer.host].facts
             if peer.host == node.host or not peer_facts:

@@ -7,6 +7,8 @@ and the runner executes exactly this.
 from __future__ import annotations
 
 import secrets
+import shlex
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +51,13 @@ class Target:
             head = [self.script or ""]
         return head + list(self.args)
 
+    def describe(self, width: int = 120) -> str:
+        """The command as a person would type it, for others to see (a lease, ``ps``): code
+        given with ``-c`` is shown as ``-c …``, and the whole is cut at ``width``."""
+        text = shlex.join(["python", *self.argv()]) if self.code is None else \
+            " ".join(["python -c …", shlex.join(self.args)]).strip()
+        return text if len(text) <= width else text[:width - 1] + "…"
+
 
 @dataclass(frozen=True, kw_only=True)
 class NodePlan:
@@ -80,7 +89,8 @@ class NodePlan:
         return {
             "job_id": plan.job_id, "argv": list(self.argv), "env": dict(self.env),
             "workdir": self.workdir, "target": target,
-            "check_port": plan.master_port if self.is_master else None,
+            "check_port": (plan.master_port or "auto") if self.is_master else None,
+            "head": socket.gethostname(), "command": self.target.describe(),
             "interface": self.interface,
             "detect_interface_for": None if self.interface else plan.master_addr,
             "heartbeat_timeout": heartbeat_timeout, "grace": grace,
@@ -90,11 +100,17 @@ class NodePlan:
         }
 
 
+AUTO_PORT = 0
+"""``master_port`` of a plan whose master node's guard takes a free port at launch (``master.port:
+auto``); the head tells every node the port with ``go``."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchPlan:
     job_id: str
     master_addr: str
     master_port: int
+    """The rendezvous port, or :data:`AUTO_PORT`."""
     world_size: int
     backend: str
     nodes: tuple[NodePlan, ...]
@@ -168,7 +184,7 @@ def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
         env.append(("OMP_NUM_THREADS", "1"))  # unless the node has its own (as torchrun does)
     env += [
         ("MASTER_ADDR", plan.master_addr),
-        ("MASTER_PORT", str(plan.master_port)),
+        ("MASTER_PORT", str(plan.master_port or "auto (the master's guard takes a free one)")),
         ("WORLD_SIZE", str(plan.world_size)),
         ("NODE_RANK", str(node.node_rank)),
         ("GROUP_RANK", str(node.node_rank)),

@@ -11,14 +11,14 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from ptcluster.launch.plan import LaunchPlan, Target, new_job_id, plan_launch
+from ptcluster.launch.plan import AUTO_PORT, LaunchPlan, Target, new_job_id, plan_launch
 from ptcluster.launch.restart import RestartPolicy
 from ptcluster.launch.result import RunOptions, RunResult
 from ptcluster.launch.runner import DataSink, LineSink, Restarts, Runner
 from ptcluster.node import Program
 from ptcluster.remote.bootstrap import pack_source
 from ptcluster.remote.connect import outside_stop, transports
-from ptcluster.spec.model import DEFAULT_MASTER_PORT, ClusterSpec
+from ptcluster.spec.model import ClusterSpec
 
 DEFAULT_RUNS_DIR = "ptcluster-runs"
 
@@ -31,11 +31,14 @@ def free_port() -> int:
 
 
 def resolve_port(spec: ClusterSpec, override: int | None) -> int:
+    """The rendezvous port: ``--port``, else ``master.port``; ``auto`` is a free port on the
+    local cluster (the head is its master) and else :data:`AUTO_PORT`, for the master node's
+    guard to choose at launch."""
     if override is not None:
         return override
     if spec.master.port is not None:
         return spec.master.port
-    return free_port() if spec.local else DEFAULT_MASTER_PORT
+    return free_port() if spec.local else AUTO_PORT
 
 
 def local_gpu_count() -> int:
@@ -75,6 +78,8 @@ def restarts(spec: ClusterSpec, target: Target, first: LaunchPlan,
             master = replace(master, addr=own or nodes[0].host)
         if spec.local:
             port = free_port()
+        elif first.master_port == AUTO_PORT:
+            port = AUTO_PORT  # the new master's guard takes one
         else:
             port = first.master_port + attempt
             port = port if port <= 65535 else first.master_port - attempt

@@ -169,7 +169,7 @@ class Runner:
             self._use_plan(self.restarts.replan(len(attempts), hosts, self._addresses))
             self.on_status(f"{decision.reason}: attempt {len(attempts)} on {len(hosts)} "
                            f"node(s), world size {self.plan.world_size}, rendezvous port "
-                           f"{self.plan.master_port}")
+                           f"{self.plan.master_port or 'auto'}")
             self._write_plan(f"plan.{len(attempts)}.json")
         return result
 
@@ -203,6 +203,7 @@ class Runner:
         record.ok, record.cause = result.ok, result.root_cause
         record.ended_at = time.time()
         record.checkpoint, record.resumed_from = view.checkpoint, view.resumed_from
+        record.master_port = view.master_port
         record.ranks_started_at = start = view.first_rank_start
         previous = before[-1] if before else None
         if previous is not None and previous.cause is not None and start is not None:

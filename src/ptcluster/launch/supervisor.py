@@ -29,7 +29,7 @@ from ptcluster.launch.actions import (
     StacksAnswered,
     Status,
 )
-from ptcluster.launch.plan import LaunchPlan
+from ptcluster.launch.plan import AUTO_PORT, LaunchPlan
 from ptcluster.launch.progress import ProgressWatch
 from ptcluster.launch.result import (
     Failure,
@@ -84,6 +84,8 @@ class Supervisor:
         """The step the job reported resuming from (``resumed_from``)."""
         self.first_rank_start: float | None = None
         """When the first rank started (corrected head clock)."""
+        self.master_port = plan.master_port
+        """The rendezvous port: the plan's, or (``auto``) the one the master's guard took."""
         self.progress = None if opts.hang_timeout is None else ProgressWatch(
             timeout=opts.hang_timeout, fresh=max(3.0, 3 * opts.heartbeat_interval))
         self.hang_seen_at: float | None = None
@@ -184,12 +186,19 @@ class Supervisor:
             if wrong is not None:
                 return actions + self._fail(wrong, now)
             self.phase, self.went_at = Phase.RUNNING, now
+            told = None
+            if self.plan.master_port == AUTO_PORT:  # the port the master's guard leased
+                self.master_port = int(self.nodes[self.plan.nodes[0].host].facts
+                                       .get("master_port") or 0)
+                told = {"master_port": self.master_port}
+                actions.append(Status(f"rendezvous port {self.master_port} (auto: the first "
+                                      f"free one on {self.plan.nodes[0].host})"))
             actions.append(Status(f"all {len(self.nodes)} node(s) ready in "
                                   f"{now - self.started:.2f} s; starting "
                                   f"{self.plan.world_size} rank(s)"))
             for host in self.nodes:
                 self._enter(host, NodeState.RUNNING)
-                actions.append(Send(host, "go"))
+                actions.append(Send(host, "go", told))
         return actions
 
     def _node_output(self, e: ev.AgentOutput | ev.Malformed | ev.RankOutput,

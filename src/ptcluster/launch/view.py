@@ -27,6 +27,11 @@ class SupervisorView:
         return self._sup.phase
 
     @property
+    def master_port(self) -> int:
+        """The rendezvous port in use (``auto``: the one the master's guard took; 0 before)."""
+        return self._sup.master_port
+
+    @property
     def stopping(self) -> bool:
         """The job is being (or was) stopped: a node's lines are logged, not shown."""
         return self._sup.stopping_since is not None

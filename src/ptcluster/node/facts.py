@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from ptcluster.node.accel import gpus, sh, torch_facts  # inlined
-from ptcluster.node.netif import route_interface  # inlined
+from ptcluster.node.netif import AUTO_PORTS, route_interface  # inlined
 from ptcluster.node.wire import control, encode, hello, split  # inlined
 
 
@@ -212,10 +212,13 @@ def main() -> int:
     facts = collect(cfg)
     listening: dict[str, Any] = {"master": None, "ephemeral": None, "master_error": None}
     listeners = []
-    if cfg.get("master_port"):
-        try:
-            listeners.append(Listener(int(cfg["master_port"])))
-            listening["master"] = int(cfg["master_port"])
+    for port in AUTO_PORTS if cfg.get("master_port") == "auto" else [cfg.get("master_port")]:
+        if not port:
+            break
+        try:  # auto: the first free port of the range, as the guard takes at launch
+            listeners.append(Listener(int(port)))
+            listening["master"], listening["master_error"] = int(port), None
+            break
         except OSError as exc:
             listening["master_error"] = exc.strerror or str(exc)
     try:

@@ -43,8 +43,8 @@ from ptcluster.node.hangwatch import ProgressMeter  # inlined
 from ptcluster.node.netif import address_on, route_interface  # inlined
 from ptcluster.node.prechecks import (  # inlined
     GuardError,
-    check_port_free,
     check_target,
+    lease_master_port,
     node_python,
 )
 from ptcluster.node.proctree import (  # inlined
@@ -83,6 +83,17 @@ class Guard:
         self.ranks: RankServer | None = None
         self.pump_thread: threading.Thread | None = None
         self.meter: ProgressMeter | None = None
+        self.leases: list[Any] = []
+        """What this job holds on the node (the master's port): released when the guard ends,
+        however it ends (the kernel drops the locks with the process)."""
+
+    def use_port(self, port: int) -> None:
+        """The rendezvous port the master's guard chose (``master.port: auto``), told with
+        ``go``: into torchrun's command line (torchrun gives it to the ranks as MASTER_PORT)."""
+        argv = self.cfg["argv"]
+        at = argv.index("--master-port") + 1 if "--master-port" in argv else 0
+        if at:
+            argv[at] = str(port)
 
     # -- output -------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -118,6 +129,12 @@ class Guard:
             self.last_hb = time.monotonic()
             kind, payload = split(line.decode(errors="replace").rstrip("\n"))
             if kind == "go":
+                try:
+                    told = json.loads(payload) if payload else {}
+                except ValueError:
+                    told = {}
+                if isinstance(told, dict) and told.get("master_port"):
+                    self.use_port(int(told["master_port"]))
                 self.go.set()
             elif kind == "stacks":
                 threading.Thread(target=self.send_stacks, args=(payload,), daemon=True).start()
@@ -179,8 +196,10 @@ class Guard:
         self.cfg["workdir"] = facts["workdir"] = workdir
         check_target(self.cfg.get("target") or {}, workdir)
         port = self.cfg.get("check_port")
-        if port:
-            check_port_free(int(port))
+        if port:  # the master: the port is this job's until the guard ends
+            owner = {k: self.cfg.get(k) for k in ("job_id", "head", "command")}
+            facts["master_port"], lease = lease_master_port(port, owner)
+            self.leases.append(lease)
         if self.cfg.get("interface"):
             facts["interface"] = self.cfg["interface"]
             facts["interface_source"] = "cluster file"

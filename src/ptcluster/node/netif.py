@@ -1,4 +1,5 @@
-"""Which network interface a node's NCCL/Gloo sockets should use: the one rule, shared.
+"""Which network interface a node's NCCL/Gloo sockets should use (the one rule, shared), and
+where a rendezvous port of ``master.port: auto`` is looked for.
 
 Standard library only, and inlined into the programs shipped to nodes (the guard decides the
 interface at launch with it, the doctor's probe reports what it decides), so ``doctor`` can never
@@ -10,6 +11,11 @@ The rule: the interface of this node's route to the master's address; on the mas
 
 import socket
 import subprocess
+
+AUTO_PORTS = range(29500, 30000)
+"""Where ``master.port: auto`` looks for a free port (the guard at launch, the doctor's probe):
+torch's usual range, below the kernel's ephemeral ports (32768 up), so that no outgoing
+connection takes the port between the check and the store's bind."""
 
 
 def route_interface(addr: str) -> tuple[str, str]:

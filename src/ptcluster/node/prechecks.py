@@ -7,10 +7,13 @@ Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
 from __future__ import annotations
 
 import os
+import pwd
 import socket
 import sys
 from typing import Any
 
+from ptcluster.node.leases import LEASE_DIR, Lease, describe, holder, take  # inlined
+from ptcluster.node.netif import AUTO_PORTS  # inlined
 from ptcluster.node.proctree import listdir  # inlined
 
 
@@ -90,6 +93,15 @@ def module_present(name: str, workdir: str) -> bool:
 
 
 def check_port_free(port: int) -> None:
+    why = port_in_use(port)
+    if why:
+        raise GuardError(f"master port {port} is already in use on this node ({why})",
+                         "set master.port: auto (every job takes a free port), or pass --port "
+                         "with a free port")
+
+
+def port_in_use(port: int) -> str | None:
+    """Why ``port`` cannot be the store's port now; None when it is free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         # Like torch's TCPStore: connections of a previous job in TIME_WAIT are fine, only a
         # socket still bound or listening on the port is a conflict.
@@ -97,7 +109,50 @@ def check_port_free(port: int) -> None:
         try:
             s.bind(("", port))
         except OSError as exc:
-            raise GuardError(
-                f"master port {port} is already in use on this node ({exc.strerror})",
-                "pass --port with a free port, or set master.port in the cluster file",
-            ) from None
+            return exc.strerror or str(exc)
+    return None
+
+
+def lease_master_port(port: int | str, owner: dict[str, Any]) -> tuple[int, Lease]:
+    """The rendezvous port this job's master uses, leased for the job's life.
+
+    ``auto``: the first port of :data:`AUTO_PORTS` that no other ptcluster job holds and nothing
+    else has bound. A fixed port: refused when another ptcluster job holds it (naming that job)
+    or anything else has bound it.
+    """
+    record = {**owner, "user": _user()}
+    try:
+        if port == "auto":
+            for p in AUTO_PORTS:
+                lease = take(f"port-{p}", record)
+                if lease is None:
+                    continue
+                if port_in_use(p) is None:
+                    return p, lease
+                lease.release()
+            raise GuardError(f"no free port in {AUTO_PORTS.start}-{AUTO_PORTS.stop - 1} on "
+                             "this node for the rendezvous",
+                             "end some jobs, or set master.port to a free port")
+        lease = take(f"port-{int(port)}", record)
+    except OSError as exc:
+        raise GuardError(f"cannot lease the rendezvous port in {LEASE_DIR}: {exc}",
+                         f"make {LEASE_DIR} a directory every user can create files in "
+                         "(mode 1777; ptcluster setup does)") from None
+    if lease is None:
+        raise GuardError(f"master port {port} is in use on this node by "
+                         f"{describe(holder(f'port-{int(port)}') or {})}",
+                         "set master.port: auto (every job takes a free port), or wait for "
+                         "that job to end")
+    try:
+        check_port_free(int(port))
+    except GuardError:
+        lease.release()
+        raise
+    return int(port), lease
+
+
+def _user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())

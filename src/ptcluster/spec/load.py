@@ -128,8 +128,8 @@ def _master(r: Reader, value: Any, nodes: list[NodeSpec]) -> MasterSpec:
     master_raw = r.mapping(value or {}, "master", MASTER_KEYS)
     master = MasterSpec(
         addr=r.host(master_raw["addr"], "master.addr") if "addr" in master_raw else nodes[0].host,
-        port=r.port(master_raw["port"], "master.port") if "port" in master_raw
-        else DEFAULT_MASTER_PORT,
+        port=None if master_raw.get("port") == "auto" else
+        r.port(master_raw["port"], "master.port") if "port" in master_raw else DEFAULT_MASTER_PORT,
     )
     if len(nodes) > 1 and _loopback(master.addr):
         raise r.fail("master.addr", f"{master.addr!r} is this machine's loopback, which the "

@@ -86,7 +86,9 @@ class MasterSpec:
     addr: str
     """Address every node connects to for the rendezvous."""
     port: int | None = DEFAULT_MASTER_PORT
-    """Rendezvous TCP port; None (local cluster only): a free port is chosen at launch."""
+    """Rendezvous TCP port; None (``auto``): a free port is chosen at launch, by the master
+    node's guard (by the head on the local cluster), so that jobs on the same nodes never
+    collide."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from ptcluster.spec.model import AUTO_PYTHON, DEFAULT_MASTER_PORT, ClusterSpec, SshSpec
+from ptcluster.spec.model import AUTO_PYTHON, ClusterSpec, SshSpec
 
 
 def _q(value: str) -> str:
@@ -36,9 +36,11 @@ def render_cluster_yaml(spec: ClusterSpec) -> str:
         if node.ssh != common_ssh:
             out.extend("    " + line for line in _ssh_lines(node.ssh))
     out.append("")
-    out.append("# Rendezvous host and TCP port (must be free on the master, reachable from all).")
+    out.append("# Rendezvous host and TCP port, reachable from all nodes. auto: each job takes a "
+               "free one on")
+    out.append("# the master (29500-29999), so jobs on the same nodes never collide.")
     out.append(f"master: {{addr: {_q(spec.master.addr)}, port: "
-               f"{spec.master.port or DEFAULT_MASTER_PORT}}}")
+               f"{spec.master.port or 'auto'}}}")
     out.append("")
     out.append("# auto: NCCL when every rank has a GPU, else gloo.  auto | nccl | gloo")
     out.append(f"backend: {spec.backend}")

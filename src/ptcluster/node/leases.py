@@ -1,0 +1,167 @@
+"""Leases: one of a node's resources (a rendezvous port; GPUs next) held by one job.
+
+Standard library only (part of the guard). A lease is an exclusive ``flock`` on a file in
+:data:`LEASE_DIR`, a sticky, world-writable directory (like ``/tmp``: every user can create files
+in it, none can remove or replace another's). The kernel releases a ``flock`` when the last
+descriptor of the open file closes, that is when the guard ends however it ends (SIGKILL, a
+crash): no lease outlives its job, and nothing has to clean up after one.
+
+Who holds a lease is written beside it, in a file the holder owns (``NAME.UID.json``,
+world-readable, never a secret): the lock file itself may have been created by another user, and
+a file of another user can be locked (opened read-only) but not written. Safety against files
+planted by other users: every open is ``O_NOFOLLOW`` and the lock must be a regular file; the
+holder's file is written under a new name (``O_EXCL``) and renamed over, which replaces a planted
+symlink instead of following it.
+"""
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import stat
+import time
+
+LEASE_DIR = "/run/lock/ptcluster"
+_LOCK = ".lock"
+
+
+class Lease:
+    """A lease held by this process: released by :meth:`release` or when the process ends."""
+
+    def __init__(self, fd: int, name: str, info_path: str) -> None:
+        self.fd, self.name, self.info_path = fd, name, info_path
+
+    def release(self) -> None:
+        if self.fd < 0:
+            return
+        try:
+            os.unlink(self.info_path)
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = -1
+
+
+def lease_name(resource: str) -> str:
+    """The file name of a resource's lease on this node: with the hostname, so that nodes that
+    happen to share a lock directory (a shared /run in containers) never share a lease."""
+    return f"{resource}@{socket.gethostname()}"
+
+
+def ensure_dir(directory: str | None = None) -> str:
+    """The lease directory, made sticky and world-writable (mode 1777) where it is missing."""
+    directory = directory or LEASE_DIR
+    try:
+        os.mkdir(directory, 0o1777)
+        os.chmod(directory, 0o1777)  # mkdir's mode passes through the umask
+    except FileExistsError:
+        pass
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, f"{directory} is not a directory")
+    if st.st_uid not in (0, os.getuid()) and not st.st_mode & stat.S_ISVTX:
+        raise OSError(errno.EPERM, f"{directory} belongs to uid {st.st_uid} and is not sticky: "
+                                   "another user could replace the leases in it")
+    return directory
+
+
+def _open_lock(directory: str, name: str, create: bool) -> int:
+    path = os.path.join(directory, name + _LOCK)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    fd = os.open(path, flags, 0o444)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    return fd
+
+
+def take(resource: str, info: dict, directory: str | None = None) -> Lease | None:
+    """Lease ``resource`` for as long as this process lives; None when another holds it."""
+    name = lease_name(resource)
+    directory = ensure_dir(directory)
+    fd = _open_lock(directory, name, create=True)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:
+        os.close(fd)
+        raise
+    info_path = os.path.join(directory, f"{name}.{os.getuid()}.json")
+    record = {**info, "resource": resource, "pid": os.getpid(), "uid": os.getuid(),
+              "since": info.get("since", time.time())}
+    tmp = f"{info_path}.{os.getpid()}.tmp"
+    try:
+        wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o644)
+        with os.fdopen(wfd, "w") as f:
+            json.dump(record, f)
+        os.rename(tmp, info_path)
+    except OSError:  # who holds it is advice; the lock is the lease
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    return Lease(fd, name, info_path)
+
+
+def holder(resource: str, directory: str | None = None) -> dict | None:
+    """Who holds ``resource`` now ({} when held but not said by whom); None when it is free."""
+    name = lease_name(resource)
+    directory = directory or LEASE_DIR
+    try:
+        fd = _open_lock(directory, name, create=False)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None  # nobody holds it (our shared lock goes with the close)
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    return _said(directory, name)
+
+
+def _said(directory: str, name: str) -> dict:
+    """The newest holder's file of a held lease whose process is alive."""
+    best: dict = {}
+    for entry in os.listdir(directory):
+        if not (entry.startswith(name + ".") and entry.endswith(".json")):
+            continue
+        try:
+            fd = os.open(os.path.join(directory, entry), os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and _alive(record.get("pid")) and \
+                float(record.get("since", 0)) >= float(best.get("since", 0)):
+            best = record
+    return best
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def describe(record: dict) -> str:
+    """``job 20261201-0930-ab12 (alice, python train.py, since 09:30)``, from what is known."""
+    if not record:
+        return "another job (its holder did not say who)"
+    since = time.strftime("%H:%M", time.localtime(float(record["since"]))) \
+        if record.get("since") else "?"
+    said = ", ".join(str(x) for x in (record.get("user"), record.get("command"),
+                                      f"since {since}", f"head {record.get('head')}"
+                                      if record.get("head") else None) if x)
+    return f"job {record.get('job_id', '?')} ({said})"

@@ -1,0 +1,148 @@
+"""Leases on a node's resources (node/leases.py) and the master's rendezvous port
+(prechecks.lease_master_port): real flocks in a private directory, real processes, real
+sockets. The jobs that use them are in test_sharing.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ptcluster.node import leases
+from ptcluster.node.prechecks import GuardError, lease_master_port
+
+
+@pytest.fixture
+def lease_dir(tmp_path, monkeypatch) -> Path:
+    d = tmp_path / "lock" / "ptcluster"
+    d.parent.mkdir()
+    monkeypatch.setattr(leases, "LEASE_DIR", str(d))
+    return d
+
+
+OWNER = {"job_id": "20261201-0930-ab12", "head": "laptop", "command": "python train.py"}
+
+
+def test_a_lease_is_exclusive_says_who_and_is_released(lease_dir) -> None:
+    first = leases.take("port-29500", OWNER)
+    assert first is not None
+    assert oct(lease_dir.stat().st_mode & 0o7777) == "0o1777"  # sticky, anyone may lease
+    assert leases.take("port-29500", OWNER) is None  # another open file: refused
+    who = leases.holder("port-29500")
+    assert who is not None and who["job_id"] == OWNER["job_id"] and who["pid"] == os.getpid()
+    assert "job 20261201-0930-ab12 (" in leases.describe(who) and "python train.py" in \
+        leases.describe(who)
+    info = Path(first.info_path)
+    assert oct(info.stat().st_mode & 0o777) == "0o644"  # world-readable: never a secret
+    assert json.loads(info.read_text())["resource"] == "port-29500"
+    assert leases.holder("port-29501") is None
+    first.release()
+    assert leases.holder("port-29500") is None and not info.exists()
+    again = leases.take("port-29500", OWNER)
+    assert again is not None
+    again.release()
+
+
+def test_the_kernel_releases_a_lease_when_its_holder_is_killed(lease_dir) -> None:
+    code = ("import sys, time; sys.path[:0] = sys.argv[2:]; from ptcluster.node import leases; "
+            "leases.LEASE_DIR = sys.argv[1]; held = leases.take('gpu-0', {}); "
+            "print('held', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(lease_dir), *sys.path],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert leases.take("gpu-0", OWNER) is None
+        assert leases.holder("gpu-0")["pid"] == proc.pid
+        proc.send_signal(signal.SIGKILL)  # no cleanup of any kind
+        proc.wait(timeout=10)
+        lease = leases.take("gpu-0", OWNER)
+        assert lease is not None  # free at once: the lock went with the process
+        lease.release()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_planted_symlinks_are_never_followed(lease_dir, tmp_path) -> None:
+    leases.ensure_dir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    name = leases.lease_name("port-29500")
+    (lease_dir / (name + ".lock")).symlink_to(victim)
+    with pytest.raises(OSError):  # O_NOFOLLOW: ELOOP, not the victim's lock
+        leases.take("port-29500", OWNER)
+    (lease_dir / (name + ".lock")).unlink()
+    (lease_dir / f"{name}.{os.getuid()}.json").symlink_to(victim)  # the holder's file
+    lease = leases.take("port-29500", OWNER)
+    assert lease is not None
+    assert victim.read_text() == "precious"  # replaced the link, wrote nothing through it
+    assert not Path(lease.info_path).is_symlink()
+    lease.release()
+
+
+def test_a_fixed_port_held_by_another_job_is_refused_naming_it(lease_dir) -> None:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        port = probe.getsockname()[1]
+    first_port, lease = lease_master_port(port, OWNER)
+    assert first_port == port
+    try:
+        with pytest.raises(GuardError) as info:
+            lease_master_port(port, {**OWNER, "job_id": "second"})
+        assert f"master port {port} is in use on this node by job 20261201-0930-ab12 (" in \
+            info.value.problem and "python train.py" in info.value.problem
+        assert "master.port: auto" in info.value.fix
+    finally:
+        lease.release()
+
+
+def test_auto_takes_the_first_port_neither_leased_nor_bound(lease_dir) -> None:
+    start = leases.take("port-29500", OWNER)  # another job's lease (whatever its socket)
+    bound = socket.socket()
+    bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        bound.bind(("", 29501))  # and something else's socket
+    except OSError:
+        pytest.skip("port 29501 is in use here")
+    bound.listen()
+    try:
+        port, lease = lease_master_port("auto", OWNER)
+        try:
+            assert port >= 29502
+            assert leases.holder(f"port-{port}")["job_id"] == OWNER["job_id"]
+            assert leases.holder("port-29501") is None  # skipped, not left leased
+            second, other = lease_master_port("auto", OWNER)  # a second job: the next one
+            assert second > port
+            other.release()
+        finally:
+            lease.release()
+    finally:
+        bound.close()
+        assert start is not None
+        start.release()
+
+
+def test_a_lease_directory_that_another_user_could_replace_is_refused(lease_dir,
+                                                                      monkeypatch) -> None:
+    lease_dir.mkdir(mode=0o777)
+    os.chmod(lease_dir, 0o777)  # world-writable without the sticky bit
+    real_lstat = os.lstat
+
+    def as_if_owned_by_someone_else(path, *a, **kw):
+        st = real_lstat(path, *a, **kw)
+        if str(path) == str(lease_dir):
+            return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, 4242,
+                                   st.st_gid, st.st_size, int(st.st_atime),
+                                   int(st.st_mtime), int(st.st_ctime)))
+        return st
+
+    monkeypatch.setattr(os, "lstat", as_if_owned_by_someone_else)
+    with pytest.raises(OSError, match="not sticky"):
+        leases.take("port-29500", OWNER)
