@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ptcluster.node import leases
+from ptcluster.node import gpus, leases
 from ptcluster.node.prechecks import GuardError, lease_master_port
 
 
@@ -146,3 +146,55 @@ def test_a_lease_directory_that_another_user_could_replace_is_refused(lease_dir,
     monkeypatch.setattr(os, "lstat", as_if_owned_by_someone_else)
     with pytest.raises(OSError, match="not sticky"):
         leases.take("port-29500", OWNER)
+
+
+def test_gpus_auto_takes_free_ones_and_explicit_gpus_held_are_refused_naming_the_job(
+        lease_dir) -> None:
+    """On this machine (no GPU: NVML's part is skipped, and said so) indices are still
+    leased, as on a CPU testbed node."""
+    first, held = gpus.claim([0, 1], 2, {**OWNER, "user": "alice"}, {})
+    assert first["visible"] == "0,1" and "NVML skipped" in first["why"]
+    try:
+        second, more = gpus.claim("auto", 2, {"job_id": "second"}, {})
+        assert second["indices"] == [2, 3], second
+        assert "skipped 0-1: job 20261201-0930-ab12" in second["why"], second
+        for lease in more:
+            lease.release()
+        with pytest.raises(GuardError) as info:
+            gpus.claim([1, 2], 2, {"job_id": "third"}, {})
+        assert info.value.busy
+        assert "GPU 1 is in use by job 20261201-0930-ab12 (" in info.value.problem
+        assert "run --wait" in info.value.fix
+        assert leases.holder("gpu-2") is None  # what it had taken is given back
+    finally:
+        for lease in held:
+            lease.release()
+    assert gpus.claim(None, 2, OWNER, {}) == ({}, [])  # a CPU node that asked for nothing
+    chosen, none = gpus.claim("auto", 2, OWNER, {"CUDA_VISIBLE_DEVICES": "3"})
+    assert chosen["visible"] == "3" and none == []  # Slurm's (or the user's) choice stands
+
+
+def test_a_gpu_with_a_process_outside_ptcluster_is_skipped_and_named(lease_dir,
+                                                                     monkeypatch) -> None:
+    """A 4-GPU node as NVML would describe it (the machine has no GPU: the two NVML reads are
+    replaced by their answers; the rest is real)."""
+    monkeypatch.setattr(gpus, "gpus", lambda: {"count": 4})
+    monkeypatch.setattr(gpus, "compute_processes",
+                        lambda: ({0: [{"pid": os.getpid(), "mib": 31 * 1024}], 1: []}, None))
+    chosen, held = gpus.claim("auto", 2, OWNER, {})
+    try:
+        assert chosen["indices"] == [1, 2]
+        assert f"skipped 0: pid {os.getpid()} (root, 31 GiB)" in chosen["why"], chosen
+        with pytest.raises(GuardError) as info:
+            gpus.claim("auto", 3, OWNER, {})
+        assert "3 GPU(s) asked for, 1 free" in info.value.problem
+        assert f"GPU 0 is in use by pid {os.getpid()} (root, 31 GiB)" in info.value.problem
+        with pytest.raises(GuardError, match="names GPU 7, which this node does not have"):
+            gpus.claim([3, 7], 2, OWNER, {})
+    finally:
+        for lease in held:
+            lease.release()
+
+
+def test_spans() -> None:
+    assert gpus.spans([3, 0, 1, 2, 6]) == "0-3,6" and gpus.spans([]) == ""

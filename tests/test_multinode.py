@@ -350,6 +350,65 @@ def test_a_fixed_port_held_by_a_running_job_is_refused_naming_it(testbed, job_di
     assert "master.port: auto" in err, err
 
 
+def test_jobs_share_gpus_by_lease_and_a_taken_gpu_is_refused_naming_its_job(
+        testbed, job_dir, no_leftovers) -> None:
+    """`gpus: auto` on CPU nodes: indices are leased as on GPU nodes (NVML is skipped, and
+    said so) and set in CUDA_VISIBLE_DEVICES. Two jobs at once get disjoint GPUs; an explicit
+    `gpus:` that a running job holds is refused naming it; once that job ends, it is free."""
+    (job_dir / "cvd.py").write_text(SLEEPER.replace(
+        'print("ready", flush=True)',
+        'import os; print("ready cvd=" + os.environ["CUDA_VISIBLE_DEVICES"], flush=True)'))
+    heads: list[Head] = []
+    try:
+        for _ in range(2):
+            head, job = start(testbed, job_dir, ["cvd.py", "600"], slots=(1, 1, 1),
+                              extra="gpus: auto\n")
+            heads.append(head)
+            no_leftovers.append(job)
+            head.wait_for("ready cvd=", count=3)
+        seen = [{line.split("ready cvd=")[1] for line in h.lines if "ready cvd=" in line}
+                for h in heads]
+        assert seen == [{"0"}, {"1"}], seen
+        assert f"{testbed.nodes[1].name}: GPUs 1: auto: the first 1 free (skipped 0: job " \
+            f"{job_id_of(heads[0])} (root, python cvd.py 600" in "\n".join(heads[1].err), \
+            heads[1].output()
+        cluster = write_cluster(testbed, job_dir, slots=(1, 1, 1), extra="gpus: [1]\n")
+        _, err = refused_before_launch(job_dir, cluster, no_leftovers)
+        assert f"1 GPU(s) asked for, 0 free: GPU 1 is in use by job {job_id_of(heads[1])} " \
+            "(root, python cvd.py 600, since " in err, err
+        assert "run --wait" in err and "or ask root" in err, err
+        # --wait: started while the GPU is held, it says for whom it waits, then starts when
+        # the holder ends (its lease goes with its guards) and finishes.
+        again = write_cluster(testbed, job_dir, slots=(1, 1, 1), extra="gpus: [1]\n")
+        waiter = Head(["run", "--cluster", again, "--run-dir", "runs-wait", "--wait",
+                       "ranks.py", str(job_dir)], cwd=job_dir)
+        heads.append(waiter)
+        deadline = time.monotonic() + 60
+        while not any("waiting (--wait, no queue): " in line and job_id_of(heads[1]) in line
+                      for line in waiter.err):
+            assert time.monotonic() < deadline and waiter.proc.poll() is None, waiter.output()
+            time.sleep(0.1)
+        heads[1].signal(signal.SIGINT)
+        heads[1].wait(timeout=60)
+        code = waiter.wait(timeout=120)
+        no_leftovers.append(only_run(job_dir / "runs-wait")[0])
+        assert code == 0, waiter.output()
+        assert sum("waiting (--wait" in line for line in waiter.err) == 1, waiter.output()
+        assert len(only_run(job_dir / "runs-wait")[1]["attempts"]) == 1
+    finally:
+        for h in heads:
+            if h.proc.poll() is None:
+                h.signal(signal.SIGINT)
+                try:
+                    h.wait(timeout=30)
+                except Exception:  # noqa: BLE001 - killed below
+                    h.kill()
+
+
+def job_id_of(head: Head) -> str:
+    return next(p.name for p in head_runs(head).iterdir() if p.is_dir())
+
+
 ROOT = textwrap.dedent("""
     import os, sys, time, torch, torch.distributed as dist
     from datetime import timedelta

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -52,10 +53,16 @@ from ptcluster.spec.model import ClusterSpec
 @click.option("--hang-timeout", type=SECONDS, metavar="S", help="When no rank makes progress "
               "for S seconds, print every rank's stack (the straggler first) and end the job "
               "(exit 4).")
+@click.option("--wait", "wait", is_flag=True, help="When the GPUs (or the port) this job asks "
+              "for are held by other jobs, wait until they are free, then start (no queue: "
+              "no order among waiters).")
+@click.option("--wait-timeout", type=SECONDS, metavar="S", help="With --wait: give up after S "
+              "seconds (default: no limit).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
         runs_dir: str | None, preflight: bool, sync_first: bool, max_restarts: int,
-        min_nodes: int | None, hang_timeout: float | None, args: tuple[str, ...]) -> None:
+        min_nodes: int | None, hang_timeout: float | None, wait: bool,
+        wait_timeout: float | None, args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
@@ -91,7 +98,8 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
 
     runner = Runner(plan, transports(spec), run_dir, on_line=on_line,
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
-                    options=RunOptions(hang_timeout=hang_timeout),
+                    options=RunOptions(hang_timeout=hang_timeout, wait=(
+                        wait_timeout or math.inf) if wait or wait_timeout else None),
                     restarts=restarts(spec, target, plan, policy) if max_restarts else None,
                     ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total)
     result, signum = _run_with_signals(runner)

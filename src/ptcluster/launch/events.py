@@ -34,6 +34,8 @@ class GuardRefused:
     host: str
     problem: str
     fix: str
+    busy: bool = False
+    """Only because another job holds what this one asks for (it may wait for it)."""
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == "ready":
         return Ready(host, body)
     if kind == "error":
-        return GuardRefused(host, str(body["problem"]), str(body.get("fix") or ""))
+        return GuardRefused(host, str(body["problem"]), str(body.get("fix") or ""),
+                            bool(body.get("busy")))
     if kind == "started":
         return Started(host, int(body["pid"]))
     if kind == "exit":

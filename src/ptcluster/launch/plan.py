@@ -76,6 +76,8 @@ class NodePlan:
     (the guard adds its socket and the path of the shim it writes)."""
     is_master: bool
     target: Target
+    gpus: tuple[int, ...] | str | None = None
+    """``gpus:`` of the cluster file: None (auto where the node has GPUs), "auto", or indices."""
 
     @property
     def ranks(self) -> range:
@@ -91,6 +93,8 @@ class NodePlan:
             "workdir": self.workdir, "target": target,
             "check_port": (plan.master_port or "auto") if self.is_master else None,
             "head": socket.gethostname(), "command": self.target.describe(),
+            "ranks": [self.ranks.start, self.ranks.stop - 1], "slots": self.nproc,
+            "gpus": list(self.gpus) if isinstance(self.gpus, tuple) else self.gpus,
             "interface": self.interface,
             "detect_interface_for": None if self.interface else plan.master_addr,
             "heartbeat_timeout": heartbeat_timeout, "grace": grace,
@@ -166,7 +170,7 @@ def plan_launch(spec: ClusterSpec, target: Target, *, port: int, job_id: str, at
             argv=tuple(torchrun_argv(spec, node, i, port, target)),
             env=tuple(node_env(spec, node, job_id, attempt, max_restarts)),
             is_master=i == 0,  # static rendezvous: node rank 0 hosts the store
-            target=target,
+            target=target, gpus=node.gpus,
         ))
     return LaunchPlan(job_id=job_id, master_addr=spec.master.addr, master_port=port,
                       world_size=spec.world_size, backend=spec.backend, nodes=tuple(nodes),
@@ -190,4 +194,9 @@ def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
         ("GROUP_RANK", str(node.node_rank)),
         ("LOCAL_WORLD_SIZE", str(node.nproc)),
     ]
+    if isinstance(node.gpus, tuple):
+        env.append(("CUDA_VISIBLE_DEVICES", ",".join(map(str, node.gpus))))
+    else:
+        env.append(("CUDA_VISIBLE_DEVICES", f"the first {node.nproc} free GPUs, leased at launch"
+                    + ("" if node.gpus == "auto" else " (on a node that has GPUs)")))
     return env

@@ -33,6 +33,10 @@ class RunOptions:
     hang_timeout: float | None = None
     """Seconds without progress on every running rank before the job is called hung: every
     rank's stacks are collected, the straggler named, and the job ended (None: never)."""
+    wait: float | None = None
+    """``run --wait``: when nodes refuse only because other jobs hold their GPUs or port, try
+    again every ``wait_poll`` s for at most this many seconds (inf: no limit; None: refuse)."""
+    wait_poll: float = 5.0
 
     def __post_init__(self) -> None:
         for name in ("ready_timeout", "node_silence", "heartbeat_interval",
@@ -116,6 +120,8 @@ class FailureKind(str, Enum):
     """The job's deadline."""
     HANG = "hang"
     """No rank made progress for ``--hang-timeout``."""
+    BUSY = "busy"
+    """A node refused only because another job holds what this one asks for (GPUs, a port)."""
 
     def __str__(self) -> str:
         return self.value
@@ -199,7 +205,8 @@ class RunResult:
             "nodes": [{"host": n.host, "node_rank": n.node_rank, "ready": n.ready,
                        "interface": n.facts.get("interface"),
                        "interface_source": n.facts.get("interface_source"),
-                       "hostname": n.facts.get("hostname"), "clock_offset_s": n.clock_offset,
+                       "gpus": n.facts.get("gpus"), "hostname": n.facts.get("hostname"),
+                       "clock_offset_s": n.clock_offset,
                        "address": n.facts.get("address"),
                        "torchrun_pid": n.facts.get("torchrun_pid"),
                        "guard_exit": n.guard_exit, "reason": n.reason,

@@ -37,7 +37,7 @@ from ptcluster.launch.collector import StackCollector
 from ptcluster.launch.control import ControlServer
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.restart import RestartPolicy, decide
-from ptcluster.launch.result import AttemptRecord, RunOptions, RunResult
+from ptcluster.launch.result import AttemptRecord, FailureKind, RunOptions, RunResult
 from ptcluster.launch.runlogs import RunLogs, write_private
 from ptcluster.launch.states import Phase
 from ptcluster.launch.supervisor import Supervisor
@@ -149,8 +149,29 @@ class Runner:
         return result
 
     def _attempts(self, attempts: list[AttemptRecord], t0: float) -> RunResult:
+        waiting_since, said = time.monotonic(), ""
+        shown, held_back = self.on_status, list[str]()
         while True:
-            view, result, record = self._attempt(attempts, t0)
+            if said:  # a try while waiting: its lines only if it is not tried again
+                self.on_status = held_back.append
+            try:
+                view, result, record = self._attempt(attempts, t0)
+            finally:
+                self.on_status = shown
+            if self._may_wait(result, time.monotonic() - waiting_since):
+                held_back.clear()
+                why = "; ".join(f"{f.host}: {f.message}" for f in result.failures)
+                if why != said:  # once, and again when who holds them changes
+                    self.on_status(f"waiting (--wait, no queue): {why}")
+                    said = why
+                deadline = time.monotonic() + self.opts.wait_poll
+                while time.monotonic() < deadline and not self._stop_requests:
+                    time.sleep(0.1)
+                if not self._stop_requests:
+                    continue
+            for text in held_back:
+                shown(text)
+            held_back.clear()
             attempts.append(record)
             result.attempts = attempts
             self._addresses.update((n.host, str(n.facts["address"])) for n in result.nodes
@@ -209,6 +230,14 @@ class Runner:
         if previous is not None and previous.cause is not None and start is not None:
             record.downtime = start - previous.cause.at
         return view, result, record
+
+    def _may_wait(self, result: RunResult, waited: float) -> bool:
+        """``--wait``: the attempt was refused only because other jobs hold what it asks for,
+        no rank started, and the wait is not over."""
+        return (self.opts.wait is not None and waited < self.opts.wait
+                and not self._stop_requests and bool(result.failures)
+                and all(f.kind is FailureKind.BUSY for f in result.failures)
+                and all(r.started_at is None for r in result.ranks))
 
     def _use_plan(self, plan: LaunchPlan) -> None:
         self.plan = plan

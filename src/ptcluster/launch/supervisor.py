@@ -175,6 +175,10 @@ class Supervisor:
         if e.facts.get("interface_source") and e.facts.get("interface_source") != "cluster file":
             actions.append(Status(f"{e.host}: sockets on {e.facts.get('interface') or '?'} "
                                   f"({e.facts['interface_source']})"))
+        if e.facts.get("gpus"):
+            chosen = e.facts["gpus"]
+            actions.append(Status(f"{e.host}: GPUs {chosen.get('visible') or 'none'}: "
+                                  f"{chosen.get('why')}"))
         if e.facts.get("subreaper") is False:
             actions.append(Status(f"{e.host}: cannot become a subreaper "
                                   f"({e.facts.get('subreaper_error')}); orphans of the job "
@@ -223,7 +227,8 @@ class Supervisor:
 
     def _guard_refused(self, e: ev.GuardRefused, now: float) -> list[Action]:
         return self._fail(Failure(host=e.host, rank=None, message=e.problem, fix=e.fix or None,
-                                  kind=FailureKind.GUARD, at=self.wall(now)), now)
+                                  kind=FailureKind.BUSY if e.busy else FailureKind.GUARD,
+                                  at=self.wall(now)), now)
 
     def _rank_start(self, e: ev.RankStart, now: float) -> list[Action]:
         record = self._rank(e.host, e.rank)

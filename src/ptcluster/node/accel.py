@@ -1,7 +1,8 @@
 """GPUs, the driver, and torch's CUDA/NCCL/cuDNN versions, without importing torch.
 
-Part of the doctor's probe (shipped with it, standard library only): NVML through ctypes, then
-``nvidia-smi``, then the kernel module for GPUs and the driver; torch's version from its package
+Part of the doctor's probe and of the guard (shipped with them, standard library only): NVML
+through ctypes, then ``nvidia-smi``, then the kernel module for GPUs and the driver (and, for
+the guard's choice of GPUs, NVML's compute processes on each); torch's version from its package
 metadata, its CUDA version from ``torch/version.py`` read as text, NCCL and cuDNN from their
 wheels or the library files the loader would open. ``None`` means not installed; what is there
 but cannot be told is named in ``unknown`` with the reason.
@@ -86,6 +87,58 @@ def read_nvml(nvml: Any) -> dict[str, Any]:
     finally:
         nvml.nvmlShutdown()
     return facts
+
+
+NVML_INSUFFICIENT_SIZE = 7
+
+
+def compute_processes() -> tuple[dict[int, list[dict[str, int]]], str | None]:
+    """Per GPU index, the compute processes NVML sees on it (``pid``, ``mib`` of GPU memory);
+    and why that could not be asked (None when it was). Only through NVML: no driver, no
+    answer (and no GPU to share)."""
+    try:
+        import ctypes
+        nvml = ctypes.CDLL(NVML_LIB)
+    except (ImportError, OSError):
+        return {}, f"{NVML_LIB} cannot be loaded: GPU processes not checked"
+    try:
+        return _read_processes(nvml, ctypes), None
+    except (RuntimeError, AttributeError) as exc:
+        return {}, f"NVML: {exc}: GPU processes not checked"
+
+
+def _read_processes(nvml: Any, ctypes: Any) -> dict[int, list[dict[str, int]]]:
+    class Info(ctypes.Structure):  # nvmlProcessInfo_t of the _v2/_v3 calls
+        _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                    ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+    nvml.nvmlErrorString.restype = ctypes.c_char_p
+    if nvml.nvmlInit_v2() != 0:
+        raise RuntimeError("nvmlInit failed (no NVIDIA driver?)")
+    try:
+        get = getattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v3", None) or \
+            nvml.nvmlDeviceGetComputeRunningProcesses_v2
+        count = ctypes.c_uint(0)
+        if nvml.nvmlDeviceGetCount_v2(ctypes.pointer(count)) != 0:
+            raise RuntimeError("nvmlDeviceGetCount failed")
+        out: dict[int, list[dict[str, int]]] = {}
+        for index in range(count.value):
+            handle = ctypes.c_void_p()
+            if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.pointer(handle)) != 0:
+                raise RuntimeError(f"no handle for GPU {index}")
+            n = ctypes.c_uint(0)
+            code = get(handle, ctypes.pointer(n), None)  # how many, first
+            infos = (Info * (n.value + 8))()  # room for a few that start meanwhile
+            n = ctypes.c_uint(len(infos))
+            code = get(handle, ctypes.pointer(n), infos)
+            if code not in (0, NVML_INSUFFICIENT_SIZE):
+                raise RuntimeError(nvml.nvmlErrorString(code).decode(errors="replace"))
+            out[index] = [{"pid": int(infos[i].pid), "mib": int(infos[i].usedGpuMemory) >> 20
+                           if infos[i].usedGpuMemory < 2 ** 63 else 0}
+                          for i in range(min(n.value, len(infos)))]
+        return out
+    finally:
+        nvml.nvmlShutdown()
 
 
 def parse_nvidia_smi_csv(text: str, fields: tuple[str, ...] = SMI_FIELDS) -> dict[str, Any]:

@@ -39,6 +39,7 @@ import time
 import traceback
 from typing import Any
 
+from ptcluster.node.gpus import claim  # inlined
 from ptcluster.node.hangwatch import ProgressMeter  # inlined
 from ptcluster.node.netif import address_on, route_interface  # inlined
 from ptcluster.node.prechecks import (  # inlined
@@ -195,11 +196,16 @@ class Guard:
                              "create it, or set workdir: to a directory present on every node")
         self.cfg["workdir"] = facts["workdir"] = workdir
         check_target(self.cfg.get("target") or {}, workdir)
+        owner = {k: self.cfg.get(k) for k in ("job_id", "head", "command", "ranks")}
         port = self.cfg.get("check_port")
         if port:  # the master: the port is this job's until the guard ends
-            owner = {k: self.cfg.get(k) for k in ("job_id", "head", "command")}
             facts["master_port"], lease = lease_master_port(port, owner)
             self.leases.append(lease)
+        chosen, held = claim(self.cfg.get("gpus"), int(self.cfg.get("slots") or 1), owner,
+                             {**os.environ, **self.cfg["env"]})
+        self.leases.extend(held)
+        if chosen:
+            facts["gpus"] = chosen
         if self.cfg.get("interface"):
             facts["interface"] = self.cfg["interface"]
             facts["interface_source"] = "cluster file"
@@ -230,6 +236,8 @@ class Guard:
         env.update(self.cfg["env"])
         for key, value in (self.cfg.get("env_defaults") or {}).items():
             env.setdefault(key, value)
+        if (facts.get("gpus") or {}).get("indices") is not None:  # only the leased GPUs
+            env["CUDA_VISIBLE_DEVICES"] = facts["gpus"]["visible"]
         if facts.get("interface"):
             env.setdefault("NCCL_SOCKET_IFNAME", facts["interface"])
             env.setdefault("GLOO_SOCKET_IFNAME", facts["interface"])
@@ -296,7 +304,7 @@ class Guard:
         try:
             facts = self.precheck()
         except GuardError as exc:
-            self.send("error", {"problem": exc.problem, "fix": exc.fix})
+            self.send("error", {"problem": exc.problem, "fix": exc.fix, "busy": exc.busy})
             return 2
         self.send("ready", facts)
         while not self.go.wait(0.1):

@@ -18,6 +18,7 @@ import errno
 import fcntl
 import json
 import os
+import pwd
 import socket
 import stat
 import time
@@ -91,7 +92,7 @@ def take(resource: str, info: dict, directory: str | None = None) -> Lease | Non
         raise
     info_path = os.path.join(directory, f"{name}.{os.getuid()}.json")
     record = {**info, "resource": resource, "pid": os.getpid(), "uid": os.getuid(),
-              "since": info.get("since", time.time())}
+              "user": info.get("user") or user_name(), "since": info.get("since", time.time())}
     tmp = f"{info_path}.{os.getpid()}.tmp"
     try:
         wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -105,6 +106,13 @@ def take(resource: str, info: dict, directory: str | None = None) -> Lease | Non
         except OSError:
             pass
     return Lease(fd, name, info_path)
+
+
+def user_name() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
 
 
 def holder(resource: str, directory: str | None = None) -> dict | None:

@@ -7,7 +7,6 @@ Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
 from __future__ import annotations
 
 import os
-import pwd
 import socket
 import sys
 from typing import Any
@@ -20,10 +19,12 @@ from ptcluster.node.proctree import listdir  # inlined
 class GuardError(Exception):
     """The guard refuses: what is wrong on this node, and the fix."""
 
-    def __init__(self, problem: str, fix: str) -> None:
+    def __init__(self, problem: str, fix: str, busy: bool = False) -> None:
         super().__init__(problem)
         self.problem = problem
         self.fix = fix
+        self.busy = busy
+        """Refused only because another job holds what this one asks for (it may wait)."""
 
 
 def node_python(argv: list[str]) -> list[str]:
@@ -120,7 +121,7 @@ def lease_master_port(port: int | str, owner: dict[str, Any]) -> tuple[int, Leas
     else has bound. A fixed port: refused when another ptcluster job holds it (naming that job)
     or anything else has bound it.
     """
-    record = {**owner, "user": _user()}
+    record = dict(owner)
     try:
         if port == "auto":
             for p in AUTO_PORTS:
@@ -142,7 +143,7 @@ def lease_master_port(port: int | str, owner: dict[str, Any]) -> tuple[int, Leas
         raise GuardError(f"master port {port} is in use on this node by "
                          f"{describe(holder(f'port-{int(port)}') or {})}",
                          "set master.port: auto (every job takes a free port), or wait for "
-                         "that job to end")
+                         "that job to end (run --wait)", busy=True)
     try:
         check_port_free(int(port))
     except GuardError:
@@ -150,9 +151,3 @@ def lease_master_port(port: int | str, owner: dict[str, Any]) -> tuple[int, Leas
         raise
     return int(port), lease
 
-
-def _user() -> str:
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return str(os.getuid())

@@ -25,8 +25,9 @@ from ptcluster.spec.model import (
 )
 from ptcluster.spec.validate import Reader, did_you_mean
 
-TOP_KEYS = ("nodes", "master", "backend", "interface", "python", "workdir", "env", "ssh")
-NODE_KEYS = ("host", "slots", "interface", "python", "workdir", "ssh")
+TOP_KEYS = ("nodes", "master", "backend", "interface", "python", "workdir", "env", "ssh",
+            "gpus")
+NODE_KEYS = ("host", "slots", "interface", "python", "workdir", "ssh", "gpus")
 MASTER_KEYS = ("addr", "port")
 SSH_KEYS = ("user", "port", "identity_file", "config_file", "options")
 
@@ -90,6 +91,7 @@ def spec_from_data(data: Any, source: str) -> ClusterSpec:
         if "workdir" in top else os.getcwd()
     ssh = _ssh(r, top["ssh"], "ssh") if "ssh" in top else SshSpec()
     env = r.env(top.get("env"), "env")
+    gpus = _gpus(r, top["gpus"], "gpus") if "gpus" in top else None
 
     nodes: list[NodeSpec] = []
     seen: dict[str, int] = {}
@@ -117,10 +119,28 @@ def spec_from_data(data: Any, source: str) -> ClusterSpec:
             workdir=r.text(node["workdir"], f"{path}.workdir", "a directory on this node")
             if "workdir" in node else workdir,
             ssh=ssh.merged(_ssh(r, node["ssh"], f"{path}.ssh")) if "ssh" in node else ssh,
+            gpus=_gpus(r, node["gpus"], f"{path}.gpus") if "gpus" in node else gpus,
         ))
+        if isinstance(nodes[-1].gpus, tuple) and len(nodes[-1].gpus) < nodes[-1].slots:
+            raise r.fail(f"{path}.gpus", f"lists {len(nodes[-1].gpus)} GPU(s) for "
+                         f"{nodes[-1].slots} slot(s)",
+                         "list at least one GPU per slot, or use gpus: auto")
 
     master = _master(r, top.get("master"), nodes)
     return ClusterSpec(nodes=tuple(nodes), master=master, backend=backend, env=env, source=source)
+
+
+def _gpus(r: Reader, value: Any, path: str) -> tuple[int, ...] | str:
+    """``gpus:``: auto, or a list of distinct GPU indices."""
+    if value == "auto":
+        return "auto"
+    if not isinstance(value, list) or not value or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
+        raise r.fail(path, f"must be auto or a list of GPU indices, got {value!r}",
+                     "e.g. gpus: [0, 1] or gpus: auto")
+    if len(set(value)) != len(value):
+        raise r.fail(path, f"lists a GPU twice: {value}", "list each GPU once")
+    return tuple(value)
 
 
 def _master(r: Reader, value: Any, nodes: list[NodeSpec]) -> MasterSpec:

@@ -73,6 +73,9 @@ class NodeSpec:
     workdir: str
     """Working directory of the job on the node."""
     ssh: SshSpec = field(default_factory=SshSpec)
+    gpus: tuple[int, ...] | str | None = None
+    """The GPUs this node's ranks use: None (auto where the node has GPUs), ``"auto"`` (the
+    first ``slots`` free ones, leased even on a node without GPUs), or indices (leased)."""
     """Resolved ssh settings for this node (cluster-wide ``ssh`` merged with the node's own)."""
     slurm_node: str | None = None
     """Slurm's NodeName when the node is part of a Slurm allocation (started with ``srun``,

@@ -1,0 +1,120 @@
+"""Which GPUs of this node a job's ranks use (``gpus:`` in the cluster file), leased for the job.
+
+Standard library only; a part of the guard. ``gpus:`` is absent (auto where the node has GPUs,
+nothing on a node without), ``auto`` (the first ``slots`` free ones: not leased by another
+ptcluster job, and with no compute process on them per NVML), or a list of indices. Each chosen
+GPU is leased (``leases.py``) for the job's life and the ranks see only those
+(``CUDA_VISIBLE_DEVICES``), so ``LOCAL_RANK`` -> ``cuda:LOCAL_RANK`` keeps working. On a node
+without GPUs an explicit ``gpus:`` still leases its indices (a CPU testbed shares them the same
+way) and NVML's part is skipped, and said so.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from typing import Any
+
+from ptcluster.node.accel import compute_processes, gpus  # inlined
+from ptcluster.node.leases import LEASE_DIR, Lease, describe, holder, take  # inlined
+from ptcluster.node.prechecks import GuardError  # inlined
+
+VIRTUAL_GPUS = 1024
+"""How far ``auto`` looks on a node without GPUs (indices only: nothing there to run out of)."""
+
+
+def spans(indices: list[int]) -> str:
+    """``0-3,6``: indices as a person writes them."""
+    out: list[str] = []
+    for i in sorted(indices):
+        if out and out[-1].split("-")[-1] == str(i - 1):
+            out[-1] = out[-1].split("-")[0] + f"-{i}"
+        else:
+            out.append(str(i))
+    return ",".join(out)
+
+
+def _owner_of(pid: int) -> str:
+    try:
+        return pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
+    except (OSError, KeyError):
+        return "?"
+
+
+def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
+          env: dict[str, str]) -> tuple[dict[str, Any], list[Lease]]:
+    """(what to report and set, the leases to hold): ``{"indices", "visible", "why"}``.
+
+    Refused (``GuardError``, ``busy`` set) before any rank starts when the GPUs asked for are
+    taken, naming who has them.
+    """
+    if "CUDA_VISIBLE_DEVICES" in env:  # Slurm's allocation, or the user's own choice
+        return {"visible": env["CUDA_VISIBLE_DEVICES"],
+                "why": "CUDA_VISIBLE_DEVICES was already set (by Slurm or the cluster file's "
+                       "env): not leased"}, []
+    found = gpus()
+    count = int(found.get("count") or 0)
+    if want is None and count == 0:
+        return {}, []  # a CPU node, nothing asked: nothing to share
+    processes, unchecked = compute_processes() if count else ({}, "no NVIDIA GPU: NVML skipped")
+    pool = list(range(count or VIRTUAL_GPUS))
+    if isinstance(want, list):
+        missing = [i for i in want if i not in pool]
+        if missing:
+            raise GuardError(f"gpus: {want} names GPU {spans(missing)}, which this node does "
+                             f"not have (it has {count}: {spans(pool) or 'none'})",
+                             "list this node's GPUs in gpus:, or use gpus: auto")
+        candidates, need = list(want), len(want)
+    else:
+        candidates, need = pool, slots
+    chosen: list[int] = []
+    held: list[Lease] = []
+    taken: dict[str, list[int]] = {}  # who -> the GPUs it has, of those asked for
+    users: set[str] = set()
+    try:
+        for i in candidates:
+            if len(chosen) == need:
+                break
+            procs = processes.get(i) or []
+            if procs:
+                for p in procs:
+                    user = _owner_of(p["pid"])
+                    users.add(user)
+                    taken.setdefault(f"pid {p['pid']} ({user}, {p['mib'] / 1024:.0f} GiB)",
+                                     []).append(i)
+                continue
+            lease = take(f"gpu-{i}", owner)
+            if lease is None:
+                record = holder(f"gpu-{i}") or {}
+                if record.get("user"):
+                    users.add(str(record["user"]))
+                taken.setdefault(describe(record), []).append(i)
+                continue
+            held.append(lease)
+            chosen.append(i)
+    except OSError as exc:
+        for lease in held:
+            lease.release()
+        raise GuardError(f"cannot lease GPUs in {LEASE_DIR}: {exc}",
+                         f"make {LEASE_DIR} a directory every user can create files in "
+                         "(mode 1777; ptcluster setup does)") from None
+    if len(chosen) < need:
+        for lease in held:
+            lease.release()
+        what = "; ".join(f"GPU{'s' if len(ix) > 1 else ''} {spans(ix)} "
+                         f"{'are' if len(ix) > 1 else 'is'} in use by {who}"
+                         for who, ix in taken.items())
+        free = [i for i in range(count) if i not in {j for ix in taken.values() for j in ix}]
+        other = f", choose other GPUs (gpus: [{', '.join(map(str, free[:need]))}])" \
+            if count and len(free) >= need else ""
+        ask = f", or ask {', '.join(sorted(users))}" if users else ""
+        raise GuardError(f"{need} GPU(s) asked for, {len(chosen)} free: {what}",
+                         f"wait for them (run --wait){other}{ask}", busy=True)
+    if isinstance(want, list):
+        why = "gpus: from the cluster file"
+    else:
+        skipped = "; ".join(f"{spans(ix)}: {who}" for who, ix in taken.items())
+        why = f"auto: the first {need} free" + (f" (skipped {skipped})" if skipped else "")
+    if unchecked:
+        why += f"; {unchecked}"
+    return {"indices": chosen, "visible": ",".join(map(str, chosen)), "why": why}, held
