@@ -1,6 +1,6 @@
 """Leases on a node's resources (node/leases.py) and the master's rendezvous port
 (prechecks.lease_master_port): real flocks in a private directory, real processes, real
-sockets. The jobs that use them are in test_sharing.py."""
+sockets. The jobs that use them are in test_multinode.py."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ptcluster.monitor.jobs import job_rows
 from ptcluster.node import gpus, leases
 from ptcluster.node.prechecks import GuardError, lease_master_port
 
@@ -198,3 +199,22 @@ def test_a_gpu_with_a_process_outside_ptcluster_is_skipped_and_named(lease_dir,
 
 def test_spans() -> None:
     assert gpus.spans([3, 0, 1, 2, 6]) == "0-3,6" and gpus.spans([]) == ""
+
+
+def test_ps_rows_count_each_lease_once_on_the_node_it_names() -> None:
+    """Two nodes whose sessions read one shared lock directory (both see every lease)."""
+    def rec(node, resource, **kw):
+        return {"job_id": "J1", "user": "alice", "head": "laptop", "command": "python t.py",
+                "since": 100.0, "node": node, "resource": resource, **kw}
+
+    leases_seen = [rec("h1", "job-J1", ranks=[0, 1]), rec("h1", "gpu-3"), rec("h1", "gpu-2"),
+                   rec("h1", "port-29501"), rec("h2", "job-J1", ranks=[2, 2], since=101.0),
+                   rec("h2", "gpu-0"),
+                   {**rec("h2", "job-J2", ranks=[0, 0]), "job_id": "J2", "user": "bob",
+                    "since": 50.0}]
+    rows = job_rows({"n1": ("h1", "bob", leases_seen), "n2": ("h2", "bob", leases_seen)})
+    assert [r.job_id for r in rows] == ["J2", "J1"]  # oldest first
+    j2, j1 = rows
+    assert j2.mine and not j1.mine and j2.nodes == ["n2"] and j2.ranks == 1
+    assert j1.nodes == ["n1", "n2"] and j1.ranks == 3 and j1.port == 29501
+    assert j1.gpus == {"n1": [2, 3], "n2": [0]} and j1.started == 100.0

@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import signal
+import socket
 import sys
 import textwrap
 import time
@@ -403,6 +404,39 @@ def test_jobs_share_gpus_by_lease_and_a_taken_gpu_is_refused_naming_its_job(
                     h.wait(timeout=30)
                 except Exception:  # noqa: BLE001 - killed below
                     h.kill()
+
+
+def test_ps_lists_a_running_job_and_kill_ends_it_everywhere(testbed, job_dir,
+                                                            no_leftovers) -> None:
+    """`ps` from the leases every node's guard holds; `kill` from another terminal signals the
+    job's guards, which tear down as on any stop; the head says who ended it and exits 143."""
+    head, job = start(testbed, job_dir, ["sleeper.py", "600"], slots=(2, 1, 1),
+                      port=None, extra="master: {port: auto}\n")
+    no_leftovers.append(job)
+    try:
+        head.wait_for("ready", count=4)
+        cluster = write_cluster(testbed, job_dir, slots=(1, 1, 1))
+        code, ps = run_head(["ps", "--cluster", cluster, "--json"], cwd=job_dir, timeout=60)
+        assert code == 0, ps.output()
+        (row,) = [r for r in json.loads("\n".join(ps.lines))["jobs"] if r["job_id"] == job]
+        assert row["user"] == "root" and row["ranks"] == 4 and row["mine"], row
+        assert row["nodes"] == [n.name for n in testbed.nodes] and row["state"] == "running"
+        assert row["command"] == "python sleeper.py 600" and 29500 <= row["port"] < 30000, row
+        code, table = run_head(["ps", "--cluster", cluster], cwd=job_dir, timeout=60)
+        assert code == 0 and job in "\n".join(table.lines), table.output()
+        code, killer = run_head(["kill", "--cluster", cluster, job], cwd=job_dir, timeout=60)
+        assert code == 0, killer.output()
+        assert f"job {job}: SIGTERM to its guard on " in "\n".join(killer.lines)
+        ended = head.wait(timeout=60)
+        left = job_processes(job, wait=30)
+    finally:
+        head.kill()
+    assert ended == 143, head.output()
+    assert f"ended by `ptcluster kill` from {socket.gethostname()} (root)" in \
+        "\n".join(head.err), head.output()
+    assert left == [], left
+    code, killer = run_head(["kill", "--cluster", cluster, job], cwd=job_dir, timeout=60)
+    assert code == 1 and f"no job {job} runs on these nodes" in "\n".join(killer.err)
 
 
 def job_id_of(head: Head) -> str:

@@ -18,7 +18,9 @@ from ptcluster.cli import (
     doctor_cmd,
     env_cmd,
     init_cmd,
+    kill_cmd,
     monitor_cmd,
+    ps_cmd,
     run_cmd,
     setup_cmd,
     stacks_cmd,
@@ -58,6 +60,8 @@ cli.add_command(submit_cmd.submit_job)
 cli.add_command(setup_cmd.setup)
 cli.add_command(sync_cmd.sync)
 cli.add_command(stacks_cmd.stacks)
+cli.add_command(ps_cmd.ps)
+cli.add_command(kill_cmd.kill)
 
 
 class _StderrHandler(logging.Handler):

@@ -73,6 +73,8 @@ class GuardStopping:
     node_time: float
     signal: str = ""
     """The signal that stopped the guard ("SIGTERM"), when one did."""
+    killed_by: str = ""
+    """``ended by `ptcluster kill` from HOST (user)``, when that was the signal."""
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
                          str(body.get("exc") or ""))
     if kind == "stopping":
         return GuardStopping(host, str(body.get("reason", "")), float(body["t"]),
-                             str(body.get("signal") or ""))
+                             str(body.get("signal") or ""), str(body.get("killed_by") or ""))
     if kind == wire.RSTART:
         return RankStart(host, int(body["rank"]), int(body["pid"]), float(body["t"]))
     if kind == wire.REXIT:

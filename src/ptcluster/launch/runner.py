@@ -176,7 +176,9 @@ class Runner:
             result.attempts = attempts
             self._addresses.update((n.host, str(n.facts["address"])) for n in result.nodes
                                    if n.facts.get("address"))
-            if not record.ok and self.ended_by is not None:
+            if not record.ok and view.killed_by:
+                result.ended_by = view.killed_by
+            elif not record.ok and self.ended_by is not None:
                 result.ended_by = self.ended_by() or ""
             decision = decide(None if self.restarts is None else self.restarts.policy,
                               attempts, result.failures, result.interrupted, view.cut_off,

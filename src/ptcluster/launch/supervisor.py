@@ -85,6 +85,8 @@ class Supervisor:
         self.first_rank_start: float | None = None
         """When the first rank started (corrected head clock)."""
         self.master_port = plan.master_port
+        self.killed_by = ""
+        """Why the job ended when `ptcluster kill` ended it (from its guards' notes)."""
         """The rendezvous port: the plan's, or (``auto``) the one the master's guard took."""
         self.progress = None if opts.hang_timeout is None else ProgressWatch(
             timeout=opts.hang_timeout, fresh=max(3.0, 3 * opts.heartbeat_interval))
@@ -305,6 +307,8 @@ class Supervisor:
             return []  # it is doing what the head asked
         at = self._corrected(e.host, e.node_time)
         self._enter(e.host, NodeState.STOPPING, at)
+        if e.killed_by and not self.killed_by:
+            self.killed_by = e.killed_by
         return self._fail(guard_stopped(e.host, e.reason, bool(e.signal), at), now)
 
     def _guard_exit(self, e: ev.GuardExit, now: float) -> list[Action]:

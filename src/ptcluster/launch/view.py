@@ -27,6 +27,11 @@ class SupervisorView:
         return self._sup.phase
 
     @property
+    def killed_by(self) -> str:
+        """``ended by `ptcluster kill` from HOST (user)``, or ""."""
+        return self._sup.killed_by
+
+    @property
     def master_port(self) -> int:
         """The rendezvous port in use (``auto``: the one the master's guard took; 0 before)."""
         return self._sup.master_port

@@ -54,13 +54,16 @@ GUARD = Program("guard", _N + "guard", NODE,
 """Run's node agent: owns one node's part of a job."""
 FACTS = Program("facts", _N + "facts", NODE, (WIRE, NETIF, _N + "accel"))
 """The doctor's node program: the node's facts, then its port and peer tests."""
-SAMPLER = Program("sampler", _N + "sampler", NODE, (WIRE,))
+SAMPLER = Program("sampler", _N + "sampler", NODE, (WIRE, _N + "leases"))
 """The monitor's node program: one sample per interval."""
 SETUP_AGENT = Program("setup", _N + "setup_agent", NODE, (WIRE, NETIF))
 """Setup's node program: facts, then the commands the head asks for."""
+KILL = Program("kill", _N + "kill", NODE, (WIRE, _N + "leases"))
+"""``ptcluster kill``'s node program: signals one job's guard (found by its lease)."""
 ALLREDUCE = Program("allreduce", _N + "rank.allreduce", RANK, (RANK_WIRE, _N + "rank.api"))
 """The doctor's last check, in every rank: a verified all-reduce."""
 BENCH_WORKER = Program("bench", _N + "rank.bench_worker", RANK, (RANK_WIRE, _N + "rank.api"))
 """``ptcluster bench``'s sweep, in every rank."""
 
-PROGRAMS = (GUARD, SHIM, STACK_PROBE, FACTS, SAMPLER, SETUP_AGENT, ALLREDUCE, BENCH_WORKER)
+PROGRAMS = (GUARD, SHIM, STACK_PROBE, FACTS, SAMPLER, SETUP_AGENT, KILL, ALLREDUCE,
+            BENCH_WORKER)

@@ -41,10 +41,12 @@ from typing import Any
 
 from ptcluster.node.gpus import claim  # inlined
 from ptcluster.node.hangwatch import ProgressMeter  # inlined
+from ptcluster.node.leases import read_kill_notes  # inlined
 from ptcluster.node.netif import address_on, route_interface  # inlined
 from ptcluster.node.prechecks import (  # inlined
     GuardError,
     check_target,
+    lease_job,
     lease_master_port,
     node_python,
 )
@@ -197,6 +199,7 @@ class Guard:
         self.cfg["workdir"] = facts["workdir"] = workdir
         check_target(self.cfg.get("target") or {}, workdir)
         owner = {k: self.cfg.get(k) for k in ("job_id", "head", "command", "ranks")}
+        self.leases.append(lease_job(owner))  # what `ptcluster ps` and `kill` find
         port = self.cfg.get("check_port")
         if port:  # the master: the port is this job's until the guard ends
             facts["master_port"], lease = lease_master_port(port, owner)
@@ -315,8 +318,13 @@ class Guard:
         code = self.wait_child()
         if code is None:
             if not self.stop_by_head:
+                killed = read_kill_notes(self.cfg["job_id"]) if self.stop_signal else {}
+                if killed:  # `ptcluster kill` (from anywhere) said who it was
+                    self.stop_reason = f"ended by `ptcluster kill` from " \
+                                       f"{killed.get('host', '?')} ({killed.get('user', '?')})"
                 self.send("stopping", {"reason": self.stop_reason, "t": self.stop_time,
-                                       "signal": self.stop_signal})
+                                       "signal": self.stop_signal, "killed_by": self.stop_reason
+                                       if killed else ""})
             code = self.teardown(grace=float(self.cfg.get("grace", 4.0)))
             reason = self.stop_reason
         else:

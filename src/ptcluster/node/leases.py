@@ -91,21 +91,69 @@ def take(resource: str, info: dict, directory: str | None = None) -> Lease | Non
         os.close(fd)
         raise
     info_path = os.path.join(directory, f"{name}.{os.getuid()}.json")
-    record = {**info, "resource": resource, "pid": os.getpid(), "uid": os.getuid(),
+    record = {**info, "resource": resource, "node": socket.gethostname(), "pid": os.getpid(),
+              "uid": os.getuid(),
               "user": info.get("user") or user_name(), "since": info.get("since", time.time())}
-    tmp = f"{info_path}.{os.getpid()}.tmp"
+    try:
+        write_record(info_path, record)
+    except OSError:  # who holds it is advice; the lock is the lease
+        pass
+    return Lease(fd, name, info_path)
+
+
+def write_record(path: str, record: dict) -> None:
+    """A world-readable JSON file of ours in a shared directory: written under a new name
+    (``O_EXCL``, never through a planted link) and renamed over whatever had its name."""
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
         wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                       0o644)
         with os.fdopen(wfd, "w") as f:
             json.dump(record, f)
-        os.rename(tmp, info_path)
-    except OSError:  # who holds it is advice; the lock is the lease
+        os.rename(tmp, path)
+    except OSError:
         try:
             os.unlink(tmp)
         except OSError:
             pass
-    return Lease(fd, name, info_path)
+        raise
+
+
+def kill_note(job_id: str, directory: str | None = None, uid: int | None = None) -> str:
+    """Where ``ptcluster kill`` says who ended a job, for the job's guard on this node."""
+    return os.path.join(directory or LEASE_DIR, f"kill-{job_id}@{socket.gethostname()}."
+                                                f"{os.getuid() if uid is None else uid}.json")
+
+
+def read_kill_notes(job_id: str, directory: str | None = None) -> dict:
+    """The newest ``kill`` note for ``job_id`` on this node (removing the ones it may), or {}."""
+    directory = directory or LEASE_DIR
+    prefix = os.path.basename(kill_note(job_id, directory)).rsplit(".", 2)[0] + "."
+    best: dict = {}
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return {}
+    for entry in entries:
+        if not (entry.startswith(prefix) and entry.endswith(".json")):
+            continue
+        path = os.path.join(directory, entry)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd) as f:
+                writer = os.fstat(f.fileno()).st_uid
+                note = json.load(f)
+        except (OSError, ValueError):
+            continue
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        if writer not in (0, os.getuid()):
+            continue  # only who could signal this guard may say who did
+        if isinstance(note, dict) and float(note.get("t", 0)) >= float(best.get("t", 0)):
+            best = note
+    return best
 
 
 def user_name() -> str:
@@ -131,6 +179,36 @@ def holder(resource: str, directory: str | None = None) -> dict | None:
     finally:
         os.close(fd)
     return _said(directory, name)
+
+
+def held_all(directory: str | None = None) -> list[dict]:
+    """The record of every lease held on this node now (any user's): what ``ptcluster ps``
+    lists. A lock file nobody holds is a lease that has ended, whatever its records say."""
+    directory = directory or LEASE_DIR
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return []
+    out = []
+    for entry in sorted(entries):
+        if not entry.endswith(_LOCK):
+            continue
+        name = entry[:-len(_LOCK)]
+        try:
+            fd = _open_lock(directory, name, create=False)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            continue  # free
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+        record = _said(directory, name)
+        if record:
+            out.append(record)
+    return out
 
 
 def _said(directory: str, name: str) -> dict:

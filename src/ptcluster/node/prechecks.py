@@ -114,6 +114,21 @@ def port_in_use(port: int) -> str | None:
     return None
 
 
+def lease_job(owner: dict[str, Any]) -> Lease:
+    """The job's own lease on this node (``job-ID``): its record is what ``ptcluster ps`` lists
+    and ``ptcluster kill`` signals (the guard's pid), on every node of the job."""
+    try:
+        lease = take(f"job-{owner['job_id']}", owner)
+    except OSError as exc:
+        raise GuardError(f"cannot lease in {LEASE_DIR}: {exc}",
+                         f"make {LEASE_DIR} a directory every user can create files in "
+                         "(mode 1777; ptcluster setup does)") from None
+    if lease is None:
+        raise GuardError(f"job {owner['job_id']} already runs on this node",
+                         "start the job once (a job id is the head's, per run)")
+    return lease
+
+
 def lease_master_port(port: int | str, owner: dict[str, Any]) -> tuple[int, Lease]:
     """The rendezvous port this job's master uses, leased for the job's life.
 

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from ptcluster.node.leases import held_all, user_name  # inlined
 from ptcluster.node.wire import encode, hello  # inlined
 
 
@@ -159,7 +160,8 @@ def main() -> int:
             "hostname": socket.gethostname(), "time": time.time(),
             "cpu_percent": cpu.percent(), "cpus": os.cpu_count(), "mem": cpu.memory(),
             "net": {"rx_bps": (rx - last_net[0]) / dt, "tx_bps": (tx - last_net[1]) / dt},
-            "gpus": gpus.sample(), "gpu_error": gpus.error, "jobs": jobs(),
+            "gpus": gpus.sample(), "gpu_error": gpus.error, "jobs": jobs(), "leases": held_all(),
+            "user": user_name(),
         }
         last_net, last_t = (rx, tx), now
         try:

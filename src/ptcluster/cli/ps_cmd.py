@@ -1,0 +1,63 @@
+"""Every ptcluster job on the cluster's nodes: who, where, which GPUs, since when, what."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ptcluster.cli.common import SECONDS, cluster_option, load_spec
+from ptcluster.monitor.jobs import JobRow, job_rows
+from ptcluster.monitor.watch import Monitor
+from ptcluster.node.gpus import spans
+from ptcluster.remote.connect import transports
+
+
+@click.command(help=__doc__)
+@cluster_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: jobs and unreachable "
+              "nodes.")
+@click.option("--all-users", is_flag=True, help="Everyone's jobs (default: your own).")
+@click.option("--timeout", type=SECONDS, default=20.0, show_default=True,
+              help="Seconds to wait for every node.")
+def ps(cluster: str | None, as_json: bool, all_users: bool, timeout: float) -> None:
+    spec = load_spec(cluster, None)
+    with Monitor(spec, transports(spec), interval=0.2) as mon:
+        mon.wait_first(timeout)
+        views = mon.snapshot()
+    seen = {v.host: (str(v.sample.get("hostname") or ""), str(v.sample.get("user") or ""),
+                     list(v.sample.get("leases") or []))
+            for v in views if v.sample is not None}
+    rows = [r for r in job_rows(seen) if all_users or r.mine]
+    missing = {v.host: v.error or "no answer" for v in views if v.sample is None}
+    if as_json:
+        click.echo(json.dumps({"jobs": [r.to_json() for r in rows], "unreachable": missing},
+                              indent=2))
+    else:
+        console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+        if rows:
+            console.print(table(rows))
+        else:
+            console.print("no ptcluster job" + ("" if all_users else " of yours (--all-users: "
+                                                 "everyone's)") + " on these nodes")
+        for host, why in missing.items():
+            console.print(f"[yellow]{host}: not listed: {why}[/yellow]", markup=True)
+    if missing:
+        sys.exit(1)
+
+
+def table(rows: list[JobRow]) -> Table:
+    t = Table(box=None, pad_edge=False)
+    for name in ("JOB", "USER", "HEAD", "NODES", "RANKS", "GPUS", "PORT", "STARTED", "STATE",
+                 "COMMAND"):
+        t.add_column(name, no_wrap=name != "COMMAND")
+    for r in rows:
+        gpus = " ".join(f"{h}:{spans(ix)}" for h, ix in r.gpus.items()) or "-"
+        t.add_row(r.job_id, r.user, r.head, ",".join(r.nodes), str(r.ranks), gpus,
+                  str(r.port or "-"), time.strftime("%m-%d %H:%M", time.localtime(r.started)),
+                  r.state, r.command)
+    return t
