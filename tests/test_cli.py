@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -406,3 +407,15 @@ def test_a_channel_without_descriptors_is_not_a_missing_program() -> None:
     assert "too many open files" in problem and "ulimit -n" in fix and "OpenSSH" not in fix
     _, fix = explain_start_failure("ssh", FileNotFoundError(errno.ENOENT, "No such file"))
     assert "OpenSSH" in fix
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine: the script "
+                    "runs every path for real there (scripts/gpu_check.sh)")
+def test_gpu_check_skips_every_path_with_the_reason_without_a_gpu() -> None:
+    script = Path(__file__).parent.parent / "scripts" / "gpu_check.sh"
+    p = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["doctor+nvml", "bench-nccl", "monitor",
+                                                   "trainer-cuda-bf16", "gpus-auto-busy"]
+    assert all("skip: no NVIDIA GPU here" in line for line in lines), lines

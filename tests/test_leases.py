@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ptcluster.monitor.jobs import job_rows
-from ptcluster.node import gpus, leases
+from ptcluster.node import gpus, leases, sampler
 from ptcluster.node.prechecks import GuardError, lease_master_port
 
 
@@ -218,3 +218,14 @@ def test_ps_rows_count_each_lease_once_on_the_node_it_names() -> None:
     assert j2.mine and not j1.mine and j2.nodes == ["n2"] and j2.ranks == 1
     assert j1.nodes == ["n1", "n2"] and j1.ranks == 3 and j1.port == 29501
     assert j1.gpus == {"n1": [2, 3], "n2": [0]} and j1.started == 100.0
+
+
+def test_the_monitors_job_column_is_every_users_jobs_on_this_node() -> None:
+    here = socket.gethostname()
+    seen = [{"job_id": "J1", "user": "alice", "node": here, "resource": "job-J1",
+             "ranks": [4, 7]},
+            {"job_id": "J1", "user": "alice", "node": here, "resource": "gpu-5"},
+            {"job_id": "J1", "user": "alice", "node": here, "resource": "gpu-4"},
+            {"job_id": "J2", "user": "bob", "node": "elsewhere", "resource": "job-J2",
+             "ranks": [0, 0]}]
+    assert sampler.jobs(seen) == {"J1": {"user": "alice", "ranks": 4, "gpus": [4, 5]}}

@@ -103,7 +103,10 @@ def table(views: list[NodeView]) -> Table:
             continue
         cpu = f"{s['cpu_percent']:.0f}% of {s['cpus']}"
         ram = f"{s['mem']['used'] / GB:.1f}/{s['mem']['total'] / GB:.1f} GB"
-        jobs = ", ".join(f"{j} ({n})" for j, n in s["jobs"].items()) or "-"
+        jobs = ", ".join(
+            f"{j} ({info.get('user')}, {info.get('ranks')} rank(s)"
+            + (f", GPUs {','.join(map(str, info['gpus']))}" if info.get("gpus") else "") + ")"
+            for j, info in s["jobs"].items()) or "-"
         common = [cpu, ram, _rate(s["net"]["rx_bps"]), _rate(s["net"]["tx_bps"]), jobs]
         if not s["gpus"]:
             t.add_row(v.host, "[dim]no GPU[/dim]", "", "", "", "", *common)

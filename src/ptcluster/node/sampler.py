@@ -118,22 +118,22 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def jobs() -> dict[str, int]:
-    """Processes per ptcluster job on this node (by the PTCLUSTER_JOB_ID in their env)."""
-    found: dict[str, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+def jobs(leased: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every ptcluster job on this node, any user's, from the leases its guard holds here:
+    job id -> user, ranks, GPUs. (Not from /proc/*/environ, which shows only one's own.)"""
+    here = socket.gethostname()
+    found: dict[str, dict[str, Any]] = {}
+    for r in leased:
+        if r.get("node") != here or not r.get("job_id"):
             continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        for var in env.split(b"\0"):  # whole entries: not a match inside another value
-            if var.startswith(b"PTCLUSTER_JOB_ID="):
-                job = var[17:].decode(errors="replace")
-                found[job] = found.get(job, 0) + 1
-                break
+        job = found.setdefault(str(r["job_id"]), {"user": r.get("user"), "ranks": 0,
+                                                  "gpus": []})
+        kind, _, value = str(r.get("resource", "")).partition("-")
+        if kind == "job":
+            first, last = (list(r.get("ranks") or []) + [0, -1])[:2]
+            job["ranks"] = max(int(last) - int(first) + 1, 0)
+        elif kind == "gpu" and value.isdigit():
+            job["gpus"] = sorted([*job["gpus"], int(value)])
     return found
 
 
@@ -156,12 +156,13 @@ def main() -> int:
         now = time.monotonic()
         rx, tx = net_bytes()
         dt = max(now - last_t, 1e-6)
+        leased = held_all()
         sample = {
             "hostname": socket.gethostname(), "time": time.time(),
             "cpu_percent": cpu.percent(), "cpus": os.cpu_count(), "mem": cpu.memory(),
             "net": {"rx_bps": (rx - last_net[0]) / dt, "tx_bps": (tx - last_net[1]) / dt},
-            "gpus": gpus.sample(), "gpu_error": gpus.error, "jobs": jobs(), "leases": held_all(),
-            "user": user_name(),
+            "gpus": gpus.sample(), "gpu_error": gpus.error, "leases": leased,
+            "jobs": jobs(leased), "user": user_name(),
         }
         last_net, last_t = (rx, tx), now
         try:

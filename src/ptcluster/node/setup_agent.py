@@ -26,6 +26,7 @@ import sys
 import threading
 from typing import Any
 
+from ptcluster.node.leases import LEASE_DIR  # inlined
 from ptcluster.node.netif import route_interface  # inlined
 from ptcluster.node.wire import control, encode, hello, split  # inlined
 
@@ -170,6 +171,13 @@ class Node:
         if (every or "workdir" in want) and self.cfg.get("workdir"):
             path = os.path.expanduser(self.cfg["workdir"])
             out["workdir"] = {"path": path, "exists": os.path.isdir(path)}
+        if every or "leases" in want:
+            out["leases"] = {"dir": LEASE_DIR, "tmpfiles": _read(TMPFILES)}
+            try:
+                st = os.lstat(LEASE_DIR)
+                out["leases"].update(exists=True, mode=st.st_mode, uid=st.st_uid)
+            except OSError:
+                out["leases"]["exists"] = False
         if every or "env" in want:
             out["env_file"] = _read(os.path.expanduser(self.cfg["env_file"]))
             iface, why = route_interface(self.cfg["master_addr"])
@@ -225,6 +233,10 @@ def _user() -> str:
     import pwd
 
     return pwd.getpwuid(os.geteuid()).pw_name
+
+
+TMPFILES = "/etc/tmpfiles.d/ptcluster.conf"
+"""systemd-tmpfiles' entry that makes the lease directory at every boot (/run is a tmpfs)."""
 
 
 def _read(path: str) -> str | None:

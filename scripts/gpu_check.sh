@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Every GPU path of ptcluster on this machine's GPUs (the local cluster), one line each:
+#   ok: what was seen | FAIL: what went wrong (the log's tail follows) | skip: why not
+# For the first time a GPU machine is at hand; on a machine without one every path says
+# skip with the reason and the script exits 0. Exit 1 when a path failed.
+#   bash scripts/gpu_check.sh            (PYTHON=... to use another interpreter)
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=$(command -v python3)
+PY=$(readlink -f "$PY")  # absolute: some paths run from a temporary directory
+out=$(mktemp -d)
+holder=""
+cleanup() {
+    if [ -n "$holder" ]; then kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null; fi
+    rm -rf "$out"
+}
+trap cleanup EXIT
+failed=0
+say() { printf '%-26s %s\n' "$1" "$2"; }
+fail() { say "$1" "FAIL: $2"; failed=1; [ -f "$3" ] && tail -n 15 "$3" | sed 's/^/    /'; }
+PATHS="doctor+nvml bench-nccl monitor trainer-cuda-bf16 gpus-auto-busy"
+
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+    why="no NVIDIA GPU here (nvidia-smi not installed)"
+elif ! nvidia-smi -L >"$out/smi" 2>&1 || ! grep -q '^GPU ' "$out/smi"; then
+    why="no NVIDIA GPU here (nvidia-smi -L: $(head -n 1 "$out/smi"))"
+else
+    why=""
+fi
+if [ -n "$why" ]; then
+    for p in $PATHS; do say "$p" "skip: $why"; done
+    exit 0
+fi
+n=$(grep -c '^GPU ' "$out/smi")
+say "gpus" "ok: $n ($(sed -n 's/^GPU 0: \([^(]*\).*/\1/p' "$out/smi" | sed 's/ *$//'))"
+
+# doctor: facts through NVML (ctypes), every check, and the all-reduce over NCCL
+if "$PY" -m ptcluster doctor --json >"$out/doctor.json" 2>"$out/doctor.err"; then
+    "$PY" - "$out/doctor.json" "$n" >"$out/doctor.line" 2>&1 <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1])); n = int(sys.argv[2])
+(node,) = r["nodes"].values()
+g = node["facts"]["gpus"]
+assert g["source"] == "nvml" and g["count"] == n, g
+a = r["allreduce"] or {}
+assert a.get("backend") == "nccl" and a.get("wrong") == 0, a
+print(f"ok: NVML sees {g['count']} ({g['names'][0]}, driver {g['driver']}, CUDA "
+      f"{g['cuda_driver']}); all-reduce over NCCL on {a['world_size']} rank(s), 0 wrong, "
+      f"{a['busbw_gbps']} GB/s")
+EOF
+    if [ $? -eq 0 ]; then say "doctor+nvml" "$(cat "$out/doctor.line")"
+    else fail "doctor+nvml" "$(tail -n 1 "$out/doctor.line")" "$out/doctor.err"; fi
+else
+    fail "doctor+nvml" "exit $?" "$out/doctor.err"
+fi
+
+# bench: every collective up to 1 GB over NCCL, results checked
+if "$PY" -m ptcluster bench --op all -e 1G --json >"$out/bench.json" 2>"$out/bench.err"; then
+    "$PY" - "$out/bench.json" >"$out/bench.line" 2>&1 <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+rows = r["rows"]
+wrong = sum(int(x.get("wrong") or 0) for x in rows)
+best = max((float(x.get("busbw") or 0) for x in rows), default=0.0)
+assert rows and wrong == 0, (len(rows), wrong)
+print(f"ok: {len(rows)} sizes x ops, 0 wrong, best busbw {best:.1f} GB/s "
+      f"(backend {r.get('backend', '?')})")
+EOF
+    if [ $? -eq 0 ]; then say "bench-nccl" "$(cat "$out/bench.line")"
+    else fail "bench-nccl" "$(tail -n 1 "$out/bench.line")" "$out/bench.json"; fi
+else
+    fail "bench-nccl" "exit $?" "$out/bench.err"
+fi
+
+# monitor: one sample with every GPU's figures
+if "$PY" -m ptcluster monitor --once --json >"$out/mon.json" 2>"$out/mon.err"; then
+    "$PY" - "$out/mon.json" "$n" >"$out/mon.line" 2>&1 <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1])); n = int(sys.argv[2])
+(node,) = r["nodes"]
+g = node["sample"]["gpus"]
+assert len(g) == n, g
+print(f"ok: {len(g)} GPU(s): util {g[0]['util']}%, {g[0]['mem_used'] / 1e9:.1f}/"
+      f"{g[0]['mem_total'] / 1e9:.0f} GB, {g[0].get('power_w')} W, {g[0].get('temp_c')} C")
+EOF
+    if [ $? -eq 0 ]; then say "monitor" "$(cat "$out/mon.line")"
+    else fail "monitor" "$(tail -n 1 "$out/mon.line")" "$out/mon.json"; fi
+else
+    fail "monitor" "exit $?" "$out/mon.err"
+fi
+
+# the reference trainer on CUDA, bf16 autocast, NCCL, one rank per GPU
+(cd "$out" && "$PY" -m ptcluster run --run-dir runs -m ptcluster.examples.mnist --epochs 1 \
+    --dataset digits --no-download --amp bf16) >"$out/train.log" 2>&1
+code=$?
+final=$(grep -o 'final .*' "$out/train.log" | head -n 1)
+if [ $code -eq 0 ] && echo "$final" | grep -q 'backend=nccl'; then
+    say "trainer-cuda-bf16" "ok: $final"
+else
+    fail "trainer-cuda-bf16" "exit $code, ${final:-no final line}" "$out/train.log"
+fi
+
+# gpus: auto while another process holds GPU 0 (NVML shows it): with one GPU the job is
+# refused naming that pid; with more, the ranks get another GPU
+"$PY" -c "import time, torch; x = torch.ones(256, 1024, 1024, device='cuda:0'); \
+print('held', flush=True); time.sleep(300)" >"$out/holder.log" 2>&1 &
+holder=$!
+for _ in $(seq 1 60); do grep -q held "$out/holder.log" && break; sleep 1; done
+cat >"$out/cvd.py" <<'EOF'
+import os
+print("cvd=" + os.environ.get("CUDA_VISIBLE_DEVICES", "unset"), flush=True)
+EOF
+(cd "$out" && "$PY" -m ptcluster run --nproc 1 --run-dir runs-cvd cvd.py) >"$out/cvd.log" 2>&1
+code=$?
+if ! grep -q held "$out/holder.log"; then
+    fail "gpus-auto-busy" "the process meant to hold GPU 0 did not start" "$out/holder.log"
+elif [ "$n" -eq 1 ]; then
+    if [ $code -ne 0 ] && grep -q "GPU 0 is in use by pid $holder" "$out/cvd.log"; then
+        say "gpus-auto-busy" "ok: refused before launch: $(grep -o 'GPU 0 is in use by pid [^)]*)' "$out/cvd.log" | head -n 1)"
+    else
+        fail "gpus-auto-busy" "exit $code, pid $holder not named" "$out/cvd.log"
+    fi
+elif [ $code -eq 0 ] && grep -q 'cvd=1$' "$out/cvd.log"; then
+    say "gpus-auto-busy" "ok: GPU 0 skipped (pid $holder), the rank got CUDA_VISIBLE_DEVICES=1"
+else
+    fail "gpus-auto-busy" "exit $code, $(grep -o 'cvd=.*' "$out/cvd.log" | head -n 1)" \
+        "$out/cvd.log"
+fi
+exit $failed
