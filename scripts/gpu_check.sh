@@ -35,9 +35,23 @@ fi
 n=$(grep -c '^GPU ' "$out/smi")
 say "gpus" "ok: $n ($(sed -n 's/^GPU 0: \([^(]*\).*/\1/p' "$out/smi" | sed 's/ *$//'))"
 
+# check NAME CHECKER CMD...: CMD's JSON (stdout) judged by CHECKER (Python: argv[1] the JSON's
+# file, argv[2] the GPU count), which prints the ok line or fails with what it saw
+check() {
+    local name=$1 checker=$2 code
+    shift 2
+    "$@" >"$out/$name.json" 2>"$out/$name.err"
+    code=$?
+    if [ $code -ne 0 ]; then fail "$name" "exit $code" "$out/$name.err"; return; fi
+    if "$PY" -c "$checker" "$out/$name.json" "$n" >"$out/$name.line" 2>&1; then
+        say "$name" "$(cat "$out/$name.line")"
+    else
+        fail "$name" "$(tail -n 1 "$out/$name.line")" "$out/$name.json"
+    fi
+}
+
 # doctor: facts through NVML (ctypes), every check, and the all-reduce over NCCL
-if "$PY" -m ptcluster doctor --json >"$out/doctor.json" 2>"$out/doctor.err"; then
-    "$PY" - "$out/doctor.json" "$n" >"$out/doctor.line" 2>&1 <<'EOF'
+check doctor+nvml '
 import json, sys
 r = json.load(open(sys.argv[1])); n = int(sys.argv[2])
 (node,) = r["nodes"].values()
@@ -45,50 +59,35 @@ g = node["facts"]["gpus"]
 assert g["source"] == "nvml" and g["count"] == n, g
 a = r["allreduce"] or {}
 assert a.get("backend") == "nccl" and a.get("wrong") == 0, a
-print(f"ok: NVML sees {g['count']} ({g['names'][0]}, driver {g['driver']}, CUDA "
-      f"{g['cuda_driver']}); all-reduce over NCCL on {a['world_size']} rank(s), 0 wrong, "
-      f"{a['busbw_gbps']} GB/s")
-EOF
-    if [ $? -eq 0 ]; then say "doctor+nvml" "$(cat "$out/doctor.line")"
-    else fail "doctor+nvml" "$(tail -n 1 "$out/doctor.line")" "$out/doctor.err"; fi
-else
-    fail "doctor+nvml" "exit $?" "$out/doctor.err"
-fi
+count, name, driver, cuda = g["count"], g["names"][0], g["driver"], g["cuda_driver"]
+world, bw = a["world_size"], a["busbw_gbps"]
+print(f"ok: NVML sees {count} ({name}, driver {driver}, CUDA {cuda}); all-reduce over NCCL "
+      f"on {world} rank(s), 0 wrong, {bw} GB/s")
+' "$PY" -m ptcluster doctor --json
 
 # bench: every collective up to 1 GB over NCCL, results checked
-if "$PY" -m ptcluster bench --op all -e 1G --json >"$out/bench.json" 2>"$out/bench.err"; then
-    "$PY" - "$out/bench.json" >"$out/bench.line" 2>&1 <<'EOF'
+check bench-nccl '
 import json, sys
 r = json.load(open(sys.argv[1]))
 rows = r["rows"]
 wrong = sum(int(x.get("wrong") or 0) for x in rows)
 best = max((float(x.get("busbw") or 0) for x in rows), default=0.0)
-assert rows and wrong == 0, (len(rows), wrong)
-print(f"ok: {len(rows)} sizes x ops, 0 wrong, best busbw {best:.1f} GB/s "
-      f"(backend {r.get('backend', '?')})")
-EOF
-    if [ $? -eq 0 ]; then say "bench-nccl" "$(cat "$out/bench.line")"
-    else fail "bench-nccl" "$(tail -n 1 "$out/bench.line")" "$out/bench.json"; fi
-else
-    fail "bench-nccl" "exit $?" "$out/bench.err"
-fi
+assert rows and wrong == 0 and r.get("backend") == "nccl", (len(rows), wrong, r.get("backend"))
+print(f"ok: {len(rows)} sizes x ops over NCCL, 0 wrong, best busbw {best:.1f} GB/s")
+' "$PY" -m ptcluster bench --op all -e 1G --json
 
 # monitor: one sample with every GPU's figures
-if "$PY" -m ptcluster monitor --once --json >"$out/mon.json" 2>"$out/mon.err"; then
-    "$PY" - "$out/mon.json" "$n" >"$out/mon.line" 2>&1 <<'EOF'
+check monitor '
 import json, sys
 r = json.load(open(sys.argv[1])); n = int(sys.argv[2])
 (node,) = r["nodes"]
 g = node["sample"]["gpus"]
 assert len(g) == n, g
-print(f"ok: {len(g)} GPU(s): util {g[0]['util']}%, {g[0]['mem_used'] / 1e9:.1f}/"
-      f"{g[0]['mem_total'] / 1e9:.0f} GB, {g[0].get('power_w')} W, {g[0].get('temp_c')} C")
-EOF
-    if [ $? -eq 0 ]; then say "monitor" "$(cat "$out/mon.line")"
-    else fail "monitor" "$(tail -n 1 "$out/mon.line")" "$out/mon.json"; fi
-else
-    fail "monitor" "exit $?" "$out/mon.err"
-fi
+x = g[0]
+used, total, util = x["mem_used"] / 1e9, x["mem_total"] / 1e9, x["util"]
+power, temp = x.get("power_w"), x.get("temp_c")
+print(f"ok: {len(g)} GPU(s): util {util}%, {used:.1f}/{total:.0f} GB, {power} W, {temp} C")
+' "$PY" -m ptcluster monitor --once --json
 
 # the reference trainer on CUDA, bf16 autocast, NCCL, one rank per GPU
 (cd "$out" && "$PY" -m ptcluster run --run-dir runs -m ptcluster.examples.mnist --epochs 1 \
