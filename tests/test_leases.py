@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -229,3 +231,47 @@ def test_the_monitors_job_column_is_every_users_jobs_on_this_node() -> None:
             {"job_id": "J2", "user": "bob", "node": "elsewhere", "resource": "job-J2",
              "ranks": [0, 0]}]
     assert sampler.jobs(seen) == {"J1": {"user": "alice", "ranks": 4, "gpus": [4, 5]}}
+
+
+def test_kill_by_another_user_is_refused_by_the_kernel_and_by_the_owner_works(tmp_path) -> None:
+    """The job's guard (here a root process holding the job's lease) in a lock directory like
+    /run/lock's; `kill`'s node program run as nobody is refused (EPERM), with who may; run as
+    the owner, it signals the holder and leaves the note its guard reads."""
+    src = Path(__file__).resolve().parents[1] / "src"
+    if shutil.which("setpriv") is None:
+        pytest.skip("no setpriv here (util-linux)")
+    shared = Path(tempfile.mkdtemp(dir="/tmp", prefix="ptc-leases-"))
+    os.chmod(shared, 0o1777)
+    hold = ("import sys, time; sys.path[:0] = [sys.argv[2]]; from ptcluster.node import leases; "
+            "leases.LEASE_DIR = sys.argv[1]; held = leases.take('job-J9', {'job_id': 'J9'}); "
+            "print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(shared), str(src)],
+                              stdout=subprocess.PIPE, text=True)
+    ask = ("import json, sys; from ptcluster.node import kill, leases; "
+           "leases.LEASE_DIR = sys.argv[1]; "
+           "print(json.dumps(kill.end_job('J9', 'TERM', {'host': 'h9', 'user': sys.argv[2]})))")
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        as_nobody = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+             "-c", ask, str(shared), "nobody"], env={"PYTHONPATH": str(src)},
+            capture_output=True, text=True, timeout=30)
+        if as_nobody.returncode and "Permission denied" in as_nobody.stderr:
+            pytest.skip(f"nobody cannot read {src} here")
+        refused = json.loads(as_nobody.stdout)
+        assert refused["found"] and refused["signalled"] is False, refused
+        assert refused["error"] == "job J9 is root's: only root may end it", refused
+        assert holder.poll() is None  # untouched
+        assert not list(shared.glob("kill-*"))  # nobody's note went with the refusal
+        mine = subprocess.run([sys.executable, "-c", ask, str(shared), "root"],
+                              env={**os.environ, "PYTHONPATH": str(src)},
+                              capture_output=True, text=True, timeout=30)
+        assert json.loads(mine.stdout)["signalled"], mine.stdout + mine.stderr
+        assert holder.wait(timeout=10) == -signal.SIGTERM
+        (note,) = shared.glob("kill-J9@*.json")
+        assert json.loads(note.read_text())["user"] == "root"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        shutil.rmtree(shared, ignore_errors=True)

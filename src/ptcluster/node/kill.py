@@ -44,8 +44,9 @@ def end_job(job_id: str, signame: str, by: dict) -> dict:
         except OSError:
             pass
         out["signalled"] = False
-        out["error"] = (f"job {job_id} is {record.get('user')}'s: only "
-                        f"{record.get('user')} or root may end it")
+        owner = record.get("user") or "?"
+        out["error"] = (f"job {job_id} is {owner}'s: only {owner}"
+                        f"{'' if owner == 'root' else ' or root'} may end it")
     except ProcessLookupError:
         out["signalled"] = False
         out["error"] = "its guard ended meanwhile"
