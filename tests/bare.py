@@ -152,7 +152,8 @@ def node_script(*, name: str, merged: Path, upper: Path, work: Path, tag: str,
         f"mount -t proc proc {m}/proc",
         f"mount -t tmpfs -o mode=755 run {m}/run",
         f"mount -t tmpfs -o mode=1777 tmp {m}/tmp",
-        f"mkdir -p {m}/run/sshd {m}/run/lock",
+        # /run/lock as systemd-tmpfiles makes it on Ubuntu (legacy.conf: 1777, root's)
+        f"mkdir -p {m}/run/sshd && mkdir -p -m 1777 {m}/run/lock",
         # passwords arrive on stdin (chpasswd), never in an argv
         *[f"chroot {m} useradd -m -s /bin/bash {q(u)}" for u, _ in users],
         f"head -n {len(users)} | chroot {m} chpasswd",

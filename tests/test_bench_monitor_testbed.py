@@ -81,8 +81,8 @@ def test_monitor_shows_a_running_job(testbed, tmp_path, no_leftovers) -> None:
         assert code == 0, head.output()
         data = json.loads("\n".join(head.lines))
         for v in data["nodes"]:
-            job = v["sample"]["jobs"].get(job_id) or {}  # from the leases: anyone's job
-            assert job.get("user") == "root" and job.get("ranks", 0) >= 1, v["sample"]
+            seen = v["sample"]["jobs"].get(job_id) or {}  # from the leases: anyone's job
+            assert seen.get("user") == "root" and seen.get("ranks", 0) >= 1, v["sample"]
     finally:
         job.signal(2)
         job.wait(timeout=30)

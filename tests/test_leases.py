@@ -275,3 +275,18 @@ def test_kill_by_another_user_is_refused_by_the_kernel_and_by_the_owner_works(tm
             holder.kill()
             holder.wait()
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_without_a_usable_lease_directory_jobs_run_unleased_and_say_so(tmp_path,
+                                                                       monkeypatch) -> None:
+    """A node with no /run/lock (a bare container): the guard's leasing stands in, so the job
+    is not refused for it; the choice says it is not leased."""
+    monkeypatch.setattr(leases, "LEASE_DIR", str(tmp_path / "no-run-lock" / "ptcluster"))
+    leasing = leases.Leasing()
+    assert leasing.off and "No such file or directory" in leasing.off
+    chosen, held = gpus.claim([0], 1, OWNER, {}, leasing)
+    assert chosen["indices"] == [0] and "not leased (" in chosen["why"], chosen
+    port, lease = lease_master_port("auto", OWNER, leasing)
+    assert 29500 <= port < 30000 and leasing.holder(f"port-{port}") is None
+    for one in [*held, lease]:
+        one.release()  # nothing to release: no error either

@@ -177,6 +177,11 @@ class Supervisor:
         if e.facts.get("interface_source") and e.facts.get("interface_source") != "cluster file":
             actions.append(Status(f"{e.host}: sockets on {e.facts.get('interface') or '?'} "
                                   f"({e.facts['interface_source']})"))
+        if e.facts.get("leases_off"):
+            actions.append(Status(f"{e.host}: no leases ({e.facts['leases_off']}): other "
+                                  "jobs' GPUs and ports are not checked, and `ptcluster ps` "
+                                  "does not list this job there; `ptcluster setup` makes the "
+                                  "directory"))
         if e.facts.get("gpus"):
             chosen = e.facts["gpus"]
             actions.append(Status(f"{e.host}: GPUs {chosen.get('visible') or 'none'}: "

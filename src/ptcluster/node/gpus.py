@@ -16,7 +16,7 @@ import pwd
 from typing import Any
 
 from ptcluster.node.accel import compute_processes, gpus  # inlined
-from ptcluster.node.leases import LEASE_DIR, Lease, describe, holder, take  # inlined
+from ptcluster.node.leases import LEASE_DIR, Lease, Leasing, describe  # inlined
 from ptcluster.node.prechecks import GuardError  # inlined
 
 VIRTUAL_GPUS = 1024
@@ -42,7 +42,8 @@ def _owner_of(pid: int) -> str:
 
 
 def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
-          env: dict[str, str]) -> tuple[dict[str, Any], list[Lease]]:
+          env: dict[str, str], leasing: Leasing | None = None
+          ) -> tuple[dict[str, Any], list[Lease]]:
     """(what to report and set, the leases to hold): ``{"indices", "visible", "why"}``.
 
     Refused (``GuardError``, ``busy`` set) before any rank starts when the GPUs asked for are
@@ -52,6 +53,7 @@ def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
         return {"visible": env["CUDA_VISIBLE_DEVICES"],
                 "why": "CUDA_VISIBLE_DEVICES was already set (by Slurm or the cluster file's "
                        "env): not leased"}, []
+    leasing = leasing or Leasing()
     found = gpus()
     count = int(found.get("count") or 0)
     if want is None and count == 0:
@@ -83,9 +85,9 @@ def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
                     taken.setdefault(f"pid {p['pid']} ({user}, {p['mib'] / 1024:.0f} GiB)",
                                      []).append(i)
                 continue
-            lease = take(f"gpu-{i}", owner)
+            lease = leasing.take(f"gpu-{i}", owner)
             if lease is None:
-                record = holder(f"gpu-{i}") or {}
+                record = leasing.holder(f"gpu-{i}") or {}
                 if record.get("user"):
                     users.add(str(record["user"]))
                 taken.setdefault(describe(record), []).append(i)
@@ -117,4 +119,6 @@ def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
         why = f"auto: the first {need} free" + (f" (skipped {skipped})" if skipped else "")
     if unchecked:
         why += f"; {unchecked}"
+    if leasing.off:
+        why += f"; not leased ({leasing.off}): other jobs are not kept off them"
     return {"indices": chosen, "visible": ",".join(map(str, chosen)), "why": why}, held

@@ -41,7 +41,7 @@ from typing import Any
 
 from ptcluster.node.gpus import claim  # inlined
 from ptcluster.node.hangwatch import ProgressMeter  # inlined
-from ptcluster.node.leases import read_kill_notes  # inlined
+from ptcluster.node.leases import Leasing, read_kill_notes  # inlined
 from ptcluster.node.netif import address_on, route_interface  # inlined
 from ptcluster.node.prechecks import (  # inlined
     GuardError,
@@ -199,13 +199,16 @@ class Guard:
         self.cfg["workdir"] = facts["workdir"] = workdir
         check_target(self.cfg.get("target") or {}, workdir)
         owner = {k: self.cfg.get(k) for k in ("job_id", "head", "command", "ranks")}
-        self.leases.append(lease_job(owner))  # what `ptcluster ps` and `kill` find
+        leasing = Leasing()
+        if leasing.off:
+            facts["leases_off"] = leasing.off
+        self.leases.append(lease_job(owner, leasing))  # what `ptcluster ps` and `kill` find
         port = self.cfg.get("check_port")
         if port:  # the master: the port is this job's until the guard ends
-            facts["master_port"], lease = lease_master_port(port, owner)
+            facts["master_port"], lease = lease_master_port(port, owner, leasing)
             self.leases.append(lease)
         chosen, held = claim(self.cfg.get("gpus"), int(self.cfg.get("slots") or 1), owner,
-                             {**os.environ, **self.cfg["env"]})
+                             {**os.environ, **self.cfg["env"]}, leasing)
         self.leases.extend(held)
         if chosen:
             facts["gpus"] = chosen

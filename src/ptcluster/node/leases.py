@@ -44,6 +44,28 @@ class Lease:
         self.fd = -1
 
 
+class Leasing:
+    """Takes this job's leases; or, where the lease directory cannot be made or used (no
+    /run/lock, say), stands in without them, and says why in ``off``: the job then runs as it
+    did before leases, unchecked against other jobs (refusing every job there would be worse)."""
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory
+        self.off: str | None = None
+        try:
+            ensure_dir(directory)
+        except OSError as exc:
+            self.off = f"{directory or LEASE_DIR}: {exc.strerror or exc}"
+
+    def take(self, resource: str, info: dict) -> Lease | None:
+        if self.off:
+            return Lease(-1, lease_name(resource), "")
+        return take(resource, info, self.directory)
+
+    def holder(self, resource: str) -> dict | None:
+        return None if self.off else holder(resource, self.directory)
+
+
 def lease_name(resource: str) -> str:
     """The file name of a resource's lease on this node: with the hostname, so that nodes that
     happen to share a lock directory (a shared /run in containers) never share a lease."""

@@ -11,7 +11,7 @@ import socket
 import sys
 from typing import Any
 
-from ptcluster.node.leases import LEASE_DIR, Lease, describe, holder, take  # inlined
+from ptcluster.node.leases import LEASE_DIR, Lease, Leasing, describe  # inlined
 from ptcluster.node.netif import AUTO_PORTS  # inlined
 from ptcluster.node.proctree import listdir  # inlined
 
@@ -114,11 +114,11 @@ def port_in_use(port: int) -> str | None:
     return None
 
 
-def lease_job(owner: dict[str, Any]) -> Lease:
+def lease_job(owner: dict[str, Any], leasing: Leasing) -> Lease:
     """The job's own lease on this node (``job-ID``): its record is what ``ptcluster ps`` lists
     and ``ptcluster kill`` signals (the guard's pid), on every node of the job."""
     try:
-        lease = take(f"job-{owner['job_id']}", owner)
+        lease = leasing.take(f"job-{owner['job_id']}", owner)
     except OSError as exc:
         raise GuardError(f"cannot lease in {LEASE_DIR}: {exc}",
                          f"make {LEASE_DIR} a directory every user can create files in "
@@ -129,7 +129,8 @@ def lease_job(owner: dict[str, Any]) -> Lease:
     return lease
 
 
-def lease_master_port(port: int | str, owner: dict[str, Any]) -> tuple[int, Lease]:
+def lease_master_port(port: int | str, owner: dict[str, Any],
+                      leasing: Leasing | None = None) -> tuple[int, Lease]:
     """The rendezvous port this job's master uses, leased for the job's life.
 
     ``auto``: the first port of :data:`AUTO_PORTS` that no other ptcluster job holds and nothing
@@ -137,10 +138,11 @@ def lease_master_port(port: int | str, owner: dict[str, Any]) -> tuple[int, Leas
     or anything else has bound it.
     """
     record = dict(owner)
+    leasing = leasing or Leasing()
     try:
         if port == "auto":
             for p in AUTO_PORTS:
-                lease = take(f"port-{p}", record)
+                lease = leasing.take(f"port-{p}", record)
                 if lease is None:
                     continue
                 if port_in_use(p) is None:
@@ -149,14 +151,14 @@ def lease_master_port(port: int | str, owner: dict[str, Any]) -> tuple[int, Leas
             raise GuardError(f"no free port in {AUTO_PORTS.start}-{AUTO_PORTS.stop - 1} on "
                              "this node for the rendezvous",
                              "end some jobs, or set master.port to a free port")
-        lease = take(f"port-{int(port)}", record)
+        lease = leasing.take(f"port-{int(port)}", record)
     except OSError as exc:
         raise GuardError(f"cannot lease the rendezvous port in {LEASE_DIR}: {exc}",
                          f"make {LEASE_DIR} a directory every user can create files in "
                          "(mode 1777; ptcluster setup does)") from None
     if lease is None:
         raise GuardError(f"master port {port} is in use on this node by "
-                         f"{describe(holder(f'port-{int(port)}') or {})}",
+                         f"{describe(leasing.holder(f'port-{int(port)}') or {})}",
                          "set master.port: auto (every job takes a free port), or wait for "
                          "that job to end (run --wait)", busy=True)
     try:
