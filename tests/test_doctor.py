@@ -174,3 +174,17 @@ def test_doctor_names_the_slow_node_and_only_it(testbed, tmp_path) -> None:
     assert found[slow.name]["detail"].startswith("slow node: probe ")
     assert "the other nodes' median" in found[slow.name]["detail"]
     assert all(found[n.name]["status"] == "ok" for n in testbed.nodes if n is not slow), found
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 64, 1024])
+def test_doctor_probes_a_ring_and_a_few_peers_in_o_n(n) -> None:
+    from ptcluster.doctor.collect import RING_EXTRA, probe_peers
+    probes = [probe_peers(i, n) for i in range(n)]
+    by = {j: sum(j in p for p in probes) for j in range(n)}
+    for i, p in enumerate(probes):
+        assert i not in p and len(p) == len(set(p)) == min(n - 1, 2 + RING_EXTRA)
+        if n > 2 + RING_EXTRA + 1:
+            assert {(i + 1) % n, (i - 1) % n} <= set(p)  # the ring: seen from both sides
+    assert all(count >= min(n - 1, 2) for count in by.values())
+    assert sum(map(len, probes)) <= n * (2 + RING_EXTRA)  # O(N), not N(N-1)
+    assert probes == [probe_peers(i, n) for i in range(n)]  # the same in every run

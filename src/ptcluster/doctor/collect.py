@@ -8,6 +8,7 @@ node that fails: every node gets a :class:`NodeReport`.
 from __future__ import annotations
 
 import queue
+import random
 import signal
 import time
 from dataclasses import dataclass, field
@@ -84,14 +85,34 @@ def address_of(iface: str | None, facts: dict[str, Any]) -> str | None:
     return None
 
 
+RING_EXTRA = 2
+"""Random peers each node probes beyond its two ring neighbours (issue 18: O(N) in all)."""
+
+
+def probe_peers(i: int, n: int, extra: int = RING_EXTRA) -> list[int]:
+    """The nodes node ``i`` of ``n`` checks (routes, names, TCP to their ephemeral port): every
+    other node while that is at most ``2 + extra``; else its two neighbours on the ring and
+    ``extra`` others, chosen at random but the same in every run (seeded by ``i`` and ``n``).
+    Every node is then probed by at least two others, and the cluster makes O(N) probes
+    instead of N(N-1): a node's blocked port or wrong route is still seen from both sides."""
+    others = [j for j in range(n) if j != i]
+    if len(others) <= 2 + extra:
+        return others
+    ring = {(i + 1) % n, (i - 1) % n}
+    rest = [j for j in others if j not in ring]
+    return sorted(ring | set(random.Random(i * 1_000_003 + n).sample(rest, extra)))
+
+
 def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master_port: int,
                   timeout: float = 60.0, connect_timeout: float = 2.0) -> dict[str, NodeReport]:
     events: queue.Queue[tuple[str, str, Any, float]] = queue.Queue()
     probes = {n.host: NodeReport(host=n.host) for n in spec.nodes}
     hosts = [n.host for n in spec.nodes]
+    probed = {n.host: [spec.nodes[j] for j in probe_peers(i, len(spec.nodes))]
+              for i, n in enumerate(spec.nodes)}
     channels: list[NodeChannel] = []
     for i, node in enumerate(spec.nodes):
-        config = {"workdir": node.workdir, "peers": [h for h in hosts if h != node.host],
+        config = {"workdir": node.workdir, "peers": [p.host for p in probed[node.host]],
                   "master_addr": spec.master.addr,
                   "master_port": (master_port or "auto") if i == 0 else None}
         channels.append(NodeChannel(
@@ -117,9 +138,9 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
         master_facts = probes[spec.nodes[0].host].facts
         if master_facts and master_facts["listening"].get("master"):
             targets.append(["master", spec.master.addr, master_facts["listening"]["master"]])
-        for peer in spec.nodes:
+        for peer in probed[node.host]:
             peer_facts = probes[peer.host].facts
-            if peer.host == node.host or not peer_facts:
+            if not peer_facts:
                 continue
             addr = address_of(interface_of(peer, peer_facts, spec.master.addr), peer_facts)
             port = peer_facts["listening"].get("ephemeral")
