@@ -16,8 +16,8 @@ import pwd
 from typing import Any
 
 from ptcluster.node.accel import compute_processes, gpus  # inlined
-from ptcluster.node.leases import LEASE_DIR, Lease, Leasing, describe  # inlined
-from ptcluster.node.prechecks import GuardError  # inlined
+from ptcluster.node.leases import Lease, Leasing, describe  # inlined
+from ptcluster.node.prechecks import GuardError, unleasable  # inlined
 
 VIRTUAL_GPUS = 1024
 """How far ``auto`` looks on a node without GPUs (indices only: nothing there to run out of)."""
@@ -97,9 +97,7 @@ def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
     except OSError as exc:
         for lease in held:
             lease.release()
-        raise GuardError(f"cannot lease GPUs in {LEASE_DIR}: {exc}",
-                         f"make {LEASE_DIR} a directory every user can create files in "
-                         "(mode 1777; ptcluster setup does)") from None
+        raise unleasable("GPUs ", exc) from None
     if len(chosen) < need:
         for lease in held:
             lease.release()

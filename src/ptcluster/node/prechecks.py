@@ -114,15 +114,20 @@ def port_in_use(port: int) -> str | None:
     return None
 
 
+def unleasable(what: str, exc: OSError) -> GuardError:
+    """The refusal when the lease directory exists but cannot be used (a file in it refused)."""
+    return GuardError(f"cannot lease {what}in {LEASE_DIR}: {exc}",
+                      f"make {LEASE_DIR} a directory every user can create files in "
+                      "(mode 1777; ptcluster setup does)")
+
+
 def lease_job(owner: dict[str, Any], leasing: Leasing) -> Lease:
     """The job's own lease on this node (``job-ID``): its record is what ``ptcluster ps`` lists
     and ``ptcluster kill`` signals (the guard's pid), on every node of the job."""
     try:
         lease = leasing.take(f"job-{owner['job_id']}", owner)
     except OSError as exc:
-        raise GuardError(f"cannot lease in {LEASE_DIR}: {exc}",
-                         f"make {LEASE_DIR} a directory every user can create files in "
-                         "(mode 1777; ptcluster setup does)") from None
+        raise unleasable("", exc) from None
     if lease is None:
         raise GuardError(f"job {owner['job_id']} already runs on this node",
                          "start the job once (a job id is the head's, per run)")
@@ -137,12 +142,11 @@ def lease_master_port(port: int | str, owner: dict[str, Any],
     else has bound. A fixed port: refused when another ptcluster job holds it (naming that job)
     or anything else has bound it.
     """
-    record = dict(owner)
     leasing = leasing or Leasing()
     try:
         if port == "auto":
             for p in AUTO_PORTS:
-                lease = leasing.take(f"port-{p}", record)
+                lease = leasing.take(f"port-{p}", owner)
                 if lease is None:
                     continue
                 if port_in_use(p) is None:
@@ -151,11 +155,9 @@ def lease_master_port(port: int | str, owner: dict[str, Any],
             raise GuardError(f"no free port in {AUTO_PORTS.start}-{AUTO_PORTS.stop - 1} on "
                              "this node for the rendezvous",
                              "end some jobs, or set master.port to a free port")
-        lease = leasing.take(f"port-{int(port)}", record)
+        lease = leasing.take(f"port-{int(port)}", owner)
     except OSError as exc:
-        raise GuardError(f"cannot lease the rendezvous port in {LEASE_DIR}: {exc}",
-                         f"make {LEASE_DIR} a directory every user can create files in "
-                         "(mode 1777; ptcluster setup does)") from None
+        raise unleasable("the rendezvous port ", exc) from None
     if lease is None:
         raise GuardError(f"master port {port} is in use on this node by "
                          f"{describe(leasing.holder(f'port-{int(port)}') or {})}",
