@@ -1,0 +1,199 @@
+"""The head at scale: the real runner and supervisor with M fake nodes x 8 ranks
+(``tests/fakenode.py``: the head<->guard protocol from the shipped wire module, one process per
+node, over the local transport).
+
+Per (nodes, lines/s per rank), one head process each (a fresh one: nothing carries over):
+- cpu: the head's CPU (user+sys) over the steady part of the job, % of one core;
+- rss MB, threads, fds (and fds per node): the head's peaks from ``/proc/self``;
+- ready: from the start until every node is ready (the runner's own "all N node(s) ready");
+  the fake nodes' own start-up on this machine's cores is most of it at scale;
+- stop: one node's rank fails; the time from that failure until the last other node was told
+  to stop (from the fake nodes' own clocks: one machine);
+- lost: lines the fake nodes sent minus lines in the rank logs (must be 0).
+Under ``--soft-nofile 1024`` each head starts with the soft open-file limit of a default
+Ubuntu login (the hard limit is left as it is, as there) and raises it as ``ptcluster`` does.
+
+    .venv/bin/python benchmarks/head_scale.py [--nodes 16,64,256,1024] [--rates 0,1,10]
+        [--seconds 15] [--soft-nofile 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import ROOT
+
+sys.path.insert(0, str(ROOT))
+from tests.fakenode import fake_job  # noqa: E402
+
+
+def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
+    """One job in this process; its figures."""
+    from ptcluster.cli import raise_open_files_limit
+    from ptcluster.launch.result import RunOptions
+    from ptcluster.launch.runner import Runner
+    from ptcluster.remote.channel import NodeChannel
+
+    if os.environ.get("HEAD_SCALE_WINDOW"):  # (the fan-out window, to compare)
+        import ptcluster.remote.channel as channel
+
+        channel.FANOUT = int(os.environ["HEAD_SCALE_WINDOW"])
+    raise_open_files_limit()
+    tmp = Path(tempfile.mkdtemp(prefix="head-scale-"))
+    events = tmp / "events"
+    os.environ.update(FAKE_RATE=str(rate), FAKE_SECONDS=str(seconds), FAKE_EVENTS=str(events))
+    if fail:
+        os.environ["FAKE_FAIL"] = f"f{nodes // 2}:{min(6.0, seconds / 2)}"
+    plan, transports = fake_job(nodes)
+    told: list[float] = []  # when the head queued each "stop" (its share of a teardown)
+    send = NodeChannel.send
+
+    def counted_send(channel: NodeChannel, kind: str, payload: Any = None) -> None:
+        if kind == "stop":
+            told.append(time.time())
+        send(channel, kind, payload)
+
+    NodeChannel.send = counted_send  # type: ignore[method-assign]
+    statuses: list[str] = []
+    ready_at: list[float] = []
+    t0 = time.monotonic()
+
+    def on_status(text: str) -> None:
+        statuses.append(text)
+        if "node(s) ready in" in text and not ready_at:
+            ready_at.append(time.monotonic() - t0)
+
+    samples: list[tuple[float, float, int, int, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.5):
+            samples.append((time.monotonic() - t0, cpu(), *proc_status()))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    opts = RunOptions(ready_timeout=600.0, stop_deadline=30.0)
+    runner = Runner(plan, transports, tmp / "run", on_status=on_status, options=opts)
+    result = runner.run()
+    done.set()
+    sampler.join()
+    logged = sum(sum(1 for _ in open(p)) for p in (tmp / "run").glob("rank*.log"))
+    sent, fail_t, stops = 0, None, []
+    for line in events.read_text().splitlines() if events.exists() else []:
+        host, kind, *rest = line.split()
+        if kind == "sent":
+            sent += int(rest[0])
+        elif kind == "fail":
+            fail_t = float(rest[0])
+        elif kind == "stop":
+            stops.append(float(rest[0]))
+    ready = ready_at[0] if ready_at else float("nan")
+    ended = min(ready + seconds, samples[-1][0] if samples else 0.0)
+    steady = [s for s in samples if ready + 1.0 <= s[0] <= ended - 0.5]
+    cpu_pct = float("nan")
+    if len(steady) >= 2:
+        cpu_pct = 100 * (steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])
+    return {
+        "nodes": nodes, "rate": rate, "ok": result.ok if not fail else len(result.failures) > 0,
+        "cause": result.root_cause.message if result.root_cause and not fail else "",
+        "ready": round(ready, 2), "cpu": round(cpu_pct, 1),
+        "rss": round(max((s[2] for s in samples), default=0) / 1024, 1),
+        "threads": max((s[3] for s in samples), default=0),
+        "fds": max((s[4] for s in samples), default=0),
+        "lost": sent - logged, "sent": sent,
+        "stop": round(max(stops) - fail_t, 2) if fail and fail_t and stops else None,
+        "stopped": len(stops),
+        "head_told": round(max(told) - fail_t, 2) if fail and fail_t and told else None,
+    }
+
+
+def cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def proc_status() -> tuple[int, int, int]:
+    rss = threads = 0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+            elif line.startswith("Threads:"):
+                threads = int(line.split()[1])
+    return rss, threads, len(os.listdir("/proc/self/fd"))
+
+
+def one(nodes: int, rate: float, seconds: float, fail: bool, soft: int | None) -> dict[str, Any]:
+    def limit() -> None:
+        if soft:
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    argv = [sys.executable, __file__, "--one", str(nodes), str(rate), str(seconds)]
+    proc = subprocess.run(argv + (["--fail"] if fail else []), capture_output=True, text=True,
+                          preexec_fn=limit, cwd=ROOT / "benchmarks", timeout=1800)
+    last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
+    if proc.returncode != 0 or not last:
+        return {"nodes": nodes, "rate": rate, "ok": False,
+                "cause": (proc.stderr.strip().splitlines() or ["?"])[-1][:160]}
+    return json.loads(last[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", default="16,64,256,1024")
+    ap.add_argument("--rates", default="0,1,10")
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--soft-nofile", type=int, default=None)
+    ap.add_argument("--no-fail", action="store_true", help="skip the one-node-fails runs")
+    ap.add_argument("--window", type=int, default=None,
+                    help="connections in their handshake at once (default: channel.FANOUT)")
+    ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--fail", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.window:
+        os.environ["HEAD_SCALE_WINDOW"] = str(args.window)
+    if args.one:
+        print(json.dumps(head(int(args.one[0]), float(args.one[1]), float(args.one[2]),
+                              args.fail)))
+        return
+    print(f"# {args.seconds:.0f} s jobs, 8 ranks per fake node, soft open-file limit "
+          f"{args.soft_nofile or resource.getrlimit(resource.RLIMIT_NOFILE)[0]} at start, "
+          f"fan-out window {args.window or 'default'}")
+    print("| nodes | lines/s per rank | ok | head CPU % | RSS MB | threads | fds (per node) "
+          "| ready s | lines lost |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for n in (int(x) for x in args.nodes.split(",")):
+        for rate in (float(x) for x in args.rates.split(",")):
+            r = one(n, rate, args.seconds, False, args.soft_nofile)
+            if not r.get("ready"):
+                print(f"| {n} | {rate:g} | **failed**: {r.get('cause')} | | | | | | |")
+                continue
+            print(f"| {n} | {rate:g} | {'yes' if r['ok'] else 'no: ' + r['cause']} "
+                  f"| {r['cpu']} | {r['rss']} | {r['threads']} "
+                  f"| {r['fds']} ({r['fds'] / n:.1f}) | {r['ready']} "
+                  f"| {r['lost']} of {r['sent']} |",
+                  flush=True)
+    if args.no_fail:
+        return
+    print("\n| nodes | one node fails: the head queued the last stop after | the last node "
+          "read it after | nodes told |")
+    print("| --- | --- | --- | --- |")
+    for n in (int(x) for x in args.nodes.split(",")):
+        r = one(n, 0, args.seconds, True, args.soft_nofile)
+        print(f"| {n} | {r.get('head_told')} s | {r.get('stop')} s "
+              f"| {r.get('stopped')} of {n - 1} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""A stand-in for a node's guard that speaks the head<->guard protocol and nothing else, for
+what only shows with hundreds of nodes (the head's threads, descriptors, CPU per event).
+
+It is built on the shipped wire module (``ptcluster.node.wire``, loaded from its file, so the
+two cannot drift) and runs one process per "node" through :class:`FakeTransport` with the real
+runner and supervisor: hello, ready, heartbeats every second, ``go`` -> ``started``, a start
+record per rank, ``RATE`` output lines per second per rank, then every rank's exit and the
+guard's ``exit``; ``stop`` (or EOF) ends it early, as a guard's teardown would.
+
+    python tests/fakenode.py HOST   (stdin: the channel's preamble: program line, config line)
+
+Knobs, from the environment (the head's, inherited): ``FAKE_RATE`` lines/s per rank (0),
+``FAKE_SECONDS`` the job's length (5), ``FAKE_FAIL`` ``HOST:SECONDS`` (that node's rank fails
+with exit 1 after SECONDS), ``FAKE_EVENTS`` a file each node appends ``HOST KIND TIME`` to (its
+failure, the stop it was told) for timing a teardown across nodes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import selectors
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import ptcluster.node
+
+_spec = importlib.util.spec_from_file_location(
+    "wire", Path(ptcluster.node.__file__).with_name("wire.py"))
+assert _spec is not None and _spec.loader is not None
+wire: Any = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(wire)
+
+
+class FakeNode:
+    def __init__(self, host: str, cfg: dict[str, Any]) -> None:
+        self.host = host
+        self.cfg = cfg
+        first, last = cfg["ranks"]
+        self.ranks = list(range(first, last + 1))
+        self.rate = float(os.environ.get("FAKE_RATE", "0"))
+        self.seconds = float(os.environ.get("FAKE_SECONDS", "5"))
+        fail_host, _, fail_at = os.environ.get("FAKE_FAIL", "").partition(":")
+        self.fail_at = float(fail_at) if fail_host == host else None
+        self.events = os.environ.get("FAKE_EVENTS")
+        self.out = sys.stdout.buffer
+        self.sent = {r: 0 for r in self.ranks}
+
+    def note(self, kind: str) -> None:
+        if self.events:
+            with open(self.events, "a") as f:
+                f.write(f"{self.host} {kind} {time.time():.6f}\n")
+
+    def send(self, data: bytes) -> None:
+        self.out.write(data)
+
+    def run(self, stdin: int, buf: bytes) -> int:
+        self.send(wire.hello("guard"))
+        self.send(wire.encode("ready", {"hostname": self.host, "pid": os.getpid(),
+                                        "time": time.time(), "subreaper": True}))
+        self.out.flush()
+        sel = selectors.DefaultSelector()
+        sel.register(stdin, selectors.EVENT_READ)
+        went, stop = None, ""
+        next_hb = time.monotonic() + 1.0
+        next_line = None
+        while True:
+            now = time.monotonic()
+            waits = [next_hb - now]
+            if next_line is not None:
+                waits.append(next_line - now)
+            if went is not None:
+                waits.append(went + (self.fail_at if self.fail_at is not None
+                                     else self.seconds) - now)
+            for _key, _ in sel.select(max(0.0, min(waits))):
+                chunk = os.read(stdin, 65536)
+                if not chunk:
+                    sel.unregister(stdin)
+                    stop = stop or "the head's channel closed"
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    kind, payload = wire.split(line.decode())
+                    if kind == "go" and went is None:
+                        went = time.monotonic()
+                        self.go()
+                        if self.rate:
+                            next_line = went + 1.0 / self.rate
+                    elif kind == "stop":
+                        self.note("stop")
+                        stop = "stopped by the head"
+            now = time.monotonic()
+            if stop:
+                return self.end(-15, stop)
+            if went is not None and self.fail_at is not None and now - went >= self.fail_at:
+                self.note("fail")
+                return self.end(1, "job ended")
+            if went is not None and now - went >= self.seconds:
+                return self.end(0, "job ended")
+            if now >= next_hb:
+                idle = {str(r): 0.0 for r in self.ranks} if went is not None else None
+                self.send(wire.encode("hb", {"t": time.time(), "idle": idle}))
+                next_hb += 1.0
+            if next_line is not None and now >= next_line:
+                for r in self.ranks:
+                    self.sent[r] += 1
+                    self.send(wire.encode_text("o", r, f"line {self.sent[r]}".encode()))
+                next_line += 1.0 / self.rate
+            self.out.flush()
+
+    def go(self) -> None:
+        self.send(wire.encode("started", {"pid": os.getpid()}))
+        for r in self.ranks:
+            self.send(wire.encode(wire.RSTART, {"rank": r, "pid": os.getpid(), "t": time.time()}))
+
+    def end(self, code: int, reason: str) -> int:
+        for r in self.ranks:
+            self.send(wire.encode(wire.REXIT, {"rank": r, "code": code, "t": time.time(),
+                                               "duration": 1.0, "lines": self.sent[r]}))
+        self.send(wire.encode("exit", {"code": code, "reason": reason, "t": time.time()}))
+        self.out.flush()
+        self.note(f"sent {sum(self.sent.values())}")
+        return 0
+
+
+def fake_job(nodes: int, slots: int = 8, job_id: str = "fake") -> tuple[Any, dict[str, Any]]:
+    """For the head's side: the plan of a job on ``nodes`` fake nodes of ``slots`` ranks, and
+    a transport per node that starts this program instead of a guard (through the real
+    channel: the preamble is sent and read as a guard's would be)."""
+    from dataclasses import dataclass
+
+    from ptcluster.launch.plan import Target, plan_launch
+    from ptcluster.remote.transport import Transport
+    from ptcluster.spec.load import parse_cluster_text
+
+    @dataclass
+    class FakeTransport(Transport):
+        host: str
+
+        def argv(self, node_argv: list[str]) -> list[str]:
+            return [sys.executable, __file__, self.host]
+
+    text = "master: {port: 29500}\nnodes:\n" + "".join(
+        f"  - {{host: f{i}, slots: {slots}}}\n" for i in range(nodes))
+    spec = parse_cluster_text(text, "<fake nodes>")
+    plan = plan_launch(spec, Target(script="fake.py"), port=29500, job_id=job_id)
+    return plan, {n.host: FakeTransport(n.host) for n in spec.nodes}
+
+
+def main() -> int:
+    buf = b""
+    while buf.count(b"\n") < 2:  # the packed guard (not ours to run), then the config
+        chunk = os.read(0, 65536)
+        if not chunk:
+            return 2
+        buf += chunk
+    _program, config, rest = buf.split(b"\n", 2)
+    return FakeNode(sys.argv[1], json.loads(config)).run(0, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
