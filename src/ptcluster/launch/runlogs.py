@@ -2,7 +2,8 @@
 
 ``RunLogs`` writes each rank's lines to ``rankN.log`` and each node's own lines (torchrun's
 agent, ssh, the head's notes about the node) to ``nodeI-HOST.log``, files readable by the owner
-only, and keeps the last lines of each rank for the summary.
+only, a few times a second through a bounded pool of open files, and keeps the last lines of
+each rank for the summary.
 
 ``ConsoleFeed`` decouples the terminal from the job: lines are queued for a writer thread; when
 the terminal cannot keep up (a paused pager, a flood of output) the queue stays bounded and
@@ -13,14 +14,12 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 LAST_LINES = 40
-_UNOPENED: Any = object()
-"""A rank whose log was never asked for (its file may be None: it could not be opened)."""
 
 
 def write_private(path: Path, text: str) -> None:
@@ -32,46 +31,67 @@ def write_private(path: Path, text: str) -> None:
 
 
 class RunLogs:
-    """A log that cannot be opened or written (no descriptors left, a full disk) never stops
+    """Lines are kept in memory per file and written by ``flush`` (the runner calls it on a
+    fixed timer and at the end): one write per file that got lines, through a bounded pool of
+    open files (``max_open``, least recently written closed first), so a job of 1024 nodes x 8
+    ranks fits a small descriptor limit, and the work per line is an append.
+
+    A log that cannot be opened or written (no descriptors left, a full disk) never stops
     what comes after its line in the same batch (a rank's exit, a heartbeat): the error is kept
     once per file (``errors``, said through ``on_error``), the lines it misses are counted
     (``lost``), and the rank's last lines are still kept for the summary."""
 
-    def __init__(self, run_dir: Path, on_error: Callable[[str], None] | None = None) -> None:
+    def __init__(self, run_dir: Path, on_error: Callable[[str], None] | None = None,
+                 max_open: int = 256) -> None:
         self.run_dir = run_dir
         self.on_error = on_error or (lambda text: None)
+        self.max_open = max(1, max_open)
         self.errors: dict[str, str] = {}
         """File -> the first error writing it."""
         self.lost: dict[str, int] = {}
         """File -> lines that did not reach it."""
-        self._files: dict[str, IO[str] | None] = {}
-        self._rank_files: dict[int, IO[str] | None] = {}
+        self._open: OrderedDict[str, IO[str]] = OrderedDict()
+        """The pool: open files, least recently written first."""
+        self._pending: dict[str, list[str]] = {}
+        self._dirty: list[str] = []
+        self._rank_pending: dict[int, list[str]] = {}
+        self._opened: set[str] = set()
+        """Files opened in this attempt (they have its banner)."""
         self.tails: dict[int, deque[str]] = {}
         self.node_tails: dict[str, deque[str]] = {}
         self.banner = ""
-        """Written first into every file opened from now on (a restart's attempt marker)."""
+        """Written first into every file opened in this attempt (a restart's marker)."""
+
+    def new_attempt(self, banner: str) -> None:
+        """From now on a restart's lines: each file gets ``banner`` before them; the last
+        lines kept for the summary start again."""
+        self.close()
+        self.banner = banner
+        self._opened.clear()
+        self.tails.clear()
+        self.node_tails.clear()
 
     def rank_line(self, rank: int, text: str) -> None:
-        """Once per line of the job: one lookup and a write (the file's name only on trouble)."""
-        f: IO[str] | None = self._rank_files.get(rank, _UNOPENED)
-        if f is _UNOPENED:
+        """Once per line of the job: two lookups and two appends."""
+        pending = self._rank_pending.get(rank)
+        if pending is None:
             self.tails[rank] = deque(maxlen=LAST_LINES)
-            f = self._rank_files[rank] = self._open(f"rank{rank}")
+            pending = self._rank_pending[rank] = self._lines(f"rank{rank}")
         self.tails[rank].append(text)
-        if f is not None:
-            try:
-                f.write(text + "\n")
-                return
-            except OSError as exc:
-                self._failed(f"rank{rank}", exc)
-        self._missed(f"rank{rank}")
+        if not pending:
+            self._dirty.append(f"rank{rank}")
+        pending.append(text)
 
     def node_line(self, node_rank: int, host: str, text: str) -> None:
         tail = self.node_tails.get(host)
         if tail is None:
             tail = self.node_tails[host] = deque(maxlen=LAST_LINES // 2)
         tail.append(text)
-        self._write(f"node{node_rank}-{host}", text)
+        name = f"node{node_rank}-{host}"
+        pending = self._lines(name)
+        if not pending:
+            self._dirty.append(name)
+        pending.append(text)
 
     def tail(self, rank: int) -> list[str]:
         return list(self.tails.get(rank, ()))
@@ -80,50 +100,65 @@ class RunLogs:
         return list(self.node_tails.get(host, ()))
 
     def flush(self) -> None:
-        self._each_file(lambda f: f.flush())
-
-    def close(self) -> None:
-        self._each_file(lambda f: f.close())
-        self._files.clear()
-        self._rank_files.clear()
-
-    def _each_file(self, op: Callable[[IO[str]], object]) -> None:
-        for name, f in self._files.items():
+        """Every file that got lines since the last flush: its lines, in one write."""
+        dirty, self._dirty = self._dirty, []
+        for name in dirty:
+            pending = self._pending[name]
+            text = "".join(line + "\n" for line in pending)
+            count = len(pending)
+            pending.clear()
+            f = self._file(name)
             if f is not None:
                 try:
-                    op(f)
+                    f.write(text)
+                    f.flush()
+                    continue
                 except OSError as exc:
                     self._failed(name, exc)
+                    self._drop(name)
+            self.lost[name] = self.lost.get(name, 0) + count
 
-    def _write(self, name: str, line: str) -> None:
-        f = self._files[name] if name in self._files else self._open(name)
+    def close(self) -> None:
+        self.flush()
+        for name in list(self._open):
+            self._drop(name)
+
+    def _lines(self, name: str) -> list[str]:
+        pending = self._pending.get(name)
+        if pending is None:
+            pending = self._pending[name] = []
+        return pending
+
+    def _file(self, name: str) -> IO[str] | None:
+        """The open file (now the most recently written), or None (said once) when it cannot
+        be opened."""
+        f = self._open.get(name)
         if f is not None:
-            try:
-                f.write(line + "\n")
-                return
-            except OSError as exc:
-                self._failed(name, exc)
-        self._missed(name)
-
-    def _missed(self, name: str) -> None:
-        self.lost[name] = self.lost.get(name, 0) + 1
-
-    def _open(self, name: str) -> IO[str] | None:
-        """The file, or None (said once) when it cannot be opened: its lines are then counted."""
-        f: IO[str] | None = None
+            self._open.move_to_end(name)
+            return f
+        while len(self._open) >= self.max_open:
+            self._drop(next(iter(self._open)))
         try:
             fd = os.open(self.run_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                          0o600)
             f = open(fd, "a", encoding="utf-8", errors="replace")
+        except OSError as exc:
+            self._failed(name, exc)
+            return None
+        self._open[name] = f
+        if name not in self._opened:
+            self._opened.add(name)
             if self.banner:
                 f.write(self.banner + "\n")
-        except OSError as exc:
-            if f is not None:
-                f.close()
-                f = None
-            self._failed(name, exc)
-        self._files[name] = f
         return f
+
+    def _drop(self, name: str) -> None:
+        f = self._open.pop(name, None)
+        if f is not None:
+            try:
+                f.close()
+            except OSError as exc:
+                self._failed(name, exc)
 
     def _failed(self, name: str, exc: OSError) -> None:
         if name not in self.errors:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -55,7 +56,15 @@ DataSink = Callable[[str, int, dict[str, Any]], None]
 ANY_ATTEMPT = -1
 """Queue tag of a request that is for whichever attempt runs (``ptcluster stacks``)."""
 BATCH_SECONDS = 0.05
-"""Longest stretch the loop spends on queued events before its next round of checks."""
+"""Longest stretch the loop spends on queued events before it looks at its timers."""
+TICK_SECONDS = 0.2
+"""How often the checks over every node run (silence, hang, the teardown's escalation)."""
+FLUSH_SECONDS = 0.25
+"""How often the logs are written (what a crash of the head could lose at most)."""
+BACKLOG = 256
+"""Batches waiting for the loop (<= 64 KiB each, so <= ~16 MiB) before the channels stop
+reading: the nodes' output then waits in their pipes, and the job never waits for the head's
+memory."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,39 @@ class _AskStacks:
 
 class RunDirError(PtclusterError):
     """The run directory cannot be created or written (checked before anything starts)."""
+
+
+class DescriptorLimitError(PtclusterError):
+    """The head cannot hold a channel per node within its open-file limit (checked before
+    anything starts)."""
+
+
+PIPES_PER_NODE = 3
+"""A node channel's descriptors in the head: the program's stdin, stdout and stderr."""
+HEAD_RESERVE = 64
+"""Descriptors for everything else of the head (its stdio, the control socket, the channels'
+selector, run files, the stacks collector, a library's own)."""
+MIN_LOG_FILES = 8
+MAX_LOG_FILES = 1 << 16
+
+
+def log_files_budget(nodes: int) -> int:
+    """How many log files the head may keep open for a job of ``nodes`` nodes, within its
+    soft open-file limit (``ptcluster`` raised it to the hard one at start); raises
+    :class:`DescriptorLimitError` with what is needed when even a few do not fit."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return MAX_LOG_FILES
+    spare = soft - PIPES_PER_NODE * nodes - HEAD_RESERVE
+    if spare < MIN_LOG_FILES:
+        need = PIPES_PER_NODE * nodes + HEAD_RESERVE + MIN_LOG_FILES
+        raise DescriptorLimitError(
+            f"a job on {nodes} nodes needs {need} open files on this machine "
+            f"({PIPES_PER_NODE} per node for its channel, {HEAD_RESERVE + MIN_LOG_FILES} "
+            f"for the rest), and the limit here is {soft}",
+            f"raise it: `ulimit -n {need}` (up to the hard limit, `ulimit -Hn`; above that, "
+            f"as root: `nofile` in /etc/security/limits.conf, or LimitNOFILE= for a service)")
+    return min(MAX_LOG_FILES, spare)
 
 
 @dataclass(frozen=True)
@@ -101,7 +143,8 @@ class Runner:
         self.opts = options or RunOptions()
         # (attempt, host, frames or event): what a channel of an earlier attempt still brings
         # after its attempt ended is dropped, not taken for news of the next one.
-        self.events: queue.Queue[tuple[int, str, Any]] = queue.Queue(maxsize=256)  # <= ~16 MiB
+        self.events: queue.Queue[tuple[int, str, Any]] = queue.Queue()
+        """Bounded by the channels: none reads more frames while BACKLOG batches wait here."""
         self.channels: dict[str, NodeChannel] = {}
         self.logs = RunLogs(run_dir, on_error=lambda text: self.on_status(text))
         self._use_plan(plan)
@@ -133,6 +176,7 @@ class Runner:
         """Every attempt of the job (one unless ``restarts`` allows more): the last one's
         result, with the record of each attempt."""
         t0 = time.monotonic()
+        self.logs.max_open = log_files_budget(len(self.plan.nodes))
         self._prepare_run_dir()
         attempts: list[AttemptRecord] = []
         control = self._open_control()  # one for the job: `stacks` reaches the running attempt
@@ -141,6 +185,7 @@ class Runner:
         finally:
             if control is not None:
                 control.close()
+        self.logs.close()  # (every line written before the summary counts what is missing)
         if self.console_dropped is not None:  # (no line reaches on_line after the loop)
             result.console_dropped = self.console_dropped()
         result.log_errors = [f"{error} ({self.logs.lost.get(name, 0)} line(s) missing)"
@@ -207,10 +252,8 @@ class Runner:
                                world_size=self.plan.world_size,
                                master_port=self.plan.master_port, started_at=sup.wall(t0))
         if self.plan.attempt:  # the same files go on; the last lines are this attempt's
-            self.logs.banner = f"----- attempt {self.plan.attempt}: world size " \
-                               f"{self.plan.world_size} -----"
-            self.logs.tails.clear()
-            self.logs.node_tails.clear()
+            self.logs.new_attempt(f"----- attempt {self.plan.attempt}: world size "
+                                  f"{self.plan.world_size} -----")
         self._hang_report = None
         try:
             started = start_all([self._channel(n.host) for n in self.plan.nodes],
@@ -284,7 +327,8 @@ class Runner:
             on_stderr=lambda line: put((attempt, host, ev.AgentOutput(host, line, "stderr"))),
             on_closed=lambda code, err: put((attempt, host, ev.ChannelClosed(
                 host, code, err, cause=explain_channel_failure(err, code, node.python)))),
-            heartbeat=self.opts.heartbeat_interval, tag=self.plan.job_id)
+            heartbeat=self.opts.heartbeat_interval, tag=self.plan.job_id,
+            backlog=lambda: self.events.qsize() >= BACKLOG)
 
     def _could_not_start(self, channel: NodeChannel, problem: str, fix: str) -> None:
         self.events.put((self.plan.attempt, channel.host,
@@ -292,13 +336,19 @@ class Runner:
 
     # -- the loop -----------------------------------------------------------------------------
     def _loop(self, sup: Supervisor) -> None:
+        """Events as they come; the checks over every node (silence, hangs, the teardown's
+        steps) and the logs' writes on fixed timers, so the work per event does not grow with
+        the number of nodes."""
         stops_applied = 0
+        now = time.monotonic()
+        next_tick, next_flush = now, now + FLUSH_SECONDS
         while not sup.view.done:
             while stops_applied < self._stop_requests:  # a second Ctrl-C hurries the teardown
                 stops_applied += 1
                 self._apply(sup.request_stop(self._stop_reason, time.monotonic()))
             try:
-                item: tuple[int, str, Any] | None = self.events.get(timeout=0.1)
+                item: tuple[int, str, Any] | None = self.events.get(
+                    timeout=max(0.0, next_tick - time.monotonic()))
             except queue.Empty:
                 item = None
             budget_end = time.monotonic() + BATCH_SECONDS
@@ -310,11 +360,16 @@ class Runner:
                     item = self.events.get_nowait()
                 except queue.Empty:
                     item = None
-            self.logs.flush()
-            self._finish_collections(sup, time.monotonic())
             now = time.monotonic()
-            quiet = {h: 0.0 if c.busy else now - c.last_recv for h, c in self.channels.items()}
-            self._apply(sup.on_tick(now, quiet))
+            if now >= next_flush:
+                self.logs.flush()
+                next_flush = now + FLUSH_SECONDS
+            if now >= next_tick:
+                self._finish_collections(sup, now)
+                quiet = {h: 0.0 if c.busy else now - c.last_recv
+                         for h, c in self.channels.items()}
+                self._apply(sup.on_tick(now, quiet))
+                next_tick = now + TICK_SECONDS
 
     def _handle(self, sup: Supervisor, attempt: int, host: str, payload: Any) -> None:
         if attempt != self.plan.attempt and attempt != ANY_ATTEMPT:

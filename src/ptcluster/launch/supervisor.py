@@ -70,8 +70,14 @@ class Supervisor:
         self.nodes = {n.host: NodeOutcome(host=n.host, node_rank=n.node_rank)
                       for n in plan.nodes}
         self.life = {h: NodeLife(node) for h, node in self.nodes.items()}
+        self._unfinished = list(self.life)
+        """Nodes that may not be in a final state yet (a final state is never left: checked
+        from the end, each node once, so the check per event does not grow with the nodes)."""
+        self._not_ready = set(self.nodes)
+        """Nodes not heard ready yet (so that "every node ready" is not a scan per event)."""
         self.ranks = {r: RankRecord(rank=r, host=n.host, local_rank=r - n.rank_base)
                       for n in plan.nodes for r in n.ranks}
+        self._ranks_on = {n.host: n.ranks for n in plan.nodes}
         self.failures: list[Failure] = []
         self._raised: dict[int, Raised] = {}
         """When (corrected) and what an exception left a rank's code, from the rank itself."""
@@ -85,9 +91,9 @@ class Supervisor:
         self.first_rank_start: float | None = None
         """When the first rank started (corrected head clock)."""
         self.master_port = plan.master_port
+        """The rendezvous port: the plan's, or (``auto``) the one the master's guard took."""
         self.killed_by = ""
         """Why the job ended when `ptcluster kill` ended it (from its guards' notes)."""
-        """The rendezvous port: the plan's, or (``auto``) the one the master's guard took."""
         self.progress = None if opts.hang_timeout is None else ProgressWatch(
             timeout=opts.hang_timeout, fresh=max(3.0, 3 * opts.heartbeat_interval))
         self.hang_seen_at: float | None = None
@@ -190,8 +196,9 @@ class Supervisor:
             actions.append(Status(f"{e.host}: cannot become a subreaper "
                                   f"({e.facts.get('subreaper_error')}); orphans of the job "
                                   "may escape teardown"))
-        if self.phase is Phase.STARTING and all(life.state is NodeState.READY
-                                                for life in self.life.values()):
+        self._not_ready.discard(e.host)
+        if self.phase is Phase.STARTING and not self._not_ready and \
+                all(life.state is NodeState.READY for life in self.life.values()):
             wrong = master_elsewhere(self.plan, {h: n.facts for h, n in self.nodes.items()},
                                      self.wall(now))
             if wrong is not None:
@@ -323,9 +330,8 @@ class Supervisor:
             return [Status(f"{e.host}: stopped")]
         if e.code == 0:
             # torchrun exits 0 only when every rank on its node did.
-            for record in self.ranks.values():
-                if record.host == e.host and record.exit_code is None and \
-                        record.started_at is not None:
+            for record in (self.ranks[r] for r in self._ranks_on[e.host]):
+                if record.exit_code is None and record.started_at is not None:
                     record.exit_code = 0
             return []
         if any(f.host == e.host and f.rank is not None for f in self.failures):
@@ -423,8 +429,10 @@ class Supervisor:
         return self.life[host].enter(state, at)
 
     def _update_done(self) -> None:
-        if self.phase is not Phase.DONE and all(life.state in FINAL
-                                                for life in self.life.values()):
+        unfinished = self._unfinished
+        while unfinished and self.life[unfinished[-1]].state in FINAL:
+            unfinished.pop()
+        if self.phase is not Phase.DONE and not unfinished:
             self.phase = Phase.DONE
 
     # -- results ------------------------------------------------------------------------------

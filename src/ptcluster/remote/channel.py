@@ -1,30 +1,34 @@
 """One node channel: start a node program over a transport and talk to it in frames.
 
-The one copy of the session plumbing that ``run``, ``doctor`` and ``monitor`` (and ``setup``
-next) use, in the shape of pyinfra's connectors: start the program, frames both ways, heartbeats
-on their own thread, a close reason that keeps ssh's own last words.
+The one copy of the session plumbing that ``run``, ``doctor``, ``monitor``, ``setup`` and
+``kill`` use, in the shape of pyinfra's connectors: start the program, frames both ways,
+heartbeats, a close reason that keeps ssh's own last words.
 
-Threads per channel, none of them waiting on anyone's console:
-  writer     sends queued frames (the preamble first), so ``send`` never blocks the caller
-  heartbeat  queues ``hb`` every interval while the channel is open
-  stdout     reads frames in chunks and hands them to ``on_frames`` (may block: backpressure)
-  stderr     keeps ssh's / the node's stderr; handed over line by line too
-When both streams reach EOF the process is reaped (in that thread, never the caller's) and
-``on_closed(exit_code, stderr_tail)`` is called exactly once.
+Every channel of the process is served by one I/O thread (:class:`Hub`: a selector over every
+channel's pipes, and one timer for every heartbeat), so a head with 1024 nodes has the threads
+of a head with one. Nothing in it waits on anyone: writes are non-blocking (``send`` queues),
+reads hand frames to ``on_frames`` (which must not block), and a consumer that falls behind
+says so through ``backlog()``: the hub then stops reading that channel's frames (the node's
+writes wait in the pipe: backpressure) while writes, heartbeats and other channels go on.
+When both streams reach EOF the process is reaped (without blocking the hub) and
+``on_closed(exit_code, stderr_tail)`` is called exactly once, on the hub's thread.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import os
-import queue
+import selectors
 import signal
 import subprocess
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import IO, Any
+from functools import partial
+from typing import Any
 
 from ptcluster.node import Program
 from ptcluster.node.wire import encode
@@ -33,6 +37,13 @@ from ptcluster.remote.transport import Transport, explain_start_failure
 
 log = logging.getLogger(__name__)
 STDERR_TAIL = 40
+READ_SIZE = 1 << 16
+STDERR_WAIT = 10.0
+"""After stdout's EOF, how long ssh's last words on stderr may take (they come before the close)."""
+REAP_WAIT = 10.0
+"""After both streams' EOF, how long the process may take to exit before it is SIGKILLed."""
+BACKLOG_POLL = 0.02
+"""How often a channel held back by its consumer's ``backlog()`` is looked at again."""
 
 
 class NodeChannel:
@@ -40,14 +51,16 @@ class NodeChannel:
 
     ``on_frames(lines)`` gets the program's stdout as decoded lines (without newlines), in
     order, in batches; ``on_stderr(line)`` each stderr line; ``on_closed(code, stderr)`` once.
-    Callbacks run on the channel's reader threads: they must be quick or hand off.
+    Callbacks run on the hub's thread: they must be quick and never block (hand off; say
+    ``backlog()`` is True to be given nothing more for a while).
     """
 
     def __init__(self, transport: Transport, python: str, program: Program,
                  config: dict[str, Any], *, on_frames: Callable[[list[str]], None],
                  on_closed: Callable[[int | None, list[str]], None],
                  on_stderr: Callable[[str], None] | None = None,
-                 heartbeat: float | None = None, tag: str = "-") -> None:
+                 heartbeat: float | None = None, tag: str = "-",
+                 backlog: Callable[[], bool] | None = None) -> None:
         self.host = transport.host
         self.transport = transport
         self.argv = node_argv(python, program, tag)
@@ -56,43 +69,48 @@ class NodeChannel:
         self.on_closed = on_closed
         self.on_stderr = on_stderr or (lambda line: None)
         self.heartbeat = heartbeat
+        self.backlog = backlog
         self.proc: subprocess.Popen[bytes] | None = None
         self.stderr: deque[str] = deque(maxlen=STDERR_TAIL)
         self.last_recv = time.monotonic()
         """Monotonic time data last came from the node (stdout or stderr)."""
-        self.busy = False
-        """True while a batch is being handed over (the node is not silent, we are slow)."""
-        self._out: queue.Queue[bytes | None] = queue.Queue()
+        self.held = False
+        """True while the consumer's backlog holds this channel's frames back (the node is not
+        silent: we are slow)."""
         self._closed = threading.Event()
-        self._input_closed = False
-        self._stderr_done = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()  # the outgoing buffer: send() may come from any thread
+        self._out = bytearray()
+        self._eof_asked = False
+        self._hub: Hub | None = None
+        # Hub-thread state: the open streams and what is left of a line.
+        self._rest = {"out": b"", "err": b""}
+        self._open: set[str] = set()
+        self._reap_from: float | None = None
+        self._fanout: Fanout | None = None
+        """The window this channel was started in, until it said its first word or closed."""
 
     # -- life ---------------------------------------------------------------------------------
     def start(self) -> None:
         """Spawn the program (raises ``OSError`` when the transport cannot be started)."""
         self.proc = self.transport.spawn(self.argv)
         self.last_recv = time.monotonic()
-        self._out.put(self.first)
-        targets: list[Callable[[], None]] = [self._write, self._read_stdout, self._read_stderr]
-        if self.heartbeat:
-            targets.append(self._beat)
-        for target in targets:
-            t = threading.Thread(target=target, name=f"channel-{self.host}-{target.__name__}",
-                                 daemon=True)
-            t.start()
-            self._threads.append(t)
+        with self._lock:  # (first: frames may have been queued while it waited its turn)
+            self._out[:0] = self.first
+        self._hub = hub()
+        self._hub.add(self)
 
     def send(self, kind: str, payload: dict[str, Any] | None = None) -> None:
         """Queue a frame for the node (never blocks)."""
-        if not self._closed.is_set():
-            self._out.put(encode(kind, payload))
+        self._queue(encode(kind, payload))
 
     def close_input(self) -> None:
-        """EOF to the node program (it ends its work and exits); once is enough."""
-        if not self._input_closed:
-            self._input_closed = True
-            self._out.put(None)
+        """EOF to the node program (it ends its work and exits), after what is queued."""
+        with self._lock:
+            if self._eof_asked:
+                return
+            self._eof_asked = True
+        if self._hub is not None:
+            self._hub.wake_writer(self)
 
     def signal(self, sig: int) -> None:
         """Signal the transport process's group (ssh, or the local program)."""
@@ -107,6 +125,11 @@ class NodeChannel:
     def closed(self) -> bool:
         return self._closed.is_set()
 
+    @property
+    def busy(self) -> bool:
+        """True while the head, not the node, is why nothing new arrived (held back)."""
+        return self.held
+
     def close(self, deadline: float) -> None:
         """EOF, then wait until ``deadline`` (monotonic) and kill what is still running."""
         self.close_input()
@@ -114,103 +137,343 @@ class NodeChannel:
             self.signal(signal.SIGKILL)
             self._closed.wait(5.0)
 
-    # -- threads ------------------------------------------------------------------------------
-    def _write(self) -> None:
-        assert self.proc is not None and self.proc.stdin is not None
-        stdin = self.proc.stdin
-        while True:
-            data = self._out.get()
-            if data is None:
-                break
-            try:
-                stdin.write(data)
-                stdin.flush()
-            except (OSError, ValueError):
-                break  # the channel is gone: the readers report why
+    def _queue(self, data: bytes) -> None:
+        if self._closed.is_set():
+            return
+        with self._lock:
+            if self._eof_asked:
+                return
+            was_empty = not self._out
+            self._out += data
+        if was_empty and self._hub is not None:
+            self._hub.wake_writer(self)
+
+
+class Hub:
+    """The one I/O thread of a process's node channels: a selector over their pipes, a timer
+    heap for heartbeats and deadlines, and a to-do list that other threads fill (``wake_*``) so
+    that only this thread touches the selector."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.sel = selectors.DefaultSelector()
+        self._todo: deque[Callable[[], None]] = deque()
+        self._woken = False
+        """A wake-up is in the pipe and not yet seen by the hub."""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._held: set[NodeChannel] = set()
+        self._thread = threading.Thread(target=self._run, name="channels", daemon=True)
+        self._thread.start()
+
+    # -- from any thread ----------------------------------------------------------------------
+    def add(self, channel: NodeChannel) -> None:
+        self._call(lambda: self._add(channel))
+
+    def wake_writer(self, channel: NodeChannel) -> None:
+        self._call(lambda: self._write(channel))
+
+    def _call(self, fn: Callable[[], None]) -> None:
+        self._todo.append(fn)
+        if self._woken or threading.current_thread() is self._thread:
+            return  # (the loop runs its to-do list before it sleeps again)
+        self._woken = True  # one wake-up for a burst (a stop to 1024 nodes), not one each
         try:
-            stdin.close()
-        except OSError:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:  # the pipe is full of wake-ups already: the hub will look
             pass
 
-    def _beat(self) -> None:
-        assert self.heartbeat is not None
-        while not self._closed.wait(self.heartbeat):
-            self._out.put(b"hb\n")
+    # -- the thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            timeout = 0.0 if self._todo else None
+            if self._timers and timeout is None:
+                timeout = max(0.0, self._timers[0][0] - time.monotonic())
+            if self._held:
+                timeout = BACKLOG_POLL if timeout is None else min(timeout, BACKLOG_POLL)
+            for key, _ in self.sel.select(timeout):
+                if key.data is None:
+                    self._drain_wakeups()
+                    continue
+                channel, stream = key.data
+                try:
+                    if stream == "in":
+                        self._write(channel)
+                    else:
+                        self._read(channel, stream)
+                except Exception:  # noqa: BLE001 - one channel's bug ends that channel only
+                    log.exception("%s: the channel failed", channel.host)
+                    channel.stderr.append("ptcluster: reading the channel failed (see -vv)")
+                    self._eof(channel, "out")
+                    self._eof(channel, "err")
+            while self._todo:
+                self._safely(self._todo.popleft())
+            now = time.monotonic()
+            while self._timers and self._timers[0][0] <= now:
+                self._safely(heapq.heappop(self._timers)[2])
+            for channel in list(self._held):
+                self._safely(partial(self._resume, channel))
 
-    def _read_stdout(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        stream: IO[bytes] = self.proc.stdout
-        rest = b""
+    @staticmethod
+    def _safely(fn: Callable[[], None]) -> None:
+        """A bug in one step (a consumer's callback) must not end the thread every channel
+        of the process depends on."""
         try:
-            while True:
-                chunk = stream.read1(1 << 16)  # type: ignore[attr-defined]
-                if not chunk:
-                    break
-                self.last_recv = time.monotonic()
-                lines = (rest + chunk).split(b"\n")
-                rest = lines.pop()
-                if lines:
-                    self._hand_over([raw.decode(errors="replace") for raw in lines])
-            if rest:
-                self._hand_over([rest.decode(errors="replace")])
-        except Exception:  # noqa: BLE001 - a callback bug is this node's failure, not a hang
-            log.exception("%s: reading the channel failed", self.host)
-            self.stderr.append("ptcluster: reading the channel failed (see -vv)")
-        finally:
-            self._stderr_done.wait(10.0)  # ssh's last words come before the close
-            self._finish()
-
-    def _hand_over(self, lines: list[str]) -> None:
-        self.busy = True
-        try:
-            self.on_frames(lines)
-        finally:
-            self.busy = False
-            self.last_recv = time.monotonic()
-
-    def _read_stderr(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        try:
-            for raw in iter(self.proc.stderr.readline, b""):
-                self.last_recv = time.monotonic()
-                line = raw.decode(errors="replace").rstrip("\r\n")
-                self.stderr.append(line)
-                self.on_stderr(line)
+            fn()
         except Exception:  # noqa: BLE001
-            log.exception("%s: reading stderr failed", self.host)
-        finally:
-            self._stderr_done.set()
+            log.exception("node channels: a step failed")
 
-    def _finish(self) -> None:
-        assert self.proc is not None
+    def _drain_wakeups(self) -> None:
+        self._woken = False  # (before the to-do list is run: a later call wakes us again)
         try:
-            code: int | None = self.proc.wait(timeout=10.0)
-        except subprocess.TimeoutExpired:  # streams closed but the process lingers
-            self.signal(signal.SIGKILL)
-            code = self.proc.wait()
-        self._out.put(None)
-        self._closed.set()
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _at(self, when: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (when, next(self._seq), fn))
+
+    def _add(self, c: NodeChannel) -> None:
+        assert c.proc is not None and c.proc.stdout and c.proc.stderr and c.proc.stdin
+        for f in (c.proc.stdout, c.proc.stderr, c.proc.stdin):
+            os.set_blocking(f.fileno(), False)
+        c._open = {"out", "err", "in"}
+        self.sel.register(c.proc.stdout, selectors.EVENT_READ, (c, "out"))
+        self.sel.register(c.proc.stderr, selectors.EVENT_READ, (c, "err"))
+        self._write(c)
+        if c.heartbeat:
+            self._beat(c)
+
+    def _beat(self, c: NodeChannel) -> None:
+        assert c.heartbeat is not None
+        if c._closed.is_set() or "in" not in c._open:
+            return
+        self._at(time.monotonic() + c.heartbeat, lambda: self._beat(c))
+        c._queue(b"hb\n")
+
+    def _write(self, c: NodeChannel) -> None:
+        if "in" not in c._open:
+            return
+        assert c.proc is not None and c.proc.stdin is not None
+        fd = c.proc.stdin.fileno()
+        with c._lock:
+            data, eof = bytes(c._out), c._eof_asked
+        sent, broken = 0, False
+        while sent < len(data):
+            try:
+                sent += os.write(fd, data[sent:sent + READ_SIZE])
+            except BlockingIOError:
+                break
+            except OSError:  # the node's end is gone: the readers say why
+                broken = True
+                break
+        with c._lock:
+            del c._out[:len(data) if broken else sent]
+            left = bool(c._out)
+        registered = self._registered(c, "in")
+        if broken or (eof and not left):
+            if registered:
+                self.sel.unregister(c.proc.stdin)
+            c._open.discard("in")
+            try:
+                c.proc.stdin.close()
+            except OSError:
+                pass
+        elif left and not registered:
+            self.sel.register(c.proc.stdin, selectors.EVENT_WRITE, (c, "in"))
+        elif not left and registered:
+            self.sel.unregister(c.proc.stdin)
+
+    def _registered(self, c: NodeChannel, stream: str) -> bool:
+        assert c.proc is not None and c.proc.stdin is not None
         try:
-            self.on_closed(code, list(self.stderr))
+            key = self.sel.get_key(c.proc.stdin)
+        except KeyError:
+            return False
+        return bool(key.data and key.data[1] == stream)
+
+    def _read(self, c: NodeChannel, stream: str) -> None:
+        assert c.proc is not None
+        f = c.proc.stdout if stream == "out" else c.proc.stderr
+        assert f is not None
+        if stream == "out" and c.backlog is not None and c.backlog():
+            self._hold(c)
+            return
+        try:
+            chunk = os.read(f.fileno(), READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._eof(c, stream)
+            return
+        c.last_recv = time.monotonic()
+        if c._fanout is not None:  # connected: the next node's handshake may start
+            c._fanout.done(c)
+        lines = (c._rest[stream] + chunk).split(b"\n")
+        c._rest[stream] = lines.pop()
+        if stream == "out":
+            if lines:
+                c.on_frames([raw.decode(errors="replace") for raw in lines])
+        else:
+            for raw in lines:
+                line = raw.decode(errors="replace").rstrip("\r")
+                c.stderr.append(line)
+                c.on_stderr(line)
+
+    def _hold(self, c: NodeChannel) -> None:
+        assert c.proc is not None and c.proc.stdout is not None
+        self.sel.unregister(c.proc.stdout)
+        c.held = True
+        self._held.add(c)
+
+    def _resume(self, c: NodeChannel) -> None:
+        if c.backlog is not None and c.backlog():
+            return
+        assert c.proc is not None and c.proc.stdout is not None
+        self._held.discard(c)
+        c.held = False
+        c.last_recv = time.monotonic()
+        if "out" in c._open:
+            self.sel.register(c.proc.stdout, selectors.EVENT_READ, (c, "out"))
+
+    def _eof(self, c: NodeChannel, stream: str) -> None:
+        assert c.proc is not None
+        if stream not in c._open:
+            return
+        c._open.discard(stream)
+        f = c.proc.stdout if stream == "out" else c.proc.stderr
+        assert f is not None
+        if c in self._held and stream == "out":
+            self._held.discard(c)
+            c.held = False
+        else:
+            self.sel.unregister(f)
+        rest, c._rest[stream] = c._rest[stream], b""
+        try:
+            if rest and stream == "out":
+                c.on_frames([rest.decode(errors="replace")])
+            elif rest:
+                line = rest.decode(errors="replace").rstrip("\r")
+                c.stderr.append(line)
+                c.on_stderr(line)
         except Exception:  # noqa: BLE001
-            log.exception("%s: on_closed failed", self.host)
+            log.exception("%s: handing over the channel's last words failed", c.host)
+        f.close()
+        if stream == "out" and "err" in c._open:  # ssh's last words come before the close
+            self._at(time.monotonic() + STDERR_WAIT, lambda: self._eof(c, "err"))
+        elif not ({"out", "err"} & c._open):
+            c._reap_from = time.monotonic()
+            self._reap(c)
 
-
-def start_all(channels: list[NodeChannel],
-              on_error: Callable[[NodeChannel, str, str], None]) -> list[NodeChannel]:
-    """Start every channel; the ones that could not start go to ``on_error(channel, problem,
-    fix)``; never raises."""
-    started = []
-    for channel in channels:
+    def _reap(self, c: NodeChannel) -> None:
+        assert c.proc is not None and c._reap_from is not None
+        code = c.proc.poll()
+        if code is None:
+            if time.monotonic() - c._reap_from < REAP_WAIT:
+                self._at(time.monotonic() + 0.02, lambda: self._reap(c))
+                return
+            c.signal(signal.SIGKILL)  # streams closed but the process lingers
+            code = c.proc.wait()
+        if "in" in c._open:
+            if self._registered(c, "in"):
+                assert c.proc.stdin is not None
+                self.sel.unregister(c.proc.stdin)
+            c._open.discard("in")
+            try:
+                assert c.proc.stdin is not None
+                c.proc.stdin.close()
+            except OSError:
+                pass
+        c._closed.set()
+        if c._fanout is not None:
+            c._fanout.done(c)
         try:
-            channel.start()
-        except OSError as exc:
-            # (the local program that failed: ssh or srun, or the interpreter for a local node)
-            program = channel.transport.argv(channel.argv)[0]
-            on_error(channel, *explain_start_failure(program, exc))
-            continue
-        started.append(channel)
-    return started
+            c.on_closed(code, list(c.stderr))
+        except Exception:  # noqa: BLE001
+            log.exception("%s: on_closed failed", c.host)
+
+
+_hub: Hub | None = None
+_hub_lock = threading.Lock()
+
+
+def hub() -> Hub:
+    """This process's hub (a new one in a forked child: threads do not survive a fork)."""
+    global _hub
+    with _hub_lock:
+        if _hub is None or _hub.pid != os.getpid():
+            _hub = Hub()
+        return _hub
+
+
+FANOUT = 64
+"""Connections being set up at once (started, not yet heard from): the rest wait their turn,
+each started as one of those says its first word or ends. pdsh's default is 32, DeepSpeed's
+launcher 1024; a bastion's sshd drops unauthenticated connections beyond its MaxStartups
+(10:30:100 by default), so a window there is what keeps a launch of hundreds of nodes whole."""
+
+
+class Fanout:
+    """At most ``window`` channels in their handshake at once; the others start in order as
+    those are heard from. Lives on the hub's thread once started."""
+
+    def __init__(self, channels: list[NodeChannel], window: int,
+                 on_error: Callable[[NodeChannel, str, str], None]) -> None:
+        self.waiting = deque(channels)
+        self.window = max(1, window)
+        self.on_error = on_error
+        self.in_flight: set[NodeChannel] = set()
+        self._lock = threading.Lock()  # the caller starts the first window, the hub the rest
+
+    def fill(self) -> list[NodeChannel]:
+        """Start channels until the window is full; those that could not be started go to
+        ``on_error`` (and count as closed)."""
+        with self._lock:
+            return self._fill()
+
+    def _fill(self) -> list[NodeChannel]:
+        started = []
+        while self.waiting and len(self.in_flight) < self.window:
+            channel = self.waiting.popleft()
+            try:
+                channel._fanout = self
+                self.in_flight.add(channel)
+                channel.start()
+            except OSError as exc:
+                self.in_flight.discard(channel)
+                channel._fanout = None
+                channel._closed.set()
+                # (the local program that failed: ssh or srun, or the interpreter locally)
+                program = channel.transport.argv(channel.argv)[0]
+                self.on_error(channel, *explain_start_failure(program, exc))
+                continue
+            started.append(channel)
+        return started
+
+    def done(self, channel: NodeChannel) -> None:
+        with self._lock:
+            channel._fanout = None
+            self.in_flight.discard(channel)
+            self._fill()
+
+
+def start_all(channels: list[NodeChannel], on_error: Callable[[NodeChannel, str, str], None],
+              window: int | None = None) -> list[NodeChannel]:
+    """Start every channel, at most ``window`` (default :data:`FANOUT`) in their handshake at
+    once (the rest as those are heard from, on the hub's thread); the ones that could not start
+    go to ``on_error(channel, problem, fix)`` (maybe later, from the hub's thread) and are
+    closed. Returns every channel but those that failed at once; never raises."""
+    fanout = Fanout(channels, window or FANOUT, on_error)
+    with fanout._lock:  # the first window here; the rest from the hub as the first are heard
+        failed = set(channels) - set(fanout._fill()) - set(fanout.waiting)
+    return [c for c in channels if c not in failed]
 
 
 def close_all(channels: list[NodeChannel], timeout: float) -> None:

@@ -1,0 +1,90 @@
+"""The head with many nodes (fake guards: ``tests/fakenode.py``, real runner, supervisor and
+channels): constant threads, a descriptor budget, nothing lost. Each case runs the head in a
+child process under its own open-file limit."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HEAD = textwrap.dedent("""
+    import json, os, sys, threading
+    sys.path.insert(0, sys.argv[1])
+    from tests.fakenode import fake_job
+    from ptcluster.launch.result import RunOptions
+    from ptcluster.launch.runner import Runner
+
+    plan, transports = fake_job(int(sys.argv[2]))
+    peak = {"threads": 0, "fds": 0}
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(0.05):
+            peak["threads"] = max(peak["threads"], threading.active_count())
+            peak["fds"] = max(peak["fds"], len(os.listdir("/proc/self/fd")))
+
+    threading.Thread(target=watch, daemon=True).start()
+    notes = []
+    try:
+        result = Runner(plan, transports, __import__("pathlib").Path(sys.argv[3]),
+                        on_status=notes.append,
+                        options=RunOptions(ready_timeout=120.0)).run()
+    except Exception as exc:
+        print(json.dumps({"error": str(exc), "fix": getattr(exc, "fix", "")}))
+        sys.exit(0)
+    done.set()
+    print(json.dumps({"ok": result.ok, "exits": {r.rank: r.exit_code for r in result.ranks},
+                      "peak": peak, "notes": notes, "log_errors": result.log_errors}))
+""")
+
+
+def run_head(tmp_path: Path, nodes: int, nofile: int, **env: str) -> dict:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    events = tmp_path / "events"
+    proc = subprocess.run(
+        [sys.executable, "-c", HEAD, str(ROOT), str(nodes), str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300, preexec_fn=limit,
+        env={**os.environ, "FAKE_EVENTS": str(events), **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["events"] = events.read_text().splitlines() if events.exists() else []
+    return out
+
+
+@pytest.mark.slow
+def test_64_nodes_under_a_low_descriptor_limit_every_exit_and_line_arrives(tmp_path) -> None:
+    # 64 nodes x 8 ranks: 512 rank logs and 192 channel pipes under a limit of 300 (a log
+    # pool of 44 files): every rank's exit status and every line must still arrive.
+    out = run_head(tmp_path, 64, 300, FAKE_RATE="4", FAKE_SECONDS="3")
+    assert out.get("ok"), out
+    assert sorted(int(r) for r in out["exits"]) == list(range(512))
+    assert set(out["exits"].values()) == {0}
+    assert out["log_errors"] == []
+    sent = sum(int(e.split()[2]) for e in out["events"] if e.split()[1] == "sent")
+    logged = {}
+    for log in (tmp_path / "run").glob("rank*.log"):
+        lines = log.read_text().splitlines()
+        assert lines == [f"line {i}" for i in range(1, len(lines) + 1)], log  # in order, no gap
+        logged[log.name] = len(lines)
+    assert len(logged) == 512 and sent == sum(logged.values()) and sent >= 512 * 8
+    assert out["peak"]["fds"] <= 300
+    assert out["peak"]["threads"] <= 8, out["peak"]  # not one per node (was 4 per node)
+
+
+def test_a_limit_too_low_for_the_nodes_fails_before_anything_starts(tmp_path) -> None:
+    out = run_head(tmp_path, 64, 200)
+    assert "needs 264 open files" in out["error"] and "the limit here is 200" in out["error"]
+    assert "ulimit -n 264" in out["fix"]
+    assert out["events"] == []  # no fake node was started
+    assert not (tmp_path / "run").exists()
