@@ -59,7 +59,7 @@ BATCH_SECONDS = 0.05
 """Longest stretch the loop spends on queued events before it looks at its timers."""
 TICK_SECONDS = 0.2
 """How often the checks over every node run (silence, hang, the teardown's escalation)."""
-FLUSH_SECONDS = 0.25
+FLUSH_SECONDS = 0.5
 """How often the logs are written (what a crash of the head could lose at most)."""
 BACKLOG = 256
 """Batches waiting for the loop (<= 64 KiB each, so <= ~16 MiB) before the channels stop
