@@ -408,8 +408,9 @@ def test_jobs_share_gpus_by_lease_and_a_taken_gpu_is_refused_naming_its_job(
 
 def test_ps_lists_a_running_job_and_kill_ends_it_everywhere(testbed, job_dir,
                                                             no_leftovers) -> None:
-    """`ps` from the leases every node's guard holds; `kill` from another terminal signals the
-    job's guards, which tear down as on any stop; the head says who ended it and exits 143."""
+    """`ps` from the leases every node's guard holds; `kill` from where the head is not (here:
+    a registry of heads without it, as on another machine) signals the job's guards, which tear
+    down as on any stop; the head says who ended it and exits 143."""
     head, job = start(testbed, job_dir, ["sleeper.py", "600"], slots=(2, 1, 1),
                       port=None, extra="master: {port: auto}\n")
     no_leftovers.append(job)
@@ -424,7 +425,8 @@ def test_ps_lists_a_running_job_and_kill_ends_it_everywhere(testbed, job_dir,
         assert row["command"] == "python sleeper.py 600" and 29500 <= row["port"] < 30000, row
         code, table = run_head(["ps", "--cluster", cluster], cwd=job_dir, timeout=60)
         assert code == 0 and job in "\n".join(table.lines), table.output()
-        code, killer = run_head(["kill", "--cluster", cluster, job], cwd=job_dir, timeout=60)
+        code, killer = run_head(["kill", "--cluster", cluster, job], cwd=job_dir, timeout=60,
+                                env={"XDG_STATE_HOME": str(job_dir / "another-machine")})
         assert code == 0, killer.output()
         assert f"job {job}: SIGTERM to its guard on " in "\n".join(killer.lines)
         ended = head.wait(timeout=60)
@@ -437,6 +439,33 @@ def test_ps_lists_a_running_job_and_kill_ends_it_everywhere(testbed, job_dir,
     assert left == [], left
     code, killer = run_head(["kill", "--cluster", cluster, job], cwd=job_dir, timeout=60)
     assert code == 1 and f"no job {job} runs on these nodes" in "\n".join(killer.err)
+
+
+def test_kill_where_the_head_runs_stops_every_node_through_it(testbed, job_dir,
+                                                              no_leftovers) -> None:
+    """`kill` on the head's machine asks the head (its control socket): it stops every node in
+    order (each guard says it was stopped by the head), says who, and exits 143."""
+    head, job = start(testbed, job_dir, ["sleeper.py", "600"], slots=(2, 1, 1),
+                      port=None, extra="master: {port: auto}\n")
+    no_leftovers.append(job)
+    try:
+        head.wait_for("ready", count=4)
+        code, killer = run_head(["kill", job], cwd=job_dir, timeout=60)  # no cluster file
+        assert code == 0, killer.output()
+        assert f"job {job}: ended on every node by its head (pid {head.proc.pid}, on this " \
+               "machine)" in "\n".join(killer.lines), killer.output()
+        ended = head.wait(timeout=60)
+        left = job_processes(job, wait=30)
+    finally:
+        head.kill()
+    assert ended == 143, head.output()
+    cause = f"ended by `ptcluster kill` from {socket.gethostname()} (root)"
+    assert f"ptcluster: {cause}" in head.err, head.output()
+    assert left == [], left
+    _, summary = only_run(next(job_dir.glob("runs-*")))
+    assert summary["ended_by"] == cause
+    assert [n["reason"].startswith("stopped by the head") for n in summary["nodes"]] == \
+        [True] * 3, summary["nodes"]
 
 
 def job_id_of(head: Head) -> str:

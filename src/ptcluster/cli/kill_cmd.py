@@ -1,5 +1,6 @@
-"""End a running job everywhere, from any machine that reaches its nodes: each node's guard of
-that job is signalled (the job-scoped teardown of any stop), and the job's head reports who."""
+"""End a running job everywhere: through its head when the head runs on this machine (it stops
+the job in order on every node), else by signalling each node's guard of that job (the
+job-scoped teardown of any stop); the job's head reports who ended it and exits 143."""
 
 from __future__ import annotations
 
@@ -13,25 +14,51 @@ from typing import Any
 import click
 
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec
+from ptcluster.launch.kill import HeadStop, stop_through_head
 from ptcluster.node import KILL
 from ptcluster.node.wire import control, split
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.connect import transports
 from ptcluster.remote.transport import explain_channel_failure
+from ptcluster.spec import ClusterSpec
 
 
 @click.command(help=__doc__)
 @cluster_option
 @click.argument("job_id")
 @click.option("--signal", "signame", type=click.Choice(["TERM", "INT", "KILL"]),
-              default="TERM", show_default=True, help="What the guards get (KILL: the guard "
-              "dies at once and the kernel ends its process tree: no grace).")
+              default="TERM", show_default=True, help="Through the head: TERM and INT stop "
+              "the job in order, KILL without waiting for the nodes. Through the guards: what "
+              "they get (KILL: the guard dies at once and the kernel ends its process tree: no "
+              "grace).")
 @click.option("--timeout", type=SECONDS, default=20.0, show_default=True,
-              help="Seconds to wait for every node.")
+              help="Seconds to wait for every node (or for the head to end the job).")
 def kill(cluster: str | None, job_id: str, signame: str, timeout: float) -> None:
-    spec = load_spec(cluster, None)
-    answers: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
     by = {"host": socket.gethostname(), "user": getpass.getuser()}
+    head = stop_through_head(job_id, signame, by, wait=timeout)
+    if head.taken:
+        _say_head(job_id, head, timeout)
+        sys.exit(0)
+    if head.why_not:
+        click.echo(f"ptcluster: job {job_id}: not through its head ({head.why_not}); through "
+                   "its nodes' guards", err=True)
+    sys.exit(_through_guards(load_spec(cluster, None), job_id, signame, by, timeout))
+
+
+def _say_head(job_id: str, head: HeadStop, timeout: float) -> None:
+    assert head.entry is not None
+    who = f"its head (pid {head.entry.pid}, on this machine)"
+    if head.ended:
+        click.echo(f"ptcluster: job {job_id}: ended on every node by {who}")
+    else:
+        click.echo(f"ptcluster: job {job_id}: {who} is stopping it on every node (not done "
+                   f"after {timeout:.0f} s; it goes on)")
+
+
+def _through_guards(spec: ClusterSpec, job_id: str, signame: str, by: dict[str, str],
+                    timeout: float) -> int:
+    """Signal each node's guard of the job; the exit code (0: signalled, none refused)."""
+    answers: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
 
     def frames(host: str, lines: list[str]) -> None:
         for line in lines:
@@ -74,4 +101,4 @@ def kill(cluster: str | None, job_id: str, signame: str, timeout: float) -> None
     if not signalled and not refused:
         click.echo(f"ptcluster: no job {job_id} runs on these nodes "
                    "(`ptcluster ps --all-users` lists them)", err=True)
-    sys.exit(0 if signalled and not refused else 1)
+    return 0 if signalled and not refused else 1

@@ -4,6 +4,9 @@
 (``{"cmd": "stacks"}``) and reads one JSON answer line. Only the owner can connect (the file
 mode; the peer's uid is checked as well). The socket is bound and reached through the directory's
 file descriptor, so a run directory deeper than a socket path may be (108 bytes) still works.
+
+Given the job's id, the server also registers its run directory in this user's registry of
+heads (``launch.heads``) while it listens: that is how ``ptcluster kill JOB`` finds it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ptcluster.errors import PtclusterError
+from ptcluster.launch import heads
 
 log = logging.getLogger(__name__)
 SOCKET_NAME = "control.sock"
@@ -34,9 +38,13 @@ class ControlServer:
     collection takes a few seconds) but never holds up the job: the runner's loop does the work
     and the handler only waits for it."""
 
-    def __init__(self, run_dir: Path, handler: Handler) -> None:
+    def __init__(self, run_dir: Path, handler: Handler, job_id: str | None = None) -> None:
         self.path = run_dir / SOCKET_NAME
         self.handler = handler
+        self.job_id = job_id
+        self.unregistered = ""
+        """Why the job could not be registered (``launch.heads``), "" when it was or none was
+        asked for: ``ptcluster kill`` then goes through the guards."""
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # never a moment with the socket open to others
         try:
@@ -48,9 +56,18 @@ class ControlServer:
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="control", daemon=True)
         self._thread.start()
+        if job_id is not None:
+            try:
+                heads.register(job_id, run_dir)
+            except OSError as exc:
+                self.unregistered = f"{exc.strerror or exc}"
+                if exc.filename:
+                    self.unregistered = f"{exc.filename}: {self.unregistered}"
 
     def close(self) -> None:
         self._closed.set()
+        if self.job_id is not None and not self.unregistered:
+            heads.unregister(self.job_id)
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -72,10 +89,7 @@ class ControlServer:
     def _serve(self, conn: socket.socket) -> None:
         with conn:
             try:
-                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                        struct.calcsize("3i"))
-                _, uid, _ = struct.unpack("3i", creds)
-                if uid not in (os.getuid(), 0):
+                if peer_uid(conn) not in (os.getuid(), 0):
                     return
                 conn.settimeout(10.0)
                 line = conn.makefile("rb").readline(65536)
@@ -92,8 +106,16 @@ class ControlServer:
                 pass
 
 
-def ask(run_dir: Path, request: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
-    """Send one request to the head running in ``run_dir``; its answer."""
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of a connected Unix socket (the kernel's word)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+def ask(run_dir: Path, request: dict[str, Any], timeout: float = 30.0,
+        owner: int | None = None) -> dict[str, Any]:
+    """Send one request to the head running in ``run_dir``; its answer. With ``owner``, the
+    head must run as that uid (a socket of anyone else is not asked)."""
     path = run_dir / SOCKET_NAME
     if not path.exists():
         raise ControlError(f"no job is running in {run_dir} (no {SOCKET_NAME})",
@@ -105,12 +127,17 @@ def ask(run_dir: Path, request: dict[str, Any], timeout: float = 30.0) -> dict[s
         except (ConnectionRefusedError, FileNotFoundError):
             raise ControlError(f"the job of {run_dir} is no longer running (its head is gone)",
                                "give the run directory of a running job") from None
+        if owner is not None and peer_uid(s) != owner:
+            raise ControlError(f"{path} is served by uid {peer_uid(s)}, not by uid {owner}",
+                               "give the run directory of your own job")
         s.sendall(json.dumps(request).encode() + b"\n")
         try:
             line = s.makefile("rb").readline()
         except TimeoutError:
             raise ControlError(f"the head of {run_dir} did not answer in {timeout:.0f} s",
                                "try again; the job itself is not affected") from None
+        except ConnectionResetError:  # (closed with our request unread: not its owner)
+            line = b""
     if not line:
         raise ControlError(f"the head of {run_dir} closed the connection without an answer",
                            "try again while the job runs")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import resource
 import time
@@ -150,6 +151,8 @@ class Runner:
         self._use_plan(plan)
         self._stop_reason = ""
         self._stop_requests = 0
+        self._killed_by = ""
+        """Who ended the job through the control socket (``ptcluster kill``), if anyone did."""
         self._sink_errors: set[str] = set()
         self.sup: Supervisor | None = None
         self.stacks = StackCollector(run_dir, self.on_status)
@@ -221,8 +224,9 @@ class Runner:
             result.attempts = attempts
             self._addresses.update((n.host, str(n.facts["address"])) for n in result.nodes
                                    if n.facts.get("address"))
-            if not record.ok and view.killed_by:
-                result.ended_by = view.killed_by
+            killed_by = self._killed_by or view.killed_by  # (through the head, or a guard)
+            if not record.ok and killed_by:
+                result.ended_by = killed_by
             elif not record.ok and self.ended_by is not None:
                 result.ended_by = self.ended_by() or ""
             decision = decide(None if self.restarts is None else self.restarts.policy,
@@ -305,16 +309,40 @@ class Runner:
     def _open_control(self) -> ControlServer | None:
         """``ptcluster stacks`` asks through this; a run goes on without it."""
         try:
-            return ControlServer(self.run_dir, self._control_request)
+            control = ControlServer(self.run_dir, self._control_request, job_id=self.plan.job_id)
         except OSError as exc:
             self.on_status(f"no control socket in {self.run_dir} ({exc}): `ptcluster stacks` "
                            "cannot reach this job")
             return None
+        if control.unregistered:
+            self.on_status(f"this job is not in your registry of heads ({control.unregistered})"
+                           ": `ptcluster kill` on this machine goes through its nodes' guards")
+        return control
 
     def _control_request(self, request: dict[str, Any]) -> dict[str, Any]:
         if request.get("cmd") == "stacks":
             return self.ask_stacks()
+        if request.get("cmd") == "kill":
+            return self._kill_request(request)
         return {"ok": False, "error": f"unknown request {str(request.get('cmd'))[:40]!r}"}
+
+    def _kill_request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``ptcluster kill`` (the owner or root: the control socket checked who): stop the job
+        in order everywhere, as on Ctrl-C, with the asker named as the cause; KILL is the
+        hurried stop of a second Ctrl-C (no waiting for the nodes)."""
+        job_id, signame = request.get("job_id"), request.get("signal") or "TERM"
+        if job_id != self.plan.job_id:
+            return {"ok": False, "error": f"this head runs job {self.plan.job_id}, not "
+                                          f"{str(job_id)[:40]}"}
+        if signame not in ("TERM", "INT", "KILL"):
+            return {"ok": False, "error": f"unknown signal {str(signame)[:20]!r}"}
+        by = request.get("by")
+        by = by if isinstance(by, dict) else {}
+        host, user = (str(by.get(k) or "?")[:100] for k in ("host", "user"))
+        self._killed_by = self._killed_by or f"ended by `ptcluster kill` from {host} ({user})"
+        for _ in range(2 if signame == "KILL" else 1):
+            self.request_stop(self._killed_by)
+        return {"ok": True, "job_id": self.plan.job_id, "pid": os.getpid()}
 
     def _channel(self, host: str) -> NodeChannel:
         node = self.plan.nodes[self._node_rank[host]]

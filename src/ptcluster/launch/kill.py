@@ -1,0 +1,63 @@
+"""``ptcluster kill`` through the job's head, when the head runs on this machine.
+
+The head is found in this user's registry (``launch.heads``) and asked on its control socket;
+it stops the job in order on every node, as on Ctrl-C, names the asker as the cause and exits
+143. Whatever keeps a head from taking the request (no entry: the head runs elsewhere or is
+another user's; a head on another machine that shares this home; a dead socket; an older head
+that does not know the request; no answer) is said in ``why_not``, and the caller goes through
+each node's guard instead.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from ptcluster.launch import heads
+from ptcluster.launch.control import ControlError, alive, ask
+
+ANSWER_TIMEOUT = 5.0
+"""Seconds a head has to take the request (it answers at once; the stop goes on after)."""
+
+
+@dataclass(frozen=True)
+class HeadStop:
+    """What came of asking a job's head to end it."""
+
+    entry: heads.HeadEntry | None
+    """The head as registered, None when this user has no head of the job registered."""
+    taken: bool = False
+    """The head took the request: it is stopping the job everywhere."""
+    ended: bool = False
+    """... and its control socket closed within the wait: every node's part has ended."""
+    why_not: str = ""
+    """When a registered head did not take it: why (the guards are the way then)."""
+
+
+def stop_through_head(job_id: str, signame: str, by: dict[str, str],
+                      wait: float) -> HeadStop:
+    """Ask ``job_id``'s head on this machine to end it, then wait up to ``wait`` seconds for
+    the head to finish (its control socket closes when every attempt's nodes are done)."""
+    entry = heads.find(job_id)
+    if entry is None:
+        return HeadStop(None)
+    if not entry.here:
+        return HeadStop(entry, why_not=f"its head runs on {entry.host}")
+    request = {"cmd": "kill", "job_id": job_id, "signal": signame, "by": by}
+    try:
+        answer = ask(entry.run_dir, request, timeout=ANSWER_TIMEOUT, owner=os.getuid())
+    except ControlError as exc:
+        if not alive(entry.run_dir):
+            heads.forget(entry)  # its head is gone (killed by SIGKILL): the entry is stale
+        return HeadStop(entry, why_not=exc.message)
+    except (OSError, ValueError) as exc:
+        return HeadStop(entry, why_not=f"its control socket in {entry.run_dir}: {exc}")
+    if not answer.get("ok"):
+        return HeadStop(entry, why_not=f"its head says: {str(answer.get('error'))[:200]}")
+    deadline = time.monotonic() + wait
+    while alive(entry.run_dir):
+        if time.monotonic() >= deadline:
+            return HeadStop(entry, taken=True)
+        time.sleep(0.2)
+    return HeadStop(entry, taken=True, ended=True)
