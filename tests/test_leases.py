@@ -290,3 +290,57 @@ def test_without_a_usable_lease_directory_jobs_run_unleased_and_say_so(tmp_path,
     assert 29500 <= port < 30000 and leasing.holder(f"port-{port}") is None
     for one in [*held, lease]:
         one.release()  # nothing to release: no error either
+
+
+def test_a_lease_leaves_no_file_behind_and_a_dead_holder_s_files_are_swept(lease_dir) -> None:
+    lease = leases.take("job-20261201-0930-ab12", OWNER)
+    assert lease is not None and len(os.listdir(lease_dir)) == 2  # the lock and its record
+    lease.release()
+    assert os.listdir(lease_dir) == []  # a box running jobs for months gathers nothing
+    # A holder SIGKILLed (the kernel drops its lock, its files stay): the next guard's
+    # Leasing sweeps them; a held lease and kill's notes are left alone.
+    code = ("import sys, time; sys.path[:0] = sys.argv[2:]; from ptcluster.node import leases; "
+            "leases.LEASE_DIR = sys.argv[1]; held = leases.take('job-dead', {}); "
+            "print('held', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(lease_dir), *sys.path],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    finally:
+        proc.kill()
+        proc.wait()
+    held = leases.take("gpu-0", OWNER)
+    note = Path(leases.kill_note("20261201-0930-ab12", str(lease_dir)))
+    note.write_text("{}")
+    assert any(e.startswith("job-dead@") for e in os.listdir(lease_dir))
+    leases.Leasing()
+    left = sorted(os.listdir(lease_dir))
+    assert not any(e.startswith("job-dead@") for e in left), left
+    assert any(e.startswith("gpu-0@") and e.endswith(".lock") for e in left) and note.exists()
+    assert leases.holder("gpu-0") is not None
+    assert held is not None
+    held.release()
+
+
+def test_a_lock_file_removed_as_it_is_taken_is_taken_again_at_its_path(lease_dir,
+                                                                      monkeypatch) -> None:
+    # Between our open and our flock, its holder released it (unlinked, closed) and a third
+    # process made a fresh one: a lock on the unlinked file would be a lease nobody else sees.
+    real, raced = leases.fcntl.flock, []
+
+    def racing_flock(fd: int, op: int) -> None:
+        if not raced:
+            raced.append(fd)
+            path = lease_dir / f"{leases.lease_name('gpu-1')}.lock"
+            path.unlink()
+            path.touch(mode=0o444)
+        real(fd, op)
+
+    monkeypatch.setattr(leases.fcntl, "flock", racing_flock)
+    lease = leases.take("gpu-1", OWNER)
+    assert raced and lease is not None
+    lock = lease_dir / f"{leases.lease_name('gpu-1')}.lock"
+    assert os.fstat(lease.fd).st_ino == lock.stat().st_ino  # the file at the path is locked
+    monkeypatch.setattr(leases.fcntl, "flock", real)
+    assert leases.holder("gpu-1") is not None
+    lease.release()

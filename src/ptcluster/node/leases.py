@@ -4,7 +4,12 @@ Standard library only (part of the guard). A lease is an exclusive ``flock`` on 
 :data:`LEASE_DIR`, a sticky, world-writable directory (like ``/tmp``: every user can create files
 in it, none can remove or replace another's). The kernel releases a ``flock`` when the last
 descriptor of the open file closes, that is when the guard ends however it ends (SIGKILL, a
-crash): no lease outlives its job, and nothing has to clean up after one.
+crash): no lease outlives its job. The files are cleaned up too, so that a box that runs jobs
+for months does not gather one per job: a holder removes its lock file and record while it still
+holds the lock, and a guard that starts removes the files of leases nobody holds (its user's;
+root: anyone's). Removing a lock file that another process has opened but not yet locked is
+safe because a lease counts only when the locked file is still the one at the path (checked
+after the lock is taken, else taken again), the usual rule for lock files that get unlinked.
 
 Who holds a lease is written beside it, in a file the holder owns (``NAME.UID.json``,
 world-readable, never a secret): the lock file itself may have been created by another user, and
@@ -30,16 +35,19 @@ _LOCK = ".lock"
 class Lease:
     """A lease held by this process: released by :meth:`release` or when the process ends."""
 
-    def __init__(self, fd: int, name: str, info_path: str) -> None:
-        self.fd, self.name, self.info_path = fd, name, info_path
+    def __init__(self, fd: int, name: str, info_path: str, lock_path: str = "") -> None:
+        self.fd, self.name, self.info_path, self.lock_path = fd, name, info_path, lock_path
 
     def release(self) -> None:
+        """The record and the lock file go (while the lock is still held), then the lock."""
         if self.fd < 0:
             return
-        try:
-            os.unlink(self.info_path)
-        except OSError:
-            pass
+        for path in (self.info_path, self.lock_path):
+            try:
+                if path and (path == self.info_path or _same_file(self.fd, path)):
+                    os.unlink(path)
+            except OSError:  # (another user's lock file, in a sticky directory: it stays)
+                pass
         os.close(self.fd)
         self.fd = -1
 
@@ -53,7 +61,7 @@ class Leasing:
         self.directory = directory
         self.off: str | None = None
         try:
-            ensure_dir(directory)
+            sweep(ensure_dir(directory))
         except OSError as exc:
             self.off = f"{directory or LEASE_DIR}: {exc.strerror or exc}"
 
@@ -99,19 +107,82 @@ def _open_lock(directory: str, name: str, create: bool) -> int:
     return fd
 
 
+def _same_file(fd: int, path: str) -> bool:
+    """``fd`` is the file at ``path`` now (not one unlinked, or replaced, since it was opened)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _lock(directory: str, name: str, create: bool, mode: int) -> int | None:
+    """The lock file of ``name``, locked (``mode``: ``LOCK_EX`` or ``LOCK_SH``, never
+    waiting) and still the file at its path; None when another process holds it."""
+    path = os.path.join(directory, name + _LOCK)
+    for _ in range(10):
+        fd = _open_lock(directory, name, create)
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except OSError:
+            os.close(fd)
+            raise
+        if _same_file(fd, path):
+            return fd
+        os.close(fd)  # its holder removed it as we opened it: a fresh one is at the path
+    raise OSError(errno.EAGAIN, f"{path} keeps being replaced")
+
+
+def sweep(directory: str) -> None:
+    """Remove the files of leases that nobody holds (a holder killed before it could): the
+    lock files this user may remove, and the records of holders that are gone."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    names = {e[:-len(_LOCK)] for e in entries if e.endswith(_LOCK)}
+    uid = os.getuid()
+    for name in names:
+        path = os.path.join(directory, name + _LOCK)
+        try:
+            if uid != 0 and os.stat(path, follow_symlinks=False).st_uid != uid:
+                continue  # (sticky: not ours to remove)
+            fd = _lock(directory, name, create=False, mode=fcntl.LOCK_EX)
+        except OSError:
+            continue
+        if fd is None:
+            continue  # held
+        try:
+            for entry in entries:
+                if entry.startswith(name + ".") and entry.endswith(".json"):
+                    _unlink(os.path.join(directory, entry))
+            _unlink(path)
+        finally:
+            os.close(fd)
+    for entry in entries:  # records whose lock file is gone (kill's notes are not records)
+        if entry.endswith(".json") and not entry.startswith("kill-") and \
+                entry.rsplit(".", 2)[0] not in names:
+            _unlink(os.path.join(directory, entry))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def take(resource: str, info: dict, directory: str | None = None) -> Lease | None:
     """Lease ``resource`` for as long as this process lives; None when another holds it."""
     name = lease_name(resource)
     directory = ensure_dir(directory)
-    fd = _open_lock(directory, name, create=True)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    fd = _lock(directory, name, create=True, mode=fcntl.LOCK_EX)
+    if fd is None:
         return None
-    except OSError:
-        os.close(fd)
-        raise
     info_path = os.path.join(directory, f"{name}.{os.getuid()}.json")
     record = {**info, "resource": resource, "node": socket.gethostname(), "pid": os.getpid(),
               "uid": os.getuid(),
@@ -120,7 +191,7 @@ def take(resource: str, info: dict, directory: str | None = None) -> Lease | Non
         write_record(info_path, record)
     except OSError:  # who holds it is advice; the lock is the lease
         pass
-    return Lease(fd, name, info_path)
+    return Lease(fd, name, info_path, os.path.join(directory, name + _LOCK))
 
 
 def write_record(path: str, record: dict) -> None:
