@@ -52,14 +52,19 @@ def test_a_lease_is_exclusive_says_who_and_is_released(lease_dir) -> None:
     again.release()
 
 
-def test_the_kernel_releases_a_lease_when_its_holder_is_killed(lease_dir) -> None:
-    code = ("import sys, time; sys.path[:0] = sys.argv[2:]; from ptcluster.node import leases; "
-            "leases.LEASE_DIR = sys.argv[1]; held = leases.take('gpu-0', {}); "
+def holder_process(lease_dir: Path, resource: str) -> subprocess.Popen[str]:
+    """A real process that holds ``resource`` until it is killed (it says when it does)."""
+    code = ("import sys, time; sys.path[:0] = sys.argv[3:]; from ptcluster.node import leases; "
+            "leases.LEASE_DIR = sys.argv[1]; held = leases.take(sys.argv[2], {}); "
             "print('held', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(lease_dir), *sys.path],
+    return subprocess.Popen([sys.executable, "-c", code, str(lease_dir), resource, *sys.path],
                             stdout=subprocess.PIPE, text=True)
+
+
+def test_the_kernel_releases_a_lease_when_its_holder_is_killed(lease_dir) -> None:
+    proc = holder_process(lease_dir, "gpu-0")
     try:
-        assert proc.stdout.readline().strip() == "held"
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
         assert leases.take("gpu-0", OWNER) is None
         assert leases.holder("gpu-0")["pid"] == proc.pid
         proc.send_signal(signal.SIGKILL)  # no cleanup of any kind
@@ -299,11 +304,7 @@ def test_a_lease_leaves_no_file_behind_and_a_dead_holder_s_files_are_swept(lease
     assert os.listdir(lease_dir) == []  # a box running jobs for months gathers nothing
     # A holder SIGKILLed (the kernel drops its lock, its files stay): the next guard's
     # Leasing sweeps them; a held lease and kill's notes are left alone.
-    code = ("import sys, time; sys.path[:0] = sys.argv[2:]; from ptcluster.node import leases; "
-            "leases.LEASE_DIR = sys.argv[1]; held = leases.take('job-dead', {}); "
-            "print('held', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(lease_dir), *sys.path],
-                            stdout=subprocess.PIPE, text=True)
+    proc = holder_process(lease_dir, "job-dead")
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     finally:
