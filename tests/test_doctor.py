@@ -188,3 +188,44 @@ def test_doctor_probes_a_ring_and_a_few_peers_in_o_n(n) -> None:
     assert all(count >= min(n - 1, 2) for count in by.values())
     assert sum(map(len, probes)) <= n * (2 + RING_EXTRA)  # O(N), not N(N-1)
     assert probes == [probe_peers(i, n) for i in range(n)]  # the same in every run
+
+
+def test_ssh_reuse_connects_once_for_doctor_then_run(testbed, tmp_path) -> None:
+    # ssh: {reuse: 30}: the first command leaves one master per node (in a directory of ours,
+    # 0700), the next goes through it; neither waits for the stderr the master keeps (OpenSSH
+    # bug 1988; tests/test_channel.py checks that part alone).
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    runtime = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # (a socket path is <= 108 B)
+    env = {"XDG_RUNTIME_DIR": str(runtime)}
+    path = cluster(testbed, tmp_path, extra="")
+    text = Path(path).read_text().replace("ssh: {", "ssh: {reuse: 30, ")
+    Path(path).write_text(text)
+    sockets = runtime / "ptcluster-ssh"
+    try:
+        code, head = run_head(["doctor", "--cluster", path, "--skip-allreduce"], cwd=tmp_path,
+                              timeout=120, env=env)
+        assert code == 0, head.output()
+        assert oct(sockets.stat().st_mode & 0o777) == "0o700"
+        masters = sorted(os.listdir(sockets))
+        assert len(masters) == 3, masters  # one per node
+        (tmp_path / "hi.py").write_text("print('hi')\n")
+        code, head = run_head(["run", "--cluster", path, "hi.py"], cwd=tmp_path, timeout=120,
+                              env=env)
+        assert code == 0, head.output()
+        assert sorted(os.listdir(sockets)) == masters  # the same masters, no new ones
+        for node in testbed.nodes[:3]:
+            check = subprocess.run(["ssh", "-F", str(testbed.ssh_config), "-o",
+                                    f"ControlPath={sockets}/%C", "-O", "check", node.name],
+                                   capture_output=True, text=True, timeout=10)
+            assert check.returncode == 0, check.stderr  # still there, for the next command
+    finally:
+        for node in testbed.nodes[:3]:  # the masters we started
+            subprocess.run(["ssh", "-F", str(testbed.ssh_config), "-o",
+                            f"ControlPath={sockets}/%C", "-O", "exit", node.name],
+                           capture_output=True, timeout=10)
+        shutil.rmtree(runtime, ignore_errors=True)

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 STDERR_TAIL = 40
 READ_SIZE = 1 << 16
 STDERR_WAIT = 10.0
-"""After stdout's EOF, how long ssh's last words on stderr may take (they come before the close)."""
+"""After stdout's EOF, how long the process may take to exit before its stderr is closed."""
 REAP_WAIT = 10.0
 """After both streams' EOF, how long the process may take to exit before it is SIGKILLed."""
 BACKLOG_POLL = 0.02
@@ -297,22 +297,23 @@ class Hub:
             return False
         return bool(key.data and key.data[1] == stream)
 
-    def _read(self, c: NodeChannel, stream: str) -> None:
+    def _read(self, c: NodeChannel, stream: str) -> bool:
+        """One read of ``stream``; True when it brought data."""
         assert c.proc is not None
         f = c.proc.stdout if stream == "out" else c.proc.stderr
         assert f is not None
         if stream == "out" and c.backlog is not None and c.backlog():
             self._hold(c)
-            return
+            return False
         try:
             chunk = os.read(f.fileno(), READ_SIZE)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             chunk = b""
         if not chunk:
             self._eof(c, stream)
-            return
+            return False
         c.last_recv = time.monotonic()
         if c._fanout is not None:  # connected: the next node's handshake may start
             c._fanout.done(c)
@@ -326,6 +327,7 @@ class Hub:
                 line = raw.decode(errors="replace").rstrip("\r")
                 c.stderr.append(line)
                 c.on_stderr(line)
+        return True
 
     def _hold(self, c: NodeChannel) -> None:
         assert c.proc is not None and c.proc.stdout is not None
@@ -366,11 +368,27 @@ class Hub:
         except Exception:  # noqa: BLE001
             log.exception("%s: handing over the channel's last words failed", c.host)
         f.close()
-        if stream == "out" and "err" in c._open:  # ssh's last words come before the close
-            self._at(time.monotonic() + STDERR_WAIT, lambda: self._eof(c, "err"))
+        if stream == "out" and "err" in c._open:
+            self._last_words(c, time.monotonic() + STDERR_WAIT)
         elif not ({"out", "err"} & c._open):
             c._reap_from = time.monotonic()
             self._reap(c)
+
+    def _last_words(self, c: NodeChannel, until: float) -> None:
+        """stdout ended: stderr ends with the process, not with its EOF. ssh writes its last
+        words before it exits, so once it has exited they are in the pipe; its EOF may never
+        come while another process holds the pipe (a ControlPersist master that ssh forked
+        keeps the stderr it was given: OpenSSH bug 1988)."""
+        assert c.proc is not None
+        if "err" not in c._open:
+            return
+        if c.proc.poll() is None and time.monotonic() < until:
+            self._at(time.monotonic() + 0.02, lambda: self._last_words(c, until))
+            return
+        for _ in range(64):  # what is in the pipe, then the end (<= 4 MiB)
+            if "err" not in c._open or not self._read(c, "err"):
+                break
+        self._eof(c, "err")
 
     def _reap(self, c: NodeChannel) -> None:
         assert c.proc is not None and c._reap_from is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import shlex
+import stat
 import subprocess
 import sys
 from abc import ABC, abstractmethod
@@ -98,10 +99,31 @@ def ssh_argv(host: str, ssh: SshSpec) -> list[str]:
     given = {k.lower() for k, _ in ssh.options}
     for key, value in ssh.options:
         argv += ["-o", f"{key}={value}"]
-    for key, value in SSH_DEFAULTS:
+    defaults: tuple[tuple[str, str], ...] = SSH_DEFAULTS
+    sockets = control_dir() if ssh.reuse else None
+    if sockets:
+        defaults += (("ControlMaster", "auto"), ("ControlPath", f"{sockets}/%C"),
+                     ("ControlPersist", str(ssh.reuse)))
+    for key, value in defaults:
         if key.lower() not in given:
             argv += ["-o", f"{key}={value}"]
     return argv + ["--", host]
+
+
+def control_dir() -> str | None:
+    """Where reused ssh connections keep their sockets: the user's own directory, mode 0700
+    (a socket there is a logged-in session to a node; ``%C``, a hash, keeps the path short);
+    None (no reuse: every command connects anew) where it cannot be made so."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or os.path.expanduser("~/.cache")
+    path = os.path.join(base, "ptcluster-ssh")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return path
 
 
 def explain_start_failure(program: str, exc: OSError) -> tuple[str, str]:

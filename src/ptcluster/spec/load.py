@@ -29,7 +29,7 @@ TOP_KEYS = ("nodes", "master", "backend", "interface", "python", "workdir", "env
             "gpus")
 NODE_KEYS = ("host", "slots", "interface", "python", "workdir", "ssh", "gpus")
 MASTER_KEYS = ("addr", "port")
-SSH_KEYS = ("user", "port", "identity_file", "config_file", "options")
+SSH_KEYS = ("user", "port", "identity_file", "config_file", "options", "reuse")
 
 CLUSTER_ENV_VAR = "PTCLUSTER_CLUSTER"
 DEFAULT_CLUSTER_FILE = "cluster.yaml"
@@ -178,6 +178,8 @@ def _ssh(r: Reader, value: Any, path: str) -> SshSpec:
         config_file=r.text(raw["config_file"], f"{path}.config_file", "an ssh config path")
         if "config_file" in raw else None,
         options=r.ssh_options(raw.get("options"), f"{path}.options"),
+        reuse=r.integer(raw["reuse"], f"{path}.reuse", 0, 86400, "give the seconds an idle "
+                        "connection is kept (0: none)") if "reuse" in raw else None,
     )
 
 

@@ -42,6 +42,9 @@ class SshSpec:
     """An ssh config file passed with ``-F``."""
     options: tuple[tuple[str, str], ...] = ()
     """Extra ``-o KEY=VALUE`` options, in file order."""
+    reuse: int | None = None
+    """Seconds an idle connection to the node is kept for the next command (OpenSSH's
+    ControlMaster/ControlPersist, sockets in a private directory); None or 0: a new one each."""
 
     def merged(self, override: SshSpec | None) -> SshSpec:
         """This spec with every field that ``override`` sets replaced (options merged by key)."""
@@ -55,6 +58,7 @@ class SshSpec:
             identity_file=override.identity_file or self.identity_file,
             config_file=override.config_file or self.config_file,
             options=tuple(options.items()),
+            reuse=override.reuse if override.reuse is not None else self.reuse,
         )
 
 

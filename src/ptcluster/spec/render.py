@@ -80,4 +80,6 @@ def _ssh_lines(ssh: SshSpec) -> list[str]:
     if ssh.options:
         opts = ", ".join(f"{k}: {_q(v)}" for k, v in ssh.options)
         fields.append(f"options: {{{opts}}}")
+    if ssh.reuse is not None:
+        fields.append(f"reuse: {ssh.reuse}")
     return [f"ssh: {{{', '.join(fields)}}}"] if fields else []

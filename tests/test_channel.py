@@ -1,0 +1,95 @@
+"""The node channel (remote/channel.py) with real processes: how a channel ends, and the
+fan-out window. The guard's side of a channel is in test_guard.py; many channels at once in
+test_head_scale.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ptcluster.node import GUARD
+from ptcluster.remote.channel import NodeChannel, close_all, start_all
+from ptcluster.remote.transport import Transport
+
+
+@dataclass
+class Shell(Transport):
+    """A "node" that runs a shell command (the node program's argv is ignored)."""
+
+    host: str
+    script: str
+    spawned: list[float] = field(default_factory=list)
+
+    def argv(self, node_argv: list[str]) -> list[str]:
+        return ["sh", "-c", self.script]
+
+    def spawn(self, node_argv: list[str]) -> subprocess.Popen[bytes]:
+        self.spawned.append(time.monotonic())
+        return super().spawn(node_argv)
+
+
+def test_a_channel_ends_when_its_process_does_though_a_child_keeps_its_stderr() -> None:
+    # What ssh does with ControlPersist: the master it forks keeps the stderr it was given
+    # (OpenSSH bug 1988), so stderr's end may come only when the master goes, minutes later.
+    script = "echo 'the last words' >&2; (sleep 60 <&- >&- &); exit 3"
+    closed: list[tuple[float, int | None, list[str]]] = []
+    done = threading.Event()
+
+    def on_closed(code: int | None, stderr: list[str]) -> None:
+        closed.append((time.monotonic(), code, stderr))
+        done.set()
+
+    t = Shell("n0", script)
+    channel = NodeChannel(t, "python3", GUARD, {}, on_frames=lambda lines: None,
+                          on_closed=on_closed)
+    t0 = time.monotonic()
+    channel.start()
+    assert channel.proc is not None
+    try:
+        assert done.wait(8.0), "the channel waited for the stderr of a process that had ended"
+        at, code, stderr = closed[0]
+        assert code == 3 and stderr == ["the last words"]
+        assert at - t0 < 8.0 and channel.closed
+    finally:
+        os.killpg(channel.proc.pid, signal.SIGKILL)  # the sleep we started (its group)
+
+
+def test_at_most_the_window_of_channels_is_in_its_handshake_at_once() -> None:
+    # Each "node" takes 0.3 s to say its first word; with a window of 2, the third starts only
+    # after one of the first two has spoken, and every channel still starts and ends.
+    spoke: dict[str, float] = {}
+    closed: dict[str, int | None] = {}
+    lock = threading.Lock()
+    transports = [Shell(f"n{i}", "sleep 0.3; echo hello; cat >/dev/null") for i in range(5)]
+
+    def frames(host: str, lines: list[str]) -> None:
+        with lock:  # (when its first read came: before the next channel was started)
+            spoke.setdefault(host, by_host[host].last_recv)
+
+    def on_closed(host: str, code: int | None, stderr: list[str]) -> None:
+        with lock:
+            closed[host] = code
+
+    channels = [NodeChannel(t, "python3", GUARD, {},
+                            on_frames=lambda lines, h=t.host: frames(h, lines),
+                            on_closed=lambda code, err, h=t.host: on_closed(h, code, err))
+                for t in transports]
+    by_host = {c.host: c for c in channels}
+    errors: list[str] = []
+    started = start_all(channels, lambda c, problem, fix: errors.append(problem), window=2)
+    assert len(started) == 5 and not errors
+    deadline = time.monotonic() + 20
+    while len(spoke) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    close_all(started, timeout=10)
+    assert len(spoke) == 5 and set(closed) == {t.host for t in transports}
+    for t in transports:  # at each start: how many had started and not yet spoken
+        at = t.spawned[0]
+        in_flight = [u for u in transports if u.spawned and u.spawned[0] <= at
+                     and spoke[u.host] > at]
+        assert len(in_flight) <= 2, (t.host, [u.host for u in in_flight])
+    assert transports[2].spawned[0] >= min(spoke["n0"], spoke["n1"])
