@@ -200,6 +200,52 @@ def test_a_log_that_cannot_be_written_loses_no_frame_after_it(tmp_path) -> None:
 
 
 
+def test_a_sink_that_raises_costs_its_line_never_the_frames_after_it(tmp_path) -> None:
+    from ptcluster.launch import events as ev
+    from ptcluster.launch.plan import Target, plan_launch
+    from ptcluster.launch.result import RunOptions
+    from ptcluster.launch.runner import Runner
+    from ptcluster.launch.supervisor import Supervisor
+    from ptcluster.node import wire
+    from ptcluster.spec import parse_cluster_text
+
+    def broken_sink(host: str, rank: int | None, text: str) -> None:
+        raise RuntimeError("the console is gone")
+
+    plan = plan_launch(parse_cluster_text("nodes:\n  - {host: a, slots: 1}\n", "c.yaml"),
+                       Target(script="t.py"), port=29500, job_id="J")
+    notes: list[str] = []
+    runner = Runner(plan, {}, tmp_path / "run", on_line=broken_sink, on_status=notes.append)
+    sup = Supervisor(plan, RunOptions(), 0.0, wall_offset=0.0)
+    sup.on_event(ev.Hello("a", wire.VERSION, 10, 1.0), 1.0)
+    sup.on_event(ev.Ready("a", {"interface": "lo", "interface_source": "x"}), 1.0)
+    runner._handle(sup, 0, "a", ["o 0 a line", "o 0 another",
+                                 wire.encode("rexit", {"rank": 0, "code": 0, "t": 2.0})
+                                 .decode().strip()])
+    assert sup.ranks[0].exit_code == 0  # the exit after the failed lines arrived
+    assert runner.logs.tail(0) == ["a line", "another"]
+    assert len(notes) == 1 and "the console is gone" in notes[0]
+
+
+def test_the_logs_of_a_restart_go_on_in_the_same_files_after_a_banner(tmp_path) -> None:
+    from ptcluster.launch.runlogs import RunLogs
+
+    logs = RunLogs(tmp_path, max_open=1)  # (a pool of one: every file reopened in turn)
+    for rank in (0, 1):
+        logs.rank_line(rank, f"attempt 0, rank {rank}")
+    logs.node_line(0, "a", "node line")
+    logs.flush()
+    logs.new_attempt("----- attempt 1: world size 2 -----")
+    assert logs.tail(0) == [] and logs.node_tail("a") == []  # the summary's lines: this one's
+    for rank in (0, 1):
+        logs.rank_line(rank, f"attempt 1, rank {rank}")
+        logs.rank_line(rank, "more")
+    logs.close()
+    assert (tmp_path / "rank1.log").read_text().splitlines() == [
+        "attempt 0, rank 1", "----- attempt 1: world size 2 -----", "attempt 1, rank 1", "more"]
+    assert logs.tail(1) == ["attempt 1, rank 1", "more"] and not logs.errors and not logs.lost
+
+
 # -- real jobs on this machine -------------------------------------------------------------
 KILLER = textwrap.dedent("""
     # The reference trainer, with rank KILL_RANK SIGKILLed at optimizer step KILL_STEP of the

@@ -72,12 +72,13 @@ class RunLogs:
         self.node_tails.clear()
 
     def rank_line(self, rank: int, text: str) -> None:
-        """Once per line of the job: two lookups and two appends."""
-        pending = self._rank_pending.get(rank)
+        """Once per line of the job: a few lookups and two appends."""
+        pending, tail = self._rank_pending.get(rank), self.tails.get(rank)
         if pending is None:
-            self.tails[rank] = deque(maxlen=LAST_LINES)
             pending = self._rank_pending[rank] = self._lines(f"rank{rank}")
-        self.tails[rank].append(text)
+        if tail is None:  # (new for this attempt)
+            tail = self.tails[rank] = deque(maxlen=LAST_LINES)
+        tail.append(text)
         if not pending:
             self._dirty.append(f"rank{rank}")
         pending.append(text)

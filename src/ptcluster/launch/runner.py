@@ -415,7 +415,8 @@ class Runner:
 
     def _frames(self, sup: Supervisor, host: str, lines: list[str]) -> None:
         """A batch of frames. Output lines (nearly all of them under load) take a short path:
-        straight to the rank's log and the sink, without an event object each."""
+        straight to the rank's log and the sink, without an event object each. A failure there
+        costs that line, never the frames after it (an exit status, a checkpoint report)."""
         mine = self._ranks_of[host]
         rank_line, on_line = self.logs.rank_line, self.on_line
         for line in lines:
@@ -423,8 +424,13 @@ class Runner:
                 rank_text, _, text = line[2:].partition(" ")
                 if rank_text.isdigit() and int(rank_text) in mine:
                     rank = int(rank_text)
-                    rank_line(rank, text)
-                    on_line(host, rank, text)
+                    try:
+                        rank_line(rank, text)
+                        on_line(host, rank, text)
+                    except Exception as exc:  # noqa: BLE001 - (free in 3.11 when not raised)
+                        log.debug("%s: a line of rank %d was not handled", host, rank,
+                                  exc_info=True)
+                        self._sink_error(exc)
                     continue
             self._apply(sup.on_event(ev.decode(host, line), time.monotonic()))
 
