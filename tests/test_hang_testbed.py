@@ -75,7 +75,10 @@ HOLDS_GIL = textwrap.dedent("""
 """)
 
 TRAIN = textwrap.dedent("""
-    import hashlib, time, torch, torch.distributed as dist
+    # argv[1], if given: a file; every rank waits at step 10 until it exists (so that a test
+    # can ask for stacks while the job surely runs, however loaded the machine).
+    import hashlib, os, sys, time, torch, torch.distributed as dist
+    hold = sys.argv[1] if len(sys.argv) > 1 else None
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
@@ -92,6 +95,8 @@ TRAIN = textwrap.dedent("""
             p.grad /= world
         opt.step()
         print("step", step, flush=True)
+        while step == 10 and hold and not os.path.exists(hold):
+            time.sleep(0.1)
         time.sleep(0.1)
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes()
                                      for p in model.parameters())).hexdigest()
@@ -174,8 +179,9 @@ def digest(lines: list[str]) -> set[str]:
 def test_stacks_on_a_healthy_job_leaves_it_running_and_its_result_unchanged(
         testbed, job_dir, no_leftovers) -> None:
     runs = job_dir / f"runs-{time.monotonic_ns()}"
+    hold = job_dir / f"go-on-{time.monotonic_ns()}"
     head = Head(["run", "--cluster", cluster(testbed, job_dir), "--run-dir", str(runs),
-                 "train.py"], cwd=job_dir)
+                 "train.py", str(hold)], cwd=job_dir)
     try:
         job_id = job_id_when_started(runs)
         no_leftovers.append(job_id)
@@ -186,6 +192,7 @@ def test_stacks_on_a_healthy_job_leaves_it_running_and_its_result_unchanged(
                                          str(runs)], cwd=job_dir, capture_output=True,
                                         text=True, timeout=60))
             time.sleep(0.5)
+        hold.touch()
         code = head.wait(timeout=120)
     finally:
         if head.proc.poll() is None:

@@ -130,14 +130,14 @@ def ask(run_dir: Path, request: dict[str, Any], timeout: float = 30.0,
         if owner is not None and peer_uid(s) != owner:
             raise ControlError(f"{path} is served by uid {peer_uid(s)}, not by uid {owner}",
                                "give the run directory of your own job")
-        s.sendall(json.dumps(request).encode() + b"\n")
         try:
+            s.sendall(json.dumps(request).encode() + b"\n")
             line = s.makefile("rb").readline()
         except TimeoutError:
             raise ControlError(f"the head of {run_dir} did not answer in {timeout:.0f} s",
                                "try again; the job itself is not affected") from None
-        except ConnectionResetError:  # (closed with our request unread: not its owner)
-            line = b""
+        except (ConnectionResetError, BrokenPipeError):
+            line = b""  # (closed before or after our request: we are not its owner)
     if not line:
         raise ControlError(f"the head of {run_dir} closed the connection without an answer",
                            "try again while the job runs")
