@@ -503,3 +503,41 @@ def test_venv_facts_read_without_a_second_interpreter_match_the_interpreters(
     assert node._venv_here(str(venv), py) is None
     assert node._venv(str(venv)) == {"exists": True, "ok": False, "why": ""}
 
+
+@pytest.mark.parametrize("answers, mode, rules, calls", [
+    # the right password: ufw's rules are its check, one password check in all
+    ([(0, "ufw allow from 10.0.0.2 proto tcp\n")], "password",
+     ["ufw allow from 10.0.0.2 proto tcp"], 1),
+    # a wrong one: said at once (sudo's refusal costs seconds), ufw never asked without root
+    ([(1, "Sorry, try again.\nsudo: 1 incorrect password attempt\n")], "wrong-password",
+     None, 1),
+    # ufw failed, not sudo: the plain check says sudo works, ufw's failure is the firewall's
+    ([(1, "ERROR: problem running\n"), (0, ""), (1, "ERROR: problem running\n")], "password",
+     None, 3),
+])
+def test_the_password_is_checked_once_with_ufws_rules(monkeypatch, answers, mode, rules,
+                                                      calls) -> None:
+    from ptcluster.node import setup_agent as node
+
+    ran: list[list[str]] = []
+    replies = iter(answers)
+
+    def run(argv: list[str], *, stdin: str | None = None, timeout: float = 30.0,
+            env: dict[str, str] | None = None) -> tuple[int, str]:
+        if argv[:3] == ["sudo", "-n", "true"]:
+            return 1, "sudo: a password is required\n"
+        assert argv[:5] == ["sudo", "-k", "-S", "-p", ""] and stdin is not None
+        assert stdin.startswith("pw\n")
+        ran.append(argv[6:])
+        return next(replies)
+
+    monkeypatch.setattr(node, "run", run)
+    monkeypatch.setattr(node.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(node.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(node, "_ufw_enabled", lambda: True)
+    agent = node.Node({})
+    agent.password = "pw"
+    facts = agent.facts(["firewall"])
+    assert facts["sudo"]["mode"] == mode and facts["firewall"]["rules"] == rules
+    assert len(ran) == calls and ran[0] == list(node.UFW_ADDED), ran
+    assert not agent.ran
