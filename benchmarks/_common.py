@@ -59,11 +59,13 @@ def show(rows: list[tuple[str, str]]) -> None:
         print(f"{key:<{width}}  {value}")
 
 
-def ssh_only(bed: Any, k: int) -> float:
+def ssh_only(bed: Any, k: int, identity: Path | None = None) -> float:
     """Seconds for k parallel `ssh node true` on a testbed (connect, authenticate, run
-    nothing): the floor of any fan-out over ssh there."""
+    nothing): the floor of any fan-out over ssh there. ``identity``: the key to log in with
+    (bare nodes know only the one setup installed)."""
+    key = ["-i", str(identity)] if identity else []
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(["ssh", "-F", str(bed.ssh_config), "-T", node.name, "true"],
+    procs = [subprocess.Popen(["ssh", "-F", str(bed.ssh_config), *key, "-T", node.name, "true"],
                               stdin=subprocess.DEVNULL) for node in bed.nodes[:k]]
     if any(p.wait() != 0 for p in procs):
         raise SystemExit("ssh to a testbed node failed")

@@ -88,10 +88,17 @@ class Node:
         self.password: str | None = None
         self.sudo_mode: str | None = None
         self.sudo_facts: dict[str, Any] | None = None
+        self.ran: dict[tuple[str, ...], tuple[int, str]] = {}
+        """What the password's check ran as root besides ``true`` (see ``sudo``), kept for
+        the fact that needs it in the same ``facts`` call."""
 
     # -- sudo ---------------------------------------------------------------------------------
-    def sudo(self) -> dict[str, Any]:
-        """root | nopasswd | password | needs-password | wrong-password | none (+ why)."""
+    def sudo(self, check: tuple[str, ...] = ("true",)) -> dict[str, Any]:
+        """root | nopasswd | password | needs-password | wrong-password | none (+ why).
+
+        The password is checked by running ``check`` as root: a command whose output a fact
+        needs anyway (ufw's rules) saves a second password check (sudo's hashing of it is
+        ~60 ms of CPU); its result waits in ``ran``. Should it fail, ``true`` tells why."""
         if os.geteuid() == 0:
             return {"mode": "root"}
         if shutil.which("sudo") is None:
@@ -101,13 +108,18 @@ class Node:
             return {"mode": "nopasswd"}
         if self.password is None:
             return {"mode": "needs-password"}
-        code, out = run(["sudo", "-k", "-S", "-p", "", "true"], stdin=self.password + "\n")
+        code, out = run(["sudo", "-k", "-S", "-p", "", "--", *check],
+                        stdin=self.password + "\n")
         out = self.scrub(out)
         if code == 0:
+            if check != ("true",):
+                self.ran[check] = (code, out)
             return {"mode": "password"}
         low = out.lower()
         if "incorrect password" in low or "sorry, try again" in low:
             return {"mode": "wrong-password", "why": "sudo refused the password"}
+        if check != ("true",):  # another refusal, or the command failed: the plain check says
+            return self.sudo()
         return {"mode": "none", "why": out.strip().splitlines()[-1].rstrip(".") if out.strip()
                 else f"sudo exit status {code}"}
 
@@ -140,29 +152,29 @@ class Node:
                                "home": os.path.expanduser("~"), "hostname": os.uname()[1],
                                "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
                                "python_path": sys.executable}
+        # what needs no root runs beside sudo's check of the password
+        slow: list[threading.Thread] = []
+        if every or "apt" in want:
+            slow.append(threading.Thread(target=lambda: out.__setitem__(
+                "packages", _installed(self.cfg["packages"]))))
+        if every or "venv" in want or "pip" in want:
+            slow.append(threading.Thread(target=lambda: out.__setitem__(
+                "venv", _venv(os.path.expanduser(self.cfg["venv"])))))
+        for t in slow:
+            t.start()
+        firewall = every or "firewall" in want
         if self.sudo_facts is None:  # once per password (sudo is slow to ask)
-            self.sudo_facts = self.sudo()
+            self.sudo_facts = self.sudo(UFW_ADDED if firewall and _ufw_enabled() else ("true",))
         sudo = self.sudo_facts
         self.sudo_mode = sudo["mode"]
         out["sudo"] = sudo
-        root_ok = sudo["mode"] in ("root", "nopasswd", "password")
         if every or "key" in want:
             out["key_authorized"] = _has_key(self.cfg["pubkey"])
         if every or "os" in want:
             out["os"] = _os_release()
             out["gpu"] = _gpu()
-        if every or "apt" in want:
-            out["packages"] = _installed(self.cfg["packages"])
-        # the slow facts (another Python's start, ufw's) side by side
-        slow: list[threading.Thread] = []
-        if every or "venv" in want or "pip" in want:
-            slow.append(threading.Thread(target=lambda: out.__setitem__(
-                "venv", _venv(os.path.expanduser(self.cfg["venv"])))))
-        if every or "firewall" in want:
-            slow.append(threading.Thread(target=lambda: out.__setitem__(
-                "firewall", self.firewall(root_ok))))
-        for t in slow:
-            t.start()
+        if firewall:
+            out["firewall"] = self.firewall(sudo["mode"] in ("root", "nopasswd", "password"))
         if "wheels" in want:  # hashing the wheels costs: only when asked by name
             out["wheelhouse"] = _hashes(os.path.expanduser(self.cfg["wheelhouse"]),
                                         self.cfg.get("hash_only"))
@@ -185,21 +197,21 @@ class Node:
             out["interface_why"] = why
         for t in slow:
             t.join()
+        self.ran.clear()
         return out
 
     def firewall(self, root_ok: bool) -> dict[str, Any]:
         """ufw (or firewalld): installed, active, and our rules (``ufw show added``)."""
-        if shutil.which("ufw") or os.path.exists("/usr/sbin/ufw"):
-            conf = _read("/etc/ufw/ufw.conf") or ""
-            enabled = bool(re.search(r"^\s*ENABLED\s*=\s*yes", conf, re.M))
+        if _ufw_installed():
+            enabled = _ufw_enabled()
             if not root_ok:
                 return {"kind": "ufw", "active": enabled, "rules": None,
                         "why": "reading ufw's rules needs root"}
             if not enabled:
                 return {"kind": "ufw", "active": False, "rules": []}
-            # ufw is slow to start: one call, the rules as ufw's own command syntax
-            argv, data = self.root_argv(["ufw", "show", "added"], None)
-            code, added = run(argv, stdin=data)
+            argv, data = self.root_argv(list(UFW_ADDED), None)
+            code, added = self.ran.pop(UFW_ADDED) if UFW_ADDED in self.ran else run(
+                argv, stdin=data)
             rules = [line.strip() for line in added.splitlines() if line.startswith("ufw ")]
             return {"kind": "ufw", "active": enabled, "rules": rules if code == 0 else None,
                     "why": "" if code == 0 else self.scrub(added.strip())[-200:]}
@@ -227,6 +239,19 @@ class Node:
         code, out = run(argv, stdin=data, timeout=float(msg.get("timeout", 600)),
                         env=msg.get("env"))
         return {"id": msg["id"], "rc": code, "out": self.scrub(out)[-4000:]}
+
+
+UFW_ADDED = ("ufw", "show", "added")
+"""ufw's rules as its own command syntax: one call (ufw is slow to start)."""
+
+
+def _ufw_installed() -> bool:
+    return bool(shutil.which("ufw")) or os.path.exists("/usr/sbin/ufw")
+
+
+def _ufw_enabled() -> bool:
+    conf = _read("/etc/ufw/ufw.conf") or ""
+    return _ufw_installed() and bool(re.search(r"^\s*ENABLED\s*=\s*yes", conf, re.M))
 
 
 def _user() -> str:
@@ -297,12 +322,71 @@ def _gpu() -> dict[str, Any]:
     return {"count": count, "driver": driver, "compute_capability": caps}
 
 
+VENV_DISTS = ("torch", "ptcluster", "pip")
+"""The distributions whose versions the venv's facts report."""
+
+
 def _venv(path: str) -> dict[str, Any]:
+    """The venv at ``path``: whether it exists and works, its Python, and ``VENV_DISTS``."""
     py = os.path.join(path, "bin", "python")
     if not os.access(py, os.X_OK):
         return {"exists": False}
+    return _venv_here(path, py) or _venv_probe(py)
+
+
+def _venv_here(path: str, py: str) -> dict[str, Any] | None:
+    """The venv's facts without starting another interpreter, when its ``bin/python`` is the
+    very interpreter running this program (``python3 -m venv`` makes it a symlink), so it runs
+    and is this Python; None when only the interpreter can tell (``_venv_probe``).
+
+    Its versions are read where ``importlib.metadata`` would find them: the ``Version`` in the
+    ``METADATA`` of each ``NAME-VERSION.dist-info`` of the venv's site-packages, the one
+    directory on its path (``_one_site`` says when that is not sure)."""
+    cfg = _read(os.path.join(path, "pyvenv.cfg"))
+    if os.path.realpath(py) != os.path.realpath(sys.executable) or cfg is None:
+        return None
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    site = os.path.join(path, "lib", f"python{python}", "site-packages")
+    try:
+        entries = sorted(os.listdir(site))
+    except OSError:
+        return None
+    if not _one_site(cfg, site, entries):
+        return None
+    dists: dict[str, str | None] = {d: None for d in VENV_DISTS}
+    for entry in entries:
+        name, sep, rest = entry.partition("-")
+        key = re.sub(r"[-_.]+", "_", name).lower()
+        if sep and rest.endswith(".dist-info") and key in dists and not dists[key]:
+            meta = (_read(os.path.join(site, entry, "METADATA")) or "").split("\n\n", 1)[0]
+            m = re.search(r"^Version:[ \t]*(\S+)", meta, re.M)
+            dists[key] = m.group(1) if m else None
+    return {"exists": True, "ok": True, "python": python, "dists": dists}
+
+
+def _one_site(cfg: str, site: str, entries: list[str]) -> bool:
+    """Whether the venv's distributions can only be in ``site``: not with the system's site
+    packages (``include-system-site-packages``), nor ``PYTHONPATH``, nor an ``.egg-info``,
+    nor a ``.pth`` line that adds a directory (``site`` runs lines that start with
+    ``import`` and skips comments; every other line is a directory)."""
+    if re.search(r"^\s*include-system-site-packages\s*=\s*true", cfg, re.M | re.I) or \
+            os.environ.get("PYTHONPATH"):
+        return False
+    for entry in entries:
+        if entry.endswith((".egg-info", ".egg-link")):
+            return False
+        if entry.endswith(".pth"):
+            lines = (_read(os.path.join(site, entry)) or "unreadable").splitlines()
+            if any(line.strip() and not line.startswith(("#", "import ", "import\t"))
+                   for line in lines):
+                return False
+    return True
+
+
+def _venv_probe(py: str) -> dict[str, Any]:
+    """The venv's facts from its own interpreter (one more Python start: ~60 ms of CPU)."""
     code, out = run([py, "-c", "import json,sys,importlib.metadata as m\n"
-                     "v={}\nfor d in ('torch','ptcluster','pip'):\n"
+                     f"v={{}}\nfor d in {VENV_DISTS!r}:\n"
                      "  try: v[d]=m.version(d)\n  except Exception: v[d]=None\n"
                      "print(json.dumps({'python':'%d.%d'%sys.version_info[:2],'dists':v}))"])
     if code != 0:
