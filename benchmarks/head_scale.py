@@ -107,6 +107,8 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
         "nodes": nodes, "rate": rate, "ok": result.ok if not fail else len(result.failures) > 0,
         "cause": result.root_cause.message if result.root_cause and not fail else "",
         "ready": round(ready, 2), "cpu": round(cpu_pct, 1),
+        "cpu_to_ready": round(min((s[1] for s in samples if s[0] >= ready),
+                                  default=float("nan")), 2),
         "rss": round(max((s[2] for s in samples), default=0) / 1024, 1),
         "threads": max((s[3] for s in samples), default=0),
         "fds": max((s[4] for s in samples), default=0),
@@ -171,7 +173,7 @@ def main() -> None:
           f"{args.soft_nofile or resource.getrlimit(resource.RLIMIT_NOFILE)[0]} at start, "
           f"fan-out window {args.window or 'default'}")
     print("| nodes | lines/s per rank | ok | head CPU % | RSS MB | threads | fds (per node) "
-          "| ready s | lines lost |")
+          "| ready s (head CPU s by then) | lines lost |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in (int(x) for x in args.nodes.split(",")):
         for rate in (float(x) for x in args.rates.split(",")):
@@ -181,7 +183,7 @@ def main() -> None:
                 continue
             print(f"| {n} | {rate:g} | {'yes' if r['ok'] else 'no: ' + r['cause']} "
                   f"| {r['cpu']} | {r['rss']} | {r['threads']} "
-                  f"| {r['fds']} ({r['fds'] / n:.1f}) | {r['ready']} "
+                  f"| {r['fds']} ({r['fds'] / n:.1f}) | {r['ready']} ({r['cpu_to_ready']}) "
                   f"| {r['lost']} of {r['sent']} |",
                   flush=True)
     if args.no_fail:

@@ -93,3 +93,20 @@ def test_at_most_the_window_of_channels_is_in_its_handshake_at_once() -> None:
                      and spoke[u.host] > at]
         assert len(in_flight) <= 2, (t.host, [u.host for u in in_flight])
     assert transports[2].spawned[0] >= min(spoke["n0"], spoke["n1"])
+
+
+def test_a_channel_whose_streams_end_together_ends_cleanly(caplog) -> None:
+    # stdout's end and stderr's last words in one wake-up of the hub, the process already
+    # gone: the stderr event of that same batch must not be read after stderr was closed.
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="ptcluster.remote.channel")
+    closed: list[tuple[int | None, list[str]]] = []
+    channels = [NodeChannel(Shell(f"n{i}", "sleep 0.2; echo bye >&2"), "python3",
+                            GUARD, {}, on_frames=lambda lines: None,
+                            on_closed=lambda code, err: closed.append((code, err)))
+                for i in range(40)]
+    started = start_all(channels, lambda c, problem, fix: None, window=40)
+    close_all(started, timeout=20)
+    assert len(closed) == 40 and all(c == (0, ["bye"]) for c in closed), closed[:3]
+    assert not [r for r in caplog.records if "failed" in r.getMessage()], caplog.text[-2000:]

@@ -57,6 +57,7 @@ def run_head(tmp_path: Path, nodes: int, nofile: int, **env: str) -> dict:
         capture_output=True, text=True, timeout=300, preexec_fn=limit,
         env={**os.environ, "FAKE_EVENTS": str(events), **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]  # (the hub logs what it catches)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     out["events"] = events.read_text().splitlines() if events.exists() else []
     return out

@@ -200,6 +200,8 @@ class Hub:
                     self._drain_wakeups()
                     continue
                 channel, stream = key.data
+                if stream not in channel._open:
+                    continue  # (ended by an earlier event of this same batch)
                 try:
                     if stream == "in":
                         self._write(channel)
