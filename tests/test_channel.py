@@ -110,3 +110,19 @@ def test_a_channel_whose_streams_end_together_ends_cleanly(caplog) -> None:
     close_all(started, timeout=20)
     assert len(closed) == 40 and all(c == (0, ["bye"]) for c in closed), closed[:3]
     assert not [r for r in caplog.records if "failed" in r.getMessage()], caplog.text[-2000:]
+
+
+def test_a_channel_closed_before_its_turn_is_never_started() -> None:
+    # A job that ends while its last nodes wait for their turn (a failure early in a launch of
+    # hundreds): those nodes must not be started afterwards, for nothing (their guard would take
+    # its leases, a fixed port among them, just as the next attempt starts).
+    transports = [Shell(f"n{i}", "sleep 0.5; echo hello; cat >/dev/null") for i in range(4)]
+    closed: dict[str, list[str]] = {}
+    channels = [NodeChannel(t, "python3", GUARD, {}, on_frames=lambda lines: None,
+                            on_closed=lambda code, err, h=t.host: closed.setdefault(h, err))
+                for t in transports]
+    started = start_all(channels, lambda c, problem, fix: None, window=1)
+    close_all(started, timeout=10)
+    assert [bool(t.spawned) for t in transports] == [True, False, False, False]
+    assert set(closed) == {"n0", "n1", "n2", "n3"}
+    assert closed["n3"] == ["not started: closed before its turn came"]

@@ -104,7 +104,9 @@ class NodeChannel:
         self._queue(encode(kind, payload))
 
     def close_input(self) -> None:
-        """EOF to the node program (it ends its work and exits), after what is queued."""
+        """EOF to the node program (it ends its work and exits), after what is queued; a
+        channel still waiting for its turn (``start_all``'s window) is then never started:
+        it is closed when its turn comes."""
         with self._lock:
             if self._eof_asked:
                 return
@@ -462,6 +464,13 @@ class Fanout:
         started = []
         while self.waiting and len(self.in_flight) < self.window:
             channel = self.waiting.popleft()
+            if channel._eof_asked:  # closed before its turn (the job ended): never started
+                channel._closed.set()
+                try:
+                    channel.on_closed(None, ["not started: closed before its turn came"])
+                except Exception:  # noqa: BLE001
+                    log.exception("%s: on_closed failed", channel.host)
+                continue
             try:
                 channel._fanout = self
                 self.in_flight.add(channel)
