@@ -3,7 +3,7 @@
 ``RunLogs`` writes each rank's lines to ``rankN.log`` and each node's own lines (torchrun's
 agent, ssh, the head's notes about the node) to ``nodeI-HOST.log``, files readable by the owner
 only, a few times a second through a bounded pool of open files, and keeps the last lines of
-each rank for the summary.
+each rank for the summary; ``log_files_budget`` sizes that pool from the open-file limit.
 
 ``ConsoleFeed`` decouples the terminal from the job: lines are queued for a writer thread; when
 the terminal cannot keep up (a paused pager, a flood of output) the queue stays bounded and
@@ -13,13 +13,49 @@ lines are skipped with a count ("N lines not shown, see rank3.log") — the job 
 from __future__ import annotations
 
 import os
+import resource
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from ptcluster.errors import PtclusterError
+
 LAST_LINES = 40
+
+
+class DescriptorLimitError(PtclusterError):
+    """The head cannot hold a channel per node within its open-file limit (checked before
+    anything starts)."""
+
+
+PIPES_PER_NODE = 3
+"""A node channel's descriptors in the head: the program's stdin, stdout and stderr."""
+HEAD_RESERVE = 64
+"""Descriptors for everything else of the head (its stdio, the control socket, the channels'
+selector, run files, the stacks collector, a library's own)."""
+MIN_LOG_FILES = 8
+MAX_LOG_FILES = 1 << 16
+
+
+def log_files_budget(nodes: int) -> int:
+    """How many log files the head may keep open for a job of ``nodes`` nodes, within its
+    soft open-file limit (``ptcluster`` raised it to the hard one at start); raises
+    :class:`DescriptorLimitError` with what is needed when even a few do not fit."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return MAX_LOG_FILES
+    spare = soft - PIPES_PER_NODE * nodes - HEAD_RESERVE
+    if spare < MIN_LOG_FILES:
+        need = PIPES_PER_NODE * nodes + HEAD_RESERVE + MIN_LOG_FILES
+        raise DescriptorLimitError(
+            f"a job on {nodes} nodes needs {need} open files on this machine "
+            f"({PIPES_PER_NODE} per node for its channel, {HEAD_RESERVE + MIN_LOG_FILES} "
+            f"for the rest), and the limit here is {soft}",
+            f"raise it: `ulimit -n {need}` (up to the hard limit, `ulimit -Hn`; above that, "
+            f"as root: `nofile` in /etc/security/limits.conf, or LimitNOFILE= for a service)")
+    return min(MAX_LOG_FILES, spare)
 
 
 def write_private(path: Path, text: str) -> None:

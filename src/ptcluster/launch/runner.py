@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import queue
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -40,7 +39,7 @@ from ptcluster.launch.control import ControlServer
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.restart import RestartPolicy, decide
 from ptcluster.launch.result import AttemptRecord, FailureKind, RunOptions, RunResult
-from ptcluster.launch.runlogs import RunLogs, write_private
+from ptcluster.launch.runlogs import RunLogs, log_files_budget, write_private
 from ptcluster.launch.states import Phase
 from ptcluster.launch.supervisor import Supervisor
 from ptcluster.launch.view import SupervisorView
@@ -77,39 +76,6 @@ class _AskStacks:
 
 class RunDirError(PtclusterError):
     """The run directory cannot be created or written (checked before anything starts)."""
-
-
-class DescriptorLimitError(PtclusterError):
-    """The head cannot hold a channel per node within its open-file limit (checked before
-    anything starts)."""
-
-
-PIPES_PER_NODE = 3
-"""A node channel's descriptors in the head: the program's stdin, stdout and stderr."""
-HEAD_RESERVE = 64
-"""Descriptors for everything else of the head (its stdio, the control socket, the channels'
-selector, run files, the stacks collector, a library's own)."""
-MIN_LOG_FILES = 8
-MAX_LOG_FILES = 1 << 16
-
-
-def log_files_budget(nodes: int) -> int:
-    """How many log files the head may keep open for a job of ``nodes`` nodes, within its
-    soft open-file limit (``ptcluster`` raised it to the hard one at start); raises
-    :class:`DescriptorLimitError` with what is needed when even a few do not fit."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return MAX_LOG_FILES
-    spare = soft - PIPES_PER_NODE * nodes - HEAD_RESERVE
-    if spare < MIN_LOG_FILES:
-        need = PIPES_PER_NODE * nodes + HEAD_RESERVE + MIN_LOG_FILES
-        raise DescriptorLimitError(
-            f"a job on {nodes} nodes needs {need} open files on this machine "
-            f"({PIPES_PER_NODE} per node for its channel, {HEAD_RESERVE + MIN_LOG_FILES} "
-            f"for the rest), and the limit here is {soft}",
-            f"raise it: `ulimit -n {need}` (up to the hard limit, `ulimit -Hn`; above that, "
-            f"as root: `nofile` in /etc/security/limits.conf, or LimitNOFILE= for a service)")
-    return min(MAX_LOG_FILES, spare)
 
 
 @dataclass(frozen=True)
