@@ -126,3 +126,77 @@ def test_a_channel_closed_before_its_turn_is_never_started() -> None:
     assert [bool(t.spawned) for t in transports] == [True, False, False, False]
     assert set(closed) == {"n0", "n1", "n2", "n3"}
     assert closed["n3"] == ["not started: closed before its turn came"]
+
+
+def test_the_heartbeats_of_many_channels_come_from_one_timer(tmp_path) -> None:
+    # 1024 channels with a heartbeat each: one timer wakes the hub once an interval for all of
+    # them, not 1024 times. Every node still gets its heartbeats.
+    from ptcluster.remote.channel import hub
+
+    transports = [Shell(f"n{i}", f"cat > {tmp_path}/in{i}") for i in range(12)]
+    channels = [NodeChannel(t, "python3", GUARD, {}, on_frames=lambda lines: None,
+                            on_closed=lambda code, err: None, heartbeat=0.1)
+                for t in transports]
+    started = start_all(channels, lambda c, problem, fix: None, window=12)
+    try:
+        time.sleep(0.45)
+        h = hub()
+        assert h._beats.get(0.1) == set(channels)
+        timers = [fn for _, _, fn in h._timers if getattr(fn, "args", None) == (0.1,)]
+        assert len(timers) == 1, timers
+    finally:
+        close_all(started, timeout=10)
+    for i in range(12):
+        beats = (tmp_path / f"in{i}").read_bytes().count(b"\nhb\n")
+        assert beats >= 3, (i, beats)
+    time.sleep(0.25)
+    assert 0.1 not in hub()._beats  # (and its timer is gone with the last channel)
+
+
+def test_channels_held_by_one_backlog_are_looked_at_once_a_poll_and_freed_together() -> None:
+    # A consumer that falls behind holds every channel; the hub then asks its backlog once a
+    # poll for all of them (at 1024 held channels it asked 1024 times every 20 ms), and when it
+    # has caught up every channel reads again and loses nothing.
+    from ptcluster.remote.channel import BACKLOG_POLL
+
+    lines_each, width = 3000, 100
+    total = lines_each * (width + 1)  # (bytes, newlines included)
+    behind = threading.Event()
+    behind.set()
+    calls: list[float] = []
+
+    def backlog() -> bool:
+        calls.append(time.monotonic())
+        return behind.is_set()
+
+    got: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def frames(host: str, lines: list[str]) -> None:
+        with lock:
+            got[host] = got.get(host, 0) + sum(len(line) + 1 for line in lines)
+
+    transports = [Shell(f"n{i}", f"yes {'x' * width} | head -n {lines_each}; cat >/dev/null")
+                  for i in range(10)]
+    channels = [NodeChannel(t, "python3", GUARD, {},
+                            on_frames=lambda lines, h=t.host: frames(h, lines),
+                            on_closed=lambda code, err: None, backlog=backlog)
+                for t in transports]
+    started = start_all(channels, lambda c, problem, fix: None, window=10)
+    try:
+        deadline = time.monotonic() + 10
+        while not all(c.held for c in channels) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert all(c.held for c in channels)
+        t0 = time.monotonic()
+        time.sleep(0.5)
+        asked = len([t for t in calls if t0 <= t < t0 + 0.5])
+        assert asked <= 2 * 0.5 / BACKLOG_POLL, asked  # ~25 for all ten, not ~250
+        behind.clear()
+        deadline = time.monotonic() + 10
+        while sum(got.values()) < 10 * total and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not any(c.held for c in channels)
+    finally:
+        close_all(started, timeout=10)
+    assert all(got.get(t.host) == total for t in transports), got

@@ -89,3 +89,25 @@ def test_a_limit_too_low_for_the_nodes_fails_before_anything_starts(tmp_path) ->
     assert "ulimit -n 264" in out["fix"]
     assert out["events"] == []  # no fake node was started
     assert not (tmp_path / "run").exists()
+
+
+def test_the_runners_backlog_holds_at_its_limit_and_frees_at_half_of_it(tmp_path) -> None:
+    # Hysteresis: a hold lifted at BACKLOG - 1 would be taken again at the next batch, and the
+    # hub would look at the held channels for nothing.
+    from ptcluster.launch.runner import BACKLOG, Runner
+    from tests.fakenode import fake_job
+
+    plan, transports = fake_job(1)
+    runner = Runner(plan, transports, tmp_path / "run")
+    for _ in range(BACKLOG - 1):
+        runner.events.put((0, "f0", []))
+    assert not runner._backlogged()
+    runner.events.put((0, "f0", []))
+    assert runner._backlogged()
+    while runner.events.qsize() > BACKLOG // 2:
+        runner.events.get()
+        assert runner._backlogged()
+    runner.events.get()
+    assert not runner._backlogged()
+    runner.events.put((0, "f0", []))  # (free again until the limit, not at half)
+    assert not runner._backlogged()

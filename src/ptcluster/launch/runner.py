@@ -64,7 +64,8 @@ FLUSH_SECONDS = 0.5
 BACKLOG = 256
 """Batches waiting for the loop (<= 64 KiB each, so <= ~16 MiB) before the channels stop
 reading: the nodes' output then waits in their pipes, and the job never waits for the head's
-memory."""
+memory. They read again once the loop is down to half of it (not at the next batch: a hold
+that lifted at 255 would hold again at once)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class Runner:
         self.events: queue.Queue[tuple[int, str, Any]] = queue.Queue()
         """Bounded by the channels: none reads more frames while BACKLOG batches wait here."""
         self.channels: dict[str, NodeChannel] = {}
+        self._behind = False
         self.logs = RunLogs(run_dir, on_error=lambda text: self.on_status(text))
         self._use_plan(plan)
         self._stop_reason = ""
@@ -322,7 +324,13 @@ class Runner:
             on_closed=lambda code, err: put((attempt, host, ev.ChannelClosed(
                 host, code, err, cause=explain_channel_failure(err, code, node.python)))),
             heartbeat=self.opts.heartbeat_interval, tag=self.plan.job_id,
-            backlog=lambda: self.events.qsize() >= BACKLOG)
+            backlog=self._backlogged)
+
+    def _backlogged(self) -> bool:
+        """The channels' one ``backlog`` (the hub asks it once for all it holds)."""
+        size = self.events.qsize()
+        self._behind = size >= (BACKLOG // 2 if self._behind else BACKLOG)
+        return self._behind
 
     def _could_not_start(self, channel: NodeChannel, problem: str, fix: str) -> None:
         self.events.put((self.plan.attempt, channel.host,

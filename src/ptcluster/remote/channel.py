@@ -43,7 +43,8 @@ STDERR_WAIT = 10.0
 REAP_WAIT = 10.0
 """After both streams' EOF, how long the process may take to exit before it is SIGKILLed."""
 BACKLOG_POLL = 0.02
-"""How often a channel held back by its consumer's ``backlog()`` is looked at again."""
+"""How often the channels held back by their consumer's ``backlog()`` are looked at again (one
+call of each distinct ``backlog`` per look, however many channels it holds)."""
 
 
 class NodeChannel:
@@ -168,7 +169,13 @@ class Hub:
         self.sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
-        self._held: set[NodeChannel] = set()
+        self._held: dict[Callable[[], bool], set[NodeChannel]] = {}
+        """The channels whose stdout is not read, by the consumer's ``backlog`` that holds them
+        (a runner gives all its channels one: one look frees them all)."""
+        self._next_look = 0.0
+        self._beats: dict[float, set[NodeChannel]] = {}
+        """The channels that get a heartbeat, by interval: one timer for each interval, not one
+        per channel (1024 channels: one wake-up a second, not 1024)."""
         self._thread = threading.Thread(target=self._run, name="channels", daemon=True)
         self._thread.start()
 
@@ -219,8 +226,10 @@ class Hub:
             now = time.monotonic()
             while self._timers and self._timers[0][0] <= now:
                 self._safely(heapq.heappop(self._timers)[2])
-            for channel in list(self._held):
-                self._safely(partial(self._resume, channel))
+            if self._held and now >= self._next_look:
+                self._next_look = now + BACKLOG_POLL
+                for backlog in list(self._held):
+                    self._safely(partial(self._resume, backlog))
 
     @staticmethod
     def _safely(fn: Callable[[], None]) -> None:
@@ -249,16 +258,35 @@ class Hub:
         c._open = {"out", "err", "in"}
         self.sel.register(c.proc.stdout, selectors.EVENT_READ, (c, "out"))
         self.sel.register(c.proc.stderr, selectors.EVENT_READ, (c, "err"))
-        self._write(c)
         if c.heartbeat:
-            self._beat(c)
+            with c._lock:
+                c._out += b"hb\n"  # (the first one now, the next on the interval's timer)
+            beating = self._beats.get(c.heartbeat)
+            if beating is None:
+                beating = self._beats[c.heartbeat] = set()
+                self._at(time.monotonic() + c.heartbeat, partial(self._beat, c.heartbeat))
+            beating.add(c)
+        self._write(c)
 
-    def _beat(self, c: NodeChannel) -> None:
-        assert c.heartbeat is not None
-        if c._closed.is_set() or "in" not in c._open:
-            return
-        self._at(time.monotonic() + c.heartbeat, lambda: self._beat(c))
-        c._queue(b"hb\n")
+    def _beat(self, interval: float) -> None:
+        """A heartbeat to every channel of ``interval`` that still writes; the next in
+        ``interval`` while any is left."""
+        beating = self._beats[interval]
+        for c in list(beating):
+            if c._closed.is_set() or "in" not in c._open:
+                beating.discard(c)
+                continue
+            with c._lock:
+                if c._eof_asked:
+                    continue
+                was_empty = not c._out
+                c._out += b"hb\n"
+            if was_empty:  # (else its write is pending already: the pipe is full)
+                self._write(c)
+        if beating:
+            self._at(time.monotonic() + interval, partial(self._beat, interval))
+        else:
+            del self._beats[interval]
 
     def _write(self, c: NodeChannel) -> None:
         if "in" not in c._open:
@@ -284,6 +312,8 @@ class Hub:
             if registered:
                 self.sel.unregister(c.proc.stdin)
             c._open.discard("in")
+            if c.heartbeat:
+                self._beats.get(c.heartbeat, set()).discard(c)
             try:
                 c.proc.stdin.close()
             except OSError:
@@ -334,20 +364,22 @@ class Hub:
         return True
 
     def _hold(self, c: NodeChannel) -> None:
-        assert c.proc is not None and c.proc.stdout is not None
+        assert c.proc is not None and c.proc.stdout is not None and c.backlog is not None
         self.sel.unregister(c.proc.stdout)
         c.held = True
-        self._held.add(c)
+        self._held.setdefault(c.backlog, set()).add(c)
 
-    def _resume(self, c: NodeChannel) -> None:
-        if c.backlog is not None and c.backlog():
+    def _resume(self, backlog: Callable[[], bool]) -> None:
+        """Every channel ``backlog`` holds reads again once it says the consumer caught up."""
+        if backlog():
             return
-        assert c.proc is not None and c.proc.stdout is not None
-        self._held.discard(c)
-        c.held = False
-        c.last_recv = time.monotonic()
-        if "out" in c._open:
-            self.sel.register(c.proc.stdout, selectors.EVENT_READ, (c, "out"))
+        now = time.monotonic()
+        for c in self._held.pop(backlog, ()):
+            assert c.proc is not None and c.proc.stdout is not None
+            c.held = False
+            c.last_recv = now
+            if "out" in c._open:
+                self.sel.register(c.proc.stdout, selectors.EVENT_READ, (c, "out"))
 
     def _eof(self, c: NodeChannel, stream: str) -> None:
         assert c.proc is not None
@@ -356,8 +388,13 @@ class Hub:
         c._open.discard(stream)
         f = c.proc.stdout if stream == "out" else c.proc.stderr
         assert f is not None
-        if c in self._held and stream == "out":
-            self._held.discard(c)
+        if c.held and stream == "out":
+            assert c.backlog is not None
+            held = self._held.get(c.backlog)
+            if held is not None:
+                held.discard(c)
+                if not held:
+                    del self._held[c.backlog]
             c.held = False
         else:
             self.sel.unregister(f)
