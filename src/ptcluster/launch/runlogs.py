@@ -18,7 +18,6 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 from ptcluster.errors import PtclusterError
 
@@ -66,6 +65,12 @@ def write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 class RunLogs:
     """Lines are kept in memory per file and written by ``flush`` (the runner calls it on a
     fixed timer and at the end): one write per file that got lines, through a bounded pool of
@@ -86,8 +91,9 @@ class RunLogs:
         """File -> the first error writing it."""
         self.lost: dict[str, int] = {}
         """File -> lines that did not reach it."""
-        self._open: OrderedDict[str, IO[str]] = OrderedDict()
-        """The pool: open files, least recently written first."""
+        self._open: OrderedDict[str, int] = OrderedDict()
+        """The pool: open descriptors (written with ``os.write``: one system call per file
+        and flush, no buffer layers), least recently written first."""
         self._pending: dict[str, list[str]] = {}
         self._dirty: list[str] = []
         self._rank_pending: dict[int, list[str]] = {}
@@ -141,14 +147,14 @@ class RunLogs:
         dirty, self._dirty = self._dirty, []
         for name in dirty:
             pending = self._pending[name]
-            text = "".join(line + "\n" for line in pending)
-            count = len(pending)
+            pending.append("")  # (the last line's newline)
+            data = "\n".join(pending).encode(errors="replace")
+            count = len(pending) - 1
             pending.clear()
-            f = self._file(name)
-            if f is not None:
+            fd = self._file(name)
+            if fd is not None:
                 try:
-                    f.write(text)
-                    f.flush()
+                    _write_all(fd, data)
                     continue
                 except OSError as exc:
                     self._failed(name, exc)
@@ -166,34 +172,38 @@ class RunLogs:
             pending = self._pending[name] = []
         return pending
 
-    def _file(self, name: str) -> IO[str] | None:
+    def _file(self, name: str) -> int | None:
         """The open file (now the most recently written), or None (said once) when it cannot
         be opened."""
-        f = self._open.get(name)
-        if f is not None:
+        fd = self._open.get(name)
+        if fd is not None:
             self._open.move_to_end(name)
-            return f
+            return fd
         while len(self._open) >= self.max_open:
             self._drop(next(iter(self._open)))
         try:
             fd = os.open(self.run_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                          0o600)
-            f = open(fd, "a", encoding="utf-8", errors="replace")
         except OSError as exc:
             self._failed(name, exc)
             return None
-        self._open[name] = f
+        self._open[name] = fd
         if name not in self._opened:
             self._opened.add(name)
             if self.banner:
-                f.write(self.banner + "\n")
-        return f
+                try:
+                    _write_all(fd, (self.banner + "\n").encode(errors="replace"))
+                except OSError as exc:
+                    self._failed(name, exc)
+                    self._drop(name)
+                    return None
+        return fd
 
     def _drop(self, name: str) -> None:
-        f = self._open.pop(name, None)
-        if f is not None:
+        fd = self._open.pop(name, None)
+        if fd is not None:
             try:
-                f.close()
+                os.close(fd)
             except OSError as exc:
                 self._failed(name, exc)
 
