@@ -3,12 +3,15 @@
 node, over the local transport).
 
 Per (nodes, lines/s per rank), one head process each (a fresh one: nothing carries over):
-- cpu: the head's CPU (user+sys) over the steady part of the job, % of one core;
+- cpu: the head's CPU (user+sys) over the steady part of the job, % of one core (less the
+  benchmark's own sampling of ``/proc/self``);
 - rss MB, threads, fds (and fds per node): the head's peaks from ``/proc/self``;
 - ready: from the start until every node is ready (the runner's own "all N node(s) ready");
   the fake nodes' own start-up on this machine's cores is most of it at scale;
-- stop: one node's rank fails; the time from that failure until the last other node was told
-  to stop (from the fake nodes' own clocks: one machine);
+- stop: one node's rank fails; the time from that failure until the head queued the last
+  ``stop``, until it had written the last one into its node's pipe, and until the last fake
+  node read it (one machine, one clock). The last is mostly how long 1024 processes wait
+  for this machine's 2 cores;
 - lost: lines the fake nodes sent minus lines in the rank logs (must be 0).
 Under ``--soft-nofile 1024`` each head starts with the soft open-file limit of a default
 Ubuntu login (the hard limit is left as it is, as there) and raises it as ``ptcluster`` does.
@@ -42,7 +45,7 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
     from ptcluster.cli import raise_open_files_limit
     from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
-    from ptcluster.remote.channel import NodeChannel
+    from ptcluster.remote.channel import Hub, NodeChannel
 
     if os.environ.get("HEAD_SCALE_WINDOW"):  # (the fan-out window, to compare)
         import ptcluster.remote.channel as channel
@@ -56,14 +59,24 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
         os.environ["FAKE_FAIL"] = f"f{nodes // 2}:{min(6.0, seconds / 2)}"
     plan, transports = fake_job(nodes)
     told: list[float] = []  # when the head queued each "stop" (its share of a teardown)
-    send = NodeChannel.send
+    written: list[float] = []  # when the head's write of each "stop" had reached the pipe
+    unwritten: set[NodeChannel] = set()
+    send, write = NodeChannel.send, Hub._write
 
     def counted_send(channel: NodeChannel, kind: str, payload: Any = None) -> None:
         if kind == "stop":
             told.append(time.time())
+            unwritten.add(channel)
         send(channel, kind, payload)
 
+    def counted_write(hub: Hub, channel: NodeChannel) -> None:
+        write(hub, channel)
+        if channel in unwritten and not channel._out:
+            unwritten.discard(channel)
+            written.append(time.time())
+
     NodeChannel.send = counted_send  # type: ignore[method-assign]
+    Hub._write = counted_write  # type: ignore[method-assign]
     statuses: list[str] = []
     ready_at: list[float] = []
     t0 = time.monotonic()
@@ -76,9 +89,14 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
     samples: list[tuple[float, float, int, int, int]] = []
     done = threading.Event()
 
+    own = [0.0]  # this sampler's own CPU (listing 11 000 fds is not the head's work)
+
     def sample() -> None:
         while not done.wait(0.5):
-            samples.append((time.monotonic() - t0, cpu(), *proc_status()))
+            before = time.thread_time()
+            status = proc_status()
+            own[0] += time.thread_time() - before
+            samples.append((time.monotonic() - t0, cpu() - own[0], *status))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -116,6 +134,8 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
         "stop": round(max(stops) - fail_t, 2) if fail and fail_t and stops else None,
         "stopped": len(stops),
         "head_told": round(max(told) - fail_t, 2) if fail and fail_t and told else None,
+        "head_wrote": round(max(written) - fail_t, 2) if fail and fail_t and written else None,
+        "written": len(written),
     }
 
 
@@ -188,13 +208,13 @@ def main() -> None:
                   flush=True)
     if args.no_fail:
         return
-    print("\n| nodes | one node fails: the head queued the last stop after | the last node "
-          "read it after | nodes told |")
-    print("| --- | --- | --- | --- |")
+    print("\n| nodes | one node fails: the head queued the last stop after | wrote the last "
+          "one into its pipe after (stops written) | the last node read it after | nodes told |")
+    print("| --- | --- | --- | --- | --- |")
     for n in (int(x) for x in args.nodes.split(",")):
         r = one(n, 0, args.seconds, True, args.soft_nofile)
-        print(f"| {n} | {r.get('head_told')} s | {r.get('stop')} s "
-              f"| {r.get('stopped')} of {n - 1} |", flush=True)
+        print(f"| {n} | {r.get('head_told')} s | {r.get('head_wrote')} s ({r.get('written')}) "
+              f"| {r.get('stop')} s | {r.get('stopped')} of {n - 1} |", flush=True)
 
 
 if __name__ == "__main__":
