@@ -57,6 +57,12 @@ ANY_ATTEMPT = -1
 """Queue tag of a request that is for whichever attempt runs (``ptcluster stacks``)."""
 BATCH_SECONDS = 0.05
 """Longest stretch the loop spends on queued events before it looks at its timers."""
+WAKE_SECONDS = 0.005
+"""Shortest time between two wake-ups of the loop: what comes sooner waits for the next one
+and is handled with it. At 1024 nodes the channels hand over ~2000 batches a second, and a
+wake-up for each (a thread switch and the interpreter lock handed back and forth) cost more
+than the batches; a few milliseconds more before a line is logged or a stop is sent cost
+nothing."""
 TICK_SECONDS = 0.2
 """How often the checks over every node run (silence, hang, the teardown's escalation)."""
 FLUSH_SECONDS = 0.5
@@ -353,7 +359,8 @@ class Runner:
                     timeout=max(0.0, next_tick - time.monotonic()))
             except queue.Empty:
                 item = None
-            budget_end = time.monotonic() + BATCH_SECONDS
+            woke = time.monotonic()
+            budget_end = woke + BATCH_SECONDS
             while item is not None:
                 self._handle(sup, *item)
                 if time.monotonic() > budget_end:
@@ -363,6 +370,9 @@ class Runner:
                 except queue.Empty:
                     item = None
             now = time.monotonic()
+            if now - woke < WAKE_SECONDS and stops_applied == self._stop_requests:
+                time.sleep(WAKE_SECONDS - (now - woke))
+                now = time.monotonic()
             if now >= next_flush:
                 self.logs.flush()
                 next_flush = now + FLUSH_SECONDS
