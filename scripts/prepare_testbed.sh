@@ -5,6 +5,8 @@
 #                               (python3-venv, python3.X-venv, rsync), repacked from this machine's
 #                               installed ones so their versions match its dpkg database exactly
 #   $PTC_TESTBED_CACHE/wheels/  the head's wheelhouse source: torch (pinned) and ptcluster's deps
+#   $PTC_TESTBED_CACHE/node-venv/  the system Python with that torch, installed from wheels/: the
+#                               venv the bare nodes share in the several-users tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${PTC_TESTBED_CACHE:-/var/cache/ptcluster-testbed}"
@@ -27,3 +29,5 @@ if ! ls "$CACHE"/wheels/torch-2.13.0*.whl >/dev/null 2>&1 || [ ! -f "$CACHE/whee
     psutil >/dev/null
   touch "$CACHE/wheels/.complete"
 fi
+# The nodes' shared venv (tests/bare.py node_venv; made once, ~1.5 min; kept while complete).
+"$PY" -c 'import sys; sys.path.insert(0, "."); from tests.bare import node_venv; node_venv()'

@@ -66,6 +66,37 @@ class BareOptions:
         return self.nodes[index] if index < len(self.nodes) else BareNode()
 
 
+NODE_VENV = CACHE / "node-venv"
+"""A venv of this machine's system Python with the pinned torch, outside every hidden path: the
+bare nodes see it through their overlays, read-only in effect, as a team's nodes see a venv on a
+shared file system (what the several-users tests run jobs with, instead of a setup per user)."""
+
+
+def node_venv() -> Path:
+    """:data:`NODE_VENV`'s python, made once from :data:`WHEELS` (offline) when missing; a
+    half-made one (no ``.complete``) is made again. Made by ``scripts/prepare_testbed.sh``."""
+    python = NODE_VENV / "bin" / "python"
+    if (NODE_VENV / ".complete").exists():
+        return python
+    import fcntl
+    import shutil
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".node-venv.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (two test runs at once make it once)
+        if (NODE_VENV / ".complete").exists():
+            return python
+        shutil.rmtree(NODE_VENV, ignore_errors=True)
+        subprocess.run(["/usr/bin/python3", "-m", "venv", str(NODE_VENV)], check=True,
+                       capture_output=True, timeout=300)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-index",
+                        "--find-links", str(WHEELS), "torch==2.13.0"], check=True,
+                       capture_output=True, timeout=1200)
+        os.chmod(NODE_VENV, 0o755)
+        (NODE_VENV / ".complete").touch()
+    return python
+
+
 def available() -> str | None:
     """None when bare nodes can be made here, else why not."""
     if not (APT_REPO / "Packages.gz").exists():

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,48 @@ def test_a_gpu_with_a_process_outside_ptcluster_is_skipped_and_named(lease_dir,
     finally:
         for lease in held:
             lease.release()
+
+
+def test_a_gpu_leased_by_another_job_is_named_by_its_job_with_its_memory(lease_dir,
+                                                                         monkeypatch) -> None:
+    """A 4-GPU node as NVML would describe it. NVML cannot run here (no GPU, no driver): its
+    two reads, the GPU count and the compute-process table, are replaced by their answers;
+    the leases are real. alice's job holds GPUs 0-1 and its ranks are NVML compute processes
+    there (16 + 15 GiB); GPU 3 has a process that no lease covers. A leased GPU is named by
+    its job (and what its processes use), never by a pid; only GPU 3 is named by its pid."""
+    outsider = subprocess.Popen(["sleep", "60"])
+    ranks = os.getpid()  # (stands in for alice's ranks: whose they are is not asked)
+    table = {0: [{"pid": ranks, "mib": 16 * 1024}], 1: [{"pid": ranks, "mib": 15 * 1024}],
+             2: [], 3: [{"pid": outsider.pid, "mib": 12 * 1024}]}
+    monkeypatch.setattr(gpus, "gpus", lambda: {"count": 4})
+    held: list[leases.Lease] = []
+    try:
+        monkeypatch.setattr(gpus, "compute_processes", lambda: ({0: [], 1: []}, None))
+        alices, held = gpus.claim([0, 1], 2, {**OWNER, "user": "alice"}, {})
+        assert alices["indices"] == [0, 1]
+        monkeypatch.setattr(gpus, "compute_processes", lambda: (table, None))
+        record = leases.holder("gpu-0")
+        assert record is not None
+        since = time.strftime("%H:%M", time.localtime(record["since"]))
+        job = f"job 20261201-0930-ab12 (alice, python train.py, since {since}, 31 GiB, " \
+              "head laptop)"
+        with pytest.raises(GuardError) as info:
+            gpus.claim([0, 1, 2, 3], 4, {"job_id": "bobs", "user": "bob"}, {})
+        problem = info.value.problem
+        assert problem == f"4 GPU(s) asked for, 1 free: GPUs 0-1 are in use by {job}; " \
+            f"GPU 3 is in use by pid {outsider.pid} (root, 12 GiB)", problem
+        assert f"pid {ranks}" not in problem
+        assert info.value.fix.endswith("or ask alice, root"), info.value.fix
+        assert leases.holder("gpu-2") is None and leases.holder("gpu-3") is None
+        chosen, mine = gpus.claim("auto", 1, {"job_id": "bobs", "user": "bob"}, {})
+        held += mine
+        assert chosen["indices"] == [2]
+        assert chosen["why"] == f"auto: the first 1 free (skipped 0-1: {job})", chosen
+    finally:
+        for lease in held:
+            lease.release()
+        outsider.kill()
+        outsider.wait()
 
 
 def test_spans() -> None:

@@ -96,7 +96,13 @@ def _through_guards(spec: ClusterSpec, job_id: str, signame: str, by: dict[str, 
     if signalled:
         click.echo(f"ptcluster: job {job_id}: SIG{signame} to its guard on "
                    f"{', '.join(signalled)}")
-    for host, why in {**refused, **failed}.items():
+    alike: dict[str, list[str]] = {}  # every node of the job says the same: one line
+    for n in spec.nodes:  # (in the cluster file's order, not the order they answered)
+        if n.host in refused:
+            alike.setdefault(refused[n.host], []).append(n.host)
+    for why, hosts in alike.items():
+        click.echo(f"ptcluster: {why} (on {', '.join(hosts)})", err=True)
+    for host, why in failed.items():
         click.echo(f"ptcluster: {host}: {why}", err=True)
     if not signalled and not refused:
         click.echo(f"ptcluster: no job {job_id} runs on these nodes "

@@ -41,6 +41,10 @@ def _owner_of(pid: int) -> str:
         return "?"
 
 
+def _gpu_memory(mib: int) -> str:
+    return f"{mib / 1024:.0f} GiB" if mib >= 1024 else f"{mib} MiB"
+
+
 def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
           env: dict[str, str], leasing: Leasing | None = None
           ) -> tuple[dict[str, Any], list[Lease]]:
@@ -71,26 +75,33 @@ def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
         candidates, need = pool, slots
     chosen: list[int] = []
     held: list[Lease] = []
-    taken: dict[str, list[int]] = {}  # who -> the GPUs it has, of those asked for
+    busy: dict[str, dict[str, Any]] = {}  # who -> {"record", "gpus": of those asked, "mib"}
     users: set[str] = set()
     try:
         for i in candidates:
             if len(chosen) == need:
                 break
             procs = processes.get(i) or []
-            if procs:
-                for p in procs:
-                    user = _owner_of(p["pid"])
-                    users.add(user)
-                    taken.setdefault(f"pid {p['pid']} ({user}, {p['mib'] / 1024:.0f} GiB)",
-                                     []).append(i)
-                continue
+            # The lease first: another ptcluster job's ranks are NVML compute processes too,
+            # and that job is named by its lease (with the memory its processes use), not by
+            # pid. Only processes on a GPU nobody has leased are outside ptcluster.
             lease = leasing.take(f"gpu-{i}", owner)
             if lease is None:
                 record = leasing.holder(f"gpu-{i}") or {}
                 if record.get("user"):
                     users.add(str(record["user"]))
-                taken.setdefault(describe(record), []).append(i)
+                key = f"job {record['job_id']}" if record.get("job_id") else describe(record)
+                entry = busy.setdefault(key, {"record": record, "gpus": [], "mib": 0})
+                entry["gpus"].append(i)
+                entry["mib"] += sum(int(p["mib"]) for p in procs)
+                continue
+            if procs:
+                lease.release()
+                for p in procs:
+                    user = _owner_of(p["pid"])
+                    users.add(user)
+                    busy.setdefault(f"pid {p['pid']} ({user}, {_gpu_memory(p['mib'])})",
+                                    {"gpus": []})["gpus"].append(i)
                 continue
             held.append(lease)
             chosen.append(i)
@@ -98,6 +109,9 @@ def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
         for lease in held:
             lease.release()
         raise unleasable("GPUs ", exc) from None
+    taken = {(who if "record" not in entry else
+              describe(entry["record"], _gpu_memory(entry["mib"]) if entry["mib"] else None)):
+             entry["gpus"] for who, entry in busy.items()}
     if len(chosen) < need:
         for lease in held:
             lease.release()

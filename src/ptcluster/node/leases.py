@@ -334,13 +334,15 @@ def _alive(pid: object) -> bool:
     return True
 
 
-def describe(record: dict) -> str:
-    """``job 20261201-0930-ab12 (alice, python train.py, since 09:30)``, from what is known."""
+def describe(record: dict, memory: str | None = None) -> str:
+    """``job 20261201-0930-ab12 (alice, python train.py, since 09:30, 31 GiB)``, from what is
+    known; ``memory``: what its processes use of the resource (a GPU's memory), when known."""
     if not record:
-        return "another job (its holder did not say who)"
+        return "another job (its holder did not say who" + (f", {memory}" if memory else "") \
+            + ")"
     since = time.strftime("%H:%M", time.localtime(float(record["since"]))) \
         if record.get("since") else "?"
     said = ", ".join(str(x) for x in (record.get("user"), record.get("command"),
-                                      f"since {since}", f"head {record.get('head')}"
+                                      f"since {since}", memory, f"head {record.get('head')}"
                                       if record.get("head") else None) if x)
     return f"job {record.get('job_id', '?')} ({said})"
