@@ -388,3 +388,19 @@ def test_a_lock_file_removed_as_it_is_taken_is_taken_again_at_its_path(lease_dir
     monkeypatch.setattr(leases.fcntl, "flock", real)
     assert leases.holder("gpu-1") is not None
     lease.release()
+
+
+def test_a_holder_with_umask_077_still_leaves_its_lease_readable_by_everyone(lease_dir) -> None:
+    # Another user must open the lock file (to try its lock) and read the record (to say who
+    # holds it); a private umask would hide both, and that user's job would take the GPU.
+    old = os.umask(0o077)
+    try:
+        lease = leases.take("gpu-5", OWNER)
+    finally:
+        os.umask(old)
+    assert lease is not None
+    try:
+        modes = {p.name: oct(p.stat().st_mode & 0o777) for p in lease_dir.iterdir()}
+        assert sorted(modes.values()) == ["0o444", "0o644"], modes
+    finally:
+        lease.release()

@@ -101,9 +101,12 @@ def _open_lock(directory: str, name: str, create: bool) -> int:
     path = os.path.join(directory, name + _LOCK)
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     fd = os.open(path, flags, 0o444)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != 0o444:
+        os.fchmod(fd, 0o444)  # (the mode passed through the umask: others must open it too)
     return fd
 
 
@@ -201,6 +204,7 @@ def write_record(path: str, record: dict) -> None:
     try:
         wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                       0o644)
+        os.fchmod(wfd, 0o644)  # (a umask of 077 must not hide who holds a lease)
         with os.fdopen(wfd, "w") as f:
             json.dump(record, f)
         os.rename(tmp, path)
