@@ -12,10 +12,7 @@ guard's ``exit``; ``stop`` (or EOF) ends it early, as a guard's teardown would.
 Knobs, from the environment (the head's, inherited): ``FAKE_RATE`` lines/s per rank (0),
 ``FAKE_SECONDS`` the job's length (5), ``FAKE_FAIL`` ``HOST:SECONDS`` (that node's rank fails
 with exit 1 after SECONDS), ``FAKE_EVENTS`` a file each node appends ``HOST KIND TIME`` to (its
-failure, the stop it was told) for timing a teardown across nodes, ``FAKE_SCHED=batch`` runs
-each fake node under ``SCHED_BATCH`` (it never preempts the head when the head's write wakes it:
-on this machine's 2 cores, 1024 fake nodes woken by a stop each took the CPU from the head
-before its next write; real nodes are other machines).
+failure, the stop it was told) for timing a teardown across nodes.
 """
 
 from __future__ import annotations
@@ -154,8 +151,6 @@ def fake_job(nodes: int, slots: int = 8, job_id: str = "fake") -> tuple[Any, dic
 
 
 def main() -> int:
-    if os.environ.get("FAKE_SCHED") == "batch":
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     buf = b""
     while buf.count(b"\n") < 2:  # the packed guard (not ours to run), then the config
         chunk = os.read(0, 65536)
