@@ -191,13 +191,28 @@ class Guard:
             if self.busy is None:
                 self.busy = BusyMeter()
             probes = self.ranks.probes
-            completed = {r: float(c["completed"]) for r, c in dict(probes.fr_counts).items()
-                         if isinstance(c, dict) and "completed" in c}
-            ranks = self.busy.sample(dict(probes.pids), completed, time.monotonic())
+            pids = dict(probes.pids)
+            counts = dict(probes.fr_counts)
+            ready = dict(probes.ready)
+            completed: dict[int, float] = {}
+            for rank in pids:
+                got = counts.get(rank)
+                if isinstance(got, dict) and "completed" in got:
+                    completed[rank] = float(got["completed"])
+                elif ready[rank][2] if rank in ready else self.recorder_on():
+                    completed[rank] = 0.0  # its recorder is on and it completed none yet
+            ranks = self.busy.sample(pids, completed, time.monotonic())
             if ranks:
                 self.send(TIMING, {"t": time.time(), "ranks": ranks, "node": self.busy.node()})
         except Exception:  # noqa: BLE001 - advice only: never the guard's end
             return
+
+    def recorder_on(self) -> bool:
+        """Whether the ranks' flight recorder is on (``TORCH_FR_BUFFER_SIZE`` in their env)."""
+        try:
+            return int(self.cfg["env"].get("TORCH_FR_BUFFER_SIZE") or 0) > 0
+        except ValueError:
+            return False
 
     def send_stacks(self, payload: str) -> None:
         """Every rank's stacks for the head (``node.hangwatch``); the job is not disturbed."""
