@@ -223,3 +223,21 @@ def test_busy_meter_reads_a_sleeping_and_a_spinning_thread() -> None:
     assert meter.sample({}, {}, time.monotonic()) == {} and meter.last == {}
     assert "mem_available" in meter.node()
     assert threading.main_thread().is_alive()
+
+
+@pytest.mark.parametrize("value", ["1", "0.5", "nan", "inf", "x"])
+def test_run_refuses_a_threshold_that_names_everyone(cli, value) -> None:
+    code, _, err = cli("run", "--straggler-threshold", value, "x.py")
+    assert code == 2 and "--straggler-threshold" in err
+
+
+def test_monitor_cell_per_node() -> None:
+    from ptcluster.monitor.watch import node_waits
+
+    figures = {"ranks": [{"rank": 0, "host": "a", "wait_share": 0.75},
+                         {"rank": 1, "host": "a", "wait_share": 0.74},
+                         {"rank": 2, "host": "b", "wait_share": 0.33}],
+               "current": {"ranks": [2]}}
+    assert node_waits(figures, "a") == "r0 75%, r1 74%"
+    assert node_waits(figures, "b") == "r2 33% straggler"
+    assert node_waits(figures, "c") == "-" and node_waits(None, "a") == "-"
