@@ -342,6 +342,7 @@ class Runner:
         stops_applied = 0
         now = time.monotonic()
         next_tick, next_flush = now, now + FLUSH_SECONDS
+        next_snapshot = now
         while not sup.view.done:
             while stops_applied < self._stop_requests:  # a second Ctrl-C hurries the teardown
                 stops_applied += 1
@@ -370,8 +371,10 @@ class Runner:
                          for h, c in self.channels.items()}
                 self._apply(sup.on_tick(now, quiet))
                 next_tick = now + TICK_SECONDS
-                if sup.straggler.version != self._straggler[0]:
+                if sup.straggler.version != self._straggler[0] and now >= next_snapshot:
+                    # O(ranks) to build: at most once a second, not on every tick
                     self._straggler = (sup.straggler.version, sup.view.straggler)
+                    next_snapshot = now + 1.0
 
     def _handle(self, sup: Supervisor, attempt: int, host: str, payload: Any) -> None:
         if attempt != self.plan.attempt and attempt != ANY_ATTEMPT:
