@@ -66,6 +66,7 @@ def main() -> None:
            f"({work / 2e6:.4%} of a core)"),
           ("run-to-run spread off (steps/s)", f"{min(rates['off']):.1f}-{max(rates['off']):.1f}"),
           ("pair ratios (on/off, each pair back to back)", str([round(p, 3) for p in pairs])),
+          ("their geometric mean", f"{statistics.geometric_mean(pairs):.3f}x"),
           ("without timing frames (steps/s)", f"{off:.2f}  {rates['off']}"),
           ("with them (steps/s)", f"{on:.2f}  {rates['on']}"),
           ("ratio", f"{on / off:.3f}x (target >= 0.98x)")])
