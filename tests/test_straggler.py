@@ -79,7 +79,7 @@ def test_the_line_says_who_how_much_and_why() -> None:
     assert verdict is not None
     # the others waited 2 x 6 s x 0.75 = 9 s over 600 collectives
     assert verdict.wait_per_collective == pytest.approx(0.015)
-    assert verdict.ratio == pytest.approx(0.55 / 0.25)
+    assert verdict.ratio == round(0.55 / 0.25, 2)
     assert verdict.line() == (
         "rank 2 on n2 is the straggler: the other ranks wait 0.015 s per collective (75% of "
         "their time) for it (its steps take 2.2x the median); n2's CPU is saturated (its main "
@@ -241,3 +241,16 @@ def test_monitor_cell_per_node() -> None:
     assert node_waits(figures, "a") == "r0 75%, r1 74%"
     assert node_waits(figures, "b") == "r2 33% straggler"
     assert node_waits(figures, "c") == "-" and node_waits(None, "a") == "-"
+
+
+@pytest.mark.parametrize("wait", [0.4775, 0.4749, 0.45, 0.4725])
+def test_the_line_and_the_json_agree_on_every_figure(wait) -> None:
+    """A ratio of 2.2549 once read "2.3x" on the console and 2.25 (-> "2.2") in summary.json:
+    each figure is rounded once, in the verdict."""
+    figures = {0: fig(0, 0.7549), 1: fig(1, 0.7551), 2: fig(2, wait, starved=0.4)}
+    verdict = judge(figures, {}, DEFAULT_THRESHOLD)
+    assert verdict is not None
+    data = verdict.to_json()
+    assert f"take {data['ratio']:.1f}x the median" in verdict.line()
+    assert f"({data['others_wait_share']:.0%} of their time)" in verdict.line()
+    assert f"wait {data['wait_per_collective_s']:.3f} s per collective" in verdict.line()

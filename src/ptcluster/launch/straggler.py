@@ -130,11 +130,8 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         return {"ranks": list(self.ranks), "host": self.host, "whole_node": self.whole_node,
-                "ratio": round(self.ratio, 2),
-                "others_wait_share": round(self.others_wait_share, 3),
-                "wait_per_collective_s": None if self.wait_per_collective is None
-                else round(self.wait_per_collective, 4),
-                "why": self.why}
+                "ratio": self.ratio, "others_wait_share": self.others_wait_share,
+                "wait_per_collective_s": self.wait_per_collective, "why": self.why}
 
 
 def candidates(figures: dict[int, RankFigures],
@@ -163,7 +160,9 @@ def candidates(figures: dict[int, RankFigures],
         per = (max(0.0, waited) / sum(c for c in counted if c is not None)
                if counted and all(c is not None and c > 0 for c in counted) else None)
         mine = [figures[r] for r in ranks]
-        out.append(Verdict(ranks, host, whole, busy / median_busy, median_wait, per,
+        # rounded once, here: the console line and summary.json show the same figures
+        out.append(Verdict(ranks, host, whole, round(busy / median_busy, 2),
+                           round(median_wait, 3), None if per is None else round(per, 4),
                            why(host, mine, others, nodes.get(host) or {})))
     return out
 
