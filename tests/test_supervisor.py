@@ -414,3 +414,26 @@ def test_every_event_reaches_the_supervisor_and_comes_back_as_actions() -> None:
     sup.request_stop("SIGINT received", 3.0)
     assert sup.on_event(ev.AgentOutput("a", "Traceback"), 3.1) == [
         NodeLine("a", "Traceback", show=False)]  # our own teardown: logged, not shown
+
+
+def test_the_guards_timing_frames_name_the_straggler_once() -> None:
+    """Ranks 0,1 on a wait for rank 2 on b: one Status line, in the summary's figures too;
+    a rank the node does not have is ignored."""
+    sup = make(straggler_threshold=1.5)
+    start(sup)
+    for rank, host in ((0, "a"), (1, "a"), (2, "b")):
+        sup.on_event(ev.RankStart(host, rank, 90 + rank, WALL + 1.5), 1.5)
+    said = []
+    for i in range(8):
+        now = 2.0 + 2.0 * i
+        fast = {"span": 2.0, "run": 0.4, "delay": 0.1, "collectives": 50}
+        sup.on_event(ev.Timing("a", {0: fast, 1: fast, 7: fast}, {}), now)
+        sup.on_event(ev.Timing("b", {2: {"span": 2.0, "run": 0.6, "delay": 0.7,
+                                         "collectives": 50}}, {"mem_available": 0.5}), now)
+        said += [a.text for a in sup.on_tick(now, {}) if isinstance(a, Status)]
+    assert len(said) == 1 and said[0].startswith("rank 2 on b is the straggler: "), said
+    assert "0.030 s per collective (75% of their time)" in said[0]
+    assert "b's CPU is saturated (its main thread waited 35% of the time for a CPU)" in said[0]
+    report = sup.view.straggler
+    assert [r["rank"] for r in report["ranks"]] == [0, 1, 2]
+    assert report["history"][0]["line"] == said[0] and report["current"]["ranks"] == [2]

@@ -1,4 +1,5 @@
-"""A live table of every node: GPU util, memory, power, temperature, CPU, RAM, network, jobs."""
+"""A live table of every node: GPU util, memory, power, temperature, CPU, RAM, network, jobs, and
+the running job's wait share per rank (the straggler report)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
 
 import click
@@ -17,7 +19,8 @@ from rich.live import Live
 from rich.table import Table
 
 from ptcluster.cli.common import SECONDS, FiniteFloat, cluster_option, load_spec
-from ptcluster.monitor.watch import Monitor, NodeView
+from ptcluster.launch.prepare import DEFAULT_RUNS_DIR
+from ptcluster.monitor.watch import Monitor, NodeView, job_straggler, node_waits
 from ptcluster.remote.connect import transports
 
 GB = 1e9
@@ -31,28 +34,32 @@ GB = 1e9
 @click.option("--json", "as_json", is_flag=True, help="JSON (with --once: one object).")
 @click.option("--timeout", type=SECONDS, default=20.0, show_default=True,
               help="Seconds to wait for the first sample of every node.")
+@click.option("--run-dir", "runs_dir", metavar="DIR", help="Parent of the run directories whose "
+              "running job's wait shares are shown (default: ./ptcluster-runs).")
 def monitor(cluster: str | None, interval: float, once: bool, as_json: bool,
-            timeout: float) -> None:
+            timeout: float, runs_dir: str | None) -> None:
     spec = load_spec(cluster, None)
+    runs = Path(runs_dir or DEFAULT_RUNS_DIR)
     mon = Monitor(spec, transports(spec), interval=interval)
     try:
         mon.wait_first(timeout)
         if once:
             views = mon.snapshot()
             if as_json:
-                click.echo(json.dumps(to_json(views), indent=2))
+                click.echo(json.dumps(to_json(views, job_straggler(runs)), indent=2))
             else:
                 Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(
-                    table(views))
+                    table(views, job_straggler(runs)))
             return
         with stop_on_signals() as stop:
             if as_json:
                 while not stop.wait(interval):
-                    click.echo(json.dumps(to_json(mon.snapshot())))
+                    click.echo(json.dumps(to_json(mon.snapshot(), job_straggler(runs))))
                 return
-            with Live(table(mon.snapshot()), refresh_per_second=4, screen=False) as live:
+            with Live(table(mon.snapshot(), job_straggler(runs)), refresh_per_second=4,
+                      screen=False) as live:
                 while not stop.wait(min(interval, 1.0)):
-                    live.update(table(mon.snapshot()))
+                    live.update(table(mon.snapshot(), job_straggler(runs)))
     finally:
         mon.close()
 
@@ -78,10 +85,12 @@ def stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(sig, previous)
 
 
-def to_json(views: list[NodeView]) -> dict:
+def to_json(views: list[NodeView], straggler: dict | None = None) -> dict:
+    """Every node's sample; ``straggler``: the running job's figures (None: no job here)."""
     return {"time": time.time(),
             "nodes": [{"host": v.host, "ok": v.sample is not None and v.error is None,
-                       "error": v.error, "sample": v.sample} for v in views]}
+                       "error": v.error, "sample": v.sample} for v in views],
+            "straggler": straggler}
 
 
 def _rate(bps: float) -> str:
@@ -91,15 +100,15 @@ def _rate(bps: float) -> str:
     return f"{bps:.0f} B/s"
 
 
-def table(views: list[NodeView]) -> Table:
+def table(views: list[NodeView], straggler: dict | None = None) -> Table:
     t = Table(title=f"ptcluster monitor  {time.strftime('%H:%M:%S')}", title_justify="left")
     for col in ("node", "gpu", "util", "gpu mem", "power", "temp", "cpu", "ram", "net rx",
-                "net tx", "jobs"):
+                "net tx", "jobs", "wait"):
         t.add_column(col)
     for v in views:
         s = v.sample
         if s is None or v.error:
-            t.add_row(v.host, f"[red]{v.error or 'waiting…'}[/red]", *[""] * 9)
+            t.add_row(v.host, f"[red]{v.error or 'waiting…'}[/red]", *[""] * 10)
             continue
         cpu = f"{s['cpu_percent']:.0f}% of {s['cpus']}"
         ram = f"{s['mem']['used'] / GB:.1f}/{s['mem']['total'] / GB:.1f} GB"
@@ -107,7 +116,8 @@ def table(views: list[NodeView]) -> Table:
             f"{j} ({info.get('user')}, {info.get('ranks')} rank(s)"
             + (f", GPUs {','.join(map(str, info['gpus']))}" if info.get("gpus") else "") + ")"
             for j, info in s["jobs"].items()) or "-"
-        common = [cpu, ram, _rate(s["net"]["rx_bps"]), _rate(s["net"]["tx_bps"]), jobs]
+        common = [cpu, ram, _rate(s["net"]["rx_bps"]), _rate(s["net"]["tx_bps"]), jobs,
+                  node_waits(straggler, v.host)]
         if not s["gpus"]:
             t.add_row(v.host, "[dim]no GPU[/dim]", "", "", "", "", *common)
         for i, g in enumerate(s["gpus"]):
@@ -116,5 +126,5 @@ def table(views: list[NodeView]) -> Table:
             temp = f"{g['temp_c']} C" if g.get("temp_c") is not None else "-"
             t.add_row(v.host if i == 0 else "", f"{g['index']} {g['name']}", f"{g['util']}%",
                       f"{g['mem_used'] / GB:.1f}/{g['mem_total'] / GB:.1f} GB", power, temp,
-                      *(common if i == 0 else [""] * 5))
+                      *(common if i == 0 else [""] * 6))
     return t

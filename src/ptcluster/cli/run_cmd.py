@@ -17,7 +17,15 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ptcluster.cli.common import NPROC, PORT, SECONDS, cluster_option, load_spec, quiet
+from ptcluster.cli.common import (
+    NPROC,
+    PORT,
+    SECONDS,
+    FiniteFloat,
+    cluster_option,
+    load_spec,
+    quiet,
+)
 from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.doctor.diagnose import preflight as run_preflight
@@ -28,6 +36,7 @@ from ptcluster.launch.restart import RestartPolicy
 from ptcluster.launch.result import RunOptions, RunResult
 from ptcluster.launch.runlogs import ConsoleFeed
 from ptcluster.launch.runner import Runner
+from ptcluster.launch.straggler import DEFAULT_THRESHOLD
 from ptcluster.remote.connect import outside_stop, transports
 from ptcluster.spec.model import ClusterSpec
 
@@ -58,11 +67,16 @@ from ptcluster.spec.model import ClusterSpec
               "no order among waiters).")
 @click.option("--wait-timeout", type=SECONDS, metavar="S", help="With --wait: give up after S "
               "seconds (default: no limit).")
+@click.option("--straggler-threshold", type=FiniteFloat(min=1.0, min_open=True), metavar="X",
+              default=DEFAULT_THRESHOLD, show_default=True,
+              help="Name the straggler when one rank's (or node's) busy share is X times the "
+              "other ranks' median while they wait for it.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
         runs_dir: str | None, preflight: bool, sync_first: bool, max_restarts: int,
         min_nodes: int | None, hang_timeout: float | None, wait: bool,
-        wait_timeout: float | None, args: tuple[str, ...]) -> None:
+        wait_timeout: float | None, straggler_threshold: float,
+        args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
@@ -99,7 +113,8 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     runner = Runner(plan, transports(spec), run_dir, on_line=on_line,
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
                     options=RunOptions(hang_timeout=hang_timeout, wait=(
-                        wait_timeout or math.inf) if wait or wait_timeout else None),
+                        wait_timeout or math.inf) if wait or wait_timeout else None,
+                        straggler_threshold=straggler_threshold),
                     restarts=restarts(spec, target, plan, policy) if max_restarts else None,
                     ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total)
     result, signum = _run_with_signals(runner)

@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 
 from ptcluster.errors import UsageError
-from ptcluster.launch.control import SOCKET_NAME, alive, ask
+from ptcluster.launch.control import ask, running_jobs
 from ptcluster.launch.prepare import DEFAULT_RUNS_DIR
 
 
@@ -25,8 +25,9 @@ def stacks(run: str | None, runs_dir: str | None, as_json: bool, brief: bool) ->
     if not answer.get("ok"):
         raise UsageError(f"{run_dir}: no stacks: {answer.get('error', 'unknown error')}",
                          "try again while the job runs")
-    if as_json:
-        click.echo(json.dumps(answer["report"], indent=2))
+    if as_json:  # with the straggler report's current figures (every rank's wait share)
+        click.echo(json.dumps({**answer["report"], "straggler_report": answer.get("straggler")},
+                              indent=2))
         return
     out = Console(highlight=False, soft_wrap=True, markup=False)
     lines = answer.get("lines") or []
@@ -46,10 +47,7 @@ def find_run(run: str | None, runs: Path) -> Path:
                 return candidate
         raise UsageError(f"no run directory {run} (nor {runs / run})",
                          "give a run directory or a job id from ./ptcluster-runs")
-    found = sorted((p for p in runs.glob("*") if (p / SOCKET_NAME).exists()),
-                   key=lambda p: p.stat().st_mtime, reverse=True) if runs.is_dir() else []
-    for run_dir in found:
-        if alive(run_dir):
-            return run_dir
+    for run_dir in running_jobs(runs):
+        return run_dir
     raise UsageError(f"no running job under {runs}/",
                      "start one with `ptcluster run`, or give its run directory")

@@ -147,6 +147,13 @@ def ask(run_dir: Path, request: dict[str, Any], timeout: float = 30.0,
     return answer
 
 
+def running_jobs(runs: Path) -> list[Path]:
+    """The run directories under ``runs`` whose head still listens, newest first."""
+    found = sorted((p for p in runs.glob("*") if (p / SOCKET_NAME).exists()),
+                   key=lambda p: p.stat().st_mtime, reverse=True) if runs.is_dir() else []
+    return [p for p in found if alive(p)]
+
+
 def alive(run_dir: Path) -> bool:
     """Whether a head still listens in ``run_dir`` (a head killed with SIGKILL leaves its
     socket file behind)."""

@@ -56,6 +56,17 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """A guard's straggler figures (``wire.TIMING``): per rank its main thread's ``{span, run,
+    delay, collectives}`` since the guard's last frame; the node's ``{mem_available,
+    gpu_util}`` (``node.busy``)."""
+
+    host: str
+    ranks: dict[int, dict[str, Any]]
+    node: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class StacksReply:
     """Every rank's stacks on one node (raw: ``launch.stacks`` parses them)."""
 
@@ -160,7 +171,7 @@ class ChannelClosed:
 
 Event = (Hello | Ready | GuardRefused | Started | Heartbeat | GuardStopping | RankStart | RankExit
          | RankError | RankData | RankOutput | AgentOutput | GuardExit | Malformed | ChannelClosed
-         | StacksReply)
+         | StacksReply | Timing)
 
 
 def decode(host: str, line: str) -> Event:
@@ -183,6 +194,9 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         idle = body.get("idle")
         return Heartbeat(host, _opt_float(body.get("t")),
                          None if idle is None else {int(r): float(s) for r, s in idle.items()})
+    if kind == wire.TIMING:
+        return Timing(host, {int(r): dict(v) for r, v in (body.get("ranks") or {}).items()},
+                      dict(body.get("node") or {}))
     if kind == "stacks":
         ident = body.get("id")
         return StacksReply(host, None if ident is None else int(ident),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ptcluster.errors import who_what_fix
+from ptcluster.launch.straggler import DEFAULT_THRESHOLD
 
 
 @dataclass(kw_only=True)
@@ -37,6 +38,10 @@ class RunOptions:
     """``run --wait``: when nodes refuse only because other jobs hold their GPUs or port, try
     again every ``wait_poll`` s for at most this many seconds (inf: no limit; None: refuse)."""
     wait_poll: float = 5.0
+    straggler_threshold: float = DEFAULT_THRESHOLD
+    """A rank (or node) whose busy share (1 - the share of time its main thread sleeps) is this
+    many times the other ranks' median, while they wait for it, is named the straggler
+    (``launch.straggler``)."""
 
     def __post_init__(self) -> None:
         for name in ("ready_timeout", "node_silence", "heartbeat_interval",
@@ -46,6 +51,9 @@ class RunOptions:
         if self.hang_timeout is not None and self.hang_timeout <= 0:
             raise ValueError(f"RunOptions.hang_timeout must be > 0 or None, got "
                              f"{self.hang_timeout}")
+        if self.straggler_threshold <= 1.0:
+            raise ValueError(f"RunOptions.straggler_threshold must be > 1, got "
+                             f"{self.straggler_threshold}")
         if self.deadline is not None and self.deadline <= 0:
             raise ValueError(f"RunOptions.deadline must be > 0 or None, got {self.deadline}")
         if self.stop_deadline <= self.stop_grace + 2.0:
@@ -171,6 +179,9 @@ class RunResult:
     """The restart rule gave up because an attempt saved no newer checkpoint (exit 3)."""
     hang_report: dict[str, Any] | None = None
     """Every rank's stacks when the job was found hung (``StackReport.to_json``)."""
+    straggler: dict[str, Any] | None = None
+    """The straggler report of the last attempt: every rank's wait share (window and whole
+    attempt), the current straggler and the history of changes (``StragglerWatch.to_json``)."""
     ended_by: str = ""
     """Who ended the job from outside, when someone did (Slurm: scancel, the time limit,
     preemption, a requeue): the job was stopped, it did not fail (``interrupted``)."""
@@ -198,6 +209,7 @@ class RunResult:
             "root_cause": None if self.root_cause is None else _failure_json(self.root_cause),
             "failures": [_failure_json(f) for f in self.failures],
             "hang_report": self.hang_report,
+            "straggler": self.straggler,
             "ranks": [{"rank": r.rank, "host": r.host, "local_rank": r.local_rank,
                        "exit_code": r.exit_code, "status": r.status, "duration_s": r.duration,
                        "started_at": r.started_at, "ended_at": r.ended_at}

@@ -131,6 +131,9 @@ class Runner:
         self.sup: Supervisor | None = None
         self.stacks = StackCollector(run_dir, self.on_status)
         self._hang_report: dict[str, Any] | None = None
+        self._straggler: tuple[int, dict[str, Any]] = (-1, {})
+        """(the watch's version, its figures): what the control socket's thread may read (the
+        loop replaces it whole, never changes it)."""
         self._addresses: dict[str, str] = {}
         """Each node's address as its guard last reported it (where a new master is reached)."""
 
@@ -145,9 +148,10 @@ class Runner:
         reply: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=1)
         self.events.put((ANY_ATTEMPT, "", _AskStacks(reply)))
         try:
-            return reply.get(timeout=timeout)
+            answer = reply.get(timeout=timeout)
         except queue.Empty:
             return {"ok": False, "error": f"no report within {timeout:.0f} s"}
+        return {**answer, "straggler": self._straggler[1]}
 
     def run(self) -> RunResult:
         """Every attempt of the job (one unless ``restarts`` allows more): the last one's
@@ -298,6 +302,8 @@ class Runner:
             return self.ask_stacks()
         if request.get("cmd") == "kill":
             return self._kill_request(request)
+        if request.get("cmd") == "straggler":
+            return {"ok": True, "straggler": self._straggler[1]}
         return {"ok": False, "error": f"unknown request {str(request.get('cmd'))[:40]!r}"}
 
     def _kill_request(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -350,6 +356,7 @@ class Runner:
         stops_applied = 0
         now = time.monotonic()
         next_tick, next_flush = now, now + FLUSH_SECONDS
+        next_snapshot = now
         while not sup.view.done:
             while stops_applied < self._stop_requests:  # a second Ctrl-C hurries the teardown
                 stops_applied += 1
@@ -382,6 +389,10 @@ class Runner:
                          for h, c in self.channels.items()}
                 self._apply(sup.on_tick(now, quiet))
                 next_tick = now + TICK_SECONDS
+                if sup.straggler.version != self._straggler[0] and now >= next_snapshot:
+                    # O(ranks) to build: at most once a second, not on every tick
+                    self._straggler = (sup.straggler.version, sup.view.straggler)
+                    next_snapshot = now + 1.0
 
     def _handle(self, sup: Supervisor, attempt: int, host: str, payload: Any) -> None:
         if attempt != self.plan.attempt and attempt != ANY_ATTEMPT:
@@ -499,7 +510,7 @@ class Runner:
         return RunResult(job_id=self.plan.job_id, run_dir=self.run_dir,
                          ranks=view.ranks, nodes=view.nodes,
                          failures=failures, interrupted=view.interrupted, duration=duration,
-                         hang_report=self._hang_report)
+                         hang_report=self._hang_report, straggler=view.straggler)
 
 
 def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:

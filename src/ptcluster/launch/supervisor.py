@@ -39,6 +39,7 @@ from ptcluster.launch.result import (
     RunOptions,
 )
 from ptcluster.launch.states import FINAL, Escalation, NodeLife, NodeState, Phase
+from ptcluster.launch.straggler import StragglerWatch
 from ptcluster.launch.verdict import (
     Raised,
     guard_stopped,
@@ -97,6 +98,8 @@ class Supervisor:
         self.progress = None if opts.hang_timeout is None else ProgressWatch(
             timeout=opts.hang_timeout, fresh=max(3.0, 3 * opts.heartbeat_interval))
         self.hang_seen_at: float | None = None
+        self.straggler = StragglerWatch(threshold=opts.straggler_threshold)
+        """The straggler report (``launch.straggler``), fed by the guards' ``timing`` frames."""
 
     # -- inputs -------------------------------------------------------------------------------
     def on_event(self, event: ev.Event, now: float) -> list[Action]:
@@ -119,6 +122,7 @@ class Supervisor:
                                             self.opts.deadline, self.wall(now)), now)
         actions += self._check_silence(now, quiet)
         actions += self._check_hang(now, quiet)
+        actions += self._check_straggler(now)
         actions += self._escalate(now)
         self._update_done()
         return actions
@@ -378,6 +382,22 @@ class Supervisor:
             actions += self._fail(node_silent(host, silent, self.wall(now - silent)), now)
         return actions
 
+    def _timing(self, e: ev.Timing, now: float) -> list[Action]:
+        if self.phase is Phase.RUNNING:
+            mine = {r: body for r, body in e.ranks.items() if self._rank(e.host, r) is not None}
+            self.straggler.report(e.host, mine, e.node)
+        return []
+
+    def _check_straggler(self, now: float) -> list[Action]:
+        """A new straggler, another one, or none any more: one line (``launch.straggler``)."""
+        at = self.wall(now)
+        if self.phase is not Phase.RUNNING or not self.straggler.due(at):
+            return []
+        running = {r.rank for r in self.ranks.values()
+                   if r.started_at is not None and r.ended_at is None}
+        line = self.straggler.evaluate(at, running)
+        return [] if line is None else [Status(line)]
+
     def _check_hang(self, now: float, quiet: dict[str, float]) -> list[Action]:
         """No running rank made progress for the hang timeout: collect every rank's stacks
         (the runner then calls ``hang_reported``). Once per job."""
@@ -457,4 +477,5 @@ _HANDLERS: dict[type, Any] = {
     ev.RankData: Supervisor._rank_data, ev.Started: Supervisor._started,
     ev.AgentOutput: Supervisor._node_output, ev.Malformed: Supervisor._node_output,
     ev.RankOutput: Supervisor._node_output, ev.StacksReply: Supervisor._stacks,
+    ev.Timing: Supervisor._timing,
 }

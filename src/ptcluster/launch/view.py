@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ptcluster.launch.result import Failure, NodeOutcome, RankRecord
 from ptcluster.launch.states import NodeState, Phase
@@ -76,6 +76,11 @@ class SupervisorView:
     @property
     def resumed_from(self) -> int | None:
         return self._sup.resumed_from
+
+    @property
+    def straggler(self) -> dict[str, Any]:
+        """The straggler report's current figures (``StragglerWatch.to_json``)."""
+        return self._sup.straggler.to_json()
 
     @property
     def first_rank_start(self) -> float | None:

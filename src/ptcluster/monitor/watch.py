@@ -10,9 +10,11 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
-from ptcluster.errors import who_what_fix
+from ptcluster.errors import PtclusterError, who_what_fix
+from ptcluster.launch.control import ask, running_jobs
 from ptcluster.node import SAMPLER
 from ptcluster.node.wire import control, split
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
@@ -90,3 +92,28 @@ class Monitor:
 
     def close(self) -> None:
         close_all(self.channels, timeout=5.0)
+
+
+def job_straggler(runs: Path) -> dict[str, Any] | None:
+    """The straggler report's current figures of the newest job running under ``runs`` (asked
+    on its control socket: every rank's wait share, the straggler), None without one."""
+    for run_dir in running_jobs(runs)[:1]:
+        try:
+            answer = ask(run_dir, {"cmd": "straggler"}, timeout=5.0)
+        except (PtclusterError, OSError, ValueError):
+            return None
+        figures = answer.get("straggler") if answer.get("ok") else None
+        if not isinstance(figures, dict):
+            return None
+        return {"run_dir": str(run_dir), **{k: v for k, v in figures.items() if k != "trace"}}
+    return None
+
+
+def node_waits(figures: dict[str, Any] | None, host: str) -> str:
+    """The monitor's cell for one node: each of its ranks' wait share, the straggler marked."""
+    if not figures:
+        return "-"
+    late = set((figures.get("current") or {}).get("ranks") or [])
+    cells = [f"r{r['rank']} {r['wait_share']:.0%}" + (" straggler" if r["rank"] in late else "")
+             for r in figures.get("ranks") or [] if r.get("host") == host]
+    return ", ".join(cells) or "-"

@@ -11,7 +11,10 @@ Protocol (frames of ``node.wire``, one per line):
   stdout  ``hello``, ``ready {facts}`` or ``error {problem, fix}``, ``started {pid}``,
           per rank ``rstart``/``rexit``/``rdata`` and its output as ``o``/``e`` text frames,
           torchrun's own output as ``a`` frames, ``hb {t, idle}`` every second (``idle``: per
-          rank, seconds since it last made progress), ``stacks {id, ranks}``,
+          rank, seconds since it last made progress), ``timing {t, ranks, node}`` every
+          ``wire.TIMING_EVERY`` s while ranks run (each rank's main-thread run time and run
+          delay, the node's memory: ``node.busy``, for the straggler report),
+          ``stacks {id, ranks}``,
           ``exit {code, reason}``.
 
 Ranks talk to the guard over a Unix socket in the job's private temp dir (``node.rank_wire``;
@@ -39,6 +42,7 @@ import time
 import traceback
 from typing import Any
 
+from ptcluster.node.busy import BusyMeter  # inlined
 from ptcluster.node.gpus import claim  # inlined
 from ptcluster.node.hangwatch import ProgressMeter  # inlined
 from ptcluster.node.leases import Leasing, read_kill_notes  # inlined
@@ -61,9 +65,19 @@ from ptcluster.node.proctree import (  # inlined
 )
 from ptcluster.node.rank_server import EXIT_WAIT, RankServer  # inlined
 from ptcluster.node.rank_wire import PROBE_FILE, SHIM_FILE, SHIM_VAR, SOCK_VAR  # inlined
-from ptcluster.node.wire import encode, encode_text, hello, split  # inlined
+from ptcluster.node.wire import (  # inlined
+    TIMING,
+    TIMING_EVERY,
+    encode,
+    encode_text,
+    hello,
+    split,
+)
 
 PR_SET_PDEATHSIG = 1
+TIMING_OFF_VAR = "PTCLUSTER_STRAGGLER"
+"""``PTCLUSTER_STRAGGLER: "0"`` in the cluster file's ``env:`` turns the ``timing`` frames off
+(no straggler report; ``benchmarks/straggler_cost.py`` measures what they cost)."""
 HANDED: dict[str, str] = globals().get("HANDED", {})
 """The programs this guard hands its ranks (file name -> packed source: the shim and its stack
 probe), set by the packer (``remote.bootstrap``) in front of this source; kept from there."""
@@ -86,6 +100,7 @@ class Guard:
         self.ranks: RankServer | None = None
         self.pump_thread: threading.Thread | None = None
         self.meter: ProgressMeter | None = None
+        self.busy: BusyMeter | None = None
         self.leases: list[Any] = []
         """What this job holds on the node (the master's port): released when the guard ends,
         however it ends (the kernel drops the locks with the process)."""
@@ -151,6 +166,7 @@ class Guard:
 
     def heartbeat(self) -> None:
         timeout = float(self.cfg.get("heartbeat_timeout", 15))
+        next_timing = time.monotonic() + TIMING_EVERY
         while not self.finished.wait(1.0):  # also during the teardown: we are still here
             beat: dict[str, Any] = {"t": time.time()}
             if self.meter is not None and not self.stop.is_set():
@@ -159,8 +175,44 @@ class Guard:
                 except Exception:  # noqa: BLE001 - progress is advice; the heartbeat is not
                     pass
             self.send("hb", beat)
+            if time.monotonic() >= next_timing and not self.stop.is_set() and \
+                    self.cfg["env"].get(TIMING_OFF_VAR) != "0":
+                next_timing = time.monotonic() + TIMING_EVERY
+                self.send_timing()
             if not self.stop.is_set() and time.monotonic() - self.last_hb > timeout:
                 self.request_stop(f"no heartbeat from the head for {timeout:.0f} s")
+
+    def send_timing(self) -> None:
+        """Each running rank's main-thread figures since the last frame and the node's, for the
+        head's straggler report (``node.busy``: /proc only, nothing inside the ranks)."""
+        if self.ranks is None:
+            return
+        try:
+            if self.busy is None:
+                self.busy = BusyMeter()
+            probes = self.ranks.probes
+            pids = dict(probes.pids)
+            counts = dict(probes.fr_counts)
+            ready = dict(probes.ready)
+            completed: dict[int, float] = {}
+            for rank in pids:
+                got = counts.get(rank)
+                if isinstance(got, dict) and "completed" in got:
+                    completed[rank] = float(got["completed"])
+                elif ready[rank][2] if rank in ready else self.recorder_on():
+                    completed[rank] = 0.0  # its recorder is on and it completed none yet
+            ranks = self.busy.sample(pids, completed, time.monotonic())
+            if ranks:
+                self.send(TIMING, {"t": time.time(), "ranks": ranks, "node": self.busy.node()})
+        except Exception:  # noqa: BLE001 - advice only: never the guard's end
+            return
+
+    def recorder_on(self) -> bool:
+        """Whether the ranks' flight recorder is on (``TORCH_FR_BUFFER_SIZE`` in their env)."""
+        try:
+            return int(self.cfg["env"].get("TORCH_FR_BUFFER_SIZE") or 0) > 0
+        except ValueError:
+            return False
 
     def send_stacks(self, payload: str) -> None:
         """Every rank's stacks for the head (``node.hangwatch``); the job is not disturbed."""

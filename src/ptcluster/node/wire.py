@@ -22,6 +22,12 @@ RSTART, REXIT, RERROR, RDATA = "rstart", "rexit", "rerror", "rdata"
 """Control frames that carry a rank's records (``node.rank_wire``) from its guard to the head."""
 RANK_FRAMES = {"start": RSTART, "exit": REXIT, "error": RERROR, "data": RDATA}
 """The frame for each rank record kind (``rank_wire.START``, ``EXIT``, ``ERROR``, ``REPORT``)."""
+TIMING = "timing"
+"""Guard -> head, every ``TIMING_EVERY`` s while ranks run: ``timing {t, ranks, node}``, per rank
+its main thread's ``{span, run, delay, collectives}`` since the last frame and the node's
+``{mem_available, gpu_util}`` (``node.busy``; the head's ``launch.straggler`` decides)."""
+TIMING_EVERY = 2.0
+"""Seconds between two ``timing`` frames of a guard."""
 
 
 def encode(kind: str, payload: object = None) -> bytes:

@@ -1,0 +1,327 @@
+"""The head's rule for "which rank is slow": the straggler report while a job runs.
+
+Pure (no clock of its own, no I/O): the supervisor feeds it the guards' ``timing`` frames
+(``node.busy``: per rank, its main thread's run time and run delay from ``/proc``, nothing
+inside the rank) and asks it on every tick.
+
+In a synchronous data-parallel job (DDP, FSDP) every rank waits at each collective for the last
+one, and a waiting rank's main thread sleeps (gloo: on a futex). So over a window each rank's
+**wait share** (the part of the wall time its main thread was neither running nor runnable) is
+high for the ranks that wait and low for the one they wait for. A rank, or every rank of one
+node, is the straggler when its *busy share* (1 - wait share) is ``threshold`` times the other
+ranks' median while those others wait at least ``MIN_WAIT`` of their time. Where the ranks
+report collectives (the flight recorder's counters, which the stack probe already sends for the
+hang watch) only windows in which every compared rank completed collectives count: the job is
+past its start, where a slow import is not a slow step.
+
+Limits (said in the README): a CUDA synchronization may spin, so on GPU the waiting ranks' main
+threads do not sleep and no one is named (never a false name: the others' wait share stays
+under ``MIN_WAIT``); a rank starved by its data loader sleeps as well and looks like a waiter.
+
+A change (a new straggler, another one, none any more) is said only once it held for
+``CONFIRM`` evaluations in a row, one evaluation per ``EVAL_EVERY`` s; a named straggler stays
+named until its ratio falls under ``release`` (hysteresis: between the two thresholds nothing
+changes).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_THRESHOLD = 1.5
+"""Busy-share ratio (the straggler's / the other ranks' median) from which a rank is named.
+Chosen from ``benchmarks/straggler_threshold.py`` on the testbed (3 nodes x 1 rank, gloo; see
+``THRESHOLD_MEASURED``)."""
+THRESHOLD_MEASURED = (
+    "two runs of benchmarks/straggler_threshold.py, each 5 balanced + 3 capped jobs: balanced, "
+    "every rank at every evaluation 0.92-1.14 (peaks 1.12, 1.09, 1.09, 1.04, 1.14; then 1.06, "
+    "1.07, 1.04, 1.03, 1.06); one node capped to 25 % of a CPU, its rank 1.67-5.20 (lowest per "
+    "run 1.94, 2.03, 1.67; then 1.71, 1.81, 1.90), the other ranks 0.31-0.76; first named "
+    "8.3-9.0 s (306-338 steps) after rank 0's first step")
+"""What the default rests on (``benchmarks/straggler_threshold.py --balanced 5 --capped 3
+--percent 25 --seconds 25``): 1.5 is 1.3x the balanced maximum and 0.9x the capped minimum; a
+named straggler is released under 1.25 (``RELEASE``), still above every balanced figure."""
+RELEASE = 0.5
+"""A named straggler is released when its ratio falls under 1 + RELEASE x (threshold - 1)."""
+WINDOW = 3
+"""Reports per rank in the window (a guard sends one every 2 s: about 6 s)."""
+MIN_WAIT = 0.20
+"""The others must wait at least this share of their time: a job that hardly waits has none."""
+CONFIRM = 2
+"""Evaluations in a row a new verdict must hold before it is said."""
+EVAL_EVERY = 2.0
+"""Seconds between two evaluations (the guards' ``timing`` period)."""
+FLOOR = 0.02
+"""The others' busy share is taken as at least this (a ratio stays finite)."""
+CPU_STARVED = 0.25
+"""A rank's main thread runnable without a CPU this share of its time, and half again the
+others' median: its node's CPU is saturated (a CPU quota counts the same)."""
+LOW_MEMORY = 0.10
+"""A node with less than this share of its memory available is short of memory."""
+LOW_GPU = 50.0
+"""A node whose GPUs' mean utilization (NVML) is under this is said to have low GPU util."""
+MAX_TRACE = 600
+"""Evaluations kept in ``trace`` (each rank's ratio at each: what a threshold is chosen from)."""
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    """One rank over the window (seconds summed over its reports)."""
+
+    rank: int
+    host: str
+    span: float
+    run: float
+    delay: float
+    collectives: int | None
+    """Collectives completed in the window; None when the rank does not report them."""
+    active: bool = True
+    """Every report of the window had collectives completed (or the rank reports none)."""
+
+    @property
+    def wait_share(self) -> float:
+        if self.span <= 0:
+            return 0.0
+        return min(1.0, max(0.0, self.span - self.run - self.delay) / self.span)
+
+    @property
+    def starved_share(self) -> float:
+        return min(1.0, self.delay / self.span) if self.span > 0 else 0.0
+
+    @property
+    def busy(self) -> float:
+        return 1.0 - self.wait_share
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "wait_share": round(self.wait_share, 3),
+                "starved_share": round(self.starved_share, 3), "window_s": round(self.span, 1),
+                "collectives": self.collectives}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The straggler: ``ranks`` (one, or every rank of ``host``); its busy share over the others'
+    median (``ratio``: "its steps take Kx the median"), the others' median wait share and
+    seconds waited per collective (None where unknown), and why, as far as the node saw."""
+
+    ranks: tuple[int, ...]
+    host: str
+    whole_node: bool
+    ratio: float
+    others_wait_share: float
+    wait_per_collective: float | None
+    why: str
+
+    @property
+    def who(self) -> str:
+        if self.whole_node:
+            return f"{self.host} (ranks {','.join(map(str, self.ranks))})"
+        return f"rank {self.ranks[0]} on {self.host}"
+
+    def line(self) -> str:
+        share = f"{self.others_wait_share:.0%} of their time"
+        waits = (f"{self.wait_per_collective:.3f} s per collective ({share})"
+                 if self.wait_per_collective is not None else share)
+        return (f"{self.who} is the straggler: the other ranks wait {waits} for it (its steps "
+                f"take {self.ratio:.1f}x the median); {self.why}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ranks": list(self.ranks), "host": self.host, "whole_node": self.whole_node,
+                "ratio": self.ratio, "others_wait_share": self.others_wait_share,
+                "wait_per_collective_s": self.wait_per_collective, "why": self.why}
+
+
+def candidates(figures: dict[int, RankFigures],
+               nodes: dict[str, dict[str, Any]]) -> list[Verdict]:
+    """Every rank, and every node of several ranks (not all of them), as the straggler would be,
+    with its ratio; none where the others hardly wait (``MIN_WAIT``) or fewer than 2 ranks."""
+    if len(figures) < 2:
+        return []
+    by_host: dict[str, list[int]] = {}
+    for r, f in sorted(figures.items()):
+        by_host.setdefault(f.host, []).append(r)
+    units = [(tuple(rs), host, True) for host, rs in by_host.items()
+             if 1 < len(rs) < len(figures)]
+    units += [((r,), f.host, False) for r, f in sorted(figures.items())]
+    out = []
+    for ranks, host, whole in units:
+        others = [f for r, f in figures.items() if r not in ranks]
+        median_wait = statistics.median(f.wait_share for f in others)
+        if median_wait < MIN_WAIT:
+            continue
+        median_busy = max(FLOOR, statistics.median(f.busy for f in others))
+        # a whole node is as slow as its least slow rank: every one of them must stand out
+        busy = min(figures[r].busy for r in ranks)
+        waited = sum(f.span - f.run - f.delay for f in others)
+        counted = [f.collectives for f in others]
+        per = (max(0.0, waited) / sum(c for c in counted if c is not None)
+               if counted and all(c is not None and c > 0 for c in counted) else None)
+        mine = [figures[r] for r in ranks]
+        # rounded once, here: the console line and summary.json show the same figures
+        out.append(Verdict(ranks, host, whole, round(busy / median_busy, 2),
+                           round(median_wait, 3), None if per is None else round(per, 4),
+                           why(host, mine, others, nodes.get(host) or {})))
+    return out
+
+
+def judge(figures: dict[int, RankFigures], nodes: dict[str, dict[str, Any]],
+          threshold: float) -> Verdict | None:
+    """The straggler among ``figures``, or None: a whole node before a single rank, else the
+    slowest."""
+    found = [v for v in candidates(figures, nodes) if v.ratio >= threshold]
+    return max(found, key=lambda v: (v.whole_node, v.ratio), default=None)
+
+
+def why(host: str, mine: list[RankFigures], others: list[RankFigures],
+        node: dict[str, Any]) -> str:
+    """What the node saw, or "why unknown": never a guess."""
+    reasons = []
+    starved = max(mine, key=lambda f: f.starved_share)
+    usual = statistics.median(f.starved_share for f in others) if others else 0.0
+    if starved.starved_share >= max(CPU_STARVED, 1.5 * usual):
+        reasons.append(f"{host}'s CPU is saturated (its main thread waited "
+                       f"{starved.starved_share:.0%} of the time for a CPU)")
+    mem = node.get("mem_available")
+    if isinstance(mem, (int, float)) and mem < LOW_MEMORY:
+        reasons.append(f"{host} is short of memory ({mem:.0%} available)")
+    gpu = node.get("gpu_util")
+    if isinstance(gpu, (int, float)) and gpu < LOW_GPU:
+        reasons.append(f"{host}'s GPU util is low ({gpu:.0f}%)")
+    return "; ".join(reasons) if reasons else "why unknown"
+
+
+@dataclass
+class StragglerWatch:
+    """The window of every rank's reports, the current verdict and its history."""
+
+    threshold: float = DEFAULT_THRESHOLD
+    window: int = WINDOW
+    reports: dict[int, deque[tuple[str, dict[str, Any]]]] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    totals: dict[int, list[float]] = field(default_factory=dict)
+    """rank -> [seconds reported, seconds its main thread waited] over the whole attempt."""
+    current: Verdict | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    peak: dict[str, Any] | None = None
+    """The highest ratio any rank or node reached in an evaluation, named or not."""
+    trace: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_TRACE))
+    """Per evaluation: when, and each rank's ratio (for ``benchmarks/straggler_threshold``)."""
+    version: int = 0
+    """Counts the reports taken (a reader of ``to_json`` knows when to read again)."""
+    _pending: tuple[tuple[int, ...] | None, int] = (None, 0)
+    _last_eval: float | None = None
+    _fresh: bool = False
+
+    def __post_init__(self) -> None:
+        if self.threshold <= 1.0:
+            raise ValueError(f"straggler threshold must be > 1, got {self.threshold}")
+
+    @property
+    def release(self) -> float:
+        return 1.0 + RELEASE * (self.threshold - 1.0)
+
+    def report(self, host: str, ranks: dict[int, dict[str, Any]], node: dict[str, Any]) -> None:
+        """A guard's ``timing`` frame: per rank its interval's figures, and its node's."""
+        for rank, body in ranks.items():
+            try:
+                span, run, delay = float(body["span"]), float(body["run"]), float(body["delay"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if span <= 0:
+                continue
+            self.reports.setdefault(rank, deque(maxlen=self.window)).append((host, body))
+            total = self.totals.setdefault(rank, [0.0, 0.0])
+            total[0] += span
+            total[1] += max(0.0, span - run - delay)
+        self.nodes[host] = dict(node)
+        self._fresh = True
+        self.version += 1
+
+    def figures(self) -> dict[int, RankFigures]:
+        """Every rank with a full window."""
+        out: dict[int, RankFigures] = {}
+        for rank, window in self.reports.items():
+            if len(window) < self.window:
+                continue
+            bodies = [b for _, b in window]
+            counts = [c for b in bodies if isinstance(c := b.get("collectives"), int)]
+            known = len(counts) == len(bodies)
+            out[rank] = RankFigures(
+                rank=rank, host=window[-1][0], span=sum(float(b["span"]) for b in bodies),
+                run=sum(float(b["run"]) for b in bodies),
+                delay=sum(float(b["delay"]) for b in bodies),
+                collectives=sum(counts) if known else None,
+                active=not known or all(c > 0 for c in counts))
+        return out
+
+    def due(self, at: float) -> bool:
+        """Whether ``evaluate`` would look now (new reports, ``EVAL_EVERY`` s since the last)."""
+        return self._fresh and (self._last_eval is None
+                                or at - self._last_eval >= EVAL_EVERY - 0.25)
+
+    def evaluate(self, at: float, running: set[int]) -> str | None:
+        """At most every ``EVAL_EVERY`` s, after new reports: the line to say when the verdict
+        changed (``at``: wall clock, for the history), else None. Only ``running`` ranks whose
+        window is full and active (collectives completed) are compared, and only once every
+        running rank has such a window."""
+        if not self.due(at):
+            return None
+        self._fresh, self._last_eval = False, at
+        figures = {r: f for r, f in self.figures().items() if r in running}
+        if set(figures) != running or not all(f.active for f in figures.values()):
+            return None
+        found = candidates(figures, self.nodes)
+        self.trace.append({"at": round(at, 3), "ratios": {
+            str(v.ranks[0]): round(v.ratio, 3) for v in found if not v.whole_node}})
+        top = max(found, key=lambda v: v.ratio, default=None)
+        if top is not None and (self.peak is None or top.ratio > self.peak["ratio"]):
+            self.peak = {"at": at, "ranks": list(top.ranks), "ratio": round(top.ratio, 2)}
+        return self._decide(at, found)
+
+    def _decide(self, at: float, found: list[Verdict]) -> str | None:
+        """Hysteresis: the current straggler holds while its ratio is at least ``release`` and
+        no other unit beats it over ``threshold``; any change must hold ``CONFIRM`` times."""
+        best = max((v for v in found if v.ratio >= self.threshold),
+                   key=lambda v: (v.whole_node, v.ratio), default=None)
+        verdict = best
+        if self.current is not None:
+            mine = next((v for v in found if v.ranks == self.current.ranks), None)
+            if mine is not None and mine.ratio >= self.release and (
+                    best is None or best.ranks == mine.ranks or best.ratio <= mine.ratio):
+                verdict = mine
+        key = None if verdict is None else verdict.ranks
+        now_key = None if self.current is None else self.current.ranks
+        if key == now_key:
+            self._pending = (None, 0)
+            if verdict is not None:
+                self.current = verdict  # the same straggler: fresh figures
+            return None
+        seen = self._pending[1] + 1 if self._pending[0] == key else 1
+        self._pending = (key, seen)
+        if seen < CONFIRM:
+            return None
+        self._pending = (None, 0)
+        before, self.current = self.current, verdict
+        if verdict is None:
+            assert before is not None
+            line = f"no straggler any more ({before.who} keeps up)"
+            self.history.append({"at": at, "ranks": [], "host": None, "line": line})
+            return line
+        line = verdict.line()
+        self.history.append({"at": at, **verdict.to_json(), "line": line})
+        return line
+
+    def to_json(self) -> dict[str, Any]:
+        """The current figures: every rank's window, the verdict, the history."""
+        ranks = []
+        for rank, f in sorted(self.figures().items()):
+            span, waited = self.totals.get(rank, [0.0, 0.0])
+            ranks.append({**f.to_json(), "wait_share_job": round(waited / span, 3)
+                          if span > 0 else None})
+        return {"threshold": self.threshold, "release": round(self.release, 3),
+                "ranks": ranks, "nodes": dict(self.nodes),
+                "current": None if self.current is None else self.current.to_json(),
+                "peak": self.peak, "history": list(self.history), "trace": list(self.trace)}

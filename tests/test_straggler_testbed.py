@@ -1,0 +1,80 @@
+"""The straggler report on the 3-node testbed (real sshd, a real DDP job over gloo, 1+1+1
+ranks, ``tests/straggler_job.py``): with one node capped to ``CAP_PERCENT`` % of a CPU, its rank
+is named, after rank 0's first step and within ``WITHIN_STEPS`` of its steps, the console line
+the same as summary.json's; a balanced job gets no report."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.jobs import only_run, run_head
+
+pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+_ports = itertools.count(29780)
+JOB = Path(__file__).with_name("straggler_job.py")
+CAP_PERCENT = 25
+WITHIN_STEPS = 600
+"""Rank 0's steps before the first report. The report needs a full window (3 reports of 2 s from
+every rank, collectives completed in each, so the first is after the job's start), then 2
+evaluations in a row: 8-12 s of steps, at the capped job's ~40 steps/s 320-480 steps."""
+
+
+def run_job(testbed, tmp_path: Path, no_leftovers,
+            seconds: float) -> tuple[list[str], dict, list[float]]:
+    cluster = tmp_path / f"cluster-{time.monotonic_ns()}.yaml"
+    cluster.write_text(testbed.cluster_yaml([1, 1, 1], python=sys.executable,
+                                            workdir=str(tmp_path), port=next(_ports)))
+    runs = tmp_path / f"runs-{time.monotonic_ns()}"
+    code, head = run_head(["run", "--cluster", str(cluster), "--run-dir", str(runs), str(JOB),
+                           "--seconds", str(seconds)], cwd=tmp_path, timeout=300)
+    job_id, summary = only_run(runs)
+    no_leftovers.append(job_id)
+    assert code == 0, head.output()
+    steps = [float(m.group(1)) for line in (runs / job_id / "rank0.log").read_text().splitlines()
+             if (m := re.search(r"step \d+ t=([\d.]+)", line))]
+    return head.err, summary, steps
+
+
+def test_a_capped_node_is_named_with_its_rank_and_why(testbed, tmp_path, no_leftovers) -> None:
+    from tests.testbed import cpu_capped
+
+    slow = testbed.nodes[2]
+    with cpu_capped(slow, CAP_PERCENT):
+        err, summary, steps = run_job(testbed, tmp_path, no_leftovers, seconds=30)
+    report = summary["straggler"]
+    assert report["history"], report
+    first = report["history"][0]
+    assert first["ranks"] == [2] and first["host"] == slow.name, report
+    assert steps and first["at"] > steps[0], (first, steps[:3])
+    before = sum(t < first["at"] for t in steps)
+    assert before <= WITHIN_STEPS, (before, len(steps), first)
+    said = [line for line in err if "straggler" in line]
+    assert said and said[0] == f"ptcluster: {first['line']}", err
+    assert len(said) == len(report["history"]), (said, report["history"])
+    assert said[0].startswith(f"ptcluster: rank 2 on {slow.name} is the straggler: the other "
+                              "ranks wait ")
+    assert f"its steps take {first['ratio']:.1f}x the median" in said[0]
+    assert first["why"] in said[0] and "CPU is saturated" in first["why"], first
+    assert first["ratio"] >= report["threshold"]
+    ranks = {r["rank"]: r for r in report["ranks"]}
+    assert set(ranks) == {0, 1, 2}, report["ranks"]
+    assert ranks[2]["host"] == slow.name
+    assert all(0 <= r["wait_share_job"] <= 1 for r in ranks.values())
+    # the others waited for it: over the whole job the capped rank's main thread slept least
+    assert ranks[2]["wait_share_job"] < min(ranks[0]["wait_share_job"],
+                                            ranks[1]["wait_share_job"]), ranks
+
+
+def test_a_balanced_job_gets_no_report(testbed, tmp_path, no_leftovers) -> None:
+    err, summary, _ = run_job(testbed, tmp_path, no_leftovers, seconds=20)
+    report = summary["straggler"]
+    assert report["trace"], report  # it was judged, and judged nobody
+    assert report["history"] == [] and report["current"] is None, report
+    assert not [line for line in err if "straggler" in line], err
+    assert report["peak"] is None or report["peak"]["ratio"] < report["threshold"], report
