@@ -136,6 +136,8 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
         "head_told": round(max(told) - fail_t, 2) if fail and fail_t and told else None,
         "head_wrote": round(max(written) - fail_t, 2) if fail and fail_t and written else None,
         "written": len(written),
+        "wrote_spread": [round(sorted(written)[int(q * (len(written) - 1))] - fail_t, 2)
+                         for q in (0, 0.1, 0.5, 0.9, 1)] if fail and fail_t and written else None,
     }
 
 
