@@ -180,6 +180,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--soft-nofile", type=int, default=None)
     ap.add_argument("--no-fail", action="store_true", help="skip the one-node-fails runs")
+    ap.add_argument("--fakes-idle", action="store_true",
+                    help="fake nodes in the head's session under SCHED_IDLE: they get a CPU "
+                         "only when the head does not want one (real nodes are other machines)")
     ap.add_argument("--window", type=int, default=None,
                     help="connections in their handshake at once (default: channel.FANOUT)")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
@@ -187,13 +190,16 @@ def main() -> None:
     args = ap.parse_args()
     if args.window:
         os.environ["HEAD_SCALE_WINDOW"] = str(args.window)
+    if args.fakes_idle:
+        os.environ["FAKE_SCHED"] = "idle"
     if args.one:
         print(json.dumps(head(int(args.one[0]), float(args.one[1]), float(args.one[2]),
                               args.fail)))
         return
     print(f"# {args.seconds:.0f} s jobs, 8 ranks per fake node, soft open-file limit "
           f"{args.soft_nofile or resource.getrlimit(resource.RLIMIT_NOFILE)[0]} at start, "
-          f"fan-out window {args.window or 'default'}")
+          f"fan-out window {args.window or 'default'}"
+          f"{', fake nodes idle in the head session' if args.fakes_idle else ''}")
     print("| nodes | lines/s per rank | ok | head CPU % | RSS MB | threads | fds (per node) "
           "| ready s (head CPU s by then) | lines lost |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")

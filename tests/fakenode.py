@@ -12,7 +12,11 @@ guard's ``exit``; ``stop`` (or EOF) ends it early, as a guard's teardown would.
 Knobs, from the environment (the head's, inherited): ``FAKE_RATE`` lines/s per rank (0),
 ``FAKE_SECONDS`` the job's length (5), ``FAKE_FAIL`` ``HOST:SECONDS`` (that node's rank fails
 with exit 1 after SECONDS), ``FAKE_EVENTS`` a file each node appends ``HOST KIND TIME`` to (its
-failure, the stop it was told) for timing a teardown across nodes.
+failure, the stop it was told) for timing a teardown across nodes; ``FAKE_SCHED=idle`` starts
+each fake node in the head's session (its own process group) under ``SCHED_IDLE``, so it gets a
+CPU only when the head does not want one. Real nodes are other machines. Here, each fake in its
+own session is its own autogroup (``kernel.sched_autogroup_enabled``), weighted like the
+head's, whatever its policy.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import importlib.util
 import json
 import os
 import selectors
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -143,6 +148,13 @@ def fake_job(nodes: int, slots: int = 8, job_id: str = "fake") -> tuple[Any, dic
         def argv(self, node_argv: list[str]) -> list[str]:
             return [sys.executable, __file__, self.host]
 
+        def spawn(self, node_argv: list[str]) -> subprocess.Popen[bytes]:
+            if os.environ.get("FAKE_SCHED") != "idle":
+                return super().spawn(node_argv)
+            return subprocess.Popen(self.argv(node_argv), stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    process_group=0)
+
     text = "master: {port: 29500}\nnodes:\n" + "".join(
         f"  - {{host: f{i}, slots: {slots}}}\n" for i in range(nodes))
     spec = parse_cluster_text(text, "<fake nodes>")
@@ -151,6 +163,8 @@ def fake_job(nodes: int, slots: int = 8, job_id: str = "fake") -> tuple[Any, dic
 
 
 def main() -> int:
+    if os.environ.get("FAKE_SCHED") == "idle":
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     buf = b""
     while buf.count(b"\n") < 2:  # the packed guard (not ours to run), then the config
         chunk = os.read(0, 65536)
