@@ -26,7 +26,6 @@ changes).
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +52,8 @@ MIN_WAIT = 0.20
 CONFIRM = 2
 """Evaluations in a row a new verdict must hold before it is said."""
 EVAL_EVERY = 2.0
-"""Seconds between two evaluations (the guards' ``timing`` period)."""
+"""Seconds between two evaluations (the guards' ``timing`` period; ``StragglerWatch.every``:
+longer where the guards report less often, on large clusters)."""
 FLOOR = 0.02
 """The others' busy share is taken as at least this (a ratio stays finite)."""
 CPU_STARVED = 0.25
@@ -65,6 +65,11 @@ LOW_GPU = 50.0
 """A node whose GPUs' mean utilization (NVML) is under this is said to have low GPU util."""
 MAX_TRACE = 600
 """Evaluations kept in ``trace`` (each rank's ratio at each: what a threshold is chosen from)."""
+TRACE_RANKS = 64
+"""Jobs of up to this many ranks have every rank's ratio traced (and a peak however low);
+larger ones only the ratios from ``release`` up, those that can name or keep a straggler:
+1024 nodes x 8 ranks x 600 evaluations would be 5 M figures, and building a verdict for
+each of 9216 units every evaluation was most of its time."""
 
 
 @dataclass(frozen=True)
@@ -134,10 +139,39 @@ class Verdict:
                 "wait_per_collective_s": self.wait_per_collective, "why": self.why}
 
 
-def candidates(figures: dict[int, RankFigures],
-               nodes: dict[str, dict[str, Any]]) -> list[Verdict]:
+class _Spread:
+    """One figure of every rank, sorted once, so that the median of all but a few ranks costs
+    O(those few), not O(ranks): each of 8192 ranks (1024 nodes) is compared with the other
+    8191, and a sort of them per rank was ~5 ms, 45 s per evaluation."""
+
+    def __init__(self, values: dict[int, float]) -> None:
+        order = sorted(values, key=lambda r: (values[r], r))
+        self.sorted = [values[r] for r in order]
+        self.at = {r: i for i, r in enumerate(order)}
+
+    def median_without(self, ranks: tuple[int, ...]) -> float:
+        """``statistics.median`` of every value but those of ``ranks`` (the same arithmetic)."""
+        gone = sorted(self.at[r] for r in ranks)
+        n = len(self.sorted) - len(gone)
+        if n % 2:
+            return self._kth(n // 2, gone)
+        return (self._kth(n // 2 - 1, gone) + self._kth(n // 2, gone)) / 2
+
+    def _kth(self, k: int, gone: list[int]) -> float:
+        """The ``k``-th (from 0) of the values left once the positions ``gone`` are taken out."""
+        for position in gone:
+            if position > k:
+                break
+            k += 1
+        return self.sorted[k]
+
+
+def candidates(figures: dict[int, RankFigures], nodes: dict[str, dict[str, Any]],
+               at_least: float = 0.0) -> list[Verdict]:
     """Every rank, and every node of several ranks (not all of them), as the straggler would be,
-    with its ratio; none where the others hardly wait (``MIN_WAIT``) or fewer than 2 ranks."""
+    with its ratio (those of ``at_least`` or more); none where the others hardly wait
+    (``MIN_WAIT``) or fewer than 2 ranks. O(ranks log ranks): the others' medians and sums come
+    from the whole set less the unit."""
     if len(figures) < 2:
         return []
     by_host: dict[str, list[int]] = {}
@@ -146,24 +180,34 @@ def candidates(figures: dict[int, RankFigures],
     units = [(tuple(rs), host, True) for host, rs in by_host.items()
              if 1 < len(rs) < len(figures)]
     units += [((r,), f.host, False) for r, f in sorted(figures.items())]
+    waits = _Spread({r: f.wait_share for r, f in figures.items()})
+    busies = _Spread({r: f.busy for r, f in figures.items()})
+    starved = _Spread({r: f.starved_share for r, f in figures.items()})
+    waited_all = sum(f.span - f.run - f.delay for f in figures.values())
+    counted_all = sum(f.collectives or 0 for f in figures.values())
+    uncounted_all = sum(1 for f in figures.values() if f.collectives is None or f.collectives <= 0)
     out = []
     for ranks, host, whole in units:
-        others = [f for r, f in figures.items() if r not in ranks]
-        median_wait = statistics.median(f.wait_share for f in others)
+        median_wait = waits.median_without(ranks)
         if median_wait < MIN_WAIT:
             continue
-        median_busy = max(FLOOR, statistics.median(f.busy for f in others))
-        # a whole node is as slow as its least slow rank: every one of them must stand out
-        busy = min(figures[r].busy for r in ranks)
-        waited = sum(f.span - f.run - f.delay for f in others)
-        counted = [f.collectives for f in others]
-        per = (max(0.0, waited) / sum(c for c in counted if c is not None)
-               if counted and all(c is not None and c > 0 for c in counted) else None)
         mine = [figures[r] for r in ranks]
+        median_busy = max(FLOOR, busies.median_without(ranks))
+        # a whole node is as slow as its least slow rank: every one of them must stand out
+        busy = min(f.busy for f in mine)
         # rounded once, here: the console line and summary.json show the same figures
-        out.append(Verdict(ranks, host, whole, round(busy / median_busy, 2),
-                           round(median_wait, 3), None if per is None else round(per, 4),
-                           why(host, mine, others, nodes.get(host) or {})))
+        ratio = round(busy / median_busy, 2)
+        if ratio < at_least:
+            continue
+        waited = waited_all - sum(f.span - f.run - f.delay for f in mine)
+        uncounted = uncounted_all - sum(1 for f in mine
+                                        if f.collectives is None or f.collectives <= 0)
+        counted = counted_all - sum(f.collectives or 0 for f in mine)
+        per = max(0.0, waited) / counted if uncounted == 0 else None
+        out.append(Verdict(ranks, host, whole, ratio, round(median_wait, 3),
+                           None if per is None else round(per, 4),
+                           why(host, mine, starved.median_without(ranks),
+                               nodes.get(host) or {})))
     return out
 
 
@@ -175,12 +219,11 @@ def judge(figures: dict[int, RankFigures], nodes: dict[str, dict[str, Any]],
     return max(found, key=lambda v: (v.whole_node, v.ratio), default=None)
 
 
-def why(host: str, mine: list[RankFigures], others: list[RankFigures],
-        node: dict[str, Any]) -> str:
-    """What the node saw, or "why unknown": never a guess."""
+def why(host: str, mine: list[RankFigures], usual: float, node: dict[str, Any]) -> str:
+    """What the node saw, or "why unknown": never a guess (``usual``: the other ranks' median
+    share of time waiting for a CPU)."""
     reasons = []
     starved = max(mine, key=lambda f: f.starved_share)
-    usual = statistics.median(f.starved_share for f in others) if others else 0.0
     if starved.starved_share >= max(CPU_STARVED, 1.5 * usual):
         reasons.append(f"{host}'s CPU is saturated (its main thread waited "
                        f"{starved.starved_share:.0%} of the time for a CPU)")
@@ -199,6 +242,8 @@ class StragglerWatch:
 
     threshold: float = DEFAULT_THRESHOLD
     window: int = WINDOW
+    every: float = EVAL_EVERY
+    """Seconds between two evaluations: the guards' ``timing`` period."""
     reports: dict[int, deque[tuple[str, dict[str, Any]]]] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     totals: dict[int, list[float]] = field(default_factory=dict)
@@ -258,12 +303,12 @@ class StragglerWatch:
         return out
 
     def due(self, at: float) -> bool:
-        """Whether ``evaluate`` would look now (new reports, ``EVAL_EVERY`` s since the last)."""
+        """Whether ``evaluate`` would look now (new reports, ``every`` s since the last)."""
         return self._fresh and (self._last_eval is None
-                                or at - self._last_eval >= EVAL_EVERY - 0.25)
+                                or at - self._last_eval >= self.every - 0.25)
 
     def evaluate(self, at: float, running: set[int]) -> str | None:
-        """At most every ``EVAL_EVERY`` s, after new reports: the line to say when the verdict
+        """At most every ``every`` s, after new reports: the line to say when the verdict
         changed (``at``: wall clock, for the history), else None. Only ``running`` ranks whose
         window is full and active (collectives completed) are compared, and only once every
         running rank has such a window."""
@@ -273,7 +318,8 @@ class StragglerWatch:
         figures = {r: f for r, f in self.figures().items() if r in running}
         if set(figures) != running or not all(f.active for f in figures.values()):
             return None
-        found = candidates(figures, self.nodes)
+        found = candidates(figures, self.nodes,
+                           at_least=0.0 if len(figures) <= TRACE_RANKS else self.release)
         self.trace.append({"at": round(at, 3), "ratios": {
             str(v.ranks[0]): round(v.ratio, 3) for v in found if not v.whole_node}})
         top = max(found, key=lambda v: v.ratio, default=None)
