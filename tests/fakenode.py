@@ -3,10 +3,10 @@ what only shows with hundreds of nodes (the head's threads, descriptors, CPU per
 
 It is built on the shipped wire module (``ptcluster.node.wire``, loaded from its file, so the
 two cannot drift) and runs one process per "node" through :class:`FakeTransport` with the real
-runner and supervisor: hello, ready, heartbeats every second, ``go`` -> ``started``, a start
-record per rank, ``RATE`` output lines per second per rank, a ``timing`` frame every
-``wire.TIMING_EVERY`` s (every rank equally busy, one collective each), then every rank's exit and
-the guard's ``exit``; ``stop`` (or EOF) ends it early, as a guard's teardown would.
+runner and supervisor: hello, ready, ``go`` -> ``started``, a start record per rank, ``RATE``
+output lines per second per rank, heartbeats and ``timing`` frames as often as the config says
+(every rank equally busy, one collective each), then every rank's exit and the guard's ``exit``;
+``stop`` (or EOF) ends it early, as a guard's teardown would.
 
     python tests/fakenode.py HOST   (stdin: the channel's preamble: program line, config line)
 
@@ -71,7 +71,9 @@ class FakeNode:
         sel = selectors.DefaultSelector()
         sel.register(stdin, selectors.EVENT_READ)
         went, stop = None, ""
-        next_hb = time.monotonic() + 1.0
+        beat = float(self.cfg.get("heartbeat_every", 1.0))
+        every = wire.timing_every(beat)
+        next_hb = time.monotonic() + beat
         next_line = next_timing = None
         while True:
             now = time.monotonic()
@@ -94,7 +96,7 @@ class FakeNode:
                     if kind == "go" and went is None:
                         went = time.monotonic()
                         self.go()
-                        next_timing = went + wire.TIMING_EVERY
+                        next_timing = went + every
                         if self.rate:
                             next_line = went + 1.0 / self.rate
                     elif kind == "stop":
@@ -111,10 +113,10 @@ class FakeNode:
             if now >= next_hb:
                 idle = {str(r): 0.0 for r in self.ranks} if went is not None else None
                 self.send(wire.encode("hb", {"t": time.time(), "idle": idle}))
-                next_hb += 1.0
+                next_hb += beat
             if next_timing is not None and now >= next_timing:
                 self.send(self.timing())
-                next_timing += wire.TIMING_EVERY
+                next_timing += every
             if next_line is not None and now >= next_line:
                 for r in self.ranks:
                     self.sent[r] += 1
@@ -130,7 +132,7 @@ class FakeNode:
     def timing(self) -> bytes:
         """What a guard's ``node.busy`` reports for ranks that all keep up: half of the time
         running, a little waiting for a CPU, one collective completed."""
-        span = wire.TIMING_EVERY
+        span = wire.timing_every(float(self.cfg.get("heartbeat_every", 1.0)))
         figures = {"span": span, "run": span / 2, "delay": span / 100, "collectives": 1}
         return wire.encode(wire.TIMING, {"t": time.time(), "node": {"mem_available": 0.5},
                                          "ranks": {str(r): figures for r in self.ranks}})

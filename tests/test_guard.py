@@ -105,3 +105,50 @@ def test_a_channel_that_cannot_start_names_the_local_program_that_is_missing(
     ((problem, fix),) = errors
     assert problem.startswith("cannot start"), problem
     assert words in fix, fix
+
+
+@pytest.mark.no_job  # (the guard is never told to go)
+@pytest.mark.parametrize("every", [0.2, 0.6])
+def test_the_guard_beats_as_often_as_its_config_says(tmp_path, every) -> None:
+    """The real guard, started by the real channel on this machine: its heartbeats come every
+    ``heartbeat_every`` s of the config the head gives it (longer on large clusters)."""
+    import threading
+    import time
+
+    from ptcluster.launch.plan import Target, plan_launch
+    from ptcluster.launch.result import RunOptions
+    from ptcluster.node import GUARD
+    from ptcluster.remote.channel import NodeChannel, close_all, start_all
+    from ptcluster.remote.transport import LocalTransport
+    from ptcluster.spec import local_cluster
+
+    (tmp_path / "t.py").write_text("")
+    plan = plan_launch(local_cluster(1), Target(script=str(tmp_path / "t.py")), port=0,
+                       job_id="beats")
+    opts = RunOptions(heartbeat_interval=every)
+    cfg = plan.nodes[0].guard_config(plan, opts)
+    assert cfg["heartbeat_every"] == every
+    beats: list[float] = []
+    seen: list[str] = []
+    ready = threading.Event()
+
+    def frames(lines: list[str]) -> None:
+        for line in lines:
+            if line.startswith("hb "):
+                beats.append(time.monotonic())
+            elif line.startswith(("ready ", "error ")):
+                seen.append(line)
+                ready.set()
+
+    channel = NodeChannel(LocalTransport(host="localhost"), sys.executable, GUARD, cfg,
+                          on_frames=frames, on_closed=lambda code, err: None, heartbeat=every)
+    started = start_all([channel], lambda c, problem, fix: None)
+    try:
+        assert ready.wait(30), channel.stderr
+        assert seen[0].startswith("ready "), seen
+        time.sleep(0.3 + 6 * every)
+    finally:
+        close_all(started, timeout=10)
+    gaps = [b - a for a, b in zip(beats, beats[1:], strict=False)]
+    assert len(gaps) >= 4, beats
+    assert all(0.6 * every <= g <= 2 * every for g in gaps[1:]), gaps

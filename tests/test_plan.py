@@ -8,6 +8,7 @@ import shlex
 import pytest
 
 from ptcluster.launch.plan import Target, plan_launch, rank_env
+from ptcluster.launch.result import RunOptions
 from ptcluster.node import GUARD
 from ptcluster.remote.bootstrap import BOOTSTRAP, node_argv
 from ptcluster.remote.transport import LocalTransport, SshTransport
@@ -153,9 +154,27 @@ def test_guard_config_is_in_the_plan() -> None:
     """plan.json = what is shipped: the guard's config comes from the plan alone."""
     spec = parse_cluster_text(CLUSTER, "c.yaml")
     plan = plan_launch(spec, Target(script="train.py"), port=29500, job_id="J")
-    cfg = plan.nodes[0].guard_config(plan, heartbeat_timeout=15.0, grace=4.0)
+    cfg = plan.nodes[0].guard_config(plan, RunOptions())
     assert cfg["target"] == {"script": "train.py"} and cfg["check_port"] == 29500
     assert cfg["interface"] == "eth0" and cfg["detect_interface_for"] is None
     assert cfg["argv"] == list(plan.nodes[0].argv) and cfg["env"] == dict(plan.nodes[0].env)
-    assert plan.nodes[1].guard_config(plan, heartbeat_timeout=15.0, grace=4.0)["check_port"] \
+    assert plan.nodes[1].guard_config(plan, RunOptions())["check_port"] \
         is None
+
+
+def test_heartbeats_grow_longer_only_past_a_fixed_rate_for_the_head() -> None:
+    # Up to BEATS_PER_SECOND nodes every node beats every heartbeat_interval; past that the
+    # interval grows so that the head takes (and sends) at most that many heartbeats a second,
+    # and never over a fifth of the shorter of the two timeouts that give a side up.
+    from ptcluster.launch.result import BEATS_PER_SECOND
+
+    opts = RunOptions()
+    assert [opts.heartbeat_for(n) for n in (1, 8, BEATS_PER_SECOND)] == [1.0, 1.0, 1.0]
+    assert opts.heartbeat_for(2 * BEATS_PER_SECOND) == 2.0
+    assert opts.heartbeat_for(100 * BEATS_PER_SECOND) == 3.0  # (15 s of the guard's / 5)
+    assert RunOptions(node_silence=10.0).heartbeat_for(10**6) == 2.0
+    assert RunOptions(heartbeat_interval=2.5).heartbeat_for(1) == 2.5
+    text = "nodes:\n" + "".join(f"  - {{host: n{i}, slots: 8}}\n" for i in range(1024))
+    plan = plan_launch(parse_cluster_text(text, "c.yaml"), Target(script="t.py"), port=29500,
+                       job_id="J")
+    assert {n.guard_config(plan, opts)["heartbeat_every"] for n in plan.nodes} == {2.0}

@@ -11,10 +11,13 @@ import shlex
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ptcluster.node.rank_wire import SHIM_BOOT
 from ptcluster.spec.model import ClusterSpec, NodeSpec
+
+if TYPE_CHECKING:
+    from ptcluster.launch.result import RunOptions
 
 JOB_VAR = "PTCLUSTER_JOB_ID"
 ATTEMPT_VAR = "PTCLUSTER_ATTEMPT"
@@ -83,9 +86,8 @@ class NodePlan:
     def ranks(self) -> range:
         return range(self.rank_base, self.rank_base + self.nproc)
 
-    def guard_config(self, plan: LaunchPlan, *, heartbeat_timeout: float,
-                     grace: float) -> dict[str, Any]:
-        """Everything the node's guard is told (plus the runner's two timing knobs)."""
+    def guard_config(self, plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
+        """Everything the node's guard is told (plus the runner's timing knobs)."""
         target = {"script": self.target.script} if self.target.script else \
             {"module": self.target.module} if self.target.module else {}
         return {
@@ -97,7 +99,8 @@ class NodePlan:
             "gpus": list(self.gpus) if isinstance(self.gpus, tuple) else self.gpus,
             "interface": self.interface,
             "detect_interface_for": None if self.interface else plan.master_addr,
-            "heartbeat_timeout": heartbeat_timeout, "grace": grace,
+            "heartbeat_timeout": opts.guard_heartbeat_timeout, "grace": opts.stop_grace,
+            "heartbeat_every": opts.heartbeat_for(len(plan.nodes)),
             # What torchrun sets for several ranks per node when the node has no value, set
             # here so that it does not print its four-line banner about it on every run.
             "env_defaults": {"OMP_NUM_THREADS": "1"} if self.nproc > 1 else {},

@@ -333,8 +333,7 @@ class Runner:
 
     def _channel(self, host: str) -> NodeChannel:
         node = self.plan.nodes[self._node_rank[host]]
-        config = node.guard_config(self.plan, heartbeat_timeout=self.opts.guard_heartbeat_timeout,
-                                   grace=self.opts.stop_grace)
+        config = node.guard_config(self.plan, self.opts)
         put, attempt = self.events.put, self.plan.attempt
         return NodeChannel(
             self.transports[host], node.python, GUARD, config,
@@ -342,7 +341,7 @@ class Runner:
             on_stderr=lambda line: put((attempt, host, ev.AgentOutput(host, line, "stderr"))),
             on_closed=lambda code, err: put((attempt, host, ev.ChannelClosed(
                 host, code, err, cause=explain_channel_failure(err, code, node.python)))),
-            heartbeat=self.opts.heartbeat_interval, tag=self.plan.job_id,
+            heartbeat=config["heartbeat_every"], tag=self.plan.job_id,
             backlog=self._backlogged)
 
     def _backlogged(self) -> bool:
@@ -524,8 +523,7 @@ def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
     data["options"] = asdict(opts)
     data["nodes"] = []
     for node in plan.nodes:
-        cfg = node.guard_config(plan, heartbeat_timeout=opts.guard_heartbeat_timeout,
-                                grace=opts.stop_grace)
+        cfg = node.guard_config(plan, opts)
         data["nodes"].append({"host": node.host, "node_rank": node.node_rank,
                               "ranks": [node.ranks.start, node.ranks.stop - 1],
                               "python": node.python, "guard": cfg})

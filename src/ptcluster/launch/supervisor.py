@@ -95,10 +95,12 @@ class Supervisor:
         """The rendezvous port: the plan's, or (``auto``) the one the master's guard took."""
         self.killed_by = ""
         """Why the job ended when `ptcluster kill` ended it (from its guards' notes)."""
+        beat = opts.heartbeat_for(len(plan.nodes))
         self.progress = None if opts.hang_timeout is None else ProgressWatch(
-            timeout=opts.hang_timeout, fresh=max(3.0, 3 * opts.heartbeat_interval))
+            timeout=opts.hang_timeout, fresh=max(3.0, 3 * beat))
         self.hang_seen_at: float | None = None
-        self.straggler = StragglerWatch(threshold=opts.straggler_threshold)
+        self.straggler = StragglerWatch(threshold=opts.straggler_threshold,
+                                        every=wire.timing_every(beat))
         """The straggler report (``launch.straggler``), fed by the guards' ``timing`` frames."""
 
     # -- inputs -------------------------------------------------------------------------------

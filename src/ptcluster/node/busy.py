@@ -1,7 +1,7 @@
 """What the node sees of its ranks' time, for the head's straggler report (``launch.straggler``).
 
 Standard library only; shipped with the guard (inlined by ``remote.bootstrap``). Nothing runs
-inside a rank for it: the guard reads ``/proc`` every ``wire.TIMING_EVERY`` s.
+inside a rank for it: the guard reads ``/proc`` with every second heartbeat (``wire.timing_every``).
 
 Per rank, of its process's **main thread** (``/proc/PID/task/PID/schedstat``: nanoseconds on a
 CPU, nanoseconds runnable but waiting for one), over the interval since the last look: ``span``

@@ -10,9 +10,10 @@ Protocol (frames of ``node.wire``, one per line):
           native}`` (every rank's stacks, see ``node.hangwatch``); EOF = head gone
   stdout  ``hello``, ``ready {facts}`` or ``error {problem, fix}``, ``started {pid}``,
           per rank ``rstart``/``rexit``/``rdata`` and its output as ``o``/``e`` text frames,
-          torchrun's own output as ``a`` frames, ``hb {t, idle}`` every second (``idle``: per
-          rank, seconds since it last made progress), ``timing {t, ranks, node}`` every
-          ``wire.TIMING_EVERY`` s while ranks run (each rank's main-thread run time and run
+          torchrun's own output as ``a`` frames, ``hb {t, idle}`` every ``heartbeat_every`` s of
+          the config (``idle``: per rank, seconds since it last made progress),
+          ``timing {t, ranks, node}`` with every second heartbeat (at least every
+          ``wire.TIMING_EVERY`` s) while ranks run (each rank's main-thread run time and run
           delay, the node's memory: ``node.busy``, for the straggler report),
           ``stacks {id, ranks}``,
           ``exit {code, reason}``.
@@ -67,11 +68,11 @@ from ptcluster.node.rank_server import EXIT_WAIT, RankServer  # inlined
 from ptcluster.node.rank_wire import PROBE_FILE, SHIM_FILE, SHIM_VAR, SOCK_VAR  # inlined
 from ptcluster.node.wire import (  # inlined
     TIMING,
-    TIMING_EVERY,
     encode,
     encode_text,
     hello,
     split,
+    timing_every,
 )
 
 PR_SET_PDEATHSIG = 1
@@ -166,8 +167,9 @@ class Guard:
 
     def heartbeat(self) -> None:
         timeout = float(self.cfg.get("heartbeat_timeout", 15))
-        next_timing = time.monotonic() + TIMING_EVERY
-        while not self.finished.wait(1.0):  # also during the teardown: we are still here
+        every = float(self.cfg.get("heartbeat_every", 1.0))
+        next_timing = time.monotonic() + timing_every(every)
+        while not self.finished.wait(every):  # also during the teardown: we are still here
             beat: dict[str, Any] = {"t": time.time()}
             if self.meter is not None and not self.stop.is_set():
                 try:
@@ -177,7 +179,7 @@ class Guard:
             self.send("hb", beat)
             if time.monotonic() >= next_timing and not self.stop.is_set() and \
                     self.cfg["env"].get(TIMING_OFF_VAR) != "0":
-                next_timing = time.monotonic() + TIMING_EVERY
+                next_timing = time.monotonic() + timing_every(every)
                 self.send_timing()
             if not self.stop.is_set() and time.monotonic() - self.last_hb > timeout:
                 self.request_stop(f"no heartbeat from the head for {timeout:.0f} s")

@@ -23,11 +23,17 @@ RSTART, REXIT, RERROR, RDATA = "rstart", "rexit", "rerror", "rdata"
 RANK_FRAMES = {"start": RSTART, "exit": REXIT, "error": RERROR, "data": RDATA}
 """The frame for each rank record kind (``rank_wire.START``, ``EXIT``, ``ERROR``, ``REPORT``)."""
 TIMING = "timing"
-"""Guard -> head, every ``TIMING_EVERY`` s while ranks run: ``timing {t, ranks, node}``, per rank
+"""Guard -> head, every ``timing_every`` s while ranks run: ``timing {t, ranks, node}``, per rank
 its main thread's ``{span, run, delay, collectives}`` since the last frame and the node's
 ``{mem_available, gpu_util}`` (``node.busy``; the head's ``launch.straggler`` decides)."""
 TIMING_EVERY = 2.0
-"""Seconds between two ``timing`` frames of a guard."""
+"""Seconds between two ``timing`` frames of a guard that beats every second."""
+
+
+def timing_every(heartbeat_every: float) -> float:
+    """Seconds between two ``timing`` frames of a guard that beats every ``heartbeat_every`` s
+    (the head's config: longer on large clusters): one with every second heartbeat."""
+    return max(TIMING_EVERY, 2 * heartbeat_every)
 
 
 def encode(kind: str, payload: object = None) -> bytes:
