@@ -309,3 +309,24 @@ def test_the_quick_medians_give_the_rule_as_defined(seed) -> None:
         saturated = "CPU is saturated" in v.why
         worst = max(figures[r].starved_share for r in ranks)
         assert saturated == (worst >= max(0.25, 1.5 * usual)), ranks
+    for at_least in (1.0, 1.25, 1.5):  # (the units passed over could not have reached it)
+        high = {v.ranks: v for v in candidates(figures, {}, at_least=at_least)}
+        assert set(high) == {u for u, (ratio, *_) in want.items() if ratio >= at_least}
+        assert all(high[u] == got[u] for u in high)
+
+
+def test_a_straggler_among_8192_ranks_is_named() -> None:
+    # 1024 nodes x 8 ranks, every rank waiting half of its time but one, which never waits.
+    watch = StragglerWatch()
+    body = {"span": 2.0, "run": 1.0, "delay": 0.02, "collectives": 5}
+    slow = {"span": 2.0, "run": 1.98, "delay": 0.02, "collectives": 5}
+    lines = []
+    for k in range(6):
+        for n in range(1024):
+            watch.report(f"n{n}", {r: slow if r == 4242 else body
+                                   for r in range(n * 8, n * 8 + 8)}, {})
+        lines.append(watch.evaluate(1000.0 + 2 * k, set(range(8192))))
+    named = [line for line in lines if line]
+    assert len(named) == 1 and named[0].startswith("rank 4242 on n530 is the straggler"), lines
+    assert watch.current is not None and watch.current.ratio == 1.96
+    assert all(len(t["ratios"]) == 1 for t in watch.trace)  # (only ratios from release up)

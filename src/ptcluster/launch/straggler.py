@@ -86,19 +86,20 @@ class RankFigures:
     active: bool = True
     """Every report of the window had collectives completed (or the rank reports none)."""
 
-    @property
-    def wait_share(self) -> float:
-        if self.span <= 0:
-            return 0.0
-        return min(1.0, max(0.0, self.span - self.run - self.delay) / self.span)
+    wait_share: float = field(init=False, repr=False, compare=False)
+    """The share of the window its main thread slept (neither running nor runnable)."""
+    starved_share: float = field(init=False, repr=False, compare=False)
+    """The share of the window it was runnable without a CPU."""
+    busy: float = field(init=False, repr=False, compare=False)
+    """1 - ``wait_share``."""
 
-    @property
-    def starved_share(self) -> float:
-        return min(1.0, self.delay / self.span) if self.span > 0 else 0.0
-
-    @property
-    def busy(self) -> float:
-        return 1.0 - self.wait_share
+    def __post_init__(self) -> None:  # (computed once: they are read ~10 times per evaluation)
+        span = self.span
+        wait = min(1.0, max(0.0, span - self.run - self.delay) / span) if span > 0 else 0.0
+        object.__setattr__(self, "wait_share", wait)
+        object.__setattr__(self, "starved_share",
+                           min(1.0, self.delay / span) if span > 0 else 0.0)
+        object.__setattr__(self, "busy", 1.0 - wait)
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "host": self.host, "wait_share": round(self.wait_share, 3),
@@ -149,6 +150,11 @@ class _Spread:
         self.sorted = [values[r] for r in order]
         self.at = {r: i for i, r in enumerate(order)}
 
+    def median_floor(self, most: int) -> float:
+        """At most the median of the values left once any ``most`` of them are taken out (taking
+        values out moves every order statistic up, never down)."""
+        return self.sorted[max(0, (len(self.sorted) - most) // 2 - 1)]
+
     def median_without(self, ranks: tuple[int, ...]) -> float:
         """``statistics.median`` of every value but those of ``ranks`` (the same arithmetic)."""
         gone = sorted(self.at[r] for r in ranks)
@@ -180,21 +186,28 @@ def candidates(figures: dict[int, RankFigures], nodes: dict[str, dict[str, Any]]
     units = [(tuple(rs), host, True) for host, rs in by_host.items()
              if 1 < len(rs) < len(figures)]
     units += [((r,), f.host, False) for r, f in sorted(figures.items())]
-    waits = _Spread({r: f.wait_share for r, f in figures.items()})
     busies = _Spread({r: f.busy for r, f in figures.items()})
+    # A unit whose ratio cannot reach ``at_least`` even against the lowest median the others
+    # can have is passed over: at 8192 ranks that is nearly all of them, most of the time.
+    floor = max(FLOOR, busies.median_floor(max(len(ranks) for ranks, _, _ in units)))
+    units = [u for u in units
+             if min(figures[r].busy for r in u[0]) / floor >= at_least - 0.005]  # (rounding)
+    if not units:
+        return []
+    waits = _Spread({r: f.wait_share for r, f in figures.items()})
     starved = _Spread({r: f.starved_share for r, f in figures.items()})
     waited_all = sum(f.span - f.run - f.delay for f in figures.values())
     counted_all = sum(f.collectives or 0 for f in figures.values())
     uncounted_all = sum(1 for f in figures.values() if f.collectives is None or f.collectives <= 0)
     out = []
     for ranks, host, whole in units:
+        mine = [figures[r] for r in ranks]
+        # a whole node is as slow as its least slow rank: every one of them must stand out
+        busy = min(f.busy for f in mine)
         median_wait = waits.median_without(ranks)
         if median_wait < MIN_WAIT:
             continue
-        mine = [figures[r] for r in ranks]
         median_busy = max(FLOOR, busies.median_without(ranks))
-        # a whole node is as slow as its least slow rank: every one of them must stand out
-        busy = min(f.busy for f in mine)
         # rounded once, here: the console line and summary.json show the same figures
         ratio = round(busy / median_busy, 2)
         if ratio < at_least:
@@ -244,7 +257,9 @@ class StragglerWatch:
     window: int = WINDOW
     every: float = EVAL_EVERY
     """Seconds between two evaluations: the guards' ``timing`` period."""
-    reports: dict[int, deque[tuple[str, dict[str, Any]]]] = field(default_factory=dict)
+    reports: dict[int, deque[tuple[str, float, float, float, int | None]]] = field(
+        default_factory=dict)
+    """rank -> its last ``window`` reports: (host, span, run, delay, collectives or None)."""
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     totals: dict[int, list[float]] = field(default_factory=dict)
     """rank -> [seconds reported, seconds its main thread waited] over the whole attempt."""
@@ -277,7 +292,9 @@ class StragglerWatch:
                 continue
             if span <= 0:
                 continue
-            self.reports.setdefault(rank, deque(maxlen=self.window)).append((host, body))
+            count = body.get("collectives")
+            self.reports.setdefault(rank, deque(maxlen=self.window)).append(
+                (host, span, run, delay, count if isinstance(count, int) else None))
             total = self.totals.setdefault(rank, [0.0, 0.0])
             total[0] += span
             total[1] += max(0.0, span - run - delay)
@@ -291,15 +308,12 @@ class StragglerWatch:
         for rank, window in self.reports.items():
             if len(window) < self.window:
                 continue
-            bodies = [b for _, b in window]
-            counts = [c for b in bodies if isinstance(c := b.get("collectives"), int)]
-            known = len(counts) == len(bodies)
+            _, spans, runs, delays, counts = zip(*window, strict=True)
+            known = None not in counts
             out[rank] = RankFigures(
-                rank=rank, host=window[-1][0], span=sum(float(b["span"]) for b in bodies),
-                run=sum(float(b["run"]) for b in bodies),
-                delay=sum(float(b["delay"]) for b in bodies),
+                rank=rank, host=window[-1][0], span=sum(spans), run=sum(runs), delay=sum(delays),
                 collectives=sum(counts) if known else None,
-                active=not known or all(c > 0 for c in counts))
+                active=not known or min(counts) > 0)
         return out
 
     def due(self, at: float) -> bool:
