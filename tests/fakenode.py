@@ -5,7 +5,8 @@ It is built on the shipped wire module (``ptcluster.node.wire``, loaded from its
 two cannot drift) and runs one process per "node" through :class:`FakeTransport` with the real
 runner and supervisor: hello, ready, ``go`` -> ``started``, a start record per rank, ``RATE``
 output lines per second per rank, heartbeats and ``timing`` frames as often as the config says
-(every rank equally busy, one collective each), then every rank's exit and the guard's ``exit``;
+(every rank equally busy, one collective each), each node at its own phase, then every rank's
+exit and the guard's ``exit``;
 ``stop`` (or EOF) ends it early, as a guard's teardown would.
 
     python tests/fakenode.py HOST   (stdin: the channel's preamble: program line, config line)
@@ -25,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import selectors
 import subprocess
 import sys
@@ -96,9 +98,12 @@ class FakeNode:
                     if kind == "go" and went is None:
                         went = time.monotonic()
                         self.go()
-                        next_timing = went + every
+                        # Each node at its own phase, as independent nodes are (the same
+                        # phase everywhere made every node's lines one burst a second)
+                        phase = random.Random(self.host).random()
+                        next_timing = went + every * (0.5 + phase)
                         if self.rate:
-                            next_line = went + 1.0 / self.rate
+                            next_line = went + phase / self.rate
                     elif kind == "stop":
                         self.note("stop")
                         stop = "stopped by the head"
