@@ -86,7 +86,7 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
         if "node(s) ready in" in text and not ready_at:
             ready_at.append(time.monotonic() - t0)
 
-    samples: list[tuple[float, float, int, int, int]] = []
+    samples: list[tuple[float, float, int, int, int, float]] = []
     done = threading.Event()
 
     own = [0.0]  # this sampler's own CPU (listing 11 000 fds is not the head's work)
@@ -96,7 +96,7 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
             before = time.thread_time()
             status = proc_status()
             own[0] += time.thread_time() - before
-            samples.append((time.monotonic() - t0, cpu() - own[0], *status))
+            samples.append((time.monotonic() - t0, cpu() - own[0], *status, os.times().system))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -118,13 +118,15 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
     ready = ready_at[0] if ready_at else float("nan")
     ended = min(ready + seconds, samples[-1][0] if samples else 0.0)
     steady = [s for s in samples if ready + 1.0 <= s[0] <= ended - 0.5]
-    cpu_pct = float("nan")
+    cpu_pct = sys_pct = float("nan")
     if len(steady) >= 2:
         cpu_pct = 100 * (steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])
+        sys_pct = 100 * (steady[-1][5] - steady[0][5]) / (steady[-1][0] - steady[0][0])
     return {
         "nodes": nodes, "rate": rate, "ok": result.ok if not fail else len(result.failures) > 0,
         "cause": result.root_cause.message if result.root_cause and not fail else "",
         "ready": round(ready, 2), "cpu": round(cpu_pct, 1),
+        "cpu_in_kernel": round(sys_pct, 1),  # (of "cpu": its system calls)
         "cpu_to_ready": round(min((s[1] for s in samples if s[0] >= ready),
                                   default=float("nan")), 2),
         "rss": round(max((s[2] for s in samples), default=0) / 1024, 1),
