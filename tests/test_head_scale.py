@@ -136,3 +136,13 @@ def test_the_straggler_figures_are_built_by_the_loop_when_asked(tmp_path) -> Non
     assert [r["rank"] for r in figures["ranks"]] == list(range(128))  # (full windows by then)
     assert {r["wait_share"] for r in figures["ranks"]} == {0.49}
     assert figures["current"] is None
+
+
+def test_the_logs_are_written_at_a_fixed_rate_for_the_head() -> None:
+    # One write per log file that got lines: past LOG_WRITES_PER_SECOND / 2 ranks the logs are
+    # written less often, so that the head's system calls for logs stay at that rate.
+    from ptcluster.launch.runner import FLUSH_SECONDS, LOG_WRITES_PER_SECOND, flush_every
+    from tests.fakenode import fake_job
+
+    assert flush_every(fake_job(8)[0]) == FLUSH_SECONDS
+    assert flush_every(fake_job(1024)[0]) == (1024 * 8 + 1024) / LOG_WRITES_PER_SECOND == 2.25

@@ -66,7 +66,18 @@ nothing."""
 TICK_SECONDS = 0.2
 """How often the checks over every node run (silence, hang, the teardown's escalation)."""
 FLUSH_SECONDS = 0.5
-"""How often the logs are written (what a crash of the head could lose at most)."""
+"""How often the logs are written (what a crash of the head could lose at most), on jobs of up
+to ``LOG_WRITES_PER_SECOND`` / 2 ranks (``flush_every``)."""
+LOG_WRITES_PER_SECOND = 4096
+"""Log-file writes a second the head allows itself in all: each one is a system call into a
+different file (~10 us here), and 1024 nodes x 8 ranks that each print once a second would
+otherwise cost 8192 of them a second. Larger jobs write their logs less often instead (1024 x 8:
+every 2.25 s)."""
+
+
+def flush_every(plan: LaunchPlan) -> float:
+    """Seconds between two writes of the logs of ``plan`` (every rank's and every node's)."""
+    return max(FLUSH_SECONDS, (plan.world_size + len(plan.nodes)) / LOG_WRITES_PER_SECOND)
 BACKLOG = 256
 """Batches waiting for the loop (<= 64 KiB each, so <= ~16 MiB) before the channels stop
 reading: the nodes' output then waits in their pipes, and the job never waits for the head's
@@ -361,7 +372,8 @@ class Runner:
         the number of nodes."""
         stops_applied = 0
         now = time.monotonic()
-        next_tick, next_flush = now, now + FLUSH_SECONDS
+        flush_gap = flush_every(self.plan)
+        next_tick, next_flush = now, now + flush_gap
         while not sup.view.done:
             while stops_applied < self._stop_requests:  # a second Ctrl-C hurries the teardown
                 stops_applied += 1
@@ -387,7 +399,7 @@ class Runner:
                 now = time.monotonic()
             if now >= next_flush:
                 self.logs.flush()
-                next_flush = now + FLUSH_SECONDS
+                next_flush = now + flush_gap
             if now >= next_tick:
                 self._finish_collections(sup, now)
                 quiet = {h: 0.0 if c.busy else now - c.last_recv
