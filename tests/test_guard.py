@@ -151,4 +151,5 @@ def test_the_guard_beats_as_often_as_its_config_says(tmp_path, every) -> None:
         close_all(started, timeout=10)
     gaps = [b - a for a, b in zip(beats, beats[1:], strict=False)]
     assert len(gaps) >= 4, beats
-    assert all(0.6 * every <= g <= 2 * every for g in gaps[1:]), gaps
+    gaps.sort()  # (the median: a loaded machine may delay a beat or two)
+    assert 0.75 * every <= gaps[len(gaps) // 2] <= 1.4 * every, gaps
