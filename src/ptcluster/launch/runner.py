@@ -5,7 +5,7 @@ decoded into events (``events``) -> output to the logs and the ``on_line`` sink,
 to the :class:`Supervisor`, whose actions (send, signal a channel, tell the user) are applied
 here -> a :class:`RunResult`, also written as ``summary.json``.
 
-Control never waits on output: heartbeats go out from each channel's own thread, the sinks are
+Control never waits on output: heartbeats go out from the channels' I/O thread, the sinks are
 expected to be quick (the CLI's console is a bounded, dropping feed), and the loop takes a
 bounded batch of events between its checks.
 """
@@ -67,17 +67,15 @@ TICK_SECONDS = 0.2
 """How often the checks over every node run (silence, hang, the teardown's escalation)."""
 FLUSH_SECONDS = 0.5
 """How often the logs are written (what a crash of the head could lose at most), on jobs of up
-to ``LOG_WRITES_PER_SECOND`` / 2 ranks (``flush_every``)."""
+to ``LOG_WRITES_PER_SECOND`` / 2 ranks and nodes together (``flush_every``)."""
 LOG_WRITES_PER_SECOND = 4096
 """Log-file writes a second the head allows itself in all: each one is a system call into a
 different file (~10 us here), and 1024 nodes x 8 ranks that each print once a second would
 otherwise cost 8192 of them a second. Larger jobs write their logs less often instead (1024 x 8:
 every 2.25 s)."""
-
-
-def flush_every(plan: LaunchPlan) -> float:
-    """Seconds between two writes of the logs of ``plan`` (every rank's and every node's)."""
-    return max(FLUSH_SECONDS, (plan.world_size + len(plan.nodes)) / LOG_WRITES_PER_SECOND)
+ASK_SECONDS = 4.0
+"""How long the control socket waits for the loop's straggler figures (``monitor`` asks with a
+5 s timeout of its own)."""
 BACKLOG = 256
 """Batches waiting for the loop (<= 64 KiB each, so <= ~16 MiB) before the channels stop
 reading: the nodes' output then waits in their pipes, and the job never waits for the head's
@@ -85,13 +83,20 @@ memory. They read again once the loop is down to half of it (not at the next bat
 that lifted at 255 would hold again at once)."""
 
 
+def flush_every(plan: LaunchPlan) -> float:
+    """Seconds between two writes of the logs of ``plan`` (every rank's and every node's)."""
+    return max(FLUSH_SECONDS, (plan.world_size + len(plan.nodes)) / LOG_WRITES_PER_SECOND)
+
+
 @dataclass(frozen=True)
 class _Ask:
     """From the control socket's thread: collect the stacks (``what`` "stacks") or take the
-    straggler report's figures ("straggler") in the loop, and answer on ``reply``."""
+    straggler report's figures ("straggler") in the loop, and answer on ``reply`` (unless the
+    asker gave up, at ``until``, monotonic clock)."""
 
     what: str
     reply: queue.Queue[dict[str, Any]]
+    until: float
 
 
 class RunDirError(PtclusterError):
@@ -144,6 +149,10 @@ class Runner:
         self.sup: Supervisor | None = None
         self.stacks = StackCollector(run_dir, self.on_status)
         self._hang_report: dict[str, Any] | None = None
+        self._looping = False
+        """Whether the loop runs (and answers ``_Ask``); the control socket's thread reads it."""
+        self._figures: tuple[int, dict[str, Any]] = (-1, {})
+        """(the straggler watch's version, its figures) as last built by the loop."""
         self._addresses: dict[str, str] = {}
         """Each node's address as its guard last reported it (where a new master is reached)."""
 
@@ -159,13 +168,20 @@ class Runner:
         answer = self._ask("stacks", timeout)
         if not answer.get("ok", True):
             return answer
-        return {**answer, "straggler": self._ask("straggler", 4.0).get("straggler", {})}
+        return {**answer, "straggler": self.straggler_figures().get("straggler", {})}
+
+    def straggler_figures(self) -> dict[str, Any]:
+        """Thread-safe: the straggler report's current figures. From the loop while it runs
+        (built when asked: those of 8192 ranks take ~80 ms), else at once, as the last loop
+        left them (between attempts, during a teardown)."""
+        if not self._looping:
+            return {"ok": True, "straggler": self._figures[1]}
+        return self._ask("straggler", ASK_SECONDS)
 
     def _ask(self, what: str, timeout: float) -> dict[str, Any]:
-        """The loop's answer to ``what`` (``_Ask``): built there, from its own state, and only
-        when asked (the figures of 8192 ranks took ~80 ms to build)."""
+        """The loop's answer to ``what`` (``_Ask``), built there from its own state."""
         reply: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=1)
-        self.events.put((ANY_ATTEMPT, "", _Ask(what, reply)))
+        self.events.put((ANY_ATTEMPT, "", _Ask(what, reply, time.monotonic() + timeout)))
         try:
             return reply.get(timeout=timeout)
         except queue.Empty:
@@ -259,7 +275,12 @@ class Runner:
             started = start_all([self._channel(n.host) for n in self.plan.nodes],
                                 self._could_not_start)
             self.channels = {c.host: c for c in started}
-            self._loop(sup)
+            self._looping = True
+            try:
+                self._loop(sup)
+            finally:
+                self._looping = False
+                self._straggler_now(sup)  # (what the control socket answers until the next)
         finally:
             self.stacks.abandon()
             close_all(list(self.channels.values()), timeout=self.opts.stop_deadline)
@@ -321,7 +342,7 @@ class Runner:
         if request.get("cmd") == "kill":
             return self._kill_request(request)
         if request.get("cmd") == "straggler":
-            return self._ask("straggler", 4.0)
+            return self.straggler_figures()
         return {"ok": False, "error": f"unknown request {str(request.get('cmd'))[:40]!r}"}
 
     def _kill_request(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -411,8 +432,10 @@ class Runner:
         if attempt != self.plan.attempt and attempt != ANY_ATTEMPT:
             return  # a late word from an earlier attempt's channel
         try:
+            if isinstance(payload, _Ask) and time.monotonic() > payload.until:
+                return  # (its asker has given up)
             if isinstance(payload, _Ask) and payload.what == "straggler":
-                payload.reply.put({"ok": True, "straggler": sup.view.straggler})
+                payload.reply.put({"ok": True, "straggler": self._straggler_now(sup)})
             elif isinstance(payload, _Ask):
                 self._collect(sup.view, "asked by `ptcluster stacks`", payload.reply)
             elif isinstance(payload, list):
@@ -422,6 +445,12 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - a log or sink error must not lose the job
             log.debug("handling a batch from %s failed", host, exc_info=True)
             self._sink_error(exc)
+
+    def _straggler_now(self, sup: Supervisor) -> dict[str, Any]:
+        """The report's figures, built again only when reports came since the last time."""
+        if self._figures[0] != sup.straggler.version:
+            self._figures = (sup.straggler.version, sup.view.straggler)
+        return self._figures[1]
 
     def _frames(self, sup: Supervisor, host: str, lines: list[str]) -> None:
         """A batch of frames. Output lines (nearly all of them under load) take a short path:
