@@ -178,9 +178,6 @@ class Hub:
         """The channels whose stdout is not read, by the consumer's ``backlog`` that holds them
         (a runner gives all its channels one: one look frees them all)."""
         self._next_look = 0.0
-        self._behind: dict[Callable[[], bool], bool] = {}
-        """Each consumer's ``backlog()`` answer in this pass of the loop: asked once per pass
-        for all its channels, not once per read (at 1024 nodes ~1500 reads a second)."""
         self._beats: dict[float, set[NodeChannel]] = {}
         """The channels that get a heartbeat, by interval: one timer for each interval, not one
         per channel (1024 channels: one wake-up a second, not 1024)."""
@@ -213,7 +210,6 @@ class Hub:
                 timeout = max(0.0, self._timers[0][0] - time.monotonic())
             if self._held:
                 timeout = BACKLOG_POLL if timeout is None else min(timeout, BACKLOG_POLL)
-            self._behind.clear()
             for key, _ in self.sel.select(timeout):
                 if key.data is None:
                     self._drain_wakeups()
@@ -349,13 +345,9 @@ class Hub:
         assert c.proc is not None
         f = c.proc.stdout if stream == "out" else c.proc.stderr
         assert f is not None
-        if stream == "out" and c.backlog is not None:
-            behind = self._behind.get(c.backlog)
-            if behind is None:
-                behind = self._behind[c.backlog] = c.backlog()
-            if behind:
-                self._hold(c)
-                return False
+        if stream == "out" and c.backlog is not None and c.backlog():
+            self._hold(c)
+            return False
         try:
             chunk = os.read(f.fileno(), READ_SIZE)
         except BlockingIOError:
