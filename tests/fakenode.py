@@ -56,6 +56,7 @@ class FakeNode:
         self.events = os.environ.get("FAKE_EVENTS")
         self.out = sys.stdout.buffer
         self.sent = {r: 0 for r in self.ranks}
+        self.every = wire.TIMING_EVERY  # (seconds between two timing frames: set by run)
 
     def note(self, kind: str) -> None:
         if self.events:
@@ -74,7 +75,7 @@ class FakeNode:
         sel.register(stdin, selectors.EVENT_READ)
         went, stop = None, ""
         beat = float(self.cfg.get("heartbeat_every", 1.0))
-        every = wire.timing_every(beat)
+        every = self.every = wire.timing_every(beat)
         next_hb = time.monotonic() + beat
         next_line = next_timing = None
         while True:
@@ -137,7 +138,7 @@ class FakeNode:
     def timing(self) -> bytes:
         """What a guard's ``node.busy`` reports for ranks that all keep up: half of the time
         running, a little waiting for a CPU, one collective completed."""
-        span = wire.timing_every(float(self.cfg.get("heartbeat_every", 1.0)))
+        span = self.every
         figures = {"span": span, "run": span / 2, "delay": span / 100, "collectives": 1}
         return wire.encode(wire.TIMING, {"t": time.time(), "node": {"mem_available": 0.5},
                                          "ranks": {str(r): figures for r in self.ranks}})

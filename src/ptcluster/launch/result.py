@@ -52,8 +52,8 @@ class RunOptions:
 
     def heartbeat_for(self, nodes: int) -> float:
         """The heartbeat interval of a job on ``nodes`` nodes: ``heartbeat_interval``, or
-        longer where that would exceed ``BEATS_PER_SECOND`` (1024 nodes: 2 s), and never over
-        a fifth of the time either side waits before it gives the other up."""
+        longer where that would exceed ``BEATS_PER_SECOND`` (1024 nodes: 2 s), but not made
+        longer than a fifth of the time either side waits before it gives the other up."""
         ceiling = min(self.guard_heartbeat_timeout, self.node_silence) / 5
         return max(self.heartbeat_interval, min(nodes / BEATS_PER_SECOND, ceiling))
 

@@ -46,7 +46,8 @@ named straggler is released under 1.25 (``RELEASE``), still above every balanced
 RELEASE = 0.5
 """A named straggler is released when its ratio falls under 1 + RELEASE x (threshold - 1)."""
 WINDOW = 3
-"""Reports per rank in the window (a guard sends one every 2 s: about 6 s)."""
+"""Reports per rank in the window (a guard sends one every 2 s: about 6 s; 12 s on clusters of
+1024 nodes, whose guards report every 4 s: ``wire.timing_every``)."""
 MIN_WAIT = 0.20
 """The others must wait at least this share of their time: a job that hardly waits has none."""
 CONFIRM = 2
@@ -266,9 +267,11 @@ class StragglerWatch:
     current: Verdict | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     peak: dict[str, Any] | None = None
-    """The highest ratio any rank or node reached in an evaluation, named or not."""
+    """The highest ratio any rank or node reached in an evaluation, named or not (past
+    ``TRACE_RANKS`` ranks: only from the release ratio up)."""
     trace: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_TRACE))
-    """Per evaluation: when, and each rank's ratio (for ``benchmarks/straggler_threshold``)."""
+    """Per evaluation: when, and each rank's ratio (for ``benchmarks/straggler_threshold``; past
+    ``TRACE_RANKS`` ranks only those from the release ratio up)."""
     version: int = 0
     """Counts the reports taken (a reader of ``to_json`` knows when to read again)."""
     _pending: tuple[tuple[int, ...] | None, int] = (None, 0)
