@@ -200,3 +200,31 @@ def test_channels_held_by_one_backlog_are_looked_at_once_a_poll_and_freed_togeth
     finally:
         close_all(started, timeout=10)
     assert all(got.get(t.host) == total for t in transports), got
+
+
+def test_a_call_while_the_hub_drains_its_wakeups_is_never_lost(monkeypatch) -> None:
+    # Another thread's call lands while the hub reads its wake-up pipe: the hub must still wake
+    # for every call after it (it slept in its selector for good, with a request undelivered).
+    import ptcluster.remote.channel as ch
+
+    h = ch.Hub()
+    real_read, ran, once = os.read, [], threading.Event()
+
+    def read(fd: int, n: int) -> bytes:
+        if fd == h._wake_r and not once.is_set():
+            once.set()
+            other = threading.Thread(target=lambda: h._call(lambda: ran.append("between")))
+            other.start()
+            other.join()
+        return real_read(fd, n)
+
+    monkeypatch.setattr(ch.os, "read", read)
+    h._call(lambda: ran.append("first"))
+    deadline = time.monotonic() + 10
+    while len(ran) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # (the hub back in its selector: no timer, no channel to wake it)
+    h._call(lambda: ran.append("later"))
+    while len(ran) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == ["first", "between", "later"]

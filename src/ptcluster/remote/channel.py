@@ -250,12 +250,16 @@ class Hub:
             log.exception("node channels: a step failed")
 
     def _drain_wakeups(self) -> None:
-        self._woken = False  # (before the to-do list is run: a later call wakes us again)
         try:
             while os.read(self._wake_r, 4096):
                 pass
         except BlockingIOError:
             pass
+        # Only now, with the pipe empty, and before the to-do list is run: a call from here on
+        # writes a wake-up again. Cleared before the reads, a call in between had its byte read
+        # here and left the flag set, so every later call believed a wake-up was on its way and
+        # the hub slept in its selector with their work undone (a setup hung on it).
+        self._woken = False
 
     def _at(self, when: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self._timers, (when, next(self._seq), fn))
