@@ -4,7 +4,7 @@ node, over the local transport).
 
 Per (nodes, lines/s per rank), one head process each (a fresh one: nothing carries over):
 - cpu: the head's CPU (user+sys) over the steady part of the job, % of one core (less the
-  benchmark's own sampling of ``/proc/self``);
+  benchmark's own sampling of ``/proc/self``); reads/s: its read system calls a second then;
 - rss MB, threads, fds (and fds per node): the head's peaks from ``/proc/self``;
 - ready: from the start until every node is ready (the runner's own "all N node(s) ready");
   the fake nodes' own start-up on this machine's cores is most of it at scale;
@@ -17,7 +17,7 @@ Under ``--soft-nofile 1024`` each head starts with the soft open-file limit of a
 Ubuntu login (the hard limit is left as it is, as there) and raises it as ``ptcluster`` does.
 
     .venv/bin/python benchmarks/head_scale.py [--nodes 16,64,256,1024] [--rates 0,1,10]
-        [--seconds 15] [--soft-nofile 1024]
+        [--seconds 15] [--soft-nofile 1024] [--fakes-idle] [--hold S]
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
         if "node(s) ready in" in text and not ready_at:
             ready_at.append(time.monotonic() - t0)
 
-    samples: list[tuple[float, float, int, int, int, float]] = []
+    samples: list[tuple[float, float, int, int, int, float, int]] = []
     done = threading.Event()
 
     own = [0.0]  # this sampler's own CPU (listing 11 000 fds is not the head's work)
@@ -96,7 +96,8 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
             before = time.thread_time()
             status = proc_status()
             own[0] += time.thread_time() - before
-            samples.append((time.monotonic() - t0, cpu() - own[0], *status, os.times().system))
+            samples.append((time.monotonic() - t0, cpu() - own[0], *status, os.times().system,
+                            reads()))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -118,15 +119,18 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
     ready = ready_at[0] if ready_at else float("nan")
     ended = min(ready + seconds, samples[-1][0] if samples else 0.0)
     steady = [s for s in samples if ready + 1.0 <= s[0] <= ended - 0.5]
-    cpu_pct = sys_pct = float("nan")
+    cpu_pct = sys_pct = reads_per_s = float("nan")
     if len(steady) >= 2:
-        cpu_pct = 100 * (steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])
-        sys_pct = 100 * (steady[-1][5] - steady[0][5]) / (steady[-1][0] - steady[0][0])
+        span = steady[-1][0] - steady[0][0]
+        cpu_pct = 100 * (steady[-1][1] - steady[0][1]) / span
+        sys_pct = 100 * (steady[-1][5] - steady[0][5]) / span
+        reads_per_s = (steady[-1][6] - steady[0][6]) / span
     return {
         "nodes": nodes, "rate": rate, "ok": result.ok if not fail else len(result.failures) > 0,
         "cause": result.root_cause.message if result.root_cause and not fail else "",
         "ready": round(ready, 2), "cpu": round(cpu_pct, 1),
         "cpu_in_kernel": round(sys_pct, 1),  # (of "cpu": its system calls)
+        "reads_per_s": round(reads_per_s),  # (the head's read system calls, all files)
         "cpu_to_ready": round(min((s[1] for s in samples if s[0] >= ready),
                                   default=float("nan")), 2),
         "rss": round(max((s[2] for s in samples), default=0) / 1024, 1),
@@ -147,6 +151,12 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
 def cpu() -> float:
     t = os.times()
     return t.user + t.system
+
+
+def reads() -> int:
+    """The read system calls this process made so far (``syscr`` of /proc/self/io)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("syscr:"))
 
 
 def proc_status() -> tuple[int, int, int]:
@@ -188,6 +198,9 @@ def main() -> None:
                          "only when the head does not want one (real nodes are other machines)")
     ap.add_argument("--window", type=int, default=None,
                     help="connections in their handshake at once (default: channel.FANOUT)")
+    ap.add_argument("--hold", type=float, default=None,
+                    help="seconds the fake guards hold output (default: the config's "
+                         "output_hold; 0: a write per line, as guards wrote before)")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--fail", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -195,25 +208,28 @@ def main() -> None:
         os.environ["HEAD_SCALE_WINDOW"] = str(args.window)
     if args.fakes_idle:
         os.environ["FAKE_SCHED"] = "idle"
+    if args.hold is not None:
+        os.environ["FAKE_HOLD"] = str(args.hold)
     if args.one:
         print(json.dumps(head(int(args.one[0]), float(args.one[1]), float(args.one[2]),
                               args.fail)))
         return
     print(f"# {args.seconds:.0f} s jobs, 8 ranks per fake node, soft open-file limit "
           f"{args.soft_nofile or resource.getrlimit(resource.RLIMIT_NOFILE)[0]} at start, "
-          f"fan-out window {args.window or 'default'}"
+          f"fan-out window {args.window or 'default'}, output held "
+          f"{'as the config says' if args.hold is None else f'{args.hold:g} s'}"
           f"{', fake nodes idle in the head session' if args.fakes_idle else ''}")
-    print("| nodes | lines/s per rank | ok | head CPU % | RSS MB | threads | fds (per node) "
-          "| ready s (head CPU s by then) | lines lost |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| nodes | lines/s per rank | ok | head CPU % | reads/s | RSS MB | threads "
+          "| fds (per node) | ready s (head CPU s by then) | lines lost |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in (int(x) for x in args.nodes.split(",")):
         for rate in (float(x) for x in args.rates.split(",")):
             r = one(n, rate, args.seconds, False, args.soft_nofile)
             if not r.get("ready"):
-                print(f"| {n} | {rate:g} | **failed**: {r.get('cause')} | | | | | | |")
+                print(f"| {n} | {rate:g} | **failed**: {r.get('cause')} | | | | | | | |")
                 continue
             print(f"| {n} | {rate:g} | {'yes' if r['ok'] else 'no: ' + r['cause']} "
-                  f"| {r['cpu']} | {r['rss']} | {r['threads']} "
+                  f"| {r['cpu']} | {r['reads_per_s']} | {r['rss']} | {r['threads']} "
                   f"| {r['fds']} ({r['fds'] / n:.1f}) | {r['ready']} ({r['cpu_to_ready']}) "
                   f"| {r['lost']} of {r['sent']} |",
                   flush=True)

@@ -4,19 +4,22 @@ what only shows with hundreds of nodes (the head's threads, descriptors, CPU per
 It is built on the shipped wire module (``ptcluster.node.wire``, loaded from its file, so the
 two cannot drift) and runs one process per "node" through :class:`FakeTransport` with the real
 runner and supervisor: hello, ready, ``go`` -> ``started``, a start record per rank, ``RATE``
-output lines per second per rank, heartbeats and ``timing`` frames as often as the config says
-(every rank equally busy, one collective each), each node at its own phase, then every rank's
-exit and the guard's ``exit``;
+output lines per second per rank (each rank at its own phase, through the guard's shipped
+``node.outbox`` with the config's ``output_hold``, as a guard writes them), heartbeats and
+``timing`` frames as often as the config says (every rank equally busy, one collective each),
+each node at its own phase, then every rank's exit and the guard's ``exit``;
 ``stop`` (or EOF) ends it early, as a guard's teardown would.
 
     python tests/fakenode.py HOST   (stdin: the channel's preamble: program line, config line)
 
 Knobs, from the environment (the head's, inherited): ``FAKE_RATE`` lines/s per rank (0),
-``FAKE_SECONDS`` the job's length (5), ``FAKE_FAIL`` ``HOST:SECONDS`` (that node's rank fails
-with exit 1 after SECONDS), ``FAKE_EVENTS`` a file each node appends ``HOST KIND TIME`` to (its
-failure, the stop it was told) for timing a teardown across nodes; ``FAKE_SCHED=idle`` starts
-each fake node in the head's session (its own process group) under ``SCHED_IDLE``, so it gets a
-CPU only when the head does not want one. Real nodes are other machines. Here, each fake in its
+``FAKE_SECONDS`` the job's length (5), ``FAKE_HOLD`` seconds to hold output instead of the
+config's ``output_hold`` (0: a write per line, as guards wrote before ``node.outbox``),
+``FAKE_FAIL`` ``HOST:SECONDS`` (that node's rank fails with exit 1 after SECONDS),
+``FAKE_EVENTS`` a file each node appends ``HOST KIND TIME`` to (its failure, the stop it was
+told) for timing a teardown across nodes; ``FAKE_SCHED=idle`` starts each fake node in the
+head's session (its own process group) under ``SCHED_IDLE``, so it gets a CPU only when the
+head does not want one. Real nodes are other machines. Here, each fake in its
 own session is its own autogroup (``kernel.sched_autogroup_enabled``), weighted like the
 head's, whatever its policy.
 """
@@ -36,11 +39,19 @@ from typing import Any
 
 import ptcluster.node
 
-_spec = importlib.util.spec_from_file_location(
-    "wire", Path(ptcluster.node.__file__).with_name("wire.py"))
-assert _spec is not None and _spec.loader is not None
-wire: Any = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(wire)
+
+def _shipped(name: str) -> Any:
+    """A shipped node module, loaded from its file (as the packer ships it: no package)."""
+    spec = importlib.util.spec_from_file_location(
+        name, Path(ptcluster.node.__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+wire = _shipped("wire")
+outbox = _shipped("outbox")
 
 
 class FakeNode:
@@ -55,6 +66,8 @@ class FakeNode:
         self.fail_at = float(fail_at) if fail_host == host else None
         self.events = os.environ.get("FAKE_EVENTS")
         self.out = sys.stdout.buffer
+        hold = os.environ.get("FAKE_HOLD", cfg.get("output_hold", 0.0))
+        self.box = outbox.Outbox(self.emit, float(hold))
         self.sent = {r: 0 for r in self.ranks}
         self.every = wire.TIMING_EVERY  # (seconds between two timing frames: set by run)
 
@@ -63,27 +76,33 @@ class FakeNode:
             with open(self.events, "a") as f:
                 f.write(f"{self.host} {kind} {time.time():.6f}\n")
 
-    def send(self, data: bytes) -> None:
+    def emit(self, data: bytes) -> None:
         self.out.write(data)
+        self.out.flush()
+
+    def send(self, data: bytes) -> None:
+        self.box.now(data)
 
     def run(self, stdin: int, buf: bytes) -> int:
         self.send(wire.hello("guard"))
         self.send(wire.encode("ready", {"hostname": self.host, "pid": os.getpid(),
                                         "time": time.time(), "subreaper": True}))
-        self.out.flush()
         sel = selectors.DefaultSelector()
         sel.register(stdin, selectors.EVENT_READ)
         went, stop = None, ""
         beat = float(self.cfg.get("heartbeat_every", 1.0))
         every = self.every = wire.timing_every(beat)
         next_hb = time.monotonic() + beat
-        next_line = next_timing = None
+        next_timing = None
+        next_line: dict[int, float] = {}  # per rank: when it prints its next line
         while True:
             now = time.monotonic()
-            waits = [next_hb - now]
-            for due in (next_line, next_timing):
-                if due is not None:
-                    waits.append(due - now)
+            waits = [next_hb - now, *(due - now for due in next_line.values())]
+            if next_timing is not None:
+                waits.append(next_timing - now)
+            held = self.box.due()  # (seconds from now)
+            if held is not None:
+                waits.append(held)
             if went is not None:
                 waits.append(went + (self.fail_at if self.fail_at is not None
                                      else self.seconds) - now)
@@ -100,11 +119,13 @@ class FakeNode:
                         went = time.monotonic()
                         self.go()
                         # Each node at its own phase, as independent nodes are (the same
-                        # phase everywhere made every node's lines one burst a second)
-                        phase = random.Random(self.host).random()
-                        next_timing = went + every * (0.5 + phase)
+                        # phase everywhere made every node's lines one burst a second), and
+                        # each rank too: a guard writes a rank's lines as they come
+                        phases = random.Random(self.host)
+                        next_timing = went + every * (0.5 + phases.random())
                         if self.rate:
-                            next_line = went + phase / self.rate
+                            next_line = {r: went + phases.random() / self.rate
+                                         for r in self.ranks}
                     elif kind == "stop":
                         self.note("stop")
                         stop = "stopped by the head"
@@ -123,12 +144,12 @@ class FakeNode:
             if next_timing is not None and now >= next_timing:
                 self.send(self.timing())
                 next_timing += every
-            if next_line is not None and now >= next_line:
-                for r in self.ranks:
+            for r, due in next_line.items():
+                if now >= due:
                     self.sent[r] += 1
-                    self.send(wire.encode_text("o", r, f"line {self.sent[r]}".encode()))
-                next_line += 1.0 / self.rate
-            self.out.flush()
+                    self.box.later(wire.encode_text("o", r, f"line {self.sent[r]}".encode()))
+                    next_line[r] = due + 1.0 / self.rate
+            self.box.flush_due()
 
     def go(self) -> None:
         self.send(wire.encode("started", {"pid": os.getpid()}))
@@ -148,7 +169,6 @@ class FakeNode:
             self.send(wire.encode(wire.REXIT, {"rank": r, "code": code, "t": time.time(),
                                                "duration": 1.0, "lines": self.sent[r]}))
         self.send(wire.encode("exit", {"code": code, "reason": reason, "t": time.time()}))
-        self.out.flush()
         self.note(f"sent {sum(self.sent.values())}")
         return 0
 

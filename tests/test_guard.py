@@ -7,27 +7,45 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from ptcluster.launch import events as ev
+from ptcluster.node.outbox import HOLD_BYTES, Outbox
 from ptcluster.node.rank import shim
 from ptcluster.node.rank_server import RankServer
 
 SHIM = Path(shim.__file__)
 
 
+def run_ranks(tmp_path: Path, code: str, ranks: tuple[int, ...] = (3,), wait: float = 3.0,
+              hold: float = 0.0) -> list[tuple[float, bytes]]:
+    """Run ``python -c code`` as each of ``ranks`` under the shim, all at once, with a rank
+    server whose output is held ``hold`` s: every write it made, with its time."""
+    writes: list[tuple[float, bytes]] = []
+    server = RankServer(str(tmp_path / "g.sock"),
+                        Outbox(lambda data: writes.append((time.monotonic(), data)), hold))
+    procs = []
+    for rank in ranks:
+        env = {**os.environ, "PTCLUSTER_GUARD_SOCK": server.path, "RANK": str(rank),
+               "LOCAL_RANK": "1"}
+        env.pop(shim.SHIM_VAR, None)
+        procs.append(subprocess.Popen([sys.executable, "-u", str(SHIM), "-c", code], env=env))
+    for proc in procs:
+        proc.wait(timeout=60)
+    server.close(wait)
+    return writes
+
+
+def decoded(data: bytes) -> list[ev.Event]:
+    return [ev.decode("n", line) for line in data.decode().splitlines()]
+
+
 def run_rank(tmp_path: Path, code: str, wait: float = 3.0) -> list[ev.Event]:
     """Run ``python -c code`` as rank 3 under the shim; the frames the guard sent, decoded."""
-    out: list[bytes] = []
-    server = RankServer(str(tmp_path / "g.sock"), out.append)
-    env = {**os.environ, "PTCLUSTER_GUARD_SOCK": server.path, "RANK": "3", "LOCAL_RANK": "1"}
-    env.pop(shim.SHIM_VAR, None)
-    subprocess.run([sys.executable, "-u", str(SHIM), "-c", code], env=env, timeout=60)
-    server.close(wait)
-    lines = b"".join(out).decode().splitlines()
-    return [ev.decode("n", line) for line in lines]
+    return decoded(b"".join(data for _, data in run_ranks(tmp_path, code, wait=wait)))
 
 
 def texts(events: list[ev.Event], stream: str) -> list[str]:
@@ -77,6 +95,54 @@ def test_a_child_holding_stdout_delays_the_exit_only_boundedly(tmp_path) -> None
                                 "'import time; time.sleep(6)'])\nprint('parent done')", wait=10)
     assert texts(events, "out") == ["parent done"]
     assert any(isinstance(e, ev.RankExit) and e.code == 0 for e in events)
+
+
+def test_held_output_goes_in_few_writes_and_each_ranks_exit_after_its_lines(tmp_path) -> None:
+    """Four ranks print five lines each, 0.1 s apart, under a hold longer than the job: their
+    20 lines reach the head in at most one write per start or exit (records are never held, and
+    take the output held before them along), every rank's exit after its own last line."""
+    writes = run_ranks(tmp_path, "import time\nfor i in range(5):\n    print('line', i)\n"
+                                 "    time.sleep(0.1)", ranks=(0, 1, 2, 3), hold=30.0)
+    events = decoded(b"".join(data for _, data in writes))
+    for rank in range(4):
+        mine = [e for e in events if getattr(e, "rank", None) == rank]
+        assert [e.text for e in mine if isinstance(e, ev.RankOutput)] == \
+            [f"line {i}" for i in range(5)]
+        assert isinstance(mine[-1], ev.RankExit) and mine[-1].code == 0
+    with_output = [decoded(data) for _, data in writes if b"\no " in b"\n" + data]
+    assert 1 <= len(with_output) <= 8, with_output  # (a start or an exit each)
+    assert not any(isinstance(frames[-1], ev.RankOutput) for frames in with_output)
+
+
+def test_held_output_goes_when_its_hold_is_up(tmp_path) -> None:
+    """A line, then 1.5 s of silence: it goes alone once its 0.3 s hold is up, not with the
+    exit."""
+    writes = run_ranks(tmp_path, "import time\nprint('early')\ntime.sleep(1.5)", hold=0.3)
+    (line_at, line), = [(t, d) for t, d in writes if b"o 3 early" in d]
+    (exit_at, _), = [(t, d) for t, d in writes if d.startswith(b"rexit ")]
+    assert b"rexit" not in line and exit_at - line_at > 0.5, writes
+
+
+def test_the_outbox_keeps_the_order_and_a_bounded_hold() -> None:
+    writes: list[bytes] = []
+    box = Outbox(writes.append, 60.0)
+    box.later(b"o 0 a\n")
+    box.later(b"o 1 b\n")
+    assert writes == [] and box.due() is not None
+    box.now(b"hb {}\n")
+    assert writes == [b"o 0 a\no 1 b\nhb {}\n"] and box.due() is None
+    big = b"o 0 " + b"x" * (HOLD_BYTES // 4) + b"\n"
+    for _ in range(4):
+        box.later(big)
+    assert writes[1:] == [big * 4]  # past HOLD_BYTES it goes at once
+    box.later(b"o 0 c\n")
+    box.flush_due()  # (its hold is not up)
+    assert len(writes) == 2
+    box.flush()
+    assert writes[2] == b"o 0 c\n"
+    unheld: list[bytes] = []
+    Outbox(unheld.append, 0.0).later(b"o 0 d\n")
+    assert unheld == [b"o 0 d\n"]
 
 
 @pytest.mark.no_job  # the program is missing: nothing starts

@@ -21,6 +21,7 @@ from ptcluster.launch.stacks import RankStack, StackReport, parse_faulthandler, 
 from ptcluster.launch.supervisor import CollectStacks, Send, SignalChannel, Supervisor
 from ptcluster.node import wire
 from ptcluster.node.hangwatch import ProgressMeter, find_pyspy
+from ptcluster.node.outbox import Outbox
 from ptcluster.node.rank import shim
 from ptcluster.node.rank_server import RankServer
 from ptcluster.spec import parse_cluster_text
@@ -234,7 +235,7 @@ SHIM = Path(shim.__file__)
 
 @pytest.fixture
 def rank_server(tmp_path):
-    server = RankServer(str(tmp_path / "g.sock"), lambda data: None)
+    server = RankServer(str(tmp_path / "g.sock"), Outbox(lambda data: None, 0.0))
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(rank: int, code: str) -> subprocess.Popen[bytes]:

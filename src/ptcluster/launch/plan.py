@@ -101,6 +101,7 @@ class NodePlan:
             "detect_interface_for": None if self.interface else plan.master_addr,
             "heartbeat_timeout": opts.guard_heartbeat_timeout, "grace": opts.stop_grace,
             "heartbeat_every": opts.heartbeat_for(len(plan.nodes)),
+            "output_hold": opts.output_hold_for(len(plan.nodes)),
             # What torchrun sets for several ranks per node when the node has no value, set
             # here so that it does not print its four-line banner about it on every run.
             "env_defaults": {"OMP_NUM_THREADS": "1"} if self.nproc > 1 else {},

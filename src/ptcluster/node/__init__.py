@@ -48,8 +48,9 @@ SHIM = Program("shim", _N + "rank.shim", RANK, (RANK_WIRE,))
 STACK_PROBE = Program("stack-probe", _N + "rank.stack_probe", RANK, (RANK_WIRE,))
 """Installed by the shim in the rank's process: stacks on request, collectives' progress."""
 GUARD = Program("guard", _N + "guard", NODE,
-                (WIRE, NETIF, RANK_WIRE, _N + "proctree", _N + "hangwatch", _N + "rank_server",
-                 _N + "leases", _N + "prechecks", _N + "accel", _N + "gpus", _N + "busy"),
+                (WIRE, NETIF, RANK_WIRE, _N + "proctree", _N + "hangwatch", _N + "outbox",
+                 _N + "rank_server", _N + "leases", _N + "prechecks", _N + "accel", _N + "gpus",
+                 _N + "busy"),
                 hands=(SHIM, STACK_PROBE))
 """Run's node agent: owns one node's part of a job."""
 FACTS = Program("facts", _N + "facts", NODE, (WIRE, NETIF, _N + "accel"))

@@ -10,13 +10,13 @@ Protocol (frames of ``node.wire``, one per line):
           native}`` (every rank's stacks, see ``node.hangwatch``); EOF = head gone
   stdout  ``hello``, ``ready {facts}`` or ``error {problem, fix}``, ``started {pid}``,
           per rank ``rstart``/``rexit``/``rdata`` and its output as ``o``/``e`` text frames,
-          torchrun's own output as ``a`` frames, ``hb {t, idle}`` every ``heartbeat_every`` s of
-          the config (``idle``: per rank, seconds since it last made progress),
-          ``timing {t, ranks, node}`` with every second heartbeat (at least every
-          ``wire.TIMING_EVERY`` s) while ranks run (each rank's main-thread run time and run
-          delay, the node's memory: ``node.busy``, for the straggler report),
-          ``stacks {id, ranks}``,
-          ``exit {code, reason}``.
+          torchrun's own output as ``a`` frames (output held up to ``output_hold`` s of the
+          config, to write many lines at once: ``node.outbox``), ``hb {t, idle}`` every
+          ``heartbeat_every`` s of the config (``idle``: per rank, seconds since it last
+          made progress), ``timing {t, ranks, node}`` with every second heartbeat (at least
+          every ``wire.TIMING_EVERY`` s) while ranks run (each rank's main-thread run time and
+          run delay, the node's memory: ``node.busy``, for the straggler report),
+          ``stacks {id, ranks}``, ``exit {code, reason}``.
 
 Ranks talk to the guard over a Unix socket in the job's private temp dir (``node.rank_wire``;
 its path in their env). The guard writes the shim and the stack probe it was shipped with
@@ -48,6 +48,7 @@ from ptcluster.node.gpus import claim  # inlined
 from ptcluster.node.hangwatch import ProgressMeter  # inlined
 from ptcluster.node.leases import Leasing, read_kill_notes  # inlined
 from ptcluster.node.netif import address_on, route_interface  # inlined
+from ptcluster.node.outbox import Outbox  # inlined
 from ptcluster.node.prechecks import (  # inlined
     GuardError,
     check_target,
@@ -87,7 +88,7 @@ probe), set by the packer (``remote.bootstrap``) in front of this source; kept f
 class Guard:
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
-        self.out_lock = threading.Lock()
+        self.out = Outbox(self.emit, float(cfg.get("output_hold", 0.0)))
         self.stop = threading.Event()
         self.finished = threading.Event()
         self.go = threading.Event()
@@ -115,13 +116,17 @@ class Guard:
             argv[at] = str(port)
 
     # -- output -------------------------------------------------------------------------------
-    def write(self, data: bytes) -> None:
+    def emit(self, data: bytes) -> None:
+        """Into the channel (the outbox's writer: called by one thread at a time)."""
         try:
-            with self.out_lock:
-                sys.stdout.buffer.write(data)
-                sys.stdout.buffer.flush()
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
         except (OSError, ValueError):
             self.request_stop("the head's channel is closed")
+
+    def write(self, data: bytes) -> None:
+        """A control frame: at once (with the output held before it, ``node.outbox``)."""
+        self.out.now(data)
 
     def send(self, kind: str, payload: object = None) -> None:
         self.write(encode(kind, payload))
@@ -231,7 +236,7 @@ class Guard:
     def pump_agent(self, stream: Any) -> None:
         """torchrun's own stdout/stderr (the ranks' output arrives through the rank server)."""
         for line in iter(stream.readline, b""):
-            self.write(encode_text("a", None, line.rstrip(b"\r\n")))
+            self.out.later(encode_text("a", None, line.rstrip(b"\r\n")))
 
     # -- checks before the job ----------------------------------------------------------------
     def precheck(self) -> dict[str, Any]:
@@ -286,7 +291,7 @@ class Guard:
         for name, source in HANDED.items():  # (the dir is ours alone: mkdtemp made it 0700)
             with open(os.path.join(self.tmpdir, name), "w") as f:
                 f.write(source)
-        self.ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.write)
+        self.ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out)
         self.meter = ProgressMeter(self.ranks.probes)
         env = dict(os.environ)
         slurm = under_slurm()

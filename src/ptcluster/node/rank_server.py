@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from ptcluster.node.hangwatch import StackProbes  # inlined
+from ptcluster.node.outbox import Outbox  # inlined
 from ptcluster.node.rank_wire import (  # inlined
     BAD_RECORD,
     CTL,
@@ -33,6 +34,8 @@ EXIT_WAIT = 2.0
 """Seconds a rank's exit frame waits for the rest of its output (streams held by children)."""
 IDLE_FLUSH = 1.0
 """Seconds after which a partial output line (no newline yet) is sent as it is."""
+PASS_WAIT = 0.05
+"""Seconds the server waits for its streams at most before it looks at its timers."""
 
 
 class RankServer:
@@ -44,11 +47,13 @@ class RankServer:
     every other record is passed to the head as its ``wire.RANK_FRAMES`` frame. A rank's
     ``rexit`` waits until every declared output stream has come and gone (or ``EXIT_WAIT``), so
     the head has a rank's last lines, its traceback included, before it learns that it ended.
+    Output goes to ``out`` to be held (``node.outbox``: many ranks' lines in one write), records
+    at once; this thread writes the held output when its hold is up.
     """
 
-    def __init__(self, path: str, write: Any) -> None:
+    def __init__(self, path: str, out: Outbox) -> None:
         self.path = path
-        self.write = write
+        self.out = out
         self.sel = selectors.DefaultSelector()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
@@ -68,11 +73,13 @@ class RankServer:
 
     def serve(self) -> None:
         while True:
-            for key, _ in self.sel.select(timeout=0.05):
+            due = self.out.due()
+            for key, _ in self.sel.select(PASS_WAIT if due is None else min(PASS_WAIT, due)):
                 if key.data is None:
                     self.accept()
                 else:
                     self.read(key.fileobj, key.data)
+            self.out.flush_due()
             self.flush_partial_lines()
             self.flush_exits(force=False)
             if self.closing.is_set() and not self.pending and not self.open_streams:
@@ -137,7 +144,7 @@ class RankServer:
         if lines:
             self.probes.output(rank, st["at"])
             kind = "e" if role == ERR else "o"
-            self.write(b"".join(encode_text(kind, rank, line) for line in lines))
+            self.out.later(b"".join(encode_text(kind, rank, line) for line in lines))
 
     def flush_partial_lines(self) -> None:
         """A partial output line (a prompt, a progress bar) goes out once the rank pauses:
@@ -151,12 +158,12 @@ class RankServer:
                 if select.select([key.fileobj], [], [], 0)[0]:
                     continue  # more of it is waiting: read it first
                 line, st["buf"] = st["buf"], b""
-                self.write(encode_text("e" if st["role"] == ERR else "o", st["rank"], line))
+                self.out.later(encode_text("e" if st["role"] == ERR else "o", st["rank"], line))
 
     def record(self, rank: int, line: str) -> None:
         record = decode_record(line)
         if record is None:
-            self.write(encode(RANK_FRAMES[REPORT], {"rank": rank, "kind": BAD_RECORD,
+            self.out.now(encode(RANK_FRAMES[REPORT], {"rank": rank, "kind": BAD_RECORD,
                                                     "text": line[:200]}))
             return
         kind, body = record
@@ -168,9 +175,9 @@ class RankServer:
         elif kind == START:
             self.declared[rank] = int(body.get("streams", 0))
             self.probes.started(rank, int(body.get("pid", 0)))
-            self.write(encode(RANK_FRAMES[START], body))
+            self.out.now(encode(RANK_FRAMES[START], body))
         elif kind in (REPORT, ERROR):
-            self.write(encode(RANK_FRAMES[kind], body))
+            self.out.now(encode(RANK_FRAMES[kind], body))
 
     def drop(self, conn: Any, st: dict[str, Any] | None = None) -> None:
         self.sel.unregister(conn)
@@ -200,7 +207,7 @@ class RankServer:
                 self.seen_streams.get(rank, 0) >= self.declared.get(rank, 0)
             if force or streams_done or now >= deadline:
                 del self.pending[rank]
-                self.write(encode(RANK_FRAMES[EXIT], body))
+                self.out.now(encode(RANK_FRAMES[EXIT], body))
 
     def close(self, wait: float) -> None:
         """Serve until every stream is closed and every exit is sent, at most ``wait`` s."""
