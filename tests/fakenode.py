@@ -97,12 +97,14 @@ class FakeNode:
         next_line: dict[int, float] = {}  # per rank: when it prints its next line
         while True:
             now = time.monotonic()
-            waits = [next_hb - now, *(due - now for due in next_line.values())]
+            waits = [next_hb - now]
             if next_timing is not None:
                 waits.append(next_timing - now)
             held = self.box.due()  # (seconds from now)
             if held is not None:
                 waits.append(held)
+            elif next_line:  # the next line: written when its hold is up
+                waits.append(min(next_line.values()) + self.box.hold - now)
             if went is not None:
                 waits.append(went + (self.fail_at if self.fail_at is not None
                                      else self.seconds) - now)
@@ -130,6 +132,15 @@ class FakeNode:
                         self.note("stop")
                         stop = "stopped by the head"
             now = time.monotonic()
+            for r, due in next_line.items():
+                # Every line due by now, held from when its rank printed it (so a node wakes
+                # when a write is due, not for every line: the head sees what a guard sends)
+                while due <= now:
+                    self.sent[r] += 1
+                    self.box.later(wire.encode_text("o", r, f"line {self.sent[r]}".encode()),
+                                   came=due)
+                    due += 1.0 / self.rate
+                next_line[r] = due
             if stop:
                 return self.end(-15, stop)
             if went is not None and self.fail_at is not None and now - went >= self.fail_at:
@@ -144,11 +155,6 @@ class FakeNode:
             if next_timing is not None and now >= next_timing:
                 self.send(self.timing())
                 next_timing += every
-            for r, due in next_line.items():
-                if now >= due:
-                    self.sent[r] += 1
-                    self.box.later(wire.encode_text("o", r, f"line {self.sent[r]}".encode()))
-                    next_line[r] = due + 1.0 / self.rate
             self.box.flush_due()
 
     def go(self) -> None:

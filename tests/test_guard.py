@@ -140,6 +140,10 @@ def test_the_outbox_keeps_the_order_and_a_bounded_hold() -> None:
     assert len(writes) == 2
     box.flush()
     assert writes[2] == b"o 0 c\n"
+    box.later(b"o 0 e\n", came=time.monotonic() - 61.0)  # held from when it came
+    assert box.due() == 0.0
+    box.flush_due()
+    assert writes[3] == b"o 0 e\n"
     unheld: list[bytes] = []
     Outbox(unheld.append, 0.0).later(b"o 0 d\n")
     assert unheld == [b"o 0 d\n"]

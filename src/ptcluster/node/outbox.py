@@ -31,8 +31,9 @@ class Outbox:
         self._size = 0
         self._due: float | None = None
 
-    def later(self, data: bytes) -> None:
-        """Output frames: written within ``hold`` s, or sooner with other frames."""
+    def later(self, data: bytes, came: float | None = None) -> None:
+        """Output frames: written within ``hold`` s of when they ``came`` (monotonic clock;
+        default now), or sooner with other frames."""
         with self._lock:
             if self.hold <= 0:
                 self._write(data)
@@ -40,7 +41,7 @@ class Outbox:
             self._held.append(data)
             self._size += len(data)
             if self._due is None:
-                self._due = time.monotonic() + self.hold
+                self._due = (time.monotonic() if came is None else came) + self.hold
             if self._size >= HOLD_BYTES:
                 self._flush(b"")
 
