@@ -70,3 +70,21 @@ def ssh_only(bed: Any, k: int, identity: Path | None = None) -> float:
     if any(p.wait() != 0 for p in procs):
         raise SystemExit("ssh to a testbed node failed")
     return time.perf_counter() - t0
+
+
+def cpu() -> float:
+    """This process's CPU seconds so far (user + system)."""
+    t = os.times()
+    return t.user + t.system
+
+
+def proc_status() -> tuple[int, int, int]:
+    """This process's resident memory (KiB), threads and open descriptors now."""
+    rss = threads = 0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+            elif line.startswith("Threads:"):
+                threads = int(line.split()[1])
+    return rss, threads, len(os.listdir("/proc/self/fd"))

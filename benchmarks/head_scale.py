@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT
+from _common import ROOT, cpu, proc_status
 
 sys.path.insert(0, str(ROOT))
 from tests.fakenode import fake_job  # noqa: E402
@@ -148,26 +148,10 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
     }
 
 
-def cpu() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 def reads() -> int:
     """The read system calls this process made so far (``syscr`` of /proc/self/io)."""
     with open("/proc/self/io") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("syscr:"))
-
-
-def proc_status() -> tuple[int, int, int]:
-    rss = threads = 0
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-            elif line.startswith("Threads:"):
-                threads = int(line.split()[1])
-    return rss, threads, len(os.listdir("/proc/self/fd"))
 
 
 def one(nodes: int, rate: float, seconds: float, fail: bool, soft: int | None) -> dict[str, Any]:

@@ -52,16 +52,22 @@ def monitor(cluster: str | None, interval: float, once: bool, as_json: bool,
                     table(views, job_straggler(runs)))
             return
         with stop_on_signals() as stop:
-            if as_json:
-                while not stop.wait(interval):
-                    click.echo(json.dumps(to_json(mon.snapshot(), job_straggler(runs))))
-                return
-            with Live(table(mon.snapshot(), job_straggler(runs)), refresh_per_second=4,
-                      screen=False) as live:
-                while not stop.wait(min(interval, 1.0)):
-                    live.update(table(mon.snapshot(), job_straggler(runs)))
+            watch(mon, runs, interval, as_json, stop)
     finally:
         mon.close()
+
+
+def watch(mon: Monitor, runs: Path, interval: float, as_json: bool, stop: threading.Event,
+          console: Console | None = None) -> None:
+    """Until ``stop``: a JSON line per interval, or the live table (on ``console``)."""
+    if as_json:
+        while not stop.wait(interval):
+            click.echo(json.dumps(to_json(mon.snapshot(), job_straggler(runs))))
+        return
+    with Live(table(mon.snapshot(), job_straggler(runs)), console=console,
+              refresh_per_second=4, screen=False) as live:
+        while not stop.wait(min(interval, 1.0)):
+            live.update(table(mon.snapshot(), job_straggler(runs)))
 
 
 @contextmanager
@@ -101,6 +107,7 @@ def _rate(bps: float) -> str:
 
 
 def table(views: list[NodeView], straggler: dict | None = None) -> Table:
+    waits = node_waits(straggler)
     t = Table(title=f"ptcluster monitor  {time.strftime('%H:%M:%S')}", title_justify="left")
     for col in ("node", "gpu", "util", "gpu mem", "power", "temp", "cpu", "ram", "net rx",
                 "net tx", "jobs", "wait"):
@@ -117,7 +124,7 @@ def table(views: list[NodeView], straggler: dict | None = None) -> Table:
             + (f", GPUs {','.join(map(str, info['gpus']))}" if info.get("gpus") else "") + ")"
             for j, info in s["jobs"].items()) or "-"
         common = [cpu, ram, _rate(s["net"]["rx_bps"]), _rate(s["net"]["tx_bps"]), jobs,
-                  node_waits(straggler, v.host)]
+                  waits.get(v.host, "-")]
         if not s["gpus"]:
             t.add_row(v.host, "[dim]no GPU[/dim]", "", "", "", "", *common)
         for i, g in enumerate(s["gpus"]):

@@ -109,11 +109,12 @@ def job_straggler(runs: Path) -> dict[str, Any] | None:
     return None
 
 
-def node_waits(figures: dict[str, Any] | None, host: str) -> str:
-    """The monitor's cell for one node: each of its ranks' wait share, the straggler marked."""
-    if not figures:
-        return "-"
-    late = set((figures.get("current") or {}).get("ranks") or [])
-    cells = [f"r{r['rank']} {r['wait_share']:.0%}" + (" straggler" if r["rank"] in late else "")
-             for r in figures.get("ranks") or [] if r.get("host") == host]
-    return ", ".join(cells) or "-"
+def node_waits(figures: dict[str, Any] | None) -> dict[str, str]:
+    """The monitor's cell for each node with ranks: each of its ranks' wait share, the
+    straggler marked (one pass over the ranks, whatever the number of nodes)."""
+    late = set(((figures or {}).get("current") or {}).get("ranks") or [])
+    cells: dict[str, list[str]] = {}
+    for r in (figures or {}).get("ranks") or []:
+        cells.setdefault(str(r.get("host")), []).append(
+            f"r{r['rank']} {r['wait_share']:.0%}" + (" straggler" if r["rank"] in late else ""))
+    return {host: ", ".join(texts) for host, texts in cells.items()}
