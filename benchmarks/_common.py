@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -88,3 +89,15 @@ def proc_status() -> tuple[int, int, int]:
             elif line.startswith("Threads:"):
                 threads = int(line.split()[1])
     return rss, threads, len(os.listdir("/proc/self/fd"))
+
+
+def last_json(argv: list[str], cwd: Path, preexec_fn: Any = None,
+              **fields: Any) -> dict[str, Any]:
+    """Run a benchmark's one measurement in a fresh process: its last stdout line, as JSON;
+    on a failure ``fields`` plus the ``cause`` (the last line of its stderr)."""
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=1800,
+                          preexec_fn=preexec_fn)
+    last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
+    if proc.returncode != 0 or not last:
+        return {**fields, "cause": (proc.stderr.strip().splitlines() or ["?"])[-1][:160]}
+    return json.loads(last[0])

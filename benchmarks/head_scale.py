@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, cpu, proc_status
+from _common import ROOT, cpu, last_json, proc_status
 
 sys.path.insert(0, str(ROOT))
 from tests.fakenode import fake_job  # noqa: E402
@@ -161,13 +160,8 @@ def one(nodes: int, rate: float, seconds: float, fail: bool, soft: int | None) -
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
     argv = [sys.executable, __file__, "--one", str(nodes), str(rate), str(seconds)]
-    proc = subprocess.run(argv + (["--fail"] if fail else []), capture_output=True, text=True,
-                          preexec_fn=limit, cwd=ROOT / "benchmarks", timeout=1800)
-    last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
-    if proc.returncode != 0 or not last:
-        return {"nodes": nodes, "rate": rate, "ok": False,
-                "cause": (proc.stderr.strip().splitlines() or ["?"])[-1][:160]}
-    return json.loads(last[0])
+    return last_json(argv + (["--fail"] if fail else []), ROOT / "benchmarks",
+                     preexec_fn=limit, nodes=nodes, rate=rate, ok=False)
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, cpu, proc_status
+from _common import ROOT, cpu, last_json, proc_status
 
 
 def watch_once(nodes: int, mode: str, seconds: float, interval: float) -> dict[str, Any]:
@@ -101,13 +101,7 @@ def idle() -> None:
 
 def one(nodes: int, mode: str, seconds: float, interval: float) -> dict[str, Any]:
     argv = [sys.executable, __file__, "--one", str(nodes), mode, str(seconds), str(interval)]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT / "benchmarks",
-                          timeout=1800)
-    last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
-    if proc.returncode != 0 or not last:
-        return {"nodes": nodes, "mode": mode,
-                "cause": (proc.stderr.strip().splitlines() or ["?"])[-1][:160]}
-    return json.loads(last[0])
+    return last_json(argv, ROOT / "benchmarks", nodes=nodes, mode=mode)
 
 
 def main() -> None:
