@@ -266,13 +266,12 @@ def check_interface(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fi
         out.append(Finding("interface", node.host, OK, f"{iface} ({how}) {entry['ipv4'][0]}"))
     if len(nets) > 1:
         first_host, first = next(iter(nets.items()))
-        for host, addr in nets.items():
-            if addr.ip not in first.network:
-                out = [f for f in out if not (f.host == host and f.status == OK)]
-                out.append(Finding("interface", host, WARN,
-                                   f"{addr} is not in {first_host}'s subnet {first.network}",
-                                   "put all nodes' interfaces on one subnet, or check the "
-                                   "interface choice"))
+        apart = {host: addr for host, addr in nets.items() if addr.ip not in first.network}
+        out = [f for f in out if not (f.host in apart and f.status == OK)]  # (one pass)
+        out += [Finding("interface", host, WARN,
+                        f"{addr} is not in {first_host}'s subnet {first.network}",
+                        "put all nodes' interfaces on one subnet, or check the interface "
+                        "choice") for host, addr in apart.items()]
     return out
 
 
