@@ -17,7 +17,7 @@ Under ``--soft-nofile 1024`` each head starts with the soft open-file limit of a
 Ubuntu login (the hard limit is left as it is, as there) and raises it as ``ptcluster`` does.
 
     .venv/bin/python benchmarks/head_scale.py [--nodes 16,64,256,1024] [--rates 0,1,10]
-        [--seconds 15] [--soft-nofile 1024] [--fakes-idle] [--hold S]
+        [--seconds 15] [--soft-nofile 1024] [--fakes-idle] [--hold S] [--heartbeat S]
 """
 
 from __future__ import annotations
@@ -100,7 +100,10 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    opts = RunOptions(ready_timeout=600.0, stop_deadline=30.0)
+    beat = float(os.environ.get("HEAD_SCALE_HEARTBEAT") or 0)  # (see --heartbeat)
+    opts = RunOptions(ready_timeout=600.0, stop_deadline=30.0, **(
+        {"heartbeat_interval": beat, "guard_heartbeat_timeout": 20 * beat,
+         "node_silence": 20 * beat} if beat else {}))
     runner = Runner(plan, transports, tmp / "run", on_status=on_status, options=opts)
     result = runner.run()
     done.set()
@@ -179,11 +182,18 @@ def main() -> None:
     ap.add_argument("--hold", type=float, default=None,
                     help="seconds the fake guards hold output (default: the config's "
                          "output_hold; 0: a write per line, as guards wrote before)")
+    ap.add_argument("--heartbeat", type=float, default=None,
+                    help="seconds between heartbeats (and 20x that for both timeouts): with "
+                         "30, nearly none are sent while the fake nodes start one after "
+                         "another here, which real nodes do in parallel, so the head's CPU to "
+                         "ready is its own start-up work alone")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--fail", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.window:
         os.environ["HEAD_SCALE_WINDOW"] = str(args.window)
+    if args.heartbeat:
+        os.environ["HEAD_SCALE_HEARTBEAT"] = str(args.heartbeat)
     if args.fakes_idle:
         os.environ["FAKE_SCHED"] = "idle"
     if args.hold is not None:
@@ -194,7 +204,9 @@ def main() -> None:
         return
     print(f"# {args.seconds:.0f} s jobs, 8 ranks per fake node, soft open-file limit "
           f"{args.soft_nofile or resource.getrlimit(resource.RLIMIT_NOFILE)[0]} at start, "
-          f"fan-out window {args.window or 'default'}, output held "
+          f"fan-out window {args.window or 'default'}, heartbeats "
+          f"{f'every {args.heartbeat:g} s' if args.heartbeat else 'as the options say'}, "
+          "output held "
           f"{'as the config says' if args.hold is None else f'{args.hold:g} s'}"
           f"{', fake nodes idle in the head session' if args.fakes_idle else ''}")
     print("| nodes | lines/s per rank | ok | head CPU % | reads/s | RSS MB | threads "
