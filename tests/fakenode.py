@@ -122,7 +122,7 @@ class FakeNode:
                         self.go()
                         # Each node at its own phase, as independent nodes are (the same
                         # phase everywhere made every node's lines one burst a second), and
-                        # each rank too: a guard writes a rank's lines as they come
+                        # each rank too: a guard reads a rank's lines as they come
                         phases = random.Random(self.host)
                         next_timing = went + every * (0.5 + phases.random())
                         if self.rate:

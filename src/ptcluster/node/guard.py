@@ -445,6 +445,7 @@ def main() -> int:
         rmtree(guard.tmpdir)
         return 70
     finally:
+        guard.out.flush()  # what came after the last frame (a descendant's, torchrun's)
         guard.finished.set()
 
 

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 HOLD_BYTES = 65536
-"""Output held beyond this many bytes goes at once (memory stays bounded at any output rate)."""
+"""Output held reaching this many bytes goes at once (memory stays bounded at any rate)."""
 
 
 class Outbox:
@@ -40,8 +40,9 @@ class Outbox:
                 return
             self._held.append(data)
             self._size += len(data)
-            if self._due is None:
-                self._due = (time.monotonic() if came is None else came) + self.hold
+            due = (time.monotonic() if came is None else came) + self.hold
+            if self._due is None or due < self._due:
+                self._due = due
             if self._size >= HOLD_BYTES:
                 self._flush(b"")
 

@@ -176,7 +176,9 @@ class RankServer:
             self.declared[rank] = int(body.get("streams", 0))
             self.probes.started(rank, int(body.get("pid", 0)))
             self.out.now(encode(RANK_FRAMES[START], body))
-        elif kind in (REPORT, ERROR):
+        elif kind == REPORT:  # (data a rank reports, maybe every step: held as output is)
+            self.out.later(encode(RANK_FRAMES[kind], body))
+        elif kind == ERROR:
             self.out.now(encode(RANK_FRAMES[kind], body))
 
     def drop(self, conn: Any, st: dict[str, Any] | None = None) -> None:
