@@ -132,7 +132,8 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
         "cause": result.root_cause.message if result.root_cause and not fail else "",
         "ready": round(ready, 2), "cpu": round(cpu_pct, 1),
         "cpu_in_kernel": round(sys_pct, 1),  # (of "cpu": its system calls)
-        "reads_per_s": round(reads_per_s),  # (the head's read system calls, all files)
+        "reads_per_s": round(reads_per_s) if reads_per_s == reads_per_s else None,  # (NaN:
+        # no steady part; the head's read system calls, all files)
         "cpu_to_ready": round(min((s[1] for s in samples if s[0] >= ready),
                                   default=float("nan")), 2),
         "rss": round(max((s[2] for s in samples), default=0) / 1024, 1),

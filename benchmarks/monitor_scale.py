@@ -88,6 +88,8 @@ def watch_once(nodes: int, mode: str, seconds: float, interval: float) -> dict[s
     finally:
         mon.close()
     steady = samples[1:]
+    if len(steady) < 2:
+        raise SystemExit(f"too short to measure: {len(samples)} samples in {seconds} s")
     cpu_pct = 100 * (steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])
     return {"nodes": nodes, "mode": mode, "first": round(first, 2), "errors": errors,
             "cpu": round(cpu_pct, 1), "rss": round(max(s[2] for s in samples) / 1024, 1),

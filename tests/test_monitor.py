@@ -58,22 +58,41 @@ def test_monitor_json_stream_ends_cleanly_on_ctrl_c(console_script: Path) -> Non
 
 
 def test_a_table_taller_than_the_screen_shows_the_nodes_to_look_at_first() -> None:
-    """Ten nodes of 8 GPUs on a 20-row screen: the unreachable node, then the straggler's
-    node, then the first of the rest; the others counted in the caption, not drawn."""
-    from ptcluster.cli.monitor_cmd import shown, table
+    """Ten nodes of 8 GPUs, 20 rows: the unreachable node, then the straggler's node, then the
+    first of the rest; the others counted in the title, not drawn. On a narrow screen, where
+    rows wrap, fewer nodes, so that the table is no higher than the screen."""
+    import io
+
+    from rich.console import Console
+
+    from ptcluster.cli.monitor_cmd import fitted, shown, table
     from ptcluster.monitor.watch import NodeView
 
-    gpu = {"index": 0, "name": "H200", "util": 90, "mem_used": 1e9, "mem_total": 8e10}
+    gpu = {"index": 0, "name": "NVIDIA H200", "util": 90, "mem_used": 1e9, "mem_total": 8e10,
+           "power_w": 650.0, "power_limit_w": 700.0, "temp_c": 61}
     sample = {"cpu_percent": 10, "cpus": 64, "mem": {"used": 1e9, "total": 1e12},
-              "net": {"rx_bps": 0, "tx_bps": 0}, "jobs": {}, "gpus": [gpu] * 8}
-    views = [NodeView(f"n{i}", sample=sample) for i in range(10)]
-    views[4] = NodeView("n4", error="unreachable: ssh: connection refused")
-    figures = {"ranks": [{"rank": 72, "host": "n9", "wait_share": 0.1}],
+              "net": {"rx_bps": 2e9, "tx_bps": 2e9}, "gpus": [gpu] * 8,
+              "jobs": {"20261202-010000-abcdef": {"user": "ann", "ranks": 8, "gpus": [0, 1]}}}
+    views = [NodeView(f"node-{i:04d}.cluster.example.org", sample=sample) for i in range(10)]
+    views[4] = NodeView(views[4].host, error="unreachable: ssh: connect to host: refused")
+    figures = {"ranks": [{"rank": 72, "host": views[9].host, "wait_share": 0.1}],
                "current": {"ranks": [72]}}
-    waits = {"n9": "r72 10% straggler"}
+    waits = {views[9].host: "r72 10% straggler"}
     picked, hidden = shown(views, waits, 20)
-    assert [v.host for v in picked] == ["n0", "n4", "n9"] and hidden == 7  # 8 + 1 + 8 rows
+    assert picked == [views[4], views[9], views[0]] and hidden == 7  # 1 + 8 + 8 rows
     assert shown(views, waits, None) == (views, 0)
+    assert shown(views, {}, 3) == ([views[4]], 9)  # (a node of 8 GPUs would not fit)
+    assert shown(views[:1], {}, 3) == ([views[0]], 0)  # (but one node always is)
     drawn = table(views, figures, rows=20)
-    assert drawn.row_count == 17 and drawn.caption and drawn.caption.startswith("7 more node")
-    assert table(views, figures).row_count == 73 and table(views, figures).caption is None
+    assert drawn.row_count == 17 and "7 more node(s) not shown" in str(drawn.title)
+    full = table(views, figures)
+    assert full.row_count == 73 and "more node" not in str(full.title)
+    counts = {}
+    for width, height in ((200, 40), (80, 40), (80, 12)):
+        console = Console(file=io.StringIO(), width=width, height=height, force_terminal=True)
+        fit = fitted(console, views, figures)
+        assert len(console.render_lines(fit, pad=False)) <= height or fit.row_count == 1, \
+            (width, height)  # (one node is always shown: Live crops what does not fit)
+        assert "more node(s) not shown" in str(fit.title)
+        counts[width, height] = fit.row_count
+    assert counts[200, 40] > counts[80, 40] > counts[80, 12] >= 1, counts

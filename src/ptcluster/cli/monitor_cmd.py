@@ -64,13 +64,13 @@ def watch(mon: Monitor, runs: Path, interval: float, as_json: bool, stop: thread
         while not stop.wait(interval):
             click.echo(json.dumps(to_json(mon.snapshot(), job_straggler(runs))))
         return
-    # Drawn when it changes, not 4 times a second: on a large cluster one drawing of the
+    # Drawn once a second (at most), not 4 times: on a large cluster one drawing of the
     # table is most of what the monitor costs (benchmarks/monitor_scale.py)
     with Live(console=console, auto_refresh=False, screen=False) as live:
         while True:
-            rows = max(1, live.console.height - TABLE_FRAME) if live.console.is_terminal \
-                else None  # (what fits on the screen; all when not drawn on one)
-            live.update(table(mon.snapshot(), job_straggler(runs), rows), refresh=True)
+            views, figures = mon.snapshot(), job_straggler(runs)
+            live.update(fitted(live.console, views, figures) if live.console.is_terminal
+                        else table(views, figures), refresh=True)  # (not a screen: all)
             if stop.wait(min(interval, 1.0)):
                 return
 
@@ -112,42 +112,61 @@ def _rate(bps: float) -> str:
 
 
 TABLE_FRAME = 6
-"""Lines of the table that are not nodes' rows: its title, borders, header and caption."""
+"""Lines of the live table that are not nodes' rows: its title (two lines where it wraps),
+borders and header."""
 
 
 def shown(views: list[NodeView], waits: dict[str, str],
           rows: int | None) -> tuple[list[NodeView], int]:
-    """The nodes that fit in ``rows`` lines (a row per GPU; all when None), and how many do not.
+    """The nodes that fit in ``rows`` rows (a row per GPU; all, in the file's order, when
+    None), and how many do not.
 
     When not all fit, the ones to look at come first: no sample or an error, then a node with
-    the straggler, then the rest in the cluster file's order. Only the nodes shown are drawn,
-    so the cost of a refresh does not grow with the cluster (rich draws ~1 ms a row here)."""
+    the straggler, then the rest in the cluster file's order; at least one node is shown. Only
+    the nodes shown are drawn, so the cost of a refresh does not grow with the cluster (rich
+    draws ~1 ms a row here)."""
     if rows is None:
         return views, 0
 
     def order(v: NodeView) -> int:
         return 0 if v.sample is None or v.error else 1 if "straggler" in waits.get(v.host, "") \
             else 2
-    picked, used = [], 0
+    picked: list[NodeView] = []
+    used = 0
     for v in sorted(views, key=order):  # (stable: the file's order within each group)
         need = max(1, len(v.sample["gpus"])) if v.sample and not v.error else 1
-        if used + need > rows:
-            break
+        if used + need > rows and picked:
+            continue
         picked.append(v)
         used += need
-    keep = {id(v) for v in picked}
-    return [v for v in views if id(v) in keep], len(views) - len(picked)
+    return picked, len(views) - len(picked)
+
+
+def fitted(console: Console, views: list[NodeView], straggler: dict | None) -> Table:
+    """The live table, as many nodes as fit on ``console``'s screen (rows wrap on a narrow
+    one: the rows are counted again from a first drawing, at most three times)."""
+    height = console.height
+    rows = max(1, height - TABLE_FRAME)
+    drawn = table(views, straggler, rows)
+    for _ in range(3):
+        lines = len(console.render_lines(drawn, pad=False))
+        if lines <= height or rows <= 1:
+            break
+        per_row = max(1.0, (lines - TABLE_FRAME) / max(1, drawn.row_count))
+        rows = max(1, min(rows - 1, int((height - TABLE_FRAME) / per_row)))
+        drawn = table(views, straggler, rows)
+    return drawn
 
 
 def table(views: list[NodeView], straggler: dict | None = None,
           rows: int | None = None) -> Table:
-    """Every node's row(s); with ``rows``, only the nodes that fit in that many lines."""
+    """Every node's row(s); with ``rows`` (the live table), only the nodes that fit in that
+    many rows, the ones to look at first (``shown``)."""
     waits = node_waits(straggler)
     views, hidden = shown(views, waits, rows)
-    caption = (f"{hidden} more node(s) below the screen's height (--once or --json shows "
-               "every node)" if hidden else None)
-    t = Table(title=f"ptcluster monitor  {time.strftime('%H:%M:%S')}", title_justify="left",
-              caption=caption, caption_justify="left")
+    more = f"  ({hidden} more node(s) not shown: --once or --json shows all)" if hidden else ""
+    t = Table(title=f"ptcluster monitor  {time.strftime('%H:%M:%S')}{more}",
+              title_justify="left")
     for col in ("node", "gpu", "util", "gpu mem", "power", "temp", "cpu", "ram", "net rx",
                 "net tx", "jobs", "wait"):
         t.add_column(col)

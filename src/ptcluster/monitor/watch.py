@@ -115,6 +115,8 @@ def node_waits(figures: dict[str, Any] | None) -> dict[str, str]:
     late = set(((figures or {}).get("current") or {}).get("ranks") or [])
     cells: dict[str, list[str]] = {}
     for r in (figures or {}).get("ranks") or []:
-        cells.setdefault(str(r.get("host")), []).append(
+        if not r.get("host"):
+            continue
+        cells.setdefault(str(r["host"]), []).append(
             f"r{r['rank']} {r['wait_share']:.0%}" + (" straggler" if r["rank"] in late else ""))
     return {host: ", ".join(texts) for host, texts in cells.items()}
