@@ -182,12 +182,13 @@ def test_heartbeats_grow_longer_only_past_a_fixed_rate_for_the_head() -> None:
 
 def test_guards_hold_their_output_longer_only_as_the_cluster_grows() -> None:
     # A guard holds its ranks' lines nodes / OUTPUT_WRITES_PER_SECOND s to write them at once,
-    # so the head reads that many writes of output a second at most; never over half a beat.
+    # so the head reads that many writes of output a second at most; never over a heartbeat
+    # (which takes them along).
     from ptcluster.launch.result import OUTPUT_WRITES_PER_SECOND as W
 
     opts = RunOptions()
-    assert [opts.output_hold_for(n) for n in (1, 8, W)] == [1 / W, 8 / W, 1.0]
-    assert opts.output_hold_for(2 * W) == 1.5  # (half of a 3 s heartbeat: its ceiling)
+    assert [opts.output_hold_for(n) for n in (1, 8, W, 2 * W)] == [1 / W, 8 / W, 1.0, 2.0]
+    assert opts.output_hold_for(4 * W) == 3.0  # (a 3 s heartbeat: its ceiling)
     text = "nodes:\n" + "".join(f"  - {{host: n{i}, slots: 8}}\n" for i in range(2))
     plan = plan_launch(parse_cluster_text(text, "c.yaml"), Target(script="t.py"), port=29500,
                        job_id="J")

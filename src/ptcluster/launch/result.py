@@ -16,10 +16,11 @@ BEATS_PER_SECOND = 512
 each one costs it a write or a read and a decode (~50 us here), so 1024 nodes beating every
 second cost ~10 % of a core for liveness alone. Past ``BEATS_PER_SECOND`` nodes the interval
 grows with the cluster instead (torch elastic's rendezvous keeps alive every 5 s)."""
-OUTPUT_WRITES_PER_SECOND = 1024
+OUTPUT_WRITES_PER_SECOND = BEATS_PER_SECOND
 """Writes of output the head is sized to read a second from all nodes together, whatever the
 ranks print: each guard holds its ranks' lines ``nodes / OUTPUT_WRITES_PER_SECOND`` s and
-writes them at once (``node.outbox``; 8 ms on 8 nodes, 1 s on 1024)."""
+writes them at once (``node.outbox``; 16 ms on 8 nodes, 2 s on 1024), or with its next
+heartbeat, whichever comes first."""
 
 
 @dataclass(kw_only=True)
@@ -63,8 +64,10 @@ class RunOptions:
 
     def output_hold_for(self, nodes: int) -> float:
         """Seconds a guard of a job on ``nodes`` nodes may hold its ranks' output to write
-        it in one go (see ``OUTPUT_WRITES_PER_SECOND``), at most half a heartbeat."""
-        return min(nodes / OUTPUT_WRITES_PER_SECOND, self.heartbeat_for(nodes) / 2)
+        it in one go (see ``OUTPUT_WRITES_PER_SECOND``), at most a heartbeat: past 512 nodes
+        the held output goes with the heartbeats, and output costs the head no read of its
+        own."""
+        return min(nodes / OUTPUT_WRITES_PER_SECOND, self.heartbeat_for(nodes))
 
     def __post_init__(self) -> None:
         for name in ("ready_timeout", "node_silence", "heartbeat_interval",
