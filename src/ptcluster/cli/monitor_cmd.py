@@ -16,6 +16,7 @@ from types import FrameType
 import click
 from rich.console import Console
 from rich.live import Live
+from rich.segment import Segment, SegmentLines
 from rich.table import Table
 
 from ptcluster.cli.common import SECONDS, FiniteFloat, cluster_option, load_spec
@@ -69,8 +70,9 @@ def watch(mon: Monitor, runs: Path, interval: float, as_json: bool, stop: thread
     with Live(console=console, auto_refresh=False, screen=False) as live:
         while True:
             views, figures = mon.snapshot(), job_straggler(runs)
-            live.update(fitted(live.console, views, figures) if live.console.is_terminal
-                        else table(views, figures), refresh=True)  # (not a screen: all)
+            live.update(SegmentLines(_fit(live.console, views, figures)[1], new_lines=True)
+                        if live.console.is_terminal else table(views, figures),
+                        refresh=True)  # (not a screen: every node)
             if stop.wait(min(interval, 1.0)):
                 return
 
@@ -145,17 +147,22 @@ def shown(views: list[NodeView], waits: dict[str, str],
 def fitted(console: Console, views: list[NodeView], straggler: dict | None) -> Table:
     """The live table, as many nodes as fit on ``console``'s screen (rows wrap on a narrow
     one: the rows are counted again from a first drawing, at most three times)."""
+    return _fit(console, views, straggler)[0]
+
+
+def _fit(console: Console, views: list[NodeView],
+         straggler: dict | None) -> tuple[Table, list[list[Segment]]]:
+    """``fitted``'s table and its drawing on ``console`` (shown as it is: not drawn again)."""
     height = console.height
     rows = max(1, height - TABLE_FRAME)
-    drawn = table(views, straggler, rows)
-    for _ in range(3):
-        lines = len(console.render_lines(drawn, pad=False))
-        if lines <= height or rows <= 1:
-            break
-        per_row = max(1.0, (lines - TABLE_FRAME) / max(1, drawn.row_count))
-        rows = max(1, min(rows - 1, int((height - TABLE_FRAME) / per_row)))
+    for tries in range(4):
         drawn = table(views, straggler, rows)
-    return drawn
+        lines = console.render_lines(drawn, pad=False)
+        if len(lines) <= height or rows <= 1 or tries == 3:
+            break
+        per_row = max(1.0, (len(lines) - TABLE_FRAME) / max(1, drawn.row_count))
+        rows = max(1, min(rows - 1, int((height - TABLE_FRAME) / per_row)))
+    return drawn, lines
 
 
 def table(views: list[NodeView], straggler: dict | None = None,
