@@ -22,10 +22,10 @@ import time
 from collections import Counter
 from typing import Any
 
+from ptcluster.cluster import local_cluster, parse_cluster_text
 from ptcluster.doctor.checks import run_checks
 from ptcluster.doctor.collect import NodeReport, collect_facts, probe_peers
 from ptcluster.remote.transport import LocalTransport
-from ptcluster.spec import local_cluster, parse_cluster_text
 
 
 def one_node() -> NodeReport:

@@ -39,9 +39,9 @@ def watch_once(nodes: int, mode: str, seconds: float, interval: float) -> dict[s
 
     from ptcluster.cli import raise_open_files_limit
     from ptcluster.cli.monitor_cmd import watch
+    from ptcluster.cluster import parse_cluster_text
     from ptcluster.monitor.watch import Monitor
     from ptcluster.remote.transport import LocalTransport
-    from ptcluster.spec import parse_cluster_text
 
     @dataclass
     class IdleLocal(LocalTransport):

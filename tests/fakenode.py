@@ -185,9 +185,9 @@ def fake_job(nodes: int, slots: int = 8, job_id: str = "fake") -> tuple[Any, dic
     channel: the preamble is sent and read as a guard's would be)."""
     from dataclasses import dataclass
 
+    from ptcluster.cluster.load import parse_cluster_text
     from ptcluster.launch.plan import Target, plan_launch
     from ptcluster.remote.transport import Transport
-    from ptcluster.spec.load import parse_cluster_text
 
     @dataclass
     class FakeTransport(Transport):

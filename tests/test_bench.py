@@ -25,8 +25,8 @@ from ptcluster.bench.plot import (
     write_plots,
 )
 from ptcluster.bench.sweep import BenchConfig, BenchResult, Row, run_bench, worker_config
+from ptcluster.cluster.load import local_cluster
 from ptcluster.errors import UsageError
-from ptcluster.spec.load import local_cluster
 from tests.jobs import run_head
 
 

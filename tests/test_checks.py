@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
+from ptcluster.cluster import parse_cluster_text
 from ptcluster.doctor.checks import run_checks
 from ptcluster.doctor.collect import NodeReport, ProblemKind
 from ptcluster.node import FACTS as PROBE_PROGRAM
 from ptcluster.node import accel
 from ptcluster.remote.bootstrap import pack_source
-from ptcluster.spec import parse_cluster_text
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "testbed_facts.json").read_text())
 CLUSTER = "nodes: [{host: node0, slots: 2}, {host: node1}, {host: node2}]\n"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ptcluster.spec import load_cluster_file, parse_hosts
+from ptcluster.cluster import load_cluster_file, parse_hosts
 
 CLUSTER = "nodes:\n  - {host: n1, slots: 2}\n  - {host: n2, slots: 1, interface: ens4}\n" \
           "interface: eth0\nenv: {NCCL_DEBUG: WARN, ODD: \"it's $HOME\"}\n"

@@ -161,11 +161,11 @@ def test_the_outbox_keeps_the_order_and_a_bounded_hold() -> None:
 def test_a_channel_that_cannot_start_names_the_local_program_that_is_missing(
         tmp_path, monkeypatch, transport, words) -> None:
     """ssh or srun missing on the head is not a bad `python:` (the node's interpreter)."""
+    from ptcluster.cluster import SshSpec
     from ptcluster.node import GUARD
     from ptcluster.remote.channel import NodeChannel, start_all
     from ptcluster.remote.slurm import SrunTransport
     from ptcluster.remote.transport import LocalTransport, SshTransport
-    from ptcluster.spec import SshSpec
 
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing to start here
     t = {"ssh": SshTransport(host="n1", ssh=SshSpec()),
@@ -188,12 +188,12 @@ def test_the_guard_beats_as_often_as_its_config_says(tmp_path, every) -> None:
     import threading
     import time
 
+    from ptcluster.cluster import local_cluster
     from ptcluster.launch.plan import Target, plan_launch
     from ptcluster.launch.result import RunOptions
     from ptcluster.node import GUARD
     from ptcluster.remote.channel import NodeChannel, close_all, start_all
     from ptcluster.remote.transport import LocalTransport
-    from ptcluster.spec import local_cluster
 
     (tmp_path / "t.py").write_text("")
     plan = plan_launch(local_cluster(1), Target(script=str(tmp_path / "t.py")), port=0,

@@ -7,12 +7,12 @@ import shlex
 
 import pytest
 
+from ptcluster.cluster import SshSpec, local_cluster, parse_cluster_text
 from ptcluster.launch.plan import Target, plan_launch, rank_env
 from ptcluster.launch.result import RunOptions
 from ptcluster.node import GUARD
 from ptcluster.remote.bootstrap import BOOTSTRAP, node_argv
 from ptcluster.remote.transport import LocalTransport, SshTransport
-from ptcluster.spec import SshSpec, local_cluster, parse_cluster_text
 
 CLUSTER = """
 nodes:

@@ -118,10 +118,10 @@ def test_policy_validates() -> None:
 
 
 def test_the_console_s_dropped_lines_are_in_the_summary(tmp_path, monkeypatch) -> None:
+    from ptcluster.cluster import parse_cluster_text
     from ptcluster.launch.plan import Target, plan_launch
     from ptcluster.launch.result import RunResult
     from ptcluster.launch.runner import Runner
-    from ptcluster.spec import parse_cluster_text
 
     spec = parse_cluster_text("nodes:\n  - {host: a, slots: 1}\n", "c.yaml")
     plan = plan_launch(spec, Target(script="t.py"), port=29500, job_id="J")
@@ -140,13 +140,13 @@ def test_the_console_s_dropped_lines_are_in_the_summary(tmp_path, monkeypatch) -
 def test_a_torn_down_attempts_late_channel_close_is_not_the_next_attempts(tmp_path) -> None:
     # A channel SIGKILLed at the end of one attempt (a lost node, the stop deadline) reports its
     # close when it is gone, which may be after the next attempt started, on the same queue.
+    from ptcluster.cluster import parse_cluster_text
     from ptcluster.launch import events as ev
     from ptcluster.launch.plan import Target, plan_launch
     from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
     from ptcluster.launch.supervisor import Supervisor
     from ptcluster.node import wire
-    from ptcluster.spec import parse_cluster_text
 
     spec = parse_cluster_text("nodes:\n  - {host: a, slots: 1}\n  - {host: b, slots: 1}\n",
                               "c.yaml")
@@ -167,13 +167,13 @@ def test_a_log_that_cannot_be_written_loses_no_frame_after_it(tmp_path) -> None:
     """Rank 0's log cannot be opened (here: a directory in its place; at scale: no descriptors
     left): its output still reaches the console, and the exit status in the same batch is
     not lost (it used to be: the batch ended at the error, and the rank looked killed)."""
+    from ptcluster.cluster import parse_cluster_text
     from ptcluster.launch import events as ev
     from ptcluster.launch.plan import Target, plan_launch
     from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
     from ptcluster.launch.supervisor import Supervisor
     from ptcluster.node import wire
-    from ptcluster.spec import parse_cluster_text
 
     spec = parse_cluster_text("nodes:\n  - {host: a, slots: 2}\n", "c.yaml")
     plan = plan_launch(spec, Target(script="t.py"), port=29500, job_id="J")
@@ -201,13 +201,13 @@ def test_a_log_that_cannot_be_written_loses_no_frame_after_it(tmp_path) -> None:
 
 
 def test_a_sink_that_raises_costs_its_line_never_the_frames_after_it(tmp_path) -> None:
+    from ptcluster.cluster import parse_cluster_text
     from ptcluster.launch import events as ev
     from ptcluster.launch.plan import Target, plan_launch
     from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
     from ptcluster.launch.supervisor import Supervisor
     from ptcluster.node import wire
-    from ptcluster.spec import parse_cluster_text
 
     def broken_sink(host: str, rank: int | None, text: str) -> None:
         raise RuntimeError("the console is gone")
@@ -364,11 +364,11 @@ def test_a_job_ended_from_outside_is_stopped_not_failed_and_not_restarted(tmp_pa
                                                                           no_leftovers) -> None:
     """What Slurm's scancel does to an allocation, through the runner's ``ended_by`` (the real
     scancel is in test_slurm.py): asked once, after the failed attempt."""
+    from ptcluster.cluster import local_cluster
     from ptcluster.launch.plan import Target
     from ptcluster.launch.prepare import prepare, restarts
     from ptcluster.launch.runner import Runner
     from ptcluster.remote.connect import transports
-    from ptcluster.spec import local_cluster
 
     (tmp_path / "fail.py").write_text(ATTEMPTS)
     spec = local_cluster(1)

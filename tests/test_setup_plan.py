@@ -330,9 +330,9 @@ def test_a_failed_sync_is_said_also_under_quiet(cli, tmp_path: Path, monkeypatch
 def test_setup_closes_a_session_it_gave_up_on() -> None:
     # a node whose setup program stopped answering fails with "no answer within..." before its
     # session is kept: its ssh and node program must still be ended with the others
+    from ptcluster.cluster import parse_cluster_text
     from ptcluster.remote.transport import LocalTransport
     from ptcluster.setup.apply import Setup, SetupOptions
-    from ptcluster.spec import parse_cluster_text
 
     spec = parse_cluster_text("nodes: [{host: n1}]\n", "c.yaml")
     setup = Setup(spec, SetupOptions(dry_run=True), password=lambda: None)
@@ -348,8 +348,8 @@ def test_apply_replans_only_the_step_it_applies(monkeypatch, tmp_path: Path) -> 
     # that step alone from them (not every step for every step)
     from dataclasses import replace
 
+    from ptcluster.cluster import parse_cluster_text
     from ptcluster.setup.apply import Setup, SetupOptions
-    from ptcluster.spec import parse_cluster_text
 
     planned: list[str] = []
 

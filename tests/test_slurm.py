@@ -23,11 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from ptcluster.doctor.collect import NodeReport
-from ptcluster.doctor.slurm_checks import slurm_checks
-from ptcluster.remote.slurm import SrunTransport, ended_by_slurm
-from ptcluster.remote.transport import explain_channel_failure, explain_start_failure
-from ptcluster.spec.slurm import (
+from ptcluster.cluster.slurm import (
     allocation_from_env,
     describe,
     job_port,
@@ -35,6 +31,10 @@ from ptcluster.spec.slurm import (
     parse_tasks_per_node,
     slurm_cluster,
 )
+from ptcluster.doctor.collect import NodeReport
+from ptcluster.doctor.slurm_checks import slurm_checks
+from ptcluster.remote.slurm import SrunTransport, ended_by_slurm
+from ptcluster.remote.transport import explain_channel_failure, explain_start_failure
 from tests.procs import job_processes
 from tests.slurmbed import parent_pid
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ptcluster.cluster import parse_cluster_text
 from ptcluster.launch import events as ev
 from ptcluster.launch.control import ControlError, ControlServer, alive, ask
 from ptcluster.launch.plan import Target, plan_launch
@@ -24,7 +25,6 @@ from ptcluster.node.hangwatch import ProgressMeter, find_pyspy
 from ptcluster.node.outbox import Outbox
 from ptcluster.node.rank import shim
 from ptcluster.node.rank_server import RankServer
-from ptcluster.spec import parse_cluster_text
 
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed"
 SHIM_FRAMES = ('  File "ptcluster-shim", line 141 in run_in_process\n'

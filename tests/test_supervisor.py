@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from ptcluster.cluster import parse_cluster_text
 from ptcluster.launch import events as ev
 from ptcluster.launch.actions import DeliverData, NodeLine, StacksAnswered
 from ptcluster.launch.plan import Target, plan_launch
@@ -15,7 +16,6 @@ from ptcluster.launch.result import Failure, FailureKind, RunOptions
 from ptcluster.launch.states import Escalation, NodeState
 from ptcluster.launch.supervisor import Phase, Send, SignalChannel, Status, Supervisor
 from ptcluster.node import wire
-from ptcluster.spec import parse_cluster_text
 
 CLUSTER = "nodes:\n  - {host: a, slots: 2}\n  - {host: b, slots: 1}\n"
 WALL = 1_000_000.0  # head wall clock at monotonic 0

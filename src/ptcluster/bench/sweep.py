@@ -17,11 +17,11 @@ from ptcluster.bench.formulas import (
     root_for,
     size_for,
 )
+from ptcluster.cluster.model import ClusterSpec
 from ptcluster.launch.prepare import run_rank_program
 from ptcluster.launch.result import Failure, RunOptions
 from ptcluster.launch.runner import LineSink
 from ptcluster.node import BENCH_WORKER
-from ptcluster.spec.model import ClusterSpec
 
 
 @dataclass(frozen=True, kw_only=True)

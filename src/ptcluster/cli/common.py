@@ -9,11 +9,11 @@ from typing import Any, TypeVar
 
 import click
 
+from ptcluster.cluster import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
+from ptcluster.cluster.slurm import allocation_from_env, describe, slurm_cluster
 from ptcluster.errors import UsageError
 from ptcluster.launch.prepare import local_gpu_count
 from ptcluster.remote.slurm import run_scontrol
-from ptcluster.spec import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
-from ptcluster.spec.slurm import allocation_from_env, describe, slurm_cluster
 
 F = TypeVar("F", bound=Callable[..., Any])
 

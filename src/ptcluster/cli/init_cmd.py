@@ -9,9 +9,9 @@ from pathlib import Path
 import click
 
 from ptcluster.cli.common import quiet
+from ptcluster.cluster import ClusterSpec, SshSpec, load_hostfile, parse_hosts, render_cluster_yaml
+from ptcluster.cluster.validate import Reader
 from ptcluster.errors import SpecError, UsageError
-from ptcluster.spec import ClusterSpec, SshSpec, load_hostfile, parse_hosts, render_cluster_yaml
-from ptcluster.spec.validate import Reader
 
 
 @click.command(help=__doc__)

@@ -14,13 +14,13 @@ from typing import Any
 import click
 
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec
+from ptcluster.cluster import ClusterSpec
 from ptcluster.launch.kill import HeadStop, stop_through_head
 from ptcluster.node import KILL
 from ptcluster.node.wire import control, split
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.connect import transports
 from ptcluster.remote.transport import explain_channel_failure
-from ptcluster.spec import ClusterSpec
 
 
 @click.command(help=__doc__)

@@ -28,6 +28,7 @@ from ptcluster.cli.common import (
 )
 from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.sync_cmd import run_sync
+from ptcluster.cluster.model import ClusterSpec
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
 from ptcluster.launch.plan import LaunchPlan, Target
@@ -38,7 +39,6 @@ from ptcluster.launch.runlogs import ConsoleFeed
 from ptcluster.launch.runner import Runner
 from ptcluster.launch.straggler import DEFAULT_THRESHOLD
 from ptcluster.remote.connect import outside_stop, transports
-from ptcluster.spec.model import ClusterSpec
 
 
 @click.command(help=__doc__, context_settings={"allow_interspersed_args": False,

@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from ptcluster.cli.common import cluster_option, load_spec, quiet
+from ptcluster.cluster import ClusterSpec
 from ptcluster.errors import who_what_fix
 from ptcluster.remote.sync import SyncResult, sync_project
-from ptcluster.spec import ClusterSpec
 
 
 @click.command(help=__doc__ + "\n\nrsync over the cluster's ssh options (only what changed); "

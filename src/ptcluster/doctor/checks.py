@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ptcluster.cluster.model import ClusterSpec, NodeSpec, Reach
 from ptcluster.doctor.collect import NodeReport, ProblemKind, address_of, interface_of
 from ptcluster.errors import who_what_fix
-from ptcluster.spec.model import ClusterSpec, NodeSpec, Reach
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 GIB = 1 << 30

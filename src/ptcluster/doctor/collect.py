@@ -16,11 +16,11 @@ from enum import Enum
 from functools import partial
 from typing import Any
 
+from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.node import FACTS
 from ptcluster.node.wire import control, split
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
-from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 
 class ProblemKind(str, Enum):

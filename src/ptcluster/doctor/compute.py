@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from statistics import median
 
+from ptcluster.cluster.model import ClusterSpec
 from ptcluster.doctor.checks import OK, WARN, Finding
-from ptcluster.spec.model import ClusterSpec
 
 SLOW_NODE = 1.8
 """A node this many times slower than the others' median is named. Measured on the 3-node

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ptcluster.cluster.model import ClusterSpec
 from ptcluster.doctor.checks import FAIL, OK, SKIP, Finding, run_checks
 from ptcluster.doctor.collect import NodeReport, collect_facts
 from ptcluster.doctor.compute import compute_findings
@@ -14,7 +15,6 @@ from ptcluster.launch.prepare import resolve_port, run_rank_program
 from ptcluster.launch.result import RunOptions
 from ptcluster.node import ALLREDUCE
 from ptcluster.remote.connect import transports
-from ptcluster.spec.model import ClusterSpec
 
 
 @dataclass(kw_only=True)

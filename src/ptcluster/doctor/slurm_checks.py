@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.doctor.checks import FAIL, OK, WARN, Finding, per_node
 from ptcluster.doctor.collect import NodeReport
-from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 
 def _cpu_ranges(cpus: list[int]) -> str:

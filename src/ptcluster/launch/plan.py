@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.node.rank_wire import SHIM_BOOT
-from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 if TYPE_CHECKING:
     from ptcluster.launch.result import RunOptions

@@ -11,6 +11,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from ptcluster.cluster.model import ClusterSpec
 from ptcluster.launch.plan import AUTO_PORT, LaunchPlan, Target, new_job_id, plan_launch
 from ptcluster.launch.restart import RestartPolicy
 from ptcluster.launch.result import RunOptions, RunResult
@@ -18,7 +19,6 @@ from ptcluster.launch.runner import DataSink, LineSink, Restarts, Runner
 from ptcluster.node import Program
 from ptcluster.remote.bootstrap import pack_source
 from ptcluster.remote.connect import outside_stop, transports
-from ptcluster.spec.model import ClusterSpec
 
 DEFAULT_RUNS_DIR = "ptcluster-runs"
 

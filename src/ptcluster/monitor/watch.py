@@ -13,13 +13,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ptcluster.cluster.model import ClusterSpec
 from ptcluster.errors import PtclusterError, who_what_fix
 from ptcluster.launch.control import ask, running_jobs
 from ptcluster.node import SAMPLER
 from ptcluster.node.wire import control, split
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
-from ptcluster.spec.model import ClusterSpec
 
 
 @dataclass

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ptcluster.cluster.model import ClusterSpec, NodeSpec, Reach
 from ptcluster.remote.slurm import SrunTransport, ended_by_slurm
 from ptcluster.remote.transport import LocalTransport, SshTransport, Transport
-from ptcluster.spec.model import ClusterSpec, NodeSpec, Reach
 
 
 def transport(spec: ClusterSpec, node: NodeSpec) -> Transport:

@@ -28,8 +28,8 @@ import re
 import subprocess
 from dataclasses import dataclass
 
+from ptcluster.cluster.slurm import Runner, SlurmError
 from ptcluster.remote.transport import Transport
-from ptcluster.spec.slurm import Runner, SlurmError
 
 EXPORTED = ("HOME", "PATH", "USER", "LOGNAME", "LANG", "LC_ALL", "SHELL", "TMPDIR")
 """What the node program gets of the head's environment (plus Slurm's ``SLURM_*``)."""

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.remote.transport import remote_command, ssh_argv
-from ptcluster.spec.model import ClusterSpec, NodeSpec
 
 NO_RSYNC = 4
 """Exit status of the node's probe when it has no rsync."""

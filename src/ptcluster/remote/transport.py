@@ -17,7 +17,7 @@ import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from ptcluster.spec.model import AUTO_PYTHON, SETUP_PYTHON, SshSpec
+from ptcluster.cluster.model import AUTO_PYTHON, SETUP_PYTHON, SshSpec
 
 # Defaults a user's `ssh.options` may override (ssh keeps the first value it sees, so the
 # user's options come first on the command line).

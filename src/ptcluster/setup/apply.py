@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ptcluster.cluster.model import ClusterSpec, NodeSpec, SshSpec
 from ptcluster.node import SETUP_AGENT as SETUP
 from ptcluster.remote.channel import NodeChannel
 from ptcluster.remote.sync import tar_pipe
@@ -40,7 +41,6 @@ from ptcluster.setup.report import NodeSetupOutcome, SetupReport
 from ptcluster.setup.secret import Askpass, Secret
 from ptcluster.setup.torch_choice import GpuNode, TorchChoice, choose_torch
 from ptcluster.setup.wheels import DEFAULT_WHEELHOUSE, prepare_wheelhouse, self_version
-from ptcluster.spec.model import ClusterSpec, NodeSpec, SshSpec
 
 log = logging.getLogger(__name__)
 Event = Callable[[str, str], None]

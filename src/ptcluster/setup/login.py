@@ -10,11 +10,11 @@ import subprocess
 from dataclasses import replace
 from typing import Any
 
+from ptcluster.cluster.model import NodeSpec, SshSpec
 from ptcluster.node.wire import control, split
 from ptcluster.remote.channel import NodeChannel
 from ptcluster.remote.transport import SshTransport, ssh_argv
 from ptcluster.setup.secret import Askpass
-from ptcluster.spec.model import NodeSpec, SshSpec
 
 
 class NodeSession:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ptcluster.spec.load import (
+from ptcluster.cluster.load import (
     find_cluster_file,
     load_cluster_file,
     load_hostfile,
@@ -11,8 +11,8 @@ from ptcluster.spec.load import (
     parse_hostfile_text,
     parse_hosts,
 )
-from ptcluster.spec.model import ClusterSpec, MasterSpec, NodeSpec, SshSpec
-from ptcluster.spec.render import render_cluster_yaml
+from ptcluster.cluster.model import ClusterSpec, MasterSpec, NodeSpec, SshSpec
+from ptcluster.cluster.render import render_cluster_yaml
 
 __all__ = [
     "ClusterSpec", "MasterSpec", "NodeSpec", "SshSpec", "find_cluster_file", "load_cluster_file",

@@ -13,8 +13,7 @@ from typing import Any
 
 import yaml
 
-from ptcluster.errors import SpecError
-from ptcluster.spec.model import (
+from ptcluster.cluster.model import (
     AUTO_PYTHON,
     BACKENDS,
     DEFAULT_MASTER_PORT,
@@ -23,7 +22,8 @@ from ptcluster.spec.model import (
     NodeSpec,
     SshSpec,
 )
-from ptcluster.spec.validate import Reader, did_you_mean
+from ptcluster.cluster.validate import Reader, did_you_mean
+from ptcluster.errors import SpecError
 
 TOP_KEYS = ("nodes", "master", "backend", "interface", "python", "workdir", "env", "ssh",
             "gpus")

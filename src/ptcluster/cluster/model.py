@@ -113,7 +113,7 @@ class ClusterSpec:
     local: bool = False
     """True for the local cluster: this machine alone, reached without ssh."""
     slurm_job: str | None = None
-    """The Slurm job whose allocation these nodes are (see ``spec/slurm.py``); None otherwise."""
+    """The Slurm job whose allocation these nodes are (see ``cluster/slurm.py``); None otherwise."""
 
     def __post_init__(self) -> None:
         assert self.nodes, "a cluster has at least one node"

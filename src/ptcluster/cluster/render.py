@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from ptcluster.spec.model import AUTO_PYTHON, ClusterSpec, SshSpec
+from ptcluster.cluster.model import AUTO_PYTHON, ClusterSpec, SshSpec
 
 
 def _q(value: str) -> str:

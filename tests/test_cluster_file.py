@@ -7,14 +7,14 @@ import textwrap
 
 import pytest
 
-from ptcluster.errors import SpecError
-from ptcluster.spec import (
+from ptcluster.cluster import (
     load_cluster_file,
     parse_cluster_text,
     parse_hostfile_text,
     parse_hosts,
     render_cluster_yaml,
 )
+from ptcluster.errors import SpecError
 
 GOOD = """
 nodes:
@@ -216,11 +216,11 @@ def test_render_round_trips() -> None:
 
 
 def test_how_the_head_reaches_the_nodes_is_one_derived_value() -> None:
+    from ptcluster.cluster import local_cluster
+    from ptcluster.cluster.model import Reach
     from ptcluster.remote.connect import transports
     from ptcluster.remote.slurm import SrunTransport
     from ptcluster.remote.transport import LocalTransport, SshTransport
-    from ptcluster.spec import local_cluster
-    from ptcluster.spec.model import Reach
 
     ssh = parse_cluster_text("nodes:\n  - {host: n1, slots: 1}\n", "c.yaml")
     alloc = dataclasses.replace(ssh, slurm_job="42")

@@ -18,8 +18,8 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from ptcluster.cluster.model import DEFAULT_MASTER_PORT, ClusterSpec, MasterSpec, NodeSpec
 from ptcluster.errors import UsageError
-from ptcluster.spec.model import DEFAULT_MASTER_PORT, ClusterSpec, MasterSpec, NodeSpec
 
 Runner = Callable[[list[str]], str]
 """Runs a Slurm client command and returns its stdout (raises :class:`SlurmError`)."""
