@@ -87,7 +87,7 @@ def progress_sample_cost(repeat: int = 50) -> tuple[float, int]:
     """Median ms of one progress sample of the guard (a /proc scan) over this machine's
     processes, for two "ranks"."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from ptcluster.node.hangwatch import ProgressMeter, StackProbes
+    from ptcluster.node.guard.progress import ProgressMeter, StackProbes
 
     probes = StackProbes()
     probes.started(0, os.getpid())

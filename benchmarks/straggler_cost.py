@@ -22,7 +22,7 @@ from straggler_threshold import run_job
 
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
-from ptcluster.node.busy import BusyMeter  # noqa: E402
+from ptcluster.node.guard.schedstat import BusyMeter  # noqa: E402
 from ptcluster.node.wire import TIMING, encode  # noqa: E402
 from tests.testbed import Testbed  # noqa: E402
 

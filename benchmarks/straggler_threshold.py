@@ -29,7 +29,7 @@ from _common import ROOT, show
 
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
-from ptcluster.launch.straggler import DEFAULT_THRESHOLD  # noqa: E402
+from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD  # noqa: E402
 from tests.testbed import Testbed, cpu_capped  # noqa: E402
 
 JOB = ROOT / "tests" / "straggler_job.py"

@@ -41,9 +41,10 @@ import ptcluster.node
 
 
 def _shipped(name: str) -> Any:
-    """A shipped node module, loaded from its file (as the packer ships it: no package)."""
+    """A shipped node module (``guard/outbox`` under ``node/``), loaded from its file (as the
+    packer ships it: no package)."""
     spec = importlib.util.spec_from_file_location(
-        name, Path(ptcluster.node.__file__).with_name(f"{name}.py"))
+        name.rpartition("/")[2], Path(ptcluster.node.__file__).parent / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -51,7 +52,7 @@ def _shipped(name: str) -> Any:
 
 
 wire = _shipped("wire")
-outbox = _shipped("outbox")
+outbox = _shipped("guard/outbox")
 
 
 class FakeNode:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ptcluster.launch import events as ev
-from ptcluster.node.outbox import HOLD_BYTES, Outbox
+from ptcluster.launch.supervise import events as ev
+from ptcluster.node.guard.outbox import HOLD_BYTES, Outbox
+from ptcluster.node.guard.rank_server import RankServer
 from ptcluster.node.rank import shim
-from ptcluster.node.rank_server import RankServer
 
 SHIM = Path(shim.__file__)
 

@@ -36,7 +36,7 @@ HEAD = textwrap.dedent("""
     asked = {}
 
     def ask_straggler():  # as `ptcluster monitor` does, on the job's control socket
-        from ptcluster.launch.control import ask
+        from ptcluster.control.protocol import ask
         while not done.wait(0.5):
             try:
                 answer = ask(__import__("pathlib").Path(sys.argv[3]), {"cmd": "straggler"},

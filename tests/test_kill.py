@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from ptcluster.launch import heads
-from ptcluster.launch.control import SOCKET_NAME, ControlServer, ask
-from ptcluster.launch.kill import stop_through_head
+from ptcluster.control import registry as heads
+from ptcluster.control.kill import stop_through_head
+from ptcluster.control.protocol import SOCKET_NAME, ControlServer, ask
 from tests.jobs import Head, job_id_when_started, only_run
 from tests.procs import job_processes
 
@@ -221,7 +221,7 @@ def test_only_the_owner_or_root_is_answered_on_the_socket() -> None:
     shared = Path(tempfile.mkdtemp(dir="/tmp", prefix="ptc-control-"))
     os.chmod(shared, 0o755)
     server = ControlServer(shared, lambda request: {"ok": True, "asked": request})
-    code = ("import sys, json; from pathlib import Path; from ptcluster.launch.control import "
+    code = ("import sys, json; from pathlib import Path; from ptcluster.control.protocol import "
             "ask; print(json.dumps(ask(Path(sys.argv[1]), {'cmd': 'x'}, timeout=5)))")
     try:
         assert ask(shared, {"cmd": "x"}) == {"ok": True, "asked": {"cmd": "x"}}

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from ptcluster.monitor.jobs import job_rows
-from ptcluster.node import gpus, leases, sampler
-from ptcluster.node.prechecks import GuardError, lease_master_port
+from ptcluster.node import leases, sampler
+from ptcluster.node.guard import gpus
+from ptcluster.node.guard.prechecks import GuardError, lease_master_port
 
 
 @pytest.fixture

@@ -73,7 +73,7 @@ def test_env_is_cluster_env_plus_ours_only() -> None:
 
 def test_a_restart_is_planned_over_the_nodes_that_remain() -> None:
     from ptcluster.launch.prepare import restarts
-    from ptcluster.launch.restart import RestartPolicy
+    from ptcluster.launch.supervise.restart import RestartPolicy
 
     spec = parse_cluster_text(CLUSTER, "c.yaml")
     first = plan_launch(spec, Target(module="m"), port=29500, job_id="J", max_restarts=3)
@@ -100,7 +100,7 @@ def test_a_master_with_its_own_address_moves_to_the_next_nodes_reported_address(
     """`master: {addr: 10.1.0.1}` (a fabric address; hosts are how the head reaches nodes):
     when n1 is lost, n2's host may not even resolve on the nodes; its reported address does."""
     from ptcluster.launch.prepare import restarts
-    from ptcluster.launch.restart import RestartPolicy
+    from ptcluster.launch.supervise.restart import RestartPolicy
 
     spec = parse_cluster_text(CLUSTER + "master: {addr: 10.1.0.1, port: 29500}\n", "c.yaml")
     first = plan_launch(spec, Target(module="m"), port=29500, job_id="J", max_restarts=3)

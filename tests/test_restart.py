@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ptcluster.launch.restart import RestartPolicy, decide, start_step
 from ptcluster.launch.result import AttemptRecord, Failure, FailureKind
+from ptcluster.launch.supervise.restart import RestartPolicy, decide, start_step
 from tests.jobs import Head, only_run, rank_fields, run_head
 
 HOSTS = ["a", "b", "c"]
@@ -141,11 +141,11 @@ def test_a_torn_down_attempts_late_channel_close_is_not_the_next_attempts(tmp_pa
     # A channel SIGKILLed at the end of one attempt (a lost node, the stop deadline) reports its
     # close when it is gone, which may be after the next attempt started, on the same queue.
     from ptcluster.cluster import parse_cluster_text
-    from ptcluster.launch import events as ev
     from ptcluster.launch.plan import Target, plan_launch
     from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
-    from ptcluster.launch.supervisor import Supervisor
+    from ptcluster.launch.supervise import events as ev
+    from ptcluster.launch.supervise.supervisor import Supervisor
     from ptcluster.node import wire
 
     spec = parse_cluster_text("nodes:\n  - {host: a, slots: 1}\n  - {host: b, slots: 1}\n",
@@ -168,11 +168,11 @@ def test_a_log_that_cannot_be_written_loses_no_frame_after_it(tmp_path) -> None:
     left): its output still reaches the console, and the exit status in the same batch is
     not lost (it used to be: the batch ended at the error, and the rank looked killed)."""
     from ptcluster.cluster import parse_cluster_text
-    from ptcluster.launch import events as ev
     from ptcluster.launch.plan import Target, plan_launch
     from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
-    from ptcluster.launch.supervisor import Supervisor
+    from ptcluster.launch.supervise import events as ev
+    from ptcluster.launch.supervise.supervisor import Supervisor
     from ptcluster.node import wire
 
     spec = parse_cluster_text("nodes:\n  - {host: a, slots: 2}\n", "c.yaml")
@@ -202,11 +202,11 @@ def test_a_log_that_cannot_be_written_loses_no_frame_after_it(tmp_path) -> None:
 
 def test_a_sink_that_raises_costs_its_line_never_the_frames_after_it(tmp_path) -> None:
     from ptcluster.cluster import parse_cluster_text
-    from ptcluster.launch import events as ev
     from ptcluster.launch.plan import Target, plan_launch
     from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
-    from ptcluster.launch.supervisor import Supervisor
+    from ptcluster.launch.supervise import events as ev
+    from ptcluster.launch.supervise.supervisor import Supervisor
     from ptcluster.node import wire
 
     def broken_sink(host: str, rank: int | None, text: str) -> None:
@@ -228,7 +228,7 @@ def test_a_sink_that_raises_costs_its_line_never_the_frames_after_it(tmp_path) -
 
 
 def test_the_logs_of_a_restart_go_on_in_the_same_files_after_a_banner(tmp_path) -> None:
-    from ptcluster.launch.runlogs import RunLogs
+    from ptcluster.launch.rundir import RunLogs
 
     logs = RunLogs(tmp_path, max_open=1)  # (a pool of one: every file reopened in turn)
     for rank in (0, 1):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ptcluster.errors import UsageError
-from ptcluster.node.prechecks import node_python
+from ptcluster.node.guard.prechecks import node_python
 from ptcluster.remote.sync import project_files, remote_dir, tar_pipe
 from ptcluster.remote.transport import remote_command
 from ptcluster.setup import plan as P

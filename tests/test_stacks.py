@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 
 from ptcluster.cluster import parse_cluster_text
-from ptcluster.launch import events as ev
-from ptcluster.launch.control import ControlError, ControlServer, alive, ask
+from ptcluster.control.protocol import ControlError, ControlServer, alive, ask
 from ptcluster.launch.plan import Target, plan_launch
-from ptcluster.launch.progress import ProgressWatch
 from ptcluster.launch.result import RunOptions
-from ptcluster.launch.stacks import RankStack, StackReport, parse_faulthandler, rank_stack
-from ptcluster.launch.supervisor import CollectStacks, Send, SignalChannel, Supervisor
+from ptcluster.launch.stacks.report import RankStack, StackReport, parse_faulthandler, rank_stack
+from ptcluster.launch.supervise import events as ev
+from ptcluster.launch.supervise.hang import ProgressWatch
+from ptcluster.launch.supervise.supervisor import CollectStacks, Send, SignalChannel, Supervisor
 from ptcluster.node import wire
-from ptcluster.node.hangwatch import ProgressMeter, find_pyspy
-from ptcluster.node.outbox import Outbox
+from ptcluster.node.guard.outbox import Outbox
+from ptcluster.node.guard.progress import ProgressMeter, find_pyspy
+from ptcluster.node.guard.rank_server import RankServer
 from ptcluster.node.rank import shim
-from ptcluster.node.rank_server import RankServer
 
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed"
 SHIM_FRAMES = ('  File "ptcluster-shim", line 141 in run_in_process\n'

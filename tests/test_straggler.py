@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from ptcluster.launch import events as ev
-from ptcluster.launch.straggler import (
+from ptcluster.launch.supervise import events as ev
+from ptcluster.launch.supervise.straggler import (
     CONFIRM,
     DEFAULT_THRESHOLD,
     EVAL_EVERY,
@@ -20,7 +20,7 @@ from ptcluster.launch.straggler import (
     judge,
 )
 from ptcluster.node import wire
-from ptcluster.node.busy import BusyMeter, main_thread_schedstat
+from ptcluster.node.guard.schedstat import BusyMeter, main_thread_schedstat
 
 HOSTS = {0: "n0", 1: "n1", 2: "n2"}
 

@@ -9,12 +9,12 @@ import signal
 import pytest
 
 from ptcluster.cluster import parse_cluster_text
-from ptcluster.launch import events as ev
-from ptcluster.launch.actions import DeliverData, NodeLine, StacksAnswered
 from ptcluster.launch.plan import Target, plan_launch
 from ptcluster.launch.result import Failure, FailureKind, RunOptions
-from ptcluster.launch.states import Escalation, NodeState
-from ptcluster.launch.supervisor import Phase, Send, SignalChannel, Status, Supervisor
+from ptcluster.launch.supervise import events as ev
+from ptcluster.launch.supervise.actions import DeliverData, NodeLine, StacksAnswered
+from ptcluster.launch.supervise.states import Escalation, NodeState
+from ptcluster.launch.supervise.supervisor import Phase, Send, SignalChannel, Status, Supervisor
 from ptcluster.node import wire
 
 CLUSTER = "nodes:\n  - {host: a, slots: 2}\n  - {host: b, slots: 1}\n"

@@ -15,7 +15,7 @@ import click
 
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec
 from ptcluster.cluster import ClusterSpec
-from ptcluster.launch.kill import HeadStop, stop_through_head
+from ptcluster.control.kill import HeadStop, stop_through_head
 from ptcluster.node import KILL
 from ptcluster.node.wire import control, split
 from ptcluster.remote.channel import NodeChannel, close_all, start_all

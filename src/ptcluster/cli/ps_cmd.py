@@ -13,7 +13,7 @@ from rich.table import Table
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec
 from ptcluster.monitor.jobs import JobRow, job_rows
 from ptcluster.monitor.watch import Monitor
-from ptcluster.node.gpus import spans
+from ptcluster.node.guard.gpus import spans
 from ptcluster.remote.connect import transports
 
 

@@ -33,11 +33,11 @@ from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
 from ptcluster.launch.plan import LaunchPlan, Target
 from ptcluster.launch.prepare import prepare, restarts, run_dir_for
-from ptcluster.launch.restart import RestartPolicy
 from ptcluster.launch.result import RunOptions, RunResult
-from ptcluster.launch.runlogs import ConsoleFeed
+from ptcluster.launch.rundir import ConsoleFeed
 from ptcluster.launch.runner import Runner
-from ptcluster.launch.straggler import DEFAULT_THRESHOLD
+from ptcluster.launch.supervise.restart import RestartPolicy
+from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
 from ptcluster.remote.connect import outside_stop, transports
 
 

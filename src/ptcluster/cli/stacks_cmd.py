@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from ptcluster.control.protocol import ask, running_jobs
 from ptcluster.errors import UsageError
-from ptcluster.launch.control import ask, running_jobs
 from ptcluster.launch.prepare import DEFAULT_RUNS_DIR
 
 

@@ -9,7 +9,7 @@ import click
 
 from ptcluster.cli.common import NPROC, quiet
 from ptcluster.launch.prepare import DEFAULT_RUNS_DIR
-from ptcluster.launch.sbatch import SubmitConfig, new_run_dir, render_script, submit, write_script
+from ptcluster.submit.sbatch import SubmitConfig, new_run_dir, render_script, submit, write_script
 
 
 @click.command(help=__doc__ + "\n\nEverything after -- is what `ptcluster run` runs: "

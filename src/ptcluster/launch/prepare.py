@@ -13,9 +13,9 @@ from pathlib import Path
 
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.launch.plan import AUTO_PORT, LaunchPlan, Target, new_job_id, plan_launch
-from ptcluster.launch.restart import RestartPolicy
 from ptcluster.launch.result import RunOptions, RunResult
 from ptcluster.launch.runner import DataSink, LineSink, Restarts, Runner
+from ptcluster.launch.supervise.restart import RestartPolicy
 from ptcluster.node import Program
 from ptcluster.remote.bootstrap import pack_source
 from ptcluster.remote.connect import outside_stop, transports

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ptcluster.errors import who_what_fix
-from ptcluster.launch.straggler import DEFAULT_THRESHOLD
+from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
 
 BEATS_PER_SECOND = 512
 """Heartbeats the head sends (and takes) a second in all, each way, once the cluster is large:

@@ -22,9 +22,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ptcluster.control.protocol import ControlServer
 from ptcluster.errors import PtclusterError
-from ptcluster.launch import events as ev
-from ptcluster.launch.actions import (
+from ptcluster.launch.plan import LaunchPlan
+from ptcluster.launch.result import AttemptRecord, FailureKind, RunOptions, RunResult
+from ptcluster.launch.rundir import RunLogs, log_files_budget, write_private
+from ptcluster.launch.stacks.collector import StackCollector
+from ptcluster.launch.supervise import events as ev
+from ptcluster.launch.supervise.actions import (
     Action,
     CollectStacks,
     DeliverData,
@@ -34,15 +39,10 @@ from ptcluster.launch.actions import (
     StacksAnswered,
     Status,
 )
-from ptcluster.launch.collector import StackCollector
-from ptcluster.launch.control import ControlServer
-from ptcluster.launch.plan import LaunchPlan
-from ptcluster.launch.restart import RestartPolicy, decide
-from ptcluster.launch.result import AttemptRecord, FailureKind, RunOptions, RunResult
-from ptcluster.launch.runlogs import RunLogs, log_files_budget, write_private
-from ptcluster.launch.states import Phase
-from ptcluster.launch.supervisor import Supervisor
-from ptcluster.launch.view import SupervisorView
+from ptcluster.launch.supervise.restart import RestartPolicy, decide
+from ptcluster.launch.supervise.states import Phase
+from ptcluster.launch.supervise.supervisor import Supervisor
+from ptcluster.launch.supervise.view import SupervisorView
 from ptcluster.node import GUARD
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure

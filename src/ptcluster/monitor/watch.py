@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec
+from ptcluster.control.protocol import ask, running_jobs
 from ptcluster.errors import PtclusterError, who_what_fix
-from ptcluster.launch.control import ask, running_jobs
 from ptcluster.node import SAMPLER
 from ptcluster.node.wire import control, split
 from ptcluster.remote.channel import NodeChannel, close_all, start_all

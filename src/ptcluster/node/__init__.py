@@ -10,7 +10,7 @@ its program's kind, and ``tests/test_shipped.py`` checks it for every module dec
 * ``RANK`` programs (run inside a rank, under torchrun): the standard library, torch and their
   parts.
 
-This ``__init__`` is the one module here that is not shipped: it is the head's list.
+This ``__init__`` (and those of its subfolders) is not shipped: it is the head's list.
 """
 
 from __future__ import annotations
@@ -47,13 +47,14 @@ SHIM = Program("shim", _N + "rank.shim", RANK, (RANK_WIRE,))
 """Every rank's process: the parent around the user's program (reads no torch itself)."""
 STACK_PROBE = Program("stack-probe", _N + "rank.stack_probe", RANK, (RANK_WIRE,))
 """Installed by the shim in the rank's process: stacks on request, collectives' progress."""
-GUARD = Program("guard", _N + "guard", NODE,
-                (WIRE, NETIF, RANK_WIRE, _N + "proctree", _N + "hangwatch", _N + "outbox",
-                 _N + "rank_server", _N + "leases", _N + "prechecks", _N + "accel", _N + "gpus",
-                 _N + "busy"),
+_G = _N + "guard."
+GUARD = Program("guard", _G + "agent", NODE,
+                (WIRE, NETIF, RANK_WIRE, _G + "proctree", _G + "progress", _G + "outbox",
+                 _G + "rank_server", _N + "leases", _G + "prechecks", _N + "accel", _G + "gpus",
+                 _G + "schedstat"),
                 hands=(SHIM, STACK_PROBE))
 """Run's node agent: owns one node's part of a job."""
-FACTS = Program("facts", _N + "facts", NODE, (WIRE, NETIF, _N + "accel"))
+FACTS = Program("facts", _N + "doctor_facts", NODE, (WIRE, NETIF, _N + "accel"))
 """The doctor's node program: the node's facts, then its port and peer tests."""
 SAMPLER = Program("sampler", _N + "sampler", NODE, (WIRE, _N + "leases"))
 """The monitor's node program: one sample per interval."""

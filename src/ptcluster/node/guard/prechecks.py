@@ -11,9 +11,9 @@ import socket
 import sys
 from typing import Any
 
+from ptcluster.node.guard.proctree import listdir  # inlined
 from ptcluster.node.leases import LEASE_DIR, Lease, Leasing, describe  # inlined
 from ptcluster.node.netif import AUTO_PORTS  # inlined
-from ptcluster.node.proctree import listdir  # inlined
 
 
 class GuardError(Exception):

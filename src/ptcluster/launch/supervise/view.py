@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ptcluster.launch.result import Failure, NodeOutcome, RankRecord
-from ptcluster.launch.states import NodeState, Phase
+from ptcluster.launch.supervise.states import NodeState, Phase
 
 if TYPE_CHECKING:
-    from ptcluster.launch.supervisor import Supervisor
+    from ptcluster.launch.supervise.supervisor import Supervisor
 
 
 class SupervisorView:

@@ -7,7 +7,7 @@ Protocol (frames of ``node.wire``, one per line):
   stdin   line 1 the packed source (read by the bootstrap); line 2 the JSON config (the
           ``NodePlan``'s guard config: argv, env, workdir, job_id, checks, timing)
           then ``hb`` (heartbeat), ``go`` (start the job), ``stop {reason}``, ``stacks {id,
-          native}`` (every rank's stacks, see ``node.hangwatch``); EOF = head gone
+          native}`` (every rank's stacks, see ``node.guard.progress``); EOF = head gone
   stdout  ``hello``, ``ready {facts}`` or ``error {problem, fix}``, ``started {pid}``,
           per rank ``rstart``/``rexit``/``rdata`` and its output as ``o``/``e`` text frames,
           torchrun's own output as ``a`` frames (output held up to ``output_hold`` s of the
@@ -43,20 +43,16 @@ import time
 import traceback
 from typing import Any
 
-from ptcluster.node.busy import BusyMeter  # inlined
-from ptcluster.node.gpus import claim  # inlined
-from ptcluster.node.hangwatch import ProgressMeter  # inlined
-from ptcluster.node.leases import Leasing, read_kill_notes  # inlined
-from ptcluster.node.netif import address_on, route_interface  # inlined
-from ptcluster.node.outbox import Outbox  # inlined
-from ptcluster.node.prechecks import (  # inlined
+from ptcluster.node.guard.gpus import claim  # inlined
+from ptcluster.node.guard.outbox import Outbox  # inlined
+from ptcluster.node.guard.prechecks import (  # inlined
     GuardError,
     check_target,
     lease_job,
     lease_master_port,
     node_python,
 )
-from ptcluster.node.proctree import (  # inlined
+from ptcluster.node.guard.proctree import (  # inlined
     descendants,
     libc_prctl,
     reap_others,
@@ -65,7 +61,11 @@ from ptcluster.node.proctree import (  # inlined
     set_subreaper,
     signal_tree,
 )
-from ptcluster.node.rank_server import EXIT_WAIT, RankServer  # inlined
+from ptcluster.node.guard.progress import ProgressMeter  # inlined
+from ptcluster.node.guard.rank_server import EXIT_WAIT, RankServer  # inlined
+from ptcluster.node.guard.schedstat import BusyMeter  # inlined
+from ptcluster.node.leases import Leasing, read_kill_notes  # inlined
+from ptcluster.node.netif import address_on, route_interface  # inlined
 from ptcluster.node.rank_wire import PROBE_FILE, SHIM_FILE, SHIM_VAR, SOCK_VAR  # inlined
 from ptcluster.node.wire import (  # inlined
     TIMING,
@@ -222,7 +222,7 @@ class Guard:
             return False
 
     def send_stacks(self, payload: str) -> None:
-        """Every rank's stacks for the head (``node.hangwatch``); the job is not disturbed."""
+        """Every rank's stacks for the head (``node.guard.progress``); the job is not disturbed."""
         try:
             ask = json.loads(payload) if payload else {}
         except ValueError:

@@ -1,7 +1,7 @@
 """Stacks collections on the head: asked of the nodes, answered by their guards, reported.
 
 The runner starts one when the supervisor says so (a hang) or ``ptcluster stacks`` asks through
-the control socket; each guard answers with its ranks' raw dumps (``node.hangwatch``); a
+the control socket; each guard answers with its ranks' raw dumps (``node.guard.progress``); a
 collection is complete when every node asked has answered or ``STACKS_WAIT`` passed (a node that
 did not answer is named in the report). Reports are saved in the run directory.
 """
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptcluster.launch import events as ev
-from ptcluster.launch.runlogs import write_private
-from ptcluster.launch.stacks import StackReport, build_report
+from ptcluster.launch.rundir import write_private
+from ptcluster.launch.stacks.report import StackReport, build_report
+from ptcluster.launch.supervise import events as ev
 
 STACKS_WAIT = 10.0
 """Seconds a collection waits for every node's answer (a guard needs <= 2.5 s, plus <= 6 s

@@ -11,8 +11,8 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.hangwatch import StackProbes  # inlined
-from ptcluster.node.outbox import Outbox  # inlined
+from ptcluster.node.guard.outbox import Outbox  # inlined
+from ptcluster.node.guard.progress import StackProbes  # inlined
 from ptcluster.node.rank_wire import (  # inlined
     BAD_RECORD,
     CTL,
@@ -43,7 +43,7 @@ class RankServer:
     serves every stream.
 
     Output lines end at ``\n`` or ``\r`` (progress bars), and a partial line is sent after
-    ``IDLE_FLUSH`` s without more (prompts). ``probe`` connections go to ``node.hangwatch``;
+    ``IDLE_FLUSH`` s without more (prompts). ``probe`` connections go to ``node.guard.progress``;
     every other record is passed to the head as its ``wire.RANK_FRAMES`` frame. A rank's
     ``rexit`` waits until every declared output stream has come and gone (or ``EXIT_WAIT``), so
     the head has a rank's last lines, its traceback included, before it learns that it ended.

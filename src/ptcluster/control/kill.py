@@ -14,8 +14,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from ptcluster.launch import heads
-from ptcluster.launch.control import ControlError, alive, ask
+from ptcluster.control import registry as heads
+from ptcluster.control.protocol import ControlError, alive, ask
 
 ANSWER_TIMEOUT = 5.0
 """Seconds a head has to take the request (it answers at once; the stop goes on after)."""

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ptcluster.control import registry as heads
 from ptcluster.errors import PtclusterError
-from ptcluster.launch import heads
 
 log = logging.getLogger(__name__)
 SOCKET_NAME = "control.sock"

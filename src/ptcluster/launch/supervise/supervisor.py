@@ -18,8 +18,16 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from ptcluster.launch import events as ev
-from ptcluster.launch.actions import (
+from ptcluster.launch.plan import AUTO_PORT, LaunchPlan
+from ptcluster.launch.result import (
+    Failure,
+    FailureKind,
+    NodeOutcome,
+    RankRecord,
+    RunOptions,
+)
+from ptcluster.launch.supervise import events as ev
+from ptcluster.launch.supervise.actions import (
     Action,
     CollectStacks,
     DeliverData,
@@ -29,18 +37,10 @@ from ptcluster.launch.actions import (
     StacksAnswered,
     Status,
 )
-from ptcluster.launch.plan import AUTO_PORT, LaunchPlan
-from ptcluster.launch.progress import ProgressWatch
-from ptcluster.launch.result import (
-    Failure,
-    FailureKind,
-    NodeOutcome,
-    RankRecord,
-    RunOptions,
-)
-from ptcluster.launch.states import FINAL, Escalation, NodeLife, NodeState, Phase
-from ptcluster.launch.straggler import StragglerWatch
-from ptcluster.launch.verdict import (
+from ptcluster.launch.supervise.hang import ProgressWatch
+from ptcluster.launch.supervise.states import FINAL, Escalation, NodeLife, NodeState, Phase
+from ptcluster.launch.supervise.straggler import StragglerWatch
+from ptcluster.launch.supervise.verdict import (
     Raised,
     guard_stopped,
     hung,
@@ -50,7 +50,7 @@ from ptcluster.launch.verdict import (
     not_ready,
     timed_out,
 )
-from ptcluster.launch.view import SupervisorView
+from ptcluster.launch.supervise.view import SupervisorView
 from ptcluster.node import wire
 from ptcluster.node.rank_wire import CHECKPOINT, PROGRESS_REPORTS, RESUMED, RETURNED
 

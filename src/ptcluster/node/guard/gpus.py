@@ -16,8 +16,8 @@ import pwd
 from typing import Any
 
 from ptcluster.node.accel import compute_processes, gpus  # inlined
+from ptcluster.node.guard.prechecks import GuardError, unleasable  # inlined
 from ptcluster.node.leases import Lease, Leasing, describe  # inlined
-from ptcluster.node.prechecks import GuardError, unleasable  # inlined
 
 VIRTUAL_GPUS = 1024
 """How far ``auto`` looks on a node without GPUs (indices only: nothing there to run out of)."""

@@ -1,7 +1,7 @@
 """The head's rule for "the job hangs": no running rank made progress for S seconds.
 
 Pure (no clock of its own, no I/O); the supervisor feeds it the guards' heartbeats and asks it
-on every tick. Each guard measures its own ranks (``node.hangwatch``: output lines, CPU of the
+on every tick. Each guard measures its own ranks (``node.guard.progress``: output lines, CPU of the
 rank's process tree, collectives completed per the flight recorder) and sends, with every
 heartbeat, the seconds since each rank last progressed, so node clocks never matter.
 

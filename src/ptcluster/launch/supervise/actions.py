@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ptcluster.launch import events as ev
+from ptcluster.launch.supervise import events as ev
 
 
 @dataclass(frozen=True)

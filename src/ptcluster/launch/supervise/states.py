@@ -11,8 +11,8 @@ import signal
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ptcluster.launch.actions import Action, Send, SignalChannel, Status
 from ptcluster.launch.result import NodeOutcome
+from ptcluster.launch.supervise.actions import Action, Send, SignalChannel, Status
 
 KILL_AFTER = 4.0
 """Seconds after the channel's SIGTERM before SIGKILL and giving up on the node."""
