@@ -23,7 +23,7 @@ from straggler_threshold import run_job
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 from ptcluster.node.guard.schedstat import BusyMeter  # noqa: E402
-from ptcluster.node.wire import TIMING, encode  # noqa: E402
+from ptcluster.node.wire import Kind, encode  # noqa: E402
 from tests.testbed import Testbed  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def guard_work(ranks: int = 8, n: int = 2000) -> float:
     t0 = time.perf_counter()
     for i in range(n):
         figures = meter.sample(pids, dict.fromkeys(range(ranks), i), time.monotonic() + i + 1)
-        encode(TIMING, {"t": 0.0, "ranks": figures, "node": meter.node()})
+        encode(Kind.TIMING, {"t": 0.0, "ranks": figures, "node": meter.node()})
     return (time.perf_counter() - t0) / n * 1e6
 
 

@@ -161,19 +161,20 @@ class FakeNode:
     def go(self) -> None:
         self.send(wire.encode("started", {"pid": os.getpid()}))
         for r in self.ranks:
-            self.send(wire.encode(wire.RSTART, {"rank": r, "pid": os.getpid(), "t": time.time()}))
+            self.send(wire.encode(wire.Kind.RSTART,
+                                  {"rank": r, "pid": os.getpid(), "t": time.time()}))
 
     def timing(self) -> bytes:
         """What a guard's ``node.busy`` reports for ranks that all keep up: half of the time
         running, a little waiting for a CPU, one collective completed."""
         span = self.every
         figures = {"span": span, "run": span / 2, "delay": span / 100, "collectives": 1}
-        return wire.encode(wire.TIMING, {"t": time.time(), "node": {"mem_available": 0.5},
+        return wire.encode(wire.Kind.TIMING, {"t": time.time(), "node": {"mem_available": 0.5},
                                          "ranks": {str(r): figures for r in self.ranks}})
 
     def end(self, code: int, reason: str) -> int:
         for r in self.ranks:
-            self.send(wire.encode(wire.REXIT, {"rank": r, "code": code, "t": time.time(),
+            self.send(wire.encode(wire.Kind.REXIT, {"rank": r, "code": code, "t": time.time(),
                                                "duration": 1.0, "lines": self.sent[r]}))
         self.send(wire.encode("exit", {"code": code, "reason": reason, "t": time.time()}))
         self.note(f"sent {sum(self.sent.values())}")

@@ -195,7 +195,7 @@ def test_threshold_is_validated() -> None:
 
 
 def test_the_timing_frame_decodes() -> None:
-    line = wire.encode(wire.TIMING, {"t": 1.0, "ranks": {"3": {"span": 2.0, "run": 0.5,
+    line = wire.encode(wire.Kind.TIMING, {"t": 1.0, "ranks": {"3": {"span": 2.0, "run": 0.5,
                                                              "delay": 0.2, "collectives": 9}},
                                      "node": {"mem_available": 0.4}}).decode().rstrip("\n")
     event = ev.decode("n1", line)

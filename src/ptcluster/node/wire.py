@@ -16,16 +16,136 @@ The first frame of a node program is ``hello {"v": VERSION, "program": ..., "pid
 
 import json
 import time
+from typing import Any, TypedDict
 
 VERSION = 2
-RSTART, REXIT, RERROR, RDATA = "rstart", "rexit", "rerror", "rdata"
-"""Control frames that carry a rank's records (``node.rank_wire``) from its guard to the head."""
-RANK_FRAMES = {"start": RSTART, "exit": REXIT, "error": RERROR, "data": RDATA}
+
+
+class Kind:
+    """Every frame kind, both ways, of every node program: the one place they are spelled (a test
+    fails on a frame kind written as a bare literal elsewhere)."""
+
+    # every node program
+    HELLO = "hello"
+    """Node -> head, first: ``{v, program, pid, time}`` (``hello()``)."""
+    HB = "hb"
+    """Both ways: a heartbeat (the guard's carries ``{t, idle}``)."""
+    STOP = "stop"
+    """Head -> node: stop what you do and end (the guard tears its job down)."""
+    ERROR = "error"
+    """Node -> head: the program refused, ``{problem, fix, busy}``."""
+    EXIT = "exit"
+    """Node -> head, last: ``{code, reason}``."""
+    # the guard (run's agent)
+    READY = "ready"
+    """Guard -> head: its prechecks passed; the payload is its ``ReadyFacts``."""
+    GO = "go"
+    """Head -> guard: start torchrun (``{master_addr, master_port}``)."""
+    STARTED = "started"
+    """Guard -> head: torchrun started, ``{pid}``."""
+    STACKS = "stacks"
+    """Head -> guard ``{id, why}``: every rank's stacks; guard -> head ``{id, ranks}``: them."""
+    STOPPING = "stopping"
+    """Guard -> head: it tears its job down, ``{reason, t, signal, killed_by}``."""
+    OUT, ERR, AGENT = "o", "e", "a"
+    """Guard -> head, text frames: a rank's stdout and stderr line (``o RANK TEXT``), a line of
+    the guard's own child (``a TEXT``: torchrun's agent)."""
+    RSTART, REXIT, RERROR, RDATA = "rstart", "rexit", "rerror", "rdata"
+    """Guard -> head: a rank's records (``node.rank_wire``)."""
+    TIMING = "timing"
+    """Guard -> head, every ``timing_every`` s while ranks run: ``{t, ranks, node}``, per rank its
+    main thread's ``{span, run, delay, collectives}`` since the last frame and the node's
+    ``{mem_available, gpu_util}`` (``node.guard.schedstat``; the head's
+    ``launch.supervise.straggler`` decides)."""
+    # the doctor's facts program
+    CONNECT = "connect"
+    """Head -> facts: connect to ``{host, port}``; facts -> head: the outcome."""
+    BYE = "bye"
+    """Head -> facts or setup: finish what was asked, then end."""
+    # the monitor's sampler
+    SAMPLE = "sample"
+    """Sampler -> head: one sample of the node."""
+    # setup's agent
+    FACTS = "facts"
+    """Head -> setup ``{only}``: read these fact sections; setup -> head: the facts."""
+    RUN = "run"
+    """Head -> setup: run one step's command."""
+    SUDO = "sudo"
+    """Head -> setup: the sudo password (piped to ``sudo -S``; never on a command line)."""
+    DONE = "done"
+    """Setup -> head: a step's outcome."""
+    # kill's node program
+    RESULT = "result"
+    """Kill -> head: what was signalled."""
+
+
+RANK_FRAMES = {"start": Kind.RSTART, "exit": Kind.REXIT, "error": Kind.RERROR,
+               "data": Kind.RDATA}
 """The frame for each rank record kind (``rank_wire.START``, ``EXIT``, ``ERROR``, ``REPORT``)."""
-TIMING = "timing"
-"""Guard -> head, every ``timing_every`` s while ranks run: ``timing {t, ranks, node}``, per rank
-its main thread's ``{span, run, delay, collectives}`` since the last frame and the node's
-``{mem_available, gpu_util}`` (``node.busy``; the head's ``launch.straggler`` decides)."""
+HEARTBEAT_EVERY = 1.0
+"""Seconds between a guard's heartbeats on clusters of up to 512 nodes (``GuardConfig``)."""
+HEARTBEAT_TIMEOUT = 15.0
+"""Seconds a guard waits without a byte from the head before it ends its part of the job."""
+STOP_GRACE = 4.0
+"""Seconds a guard gives torchrun to end its workers after SIGTERM before SIGKILL."""
+
+
+class GuardConfig(TypedDict, total=False):
+    """What the head tells a guard (its config line; ``launch.plan.NodePlan.guard_config``)."""
+
+    job_id: str
+    argv: list[str]
+    """torchrun's command line on this node."""
+    env: dict[str, str]
+    """The ranks' environment on this node (the head's plan)."""
+    env_defaults: dict[str, str]
+    """Set where the node has no value of its own."""
+    workdir: str
+    target: dict[str, str]
+    """``{"script": PATH}`` or ``{"module": NAME}``, checked before the job starts."""
+    check_port: int | str | None
+    """The master's rendezvous port to lease (``"auto"``: take a free one); None elsewhere."""
+    head: str
+    command: str
+    ranks: list[int]
+    """``[first, last]`` global rank on this node."""
+    slots: int
+    gpus: list[int] | str | None
+    interface: str | None
+    detect_interface_for: str | None
+    """The master's address: the interface is the one routing to it (no ``interface`` set)."""
+    heartbeat_timeout: float
+    heartbeat_every: float
+    grace: float
+    output_hold: float
+    """Seconds the guard may hold its ranks' output to write it in one go (``guard.outbox``)."""
+
+
+class ReadyFacts(TypedDict, total=False):
+    """What a guard found in its prechecks (its ``ready`` frame), kept per node by the head and
+    written to ``summary.json``."""
+
+    hostname: str
+    pid: int
+    python: str
+    time: float
+    workdir: str
+    subreaper: bool
+    subreaper_error: str
+    leases_off: str
+    """Why this node's leases are off (its lease directory is unusable); absent when on."""
+    master_port: int
+    """The master's leased rendezvous port."""
+    gpus: dict[str, Any]
+    """The GPUs the job holds here: ``{indices, visible, ...}`` (``guard.gpus.claim``)."""
+    interface: str | None
+    interface_source: str
+    address: str | None
+    """This node's address on ``interface``: where peers reach it."""
+    torchrun_pid: int
+    """Added by the head from the ``started`` frame."""
+
+
 TIMING_EVERY = 2.0
 """Seconds between two ``timing`` frames of a guard that beats every second."""
 
@@ -52,7 +172,7 @@ def encode_text(kind: str, rank: int | None, line: bytes) -> bytes:
 def hello(program: str) -> bytes:
     import os
 
-    return encode("hello", {"v": VERSION, "program": program, "pid": os.getpid(),
+    return encode(Kind.HELLO, {"v": VERSION, "program": program, "pid": os.getpid(),
                             "time": time.time()})
 
 

@@ -57,7 +57,7 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class Timing:
-    """A guard's straggler figures (``wire.TIMING``): per rank its main thread's ``{span, run,
+    """A guard's straggler figures (``wire.Kind.TIMING``): per rank its main thread's ``{span, run,
     delay, collectives}`` since the guard's last frame; the node's ``{mem_available,
     gpu_util}`` (``node.busy``)."""
 
@@ -194,26 +194,26 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         idle = body.get("idle")
         return Heartbeat(host, _opt_float(body.get("t")),
                          None if idle is None else {int(r): float(s) for r, s in idle.items()})
-    if kind == wire.TIMING:
+    if kind == wire.Kind.TIMING:
         return Timing(host, {int(r): dict(v) for r, v in (body.get("ranks") or {}).items()},
                       dict(body.get("node") or {}))
     if kind == "stacks":
         ident = body.get("id")
         return StacksReply(host, None if ident is None else int(ident),
                            {int(r): dict(v) for r, v in (body.get("ranks") or {}).items()})
-    if kind == wire.RERROR:
+    if kind == wire.Kind.RERROR:
         return RankError(host, int(body["rank"]), float(body["t"]), str(body.get("text", "")),
                          str(body.get("exc") or ""))
     if kind == "stopping":
         return GuardStopping(host, str(body.get("reason", "")), float(body["t"]),
                              str(body.get("signal") or ""), str(body.get("killed_by") or ""))
-    if kind == wire.RSTART:
+    if kind == wire.Kind.RSTART:
         return RankStart(host, int(body["rank"]), int(body["pid"]), float(body["t"]))
-    if kind == wire.REXIT:
+    if kind == wire.Kind.REXIT:
         code = body.get("code")
         return RankExit(host, int(body["rank"]), None if code is None else int(code),
                         float(body["t"]), _opt_float(body.get("duration")))
-    if kind == wire.RDATA:
+    if kind == wire.Kind.RDATA:
         return RankData(host, int(body.pop("rank")), body)
     if kind == "hello":
         return Hello(host, int(body["v"]), int(body["pid"]), float(body["time"]))
