@@ -19,7 +19,7 @@ from pathlib import Path
 from _common import PTCLUSTER, ROOT, median, show, ssh_only, timed
 
 sys.path.insert(0, str(ROOT))
-from tests.testbed import Testbed  # noqa: E402
+from tests.support.testbed import Testbed  # noqa: E402
 
 
 def main() -> None:

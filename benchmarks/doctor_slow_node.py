@@ -21,7 +21,7 @@ from _common import PTCLUSTER, ROOT, show
 
 sys.path.insert(0, str(ROOT))
 from ptcluster.doctor.compute import SLOW_NODE  # noqa: E402
-from tests.testbed import Testbed, cpu_capped  # noqa: E402
+from tests.support.testbed import Testbed, cpu_capped  # noqa: E402
 
 
 def ratios(path: Path, cwd: Path) -> dict[str, float]:

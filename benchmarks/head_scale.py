@@ -1,6 +1,6 @@
 """The head at scale: the real runner and supervisor with M fake nodes x 8 ranks
-(``tests/fakenode.py``: the head<->guard protocol from the shipped wire module, one process per
-node, over the local transport).
+(``tests/support/fakenode.py``: the head<->guard protocol from the shipped wire module, one
+process per node, over the local transport).
 
 Per (nodes, lines/s per rank), one head process each (a fresh one: nothing carries over):
 - cpu: the head's CPU (user+sys) over the steady part of the job, % of one core (less the
@@ -36,7 +36,7 @@ from typing import Any
 from _common import ROOT, cpu, last_json, proc_status
 
 sys.path.insert(0, str(ROOT))
-from tests.fakenode import fake_job  # noqa: E402
+from tests.support.fakenode import fake_job  # noqa: E402
 
 
 def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:

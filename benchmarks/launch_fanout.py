@@ -26,7 +26,7 @@ from pathlib import Path
 from _common import PTCLUSTER, ROOT, TORCHRUN, median, show, ssh_only, timed
 
 sys.path.insert(0, str(ROOT))
-from tests.testbed import Testbed  # noqa: E402
+from tests.support.testbed import Testbed  # noqa: E402
 
 NOOP = """import torch.distributed as dist
 dist.init_process_group("gloo")

@@ -31,9 +31,9 @@ from typing import Any
 from _common import PTCLUSTER, ROOT, median, show, ssh_only
 
 sys.path.insert(0, str(ROOT))
-from tests import bare  # noqa: E402
-from tests.bare import BareNode, BareOptions  # noqa: E402
-from tests.testbed import Testbed  # noqa: E402
+from tests.support import bare  # noqa: E402
+from tests.support.bare import BareNode, BareOptions  # noqa: E402
+from tests.support.testbed import Testbed  # noqa: E402
 
 ENV = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(bare.WHEELS)}
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from _common import PTCLUSTER, ROOT, TORCHRUN, median, show, timed
 
 sys.path.insert(0, str(ROOT))
-from tests.slurmbed import SlurmBed  # noqa: E402
+from tests.support.slurmbed import SlurmBed  # noqa: E402
 
 NOOP = """import torch.distributed as dist
 dist.init_process_group("gloo")

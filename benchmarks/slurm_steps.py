@@ -33,7 +33,7 @@ from pathlib import Path
 from _common import ROOT, show
 
 sys.path.insert(0, str(ROOT))
-from tests.slurmbed import SlurmBed  # noqa: E402
+from tests.support.slurmbed import SlurmBed  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from _common import PTCLUSTER, ROOT, median, show
 
 sys.path.insert(0, str(ROOT))
-from tests.testbed import Testbed  # noqa: E402
+from tests.support.testbed import Testbed  # noqa: E402
 
 
 def pair(cluster: Path, cwd: Path, env: dict[str, str]) -> tuple[float, float]:

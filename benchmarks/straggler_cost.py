@@ -1,6 +1,6 @@
 """What the straggler report costs a job: steps/s of a balanced DDP job (gloo, 3 testbed nodes x
-1 rank, ``tests/straggler_job.py``) with the guards' timing frames (the default) and without
-them (``PTCLUSTER_STRAGGLER: "0"`` in ``env:``), runs alternated, medians compared. Target
+1 rank, ``tests/programs/straggler_job.py``) with the guards' timing frames (the default) and
+without them (``PTCLUSTER_STRAGGLER: "0"`` in ``env:``), runs alternated, medians compared. Target
 >= 0.98x. The measure runs in the guards only (/proc every 2 s): nothing in the ranks changes.
 Needs root (testbed).
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 from ptcluster.node.guard.schedstat import BusyMeter  # noqa: E402
 from ptcluster.node.wire import Kind, encode  # noqa: E402
-from tests.testbed import Testbed  # noqa: E402
+from tests.support.testbed import Testbed  # noqa: E402
 
 
 def guard_work(ranks: int = 8, n: int = 2000) -> float:

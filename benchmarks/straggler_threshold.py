@@ -1,6 +1,6 @@
 """The straggler report on the 3-node testbed (1+1+1 ranks, a real DDP job over gloo,
-``tests/straggler_job.py``): how far apart balanced ranks are, how far a rank on a node capped to
-a share of a CPU stands out, and after how many of rank 0's steps it is named. Needs root
+``tests/programs/straggler_job.py``): how far apart balanced ranks are, how far a rank on a node
+capped to a share of a CPU stands out, and after how many of rank 0's steps it is named. Needs root
 (testbed, cgroup v1 cpu).
 
 The measure (``node.busy``, ``launch.straggler``): each rank's main-thread wait share from
@@ -30,9 +30,9 @@ from _common import ROOT, show
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD  # noqa: E402
-from tests.testbed import Testbed, cpu_capped  # noqa: E402
+from tests.support.testbed import Testbed, cpu_capped  # noqa: E402
 
-JOB = ROOT / "tests" / "straggler_job.py"
+JOB = ROOT / "tests" / "programs" / "straggler_job.py"
 
 
 def run_job(cluster: Path, cwd: Path, seconds: float, *extra: str) -> dict:

@@ -17,9 +17,9 @@ from pathlib import Path
 from _common import ROOT, show
 
 sys.path.insert(0, str(ROOT))
-from tests.jobs import Head, job_id_when_started  # noqa: E402
-from tests.procs import job_processes  # noqa: E402
-from tests.testbed import Testbed  # noqa: E402
+from tests.support.head import Head, job_id_when_started  # noqa: E402
+from tests.support.procs import job_processes  # noqa: E402
+from tests.support.testbed import Testbed  # noqa: E402
 
 SLEEPER = """import time, torch, torch.distributed as dist
 dist.init_process_group("gloo")

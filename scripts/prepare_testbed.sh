@@ -29,5 +29,5 @@ if ! ls "$CACHE"/wheels/torch-2.13.0*.whl >/dev/null 2>&1 || [ ! -f "$CACHE/whee
     psutil >/dev/null
   touch "$CACHE/wheels/.complete"
 fi
-# The nodes' shared venv (tests/bare.py node_venv; made once, ~1.5 min; kept while complete).
-"$PY" -c 'import sys; sys.path.insert(0, "."); from tests.bare import node_venv; node_venv()'
+# The nodes' shared venv (tests/support/bare.py node_venv; made once, ~1.5 min; kept while complete).
+"$PY" -c 'import sys; sys.path.insert(0, "."); from tests.support.bare import node_venv; node_venv()'

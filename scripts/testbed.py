@@ -3,7 +3,7 @@
 address, hostname, /etc/hosts and a real sshd, plus a cluster file that uses them.
 
     sudo .venv/bin/python scripts/testbed.py up 3 [--slots 2,1,1]
-    sudo .venv/bin/python scripts/testbed.py up 3 --bare   # own root file systems (tests/bare.py)
+    sudo .venv/bin/python scripts/testbed.py up 3 --bare   # own root file systems (support/bare)
     # in another shell: .venv/bin/ptcluster run --cluster <printed path> -m ptcluster.examples.mnist
 
 Ctrl-C (or SIGTERM) tears everything down.
@@ -18,9 +18,9 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests import bare  # noqa: E402
-from tests.bare import BareNode, BareOptions  # noqa: E402
-from tests.testbed import Testbed, TestbedError  # noqa: E402
+from tests.support import bare  # noqa: E402
+from tests.support.bare import BareNode, BareOptions  # noqa: E402
+from tests.support.testbed import Testbed, TestbedError  # noqa: E402
 
 
 def main() -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import job_processes
+from tests.support.procs import job_processes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,34 +67,9 @@ def no_leftovers():
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 # Tests say which cluster they use; a CI runner that is itself a Slurm job must not turn every
-# local-cluster test into one on its allocation (tests/slurmbed.py brings its own Slurm).
+# local-cluster test into one on its allocation (tests/support/slurmbed.py brings its own Slurm).
 for _var in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST"):
     os.environ.pop(_var, None)
-
-
-@pytest.fixture(scope="module")
-def testbed():
-    """A 3-node namespace testbed shared by a test module (torn down even on failure).
-
-    In CI (CI=true) a testbed that cannot start fails the tests; elsewhere they skip.
-    """
-    from tests.testbed import Testbed, TestbedError, available
-
-    why = available()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI needs the multi-node testbed: {why}")
-        pytest.skip(f"multi-node testbed unavailable: {why}")
-    try:
-        bed = Testbed(3)
-    except TestbedError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the testbed did not start: {exc}")
-        pytest.skip(f"the testbed did not start: {exc}")
-    try:
-        yield bed
-    finally:
-        bed.close()
 
 
 _JOB_PROGRAMS = ("torch.distributed.run", "torchrun")

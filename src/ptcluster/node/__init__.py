@@ -3,7 +3,7 @@
 Nothing of ptcluster is installed where these run, so every module in this package is shipped:
 the head's packer (``remote.bootstrap``) puts a program's ``parts`` in front of its source and
 drops the imports of them (marked ``# inlined``). What a shipped module may import follows from
-its program's kind, and ``tests/test_shipped.py`` checks it for every module declared below:
+its program's kind, and ``tests/local/test_shipped.py`` checks it for every module declared below:
 
 * ``NODE`` programs (started by the head over a node channel): the standard library and their
   parts (plus an optional third-party module behind ``try``: ``OPTIONAL``);

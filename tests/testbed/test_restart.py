@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from tests.jobs import Head, job_id_when_started, only_run, rank_fields
-from tests.procs import job_processes
-from tests.test_trainer_multinode import cluster_file
+from tests.support.head import Head, job_id_when_started, only_run, rank_fields
+from tests.support.procs import job_processes
+from tests.testbed.test_trainer import cluster_file
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 TRAIN = ["-m", "ptcluster.examples.mnist", "--no-download", "--dataset", "digits",

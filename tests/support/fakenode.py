@@ -10,7 +10,9 @@ output lines per second per rank (each rank at its own phase, through the guard'
 each node at its own phase, then every rank's exit and the guard's ``exit``;
 ``stop`` (or EOF) ends it early, as a guard's teardown would.
 
-    python tests/fakenode.py HOST   (stdin: the channel's preamble: program line, config line)
+    python tests/support/fakenode.py HOST
+
+(stdin: the channel's preamble: program line, config line)
 
 Knobs, from the environment (the head's, inherited): ``FAKE_RATE`` lines/s per rank (0),
 ``FAKE_SECONDS`` the job's length (5), ``FAKE_HOLD`` seconds to hold output instead of the

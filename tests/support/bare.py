@@ -27,7 +27,7 @@ from pathlib import Path
 CACHE = Path(os.environ.get("PTC_TESTBED_CACHE", "/var/cache/ptcluster-testbed"))
 APT_REPO = CACHE / "apt"
 WHEELS = CACHE / "wheels"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 USER = "ptuser"
 PASSWORD = "Tb-pw-7f3a9c-secret"
 """The login password of every bare node's user (a test secret: grepped for afterwards)."""

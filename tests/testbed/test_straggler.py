@@ -1,7 +1,7 @@
 """The straggler report on the 3-node testbed (real sshd, a real DDP job over gloo, 1+1+1
-ranks, ``tests/straggler_job.py``): with one node capped to ``CAP_PERCENT`` % of a CPU, its rank
-is named, after rank 0's first step and within ``WITHIN_STEPS`` of its steps, the console line
-the same as summary.json's; a balanced job gets no report."""
+ranks, ``tests/programs/straggler_job.py``): with one node capped to ``CAP_PERCENT`` % of a
+CPU, its rank is named, after rank 0's first step and within ``WITHIN_STEPS`` of its steps, the
+console line the same as summary.json's; a balanced job gets no report."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import only_run, run_head
+from tests.support.head import only_run, run_head
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 _ports = itertools.count(29780)
-JOB = Path(__file__).with_name("straggler_job.py")
+JOB = Path(__file__).resolve().parents[1] / "programs" / "straggler_job.py"
 CAP_PERCENT = 25
 WITHIN_STEPS = 600
 """Rank 0's steps before the first report. The report needs a full window (3 reports of 2 s from
@@ -42,7 +42,7 @@ def run_job(testbed, tmp_path: Path, no_leftovers,
 
 
 def test_a_capped_node_is_named_with_its_rank_and_why(testbed, tmp_path, no_leftovers) -> None:
-    from tests.testbed import cpu_capped
+    from tests.support.testbed import cpu_capped
 
     slow = testbed.nodes[2]
     with cpu_capped(slow, CAP_PERCENT):

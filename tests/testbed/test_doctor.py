@@ -10,7 +10,7 @@ from importlib import metadata
 
 import pytest
 
-from tests.jobs import run_head
+from tests.support.head import run_head
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 PY = sys.executable
@@ -156,7 +156,7 @@ def compute(report: dict) -> dict[str, dict]:
 def test_doctor_names_the_slow_node_and_only_it(testbed, tmp_path) -> None:
     """One node capped to 25 % of a CPU (a cgroup quota around its sshd): the compute probe
     names it, with its figure and the others' median; balanced, no node is named."""
-    from tests.testbed import cpu_capped
+    from tests.support.testbed import cpu_capped
 
     path = cluster(testbed, tmp_path, port=29593)
     code, report = doctor(path, tmp_path)
@@ -193,7 +193,7 @@ def test_doctor_probes_a_ring_and_a_few_peers_in_o_n(n) -> None:
 def test_ssh_reuse_connects_once_for_doctor_then_run(testbed, tmp_path) -> None:
     # ssh: {reuse: 30}: the first command leaves one master per node (in a directory of ours,
     # 0700), the next goes through it; neither waits for the stderr the master keeps (OpenSSH
-    # bug 1988; tests/test_channel.py checks that part alone).
+    # bug 1988; tests/local/test_channel.py checks that part alone).
     import os
     import shutil
     import subprocess

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ptcluster.bench.formulas import bus_factor
-from tests.jobs import Head, run_head
+from tests.support.head import Head, run_head
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 PY = sys.executable

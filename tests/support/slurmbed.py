@@ -1,6 +1,7 @@
 """A real Slurm on the namespace testbed: one munged, a slurmctld and one slurmd per node.
 
-Built on :class:`tests.testbed.Testbed` (nodes with their own network, hostname and sshd). The
+Built on :class:`tests.support.testbed.Testbed` (nodes with their own network, hostname and
+sshd). The
 Slurm daemons run *inside* the nodes: each is started by entering a node's namespaces through
 its sshd (``nsenter -t PID -n -u -m``), so a slurmd sees its node's address and hostname and
 every process it starts lives in that node. slurmctld runs in node 0 (a head node that is also
@@ -19,7 +20,7 @@ Needs root and Debian's ``slurm-wlm`` and ``munge`` (``scripts/test.sh`` install
 ``close()`` stops every job, every daemon, then the testbed; only processes the testbed started
 (by pid file, or living in its namespaces) are signalled.
 
-By hand:  .venv/bin/python -m tests.slurmbed     (prints how to use it; Ctrl-C ends it)
+By hand:  .venv/bin/python -m tests.support.slurmbed     (prints how to use it; Ctrl-C ends it)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.testbed import Node, Testbed, TestbedError
+from tests.support.testbed import Node, Testbed, TestbedError
 
 CGROUP_V1 = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids")
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "salloc", "sbatch", "scontrol", "scancel")
@@ -39,7 +40,7 @@ DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "salloc", "sbatch", "scontro
 
 def available() -> str | None:
     """None when a Slurm testbed can be built here, else the reason it cannot."""
-    from tests.testbed import available as testbed_available
+    from tests.support.testbed import available as testbed_available
 
     why = testbed_available()
     if why:
@@ -116,7 +117,7 @@ class SlurmBed:
             "RealMemory=1000 State=UNKNOWN"
             for node, name in zip(self.bed.nodes, self.names, strict=True))
         self.conf.write_text(f"""\
-# The testbed's Slurm (tests/slurmbed.py): linuxproc + task/none, see the module docstring.
+# The testbed's Slurm (tests/support/slurmbed.py): linuxproc + task/none, see the module docstring.
 ClusterName=ptc{self.bed.id}
 SlurmctldHost={ctl.name}({ctl.addr})
 SlurmUser=root

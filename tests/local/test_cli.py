@@ -412,7 +412,7 @@ def test_a_channel_without_descriptors_is_not_a_missing_program() -> None:
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine: the script "
                     "runs every path for real there (scripts/gpu_check.sh)")
 def test_gpu_check_skips_every_path_with_the_reason_without_a_gpu() -> None:
-    script = Path(__file__).parent.parent / "scripts" / "gpu_check.sh"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
     p = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()

@@ -1,4 +1,4 @@
-"""The head with many nodes (fake guards: ``tests/fakenode.py``, real runner, supervisor and
+"""The head with many nodes (fake guards: ``tests/support/fakenode.py``, real runner, supervisor and
 channels): constant threads, a descriptor budget, nothing lost. Each case runs the head in a
 child process under its own open-file limit."""
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 HEAD = textwrap.dedent("""
     import json, os, sys, threading
     sys.path.insert(0, sys.argv[1])
-    from tests.fakenode import fake_job
+    from tests.support.fakenode import fake_job
     from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
 
@@ -116,7 +116,7 @@ def test_the_runners_backlog_holds_at_its_limit_and_frees_at_half_of_it(tmp_path
     # Hysteresis: a hold lifted at BACKLOG - 1 would be taken again at the next batch, and the
     # hub would look at the held channels for nothing.
     from ptcluster.launch.runner import BACKLOG, Runner
-    from tests.fakenode import fake_job
+    from tests.support.fakenode import fake_job
 
     plan, transports = fake_job(1)
     runner = Runner(plan, transports, tmp_path / "run")
@@ -155,7 +155,7 @@ def test_the_logs_are_written_at_a_fixed_rate_for_the_head() -> None:
     # One write per log file that got lines: past LOG_WRITES_PER_SECOND / 2 ranks the logs are
     # written less often, so that the head's system calls for logs stay at that rate.
     from ptcluster.launch.runner import FLUSH_SECONDS, LOG_WRITES_PER_SECOND, flush_every
-    from tests.fakenode import fake_job
+    from tests.support.fakenode import fake_job
 
     assert flush_every(fake_job(8)[0]) == FLUSH_SECONDS
     assert flush_every(fake_job(1024)[0]) == (1024 * 8 + 1024) / LOG_WRITES_PER_SECOND == 2.25

@@ -22,10 +22,10 @@ import pytest
 from ptcluster.control import registry as heads
 from ptcluster.control.kill import stop_through_head
 from ptcluster.control.protocol import SOCKET_NAME, ControlServer, ask
-from tests.jobs import Head, job_id_when_started, only_run
-from tests.procs import job_processes
+from tests.support.head import Head, job_id_when_started, only_run
+from tests.support.procs import job_processes
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 BY = {"host": "h1", "user": "u1"}
 SLEEP_SCRIPT = textwrap.dedent("""
     import time, torch.distributed as dist

@@ -1,4 +1,5 @@
-"""ptcluster under a real Slurm (slurmctld + one slurmd per testbed node, tests/slurmbed.py).
+"""ptcluster under a real Slurm (slurmctld + one slurmd per testbed node,
+tests/support/slurmbed.py).
 
 `ptcluster run` inside `salloc` (nodes, addresses and slots from the allocation, an `srun` step
 per node), a killed rank and `scancel` (nothing left on any node, no step left), `submit`
@@ -35,8 +36,8 @@ from ptcluster.doctor.collect import NodeReport
 from ptcluster.doctor.slurm_checks import slurm_checks
 from ptcluster.remote.slurm import SrunTransport, ended_by_slurm
 from ptcluster.remote.transport import explain_channel_failure, explain_start_failure
-from tests.procs import job_processes
-from tests.slurmbed import parent_pid
+from tests.support.procs import job_processes
+from tests.support.slurmbed import parent_pid
 
 PY = sys.executable
 
@@ -216,20 +217,10 @@ def test_doctor_slurm_checks(slots: int, slurm: dict, gpus: int, cpus: str, gpu_
 # -- the real Slurm ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def slurm():
-    from tests.slurmbed import SlurmBed, available
-    from tests.testbed import TestbedError
+    from tests.support.slurmbed import SlurmBed, available
+    from tests.support.testbed import bring_up
 
-    why = available()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI needs the Slurm testbed: {why}")
-        pytest.skip(f"Slurm testbed unavailable: {why}")
-    try:
-        bed = SlurmBed(3)
-    except TestbedError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the Slurm testbed did not start: {exc}")
-        pytest.skip(f"the Slurm testbed did not start: {exc}")
+    bed = bring_up("Slurm testbed", available(), lambda: SlurmBed(3))
     try:
         yield bed
     finally:

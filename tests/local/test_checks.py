@@ -1,5 +1,5 @@
 """Doctor checks as pure functions, on facts recorded from a real 3-node testbed probe
-(tests/data/testbed_facts.json, hosts renamed node0..2 on 10.9.0.0/24), each case mutating
+(tests/local/data/testbed_facts.json, hosts renamed node0..2 on 10.9.0.0/24), each case mutating
 them into one classic failure; then the probe's parsers on recorded strings (nvidia-smi,
 torch/version.py, the NVIDIA driver's version files, library file names)."""
 

@@ -27,7 +27,7 @@ from ptcluster.bench.plot import (
 from ptcluster.bench.sweep import BenchConfig, BenchResult, Row, run_bench, worker_config
 from ptcluster.cluster.load import local_cluster
 from ptcluster.errors import UsageError
-from tests.jobs import run_head
+from tests.support.head import run_head
 
 
 @pytest.mark.parametrize("op,n,factor", [

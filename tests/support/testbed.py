@@ -9,8 +9,8 @@ live in the testbed's own namespaces. Traffic goes only to the testbed's own add
 By hand:  .venv/bin/python scripts/testbed.py up 3    (prints the cluster file; Ctrl-C ends it)
 
 ``Testbed(n, bare=BareOptions(...))`` (``scripts/testbed.py up --bare``) makes nodes with their
-own root file systems instead (see ``tests/bare.py``): a password login, no key, no venv, an apt
-repository of their own. The shared-root mode (default) stays the fast one.
+own root file systems instead (see ``tests/support/bare.py``): a password login, no key, no
+venv, an apt repository of their own. The shared-root mode (default) stays the fast one.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from tests import bare as bare_nodes
+from tests.support import bare as bare_nodes
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -396,3 +397,22 @@ def cpu_capped(node: Node, percent: int) -> Iterator[Path]:
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+B = TypeVar("B")
+
+
+def bring_up(what: str, why_not: str | None, make: Callable[[], B]) -> B:
+    """The testbed ``make()`` starts, for a fixture; here a testbed that cannot run (``why_not``) or
+    does not start skips its tests, in CI (``CI=true``) it fails them: CI must run every tier."""
+    in_ci = os.environ.get("CI") == "true"
+    if why_not:
+        if in_ci:
+            pytest.fail(f"CI needs the {what}: {why_not}")
+        pytest.skip(f"{what} unavailable: {why_not}")
+    try:
+        return make()
+    except TestbedError as exc:
+        if in_ci:
+            pytest.fail(f"the {what} did not start: {exc}")
+        pytest.skip(f"the {what} did not start: {exc}")

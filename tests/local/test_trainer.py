@@ -18,7 +18,7 @@ from ptcluster.examples.mnist import checkpoint
 from ptcluster.examples.mnist import data as mnist_data
 from ptcluster.examples.mnist import train as train_mod
 from ptcluster.examples.mnist.train import main as train_main
-from tests.jobs import only_run, rank_fields, run_head
+from tests.support.head import only_run, rank_fields, run_head
 
 
 def write_idx(path, tensor: torch.Tensor, gz: bool) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import Head, job_id_when_started, only_run, run_head
-from tests.procs import job_processes
+from tests.support.head import Head, job_id_when_started, only_run, run_head
+from tests.support.procs import job_processes
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 _ports = itertools.count(29610)

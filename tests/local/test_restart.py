@@ -15,7 +15,7 @@ import pytest
 
 from ptcluster.launch.result import AttemptRecord, Failure, FailureKind
 from ptcluster.launch.supervise.restart import RestartPolicy, decide, start_step
-from tests.jobs import Head, only_run, rank_fields, run_head
+from tests.support.head import Head, only_run, rank_fields, run_head
 
 HOSTS = ["a", "b", "c"]
 

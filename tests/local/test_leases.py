@@ -286,7 +286,7 @@ def test_kill_by_another_user_is_refused_by_the_kernel_and_by_the_owner_works(tm
     """The job's guard (here a root process holding the job's lease) in a lock directory like
     /run/lock's; `kill`'s node program run as nobody is refused (EPERM), with who may; run as
     the owner, it signals the holder and leaves the note its guard reads."""
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = Path(__file__).resolve().parents[2] / "src"
     if shutil.which("setpriv") is None:
         pytest.skip("no setpriv here (util-linux)")
     shared = Path(tempfile.mkdtemp(dir="/tmp", prefix="ptc-leases-"))

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.jobs import Head, job_id_when_started, rank_fields
-from tests.test_trainer import make_mnist_dir
+from tests.local.test_trainer import make_mnist_dir
+from tests.support.head import Head, job_id_when_started, rank_fields
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 _ports = itertools.count(29710)

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests import bare
-from tests import testbed as tb
-from tests.bare import BareNode, BareOptions
-from tests.testbed import available
+from tests.support import bare
+from tests.support import testbed as tb
+from tests.support.bare import BareNode, BareOptions
+from tests.support.testbed import available
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 PW = bare.PASSWORD.encode()
@@ -32,19 +32,10 @@ PW = bare.PASSWORD.encode()
 
 @pytest.fixture(scope="module")
 def bed():
-    why = available() or bare.available()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI needs the bare-node testbed: {why}")
-        pytest.skip(f"bare-node testbed unavailable: {why}")
-    try:
-        b = tb.Testbed(4, bare=BareOptions(nodes=(
+    b = tb.bring_up("bare-node testbed", available() or bare.available(), lambda: tb.Testbed(
+        4, bare=BareOptions(nodes=(
             BareNode(sudo="password"), BareNode(sudo="nopasswd"), BareNode(ufw=True),
-            BareNode(sudo="none", extra_users=(("bob", "bobs-other-pw"),)))))
-    except tb.TestbedError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the bare testbed did not start: {exc}")
-        pytest.skip(f"the bare testbed did not start: {exc}")
+            BareNode(sudo="none", extra_users=(("bob", "bobs-other-pw"),))))))
     try:
         yield b
     finally:

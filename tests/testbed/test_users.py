@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from tests import bare
-from tests import testbed as tb
-from tests.bare import BareNode, BareOptions
-from tests.jobs import Head, job_id_when_started, run_head
+from tests.support import bare
+from tests.support import testbed as tb
+from tests.support.bare import BareNode, BareOptions
+from tests.support.head import Head, job_id_when_started, run_head
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 USERS = ("alice", "bob")
@@ -61,19 +61,10 @@ JOB = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def bed() -> Iterator[tb.Testbed]:
-    why = tb.available() or bare.available()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI needs the bare-node testbed: {why}")
-        pytest.skip(f"bare-node testbed unavailable: {why}")
     users = tuple((u, f"pw-{u}-{os.urandom(4).hex()}") for u in USERS)
-    try:
-        b = tb.Testbed(len(SLOTS), bare=BareOptions(nodes=tuple(
-            BareNode(sudo="none", extra_users=users) for _ in SLOTS)))
-    except tb.TestbedError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the bare testbed did not start: {exc}")
-        pytest.skip(f"the bare testbed did not start: {exc}")
+    b = tb.bring_up("bare-node testbed", tb.available() or bare.available(), lambda: tb.Testbed(
+        len(SLOTS), bare=BareOptions(nodes=tuple(
+            BareNode(sudo="none", extra_users=users) for _ in SLOTS))))
     try:
         b.trust_host_keys()
         for node in b.nodes:  # what setup's /etc/hosts step makes: every node by its address

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import Head, job_id_when_started, only_run, run_head
+from tests.support.head import Head, job_id_when_started, only_run, run_head
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 _ports = itertools.count(29710)
