@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import os
 import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -264,6 +266,18 @@ class Testbed:
         """Run nft inside a node's namespace (firewall faults)."""
         _run("ip", "netns", "exec", node.netns, "nft", *args)
 
+    def write_cluster(self, job_dir: Path, slots: list[int] | tuple[int, ...], *,
+                      python: str = sys.executable, workdir: str | None = None,
+                      port: int | None = None, **kw: Any) -> str:
+        """A cluster file of the first ``len(slots)`` nodes, written in ``job_dir`` under a name
+        of its own: this interpreter, ``job_dir`` as the workdir, a rendezvous port of its own
+        (``next_port``) unless given. Its path."""
+        path = job_dir / f"cluster-{time.monotonic_ns()}.yaml"
+        path.write_text(self.cluster_yaml(
+            list(slots), python=python, workdir=str(job_dir) if workdir is None else workdir,
+            port=next_port() if port is None else port, **kw))
+        return str(path)
+
     def cluster_yaml(self, slots: list[int], *, extra: str = "", hosts: list[str] | None = None,
                      python: str | None = None, workdir: str | None = None,
                      port: int | None = None) -> str:
@@ -397,6 +411,16 @@ def cpu_capped(node: Node, percent: int) -> Iterator[Path]:
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+_PORTS = itertools.count(29600)
+
+
+def next_port() -> int:
+    """A rendezvous port that no other test of this session used: a job's port may linger in
+    TIME_WAIT after it ends, so two tests never share one (each module used to count from a
+    number of its own, and two started at the same one)."""
+    return next(_PORTS)
 
 
 B = TypeVar("B")

@@ -11,22 +11,20 @@ from importlib import metadata
 import pytest
 
 from tests.support.head import run_head
+from tests.support.testbed import next_port
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 PY = sys.executable
 
 
 def cluster(testbed, tmp_path, nodes_yaml: str | None = None, extra: str = "",
-            port: int = 29590) -> str:
-    path = tmp_path / f"c{time.monotonic_ns()}.yaml"
+            port: int | None = None) -> str:
     if nodes_yaml is None:
-        text = testbed.cluster_yaml([2, 1, 1], python=PY, workdir=str(tmp_path), port=port,
-                                    extra=extra)
-    else:
-        text = (nodes_yaml + f"master: {{port: {port}}}\n"
-                f"ssh: {{config_file: {testbed.ssh_config}}}\npython: {PY}\n"
-                f"workdir: {tmp_path}\n" + extra)
-    path.write_text(text)
+        return testbed.write_cluster(tmp_path, [2, 1, 1], python=PY, port=port, extra=extra)
+    path = tmp_path / f"c{time.monotonic_ns()}.yaml"
+    path.write_text(nodes_yaml + f"master: {{port: {port or next_port()}}}\n"
+                    f"ssh: {{config_file: {testbed.ssh_config}}}\npython: {PY}\n"
+                    f"workdir: {tmp_path}\n" + extra)
     return str(path)
 
 

@@ -7,7 +7,6 @@ must leave its result unchanged, and a link cut stays a lost node even with a ha
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import subprocess
@@ -21,7 +20,6 @@ import pytest
 from tests.support.head import Head, job_id_when_started, only_run, run_head
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
-_ports = itertools.count(29710)
 PY = sys.executable
 HANG = "4"
 
@@ -131,10 +129,7 @@ def mark_line(script: str) -> int:
 
 
 def cluster(testbed, job_dir: Path) -> str:
-    path = job_dir / f"cluster-{time.monotonic_ns()}.yaml"
-    path.write_text(testbed.cluster_yaml([1, 1, 1], python=PY, workdir=str(job_dir),
-                                         port=next(_ports)))
-    return str(path)
+    return testbed.write_cluster(job_dir, [1, 1, 1], python=PY)
 
 
 def run_hang(testbed, job_dir: Path, no_leftovers,

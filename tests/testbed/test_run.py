@@ -6,7 +6,6 @@ namespace, so a scan of /proc for the job id covers every node).
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -20,9 +19,9 @@ import pytest
 
 from tests.support.head import Head, job_id_when_started, only_run, run_head
 from tests.support.procs import job_processes
+from tests.support.testbed import next_port
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
-_ports = itertools.count(29610)
 PY = sys.executable
 
 RANKS = textwrap.dedent("""
@@ -90,10 +89,7 @@ def head_runs(head: Head) -> Path:
 
 
 def write_cluster(testbed, job_dir, slots=(2, 1, 1), **kw) -> str:
-    path = job_dir / f"cluster-{time.monotonic_ns()}.yaml"
-    kw.setdefault("port", next(_ports))
-    path.write_text(testbed.cluster_yaml(list(slots), python=PY, workdir=str(job_dir), **kw))
-    return str(path)
+    return testbed.write_cluster(job_dir, slots, python=PY, **kw)
 
 
 def start(testbed, job_dir, script_args, slots=(2, 1, 1), **kw) -> tuple[Head, str]:
@@ -257,7 +253,7 @@ def test_a_master_address_of_another_node_is_refused_before_launch(testbed, job_
                                                                      no_leftovers) -> None:
     """`master.addr` set to node 1's IP while node 0 (rank 0) hosts the rendezvous: plain
     torchrun waits out its rendezvous timeout; here no rank starts and the fix names both."""
-    port = next(_ports)
+    port = next_port()
     cluster = write_cluster(testbed, job_dir, slots=(1, 1),
                             extra=f"master: {{addr: {testbed.nodes[1].addr}, port: {port}}}\n",
                             port=None)
@@ -267,7 +263,7 @@ def test_a_master_address_of_another_node_is_refused_before_launch(testbed, job_
 
 
 def test_master_port_taken_is_reported_before_launch(testbed, job_dir, no_leftovers) -> None:
-    port = next(_ports)
+    port = next_port()
     master = testbed.nodes[0]
     hog = testbed.exec_in(master, PY, "-c", "import socket,time; s=socket.socket(); "
                           f"s.bind(('0.0.0.0', {port})); s.listen(); print('up', flush=True); "
@@ -336,7 +332,7 @@ def test_jobs_with_port_auto_take_free_ports_beside_a_taken_29500(testbed, job_d
 
 def test_a_fixed_port_held_by_a_running_job_is_refused_naming_it(testbed, job_dir,
                                                                  no_leftovers) -> None:
-    port = next(_ports)
+    port = next_port()
     first, job = start(testbed, job_dir, ["sleeper.py", "300"], slots=(1, 1, 1), port=port)
     no_leftovers.append(job)
     try:

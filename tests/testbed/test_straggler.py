@@ -5,9 +5,7 @@ console line the same as summary.json's; a balanced job gets no report."""
 
 from __future__ import annotations
 
-import itertools
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +14,6 @@ import pytest
 from tests.support.head import only_run, run_head
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
-_ports = itertools.count(29780)
 JOB = Path(__file__).resolve().parents[1] / "programs" / "straggler_job.py"
 CAP_PERCENT = 25
 WITHIN_STEPS = 600
@@ -27,9 +24,7 @@ evaluations in a row: 8-12 s of steps, at the capped job's ~40 steps/s 320-480 s
 
 def run_job(testbed, tmp_path: Path, no_leftovers,
             seconds: float) -> tuple[list[str], dict, list[float]]:
-    cluster = tmp_path / f"cluster-{time.monotonic_ns()}.yaml"
-    cluster.write_text(testbed.cluster_yaml([1, 1, 1], python=sys.executable,
-                                            workdir=str(tmp_path), port=next(_ports)))
+    cluster = testbed.write_cluster(tmp_path, [1, 1, 1])
     runs = tmp_path / f"runs-{time.monotonic_ns()}"
     code, head = run_head(["run", "--cluster", str(cluster), "--run-dir", str(runs), str(JOB),
                            "--seconds", str(seconds)], cwd=tmp_path, timeout=300)

@@ -7,7 +7,6 @@ The testbed shares one filesystem, so each node gets its own workdir: its checkp
 
 from __future__ import annotations
 
-import itertools
 import re
 import shutil
 import sys
@@ -19,9 +18,9 @@ import torch
 
 from tests.local.test_trainer import make_mnist_dir
 from tests.support.head import Head, job_id_when_started, rank_fields
+from tests.support.testbed import next_port
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
-_ports = itertools.count(29710)
 SLOTS = (2, 1, 1)  # 4 ranks: node 0 holds ranks 0 and 1
 RUN_TIMEOUT = 240.0  # a run takes ~20-40 s here; a hang (mismatched collectives) must fail
 
@@ -32,7 +31,7 @@ def cluster_file(testbed, root: Path) -> tuple[Path, list[Path]]:
     for w in workdirs:
         w.mkdir(parents=True, exist_ok=True)
     text = testbed.cluster_yaml(list(SLOTS), python=sys.executable, workdir=str(root),
-                                port=next(_ports))
+                                port=next_port())
     nodes = "".join(f"  - {{host: {n.name}, slots: {s}, workdir: {w}}}\n"
                     for n, s, w in zip(testbed.nodes, SLOTS, workdirs, strict=True))
     text = re.sub(r"nodes:\n(  - .*\n)+", lambda _: "nodes:\n" + nodes, text)
