@@ -68,7 +68,7 @@ from ptcluster.node.leases import Leasing, read_kill_notes  # inlined
 from ptcluster.node.netif import address_on, route_interface  # inlined
 from ptcluster.node.rank_wire import PROBE_FILE, SHIM_FILE, SHIM_VAR, SOCK_VAR  # inlined
 from ptcluster.node.wire import (  # inlined
-    TIMING,
+    Kind,
     encode,
     encode_text,
     hello,
@@ -210,7 +210,7 @@ class Guard:
                     completed[rank] = 0.0  # its recorder is on and it completed none yet
             ranks = self.busy.sample(pids, completed, time.monotonic())
             if ranks:
-                self.send(TIMING, {"t": time.time(), "ranks": ranks, "node": self.busy.node()})
+                self.send(Kind.TIMING, {"t": time.time(), "ranks": ranks, "node": self.busy.node()})
         except Exception:  # noqa: BLE001 - advice only: never the guard's end
             return
 
