@@ -18,7 +18,7 @@ from ptcluster.launch.plan import Target, plan_launch
 from ptcluster.launch.result import RunOptions
 from ptcluster.launch.stacks.report import RankStack, StackReport, parse_faulthandler, rank_stack
 from ptcluster.launch.supervise import events as ev
-from ptcluster.launch.supervise.hang import ProgressWatch
+from ptcluster.launch.supervise.hang import HangWatch
 from ptcluster.launch.supervise.supervisor import CollectStacks, Send, SignalChannel, Supervisor
 from ptcluster.node import wire
 from ptcluster.node.guard.outbox import Outbox
@@ -155,7 +155,7 @@ def test_a_rank_without_a_stack_is_named_when_the_others_have_one() -> None:
     ({"a": ({0: 9.0, 1: 7.0}, 10.0), "b": ({2: 8.0}, 10.0)}, {"b": 4.0}, None),  # b silent
 ])
 def test_progress_watch_needs_a_fresh_report_of_every_running_rank(reports, quiet, expect):
-    watch = ProgressWatch(timeout=5.0, fresh=3.0)
+    watch = HangWatch(timeout=5.0, fresh=3.0)
     for host, (idle, at) in reports.items():
         watch.heartbeat(host, idle, at)
     assert watch.idle_for({0: "a", 1: "a", 2: "b"}, 10.5, quiet) == expect

@@ -13,6 +13,7 @@ from enum import Enum
 
 from ptcluster.launch.result import NodeOutcome
 from ptcluster.launch.supervise.actions import Action, Send, SignalChannel, Status
+from ptcluster.node import wire
 
 KILL_AFTER = 4.0
 """Seconds after the channel's SIGTERM before SIGKILL and giving up on the node."""
@@ -67,7 +68,7 @@ NEXT: dict[NodeState, frozenset[NodeState]] = {
 class Escalation(Enum):
     """The head's steps for a node not ended after stop, in order, each taken once."""
 
-    RESEND = "stop"
+    RESEND = wire.Kind.STOP
     """Half the stop deadline: stop sent again."""
     TERM = "term"
     """The stop deadline: its channel gets SIGTERM."""
@@ -114,7 +115,7 @@ class NodeLife:
         actions: list[Action]
         if step is Escalation.RESEND:
             note = "not ended yet: stop sent again"
-            actions = [Send(host, "stop", {"reason": "stop deadline"})]
+            actions = [Send(host, wire.Kind.STOP, {"reason": "stop deadline"})]
         elif step is Escalation.TERM:
             note = f"not ended {stop_deadline:.0f} s after stop: its channel gets SIGTERM"
             actions = [SignalChannel(host, signal.SIGTERM)]

@@ -37,14 +37,14 @@ from ptcluster.launch.supervise.actions import (
     StacksAnswered,
     Status,
 )
-from ptcluster.launch.supervise.hang import ProgressWatch
+from ptcluster.launch.supervise.hang import HangWatch
 from ptcluster.launch.supervise.states import FINAL, Escalation, NodeLife, NodeState, Phase
 from ptcluster.launch.supervise.straggler import StragglerWatch
 from ptcluster.launch.supervise.verdict import (
     Raised,
     guard_stopped,
     hung,
-    judge,
+    judge_rank,
     master_elsewhere,
     node_silent,
     not_ready,
@@ -96,7 +96,7 @@ class Supervisor:
         self.killed_by = ""
         """Why the job ended when `ptcluster kill` ended it (from its guards' notes)."""
         beat = opts.heartbeat_for(len(plan.nodes))
-        self.progress = None if opts.hang_timeout is None else ProgressWatch(
+        self.hang = None if opts.hang_timeout is None else HangWatch(
             timeout=opts.hang_timeout, fresh=max(3.0, 3 * beat))
         self.hang_seen_at: float | None = None
         self.straggler = StragglerWatch(threshold=opts.straggler_threshold,
@@ -222,7 +222,7 @@ class Supervisor:
                                   f"{self.plan.world_size} rank(s)"))
             for host in self.nodes:
                 self._enter(host, NodeState.RUNNING)
-                actions.append(Send(host, "go", told))
+                actions.append(Send(host, wire.Kind.GO, told))
         return actions
 
     def _node_output(self, e: ev.AgentOutput | ev.Malformed | ev.RankOutput,
@@ -264,7 +264,7 @@ class Supervisor:
         record = self._rank(e.host, e.rank)
         if e.data.get("kind") == RETURNED and record is not None:
             self._returned.add(e.rank)
-            return self._judge(record, now) if record.ended_at is not None else []
+            return self._judge_rank(record, now) if record.ended_at is not None else []
         step = e.data.get("step")
         if type(step) is not int or self._rank(e.host, e.rank) is None:
             return []
@@ -281,7 +281,7 @@ class Supervisor:
             return []
         record.exit_code, record.duration = e.code, e.duration
         record.ended_at = self._corrected(e.host, e.node_time)
-        return self._judge(record, now)
+        return self._judge_rank(record, now)
 
     def _rank_error(self, e: ev.RankError, now: float) -> list[Action]:
         record = self._rank(e.host, e.rank)
@@ -289,12 +289,12 @@ class Supervisor:
             return []
         self._raised[e.rank] = Raised(self._corrected(e.host, e.node_time), e.text,
                                       exit_call=e.exc == "SystemExit")
-        return self._judge(record, now) if record.ended_at is not None else []
+        return self._judge_rank(record, now) if record.ended_at is not None else []
 
-    def _judge(self, record: RankRecord, now: float) -> list[Action]:
+    def _judge_rank(self, record: RankRecord, now: float) -> list[Action]:
         """A rank that ended: success, a failure (when it failed: the exception it reported,
         else its exit), or a result of our own teardown. Either report may come first."""
-        verdict = judge(record, self._raised.get(record.rank), record.rank in self._returned,
+        verdict = judge_rank(record, self._raised.get(record.rank), record.rank in self._returned,
                         self.life[record.host].stop_at)
         if verdict is None:
             return []
@@ -316,8 +316,8 @@ class Supervisor:
             # A frame is received after it was sent: the largest (node - head) is the best
             # estimate of the offset.
             node.clock_offset = max(node.clock_offset, round(e.node_time - self.wall(now), 3))
-        if self.progress is not None:
-            self.progress.heartbeat(e.host, e.idle, now)
+        if self.hang is not None:
+            self.hang.heartbeat(e.host, e.idle, now)
         return []
 
     def _guard_stopping(self, e: ev.GuardStopping, now: float) -> list[Action]:
@@ -403,24 +403,24 @@ class Supervisor:
     def _check_hang(self, now: float, quiet: dict[str, float]) -> list[Action]:
         """No running rank made progress for the hang timeout: collect every rank's stacks
         (the runner then calls ``hang_reported``). Once per job."""
-        if self.progress is None or self.phase is not Phase.RUNNING or \
+        if self.hang is None or self.phase is not Phase.RUNNING or \
                 self.hang_seen_at is not None:
             return []
         running = {r.rank: r.host for r in self.ranks.values()
                    if r.started_at is not None and r.ended_at is None}
-        if not self.progress.hung(running, now, quiet):
+        if not self.hang.hung(running, now, quiet):
             return []
         self.hang_seen_at = now
-        return [Status(f"no rank made progress for {self.progress.timeout:.0f} s: collecting "
+        return [Status(f"no rank made progress for {self.hang.timeout:.0f} s: collecting "
                        "every rank's stacks"), CollectStacks("hang")]
 
     def hang_reported(self, headline: str, rank: int | None, host: str | None,
                       now: float) -> list[Action]:
         """The stacks of a hang are in: end the job with the hang as a failure."""
-        assert self.progress is not None and self.hang_seen_at is not None
+        assert self.hang is not None and self.hang_seen_at is not None
         return self._fail(hung(host or ", ".join(self.nodes), rank, headline,
-                               self.progress.timeout,
-                               self.wall(self.hang_seen_at - self.progress.timeout)), now)
+                               self.hang.timeout,
+                               self.wall(self.hang_seen_at - self.hang.timeout)), now)
 
     def _escalate(self, now: float) -> list[Action]:
         if self.stopping_since is None:
@@ -444,7 +444,7 @@ class Supervisor:
         actions: list[Action] = [Status(f"stopping the job on every node: {reason}")]
         for host, life in self.life.items():  # (not one that is stopping by itself)
             if life.stop_at is None and self._enter(host, NodeState.STOPPING, self.wall(now)):
-                actions.append(Send(host, "stop", {"reason": reason}))
+                actions.append(Send(host, wire.Kind.STOP, {"reason": reason}))
         return actions
 
     def _enter(self, host: str, state: NodeState, at: float | None = None) -> bool:

@@ -36,7 +36,9 @@ class Raised:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class RankVerdict:
+    """What a rank's end means (``judge_rank``)."""
+
     stopped: bool
     """Ended by our own teardown (not a failure); the fields below are then unused."""
     at: float = 0.0
@@ -44,14 +46,14 @@ class Verdict:
     fix: str | None = None
 
 
-def judge(record: RankRecord, raised: Raised | None, returned: bool,
-          stop_at: float | None) -> Verdict | None:
+def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
+               stop_at: float | None) -> RankVerdict | None:
     """None while there is nothing to judge (the rank succeeded, or has not ended)."""
     if record.exit_code == 0 or record.ended_at is None:
         return None
     failed_at = record.ended_at if raised is None else min(raised.at, record.ended_at)
     if stop_at is not None and failed_at >= stop_at:
-        return Verdict(stopped=True)
+        return RankVerdict(stopped=True)
     code = record.exit_code
     message = ("ended without an exit status (its process was killed)" if code is None
                else f"killed by {signame(-code)}" if code < 0
@@ -66,7 +68,7 @@ def judge(record: RankRecord, raised: Raised | None, returned: bool,
         # (a SIGKILL or SIGTERM then is someone else's doing: named as it is)
         message += " after its program had returned, in the interpreter's shutdown"
         fix = SHUTDOWN_FIX
-    return Verdict(stopped=False, at=failed_at, message=message, fix=fix)
+    return RankVerdict(stopped=False, at=failed_at, message=message, fix=fix)
 
 
 def not_ready(hosts: Sequence[str], timeout: float, at: float) -> Failure:
