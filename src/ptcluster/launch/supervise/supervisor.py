@@ -16,7 +16,7 @@ root cause, whatever order the news arrived in.
 from __future__ import annotations
 
 import signal
-from typing import Any
+from typing import NoReturn
 
 from ptcluster.launch.plan import AUTO_PORT, LaunchPlan
 from ptcluster.launch.result import (
@@ -105,8 +105,7 @@ class Supervisor:
 
     # -- inputs -------------------------------------------------------------------------------
     def on_event(self, event: ev.Event, now: float) -> list[Action]:
-        handler = _HANDLERS.get(type(event))
-        actions = handler(self, event, now) if handler else []
+        actions = self._dispatch(event, now)
         self._update_done()
         return actions
 
@@ -171,6 +170,42 @@ class Supervisor:
         return now + self.wall_offset
 
     # -- events -------------------------------------------------------------------------------
+    def _dispatch(self, e: ev.Event, now: float) -> list[Action]:
+        """Each kind of event to its handler (mypy checks that every kind has one)."""
+        match e:
+            case ev.Hello():
+                return self._hello(e, now)
+            case ev.Ready():
+                return self._ready(e, now)
+            case ev.GuardRefused():
+                return self._guard_refused(e, now)
+            case ev.Started():
+                return self._started(e, now)
+            case ev.Heartbeat():
+                return self._heartbeat(e, now)
+            case ev.GuardStopping():
+                return self._guard_stopping(e, now)
+            case ev.RankStart():
+                return self._rank_start(e, now)
+            case ev.RankExit():
+                return self._rank_exit(e, now)
+            case ev.RankError():
+                return self._rank_error(e, now)
+            case ev.RankData():
+                return self._rank_data(e, now)
+            case ev.RankOutput() | ev.AgentOutput() | ev.Malformed():
+                return self._node_output(e, now)
+            case ev.GuardExit():
+                return self._guard_exit(e, now)
+            case ev.ChannelClosed():
+                return self._closed(e, now)
+            case ev.StacksReply():
+                return [StacksAnswered(e)]
+            case ev.Timing():
+                return self._timing(e, now)
+            case _:
+                return _unhandled(e)
+
     def _hello(self, e: ev.Hello, now: float) -> list[Action]:
         node = self.nodes[e.host]
         node.clock_offset = round(e.node_time - self.wall(now), 3)
@@ -237,9 +272,6 @@ class Supervisor:
         if e.data.get("kind") in PROGRESS_REPORTS:  # the job's life: ours; the rest: the caller's
             return self._progress(e, now)
         return [DeliverData(e.host, e.rank, e.data)]
-
-    def _stacks(self, e: ev.StacksReply, now: float) -> list[Action]:
-        return [StacksAnswered(e)]
 
     def _started(self, e: ev.Started, now: float) -> list[Action]:
         self.nodes[e.host].facts["torchrun_pid"] = e.pid
@@ -470,14 +502,7 @@ class Supervisor:
         return node_time - (self.nodes[host].clock_offset or 0.0)
 
 
-_HANDLERS: dict[type, Any] = {
-    ev.Hello: Supervisor._hello, ev.Ready: Supervisor._ready,
-    ev.GuardRefused: Supervisor._guard_refused, ev.RankStart: Supervisor._rank_start,
-    ev.RankExit: Supervisor._rank_exit, ev.RankError: Supervisor._rank_error,
-    ev.GuardExit: Supervisor._guard_exit, ev.ChannelClosed: Supervisor._closed,
-    ev.Heartbeat: Supervisor._heartbeat, ev.GuardStopping: Supervisor._guard_stopping,
-    ev.RankData: Supervisor._rank_data, ev.Started: Supervisor._started,
-    ev.AgentOutput: Supervisor._node_output, ev.Malformed: Supervisor._node_output,
-    ev.RankOutput: Supervisor._node_output, ev.StacksReply: Supervisor._stacks,
-    ev.Timing: Supervisor._timing,
-}
+
+def _unhandled(event: NoReturn) -> NoReturn:
+    """(Typed ``NoReturn``: mypy fails where a kind of :data:`ev.Event` has no case above.)"""
+    raise AssertionError(f"no handler for {event!r}")
