@@ -154,7 +154,7 @@ class _Reads(ast.NodeVisitor):
 
     def visit_Name(self, node: ast.Name) -> None:
         ref = self.names.get(node.id)  # (None: a builtin or a local name)
-        if ref is not None:
+        if ref is not None and isinstance(node.ctx, ast.Load):  # (not a field's name)
             self.found.append(ref)
 
 
