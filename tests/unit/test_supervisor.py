@@ -15,6 +15,7 @@ from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.actions import DeliverData, NodeLine, StacksAnswered
 from ptcluster.launch.supervise.states import Escalation, NodeState
 from ptcluster.launch.supervise.supervisor import Phase, Send, SignalChannel, Status, Supervisor
+from ptcluster.launch.supervise.verdict import ready_notes
 from ptcluster.node import wire
 
 CLUSTER = "nodes:\n  - {host: a, slots: 2}\n  - {host: b, slots: 1}\n"
@@ -437,3 +438,23 @@ def test_the_guards_timing_frames_name_the_straggler_once() -> None:
     report = sup.view.straggler
     assert [r["rank"] for r in report["ranks"]] == [0, 1, 2]
     assert report["history"][0]["line"] == said[0] and report["current"]["ranks"] == [2]
+
+
+@pytest.mark.parametrize("facts, notes", [
+    ({"interface": "eth0", "interface_source": "cluster file"}, []),
+    ({"interface": "eth1", "interface_source": "route to the master"},
+     ["n: sockets on eth1 (route to the master)"]),
+    ({"gpus": {"visible": "0,1", "why": "auto: the first 2 free"}},
+     ["n: GPUs 0,1: auto: the first 2 free"]),
+    ({"subreaper": False, "subreaper_error": "EPERM"},
+     ["n: cannot become a subreaper (EPERM); orphans of the job may escape teardown"]),
+    ({"subreaper": True, "leases_off": "no /run/ptcluster"},
+     ["n: no leases (no /run/ptcluster): other jobs' GPUs and ports are not checked, and "
+      "`ptcluster ps` does not list this job there; `ptcluster setup` makes the directory"]),
+])
+def test_ready_notes_say_what_the_ready_facts_call_for(facts: wire.ReadyFacts,
+                                                       notes: list[str]) -> None:
+    assert ready_notes("n", facts) == notes
+    sup = make()
+    said = [a.text for a in sup.on_event(ev.Ready("a", facts), 1.0) if isinstance(a, Status)]
+    assert said == [n.replace("n: ", "a: ", 1) for n in notes]  # (the supervisor says them)

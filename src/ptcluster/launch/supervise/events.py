@@ -7,7 +7,7 @@ becomes :class:`Malformed` (shown and logged as a node line), never an exception
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ptcluster.node import wire
 
@@ -23,7 +23,7 @@ class Hello:
 @dataclass(frozen=True)
 class Ready:
     host: str
-    facts: dict[str, Any]
+    facts: wire.ReadyFacts
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == wire.Kind.HELLO:
         return Hello(host, int(body["v"]), int(body["pid"]), float(body["time"]))
     if kind == wire.Kind.READY:
-        return Ready(host, body)
+        return Ready(host, cast(wire.ReadyFacts, body))
     if kind == wire.Kind.ERROR:
         return GuardRefused(host, str(body["problem"]), str(body.get("fix") or ""),
                             bool(body.get("busy")))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import cast
 
 from ptcluster.launch.result import NodeOutcome
 from ptcluster.launch.supervise.actions import Action, Send, SignalChannel, Status
@@ -93,6 +94,11 @@ class NodeLife:
     time, corrected); what its ranks do from then on is teardown."""
     steps: dict[Escalation, float] = field(default_factory=dict)
     """Each escalation step taken, with when (monotonic)."""
+
+    @property
+    def facts(self) -> wire.ReadyFacts:
+        """What its guard reported at ready (``{}`` before), kept in its record."""
+        return cast(wire.ReadyFacts, self.outcome.facts)
 
     def enter(self, state: NodeState, at: float | None = None) -> bool:
         """The one place a node changes state (``at``: for STOPPING and LOST, when it was told

@@ -48,6 +48,7 @@ from ptcluster.launch.supervise.verdict import (
     master_elsewhere,
     node_silent,
     not_ready,
+    ready_notes,
     timed_out,
 )
 from ptcluster.launch.supervise.view import SupervisorView
@@ -220,44 +221,34 @@ class Supervisor:
         self.nodes[e.host].facts = dict(e.facts)
         if self.life[e.host].state is NodeState.STARTING:
             self._enter(e.host, NodeState.READY)
-        actions: list[Action] = []
-        if e.facts.get("interface_source") and e.facts.get("interface_source") != "cluster file":
-            actions.append(Status(f"{e.host}: sockets on {e.facts.get('interface') or '?'} "
-                                  f"({e.facts['interface_source']})"))
-        if e.facts.get("leases_off"):
-            actions.append(Status(f"{e.host}: no leases ({e.facts['leases_off']}): other "
-                                  "jobs' GPUs and ports are not checked, and `ptcluster ps` "
-                                  "does not list this job there; `ptcluster setup` makes the "
-                                  "directory"))
-        if e.facts.get("gpus"):
-            chosen = e.facts["gpus"]
-            actions.append(Status(f"{e.host}: GPUs {chosen.get('visible') or 'none'}: "
-                                  f"{chosen.get('why')}"))
-        if e.facts.get("subreaper") is False:
-            actions.append(Status(f"{e.host}: cannot become a subreaper "
-                                  f"({e.facts.get('subreaper_error')}); orphans of the job "
-                                  "may escape teardown"))
+        actions: list[Action] = [Status(note) for note in ready_notes(e.host, e.facts)]
         self._not_ready.discard(e.host)
         if self.phase is Phase.STARTING and not self._not_ready and \
                 all(life.state is NodeState.READY for life in self.life.values()):
-            wrong = master_elsewhere(self.plan, {h: n.facts for h, n in self.nodes.items()},
-                                     self.wall(now))
-            if wrong is not None:
-                return actions + self._fail(wrong, now)
-            self.phase, self.went_at = Phase.RUNNING, now
-            told = None
-            if self.plan.master_port == AUTO_PORT:  # the port the master's guard leased
-                self.master_port = int(self.nodes[self.plan.nodes[0].host].facts
-                                       .get("master_port") or 0)
-                told = {"master_port": self.master_port}
-                actions.append(Status(f"rendezvous port {self.master_port} (auto: the first "
-                                      f"free one on {self.plan.nodes[0].host})"))
-            actions.append(Status(f"all {len(self.nodes)} node(s) ready in "
-                                  f"{now - self.started:.2f} s; starting "
-                                  f"{self.plan.world_size} rank(s)"))
-            for host in self.nodes:
-                self._enter(host, NodeState.RUNNING)
-                actions.append(Send(host, wire.Kind.GO, told))
+            actions += self._go(now)
+        return actions
+
+    def _go(self, now: float) -> list[Action]:
+        """Every node is ready: unless the rendezvous is on the wrong node, tell each to go."""
+        wrong = master_elsewhere(self.plan, {h: life.facts for h, life in self.life.items()},
+                                 self.wall(now))
+        if wrong is not None:
+            return self._fail(wrong, now)
+        self.phase, self.went_at = Phase.RUNNING, now
+        actions: list[Action] = []
+        told = None
+        if self.plan.master_port == AUTO_PORT:  # the port the master's guard leased
+            self.master_port = int(self.life[self.plan.nodes[0].host].facts
+                                   .get("master_port") or 0)
+            told = {"master_port": self.master_port}
+            actions.append(Status(f"rendezvous port {self.master_port} (auto: the first "
+                                  f"free one on {self.plan.nodes[0].host})"))
+        actions.append(Status(f"all {len(self.nodes)} node(s) ready in "
+                              f"{now - self.started:.2f} s; starting "
+                              f"{self.plan.world_size} rank(s)"))
+        for host in self.nodes:
+            self._enter(host, NodeState.RUNNING)
+            actions.append(Send(host, wire.Kind.GO, told))
         return actions
 
     def _node_output(self, e: ev.AgentOutput | ev.Malformed | ev.RankOutput,
@@ -274,7 +265,7 @@ class Supervisor:
         return [DeliverData(e.host, e.rank, e.data)]
 
     def _started(self, e: ev.Started, now: float) -> list[Action]:
-        self.nodes[e.host].facts["torchrun_pid"] = e.pid
+        self.life[e.host].facts["torchrun_pid"] = e.pid
         return []
 
     def _guard_refused(self, e: ev.GuardRefused, now: float) -> list[Action]:
