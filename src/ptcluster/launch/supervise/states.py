@@ -2,7 +2,8 @@
 with its transitions, and the teardown steps for a node that does not end (:class:`Escalation`).
 
 The supervisor keeps one :class:`NodeLife` per node; ``NodeLife.enter`` is the only place a
-node's state changes (and with it ``NodeOutcome.ready``/``closed`` of the result).
+node's state changes (and with it ``NodeOutcome.ready``/``closed`` of the result). Each rank's
+reports are kept together in one :class:`RankLife`, judged there when the rank ends.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import cast
 
-from ptcluster.launch.result import NodeOutcome
+from ptcluster.launch.result import Failure, NodeOutcome, RankRecord
 from ptcluster.launch.supervise.actions import Action, Send, SignalChannel, Status
+from ptcluster.launch.supervise.verdict import Raised, judge_rank
 from ptcluster.node import wire
 
 KILL_AFTER = 4.0
@@ -143,3 +145,36 @@ class NodeLife:
         self.steps.setdefault(Escalation.RESEND, now)
         self.steps.setdefault(Escalation.TERM, now)
         return [SignalChannel(self.outcome.host, signal.SIGTERM)]
+
+
+@dataclass
+class RankLife:
+    """A rank as the supervisor tracks it: its record in the result and what the rank itself
+    reported, whichever report comes first (its exit, what its code raised, its return)."""
+
+    record: RankRecord
+    """Its record in the result: start, exit status, end (head clock), ``stopped``."""
+    raised: Raised | None = None
+    """When (corrected) and what an exception left its code, from the rank itself."""
+    returned: bool = False
+    """Its program returned (or exited 0): a death after that is in the interpreter's shutdown."""
+    failure: Failure | None = None
+    """The failure it was found to be (a second report refines it, never adds one)."""
+
+    def judge(self, stop_at: float | None) -> Failure | None:
+        """Once it ended: a failure that is news, or None (it succeeded, has not ended, ended
+        in the teardown of ``stop_at`` (its node's), or was judged before: then refined)."""
+        record = self.record
+        verdict = judge_rank(record, self.raised, self.returned, stop_at)
+        if verdict is None:
+            return None
+        record.stopped = verdict.stopped
+        if verdict.stopped:
+            return None
+        if self.failure is not None:  # the second report of the same failure: refine it
+            self.failure.at, self.failure.message = verdict.at, verdict.message
+            self.failure.fix = verdict.fix
+            return None
+        self.failure = Failure(host=record.host, rank=record.rank, message=verdict.message,
+                               exit_code=record.exit_code, at=verdict.at, fix=verdict.fix)
+        return self.failure

@@ -38,13 +38,19 @@ from ptcluster.launch.supervise.actions import (
     Status,
 )
 from ptcluster.launch.supervise.hang import HangWatch
-from ptcluster.launch.supervise.states import FINAL, Escalation, NodeLife, NodeState, Phase
+from ptcluster.launch.supervise.states import (
+    FINAL,
+    Escalation,
+    NodeLife,
+    NodeState,
+    Phase,
+    RankLife,
+)
 from ptcluster.launch.supervise.straggler import StragglerWatch
 from ptcluster.launch.supervise.verdict import (
     Raised,
     guard_stopped,
     hung,
-    judge_rank,
     master_elsewhere,
     node_silent,
     not_ready,
@@ -77,15 +83,10 @@ class Supervisor:
         from the end, each node once, so the check per event does not grow with the nodes)."""
         self._not_ready = set(self.nodes)
         """Nodes not heard ready yet (so that "every node ready" is not a scan per event)."""
-        self.ranks = {r: RankRecord(rank=r, host=n.host, local_rank=r - n.rank_base)
-                      for n in plan.nodes for r in n.ranks}
+        self.rank_life = {r: RankLife(RankRecord(rank=r, host=n.host, local_rank=r - n.rank_base))
+                          for n in plan.nodes for r in n.ranks}
         self._ranks_on = {n.host: n.ranks for n in plan.nodes}
         self.failures: list[Failure] = []
-        self._raised: dict[int, Raised] = {}
-        """When (corrected) and what an exception left a rank's code, from the rank itself."""
-        self._returned: set[int] = set()
-        """Ranks whose program returned (or exited 0): a death after that is in the shutdown."""
-        self._rank_failure: dict[int, Failure] = {}
         self.checkpoint: int | None = None
         """The newest checkpoint step the job reported saving (``checkpoint_saved``)."""
         self.resumed_from: int | None = None
@@ -158,6 +159,10 @@ class Supervisor:
         """Nodes given up on at the stop deadline (channel SIGKILLed): their part of the job
         may run on until their guard notices, so a restart must not use them."""
         return [h for h, life in self.life.items() if Escalation.KILL in life.steps]
+
+    @property
+    def ranks(self) -> dict[int, RankRecord]:
+        return {r: life.record for r, life in self.rank_life.items()}
 
     @property
     def done(self) -> bool:
@@ -274,22 +279,22 @@ class Supervisor:
                                   at=self.wall(now)), now)
 
     def _rank_start(self, e: ev.RankStart, now: float) -> list[Action]:
-        record = self._rank(e.host, e.rank)
-        if record is not None:
-            record.started_at = self._corrected(e.host, e.node_time)
-            if self.first_rank_start is None or record.started_at < self.first_rank_start:
-                self.first_rank_start = record.started_at
+        rank = self._rank(e.host, e.rank)
+        if rank is not None:
+            rank.record.started_at = at = self._corrected(e.host, e.node_time)
+            if self.first_rank_start is None or at < self.first_rank_start:
+                self.first_rank_start = at
         return []
 
     def _progress(self, e: ev.RankData, now: float) -> list[Action]:
         """The job's own progress reports: a checkpoint saved, the step it resumed from; and
         from the rank's shim: its program returned (what is left is the interpreter's exit)."""
-        record = self._rank(e.host, e.rank)
-        if e.data.get("kind") == RETURNED and record is not None:
-            self._returned.add(e.rank)
-            return self._judge_rank(record, now) if record.ended_at is not None else []
+        rank = self._rank(e.host, e.rank)
+        if e.data.get("kind") == RETURNED and rank is not None:
+            rank.returned = True
+            return self._judge_rank(rank, now)
         step = e.data.get("step")
-        if type(step) is not int or self._rank(e.host, e.rank) is None:
+        if type(step) is not int or rank is None:
             return []
         if e.data.get("kind") == CHECKPOINT:
             self.checkpoint = step if self.checkpoint is None else max(self.checkpoint, step)
@@ -299,39 +304,26 @@ class Supervisor:
         return []
 
     def _rank_exit(self, e: ev.RankExit, now: float) -> list[Action]:
-        record = self._rank(e.host, e.rank)
-        if record is None:
+        rank = self._rank(e.host, e.rank)
+        if rank is None:
             return []
-        record.exit_code, record.duration = e.code, e.duration
-        record.ended_at = self._corrected(e.host, e.node_time)
-        return self._judge_rank(record, now)
+        rank.record.exit_code, rank.record.duration = e.code, e.duration
+        rank.record.ended_at = self._corrected(e.host, e.node_time)
+        return self._judge_rank(rank, now)
 
     def _rank_error(self, e: ev.RankError, now: float) -> list[Action]:
-        record = self._rank(e.host, e.rank)
-        if record is None:
+        rank = self._rank(e.host, e.rank)
+        if rank is None:
             return []
-        self._raised[e.rank] = Raised(self._corrected(e.host, e.node_time), e.text,
-                                      exit_call=e.exc == "SystemExit")
-        return self._judge_rank(record, now) if record.ended_at is not None else []
+        rank.raised = Raised(self._corrected(e.host, e.node_time), e.text,
+                             exit_call=e.exc == "SystemExit")
+        return self._judge_rank(rank, now)
 
-    def _judge_rank(self, record: RankRecord, now: float) -> list[Action]:
+    def _judge_rank(self, rank: RankLife, now: float) -> list[Action]:
         """A rank that ended: success, a failure (when it failed: the exception it reported,
         else its exit), or a result of our own teardown. Either report may come first."""
-        verdict = judge_rank(record, self._raised.get(record.rank), record.rank in self._returned,
-                        self.life[record.host].stop_at)
-        if verdict is None:
-            return []
-        record.stopped = verdict.stopped
-        if verdict.stopped:
-            return []
-        known = self._rank_failure.get(record.rank)
-        if known is not None:  # the second report of the same failure: refine it
-            known.at, known.message, known.fix = verdict.at, verdict.message, verdict.fix
-            return []
-        failure = Failure(host=record.host, rank=record.rank, message=verdict.message,
-                          exit_code=record.exit_code, at=verdict.at, fix=verdict.fix)
-        self._rank_failure[record.rank] = failure
-        return self._fail(failure, now)
+        failure = rank.judge(self.life[rank.record.host].stop_at)
+        return [] if failure is None else self._fail(failure, now)
 
     def _heartbeat(self, e: ev.Heartbeat, now: float) -> list[Action]:
         node = self.nodes[e.host]
@@ -359,7 +351,7 @@ class Supervisor:
             return [Status(f"{e.host}: stopped")]
         if e.code == 0:
             # torchrun exits 0 only when every rank on its node did.
-            for record in (self.ranks[r] for r in self._ranks_on[e.host]):
+            for record in (self.rank_life[r].record for r in self._ranks_on[e.host]):
                 if record.exit_code is None and record.started_at is not None:
                     record.exit_code = 0
             return []
@@ -485,9 +477,10 @@ class Supervisor:
         """Every failure, earliest first (rank failures before others at the same time)."""
         return sorted(self.failures, key=lambda f: (f.at, f.rank is None))
 
-    def _rank(self, host: str, rank: int) -> RankRecord | None:
-        record = self.ranks.get(rank)
-        return record if record is not None and record.host == host else None
+    def _rank(self, host: str, rank: int) -> RankLife | None:
+        """The rank's life, if ``host`` runs that rank (else a report that makes no sense)."""
+        life = self.rank_life.get(rank)
+        return life if life is not None and life.record.host == host else None
 
     def _corrected(self, host: str, node_time: float) -> float:
         return node_time - (self.nodes[host].clock_offset or 0.0)
