@@ -85,6 +85,19 @@ class Escalation(Enum):
 
 
 @dataclass
+class StopRecord:
+    """The job's stop as the supervisor keeps it, in one place (each node's own stop and
+    escalation steps: its :class:`NodeLife`)."""
+
+    since: float | None = None
+    """When the head began stopping every node (monotonic); None while it has not."""
+    requests: int = 0
+    """Stop requests so far (Ctrl-C, SIGTERM, a caller): 1 stops the job, 2 cuts the channels."""
+    killed_by: str = ""
+    """``ended by `ptcluster kill` from HOST (user)`` when a guard said so, else ""."""
+
+
+@dataclass
 class NodeLife:
     """A node's state, its stop and its escalation, as the supervisor tracks them."""
 

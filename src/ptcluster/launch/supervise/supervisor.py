@@ -45,6 +45,7 @@ from ptcluster.launch.supervise.states import (
     NodeState,
     Phase,
     RankLife,
+    StopRecord,
 )
 from ptcluster.launch.supervise.straggler import StragglerWatch
 from ptcluster.launch.supervise.verdict import (
@@ -72,9 +73,7 @@ class Supervisor:
         self.phase = Phase.STARTING
         self.started = now
         self.went_at: float | None = None
-        self.stopping_since: float | None = None
-        self._stop_requests = 0
-        """Ctrl-C, SIGTERM or a caller so far: 1 stops the job, 2 cuts the channels."""
+        self._stop = StopRecord()
         self.nodes = {n.host: NodeOutcome(host=n.host, node_rank=n.node_rank)
                       for n in plan.nodes}
         self.life = {h: NodeLife(node) for h, node in self.nodes.items()}
@@ -95,8 +94,6 @@ class Supervisor:
         """When the first rank started (corrected head clock)."""
         self.master_port = plan.master_port
         """The rendezvous port: the plan's, or (``auto``) the one the master's guard took."""
-        self.killed_by = ""
-        """Why the job ended when `ptcluster kill` ended it (from its guards' notes)."""
         beat = opts.heartbeat_for(len(plan.nodes))
         self.hang = None if opts.hang_timeout is None else HangWatch(
             timeout=opts.hang_timeout, fresh=max(3.0, 3 * beat))
@@ -136,12 +133,12 @@ class Supervisor:
         node's job when its channel closes)."""
         if self.phase is Phase.DONE:
             return []
-        self._stop_requests += 1
-        if self._stop_requests == 1:
+        self._stop.requests += 1
+        if self._stop.requests == 1:
             if self.phase is not Phase.STOPPING:
                 return self._stop_all(reason, now)
             return [Status(f"{reason}: the job is already being stopped everywhere")]
-        if self._stop_requests > 2:
+        if self._stop.requests > 2:
             return []
         actions: list[Action] = [Status(f"{reason} again: not waiting for the nodes, cutting "
                                         "their channels (each guard ends its job on EOF)")]
@@ -152,7 +149,17 @@ class Supervisor:
     @property
     def interrupted(self) -> bool:
         """Stopped by a request (Ctrl-C, SIGTERM, a caller): never a failure of its own."""
-        return self._stop_requests > 0
+        return self._stop.requests > 0
+
+    @property
+    def stopping(self) -> bool:
+        """The job is being (or was) stopped: a node's lines are logged, not shown."""
+        return self._stop.since is not None
+
+    @property
+    def killed_by(self) -> str:
+        """``ended by `ptcluster kill` from HOST (user)``, or ""."""
+        return self._stop.killed_by
 
     @property
     def cut_off(self) -> list[str]:
@@ -262,7 +269,7 @@ class Supervisor:
         (the output of a rank the node does not run: rank lines take the runner's short path)."""
         text = e.text if isinstance(e, ev.AgentOutput) else e.line \
             if isinstance(e, ev.Malformed) else f"(rank {e.rank}?) {e.text}"
-        return [NodeLine(e.host, text, show=self.stopping_since is None)]
+        return [NodeLine(e.host, text, show=not self.stopping)]
 
     def _rank_data(self, e: ev.RankData, now: float) -> list[Action]:
         if e.data.get("kind") in PROGRESS_REPORTS:  # the job's life: ours; the rest: the caller's
@@ -340,8 +347,8 @@ class Supervisor:
             return []  # it is doing what the head asked
         at = self._corrected(e.host, e.node_time)
         self._enter(e.host, NodeState.STOPPING, at)
-        if e.killed_by and not self.killed_by:
-            self.killed_by = e.killed_by
+        if e.killed_by and not self._stop.killed_by:
+            self._stop.killed_by = e.killed_by
         return self._fail(guard_stopped(e.host, e.reason, bool(e.signal), at), now)
 
     def _guard_exit(self, e: ev.GuardExit, now: float) -> list[Action]:
@@ -438,9 +445,9 @@ class Supervisor:
                                self.wall(self.hang_seen_at - self.hang.timeout)), now)
 
     def _escalate(self, now: float) -> list[Action]:
-        if self.stopping_since is None:
+        if self._stop.since is None:
             return []
-        late, deadline = now - self.stopping_since, self.opts.stop_deadline
+        late, deadline = now - self._stop.since, self.opts.stop_deadline
         # The latest step due (one a tick: a step skipped over is not taken late).
         step = next((s for s in reversed(Escalation) if late > s.due(deadline)), None)
         if step is None:
@@ -455,7 +462,7 @@ class Supervisor:
         return self._stop_all(failure.headline(), now)
 
     def _stop_all(self, reason: str, now: float) -> list[Action]:
-        self.phase, self.stopping_since = Phase.STOPPING, now
+        self.phase, self._stop.since = Phase.STOPPING, now
         actions: list[Action] = [Status(f"stopping the job on every node: {reason}")]
         for host, life in self.life.items():  # (not one that is stopping by itself)
             if life.stop_at is None and self._enter(host, NodeState.STOPPING, self.wall(now)):

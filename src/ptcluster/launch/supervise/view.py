@@ -39,7 +39,7 @@ class SupervisorView:
     @property
     def stopping(self) -> bool:
         """The job is being (or was) stopped: a node's lines are logged, not shown."""
-        return self._sup.stopping_since is not None
+        return self._sup.stopping
 
     @property
     def askable(self) -> list[str]:
