@@ -194,7 +194,7 @@ def test_supervisor_collects_stacks_once_then_ends_the_job_as_a_hang() -> None:
                 if isinstance(a, CollectStacks)]  # once
     stop = sup.hang_reported("straggler rank 2 on b: in load_batch at data.py:40", 2, "b", 10.0)
     assert sorted(a.host for a in stop if isinstance(a, Send) and a.kind == "stop") == ["a", "b"]
-    (failure,) = sup.ordered_failures()
+    (failure,) = sup.failures
     assert failure.kind == "hang" and failure.rank == 2 and failure.host == "b"
     assert failure.at == pytest.approx(WALL + 8.0 - 5.0)  # when the last progress was
     assert "no rank made progress for 5 s; straggler rank 2 on b" in failure.message
@@ -212,7 +212,7 @@ def test_a_node_cut_off_is_lost_never_a_hang() -> None:
         seen += sup.on_tick(float(t), {"a": 0.5, "b": t - 5.0})
     assert not [a for a in seen if isinstance(a, CollectStacks)]
     assert SignalChannel("b", 9) in seen
-    (failure,) = sup.ordered_failures()
+    (failure,) = sup.failures
     assert failure.kind == "lost" and failure.host == "b" and "node lost" in failure.message
 
 

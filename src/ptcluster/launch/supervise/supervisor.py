@@ -18,14 +18,8 @@ from __future__ import annotations
 import signal
 from typing import NoReturn
 
-from ptcluster.launch.plan import AUTO_PORT, LaunchPlan
-from ptcluster.launch.result import (
-    Failure,
-    FailureKind,
-    NodeOutcome,
-    RankRecord,
-    RunOptions,
-)
+from ptcluster.launch.plan import AUTO_PORT
+from ptcluster.launch.result import Failure, FailureKind
 from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.actions import (
     Action,
@@ -37,15 +31,13 @@ from ptcluster.launch.supervise.actions import (
     StacksAnswered,
     Status,
 )
-from ptcluster.launch.supervise.hang import HangWatch
 from ptcluster.launch.supervise.states import (
     FINAL,
     Escalation,
-    NodeLife,
+    JobState,
     NodeState,
     Phase,
     RankLife,
-    StopRecord,
 )
 from ptcluster.launch.supervise.straggler import StragglerWatch
 from ptcluster.launch.supervise.verdict import (
@@ -63,44 +55,17 @@ from ptcluster.node import wire
 from ptcluster.node.rank_wire import CHECKPOINT, PROGRESS_REPORTS, RESUMED, RETURNED
 
 
-class Supervisor:
-    def __init__(self, plan: LaunchPlan, opts: RunOptions, now: float,
-                 wall_offset: float = 0.0) -> None:
-        """``now`` is monotonic; ``wall_offset`` turns it into the head's wall clock."""
-        self.plan = plan
-        self.opts = opts
-        self.wall_offset = wall_offset
-        self.phase = Phase.STARTING
-        self.started = now
-        self.went_at: float | None = None
-        self._stop = StopRecord()
-        self.nodes = {n.host: NodeOutcome(host=n.host, node_rank=n.node_rank)
-                      for n in plan.nodes}
-        self.life = {h: NodeLife(node) for h, node in self.nodes.items()}
-        self._unfinished = list(self.life)
-        """Nodes that may not be in a final state yet (a final state is never left: checked
-        from the end, each node once, so the check per event does not grow with the nodes)."""
-        self._not_ready = set(self.nodes)
-        """Nodes not heard ready yet (so that "every node ready" is not a scan per event)."""
-        self.rank_life = {r: RankLife(RankRecord(rank=r, host=n.host, local_rank=r - n.rank_base))
-                          for n in plan.nodes for r in n.ranks}
-        self._ranks_on = {n.host: n.ranks for n in plan.nodes}
-        self.failures: list[Failure] = []
-        self.checkpoint: int | None = None
-        """The newest checkpoint step the job reported saving (``checkpoint_saved``)."""
-        self.resumed_from: int | None = None
-        """The step the job reported resuming from (``resumed_from``)."""
-        self.first_rank_start: float | None = None
-        """When the first rank started (corrected head clock)."""
-        self.master_port = plan.master_port
-        """The rendezvous port: the plan's, or (``auto``) the one the master's guard took."""
-        beat = opts.heartbeat_for(len(plan.nodes))
-        self.hang = None if opts.hang_timeout is None else HangWatch(
-            timeout=opts.hang_timeout, fresh=max(3.0, 3 * beat))
-        self.hang_seen_at: float | None = None
-        self.straggler = StragglerWatch(threshold=opts.straggler_threshold,
-                                        every=wire.timing_every(beat))
-        """The straggler report (``launch.straggler``), fed by the guards' ``timing`` frames."""
+class Supervisor(JobState):
+    """Events, ticks and stop requests in, actions out; the one place the job's state changes
+    (what it is and what the runner reads of it: :class:`JobState`)."""
+
+    @property
+    def view(self) -> SupervisorView:  # (transitional, until the runner reads the supervisor)
+        return SupervisorView(self)
+
+    @property
+    def straggler(self) -> StragglerWatch:  # (transitional, as view)
+        return self._straggler
 
     # -- inputs -------------------------------------------------------------------------------
     def on_event(self, event: ev.Event, now: float) -> list[Action]:
@@ -111,15 +76,15 @@ class Supervisor:
     def on_tick(self, now: float, quiet: dict[str, float]) -> list[Action]:
         """Periodic checks; ``quiet[host]``: seconds since that node's channel brought data."""
         actions: list[Action] = []
-        if self.phase is Phase.STARTING and now - self.started > self.opts.ready_timeout:
-            slow = [h for h, life in self.life.items() if life.state is NodeState.STARTING]
-            actions += self._fail(not_ready(slow or [self.plan.nodes[0].host],
-                                            self.opts.ready_timeout, self.wall(now)), now)
-        if (self.phase is Phase.RUNNING and self.opts.deadline is not None
-                and self.went_at is not None and now - self.went_at > self.opts.deadline):
-            running = [r for r in self.ranks.values() if r.exit_code is None]
-            actions += self._fail(timed_out(running, self.plan.nodes[0].host,
-                                            self.opts.deadline, self.wall(now)), now)
+        if self._phase is Phase.STARTING and now - self._started_at > self._opts.ready_timeout:
+            slow = [h for h, life in self._life.items() if life.state is NodeState.STARTING]
+            actions += self._fail(not_ready(slow or [self._plan.nodes[0].host],
+                                            self._opts.ready_timeout, self.wall(now)), now)
+        if (self._phase is Phase.RUNNING and self._opts.deadline is not None
+                and self._went_at is not None and now - self._went_at > self._opts.deadline):
+            running = [r.record for r in self._ranks.values() if r.record.exit_code is None]
+            actions += self._fail(timed_out(running, self._plan.nodes[0].host,
+                                            self._opts.deadline, self.wall(now)), now)
         actions += self._check_silence(now, quiet)
         actions += self._check_hang(now, quiet)
         actions += self._check_straggler(now)
@@ -131,56 +96,20 @@ class Supervisor:
         """Ctrl-C, SIGTERM or a caller: end the job everywhere (never a failure of its own).
         Asked again while stopping: skip the wait, cut every channel now (each guard ends its
         node's job when its channel closes)."""
-        if self.phase is Phase.DONE:
+        if self._phase is Phase.DONE:
             return []
         self._stop.requests += 1
         if self._stop.requests == 1:
-            if self.phase is not Phase.STOPPING:
+            if self._phase is not Phase.STOPPING:
                 return self._stop_all(reason, now)
             return [Status(f"{reason}: the job is already being stopped everywhere")]
         if self._stop.requests > 2:
             return []
         actions: list[Action] = [Status(f"{reason} again: not waiting for the nodes, cutting "
                                         "their channels (each guard ends its job on EOF)")]
-        for life in self.life.values():
+        for life in self._life.values():
             actions += life.hurry(now)
         return actions
-
-    @property
-    def interrupted(self) -> bool:
-        """Stopped by a request (Ctrl-C, SIGTERM, a caller): never a failure of its own."""
-        return self._stop.requests > 0
-
-    @property
-    def stopping(self) -> bool:
-        """The job is being (or was) stopped: a node's lines are logged, not shown."""
-        return self._stop.since is not None
-
-    @property
-    def killed_by(self) -> str:
-        """``ended by `ptcluster kill` from HOST (user)``, or ""."""
-        return self._stop.killed_by
-
-    @property
-    def cut_off(self) -> list[str]:
-        """Nodes given up on at the stop deadline (channel SIGKILLed): their part of the job
-        may run on until their guard notices, so a restart must not use them."""
-        return [h for h, life in self.life.items() if Escalation.KILL in life.steps]
-
-    @property
-    def ranks(self) -> dict[int, RankRecord]:
-        return {r: life.record for r, life in self.rank_life.items()}
-
-    @property
-    def done(self) -> bool:
-        return self.phase is Phase.DONE
-
-    @property
-    def view(self) -> SupervisorView:
-        return SupervisorView(self)
-
-    def wall(self, now: float) -> float:
-        return now + self.wall_offset
 
     # -- events -------------------------------------------------------------------------------
     def _dispatch(self, e: ev.Event, now: float) -> list[Action]:
@@ -220,7 +149,7 @@ class Supervisor:
                 return _unhandled(e)
 
     def _hello(self, e: ev.Hello, now: float) -> list[Action]:
-        node = self.nodes[e.host]
+        node = self._nodes[e.host]
         node.clock_offset = round(e.node_time - self.wall(now), 3)
         if e.version != wire.VERSION:
             return self._fail(Failure(
@@ -230,35 +159,35 @@ class Supervisor:
         return []
 
     def _ready(self, e: ev.Ready, now: float) -> list[Action]:
-        self.nodes[e.host].facts = dict(e.facts)
-        if self.life[e.host].state is NodeState.STARTING:
+        self._nodes[e.host].facts = dict(e.facts)
+        if self._life[e.host].state is NodeState.STARTING:
             self._enter(e.host, NodeState.READY)
         actions: list[Action] = [Status(note) for note in ready_notes(e.host, e.facts)]
         self._not_ready.discard(e.host)
-        if self.phase is Phase.STARTING and not self._not_ready and \
-                all(life.state is NodeState.READY for life in self.life.values()):
+        if self._phase is Phase.STARTING and not self._not_ready and \
+                all(life.state is NodeState.READY for life in self._life.values()):
             actions += self._go(now)
         return actions
 
     def _go(self, now: float) -> list[Action]:
         """Every node is ready: unless the rendezvous is on the wrong node, tell each to go."""
-        wrong = master_elsewhere(self.plan, {h: life.facts for h, life in self.life.items()},
+        wrong = master_elsewhere(self._plan, {h: life.facts for h, life in self._life.items()},
                                  self.wall(now))
         if wrong is not None:
             return self._fail(wrong, now)
-        self.phase, self.went_at = Phase.RUNNING, now
+        self._phase, self._went_at = Phase.RUNNING, now
         actions: list[Action] = []
         told = None
-        if self.plan.master_port == AUTO_PORT:  # the port the master's guard leased
-            self.master_port = int(self.life[self.plan.nodes[0].host].facts
+        if self._plan.master_port == AUTO_PORT:  # the port the master's guard leased
+            self._master_port = int(self._life[self._plan.nodes[0].host].facts
                                    .get("master_port") or 0)
-            told = {"master_port": self.master_port}
-            actions.append(Status(f"rendezvous port {self.master_port} (auto: the first "
-                                  f"free one on {self.plan.nodes[0].host})"))
-        actions.append(Status(f"all {len(self.nodes)} node(s) ready in "
-                              f"{now - self.started:.2f} s; starting "
-                              f"{self.plan.world_size} rank(s)"))
-        for host in self.nodes:
+            told = {"master_port": self._master_port}
+            actions.append(Status(f"rendezvous port {self._master_port} (auto: the first "
+                                  f"free one on {self._plan.nodes[0].host})"))
+        actions.append(Status(f"all {len(self._nodes)} node(s) ready in "
+                              f"{now - self._started_at:.2f} s; starting "
+                              f"{self._plan.world_size} rank(s)"))
+        for host in self._nodes:
             self._enter(host, NodeState.RUNNING)
             actions.append(Send(host, wire.Kind.GO, told))
         return actions
@@ -277,7 +206,7 @@ class Supervisor:
         return [DeliverData(e.host, e.rank, e.data)]
 
     def _started(self, e: ev.Started, now: float) -> list[Action]:
-        self.life[e.host].facts["torchrun_pid"] = e.pid
+        self._life[e.host].facts["torchrun_pid"] = e.pid
         return []
 
     def _guard_refused(self, e: ev.GuardRefused, now: float) -> list[Action]:
@@ -289,8 +218,8 @@ class Supervisor:
         rank = self._rank(e.host, e.rank)
         if rank is not None:
             rank.record.started_at = at = self._corrected(e.host, e.node_time)
-            if self.first_rank_start is None or at < self.first_rank_start:
-                self.first_rank_start = at
+            if self._first_rank_start is None or at < self._first_rank_start:
+                self._first_rank_start = at
         return []
 
     def _progress(self, e: ev.RankData, now: float) -> list[Action]:
@@ -304,9 +233,9 @@ class Supervisor:
         if type(step) is not int or rank is None:
             return []
         if e.data.get("kind") == CHECKPOINT:
-            self.checkpoint = step if self.checkpoint is None else max(self.checkpoint, step)
+            self._checkpoint = step if self._checkpoint is None else max(self._checkpoint, step)
         elif e.data.get("kind") == RESUMED:
-            self.resumed_from = step if self.resumed_from is None else min(self.resumed_from,
+            self._resumed_from = step if self._resumed_from is None else min(self._resumed_from,
                                                                            step)
         return []
 
@@ -329,21 +258,21 @@ class Supervisor:
     def _judge_rank(self, rank: RankLife, now: float) -> list[Action]:
         """A rank that ended: success, a failure (when it failed: the exception it reported,
         else its exit), or a result of our own teardown. Either report may come first."""
-        failure = rank.judge(self.life[rank.record.host].stop_at)
+        failure = rank.judge(self._life[rank.record.host].stop_at)
         return [] if failure is None else self._fail(failure, now)
 
     def _heartbeat(self, e: ev.Heartbeat, now: float) -> list[Action]:
-        node = self.nodes[e.host]
+        node = self._nodes[e.host]
         if e.node_time is not None and node.clock_offset is not None:
             # A frame is received after it was sent: the largest (node - head) is the best
             # estimate of the offset.
             node.clock_offset = max(node.clock_offset, round(e.node_time - self.wall(now), 3))
-        if self.hang is not None:
-            self.hang.heartbeat(e.host, e.idle, now)
+        if self._hang is not None:
+            self._hang.heartbeat(e.host, e.idle, now)
         return []
 
     def _guard_stopping(self, e: ev.GuardStopping, now: float) -> list[Action]:
-        if self.life[e.host].stop_at is not None:
+        if self._life[e.host].stop_at is not None:
             return []  # it is doing what the head asked
         at = self._corrected(e.host, e.node_time)
         self._enter(e.host, NodeState.STOPPING, at)
@@ -352,17 +281,17 @@ class Supervisor:
         return self._fail(guard_stopped(e.host, e.reason, bool(e.signal), at), now)
 
     def _guard_exit(self, e: ev.GuardExit, now: float) -> list[Action]:
-        node = self.nodes[e.host]
+        node = self._nodes[e.host]
         node.guard_exit, node.reason = e.code, e.reason
-        if self.life[e.host].stop_at is not None:
+        if self._life[e.host].stop_at is not None:
             return [Status(f"{e.host}: stopped")]
         if e.code == 0:
             # torchrun exits 0 only when every rank on its node did.
-            for record in (self.rank_life[r].record for r in self._ranks_on[e.host]):
+            for record in (self._ranks[r].record for r in self._ranks_on[e.host]):
                 if record.exit_code is None and record.started_at is not None:
                     record.exit_code = 0
             return []
-        if any(f.host == e.host and f.rank is not None for f in self.failures):
+        if any(f.host == e.host and f.rank is not None for f in self._failures):
             return []  # its failed rank is the news, torchrun's exit the consequence
         return self._fail(Failure(host=e.host, rank=None, exit_code=e.code, at=self.wall(now),
                                   kind=FailureKind.NODE,
@@ -370,9 +299,9 @@ class Supervisor:
                           now)
 
     def _closed(self, e: ev.ChannelClosed, now: float) -> list[Action]:
-        node = self.nodes[e.host]
+        node = self._nodes[e.host]
         node.transport_exit, node.stderr = e.exit_code, list(e.stderr)
-        life = self.life[e.host]
+        life = self._life[e.host]
         if not self._enter(e.host, NodeState.STOPPED) or node.guard_exit is not None or \
                 life.stop_at is not None:
             return []  # given up on before, or the end of what it was doing
@@ -394,10 +323,10 @@ class Supervisor:
     # -- checks -------------------------------------------------------------------------------
     def _check_silence(self, now: float, quiet: dict[str, float]) -> list[Action]:
         actions: list[Action] = []
-        for host, node in self.nodes.items():
+        for host, node in self._nodes.items():
             silent = quiet.get(host, 0.0)
-            if self.life[host].state in FINAL or not node.ready or \
-                    silent <= self.opts.node_silence:
+            if self._life[host].state in FINAL or not node.ready or \
+                    silent <= self._opts.node_silence:
                 continue
             node.reason = f"no data for {silent:.0f} s"
             # Gone as far as we can tell (its guard ends itself); what it still sends is teardown.
@@ -407,90 +336,84 @@ class Supervisor:
         return actions
 
     def _timing(self, e: ev.Timing, now: float) -> list[Action]:
-        if self.phase is Phase.RUNNING:
+        if self._phase is Phase.RUNNING:
             mine = {r: body for r, body in e.ranks.items() if self._rank(e.host, r) is not None}
-            self.straggler.report(e.host, mine, e.node)
+            self._straggler.report(e.host, mine, e.node)
         return []
 
     def _check_straggler(self, now: float) -> list[Action]:
         """A new straggler, another one, or none any more: one line (``launch.straggler``)."""
         at = self.wall(now)
-        if self.phase is not Phase.RUNNING or not self.straggler.due(at):
+        if self._phase is not Phase.RUNNING or not self._straggler.due(at):
             return []
-        running = {r.rank for r in self.ranks.values()
-                   if r.started_at is not None and r.ended_at is None}
-        line = self.straggler.evaluate(at, running)
+        running = {r.record.rank for r in self._ranks.values() if r.running}
+        line = self._straggler.evaluate(at, running)
         return [] if line is None else [Status(line)]
 
     def _check_hang(self, now: float, quiet: dict[str, float]) -> list[Action]:
         """No running rank made progress for the hang timeout: collect every rank's stacks
         (the runner then calls ``hang_reported``). Once per job."""
-        if self.hang is None or self.phase is not Phase.RUNNING or \
-                self.hang_seen_at is not None:
+        if self._hang is None or self._phase is not Phase.RUNNING or \
+                self._hang_seen_at is not None:
             return []
-        running = {r.rank: r.host for r in self.ranks.values()
-                   if r.started_at is not None and r.ended_at is None}
-        if not self.hang.hung(running, now, quiet):
+        running = {r.record.rank: r.record.host for r in self._ranks.values() if r.running}
+        if not self._hang.hung(running, now, quiet):
             return []
-        self.hang_seen_at = now
-        return [Status(f"no rank made progress for {self.hang.timeout:.0f} s: collecting "
+        self._hang_seen_at = now
+        return [Status(f"no rank made progress for {self._hang.timeout:.0f} s: collecting "
                        "every rank's stacks"), CollectStacks("hang")]
 
     def hang_reported(self, headline: str, rank: int | None, host: str | None,
                       now: float) -> list[Action]:
         """The stacks of a hang are in: end the job with the hang as a failure."""
-        assert self.hang is not None and self.hang_seen_at is not None
-        return self._fail(hung(host or ", ".join(self.nodes), rank, headline,
-                               self.hang.timeout,
-                               self.wall(self.hang_seen_at - self.hang.timeout)), now)
+        assert self._hang is not None and self._hang_seen_at is not None
+        return self._fail(hung(host or ", ".join(self._nodes), rank, headline,
+                               self._hang.timeout,
+                               self.wall(self._hang_seen_at - self._hang.timeout)), now)
 
     def _escalate(self, now: float) -> list[Action]:
         if self._stop.since is None:
             return []
-        late, deadline = now - self._stop.since, self.opts.stop_deadline
+        late, deadline = now - self._stop.since, self._opts.stop_deadline
         # The latest step due (one a tick: a step skipped over is not taken late).
         step = next((s for s in reversed(Escalation) if late > s.due(deadline)), None)
         if step is None:
             return []
-        return [a for life in self.life.values() for a in life.escalate(step, now, deadline)]
+        return [a for life in self._life.values() for a in life.escalate(step, now, deadline)]
 
     # -- stopping -----------------------------------------------------------------------------
     def _fail(self, failure: Failure, now: float) -> list[Action]:
-        self.failures.append(failure)
-        if self.phase in (Phase.STOPPING, Phase.DONE):
+        self._failures.append(failure)
+        if self._phase in (Phase.STOPPING, Phase.DONE):
             return []
         return self._stop_all(failure.headline(), now)
 
     def _stop_all(self, reason: str, now: float) -> list[Action]:
-        self.phase, self._stop.since = Phase.STOPPING, now
+        self._phase, self._stop.since = Phase.STOPPING, now
         actions: list[Action] = [Status(f"stopping the job on every node: {reason}")]
-        for host, life in self.life.items():  # (not one that is stopping by itself)
+        for host, life in self._life.items():  # (not one that is stopping by itself)
             if life.stop_at is None and self._enter(host, NodeState.STOPPING, self.wall(now)):
                 actions.append(Send(host, wire.Kind.STOP, {"reason": reason}))
         return actions
 
     def _enter(self, host: str, state: NodeState, at: float | None = None) -> bool:
-        return self.life[host].enter(state, at)
+        return self._life[host].enter(state, at)
 
     def _update_done(self) -> None:
         unfinished = self._unfinished
-        while unfinished and self.life[unfinished[-1]].state in FINAL:
+        while unfinished and self._life[unfinished[-1]].state in FINAL:
             unfinished.pop()
-        if self.phase is not Phase.DONE and not unfinished:
-            self.phase = Phase.DONE
+        if self._phase is not Phase.DONE and not unfinished:
+            self._phase = Phase.DONE
 
     # -- results ------------------------------------------------------------------------------
-    def ordered_failures(self) -> list[Failure]:
-        """Every failure, earliest first (rank failures before others at the same time)."""
-        return sorted(self.failures, key=lambda f: (f.at, f.rank is None))
-
     def _rank(self, host: str, rank: int) -> RankLife | None:
         """The rank's life, if ``host`` runs that rank (else a report that makes no sense)."""
-        life = self.rank_life.get(rank)
+        life = self._ranks.get(rank)
         return life if life is not None and life.record.host == host else None
 
     def _corrected(self, host: str, node_time: float) -> float:
-        return node_time - (self.nodes[host].clock_offset or 0.0)
+        return node_time - (self._nodes[host].clock_offset or 0.0)
 
 
 

@@ -1,11 +1,12 @@
-"""What the runner reads of a supervisor: one read-only, always current view."""
+"""What the runner reads of a supervisor (transitional: the supervisor's own read-only
+properties, ``JobState``, replace it)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from ptcluster.launch.result import Failure, NodeOutcome, RankRecord
-from ptcluster.launch.supervise.states import NodeState, Phase
+from ptcluster.launch.supervise.states import Phase
 
 if TYPE_CHECKING:
     from ptcluster.launch.supervise.supervisor import Supervisor
@@ -19,7 +20,6 @@ class SupervisorView:
 
     @property
     def done(self) -> bool:
-        """Every node STOPPED or LOST: the attempt is over."""
         return self._sup.done
 
     @property
@@ -28,24 +28,19 @@ class SupervisorView:
 
     @property
     def killed_by(self) -> str:
-        """``ended by `ptcluster kill` from HOST (user)``, or ""."""
         return self._sup.killed_by
 
     @property
     def master_port(self) -> int:
-        """The rendezvous port in use (``auto``: the one the master's guard took; 0 before)."""
         return self._sup.master_port
 
     @property
     def stopping(self) -> bool:
-        """The job is being (or was) stopped: a node's lines are logged, not shown."""
         return self._sup.stopping
 
     @property
     def askable(self) -> list[str]:
-        """Nodes whose ranks may be asked for stacks: ready or running, not told to stop."""
-        return [h for h, life in self._sup.life.items()
-                if life.state in (NodeState.READY, NodeState.RUNNING)]
+        return self._sup.askable
 
     @property
     def interrupted(self) -> bool:
@@ -57,17 +52,15 @@ class SupervisorView:
 
     @property
     def failures(self) -> list[Failure]:
-        """Every failure, earliest first: the root cause is the first."""
-        return self._sup.ordered_failures()
+        return self._sup.failures
 
     @property
     def ranks(self) -> list[RankRecord]:
-        return [self._sup.ranks[r] for r in sorted(self._sup.ranks)]
+        return self._sup.ranks
 
     @property
     def nodes(self) -> list[NodeOutcome]:
-        """In the plan's order."""
-        return [self._sup.nodes[n.host] for n in self._sup.plan.nodes]
+        return self._sup.nodes
 
     @property
     def checkpoint(self) -> int | None:
@@ -79,8 +72,7 @@ class SupervisorView:
 
     @property
     def straggler(self) -> dict[str, Any]:
-        """The straggler report's current figures (``StragglerWatch.to_json``)."""
-        return self._sup.straggler.to_json()
+        return self._sup.straggler_figures()
 
     @property
     def first_rank_start(self) -> float | None:
