@@ -39,7 +39,6 @@ from ptcluster.launch.supervise.states import (
     Phase,
     RankLife,
 )
-from ptcluster.launch.supervise.straggler import StragglerWatch
 from ptcluster.launch.supervise.verdict import (
     Raised,
     guard_stopped,
@@ -50,7 +49,6 @@ from ptcluster.launch.supervise.verdict import (
     ready_notes,
     timed_out,
 )
-from ptcluster.launch.supervise.view import SupervisorView
 from ptcluster.node import wire
 from ptcluster.node.rank_wire import CHECKPOINT, PROGRESS_REPORTS, RESUMED, RETURNED
 
@@ -58,14 +56,6 @@ from ptcluster.node.rank_wire import CHECKPOINT, PROGRESS_REPORTS, RESUMED, RETU
 class Supervisor(JobState):
     """Events, ticks and stop requests in, actions out; the one place the job's state changes
     (what it is and what the runner reads of it: :class:`JobState`)."""
-
-    @property
-    def view(self) -> SupervisorView:  # (transitional, until the runner reads the supervisor)
-        return SupervisorView(self)
-
-    @property
-    def straggler(self) -> StragglerWatch:  # (transitional, as view)
-        return self._straggler
 
     # -- inputs -------------------------------------------------------------------------------
     def on_event(self, event: ev.Event, now: float) -> list[Action]:
