@@ -2,7 +2,8 @@
 
 ``Supervisor.on_event(event, now)`` and ``.on_tick(now, quiet)`` take what happened and return
 what to do (:data:`Action` values: send a frame to a node, signal a node's channel, tell the
-user). The runner executes the actions; tests drive it with a fake clock.
+user). The runner executes the actions and reads the job's state through the supervisor's own
+read-only properties (its base, :class:`JobState`); tests drive it with a fake clock.
 
 The job's phases: STARTING (guards connect and check their node) -> RUNNING (every node said
 ready, the head said go) -> STOPPING (a failure, Ctrl-C or the deadline: every node is told to
@@ -169,8 +170,8 @@ class Supervisor(JobState):
         actions: list[Action] = []
         told = None
         if self._plan.master_port == AUTO_PORT:  # the port the master's guard leased
-            self._master_port = int(self._life[self._plan.nodes[0].host].facts
-                                   .get("master_port") or 0)
+            master = self._life[self._plan.nodes[0].host].facts
+            self._master_port = int(master.get("master_port") or 0)
             told = {"master_port": self._master_port}
             actions.append(Status(f"rendezvous port {self._master_port} (auto: the first "
                                   f"free one on {self._plan.nodes[0].host})"))
@@ -396,7 +397,7 @@ class Supervisor(JobState):
         if self._phase is not Phase.DONE and not unfinished:
             self._phase = Phase.DONE
 
-    # -- results ------------------------------------------------------------------------------
+    # -- lookups ------------------------------------------------------------------------------
     def _rank(self, host: str, rank: int) -> RankLife | None:
         """The rank's life, if ``host`` runs that rank (else a report that makes no sense)."""
         life = self._ranks.get(rank)
