@@ -1,6 +1,6 @@
 """Hang stacks without a cluster: the dump parser and the straggler rule on recorded dumps, and
 the node side for real (the real shim and probe in a child process, the guard's real rank server,
-/proc, signals). The head's hang rule and the supervisor's hang path: ``test_hang.py``."""
+/proc, signals). The head's hang rule and the supervisor's hang path: ``unit/test_hang.py``."""
 
 from __future__ import annotations
 
