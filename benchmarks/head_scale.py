@@ -140,7 +140,8 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
         "threads": max((s[3] for s in samples), default=0),
         "fds": max((s[4] for s in samples), default=0),
         "lost": sent - logged, "sent": sent,
-        "straggler_looks": len(runner.sup.straggler.trace),  # (evaluations over every rank)
+        # (evaluations over every rank)
+        "straggler_looks": len(runner.sup.straggler_figures()["trace"]),
         "stop": round(max(stops) - fail_t, 2) if fail and fail_t and stops else None,
         "stopped": len(stops),
         "head_told": round(max(told) - fail_t, 2) if fail and fail_t and told else None,

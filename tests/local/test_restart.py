@@ -157,9 +157,9 @@ def test_a_torn_down_attempts_late_channel_close_is_not_the_next_attempts(tmp_pa
         sup.on_event(ev.Hello(host, wire.VERSION, 10, 1.0), 1.0)
         sup.on_event(ev.Ready(host, {"interface": "lo", "interface_source": "x"}), 1.0)
     runner._handle(sup, 1, "a", ev.ChannelClosed("a", -9, ["killed"]))
-    assert not sup.nodes["a"].closed and not sup.failures
+    assert not sup.node("a").closed and not sup.failures
     runner._handle(sup, 2, "a", ev.ChannelClosed("a", -9, ["killed"]))  # this attempt's: counts
-    assert sup.nodes["a"].closed and [f.kind for f in sup.failures] == ["lost"]
+    assert sup.node("a").closed and [f.kind for f in sup.failures] == ["lost"]
 
 
 

@@ -17,7 +17,7 @@ from ptcluster.launch.supervise.straggler import (
     RankFigures,
     StragglerWatch,
     candidates,
-    judge,
+    find_straggler,
 )
 from ptcluster.node import wire
 from ptcluster.node.guard.schedstat import BusyMeter, main_thread_schedstat
@@ -43,19 +43,19 @@ def fig(rank: int, wait: float, starved: float = 0.05, host: str | None = None,
 ])
 def test_the_rule_names_the_rank_the_others_wait_for(waits, threshold, named) -> None:
     figures = {r: fig(r, w) for r, w in enumerate(waits)}
-    verdict = judge(figures, {}, threshold)
+    verdict = find_straggler(figures, {}, threshold)
     assert (None if verdict is None else verdict.ranks) == named
 
 
 def test_every_rank_of_one_node_is_named_as_the_node() -> None:
     figures = {0: fig(0, 0.7, host="a"), 1: fig(1, 0.72, host="a"),
                2: fig(2, 0.2, host="b"), 3: fig(3, 0.25, host="b")}
-    verdict = judge(figures, {}, DEFAULT_THRESHOLD)
+    verdict = find_straggler(figures, {}, DEFAULT_THRESHOLD)
     assert verdict is not None and verdict.whole_node and verdict.ranks == (2, 3)
     assert verdict.who == "b (ranks 2,3)"
     # one slow rank of b: b as a node is not slow, its rank is
     figures[3] = fig(3, 0.7, host="b")
-    verdict = judge(figures, {}, DEFAULT_THRESHOLD)
+    verdict = find_straggler(figures, {}, DEFAULT_THRESHOLD)
     assert verdict is not None and verdict.ranks == (2,) and not verdict.whole_node
 
 
@@ -75,7 +75,7 @@ def test_why_is_only_what_the_node_saw(starved, node, why) -> None:
 def test_the_line_says_who_how_much_and_why() -> None:
     figures = {0: fig(0, 0.75, collectives=300), 1: fig(1, 0.75, collectives=300),
                2: fig(2, 0.45, starved=0.4, collectives=300)}
-    verdict = judge(figures, {}, DEFAULT_THRESHOLD)
+    verdict = find_straggler(figures, {}, DEFAULT_THRESHOLD)
     assert verdict is not None
     # the others waited 2 x 6 s x 0.75 = 9 s over 600 collectives
     assert verdict.wait_per_collective == pytest.approx(0.015)
@@ -85,7 +85,7 @@ def test_the_line_says_who_how_much_and_why() -> None:
         "their time) for it (its steps take 2.2x the median); n2's CPU is saturated (its main "
         "thread waited 40% of the time for a CPU)")
     figures = {r: fig(r, f.wait_share, collectives=None) for r, f in figures.items()}
-    verdict = judge(figures, {}, DEFAULT_THRESHOLD)
+    verdict = find_straggler(figures, {}, DEFAULT_THRESHOLD)
     assert verdict is not None and "wait 75% of their time for it" in verdict.line()
 
 
@@ -247,7 +247,7 @@ def test_the_line_and_the_json_agree_on_every_figure(wait) -> None:
     """A ratio of 2.2549 once read "2.3x" on the console and 2.25 (-> "2.2") in summary.json:
     each figure is rounded once, in the verdict."""
     figures = {0: fig(0, 0.7549), 1: fig(1, 0.7551), 2: fig(2, wait, starved=0.4)}
-    verdict = judge(figures, {}, DEFAULT_THRESHOLD)
+    verdict = find_straggler(figures, {}, DEFAULT_THRESHOLD)
     assert verdict is not None
     data = verdict.to_json()
     assert f"take {data['ratio']:.1f}x the median" in verdict.line()

@@ -15,6 +15,7 @@ from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.actions import DeliverData, NodeLine, StacksAnswered
 from ptcluster.launch.supervise.states import Escalation, NodeState
 from ptcluster.launch.supervise.supervisor import Phase, Send, SignalChannel, Status, Supervisor
+from ptcluster.launch.supervise.verdict import ready_notes
 from ptcluster.node import wire
 
 CLUSTER = "nodes:\n  - {host: a, slots: 2}\n  - {host: b, slots: 1}\n"
@@ -58,7 +59,7 @@ def test_root_cause_is_the_earliest_failure_not_the_first_to_arrive() -> None:
     first = sup.on_event(ev.RankExit("a", 0, 1, WALL + 10.2, 9.0), 10.3)
     assert sorted(sends(first, "stop")) == ["a", "b"]  # the first news stops the job
     sup.on_event(ev.RankExit("b", 2, 3, WALL + 10.0 + 5.0, 9.0), 11.0)  # arrives later
-    failures = sup.ordered_failures()
+    failures = sup.failures
     assert [(f.rank, f.exit_code) for f in failures] == [(2, 3), (0, 1)]
     assert failures[0].at == pytest.approx(WALL + 10.0)
 
@@ -136,7 +137,7 @@ def test_escalation_takes_each_step_once_per_node_and_says_so() -> None:
     assert signals == [("b", signal.SIGTERM), ("b", signal.SIGKILL)]
     notes = [a.text for a in all_actions if isinstance(a, Status)]
     assert len(notes) == 3 and all(n.startswith("b: ") for n in notes)
-    assert sup.nodes["b"].escalations and sup.done
+    assert sup.node("b").escalations and sup.done
 
 
 def test_silent_node_is_lost_as_of_when_it_was_last_heard() -> None:
@@ -148,7 +149,7 @@ def test_silent_node_is_lost_as_of_when_it_was_last_heard() -> None:
     assert failure.host == "b" and failure.at == pytest.approx(WALL + 9.0)
     # A peer that fails later (its collective timed out) does not become the root cause.
     sup.on_event(ev.RankExit("a", 0, 1, WALL + 25.0, 24.0), 30.1)
-    assert sup.ordered_failures()[0].host == "b"
+    assert sup.failures[0].host == "b"
 
 
 def test_ready_timeout_names_the_slow_node() -> None:
@@ -246,7 +247,7 @@ def test_a_rank_that_raised_before_the_stop_failed_then_not_when_it_was_killed()
     sup.on_event(ev.RankError("a", 0, WALL + 5.0, "RuntimeError: boom"), 5.1)
     sup.on_event(ev.RankExit("b", 2, 1, WALL + 8.0, 7.0), 8.1)  # starts the teardown
     sup.on_event(ev.RankExit("a", 0, -15, WALL + 9.0, 8.0), 9.1)  # ended by the teardown
-    first = sup.ordered_failures()[0]
+    first = sup.failures[0]
     assert first.rank == 0 and first.at == pytest.approx(WALL + 5.0)
     assert first.message == ("RuntimeError: boom, then it hung until the teardown ended it "
                              "(killed by SIGTERM)")
@@ -311,10 +312,10 @@ def test_first_interrupt_while_a_failure_is_torn_down_is_noted_not_hurried() -> 
 def test_heartbeats_refine_the_clock_offset() -> None:
     sup = make()
     sup.on_event(ev.Hello("a", wire.VERSION, 1, WALL + 3.0), 1.0)  # arrived 1 s late: 2.0
-    assert sup.nodes["a"].clock_offset == pytest.approx(2.0)
+    assert sup.node("a").clock_offset == pytest.approx(2.0)
     sup.on_event(ev.Heartbeat("a", WALL + 13.0), 10.2)  # arrived 0.2 s late: 2.8
     sup.on_event(ev.Heartbeat("a", WALL + 14.0), 12.0)  # arrived 1 s late
-    assert sup.nodes["a"].clock_offset == pytest.approx(2.8)
+    assert sup.node("a").clock_offset == pytest.approx(2.8)
 
 
 @pytest.mark.parametrize("facts_b, fails", [
@@ -355,18 +356,18 @@ def test_failure_kinds_are_an_enum_shown_as_their_names_in_json() -> None:
 
 def test_each_node_goes_through_its_states_and_is_stopped_or_lost() -> None:
     sup = make(node_silence=20.0)
-    states = lambda: {h: life.state for h, life in sup.life.items()}  # noqa: E731
+    states = lambda: {h: sup.node_life(h).state for h in ("a", "b")}  # noqa: E731
     assert states() == {"a": NodeState.STARTING, "b": NodeState.STARTING}
     sup.on_event(ev.Ready("a", {}), 0.5)
     assert states() == {"a": NodeState.READY, "b": NodeState.STARTING}
-    assert sup.nodes["a"].ready and not sup.nodes["b"].ready
+    assert sup.node("a").ready and not sup.node("b").ready
     sup.on_event(ev.Ready("b", {}), 0.6)
     assert states() == {"a": NodeState.RUNNING, "b": NodeState.RUNNING}
-    assert sup.view.askable == ["a", "b"]
+    assert sup.askable == ["a", "b"]
     sup.on_tick(30.0, {"a": 0.5, "b": 21.0})  # b falls silent: lost, a is told to stop
     assert states() == {"a": NodeState.STOPPING, "b": NodeState.LOST}
-    assert sup.nodes["b"].closed and not sup.nodes["a"].closed and sup.view.askable == []
-    assert sup.life["a"].stop_at == pytest.approx(WALL + 30.0)
+    assert sup.node("b").closed and not sup.node("a").closed and sup.askable == []
+    assert sup.node_life("a").stop_at == pytest.approx(WALL + 30.0)
     sup.on_event(ev.ChannelClosed("b", -9), 30.5)  # a final state is never left
     sup.on_event(ev.ChannelClosed("a", 0), 31.0)
     assert states() == {"a": NodeState.STOPPED, "b": NodeState.LOST} and sup.done
@@ -379,9 +380,9 @@ def test_escalation_steps_are_recorded_with_when_they_were_taken() -> None:
     sup.request_stop("SIGINT received", 2.0)
     for t in (6.5, 10.5, 14.5):
         sup.on_tick(t, {"a": 0.0, "b": 0.0})
-    assert sup.life["a"].steps == {Escalation.RESEND: 6.5, Escalation.TERM: 10.5,
+    assert sup.node_life("a").steps == {Escalation.RESEND: 6.5, Escalation.TERM: 10.5,
                                    Escalation.KILL: 14.5}
-    assert sup.life["a"].state is NodeState.LOST and sup.cut_off == ["a", "b"] and sup.done
+    assert sup.node_life("a").state is NodeState.LOST and sup.cut_off == ["a", "b"] and sup.done
 
 
 def test_a_second_stop_request_counts_the_steps_up_to_sigterm_as_taken() -> None:
@@ -389,11 +390,11 @@ def test_a_second_stop_request_counts_the_steps_up_to_sigterm_as_taken() -> None
     start(sup)
     sup.request_stop("SIGINT received", 2.0)
     sup.request_stop("SIGINT received", 2.5)
-    assert sup.life["b"].steps == {Escalation.RESEND: 2.5, Escalation.TERM: 2.5}
+    assert sup.node_life("b").steps == {Escalation.RESEND: 2.5, Escalation.TERM: 2.5}
     assert sup.on_tick(11.0, {"a": 0.0, "b": 0.0}) == []
     kills = [a for a in sup.on_tick(14.5, {"a": 0.0, "b": 0.0}) if isinstance(a, SignalChannel)]
     assert kills == [SignalChannel("a", signal.SIGKILL), SignalChannel("b", signal.SIGKILL)]
-    assert sup.life["b"].steps[Escalation.KILL] == 14.5
+    assert sup.node_life("b").steps[Escalation.KILL] == 14.5
 
 
 def test_every_event_reaches_the_supervisor_and_comes_back_as_actions() -> None:
@@ -434,6 +435,26 @@ def test_the_guards_timing_frames_name_the_straggler_once() -> None:
     assert len(said) == 1 and said[0].startswith("rank 2 on b is the straggler: "), said
     assert "0.030 s per collective (75% of their time)" in said[0]
     assert "b's CPU is saturated (its main thread waited 35% of the time for a CPU)" in said[0]
-    report = sup.view.straggler
+    report = sup.straggler_figures()
     assert [r["rank"] for r in report["ranks"]] == [0, 1, 2]
     assert report["history"][0]["line"] == said[0] and report["current"]["ranks"] == [2]
+
+
+@pytest.mark.parametrize("facts, notes", [
+    ({"interface": "eth0", "interface_source": "cluster file"}, []),
+    ({"interface": "eth1", "interface_source": "route to the master"},
+     ["n: sockets on eth1 (route to the master)"]),
+    ({"gpus": {"visible": "0,1", "why": "auto: the first 2 free"}},
+     ["n: GPUs 0,1: auto: the first 2 free"]),
+    ({"subreaper": False, "subreaper_error": "EPERM"},
+     ["n: cannot become a subreaper (EPERM); orphans of the job may escape teardown"]),
+    ({"subreaper": True, "leases_off": "no /run/ptcluster"},
+     ["n: no leases (no /run/ptcluster): other jobs' GPUs and ports are not checked, and "
+      "`ptcluster ps` does not list this job there; `ptcluster setup` makes the directory"]),
+])
+def test_ready_notes_say_what_the_ready_facts_call_for(facts: wire.ReadyFacts,
+                                                       notes: list[str]) -> None:
+    assert ready_notes("n", facts) == notes
+    sup = make()
+    said = [a.text for a in sup.on_event(ev.Ready("a", facts), 1.0) if isinstance(a, Status)]
+    assert said == [n.replace("n: ", "a: ", 1) for n in notes]  # (the supervisor says them)

@@ -42,7 +42,6 @@ from ptcluster.launch.supervise.actions import (
 from ptcluster.launch.supervise.restart import RestartPolicy, decide
 from ptcluster.launch.supervise.states import Phase
 from ptcluster.launch.supervise.supervisor import Supervisor
-from ptcluster.launch.supervise.view import SupervisorView
 from ptcluster.node import GUARD
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
@@ -258,11 +257,11 @@ class Runner:
         return result
 
     def _attempt(self, before: list[AttemptRecord],
-                 run_t0: float) -> tuple[SupervisorView, RunResult, AttemptRecord]:
+                 run_t0: float) -> tuple[Supervisor, RunResult, AttemptRecord]:
         """One attempt: every node started, supervised, torn down; every channel closed."""
         t0 = time.monotonic()
         sup = self.sup = Supervisor(self.plan, self.opts, t0, wall_offset=time.time() - t0)
-        view = sup.view
+        view = sup  # (what the runner reads of it: its read-only properties)
         record = AttemptRecord(number=self.plan.attempt,
                                hosts=[n.host for n in self.plan.nodes],
                                world_size=self.plan.world_size,
@@ -395,7 +394,7 @@ class Runner:
         now = time.monotonic()
         flush_gap = flush_every(self.plan)
         next_tick, next_flush = now, now + flush_gap
-        while not sup.view.done:
+        while not sup.done:
             while stops_applied < self._stop_requests:  # a second Ctrl-C hurries the teardown
                 stops_applied += 1
                 self._apply(sup.request_stop(self._stop_reason, time.monotonic()))
@@ -437,7 +436,7 @@ class Runner:
             if isinstance(payload, _Ask) and payload.what == "straggler":
                 payload.reply.put({"ok": True, "straggler": self._straggler_now(sup)})
             elif isinstance(payload, _Ask):
-                self._collect(sup.view, "asked by `ptcluster stacks`", payload.reply)
+                self._collect(sup, "asked by `ptcluster stacks`", payload.reply)
             elif isinstance(payload, list):
                 self._frames(sup, host, payload)
             else:
@@ -448,8 +447,8 @@ class Runner:
 
     def _straggler_now(self, sup: Supervisor) -> dict[str, Any]:
         """The report's figures, built again only when reports came since the last time."""
-        if self._figures[0] != sup.straggler.version:
-            self._figures = (sup.straggler.version, sup.view.straggler)
+        if self._figures[0] != sup.straggler_version:
+            self._figures = (sup.straggler_version, sup.straggler_figures())
         return self._figures[1]
 
     def _frames(self, sup: Supervisor, host: str, lines: list[str]) -> None:
@@ -493,7 +492,7 @@ class Runner:
             log.exception("%s: rank %s reported a record the caller cannot use", d.host, d.rank)
             assert self.sup is not None
             self._node_line(d.host, f"ptcluster: unusable record from rank {d.rank}: "
-                            f"{str(d.data)[:200]}", show=not self.sup.view.stopping)
+                            f"{str(d.data)[:200]}", show=not self.sup.stopping)
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
@@ -515,10 +514,10 @@ class Runner:
                 self.stacks.reply(action.reply)
             elif isinstance(action, CollectStacks):
                 assert self.sup is not None
-                self._collect(self.sup.view, action.purpose)
+                self._collect(self.sup, action.purpose)
 
     # -- stacks -------------------------------------------------------------------------------
-    def _collect(self, view: SupervisorView, purpose: str,
+    def _collect(self, view: Supervisor, purpose: str,
                  waiter: queue.Queue[dict[str, Any]] | None = None) -> None:
         """Ask every node that runs ranks for their stacks (answers: ``StacksAnswered``)."""
         hosts = {h for h in view.askable if h in self.channels}
@@ -543,7 +542,7 @@ class Runner:
                     ", ".join(dict.fromkeys(r.host for r in late)) or None, now))
 
     # -- results ------------------------------------------------------------------------------
-    def _result(self, view: SupervisorView, duration: float) -> RunResult:
+    def _result(self, view: Supervisor, duration: float) -> RunResult:
         failures = view.failures
         for failure in failures:
             # Filled now, not when the exit arrived: a traceback may come after it.
@@ -554,7 +553,7 @@ class Runner:
         return RunResult(job_id=self.plan.job_id, run_dir=self.run_dir,
                          ranks=view.ranks, nodes=view.nodes,
                          failures=failures, interrupted=view.interrupted, duration=duration,
-                         hang_report=self._hang_report, straggler=view.straggler)
+                         hang_report=self._hang_report, straggler=view.straggler_figures())
 
 
 def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:

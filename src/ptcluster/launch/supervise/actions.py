@@ -14,7 +14,7 @@ from ptcluster.launch.supervise import events as ev
 
 @dataclass(frozen=True)
 class Send:
-    """A frame to a node's guard (``go``, ``stop``)."""
+    """A frame to a node's guard (``wire.Kind.GO``, ``wire.Kind.STOP``)."""
 
     host: str
     kind: str

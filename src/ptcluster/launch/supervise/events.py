@@ -7,7 +7,7 @@ becomes :class:`Malformed` (shown and logged as a node line), never an exception
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ptcluster.node import wire
 
@@ -23,7 +23,7 @@ class Hello:
 @dataclass(frozen=True)
 class Ready:
     host: str
-    facts: dict[str, Any]
+    facts: wire.ReadyFacts
 
 
 @dataclass(frozen=True)
@@ -178,10 +178,10 @@ def decode(host: str, line: str) -> Event:
     """One frame of the guard's stdout as an event."""
     kind, payload = wire.split(line)
     try:
-        if kind in ("o", "e"):
+        if kind in (wire.Kind.OUT, wire.Kind.ERR):
             rank, _, text = payload.partition(" ")
-            return RankOutput(host, int(rank), "out" if kind == "o" else "err", text)
-        if kind == "a":
+            return RankOutput(host, int(rank), "out" if kind == wire.Kind.OUT else "err", text)
+        if kind == wire.Kind.AGENT:
             return AgentOutput(host, payload)
         body = wire.control(payload)
         return _control(host, kind, body)
@@ -190,21 +190,21 @@ def decode(host: str, line: str) -> Event:
 
 
 def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
-    if kind == "hb":
+    if kind == wire.Kind.HB:
         idle = body.get("idle")
         return Heartbeat(host, _opt_float(body.get("t")),
                          None if idle is None else {int(r): float(s) for r, s in idle.items()})
     if kind == wire.Kind.TIMING:
         return Timing(host, {int(r): dict(v) for r, v in (body.get("ranks") or {}).items()},
                       dict(body.get("node") or {}))
-    if kind == "stacks":
+    if kind == wire.Kind.STACKS:
         ident = body.get("id")
         return StacksReply(host, None if ident is None else int(ident),
                            {int(r): dict(v) for r, v in (body.get("ranks") or {}).items()})
     if kind == wire.Kind.RERROR:
         return RankError(host, int(body["rank"]), float(body["t"]), str(body.get("text", "")),
                          str(body.get("exc") or ""))
-    if kind == "stopping":
+    if kind == wire.Kind.STOPPING:
         return GuardStopping(host, str(body.get("reason", "")), float(body["t"]),
                              str(body.get("signal") or ""), str(body.get("killed_by") or ""))
     if kind == wire.Kind.RSTART:
@@ -215,16 +215,16 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
                         float(body["t"]), _opt_float(body.get("duration")))
     if kind == wire.Kind.RDATA:
         return RankData(host, int(body.pop("rank")), body)
-    if kind == "hello":
+    if kind == wire.Kind.HELLO:
         return Hello(host, int(body["v"]), int(body["pid"]), float(body["time"]))
-    if kind == "ready":
-        return Ready(host, body)
-    if kind == "error":
+    if kind == wire.Kind.READY:
+        return Ready(host, cast(wire.ReadyFacts, body))
+    if kind == wire.Kind.ERROR:
         return GuardRefused(host, str(body["problem"]), str(body.get("fix") or ""),
                             bool(body.get("busy")))
-    if kind == "started":
+    if kind == wire.Kind.STARTED:
         return Started(host, int(body["pid"]))
-    if kind == "exit":
+    if kind == wire.Kind.EXIT:
         return GuardExit(host, int(body["code"]), str(body.get("reason", "")))
     raise ValueError(f"unknown frame kind {kind!r}")
 

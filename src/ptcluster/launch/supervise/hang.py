@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 
 
 @dataclass(kw_only=True)
-class ProgressWatch:
+class HangWatch:
+    """The head's hang rule: each node's last idle report, and whether every running rank has
+    been idle for ``timeout``."""
+
     timeout: float
     """S: seconds without progress on every running rank before the job is called hung."""
     fresh: float = 3.0

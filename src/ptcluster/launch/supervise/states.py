@@ -1,18 +1,27 @@
 """The states of a job on the head: the job's :class:`Phase`, each node's :class:`NodeState`
-with its transitions, and the teardown steps for a node that does not end (:class:`Escalation`).
+with its transitions, and the teardown steps for a node that does not end (:class:`Escalation`);
+all of one attempt together in :class:`JobState`, what the supervisor knows and the runner reads.
 
 The supervisor keeps one :class:`NodeLife` per node; ``NodeLife.enter`` is the only place a
-node's state changes (and with it ``NodeOutcome.ready``/``closed`` of the result).
+node's state changes (and with it ``NodeOutcome.ready``/``closed`` of the result). Each rank's
+reports are kept together in one :class:`RankLife`, judged there when the rank ends; the job's
+stop in one :class:`StopRecord`.
 """
 
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Any, cast
 
-from ptcluster.launch.result import NodeOutcome
+from ptcluster.launch.plan import LaunchPlan
+from ptcluster.launch.result import Failure, NodeOutcome, RankRecord, RunOptions
 from ptcluster.launch.supervise.actions import Action, Send, SignalChannel, Status
+from ptcluster.launch.supervise.hang import HangWatch
+from ptcluster.launch.supervise.straggler import StragglerWatch
+from ptcluster.launch.supervise.verdict import Raised, judge_rank
+from ptcluster.node import wire
 
 KILL_AFTER = 4.0
 """Seconds after the channel's SIGTERM before SIGKILL and giving up on the node."""
@@ -67,7 +76,7 @@ NEXT: dict[NodeState, frozenset[NodeState]] = {
 class Escalation(Enum):
     """The head's steps for a node not ended after stop, in order, each taken once."""
 
-    RESEND = "stop"
+    RESEND = wire.Kind.STOP
     """Half the stop deadline: stop sent again."""
     TERM = "term"
     """The stop deadline: its channel gets SIGTERM."""
@@ -78,6 +87,19 @@ class Escalation(Enum):
         """Seconds after the stop when this step is taken."""
         return {Escalation.RESEND: stop_deadline / 2, Escalation.TERM: stop_deadline,
                 Escalation.KILL: stop_deadline + KILL_AFTER}[self]
+
+
+@dataclass
+class StopRecord:
+    """The job's stop as the supervisor keeps it, in one place (each node's own stop and
+    escalation steps: its :class:`NodeLife`)."""
+
+    since: float | None = None
+    """When the head began stopping every node (monotonic); None while it has not."""
+    requests: int = 0
+    """Stop requests so far (Ctrl-C, SIGTERM, a caller): 1 stops the job, 2 cuts the channels."""
+    killed_by: str = ""
+    """``ended by `ptcluster kill` from HOST (user)`` when a guard said so, else ""."""
 
 
 @dataclass
@@ -92,6 +114,11 @@ class NodeLife:
     time, corrected); what its ranks do from then on is teardown."""
     steps: dict[Escalation, float] = field(default_factory=dict)
     """Each escalation step taken, with when (monotonic)."""
+
+    @property
+    def facts(self) -> wire.ReadyFacts:
+        """What its guard reported at ready (``{}`` before), kept in its record."""
+        return cast(wire.ReadyFacts, self.outcome.facts)
 
     def enter(self, state: NodeState, at: float | None = None) -> bool:
         """The one place a node changes state (``at``: for STOPPING and LOST, when it was told
@@ -114,7 +141,7 @@ class NodeLife:
         actions: list[Action]
         if step is Escalation.RESEND:
             note = "not ended yet: stop sent again"
-            actions = [Send(host, "stop", {"reason": "stop deadline"})]
+            actions = [Send(host, wire.Kind.STOP, {"reason": "stop deadline"})]
         elif step is Escalation.TERM:
             note = f"not ended {stop_deadline:.0f} s after stop: its channel gets SIGTERM"
             actions = [SignalChannel(host, signal.SIGTERM)]
@@ -136,3 +163,175 @@ class NodeLife:
         self.steps.setdefault(Escalation.RESEND, now)
         self.steps.setdefault(Escalation.TERM, now)
         return [SignalChannel(self.outcome.host, signal.SIGTERM)]
+
+
+@dataclass
+class RankLife:
+    """A rank as the supervisor tracks it: its record in the result and what the rank itself
+    reported, whichever report comes first (its exit, what its code raised, its return)."""
+
+    record: RankRecord
+    """Its record in the result: start, exit status, end (head clock), ``stopped``."""
+    raised: Raised | None = None
+    """When (corrected) and what an exception left its code, from the rank itself."""
+    returned: bool = False
+    """Its program returned (or exited 0): a death after that is in the interpreter's shutdown."""
+    failure: Failure | None = None
+    """The failure it was found to be (a second report refines it, never adds one)."""
+
+    @property
+    def running(self) -> bool:
+        """Started, not ended."""
+        return self.record.started_at is not None and self.record.ended_at is None
+
+    def judge(self, stop_at: float | None) -> Failure | None:
+        """Once it ended: a failure that is news, or None (it succeeded, has not ended, ended
+        in the teardown of ``stop_at`` (its node's), or was judged before: then refined)."""
+        record = self.record
+        verdict = judge_rank(record, self.raised, self.returned, stop_at)
+        if verdict is None:
+            return None
+        record.stopped = verdict.stopped
+        if verdict.stopped:
+            return None
+        if self.failure is not None:  # the second report of the same failure: refine it
+            self.failure.at, self.failure.message = verdict.at, verdict.message
+            self.failure.fix = verdict.fix
+            return None
+        self.failure = Failure(host=record.host, rank=record.rank, message=verdict.message,
+                               exit_code=record.exit_code, at=verdict.at, fix=verdict.fix)
+        return self.failure
+
+
+class JobState:
+    """One attempt of a job as the head knows it: its phase and stop, every node's and rank's
+    life, the failures, the job's own reports. Only the supervisor (its subclass) changes it;
+    the runner reads it through the properties below, each a fresh list, a copy or a value
+    (torch elastic's ``get_worker_group``: the agent's own read-only view, no second object)."""
+
+    def __init__(self, plan: LaunchPlan, opts: RunOptions, now: float,
+                 wall_offset: float = 0.0) -> None:
+        """``now`` is monotonic; ``wall_offset`` turns it into the head's wall clock."""
+        self._plan, self._opts, self._wall_offset = plan, opts, wall_offset
+        self._phase = Phase.STARTING
+        self._started_at = now
+        self._went_at: float | None = None
+        self._stop = StopRecord()
+        self._nodes = {n.host: NodeOutcome(host=n.host, node_rank=n.node_rank)
+                       for n in plan.nodes}
+        self._life = {h: NodeLife(node) for h, node in self._nodes.items()}
+        self._unfinished = list(self._life)
+        """Nodes that may not be in a final state yet (a final state is never left: checked
+        from the end, each node once, so the check per event does not grow with the nodes)."""
+        self._not_ready = set(self._nodes)
+        """Nodes not heard ready yet (so that "every node ready" is not a scan per event)."""
+        self._ranks = {r: RankLife(RankRecord(rank=r, host=n.host, local_rank=r - n.rank_base))
+                       for n in plan.nodes for r in n.ranks}
+        self._ranks_on = {n.host: n.ranks for n in plan.nodes}
+        self._failures: list[Failure] = []
+        self._checkpoint: int | None = None
+        self._resumed_from: int | None = None
+        self._first_rank_start: float | None = None
+        self._master_port = plan.master_port
+        beat = opts.heartbeat_for(len(plan.nodes))
+        self._hang = None if opts.hang_timeout is None else HangWatch(
+            timeout=opts.hang_timeout, fresh=max(3.0, 3 * beat))
+        self._hang_seen_at: float | None = None
+        self._straggler = StragglerWatch(threshold=opts.straggler_threshold,
+                                         every=wire.timing_every(beat))
+        """The straggler report (``straggler``), fed by the guards' ``timing`` frames."""
+
+    def wall(self, now: float) -> float:
+        """The head's wall clock at monotonic ``now``."""
+        return now + self._wall_offset
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def done(self) -> bool:
+        """Every node STOPPED or LOST: the attempt is over."""
+        return self._phase is Phase.DONE
+
+    @property
+    def stopping(self) -> bool:
+        """The job is being (or was) stopped: a node's lines are logged, not shown."""
+        return self._stop.since is not None
+
+    @property
+    def interrupted(self) -> bool:
+        """Stopped by a request (Ctrl-C, SIGTERM, a caller): never a failure of its own."""
+        return self._stop.requests > 0
+
+    @property
+    def killed_by(self) -> str:
+        """``ended by `ptcluster kill` from HOST (user)``, or ""."""
+        return self._stop.killed_by
+
+    @property
+    def cut_off(self) -> list[str]:
+        """Nodes given up on at the stop deadline (channel SIGKILLed): their part of the job
+        may run on until their guard notices, so a restart must not use them."""
+        return [h for h, life in self._life.items() if Escalation.KILL in life.steps]
+
+    @property
+    def askable(self) -> list[str]:
+        """Nodes whose ranks may be asked for stacks: ready or running, not told to stop."""
+        return [h for h, life in self._life.items()
+                if life.state in (NodeState.READY, NodeState.RUNNING)]
+
+    @property
+    def master_port(self) -> int:
+        """The rendezvous port: the plan's, or (``auto``) the one the master's guard took (0
+        before)."""
+        return self._master_port
+
+    @property
+    def checkpoint(self) -> int | None:
+        """The newest checkpoint step the job reported saving (``checkpoint_saved``)."""
+        return self._checkpoint
+
+    @property
+    def resumed_from(self) -> int | None:
+        """The step the job reported resuming from (``resumed_from``)."""
+        return self._resumed_from
+
+    @property
+    def first_rank_start(self) -> float | None:
+        """When the first rank started (corrected head clock)."""
+        return self._first_rank_start
+
+    @property
+    def failures(self) -> list[Failure]:
+        """Every failure, earliest first (rank failures before others at the same time): the
+        root cause is the first, whatever order the news arrived in."""
+        return sorted(self._failures, key=lambda f: (f.at, f.rank is None))
+
+    @property
+    def ranks(self) -> list[RankRecord]:
+        """Every rank's record, by rank."""
+        return [self._ranks[r].record for r in sorted(self._ranks)]
+
+    @property
+    def nodes(self) -> list[NodeOutcome]:
+        """Every node's record, in the plan's order."""
+        return [self._nodes[n.host] for n in self._plan.nodes]
+
+    def node(self, host: str) -> NodeOutcome:
+        return self._nodes[host]
+
+    def node_life(self, host: str) -> NodeLife:
+        """A copy of the node's life: its state, when it was told to stop, its escalation."""
+        life = self._life[host]
+        return replace(life, steps=dict(life.steps))
+
+    @property
+    def straggler_version(self) -> int:
+        """Counts the timing reports taken: ``straggler_figures`` changes only with it."""
+        return self._straggler.version
+
+    def straggler_figures(self) -> dict[str, Any]:
+        """The straggler report's current figures (``StragglerWatch.to_json``: built anew, for
+        8192 ranks ~80 ms)."""
+        return self._straggler.to_json()

@@ -109,7 +109,7 @@ class RankFigures:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Straggler:
     """The straggler: ``ranks`` (one, or every rank of ``host``); its busy share over the others'
     median (``ratio``: "its steps take Kx the median"), the others' median wait share and
     seconds waited per collective (None where unknown), and why, as far as the node saw."""
@@ -174,7 +174,7 @@ class _Spread:
 
 
 def candidates(figures: dict[int, RankFigures], nodes: dict[str, dict[str, Any]],
-               at_least: float = 0.0) -> list[Verdict]:
+               at_least: float = 0.0) -> list[Straggler]:
     """Every rank, and every node of several ranks (not all of them), as the straggler would be,
     with its ratio (those of ``at_least`` or more); none where the others hardly wait
     (``MIN_WAIT``) or fewer than 2 ranks. O(ranks log ranks): the others' medians and sums come
@@ -218,15 +218,15 @@ def candidates(figures: dict[int, RankFigures], nodes: dict[str, dict[str, Any]]
                                         if f.collectives is None or f.collectives <= 0)
         counted = counted_all - sum(f.collectives or 0 for f in mine)
         per = max(0.0, waited) / counted if uncounted == 0 else None
-        out.append(Verdict(ranks, host, whole, ratio, round(median_wait, 3),
+        out.append(Straggler(ranks, host, whole, ratio, round(median_wait, 3),
                            None if per is None else round(per, 4),
                            why(host, mine, starved.median_without(ranks),
                                nodes.get(host) or {})))
     return out
 
 
-def judge(figures: dict[int, RankFigures], nodes: dict[str, dict[str, Any]],
-          threshold: float) -> Verdict | None:
+def find_straggler(figures: dict[int, RankFigures], nodes: dict[str, dict[str, Any]],
+                   threshold: float) -> Straggler | None:
     """The straggler among ``figures``, or None: a whole node before a single rank, else the
     slowest."""
     found = [v for v in candidates(figures, nodes) if v.ratio >= threshold]
@@ -264,7 +264,7 @@ class StragglerWatch:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     totals: dict[int, list[float]] = field(default_factory=dict)
     """rank -> [seconds reported, seconds its main thread waited] over the whole attempt."""
-    current: Verdict | None = None
+    current: Straggler | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     peak: dict[str, Any] | None = None
     """The highest ratio any rank or node reached in an evaluation, named or not (past
@@ -344,7 +344,7 @@ class StragglerWatch:
             self.peak = {"at": at, "ranks": list(top.ranks), "ratio": round(top.ratio, 2)}
         return self._decide(at, found)
 
-    def _decide(self, at: float, found: list[Verdict]) -> str | None:
+    def _decide(self, at: float, found: list[Straggler]) -> str | None:
         """Hysteresis: the current straggler holds while its ratio is at least ``release`` and
         no other unit beats it over ``threshold``; any change must hold ``CONFIRM`` times."""
         best = max((v for v in found if v.ratio >= self.threshold),

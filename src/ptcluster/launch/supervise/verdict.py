@@ -4,17 +4,17 @@ A rank that ended is judged from what the kernel and the rank itself said: its r
 status, when it ended), what its code raised (the shim's ``error`` record), whether its program
 had returned, and when its node was told to stop. The failures of nodes and of the job (not
 ready, silent, stopped by itself, hung, timed out, a rendezvous on the wrong node) are worded
-here too, each with its fix."""
+here too, each with its fix; and the notes a node's ready facts call for (``ready_notes``)."""
 
 from __future__ import annotations
 
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, FailureKind, RankRecord, signame
+from ptcluster.node import wire
 
 CRASH_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS)
 """How a process's own code dies: after its program returned, that is a library's teardown."""
@@ -36,7 +36,9 @@ class Raised:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class RankVerdict:
+    """What a rank's end means (``judge_rank``)."""
+
     stopped: bool
     """Ended by our own teardown (not a failure); the fields below are then unused."""
     at: float = 0.0
@@ -44,14 +46,14 @@ class Verdict:
     fix: str | None = None
 
 
-def judge(record: RankRecord, raised: Raised | None, returned: bool,
-          stop_at: float | None) -> Verdict | None:
+def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
+               stop_at: float | None) -> RankVerdict | None:
     """None while there is nothing to judge (the rank succeeded, or has not ended)."""
     if record.exit_code == 0 or record.ended_at is None:
         return None
     failed_at = record.ended_at if raised is None else min(raised.at, record.ended_at)
     if stop_at is not None and failed_at >= stop_at:
-        return Verdict(stopped=True)
+        return RankVerdict(stopped=True)
     code = record.exit_code
     message = ("ended without an exit status (its process was killed)" if code is None
                else f"killed by {signame(-code)}" if code < 0
@@ -66,7 +68,7 @@ def judge(record: RankRecord, raised: Raised | None, returned: bool,
         # (a SIGKILL or SIGTERM then is someone else's doing: named as it is)
         message += " after its program had returned, in the interpreter's shutdown"
         fix = SHUTDOWN_FIX
-    return Verdict(stopped=False, at=failed_at, message=message, fix=fix)
+    return RankVerdict(stopped=False, at=failed_at, message=message, fix=fix)
 
 
 def not_ready(hosts: Sequence[str], timeout: float, at: float) -> Failure:
@@ -107,7 +109,7 @@ def hung(host: str, rank: int | None, headline: str, timeout: float, at: float) 
                    fix="see the stacks report in the run directory (the straggler first)")
 
 
-def master_elsewhere(plan: LaunchPlan, facts: Mapping[str, Mapping[str, Any]],
+def master_elsewhere(plan: LaunchPlan, facts: Mapping[str, wire.ReadyFacts],
                      at: float) -> Failure | None:
     """The rendezvous address is another node's (its address or hostname as its guard
     reported them): node rank 0 would host a store nobody reaches, and every rank would
@@ -115,8 +117,9 @@ def master_elsewhere(plan: LaunchPlan, facts: Mapping[str, Mapping[str, Any]],
     addr = plan.master_addr.lower()
     first = plan.nodes[0].host
     for node in plan.nodes[1:]:
-        for what in ("address", "hostname"):
-            if str(facts[node.host].get(what) or "").lower() == addr:
+        said = facts[node.host]
+        for what, value in (("address", said.get("address")), ("hostname", said.get("hostname"))):
+            if str(value or "").lower() == addr:
                 return Failure(
                     host=first, rank=None, kind=FailureKind.GUARD, at=at,
                     message=f"the rendezvous address {plan.master_addr} is {node.host}'s "
@@ -125,3 +128,23 @@ def master_elsewhere(plan: LaunchPlan, facts: Mapping[str, Mapping[str, Any]],
                     fix=f"set master.addr to {first}'s address, or move {node.host} to the "
                         "top of `nodes`")
     return None
+
+
+def ready_notes(host: str, facts: wire.ReadyFacts) -> list[str]:
+    """What the user is told of a node's ready facts: sockets on an interface the cluster file
+    did not name, leases off, the GPUs chosen and why, no subreaper."""
+    notes = []
+    source = facts.get("interface_source")
+    if source and source != "cluster file":
+        notes.append(f"{host}: sockets on {facts.get('interface') or '?'} ({source})")
+    if facts.get("leases_off"):
+        notes.append(f"{host}: no leases ({facts.get('leases_off')}): other jobs' GPUs and "
+                     "ports are not checked, and `ptcluster ps` does not list this job there; "
+                     "`ptcluster setup` makes the directory")
+    chosen = facts.get("gpus")
+    if chosen:
+        notes.append(f"{host}: GPUs {chosen.get('visible') or 'none'}: {chosen.get('why')}")
+    if facts.get("subreaper") is False:
+        notes.append(f"{host}: cannot become a subreaper ({facts.get('subreaper_error')}); "
+                     "orphans of the job may escape teardown")
+    return notes
