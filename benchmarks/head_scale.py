@@ -44,7 +44,8 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
     from ptcluster.cli import raise_open_files_limit
     from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
-    from ptcluster.remote.channel import Hub, NodeChannel
+    from ptcluster.remote.channel import NodeChannel
+    from ptcluster.remote.hub import Hub
 
     if os.environ.get("HEAD_SCALE_WINDOW"):  # (the fan-out window, to compare)
         import ptcluster.remote.channel as channel
