@@ -64,25 +64,24 @@ class NodeChannel:
         self.stderr: deque[str] = deque(maxlen=STDERR_TAIL)
         self.last_recv = time.monotonic()
         """Monotonic time data last came from the node (stdout or stderr)."""
-        self.held = False
-        """True while the consumer's backlog holds this channel's frames back (the node is not
-        silent: we are slow)."""
         self._closed = threading.Event()
         self._lock = threading.Lock()  # the outgoing buffer: send() may come from any thread
         self._out = bytearray()
         self._eof_asked = False
         self._hub: Hub | None = None
-        # Hub-thread state: the open streams and what is left of a line.
-        self._rest = {"out": b"", "err": b""}
-        self._open: set[str] = set()
-        self._reap_from: float | None = None
-        self._fanout: Fanout | None = None
+        self._window: Fanout | None = None
         """The window this channel was started in, until it said its first word or closed."""
 
     # -- life ---------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Spawn the program (raises ``OSError`` when the transport cannot be started)."""
-        self.proc = self.transport.spawn(self.argv)
+    def start(self, window: Fanout | None = None) -> None:
+        """Spawn the program (raises ``OSError`` when the transport cannot be started); in
+        ``window``, whose slot it holds until it says its first word or ends."""
+        self._window = window
+        try:
+            self.proc = self.transport.spawn(self.argv)
+        except OSError:
+            self._window = None
+            raise
         self.last_recv = time.monotonic()
         with self._lock:  # (first: frames may have been queued while it waited its turn)
             self._out[:0] = self.first
@@ -118,6 +117,18 @@ class NodeChannel:
         return self._closed.is_set()
 
     @property
+    def closing(self) -> bool:
+        """``close_input`` was called: nothing more is queued, the input ends."""
+        return self._eof_asked
+
+    @property
+    def held(self) -> bool:
+        """True while the consumer's backlog holds this channel's frames back (the node is not
+        silent: we are slow)."""
+        hub = self._hub
+        return hub is not None and hub.holds(self)
+
+    @property
     def busy(self) -> bool:
         """True while the head, not the node, is why nothing new arrived (held back)."""
         return self.held
@@ -128,6 +139,63 @@ class NodeChannel:
         if not self._closed.wait(max(0.0, deadline - time.monotonic())):
             self.signal(signal.SIGKILL)
             self._closed.wait(5.0)
+
+    # -- the hub's side (its thread) and the fan-out window's ----------------------------------
+    def pending(self) -> tuple[bytes, bool]:
+        """What is queued for the node, and whether its input is to end after it."""
+        with self._lock:
+            return bytes(self._out), self._eof_asked
+
+    def written(self, count: int) -> bool:
+        """The first ``count`` bytes queued are written (or lost with the pipe); True while
+        more is queued."""
+        with self._lock:
+            del self._out[:count]
+            return bool(self._out)
+
+    def push(self, data: bytes, *, closing_too: bool = False) -> bool:
+        """Queue ``data`` from the hub's own thread (a heartbeat: it writes itself), unless the
+        input is to end (``closing_too``: even then); True when nothing was queued before it
+        (a write is due now, else one is pending already)."""
+        with self._lock:
+            if self._eof_asked and not closing_too:
+                return False
+            was_empty = not self._out
+            self._out += data
+        return was_empty
+
+    def heard(self, now: float) -> None:
+        """Data came from the node at ``now``: connected, so its window's slot is free (the
+        next node's handshake may start)."""
+        self.last_recv = now
+        window = self._window
+        if window is not None:
+            window.done(self)
+
+    def got_stderr(self, line: str) -> None:
+        """A line of the program's stderr (kept in the tail, handed to ``on_stderr``)."""
+        self.stderr.append(line)
+        self.on_stderr(line)
+
+    def left(self, window: Fanout) -> None:
+        """``window`` no longer holds a slot for this channel."""
+        if self._window is window:
+            self._window = None
+
+    def ended(self, code: int | None, stderr: list[str] | None = None, *,
+              tell: bool = True) -> None:
+        """The channel is over (its process reaped, or never started): closed, its window's
+        slot free, ``on_closed(code, stderr or the tail)`` unless not ``tell``."""
+        self._closed.set()
+        window = self._window
+        if window is not None:
+            window.done(self)
+        if not tell:
+            return
+        try:
+            self.on_closed(code, list(self.stderr) if stderr is None else stderr)
+        except Exception:  # noqa: BLE001
+            log.exception("%s: on_closed failed", self.host)
 
     def _queue(self, data: bytes) -> None:
         if self._closed.is_set():
@@ -170,21 +238,15 @@ class Fanout:
         started = []
         while self.waiting and len(self.in_flight) < self.window:
             channel = self.waiting.popleft()
-            if channel._eof_asked:  # closed before its turn (the job ended): never started
-                channel._closed.set()
-                try:
-                    channel.on_closed(None, ["not started: closed before its turn came"])
-                except Exception:  # noqa: BLE001
-                    log.exception("%s: on_closed failed", channel.host)
+            if channel.closing:  # closed before its turn (the job ended): never started
+                channel.ended(None, ["not started: closed before its turn came"])
                 continue
             try:
-                channel._fanout = self
                 self.in_flight.add(channel)
-                channel.start()
+                channel.start(window=self)
             except OSError as exc:
                 self.in_flight.discard(channel)
-                channel._fanout = None
-                channel._closed.set()
+                channel.ended(None, tell=False)  # (on_error says why)
                 # (the local program that failed: ssh or srun, or the interpreter locally)
                 program = channel.transport.argv(channel.argv)[0]
                 self.on_error(channel, *explain_start_failure(program, exc))
@@ -193,8 +255,9 @@ class Fanout:
         return started
 
     def done(self, channel: NodeChannel) -> None:
+        """``channel`` was heard from or ended: its slot goes to the next one waiting."""
         with self._lock:
-            channel._fanout = None
+            channel.left(self)
             self.in_flight.discard(channel)
             self._fill()
 

@@ -16,12 +16,15 @@ import logging
 import os
 import selectors
 import signal
+import subprocess
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
+
+from ptcluster.node.wire import Kind, encode
 
 if TYPE_CHECKING:
     from ptcluster.remote.channel import NodeChannel
@@ -40,12 +43,43 @@ than the reads; a write or a read a few milliseconds later costs nothing."""
 BACKLOG_POLL = 0.02
 """How often the channels held back by their consumer's ``backlog()`` are looked at again (one
 call of each distinct ``backlog`` per look, however many channels it holds)."""
+HEARTBEAT = encode(Kind.HB)
+"""The head's heartbeat frame, written once (every channel with a ``heartbeat`` gets it)."""
+
+
+IN, OUT, ERR = "in", "out", "err"
+"""A channel's streams: the node program's stdin, stdout and stderr."""
+
+
+class _Link:
+    """The hub's own record of one channel: its process's pipes and what the hub knows of them
+    (the channel keeps its outgoing buffer; this is the hub thread's state alone)."""
+
+    __slots__ = ("channel", "proc", "open", "rest", "held", "reap_from")
+
+    def __init__(self, channel: NodeChannel, proc: subprocess.Popen[bytes]) -> None:
+        self.channel = channel
+        self.proc = proc
+        self.open = {OUT, ERR, IN}
+        """The streams not yet at their end (stdin: not yet closed)."""
+        self.rest = {OUT: b"", ERR: b""}
+        """What is left of a line, per stream, until its newline comes."""
+        self.held = False
+        """True while the consumer's backlog holds this channel's frames back (the node is not
+        silent: we are slow)."""
+        self.reap_from: float | None = None
+        """When both streams ended: the process has ``REAP_WAIT`` s to exit."""
+
+    def pipe(self, stream: str) -> IO[bytes]:
+        f = {IN: self.proc.stdin, OUT: self.proc.stdout, ERR: self.proc.stderr}[stream]
+        assert f is not None
+        return f
 
 
 class Hub:
     """The one I/O thread of a process's node channels: a selector over their pipes, a timer
-    heap for heartbeats and deadlines, and a to-do list that other threads fill (``wake_*``) so
-    that only this thread touches the selector."""
+    heap for heartbeats and deadlines, and a to-do list that other threads fill (``add``,
+    ``wake_writer``) so that only this thread touches the selector and its records."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -59,11 +93,13 @@ class Hub:
         self.sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
-        self._held: dict[Callable[[], bool], set[NodeChannel]] = {}
+        self._links: dict[NodeChannel, _Link] = {}
+        """Every channel added and not yet reaped."""
+        self._held: dict[Callable[[], bool], set[_Link]] = {}
         """The channels whose stdout is not read, by the consumer's ``backlog`` that holds them
         (a runner gives all its channels one: one look frees them all)."""
         self._next_look = 0.0
-        self._beats: dict[float, set[NodeChannel]] = {}
+        self._beats: dict[float, set[_Link]] = {}
         """The channels that get a heartbeat, by interval: one timer for each interval, not one
         per channel (1024 channels: one wake-up a second, not 1024)."""
         self._thread = threading.Thread(target=self._run, name="channels", daemon=True)
@@ -71,10 +107,17 @@ class Hub:
 
     # -- from any thread ----------------------------------------------------------------------
     def add(self, channel: NodeChannel) -> None:
+        """Serve ``channel``, whose process (``channel.proc``) has just been started."""
         self._call(lambda: self._add(channel))
 
     def wake_writer(self, channel: NodeChannel) -> None:
-        self._call(lambda: self._write(channel))
+        """``channel`` has something new to write (or its input is to end)."""
+        self._call(lambda: self._write_channel(channel))
+
+    def holds(self, channel: NodeChannel) -> bool:
+        """True while ``channel``'s consumer is why nothing new is read from it (held back)."""
+        link = self._links.get(channel)
+        return link is not None and link.held
 
     def _call(self, fn: Callable[[], None]) -> None:
         self._todo.append(fn)
@@ -98,20 +141,8 @@ class Hub:
             for key, _ in self.sel.select(timeout):
                 if key.data is None:
                     self._drain_wakeups()
-                    continue
-                channel, stream = key.data
-                if stream not in channel._open:
-                    continue  # (ended by an earlier event of this same batch)
-                try:
-                    if stream == "in":
-                        self._write(channel)
-                    else:
-                        self._read(channel, stream)
-                except Exception:  # noqa: BLE001 - one channel's bug ends that channel only
-                    log.exception("%s: the channel failed", channel.host)
-                    channel.stderr.append("ptcluster: reading the channel failed (see -vv)")
-                    self._eof(channel, "out")
-                    self._eof(channel, "err")
+                else:
+                    self._serve(*key.data)
             while self._todo:
                 self._safely(self._todo.popleft())
             now = time.monotonic()
@@ -124,6 +155,21 @@ class Hub:
             rest = began + PASS_SECONDS - time.monotonic()
             if rest > 0 and not self._todo:
                 time.sleep(rest)
+
+    def _serve(self, link: _Link, stream: str) -> None:
+        """One selector event: ``stream`` of ``link`` can be written or read."""
+        if stream not in link.open:
+            return  # (ended by an earlier event of this same batch)
+        try:
+            if stream == IN:
+                self._write(link)
+            else:
+                self._read(link, stream)
+        except Exception:  # noqa: BLE001 - one channel's bug ends that channel only
+            log.exception("%s: the channel failed", link.channel.host)
+            link.channel.stderr.append("ptcluster: reading the channel failed (see -vv)")
+            self._eof(link, OUT)
+            self._eof(link, ERR)
 
     @staticmethod
     def _safely(fn: Callable[[], None]) -> None:
@@ -150,49 +196,47 @@ class Hub:
         heapq.heappush(self._timers, (when, next(self._seq), fn))
 
     def _add(self, c: NodeChannel) -> None:
-        assert c.proc is not None and c.proc.stdout and c.proc.stderr and c.proc.stdin
-        for f in (c.proc.stdout, c.proc.stderr, c.proc.stdin):
-            os.set_blocking(f.fileno(), False)
-        c._open = {"out", "err", "in"}
-        self.sel.register(c.proc.stdout, selectors.EVENT_READ, (c, "out"))
-        self.sel.register(c.proc.stderr, selectors.EVENT_READ, (c, "err"))
+        assert c.proc is not None
+        link = self._links[c] = _Link(c, c.proc)
+        for stream in (OUT, ERR, IN):
+            os.set_blocking(link.pipe(stream).fileno(), False)
+        self.sel.register(link.pipe(OUT), selectors.EVENT_READ, (link, OUT))
+        self.sel.register(link.pipe(ERR), selectors.EVENT_READ, (link, ERR))
         if c.heartbeat:
-            with c._lock:
-                c._out += b"hb\n"  # (the first one now, the next on the interval's timer)
+            c.push(HEARTBEAT, closing_too=True)  # (the first one now, the next on the timer)
             beating = self._beats.get(c.heartbeat)
             if beating is None:
                 beating = self._beats[c.heartbeat] = set()
                 self._at(time.monotonic() + c.heartbeat, partial(self._beat, c.heartbeat))
-            beating.add(c)
-        self._write(c)
+            beating.add(link)
+        self._write(link)
 
     def _beat(self, interval: float) -> None:
         """A heartbeat to every channel of ``interval`` that still writes; the next in
         ``interval`` while any is left."""
         beating = self._beats[interval]
-        for c in list(beating):
-            if c._closed.is_set() or "in" not in c._open:
-                beating.discard(c)
+        for link in list(beating):
+            if link.channel.closed or IN not in link.open:
+                beating.discard(link)
                 continue
-            with c._lock:
-                if c._eof_asked:
-                    continue
-                was_empty = not c._out
-                c._out += b"hb\n"
-            if was_empty:  # (else its write is pending already: the pipe is full)
-                self._write(c)
+            if link.channel.push(HEARTBEAT):  # (else its write is pending already: pipe full)
+                self._write(link)
         if beating:
             self._at(time.monotonic() + interval, partial(self._beat, interval))
         else:
             del self._beats[interval]
 
-    def _write(self, c: NodeChannel) -> None:
-        if "in" not in c._open:
+    def _write_channel(self, c: NodeChannel) -> None:
+        link = self._links.get(c)
+        if link is not None:  # (not yet added: its add writes; reaped: nothing to write to)
+            self._write(link)
+
+    def _write(self, link: _Link) -> None:
+        if IN not in link.open:
             return
-        assert c.proc is not None and c.proc.stdin is not None
-        fd = c.proc.stdin.fileno()
-        with c._lock:
-            data, eof = bytes(c._out), c._eof_asked
+        c, stdin = link.channel, link.pipe(IN)
+        fd = stdin.fileno()
+        data, eof = c.pending()
         sent, broken = 0, False
         while sent < len(data):
             try:
@@ -202,40 +246,36 @@ class Hub:
             except OSError:  # the node's end is gone: the readers say why
                 broken = True
                 break
-        with c._lock:
-            del c._out[:len(data) if broken else sent]
-            left = bool(c._out)
-        registered = self._registered(c, "in")
+        left = c.written(len(data) if broken else sent)
+        registered = self._writing(link)
         if broken or (eof and not left):
             if registered:
-                self.sel.unregister(c.proc.stdin)
-            c._open.discard("in")
+                self.sel.unregister(stdin)
+            link.open.discard(IN)
             if c.heartbeat:
-                self._beats.get(c.heartbeat, set()).discard(c)
+                self._beats.get(c.heartbeat, set()).discard(link)
             try:
-                c.proc.stdin.close()
+                stdin.close()
             except OSError:
                 pass
         elif left and not registered:
-            self.sel.register(c.proc.stdin, selectors.EVENT_WRITE, (c, "in"))
+            self.sel.register(stdin, selectors.EVENT_WRITE, (link, IN))
         elif not left and registered:
-            self.sel.unregister(c.proc.stdin)
+            self.sel.unregister(stdin)
 
-    def _registered(self, c: NodeChannel, stream: str) -> bool:
-        assert c.proc is not None and c.proc.stdin is not None
+    def _writing(self, link: _Link) -> bool:
+        """Whether the selector waits for ``link``'s stdin to take more."""
         try:
-            key = self.sel.get_key(c.proc.stdin)
+            key = self.sel.get_key(link.pipe(IN))
         except KeyError:
             return False
-        return bool(key.data and key.data[1] == stream)
+        return bool(key.data and key.data[1] == IN)
 
-    def _read(self, c: NodeChannel, stream: str) -> bool:
+    def _read(self, link: _Link, stream: str) -> bool:
         """One read of ``stream``; True when it brought data."""
-        assert c.proc is not None
-        f = c.proc.stdout if stream == "out" else c.proc.stderr
-        assert f is not None
-        if stream == "out" and c.backlog is not None and c.backlog():
-            self._hold(c)
+        c, f = link.channel, link.pipe(stream)
+        if stream == OUT and c.backlog is not None and c.backlog():
+            self._hold(link)
             return False
         try:
             chunk = os.read(f.fileno(), READ_SIZE)
@@ -244,117 +284,100 @@ class Hub:
         except OSError:
             chunk = b""
         if not chunk:
-            self._eof(c, stream)
+            self._eof(link, stream)
             return False
-        c.last_recv = time.monotonic()
-        if c._fanout is not None:  # connected: the next node's handshake may start
-            c._fanout.done(c)
-        lines = (c._rest[stream] + chunk).split(b"\n")
-        c._rest[stream] = lines.pop()
-        if stream == "out":
+        c.heard(time.monotonic())  # (connected: the next node's handshake may start)
+        lines = (link.rest[stream] + chunk).split(b"\n")
+        link.rest[stream] = lines.pop()
+        if stream == OUT:
             if lines:
                 c.on_frames([raw.decode(errors="replace") for raw in lines])
         else:
             for raw in lines:
-                line = raw.decode(errors="replace").rstrip("\r")
-                c.stderr.append(line)
-                c.on_stderr(line)
+                c.got_stderr(raw.decode(errors="replace").rstrip("\r"))
         return True
 
-    def _hold(self, c: NodeChannel) -> None:
-        assert c.proc is not None and c.proc.stdout is not None and c.backlog is not None
-        self.sel.unregister(c.proc.stdout)
-        c.held = True
-        self._held.setdefault(c.backlog, set()).add(c)
+    def _hold(self, link: _Link) -> None:
+        assert link.channel.backlog is not None
+        self.sel.unregister(link.pipe(OUT))
+        link.held = True
+        self._held.setdefault(link.channel.backlog, set()).add(link)
 
     def _resume(self, backlog: Callable[[], bool]) -> None:
         """Every channel ``backlog`` holds reads again once it says the consumer caught up."""
         if backlog():
             return
         now = time.monotonic()
-        for c in self._held.pop(backlog, ()):
-            assert c.proc is not None and c.proc.stdout is not None
-            c.held = False
-            c.last_recv = now
-            if "out" in c._open:
-                self.sel.register(c.proc.stdout, selectors.EVENT_READ, (c, "out"))
+        for link in self._held.pop(backlog, ()):
+            link.held = False
+            link.channel.last_recv = now
+            if OUT in link.open:
+                self.sel.register(link.pipe(OUT), selectors.EVENT_READ, (link, OUT))
 
-    def _eof(self, c: NodeChannel, stream: str) -> None:
-        assert c.proc is not None
-        if stream not in c._open:
+    def _eof(self, link: _Link, stream: str) -> None:
+        if stream not in link.open:
             return
-        c._open.discard(stream)
-        f = c.proc.stdout if stream == "out" else c.proc.stderr
-        assert f is not None
-        if c.held and stream == "out":
+        link.open.discard(stream)
+        c, f = link.channel, link.pipe(stream)
+        if link.held and stream == OUT:
             assert c.backlog is not None
             held = self._held.get(c.backlog)
             if held is not None:
-                held.discard(c)
+                held.discard(link)
                 if not held:
                     del self._held[c.backlog]
-            c.held = False
+            link.held = False
         else:
             self.sel.unregister(f)
-        rest, c._rest[stream] = c._rest[stream], b""
+        rest, link.rest[stream] = link.rest[stream], b""
         try:
-            if rest and stream == "out":
+            if rest and stream == OUT:
                 c.on_frames([rest.decode(errors="replace")])
             elif rest:
-                line = rest.decode(errors="replace").rstrip("\r")
-                c.stderr.append(line)
-                c.on_stderr(line)
+                c.got_stderr(rest.decode(errors="replace").rstrip("\r"))
         except Exception:  # noqa: BLE001
             log.exception("%s: handing over the channel's last words failed", c.host)
         f.close()
-        if stream == "out" and "err" in c._open:
-            self._last_words(c, time.monotonic() + STDERR_WAIT)
-        elif not ({"out", "err"} & c._open):
-            c._reap_from = time.monotonic()
-            self._reap(c)
+        if stream == OUT and ERR in link.open:
+            self._last_words(link, time.monotonic() + STDERR_WAIT)
+        elif not ({OUT, ERR} & link.open):
+            link.reap_from = time.monotonic()
+            self._reap(link)
 
-    def _last_words(self, c: NodeChannel, until: float) -> None:
+    def _last_words(self, link: _Link, until: float) -> None:
         """stdout ended: stderr ends with the process, not with its EOF. ssh writes its last
         words before it exits, so once it has exited they are in the pipe; its EOF may never
         come while another process holds the pipe (a ControlPersist master that ssh forked
         keeps the stderr it was given: OpenSSH bug 1988)."""
-        assert c.proc is not None
-        if "err" not in c._open:
+        if ERR not in link.open:
             return
-        if c.proc.poll() is None and time.monotonic() < until:
-            self._at(time.monotonic() + 0.02, lambda: self._last_words(c, until))
+        if link.proc.poll() is None and time.monotonic() < until:
+            self._at(time.monotonic() + 0.02, lambda: self._last_words(link, until))
             return
         for _ in range(64):  # what is in the pipe, then the end (<= 4 MiB)
-            if "err" not in c._open or not self._read(c, "err"):
+            if ERR not in link.open or not self._read(link, ERR):
                 break
-        self._eof(c, "err")
+        self._eof(link, ERR)
 
-    def _reap(self, c: NodeChannel) -> None:
-        assert c.proc is not None and c._reap_from is not None
-        code = c.proc.poll()
+    def _reap(self, link: _Link) -> None:
+        assert link.reap_from is not None
+        code = link.proc.poll()
         if code is None:
-            if time.monotonic() - c._reap_from < REAP_WAIT:
-                self._at(time.monotonic() + 0.02, lambda: self._reap(c))
+            if time.monotonic() - link.reap_from < REAP_WAIT:
+                self._at(time.monotonic() + 0.02, lambda: self._reap(link))
                 return
-            c.signal(signal.SIGKILL)  # streams closed but the process lingers
-            code = c.proc.wait()
-        if "in" in c._open:
-            if self._registered(c, "in"):
-                assert c.proc.stdin is not None
-                self.sel.unregister(c.proc.stdin)
-            c._open.discard("in")
+            link.channel.signal(signal.SIGKILL)  # streams closed but the process lingers
+            code = link.proc.wait()
+        if IN in link.open:
+            if self._writing(link):
+                self.sel.unregister(link.pipe(IN))
+            link.open.discard(IN)
             try:
-                assert c.proc.stdin is not None
-                c.proc.stdin.close()
+                link.pipe(IN).close()
             except OSError:
                 pass
-        c._closed.set()
-        if c._fanout is not None:
-            c._fanout.done(c)
-        try:
-            c.on_closed(code, list(c.stderr))
-        except Exception:  # noqa: BLE001
-            log.exception("%s: on_closed failed", c.host)
+        del self._links[link.channel]
+        link.channel.ended(code)
 
 
 _hub: Hub | None = None
