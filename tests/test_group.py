@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 from ptcluster.node import GUARD
+from ptcluster.node.wire import Kind
 from ptcluster.remote.group import Member, Why, ask_all
 from ptcluster.remote.transport import Transport
 from tests.test_channel import Shell
@@ -37,10 +38,10 @@ def test_every_node_gets_its_outcome_and_a_failure_never_stops_the_others() -> N
     members = [Member(h, Shell(h, s), "python3", {}) for h, s in scripts.items()]
     members.insert(2, Member("missing", Missing("missing"), "python3", {}))
     t0 = time.monotonic()
-    result = ask_all(members, GUARD, "result", timeout=3.0)
+    result = ask_all(members, GUARD, Kind.RESULT, timeout=3.0)
     assert time.monotonic() - t0 < 15
     assert list(result.nodes) == ["answers", "bad", "missing", "dies", "silent", "other"]
-    assert {h: r.answers["result"] for h, r in result.succeeded.items()} == {
+    assert {h: r.answers[Kind.RESULT] for h, r in result.succeeded.items()} == {
         "answers": {"n": 1}, "other": {"n": 2}}  # (the first of a kind)
     failed = result.failed
     assert {h: r.why for h, r in failed.items()} == {

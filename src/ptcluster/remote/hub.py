@@ -55,11 +55,13 @@ class _Link:
     """The hub's own record of one channel: its process's pipes and what the hub knows of them
     (the channel keeps its outgoing buffer; this is the hub thread's state alone)."""
 
-    __slots__ = ("channel", "proc", "open", "rest", "held", "reap_from")
+    __slots__ = ("channel", "proc", "pipes", "open", "rest", "held", "reap_from")
 
     def __init__(self, channel: NodeChannel, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self.channel = channel
         self.proc = proc
+        self.pipes: dict[str, IO[bytes]] = {IN: proc.stdin, OUT: proc.stdout, ERR: proc.stderr}
         self.open = {OUT, ERR, IN}
         """The streams not yet at their end (stdin: not yet closed)."""
         self.rest = {OUT: b"", ERR: b""}
@@ -71,9 +73,7 @@ class _Link:
         """When both streams ended: the process has ``REAP_WAIT`` s to exit."""
 
     def pipe(self, stream: str) -> IO[bytes]:
-        f = {IN: self.proc.stdin, OUT: self.proc.stdout, ERR: self.proc.stderr}[stream]
-        assert f is not None
-        return f
+        return self.pipes[stream]
 
 
 class Hub:
@@ -376,7 +376,7 @@ class Hub:
                 link.pipe(IN).close()
             except OSError:
                 pass
-        del self._links[link.channel]
+        self._links.pop(link.channel, None)
         link.channel.ended(code)
 
 
