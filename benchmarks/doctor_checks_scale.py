@@ -24,7 +24,8 @@ from typing import Any
 
 from ptcluster.cluster import local_cluster, parse_cluster_text
 from ptcluster.doctor.checks import run_checks
-from ptcluster.doctor.collect import NodeReport, collect_facts, probe_peers
+from ptcluster.doctor.collect import collect_facts, probe_peers
+from ptcluster.doctor.node_report import NodeReport
 from ptcluster.remote.transport import LocalTransport
 
 

@@ -44,7 +44,8 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
     from ptcluster.cli import raise_open_files_limit
     from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
-    from ptcluster.remote.channel import Hub, NodeChannel
+    from ptcluster.remote.channel import NodeChannel
+    from ptcluster.remote.hub import Hub
 
     if os.environ.get("HEAD_SCALE_WINDOW"):  # (the fan-out window, to compare)
         import ptcluster.remote.channel as channel
@@ -68,9 +69,10 @@ def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
             unwritten.add(channel)
         send(channel, kind, payload)
 
-    def counted_write(hub: Hub, channel: NodeChannel) -> None:
-        write(hub, channel)
-        if channel in unwritten and not channel._out:
+    def counted_write(hub: Hub, link: Any) -> None:  # (the hub's record of a channel)
+        write(hub, link)
+        channel = link.channel
+        if channel in unwritten and not channel.pending()[0]:
             unwritten.discard(channel)
             written.append(time.time())
 

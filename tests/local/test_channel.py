@@ -100,7 +100,7 @@ def test_a_channel_whose_streams_end_together_ends_cleanly(caplog) -> None:
     # gone: the stderr event of that same batch must not be read after stderr was closed.
     import logging
 
-    caplog.set_level(logging.WARNING, logger="ptcluster.remote.channel")
+    caplog.set_level(logging.WARNING, logger="ptcluster.remote.hub")
     closed: list[tuple[int | None, list[str]]] = []
     channels = [NodeChannel(Shell(f"n{i}", "sleep 0.2; echo bye >&2"), "python3",
                             GUARD, {}, on_frames=lambda lines: None,
@@ -131,7 +131,7 @@ def test_a_channel_closed_before_its_turn_is_never_started() -> None:
 def test_the_heartbeats_of_many_channels_come_from_one_timer(tmp_path) -> None:
     # 1024 channels with a heartbeat each: one timer wakes the hub once an interval for all of
     # them, not 1024 times. Every node still gets its heartbeats.
-    from ptcluster.remote.channel import hub
+    from ptcluster.remote.hub import HEARTBEAT, hub
 
     transports = [Shell(f"n{i}", f"cat > {tmp_path}/in{i}") for i in range(12)]
     channels = [NodeChannel(t, "python3", GUARD, {}, on_frames=lambda lines: None,
@@ -141,13 +141,13 @@ def test_the_heartbeats_of_many_channels_come_from_one_timer(tmp_path) -> None:
     try:
         time.sleep(0.45)
         h = hub()
-        assert h._beats.get(0.1) == set(channels)
+        assert {link.channel for link in h._beats.get(0.1, ())} == set(channels)
         timers = [fn for _, _, fn in h._timers if getattr(fn, "args", None) == (0.1,)]
         assert len(timers) == 1, timers
     finally:
         close_all(started, timeout=10)
     for i in range(12):
-        beats = (tmp_path / f"in{i}").read_bytes().count(b"\nhb\n")
+        beats = (tmp_path / f"in{i}").read_bytes().count(b"\n" + HEARTBEAT)
         assert beats >= 3, (i, beats)
     time.sleep(0.25)
     assert 0.1 not in hub()._beats  # (and its timer is gone with the last channel)
@@ -157,7 +157,7 @@ def test_channels_held_by_one_backlog_are_looked_at_once_a_poll_and_freed_togeth
     # A consumer that falls behind holds every channel; the hub then asks its backlog once a
     # poll for all of them (at 1024 held channels it asked 1024 times every 20 ms), and when it
     # has caught up every channel reads again and loses nothing.
-    from ptcluster.remote.channel import BACKLOG_POLL
+    from ptcluster.remote.hub import BACKLOG_POLL
 
     lines_each, width = 3000, 100
     total = lines_each * (width + 1)  # (bytes, newlines included)
@@ -205,7 +205,7 @@ def test_channels_held_by_one_backlog_are_looked_at_once_a_poll_and_freed_togeth
 def test_a_call_while_the_hub_drains_its_wakeups_is_never_lost(monkeypatch) -> None:
     # Another thread's call lands while the hub reads its wake-up pipe: the hub must still wake
     # for every call after it (it slept in its selector for good, with a request undelivered).
-    import ptcluster.remote.channel as ch
+    import ptcluster.remote.hub as ch
 
     h = ch.Hub()
     real_read, ran, once = os.read, [], threading.Event()

@@ -19,7 +19,7 @@ import pytest
 
 from ptcluster.cluster import parse_cluster_text
 from ptcluster.doctor.checks import run_checks
-from ptcluster.doctor.collect import NodeReport, ProblemKind
+from ptcluster.doctor.node_report import NodeReport, ProblemKind
 from ptcluster.node import FACTS as PROBE_PROGRAM
 from ptcluster.node import accel
 from ptcluster.remote.bootstrap import pack_source

@@ -191,6 +191,16 @@ def test_what_sends_kill_to_the_guards(state, tmp_path, case) -> None:
         assert heads.find("J1") is not None  # not this machine's to forget
 
 
+def test_through_the_guards_every_node_is_asked_and_a_job_that_runs_nowhere_is_said() -> None:
+    """The real kill program on this machine (the local transport): the job holds no lease
+    here, so its guard is found nowhere: nothing signalled, nothing refused, nothing failed."""
+    from ptcluster.cluster import local_cluster
+    from ptcluster.control.kill import GuardsStop, stop_through_guards
+
+    stop = stop_through_guards(local_cluster(1), "no-such-job-7f3e", "TERM", BY, timeout=30)
+    assert stop == GuardsStop() and not stop.ok
+
+
 def _as_nobody() -> tuple[list[str], dict[str, str]] | None:
     """argv and env to run ``/usr/bin/python3`` as nobody with this checkout's ptcluster, or
     None where that cannot be (not root, no setpriv, nobody cannot read the packages)."""

@@ -17,7 +17,7 @@ from ptcluster.cluster.slurm import (
     parse_tasks_per_node,
     slurm_cluster,
 )
-from ptcluster.doctor.collect import NodeReport
+from ptcluster.doctor.node_report import NodeReport
 from ptcluster.doctor.slurm_checks import slurm_checks
 from ptcluster.remote.slurm import SrunTransport, ended_by_slurm
 from ptcluster.remote.transport import explain_channel_failure, explain_start_failure

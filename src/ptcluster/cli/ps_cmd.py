@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec
 from ptcluster.monitor.jobs import JobRow, job_rows
-from ptcluster.monitor.watch import Monitor
+from ptcluster.monitor.watch import sample_once
 from ptcluster.node.guard.gpus import spans
 from ptcluster.remote.connect import transports
 
@@ -26,14 +26,11 @@ from ptcluster.remote.connect import transports
               help="Seconds to wait for every node.")
 def ps(cluster: str | None, as_json: bool, all_users: bool, timeout: float) -> None:
     spec = load_spec(cluster, None)
-    with Monitor(spec, transports(spec), interval=0.2) as mon:
-        mon.wait_first(timeout)
-        views = mon.snapshot()
-    seen = {v.host: (str(v.sample.get("hostname") or ""), str(v.sample.get("user") or ""),
-                     list(v.sample.get("leases") or []))
-            for v in views if v.sample is not None}
+    samples, missing = sample_once(spec, transports(spec), timeout)
+    seen = {host: (str(s.get("hostname") or ""), str(s.get("user") or ""),
+                   list(s.get("leases") or []))
+            for host, s in samples.items()}
     rows = [r for r in job_rows(seen) if all_users or r.mine]
-    missing = {v.host: v.error or "no answer" for v in views if v.sample is None}
     if as_json:
         click.echo(json.dumps({"jobs": [r.to_json() for r in rows], "unreachable": missing},
                               indent=2))

@@ -1,21 +1,28 @@
-"""``ptcluster kill`` through the job's head, when the head runs on this machine.
+"""``ptcluster kill``: through the job's head when the head runs on this machine, else through
+each node's guard of the job.
 
 The head is found in this user's registry (``launch.heads``) and asked on its control socket;
 it stops the job in order on every node, as on Ctrl-C, names the asker as the cause and exits
 143. Whatever keeps a head from taking the request (no entry: the head runs elsewhere or is
 another user's; a head on another machine that shares this home; a dead socket; an older head
 that does not know the request; no answer) is said in ``why_not``, and the caller goes through
-each node's guard instead.
+each node's guard instead (:func:`stop_through_guards`: every node asked at once, each one's
+outcome kept).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ptcluster.cluster import ClusterSpec
 from ptcluster.control import registry as heads
 from ptcluster.control.protocol import ControlError, alive, ask
+from ptcluster.node import KILL
+from ptcluster.node.wire import Kind
+from ptcluster.remote.connect import transports
+from ptcluster.remote.group import Member, ask_all
 
 ANSWER_TIMEOUT = 5.0
 """Seconds a head has to take the request (it answers at once; the stop goes on after)."""
@@ -61,3 +68,44 @@ def stop_through_head(job_id: str, signame: str, by: dict[str, str],
             return HeadStop(entry, taken=True)
         time.sleep(0.2)
     return HeadStop(entry, taken=True, ended=True)
+
+
+@dataclass(frozen=True)
+class GuardsStop:
+    """What came of signalling each node's guard of a job, per node in the cluster file's
+    order."""
+
+    signalled: list[str] = field(default_factory=list)
+    """The nodes whose guard of the job got the signal (it tears its job down by itself)."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Per node where the job runs but its guard was not signalled: why (another user's)."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Per node that could not be asked, or could not say: why."""
+
+    @property
+    def ok(self) -> bool:
+        """Signalled somewhere, refused nowhere."""
+        return bool(self.signalled) and not self.refused
+
+
+def stop_through_guards(spec: ClusterSpec, job_id: str, signame: str, by: dict[str, str],
+                        timeout: float) -> GuardsStop:
+    """Send SIG``signame`` to the guard of ``job_id`` on every node of ``spec`` (the node's
+    ``kill`` program finds it by its lease), waiting up to ``timeout`` s for every node."""
+    reach = transports(spec)
+    config = {"job_id": job_id, "signal": signame, "by": by}
+    result = ask_all([Member(n.host, reach[n.host], n.python, config) for n in spec.nodes],
+                     KILL, Kind.RESULT, timeout)
+    signalled: list[str] = []
+    refused: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for host, node in result.nodes.items():
+        answer = node.answers.get(Kind.RESULT)
+        if answer is None:
+            failed[host] = node.problem or "no answer"
+            continue
+        if answer.get("signalled"):
+            signalled.append(host)
+        if answer.get("error"):
+            (refused if answer.get("found") else failed)[host] = str(answer["error"])
+    return GuardsStop(signalled, refused, failed)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, Reach
-from ptcluster.doctor.collect import NodeReport, ProblemKind, address_of, interface_of
+from ptcluster.doctor.node_report import NodeReport, ProblemKind, address_of, interface_of
 from ptcluster.errors import who_what_fix
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"

@@ -7,83 +7,15 @@ node that fails: every node gets a :class:`NodeReport`.
 
 from __future__ import annotations
 
-import queue
 import random
-import signal
-import time
-from dataclasses import dataclass, field
-from enum import Enum
-from functools import partial
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
+from ptcluster.doctor.node_report import NodeReport, address_of, interface_of
 from ptcluster.node import FACTS
-from ptcluster.node.wire import control, split
-from ptcluster.remote.channel import NodeChannel, close_all, start_all
-from ptcluster.remote.transport import Transport, explain_channel_failure
-
-
-class ProblemKind(str, Enum):
-    """Why a node has no facts, as far as the checks need to tell."""
-
-    PYTHON = "python"
-    """ssh worked, the node's shell could not run the interpreter (exit status 126 or 127)."""
-    SSH = "ssh"
-    """ssh itself failed: key refused, host key, unreachable... (exit status 255)."""
-    COMMAND = "command"
-    """The facts program started and failed (any other exit status)."""
-    NO_ANSWER = "no answer"
-    """No exit status: the channel could not be started, or was killed after the timeout."""
-
-
-@dataclass(kw_only=True)
-class NodeReport:
-    host: str
-    facts: dict[str, Any] | None = None
-    problem: str | None = None
-    """Why there are no facts (ssh refused, python missing, timed out...)."""
-    fix: str | None = None
-    exit_code: int | None = None
-    ssh_s: float | None = None
-    """Seconds from starting ssh to the node's facts (connect + facts)."""
-    clock_offset: float | None = None
-    """Node clock minus head clock, seconds (one-way latency uncertainty)."""
-    connects: list[dict[str, Any]] = field(default_factory=list)
-    stderr: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.facts is not None
-
-    @property
-    def kind(self) -> ProblemKind | None:
-        """What went wrong, from the exit status (the shell's 126/127, ssh's 255), not from the
-        wording of ``problem``; None when the node answered."""
-        if self.ok:
-            return None
-        if self.exit_code in (126, 127):
-            return ProblemKind.PYTHON
-        if self.exit_code == 255:
-            return ProblemKind.SSH
-        if self.exit_code is None or self.exit_code < 0:
-            return ProblemKind.NO_ANSWER
-        return ProblemKind.COMMAND
-
-
-def interface_of(node: NodeSpec, facts: dict[str, Any], master_addr: str) -> str | None:
-    """The interface NCCL/Gloo will use on this node: configured, else what the node's facts program
-    decided with the guard's own rule (``node.netif.route_interface``)."""
-    if node.interface:
-        return node.interface
-    return (facts.get("master") or {}).get("interface") or None
-
-
-def address_of(iface: str | None, facts: dict[str, Any]) -> str | None:
-    for entry in facts.get("interfaces", []):
-        if entry["name"] == iface and entry["ipv4"]:
-            return str(entry["ipv4"][0].split("/")[0])
-    return None
-
+from ptcluster.node.wire import Kind
+from ptcluster.remote.group import LATE_FIX, Group, Member, NodeResult
+from ptcluster.remote.transport import Transport
 
 RING_EXTRA = 2
 """Random peers each node probes beyond its two ring neighbours (issue 18: O(N) in all)."""
@@ -105,109 +37,61 @@ def probe_peers(i: int, n: int, extra: int = RING_EXTRA) -> list[int]:
 
 def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master_port: int,
                   timeout: float = 60.0, connect_timeout: float = 2.0) -> dict[str, NodeReport]:
-    events: queue.Queue[tuple[str, str, Any, float]] = queue.Queue()
-    probes = {n.host: NodeReport(host=n.host) for n in spec.nodes}
-    hosts = [n.host for n in spec.nodes]
     probed = {n.host: [spec.nodes[j] for j in probe_peers(i, len(spec.nodes))]
               for i, n in enumerate(spec.nodes)}
-    channels: list[NodeChannel] = []
-    for i, node in enumerate(spec.nodes):
-        config = {"workdir": node.workdir, "peers": [p.host for p in probed[node.host]],
-                  "master_addr": spec.master.addr,
-                  "master_port": (master_port or "auto") if i == 0 else None}
-        channels.append(NodeChannel(
-            transports[node.host], node.python, FACTS, config,
-            on_frames=partial(_frames, node.host, events),
-            on_closed=partial(_closed, node.host, events)))
+    members = [Member(node.host, transports[node.host], node.python, {
+        "workdir": node.workdir, "peers": [p.host for p in probed[node.host]],
+        "master_addr": spec.master.addr,
+        "master_port": (master_port or "auto") if i == 0 else None})
+        for i, node in enumerate(spec.nodes)]
+    group = Group(members, FACTS, answer=Kind.READY, kinds=[Kind.CONNECT])
+    try:
+        group.wait(Kind.READY, timeout, late=(f"no answer within the timeout ({Kind.READY})",
+                                              LATE_FIX))
+        # Connectivity, as the job would use it: every node to the master port (by the master's
+        # name, as MASTER_ADDR is used), and to every peer's ephemeral port on its NCCL/Gloo
+        # address.
+        facts = {h: r.answers[Kind.READY] for h, r in group.result.succeeded.items()}
+        waiting = []
+        for node in spec.nodes:
+            if node.host in facts and group.alive(node.host):
+                group.send(node.host, Kind.CONNECT, {
+                    "targets": _targets(spec, probed[node.host], facts),
+                    "timeout": connect_timeout})
+                waiting.append(node.host)
+        group.wait(Kind.CONNECT, connect_timeout + 10, hosts=waiting)
+    finally:
+        result = group.close(bye=Kind.BYE)  # one deadline for all (not 5 s each)
+    return {host: _report(r, group.begun) for host, r in result.nodes.items()}
 
-    def could_not_start(channel: NodeChannel, problem: str, fix: str) -> None:
-        probes[channel.host].problem, probes[channel.host].fix = problem, fix
 
-    started = {c.host: c for c in start_all(channels, could_not_start)}
-    begun = time.monotonic()
-    _wait(events, probes, started, set(started), "ready", begun + timeout, begun)
-
-    # Connectivity, as the job would use it: every node to the master port (by the master's
-    # name, as MASTER_ADDR is used), and to every peer's ephemeral port on its NCCL/Gloo address.
-    waiting = set()
-    for node in spec.nodes:
-        probe = probes[node.host]
-        if not probe.ok or node.host not in started or started[node.host].closed:
+def _targets(spec: ClusterSpec, peers: list[NodeSpec],
+             facts: dict[str, dict[str, Any]]) -> list[list[Any]]:
+    """What one node connects to: the master port, and each of its ``peers``' ephemeral
+    listener on the address NCCL/Gloo would use there (``facts``: the nodes that answered)."""
+    targets: list[list[Any]] = []
+    master_facts = facts.get(spec.nodes[0].host)
+    if master_facts and master_facts["listening"].get("master"):
+        targets.append(["master", spec.master.addr, master_facts["listening"]["master"]])
+    for peer in peers:
+        peer_facts = facts.get(peer.host)
+        if not peer_facts:
             continue
-        targets: list[list[Any]] = []
-        master_facts = probes[spec.nodes[0].host].facts
-        if master_facts and master_facts["listening"].get("master"):
-            targets.append(["master", spec.master.addr, master_facts["listening"]["master"]])
-        for peer in probed[node.host]:
-            peer_facts = probes[peer.host].facts
-            if not peer_facts:
-                continue
-            addr = address_of(interface_of(peer, peer_facts, spec.master.addr), peer_facts)
-            port = peer_facts["listening"].get("ephemeral")
-            if addr and port:
-                targets.append([f"peer:{peer.host}", addr, port])
-        started[node.host].send("connect", {"targets": targets, "timeout": connect_timeout})
-        waiting.add(node.host)
-    _wait(events, probes, started, waiting, "connect",
-          time.monotonic() + connect_timeout + 10, begun)
-
-    for channel in started.values():
-        channel.send("bye")
-    close_all(list(started.values()), timeout=5.0)  # one deadline for all (not 5 s each)
-    while not events.empty():
-        host, kind, payload, _ = events.get_nowait()
-        if kind == "closed":
-            probes[host].exit_code, probes[host].stderr = payload
-    for host, probe in probes.items():
-        if not probe.ok and probe.problem is None:
-            probe.problem, probe.fix = explain_channel_failure(
-                probe.stderr, probe.exit_code, spec.nodes[hosts.index(host)].python)
-    return probes
+        addr = address_of(interface_of(peer, peer_facts, spec.master.addr), peer_facts)
+        port = peer_facts["listening"].get("ephemeral")
+        if addr and port:
+            targets.append([f"peer:{peer.host}", addr, port])
+    return targets
 
 
-def _frames(host: str, events: queue.Queue, lines: list[str]) -> None:
-    """On the channel's reader thread: frames -> events. A bad frame is noted, never raised."""
-    for line in lines:
-        kind, payload = split(line)
-        if kind not in ("ready", "connect"):
-            continue
-        try:
-            events.put((host, kind, control(payload), time.time()))
-        except ValueError as exc:
-            events.put((host, "bad", f"{kind}: {exc}", time.time()))
-
-
-def _closed(host: str, events: queue.Queue, code: int | None, stderr: list[str]) -> None:
-    events.put((host, "closed", (code, stderr), time.time()))
-
-
-def _wait(events: queue.Queue, probes: dict[str, NodeReport], channels: dict[str, NodeChannel],
-          pending: set[str], kind: str, deadline: float, begun: float) -> None:
-    pending = set(pending)
-    while pending:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            for host in pending:
-                if not probes[host].ok:
-                    probes[host].problem = f"no answer within the timeout ({kind})"
-                    probes[host].fix = "check the node is up and not overloaded"
-                channels[host].signal(signal.SIGKILL)
-            return
-        try:
-            host, got, payload, at = events.get(timeout=min(left, 0.5))
-        except queue.Empty:
-            continue
-        probe = probes[host]
-        if got == "ready":
-            probe.facts = payload
-            probe.ssh_s = round(time.monotonic() - begun, 3)
-            probe.clock_offset = round(payload["time"] - at, 3)
-        elif got == "connect":
-            probe.connects = payload.get("results", [])
-        elif got == "bad":
-            probe.problem = f"the probe sent a bad frame ({payload})"
-            probe.fix = "report this bug: ptcluster versions may differ between head and node"
-        elif got == "closed":
-            probe.exit_code, probe.stderr = payload
-        if got in (kind, "closed", "bad"):
-            pending.discard(host)
+def _report(r: NodeResult, begun: float) -> NodeReport:
+    """The doctor's report of one node from its outcome (``begun``: when the channels started)."""
+    report = NodeReport(host=r.host, problem=r.problem, fix=r.fix, exit_code=r.exit_code,
+                        stderr=r.stderr)
+    if Kind.READY in r.answers:
+        report.facts = facts = r.answers[Kind.READY]
+        came, at = r.came[Kind.READY]
+        report.ssh_s = round(came - begun, 3)
+        report.clock_offset = round(facts["time"] - at, 3)
+    report.connects = r.answers.get(Kind.CONNECT, {}).get("results", [])
+    return report

@@ -8,8 +8,9 @@ from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.doctor.checks import FAIL, OK, SKIP, Finding, run_checks
-from ptcluster.doctor.collect import NodeReport, collect_facts
+from ptcluster.doctor.collect import collect_facts
 from ptcluster.doctor.compute import compute_findings
+from ptcluster.doctor.node_report import NodeReport
 from ptcluster.doctor.slurm_checks import slurm_checks
 from ptcluster.launch.prepare import resolve_port, run_rank_program
 from ptcluster.launch.result import RunOptions

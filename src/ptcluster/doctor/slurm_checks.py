@@ -12,7 +12,7 @@ from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.doctor.checks import FAIL, OK, WARN, Finding, per_node
-from ptcluster.doctor.collect import NodeReport
+from ptcluster.doctor.node_report import NodeReport
 
 
 def _cpu_ranges(cpus: list[int]) -> str:

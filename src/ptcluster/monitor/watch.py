@@ -1,4 +1,5 @@
-"""Head side of `ptcluster monitor`: one sampler session per node, latest sample per node.
+"""Head side of `ptcluster monitor`: one sampler session per node, latest sample per node; and
+of `ptcluster ps`: every node's sampler asked once (``remote.group``).
 
 A node that cannot be reached (or whose session dies) is reported as such while the others
 keep updating.
@@ -17,8 +18,9 @@ from ptcluster.cluster.model import ClusterSpec
 from ptcluster.control.protocol import ask, running_jobs
 from ptcluster.errors import PtclusterError, who_what_fix
 from ptcluster.node import SAMPLER
-from ptcluster.node.wire import control, split
+from ptcluster.node.wire import Kind, control, split
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
+from ptcluster.remote.group import Member, NodeResult, Why, ask_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
 
 
@@ -52,12 +54,12 @@ class Monitor:
 
     def _could_not_start(self, channel: NodeChannel, problem: str, fix: str) -> None:
         with self.lock:
-            self.views[channel.host].error = who_what_fix(None, problem, fix)
+            self.views[channel.host].error = unreachable(Why.NOT_STARTED, problem, fix)
 
     def _frames(self, host: str, lines: list[str]) -> None:
         for line in lines:
             kind, payload = split(line)
-            if kind != "sample":
+            if kind != Kind.SAMPLE:
                 continue
             try:
                 sample = control(payload)
@@ -72,7 +74,7 @@ class Monitor:
     def _closed(self, host: str, python: str, code: int | None, stderr: list[str]) -> None:
         problem, _ = explain_channel_failure(stderr, code, python)
         with self.lock:
-            self.views[host].error = f"unreachable: {problem}"
+            self.views[host].error = unreachable(Why.CLOSED, problem, None)
 
     def snapshot(self) -> list[NodeView]:
         with self.lock:
@@ -92,6 +94,31 @@ class Monitor:
 
     def close(self) -> None:
         close_all(self.channels, timeout=5.0)
+
+
+def unreachable(why: Why, problem: str | None, fix: str | None) -> str:
+    """The monitor's and ``ps``'s words for a node without a sample."""
+    if why is Why.NOT_STARTED:
+        return who_what_fix(None, problem or "not started", fix)
+    if why is Why.CLOSED:
+        return f"unreachable: {problem}"
+    return problem or "no answer"
+
+
+def sample_once(spec: ClusterSpec, transports: dict[str, Transport], timeout: float,
+                interval: float = 0.2) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Every node's first sample (its sampler started once: ``ps``), and for each node that
+    has none within ``timeout`` s, why."""
+    members = [Member(n.host, transports[n.host], n.python, {"interval": interval})
+               for n in spec.nodes]
+    result = ask_all(members, SAMPLER, Kind.SAMPLE, timeout,
+                     late=(f"no sample within {timeout:.0f} s", ""))
+    samples = {h: r.answers[Kind.SAMPLE] for h, r in result.succeeded.items()}
+    return samples, {h: _why_not(r) for h, r in result.failed.items()}
+
+
+def _why_not(r: NodeResult) -> str:
+    return unreachable(r.why, r.problem, r.fix) if r.why is not None else "no answer"
 
 
 def job_straggler(runs: Path) -> dict[str, Any] | None:
