@@ -20,7 +20,7 @@ HEAD = textwrap.dedent("""
     import json, os, sys, threading
     sys.path.insert(0, sys.argv[1])
     from tests.fakenode import fake_job
-    from ptcluster.launch.result import RunOptions
+    from ptcluster.launch.options import RunOptions
     from ptcluster.launch.runner import Runner
 
     plan, transports = fake_job(int(sys.argv[2]))

@@ -8,8 +8,8 @@ import shlex
 import pytest
 
 from ptcluster.cluster import SshSpec, local_cluster, parse_cluster_text
+from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import Target, plan_launch, rank_env
-from ptcluster.launch.result import RunOptions
 from ptcluster.node import GUARD
 from ptcluster.remote.bootstrap import BOOTSTRAP, node_argv
 from ptcluster.remote.transport import LocalTransport, SshTransport
@@ -166,7 +166,7 @@ def test_heartbeats_grow_longer_only_past_a_fixed_rate_for_the_head() -> None:
     # Up to BEATS_PER_SECOND nodes every node beats every heartbeat_interval; past that the
     # interval grows so that the head takes (and sends) at most that many heartbeats a second,
     # and never over a fifth of the shorter of the two timeouts that give a side up.
-    from ptcluster.launch.result import BEATS_PER_SECOND
+    from ptcluster.launch.options import BEATS_PER_SECOND
 
     opts = RunOptions()
     assert [opts.heartbeat_for(n) for n in (1, 8, BEATS_PER_SECOND)] == [1.0, 1.0, 1.0]
@@ -184,7 +184,7 @@ def test_guards_hold_their_output_longer_only_as_the_cluster_grows() -> None:
     # A guard holds its ranks' lines nodes / OUTPUT_WRITES_PER_SECOND s to write them at once,
     # so the head reads that many writes of output a second at most; never over a heartbeat
     # (which takes them along).
-    from ptcluster.launch.result import OUTPUT_WRITES_PER_SECOND as W
+    from ptcluster.launch.options import OUTPUT_WRITES_PER_SECOND as W
 
     opts = RunOptions()
     assert [opts.output_hold_for(n) for n in (1, 8, W, 2 * W)] == [1 / W, 8 / W, 1.0, 2.0]

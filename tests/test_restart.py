@@ -141,8 +141,8 @@ def test_a_torn_down_attempts_late_channel_close_is_not_the_next_attempts(tmp_pa
     # A channel SIGKILLed at the end of one attempt (a lost node, the stop deadline) reports its
     # close when it is gone, which may be after the next attempt started, on the same queue.
     from ptcluster.cluster import parse_cluster_text
+    from ptcluster.launch.options import RunOptions
     from ptcluster.launch.plan import Target, plan_launch
-    from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
     from ptcluster.launch.supervise import events as ev
     from ptcluster.launch.supervise.supervisor import Supervisor
@@ -168,8 +168,8 @@ def test_a_log_that_cannot_be_written_loses_no_frame_after_it(tmp_path) -> None:
     left): its output still reaches the console, and the exit status in the same batch is
     not lost (it used to be: the batch ended at the error, and the rank looked killed)."""
     from ptcluster.cluster import parse_cluster_text
+    from ptcluster.launch.options import RunOptions
     from ptcluster.launch.plan import Target, plan_launch
-    from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
     from ptcluster.launch.supervise import events as ev
     from ptcluster.launch.supervise.supervisor import Supervisor
@@ -202,8 +202,8 @@ def test_a_log_that_cannot_be_written_loses_no_frame_after_it(tmp_path) -> None:
 
 def test_a_sink_that_raises_costs_its_line_never_the_frames_after_it(tmp_path) -> None:
     from ptcluster.cluster import parse_cluster_text
+    from ptcluster.launch.options import RunOptions
     from ptcluster.launch.plan import Target, plan_launch
-    from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
     from ptcluster.launch.supervise import events as ev
     from ptcluster.launch.supervise.supervisor import Supervisor

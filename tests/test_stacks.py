@@ -14,8 +14,8 @@ import pytest
 
 from ptcluster.cluster import parse_cluster_text
 from ptcluster.control.protocol import ControlError, ControlServer, alive, ask
+from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import Target, plan_launch
-from ptcluster.launch.result import RunOptions
 from ptcluster.launch.stacks.report import RankStack, StackReport, parse_faulthandler, rank_stack
 from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.hang import ProgressWatch

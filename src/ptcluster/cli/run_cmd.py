@@ -31,9 +31,10 @@ from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
+from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan, Target
 from ptcluster.launch.prepare import prepare, restarts, run_dir_for
-from ptcluster.launch.result import RunOptions, RunResult
+from ptcluster.launch.result import RunResult
 from ptcluster.launch.rundir import ConsoleFeed
 from ptcluster.launch.runner import Runner
 from ptcluster.launch.supervise.restart import RestartPolicy

@@ -17,7 +17,7 @@ from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.node.rank_wire import SHIM_BOOT
 
 if TYPE_CHECKING:
-    from ptcluster.launch.result import RunOptions
+    from ptcluster.launch.options import RunOptions
 
 JOB_VAR = "PTCLUSTER_JOB_ID"
 ATTEMPT_VAR = "PTCLUSTER_ATTEMPT"

@@ -12,8 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from ptcluster.cluster.model import ClusterSpec
+from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import AUTO_PORT, LaunchPlan, Target, new_job_id, plan_launch
-from ptcluster.launch.result import RunOptions, RunResult
+from ptcluster.launch.result import RunResult
 from ptcluster.launch.runner import DataSink, LineSink, Restarts, Runner
 from ptcluster.launch.supervise.restart import RestartPolicy
 from ptcluster.node import Program

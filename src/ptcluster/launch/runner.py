@@ -24,8 +24,9 @@ from typing import Any
 
 from ptcluster.control.protocol import ControlServer
 from ptcluster.errors import PtclusterError
+from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan
-from ptcluster.launch.result import AttemptRecord, FailureKind, RunOptions, RunResult
+from ptcluster.launch.result import AttemptRecord, FailureKind, RunResult
 from ptcluster.launch.rundir import RunLogs, log_files_budget, write_private
 from ptcluster.launch.stacks.collector import StackCollector
 from ptcluster.launch.supervise import events as ev

@@ -18,13 +18,13 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import AUTO_PORT, LaunchPlan
 from ptcluster.launch.result import (
     Failure,
     FailureKind,
     NodeOutcome,
     RankRecord,
-    RunOptions,
 )
 from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.actions import (
