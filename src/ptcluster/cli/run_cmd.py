@@ -26,6 +26,7 @@ from ptcluster.cli.common import (
     load_spec,
     quiet,
 )
+from ptcluster.cli.console import ConsoleFeed
 from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.cluster.model import ClusterSpec
@@ -35,7 +36,6 @@ from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan, Target
 from ptcluster.launch.prepare import prepare, restarts, run_dir_for
 from ptcluster.launch.result import RunResult
-from ptcluster.launch.rundir import ConsoleFeed
 from ptcluster.launch.runner import Runner
 from ptcluster.launch.supervise.restart import RestartPolicy
 from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
