@@ -11,9 +11,10 @@ import shlex
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
+from ptcluster.node import wire
 from ptcluster.node.rank_wire import SHIM_BOOT
 
 if TYPE_CHECKING:
@@ -86,8 +87,9 @@ class NodePlan:
     def ranks(self) -> range:
         return range(self.rank_base, self.rank_base + self.nproc)
 
-    def guard_config(self, plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
-        """Everything the node's guard is told (plus the runner's timing knobs)."""
+    def guard_config(self, plan: LaunchPlan, opts: RunOptions) -> wire.GuardConfig:
+        """Everything the node's guard is told (plus the runner's timing knobs): its config
+        line, typed where both ends read it (``node.wire.GuardConfig``)."""
         target = {"script": self.target.script} if self.target.script else \
             {"module": self.target.module} if self.target.module else {}
         return {

@@ -369,7 +369,7 @@ class Runner:
         config = node.guard_config(self.plan, self.opts)
         put, attempt = self.events.put, self.plan.attempt
         return NodeChannel(
-            self.transports[host], node.python, GUARD, config,
+            self.transports[host], node.python, GUARD, dict(config),
             on_frames=lambda lines: put((attempt, host, lines)),
             on_stderr=lambda line: put((attempt, host, ev.AgentOutput(host, line, "stderr"))),
             on_closed=lambda code, err: put((attempt, host, ev.ChannelClosed(
