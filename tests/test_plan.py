@@ -9,7 +9,7 @@ import pytest
 
 from ptcluster.cluster import SshSpec, local_cluster, parse_cluster_text
 from ptcluster.launch.options import RunOptions
-from ptcluster.launch.plan import Target, plan_launch, rank_env
+from ptcluster.launch.plan import LaunchPlan, Target, plan_launch, rank_env, replan, restart_port
 from ptcluster.node import GUARD
 from ptcluster.remote.bootstrap import BOOTSTRAP, node_argv
 from ptcluster.remote.transport import LocalTransport, SshTransport
@@ -72,14 +72,15 @@ def test_env_is_cluster_env_plus_ours_only() -> None:
 
 
 def test_a_restart_is_planned_over_the_nodes_that_remain() -> None:
-    from ptcluster.launch.prepare import restarts
+    from ptcluster.launch.runner import Restarts
     from ptcluster.launch.supervise.restart import RestartPolicy
 
     spec = parse_cluster_text(CLUSTER, "c.yaml")
     first = plan_launch(spec, Target(module="m"), port=29500, job_id="J", max_restarts=3)
-    replan = restarts(spec, Target(module="m"), first, RestartPolicy(max_restarts=3)).replan
+    restarts = Restarts(RestartPolicy(max_restarts=3), spec, Target(module="m"))
     reported = {"n1": "10.1.0.1", "n2": "10.1.0.2", "n3": "10.1.0.3"}  # the guards' addresses
-    plan = replan(2, ("n2", "n3"), reported)  # the master's node (n1, 2 slots) was lost
+    # the master's node (n1, 2 slots) was lost
+    plan = restarts.next_plan(first, 2, ("n2", "n3"), reported)
     assert [n.host for n in plan.nodes] == ["n2", "n3"] and plan.attempt == 2
     assert [(n.node_rank, n.rank_base) for n in plan.nodes] == [(0, 0), (1, 1)]
     assert plan.master_addr == "n2" and plan.master_port == 29502  # a fresh store
@@ -99,15 +100,22 @@ def test_a_master_with_its_own_address_moves_to_the_next_nodes_reported_address(
         reported, addr) -> None:
     """`master: {addr: 10.1.0.1}` (a fabric address; hosts are how the head reaches nodes):
     when n1 is lost, n2's host may not even resolve on the nodes; its reported address does."""
-    from ptcluster.launch.prepare import restarts
-    from ptcluster.launch.supervise.restart import RestartPolicy
-
     spec = parse_cluster_text(CLUSTER + "master: {addr: 10.1.0.1, port: 29500}\n", "c.yaml")
     first = plan_launch(spec, Target(module="m"), port=29500, job_id="J", max_restarts=3)
     assert first.master_addr == "10.1.0.1"
-    replan = restarts(spec, Target(module="m"), first, RestartPolicy(max_restarts=3)).replan
-    assert replan(1, ("n1", "n3"), reported).master_addr == "10.1.0.1"  # n1 stays: unchanged
-    assert replan(1, ("n2", "n3"), reported).master_addr == addr
+
+    def again(hosts: tuple[str, ...]) -> LaunchPlan:
+        return replan(spec, Target(module="m"), job_id="J", attempt=1, hosts=hosts,
+                      addresses=reported, port=29501, max_restarts=3)
+    assert again(("n1", "n3")).master_addr == "10.1.0.1"  # n1 stays: unchanged
+    assert again(("n2", "n3")).master_addr == addr
+
+
+@pytest.mark.parametrize("first, attempt, port", [
+    (29500, 2, 29502), (65535, 1, 65534), (0, 3, 0),  # (0: AUTO_PORT, the guard takes one)
+])
+def test_a_restart_gets_a_fresh_rendezvous_port(first: int, attempt: int, port: int) -> None:
+    assert restart_port(first, attempt) == port
 
 
 def test_module_target_argv() -> None:

@@ -365,9 +365,9 @@ def test_a_job_ended_from_outside_is_stopped_not_failed_and_not_restarted(tmp_pa
     """What Slurm's scancel does to an allocation, through the runner's ``ended_by`` (the real
     scancel is in test_slurm.py): asked once, after the failed attempt."""
     from ptcluster.cluster import local_cluster
+    from ptcluster.launch.api import prepare
     from ptcluster.launch.plan import Target
-    from ptcluster.launch.prepare import prepare, restarts
-    from ptcluster.launch.runner import Runner
+    from ptcluster.launch.runner import Restarts, Runner
     from ptcluster.remote.connect import transports
 
     (tmp_path / "fail.py").write_text(ATTEMPTS)
@@ -382,7 +382,7 @@ def test_a_job_ended_from_outside_is_stopped_not_failed_and_not_restarted(tmp_pa
         return "the scheduler ended it"
 
     result = Runner(plan, transports(spec), tmp_path / "run",
-                    restarts=restarts(spec, target, plan, RestartPolicy(max_restarts=3)),
+                    restarts=Restarts(RestartPolicy(max_restarts=3), spec, target),
                     ended_by=ended_by).run()
     assert asked == [1] and len(result.attempts) == 1, result.attempts
     assert result.interrupted and not result.ok and result.ended_by == "the scheduler ended it"

@@ -32,11 +32,12 @@ from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
+from ptcluster.launch.api import prepare
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan, Target
-from ptcluster.launch.prepare import prepare, restarts, run_dir_for
 from ptcluster.launch.result import RunResult
-from ptcluster.launch.runner import Runner
+from ptcluster.launch.rundir import run_dir_for
+from ptcluster.launch.runner import Restarts, Runner
 from ptcluster.launch.supervise.restart import RestartPolicy
 from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
 from ptcluster.remote.connect import outside_stop, transports
@@ -95,7 +96,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     plan = prepare(spec, target, port=port, max_restarts=max_restarts)
     if preflight:
         _preflight(spec, plan.master_port, err)
-    run_dir = run_dir_for(plan, runs_dir)
+    run_dir = run_dir_for(plan.job_id, runs_dir)
     hush = quiet()
     if not hush:
         _print_plan(err, plan, run_dir)
@@ -116,7 +117,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
                     options=RunOptions(hang_timeout=hang_timeout, wait=(
                         wait_timeout or math.inf) if wait or wait_timeout else None,
                         straggler_threshold=straggler_threshold),
-                    restarts=restarts(spec, target, plan, policy) if max_restarts else None,
+                    restarts=Restarts(policy, spec, target) if max_restarts else None,
                     ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total)
     result, signum = _run_with_signals(runner)
     feed.close(timeout=5.0)

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from ptcluster.control.protocol import ask, running_jobs
 from ptcluster.errors import UsageError
-from ptcluster.launch.prepare import DEFAULT_RUNS_DIR
+from ptcluster.launch.rundir import DEFAULT_RUNS_DIR
 
 
 @click.command(help=__doc__)

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ptcluster.cli.common import NPROC, quiet
-from ptcluster.launch.prepare import DEFAULT_RUNS_DIR
+from ptcluster.launch.rundir import DEFAULT_RUNS_DIR
 from ptcluster.submit.sbatch import SubmitConfig, new_run_dir, render_script, submit, write_script
 
 

@@ -11,8 +11,9 @@ from ptcluster.doctor.checks import FAIL, OK, SKIP, Finding, run_checks
 from ptcluster.doctor.collect import NodeReport, collect_facts
 from ptcluster.doctor.compute import compute_findings
 from ptcluster.doctor.slurm_checks import slurm_checks
+from ptcluster.launch.api import run_rank_program
 from ptcluster.launch.options import RunOptions
-from ptcluster.launch.prepare import resolve_port, run_rank_program
+from ptcluster.launch.port import resolve_port
 from ptcluster.node import ALLREDUCE
 from ptcluster.remote.connect import transports
 

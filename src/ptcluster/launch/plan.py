@@ -10,7 +10,7 @@ import secrets
 import shlex
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
@@ -181,6 +181,36 @@ def plan_launch(spec: ClusterSpec, target: Target, *, port: int, job_id: str, at
     return LaunchPlan(job_id=job_id, master_addr=spec.master.addr, master_port=port,
                       world_size=spec.world_size, backend=spec.backend, nodes=tuple(nodes),
                       attempt=attempt)
+
+
+def restart_port(first: int, attempt: int) -> int:
+    """The rendezvous port of restart ``attempt`` of a job that began on port ``first``: a
+    fresh one, so a fresh store (no key of the failed attempt is seen again: pytorch#135712),
+    counting down past 65535; :data:`AUTO_PORT` stays (the new master's guard takes one)."""
+    if first == AUTO_PORT:
+        return AUTO_PORT
+    port = first + attempt
+    return port if port <= 65535 else first - attempt
+
+
+def replan(spec: ClusterSpec, target: Target, *, job_id: str, attempt: int,
+           hosts: tuple[str, ...], addresses: dict[str, str], port: int,
+           max_restarts: int) -> LaunchPlan:
+    """The plan of restart ``attempt``: the same job over the nodes that remain (``hosts``;
+    ranks renumbered in file order) on ``port``, node rank 0 hosting the rendezvous. When the
+    master's node was dropped, the next node in the file takes over, at its ``host``; or, when
+    the cluster file gave the master an address of its own (a fabric address, while ``host`` is
+    how the head reaches it), at the address that node's guard reported on its interface
+    (``addresses``: the one it chose to reach the old master, the same network), or at its
+    host when it reported none (an interface list or prefix in the cluster file names no one
+    address)."""
+    nodes = tuple(n for n in spec.nodes if n.host in hosts)
+    master = spec.master
+    if nodes[0].host != spec.nodes[0].host:
+        own = spec.master.addr != spec.nodes[0].host and addresses.get(nodes[0].host)
+        master = replace(master, addr=own or nodes[0].host)
+    return plan_launch(replace(spec, nodes=nodes, master=master), target, port=port,
+                       job_id=job_id, attempt=attempt, max_restarts=max_restarts)
 
 
 def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:

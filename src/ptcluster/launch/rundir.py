@@ -16,6 +16,8 @@ from pathlib import Path
 
 from ptcluster.errors import PtclusterError
 
+DEFAULT_RUNS_DIR = "ptcluster-runs"
+"""Where run directories go unless ``--run-dir`` says otherwise (relative: the current one)."""
 LAST_LINES = 40
 
 
@@ -50,6 +52,11 @@ def log_files_budget(nodes: int) -> int:
             f"raise it: `ulimit -n {need}` (up to the hard limit, `ulimit -Hn`; above that, "
             f"as root: `nofile` in /etc/security/limits.conf, or LimitNOFILE= for a service)")
     return min(MAX_LOG_FILES, spare)
+
+
+def run_dir_for(job_id: str, base: str | Path | None) -> Path:
+    """The run directory of job ``job_id`` under ``base`` (``--run-dir``) or the default."""
+    return Path(base or DEFAULT_RUNS_DIR) / job_id
 
 
 def write_private(path: Path, text: str) -> None:

@@ -22,10 +22,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ptcluster.cluster.model import ClusterSpec
 from ptcluster.control.protocol import ControlServer
 from ptcluster.errors import PtclusterError
 from ptcluster.launch.options import RunOptions
-from ptcluster.launch.plan import LaunchPlan
+from ptcluster.launch.plan import LaunchPlan, Target, replan, restart_port
+from ptcluster.launch.port import free_port
 from ptcluster.launch.result import AttemptRecord, FailureKind, RunResult
 from ptcluster.launch.rundir import RunLogs, log_files_budget, write_private
 from ptcluster.launch.stacks.collector import StackCollector
@@ -106,12 +108,22 @@ class RunDirError(PtclusterError):
 
 @dataclass(frozen=True)
 class Restarts:
-    """How a failed attempt is followed by another (``run --max-restarts``)."""
+    """How a failed attempt is followed by another (``run --max-restarts``): ``policy`` says
+    whether, ``plan.replan`` plans it (the same ``target`` on the nodes of ``spec`` that
+    remain)."""
 
     policy: RestartPolicy
-    replan: Callable[[int, tuple[str, ...], dict[str, str]], LaunchPlan]
-    """(attempt number, the hosts that remain in order, each node's address as its guard
-    reported it) -> that attempt's plan."""
+    spec: ClusterSpec
+    target: Target
+
+    def next_plan(self, first: LaunchPlan, attempt: int, hosts: tuple[str, ...],
+                  addresses: dict[str, str]) -> LaunchPlan:
+        """Attempt ``attempt`` on ``hosts`` (each node's address as its guard reported it): on
+        the local cluster at a port free now, else at ``plan.restart_port``."""
+        port = free_port() if self.spec.local else restart_port(first.master_port, attempt)
+        return replan(self.spec, self.target, job_id=first.job_id, attempt=attempt,
+                      hosts=hosts, addresses=addresses, port=port,
+                      max_restarts=self.policy.max_restarts)
 
 
 class Runner:
@@ -121,7 +133,7 @@ class Runner:
                  restarts: Restarts | None = None,
                  ended_by: Callable[[], str | None] | None = None,
                  console_dropped: Callable[[], int] | None = None) -> None:
-        self.plan = plan
+        self.plan = self._first = plan
         self.restarts = restarts
         self.ended_by = ended_by
         """After a failed attempt: who ended it from outside, if anyone did (Slurm's scancel,
@@ -251,7 +263,8 @@ class Runner:
                 result.gave_up, result.no_progress = decision.reason, decision.no_progress
                 break
             hosts = tuple(n.host for n in self.plan.nodes if n.host not in decision.drop)
-            self._use_plan(self.restarts.replan(len(attempts), hosts, self._addresses))
+            self._use_plan(self.restarts.next_plan(self._first, len(attempts), hosts,
+                                                   self._addresses))
             self.on_status(f"{decision.reason}: attempt {len(attempts)} on {len(hosts)} "
                            f"node(s), world size {self.plan.world_size}, rendezvous port "
                            f"{self.plan.master_port or 'auto'}")
