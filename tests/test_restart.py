@@ -192,7 +192,7 @@ def test_a_log_that_cannot_be_written_loses_no_frame_after_it(tmp_path) -> None:
     assert [sup.ranks[r].exit_code for r in (0, 1)] == [0, 0]
     assert lines == [(0, "hello from 0"), (1, "hello from 1"), (0, "more from 0")]
     runner.logs.flush()  # (what the loop does a few times a second)
-    assert runner.logs.lost == {"rank0": 2} and runner.logs.tail(0) == ["hello from 0",
+    assert runner.logs.lost == {"rank0.log": 2} and runner.logs.tail(0) == ["hello from 0",
                                                                          "more from 0"]
     assert len(notes) == 1 and notes[0].startswith("cannot write rank0.log: ")
     runner.logs.close()

@@ -36,7 +36,7 @@ from ptcluster.launch.api import prepare
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan, Target
 from ptcluster.launch.result import RunResult
-from ptcluster.launch.rundir import run_dir_for
+from ptcluster.launch.rundir import RunDir, run_dir_for
 from ptcluster.launch.runner import Restarts, Runner
 from ptcluster.launch.supervise.restart import RestartPolicy
 from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
@@ -109,7 +109,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         if label is None:  # once per rank: this runs for every line of the job
             label = labels[(host, rank)] = (
                 (f"[{host}] ", f"the node log of {host} in {run_dir}/") if rank is None
-                else (f"[{host}:{rank}] ", f"{run_dir}/rank{rank}.log"))
+                else (f"[{host}:{rank}] ", str(RunDir(run_dir).rank_log(rank))))
         feed.line(label[0] + text, label[1])
 
     runner = Runner(plan, transports(spec), run_dir, on_line=on_line,
@@ -280,4 +280,5 @@ def _print_hang(console: Console, result: RunResult) -> None:
         who = f"rank {ranks[0]}" if len(ranks) == 1 else \
             f"ranks {','.join(str(r) for r in ranks)}"
         console.print(f"  {who} on {hosts}: {group['where']}", markup=False)
-    console.print(f"  every rank's stack: {result.run_dir}/hang-stacks.txt", markup=False)
+    text, _ = RunDir(result.run_dir).stacks_report(RunDir.HANG_STACKS)
+    console.print(f"  every rank's stack: {text}", markup=False)

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from ptcluster.control.protocol import ask, running_jobs
 from ptcluster.errors import UsageError
-from ptcluster.launch.rundir import DEFAULT_RUNS_DIR
+from ptcluster.launch.rundir import DEFAULT_RUNS_DIR, RunDir
 
 
 @click.command(help=__doc__)
@@ -43,7 +43,7 @@ def find_run(run: str | None, runs: Path) -> Path:
     """RUN as a run directory, or a job id under ``runs``; default: the newest running job."""
     if run:
         for candidate in (Path(run), runs / run):
-            if (candidate / "plan.json").exists():
+            if RunDir(candidate).plan_file().exists():
                 return candidate
         raise UsageError(f"no run directory {run} (nor {runs / run})",
                          "give a run directory or a job id from ./ptcluster-runs")

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ptcluster.cli.common import NPROC, quiet
-from ptcluster.launch.rundir import DEFAULT_RUNS_DIR
+from ptcluster.launch.rundir import DEFAULT_RUNS_DIR, RunDir
 from ptcluster.submit.sbatch import SubmitConfig, new_run_dir, render_script, submit, write_script
 
 
@@ -41,7 +41,7 @@ def submit_job(nodes: int, gpus_per_node: int | None, nproc: int | None,
         return
     script = write_script(cfg)
     job = submit(script)
-    (run_dir / "job_id").write_text(job + "\n")
+    RunDir(run_dir).slurm_job.write_text(job + "\n")
     if not quiet():
         click.echo(f"ptcluster: submitted Slurm job {job}; script and logs in {run_dir}/",
                    err=True)

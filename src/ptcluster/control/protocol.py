@@ -23,9 +23,9 @@ from typing import Any
 
 from ptcluster.control import registry as heads
 from ptcluster.errors import PtclusterError
+from ptcluster.launch.rundir import RunDir
 
 log = logging.getLogger(__name__)
-SOCKET_NAME = "control.sock"
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -39,7 +39,7 @@ class ControlServer:
     and the handler only waits for it."""
 
     def __init__(self, run_dir: Path, handler: Handler, job_id: str | None = None) -> None:
-        self.path = run_dir / SOCKET_NAME
+        self.path = RunDir(run_dir).control_socket
         self.handler = handler
         self.job_id = job_id
         self.unregistered = ""
@@ -116,9 +116,9 @@ def ask(run_dir: Path, request: dict[str, Any], timeout: float = 30.0,
         owner: int | None = None) -> dict[str, Any]:
     """Send one request to the head running in ``run_dir``; its answer. With ``owner``, the
     head must run as that uid (a socket of anyone else is not asked)."""
-    path = run_dir / SOCKET_NAME
+    path = RunDir(run_dir).control_socket
     if not path.exists():
-        raise ControlError(f"no job is running in {run_dir} (no {SOCKET_NAME})",
+        raise ControlError(f"no job is running in {run_dir} (no {path.name})",
                            "give the run directory of a running job (see ./ptcluster-runs)")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
@@ -149,7 +149,7 @@ def ask(run_dir: Path, request: dict[str, Any], timeout: float = 30.0,
 
 def running_jobs(runs: Path) -> list[Path]:
     """The run directories under ``runs`` whose head still listens, newest first."""
-    found = sorted((p for p in runs.glob("*") if (p / SOCKET_NAME).exists()),
+    found = sorted((p for p in runs.glob("*") if RunDir(p).control_socket.exists()),
                    key=lambda p: p.stat().st_mtime, reverse=True) if runs.is_dir() else []
     return [p for p in found if alive(p)]
 
@@ -157,7 +157,7 @@ def running_jobs(runs: Path) -> list[Path]:
 def alive(run_dir: Path) -> bool:
     """Whether a head still listens in ``run_dir`` (a head killed with SIGKILL leaves its
     socket file behind)."""
-    path = run_dir / SOCKET_NAME
+    path = RunDir(run_dir).control_socket
     if not path.exists():
         return False
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

@@ -1,4 +1,4 @@
-"""Where a run's output goes: every line to its log file in the run directory.
+"""A run directory: its layout (``RunDir``, every file named once) and its logs (``RunLogs``).
 
 ``RunLogs`` writes each rank's lines to ``rankN.log`` and each node's own lines (torchrun's
 agent, ssh, the head's notes about the node) to ``nodeI-HOST.log``, files readable by the owner
@@ -12,7 +12,9 @@ import os
 import resource
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from ptcluster.errors import PtclusterError
 
@@ -52,6 +54,62 @@ def log_files_budget(nodes: int) -> int:
             f"raise it: `ulimit -n {need}` (up to the hard limit, `ulimit -Hn`; above that, "
             f"as root: `nofile` in /etc/security/limits.conf, or LimitNOFILE= for a service)")
     return min(MAX_LOG_FILES, spare)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The layout of one run directory: the one place its files are named (as torch's
+    ``DefaultLogsSpecs`` owns its own), for the head that writes them and for the commands
+    that read them (``stacks``, ``kill``, ``monitor``, the console's hints)."""
+
+    path: Path
+
+    PLAN: ClassVar[str] = "plan.json"
+    """The first attempt's plan as shipped (``plan_json``); a restart's is ``plan.N.json``."""
+    SUMMARY: ClassVar[str] = "summary.json"
+    """The run's outcome (``RunResult.to_json``), written when the head ends."""
+    CONTROL_SOCKET: ClassVar[str] = "control.sock"
+    """Where a running head listens (``control.server``)."""
+    HANG_STACKS: ClassVar[str] = "hang-stacks"
+    """Every rank's stacks when the job was found hung (``.txt`` and ``.json``)."""
+    SLURM_JOB: ClassVar[str] = "job_id"
+    """The Slurm job id of a submitted run (``ptcluster submit``)."""
+
+    @staticmethod
+    def rank_log_name(rank: int) -> str:
+        return f"rank{rank}.log"
+
+    @staticmethod
+    def node_log_name(node_rank: int, host: str) -> str:
+        """A node's own lines: torchrun's agent, ssh, the head's notes about the node."""
+        return f"node{node_rank}-{host}.log"
+
+    @staticmethod
+    def stacks_stem(ident: int, clock: str) -> str:
+        """A report asked by ``ptcluster stacks`` (``clock``: HHMMSS) without its suffix."""
+        return f"stacks-{clock}-{ident}"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.path / self.rank_log_name(rank)
+
+    def plan_file(self, attempt: int = 0) -> Path:
+        return self.path / (self.PLAN if attempt == 0 else f"plan.{attempt}.json")
+
+    @property
+    def summary(self) -> Path:
+        return self.path / self.SUMMARY
+
+    @property
+    def control_socket(self) -> Path:
+        return self.path / self.CONTROL_SOCKET
+
+    @property
+    def slurm_job(self) -> Path:
+        return self.path / self.SLURM_JOB
+
+    def stacks_report(self, stem: str) -> tuple[Path, Path]:
+        """(text, JSON) of the stacks report ``stem`` (``HANG_STACKS`` or ``stacks_stem``)."""
+        return self.path / f"{stem}.txt", self.path / f"{stem}.json"
 
 
 def run_dir_for(job_id: str, base: str | Path | None) -> Path:
@@ -119,12 +177,12 @@ class RunLogs:
         """Once per line of the job: a few lookups and two appends."""
         pending, tail = self._rank_pending.get(rank), self.tails.get(rank)
         if pending is None:
-            pending = self._rank_pending[rank] = self._lines(f"rank{rank}")
+            pending = self._rank_pending[rank] = self._lines(RunDir.rank_log_name(rank))
         if tail is None:  # (new for this attempt)
             tail = self.tails[rank] = deque(maxlen=LAST_LINES)
         tail.append(text)
         if not pending:
-            self._dirty.append(f"rank{rank}")
+            self._dirty.append(RunDir.rank_log_name(rank))
         pending.append(text)
 
     def node_line(self, node_rank: int, host: str, text: str) -> None:
@@ -132,7 +190,7 @@ class RunLogs:
         if tail is None:
             tail = self.node_tails[host] = deque(maxlen=LAST_LINES // 2)
         tail.append(text)
-        name = f"node{node_rank}-{host}"
+        name = RunDir.node_log_name(node_rank, host)
         pending = self._lines(name)
         if not pending:
             self._dirty.append(name)
@@ -184,7 +242,7 @@ class RunLogs:
         while len(self._open) >= self.max_open:
             self._drop(next(iter(self._open)))
         try:
-            fd = os.open(self.run_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+            fd = os.open(self.run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                          0o600)
         except OSError as exc:
             self._failed(name, exc)
@@ -211,6 +269,6 @@ class RunLogs:
 
     def _failed(self, name: str, exc: OSError) -> None:
         if name not in self.errors:
-            self.errors[name] = f"{name}.log: {exc.strerror or exc}"
+            self.errors[name] = f"{name}: {exc.strerror or exc}"
             self.on_error(f"cannot write {self.errors[name]}: its lines are missing from the log "
                           "(the console and the summary's last lines still have them)")

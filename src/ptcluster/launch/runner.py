@@ -29,8 +29,8 @@ from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan, Target, replan, restart_port
 from ptcluster.launch.port import free_port
 from ptcluster.launch.result import AttemptRecord, FailureKind, RunResult
-from ptcluster.launch.rundir import RunLogs, log_files_budget, write_private
-from ptcluster.launch.stacks.collector import StackCollector
+from ptcluster.launch.rundir import RunDir, RunLogs, log_files_budget, write_private
+from ptcluster.launch.stacks.collector import HANG, StackCollector
 from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.actions import (
     Action,
@@ -142,6 +142,7 @@ class Runner:
         """How many of the lines given to ``on_line`` its console skipped (for the summary)."""
         self.transports = transports
         self.run_dir = run_dir
+        self.layout = RunDir(run_dir)
         self.on_line = on_line or (lambda host, rank, text: None)
         self.on_status = on_status or (lambda text: None)
         self.on_data = on_data or (lambda host, rank, data: None)
@@ -218,7 +219,7 @@ class Runner:
             result.console_dropped = self.console_dropped()
         result.log_errors = [f"{error} ({self.logs.lost.get(name, 0)} line(s) missing)"
                              for name, error in self.logs.errors.items()]
-        write_private(self.run_dir / "summary.json", json.dumps(result.to_json(), indent=2))
+        write_private(self.layout.summary, json.dumps(result.to_json(), indent=2))
         return result
 
     def _attempts(self, attempts: list[AttemptRecord], t0: float) -> RunResult:
@@ -268,7 +269,7 @@ class Runner:
             self.on_status(f"{decision.reason}: attempt {len(attempts)} on {len(hosts)} "
                            f"node(s), world size {self.plan.world_size}, rendezvous port "
                            f"{self.plan.master_port or 'auto'}")
-            self._write_plan(f"plan.{len(attempts)}.json")
+            self._write_plan()
         return result
 
     def _attempt(self, before: list[AttemptRecord],
@@ -328,14 +329,15 @@ class Runner:
     def _prepare_run_dir(self) -> None:
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._write_plan("plan.json")
+            self._write_plan()
         except OSError as exc:
             raise RunDirError(f"cannot write the run directory {self.run_dir}: "
                               f"{exc.strerror or exc}",
                               "pass --run-dir with a directory you can write to") from None
 
-    def _write_plan(self, name: str) -> None:
-        write_private(self.run_dir / name, json.dumps(plan_json(self.plan, self.opts), indent=2))
+    def _write_plan(self) -> None:
+        write_private(self.layout.plan_file(self.plan.attempt),
+                      json.dumps(plan_json(self.plan, self.opts), indent=2))
 
     def _open_control(self) -> ControlServer | None:
         """``ptcluster stacks`` asks through this; a run goes on without it."""
@@ -542,14 +544,14 @@ class Runner:
                 return
             hosts = set()  # a hang with no node left to ask: an empty report, at once
         reason = (f"hang: no rank made progress for {self.opts.hang_timeout:.0f} s"
-                  if purpose == "hang" else purpose)
+                  if purpose == HANG else purpose)
         self.stacks.start(purpose, reason, hosts,
                           lambda host, payload: self.channels[host].send("stacks", payload),
                           waiter)
 
     def _finish_collections(self, sup: Supervisor, now: float) -> None:
         for purpose, report in self.stacks.finish(now):
-            if purpose == "hang":
+            if purpose == HANG:
                 self._hang_report = report.to_json()
                 late, _ = report.straggler()
                 self._apply(sup.hang_reported(
