@@ -21,7 +21,8 @@ import pytest
 
 from ptcluster.control import registry as heads
 from ptcluster.control.kill import stop_through_head
-from ptcluster.control.protocol import ControlServer, ask
+from ptcluster.control.protocol import ask
+from ptcluster.control.server import ControlServer
 from ptcluster.launch.rundir import RunDir
 from tests.jobs import Head, job_id_when_started, only_run
 from tests.procs import job_processes

@@ -156,9 +156,10 @@ def test_a_torn_down_attempts_late_channel_close_is_not_the_next_attempts(tmp_pa
     for host in ("a", "b"):
         sup.on_event(ev.Hello(host, wire.VERSION, 10, 1.0), 1.0)
         sup.on_event(ev.Ready(host, {"interface": "lo", "interface_source": "x"}), 1.0)
-    runner._handle(sup, 1, "a", ev.ChannelClosed("a", -9, ["killed"]))
+    attempt = runner.new_attempt()
+    attempt._handle(sup, 1, "a", ev.ChannelClosed("a", -9, ["killed"]))
     assert not sup.nodes["a"].closed and not sup.failures
-    runner._handle(sup, 2, "a", ev.ChannelClosed("a", -9, ["killed"]))  # this attempt's: counts
+    attempt._handle(sup, 2, "a", ev.ChannelClosed("a", -9, ["killed"]))  # this attempt's: counts
     assert sup.nodes["a"].closed and [f.kind for f in sup.failures] == ["lost"]
 
 
@@ -188,7 +189,7 @@ def test_a_log_that_cannot_be_written_loses_no_frame_after_it(tmp_path) -> None:
     batch = ["o 0 hello from 0", "o 1 hello from 1", "o 0 more from 0",
              wire.encode("rexit", {"rank": 0, "code": 0, "t": 2.0}).decode().strip(),
              wire.encode("rexit", {"rank": 1, "code": 0, "t": 2.0}).decode().strip()]
-    runner._handle(sup, 0, "a", batch)
+    runner.new_attempt()._handle(sup, 0, "a", batch)
     assert [sup.ranks[r].exit_code for r in (0, 1)] == [0, 0]
     assert lines == [(0, "hello from 0"), (1, "hello from 1"), (0, "more from 0")]
     runner.logs.flush()  # (what the loop does a few times a second)
@@ -219,7 +220,7 @@ def test_a_sink_that_raises_costs_its_line_never_the_frames_after_it(tmp_path) -
     sup = Supervisor(plan, RunOptions(), 0.0, wall_offset=0.0)
     sup.on_event(ev.Hello("a", wire.VERSION, 10, 1.0), 1.0)
     sup.on_event(ev.Ready("a", {"interface": "lo", "interface_source": "x"}), 1.0)
-    runner._handle(sup, 0, "a", ["o 0 a line", "o 0 another",
+    runner.new_attempt()._handle(sup, 0, "a", ["o 0 a line", "o 0 another",
                                  wire.encode("rexit", {"rank": 0, "code": 0, "t": 2.0})
                                  .decode().strip()])
     assert sup.ranks[0].exit_code == 0  # the exit after the failed lines arrived

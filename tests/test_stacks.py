@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from ptcluster.cluster import parse_cluster_text
-from ptcluster.control.protocol import ControlError, ControlServer, alive, ask
+from ptcluster.control.protocol import ControlError, alive, ask
+from ptcluster.control.server import ControlServer
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import Target, plan_launch
 from ptcluster.launch.stacks.report import RankStack, StackReport, parse_faulthandler, rank_stack
