@@ -34,22 +34,29 @@ class Request:
     job_id, pid}`` (the owner or root only)."""
 
 
+CMD = "cmd"
+"""The field of a request that holds its kind."""
 KILL_SIGNALS = ("TERM", "INT", "KILL")
 """What a ``kill`` request may ask: TERM and INT stop in order, KILL hurries (a second Ctrl-C)."""
 
 
+def kind_of(request: dict[str, Any]) -> str:
+    """A request's kind (a :class:`Request` member when the asker speaks this protocol)."""
+    return str(request.get(CMD))
+
+
 def stacks_request() -> dict[str, Any]:
-    return {"cmd": Request.STACKS}
+    return {CMD: Request.STACKS}
 
 
 def straggler_request() -> dict[str, Any]:
-    return {"cmd": Request.STRAGGLER}
+    return {CMD: Request.STRAGGLER}
 
 
 def kill_request(job_id: str, signame: str, by: dict[str, str]) -> dict[str, Any]:
     """Ask the head of ``job_id`` to end it with ``signame`` (:data:`KILL_SIGNALS`); ``by``
     names the asker (``host``, ``user``) for the job's summary."""
-    return {"cmd": Request.KILL, "job_id": job_id, "signal": signame, "by": by}
+    return {CMD: Request.KILL, "job_id": job_id, "signal": signame, "by": by}
 
 
 class ControlError(PtclusterError):

@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from ptcluster.control import registry as heads
-from ptcluster.control.protocol import KILL_SIGNALS, Request, at_short_path, peer_uid
+from ptcluster.control.protocol import (
+    KILL_SIGNALS,
+    Request,
+    at_short_path,
+    kind_of,
+    peer_uid,
+)
 from ptcluster.launch.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -141,13 +147,14 @@ class HeadDoor:
         """Who ended the job through the control socket (``ptcluster kill``), if anyone did."""
 
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
-        if request.get("cmd") == Request.STACKS:
+        kind = kind_of(request)
+        if kind == Request.STACKS:
             return self.stacks()
-        if request.get("cmd") == Request.KILL:
+        if kind == Request.KILL:
             return self._kill(request)
-        if request.get("cmd") == Request.STRAGGLER:
+        if kind == Request.STRAGGLER:
             return self.straggler()
-        return {"ok": False, "error": f"unknown request {str(request.get('cmd'))[:40]!r}"}
+        return {"ok": False, "error": f"unknown request {kind[:40]!r}"}
 
     def stacks(self, timeout: float = STACKS_SECONDS) -> dict[str, Any]:
         """Every rank's stacks, collected by the loop (the job goes on), and the straggler
