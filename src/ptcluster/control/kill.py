@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from ptcluster.control import registry as heads
-from ptcluster.control.protocol import ControlError, alive, ask
+from ptcluster.control.protocol import ControlError, alive, ask, kill_request
 
 ANSWER_TIMEOUT = 5.0
 """Seconds a head has to take the request (it answers at once; the stop goes on after)."""
@@ -44,7 +44,7 @@ def stop_through_head(job_id: str, signame: str, by: dict[str, str],
         return HeadStop(None)
     if not entry.here:
         return HeadStop(entry, why_not=f"its head runs on {entry.host}")
-    request = {"cmd": "kill", "job_id": job_id, "signal": signame, "by": by}
+    request = kill_request(job_id, signame, by)
     try:
         answer = ask(entry.run_dir, request, timeout=ANSWER_TIMEOUT, owner=os.getuid())
     except ControlError as exc:
