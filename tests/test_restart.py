@@ -228,6 +228,68 @@ def test_a_sink_that_raises_costs_its_line_never_the_frames_after_it(tmp_path) -
     assert len(notes) == 1 and "the console is gone" in notes[0]
 
 
+def test_the_notes_of_a_wait_s_retried_tries_are_held_by_every_part(tmp_path) -> None:
+    """--wait: a try that is tried again says nothing (its notes are dropped), the last one's
+    are shown; the stacks collector's notes are held too (it once kept the callback it was
+    built with, and its notes escaped the hold)."""
+    from types import SimpleNamespace
+
+    from ptcluster.cluster import parse_cluster_text
+    from ptcluster.launch.options import RunOptions
+    from ptcluster.launch.plan import Target, plan_launch
+    from ptcluster.launch.result import RunResult
+    from ptcluster.launch.runner import Runner
+
+    plan = plan_launch(parse_cluster_text("nodes:\n  - {host: a, slots: 1}\n", "c.yaml"),
+                       Target(script="t.py"), port=29500, job_id="J")
+    notes: list[str] = []
+    runner = Runner(plan, {}, tmp_path / "run", on_status=notes.append,
+                    options=RunOptions(wait=60.0, wait_poll=0.01))
+    tries = iter([True, True, False])  # refused (busy) twice, then it runs
+
+    class Try:
+        def run(self, before, t0):
+            busy = next(tries)
+            runner.ctx.stacks.on_status("from the collector")
+            runner.ctx.sinks.on_status("from the attempt")
+            failures = [Failure(host="a", rank=None, message="held by job X",
+                                kind=FailureKind.BUSY)] if busy else []
+            result = RunResult(job_id="J", run_dir=tmp_path, ranks=[], nodes=[],
+                               failures=failures, interrupted=False, duration=0.0)
+            record = AttemptRecord(number=0, hosts=["a"], world_size=1, master_port=29500,
+                                   started_at=0.0, ok=not busy)
+            return SimpleNamespace(killed_by="", cut_off=[]), result, record
+
+    runner.new_attempt = Try  # type: ignore[method-assign]
+    runner._attempts([], 0.0)
+    # the first try is shown as it runs (nobody knows yet that it will wait); the second is
+    # dropped; the third, the last, is shown
+    assert notes == ["from the collector", "from the attempt",
+                     "waiting (--wait, no queue): a: held by job X",
+                     "from the collector", "from the attempt"]
+
+
+def test_a_run_directory_s_files_are_named_by_its_layout(tmp_path) -> None:
+    """The names users, scripts and the other commands read (README, `stacks`, `kill`): one
+    RunDir names them, and the logs are written where it says."""
+    from ptcluster.launch.rundir import RunDir, RunLogs
+
+    layout = RunDir(tmp_path)
+    assert [p.name for p in (layout.rank_log(3), layout.plan_file(), layout.plan_file(2),
+                             layout.summary, layout.control_socket, layout.slurm_job,
+                             *layout.stacks_report(RunDir.HANG_STACKS),
+                             *layout.stacks_report(RunDir.stacks_stem(4, "120000")))] == [
+        "rank3.log", "plan.json", "plan.2.json", "summary.json", "control.sock", "job_id",
+        "hang-stacks.txt", "hang-stacks.json", "stacks-120000-4.txt", "stacks-120000-4.json"]
+    logs = RunLogs(tmp_path)
+    logs.rank_line(3, "r")
+    logs.node_line(1, "h", "n")
+    logs.close()
+    assert layout.rank_log(3).read_text() == "r\n"
+    assert (tmp_path / RunDir.node_log_name(1, "h")).read_text() == "n\n"
+    assert RunDir.node_log_name(1, "h") == "node1-h.log"
+
+
 def test_the_logs_of_a_restart_go_on_in_the_same_files_after_a_banner(tmp_path) -> None:
     from ptcluster.launch.rundir import RunLogs
 
