@@ -276,10 +276,10 @@ def test_a_run_directory_s_files_are_named_by_its_layout(tmp_path) -> None:
 
     layout = RunDir(tmp_path)
     assert [p.name for p in (layout.rank_log(3), layout.plan_file(), layout.plan_file(2),
-                             layout.summary, layout.control_socket, layout.slurm_job,
+                             layout.summary, layout.control_socket,
                              *layout.stacks_report(RunDir.HANG_STACKS),
                              *layout.stacks_report(RunDir.stacks_stem(4, "120000")))] == [
-        "rank3.log", "plan.json", "plan.2.json", "summary.json", "control.sock", "job_id",
+        "rank3.log", "plan.json", "plan.2.json", "summary.json", "control.sock",
         "hang-stacks.txt", "hang-stacks.json", "stacks-120000-4.txt", "stacks-120000-4.json"]
     logs = RunLogs(tmp_path)
     logs.rank_line(3, "r")

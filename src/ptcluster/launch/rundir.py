@@ -72,8 +72,6 @@ class RunDir:
     """Where a running head listens (``control.server``)."""
     HANG_STACKS: ClassVar[str] = "hang-stacks"
     """Every rank's stacks when the job was found hung (``.txt`` and ``.json``)."""
-    SLURM_JOB: ClassVar[str] = "job_id"
-    """The Slurm job id of a submitted run (``ptcluster submit``)."""
 
     @staticmethod
     def rank_log_name(rank: int) -> str:
@@ -102,10 +100,6 @@ class RunDir:
     @property
     def control_socket(self) -> Path:
         return self.path / self.CONTROL_SOCKET
-
-    @property
-    def slurm_job(self) -> Path:
-        return self.path / self.SLURM_JOB
 
     def stacks_report(self, stem: str) -> tuple[Path, Path]:
         """(text, JSON) of the stacks report ``stem`` (``HANG_STACKS`` or ``stacks_stem``)."""
