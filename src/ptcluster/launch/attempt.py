@@ -141,23 +141,20 @@ class RunContext:
     sinks: Sinks
     stops: Stops
     door: HeadDoor
-    events: queue.Queue[tuple[int, str, Any]] = field(default_factory=queue.Queue)
+    events: queue.Queue[tuple[int, str, Any]]
     """(attempt, host, frames or event or ``Ask``): what a channel of an earlier attempt still
     brings after its attempt ended is dropped, not taken for news of the next one. Bounded by
     the channels: none reads more frames while ``BACKLOG`` batches wait here."""
     sink_errors: set[str] = field(default_factory=set)
     """The kinds of error the sinks or logs raised (each said once)."""
     behind: bool = False
+    """The channels were told to hold their reading (until the queue is down to half)."""
 
     def backlogged(self) -> bool:
         """The channels' one ``backlog`` (the hub asks it once for all it holds)."""
         size = self.events.qsize()
         self.behind = size >= (BACKLOG // 2 if self.behind else BACKLOG)
         return self.behind
-
-    def post(self, ask: Ask) -> None:
-        """From the control socket's thread: for whichever attempt's loop runs."""
-        self.events.put((ANY_ATTEMPT, "", ask))
 
 
 class Attempt:
@@ -170,6 +167,7 @@ class Attempt:
         self.opts = ctx.opts
         self.logs = ctx.logs
         self.channels: dict[str, NodeChannel] = {}
+        """The channels that started, by host (empty again once the attempt is over)."""
         self._node_rank = {n.host: n.node_rank for n in plan.nodes}
         self._ranks_of = {n.host: frozenset(n.ranks) for n in plan.nodes}
         self._hang_report: dict[str, Any] | None = None

@@ -7,6 +7,7 @@ socket (``control.server``) for the whole run -> a :class:`RunResult`.
 from __future__ import annotations
 
 import json
+import queue
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -17,6 +18,7 @@ from ptcluster.cluster.model import ClusterSpec
 from ptcluster.control.server import ControlServer, HeadDoor
 from ptcluster.errors import PtclusterError
 from ptcluster.launch.attempt import (
+    ANY_ATTEMPT,
     Attempt,
     DataSink,
     LineSink,
@@ -91,6 +93,11 @@ class Notes:
 
 
 class Runner:
+    """Runs ``plan`` (and the restarts ``restarts`` allows) from this machine: ``run`` ->
+    the :class:`RunResult`. ``on_line`` gets every output line, ``on_status`` the notes for the
+    user, ``on_data`` the records rank programs report (``Sinks``); ``request_stop`` is the
+    one thing another thread or a signal handler may call."""
+
     def __init__(self, plan: LaunchPlan, transports: dict[str, Transport], run_dir: Path,
                  on_line: LineSink | None = None, on_status: StatusSink | None = None,
                  options: RunOptions | None = None, on_data: DataSink | None = None,
@@ -110,9 +117,11 @@ class Runner:
         self.notes = Notes(on_status or (lambda text: None))
         sinks = Sinks.given(on_line, self.notes, on_data)
         self.stops = Stops()
-        self.door = HeadDoor(plan.job_id, lambda ask: self.ctx.post(ask), self.request_stop)
+        events: queue.Queue[tuple[int, str, Any]] = queue.Queue()
+        self.door = HeadDoor(plan.job_id, lambda ask: events.put((ANY_ATTEMPT, "", ask)),
+                             self.request_stop)
         self.ctx = RunContext(opts=self.opts, transports=transports, run_dir=run_dir,
-                              logs=RunLogs(run_dir, on_error=self.notes),
+                              events=events, logs=RunLogs(run_dir, on_error=self.notes),
                               stacks=StackCollector(run_dir, self.notes), sinks=sinks,
                               stops=self.stops, door=self.door)
         self.logs, self.events = self.ctx.logs, self.ctx.events
