@@ -8,19 +8,29 @@ each rank for the summary; ``log_files_budget`` sizes that pool from the open-fi
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ptcluster.errors import PtclusterError
+
+if TYPE_CHECKING:  # (types only: the control socket's clients read names here, nothing more)
+    from ptcluster.launch.options import RunOptions
+    from ptcluster.launch.plan import LaunchPlan
+    from ptcluster.launch.result import RunResult
 
 DEFAULT_RUNS_DIR = "ptcluster-runs"
 """Where run directories go unless ``--run-dir`` says otherwise (relative: the current one)."""
 LAST_LINES = 40
+
+
+class RunDirError(PtclusterError):
+    """The run directory cannot be created or written (checked before anything starts)."""
 
 
 class DescriptorLimitError(PtclusterError):
@@ -104,6 +114,39 @@ class RunDir:
     def stacks_report(self, stem: str) -> tuple[Path, Path]:
         """(text, JSON) of the stacks report ``stem`` (``HANG_STACKS`` or ``stacks_stem``)."""
         return self.path / f"{stem}.txt", self.path / f"{stem}.json"
+
+    def create(self, plan: LaunchPlan, opts: RunOptions) -> None:
+        """The directory with the first plan in it, or :class:`RunDirError` (before anything
+        starts)."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.write_plan(plan, opts)
+        except OSError as exc:
+            raise RunDirError(f"cannot write the run directory {self.path}: "
+                              f"{exc.strerror or exc}",
+                              "pass --run-dir with a directory you can write to") from None
+
+    def write_plan(self, plan: LaunchPlan, opts: RunOptions) -> None:
+        """``plan_json`` of ``plan`` (an attempt's own file)."""
+        write_private(self.plan_file(plan.attempt),
+                      json.dumps(plan_json(plan, opts), indent=2))
+
+    def write_summary(self, result: RunResult) -> None:
+        write_private(self.summary, json.dumps(result.to_json(), indent=2))
+
+
+def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
+    """The plan as shipped: per node, the guard's whole config (configuration only: the code
+    travels in the guard's program)."""
+    data: dict[str, Any] = {k: v for k, v in asdict(plan).items() if k != "nodes"}
+    data["options"] = asdict(opts)
+    data["nodes"] = []
+    for node in plan.nodes:
+        cfg = node.guard_config(plan, opts)
+        data["nodes"].append({"host": node.host, "node_rank": node.node_rank,
+                              "ranks": [node.ranks.start, node.ranks.stop - 1],
+                              "python": node.python, "guard": cfg})
+    return data
 
 
 def run_dir_for(job_id: str, base: str | Path | None) -> Path:

@@ -6,17 +6,15 @@ socket (``control.server``) for the whole run -> a :class:`RunResult`.
 
 from __future__ import annotations
 
-import json
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.control.server import ControlServer, HeadDoor
-from ptcluster.errors import PtclusterError
 from ptcluster.launch.attempt import (
     ANY_ATTEMPT,
     Attempt,
@@ -31,18 +29,14 @@ from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan, Target, replan, restart_port
 from ptcluster.launch.port import free_port
 from ptcluster.launch.result import AttemptRecord, FailureKind, RunResult
-from ptcluster.launch.rundir import RunDir, RunLogs, log_files_budget, write_private
+from ptcluster.launch.rundir import RunDir, RunLogs, log_files_budget
 from ptcluster.launch.stacks.collector import StackCollector
 from ptcluster.launch.supervise.restart import RestartPolicy, decide
 from ptcluster.launch.supervise.supervisor import Supervisor
 from ptcluster.launch.supervise.view import SupervisorView
 from ptcluster.remote.transport import Transport
 
-__all__ = ["DataSink", "LineSink", "Restarts", "RunDirError", "Runner", "plan_json"]
-
-
-class RunDirError(PtclusterError):
-    """The run directory cannot be created or written (checked before anything starts)."""
+__all__ = ["DataSink", "LineSink", "Restarts", "Runner"]
 
 
 @dataclass(frozen=True)
@@ -149,7 +143,7 @@ class Runner:
         result, with the record of each attempt."""
         t0 = time.monotonic()
         self.logs.max_open = log_files_budget(len(self.plan.nodes))
-        self._prepare_run_dir()
+        self.layout.create(self.plan, self.opts)
         attempts: list[AttemptRecord] = []
         control = self._open_control()  # one for the job: `stacks` reaches the running attempt
         try:
@@ -162,7 +156,7 @@ class Runner:
             result.console_dropped = self.console_dropped()
         result.log_errors = [f"{error} ({self.logs.lost.get(name, 0)} line(s) missing)"
                              for name, error in self.logs.errors.items()]
-        write_private(self.layout.summary, json.dumps(result.to_json(), indent=2))
+        self.layout.write_summary(result)
         return result
 
     def _attempts(self, attempts: list[AttemptRecord], t0: float) -> RunResult:
@@ -229,23 +223,10 @@ class Runner:
         self.notes(f"{decision.reason}: attempt {len(attempts)} on {len(hosts)} node(s), world "
                    f"size {self.plan.world_size}, rendezvous port "
                    f"{self.plan.master_port or 'auto'}")
-        self._write_plan()
+        self.layout.write_plan(self.plan, self.opts)
         return True
 
-    # -- the run directory and the control socket ---------------------------------------------
-    def _prepare_run_dir(self) -> None:
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._write_plan()
-        except OSError as exc:
-            raise RunDirError(f"cannot write the run directory {self.run_dir}: "
-                              f"{exc.strerror or exc}",
-                              "pass --run-dir with a directory you can write to") from None
-
-    def _write_plan(self) -> None:
-        write_private(self.layout.plan_file(self.plan.attempt),
-                      json.dumps(plan_json(self.plan, self.opts), indent=2))
-
+    # -- the control socket -------------------------------------------------------------------
     def _open_control(self) -> ControlServer | None:
         """``ptcluster stacks`` asks through this; a run goes on without it."""
         try:
@@ -259,16 +240,3 @@ class Runner:
                        ": `ptcluster kill` on this machine goes through its nodes' guards")
         return control
 
-
-def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
-    """The plan as shipped: per node, the guard's whole config (configuration only: the code
-    travels in the guard's program)."""
-    data: dict[str, Any] = {k: v for k, v in asdict(plan).items() if k != "nodes"}
-    data["options"] = asdict(opts)
-    data["nodes"] = []
-    for node in plan.nodes:
-        cfg = node.guard_config(plan, opts)
-        data["nodes"].append({"host": node.host, "node_rank": node.node_rank,
-                              "ranks": [node.ranks.start, node.ranks.stop - 1],
-                              "python": node.python, "guard": cfg})
-    return data
