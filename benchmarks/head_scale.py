@@ -42,7 +42,7 @@ from tests.support.fakenode import fake_job  # noqa: E402
 def head(nodes: int, rate: float, seconds: float, fail: bool) -> dict[str, Any]:
     """One job in this process; its figures."""
     from ptcluster.cli import raise_open_files_limit
-    from ptcluster.launch.result import RunOptions
+    from ptcluster.launch.options import RunOptions
     from ptcluster.launch.runner import Runner
     from ptcluster.remote.channel import NodeChannel
     from ptcluster.remote.hub import Hub

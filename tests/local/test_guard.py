@@ -189,8 +189,8 @@ def test_the_guard_beats_as_often_as_its_config_says(tmp_path, every) -> None:
     import time
 
     from ptcluster.cluster import local_cluster
+    from ptcluster.launch.options import RunOptions
     from ptcluster.launch.plan import Target, plan_launch
-    from ptcluster.launch.result import RunOptions
     from ptcluster.node import GUARD
     from ptcluster.remote.channel import NodeChannel, close_all, start_all
     from ptcluster.remote.transport import LocalTransport

@@ -20,7 +20,7 @@ HEAD = textwrap.dedent("""
     import json, os, sys, threading
     sys.path.insert(0, sys.argv[1])
     from tests.support.fakenode import fake_job
-    from ptcluster.launch.result import RunOptions
+    from ptcluster.launch.options import RunOptions
     from ptcluster.launch.runner import Runner
 
     plan, transports = fake_job(int(sys.argv[2]))
@@ -55,7 +55,7 @@ HEAD = textwrap.dedent("""
                         on_status=notes.append, options=RunOptions(ready_timeout=120.0))
         result = runner.run()
         queued = runner.events.qsize()
-        after = runner.straggler_figures()  # (no loop any more: the last figures, at once)
+        after = runner.door.straggler()  # (no loop any more: the last figures, at once)
         asked["after"] = {"asked_a_loop": runner.events.qsize() != queued,
                           "ranks": len(after["straggler"].get("ranks", []))}
     except Exception as exc:
@@ -115,23 +115,24 @@ def test_a_limit_too_low_for_the_nodes_fails_before_anything_starts(tmp_path) ->
 def test_the_runners_backlog_holds_at_its_limit_and_frees_at_half_of_it(tmp_path) -> None:
     # Hysteresis: a hold lifted at BACKLOG - 1 would be taken again at the next batch, and the
     # hub would look at the held channels for nothing.
-    from ptcluster.launch.runner import BACKLOG, Runner
+    from ptcluster.launch.attempt import BACKLOG
+    from ptcluster.launch.runner import Runner
     from tests.support.fakenode import fake_job
 
     plan, transports = fake_job(1)
     runner = Runner(plan, transports, tmp_path / "run")
     for _ in range(BACKLOG - 1):
         runner.events.put((0, "f0", []))
-    assert not runner._backlogged()
+    assert not runner.ctx.backlogged()
     runner.events.put((0, "f0", []))
-    assert runner._backlogged()
+    assert runner.ctx.backlogged()
     while runner.events.qsize() > BACKLOG // 2:
         runner.events.get()
-        assert runner._backlogged()
+        assert runner.ctx.backlogged()
     runner.events.get()
-    assert not runner._backlogged()
+    assert not runner.ctx.backlogged()
     runner.events.put((0, "f0", []))  # (free again until the limit, not at half)
-    assert not runner._backlogged()
+    assert not runner.ctx.backlogged()
 
 
 @pytest.mark.slow
@@ -154,7 +155,7 @@ def test_the_control_socket_gets_the_straggler_figures_while_and_after_the_loop_
 def test_the_logs_are_written_at_a_fixed_rate_for_the_head() -> None:
     # One write per log file that got lines: past LOG_WRITES_PER_SECOND / 2 ranks the logs are
     # written less often, so that the head's system calls for logs stay at that rate.
-    from ptcluster.launch.runner import FLUSH_SECONDS, LOG_WRITES_PER_SECOND, flush_every
+    from ptcluster.launch.attempt import FLUSH_SECONDS, LOG_WRITES_PER_SECOND, flush_every
     from tests.support.fakenode import fake_job
 
     assert flush_every(fake_job(8)[0]) == FLUSH_SECONDS

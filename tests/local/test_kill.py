@@ -21,7 +21,9 @@ import pytest
 
 from ptcluster.control import registry as heads
 from ptcluster.control.kill import stop_through_head
-from ptcluster.control.protocol import SOCKET_NAME, ControlServer, ask
+from ptcluster.control.protocol import ask
+from ptcluster.control.server import ControlServer
+from ptcluster.launch.rundir import RunDir
 from tests.support.head import Head, job_id_when_started, only_run
 from tests.support.procs import job_processes
 
@@ -61,7 +63,7 @@ def dead_socket(run_dir: Path) -> None:
     """What a head killed by SIGKILL leaves: a socket file nobody listens on."""
     run_dir.mkdir(parents=True, exist_ok=True)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(str(run_dir / SOCKET_NAME))
+    s.bind(str(RunDir(run_dir).control_socket))
     s.close()
 
 
@@ -237,7 +239,7 @@ def test_only_the_owner_or_root_is_answered_on_the_socket() -> None:
         assert ask(shared, {"cmd": "x"}) == {"ok": True, "asked": {"cmd": "x"}}
         as_nobody = _nobody(code, str(shared))
         assert "PermissionError" in as_nobody.stderr, as_nobody.stdout + as_nobody.stderr
-        os.chmod(shared / SOCKET_NAME, 0o666)
+        os.chmod(RunDir(shared).control_socket, 0o666)
         as_nobody = _nobody(code, str(shared))
         assert "closed the connection without an answer" in as_nobody.stderr, \
             as_nobody.stdout + as_nobody.stderr  # the peer uid check

@@ -141,8 +141,8 @@ def test_a_torn_down_attempts_late_channel_close_is_not_the_next_attempts(tmp_pa
     # A channel SIGKILLed at the end of one attempt (a lost node, the stop deadline) reports its
     # close when it is gone, which may be after the next attempt started, on the same queue.
     from ptcluster.cluster import parse_cluster_text
+    from ptcluster.launch.options import RunOptions
     from ptcluster.launch.plan import Target, plan_launch
-    from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
     from ptcluster.launch.supervise import events as ev
     from ptcluster.launch.supervise.supervisor import Supervisor
@@ -156,9 +156,10 @@ def test_a_torn_down_attempts_late_channel_close_is_not_the_next_attempts(tmp_pa
     for host in ("a", "b"):
         sup.on_event(ev.Hello(host, wire.VERSION, 10, 1.0), 1.0)
         sup.on_event(ev.Ready(host, {"interface": "lo", "interface_source": "x"}), 1.0)
-    runner._handle(sup, 1, "a", ev.ChannelClosed("a", -9, ["killed"]))
+    attempt = runner.new_attempt()
+    attempt._handle(sup, 1, "a", ev.ChannelClosed("a", -9, ["killed"]))
     assert not sup.node("a").closed and not sup.failures
-    runner._handle(sup, 2, "a", ev.ChannelClosed("a", -9, ["killed"]))  # this attempt's: counts
+    attempt._handle(sup, 2, "a", ev.ChannelClosed("a", -9, ["killed"]))  # this attempt's: counts
     assert sup.node("a").closed and [f.kind for f in sup.failures] == ["lost"]
 
 
@@ -168,8 +169,8 @@ def test_a_log_that_cannot_be_written_loses_no_frame_after_it(tmp_path) -> None:
     left): its output still reaches the console, and the exit status in the same batch is
     not lost (it used to be: the batch ended at the error, and the rank looked killed)."""
     from ptcluster.cluster import parse_cluster_text
+    from ptcluster.launch.options import RunOptions
     from ptcluster.launch.plan import Target, plan_launch
-    from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
     from ptcluster.launch.supervise import events as ev
     from ptcluster.launch.supervise.supervisor import Supervisor
@@ -188,11 +189,11 @@ def test_a_log_that_cannot_be_written_loses_no_frame_after_it(tmp_path) -> None:
     batch = ["o 0 hello from 0", "o 1 hello from 1", "o 0 more from 0",
              wire.encode("rexit", {"rank": 0, "code": 0, "t": 2.0}).decode().strip(),
              wire.encode("rexit", {"rank": 1, "code": 0, "t": 2.0}).decode().strip()]
-    runner._handle(sup, 0, "a", batch)
+    runner.new_attempt()._handle(sup, 0, "a", batch)
     assert [sup.ranks[r].exit_code for r in (0, 1)] == [0, 0]
     assert lines == [(0, "hello from 0"), (1, "hello from 1"), (0, "more from 0")]
     runner.logs.flush()  # (what the loop does a few times a second)
-    assert runner.logs.lost == {"rank0": 2} and runner.logs.tail(0) == ["hello from 0",
+    assert runner.logs.lost == {"rank0.log": 2} and runner.logs.tail(0) == ["hello from 0",
                                                                          "more from 0"]
     assert len(notes) == 1 and notes[0].startswith("cannot write rank0.log: ")
     runner.logs.close()
@@ -202,8 +203,8 @@ def test_a_log_that_cannot_be_written_loses_no_frame_after_it(tmp_path) -> None:
 
 def test_a_sink_that_raises_costs_its_line_never_the_frames_after_it(tmp_path) -> None:
     from ptcluster.cluster import parse_cluster_text
+    from ptcluster.launch.options import RunOptions
     from ptcluster.launch.plan import Target, plan_launch
-    from ptcluster.launch.result import RunOptions
     from ptcluster.launch.runner import Runner
     from ptcluster.launch.supervise import events as ev
     from ptcluster.launch.supervise.supervisor import Supervisor
@@ -219,12 +220,74 @@ def test_a_sink_that_raises_costs_its_line_never_the_frames_after_it(tmp_path) -
     sup = Supervisor(plan, RunOptions(), 0.0, wall_offset=0.0)
     sup.on_event(ev.Hello("a", wire.VERSION, 10, 1.0), 1.0)
     sup.on_event(ev.Ready("a", {"interface": "lo", "interface_source": "x"}), 1.0)
-    runner._handle(sup, 0, "a", ["o 0 a line", "o 0 another",
+    runner.new_attempt()._handle(sup, 0, "a", ["o 0 a line", "o 0 another",
                                  wire.encode("rexit", {"rank": 0, "code": 0, "t": 2.0})
                                  .decode().strip()])
     assert sup.ranks[0].exit_code == 0  # the exit after the failed lines arrived
     assert runner.logs.tail(0) == ["a line", "another"]
     assert len(notes) == 1 and "the console is gone" in notes[0]
+
+
+def test_the_notes_of_a_wait_s_retried_tries_are_held_by_every_part(tmp_path) -> None:
+    """--wait: a try that is tried again says nothing (its notes are dropped), the last one's
+    are shown; the stacks collector's notes are held too (it once kept the callback it was
+    built with, and its notes escaped the hold)."""
+    from types import SimpleNamespace
+
+    from ptcluster.cluster import parse_cluster_text
+    from ptcluster.launch.options import RunOptions
+    from ptcluster.launch.plan import Target, plan_launch
+    from ptcluster.launch.result import RunResult
+    from ptcluster.launch.runner import Runner
+
+    plan = plan_launch(parse_cluster_text("nodes:\n  - {host: a, slots: 1}\n", "c.yaml"),
+                       Target(script="t.py"), port=29500, job_id="J")
+    notes: list[str] = []
+    runner = Runner(plan, {}, tmp_path / "run", on_status=notes.append,
+                    options=RunOptions(wait=60.0, wait_poll=0.01))
+    tries = iter([True, True, False])  # refused (busy) twice, then it runs
+
+    class Try:
+        def run(self, before, t0):
+            busy = next(tries)
+            runner.ctx.stacks.on_status("from the collector")
+            runner.ctx.sinks.on_status("from the attempt")
+            failures = [Failure(host="a", rank=None, message="held by job X",
+                                kind=FailureKind.BUSY)] if busy else []
+            result = RunResult(job_id="J", run_dir=tmp_path, ranks=[], nodes=[],
+                               failures=failures, interrupted=False, duration=0.0)
+            record = AttemptRecord(number=0, hosts=["a"], world_size=1, master_port=29500,
+                                   started_at=0.0, ok=not busy)
+            return SimpleNamespace(killed_by="", cut_off=[]), result, record
+
+    runner.new_attempt = Try  # type: ignore[method-assign]
+    runner._attempts([], 0.0)
+    # the first try is shown as it runs (nobody knows yet that it will wait); the second is
+    # dropped; the third, the last, is shown
+    assert notes == ["from the collector", "from the attempt",
+                     "waiting (--wait, no queue): a: held by job X",
+                     "from the collector", "from the attempt"]
+
+
+def test_a_run_directory_s_files_are_named_by_its_layout(tmp_path) -> None:
+    """The names users, scripts and the other commands read (README, `stacks`, `kill`): one
+    RunDir names them, and the logs are written where it says."""
+    from ptcluster.launch.rundir import RunDir, RunLogs
+
+    layout = RunDir(tmp_path)
+    assert [p.name for p in (layout.rank_log(3), layout.plan_file(), layout.plan_file(2),
+                             layout.summary, layout.control_socket,
+                             *layout.stacks_report(RunDir.HANG_STACKS),
+                             *layout.stacks_report(RunDir.stacks_stem(4, "120000")))] == [
+        "rank3.log", "plan.json", "plan.2.json", "summary.json", "control.sock",
+        "hang-stacks.txt", "hang-stacks.json", "stacks-120000-4.txt", "stacks-120000-4.json"]
+    logs = RunLogs(tmp_path)
+    logs.rank_line(3, "r")
+    logs.node_line(1, "h", "n")
+    logs.close()
+    assert layout.rank_log(3).read_text() == "r\n"
+    assert (tmp_path / RunDir.node_log_name(1, "h")).read_text() == "n\n"
+    assert RunDir.node_log_name(1, "h") == "node1-h.log"
 
 
 def test_the_logs_of_a_restart_go_on_in_the_same_files_after_a_banner(tmp_path) -> None:
@@ -365,9 +428,9 @@ def test_a_job_ended_from_outside_is_stopped_not_failed_and_not_restarted(tmp_pa
     """What Slurm's scancel does to an allocation, through the runner's ``ended_by`` (the real
     scancel is in test_slurm.py): asked once, after the failed attempt."""
     from ptcluster.cluster import local_cluster
+    from ptcluster.launch.api import prepare
     from ptcluster.launch.plan import Target
-    from ptcluster.launch.prepare import prepare, restarts
-    from ptcluster.launch.runner import Runner
+    from ptcluster.launch.runner import Restarts, Runner
     from ptcluster.remote.connect import transports
 
     (tmp_path / "fail.py").write_text(ATTEMPTS)
@@ -382,7 +445,7 @@ def test_a_job_ended_from_outside_is_stopped_not_failed_and_not_restarted(tmp_pa
         return "the scheduler ended it"
 
     result = Runner(plan, transports(spec), tmp_path / "run",
-                    restarts=restarts(spec, target, plan, RestartPolicy(max_restarts=3)),
+                    restarts=Restarts(RestartPolicy(max_restarts=3), spec, target),
                     ended_by=ended_by).run()
     assert asked == [1] and len(result.attempts) == 1, result.attempts
     assert result.interrupted and not result.ok and result.ended_by == "the scheduler ended it"

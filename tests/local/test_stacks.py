@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ptcluster.control.protocol import ControlError, ControlServer, alive, ask
+from ptcluster.control.protocol import ControlError, alive, ask
+from ptcluster.control.server import ControlServer
 from ptcluster.launch.stacks.report import RankStack, StackReport, parse_faulthandler, rank_stack
 from ptcluster.node.guard.outbox import Outbox
 from ptcluster.node.guard.progress import ProgressMeter, find_pyspy
@@ -225,3 +226,45 @@ def test_control_socket_answers_its_owner_in_a_deep_run_dir(tmp_path) -> None:
     assert not alive(deep)
     with pytest.raises(ControlError, match="no job is running"):
         ask(deep, {"cmd": "stacks"})
+
+
+def test_the_head_door_answers_each_request_kind_without_the_loop() -> None:
+    """control.server.HeadDoor, the socket's handler: kill checks the job and the signal and
+    names the asker; KILL is two stop requests (a second Ctrl-C); straggler figures come at
+    once when no loop runs; an unknown kind is refused by name."""
+    from ptcluster.control.protocol import kill_request, stacks_request, straggler_request
+    from ptcluster.control.server import HeadDoor
+
+    stops: list[str] = []
+    posted: list[object] = []
+    door = HeadDoor("J1", posted.append, stops.append)
+    by = {"host": "h", "user": "u"}
+    assert door.answer(kill_request("J2", "TERM", by)) == {
+        "ok": False, "error": "this head runs job J1, not J2"}
+    assert door.answer(kill_request("J1", "HUP", by)) == {
+        "ok": False, "error": "unknown signal 'HUP'"}
+    assert stops == [] and door.killed_by == ""
+    assert door.answer(kill_request("J1", "KILL", by)) == {"ok": True, "job_id": "J1",
+                                                            "pid": os.getpid()}
+    assert stops == ["ended by `ptcluster kill` from h (u)"] * 2
+    door.figures = (3, {"ranks": [1]})
+    assert door.answer(straggler_request()) == {"ok": True, "straggler": {"ranks": [1]}}
+    assert posted == []  # (no loop: nothing asked of it)
+    assert door.answer({"cmd": "nope"}) == {"ok": False, "error": "unknown request 'nope'"}
+    door.looping = True
+    assert door.stacks(timeout=0.01) == {"ok": False, "error": "no stacks report within 0 s"}
+    assert len(posted) == 1 and posted[0].what == stacks_request()["cmd"]
+
+
+def test_control_requests_are_spelled_in_the_control_protocol_only() -> None:
+    """Every request of the control socket is built (``CMD``, ``Request``) in
+    control/protocol.py: no other module writes the "cmd" field by hand."""
+    import ast
+
+    src = Path(__file__).resolve().parents[1] / "src" / "ptcluster"
+    bare = [f"{path.relative_to(src)}:{node.lineno}"
+            for path in src.rglob("*.py") if path.name != "protocol.py"
+            or path.parent.name != "control"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and node.value == "cmd"]
+    assert bare == []

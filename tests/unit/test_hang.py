@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from ptcluster.cluster import parse_cluster_text
+from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import Target, plan_launch
-from ptcluster.launch.result import RunOptions
 from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.actions import CollectStacks, Send, SignalChannel
 from ptcluster.launch.supervise.hang import HangWatch

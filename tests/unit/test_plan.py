@@ -8,8 +8,8 @@ import shlex
 import pytest
 
 from ptcluster.cluster import SshSpec, local_cluster, parse_cluster_text
-from ptcluster.launch.plan import Target, plan_launch, rank_env
-from ptcluster.launch.result import RunOptions
+from ptcluster.launch.options import RunOptions
+from ptcluster.launch.plan import LaunchPlan, Target, plan_launch, rank_env, replan, restart_port
 from ptcluster.node import GUARD
 from ptcluster.remote.bootstrap import BOOTSTRAP, node_argv
 from ptcluster.remote.transport import LocalTransport, SshTransport
@@ -72,14 +72,15 @@ def test_env_is_cluster_env_plus_ours_only() -> None:
 
 
 def test_a_restart_is_planned_over_the_nodes_that_remain() -> None:
-    from ptcluster.launch.prepare import restarts
+    from ptcluster.launch.runner import Restarts
     from ptcluster.launch.supervise.restart import RestartPolicy
 
     spec = parse_cluster_text(CLUSTER, "c.yaml")
     first = plan_launch(spec, Target(module="m"), port=29500, job_id="J", max_restarts=3)
-    replan = restarts(spec, Target(module="m"), first, RestartPolicy(max_restarts=3)).replan
+    restarts = Restarts(RestartPolicy(max_restarts=3), spec, Target(module="m"))
     reported = {"n1": "10.1.0.1", "n2": "10.1.0.2", "n3": "10.1.0.3"}  # the guards' addresses
-    plan = replan(2, ("n2", "n3"), reported)  # the master's node (n1, 2 slots) was lost
+    # the master's node (n1, 2 slots) was lost
+    plan = restarts.next_plan(first, 2, ("n2", "n3"), reported)
     assert [n.host for n in plan.nodes] == ["n2", "n3"] and plan.attempt == 2
     assert [(n.node_rank, n.rank_base) for n in plan.nodes] == [(0, 0), (1, 1)]
     assert plan.master_addr == "n2" and plan.master_port == 29502  # a fresh store
@@ -99,15 +100,22 @@ def test_a_master_with_its_own_address_moves_to_the_next_nodes_reported_address(
         reported, addr) -> None:
     """`master: {addr: 10.1.0.1}` (a fabric address; hosts are how the head reaches nodes):
     when n1 is lost, n2's host may not even resolve on the nodes; its reported address does."""
-    from ptcluster.launch.prepare import restarts
-    from ptcluster.launch.supervise.restart import RestartPolicy
-
     spec = parse_cluster_text(CLUSTER + "master: {addr: 10.1.0.1, port: 29500}\n", "c.yaml")
     first = plan_launch(spec, Target(module="m"), port=29500, job_id="J", max_restarts=3)
     assert first.master_addr == "10.1.0.1"
-    replan = restarts(spec, Target(module="m"), first, RestartPolicy(max_restarts=3)).replan
-    assert replan(1, ("n1", "n3"), reported).master_addr == "10.1.0.1"  # n1 stays: unchanged
-    assert replan(1, ("n2", "n3"), reported).master_addr == addr
+
+    def again(hosts: tuple[str, ...]) -> LaunchPlan:
+        return replan(spec, Target(module="m"), job_id="J", attempt=1, hosts=hosts,
+                      addresses=reported, port=29501, max_restarts=3)
+    assert again(("n1", "n3")).master_addr == "10.1.0.1"  # n1 stays: unchanged
+    assert again(("n2", "n3")).master_addr == addr
+
+
+@pytest.mark.parametrize("first, attempt, port", [
+    (29500, 2, 29502), (65535, 1, 65534), (0, 3, 0),  # (0: AUTO_PORT, the guard takes one)
+])
+def test_a_restart_gets_a_fresh_rendezvous_port(first: int, attempt: int, port: int) -> None:
+    assert restart_port(first, attempt) == port
 
 
 def test_module_target_argv() -> None:
@@ -166,7 +174,7 @@ def test_heartbeats_grow_longer_only_past_a_fixed_rate_for_the_head() -> None:
     # Up to BEATS_PER_SECOND nodes every node beats every heartbeat_interval; past that the
     # interval grows so that the head takes (and sends) at most that many heartbeats a second,
     # and never over a fifth of the shorter of the two timeouts that give a side up.
-    from ptcluster.launch.result import BEATS_PER_SECOND
+    from ptcluster.launch.options import BEATS_PER_SECOND
 
     opts = RunOptions()
     assert [opts.heartbeat_for(n) for n in (1, 8, BEATS_PER_SECOND)] == [1.0, 1.0, 1.0]
@@ -184,7 +192,7 @@ def test_guards_hold_their_output_longer_only_as_the_cluster_grows() -> None:
     # A guard holds its ranks' lines nodes / OUTPUT_WRITES_PER_SECOND s to write them at once,
     # so the head reads that many writes of output a second at most; never over a heartbeat
     # (which takes them along).
-    from ptcluster.launch.result import OUTPUT_WRITES_PER_SECOND as W
+    from ptcluster.launch.options import OUTPUT_WRITES_PER_SECOND as W
 
     opts = RunOptions()
     assert [opts.output_hold_for(n) for n in (1, 8, W, 2 * W)] == [1 / W, 8 / W, 1.0, 2.0]

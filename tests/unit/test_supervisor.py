@@ -9,8 +9,9 @@ import signal
 import pytest
 
 from ptcluster.cluster import parse_cluster_text
+from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import Target, plan_launch
-from ptcluster.launch.result import Failure, FailureKind, RunOptions
+from ptcluster.launch.result import Failure, FailureKind
 from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.actions import DeliverData, NodeLine, StacksAnswered
 from ptcluster.launch.supervise.states import Escalation, NodeState

@@ -18,8 +18,9 @@ from ptcluster.bench.formulas import (
     size_for,
 )
 from ptcluster.cluster.model import ClusterSpec
-from ptcluster.launch.prepare import run_rank_program
-from ptcluster.launch.result import Failure, RunOptions
+from ptcluster.launch.api import run_rank_program
+from ptcluster.launch.options import RunOptions
+from ptcluster.launch.result import Failure
 from ptcluster.launch.runner import LineSink
 from ptcluster.node import BENCH_WORKER
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -12,7 +14,6 @@ import click
 from ptcluster.cluster import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
 from ptcluster.cluster.slurm import allocation_from_env, describe, slurm_cluster
 from ptcluster.errors import UsageError
-from ptcluster.launch.prepare import local_gpu_count
 from ptcluster.remote.slurm import run_scontrol
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,6 +65,18 @@ def cluster_option(func: F) -> F:
         "--cluster", "cluster", metavar="FILE", default=None,
         help="Cluster file (default: ./cluster.yaml, else $PTCLUSTER_CLUSTER, else this machine).",
     )(func)
+
+
+def local_gpu_count() -> int:
+    """GPUs on this machine, without importing torch (nvidia-smi -L); 0 when none."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
 def default_nproc() -> int:

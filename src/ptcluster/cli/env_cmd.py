@@ -9,8 +9,8 @@ import click
 
 from ptcluster.cli.common import NPROC, PORT, cluster_option, load_spec, quiet
 from ptcluster.errors import UsageError
+from ptcluster.launch.api import prepare
 from ptcluster.launch.plan import JOB_VAR, Target, rank_env
-from ptcluster.launch.prepare import prepare
 
 
 @click.command(help=__doc__)

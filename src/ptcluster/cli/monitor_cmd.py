@@ -20,7 +20,7 @@ from rich.segment import Segment, SegmentLines
 from rich.table import Table
 
 from ptcluster.cli.common import SECONDS, FiniteFloat, cluster_option, load_spec
-from ptcluster.launch.prepare import DEFAULT_RUNS_DIR
+from ptcluster.launch.rundir import DEFAULT_RUNS_DIR
 from ptcluster.monitor.watch import Monitor, NodeView, job_straggler, node_waits
 from ptcluster.remote.connect import transports
 

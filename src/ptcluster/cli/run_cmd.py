@@ -26,16 +26,18 @@ from ptcluster.cli.common import (
     load_spec,
     quiet,
 )
+from ptcluster.cli.console import ConsoleFeed
 from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
+from ptcluster.launch.api import prepare
+from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan, Target
-from ptcluster.launch.prepare import prepare, restarts, run_dir_for
-from ptcluster.launch.result import RunOptions, RunResult
-from ptcluster.launch.rundir import ConsoleFeed
-from ptcluster.launch.runner import Runner
+from ptcluster.launch.result import RunResult
+from ptcluster.launch.rundir import RunDir, run_dir_for
+from ptcluster.launch.runner import Restarts, Runner
 from ptcluster.launch.supervise.restart import RestartPolicy
 from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
 from ptcluster.remote.connect import outside_stop, transports
@@ -94,7 +96,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     plan = prepare(spec, target, port=port, max_restarts=max_restarts)
     if preflight:
         _preflight(spec, plan.master_port, err)
-    run_dir = run_dir_for(plan, runs_dir)
+    run_dir = run_dir_for(plan.job_id, runs_dir)
     hush = quiet()
     if not hush:
         _print_plan(err, plan, run_dir)
@@ -107,7 +109,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         if label is None:  # once per rank: this runs for every line of the job
             label = labels[(host, rank)] = (
                 (f"[{host}] ", f"the node log of {host} in {run_dir}/") if rank is None
-                else (f"[{host}:{rank}] ", f"{run_dir}/rank{rank}.log"))
+                else (f"[{host}:{rank}] ", str(RunDir(run_dir).rank_log(rank))))
         feed.line(label[0] + text, label[1])
 
     runner = Runner(plan, transports(spec), run_dir, on_line=on_line,
@@ -115,7 +117,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
                     options=RunOptions(hang_timeout=hang_timeout, wait=(
                         wait_timeout or math.inf) if wait or wait_timeout else None,
                         straggler_threshold=straggler_threshold),
-                    restarts=restarts(spec, target, plan, policy) if max_restarts else None,
+                    restarts=Restarts(policy, spec, target) if max_restarts else None,
                     ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total)
     result, signum = _run_with_signals(runner)
     feed.close(timeout=5.0)
@@ -278,4 +280,5 @@ def _print_hang(console: Console, result: RunResult) -> None:
         who = f"rank {ranks[0]}" if len(ranks) == 1 else \
             f"ranks {','.join(str(r) for r in ranks)}"
         console.print(f"  {who} on {hosts}: {group['where']}", markup=False)
-    console.print(f"  every rank's stack: {result.run_dir}/hang-stacks.txt", markup=False)
+    text, _ = RunDir(result.run_dir).stacks_report(RunDir.HANG_STACKS)
+    console.print(f"  every rank's stack: {text}", markup=False)

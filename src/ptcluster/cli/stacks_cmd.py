@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from ptcluster.control.protocol import ask, running_jobs
+from ptcluster.control.protocol import ask, running_jobs, stacks_request
 from ptcluster.errors import UsageError
-from ptcluster.launch.prepare import DEFAULT_RUNS_DIR
+from ptcluster.launch.rundir import DEFAULT_RUNS_DIR, RunDir
 
 
 @click.command(help=__doc__)
@@ -21,7 +21,7 @@ from ptcluster.launch.prepare import DEFAULT_RUNS_DIR
 @click.option("--brief", is_flag=True, help="Only the straggler and the groups, no stacks.")
 def stacks(run: str | None, runs_dir: str | None, as_json: bool, brief: bool) -> None:
     run_dir = find_run(run, Path(runs_dir or DEFAULT_RUNS_DIR))
-    answer = ask(run_dir, {"cmd": "stacks"})
+    answer = ask(run_dir, stacks_request())
     if not answer.get("ok"):
         raise UsageError(f"{run_dir}: no stacks: {answer.get('error', 'unknown error')}",
                          "try again while the job runs")
@@ -43,7 +43,7 @@ def find_run(run: str | None, runs: Path) -> Path:
     """RUN as a run directory, or a job id under ``runs``; default: the newest running job."""
     if run:
         for candidate in (Path(run), runs / run):
-            if (candidate / "plan.json").exists():
+            if RunDir(candidate).plan_file().exists():
                 return candidate
         raise UsageError(f"no run directory {run} (nor {runs / run})",
                          "give a run directory or a job id from ./ptcluster-runs")

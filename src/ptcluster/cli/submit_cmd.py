@@ -8,8 +8,15 @@ from pathlib import Path
 import click
 
 from ptcluster.cli.common import NPROC, quiet
-from ptcluster.launch.prepare import DEFAULT_RUNS_DIR
-from ptcluster.submit.sbatch import SubmitConfig, new_run_dir, render_script, submit, write_script
+from ptcluster.launch.rundir import DEFAULT_RUNS_DIR
+from ptcluster.submit.sbatch import (
+    JOB_ID_FILE,
+    SubmitConfig,
+    new_run_dir,
+    render_script,
+    submit,
+    write_script,
+)
 
 
 @click.command(help=__doc__ + "\n\nEverything after -- is what `ptcluster run` runs: "
@@ -41,7 +48,7 @@ def submit_job(nodes: int, gpus_per_node: int | None, nproc: int | None,
         return
     script = write_script(cfg)
     job = submit(script)
-    (run_dir / "job_id").write_text(job + "\n")
+    (run_dir / JOB_ID_FILE).write_text(job + "\n")
     if not quiet():
         click.echo(f"ptcluster: submitted Slurm job {job}; script and logs in {run_dir}/",
                    err=True)

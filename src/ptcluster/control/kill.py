@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ptcluster.cluster import ClusterSpec
 from ptcluster.control import registry as heads
-from ptcluster.control.protocol import ControlError, alive, ask
+from ptcluster.control.protocol import ControlError, alive, ask, kill_request
 from ptcluster.node import KILL
 from ptcluster.node.wire import Kind
 from ptcluster.remote.connect import transports
@@ -51,7 +51,7 @@ def stop_through_head(job_id: str, signame: str, by: dict[str, str],
         return HeadStop(None)
     if not entry.here:
         return HeadStop(entry, why_not=f"its head runs on {entry.host}")
-    request = {"cmd": "kill", "job_id": job_id, "signal": signame, "by": by}
+    request = kill_request(job_id, signame, by)
     try:
         answer = ask(entry.run_dir, request, timeout=ANSWER_TIMEOUT, owner=os.getuid())
     except ControlError as exc:

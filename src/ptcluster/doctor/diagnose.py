@@ -12,8 +12,9 @@ from ptcluster.doctor.collect import collect_facts
 from ptcluster.doctor.compute import compute_findings
 from ptcluster.doctor.node_report import NodeReport
 from ptcluster.doctor.slurm_checks import slurm_checks
-from ptcluster.launch.prepare import resolve_port, run_rank_program
-from ptcluster.launch.result import RunOptions
+from ptcluster.launch.api import run_rank_program
+from ptcluster.launch.options import RunOptions
+from ptcluster.launch.port import resolve_port
 from ptcluster.node import ALLREDUCE
 from ptcluster.remote.connect import transports
 

@@ -10,14 +10,15 @@ import secrets
 import shlex
 import socket
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
+from ptcluster.node import wire
 from ptcluster.node.rank_wire import SHIM_BOOT
 
 if TYPE_CHECKING:
-    from ptcluster.launch.result import RunOptions
+    from ptcluster.launch.options import RunOptions
 
 JOB_VAR = "PTCLUSTER_JOB_ID"
 ATTEMPT_VAR = "PTCLUSTER_ATTEMPT"
@@ -86,8 +87,9 @@ class NodePlan:
     def ranks(self) -> range:
         return range(self.rank_base, self.rank_base + self.nproc)
 
-    def guard_config(self, plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
-        """Everything the node's guard is told (plus the runner's timing knobs)."""
+    def guard_config(self, plan: LaunchPlan, opts: RunOptions) -> wire.GuardConfig:
+        """Everything the node's guard is told (plus the runner's timing knobs): its config
+        line, typed where both ends read it (``node.wire.GuardConfig``)."""
         target = {"script": self.target.script} if self.target.script else \
             {"module": self.target.module} if self.target.module else {}
         return {
@@ -179,6 +181,36 @@ def plan_launch(spec: ClusterSpec, target: Target, *, port: int, job_id: str, at
     return LaunchPlan(job_id=job_id, master_addr=spec.master.addr, master_port=port,
                       world_size=spec.world_size, backend=spec.backend, nodes=tuple(nodes),
                       attempt=attempt)
+
+
+def restart_port(first: int, attempt: int) -> int:
+    """The rendezvous port of restart ``attempt`` of a job that began on port ``first``: a
+    fresh one, so a fresh store (no key of the failed attempt is seen again: pytorch#135712),
+    counting down past 65535; :data:`AUTO_PORT` stays (the new master's guard takes one)."""
+    if first == AUTO_PORT:
+        return AUTO_PORT
+    port = first + attempt
+    return port if port <= 65535 else first - attempt
+
+
+def replan(spec: ClusterSpec, target: Target, *, job_id: str, attempt: int,
+           hosts: tuple[str, ...], addresses: dict[str, str], port: int,
+           max_restarts: int) -> LaunchPlan:
+    """The plan of restart ``attempt``: the same job over the nodes that remain (``hosts``;
+    ranks renumbered in file order) on ``port``, node rank 0 hosting the rendezvous. When the
+    master's node was dropped, the next node in the file takes over, at its ``host``; or, when
+    the cluster file gave the master an address of its own (a fabric address, while ``host`` is
+    how the head reaches it), at the address that node's guard reported on its interface
+    (``addresses``: the one it chose to reach the old master, the same network), or at its
+    host when it reported none (an interface list or prefix in the cluster file names no one
+    address)."""
+    nodes = tuple(n for n in spec.nodes if n.host in hosts)
+    master = spec.master
+    if nodes[0].host != spec.nodes[0].host:
+        own = spec.master.addr != spec.nodes[0].host and addresses.get(nodes[0].host)
+        master = replace(master, addr=own or nodes[0].host)
+    return plan_launch(replace(spec, nodes=nodes, master=master), target, port=port,
+                       job_id=job_id, attempt=attempt, max_restarts=max_restarts)
 
 
 def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:

@@ -1,27 +1,36 @@
-"""Where a run's output goes: every line to its log file, and to a console that may lag.
+"""A run directory: its layout (``RunDir``, every file named once) and its logs (``RunLogs``).
 
 ``RunLogs`` writes each rank's lines to ``rankN.log`` and each node's own lines (torchrun's
 agent, ssh, the head's notes about the node) to ``nodeI-HOST.log``, files readable by the owner
 only, a few times a second through a bounded pool of open files, and keeps the last lines of
 each rank for the summary; ``log_files_budget`` sizes that pool from the open-file limit.
-
-``ConsoleFeed`` decouples the terminal from the job: lines are queued for a writer thread; when
-the terminal cannot keep up (a paused pager, a flood of output) the queue stays bounded and
-lines are skipped with a count ("N lines not shown, see rank3.log") — the job never waits.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
-import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ptcluster.errors import PtclusterError
 
+if TYPE_CHECKING:  # (types only: the control socket's clients read names here, nothing more)
+    from ptcluster.launch.options import RunOptions
+    from ptcluster.launch.plan import LaunchPlan
+    from ptcluster.launch.result import RunResult
+
+DEFAULT_RUNS_DIR = "ptcluster-runs"
+"""Where run directories go unless ``--run-dir`` says otherwise (relative: the current one)."""
 LAST_LINES = 40
+
+
+class RunDirError(PtclusterError):
+    """The run directory cannot be created or written (checked before anything starts)."""
 
 
 class DescriptorLimitError(PtclusterError):
@@ -55,6 +64,94 @@ def log_files_budget(nodes: int) -> int:
             f"raise it: `ulimit -n {need}` (up to the hard limit, `ulimit -Hn`; above that, "
             f"as root: `nofile` in /etc/security/limits.conf, or LimitNOFILE= for a service)")
     return min(MAX_LOG_FILES, spare)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The layout of one run directory: the one place its files are named (as torch's
+    ``DefaultLogsSpecs`` owns its own), for the head that writes them and for the commands
+    that read them (``stacks``, ``kill``, ``monitor``, the console's hints)."""
+
+    path: Path
+
+    PLAN: ClassVar[str] = "plan.json"
+    """The first attempt's plan as shipped (``plan_json``); a restart's is ``plan.N.json``."""
+    SUMMARY: ClassVar[str] = "summary.json"
+    """The run's outcome (``RunResult.to_json``), written when the head ends."""
+    CONTROL_SOCKET: ClassVar[str] = "control.sock"
+    """Where a running head listens (``control.server``)."""
+    HANG_STACKS: ClassVar[str] = "hang-stacks"
+    """Every rank's stacks when the job was found hung (``.txt`` and ``.json``)."""
+
+    @staticmethod
+    def rank_log_name(rank: int) -> str:
+        return f"rank{rank}.log"
+
+    @staticmethod
+    def node_log_name(node_rank: int, host: str) -> str:
+        """A node's own lines: torchrun's agent, ssh, the head's notes about the node."""
+        return f"node{node_rank}-{host}.log"
+
+    @staticmethod
+    def stacks_stem(ident: int, clock: str) -> str:
+        """A report asked by ``ptcluster stacks`` (``clock``: HHMMSS) without its suffix."""
+        return f"stacks-{clock}-{ident}"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.path / self.rank_log_name(rank)
+
+    def plan_file(self, attempt: int = 0) -> Path:
+        return self.path / (self.PLAN if attempt == 0 else f"plan.{attempt}.json")
+
+    @property
+    def summary(self) -> Path:
+        return self.path / self.SUMMARY
+
+    @property
+    def control_socket(self) -> Path:
+        return self.path / self.CONTROL_SOCKET
+
+    def stacks_report(self, stem: str) -> tuple[Path, Path]:
+        """(text, JSON) of the stacks report ``stem`` (``HANG_STACKS`` or ``stacks_stem``)."""
+        return self.path / f"{stem}.txt", self.path / f"{stem}.json"
+
+    def create(self, plan: LaunchPlan, opts: RunOptions) -> None:
+        """The directory with the first plan in it, or :class:`RunDirError` (before anything
+        starts)."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.write_plan(plan, opts)
+        except OSError as exc:
+            raise RunDirError(f"cannot write the run directory {self.path}: "
+                              f"{exc.strerror or exc}",
+                              "pass --run-dir with a directory you can write to") from None
+
+    def write_plan(self, plan: LaunchPlan, opts: RunOptions) -> None:
+        """``plan_json`` of ``plan`` (an attempt's own file)."""
+        write_private(self.plan_file(plan.attempt),
+                      json.dumps(plan_json(plan, opts), indent=2))
+
+    def write_summary(self, result: RunResult) -> None:
+        write_private(self.summary, json.dumps(result.to_json(), indent=2))
+
+
+def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
+    """The plan as shipped: per node, the guard's whole config (configuration only: the code
+    travels in the guard's program)."""
+    data: dict[str, Any] = {k: v for k, v in asdict(plan).items() if k != "nodes"}
+    data["options"] = asdict(opts)
+    data["nodes"] = []
+    for node in plan.nodes:
+        cfg = node.guard_config(plan, opts)
+        data["nodes"].append({"host": node.host, "node_rank": node.node_rank,
+                              "ranks": [node.ranks.start, node.ranks.stop - 1],
+                              "python": node.python, "guard": cfg})
+    return data
+
+
+def run_dir_for(job_id: str, base: str | Path | None) -> Path:
+    """The run directory of job ``job_id`` under ``base`` (``--run-dir``) or the default."""
+    return Path(base or DEFAULT_RUNS_DIR) / job_id
 
 
 def write_private(path: Path, text: str) -> None:
@@ -117,12 +214,12 @@ class RunLogs:
         """Once per line of the job: a few lookups and two appends."""
         pending, tail = self._rank_pending.get(rank), self.tails.get(rank)
         if pending is None:
-            pending = self._rank_pending[rank] = self._lines(f"rank{rank}")
+            pending = self._rank_pending[rank] = self._lines(RunDir.rank_log_name(rank))
         if tail is None:  # (new for this attempt)
             tail = self.tails[rank] = deque(maxlen=LAST_LINES)
         tail.append(text)
         if not pending:
-            self._dirty.append(f"rank{rank}")
+            self._dirty.append(RunDir.rank_log_name(rank))
         pending.append(text)
 
     def node_line(self, node_rank: int, host: str, text: str) -> None:
@@ -130,7 +227,7 @@ class RunLogs:
         if tail is None:
             tail = self.node_tails[host] = deque(maxlen=LAST_LINES // 2)
         tail.append(text)
-        name = f"node{node_rank}-{host}"
+        name = RunDir.node_log_name(node_rank, host)
         pending = self._lines(name)
         if not pending:
             self._dirty.append(name)
@@ -182,7 +279,7 @@ class RunLogs:
         while len(self._open) >= self.max_open:
             self._drop(next(iter(self._open)))
         try:
-            fd = os.open(self.run_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+            fd = os.open(self.run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                          0o600)
         except OSError as exc:
             self._failed(name, exc)
@@ -209,88 +306,6 @@ class RunLogs:
 
     def _failed(self, name: str, exc: OSError) -> None:
         if name not in self.errors:
-            self.errors[name] = f"{name}.log: {exc.strerror or exc}"
+            self.errors[name] = f"{name}: {exc.strerror or exc}"
             self.on_error(f"cannot write {self.errors[name]}: its lines are missing from the log "
                           "(the console and the summary's last lines still have them)")
-
-
-class ConsoleFeed:
-    """A bounded, non-blocking path to the terminal, drained by its own thread.
-
-    ``write_out(text)`` gets the job's lines, ``write_err(text)`` the notes (status lines); both
-    may block or raise ``BrokenPipeError`` (then that stream is closed and what would go there
-    is only in the logs). Notes are never dropped; job lines are, beyond ``capacity``, counted
-    per source and replaced by one line that says how many and where they are. ``line`` takes
-    no lock on its common path (it runs once per line of the job).
-    """
-
-    def __init__(self, write_out: Callable[[str], None], write_err: Callable[[str], None],
-                 capacity: int = 20000) -> None:
-        self._writers = {"out": write_out, "err": write_err}
-        self.capacity = capacity
-        self._items: deque[tuple[str, str]] = deque()
-        self._wake = threading.Event()
-        self._lock = threading.Lock()
-        self._dropped: dict[str, int] = {}
-        self.dropped_total = 0
-        self.broken: set[str] = set()
-        self._closing = False
-        self._thread = threading.Thread(target=self._drain, name="console", daemon=True)
-        self._thread.start()
-
-    def line(self, text: str, source: str) -> None:
-        """A job line; ``source`` names where it is logged (for the "not shown" note)."""
-        if "out" in self.broken:
-            return
-        if len(self._items) >= self.capacity:
-            with self._lock:
-                self._dropped[source] = self._dropped.get(source, 0) + 1
-                self.dropped_total += 1
-        else:
-            self._items.append(("out", text))
-        if not self._wake.is_set():
-            self._wake.set()
-
-    def note(self, text: str) -> None:
-        self._items.append(("err", text))
-        self._wake.set()
-
-    def close(self, timeout: float) -> None:
-        """Let the writer finish what is queued, for at most ``timeout`` seconds."""
-        self._closing = True
-        self._wake.set()
-        self._thread.join(timeout)
-
-    def _drain(self) -> None:
-        while True:
-            if not self._closing:
-                self._wake.wait()
-            self._wake.clear()
-            batch: list[tuple[str, str]] = []
-            try:
-                while True:
-                    batch.append(self._items.popleft())
-            except IndexError:
-                pass
-            with self._lock:
-                dropped, self._dropped = self._dropped, {}
-            batch += [("out", f"ptcluster: {n} line(s) not shown (the console fell behind), "
-                              f"see {source}") for source, n in sorted(dropped.items())]
-            if batch:
-                self._write_batch(batch)
-            elif self._closing:
-                return
-
-    def _write_batch(self, batch: list[tuple[str, str]]) -> None:
-        start = 0
-        while start < len(batch):
-            stream = batch[start][0]
-            end = start
-            while end < len(batch) and batch[end][0] == stream:
-                end += 1
-            if stream not in self.broken:
-                try:
-                    self._writers[stream]("".join(text + "\n" for _, text in batch[start:end]))
-                except OSError:  # BrokenPipeError included: that stream is gone
-                    self.broken.add(stream)
-            start = end

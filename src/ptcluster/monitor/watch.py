@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec
-from ptcluster.control.protocol import ask, running_jobs
+from ptcluster.control.protocol import ask, running_jobs, straggler_request
 from ptcluster.errors import PtclusterError, who_what_fix
 from ptcluster.node import SAMPLER
 from ptcluster.node.wire import Kind, control, split
@@ -126,7 +126,7 @@ def job_straggler(runs: Path) -> dict[str, Any] | None:
     on its control socket: every rank's wait share, the straggler), None without one."""
     for run_dir in running_jobs(runs)[:1]:
         try:
-            answer = ask(run_dir, {"cmd": "straggler"}, timeout=5.0)
+            answer = ask(run_dir, straggler_request(), timeout=5.0)
         except (PtclusterError, OSError, ValueError):
             return None
         figures = answer.get("straggler") if answer.get("ok") else None

@@ -25,6 +25,14 @@ from pathlib import Path
 
 from ptcluster.errors import PtclusterError, UsageError
 
+SCRIPT_FILE = "job.sbatch"
+SLURM_LOG_FILE = "slurm-%j.out"
+"""Slurm's own log of the job (``%j``: its job id)."""
+JOB_ID_FILE = "job_id"
+"""The Slurm job id, written by ``ptcluster submit`` once it is known.
+
+These three are a submit directory's own files, beside the run directories its ``ptcluster run``
+makes in it (``launch.rundir.RunDir``)."""
 SIGNAL_LEAD = 120
 """Seconds of warning before the end: ``--signal=USR2@SIGNAL_LEAD``."""
 _TIME = re.compile(r"\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}")
@@ -98,7 +106,7 @@ def render_script(cfg: SubmitConfig) -> str:
         opts.append(("partition", cfg.partition, ""))
     opts += [
         ("chdir", str(cfg.workdir), ""),
-        ("output", str(cfg.run_dir / "slurm-%j.out"), "Slurm's log of the job, in the run dir"),
+        ("output", str(cfg.run_dir / SLURM_LOG_FILE), "Slurm's log of the job, in the run dir"),
         ("open-mode", "append", "a requeued run appends to the same log"),
         ("signal", f"USR2@{SIGNAL_LEAD}",
          f"every rank gets SIGUSR2 {SIGNAL_LEAD} s before the end: time to checkpoint"),
@@ -127,7 +135,7 @@ def _sbatch_opt(key: str, value: str | None) -> str:
 
 def write_script(cfg: SubmitConfig) -> Path:
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    path = cfg.run_dir / "job.sbatch"
+    path = cfg.run_dir / SCRIPT_FILE
     path.write_text(render_script(cfg))
     path.chmod(0o755)
     return path

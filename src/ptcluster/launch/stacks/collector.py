@@ -16,10 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptcluster.launch.rundir import write_private
+from ptcluster.launch.rundir import RunDir, write_private
 from ptcluster.launch.stacks.report import StackReport, build_report
 from ptcluster.launch.supervise import events as ev
 
+HANG = "hang"
+"""The purpose of the collection the supervisor asks for on a hang (``CollectStacks``): its
+report is ``RunDir.HANG_STACKS`` and goes to ``hang_reported``; any other purpose is a reason
+given by whoever asked (``ptcluster stacks``)."""
 STACKS_WAIT = 10.0
 """Seconds a collection waits for every node's answer (a guard needs <= 2.5 s, plus <= 6 s
 when it runs py-spy)."""
@@ -38,6 +42,7 @@ class _Collection:
 class StackCollector:
     def __init__(self, run_dir: Path, on_status: Callable[[str], None]) -> None:
         self.run_dir = run_dir
+        self._layout = RunDir(run_dir)
         self.on_status = on_status
         self.pending: dict[int, _Collection] = {}
         self._last = 0
@@ -53,7 +58,7 @@ class StackCollector:
             collection.waiters.append(waiter)
         self.pending[self._last] = collection
         for host in hosts:  # native frames (py-spy pauses each rank) only for a hang
-            send(host, {"id": self._last, "native": purpose == "hang"})
+            send(host, {"id": self._last, "native": purpose == HANG})
 
     def reply(self, e: ev.StacksReply) -> None:
         collection = self.pending.get(e.id) if e.id is not None else None
@@ -69,13 +74,13 @@ class StackCollector:
             del self.pending[ident]
             report = build_report(c.replies.items(), reason=c.reason, at=time.time(),
                                   missing=sorted(c.hosts - c.replies.keys()))
-            name = "hang-stacks" if c.purpose == "hang" else \
-                f"stacks-{time.strftime('%H%M%S')}-{ident}"
-            saved = self.run_dir / f"{name}.txt"
+            saved, as_json = self._layout.stacks_report(
+                RunDir.HANG_STACKS if c.purpose == HANG else
+                RunDir.stacks_stem(ident, time.strftime("%H%M%S")))
             data = report.to_json()
             try:
                 write_private(saved, "\n".join(report.lines()) + "\n")
-                write_private(self.run_dir / f"{name}.json", json.dumps(data, indent=2))
+                write_private(as_json, json.dumps(data, indent=2))
             except OSError as exc:
                 self.on_status(f"the stacks report could not be saved in {self.run_dir}: {exc}")
             for waiter in c.waiters:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, cast
 
+from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan
-from ptcluster.launch.result import Failure, NodeOutcome, RankRecord, RunOptions
+from ptcluster.launch.result import Failure, NodeOutcome, RankRecord
 from ptcluster.launch.supervise.actions import Action, Send, SignalChannel, Status
 from ptcluster.launch.supervise.hang import HangWatch
 from ptcluster.launch.supervise.straggler import StragglerWatch

@@ -1,0 +1,91 @@
+"""The runner's knobs: :class:`RunOptions`, the inputs of a run besides its plan.
+
+Pure data (the plan reads it for the guard's config, the supervisor for its timers); what a run
+produced is ``launch.result``. The guard's own timing defaults are written once, in
+``node.wire``, and taken from there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
+from ptcluster.node import wire
+
+BEATS_PER_SECOND = 512
+"""Heartbeats the head sends (and takes) a second in all, each way, once the cluster is large:
+each one costs it a write or a read and a decode (~50 us here), so 1024 nodes beating every
+second cost ~10 % of a core for liveness alone. Past ``BEATS_PER_SECOND`` nodes the interval
+grows with the cluster instead (torch elastic's rendezvous keeps alive every 5 s)."""
+OUTPUT_WRITES_PER_SECOND = BEATS_PER_SECOND
+"""Writes of output the head is sized to read a second from all nodes together, whatever the
+ranks print: each guard holds its ranks' lines ``nodes / OUTPUT_WRITES_PER_SECOND`` s and
+writes them at once (``node.outbox``; 16 ms on 8 nodes, 2 s on 1024), or with its next
+heartbeat, whichever comes first."""
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """Timing knobs of the runner (defaults suit real clusters and the testbed alike)."""
+
+    ready_timeout: float = 60.0
+    """Seconds for every node to connect and pass its checks before the launch is abandoned."""
+    node_silence: float = 20.0
+    """A node whose channel brings nothing (not even a heartbeat) for this long is lost."""
+    heartbeat_interval: float = wire.HEARTBEAT_EVERY
+    """Seconds between two heartbeats each way, head and guard, on clusters of up to
+    ``BEATS_PER_SECOND`` nodes (``heartbeat_for``: longer on larger ones)."""
+    guard_heartbeat_timeout: float = wire.HEARTBEAT_TIMEOUT
+    """A guard that hears nothing from the head for this long ends its part of the job."""
+    stop_grace: float = wire.STOP_GRACE
+    """Seconds a guard gives torchrun to end its workers after SIGTERM before SIGKILL."""
+    stop_deadline: float = 8.0
+    """After stop, seconds before the head signals the channel of a guard that has not ended
+    (SIGTERM; SIGKILL and giving up on the node 4 s later)."""
+    deadline: float | None = None
+    """Seconds after "go" before the whole job is ended as timed out (None: no limit)."""
+    hang_timeout: float | None = None
+    """Seconds without progress on every running rank before the job is called hung: every
+    rank's stacks are collected, the straggler named, and the job ended (None: never)."""
+    wait: float | None = None
+    """``run --wait``: when nodes refuse only because other jobs hold their GPUs or port, try
+    again every ``wait_poll`` s for at most this many seconds (inf: no limit; None: refuse)."""
+    wait_poll: float = 5.0
+    straggler_threshold: float = DEFAULT_THRESHOLD
+    """A rank (or node) whose busy share (1 - the share of time its main thread sleeps) is this
+    many times the other ranks' median, while they wait for it, is named the straggler
+    (``launch.straggler``)."""
+
+    def heartbeat_for(self, nodes: int) -> float:
+        """The heartbeat interval of a job on ``nodes`` nodes: ``heartbeat_interval``, or
+        longer where that would exceed ``BEATS_PER_SECOND`` (1024 nodes: 2 s), but not made
+        longer than a fifth of the time either side waits before it gives the other up."""
+        ceiling = min(self.guard_heartbeat_timeout, self.node_silence) / 5
+        return max(self.heartbeat_interval, min(nodes / BEATS_PER_SECOND, ceiling))
+
+    def output_hold_for(self, nodes: int) -> float:
+        """Seconds a guard of a job on ``nodes`` nodes may hold its ranks' output to write
+        it in one go (see ``OUTPUT_WRITES_PER_SECOND``), at most a heartbeat: past 512 nodes
+        the held output goes with the heartbeats, and output costs the head no read of its
+        own."""
+        return min(nodes / OUTPUT_WRITES_PER_SECOND, self.heartbeat_for(nodes))
+
+    def __post_init__(self) -> None:
+        for name in ("ready_timeout", "node_silence", "heartbeat_interval",
+                     "guard_heartbeat_timeout", "stop_grace", "stop_deadline"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"RunOptions.{name} must be > 0, got {getattr(self, name)}")
+        if self.hang_timeout is not None and self.hang_timeout <= 0:
+            raise ValueError(f"RunOptions.hang_timeout must be > 0 or None, got "
+                             f"{self.hang_timeout}")
+        if self.straggler_threshold <= 1.0:
+            raise ValueError(f"RunOptions.straggler_threshold must be > 1, got "
+                             f"{self.straggler_threshold}")
+        if self.deadline is not None and self.deadline <= 0:
+            raise ValueError(f"RunOptions.deadline must be > 0 or None, got {self.deadline}")
+        if self.stop_deadline <= self.stop_grace + 2.0:
+            raise ValueError("RunOptions.stop_deadline must exceed stop_grace by more than 2 s "
+                             "(the guard's own teardown must fit before its channel is cut)")
+        if self.guard_heartbeat_timeout <= 2 * self.heartbeat_interval:
+            raise ValueError("RunOptions.guard_heartbeat_timeout must exceed two heartbeat "
+                             "intervals")
