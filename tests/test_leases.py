@@ -20,7 +20,8 @@ import pytest
 from ptcluster.monitor.jobs import job_rows
 from ptcluster.node import leases, sampler
 from ptcluster.node.guard import gpus
-from ptcluster.node.guard.prechecks import GuardError, lease_master_port
+from ptcluster.node.guard.prechecks import lease_master_port
+from ptcluster.node.guard.refusal import GuardError
 
 
 @pytest.fixture

@@ -157,3 +157,14 @@ def test_the_fast_suite_refuses_a_test_that_starts_a_job() -> None:
     with pytest.raises(AssertionError, match="mark it @pytest.mark.slow"):
         subprocess.Popen(["ip", "netns", "add", "x"])
     subprocess.run(["true"], check=True)  # anything else runs
+
+
+def test_the_guard_reads_its_hands_under_the_name_the_packer_gives_them() -> None:
+    """The packer assigns a program's ``hands`` to ``bootstrap.HANDED`` in front of its source;
+    the guard's part that writes them out for the ranks reads that very name (no import can
+    carry it: the packed program is one namespace, and the node has no ptcluster)."""
+    readers = [m for m in GUARD.modules if HANDED in top_level_names(m)]
+    assert readers == ["ptcluster.node.guard.spawn"], readers
+    source = pack_source(GUARD)
+    assigned = source.index(f"\n{HANDED} = {{")
+    assert assigned < source.index(f'\n{HANDED}: dict[str, str] = globals().get("{HANDED}"')
