@@ -19,7 +19,8 @@ import socket
 import sys
 import time
 
-from ptcluster.node.leases import held_all, kill_note, write_record  # inlined
+from ptcluster.node.leases import RECORD_MODE, held_all, kill_note  # inlined
+from ptcluster.node.records import write_record  # inlined
 from ptcluster.node.wire import encode, hello  # inlined
 
 
@@ -32,7 +33,7 @@ def end_job(job_id: str, signame: str, by: dict) -> dict:
     record = guards[0]
     out = {"found": True, "pid": record["pid"], "user": record.get("user")}
     try:  # the note first: the guard reads it when the signal arrives
-        write_record(kill_note(job_id, uid=os.getuid()), {**by, "t": time.time()})
+        write_record(kill_note(job_id, uid=os.getuid()), {**by, "t": time.time()}, RECORD_MODE)
     except OSError as exc:
         out["note_error"] = str(exc)
     try:
