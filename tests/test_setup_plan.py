@@ -515,8 +515,8 @@ def test_venv_facts_read_without_a_second_interpreter_match_the_interpreters(
 ])
 def test_the_password_is_checked_once_with_ufws_rules(monkeypatch, answers, mode, rules,
                                                       calls) -> None:
+    from ptcluster.node import firewall, setup_facts
     from ptcluster.node import setup_agent as node
-    from ptcluster.node import setup_facts
 
     ran: list[list[str]] = []
     replies = iter(answers)
@@ -532,6 +532,7 @@ def test_the_password_is_checked_once_with_ufws_rules(monkeypatch, answers, mode
 
     for module in (node, setup_facts):  # (one namespace when packed)
         monkeypatch.setattr(module, "run", run)
+    for module in (node, firewall):
         monkeypatch.setattr(module, "ufw_enabled", lambda: True)
     monkeypatch.setattr(node.os, "geteuid", lambda: 1000)
     monkeypatch.setattr(node.shutil, "which", lambda name: f"/usr/bin/{name}")
@@ -553,3 +554,24 @@ def test_every_fact_section_a_step_asks_for_is_one_fact_of_the_table() -> None:
     assert setup_facts.sections(["pip", "wheels"]) == ["venv", "wheels"]
     assert "wheels" not in setup_facts.sections(None)  # hashing: only when asked by name
     assert setup_facts.sections(["all"]) == setup_facts.sections(None)
+
+
+def test_one_firewall_model_for_setup_and_the_doctor(monkeypatch) -> None:
+    """node/firewall.py: the manager, whether it is on and our rules (as root), and the rule
+    counts the doctor adds; without root the rules are None and said why."""
+    from ptcluster.node import firewall
+
+    def run(argv: list[str]) -> tuple[int, str]:
+        return {"nft": (0, "table inet f {\n chain input {\n  tcp dport 29500 drop\n"
+                           "  ip saddr 10.0.0.2 accept\n }\n}\n"),
+                "iptables": (0, "-P INPUT ACCEPT\n-A INPUT -j DROP\n"),
+                "firewall-cmd": (0, "running\n")}[argv[0]]
+
+    monkeypatch.setattr(firewall.shutil, "which", lambda name: f"/usr/bin/{name}"
+                        if name == "firewall-cmd" else None)
+    monkeypatch.setattr(firewall.os.path, "exists", lambda path: False)
+    assert firewall.firewall_state(run, None) == {"kind": "firewalld", "active": True,
+                                                  "rules": None}
+    root = firewall.firewall_state(run, lambda argv: (0, "10.0.0.2 10.0.0.3\n"))
+    assert root["rules"] == ["10.0.0.2", "10.0.0.3"]
+    assert firewall.rule_counts(run) == {"nft_rules": 2, "nft_drop": 1, "iptables_rules": 1}

@@ -55,13 +55,14 @@ GUARD = Program("guard", _G + "agent", NODE,
                  _G + "prechecks", _G + "spawn"),
                 hands=(SHIM, STACK_PROBE))
 """Run's node agent: owns one node's part of a job."""
-FACTS = Program("facts", _N + "doctor_facts", NODE, (WIRE, NETIF, _N + "accel"))
+FACTS = Program("facts", _N + "doctor_facts", NODE,
+                (WIRE, NETIF, _N + "accel", _N + "firewall"))
 """The doctor's node program: the node's facts, then its port and peer tests."""
 SAMPLER = Program("sampler", _N + "sampler", NODE, (WIRE, _N + "records", _N + "leases"))
 """The monitor's node program: one sample per interval."""
 SETUP_AGENT = Program("setup", _N + "setup_agent", NODE,
                       (WIRE, NETIF, _N + "records", _N + "leases", _N + "accel",
-                       _N + "setup_facts"))
+                       _N + "firewall", _N + "setup_facts"))
 """Setup's node program: facts, then the commands the head asks for."""
 KILL = Program("kill", _N + "kill", NODE, (WIRE, _N + "records", _N + "leases"))
 """``ptcluster kill``'s node program: signals one job's guard (found by its lease)."""

@@ -27,15 +27,14 @@ import sys
 import threading
 from typing import Any
 
+from ptcluster.node.firewall import UFW_ADDED, ufw_enabled  # inlined
 from ptcluster.node.setup_facts import (  # inlined
     COMMANDS,
     NO_ROOT,
     SECTIONS,
-    UFW_ADDED,
     login_name,
     run,
     sections,
-    ufw_enabled,
 )
 from ptcluster.node.wire import Kind, control, encode, hello, split  # inlined
 

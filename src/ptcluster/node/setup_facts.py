@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ptcluster.node.accel import gpus, pci_gpu_count  # inlined
+from ptcluster.node.firewall import firewall_state  # inlined
 from ptcluster.node.leases import LEASE_DIR  # inlined
 from ptcluster.node.netif import route_interface  # inlined
 
@@ -127,7 +128,15 @@ def os_fact(host: FactHost) -> dict[str, Any]:
 
 
 def firewall_fact(host: FactHost) -> dict[str, Any]:
-    return {"firewall": firewall(host, host.sudo_mode in ("root", "nopasswd", "password"))}
+    def as_root(argv: list[str]) -> tuple[int, str]:
+        if tuple(argv) in host.ran:  # sudo's check of the password ran it (setup_agent.sudo)
+            return host.ran.pop(tuple(argv))
+        root_argv, data = host.root_argv(argv, None)
+        code, out = run(root_argv, stdin=data)
+        return code, host.scrub(out)
+
+    root_ok = host.sudo_mode in ("root", "nopasswd", "password")
+    return {"firewall": firewall_state(run, as_root if root_ok else None)}
 
 
 def wheels_fact(host: FactHost) -> dict[str, Any]:
@@ -183,47 +192,6 @@ def sections(only: list[str] | None) -> list[str]:
     every = "all" in want
     return [name for name in SECTIONS
             if name in want or (every and name not in BY_NAME)]
-
-
-def firewall(host: FactHost, root_ok: bool) -> dict[str, Any]:
-    """ufw (or firewalld): installed, active, and our rules (``ufw show added``)."""
-    if ufw_installed():
-        enabled = ufw_enabled()
-        if not root_ok:
-            return {"kind": "ufw", "active": enabled, "rules": None,
-                    "why": "reading ufw's rules needs root"}
-        if not enabled:
-            return {"kind": "ufw", "active": False, "rules": []}
-        argv, data = host.root_argv(list(UFW_ADDED), None)
-        code, added = host.ran.pop(UFW_ADDED) if UFW_ADDED in host.ran else run(
-            argv, stdin=data)
-        rules = [line.strip() for line in added.splitlines() if line.startswith("ufw ")]
-        return {"kind": "ufw", "active": enabled, "rules": rules if code == 0 else None,
-                "why": "" if code == 0 else host.scrub(added.strip())[-200:]}
-    if shutil.which("firewall-cmd"):
-        code, out = run(["firewall-cmd", "--state"])
-        active = code == 0 and "running" in out
-        sources: list[str] | None = None
-        if active and root_ok:
-            argv, data = host.root_argv(
-                ["firewall-cmd", "--zone=trusted", "--list-sources"], None)
-            _, listed = run(argv, stdin=data)
-            sources = listed.split()
-        return {"kind": "firewalld", "active": active, "rules": sources}
-    return {"kind": None, "active": False, "rules": []}
-
-
-UFW_ADDED = ("ufw", "show", "added")
-"""ufw's rules as its own command syntax: one call (ufw is slow to start)."""
-
-
-def ufw_installed() -> bool:
-    return bool(shutil.which("ufw")) or os.path.exists("/usr/sbin/ufw")
-
-
-def ufw_enabled() -> bool:
-    conf = _read("/etc/ufw/ufw.conf") or ""
-    return ufw_installed() and bool(re.search(r"^\s*ENABLED\s*=\s*yes", conf, re.M))
 
 
 def login_name() -> str:
