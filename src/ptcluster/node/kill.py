@@ -21,7 +21,7 @@ import time
 
 from ptcluster.node.leases import RECORD_MODE, held_all, kill_note  # inlined
 from ptcluster.node.records import write_record  # inlined
-from ptcluster.node.wire import encode, hello  # inlined
+from ptcluster.node.wire import Kind, encode, hello  # inlined
 
 
 def end_job(job_id: str, signame: str, by: dict) -> dict:
@@ -59,7 +59,7 @@ def main() -> int:
     sys.stdout.buffer.write(hello("kill"))
     result = end_job(str(cfg["job_id"]), str(cfg.get("signal") or "TERM"),
                      dict(cfg.get("by") or {}))
-    sys.stdout.buffer.write(encode("result", result))
+    sys.stdout.buffer.write(encode(Kind.RESULT, result))
     sys.stdout.flush()
     return 0
 
