@@ -87,7 +87,7 @@ class HeadLink:
             self.stop.request("the head's channel is closed")
 
     def write(self, data: bytes) -> None:
-        """A control frame: at once (with the output held before it, ``node.outbox``)."""
+        """A control frame: at once (with the output held before it, ``guard.outbox``)."""
         self.out.now(data)
 
     def send(self, kind: str, payload: object = None) -> None:

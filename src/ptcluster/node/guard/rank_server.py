@@ -47,7 +47,7 @@ class RankServer:
     every other record is passed to the head as its ``wire.RANK_FRAMES`` frame. A rank's
     ``rexit`` waits until every declared output stream has come and gone (or ``EXIT_WAIT``), so
     the head has a rank's last lines, its traceback included, before it learns that it ended.
-    Output goes to ``out`` to be held (``node.outbox``: many ranks' lines in one write), records
+    Output goes to ``out`` to be held (``guard.outbox``: many ranks' lines in one write), records
     at once; this thread writes the held output when its hold is up.
     """
 
