@@ -22,7 +22,7 @@ from straggler_threshold import run_job
 
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
-from ptcluster.node.guard.schedstat import BusyMeter  # noqa: E402
+from ptcluster.node.guard.schedstat import SchedstatMeter  # noqa: E402
 from ptcluster.node.wire import Kind, encode  # noqa: E402
 from tests.support.testbed import Testbed  # noqa: E402
 
@@ -30,7 +30,7 @@ from tests.support.testbed import Testbed  # noqa: E402
 def guard_work(ranks: int = 8, n: int = 2000) -> float:
     """Microseconds of the guard's work for one timing frame of ``ranks`` ranks (this process
     stands in for each: the same /proc reads), the frame encoded."""
-    meter, pid = BusyMeter(), os.getpid()
+    meter, pid = SchedstatMeter(), os.getpid()
     pids = dict.fromkeys(range(ranks), pid)
     meter.sample(pids, {}, time.monotonic())
     t0 = time.perf_counter()

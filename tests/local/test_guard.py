@@ -226,3 +226,54 @@ def test_the_guard_beats_as_often_as_its_config_says(tmp_path, every) -> None:
     assert len(gaps) >= 4, beats
     gaps.sort()  # (the median: a loaded machine may delay a beat or two)
     assert 0.75 * every <= gaps[len(gaps) // 2] <= 1.4 * every, gaps
+
+
+# -- the guard's pure parts ----------------------------------------------------------------------
+def test_the_ranks_env_is_the_plan_with_the_leased_gpus_and_no_srun_task_identity(
+        monkeypatch, tmp_path) -> None:
+    from ptcluster.node.guard import spawn
+
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
+    cfg = {"env": {"OMP_NUM_THREADS": "1"}, "env_defaults": {"OMP_NUM_THREADS": "4", "X": "y"}}
+    facts = {"gpus": {"indices": [2, 3], "visible": "2,3"}, "interface": "eth1"}
+    env = spawn.rank_env(cfg, facts, str(tmp_path), "/s.sock")
+    assert "SLURM_PROCID" not in env and env["SLURM_JOB_ID"] == "77"  # the job's stay
+    assert env["OMP_NUM_THREADS"] == "1" and env["X"] == "y"  # the plan, then its defaults
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert env["NCCL_SOCKET_IFNAME"] == "ib0" and env["GLOO_SOCKET_IFNAME"] == "eth1"
+    assert env["PET_LOG_DIR"] == str(tmp_path) and env[spawn.SHIM_VAR].startswith(str(tmp_path))
+    assert env[spawn.SOCK_VAR] == "/s.sock"
+    argv = ["torchrun", "--master-port", "29500", "t.py"]
+    spawn.use_port(argv, 29517)
+    assert argv == ["torchrun", "--master-port", "29517", "t.py"]
+
+
+def test_the_first_stop_request_is_the_one_told() -> None:
+    import signal as sig
+
+    from ptcluster.node.guard.link import StopRequest
+
+    stop = StopRequest()
+    assert not stop.is_set()
+    stop.request("the guard got SIGTERM", signum=sig.SIGTERM)
+    stop.request("stopped by the head", by_head=True)
+    assert stop.is_set() and stop.reason == "the guard got SIGTERM"
+    assert stop.signal == "SIGTERM" and not stop.by_head
+
+
+def test_gpus_asked_for_are_checked_and_a_refusal_names_who_holds_them() -> None:
+    from ptcluster.node.guard import gpus
+    from ptcluster.node.guard.refusal import GuardError
+
+    assert gpus._candidates("auto", 2, 4) == ([0, 1, 2, 3], 2)
+    assert gpus._candidates([3, 1], 8, 4) == ([3, 1], 2)
+    with pytest.raises(GuardError, match="names GPU 5-6, which this node does not have"):
+        gpus._candidates([0, 5, 6], 3, 4)
+    refusal = gpus._refusal(2, 1, {"job J (alice)": [0, 1]}, {"alice"}, 4)
+    assert refusal.busy and refusal.problem == \
+        "2 GPU(s) asked for, 1 free: GPUs 0-1 are in use by job J (alice)"
+    assert refusal.fix == "wait for them (run --wait), choose other GPUs (gpus: [2, 3]), " \
+                          "or ask alice"

@@ -20,7 +20,8 @@ import pytest
 from ptcluster.monitor.jobs import job_rows
 from ptcluster.node import leases, sampler
 from ptcluster.node.guard import gpus
-from ptcluster.node.guard.prechecks import GuardError, lease_master_port
+from ptcluster.node.guard.prechecks import lease_master_port
+from ptcluster.node.guard.refusal import GuardError
 
 
 @pytest.fixture
@@ -405,3 +406,30 @@ def test_a_holder_with_umask_077_still_leaves_its_lease_readable_by_everyone(lea
         assert sorted(modes.values()) == ["0o444", "0o644"], modes
     finally:
         lease.release()
+
+
+def test_records_are_written_whole_and_read_only_from_regular_files(tmp_path) -> None:
+    """The one record directory code (leases, the heads' registry): a planted link is replaced,
+    never followed; a planted FIFO is not waited on; the mode holds whatever the umask."""
+    from ptcluster.node import records
+
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    (tmp_path / "r.json").symlink_to(target)
+    old = os.umask(0o077)
+    try:
+        records.write_record(str(tmp_path / "r.json"), {"pid": os.getpid()}, 0o644)
+    finally:
+        os.umask(old)
+    assert target.read_text() == "keep" and not (tmp_path / "r.json").is_symlink()
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
+    assert records.read_record(str(tmp_path / "r.json")) == ({"pid": os.getpid()}, os.getuid())
+    (tmp_path / "link.json").symlink_to(tmp_path / "r.json")
+    os.mkfifo(tmp_path / "fifo.json")
+    assert records.read_record(str(tmp_path / "link.json")) is None
+    assert records.read_record(str(tmp_path / "fifo.json")) is None  # (returns at once)
+    assert records.alive(os.getpid()) and not records.alive(2 ** 22 + 12345)
+    assert not records.alive("1") and not records.alive(0)
+    records.unlink(str(tmp_path / "r.json"))
+    records.unlink(str(tmp_path / "r.json"))  # gone already: fine
+    assert not (tmp_path / "r.json").exists()

@@ -455,24 +455,22 @@ def test_setup_node_program_starts_nothing_once_stopped() -> None:
     """After the head's stop (or EOF) no command starts, and one started in that moment ends."""
     import time
 
-    from ptcluster.node import setup_agent as node
+    from ptcluster.node.setup_facts import Commands
 
-    assert node.run(["true"]) == (0, "")
-    node.STOPPING.set()
-    try:
-        t0 = time.monotonic()
-        code, out = node.run(["sleep", "30"])
-        assert code == 130 and "not started" in out
-        assert time.monotonic() - t0 < 5 and not node.RUNNING
-    finally:
-        node.STOPPING.clear()
+    commands = Commands()
+    assert commands.run(["true"]) == (0, "")
+    commands.stop()
+    t0 = time.monotonic()
+    code, out = commands.run(["sleep", "30"])
+    assert code == 130 and "not started" in out
+    assert time.monotonic() - t0 < 5 and not commands.running
 
 
 def test_venv_facts_read_without_a_second_interpreter_match_the_interpreters(
         tmp_path: Path) -> None:
     """A venv of the very Python that runs the setup program is read from its files (no second
     interpreter start, ~60 ms of a node's CPU), and says what its own interpreter would."""
-    from ptcluster.node import setup_agent as node
+    from ptcluster.node import setup_facts as node
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
@@ -517,6 +515,7 @@ def test_venv_facts_read_without_a_second_interpreter_match_the_interpreters(
 ])
 def test_the_password_is_checked_once_with_ufws_rules(monkeypatch, answers, mode, rules,
                                                       calls) -> None:
+    from ptcluster.node import firewall, setup_facts
     from ptcluster.node import setup_agent as node
 
     ran: list[list[str]] = []
@@ -531,13 +530,48 @@ def test_the_password_is_checked_once_with_ufws_rules(monkeypatch, answers, mode
         ran.append(argv[6:])
         return next(replies)
 
-    monkeypatch.setattr(node, "run", run)
+    for module in (node, setup_facts):  # (one namespace when packed)
+        monkeypatch.setattr(module, "run", run)
+    for module in (node, firewall):
+        monkeypatch.setattr(module, "ufw_enabled", lambda: True)
     monkeypatch.setattr(node.os, "geteuid", lambda: 1000)
     monkeypatch.setattr(node.shutil, "which", lambda name: f"/usr/bin/{name}")
-    monkeypatch.setattr(node, "_ufw_enabled", lambda: True)
     agent = node.Node({})
     agent.password = "pw"
     facts = agent.facts(["firewall"])
     assert facts["sudo"]["mode"] == mode and facts["firewall"]["rules"] == rules
     assert len(ran) == calls and ran[0] == list(node.UFW_ADDED), ran
     assert not agent.ran
+
+
+def test_every_fact_section_a_step_asks_for_is_one_fact_of_the_table() -> None:
+    """The node's fact functions are keyed by the names the steps use (pyinfra's facts): a step
+    that asks for a section the node does not know would re-check nothing before it acts."""
+    from ptcluster.node import setup_facts
+
+    asked = {s for d in P.STEP_DEFS for s in d.sections}
+    assert asked <= set(setup_facts.SECTIONS), asked - set(setup_facts.SECTIONS)
+    assert setup_facts.sections(["pip", "wheels"]) == ["venv", "wheels"]
+    assert "wheels" not in setup_facts.sections(None)  # hashing: only when asked by name
+    assert setup_facts.sections(["all"]) == setup_facts.sections(None)
+
+
+def test_one_firewall_model_for_setup_and_the_doctor(monkeypatch) -> None:
+    """node/firewall.py: the manager, whether it is on and our rules (as root), and the rule
+    counts the doctor adds; without root the rules are None and said why."""
+    from ptcluster.node import firewall
+
+    def run(argv: list[str]) -> tuple[int, str]:
+        return {"nft": (0, "table inet f {\n chain input {\n  tcp dport 29500 drop\n"
+                           "  ip saddr 10.0.0.2 accept\n }\n}\n"),
+                "iptables": (0, "-P INPUT ACCEPT\n-A INPUT -j DROP\n"),
+                "firewall-cmd": (0, "running\n")}[argv[0]]
+
+    monkeypatch.setattr(firewall.shutil, "which", lambda name: f"/usr/bin/{name}"
+                        if name == "firewall-cmd" else None)
+    monkeypatch.setattr(firewall.os.path, "exists", lambda path: False)
+    assert firewall.firewall_state(run, None) == {"kind": "firewalld", "active": True,
+                                                  "rules": None}
+    root = firewall.firewall_state(run, lambda argv: (0, "10.0.0.2 10.0.0.3\n"))
+    assert root["rules"] == ["10.0.0.2", "10.0.0.3"]
+    assert firewall.rule_counts(run) == {"nft_rules": 2, "nft_drop": 1, "iptables_rules": 1}

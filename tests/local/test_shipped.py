@@ -157,3 +157,55 @@ def test_the_fast_suite_refuses_a_test_that_starts_a_job() -> None:
     with pytest.raises(AssertionError, match="mark it @pytest.mark.slow"):
         subprocess.Popen(["ip", "netns", "add", "x"])
     subprocess.run(["true"], check=True)  # anything else runs
+
+
+def test_the_guard_reads_its_hands_under_the_name_the_packer_gives_them() -> None:
+    """The packer assigns a program's ``hands`` to ``bootstrap.HANDED`` in front of its source;
+    the guard's part that writes them out for the ranks reads that very name (no import can
+    carry it: the packed program is one namespace, and the node has no ptcluster)."""
+    readers = [m for m in GUARD.modules if HANDED in top_level_names(m)]
+    assert readers == ["ptcluster.node.guard.spawn"], readers
+    source = pack_source(GUARD)
+    assigned = source.index(f"\n{HANDED} = {{")
+    assert assigned < source.index(f'\n{HANDED}: dict[str, str] = globals().get("{HANDED}"')
+
+
+FRAME_KINDS = {v for k, v in vars(wire.Kind).items() if k.isupper() and isinstance(v, str)}
+SENDERS = {"encode", "encode_text", "send", "ask"}
+"""Calls whose first argument is a frame kind."""
+
+
+def bare_frame_kinds(source: str) -> list[tuple[int, str]]:
+    """(line, literal) of every frame kind written as a bare string where a frame is sent or its
+    kind compared (``kind == "hb"``, ``kind in ("facts", "run")``, ``encode("ready", ...)``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        texts: list[ast.expr] = []
+        if isinstance(node, ast.Call) and node.args:
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else \
+                getattr(node.func, "id", "")
+            if name in SENDERS:
+                texts = [node.args[0]]
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Name) and s.id == "kind" or
+                   isinstance(s, ast.Attribute) and s.attr == "kind" for s in sides):
+                texts = [e for s in sides for e in (s.elts if isinstance(s, (ast.Tuple, ast.Set))
+                                                    else [s])]
+        found += [(t.lineno, t.value) for t in texts
+                  if isinstance(t, ast.Constant) and t.value in FRAME_KINDS]
+    return found
+
+
+@pytest.mark.parametrize("folder", ["node", "setup"])
+def test_no_frame_kind_is_a_bare_literal_outside_wire(folder: str) -> None:
+    """Every frame kind is spelled once, in ``node.wire.Kind``; both ends use the constant."""
+    root = Path(ptcluster.node.__file__).parent.parent / folder
+    bad = {f"{p.relative_to(root.parent)}:{line}": text for p in sorted(root.rglob("*.py"))
+           if p.name != "wire.py" for line, text in bare_frame_kinds(p.read_text())}
+    assert not bad, bad
+
+
+def test_the_bare_frame_kind_check_finds_one() -> None:
+    assert bare_frame_kinds('if kind in ("facts", "x"):\n    send("hb")\nencode(Kind.HB)\n'
+                            'hello("facts")\n') == [(1, "facts"), (2, "hb")]

@@ -20,7 +20,7 @@ from ptcluster.launch.supervise.straggler import (
     find_straggler,
 )
 from ptcluster.node import wire
-from ptcluster.node.guard.schedstat import BusyMeter, main_thread_schedstat
+from ptcluster.node.guard.schedstat import SchedstatMeter, main_thread_schedstat
 
 HOSTS = {0: "n0", 1: "n1", 2: "n2"}
 
@@ -208,7 +208,7 @@ def test_busy_meter_reads_a_sleeping_and_a_spinning_thread() -> None:
     share, one that spins a low one (here: this test's own process, its main thread busy)."""
     assert main_thread_schedstat(os.getpid()) is not None
     assert main_thread_schedstat(2 ** 22 + 12345) is None
-    meter = BusyMeter()
+    meter = SchedstatMeter()
     pid = os.getpid()
     assert meter.sample({0: pid}, {0: 10}, time.monotonic()) == {}
     t0 = time.monotonic()

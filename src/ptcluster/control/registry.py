@@ -13,8 +13,9 @@ Why it is safe: the directory is the user's own and nobody else's to write (owne
 0700, checked on every open: anything else is refused and ``kill`` goes through the guards); its
 two last parts are opened without following symlinks, and each entry is opened ``O_NOFOLLOW``,
 must be a regular file of this user's, is written under a new name (``O_EXCL``, 0600) and renamed
-over. Root reads root's own registry only: root ends another user's job through the guards
-(a socket path another user chose is never connected to as root).
+over (``node.records``: the records the node's leases keep too). Root reads root's own registry
+only: root ends another user's job through the guards (a socket path another user chose is never
+connected to as root).
 
 An entry outlives a head killed by SIGKILL: ``kill`` takes a dead socket for "not here" (and
 removes the entry), and a new head removes the entries of this machine's dead heads.
@@ -23,7 +24,6 @@ removes the entry), and a new head removes the entries of this machine's dead he
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import socket
@@ -31,6 +31,8 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from ptcluster.node.records import alive, read_record, unlink, write_record
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SUFFIX = ".json"
@@ -75,16 +77,8 @@ def register(job_id: str, run_dir: Path) -> None:
     fd = _open_dir(create=True)
     try:
         _forget_dead(fd)
-        tmp = f".{job_id}.{os.getpid()}.tmp"
-        wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      0o600, dir_fd=fd)
-        try:
-            with os.fdopen(wfd, "w") as f:
-                json.dump(record, f)
-            os.rename(tmp, job_id + _SUFFIX, src_dir_fd=fd, dst_dir_fd=fd)
-        except OSError:
-            _unlink(fd, tmp)
-            raise
+        write_record(job_id + _SUFFIX, record, 0o600, dir_fd=fd,
+                     tmp=f".{job_id}.{os.getpid()}.tmp")
     finally:
         os.close(fd)
 
@@ -122,7 +116,7 @@ def _remove(job_id: str, which: Callable[[HeadEntry], bool]) -> None:
     try:
         entry = _read(fd, job_id + _SUFFIX)
         if entry is not None and which(entry):
-            _unlink(fd, job_id + _SUFFIX)
+            unlink(job_id + _SUFFIX, fd)
     finally:
         os.close(fd)
 
@@ -165,25 +159,19 @@ def unsafe(st: os.stat_result) -> str:
 
 
 def _read(fd: int, name: str) -> HeadEntry | None:
-    try:
-        efd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                      dir_fd=fd)
-    except OSError:
+    got = read_record(name, dir_fd=fd, limit=65536)
+    if got is None or got[1] != os.getuid():
+        return None
+    record = got[0]
+    if not isinstance(record, dict):
         return None
     try:
-        st = os.fstat(efd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-            return None
-        with os.fdopen(os.dup(efd), "rb") as f:
-            record = json.loads(f.read(65536))
         entry = HeadEntry(job_id=str(record["job_id"]), run_dir=Path(record["run_dir"]),
                           host=str(record["host"]), pid=int(record["pid"]))
-        ok = entry.pid > 0 and entry.run_dir.is_absolute() and name == entry.job_id + _SUFFIX
-        return entry if ok else None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
-    finally:
-        os.close(efd)
+    ok = entry.pid > 0 and entry.run_dir.is_absolute() and name == entry.job_id + _SUFFIX
+    return entry if ok else None
 
 
 def _forget_dead(fd: int) -> None:
@@ -192,22 +180,5 @@ def _forget_dead(fd: int) -> None:
         if not name.endswith(_SUFFIX) or name.startswith("."):
             continue
         entry = _read(fd, name)
-        if entry is not None and entry.here and not _alive(entry.pid):
-            _unlink(fd, name)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _unlink(fd: int, name: str) -> None:
-    try:
-        os.unlink(name, dir_fd=fd)
-    except OSError:
-        pass
+        if entry is not None and entry.here and not alive(entry.pid):
+            unlink(name, fd)

@@ -202,6 +202,23 @@ def kernel_driver_version() -> str | None:
     return None
 
 
+def pci_gpu_count(base: str = "/sys/bus/pci/devices") -> int:
+    """NVIDIA display controllers on the PCI bus: GPUs that are there with or without a driver
+    (setup's driver step looks for those the driver does not show)."""
+    count = 0
+    for dev in os.listdir(base) if os.path.isdir(base) else []:
+        try:
+            with open(os.path.join(base, dev, "vendor")) as f:
+                vendor = f.read().strip()
+            with open(os.path.join(base, dev, "class")) as f:
+                klass = f.read().strip()
+        except OSError:
+            continue
+        if vendor == "0x10de" and klass.startswith("0x03"):
+            count += 1
+    return count
+
+
 def gpus() -> dict[str, Any]:
     """NVML through ctypes; nvidia-smi when the library cannot be loaded; the kernel module's
     version for the driver when neither says it."""

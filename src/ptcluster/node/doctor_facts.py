@@ -31,8 +31,9 @@ import time
 from typing import Any
 
 from ptcluster.node.accel import gpus, sh, torch_facts  # inlined
-from ptcluster.node.netif import AUTO_PORTS, route_interface  # inlined
-from ptcluster.node.wire import control, encode, hello, split  # inlined
+from ptcluster.node.firewall import firewall_state, rule_counts  # inlined
+from ptcluster.node.netif import AUTO_PORTS, interfaces, route_dev, route_interface  # inlined
+from ptcluster.node.wire import Kind, control, encode, hello, split  # inlined
 
 
 def resolve(name: str) -> list[str]:
@@ -48,57 +49,14 @@ def resolve(name: str) -> list[str]:
     return out
 
 
-def parse_ip_addr(text: str) -> list[dict[str, Any]]:
-    """``ip -j addr show`` -> [{name, up, ipv4: ["addr/len"]}]; raises on unexpected output."""
-    links = json.loads(text)
-    if not isinstance(links, list):
-        raise ValueError(f"expected a JSON list, got {type(links).__name__}")
-    return [{
-        "name": str(link["ifname"]),
-        "up": "UP" in link.get("flags", []) and link.get("operstate") != "DOWN",
-        "ipv4": [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
-                 if a.get("family") == "inet"],
-    } for link in links]
-
-
-def interfaces() -> tuple[list[dict[str, Any]], str | None]:
-    """(interfaces, None), or ([], why they could not be listed)."""
-    code, out = sh("ip", "-j", "addr", "show")
-    if code != 0:
-        return [], f"`ip -j addr show` failed: {out or f'exit status {code}'}"
-    try:
-        return parse_ip_addr(out), None
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        return [], f"`ip -j addr show` output does not parse ({type(exc).__name__}: {exc})"
-
-
-def route_dev(addr: str) -> str | None:
-    code, out = sh("ip", "-o", "route", "get", addr)
-    words = out.split()
-    if code != 0 or "dev" not in words:
-        return None
-    return words[words.index("dev") + 1]
-
-
 def firewall() -> dict[str, Any]:
-    info: dict[str, Any] = {}
-    code, out = sh("nft", "list", "ruleset")
-    if code == 0:
-        info["nft_rules"] = sum(1 for line in out.splitlines()
-                                if line.strip() and not line.strip().startswith(
-                                    ("table", "chain", "type", "}", "policy")))
-        info["nft_drop"] = sum(1 for line in out.splitlines() if " drop" in line
-                               or "reject" in line)
-    code, out = sh("iptables", "-S")
-    if code == 0:
-        info["iptables_rules"] = sum(1 for line in out.splitlines() if line.startswith("-A"))
-    code, out = sh("ufw", "status")
-    if code == 0:
-        info["ufw"] = out.splitlines()[0] if out else ""
-    return info
+    """The firewall's model (``node.firewall``: setup's, read as root only when this is root)
+    and the rule counts of nftables and iptables."""
+    def run(argv: list[str]) -> tuple[int, str]:
+        return sh(*argv)
 
+    return {**firewall_state(run, run if os.geteuid() == 0 else None), **rule_counts(run)}
 
-# -- GPUs and the NVIDIA driver ------------------------------------------------------------------
 
 def collect(cfg: dict[str, Any]) -> dict[str, Any]:
     workdir = os.path.expanduser(cfg["workdir"])  # `~` is the node's home, as for the guard
@@ -118,12 +76,13 @@ def collect(cfg: dict[str, Any]) -> dict[str, Any]:
     for peer in cfg.get("peers", []):
         addrs = resolve(peer)
         facts["peers"][peer] = {"addrs": addrs,
-                                "route_dev": route_dev(addrs[0]) if addrs else None}
+                                "route_dev": route_dev(addrs[0])[0] or None if addrs else None}
     master = cfg.get("master_addr")
     if master:
         addrs = resolve(master)
         iface, why = route_interface(master)  # the guard's own rule (node/netif.py)
-        facts["master"] = {"addrs": addrs, "route_dev": route_dev(addrs[0]) if addrs else None,
+        facts["master"] = {"addrs": addrs,
+                           "route_dev": route_dev(addrs[0])[0] or None if addrs else None,
                            "interface": iface, "interface_error": why}
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
@@ -228,14 +187,14 @@ def main() -> int:
     except OSError as exc:
         listening["ephemeral_error"] = str(exc)
     facts["listening"] = listening
-    emit(encode("ready", facts))
+    emit(encode(Kind.READY, facts))
     for line in sys.stdin:
         kind, payload = split(line.strip())
-        if kind == "connect":
+        if kind == Kind.CONNECT:
             request = control(payload)
-            emit(encode("connect", {"results": connect_all(request.get("targets", []),
+            emit(encode(Kind.CONNECT, {"results": connect_all(request.get("targets", []),
                                                            float(request.get("timeout", 2.0)))}))
-        elif kind != "hb":
+        elif kind != Kind.HB:
             break  # "bye", EOF or anything unknown: done
     for lst in listeners:
         lst.sock.close()

@@ -19,8 +19,9 @@ import socket
 import sys
 import time
 
-from ptcluster.node.leases import held_all, kill_note, write_record  # inlined
-from ptcluster.node.wire import encode, hello  # inlined
+from ptcluster.node.leases import RECORD_MODE, held_all, kill_note  # inlined
+from ptcluster.node.records import write_record  # inlined
+from ptcluster.node.wire import Kind, encode, hello  # inlined
 
 
 def end_job(job_id: str, signame: str, by: dict) -> dict:
@@ -32,7 +33,7 @@ def end_job(job_id: str, signame: str, by: dict) -> dict:
     record = guards[0]
     out = {"found": True, "pid": record["pid"], "user": record.get("user")}
     try:  # the note first: the guard reads it when the signal arrives
-        write_record(kill_note(job_id, uid=os.getuid()), {**by, "t": time.time()})
+        write_record(kill_note(job_id, uid=os.getuid()), {**by, "t": time.time()}, RECORD_MODE)
     except OSError as exc:
         out["note_error"] = str(exc)
     try:
@@ -58,7 +59,7 @@ def main() -> int:
     sys.stdout.buffer.write(hello("kill"))
     result = end_job(str(cfg["job_id"]), str(cfg.get("signal") or "TERM"),
                      dict(cfg.get("by") or {}))
-    sys.stdout.buffer.write(encode("result", result))
+    sys.stdout.buffer.write(encode(Kind.RESULT, result))
     sys.stdout.flush()
     return 0
 

@@ -16,20 +16,23 @@ world-readable, never a secret): the lock file itself may have been created by a
 a file of another user can be locked (opened read-only) but not written. Safety against files
 planted by other users: every open is ``O_NOFOLLOW`` and the lock must be a regular file; the
 holder's file is written under a new name (``O_EXCL``) and renamed over, which replaces a planted
-symlink instead of following it.
+symlink instead of following it (``node.records``: the records the heads' registry keeps too).
 """
 
 import errno
 import fcntl
-import json
 import os
 import pwd
 import socket
 import stat
 import time
 
+from ptcluster.node.records import alive, read_record, unlink, write_record  # inlined
+
 LEASE_DIR = "/run/lock/ptcluster"
 _LOCK = ".lock"
+RECORD_MODE = 0o644
+"""A holder's record is world-readable (a umask of 077 must not hide who holds a lease)."""
 
 
 class Lease:
@@ -162,21 +165,14 @@ def sweep(directory: str) -> None:
         try:
             for entry in entries:
                 if entry.startswith(name + ".") and entry.endswith(".json"):
-                    _unlink(os.path.join(directory, entry))
-            _unlink(path)
+                    unlink(os.path.join(directory, entry))
+            unlink(path)
         finally:
             os.close(fd)
     for entry in entries:  # records whose lock file is gone (kill's notes are not records)
         if entry.endswith(".json") and not entry.startswith("kill-") and \
                 entry.rsplit(".", 2)[0] not in names:
-            _unlink(os.path.join(directory, entry))
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+            unlink(os.path.join(directory, entry))
 
 
 def take(resource: str, info: dict, directory: str | None = None) -> Lease | None:
@@ -191,29 +187,10 @@ def take(resource: str, info: dict, directory: str | None = None) -> Lease | Non
               "uid": os.getuid(),
               "user": info.get("user") or user_name(), "since": info.get("since", time.time())}
     try:
-        write_record(info_path, record)
+        write_record(info_path, record, RECORD_MODE)
     except OSError:  # who holds it is advice; the lock is the lease
         pass
     return Lease(fd, name, info_path, os.path.join(directory, name + _LOCK))
-
-
-def write_record(path: str, record: dict) -> None:
-    """A world-readable JSON file of ours in a shared directory: written under a new name
-    (``O_EXCL``, never through a planted link) and renamed over whatever had its name."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      0o644)
-        os.fchmod(wfd, 0o644)  # (a umask of 077 must not hide who holds a lease)
-        with os.fdopen(wfd, "w") as f:
-            json.dump(record, f)
-        os.rename(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def kill_note(job_id: str, directory: str | None = None, uid: int | None = None) -> str:
@@ -235,17 +212,11 @@ def read_kill_notes(job_id: str, directory: str | None = None) -> dict:
         if not (entry.startswith(prefix) and entry.endswith(".json")):
             continue
         path = os.path.join(directory, entry)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd) as f:
-                writer = os.fstat(f.fileno()).st_uid
-                note = json.load(f)
-        except (OSError, ValueError):
+        got = read_record(path)
+        if got is None:
             continue
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        note, writer = got
+        unlink(path)
         if writer not in (0, os.getuid()):
             continue  # only who could signal this guard may say who did
         if isinstance(note, dict) and float(note.get("t", 0)) >= float(best.get("t", 0)):
@@ -314,28 +285,12 @@ def _said(directory: str, name: str) -> dict:
     for entry in os.listdir(directory):
         if not (entry.startswith(name + ".") and entry.endswith(".json")):
             continue
-        try:
-            fd = os.open(os.path.join(directory, entry), os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd) as f:
-                record = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and _alive(record.get("pid")) and \
+        got = read_record(os.path.join(directory, entry))
+        record = got[0] if got else None
+        if isinstance(record, dict) and alive(record.get("pid")) and \
                 float(record.get("since", 0)) >= float(best.get("since", 0)):
             best = record
     return best
-
-
-def _alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def describe(record: dict, memory: str | None = None) -> str:

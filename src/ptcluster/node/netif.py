@@ -9,8 +9,10 @@ The rule: the interface of this node's route to the master's address; on the mas
 (the kernel routes its own address over ``lo``) the interface that holds that address.
 """
 
+import json
 import socket
 import subprocess
+from typing import Any
 
 AUTO_PORTS = range(29500, 30000)
 """Where ``master.port: auto`` looks for a free port (the guard at launch, the doctor's probe):
@@ -24,6 +26,17 @@ def route_interface(addr: str) -> tuple[str, str]:
         ip = str(socket.getaddrinfo(addr, None, socket.AF_INET)[0][4][0])
     except (OSError, UnicodeError) as exc:
         return "", f"cannot resolve {addr}: {exc}"
+    dev, why = route_dev(ip)
+    if dev == "lo" and not ip.startswith("127."):
+        holder = interface_holding(ip)
+        if holder:
+            return holder, ""
+    return dev, why
+
+
+def route_dev(ip: str) -> tuple[str, str]:
+    """``(interface, "")`` of the kernel's route to the address ``ip`` as it says it (``lo`` for
+    one of this node's own), or ``("", why there is none)``."""
     try:
         out = subprocess.run(["ip", "-o", "route", "get", ip], capture_output=True, text=True,
                              timeout=5)
@@ -32,12 +45,7 @@ def route_interface(addr: str) -> tuple[str, str]:
     words = out.stdout.split()
     if out.returncode != 0 or "dev" not in words:
         return "", f"no route to {ip}: {(out.stderr or out.stdout).strip()}"
-    dev = words[words.index("dev") + 1]
-    if dev == "lo" and not ip.startswith("127."):
-        holder = interface_holding(ip)
-        if holder:
-            return holder, ""
-    return dev, ""
+    return words[words.index("dev") + 1], ""
 
 
 def interface_holding(ip: str) -> str:
@@ -56,10 +64,35 @@ def address_on(dev: str) -> str:
 
 def _ipv4_addresses() -> list[tuple[str, str]]:
     """(interface, address) for every IPv4 address here, in ``ip``'s order."""
+    return [(link["name"], cidr.split("/")[0]) for link in interfaces()[0]
+            for cidr in link["ipv4"]]
+
+
+def interfaces() -> tuple[list[dict[str, Any]], str | None]:
+    """(this node's interfaces: ``[{name, up, ipv4: ["addr/len"]}]``, None), or ([], why they
+    could not be listed): the one listing of the node's addresses (``ip -j addr show``)."""
     try:
-        out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
-                             timeout=5).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [(f[1].split("@")[0], f[3].split("/")[0]) for f in map(str.split, out.splitlines())
-            if len(f) > 3]
+        out = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True,
+                             timeout=5)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [], f"`ip -j addr show` failed: {exc}"
+    if out.returncode != 0:
+        why = (out.stdout + out.stderr).strip() or f"exit status {out.returncode}"
+        return [], f"`ip -j addr show` failed: {why}"
+    try:
+        return parse_ip_addr(out.stdout), None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return [], f"`ip -j addr show` output does not parse ({type(exc).__name__}: {exc})"
+
+
+def parse_ip_addr(text: str) -> list[dict[str, Any]]:
+    """``ip -j addr show`` -> [{name, up, ipv4: ["addr/len"]}]; raises on unexpected output."""
+    links = json.loads(text)
+    if not isinstance(links, list):
+        raise ValueError(f"expected a JSON list, got {type(links).__name__}")
+    return [{
+        "name": str(link["ifname"]),
+        "up": "UP" in link.get("flags", []) and link.get("operstate") != "DOWN",
+        "ipv4": [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
+                 if a.get("family") == "inet"],
+    } for link in links]

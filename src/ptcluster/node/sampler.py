@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from ptcluster.node.leases import held_all, user_name  # inlined
-from ptcluster.node.wire import encode, hello  # inlined
+from ptcluster.node.wire import Kind, encode, hello  # inlined
 
 
 class Cpu:
@@ -166,7 +166,7 @@ def main() -> int:
         }
         last_net, last_t = (rx, tx), now
         try:
-            sys.stdout.buffer.write(encode("sample", sample))
+            sys.stdout.buffer.write(encode(Kind.SAMPLE, sample))
             sys.stdout.flush()
         except (BrokenPipeError, OSError):
             break

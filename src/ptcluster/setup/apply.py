@@ -24,6 +24,7 @@ from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, SshSpec
 from ptcluster.node import SETUP_AGENT as SETUP
+from ptcluster.node.wire import Kind
 from ptcluster.remote.channel import NodeChannel
 from ptcluster.remote.sync import tar_pipe
 from ptcluster.remote.transport import SshTransport, remote_command, ssh_argv
@@ -164,10 +165,10 @@ class Setup:
                 self._parallel(self._confirm, selected=True)
         except BaseException:
             # Ctrl-C (or a bug): the nodes end what they run now; every step can be re-run
-            self._close_sessions("stop")
+            self._close_sessions(Kind.STOP)
             raise
         finally:
-            self._close_sessions("bye")
+            self._close_sessions(Kind.BYE)
             if self._askpass is not None:
                 self._askpass.close()
         shown = {h: o for h, o in self.outcomes.items() if not self.only or h in self.only}
@@ -221,9 +222,9 @@ class Setup:
         session = self._open(node, SshTransport(host=node.host, ssh=ssh))
         known = self._known_password()
         if known is not None:  # sudo may need it: it travels first, then one round trip
-            session.channel.send("sudo", {"password": known.reveal()})
+            session.channel.send(Kind.SUDO, {"password": known.reveal()})
         try:
-            first = session.ask("facts", {"only": ["sudo"]} if known is None else {},
+            first = session.ask(Kind.FACTS, {"only": ["sudo"]} if known is None else {},
                                 self.opts.timeout * 3)
             outcome.connection = "key"
         except NodeFailure:
@@ -241,7 +242,7 @@ class Setup:
             pw.askpass = askpass
             session = self._open(node, pw)
             try:
-                first = session.ask("facts", {"only": ["sudo"]}, self.opts.timeout)
+                first = session.ask(Kind.FACTS, {"only": ["sudo"]}, self.opts.timeout)
             except NodeFailure as exc:
                 tail = "\n".join(session.closed[1] if session.closed else []).lower()
                 if "permission denied" in tail:
@@ -259,8 +260,8 @@ class Setup:
         if first["sudo"]["mode"] == "needs-password":
             secret = secret or self.password()
         if secret is not None:
-            session.channel.send("sudo", {"password": secret.reveal()})
-        self._facts[node.host] = session.ask("facts", {}, self.opts.timeout * 3)
+            session.channel.send(Kind.SUDO, {"password": secret.reveal()})
+        self._facts[node.host] = session.ask(Kind.FACTS, {}, self.opts.timeout * 3)
         self.on_event(node.host, f"facts ({outcome.connection})")
 
     def _open(self, node: NodeSpec, transport: SshTransport) -> NodeSession:
@@ -317,7 +318,7 @@ class Setup:
             if before[d.name].status == P.OK:
                 continue
             if d.sections:  # the step's own facts, read again right now
-                facts.update(session.ask("facts", {"only": list(d.sections)},
+                facts.update(session.ask(Kind.FACTS, {"only": list(d.sections)},
                                          self.opts.timeout * 3))
             cluster = self.cluster
             step = d.plan(node.host, facts, cluster)  # this step alone, from those facts
@@ -367,7 +368,7 @@ class Setup:
         argv = list(action.argv)
         if action.env:
             argv = ["env", *[f"{k}={v}" for k, v in action.env], *argv]
-        done = session.ask("run", {"id": 1, "argv": argv, "root": action.root,
+        done = session.ask(Kind.RUN, {"id": 1, "argv": argv, "root": action.root,
                                    "input": action.input, "timeout": action.timeout},
                            action.timeout + 30)
         return done["rc"] == 0, done.get("out", "")
@@ -391,10 +392,10 @@ class Setup:
             outcome.after = outcome.before  # nothing was done: the first facts still hold
             return
         session = self.sessions[node.host]
-        facts = session.ask("facts", {}, self.opts.timeout * 3)
+        facts = session.ask(Kind.FACTS, {}, self.opts.timeout * 3)
         outcome.after = P.plan_node(node.host, facts, self.cluster)
         if P.pending(outcome.after) and self.cluster.manifest is not None:
-            facts.update(session.ask("facts", {"only": ["wheels"]}, self.opts.timeout * 3))
+            facts.update(session.ask(Kind.FACTS, {"only": ["wheels"]}, self.opts.timeout * 3))
             outcome.after = P.plan_node(node.host, facts, self.cluster)
         self.on_event(node.host, "converged" if not P.pending(outcome.after) else
                       "not converged")

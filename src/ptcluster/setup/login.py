@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from ptcluster.cluster.model import NodeSpec, SshSpec
-from ptcluster.node.wire import control, split
+from ptcluster.node.wire import Kind, control, split
 from ptcluster.remote.channel import NodeChannel
 from ptcluster.remote.transport import SshTransport, ssh_argv
 from ptcluster.setup.secret import Askpass
@@ -28,7 +28,7 @@ class NodeSession:
     def on_frames(self, lines: list[str]) -> None:
         for line in lines:
             kind, payload = split(line)
-            if kind in ("facts", "done"):
+            if kind in (Kind.FACTS, Kind.DONE):
                 try:
                     self.replies.put((kind, control(payload)))
                 except ValueError as exc:

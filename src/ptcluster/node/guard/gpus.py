@@ -16,7 +16,7 @@ import pwd
 from typing import Any
 
 from ptcluster.node.accel import compute_processes, gpus  # inlined
-from ptcluster.node.guard.prechecks import GuardError, unleasable  # inlined
+from ptcluster.node.guard.refusal import GuardError, unleasable  # inlined
 from ptcluster.node.leases import Lease, Leasing, describe  # inlined
 
 VIRTUAL_GPUS = 1024
@@ -58,24 +58,50 @@ def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
                 "why": "CUDA_VISIBLE_DEVICES was already set (by Slurm or the cluster file's "
                        "env): not leased"}, []
     leasing = leasing or Leasing()
-    found = gpus()
-    count = int(found.get("count") or 0)
+    count = int(gpus().get("count") or 0)
     if want is None and count == 0:
         return {}, []  # a CPU node, nothing asked: nothing to share
     processes, unchecked = compute_processes() if count else ({}, "no NVIDIA GPU: NVML skipped")
-    pool = list(range(count or VIRTUAL_GPUS))
+    candidates, need = _candidates(want, slots, count)
+    chosen, held, taken, users = _take(candidates, need, processes, owner, leasing)
+    if len(chosen) < need:
+        for lease in held:
+            lease.release()
+        raise _refusal(need, len(chosen), taken, users, count)
     if isinstance(want, list):
-        missing = [i for i in want if i not in pool]
-        if missing:
-            raise GuardError(f"gpus: {want} names GPU {spans(missing)}, which this node does "
-                             f"not have (it has {count}: {spans(pool) or 'none'})",
-                             "list this node's GPUs in gpus:, or use gpus: auto")
-        candidates, need = list(want), len(want)
+        why = "gpus: from the cluster file"
     else:
-        candidates, need = pool, slots
+        skipped = "; ".join(f"{spans(ix)}: {who}" for who, ix in taken.items())
+        why = f"auto: the first {need} free" + (f" (skipped {skipped})" if skipped else "")
+    if unchecked:
+        why += f"; {unchecked}"
+    if leasing.off:
+        why += f"; not leased ({leasing.off}): other jobs are not kept off them"
+    return {"indices": chosen, "visible": ",".join(map(str, chosen)), "why": why}, held
+
+
+def _candidates(want: list[int] | str | None, slots: int, count: int) -> tuple[list[int], int]:
+    """(the GPUs to try, in order; how many the job needs): pure. A list names its GPUs (each
+    must exist here); ``auto`` or nothing tries every GPU (every index, on a node without)."""
+    pool = list(range(count or VIRTUAL_GPUS))
+    if not isinstance(want, list):
+        return pool, slots
+    missing = [i for i in want if i not in pool]
+    if missing:
+        raise GuardError(f"gpus: {want} names GPU {spans(missing)}, which this node does "
+                         f"not have (it has {count}: {spans(pool) or 'none'})",
+                         "list this node's GPUs in gpus:, or use gpus: auto")
+    return list(want), len(want)
+
+
+def _take(candidates: list[int], need: int, processes: dict[int, list[dict[str, int]]],
+          owner: dict[str, Any], leasing: Leasing
+          ) -> tuple[list[int], list[Lease], dict[str, list[int]], set[str]]:
+    """Lease the first ``need`` free GPUs of ``candidates``: (those chosen, their leases, who
+    holds each GPU skipped -> its indices, the users to ask). Released again on an OSError."""
     chosen: list[int] = []
     held: list[Lease] = []
-    busy: dict[str, dict[str, Any]] = {}  # who -> {"record", "gpus": of those asked, "mib"}
+    holders: dict[str, dict[str, Any]] = {}  # who -> {"record", "gpus": of those asked, "mib"}
     users: set[str] = set()
     try:
         for i in candidates:
@@ -91,7 +117,7 @@ def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
                 if record.get("user"):
                     users.add(str(record["user"]))
                 key = f"job {record['job_id']}" if record.get("job_id") else describe(record)
-                entry = busy.setdefault(key, {"record": record, "gpus": [], "mib": 0})
+                entry = holders.setdefault(key, {"record": record, "gpus": [], "mib": 0})
                 entry["gpus"].append(i)
                 entry["mib"] += sum(int(p["mib"]) for p in procs)
                 continue
@@ -100,8 +126,8 @@ def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
                 for p in procs:
                     user = _owner_of(p["pid"])
                     users.add(user)
-                    busy.setdefault(f"pid {p['pid']} ({user}, {_gpu_memory(p['mib'])})",
-                                    {"gpus": []})["gpus"].append(i)
+                    holders.setdefault(f"pid {p['pid']} ({user}, {_gpu_memory(p['mib'])})",
+                                       {"gpus": []})["gpus"].append(i)
                 continue
             held.append(lease)
             chosen.append(i)
@@ -111,26 +137,20 @@ def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
         raise unleasable("GPUs ", exc) from None
     taken = {(who if "record" not in entry else
               describe(entry["record"], _gpu_memory(entry["mib"]) if entry["mib"] else None)):
-             entry["gpus"] for who, entry in busy.items()}
-    if len(chosen) < need:
-        for lease in held:
-            lease.release()
-        what = "; ".join(f"GPU{'s' if len(ix) > 1 else ''} {spans(ix)} "
-                         f"{'are' if len(ix) > 1 else 'is'} in use by {who}"
-                         for who, ix in taken.items())
-        free = [i for i in range(count) if i not in {j for ix in taken.values() for j in ix}]
-        other = f", choose other GPUs (gpus: [{', '.join(map(str, free[:need]))}])" \
-            if count and len(free) >= need else ""
-        ask = f", or ask {', '.join(sorted(users))}" if users else ""
-        raise GuardError(f"{need} GPU(s) asked for, {len(chosen)} free: {what}",
-                         f"wait for them (run --wait){other}{ask}", busy=True)
-    if isinstance(want, list):
-        why = "gpus: from the cluster file"
-    else:
-        skipped = "; ".join(f"{spans(ix)}: {who}" for who, ix in taken.items())
-        why = f"auto: the first {need} free" + (f" (skipped {skipped})" if skipped else "")
-    if unchecked:
-        why += f"; {unchecked}"
-    if leasing.off:
-        why += f"; not leased ({leasing.off}): other jobs are not kept off them"
-    return {"indices": chosen, "visible": ",".join(map(str, chosen)), "why": why}, held
+             entry["gpus"] for who, entry in holders.items()}
+    return chosen, held, taken, users
+
+
+def _refusal(need: int, free: int, taken: dict[str, list[int]], users: set[str],
+             count: int) -> GuardError:
+    """The refusal when fewer than ``need`` GPUs are free: pure. Who holds which, and what to
+    do: wait, other GPUs that are free (``count`` of them here), or whom to ask."""
+    what = "; ".join(f"GPU{'s' if len(ix) > 1 else ''} {spans(ix)} "
+                     f"{'are' if len(ix) > 1 else 'is'} in use by {who}"
+                     for who, ix in taken.items())
+    left = [i for i in range(count) if i not in {j for ix in taken.values() for j in ix}]
+    other = f", choose other GPUs (gpus: [{', '.join(map(str, left[:need]))}])" \
+        if count and len(left) >= need else ""
+    ask = f", or ask {', '.join(sorted(users))}" if users else ""
+    return GuardError(f"{need} GPU(s) asked for, {free} free: {what}",
+                      f"wait for them (run --wait){other}{ask}", busy=True)

@@ -1,7 +1,8 @@
-"""What a guard checks on its node before a job starts, and its refusal (``GuardError``, sent to
-the head as ``error {problem, fix}``: the head's ``GuardRefused``).
+"""What a guard checks on its node before a job starts (``precheck``: its ``ready`` facts), and
+the leases it takes for the job meanwhile (the job itself, the master's port, its GPUs).
 
-Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
+Standard library only; a part of the guard (inlined by ``remote.bootstrap``). A refusal is a
+``GuardError`` (``guard.refusal``).
 """
 
 from __future__ import annotations
@@ -9,22 +10,72 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
+from collections.abc import Collection
 from typing import Any
 
-from ptcluster.node.guard.proctree import listdir  # inlined
-from ptcluster.node.leases import LEASE_DIR, Lease, Leasing, describe  # inlined
-from ptcluster.node.netif import AUTO_PORTS  # inlined
+from ptcluster.node.guard.gpus import claim  # inlined
+from ptcluster.node.guard.proctree import listdir, set_subreaper  # inlined
+from ptcluster.node.guard.refusal import GuardError, unleasable  # inlined
+from ptcluster.node.leases import Lease, Leasing, describe  # inlined
+from ptcluster.node.netif import AUTO_PORTS, address_on, route_interface  # inlined
+from ptcluster.node.rank_wire import PROBE_FILE, SHIM_FILE  # inlined
+from ptcluster.node.wire import GuardConfig, ReadyFacts  # inlined
 
 
-class GuardError(Exception):
-    """The guard refuses: what is wrong on this node, and the fix."""
+def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> ReadyFacts:
+    """This node's ``ready`` facts, once everything the job needs is here and leased (into
+    ``held``, as each is taken); ``GuardError`` names what is not. ``cfg["workdir"]`` becomes
+    the node's own path (``~`` expanded)."""
+    if not {SHIM_FILE, PROBE_FILE} <= set(handed):  # run from its file, not as shipped
+        raise GuardError("this guard was started without the rank programs it hands on",
+                         "start it through the head (remote.bootstrap packs it)")
+    facts: ReadyFacts = {"hostname": socket.gethostname(), "pid": os.getpid(),
+                         "python": sys.executable, "time": time.time()}
+    try:
+        set_subreaper()
+        facts["subreaper"] = True
+    except OSError as exc:
+        facts["subreaper"] = False
+        facts["subreaper_error"] = str(exc)
+    workdir = os.path.expanduser(cfg["workdir"])
+    if not os.path.isdir(workdir):
+        raise GuardError(f"workdir {workdir} does not exist on this node",
+                         "create it, or set workdir: to a directory present on every node")
+    cfg["workdir"] = facts["workdir"] = workdir
+    check_target(cfg.get("target") or {}, workdir)
+    owner = {"job_id": cfg.get("job_id"), "head": cfg.get("head"),
+             "command": cfg.get("command"), "ranks": cfg.get("ranks")}
+    leasing = Leasing()
+    if leasing.off:
+        facts["leases_off"] = leasing.off
+    held.append(lease_job(owner, leasing))  # what `ptcluster ps` and `kill` find
+    port = cfg.get("check_port")
+    if port:  # the master: the port is this job's until the guard ends
+        facts["master_port"], lease = lease_master_port(port, owner, leasing)
+        held.append(lease)
+    chosen, leased = claim(cfg.get("gpus"), int(cfg.get("slots") or 1), owner,
+                           {**os.environ, **cfg["env"]}, leasing)
+    held.extend(leased)
+    if chosen:
+        facts["gpus"] = chosen
+    _interface(cfg, facts)
+    return facts
 
-    def __init__(self, problem: str, fix: str, busy: bool = False) -> None:
-        super().__init__(problem)
-        self.problem = problem
-        self.fix = fix
-        self.busy = busy
-        """Refused only because another job holds what this one asks for (it may wait)."""
+
+def _interface(cfg: GuardConfig, facts: ReadyFacts) -> None:
+    """The interface the ranks' sockets use (the cluster file's, or the route to the master)
+    and this node's address on it: where peers reach it (a new master, after a loss)."""
+    if cfg.get("interface"):
+        facts["interface"] = cfg["interface"]
+        facts["interface_source"] = "cluster file"
+    elif cfg.get("detect_interface_for"):
+        dev, why = route_interface(str(cfg["detect_interface_for"]))
+        facts["interface"] = dev
+        facts["interface_source"] = ("route to the master" if dev else
+                                     f"not detected ({why})")
+    if facts.get("interface"):
+        facts["address"] = address_on(str(facts["interface"]))
 
 
 def node_python(argv: list[str]) -> list[str]:
@@ -112,13 +163,6 @@ def port_in_use(port: int) -> str | None:
         except OSError as exc:
             return exc.strerror or str(exc)
     return None
-
-
-def unleasable(what: str, exc: OSError) -> GuardError:
-    """The refusal when the lease directory exists but cannot be used (a file in it refused)."""
-    return GuardError(f"cannot lease {what}in {LEASE_DIR}: {exc}",
-                      f"make {LEASE_DIR} a directory every user can create files in "
-                      "(mode 1777; ptcluster setup does)")
 
 
 def lease_job(owner: dict[str, Any], leasing: Leasing) -> Lease:

@@ -26,7 +26,7 @@ from ptcluster.node.rank_wire import (  # inlined
     decode_record,
     header,
 )
-from ptcluster.node.wire import RANK_FRAMES, encode, encode_text  # inlined
+from ptcluster.node.wire import RANK_FRAMES, Kind, encode, encode_text  # inlined
 
 MAX_LINE = 65536
 """Longer output lines are cut into pieces of this size (bounded memory per stream)."""
@@ -47,7 +47,7 @@ class RankServer:
     every other record is passed to the head as its ``wire.RANK_FRAMES`` frame. A rank's
     ``rexit`` waits until every declared output stream has come and gone (or ``EXIT_WAIT``), so
     the head has a rank's last lines, its traceback included, before it learns that it ended.
-    Output goes to ``out`` to be held (``node.outbox``: many ranks' lines in one write), records
+    Output goes to ``out`` to be held (``guard.outbox``: many ranks' lines in one write), records
     at once; this thread writes the held output when its hold is up.
     """
 
@@ -143,7 +143,7 @@ class RankServer:
         st["at"] = time.monotonic()
         if lines:
             self.probes.output(rank, st["at"])
-            kind = "e" if role == ERR else "o"
+            kind = Kind.ERR if role == ERR else Kind.OUT
             self.out.later(b"".join(encode_text(kind, rank, line) for line in lines))
 
     def flush_partial_lines(self) -> None:
@@ -158,7 +158,8 @@ class RankServer:
                 if select.select([key.fileobj], [], [], 0)[0]:
                     continue  # more of it is waiting: read it first
                 line, st["buf"] = st["buf"], b""
-                self.out.later(encode_text("e" if st["role"] == ERR else "o", st["rank"], line))
+                kind = Kind.ERR if st["role"] == ERR else Kind.OUT
+                self.out.later(encode_text(kind, st["rank"], line))
 
     def record(self, rank: int, line: str) -> None:
         record = decode_record(line)

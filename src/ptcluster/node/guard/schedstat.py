@@ -20,7 +20,7 @@ mean GPU utilization (%).
 from typing import Any
 
 
-class BusyMeter:
+class SchedstatMeter:
     """Each rank's main-thread figures since the previous ``sample``."""
 
     def __init__(self) -> None:

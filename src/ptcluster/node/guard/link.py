@@ -1,0 +1,192 @@
+"""The guard's link to the head: what it reads from the head (``go``, ``stacks``, ``stop``, EOF)
+and what it sends on its own schedule (heartbeats, ``timing``, ``stacks``), and the stop state
+the head, a signal or a lost link sets.
+
+Standard library only; a part of the guard (inlined by ``remote.bootstrap``). The heartbeat runs
+on its own thread and never waits on output (STYLE 13): how fast the head reads decides nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from ptcluster.node.guard.outbox import Outbox  # inlined
+from ptcluster.node.guard.progress import ProgressMeter  # inlined
+from ptcluster.node.guard.rank_server import RankServer  # inlined
+from ptcluster.node.guard.schedstat import SchedstatMeter  # inlined
+from ptcluster.node.wire import (  # inlined
+    HEARTBEAT_EVERY,
+    HEARTBEAT_TIMEOUT,
+    GuardConfig,
+    Kind,
+    encode,
+    split,
+    timing_every,
+)
+
+TIMING_OFF_VAR = "PTCLUSTER_STRAGGLER"
+"""``PTCLUSTER_STRAGGLER: "0"`` in the cluster file's ``env:`` turns the ``timing`` frames off
+(no straggler report; ``benchmarks/straggler_cost.py`` measures what they cost)."""
+
+
+class StopRequest:
+    """Why the guard stops, set once by whoever asks first: the head (``stop``), a lost link (EOF,
+    no heartbeat), a signal. Signal-safe: ``request`` sets state only."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reason = ""
+        self.by_head = False
+        self.time = 0.0
+        self.signal = ""
+        """The name of the signal that stopped the guard, when one did."""
+
+    def request(self, reason: str, by_head: bool = False, signum: int = 0) -> None:
+        if not self.event.is_set():
+            self.reason, self.by_head, self.time = reason, by_head, time.time()
+            self.signal = signal.Signals(signum).name if signum else ""
+            self.event.set()
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        return self.event.wait(timeout)
+
+
+class HeadLink:
+    """The channel to the head: frames out (through the outbox), frames in, heartbeats."""
+
+    def __init__(self, cfg: GuardConfig, stop: StopRequest) -> None:
+        self.cfg = cfg
+        self.stop = stop
+        self.out = Outbox(self.emit, float(cfg.get("output_hold", 0.0)))
+        self.go = threading.Event()
+        self.master_port: int | None = None
+        """The rendezvous port the master's guard chose (``master.port: auto``), told with
+        ``go``."""
+        self.last_hb = time.monotonic()
+        self.ranks: RankServer | None = None
+        """The rank server once torchrun starts: what heartbeats, ``timing`` and ``stacks``
+        report on."""
+        self.meter: ProgressMeter | None = None
+        self.schedstat: SchedstatMeter | None = None
+
+    # -- out ----------------------------------------------------------------------------------
+    def emit(self, data: bytes) -> None:
+        """Into the channel (the outbox's writer: called by one thread at a time)."""
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        except (OSError, ValueError):
+            self.stop.request("the head's channel is closed")
+
+    def write(self, data: bytes) -> None:
+        """A control frame: at once (with the output held before it, ``guard.outbox``)."""
+        self.out.now(data)
+
+    def send(self, kind: str, payload: object = None) -> None:
+        self.write(encode(kind, payload))
+
+    # -- in -----------------------------------------------------------------------------------
+    def read_head(self) -> None:
+        """The head's frames until EOF (the head gone, or the link lost: the guard stops)."""
+        while True:
+            try:
+                line = sys.stdin.buffer.readline()
+            except (OSError, ValueError):
+                line = b""
+            if not line:
+                self.stop.request("the head's channel closed (head gone or link lost)")
+                return
+            self.last_hb = time.monotonic()
+            kind, payload = split(line.decode(errors="replace").rstrip("\n"))
+            if kind == Kind.GO:
+                try:
+                    told = json.loads(payload) if payload else {}
+                except ValueError:
+                    told = {}
+                if isinstance(told, dict) and told.get("master_port"):
+                    self.master_port = int(told["master_port"])
+                self.go.set()
+            elif kind == Kind.STACKS:
+                threading.Thread(target=self.send_stacks, args=(payload,), daemon=True).start()
+            elif kind == Kind.STOP:
+                try:
+                    reason = json.loads(payload).get("reason") or ""
+                except (ValueError, AttributeError):
+                    reason = ""
+                self.stop.request(f"stopped by the head{': ' + reason if reason else ''}",
+                                  by_head=True)
+
+    # -- on its own schedule ------------------------------------------------------------------
+    def heartbeat(self, finished: threading.Event) -> None:
+        """Every ``heartbeat_every`` s until ``finished`` (also during the teardown: the guard is
+        still here); stops the job when the head has been silent ``heartbeat_timeout`` s."""
+        timeout = float(self.cfg.get("heartbeat_timeout", HEARTBEAT_TIMEOUT))
+        every = float(self.cfg.get("heartbeat_every", HEARTBEAT_EVERY))
+        next_timing = time.monotonic() + timing_every(every)
+        while not finished.wait(every):
+            beat: dict[str, Any] = {"t": time.time()}
+            if self.meter is not None and not self.stop.is_set():
+                try:
+                    beat["idle"] = self.meter.sample()
+                except Exception:  # noqa: BLE001 - progress is advice; the heartbeat is not
+                    pass
+            self.send(Kind.HB, beat)
+            if time.monotonic() >= next_timing and not self.stop.is_set() and \
+                    self.cfg["env"].get(TIMING_OFF_VAR) != "0":
+                next_timing = time.monotonic() + timing_every(every)
+                self.send_timing()
+            if not self.stop.is_set() and time.monotonic() - self.last_hb > timeout:
+                self.stop.request(f"no heartbeat from the head for {timeout:.0f} s")
+
+    def send_timing(self) -> None:
+        """Each running rank's main-thread figures since the last frame and the node's, for the
+        head's straggler report (``guard.schedstat``: /proc only, nothing inside the ranks)."""
+        if self.ranks is None:
+            return
+        try:
+            if self.schedstat is None:
+                self.schedstat = SchedstatMeter()
+            probes = self.ranks.probes
+            pids = dict(probes.pids)
+            counts = dict(probes.fr_counts)
+            ready = dict(probes.ready)
+            completed: dict[int, float] = {}
+            for rank in pids:
+                got = counts.get(rank)
+                if isinstance(got, dict) and "completed" in got:
+                    completed[rank] = float(got["completed"])
+                elif ready[rank][2] if rank in ready else self.recorder_on():
+                    completed[rank] = 0.0  # its recorder is on and it completed none yet
+            ranks = self.schedstat.sample(pids, completed, time.monotonic())
+            if ranks:
+                self.send(Kind.TIMING, {"t": time.time(), "ranks": ranks,
+                                        "node": self.schedstat.node()})
+        except Exception:  # noqa: BLE001 - advice only: never the guard's end
+            return
+
+    def recorder_on(self) -> bool:
+        """Whether the ranks' flight recorder is on (``TORCH_FR_BUFFER_SIZE`` in their env)."""
+        try:
+            return int(self.cfg["env"].get("TORCH_FR_BUFFER_SIZE") or 0) > 0
+        except ValueError:
+            return False
+
+    def send_stacks(self, payload: str) -> None:
+        """Every rank's stacks for the head (``guard.progress``); the job is not disturbed."""
+        try:
+            ask = json.loads(payload) if payload else {}
+        except ValueError:
+            ask = {}
+        if not isinstance(ask, dict):
+            ask = {}
+        native = bool(ask.get("native"))
+        ranks = self.ranks.probes.collect(native) if self.ranks is not None else {}
+        self.send(Kind.STACKS, {"id": ask.get("id"), "ranks": ranks, "t": time.time()})

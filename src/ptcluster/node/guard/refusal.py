@@ -1,0 +1,27 @@
+"""The guard's refusal (``GuardError``, sent to the head as ``error {problem, fix, busy}``: the
+head's ``GuardRefused``), raised by its prechecks and its choice of GPUs.
+
+Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
+"""
+
+from __future__ import annotations
+
+from ptcluster.node.leases import LEASE_DIR  # inlined
+
+
+class GuardError(Exception):
+    """The guard refuses: what is wrong on this node, and the fix."""
+
+    def __init__(self, problem: str, fix: str, busy: bool = False) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.fix = fix
+        self.busy = busy
+        """Refused only because another job holds what this one asks for (it may wait)."""
+
+
+def unleasable(what: str, exc: OSError) -> GuardError:
+    """The refusal when the lease directory exists but cannot be used (a file in it refused)."""
+    return GuardError(f"cannot lease {what}in {LEASE_DIR}: {exc}",
+                      f"make {LEASE_DIR} a directory every user can create files in "
+                      "(mode 1777; ptcluster setup does)")

@@ -1,0 +1,127 @@
+"""Starting torchrun: the job's private temp dir (with the rank programs the guard hands on), the
+ranks' environment on this node (the head's plan, the leased GPUs, the interface, Slurm's task
+variables taken out) and the child's setup between fork and exec.
+
+Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ptcluster.node.guard.outbox import Outbox  # inlined
+from ptcluster.node.guard.prechecks import node_python  # inlined
+from ptcluster.node.guard.proctree import libc_prctl  # inlined
+from ptcluster.node.rank_wire import SHIM_FILE, SHIM_VAR, SOCK_VAR  # inlined
+from ptcluster.node.wire import GuardConfig, Kind, ReadyFacts, encode_text  # inlined
+
+PR_SET_PDEATHSIG = 1
+HANDED: dict[str, str] = globals().get("HANDED", {})
+"""The programs this guard hands its ranks (file name -> packed source: the shim and its stack
+probe). The packer (``remote.bootstrap``) assigns them to this very name (its ``HANDED``) in front
+of the packed source; ``tests/test_shipped.py`` checks that the two names are one."""
+SLURM_TASK_VARS = (
+    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
+    "SLURM_NNODES", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_TASKS_PER_NODE",
+    "SLURM_STEP_TASKS_PER_NODE", "SLURM_GTIDS", "SLURM_TASK_PID",
+)
+"""What an srun step tells its one task about itself (task 0 of 1 on 1 node). Left in the
+ranks' environment, code that reads a rank's place from Slurm's variables instead of torchrun's
+(``SLURM_PROCID`` as the rank, ``SLURM_NTASKS`` as the world) would see a world of one; the
+job's own variables (SLURM_JOB_ID, SLURM_JOB_NODELIST, …) stay."""
+
+
+def under_slurm() -> bool:
+    """True when this guard is a Slurm task (an ``srun`` step of ``ptcluster run``).
+
+    Slurm's preemption warning (``sbatch --signal=USR2@T``, ``scancel -s USR2``) goes to every
+    process of the step: the ranks get it from Slurm, and the guard and torchrun, whose default
+    action for SIGUSR2 is to die, must survive it.
+    """
+    return "SLURM_STEP_ID" in os.environ
+
+
+def use_port(argv: list[str], port: int) -> None:
+    """The rendezvous port the master's guard chose (``master.port: auto``), told with ``go``:
+    into torchrun's command line (torchrun gives it to the ranks as MASTER_PORT)."""
+    at = argv.index("--master-port") + 1 if "--master-port" in argv else 0
+    if at:
+        argv[at] = str(port)
+
+
+def job_dir(job_id: str) -> str:
+    """The job's private temp dir (mkdtemp: 0700, ours alone) with the guard's pid and the rank
+    programs it hands on: the ranks get the shim's path, never code, in their env."""
+    tmpdir = tempfile.mkdtemp(prefix="ptcluster-" + job_id + "-")
+    with open(os.path.join(tmpdir, "guard.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    for name, source in HANDED.items():
+        with open(os.path.join(tmpdir, name), "w") as f:
+            f.write(source)
+    return tmpdir
+
+
+def rank_env(cfg: GuardConfig, facts: ReadyFacts, tmpdir: str, sock: str) -> dict[str, str]:
+    """torchrun's (and so the ranks') environment: this node's, less an srun task's identity,
+    plus the head's plan, the leased GPUs, the interface and the rank server's socket."""
+    env = dict(os.environ)
+    if under_slurm():  # this step's task identity is not the ranks': RANK, WORLD_SIZE are
+        for key in SLURM_TASK_VARS:
+            env.pop(key, None)
+    env.update(cfg["env"])
+    for key, value in (cfg.get("env_defaults") or {}).items():
+        env.setdefault(key, value)
+    gpus = facts.get("gpus") or {}
+    if gpus.get("indices") is not None:  # only the leased GPUs
+        env["CUDA_VISIBLE_DEVICES"] = gpus["visible"]
+    interface = facts.get("interface")
+    if interface:
+        env.setdefault("NCCL_SOCKET_IFNAME", interface)
+        env.setdefault("GLOO_SOCKET_IFNAME", interface)
+    env[SOCK_VAR] = sock
+    env[SHIM_VAR] = os.path.join(tmpdir, SHIM_FILE)
+    env["PET_LOG_DIR"] = tmpdir  # torchrun's own files: removed with the temp dir
+    return env
+
+
+def child_setup(slurm: bool) -> Callable[[], None]:
+    """What torchrun's process does between fork and exec: its own session, SIGINT back to its
+    default, SIGUSR2 ignored under Slurm, and death with the guard (even on SIGKILL)."""
+    prctl = libc_prctl()  # resolved here: the child between fork and exec stays minimal
+
+    def setup() -> None:
+        os.setsid()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if slurm:  # torchrun would die of it; the ranks install their own handler
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        if prctl is not None:  # the job dies with the guard, even on SIGKILL
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return setup
+
+
+def start_torchrun(cfg: GuardConfig, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """torchrun, its output (the agent's own: the ranks' comes through the rank server) on one
+    pipe."""
+    return subprocess.Popen(
+        node_python(cfg["argv"]), cwd=cfg["workdir"], env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=child_setup(under_slurm()),
+    )
+
+
+def pump_agent(stream: Any, out: Outbox) -> threading.Thread:
+    """A thread that forwards torchrun's own stdout/stderr as ``a`` frames."""
+
+    def pump() -> None:
+        for line in iter(stream.readline, b""):
+            out.later(encode_text(Kind.AGENT, None, line.rstrip(b"\r\n")))
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,333 @@
+"""Setup's facts about a node: one function per fact section, keyed by the section names setup's
+steps ask for (``setup.plan.STEP_DEFS``: ``facts {"only": [...]}``), as pyinfra declares facts
+(a command, or a file, and its parse); and the one runner of the commands setup starts.
+
+Standard library only; a part of setup's node program (``node.setup_agent``), shipped in front of
+it (inlined by ``remote.bootstrap``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ptcluster.node.accel import gpus, pci_gpu_count  # inlined
+from ptcluster.node.firewall import firewall_state  # inlined
+from ptcluster.node.leases import LEASE_DIR  # inlined
+from ptcluster.node.netif import route_interface  # inlined
+
+C_ENV = {"LC_ALL": "C", "LANG": "C"}
+"""Commands whose words we look at run in the C locale."""
+
+
+class Commands:
+    """The commands setup runs on this node, each in its own process group (so that the whole
+    command, sudo, apt, dpkg..., can be ended): those running now, and whether setup was stopped
+    (the head said stop or went away: no command starts any more)."""
+
+    def __init__(self) -> None:
+        self.running: set[subprocess.Popen[str]] = set()
+        self.stopping = threading.Event()
+
+    def run(self, argv: list[str], *, stdin: str | None = None, timeout: float = 30.0,
+            env: dict[str, str] | None = None) -> tuple[int, str]:
+        if shutil.which(argv[0]) is None and not os.path.isabs(argv[0]):
+            return 127, f"{argv[0]}: not installed"
+        if self.stopping.is_set():
+            return 130, f"{argv[0]}: not started, setup was stopped"
+        try:
+            p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                 env={**os.environ, **C_ENV, **(env or {})})
+        except OSError as exc:
+            return 126, f"{argv[0]}: {exc}"
+        self.running.add(p)
+        if self.stopping.is_set():  # stopped while it was being started: stop() may have missed it
+            end(p)
+        try:
+            out, _ = p.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            end(p)
+            return 124, f"{argv[0]}: timed out after {timeout:.0f} s"
+        finally:
+            self.running.discard(p)
+        return p.returncode, out
+
+    def stop(self) -> None:
+        """No command starts any more (one being started now ends itself, see ``run``); those
+        running end."""
+        self.stopping.set()
+        for p in list(self.running):
+            end(p)
+
+
+COMMANDS = Commands()
+"""This program's commands (one program, one node)."""
+
+
+def run(argv: list[str], *, stdin: str | None = None, timeout: float = 30.0,
+        env: dict[str, str] | None = None) -> tuple[int, str]:
+    """``(exit status, stdout and stderr)`` of a command (``COMMANDS``): 127 when it is not
+    installed, 130 once setup was stopped, 124 when it timed out."""
+    return COMMANDS.run(argv, stdin=stdin, timeout=timeout, env=env)
+
+
+def end(p: subprocess.Popen[str]) -> None:
+    """SIGTERM to the command's group (apt, dpkg and pip stop cleanly), then SIGKILL."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(p.pid, sig)
+        except OSError:
+            return
+        try:
+            p.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class FactHost(Protocol):
+    """What a fact reads of setup's node program (``setup_agent.Node``)."""
+
+    cfg: dict[str, Any]
+    sudo_mode: str | None
+    ran: dict[tuple[str, ...], tuple[int, str]]
+
+    def root_argv(self, argv: list[str], data: str | None) -> tuple[list[str], str | None]: ...
+
+    def scrub(self, text: str) -> str: ...
+
+
+Fact = Callable[[FactHost], dict[str, Any]]
+
+
+def key_fact(host: FactHost) -> dict[str, Any]:
+    return {"key_authorized": _has_key(host.cfg["pubkey"])}
+
+
+def apt_fact(host: FactHost) -> dict[str, Any]:
+    return {"packages": _installed(host.cfg["packages"])}
+
+
+def venv_fact(host: FactHost) -> dict[str, Any]:
+    return {"venv": _venv(os.path.expanduser(host.cfg["venv"]))}
+
+
+def os_fact(host: FactHost) -> dict[str, Any]:
+    return {"os": _os_release(), "gpu": _gpu()}
+
+
+def firewall_fact(host: FactHost) -> dict[str, Any]:
+    def as_root(argv: list[str]) -> tuple[int, str]:
+        if tuple(argv) in host.ran:  # sudo's check of the password ran it (setup_agent.sudo)
+            return host.ran.pop(tuple(argv))
+        root_argv, data = host.root_argv(argv, None)
+        code, out = run(root_argv, stdin=data)
+        return code, host.scrub(out)
+
+    root_ok = host.sudo_mode in ("root", "nopasswd", "password")
+    return {"firewall": firewall_state(run, as_root if root_ok else None)}
+
+
+def wheels_fact(host: FactHost) -> dict[str, Any]:
+    return {"wheelhouse": _hashes(os.path.expanduser(host.cfg["wheelhouse"]),
+                                  host.cfg.get("hash_only"))}
+
+
+def hosts_fact(host: FactHost) -> dict[str, Any]:
+    return {"hosts": _read("/etc/hosts")}
+
+
+def workdir_fact(host: FactHost) -> dict[str, Any]:
+    if not host.cfg.get("workdir"):
+        return {}
+    path = os.path.expanduser(host.cfg["workdir"])
+    return {"workdir": {"path": path, "exists": os.path.isdir(path)}}
+
+
+def leases_fact(host: FactHost) -> dict[str, Any]:
+    leases: dict[str, Any] = {"dir": LEASE_DIR, "tmpfiles": _read(TMPFILES)}
+    try:
+        st = os.lstat(LEASE_DIR)
+        leases.update(exists=True, mode=st.st_mode, uid=st.st_uid)
+    except OSError:
+        leases["exists"] = False
+    return {"leases": leases}
+
+
+def env_fact(host: FactHost) -> dict[str, Any]:
+    iface, why = route_interface(host.cfg["master_addr"])
+    return {"env_file": _read(os.path.expanduser(host.cfg["env_file"])),
+            "interface": iface or None, "interface_why": why}
+
+
+SECTIONS: dict[str, Fact] = {
+    "apt": apt_fact, "venv": venv_fact, "key": key_fact, "os": os_fact,
+    "firewall": firewall_fact, "wheels": wheels_fact, "hosts": hosts_fact,
+    "workdir": workdir_fact, "leases": leases_fact, "env": env_fact,
+}
+"""Every fact section by the name a step asks for it (``setup.plan.StepDef.sections``; ``sudo``
+is read with every ask: ``setup_agent.Node.facts``)."""
+NO_ROOT = ("apt", "venv")
+"""Sections that need no root and take time: read beside sudo's check of the password."""
+BY_NAME = ("wheels",)
+"""Sections read only when asked by name (hashing the wheels costs), never with ``all``."""
+ALIASES = {"pip": "venv"}
+
+
+def sections(only: list[str] | None) -> list[str]:
+    """The sections an ask names, in ``SECTIONS`` order (``None`` or ``all``: all but
+    ``BY_NAME``)."""
+    want = {ALIASES.get(name, name) for name in only or ["all"]}
+    every = "all" in want
+    return [name for name in SECTIONS
+            if name in want or (every and name not in BY_NAME)]
+
+
+def login_name() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+TMPFILES = "/etc/tmpfiles.d/ptcluster.conf"
+"""systemd-tmpfiles' entry that makes the lease directory at every boot (/run is a tmpfs)."""
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _has_key(pubkey: str) -> bool:
+    want = pubkey.split()[:2]
+    text = _read(os.path.expanduser("~/.ssh/authorized_keys")) or ""
+    return any(line.split()[:2] == want for line in text.splitlines() if line.strip())
+
+
+def _os_release() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in (_read("/etc/os-release") or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip().strip('"')
+    return {k: out.get(k, "") for k in ("ID", "ID_LIKE", "VERSION_ID", "PRETTY_NAME")}
+
+
+def _installed(packages: list[str]) -> dict[str, bool]:
+    _, out = run(["dpkg-query", "-W", "-f", "${Package} ${Status}\n", *packages])
+    done = {line.split()[0] for line in out.splitlines()
+            if line.strip().endswith("ok installed")}
+    return {p: p in done for p in packages}
+
+
+def _gpu() -> dict[str, Any]:
+    """NVIDIA GPUs: those on the PCI bus (there without a driver: what the driver step looks
+    for), the driver and the compute capabilities, from the one discovery (``accel.gpus``)."""
+    found = gpus()
+    return {"count": max(pci_gpu_count(), int(found["count"])), "driver": found["driver"],
+            "compute_capability": [c for c in found["compute_capability"] if c]}
+
+
+VENV_DISTS = ("torch", "ptcluster", "pip")
+"""The distributions whose versions the venv's facts report."""
+
+
+def _venv(path: str) -> dict[str, Any]:
+    """The venv at ``path``: whether it exists and works, its Python, and ``VENV_DISTS``."""
+    py = os.path.join(path, "bin", "python")
+    if not os.access(py, os.X_OK):
+        return {"exists": False}
+    return _venv_here(path, py) or _venv_probe(py)
+
+
+def _venv_here(path: str, py: str) -> dict[str, Any] | None:
+    """The venv's facts without starting another interpreter, when its ``bin/python`` is the
+    very interpreter running this program (``python3 -m venv`` makes it a symlink), so it runs
+    and is this Python; None when only the interpreter can tell (``_venv_probe``).
+
+    Its versions are read where ``importlib.metadata`` would find them: the ``Version`` in the
+    ``METADATA`` of each ``NAME-VERSION.dist-info`` of the venv's site-packages, the one
+    directory on its path (``_one_site`` says when that is not sure)."""
+    cfg = _read(os.path.join(path, "pyvenv.cfg"))
+    if os.path.realpath(py) != os.path.realpath(sys.executable) or cfg is None:
+        return None
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    site = os.path.join(path, "lib", f"python{python}", "site-packages")
+    try:
+        entries = sorted(os.listdir(site))
+    except OSError:
+        return None
+    if not _one_site(cfg, site, entries):
+        return None
+    dists: dict[str, str | None] = {d: None for d in VENV_DISTS}
+    for entry in entries:
+        name, sep, rest = entry.partition("-")
+        key = re.sub(r"[-_.]+", "_", name).lower()
+        if sep and rest.endswith(".dist-info") and key in dists and not dists[key]:
+            meta = (_read(os.path.join(site, entry, "METADATA")) or "").split("\n\n", 1)[0]
+            m = re.search(r"^Version:[ \t]*(\S+)", meta, re.M)
+            dists[key] = m.group(1) if m else None
+    return {"exists": True, "ok": True, "python": python, "dists": dists}
+
+
+def _one_site(cfg: str, site: str, entries: list[str]) -> bool:
+    """Whether the venv's distributions can only be in ``site``: not with the system's site
+    packages (``include-system-site-packages``), nor ``PYTHONPATH``, nor an ``.egg-info``,
+    nor a ``.pth`` line that adds a directory (``site`` runs lines that start with
+    ``import`` and skips comments; every other line is a directory)."""
+    if re.search(r"^\s*include-system-site-packages\s*=\s*true", cfg, re.M | re.I) or \
+            os.environ.get("PYTHONPATH"):
+        return False
+    for entry in entries:
+        if entry.endswith((".egg-info", ".egg-link")):
+            return False
+        if entry.endswith(".pth"):
+            lines = (_read(os.path.join(site, entry)) or "unreadable").splitlines()
+            if any(line.strip() and not line.startswith(("#", "import ", "import\t"))
+                   for line in lines):
+                return False
+    return True
+
+
+def _venv_probe(py: str) -> dict[str, Any]:
+    """The venv's facts from its own interpreter (one more Python start: ~60 ms of CPU)."""
+    code, out = run([py, "-c", "import json,sys,importlib.metadata as m\n"
+                     f"v={{}}\nfor d in {VENV_DISTS!r}:\n"
+                     "  try: v[d]=m.version(d)\n  except Exception: v[d]=None\n"
+                     "print(json.dumps({'python':'%d.%d'%sys.version_info[:2],'dists':v}))"])
+    if code != 0:
+        return {"exists": True, "ok": False, "why": out.strip()[-300:]}
+    info = json.loads(out.strip().splitlines()[-1])
+    return {"exists": True, "ok": True, **info}
+
+
+def _hashes(folder: str, names: list[str] | None) -> dict[str, str]:
+    """sha256 of the wheel files in ``folder`` (only ``names`` when given)."""
+    out: dict[str, str] = {}
+    try:
+        entries = sorted(os.listdir(folder))
+    except OSError:
+        return out
+    for name in entries:
+        if not name.endswith(".whl") or (names is not None and name not in names):
+            continue
+        digest = hashlib.sha256()
+        with open(os.path.join(folder, name), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        out[name] = digest.hexdigest()
+    return out
