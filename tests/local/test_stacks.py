@@ -254,17 +254,3 @@ def test_the_head_door_answers_each_request_kind_without_the_loop() -> None:
     door.looping = True
     assert door.stacks(timeout=0.01) == {"ok": False, "error": "no stacks report within 0 s"}
     assert len(posted) == 1 and posted[0].what == stacks_request()["cmd"]
-
-
-def test_control_requests_are_spelled_in_the_control_protocol_only() -> None:
-    """Every request of the control socket is built (``CMD``, ``Request``) in
-    control/protocol.py: no other module writes the "cmd" field by hand."""
-    import ast
-
-    src = Path(__file__).resolve().parents[1] / "src" / "ptcluster"
-    bare = [f"{path.relative_to(src)}:{node.lineno}"
-            for path in src.rglob("*.py") if path.name != "protocol.py"
-            or path.parent.name != "control"
-            for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Constant) and node.value == "cmd"]
-    assert bare == []
