@@ -66,6 +66,7 @@ from ptcluster.node.rank.api import (
     init_distributed,
     resumed_from,
 )
+from ptcluster.node.rank_wire import JOB_VAR, RESTART_COUNT_VAR
 
 log = logging.getLogger("ptcluster.examples.mnist")
 T = TypeVar("T")
@@ -265,7 +266,7 @@ def resume(args: argparse.Namespace, net: nn.Module, opt: torch.optim.Optimizer,
     have = [position in positions for _, positions in held]
     shared = checkpoint.share(folder, position, have, rank, device)
     state = checkpoint.from_bytes(shared.blob, device)
-    if restarted and state.get("job_id", "") != os.environ.get("PTCLUSTER_JOB_ID", ""):
+    if restarted and state.get("job_id", "") != os.environ.get(JOB_VAR, ""):
         log.info("restart: %s is not this job's: starting fresh", path)
         return fresh
     if state["dataset"] != data.name:
@@ -307,7 +308,7 @@ def save(args: argparse.Namespace, position: checkpoint.Position, start: Start, 
     state = {"model": net.state_dict(), "optimizer": opt.state_dict(), "epoch": position[0],
              "step": position[1], "dataset": data.name, "rng": torch.get_rng_state(),
              "global_batch": start.global_batch, "world_size": world,
-             "job_id": os.environ.get("PTCLUSTER_JOB_ID", "")}
+             "job_id": os.environ.get(JOB_VAR, "")}
     if device.type == "cuda":
         state["cuda_rng"] = torch.cuda.get_rng_state(device)
     if scaler.is_enabled():  # fp16: without it a resume starts the loss scale over
@@ -407,7 +408,7 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
     log.info("dataset=%s train=%d test=%d world_size=%d backend=%s device=%s", data.name,
              len(data.train_y), len(data.test_y), world, backend, device.type)
     net, opt = build(args, device)
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    restarted = int(os.environ.get(RESTART_COUNT_VAR, "0") or 0) > 0
     start = resume(args, net, opt, data, world, device, restarted, rank) \
         if args.resume or restarted else Start(0, 0, args.batch_size * world)
     steps_per_epoch = len(data.train_y) // start.global_batch  # the last partial batch: dropped
