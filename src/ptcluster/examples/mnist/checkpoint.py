@@ -17,10 +17,13 @@ the middle of a save leaves every node with a complete file.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
+import logging
 import os
 import re
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -30,6 +33,13 @@ from typing import IO, Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+
+from ptcluster.examples.mnist.data import Dataset
+from ptcluster.examples.mnist.world import gather
+from ptcluster.node.rank_wire import JOB_VAR
+
+log = logging.getLogger("ptcluster.examples.mnist")
 
 END = sys.maxsize
 """The step of an epoch-end position: after every step of the epoch, whatever their number."""
@@ -156,6 +166,92 @@ def share(folder: Path, position: Position, have: Sequence[bool], rank: int,
                            f"(sha256 {hashlib.sha256(got).hexdigest()[:16]}, sent "
                            f"{digests[src][:16]})")
     return Shared(got, src, len(got), differed)
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where training starts: epoch, steps already done in it, the global batch, and the
+    checkpoint position it came from (None: from the beginning)."""
+
+    epoch: int
+    step: int
+    global_batch: int
+    position: Position | None = None
+    scaler: dict[str, Any] | None = None
+    """fp16's GradScaler state from the checkpoint (its loss scale goes on where it was)."""
+
+
+def resume(args: argparse.Namespace, net: nn.Module, opt: torch.optim.Optimizer,
+           data: Dataset, world: int, device: torch.device, restarted: bool,
+           rank: int = 0) -> Start:
+    """Where to start: after the newest checkpoint any node holds (none: the beginning).
+
+    Each rank reports the positions on its node's disk and all pick the newest. Ranks whose
+    node holds it read it from there; the others (and any whose copy is not the same bytes)
+    receive it from the first rank that does (:func:`share`) and the first rank of
+    each such disk writes its copy. A restart (``restarted``) takes only this job's own
+    checkpoints. A collective: every rank must call it.
+    """
+    fresh = Start(0, 0, args.batch_size * world)
+    folder = args.checkpoint_dir
+    disk = (socket.gethostname(), str(folder.resolve()))
+    held = gather((disk, sorted(positions_in(folder))), world)
+    position = newest(positions for _, positions in held)
+    if position is None:
+        log.info("resume: no node has a checkpoint in %s: starting fresh", folder)
+        return fresh
+    path = path_of(folder, position)
+    have = [position in positions for _, positions in held]
+    shared = share(folder, position, have, rank, device)
+    state = from_bytes(shared.blob, device)
+    if restarted and state.get("job_id", "") != os.environ.get(JOB_VAR, ""):
+        log.info("restart: %s is not this job's: starting fresh", path)
+        return fresh
+    if state["dataset"] != data.name:
+        raise ValueError(f"{path} was trained on {state['dataset']}, but this run loaded "
+                         f"{data.name}: resume with the data it was trained on, or start "
+                         "without --resume")
+    disks = [d for d, _ in held]
+    if (not have[rank] or rank in shared.differed) and disks.index(disk) == rank:
+        write(folder, position, shared.blob)  # this disk's copy, by its first rank
+    if shared.sender >= 0:
+        def hosts(ranks: list[int]) -> str:
+            return ", ".join(dict.fromkeys(disks[r][0] for r in ranks))
+        lacking = [r for r in range(world) if not have[r]]
+        log.info("resume: %s came from %s (rank %d) to %s (%.1f MB, sha256 checked); each "
+                 "now holds a copy", path.name, disks[shared.sender][0], shared.sender,
+                 hosts(lacking + shared.differed), shared.size / 1e6)
+        if shared.differed and rank == 0:
+            log.warning("resume: the copy of %s on %s was not the same as %s's: replaced",
+                        path.name, hosts(shared.differed), disks[shared.sender][0])
+    global_batch = int(state.get("global_batch", args.batch_size * world))
+    net.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"].cpu())
+    if "cuda_rng" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
+    epoch, step = position
+    if step == END:
+        log.info("resumed from %s (the newest any node has): continuing at epoch %d", path,
+                 epoch + 2)
+        return Start(epoch + 1, 0, global_batch, position, state.get("scaler"))
+    log.info("resumed from %s (the newest any node has): continuing in epoch %d after step "
+             "%d", path, epoch + 1, step)
+    return Start(epoch, step, global_batch, position, state.get("scaler"))
+
+
+def save_training(args: argparse.Namespace, position: Position, start: Start, world: int,
+         net: nn.Module, opt: torch.optim.Optimizer, scaler: Any, data: Dataset,
+         device: torch.device, keep: Position | None) -> None:
+    state = {"model": net.state_dict(), "optimizer": opt.state_dict(), "epoch": position[0],
+             "step": position[1], "dataset": data.name, "rng": torch.get_rng_state(),
+             "global_batch": start.global_batch, "world_size": world,
+             "job_id": os.environ.get(JOB_VAR, "")}
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
+    if scaler.is_enabled():  # fp16: without it a resume starts the loss scale over
+        state["scaler"] = scaler.state_dict()
+    save(args.checkpoint_dir, position, state, keep=keep)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -34,17 +34,14 @@ What the classic recipe gets wrong and this does not:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -52,6 +49,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ptcluster.examples.mnist import checkpoint
+from ptcluster.examples.mnist.checkpoint import Start, resume, save_training
+from ptcluster.examples.mnist.consistency import check_in_step, check_same_data, params_digest
 from ptcluster.examples.mnist.data import (
     Dataset,
     download_mnist,
@@ -60,16 +59,11 @@ from ptcluster.examples.mnist.data import (
     load_mnist,
 )
 from ptcluster.examples.mnist.preempt import Preemption
-from ptcluster.node.rank.api import (
-    checkpoint_saved,
-    end_rank,
-    init_distributed,
-    resumed_from,
-)
-from ptcluster.node.rank_wire import JOB_VAR, RESTART_COUNT_VAR
+from ptcluster.examples.mnist.world import all_sum, gather, setup
+from ptcluster.node.rank.api import checkpoint_saved, end_rank, resumed_from
+from ptcluster.node.rank_wire import RESTART_COUNT_VAR
 
 log = logging.getLogger("ptcluster.examples.mnist")
-T = TypeVar("T")
 Autocast = Callable[[], AbstractContextManager[Any]]
 
 
@@ -109,33 +103,6 @@ def model() -> nn.Module:
     return nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def setup(timeout_s: float) -> tuple[int, int, int, torch.device, str]:
-    """(rank, local_rank, world_size, device, backend); a plain run is a world of one."""
-    if "RANK" not in os.environ:
-        device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-        return 0, 0, 1, device, "none"
-    # The rule every ptcluster rank program uses: PTCLUSTER_BACKEND (auto: NCCL with a GPU, else
-    # gloo) and the device from LOCAL_RANK, never from the global rank.
-    rank, world, device, backend = init_distributed(timeout_s)
-    return rank, int(os.environ["LOCAL_RANK"]), world, device, backend
-
-
-def gather(obj: T, world: int) -> list[T]:
-    """Every rank's ``obj`` in rank order. A collective: every rank must call it."""
-    if world == 1:
-        return [obj]
-    out: list[Any] = [None] * world
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def all_sum(values: list[float], device: torch.device, world: int) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if world > 1:
-        dist.all_reduce(t)
-    return t.tolist()
-
-
 def evaluate(net: nn.Module, data: Dataset, rank: int, world: int,
              device: torch.device) -> float:
     """Accuracy over the whole test set: each rank takes every world-th sample, counts summed."""
@@ -146,38 +113,6 @@ def evaluate(net: nn.Module, data: Dataset, rank: int, world: int,
     net.train()
     correct_all, total = all_sum([correct, len(y)], device, world)
     return correct_all / total
-
-
-def params_digest(net: nn.Module) -> str:
-    h = hashlib.sha256()
-    for p in net.parameters():
-        h.update(p.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def state_digest(net: nn.Module, opt: torch.optim.Optimizer) -> str:
-    """The parameters' and the optimizer state's digest: equal on every rank while DDP keeps
-    them in step (the optimizer state is each rank's own: DDP never syncs it)."""
-    h = hashlib.sha256(params_digest(net).encode())
-    for state in opt.state_dict()["state"].values():
-        for key in sorted(state):
-            value = state[key]
-            h.update(key.encode())
-            h.update(value.detach().float().cpu().numpy().tobytes()
-                     if isinstance(value, torch.Tensor) else repr(value).encode())
-    return h.hexdigest()[:16]
-
-
-def check_in_step(net: nn.Module, opt: torch.optim.Optimizer, world: int, where: str) -> None:
-    """Every rank's model and optimizer state are the same, or the job stops here naming the
-    groups of ranks (a collective: every rank calls it). Cheap next to a checkpoint's save."""
-    seen = gather(state_digest(net, opt), world)
-    if len(set(seen)) > 1:
-        groups: dict[str, list[int]] = {}
-        for r, d in enumerate(seen):
-            groups.setdefault(d, []).append(r)
-        raise RuntimeError(f"ranks diverged {where}: " + "; ".join(
-            f"ranks {rs} have state {d}" for d, rs in groups.items()))
 
 
 def load_data(args: argparse.Namespace, local_rank: int, world: int) -> Dataset:
@@ -210,14 +145,6 @@ def load_data(args: argparse.Namespace, local_rank: int, world: int) -> Dataset:
     return load_digits()
 
 
-def check_same_data(data: Dataset, world: int) -> None:
-    """Different files on different nodes would give ranks different numbers of steps (a hang)."""
-    seen = gather((data.name, len(data.train_y), len(data.test_y)), world)
-    if len(set(seen)) != 1:
-        raise RuntimeError(f"ranks loaded different data (name, train, test per rank: {seen}): "
-                           "put the same MNIST files on every node, or use --dataset digits")
-
-
 def build(args: argparse.Namespace,
           device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(args.seed)
@@ -228,92 +155,6 @@ def build(args: argparse.Namespace,
     else:
         opt = torch.optim.AdamW(net.parameters(), lr=args.lr or 1e-3)
     return net, opt
-
-
-@dataclass(frozen=True)
-class Start:
-    """Where training starts: epoch, steps already done in it, the global batch, and the
-    checkpoint position it came from (None: from the beginning)."""
-
-    epoch: int
-    step: int
-    global_batch: int
-    position: checkpoint.Position | None = None
-    scaler: dict[str, Any] | None = None
-    """fp16's GradScaler state from the checkpoint (its loss scale goes on where it was)."""
-
-
-def resume(args: argparse.Namespace, net: nn.Module, opt: torch.optim.Optimizer,
-           data: Dataset, world: int, device: torch.device, restarted: bool,
-           rank: int = 0) -> Start:
-    """Where to start: after the newest checkpoint any node holds (none: the beginning).
-
-    Each rank reports the positions on its node's disk and all pick the newest. Ranks whose
-    node holds it read it from there; the others (and any whose copy is not the same bytes)
-    receive it from the first rank that does (:func:`checkpoint.share`) and the first rank of
-    each such disk writes its copy. A restart (``restarted``) takes only this job's own
-    checkpoints. A collective: every rank must call it.
-    """
-    fresh = Start(0, 0, args.batch_size * world)
-    folder = args.checkpoint_dir
-    disk = (socket.gethostname(), str(folder.resolve()))
-    held = gather((disk, sorted(checkpoint.positions_in(folder))), world)
-    position = checkpoint.newest(positions for _, positions in held)
-    if position is None:
-        log.info("resume: no node has a checkpoint in %s: starting fresh", folder)
-        return fresh
-    path = checkpoint.path_of(folder, position)
-    have = [position in positions for _, positions in held]
-    shared = checkpoint.share(folder, position, have, rank, device)
-    state = checkpoint.from_bytes(shared.blob, device)
-    if restarted and state.get("job_id", "") != os.environ.get(JOB_VAR, ""):
-        log.info("restart: %s is not this job's: starting fresh", path)
-        return fresh
-    if state["dataset"] != data.name:
-        raise ValueError(f"{path} was trained on {state['dataset']}, but this run loaded "
-                         f"{data.name}: resume with the data it was trained on, or start "
-                         "without --resume")
-    disks = [d for d, _ in held]
-    if (not have[rank] or rank in shared.differed) and disks.index(disk) == rank:
-        checkpoint.write(folder, position, shared.blob)  # this disk's copy, by its first rank
-    if shared.sender >= 0:
-        def hosts(ranks: list[int]) -> str:
-            return ", ".join(dict.fromkeys(disks[r][0] for r in ranks))
-        lacking = [r for r in range(world) if not have[r]]
-        log.info("resume: %s came from %s (rank %d) to %s (%.1f MB, sha256 checked); each "
-                 "now holds a copy", path.name, disks[shared.sender][0], shared.sender,
-                 hosts(lacking + shared.differed), shared.size / 1e6)
-        if shared.differed and rank == 0:
-            log.warning("resume: the copy of %s on %s was not the same as %s's: replaced",
-                        path.name, hosts(shared.differed), disks[shared.sender][0])
-    global_batch = int(state.get("global_batch", args.batch_size * world))
-    net.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"].cpu())
-    if "cuda_rng" in state and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
-    epoch, step = position
-    if step == checkpoint.END:
-        log.info("resumed from %s (the newest any node has): continuing at epoch %d", path,
-                 epoch + 2)
-        return Start(epoch + 1, 0, global_batch, position, state.get("scaler"))
-    log.info("resumed from %s (the newest any node has): continuing in epoch %d after step "
-             "%d", path, epoch + 1, step)
-    return Start(epoch, step, global_batch, position, state.get("scaler"))
-
-
-def save(args: argparse.Namespace, position: checkpoint.Position, start: Start, world: int,
-         net: nn.Module, opt: torch.optim.Optimizer, scaler: Any, data: Dataset,
-         device: torch.device, keep: checkpoint.Position | None) -> None:
-    state = {"model": net.state_dict(), "optimizer": opt.state_dict(), "epoch": position[0],
-             "step": position[1], "dataset": data.name, "rng": torch.get_rng_state(),
-             "global_batch": start.global_batch, "world_size": world,
-             "job_id": os.environ.get(JOB_VAR, "")}
-    if device.type == "cuda":
-        state["cuda_rng"] = torch.cuda.get_rng_state(device)
-    if scaler.is_enabled():  # fp16: without it a resume starts the loss scale over
-        state["scaler"] = scaler.state_dict()
-    checkpoint.save(args.checkpoint_dir, position, state, keep=keep)
 
 
 def grad_scaler(enabled: bool) -> Any:
@@ -432,7 +273,7 @@ def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
         nonlocal last_saved
         check_in_step(net, opt, world, f"before saving {checkpoint.path_of(Path(), position)}")
         if local_rank == 0:  # one copy per node: a node that loses its disk loses nothing
-            save(args, position, start, world, net, opt, amp[1], data, device,
+            save_training(args, position, start, world, net, opt, amp[1], data, device,
                  keep=last_saved)
             checkpoint_saved(global_step)
         last_saved = position
