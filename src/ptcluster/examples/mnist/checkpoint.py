@@ -17,7 +17,6 @@ the middle of a save leaves every node with a complete file.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import logging
@@ -35,8 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ptcluster.examples.mnist.data import Dataset
-from ptcluster.examples.mnist.world import gather
+from ptcluster.examples.mnist.world import World
 from ptcluster.node.rank_wire import JOB_VAR
 
 log = logging.getLogger("ptcluster.examples.mnist")
@@ -61,11 +59,6 @@ def positions_in(folder: Path) -> set[Position]:
         if m := _NAME.fullmatch(p.name):
             found.add((int(m.group(1)), END if m.group(2) is None else int(m.group(2))))
     return found
-
-
-def epochs_in(folder: Path) -> set[int]:
-    """The epochs with a complete end-of-epoch checkpoint in ``folder``."""
-    return {epoch for epoch, step in positions_in(folder) if step == END}
 
 
 def newest(per_rank: Iterable[Iterable[Position]]) -> Position | None:
@@ -109,10 +102,6 @@ def _write(folder: Path, position: Position, fill: Callable[[IO[bytes]], object]
         raise
     _fsync_dir(folder)  # the rename itself survives a power cut
     return target
-
-
-def load(folder: Path, position: Position, device: torch.device) -> dict[str, Any]:
-    return from_bytes(path_of(folder, position).read_bytes(), device)
 
 
 def from_bytes(blob: bytes, device: torch.device) -> dict[str, Any]:
@@ -169,6 +158,17 @@ def share(folder: Path, position: Position, have: Sequence[bool], rank: int,
 
 
 @dataclass(frozen=True)
+class TrainState:
+    """What a checkpoint holds besides the position and the RNG (the global generators): the
+    model (not DDP's wrapper), its optimizer, and fp16's loss scaler (kept only when enabled:
+    without it a resume starts the loss scale over)."""
+
+    net: nn.Module
+    opt: torch.optim.Optimizer
+    scaler: Any
+
+
+@dataclass(frozen=True)
 class Start:
     """Where training starts: epoch, steps already done in it, the global batch, and the
     checkpoint position it came from (None: from the beginning)."""
@@ -177,81 +177,110 @@ class Start:
     step: int
     global_batch: int
     position: Position | None = None
-    scaler: dict[str, Any] | None = None
-    """fp16's GradScaler state from the checkpoint (its loss scale goes on where it was)."""
 
 
-def resume(args: argparse.Namespace, net: nn.Module, opt: torch.optim.Optimizer,
-           data: Dataset, world: int, device: torch.device, restarted: bool,
-           rank: int = 0) -> Start:
-    """Where to start: after the newest checkpoint any node holds (none: the beginning).
+class Checkpoints:
+    """This run's checkpoints of ``state`` in ``folder`` on every node: :meth:`resume` from the
+    newest any node has, :meth:`save` at a position (each keeps the one saved before)."""
 
-    Each rank reports the positions on its node's disk and all pick the newest. Ranks whose
-    node holds it read it from there; the others (and any whose copy is not the same bytes)
-    receive it from the first rank that does (:func:`share`) and the first rank of
-    each such disk writes its copy. A restart (``restarted``) takes only this job's own
-    checkpoints. A collective: every rank must call it.
-    """
-    fresh = Start(0, 0, args.batch_size * world)
-    folder = args.checkpoint_dir
-    disk = (socket.gethostname(), str(folder.resolve()))
-    held = gather((disk, sorted(positions_in(folder))), world)
-    position = newest(positions for _, positions in held)
-    if position is None:
-        log.info("resume: no node has a checkpoint in %s: starting fresh", folder)
-        return fresh
-    path = path_of(folder, position)
-    have = [position in positions for _, positions in held]
-    shared = share(folder, position, have, rank, device)
-    state = from_bytes(shared.blob, device)
-    if restarted and state.get("job_id", "") != os.environ.get(JOB_VAR, ""):
-        log.info("restart: %s is not this job's: starting fresh", path)
-        return fresh
-    if state["dataset"] != data.name:
-        raise ValueError(f"{path} was trained on {state['dataset']}, but this run loaded "
-                         f"{data.name}: resume with the data it was trained on, or start "
-                         "without --resume")
-    disks = [d for d, _ in held]
-    if (not have[rank] or rank in shared.differed) and disks.index(disk) == rank:
-        write(folder, position, shared.blob)  # this disk's copy, by its first rank
-    if shared.sender >= 0:
-        def hosts(ranks: list[int]) -> str:
-            return ", ".join(dict.fromkeys(disks[r][0] for r in ranks))
-        lacking = [r for r in range(world) if not have[r]]
-        log.info("resume: %s came from %s (rank %d) to %s (%.1f MB, sha256 checked); each "
-                 "now holds a copy", path.name, disks[shared.sender][0], shared.sender,
-                 hosts(lacking + shared.differed), shared.size / 1e6)
-        if shared.differed and rank == 0:
-            log.warning("resume: the copy of %s on %s was not the same as %s's: replaced",
-                        path.name, hosts(shared.differed), disks[shared.sender][0])
-    global_batch = int(state.get("global_batch", args.batch_size * world))
-    net.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"].cpu())
-    if "cuda_rng" in state and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
+    def __init__(self, folder: Path, state: TrainState, world: World, dataset: str) -> None:
+        self.folder, self.state, self.world, self.dataset = folder, state, world, dataset
+        self.last: Position | None = None
+        """The position saved last (or resumed from): kept by the next save."""
+
+    def resume(self, fresh: Start, *, restarted: bool) -> Start:
+        """Where to start: after the newest checkpoint any node holds (none: ``fresh``).
+
+        Each rank reports the positions on its node's disk and all pick the newest. Ranks whose
+        node holds it read it from there; the others (and any whose copy is not the same bytes)
+        receive it from the first rank that does (:func:`share`) and the first rank of each such
+        disk writes its copy. A restart (``restarted``) takes only this job's own checkpoints.
+        A collective: every rank must call it.
+        """
+        rank, folder = self.world.rank, self.folder
+        disk = (socket.gethostname(), str(folder.resolve()))
+        held = self.world.gather((disk, sorted(positions_in(folder))))
+        position = newest(positions for _, positions in held)
+        if position is None:
+            log.info("resume: no node has a checkpoint in %s: starting fresh", folder)
+            return fresh
+        path = path_of(folder, position)
+        have = [position in positions for _, positions in held]
+        shared = share(folder, position, have, rank, self.world.device)
+        state = from_bytes(shared.blob, self.world.device)
+        if restarted and state.get("job_id", "") != os.environ.get(JOB_VAR, ""):
+            log.info("restart: %s is not this job's: starting fresh", path)
+            return fresh
+        if state["dataset"] != self.dataset:
+            raise ValueError(f"{path} was trained on {state['dataset']}, but this run loaded "
+                             f"{self.dataset}: resume with the data it was trained on, or "
+                             "start without --resume")
+        disks = [d for d, _ in held]
+        if (not have[rank] or rank in shared.differed) and disks.index(disk) == rank:
+            write(folder, position, shared.blob)  # this disk's copy, by its first rank
+        if shared.sender >= 0:
+            _log_shared(path.name, shared, disks, have, rank)
+        self._restore(state)
+        self.last = position
+        return _start_after(position, path, int(state.get("global_batch", fresh.global_batch)))
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        device = self.world.device
+        self.state.net.load_state_dict(state["model"])
+        self.state.opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"].cpu())
+        if "cuda_rng" in state and device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
+        if state.get("scaler") and self.state.scaler.is_enabled():
+            self.state.scaler.load_state_dict(state["scaler"])
+
+    def save(self, position: Position, global_batch: int) -> bool:
+        """Local rank 0 of every node saves (one copy per node: a node that loses its disk loses
+        nothing); every rank remembers ``position`` as the last. Whether this rank saved."""
+        mine = self.world.local_rank == 0
+        if mine:
+            save(self.folder, position, self._state_dict(position, global_batch),
+                 keep=self.last)
+        self.last = position
+        return mine
+
+    def _state_dict(self, position: Position, global_batch: int) -> dict[str, Any]:
+        device = self.world.device
+        state = {"model": self.state.net.state_dict(), "optimizer": self.state.opt.state_dict(),
+                 "epoch": position[0], "step": position[1], "dataset": self.dataset,
+                 "rng": torch.get_rng_state(), "global_batch": global_batch,
+                 "world_size": self.world.size, "job_id": os.environ.get(JOB_VAR, "")}
+        if device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(device)
+        if self.state.scaler.is_enabled():  # fp16: without it a resume starts the loss scale over
+            state["scaler"] = self.state.scaler.state_dict()
+        return state
+
+
+def _log_shared(name: str, shared: Shared, disks: list[tuple[str, str]], have: list[bool],
+                rank: int) -> None:
+    """Say where a resume's checkpoint came from and which copies it replaced."""
+    def hosts(ranks: list[int]) -> str:
+        return ", ".join(dict.fromkeys(disks[r][0] for r in ranks))
+
+    lacking = [r for r in range(len(have)) if not have[r]]
+    log.info("resume: %s came from %s (rank %d) to %s (%.1f MB, sha256 checked); each now "
+             "holds a copy", name, disks[shared.sender][0], shared.sender,
+             hosts(lacking + shared.differed), shared.size / 1e6)
+    if shared.differed and rank == 0:
+        log.warning("resume: the copy of %s on %s was not the same as %s's: replaced", name,
+                    hosts(shared.differed), disks[shared.sender][0])
+
+
+def _start_after(position: Position, path: Path, global_batch: int) -> Start:
     epoch, step = position
     if step == END:
         log.info("resumed from %s (the newest any node has): continuing at epoch %d", path,
                  epoch + 2)
-        return Start(epoch + 1, 0, global_batch, position, state.get("scaler"))
+        return Start(epoch + 1, 0, global_batch, position)
     log.info("resumed from %s (the newest any node has): continuing in epoch %d after step "
              "%d", path, epoch + 1, step)
-    return Start(epoch, step, global_batch, position, state.get("scaler"))
-
-
-def save_training(args: argparse.Namespace, position: Position, start: Start, world: int,
-         net: nn.Module, opt: torch.optim.Optimizer, scaler: Any, data: Dataset,
-         device: torch.device, keep: Position | None) -> None:
-    state = {"model": net.state_dict(), "optimizer": opt.state_dict(), "epoch": position[0],
-             "step": position[1], "dataset": data.name, "rng": torch.get_rng_state(),
-             "global_batch": start.global_batch, "world_size": world,
-             "job_id": os.environ.get(JOB_VAR, "")}
-    if device.type == "cuda":
-        state["cuda_rng"] = torch.cuda.get_rng_state(device)
-    if scaler.is_enabled():  # fp16: without it a resume starts the loss scale over
-        state["scaler"] = scaler.state_dict()
-    save(args.checkpoint_dir, position, state, keep=keep)
+    return Start(epoch, step, global_batch, position)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ptcluster.examples.mnist.data import Dataset
-from ptcluster.examples.mnist.world import gather
+from ptcluster.examples.mnist.world import World
 
 
 def params_digest(net: nn.Module) -> str:
@@ -32,10 +32,10 @@ def state_digest(net: nn.Module, opt: torch.optim.Optimizer) -> str:
     return h.hexdigest()[:16]
 
 
-def check_in_step(net: nn.Module, opt: torch.optim.Optimizer, world: int, where: str) -> None:
+def check_in_step(net: nn.Module, opt: torch.optim.Optimizer, world: World, where: str) -> None:
     """Every rank's model and optimizer state are the same, or the job stops here naming the
-    groups of ranks (a collective: every rank calls it). Cheap next to a checkpoint's save."""
-    seen = gather(state_digest(net, opt), world)
+    groups of ranks. Cheap next to a checkpoint's save."""
+    seen = world.gather(state_digest(net, opt))
     if len(set(seen)) > 1:
         groups: dict[str, list[int]] = {}
         for r, d in enumerate(seen):
@@ -44,10 +44,9 @@ def check_in_step(net: nn.Module, opt: torch.optim.Optimizer, world: int, where:
             f"ranks {rs} have state {d}" for d, rs in groups.items()))
 
 
-def check_same_data(data: Dataset, world: int) -> None:
+def check_same_data(data: Dataset, world: World) -> None:
     """Different files on different nodes would give ranks different numbers of steps (a hang)."""
-    seen = gather((data.name, len(data.train_y), len(data.test_y)), world)
+    seen = world.gather((data.name, len(data.train_y), len(data.test_y)))
     if len(set(seen)) != 1:
         raise RuntimeError(f"ranks loaded different data (name, train, test per rank: {seen}): "
                            "put the same MNIST files on every node, or use --dataset digits")
-
