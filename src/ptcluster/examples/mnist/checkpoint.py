@@ -7,7 +7,8 @@ are identical: DDP keeps every rank's parameters and optimizer state in step), s
 node's disk loses nothing. On resume every rank reports the positions its node holds and all
 take the newest one *any* node holds: ranks whose node has it read it from their disk, the
 others receive its bytes over the process group from the first rank that has it (:func:`share`,
-checked against the sender's sha256) and their node keeps a copy.
+checked against the sender's sha256) and their node keeps a copy. The trainer does both through
+:class:`Checkpoints` (what it saves: a :class:`TrainState`).
 
 Why keeping the last two is enough: a node saves position ``p`` only after the collectives of
 the step that reached ``p``, which every other rank enters only after saving the position before
