@@ -13,9 +13,9 @@ __all__ = ["checkpoint_saved", "resumed_from"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazily: they live beside the rank set-up, which imports torch; the CLI must not.
+    # Lazily: they live in the rank side's API, which imports torch; the CLI must not.
     if name in __all__:
-        from ptcluster.node.rank import api as rank_setup
+        from ptcluster.node.rank import api
 
-        return getattr(rank_setup, name)
+        return getattr(api, name)
     raise AttributeError(f"module 'ptcluster' has no attribute {name!r}")

@@ -8,6 +8,7 @@ import re
 import socket
 import struct
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,9 @@ import torch.distributed as dist
 from ptcluster.examples.mnist import checkpoint
 from ptcluster.examples.mnist import data as mnist_data
 from ptcluster.examples.mnist import train as train_mod
+from ptcluster.examples.mnist.config import TrainConfig, parse_config
 from ptcluster.examples.mnist.train import main as train_main
+from ptcluster.examples.mnist.world import World
 from tests.support.head import only_run, rank_fields, run_head
 
 
@@ -95,21 +98,49 @@ def make_mnist_dir(folder) -> None:
     write_idx(folder / "t10k-labels-idx1-ubyte", labels[1400:].reshape(-1), gz=False)
 
 
+ONE = World(0, 0, 1, torch.device("cpu"), "none")
+"""A plain run's world (no process group)."""
+
+
+def end_epochs(folder) -> set[int]:
+    """The epochs with a complete end-of-epoch checkpoint in ``folder`` (the trainer itself
+    needs positions only: this lives with the tests that ask)."""
+    return {epoch for epoch, step in checkpoint.positions_in(folder) if step == checkpoint.END}
+
+
 def test_the_trainer_prefers_idx_files_else_the_digits_offline(tmp_path) -> None:
-    """The trainer's own rule (``train.load_data``; one rank: no process group needed)."""
-    import argparse
-
-    from ptcluster.examples.mnist.train import load_data
-
-    def args(dataset: str, data_dir) -> argparse.Namespace:
-        return argparse.Namespace(dataset=dataset, data_dir=data_dir, no_download=True)
+    """The trainer's own rule (``data.load_agreed``; one rank: no process group needed)."""
+    def load(dataset: str, data_dir) -> mnist_data.Dataset:
+        return mnist_data.load_agreed(dataset, data_dir, ONE, download=False)
 
     make_mnist_dir(tmp_path / "MNIST" / "raw")
-    ds = load_data(args("auto", tmp_path), 0, 1)
+    ds = load("auto", tmp_path)
     assert ds.name == "mnist" and ds.train_x.shape == (1400, 784) and len(ds.test_y) == 397
     with pytest.raises(RuntimeError, match="--dataset digits"):
-        load_data(args("mnist", tmp_path / "empty"), 0, 1)
-    assert load_data(args("auto", tmp_path / "empty"), 0, 1).name == "digits"
+        load("mnist", tmp_path / "empty")
+    assert load("auto", tmp_path / "empty").name == "digits"
+
+
+def test_the_command_line_is_one_config() -> None:
+    """Every flag lands in its field, with TrainConfig's defaults; a value the config refuses
+    ends the command as argparse's own errors do (usage, exit 2)."""
+    assert parse_config([]) == TrainConfig()
+    cfg = parse_config(["--epochs", "3", "--batch-size", "32", "--optimizer", "sgd",
+                        "--momentum", "0.5", "--seed", "4", "--data-dir", "d", "--dataset",
+                        "digits", "--no-download", "--checkpoint-dir", "c", "--resume",
+                        "--checkpoint-every-steps", "7", "--amp", "off", "--timeout", "60"])
+    assert cfg == TrainConfig(epochs=3, batch_size=32, optimizer="sgd", momentum=0.5, seed=4,
+                              data_dir=Path("d"), dataset="digits", download=False,
+                              checkpoint_dir=Path("c"), resume=True, checkpoint_every_steps=7,
+                              amp="off", timeout=60.0)
+    assert cfg.learning_rate == 0.05 and TrainConfig().learning_rate == 1e-3
+    assert parse_config(["--lr", "0.2"]).learning_rate == 0.2
+    for bad in (["--batch-size", "0"], ["--checkpoint-every-steps", "-1"], ["--timeout", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            parse_config(bad)
+        assert exc.value.code == 2
+    with pytest.raises(ValueError, match="optimizer must be one of adamw, sgd"):
+        TrainConfig(optimizer="adam")
 
 
 @pytest.mark.slow
@@ -132,7 +163,7 @@ def test_ddp_trainer_reaches_accuracy_with_identical_params(tmp_path, no_leftove
     assert ranks[0]["start_epoch"] == ranks[1]["start_epoch"] == "0"
     epochs = [line for line in head.lines if "epoch " in line and "test_accuracy" in line]
     assert len(epochs) == 5 and all(line.startswith("[localhost:0]") for line in epochs)
-    assert checkpoint.epochs_in(tmp_path / "checkpoints") == {3, 4}  # the last two
+    assert end_epochs(tmp_path / "checkpoints") == {3, 4}  # the last two
 
     # --resume on 2 ranks: both continue after epoch index 4, from the node's newest copy.
     code, head = run_head(["run", "--nproc", "2", "--run-dir", "runs2", "-m",
@@ -145,7 +176,7 @@ def test_ddp_trainer_reaches_accuracy_with_identical_params(tmp_path, no_leftove
     assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"], ranks
     assert "[localhost:0] epoch 6/6" in "\n".join(head.lines) and "epoch 5/6" not in \
         "\n".join(head.lines)
-    assert checkpoint.epochs_in(tmp_path / "checkpoints") == {4, 5}
+    assert end_epochs(tmp_path / "checkpoints") == {4, 5}
 
 
 @pytest.fixture
@@ -167,7 +198,7 @@ def test_resume_continues_at_the_right_epoch(plain, capsys) -> None:
     assert train_main(["--epochs", "2", "--dataset", "digits"]) == 0
     ckpt = torch.load(plain / "checkpoints" / "checkpoint-1.pt")
     assert ckpt["epoch"] == 1 and ckpt["dataset"] == "digits"
-    assert checkpoint.epochs_in(plain / "checkpoints") == {0, 1}
+    assert end_epochs(plain / "checkpoints") == {0, 1}
     assert not list((plain / "checkpoints").glob("*.tmp*"))
     capsys.readouterr()
     assert train_main(["--epochs", "4", "--dataset", "digits", "--resume"]) == 0
@@ -179,7 +210,7 @@ def test_resume_continues_at_the_right_epoch(plain, capsys) -> None:
     # model, optimizer and RNG state all came back: the same result as never stopping
     assert digest(out) == uninterrupted
     assert torch.load(plain / "checkpoints" / "checkpoint-3.pt")["epoch"] == 3
-    assert checkpoint.epochs_in(plain / "checkpoints") == {2, 3}
+    assert end_epochs(plain / "checkpoints") == {2, 3}
 
 
 def test_resume_without_checkpoints_starts_fresh(plain, capsys) -> None:
@@ -221,9 +252,9 @@ def test_checkpoint_save_is_atomic_and_keeps_the_last_two(tmp_path, monkeypatch)
         previous = position
     assert checkpoint.positions_in(folder) == {(1, 5), (1, E)}
     assert sorted(p.name for p in folder.iterdir()) == ["checkpoint-1-5.pt", "checkpoint-1.pt"]
-    assert checkpoint.epochs_in(folder) == {1}
+    assert end_epochs(folder) == {1}
     checkpoint.save(folder, (0, E), {})  # a fresh run prunes a previous run's newer ones
-    assert checkpoint.epochs_in(folder) == {0} and checkpoint.positions_in(folder) == {(0, E)}
+    assert end_epochs(folder) == {0} and checkpoint.positions_in(folder) == {(0, E)}
 
     def broken_save(obj, f) -> None:
         f.write(b"half a checkpoint")
@@ -307,16 +338,16 @@ def _steps_on(rank: int, world: int, port: int, out: str) -> None:
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world)
-    args = train_mod.parse_args(["--optimizer", "sgd", "--lr", "0.1"])
-    net, opt = train_mod.build(args, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    net, opt = train_mod.build(TrainConfig(optimizer="sgd", lr=0.1), cpu)
     ddp = torch.nn.parallel.DistributedDataParallel(net) if world > 1 else net
     g = torch.Generator().manual_seed(7)
     x, y = torch.randn(STEPS * GLOBAL_BATCH, 784, generator=g), torch.randint(
         0, 10, (STEPS * GLOBAL_BATCH,), generator=g)
-    order = train_mod.epoch_order(len(y), 0, 0, torch.device("cpu"))
-    amp = train_mod.mixed_precision("off", torch.device("cpu"))
-    _, count, _ = train_mod.run_epoch(ddp, opt, amp, x, y, order, range(STEPS), GLOBAL_BATCH,
-                                      rank, world, lambda k: False)
+    order = train_mod.epoch_order(len(y), 0, 0, cpu)
+    learner = train_mod.Learner(ddp, opt, *train_mod.mixed_precision("off", cpu))
+    batches = train_mod.Batches(x, y, order, GLOBAL_BATCH, World(rank, rank, world, cpu, "gloo"))
+    _, count, _ = train_mod.run_epoch(learner, batches, range(STEPS), lambda k: False)
     assert count == STEPS * len(range(rank, GLOBAL_BATCH, world))  # 22 or 21 of 64 on 3
     if rank == 0:
         torch.save([p.detach().clone() for p in net.parameters()], out)
@@ -333,7 +364,7 @@ def test_a_step_is_the_same_step_on_any_world_size(tmp_path) -> None:
         out = str(tmp_path / f"params-{world}.pt")
         torch.multiprocessing.spawn(_steps_on, args=(world, free_port(), out), nprocs=world)
         params[world] = torch.load(out)
-    start = train_mod.build(train_mod.parse_args([]), torch.device("cpu"))[0]
+    start = train_mod.build(TrainConfig(), torch.device("cpu"))[0]
     for world in (3, 4):
         for a, b, p0 in zip(params[1], params[world], start.parameters(), strict=True):
             assert not torch.equal(a, p0)  # it trained

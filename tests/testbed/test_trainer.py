@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.local.test_trainer import make_mnist_dir
+from tests.local.test_trainer import end_epochs, make_mnist_dir
 from tests.support.head import Head, job_id_when_started, rank_fields
 from tests.support.testbed import next_port
 
@@ -57,8 +57,7 @@ def train(root: Path, cluster: Path, no_leftovers: list[str], *args: str) -> lis
 
 
 def epochs_on_disk(workdir: Path) -> list[int]:
-    return sorted(int(m.group(1)) for p in (workdir / "checkpoints").glob("*")
-                  if (m := re.fullmatch(r"checkpoint-(\d+)\.pt", p.name)))
+    return sorted(end_epochs(workdir / "checkpoints"))
 
 
 def in_step(lines: list[str], world: int = len(SLOTS) + 1) -> dict[int, dict[str, str]]:

@@ -15,21 +15,21 @@ from typing import TYPE_CHECKING
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.node import wire
-from ptcluster.node.rank_wire import SHIM_BOOT
+from ptcluster.node.rank_wire import (
+    ATTEMPT_VAR,
+    BACKEND_VAR,
+    FR_DEFAULT,
+    FR_VAR,
+    IFNAME_VARS,
+    JOB_VAR,
+    MAX_RESTARTS_VAR,
+    SHIM_BOOT,
+    THREADS_DEFAULT,
+    THREADS_VAR,
+)
 
 if TYPE_CHECKING:
     from ptcluster.launch.options import RunOptions
-
-JOB_VAR = "PTCLUSTER_JOB_ID"
-ATTEMPT_VAR = "PTCLUSTER_ATTEMPT"
-"""The attempt of the job, 0 first (every restart of ``--max-restarts`` adds one); the shim
-also gives it to the rank as ``TORCHELASTIC_RESTART_COUNT``."""
-MAX_RESTARTS_VAR = "PTCLUSTER_MAX_RESTARTS"
-"""``--max-restarts``; the rank also sees it as ``TORCHELASTIC_MAX_RESTARTS``."""
-FR_VAR = "TORCH_FR_BUFFER_SIZE"
-FR_DEFAULT = "2000"
-"""torch's flight recorder keeps this many collectives per rank: the hang report and the
-progress measure read it (``node/rank/stack_probe.py``); a user's own value in ``env:`` is kept."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +106,7 @@ class NodePlan:
             "output_hold": opts.output_hold_for(len(plan.nodes)),
             # What torchrun sets for several ranks per node when the node has no value, set
             # here so that it does not print its four-line banner about it on every run.
-            "env_defaults": {"OMP_NUM_THREADS": "1"} if self.nproc > 1 else {},
+            "env_defaults": {THREADS_VAR: THREADS_DEFAULT} if self.nproc > 1 else {},
         }
 
 
@@ -152,15 +152,14 @@ def node_env(spec: ClusterSpec, node: NodeSpec, job_id: str, attempt: int = 0,
              max_restarts: int = 0) -> list[tuple[str, str]]:
     env = list(spec.env)
     env.append(("PYTHONUNBUFFERED", "1"))
-    env.append(("PTCLUSTER_BACKEND", spec.backend))
+    env.append((BACKEND_VAR, spec.backend))
     env.append((JOB_VAR, job_id))
     env.append((ATTEMPT_VAR, str(attempt)))
     env.append((MAX_RESTARTS_VAR, str(max_restarts)))
     if not any(k == FR_VAR for k, _ in spec.env):  # the user's own setting wins
         env.append((FR_VAR, FR_DEFAULT))
     if node.interface:
-        env.append(("NCCL_SOCKET_IFNAME", node.interface))
-        env.append(("GLOO_SOCKET_IFNAME", node.interface))
+        env += [(var, node.interface) for var in IFNAME_VARS]
     return env
 
 
@@ -220,8 +219,8 @@ def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
     An interface detected on the node at launch is in ``summary.json``, not here.
     """
     env = list(node.env)
-    if node.nproc > 1 and "OMP_NUM_THREADS" not in dict(node.env):
-        env.append(("OMP_NUM_THREADS", "1"))  # unless the node has its own (as torchrun does)
+    if node.nproc > 1 and THREADS_VAR not in dict(node.env):
+        env.append((THREADS_VAR, THREADS_DEFAULT))  # unless the node has its own (as torchrun does)
     env += [
         ("MASTER_ADDR", plan.master_addr),
         ("MASTER_PORT", str(plan.master_port or "auto (the master's guard takes a free one)")),

@@ -15,6 +15,12 @@ every connection with one JSON header line ``{"rank": R, "role": ROLE}``:
 
 A record is one line, ``KIND JSON`` (a JSON object). The guard passes a rank's records to the head
 as ``node.wire`` frames (``RANK_FRAMES`` there).
+
+It also names every variable ptcluster puts in a rank's environment (the ``*_VAR`` constants
+below): the head sets the job's (``launch.plan.node_env``), the guard adds the node's (its
+``start``), the shim maps two onto torch's names, and the rank's own code reads them (the stack
+probe, ``node.rank.api``, the reference trainer). Besides these a rank sees torchrun's (RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) and the cluster file's ``env:``.
 """
 
 import json
@@ -31,6 +37,43 @@ SHIM_BOOT = (f"import os;f=open(os.environ[{SHIM_VAR!r}]);s=f.read();f.close();"
 """The code torchrun runs for every rank (``-c``): the shim, from the file the guard wrote."""
 SHIM_FILE, PROBE_FILE = "shim.py", "stack_probe.py"
 """Their names in that dir (the packer names a handed program by its module's file)."""
+
+# -- the environment of every rank: what ptcluster sets, who reads it ---------------------
+JOB_VAR = "PTCLUSTER_JOB_ID"
+"""The job's id, the same on every node and in every attempt: a checkpoint that records it is
+this job's own (the reference trainer resumes a restart only from those)."""
+ATTEMPT_VAR = "PTCLUSTER_ATTEMPT"
+"""The attempt of the job, 0 first (every restart of ``--max-restarts`` adds one); the shim
+also gives it to the rank as ``TORCHELASTIC_RESTART_COUNT``."""
+MAX_RESTARTS_VAR = "PTCLUSTER_MAX_RESTARTS"
+"""``--max-restarts``; the rank also sees it as ``TORCHELASTIC_MAX_RESTARTS``."""
+RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"
+"""torch's name for the attempt: what a rank program reads for "am I a restart?", so that it
+means the same under a bare torchrun (the reference trainer does)."""
+ELASTIC_VARS = ((ATTEMPT_VAR, RESTART_COUNT_VAR), (MAX_RESTARTS_VAR, "TORCHELASTIC_MAX_RESTARTS"))
+"""(ours, torch's): torchrun sets its own restart count (always 0: ptcluster restarts the whole
+job, not torchrun); the shim overwrites torch's with ours, as torch's elastic scripts expect."""
+BACKEND_VAR = "PTCLUSTER_BACKEND"
+"""The cluster file's ``backend``: ``nccl``, ``gloo``, or ``auto`` (NCCL where the rank has a GPU,
+else gloo; ``node.rank.api.init_distributed``)."""
+TIMING_OFF_VAR = "PTCLUSTER_STRAGGLER"
+"""``PTCLUSTER_STRAGGLER: "0"`` in the cluster file's ``env:`` turns the guard's ``timing`` frames
+off (no straggler report; ``benchmarks/straggler_cost.py`` measures what they cost). The ranks
+see it too, but it is the guard's knob."""
+FR_VAR = "TORCH_FR_BUFFER_SIZE"
+"""torch's flight recorder keeps this many collectives per rank (0: off): the hang report and
+the progress measure read it (``node/rank/stack_probe.py``)."""
+FR_DEFAULT = "2000"
+"""What the plan sets when the cluster file's ``env:`` has no value of its own."""
+IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+"""The interface NCCL and gloo open their sockets on: the node's ``interface`` of the cluster
+file (the plan), else the one the guard finds routes to the master (unless ``env:`` has them)."""
+THREADS_VAR, THREADS_DEFAULT = "OMP_NUM_THREADS", "1"
+"""What torchrun sets for several ranks per node when the node has no value; ptcluster sets it
+then itself, so that torchrun does not print its four-line banner about it on every run."""
+TORCHRUN_LOG_VAR = "PET_LOG_DIR"
+"""torchrun's own files: the guard points it into its private temp dir (removed with it)."""
+
 STACK_SIGNAL = signal.SIGRTMIN + 7
 """The guard's "dump your stacks" signal, answered by the probe's faulthandler (glibc keeps
 SIGRTMIN-2..-1 for itself; +7 is free of torch and Python)."""

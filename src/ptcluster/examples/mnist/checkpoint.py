@@ -7,7 +7,8 @@ are identical: DDP keeps every rank's parameters and optimizer state in step), s
 node's disk loses nothing. On resume every rank reports the positions its node holds and all
 take the newest one *any* node holds: ranks whose node has it read it from their disk, the
 others receive its bytes over the process group from the first rank that has it (:func:`share`,
-checked against the sender's sha256) and their node keeps a copy.
+checked against the sender's sha256) and their node keeps a copy. The trainer does both through
+:class:`Checkpoints` (what it saves: a :class:`TrainState`).
 
 Why keeping the last two is enough: a node saves position ``p`` only after the collectives of
 the step that reached ``p``, which every other rank enters only after saving the position before
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
 import re
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -30,6 +33,12 @@ from typing import IO, Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+
+from ptcluster.examples.mnist.world import World
+from ptcluster.node.rank_wire import JOB_VAR
+
+log = logging.getLogger("ptcluster.examples.mnist")
 
 END = sys.maxsize
 """The step of an epoch-end position: after every step of the epoch, whatever their number."""
@@ -51,11 +60,6 @@ def positions_in(folder: Path) -> set[Position]:
         if m := _NAME.fullmatch(p.name):
             found.add((int(m.group(1)), END if m.group(2) is None else int(m.group(2))))
     return found
-
-
-def epochs_in(folder: Path) -> set[int]:
-    """The epochs with a complete end-of-epoch checkpoint in ``folder``."""
-    return {epoch for epoch, step in positions_in(folder) if step == END}
 
 
 def newest(per_rank: Iterable[Iterable[Position]]) -> Position | None:
@@ -99,10 +103,6 @@ def _write(folder: Path, position: Position, fill: Callable[[IO[bytes]], object]
         raise
     _fsync_dir(folder)  # the rename itself survives a power cut
     return target
-
-
-def load(folder: Path, position: Position, device: torch.device) -> dict[str, Any]:
-    return from_bytes(path_of(folder, position).read_bytes(), device)
 
 
 def from_bytes(blob: bytes, device: torch.device) -> dict[str, Any]:
@@ -156,6 +156,132 @@ def share(folder: Path, position: Position, have: Sequence[bool], rank: int,
                            f"(sha256 {hashlib.sha256(got).hexdigest()[:16]}, sent "
                            f"{digests[src][:16]})")
     return Shared(got, src, len(got), differed)
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """What a checkpoint holds besides the position and the RNG (the global generators): the
+    model (not DDP's wrapper), its optimizer, and fp16's loss scaler (kept only when enabled:
+    without it a resume starts the loss scale over)."""
+
+    net: nn.Module
+    opt: torch.optim.Optimizer
+    scaler: Any
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where training starts: epoch, steps already done in it, the global batch, and the
+    checkpoint position it came from (None: from the beginning)."""
+
+    epoch: int
+    step: int
+    global_batch: int
+    position: Position | None = None
+
+
+class Checkpoints:
+    """This run's checkpoints of ``state`` in ``folder`` on every node: :meth:`resume` from the
+    newest any node has, :meth:`save` at a position (each keeps the one saved before)."""
+
+    def __init__(self, folder: Path, state: TrainState, world: World, dataset: str) -> None:
+        self.folder, self.state, self.world, self.dataset = folder, state, world, dataset
+        self.last: Position | None = None
+        """The position saved last (or resumed from): kept by the next save."""
+
+    def resume(self, fresh: Start, *, restarted: bool) -> Start:
+        """Where to start: after the newest checkpoint any node holds (none: ``fresh``).
+
+        Each rank reports the positions on its node's disk and all pick the newest. Ranks whose
+        node holds it read it from there; the others (and any whose copy is not the same bytes)
+        receive it from the first rank that does (:func:`share`) and the first rank of each such
+        disk writes its copy. A restart (``restarted``) takes only this job's own checkpoints.
+        A collective: every rank must call it.
+        """
+        rank, folder = self.world.rank, self.folder
+        disk = (socket.gethostname(), str(folder.resolve()))
+        held = self.world.gather((disk, sorted(positions_in(folder))))
+        position = newest(positions for _, positions in held)
+        if position is None:
+            log.info("resume: no node has a checkpoint in %s: starting fresh", folder)
+            return fresh
+        path = path_of(folder, position)
+        have = [position in positions for _, positions in held]
+        shared = share(folder, position, have, rank, self.world.device)
+        state = from_bytes(shared.blob, self.world.device)
+        if restarted and state.get("job_id", "") != os.environ.get(JOB_VAR, ""):
+            log.info("restart: %s is not this job's: starting fresh", path)
+            return fresh
+        if state["dataset"] != self.dataset:
+            raise ValueError(f"{path} was trained on {state['dataset']}, but this run loaded "
+                             f"{self.dataset}: resume with the data it was trained on, or "
+                             "start without --resume")
+        disks = [d for d, _ in held]
+        if (not have[rank] or rank in shared.differed) and disks.index(disk) == rank:
+            write(folder, position, shared.blob)  # this disk's copy, by its first rank
+        if shared.sender >= 0:
+            _log_shared(path.name, shared, disks, have, rank)
+        self._restore(state)
+        self.last = position
+        return _start_after(position, path, int(state.get("global_batch", fresh.global_batch)))
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        device = self.world.device
+        self.state.net.load_state_dict(state["model"])
+        self.state.opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"].cpu())
+        if "cuda_rng" in state and device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
+        if state.get("scaler") and self.state.scaler.is_enabled():
+            self.state.scaler.load_state_dict(state["scaler"])
+
+    def save(self, position: Position, global_batch: int) -> bool:
+        """Local rank 0 of every node saves (one copy per node: a node that loses its disk loses
+        nothing); every rank remembers ``position`` as the last. Whether this rank saved."""
+        mine = self.world.local_rank == 0
+        if mine:
+            save(self.folder, position, self._state_dict(position, global_batch),
+                 keep=self.last)
+        self.last = position
+        return mine
+
+    def _state_dict(self, position: Position, global_batch: int) -> dict[str, Any]:
+        device = self.world.device
+        state = {"model": self.state.net.state_dict(), "optimizer": self.state.opt.state_dict(),
+                 "epoch": position[0], "step": position[1], "dataset": self.dataset,
+                 "rng": torch.get_rng_state(), "global_batch": global_batch,
+                 "world_size": self.world.size, "job_id": os.environ.get(JOB_VAR, "")}
+        if device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(device)
+        if self.state.scaler.is_enabled():  # fp16: without it a resume starts the loss scale over
+            state["scaler"] = self.state.scaler.state_dict()
+        return state
+
+
+def _log_shared(name: str, shared: Shared, disks: list[tuple[str, str]], have: list[bool],
+                rank: int) -> None:
+    """Say where a resume's checkpoint came from and which copies it replaced."""
+    def hosts(ranks: list[int]) -> str:
+        return ", ".join(dict.fromkeys(disks[r][0] for r in ranks))
+
+    lacking = [r for r in range(len(have)) if not have[r]]
+    log.info("resume: %s came from %s (rank %d) to %s (%.1f MB, sha256 checked); each now "
+             "holds a copy", name, disks[shared.sender][0], shared.sender,
+             hosts(lacking + shared.differed), shared.size / 1e6)
+    if shared.differed and rank == 0:
+        log.warning("resume: the copy of %s on %s was not the same as %s's: replaced", name,
+                    hosts(shared.differed), disks[shared.sender][0])
+
+
+def _start_after(position: Position, path: Path, global_batch: int) -> Start:
+    epoch, step = position
+    if step == END:
+        log.info("resumed from %s (the newest any node has): continuing at epoch %d", path,
+                 epoch + 2)
+        return Start(epoch + 1, 0, global_batch, position)
+    log.info("resumed from %s (the newest any node has): continuing in epoch %d after step "
+             "%d", path, epoch + 1, step)
+    return Start(epoch, step, global_batch, position)
 
 
 def _fsync_dir(folder: Path) -> None:

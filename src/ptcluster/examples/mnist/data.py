@@ -3,7 +3,8 @@
 MNIST: the four IDX files (gzipped or raw) in ``--data-dir`` (also ``DIR/MNIST/raw``, the
 torchvision layout). When they are missing and the network allows, they are downloaded with a
 short timeout and their MD5 sums checked. Offline: scikit-learn's bundled 8x8 digits (1,797 real
-handwritten digits, UCI ML optical recognition set) upsampled to 28x28.
+handwritten digits, UCI ML optical recognition set) upsampled to 28x28. Which of the two a job
+uses is agreed by all ranks (:func:`load_agreed`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from ptcluster.examples.mnist.world import World
 
 log = logging.getLogger(__name__)
 
@@ -148,3 +151,32 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
     test, train = order[:n_test], order[n_test:]
     tx, vx = _normalise(images[train], images[test])
     return Dataset("digits", tx, labels[train], vx, labels[test])
+
+
+def load_agreed(dataset: str, data_dir: Path, world: World, *, download: bool) -> Dataset:
+    """The same data set on every rank, whatever each node's disk holds: ``dataset`` as
+    ``--dataset`` names it (auto: MNIST where every rank has it, else the digits).
+
+    Every rank takes the same collective steps: local rank 0 of each node downloads what its
+    node lacks while the others wait at the barrier; then MNIST only if every rank finds its
+    files, else the digits everywhere.
+    """
+    if dataset == "digits":
+        return load_digits()
+    if download:
+        if world.local_rank == 0 and find_mnist(data_dir) is None:
+            why = download_mnist(data_dir)
+            if why:  # asked for MNIST: every node says why it has none
+                (log.warning if dataset == "mnist" else log.info)("MNIST unavailable (%s)", why)
+        world.barrier()
+    files = find_mnist(data_dir)
+    found = world.gather(files is not None)
+    if files is not None and all(found):
+        return load_mnist(files)
+    lacking = [r for r, ok in enumerate(found) if not ok]
+    where = f"{data_dir} on rank(s) {lacking}" if world.size > 1 else str(data_dir)
+    if dataset == "mnist":
+        raise RuntimeError(f"MNIST is not in {where}. Put the four IDX files there on every "
+                           "node, or use --dataset digits")
+    log.info("MNIST is not in %s: every rank uses the offline digits", where)
+    return load_digits()

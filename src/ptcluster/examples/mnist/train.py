@@ -29,22 +29,24 @@ What the classic recipe gets wrong and this does not:
   checkpoint, on every rank at the same step; under Slurm the job is requeued (``preempt.py``);
 - gloo on CPU and NCCL on GPU chosen automatically (ptcluster's own rank set-up);
   bf16 (or fp16) autocast on GPU.
+
+Here: the training loop, top to bottom. Beside it: ``config.py`` (the flags as a TrainConfig),
+``world.py`` (this rank's place), ``data.py``, ``checkpoint.py`` (saving and resuming),
+``consistency.py`` (every rank holds the same data and state) and ``preempt.py``.
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
+import functools
 import logging
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -52,55 +54,121 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ptcluster.examples.mnist import checkpoint
-from ptcluster.examples.mnist.data import (
-    Dataset,
-    download_mnist,
-    find_mnist,
-    load_digits,
-    load_mnist,
-)
+from ptcluster.examples.mnist.checkpoint import Checkpoints, Start, TrainState
+from ptcluster.examples.mnist.config import TrainConfig, parse_config
+from ptcluster.examples.mnist.consistency import check_in_step, check_same_data, params_digest
+from ptcluster.examples.mnist.data import Dataset, load_agreed
 from ptcluster.examples.mnist.preempt import Preemption
-from ptcluster.node.rank.api import (
-    checkpoint_saved,
-    end_rank,
-    init_distributed,
-    resumed_from,
-)
+from ptcluster.examples.mnist.world import World
+from ptcluster.node.rank.api import checkpoint_saved, end_rank, resumed_from
+from ptcluster.node.rank_wire import RESTART_COUNT_VAR
 
 log = logging.getLogger("ptcluster.examples.mnist")
-T = TypeVar("T")
 Autocast = Callable[[], AbstractContextManager[Any]]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m ptcluster.examples.mnist",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=64,
-                   help="per rank; the global batch (this x the ranks) is kept on a resume")
-    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
-    p.add_argument("--lr", type=float, default=None,
-                   help="default: 1e-3 for adamw, 0.05 for sgd")
-    p.add_argument("--momentum", type=float, default=0.9, help="sgd only")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-dir", type=Path, default=Path("data"),
-                   help="on each node; relative to its workdir")
-    p.add_argument("--dataset", choices=("auto", "mnist", "digits"), default="auto",
-                   help="auto: MNIST when every node has its files (or can download them), "
-                        "else digits")
-    p.add_argument("--no-download", action="store_true", help="never touch the network")
-    p.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"),
-                   help="on each node; relative to its workdir")
-    p.add_argument("--resume", action="store_true",
-                   help="continue after the newest checkpoint any node has (a restart of "
-                        "ptcluster run --max-restarts does so by itself)")
-    p.add_argument("--checkpoint-every-steps", type=int, default=0, metavar="K",
-                   help="also save every K optimizer steps, not only every epoch (0: off)")
-    p.add_argument("--amp", choices=("auto", "bf16", "fp16", "off"), default="auto",
-                   help="autocast on GPU (auto: bf16 where supported, else fp16)")
-    p.add_argument("--timeout", type=float, default=1800.0,
-                   help="seconds a collective may wait for the other ranks")
-    return p.parse_args(argv)
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_config(argv)
+    world = World.join(cfg.timeout)
+    # Rank 0 alone logs progress; lines go to stdout so they interleave with prints in order.
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    for name in (log.name, "ptcluster.examples.mnist.data"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.propagate = False
+        logger.setLevel(logging.INFO if world.rank == 0 else logging.WARNING)
+    try:
+        return train(cfg, world)
+    finally:
+        if dist.is_initialized():  # also a world of one under torchrun
+            dist.destroy_process_group()
+
+
+def run(argv: list[str] | None = None) -> NoReturn:
+    """:func:`main`, then end the process (``end_rank``: under a launcher, without the
+    interpreter's teardown); what ``python -m ptcluster.examples.mnist`` runs."""
+    end_rank(main(argv))
+
+
+def train(cfg: TrainConfig, world: World) -> int:
+    """Train up to ``cfg.epochs`` (from where :func:`prepare` says), evaluating and saving after
+    every epoch; stop early after a save when preempted."""
+    job = prepare(cfg, world)
+    start, steps_per_epoch = job.start, job.steps_per_epoch
+    x, y = job.data.train_x.to(world.device), job.data.train_y.to(world.device)
+    samples, train_time, accuracy = 0, 0.0, float("nan")
+    t_start = time.perf_counter()
+    for epoch in range(start.epoch, cfg.epochs):
+        batches = Batches(x, y, epoch_order(len(y), cfg.seed, epoch, world.device),
+                          start.global_batch, world)
+        first = start.step if epoch == start.epoch else 0
+        t0 = time.perf_counter()
+        loss_sum, count, stopped = run_epoch(job.learner, batches, range(first, steps_per_epoch),
+                                             functools.partial(job.saves.after_step, epoch))
+        if stopped:
+            return 0
+        if world.device.type == "cuda":
+            torch.cuda.synchronize()
+        train_time += time.perf_counter() - t0
+        total_loss, total = world.all_sum([loss_sum.item(), count])  # (a CPU-GPU sync point)
+        samples += int(total)
+        accuracy = evaluate(job.net, job.data, world)
+        log.info("epoch %d/%d loss=%.4f test_accuracy=%.4f time=%.2fs elapsed=%.2fs", epoch + 1,
+                 cfg.epochs, total_loss / max(total, 1), accuracy, time.perf_counter() - t0,
+                 time.perf_counter() - t_start)
+        if job.saves.at_end(epoch):
+            return 0
+    world.barrier()
+    print(f"rank={world.rank} params_sha256={params_digest(job.net)} start_epoch={start.epoch} "
+          f"start_step={start.epoch * steps_per_epoch + start.step}", flush=True)
+    if world.rank == 0:
+        rate = samples / train_time if train_time else 0.0
+        print(f"final epochs={cfg.epochs} test_accuracy={accuracy:.4f} "
+              f"samples_per_s={rate:.1f} train_time_s={train_time:.2f} dataset={job.data.name} "
+              f"world_size={world.size} backend={world.backend}", flush=True)
+    return 0
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the epochs need, once prepared."""
+
+    data: Dataset
+    net: nn.Module
+    learner: Learner
+    start: Start
+    steps_per_epoch: int
+    saves: Saves
+
+
+def prepare(cfg: TrainConfig, world: World) -> Job:
+    """The data (the same on every rank), the model, and where to start: after the newest
+    checkpoint any node has with ``--resume`` or in a restarted job, else from the beginning."""
+    data = load_agreed(cfg.dataset, cfg.data_dir, world, download=cfg.download)
+    check_same_data(data, world)
+    log.info("dataset=%s train=%d test=%d world_size=%d backend=%s device=%s", data.name,
+             len(data.train_y), len(data.test_y), world.size, world.backend, world.device.type)
+    net, opt = build(cfg, world.device)
+    autocast, scaler = mixed_precision(cfg.amp, world.device)
+    ckpts = Checkpoints(cfg.checkpoint_dir, TrainState(net, opt, scaler), world, data.name)
+    restarted = int(os.environ.get(RESTART_COUNT_VAR, "0") or 0) > 0
+    start = Start(0, 0, cfg.batch_size * world.size)
+    if cfg.resume or restarted:
+        start = ckpts.resume(start, restarted=restarted)
+    steps_per_epoch = len(data.train_y) // start.global_batch  # the last partial batch: dropped
+    if steps_per_epoch < 1:
+        raise ValueError(f"a global batch of {start.global_batch} is larger than the "
+                         f"{len(data.train_y)} training samples: use a smaller --batch-size")
+    if world.rank == 0:
+        resumed_from(start.epoch * steps_per_epoch + start.step)
+    ddp = DDP(net, device_ids=[world.device.index] if world.device.type == "cuda" else None) \
+        if world.size > 1 else net
+    if start.position is not None:
+        check_in_step(net, opt, world, f"after resuming from {start.position}")
+    saves = Saves(ckpts, start.global_batch, steps_per_epoch, cfg.checkpoint_every_steps,
+                  Preemption.install())
+    return Job(data, net, Learner(ddp, opt, autocast, scaler), start, steps_per_epoch, saves)
 
 
 def model() -> nn.Module:
@@ -108,211 +176,15 @@ def model() -> nn.Module:
     return nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def setup(timeout_s: float) -> tuple[int, int, int, torch.device, str]:
-    """(rank, local_rank, world_size, device, backend); a plain run is a world of one."""
-    if "RANK" not in os.environ:
-        device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-        return 0, 0, 1, device, "none"
-    # The rule every ptcluster rank program uses: PTCLUSTER_BACKEND (auto: NCCL with a GPU, else
-    # gloo) and the device from LOCAL_RANK, never from the global rank.
-    rank, world, device, backend = init_distributed(timeout_s)
-    return rank, int(os.environ["LOCAL_RANK"]), world, device, backend
-
-
-def gather(obj: T, world: int) -> list[T]:
-    """Every rank's ``obj`` in rank order. A collective: every rank must call it."""
-    if world == 1:
-        return [obj]
-    out: list[Any] = [None] * world
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def all_sum(values: list[float], device: torch.device, world: int) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if world > 1:
-        dist.all_reduce(t)
-    return t.tolist()
-
-
-def evaluate(net: nn.Module, data: Dataset, rank: int, world: int,
-             device: torch.device) -> float:
-    """Accuracy over the whole test set: each rank takes every world-th sample, counts summed."""
-    net.eval()
-    with torch.no_grad():
-        x, y = data.test_x[rank::world].to(device), data.test_y[rank::world].to(device)
-        correct = (net(x).argmax(1) == y).sum().item() if len(y) else 0
-    net.train()
-    correct_all, total = all_sum([correct, len(y)], device, world)
-    return correct_all / total
-
-
-def params_digest(net: nn.Module) -> str:
-    h = hashlib.sha256()
-    for p in net.parameters():
-        h.update(p.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def state_digest(net: nn.Module, opt: torch.optim.Optimizer) -> str:
-    """The parameters' and the optimizer state's digest: equal on every rank while DDP keeps
-    them in step (the optimizer state is each rank's own: DDP never syncs it)."""
-    h = hashlib.sha256(params_digest(net).encode())
-    for state in opt.state_dict()["state"].values():
-        for key in sorted(state):
-            value = state[key]
-            h.update(key.encode())
-            h.update(value.detach().float().cpu().numpy().tobytes()
-                     if isinstance(value, torch.Tensor) else repr(value).encode())
-    return h.hexdigest()[:16]
-
-
-def check_in_step(net: nn.Module, opt: torch.optim.Optimizer, world: int, where: str) -> None:
-    """Every rank's model and optimizer state are the same, or the job stops here naming the
-    groups of ranks (a collective: every rank calls it). Cheap next to a checkpoint's save."""
-    seen = gather(state_digest(net, opt), world)
-    if len(set(seen)) > 1:
-        groups: dict[str, list[int]] = {}
-        for r, d in enumerate(seen):
-            groups.setdefault(d, []).append(r)
-        raise RuntimeError(f"ranks diverged {where}: " + "; ".join(
-            f"ranks {rs} have state {d}" for d, rs in groups.items()))
-
-
-def load_data(args: argparse.Namespace, local_rank: int, world: int) -> Dataset:
-    """The same data set on every rank, whatever each node's disk holds.
-
-    Every rank takes the same collective steps: local rank 0 of each node downloads what its
-    node lacks while the others wait at the barrier; then MNIST only if every rank finds its
-    files, else the digits everywhere.
-    """
-    if args.dataset == "digits":
-        return load_digits()
-    if not args.no_download:
-        if local_rank == 0 and find_mnist(args.data_dir) is None:
-            why = download_mnist(args.data_dir)
-            if why:  # asked for MNIST: every node says why it has none
-                (log.warning if args.dataset == "mnist" else log.info)("MNIST unavailable (%s)",
-                                                                       why)
-        if world > 1:
-            dist.barrier()
-    files = find_mnist(args.data_dir)
-    found = gather(files is not None, world)
-    if files is not None and all(found):
-        return load_mnist(files)
-    lacking = [r for r, ok in enumerate(found) if not ok]
-    where = f"{args.data_dir} on rank(s) {lacking}" if world > 1 else str(args.data_dir)
-    if args.dataset == "mnist":
-        raise RuntimeError(f"MNIST is not in {where}. Put the four IDX files there on every "
-                           "node, or use --dataset digits")
-    log.info("MNIST is not in %s: every rank uses the offline digits", where)
-    return load_digits()
-
-
-def check_same_data(data: Dataset, world: int) -> None:
-    """Different files on different nodes would give ranks different numbers of steps (a hang)."""
-    seen = gather((data.name, len(data.train_y), len(data.test_y)), world)
-    if len(set(seen)) != 1:
-        raise RuntimeError(f"ranks loaded different data (name, train, test per rank: {seen}): "
-                           "put the same MNIST files on every node, or use --dataset digits")
-
-
-def build(args: argparse.Namespace,
-          device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(args.seed)
+def build(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(cfg.seed)
     net = model().to(device)
     opt: torch.optim.Optimizer
-    if args.optimizer == "sgd":
-        opt = torch.optim.SGD(net.parameters(), lr=args.lr or 0.05, momentum=args.momentum)
+    if cfg.optimizer == "sgd":
+        opt = torch.optim.SGD(net.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum)
     else:
-        opt = torch.optim.AdamW(net.parameters(), lr=args.lr or 1e-3)
+        opt = torch.optim.AdamW(net.parameters(), lr=cfg.learning_rate)
     return net, opt
-
-
-@dataclass(frozen=True)
-class Start:
-    """Where training starts: epoch, steps already done in it, the global batch, and the
-    checkpoint position it came from (None: from the beginning)."""
-
-    epoch: int
-    step: int
-    global_batch: int
-    position: checkpoint.Position | None = None
-    scaler: dict[str, Any] | None = None
-    """fp16's GradScaler state from the checkpoint (its loss scale goes on where it was)."""
-
-
-def resume(args: argparse.Namespace, net: nn.Module, opt: torch.optim.Optimizer,
-           data: Dataset, world: int, device: torch.device, restarted: bool,
-           rank: int = 0) -> Start:
-    """Where to start: after the newest checkpoint any node holds (none: the beginning).
-
-    Each rank reports the positions on its node's disk and all pick the newest. Ranks whose
-    node holds it read it from there; the others (and any whose copy is not the same bytes)
-    receive it from the first rank that does (:func:`checkpoint.share`) and the first rank of
-    each such disk writes its copy. A restart (``restarted``) takes only this job's own
-    checkpoints. A collective: every rank must call it.
-    """
-    fresh = Start(0, 0, args.batch_size * world)
-    folder = args.checkpoint_dir
-    disk = (socket.gethostname(), str(folder.resolve()))
-    held = gather((disk, sorted(checkpoint.positions_in(folder))), world)
-    position = checkpoint.newest(positions for _, positions in held)
-    if position is None:
-        log.info("resume: no node has a checkpoint in %s: starting fresh", folder)
-        return fresh
-    path = checkpoint.path_of(folder, position)
-    have = [position in positions for _, positions in held]
-    shared = checkpoint.share(folder, position, have, rank, device)
-    state = checkpoint.from_bytes(shared.blob, device)
-    if restarted and state.get("job_id", "") != os.environ.get("PTCLUSTER_JOB_ID", ""):
-        log.info("restart: %s is not this job's: starting fresh", path)
-        return fresh
-    if state["dataset"] != data.name:
-        raise ValueError(f"{path} was trained on {state['dataset']}, but this run loaded "
-                         f"{data.name}: resume with the data it was trained on, or start "
-                         "without --resume")
-    disks = [d for d, _ in held]
-    if (not have[rank] or rank in shared.differed) and disks.index(disk) == rank:
-        checkpoint.write(folder, position, shared.blob)  # this disk's copy, by its first rank
-    if shared.sender >= 0:
-        def hosts(ranks: list[int]) -> str:
-            return ", ".join(dict.fromkeys(disks[r][0] for r in ranks))
-        lacking = [r for r in range(world) if not have[r]]
-        log.info("resume: %s came from %s (rank %d) to %s (%.1f MB, sha256 checked); each "
-                 "now holds a copy", path.name, disks[shared.sender][0], shared.sender,
-                 hosts(lacking + shared.differed), shared.size / 1e6)
-        if shared.differed and rank == 0:
-            log.warning("resume: the copy of %s on %s was not the same as %s's: replaced",
-                        path.name, hosts(shared.differed), disks[shared.sender][0])
-    global_batch = int(state.get("global_batch", args.batch_size * world))
-    net.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"].cpu())
-    if "cuda_rng" in state and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
-    epoch, step = position
-    if step == checkpoint.END:
-        log.info("resumed from %s (the newest any node has): continuing at epoch %d", path,
-                 epoch + 2)
-        return Start(epoch + 1, 0, global_batch, position, state.get("scaler"))
-    log.info("resumed from %s (the newest any node has): continuing in epoch %d after step "
-             "%d", path, epoch + 1, step)
-    return Start(epoch, step, global_batch, position, state.get("scaler"))
-
-
-def save(args: argparse.Namespace, position: checkpoint.Position, start: Start, world: int,
-         net: nn.Module, opt: torch.optim.Optimizer, scaler: Any, data: Dataset,
-         device: torch.device, keep: checkpoint.Position | None) -> None:
-    state = {"model": net.state_dict(), "optimizer": opt.state_dict(), "epoch": position[0],
-             "step": position[1], "dataset": data.name, "rng": torch.get_rng_state(),
-             "global_batch": start.global_batch, "world_size": world,
-             "job_id": os.environ.get("PTCLUSTER_JOB_ID", "")}
-    if device.type == "cuda":
-        state["cuda_rng"] = torch.cuda.get_rng_state(device)
-    if scaler.is_enabled():  # fp16: without it a resume starts the loss scale over
-        state["scaler"] = scaler.state_dict()
-    checkpoint.save(args.checkpoint_dir, position, state, keep=keep)
 
 
 def grad_scaler(enabled: bool) -> Any:
@@ -343,144 +215,113 @@ def epoch_order(n: int, seed: int, epoch: int, device: torch.device) -> torch.Te
     return torch.randperm(n, generator=g).to(device)
 
 
-def run_epoch(ddp: nn.Module, opt: torch.optim.Optimizer, amp: tuple[Autocast, Any],
-              x: torch.Tensor, y: torch.Tensor, order: torch.Tensor, steps: range,
-              global_batch: int, rank: int, world: int,
-              after_step: Callable[[int], bool]) -> tuple[torch.Tensor, int, bool]:
-    """``steps`` of the epoch: step ``k`` takes global batch ``k`` of ``order``, this rank its
-    ``rank::world`` share; ``after_step(k + 1)`` True stops it there. (The summed loss, still
-    on the device; the samples it covers; whether it was stopped.)
+@dataclass(frozen=True)
+class Learner:
+    """What takes a step: the model as DDP wraps it (the model itself on one rank), its
+    optimizer, and mixed precision's autocast and loss scaler."""
 
-    The shares differ by one sample where ``world`` does not divide ``global_batch``, so each
-    rank's loss is its share's *sum* times ``world / global_batch``: DDP's average over the
+    ddp: nn.Module
+    opt: torch.optim.Optimizer
+    autocast: Autocast
+    scaler: Any
+
+
+@dataclass(frozen=True)
+class Batches:
+    """An epoch's global batches: step ``k`` takes global batch ``k`` of ``order`` (the epoch's
+    shuffle of the samples ``x``, ``y``), this rank its ``rank::size`` share of it."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    order: torch.Tensor
+    global_batch: int
+    world: World
+
+    def share(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n, world = self.global_batch, self.world
+        idx = self.order[k * n:(k + 1) * n][world.rank::world.size]
+        return self.x[idx], self.y[idx]
+
+    @property
+    def weight(self) -> float:
+        """What each rank's loss sum is scaled by (see :func:`run_epoch`)."""
+        return self.world.size / self.global_batch
+
+
+def run_epoch(learner: Learner, batches: Batches, steps: range,
+              after_step: Callable[[int], bool]) -> tuple[torch.Tensor, int, bool]:
+    """``steps`` of the epoch; ``after_step(k + 1)`` True stops it there. (The summed loss,
+    still on the device; the samples it covers; whether it was stopped.)
+
+    The shares differ by one sample where the world size does not divide the global batch, so
+    each rank's loss is its share's *sum* times ``world / global_batch``: DDP's average over the
     ranks is then the mean over the whole global batch, and a step is the same step on any
     world size (up to float rounding).
     """
-    autocast, scaler = amp
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
-    weight = world / global_batch
-    loss_sum = torch.zeros((), device=x.device)
+    loss_sum = torch.zeros((), device=batches.x.device)
     count = 0
     for k in steps:
-        idx = order[k * global_batch:(k + 1) * global_batch][rank::world]
-        with autocast():
-            share_sum = loss_fn(ddp(x[idx]), y[idx])
-        opt.zero_grad(set_to_none=True)
-        scaler.scale(share_sum * weight).backward()
-        scaler.step(opt)
-        scaler.update()
+        x, y = batches.share(k)
+        with learner.autocast():
+            share_sum = loss_fn(learner.ddp(x), y)
+        learner.opt.zero_grad(set_to_none=True)
+        learner.scaler.scale(share_sum * batches.weight).backward()
+        learner.scaler.step(learner.opt)
+        learner.scaler.update()
         loss_sum += share_sum.detach()  # stays on the device: no sync per step
-        count += len(idx)
+        count += len(y)
         if after_step(k + 1):
             return loss_sum, count, True
     return loss_sum, count, False
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    rank, local_rank, world, device, backend = setup(args.timeout)
-    # Rank 0 alone logs progress; lines go to stdout so they interleave with prints in order.
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    for name in (log.name, "ptcluster.examples.mnist.data"):
-        logger = logging.getLogger(name)
-        logger.handlers[:] = [handler]
-        logger.propagate = False
-        logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    try:
-        return train(args, rank, local_rank, world, device, backend)
-    finally:
-        if dist.is_initialized():  # also a world of one under torchrun
-            dist.destroy_process_group()
+@dataclass(frozen=True)
+class Saves:
+    """When to save and whether to stop there: at the end of every epoch and every ``every``
+    optimizer steps (0: never; counted from the job's first step, across resumes); after each
+    save, whether any rank was told to stop (SIGUSR2, preemption). A collective: every rank
+    decides the same."""
 
+    ckpts: Checkpoints
+    global_batch: int
+    steps_per_epoch: int
+    every: int
+    preempted: Preemption
 
-def run(argv: list[str] | None = None) -> NoReturn:
-    """:func:`main`, then end the process (``end_rank``: under a launcher, without the
-    interpreter's teardown); what ``python -m ptcluster.examples.mnist`` runs."""
-    end_rank(main(argv))
+    def after_step(self, epoch: int, k: int) -> bool:
+        """``k`` steps of ``epoch`` done: saved there, and stop?"""
+        g = epoch * self.steps_per_epoch + k
+        return self.every > 0 and g % self.every == 0 and k < self.steps_per_epoch and \
+            self.at((epoch, k), g)
 
+    def at_end(self, epoch: int) -> bool:
+        return self.at((epoch, checkpoint.END), (epoch + 1) * self.steps_per_epoch)
 
-def train(args: argparse.Namespace, rank: int, local_rank: int, world: int,
-          device: torch.device, backend: str) -> int:
-    data = load_data(args, local_rank, world)
-    check_same_data(data, world)
-    log.info("dataset=%s train=%d test=%d world_size=%d backend=%s device=%s", data.name,
-             len(data.train_y), len(data.test_y), world, backend, device.type)
-    net, opt = build(args, device)
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-    start = resume(args, net, opt, data, world, device, restarted, rank) \
-        if args.resume or restarted else Start(0, 0, args.batch_size * world)
-    steps_per_epoch = len(data.train_y) // start.global_batch  # the last partial batch: dropped
-    if steps_per_epoch < 1:
-        raise ValueError(f"a global batch of {start.global_batch} is larger than the "
-                         f"{len(data.train_y)} training samples: use a smaller --batch-size")
-    if rank == 0:
-        resumed_from(start.epoch * steps_per_epoch + start.step)
-    ddp = DDP(net, device_ids=[device.index] if device.type == "cuda" else None) \
-        if world > 1 else net
-    if start.position is not None:
-        check_in_step(net, opt, world, f"after resuming from {start.position}")
-    amp = mixed_precision(args.amp, device)
-    if start.scaler and amp[1].is_enabled():
-        amp[1].load_state_dict(start.scaler)
-    last_saved = start.position
-    preempted = Preemption.install()
-
-    def checkpoint_at(position: checkpoint.Position, global_step: int) -> bool:
-        """Save (local rank 0 of every node), then: stop here, preempted? A collective."""
-        nonlocal last_saved
-        check_in_step(net, opt, world, f"before saving {checkpoint.path_of(Path(), position)}")
-        if local_rank == 0:  # one copy per node: a node that loses its disk loses nothing
-            save(args, position, start, world, net, opt, amp[1], data, device,
-                 keep=last_saved)
+    def at(self, position: checkpoint.Position, global_step: int) -> bool:
+        """Save (local rank 0 of every node), then: stop here, preempted?"""
+        state, world = self.ckpts.state, self.ckpts.world
+        check_in_step(state.net, state.opt, world,
+                      f"before saving {checkpoint.path_of(Path(), position)}")
+        if self.ckpts.save(position, self.global_batch):
             checkpoint_saved(global_step)
-        last_saved = position
-        if preempted.agreed(device, world):  # after the save: every node holds it
-            epoch, step = position
-            log.info("preempted (SIGUSR2) %s: checkpoint saved",
-                     f"after epoch {epoch + 1}" if step == checkpoint.END else
-                     f"in epoch {epoch + 1} after step {step}")
-            preempted.requeue(rank)
-            return True
-        return False
+        if not self.preempted.agreed(world.device, world.size):  # after the save: all hold it
+            return False
+        epoch, step = position
+        log.info("preempted (SIGUSR2) %s: checkpoint saved",
+                 f"after epoch {epoch + 1}" if step == checkpoint.END else
+                 f"in epoch {epoch + 1} after step {step}")
+        self.preempted.requeue(world.rank)
+        return True
 
-    train_x, train_y = data.train_x.to(device), data.train_y.to(device)
-    samples, train_time, accuracy = 0, 0.0, float("nan")
-    t_start = time.perf_counter()
-    every = args.checkpoint_every_steps
-    for epoch in range(start.epoch, args.epochs):
-        order = epoch_order(len(train_y), args.seed, epoch, device)
-        first = start.step if epoch == start.epoch else 0
 
-        def after_step(k: int, epoch: int = epoch) -> bool:
-            g = epoch * steps_per_epoch + k
-            return every > 0 and g % every == 0 and k < steps_per_epoch and \
-                checkpoint_at((epoch, k), g)
-
-        t0 = time.perf_counter()
-        loss_sum, count, stopped = run_epoch(ddp, opt, amp, train_x, train_y, order,
-                                             range(first, steps_per_epoch), start.global_batch,
-                                             rank, world, after_step)
-        if stopped:
-            return 0
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        train_time += time.perf_counter() - t0
-        total_loss, total = all_sum([loss_sum.item(), count], device, world)
-        samples += int(total)
-        accuracy = evaluate(net, data, rank, world, device)
-        log.info("epoch %d/%d loss=%.4f test_accuracy=%.4f time=%.2fs elapsed=%.2fs", epoch + 1,
-                 args.epochs, total_loss / max(total, 1), accuracy, time.perf_counter() - t0,
-                 time.perf_counter() - t_start)
-        if checkpoint_at((epoch, checkpoint.END), (epoch + 1) * steps_per_epoch):
-            return 0
-    if world > 1:
-        dist.barrier()
-    print(f"rank={rank} params_sha256={params_digest(net)} start_epoch={start.epoch} "
-          f"start_step={start.epoch * steps_per_epoch + start.step}", flush=True)
-    if rank == 0:
-        rate = samples / train_time if train_time else 0.0
-        print(f"final epochs={args.epochs} test_accuracy={accuracy:.4f} "
-              f"samples_per_s={rate:.1f} train_time_s={train_time:.2f} dataset={data.name} "
-              f"world_size={world} backend={backend}", flush=True)
-    return 0
+def evaluate(net: nn.Module, data: Dataset, world: World) -> float:
+    """Accuracy over the whole test set: each rank takes every world-th sample, counts summed."""
+    net.eval()
+    with torch.no_grad():
+        x = data.test_x[world.rank::world.size].to(world.device)
+        y = data.test_y[world.rank::world.size].to(world.device)
+        correct = (net(x).argmax(1) == y).sum().item() if len(y) else 0
+    net.train()
+    correct_all, total = world.all_sum([correct, len(y)])
+    return correct_all / total

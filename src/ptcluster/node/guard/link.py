@@ -19,6 +19,7 @@ from ptcluster.node.guard.outbox import Outbox  # inlined
 from ptcluster.node.guard.progress import ProgressMeter  # inlined
 from ptcluster.node.guard.rank_server import RankServer  # inlined
 from ptcluster.node.guard.schedstat import SchedstatMeter  # inlined
+from ptcluster.node.rank_wire import FR_VAR, TIMING_OFF_VAR  # inlined
 from ptcluster.node.wire import (  # inlined
     HEARTBEAT_EVERY,
     HEARTBEAT_TIMEOUT,
@@ -28,10 +29,6 @@ from ptcluster.node.wire import (  # inlined
     split,
     timing_every,
 )
-
-TIMING_OFF_VAR = "PTCLUSTER_STRAGGLER"
-"""``PTCLUSTER_STRAGGLER: "0"`` in the cluster file's ``env:`` turns the ``timing`` frames off
-(no straggler report; ``benchmarks/straggler_cost.py`` measures what they cost)."""
 
 
 class StopRequest:
@@ -175,7 +172,7 @@ class HeadLink:
     def recorder_on(self) -> bool:
         """Whether the ranks' flight recorder is on (``TORCH_FR_BUFFER_SIZE`` in their env)."""
         try:
-            return int(self.cfg["env"].get("TORCH_FR_BUFFER_SIZE") or 0) > 0
+            return int(self.cfg["env"].get(FR_VAR) or 0) > 0
         except ValueError:
             return False
 

@@ -18,7 +18,13 @@ from typing import Any
 from ptcluster.node.guard.outbox import Outbox  # inlined
 from ptcluster.node.guard.prechecks import node_python  # inlined
 from ptcluster.node.guard.proctree import libc_prctl  # inlined
-from ptcluster.node.rank_wire import SHIM_FILE, SHIM_VAR, SOCK_VAR  # inlined
+from ptcluster.node.rank_wire import (  # inlined
+    IFNAME_VARS,
+    SHIM_FILE,
+    SHIM_VAR,
+    SOCK_VAR,
+    TORCHRUN_LOG_VAR,
+)
 from ptcluster.node.wire import GuardConfig, Kind, ReadyFacts, encode_text  # inlined
 
 PR_SET_PDEATHSIG = 1
@@ -82,11 +88,11 @@ def rank_env(cfg: GuardConfig, facts: ReadyFacts, tmpdir: str, sock: str) -> dic
         env["CUDA_VISIBLE_DEVICES"] = gpus["visible"]
     interface = facts.get("interface")
     if interface:
-        env.setdefault("NCCL_SOCKET_IFNAME", interface)
-        env.setdefault("GLOO_SOCKET_IFNAME", interface)
+        for var in IFNAME_VARS:
+            env.setdefault(var, interface)
     env[SOCK_VAR] = sock
     env[SHIM_VAR] = os.path.join(tmpdir, SHIM_FILE)
-    env["PET_LOG_DIR"] = tmpdir  # torchrun's own files: removed with the temp dir
+    env[TORCHRUN_LOG_VAR] = tmpdir  # torchrun's own files: removed with the temp dir
     return env
 
 

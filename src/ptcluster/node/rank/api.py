@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ptcluster.node.rank_wire import (  # inlined
+    BACKEND_VAR,
     CHECKPOINT,
     DATA,
     REPORT,
@@ -27,10 +28,10 @@ from ptcluster.node.rank_wire import (  # inlined
 def init_distributed(timeout_s: float) -> tuple:
     """init_process_group with the backend ptcluster chose -> (rank, world, device, backend).
 
-    PTCLUSTER_BACKEND=auto: NCCL when this rank has a GPU, else gloo. The device comes from
+    ``BACKEND_VAR`` auto: NCCL when this rank has a GPU, else gloo. The device comes from
     LOCAL_RANK, never from the global rank.
     """
-    backend = os.environ.get("PTCLUSTER_BACKEND", "auto")
+    backend = os.environ.get(BACKEND_VAR, "auto")
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
     if backend == "nccl":

@@ -32,6 +32,7 @@ from types import TracebackType
 from ptcluster.node.rank_wire import (  # inlined
     CTL,
     DATA,
+    ELASTIC_VARS,
     ERR,
     ERROR,
     EXIT,
@@ -89,8 +90,7 @@ def run_target(argv: list[str]) -> int:
     parent = os.getpid()
     # torchrun sets its own restart count (always 0: ptcluster restarts the whole job); a rank
     # sees the job's attempt instead, as torch's elastic scripts expect it.
-    for ours, theirs in (("PTCLUSTER_ATTEMPT", "TORCHELASTIC_RESTART_COUNT"),
-                         ("PTCLUSTER_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS")):
+    for ours, theirs in ELASTIC_VARS:
         if ours in os.environ:
             os.environ[theirs] = os.environ[ours]
 

@@ -34,6 +34,7 @@ import types
 
 from ptcluster.node.rank_wire import (  # inlined
     DUMP,
+    FR_VAR,
     PROBE,
     PROGRESS,
     READY,
@@ -76,7 +77,7 @@ def install(path: str, rank: int) -> None:
 
 def _fr_buffer() -> int:
     try:
-        return int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0"))
+        return int(os.environ.get(FR_VAR, "0"))
     except ValueError:
         return 0
 
