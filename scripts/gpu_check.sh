@@ -19,7 +19,7 @@ trap cleanup EXIT
 failed=0
 say() { printf '%-26s %s\n' "$1" "$2"; }
 fail() { say "$1" "FAIL: $2"; failed=1; [ -f "$3" ] && tail -n 15 "$3" | sed 's/^/    /'; }
-PATHS="doctor+nvml bench-nccl monitor trainer-cuda-bf16 gpus-auto-busy"
+PATHS="local-nproc doctor+nvml bench-nccl monitor trainer-cuda-bf16 gpus-auto-busy"
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     why="no NVIDIA GPU here (nvidia-smi not installed)"
@@ -49,6 +49,14 @@ check() {
         fail "$name" "$(tail -n 1 "$out/$name.line")" "$out/$name.json"
     fi
 }
+
+# the local cluster: one rank per GPU by default (the head counts its GPUs with node.accel)
+check local-nproc '
+import json, sys
+(node,) = json.load(open(sys.argv[1])); n = int(sys.argv[2])
+assert node["env"]["WORLD_SIZE"] == str(n), node["env"]
+print(f"ok: {n} ranks by default")
+' "$PY" -m ptcluster env --json
 
 # doctor: facts through NVML (ctypes), every check, and the all-reduce over NCCL
 check doctor+nvml '

@@ -190,14 +190,15 @@ def test_the_guard_beats_as_often_as_its_config_says(tmp_path, every) -> None:
 
     from ptcluster.cluster import local_cluster
     from ptcluster.launch.options import RunOptions
-    from ptcluster.launch.plan import Target, plan_launch
+    from ptcluster.launch.plan import Target, new_job_id, plan_launch
     from ptcluster.node import GUARD
     from ptcluster.remote.channel import NodeChannel, close_all, start_all
     from ptcluster.remote.transport import LocalTransport
 
     (tmp_path / "t.py").write_text("")
+    # a job id of its own: a fixed one is refused while another test run's guard holds it
     plan = plan_launch(local_cluster(1), Target(script=str(tmp_path / "t.py")), port=0,
-                       job_id="beats")
+                       job_id=new_job_id())
     opts = RunOptions(heartbeat_interval=every)
     cfg = plan.nodes[0].guard_config(plan, opts)
     assert cfg["heartbeat_every"] == every

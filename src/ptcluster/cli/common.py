@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -14,6 +12,7 @@ import click
 from ptcluster.cluster import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
 from ptcluster.cluster.slurm import allocation_from_env, describe, slurm_cluster
 from ptcluster.errors import UsageError
+from ptcluster.node import accel
 from ptcluster.remote.slurm import run_scontrol
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -68,15 +67,9 @@ def cluster_option(func: F) -> F:
 
 
 def local_gpu_count() -> int:
-    """GPUs on this machine, without importing torch (nvidia-smi -L); 0 when none."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return 0
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    """GPUs on this machine, without importing torch: the one GPU discovery the nodes use too
+    (``node.accel.gpus``: NVML, else nvidia-smi); 0 when none."""
+    return int(accel.gpus()["count"])
 
 
 def default_nproc() -> int:

@@ -27,9 +27,10 @@ from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import AttemptRecord, RunResult
 from ptcluster.launch.rundir import RunLogs
-from ptcluster.launch.stacks.collector import HANG, StackCollector
+from ptcluster.launch.stacks.collector import StackCollector
 from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.actions import (
+    HANG,
     Action,
     CollectStacks,
     DeliverData,
@@ -269,7 +270,7 @@ class Attempt:
                 next_flush = now + flush_gap
             if now >= next_tick:
                 self._finish_collections(sup, now)
-                quiet = {h: 0.0 if c.busy else now - c.last_recv
+                quiet = {h: 0.0 if c.held else now - c.last_recv
                          for h, c in self.channels.items()}
                 self._apply(sup.on_tick(now, quiet))
                 next_tick = now + TICK_SECONDS

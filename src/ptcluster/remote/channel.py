@@ -128,11 +128,6 @@ class NodeChannel:
         hub = self._hub
         return hub is not None and hub.holds(self)
 
-    @property
-    def busy(self) -> bool:
-        """True while the head, not the node, is why nothing new arrived (held back)."""
-        return self.held
-
     def close(self, deadline: float) -> None:
         """EOF, then wait until ``deadline`` (monotonic) and kill what is still running."""
         self.close_input()

@@ -19,11 +19,8 @@ from typing import Any
 from ptcluster.launch.rundir import RunDir, write_private
 from ptcluster.launch.stacks.report import StackReport, build_report
 from ptcluster.launch.supervise import events as ev
+from ptcluster.launch.supervise.actions import HANG
 
-HANG = "hang"
-"""The purpose of the collection the supervisor asks for on a hang (``CollectStacks``): its
-report is ``RunDir.HANG_STACKS`` and goes to ``hang_reported``; any other purpose is a reason
-given by whoever asked (``ptcluster stacks``)."""
 STACKS_WAIT = 10.0
 """Seconds a collection waits for every node's answer (a guard needs <= 2.5 s, plus <= 6 s
 when it runs py-spy)."""

@@ -36,9 +36,15 @@ class Status:
     text: str
 
 
+HANG = "hang"
+"""The purpose of the collection asked for on a hang (``CollectStacks(HANG)``): its report is
+the run directory's hang report and goes to ``hang_reported``; any other purpose is a reason given
+by whoever asked (``ptcluster stacks``)."""
+
+
 @dataclass(frozen=True)
 class CollectStacks:
-    """Collect every rank's stacks; for "hang", hand the report to ``hang_reported``."""
+    """Collect every rank's stacks; for ``HANG``, hand the report to ``hang_reported``."""
 
     purpose: str
 

@@ -23,6 +23,7 @@ from ptcluster.launch.plan import AUTO_PORT
 from ptcluster.launch.result import Failure, FailureKind
 from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.actions import (
+    HANG,
     Action,
     CollectStacks,
     DeliverData,
@@ -352,7 +353,7 @@ class Supervisor(JobState):
             return []
         self._hang_seen_at = now
         return [Status(f"no rank made progress for {self._hang.timeout:.0f} s: collecting "
-                       "every rank's stacks"), CollectStacks("hang")]
+                       "every rank's stacks"), CollectStacks(HANG)]
 
     def hang_reported(self, headline: str, rank: int | None, host: str | None,
                       now: float) -> list[Action]:
