@@ -3,9 +3,9 @@
 capped to a share of a CPU stands out, and after how many of rank 0's steps it is named. Needs root
 (testbed, cgroup v1 cpu).
 
-The measure (``node.busy``, ``launch.straggler``): each rank's main-thread wait share from
-``/proc/PID/task/PID/schedstat`` in its guard; the ratio is a rank's busy share (1 - wait share)
-over the other ranks' median, per evaluation (every 2 s, windows of 6 s). What
+The measure (``node.guard.schedstat``, ``launch.supervise.straggler``): each rank's main-thread
+wait share from ``/proc/PID/task/PID/schedstat`` in its guard; the ratio is a rank's busy share
+(1 - wait share) over the other ranks' median, per evaluation (every 2 s, windows of 6 s). What
 ``DEFAULT_THRESHOLD`` must sit between: above every balanced run's peak (no false report), below
 what the capped rank keeps.
 

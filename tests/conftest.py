@@ -50,7 +50,7 @@ def ptcluster_cmd():
 
 @pytest.fixture(scope="session", autouse=True)
 def _registry_of_heads(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Every head a test starts registers in this session's registry (``launch.heads``), not in
+    """Every head a test starts registers in this session's registry (``control.registry``), not in
     the user's own ``~/.local/state``; a test may give a head or a `kill` another one."""
     os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
 

@@ -1,6 +1,6 @@
 """Leases on a node's resources (node/leases.py) and the master's rendezvous port
-(prechecks.lease_master_port): real flocks in a private directory, real processes, real
-sockets. The jobs that use them are in test_multinode.py."""
+(node.guard.prechecks.lease_master_port): real flocks in a private directory, real processes, real
+sockets. The jobs that use them are in tests/testbed/test_run.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Whole-job restarts (`run --max-restarts`): the rule as a pure function, then real local jobs.
 
 The multi-node cases (a node's link cut, the master's node lost) are in
-``test_restart_multinode.py``.
+``tests/testbed/test_restart.py``.
 """
 
 from __future__ import annotations

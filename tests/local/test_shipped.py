@@ -65,14 +65,31 @@ def not_allowed(program: Program, module: str) -> set[str]:
 
 
 def top_level_names(module: str) -> set[str]:
-    names = set()
-    for node in tree(module).body:
+    """The names a module defines at its top level (also in ``if``/``try`` blocks there, and
+    every name of a tuple assignment: ``OUT, ERR = ...``); imports are not counted (two parts
+    may well both import ``os``)."""
+    return _defined(tree(module).body) - {"__all__"}
+
+
+def _defined(body: list[ast.stmt]) -> set[str]:
+    names: set[str] = set()
+    for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {t.id for t in targets if isinstance(t, ast.Name)}
-    return names - {"__all__"}
+            names |= {n.id for t in targets for n in ast.walk(t)
+                      if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        elif isinstance(node, (ast.If, ast.Try)):
+            blocks = [node.body, node.orelse, *(h.body for h in getattr(node, "handlers", [])),
+                      getattr(node, "finalbody", [])]
+            names |= {n for block in blocks for n in _defined(block)}
+    return names
+
+
+def test_a_tuple_assignment_defines_every_name_it_binds() -> None:
+    assert _defined(ast.parse("A, (B, C) = 1, (2, 3)\nif x:\n    D = 4\nimport os\n").body) \
+        == {"A", "B", "C", "D"}
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)

@@ -5,7 +5,7 @@ It is built on the shipped wire module (``ptcluster.node.wire``, loaded from its
 two cannot drift) and runs one process per "node" through :class:`FakeTransport` with the real
 runner and supervisor: hello, ready, ``go`` -> ``started``, a start record per rank, ``RATE``
 output lines per second per rank (each rank at its own phase, through the guard's shipped
-``node.outbox`` with the config's ``output_hold``, as a guard writes them), heartbeats and
+``node.guard.outbox`` with the config's ``output_hold``, as a guard writes them), heartbeats and
 ``timing`` frames as often as the config says (every rank equally busy, one collective each),
 each node at its own phase, then every rank's exit and the guard's ``exit``;
 ``stop`` (or EOF) ends it early, as a guard's teardown would.
@@ -16,7 +16,7 @@ each node at its own phase, then every rank's exit and the guard's ``exit``;
 
 Knobs, from the environment (the head's, inherited): ``FAKE_RATE`` lines/s per rank (0),
 ``FAKE_SECONDS`` the job's length (5), ``FAKE_HOLD`` seconds to hold output instead of the
-config's ``output_hold`` (0: a write per line, as guards wrote before ``node.outbox``),
+config's ``output_hold`` (0: a write per line, as guards wrote before ``node.guard.outbox``),
 ``FAKE_FAIL`` ``HOST:SECONDS`` (that node's rank fails with exit 1 after SECONDS),
 ``FAKE_EVENTS`` a file each node appends ``HOST KIND TIME`` to (its failure, the stop it was
 told) for timing a teardown across nodes; ``FAKE_SCHED=idle`` starts each fake node in the
@@ -167,8 +167,8 @@ class FakeNode:
                                   {"rank": r, "pid": os.getpid(), "t": time.time()}))
 
     def timing(self) -> bytes:
-        """What a guard's ``node.busy`` reports for ranks that all keep up: half of the time
-        running, a little waiting for a CPU, one collective completed."""
+        """What a guard's ``node.guard.schedstat`` reports for ranks that all keep up: half of
+        the time running, a little waiting for a CPU, one collective completed."""
         span = self.every
         figures = {"span": span, "run": span / 2, "delay": span / 100, "collectives": 1}
         return wire.encode(wire.Kind.TIMING, {"t": time.time(), "node": {"mem_available": 0.5},

@@ -1,5 +1,6 @@
-"""The straggler report's pure parts: the rule over a window (``launch.straggler``), its
-hysteresis, the guard's /proc figures (``node.busy``) and the ``timing`` frame's decoding."""
+"""The straggler report's pure parts: the rule over a window (``launch.supervise.straggler``), its
+hysteresis, the guard's /proc figures (``node.guard.schedstat``) and the ``timing`` frame's
+decoding."""
 
 from __future__ import annotations
 

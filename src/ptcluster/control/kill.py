@@ -1,7 +1,7 @@
 """``ptcluster kill``: through the job's head when the head runs on this machine, else through
 each node's guard of the job.
 
-The head is found in this user's registry (``launch.heads``) and asked on its control socket;
+The head is found in this user's registry (``control.registry``) and asked on its control socket;
 it stops the job in order on every node, as on Ctrl-C, names the asker as the cause and exits
 143. Whatever keeps a head from taking the request (no entry: the head runs elsewhere or is
 another user's; a head on another machine that shares this home; a dead socket; an older head

@@ -51,7 +51,7 @@ class ControlServer:
         self.handler = handler
         self.job_id = job_id
         self.unregistered = ""
-        """Why the job could not be registered (``launch.heads``), "" when it was or none was
+        """Why the job could not be registered (``control.registry``), "" when it was or none was
         asked for: ``ptcluster kill`` then goes through the guards."""
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # never a moment with the socket open to others

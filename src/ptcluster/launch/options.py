@@ -20,7 +20,7 @@ grows with the cluster instead (torch elastic's rendezvous keeps alive every 5 s
 OUTPUT_WRITES_PER_SECOND = BEATS_PER_SECOND
 """Writes of output the head is sized to read a second from all nodes together, whatever the
 ranks print: each guard holds its ranks' lines ``nodes / OUTPUT_WRITES_PER_SECOND`` s and
-writes them at once (``node.outbox``; 16 ms on 8 nodes, 2 s on 1024), or with its next
+writes them at once (``node.guard.outbox``; 16 ms on 8 nodes, 2 s on 1024), or with its next
 heartbeat, whichever comes first."""
 
 
@@ -54,7 +54,7 @@ class RunOptions:
     straggler_threshold: float = DEFAULT_THRESHOLD
     """A rank (or node) whose busy share (1 - the share of time its main thread sleeps) is this
     many times the other ranks' median, while they wait for it, is named the straggler
-    (``launch.straggler``)."""
+    (``launch.supervise.straggler``)."""
 
     def heartbeat_for(self, nodes: int) -> float:
         """The heartbeat interval of a job on ``nodes`` nodes: ``heartbeat_interval``, or

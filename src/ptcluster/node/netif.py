@@ -63,9 +63,24 @@ def address_on(dev: str) -> str:
 
 
 def _ipv4_addresses() -> list[tuple[str, str]]:
-    """(interface, address) for every IPv4 address here, in ``ip``'s order."""
-    return [(link["name"], cidr.split("/")[0]) for link in interfaces()[0]
-            for cidr in link["ipv4"]]
+    """(interface, address) for every IPv4 address here, in ``ip``'s order. The guard needs
+    them where the doctor's listing (``ip -j``, iproute2 >= 4.13) is not there: then from
+    ``ip -o -4 addr show``, which every iproute2 has."""
+    links, why = interfaces()
+    if why is None:
+        return [(link["name"], cidr.split("/")[0]) for link in links for cidr in link["ipv4"]]
+    try:
+        out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
+                             timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return parse_ip_oneline(out)
+
+
+def parse_ip_oneline(text: str) -> list[tuple[str, str]]:
+    """``ip -o -4 addr show`` -> [(interface, address)] (``2: eth0    inet 10.0.0.1/24 ...``)."""
+    return [(f[1].split("@")[0], f[3].split("/")[0]) for f in map(str.split, text.splitlines())
+            if len(f) > 3]
 
 
 def interfaces() -> tuple[list[dict[str, Any]], str | None]:

@@ -1,8 +1,8 @@
 """The head's rule for "which rank is slow": the straggler report while a job runs.
 
 Pure (no clock of its own, no I/O): the supervisor feeds it the guards' ``timing`` frames
-(``node.busy``: per rank, its main thread's run time and run delay from ``/proc``, nothing
-inside the rank) and asks it on every tick.
+(``node.guard.schedstat``: per rank, its main thread's run time and run delay from ``/proc``,
+nothing inside the rank) and asks it on every tick.
 
 In a synchronous data-parallel job (DDP, FSDP) every rank waits at each collective for the last
 one, and a waiting rank's main thread sleeps (gloo: on a futex). So over a window each rank's

@@ -334,7 +334,8 @@ class Supervisor(JobState):
         return []
 
     def _check_straggler(self, now: float) -> list[Action]:
-        """A new straggler, another one, or none any more: one line (``launch.straggler``)."""
+        """A new straggler, another one, or none any more: one line
+        (``launch.supervise.straggler``)."""
         at = self.wall(now)
         if self._phase is not Phase.RUNNING or not self._straggler.due(at):
             return []

@@ -1,4 +1,5 @@
-"""What the node sees of its ranks' time, for the head's straggler report (``launch.straggler``).
+"""What the node sees of its ranks' time, for the head's straggler report
+(``launch.supervise.straggler``).
 
 Standard library only; shipped with the guard (inlined by ``remote.bootstrap``). Nothing runs
 inside a rank for it: the guard reads ``/proc`` with every second heartbeat (``wire.timing_every``).

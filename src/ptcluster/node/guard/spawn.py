@@ -31,7 +31,7 @@ PR_SET_PDEATHSIG = 1
 HANDED: dict[str, str] = globals().get("HANDED", {})
 """The programs this guard hands its ranks (file name -> packed source: the shim and its stack
 probe). The packer (``remote.bootstrap``) assigns them to this very name (its ``HANDED``) in front
-of the packed source; ``tests/test_shipped.py`` checks that the two names are one."""
+of the packed source; ``tests/local/test_shipped.py`` checks that the two names are one."""
 SLURM_TASK_VARS = (
     "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
     "SLURM_NNODES", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_TASKS_PER_NODE",
