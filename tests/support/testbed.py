@@ -37,6 +37,10 @@ from tests.support import bare as bare_nodes
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
+NEXT_PORT = -1
+"""``Testbed.write_cluster``'s default port: the next of ``next_port``."""
+
+
 class TestbedError(RuntimeError):
     pass
 
@@ -268,14 +272,15 @@ class Testbed:
 
     def write_cluster(self, job_dir: Path, slots: list[int] | tuple[int, ...], *,
                       python: str = sys.executable, workdir: str | None = None,
-                      port: int | None = None, **kw: Any) -> str:
+                      port: int | None = NEXT_PORT, **kw: Any) -> str:
         """A cluster file of the first ``len(slots)`` nodes, written in ``job_dir`` under a name
         of its own: this interpreter, ``job_dir`` as the workdir, a rendezvous port of its own
-        (``next_port``) unless given. Its path."""
+        (``next_port``) unless one is given (None: no ``master:`` line, e.g. for one of the
+        test's own in ``extra``). Its path."""
         path = job_dir / f"cluster-{time.monotonic_ns()}.yaml"
         path.write_text(self.cluster_yaml(
             list(slots), python=python, workdir=str(job_dir) if workdir is None else workdir,
-            port=next_port() if port is None else port, **kw))
+            port=next_port() if port == NEXT_PORT else port, **kw))
         return str(path)
 
     def cluster_yaml(self, slots: list[int], *, extra: str = "", hosts: list[str] | None = None,

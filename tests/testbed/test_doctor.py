@@ -19,10 +19,11 @@ PY = sys.executable
 
 def cluster(testbed, tmp_path, nodes_yaml: str | None = None, extra: str = "",
             port: int | None = None) -> str:
+    port = next_port() if port is None else port
     if nodes_yaml is None:
         return testbed.write_cluster(tmp_path, [2, 1, 1], python=PY, port=port, extra=extra)
     path = tmp_path / f"c{time.monotonic_ns()}.yaml"
-    path.write_text(nodes_yaml + f"master: {{port: {port or next_port()}}}\n"
+    path.write_text(nodes_yaml + f"master: {{port: {port}}}\n"
                     f"ssh: {{config_file: {testbed.ssh_config}}}\npython: {PY}\n"
                     f"workdir: {tmp_path}\n" + extra)
     return str(path)
