@@ -15,7 +15,7 @@ from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, Reach
 from ptcluster.doctor.node_report import NodeReport, ProblemKind, address_of, interface_of
-from ptcluster.errors import who_what_fix
+from ptcluster.errors import Problem
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 GIB = 1 << 30
@@ -33,8 +33,14 @@ class Finding:
     detail: str
     fix: str | None = None
 
+    @property
+    def problem(self) -> Problem:
+        """This finding as the one :class:`Problem` (who: its host, what: ``detail``); ``doctor
+        --json`` keeps the fields."""
+        return Problem(self.host, self.detail, self.fix)
+
     def line(self) -> str:
-        return who_what_fix(self.host, self.detail, self.fix)
+        return str(self.problem)
 
 
 Check = Callable[[ClusterSpec, dict[str, NodeReport]], list[Finding]]
