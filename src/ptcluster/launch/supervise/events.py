@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from ptcluster.errors import Problem
 from ptcluster.node import wire
 
 
@@ -29,11 +30,11 @@ class Ready:
 @dataclass(frozen=True)
 class GuardRefused:
     """The guard could not do its part (the node's ``error {problem, fix}``: a missing workdir,
-    a taken port, ...); on the node it is the guard's ``GuardError`` exception."""
+    a taken port, ...); on the node it is the guard's ``GuardError`` exception. Its problem's
+    who is the node; the frame's empty fix is no fix (None)."""
 
     host: str
-    problem: str
-    fix: str
+    problem: Problem
     busy: bool = False
     """Only because another job holds what this one asks for (it may wait for it)."""
 
@@ -220,8 +221,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == wire.Kind.READY:
         return Ready(host, cast(wire.ReadyFacts, body))
     if kind == wire.Kind.ERROR:
-        return GuardRefused(host, str(body["problem"]), str(body.get("fix") or ""),
-                            bool(body.get("busy")))
+        said = Problem(host, str(body["problem"]), str(body.get("fix") or "") or None)
+        return GuardRefused(host, said, bool(body.get("busy")))
     if kind == wire.Kind.STARTED:
         return Started(host, int(body["pid"]))
     if kind == wire.Kind.EXIT:

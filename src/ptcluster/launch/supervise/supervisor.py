@@ -201,7 +201,7 @@ class Supervisor(JobState):
         return []
 
     def _guard_refused(self, e: ev.GuardRefused, now: float) -> list[Action]:
-        return self._fail(Failure(host=e.host, rank=None, message=e.problem, fix=e.fix or None,
+        return self._fail(Failure(host=e.host, rank=None, message=e.problem.what, fix=e.problem.fix,
                                   kind=FailureKind.BUSY if e.busy else FailureKind.GUARD,
                                   at=self.wall(now)), now)
 
