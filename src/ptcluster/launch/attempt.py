@@ -23,6 +23,7 @@ from typing import Any
 
 from ptcluster.control.protocol import Request
 from ptcluster.control.server import Ask, HeadDoor
+from ptcluster.errors import Problem
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import AttemptRecord, RunResult
@@ -229,7 +230,7 @@ class Attempt:
     def _could_not_start(self, channel: NodeChannel, problem: str, fix: str) -> None:
         self.ctx.events.put((self.plan.attempt, channel.host,
                              ev.ChannelClosed(channel.host, None, [problem],
-                                              cause=(problem, fix))))
+                                              cause=Problem(None, problem, fix))))
 
     # -- the loop -----------------------------------------------------------------------------
     def _loop(self, sup: Supervisor) -> None:

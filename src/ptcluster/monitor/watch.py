@@ -72,7 +72,7 @@ class Monitor:
                 view.sample, view.error, view.updated = sample, None, time.time()
 
     def _closed(self, host: str, python: str, code: int | None, stderr: list[str]) -> None:
-        problem, _ = explain_channel_failure(stderr, code, python)
+        problem = explain_channel_failure(stderr, code, python).what
         with self.lock:
             self.views[host].error = unreachable(Why.CLOSED, problem, None)
 

@@ -187,8 +187,8 @@ class Group:
         for host, r in self.result.nodes.items():
             if r.why is None and self.result.answer not in r.answers:
                 r.why = Why.CLOSED
-                r.problem, r.fix = explain_channel_failure(r.stderr, r.exit_code,
-                                                           self._python[host])
+                said = explain_channel_failure(r.stderr, r.exit_code, self._python[host])
+                r.problem, r.fix = said.what, said.fix
         return self.result
 
     def _apply(self, event: _Event) -> None:

@@ -165,9 +165,9 @@ class ChannelClosed:
     host: str
     exit_code: int | None
     stderr: list[str] = field(default_factory=list)
-    cause: tuple[str, str] | None = None
-    """(problem, fix): what the connector makes of the channel's end (``remote.transport.
-    explain_channel_failure``), or why it could not even start."""
+    cause: Problem | None = None
+    """What the connector makes of the channel's end (``remote.transport.
+    explain_channel_failure``), or why it could not even start (its who: None)."""
 
 
 Event = (Hello | Ready | GuardRefused | Started | Heartbeat | GuardStopping | RankStart | RankExit
