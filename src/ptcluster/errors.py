@@ -7,7 +7,7 @@ and keeps its traceback.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 class PtclusterError(Exception):
@@ -57,6 +57,11 @@ class Problem:
     who: str | None
     what: str
     fix: str | None = None
+
+    def by(self, who: str | None) -> Problem:
+        """The same problem said by ``who``: a part that knows only what went wrong leaves who
+        to its caller (the node it was asked about)."""
+        return replace(self, who=who)
 
     def __str__(self) -> str:
         return who_what_fix(self.who, self.what, self.fix)

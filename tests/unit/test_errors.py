@@ -27,3 +27,8 @@ def test_problem_is_frozen() -> None:
 
 def test_error_says_it_as_a_problem() -> None:
     assert str(PtclusterError("bad", "do this")) == "bad. Fix: do this"
+
+
+def test_by_names_who_says_it() -> None:
+    said = Problem(None, "refused", "ask")
+    assert str(said.by("node2")) == "node2: refused. Fix: ask" and said.who is None
