@@ -109,8 +109,9 @@ def render(console: Console, report: SetupReport) -> None:
                 console.print(f"      $ {cmd}", markup=False)
     if report.torch is not None:
         t = report.torch
-        console.print(f"torch: {t.local_version if t.variant else t.problem} "
-                      f"({t.why or t.fix})", markup=False)
+        what, fix = (t.local_version, None) if t.problem is None else (t.problem.what,
+                                                                        t.problem.fix)
+        console.print(f"torch: {what} ({t.why or fix})", markup=False)
     if report.dry_run:
         _render_plans(console, report)
     else:

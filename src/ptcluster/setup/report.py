@@ -69,6 +69,8 @@ class SetupReport:
                 "duration_s": round(self.duration, 2), "wheelhouse_s": self.wheelhouse_s,
                 "head": [s.to_json("head") for s in self.head],
                 "torch": None if t is None else {"version": t.version, "variant": t.variant,
-                                                 "why": t.why, "problem": t.problem},
+                                                 "why": t.why, "problem": (
+                                                     None if t.problem is None
+                                                     else t.problem.what)},
                 "nodes": [n.to_json() for n in self.nodes.values()]}
 
