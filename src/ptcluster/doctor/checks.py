@@ -35,8 +35,7 @@ class Finding:
 
     @property
     def problem(self) -> Problem:
-        """This finding as the one :class:`Problem` (who: its host, what: ``detail``); ``doctor
-        --json`` keeps the fields."""
+        """This finding as the one :class:`Problem` (who: host, what: ``detail``, its fix)."""
         return Problem(self.host, self.detail, self.fix)
 
     def line(self) -> str:
@@ -73,7 +72,8 @@ def check_ssh(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]
         elif p.kind is ProblemKind.PYTHON:
             out.append(Finding("ssh", node.host, OK, f"{how} ok (the command failed)"))
         else:
-            out.append(Finding("ssh", node.host, FAIL, p.problem or "no answer", p.fix))
+            said = p.problem or Problem(None, "no answer")
+            out.append(Finding("ssh", node.host, FAIL, said.what, said.fix))
     return out
 
 
@@ -85,7 +85,8 @@ def check_python(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Findi
             out.append(Finding("python", node.host, OK,
                                f"{node.python} (Python {p.facts['python']['version']})"))
         elif p.kind is ProblemKind.PYTHON:
-            out.append(Finding("python", node.host, FAIL, p.problem or "python failed", p.fix))
+            said = p.problem or Problem(None, "python failed")
+            out.append(Finding("python", node.host, FAIL, said.what, said.fix))
         else:
             out.append(Finding("python", node.host, SKIP, "node not reached"))
     return out
