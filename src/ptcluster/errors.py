@@ -64,10 +64,11 @@ class Problem:
         return replace(self, who=who)
 
     def __str__(self) -> str:
-        return who_what_fix(self.who, self.what, self.fix)
+        """The one shape of every problem we report: ``who: what. Fix: how``."""
+        text = f"{self.who}: {self.what}" if self.who else self.what
+        return f"{text}. Fix: {self.fix}" if self.fix else text
 
 
 def who_what_fix(who: str | None, what: str, fix: str | None) -> str:
-    """The one shape of every problem we report: ``who: what. Fix: how``."""
-    text = f"{who}: {what}" if who else what
-    return f"{text}. Fix: {fix}" if fix else text
+    """``str(Problem(who, what, fix))``, for a caller that holds the three parts loose."""
+    return str(Problem(who, what, fix))
