@@ -88,8 +88,9 @@ def test_srun_refusing_the_step_is_explained() -> None:
     said = explain_channel_failure(["srun: error: sl0: task 0: Exited with exit code 1"],
                                    1, "/venv/bin/python")
     assert not said.what.startswith("Slurm could not")
-    problem, fix = explain_start_failure("srun", FileNotFoundError(2, "No such file"))
-    assert problem == "cannot start 'srun' here: No such file" and "Slurm's clients" in fix
+    said = explain_start_failure("srun", FileNotFoundError(2, "No such file"))
+    assert said.what == "cannot start 'srun' here: No such file" and "Slurm's clients" in (
+        said.fix or "")
 
 
 def test_outside_an_allocation_nothing_changes() -> None:

@@ -227,10 +227,9 @@ class Attempt:
             heartbeat=config["heartbeat_every"], tag=self.plan.job_id,
             backlog=self.ctx.backlogged)
 
-    def _could_not_start(self, channel: NodeChannel, problem: str, fix: str) -> None:
+    def _could_not_start(self, channel: NodeChannel, said: Problem) -> None:
         self.ctx.events.put((self.plan.attempt, channel.host,
-                             ev.ChannelClosed(channel.host, None, [problem],
-                                              cause=Problem(None, problem, fix))))
+                             ev.ChannelClosed(channel.host, None, [said.what], cause=said)))
 
     # -- the loop -----------------------------------------------------------------------------
     def _loop(self, sup: Supervisor) -> None:

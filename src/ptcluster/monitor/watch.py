@@ -52,10 +52,9 @@ class Monitor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _could_not_start(self, channel: NodeChannel, problem: str, fix: str) -> None:
+    def _could_not_start(self, channel: NodeChannel, said: Problem) -> None:
         with self.lock:
-            self.views[channel.host].error = unreachable(Why.NOT_STARTED, Problem(None, problem,
-                                                                                  fix))
+            self.views[channel.host].error = unreachable(Why.NOT_STARTED, said)
 
     def _frames(self, host: str, lines: list[str]) -> None:
         for line in lines:

@@ -135,9 +135,8 @@ class Group:
     def _closed(self, host: str, code: int | None, stderr: list[str]) -> None:
         self._events.put((host, _Ev.CLOSED, (code, stderr), time.monotonic(), time.time()))
 
-    def _not_started(self, channel: NodeChannel, problem: str, fix: str) -> None:
-        self._events.put((channel.host, _Ev.NOT_STARTED, (problem, fix), time.monotonic(),
-                          time.time()))
+    def _not_started(self, channel: NodeChannel, said: Problem) -> None:
+        self._events.put((channel.host, _Ev.NOT_STARTED, said, time.monotonic(), time.time()))
 
     # -- the caller's thread ------------------------------------------------------------------
     def send(self, host: str, kind: str, payload: dict[str, Any] | None = None) -> None:
@@ -206,7 +205,7 @@ class Group:
             r.exit_code, r.stderr = payload
         elif r.why is None:
             r.why = Why.NOT_STARTED if what is _Ev.NOT_STARTED else Why.BAD_FRAME
-            r.problem = Problem(None, *payload) if what is _Ev.NOT_STARTED else Problem(
+            r.problem = payload if what is _Ev.NOT_STARTED else Problem(
                 None, f"the node sent a bad frame ({payload})",
                 "report this bug: ptcluster versions may differ between head and node")
 

@@ -127,22 +127,22 @@ def control_dir() -> str | None:
     return path
 
 
-def explain_start_failure(program: str, exc: OSError) -> tuple[str, str]:
-    """(problem, fix) when the local process of a channel (ssh, or a local python) cannot be
-    started at all."""
-    problem = f"cannot start {program!r} here: {exc.strerror or exc}"
+def explain_start_failure(program: str, exc: OSError) -> Problem:
+    """The problem (who: None, the caller's node) when the local process of a channel (ssh, or
+    a local python) cannot be started at all."""
+    what = f"cannot start {program!r} here: {exc.strerror or exc}"
     if exc.errno in (errno.EMFILE, errno.ENFILE):  # not a missing program: no descriptors left
-        return (f"cannot start {program!r} here: too many open files (the head's limit is "
-                f"{_open_files_limit()})",
-                "raise the open-files limit (ulimit -n; the hard limit: /etc/security/"
-                "limits.conf), or run on fewer nodes")
+        return Problem(None, f"cannot start {program!r} here: too many open files (the head's "
+                       f"limit is {_open_files_limit()})",
+                       "raise the open-files limit (ulimit -n; the hard limit: /etc/security/"
+                       "limits.conf), or run on fewer nodes")
     name = os.path.basename(program)
     if name == "ssh":
-        return problem, "install the OpenSSH client (apt-get install openssh-client)"
+        return Problem(None, what, "install the OpenSSH client (apt-get install openssh-client)")
     if name == "srun":
-        return problem, ("run ptcluster where Slurm's clients are installed, or pass --cluster "
-                         "outside an allocation")
-    return problem, "set python: to an interpreter that exists"
+        return Problem(None, what, "run ptcluster where Slurm's clients are installed, or pass "
+                       "--cluster outside an allocation")
+    return Problem(None, what, "set python: to an interpreter that exists")
 
 
 def _open_files_limit() -> str:
