@@ -7,6 +7,8 @@ and keeps its traceback.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 
 class PtclusterError(Exception):
     """Root of the errors a user can cause. ``exit_code`` is what the CLI exits with."""
@@ -19,7 +21,7 @@ class PtclusterError(Exception):
         super().__init__(self.__str__())
 
     def __str__(self) -> str:
-        return who_what_fix(None, self.message, self.fix)
+        return str(Problem(None, self.message, self.fix))
 
 
 class UsageError(PtclusterError):
@@ -42,7 +44,31 @@ class SpecError(UsageError):
         super().__init__(f"{where}: {problem}", fix)
 
 
+@dataclass(frozen=True)
+class Problem:
+    """One problem as every report says it: who (a node, a rank on a node; None: the command
+    itself), what went wrong, and the fix (None: no fix to offer).
+
+    Every failure, finding and refusal the user sees goes through this one type (torch elastic's
+    ``ProcessFailure`` idea), so the console, ``summary.json``, doctor and setup say it the same
+    way: ``str()`` is the one rendering. Pure (no I/O): the launch core may hold one.
+    """
+
+    who: str | None
+    what: str
+    fix: str | None = None
+
+    def by(self, who: str | None) -> Problem:
+        """The same problem said by ``who``: a part that knows only what went wrong leaves who
+        to its caller (the node it was asked about)."""
+        return replace(self, who=who)
+
+    def __str__(self) -> str:
+        """The one shape of every problem we report: ``who: what. Fix: how``."""
+        text = f"{self.who}: {self.what}" if self.who else self.what
+        return f"{text}. Fix: {self.fix}" if self.fix else text
+
+
 def who_what_fix(who: str | None, what: str, fix: str | None) -> str:
-    """The one shape of every problem we report: ``who: what. Fix: how``."""
-    text = f"{who}: {what}" if who else what
-    return f"{text}. Fix: {fix}" if fix else text
+    """``str(Problem(who, what, fix))``, for a caller that holds the three parts loose."""
+    return str(Problem(who, what, fix))

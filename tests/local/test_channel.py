@@ -80,7 +80,7 @@ def test_at_most_the_window_of_channels_is_in_its_handshake_at_once() -> None:
                 for t in transports]
     by_host = {c.host: c for c in channels}
     errors: list[str] = []
-    started = start_all(channels, lambda c, problem, fix: errors.append(problem), window=2)
+    started = start_all(channels, lambda c, said: errors.append(said.what), window=2)
     assert len(started) == 5 and not errors
     deadline = time.monotonic() + 20
     while len(spoke) < 5 and time.monotonic() < deadline:
@@ -106,7 +106,7 @@ def test_a_channel_whose_streams_end_together_ends_cleanly(caplog) -> None:
                             GUARD, {}, on_frames=lambda lines: None,
                             on_closed=lambda code, err: closed.append((code, err)))
                 for i in range(40)]
-    started = start_all(channels, lambda c, problem, fix: None, window=40)
+    started = start_all(channels, lambda c, said: None, window=40)
     close_all(started, timeout=20)
     assert len(closed) == 40 and all(c == (0, ["bye"]) for c in closed), closed[:3]
     assert not [r for r in caplog.records if "failed" in r.getMessage()], caplog.text[-2000:]
@@ -121,7 +121,7 @@ def test_a_channel_closed_before_its_turn_is_never_started() -> None:
     channels = [NodeChannel(t, "python3", GUARD, {}, on_frames=lambda lines: None,
                             on_closed=lambda code, err, h=t.host: closed.setdefault(h, err))
                 for t in transports]
-    started = start_all(channels, lambda c, problem, fix: None, window=1)
+    started = start_all(channels, lambda c, said: None, window=1)
     close_all(started, timeout=10)
     assert [bool(t.spawned) for t in transports] == [True, False, False, False]
     assert set(closed) == {"n0", "n1", "n2", "n3"}
@@ -137,7 +137,7 @@ def test_the_heartbeats_of_many_channels_come_from_one_timer(tmp_path) -> None:
     channels = [NodeChannel(t, "python3", GUARD, {}, on_frames=lambda lines: None,
                             on_closed=lambda code, err: None, heartbeat=0.1)
                 for t in transports]
-    started = start_all(channels, lambda c, problem, fix: None, window=12)
+    started = start_all(channels, lambda c, said: None, window=12)
     try:
         time.sleep(0.45)
         h = hub()
@@ -182,7 +182,7 @@ def test_channels_held_by_one_backlog_are_looked_at_once_a_poll_and_freed_togeth
                             on_frames=lambda lines, h=t.host: frames(h, lines),
                             on_closed=lambda code, err: None, backlog=backlog)
                 for t in transports]
-    started = start_all(channels, lambda c, problem, fix: None, window=10)
+    started = start_all(channels, lambda c, said: None, window=10)
     try:
         deadline = time.monotonic() + 10
         while not all(c.held for c in channels) and time.monotonic() < deadline:

@@ -20,6 +20,7 @@ import pytest
 from ptcluster.cluster import parse_cluster_text
 from ptcluster.doctor.checks import run_checks
 from ptcluster.doctor.node_report import NodeReport, ProblemKind
+from ptcluster.errors import Problem
 from ptcluster.node import FACTS as PROBE_PROGRAM
 from ptcluster.node import accel
 from ptcluster.remote.bootstrap import pack_source
@@ -180,8 +181,8 @@ def test_each_fault_is_named_on_its_node(text, mutate, where, words) -> None:
 def test_unreached_node_skips_its_checks_and_fails_ssh() -> None:
     spec = parse_cluster_text(CLUSTER, "c.yaml")
     probes = probes_from(copy.deepcopy(RECORDED))
-    probes["node2"] = NodeReport(host="node2", problem="cannot reach the node over ssh (x)",
-                                fix="check it")
+    probes["node2"] = NodeReport(host="node2", problem=Problem(
+        None, "cannot reach the node over ssh (x)", "check it"))
     findings = run_checks(spec, probes)
     node2 = {f.check: f.status for f in findings if f.host == "node2"}
     assert node2["ssh"] == "fail" and node2["versions"] == "skip"
@@ -224,8 +225,8 @@ def test_problem_kind_comes_from_the_exit_status(exit_code, kind, ssh, python) -
     spec = parse_cluster_text(CLUSTER, "c.yaml")
     probes = probes_from(copy.deepcopy(RECORDED))
     # the wording must not matter: "python" in an ssh failure's text is not a python problem
-    probes["node2"] = NodeReport(host="node2", exit_code=exit_code, problem="python? (x)",
-                                fix="f")
+    probes["node2"] = NodeReport(host="node2", exit_code=exit_code,
+                                problem=Problem(None, "python? (x)", "f"))
     assert probes["node2"].kind is kind and probes["node0"].kind is None
     node2 = {f.check: f.status for f in run_checks(spec, probes) if f.host == "node2"}
     assert (node2["ssh"], node2["python"]) == (ssh, python)

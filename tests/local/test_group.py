@@ -47,9 +47,10 @@ def test_every_node_gets_its_outcome_and_a_failure_never_stops_the_others() -> N
     assert {h: r.why for h, r in failed.items()} == {
         "bad": Why.BAD_FRAME, "missing": Why.NOT_STARTED, "dies": Why.CLOSED,
         "silent": Why.NO_ANSWER}
-    assert failed["bad"].problem is not None and "bad frame" in failed["bad"].problem
-    assert failed["missing"].problem is not None and failed["missing"].fix
+    assert failed["bad"].problem is not None and "bad frame" in failed["bad"].problem.what
+    assert failed["missing"].problem is not None and failed["missing"].problem.fix
     assert failed["dies"].exit_code == 3 and failed["dies"].stderr == ["the last words"]
-    assert failed["dies"].problem is not None and "the last words" in failed["dies"].problem
-    assert failed["silent"].problem == "no answer within 3 s"
+    assert failed["dies"].problem is not None and "the last words" in failed["dies"].problem.what
+    assert failed["silent"].problem is not None
+    assert failed["silent"].problem.what == "no answer within 3 s"
     assert failed["silent"].exit_code == -9  # (killed at the deadline)

@@ -162,6 +162,7 @@ def test_a_channel_that_cannot_start_names_the_local_program_that_is_missing(
         tmp_path, monkeypatch, transport, words) -> None:
     """ssh or srun missing on the head is not a bad `python:` (the node's interpreter)."""
     from ptcluster.cluster import SshSpec
+    from ptcluster.errors import Problem
     from ptcluster.node import GUARD
     from ptcluster.remote.channel import NodeChannel, start_all
     from ptcluster.remote.slurm import SrunTransport
@@ -173,9 +174,9 @@ def test_a_channel_that_cannot_start_names_the_local_program_that_is_missing(
          "local": LocalTransport(host="localhost")}[transport]
     channel = NodeChannel(t, "/no/such/python" if transport == "local" else "python3", GUARD,
                           {}, on_frames=lambda lines: None, on_closed=lambda code, err: None)
-    errors: list[tuple[str, str]] = []
-    assert start_all([channel], lambda c, problem, fix: errors.append((problem, fix))) == []
-    ((problem, fix),) = errors
+    errors: list[Problem] = []
+    assert start_all([channel], lambda c, said: errors.append(said)) == []
+    ((problem, fix),) = [(said.what, said.fix or "") for said in errors]
     assert problem.startswith("cannot start"), problem
     assert words in fix, fix
 
@@ -216,7 +217,7 @@ def test_the_guard_beats_as_often_as_its_config_says(tmp_path, every) -> None:
 
     channel = NodeChannel(LocalTransport(host="localhost"), sys.executable, GUARD, cfg,
                           on_frames=frames, on_closed=lambda code, err: None, heartbeat=every)
-    started = start_all([channel], lambda c, problem, fix: None)
+    started = start_all([channel], lambda c, said: None)
     try:
         assert ready.wait(30), channel.stderr
         assert seen[0].startswith("ready "), seen

@@ -52,7 +52,8 @@ def test_torch_resolver(nodes: list[GpuNode], variant: str, why: str) -> None:
 ])
 def test_torch_resolver_blocks(nodes: list[GpuNode], problem: str) -> None:
     choice = choose_torch("2.13.0", nodes)
-    assert choice.variant is None and problem in (choice.problem or "") and choice.fix
+    assert choice.variant is None and choice.problem is not None
+    assert problem in choice.problem.what and choice.problem.fix and choice.problem.who is None
 
 
 def test_torch_backend_override() -> None:

@@ -48,6 +48,7 @@ BOUNDARY = frozenset({
     "ptcluster.launch.result",   # RankRecord, NodeOutcome, Failure...: what the core fills in
     "ptcluster.node.wire",       # the head<->guard frames: Kind, VERSION, ReadyFacts, decoding
     "ptcluster.node.rank_wire",  # the rank<->guard records: the progress report kinds
+    "ptcluster.errors",          # Problem: how a failure or a refusal is said
 })
 """The ptcluster modules outside the core that a core module may import from."""
 IMPURE_METHODS = {

@@ -80,16 +80,17 @@ def test_ended_by_slurm_only_when_the_job_no_longer_runs() -> None:
 
 
 def test_srun_refusing_the_step_is_explained() -> None:
-    problem, fix = explain_channel_failure(
+    said = explain_channel_failure(
         ["srun: error: Unable to confirm allocation for job 999: Invalid job id specified"], 1,
         "/venv/bin/python")
-    assert problem.startswith("Slurm could not run the node's step (srun: error: Unable")
-    assert "squeue -j" in fix
-    problem, _ = explain_channel_failure(["srun: error: sl0: task 0: Exited with exit code 1"],
-                                         1, "/venv/bin/python")
-    assert not problem.startswith("Slurm could not")
-    problem, fix = explain_start_failure("srun", FileNotFoundError(2, "No such file"))
-    assert problem == "cannot start 'srun' here: No such file" and "Slurm's clients" in fix
+    assert said.what.startswith("Slurm could not run the node's step (srun: error: Unable")
+    assert said.who is None and "squeue -j" in (said.fix or "")
+    said = explain_channel_failure(["srun: error: sl0: task 0: Exited with exit code 1"],
+                                   1, "/venv/bin/python")
+    assert not said.what.startswith("Slurm could not")
+    said = explain_start_failure("srun", FileNotFoundError(2, "No such file"))
+    assert said.what == "cannot start 'srun' here: No such file" and "Slurm's clients" in (
+        said.fix or "")
 
 
 def test_outside_an_allocation_nothing_changes() -> None:

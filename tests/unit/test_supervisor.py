@@ -9,6 +9,7 @@ import signal
 import pytest
 
 from ptcluster.cluster import parse_cluster_text
+from ptcluster.errors import Problem
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import Target, plan_launch
 from ptcluster.launch.result import Failure, FailureKind
@@ -211,7 +212,7 @@ def test_options_are_validated() -> None:
     ('rstart {"rank":1,"pid":42,"t":3.0,"local_rank":0}', ev.RankStart("n", 1, 42, 3.0)),
     ('rdata {"rank":0,"kind":"row","x":1}', ev.RankData("n", 0, {"kind": "row", "x": 1})),
     ('hello {"v":2,"program":"guard","pid":7,"time":1.5}', ev.Hello("n", 2, 7, 1.5)),
-    ('error {"problem":"p","fix":"f"}', ev.GuardRefused("n", "p", "f")),
+    ('error {"problem":"p","fix":"f"}', ev.GuardRefused("n", Problem("n", "p", "f"))),
     ('exit {"code":0,"reason":"job ended"}', ev.GuardExit("n", 0, "job ended")),
     ("hb {}", ev.Heartbeat("n")),
     ("hb", ev.Heartbeat("n")),

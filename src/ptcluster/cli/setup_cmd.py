@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec, quiet
-from ptcluster.errors import UsageError, who_what_fix
+from ptcluster.errors import UsageError
 from ptcluster.setup import plan as P
 from ptcluster.setup.apply import SetupOptions, run_setup
 from ptcluster.setup.report import SetupReport
@@ -109,8 +109,9 @@ def render(console: Console, report: SetupReport) -> None:
                 console.print(f"      $ {cmd}", markup=False)
     if report.torch is not None:
         t = report.torch
-        console.print(f"torch: {t.local_version if t.variant else t.problem} "
-                      f"({t.why or t.fix})", markup=False)
+        what, fix = (t.local_version, None) if t.problem is None else (t.problem.what,
+                                                                        t.problem.fix)
+        console.print(f"torch: {what} ({t.why or fix})", markup=False)
     if report.dry_run:
         _render_plans(console, report)
     else:
@@ -124,7 +125,7 @@ def _render_plans(console: Console, report: SetupReport) -> None:
                       markup=True)
         if n.problem:
             console.print("  [bold red]FAIL[/bold red] "
-                          f"{escape(who_what_fix(None, n.problem, n.fix))}", markup=True)
+                          f"{escape(str(n.problem))}", markup=True)
         for s in n.before:
             console.print(f"  {STYLE[s.status]} {s.name}: {s.why}", markup=True)
             for cmd in s.commands(n.host) if s.status != P.OK else []:
@@ -162,7 +163,7 @@ def _render_applied(console: Console, report: SetupReport) -> None:
     for host, n in report.nodes.items():
         if n.problem:
             console.print("  [bold red]FAIL[/bold red] "
-                          f"{escape(who_what_fix(host, n.problem, n.fix))}", markup=True)
+                          f"{escape(str(n.problem.by(host)))}", markup=True)
         for name, r, d in n.applied:
             if r == "failed":
                 console.print(f"  [bold red]FAILED[/bold red] {host}: {name}: {d.strip()[-500:]}",

@@ -11,7 +11,6 @@ from rich.markup import escape
 
 from ptcluster.cli.common import cluster_option, load_spec, quiet
 from ptcluster.cluster import ClusterSpec
-from ptcluster.errors import who_what_fix
 from ptcluster.remote.sync import SyncResult, sync_project
 
 
@@ -24,7 +23,7 @@ def sync(cluster: str | None, as_json: bool) -> None:
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     results = run_sync(spec, err, show=not as_json and not quiet())
     if as_json:
-        click.echo(json.dumps([r.__dict__ for r in results], indent=2))
+        click.echo(json.dumps([r.to_json() for r in results], indent=2))
     sys.exit(0 if all(r.ok for r in results) else 1)
 
 
@@ -42,7 +41,7 @@ def run_sync(spec: ClusterSpec, console: Console, *, show: bool = True) -> list[
                 console.print(f"[dim]ptcluster: synced {r.host}: {r.sent} file(s) sent "
                               f"({r.method}, {r.seconds:.1f} s)[/dim]", markup=True)
         else:
-            what = who_what_fix(None, r.problem or "failed", r.fix)
+            what = str(r.problem or "failed")
             console.print(f"[red]sync failed on {escape(r.host)}[/red]: {escape(what)}",
                           markup=True)
 

@@ -102,7 +102,7 @@ def stop_through_guards(spec: ClusterSpec, job_id: str, signame: str, by: dict[s
     for host, node in result.nodes.items():
         answer = node.answers.get(Kind.RESULT)
         if answer is None:
-            failed[host] = node.problem or "no answer"
+            failed[host] = "no answer" if node.problem is None else node.problem.what
             continue
         if answer.get("signalled"):
             signalled.append(host)

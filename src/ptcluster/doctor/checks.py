@@ -15,7 +15,7 @@ from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, Reach
 from ptcluster.doctor.node_report import NodeReport, ProblemKind, address_of, interface_of
-from ptcluster.errors import who_what_fix
+from ptcluster.errors import Problem
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 GIB = 1 << 30
@@ -33,8 +33,13 @@ class Finding:
     detail: str
     fix: str | None = None
 
+    @property
+    def problem(self) -> Problem:
+        """This finding as the one :class:`Problem` (who: host, what: ``detail``, its fix)."""
+        return Problem(self.host, self.detail, self.fix)
+
     def line(self) -> str:
-        return who_what_fix(self.host, self.detail, self.fix)
+        return str(self.problem)
 
 
 Check = Callable[[ClusterSpec, dict[str, NodeReport]], list[Finding]]
@@ -67,7 +72,8 @@ def check_ssh(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]
         elif p.kind is ProblemKind.PYTHON:
             out.append(Finding("ssh", node.host, OK, f"{how} ok (the command failed)"))
         else:
-            out.append(Finding("ssh", node.host, FAIL, p.problem or "no answer", p.fix))
+            said = p.problem or Problem(None, "no answer")
+            out.append(Finding("ssh", node.host, FAIL, said.what, said.fix))
     return out
 
 
@@ -79,7 +85,8 @@ def check_python(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Findi
             out.append(Finding("python", node.host, OK,
                                f"{node.python} (Python {p.facts['python']['version']})"))
         elif p.kind is ProblemKind.PYTHON:
-            out.append(Finding("python", node.host, FAIL, p.problem or "python failed", p.fix))
+            said = p.problem or Problem(None, "python failed")
+            out.append(Finding("python", node.host, FAIL, said.what, said.fix))
         else:
             out.append(Finding("python", node.host, SKIP, "node not reached"))
     return out

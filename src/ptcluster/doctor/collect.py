@@ -12,6 +12,7 @@ from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.doctor.node_report import NodeReport, address_of, interface_of
+from ptcluster.errors import Problem
 from ptcluster.node import FACTS
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import LATE_FIX, Group, Member, NodeResult
@@ -46,8 +47,8 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
         for i, node in enumerate(spec.nodes)]
     group = Group(members, FACTS, answer=Kind.READY, kinds=[Kind.CONNECT])
     try:
-        group.wait(Kind.READY, timeout, late=(f"no answer within the timeout ({Kind.READY})",
-                                              LATE_FIX))
+        group.wait(Kind.READY, timeout, late=Problem(
+            None, f"no answer within the timeout ({Kind.READY})", LATE_FIX))
         # Connectivity, as the job would use it: every node to the master port (by the master's
         # name, as MASTER_ADDR is used), and to every peer's ephemeral port on its NCCL/Gloo
         # address.
@@ -86,8 +87,7 @@ def _targets(spec: ClusterSpec, peers: list[NodeSpec],
 
 def _report(r: NodeResult, begun: float) -> NodeReport:
     """The doctor's report of one node from its outcome (``begun``: when the channels started)."""
-    report = NodeReport(host=r.host, problem=r.problem, fix=r.fix, exit_code=r.exit_code,
-                        stderr=r.stderr)
+    report = NodeReport(host=r.host, problem=r.problem, exit_code=r.exit_code, stderr=r.stderr)
     if Kind.READY in r.answers:
         report.facts = facts = r.answers[Kind.READY]
         came, at = r.came[Kind.READY]

@@ -41,7 +41,8 @@ class DoctorReport:
             "findings": [f.__dict__ for f in self.findings],
             "allreduce": self.allreduce,
             "nodes": {h: {"ok": p.ok, "ssh_s": p.ssh_s, "clock_offset_s": p.clock_offset,
-                          "problem": p.problem, "facts": p.facts, "connects": p.connects}
+                          "problem": None if p.problem is None else p.problem.what,
+                          "facts": p.facts, "connects": p.connects}
                       for h, p in self.probes.items()},
         }
 

@@ -10,6 +10,7 @@ from enum import Enum
 from typing import Any
 
 from ptcluster.cluster.model import NodeSpec
+from ptcluster.errors import Problem
 
 
 class ProblemKind(str, Enum):
@@ -29,9 +30,9 @@ class ProblemKind(str, Enum):
 class NodeReport:
     host: str
     facts: dict[str, Any] | None = None
-    problem: str | None = None
-    """Why there are no facts (ssh refused, python missing, timed out...)."""
-    fix: str | None = None
+    problem: Problem | None = None
+    """Why there are no facts (ssh refused, python missing, timed out...): who None, the node
+    is ``host``."""
     exit_code: int | None = None
     ssh_s: float | None = None
     """Seconds from starting ssh to the node's facts (connect + facts)."""

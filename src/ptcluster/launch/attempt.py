@@ -23,6 +23,7 @@ from typing import Any
 
 from ptcluster.control.protocol import Request
 from ptcluster.control.server import Ask, HeadDoor
+from ptcluster.errors import Problem
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import AttemptRecord, RunResult
@@ -227,10 +228,9 @@ class Attempt:
             heartbeat=config["heartbeat_every"], tag=self.plan.job_id,
             backlog=self.ctx.backlogged)
 
-    def _could_not_start(self, channel: NodeChannel, problem: str, fix: str) -> None:
+    def _could_not_start(self, channel: NodeChannel, said: Problem) -> None:
         self.ctx.events.put((self.plan.attempt, channel.host,
-                             ev.ChannelClosed(channel.host, None, [problem],
-                                              cause=(problem, fix))))
+                             ev.ChannelClosed(channel.host, None, [said.what], cause=said)))
 
     # -- the loop -----------------------------------------------------------------------------
     def _loop(self, sup: Supervisor) -> None:

@@ -10,7 +10,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ptcluster.errors import who_what_fix
+from ptcluster.errors import Problem
 
 
 @dataclass(kw_only=True)
@@ -101,9 +101,19 @@ class Failure:
     def __post_init__(self) -> None:
         self.kind = FailureKind(self.kind)  # a kind's name ("lost") is taken, an unknown one not
 
+    @property
+    def who(self) -> str:
+        """``rank 3 on node2``, or the node for a failure that is not one rank's."""
+        return f"rank {self.rank} on {self.host}" if self.rank is not None else self.host
+
+    @property
+    def problem(self) -> Problem:
+        """This failure as the one :class:`Problem` (``message`` is its what): what the console
+        and the docs say; ``summary.json`` keeps the fields (``failure_json``)."""
+        return Problem(self.who, self.message, self.fix)
+
     def headline(self) -> str:
-        who = f"rank {self.rank} on {self.host}" if self.rank is not None else self.host
-        return who_what_fix(who, self.message, self.fix)
+        return str(self.problem)
 
 
 @dataclass(kw_only=True)

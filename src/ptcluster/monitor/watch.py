@@ -16,7 +16,7 @@ from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.control.protocol import ask, running_jobs, straggler_request
-from ptcluster.errors import PtclusterError, who_what_fix
+from ptcluster.errors import Problem, PtclusterError
 from ptcluster.node import SAMPLER
 from ptcluster.node.wire import Kind, control, split
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
@@ -52,9 +52,9 @@ class Monitor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _could_not_start(self, channel: NodeChannel, problem: str, fix: str) -> None:
+    def _could_not_start(self, channel: NodeChannel, said: Problem) -> None:
         with self.lock:
-            self.views[channel.host].error = unreachable(Why.NOT_STARTED, problem, fix)
+            self.views[channel.host].error = unreachable(Why.NOT_STARTED, said)
 
     def _frames(self, host: str, lines: list[str]) -> None:
         for line in lines:
@@ -72,9 +72,9 @@ class Monitor:
                 view.sample, view.error, view.updated = sample, None, time.time()
 
     def _closed(self, host: str, python: str, code: int | None, stderr: list[str]) -> None:
-        problem, _ = explain_channel_failure(stderr, code, python)
+        said = explain_channel_failure(stderr, code, python)
         with self.lock:
-            self.views[host].error = unreachable(Why.CLOSED, problem, None)
+            self.views[host].error = unreachable(Why.CLOSED, said)
 
     def snapshot(self) -> list[NodeView]:
         with self.lock:
@@ -96,13 +96,14 @@ class Monitor:
         close_all(self.channels, timeout=5.0)
 
 
-def unreachable(why: Why, problem: str | None, fix: str | None) -> str:
-    """The monitor's and ``ps``'s words for a node without a sample."""
+def unreachable(why: Why, said: Problem | None) -> str:
+    """The monitor's and ``ps``'s words for a node without a sample: the whole problem when
+    its channel could not start, only what went wrong otherwise."""
     if why is Why.NOT_STARTED:
-        return who_what_fix(None, problem or "not started", fix)
+        return str(said or Problem(None, "not started"))
     if why is Why.CLOSED:
-        return f"unreachable: {problem}"
-    return problem or "no answer"
+        return f"unreachable: {None if said is None else said.what}"
+    return "no answer" if said is None else said.what
 
 
 def sample_once(spec: ClusterSpec, transports: dict[str, Transport], timeout: float,
@@ -112,13 +113,13 @@ def sample_once(spec: ClusterSpec, transports: dict[str, Transport], timeout: fl
     members = [Member(n.host, transports[n.host], n.python, {"interval": interval})
                for n in spec.nodes]
     result = ask_all(members, SAMPLER, Kind.SAMPLE, timeout,
-                     late=(f"no sample within {timeout:.0f} s", ""))
+                     late=Problem(None, f"no sample within {timeout:.0f} s"))
     samples = {h: r.answers[Kind.SAMPLE] for h, r in result.succeeded.items()}
     return samples, {h: _why_not(r) for h, r in result.failed.items()}
 
 
 def _why_not(r: NodeResult) -> str:
-    return unreachable(r.why, r.problem, r.fix) if r.why is not None else "no answer"
+    return unreachable(r.why, r.problem) if r.why is not None else "no answer"
 
 
 def job_straggler(runs: Path) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ptcluster.errors import Problem
 from ptcluster.node import Program
 from ptcluster.node.wire import encode
 from ptcluster.remote.bootstrap import node_argv, preamble
@@ -216,7 +217,7 @@ class Fanout:
     those are heard from. Lives on the hub's thread once started."""
 
     def __init__(self, channels: list[NodeChannel], window: int,
-                 on_error: Callable[[NodeChannel, str, str], None]) -> None:
+                 on_error: Callable[[NodeChannel, Problem], None]) -> None:
         self.waiting = deque(channels)
         self.window = max(1, window)
         self.on_error = on_error
@@ -244,7 +245,7 @@ class Fanout:
                 channel.ended(None, tell=False)  # (on_error says why)
                 # (the local program that failed: ssh or srun, or the interpreter locally)
                 program = channel.transport.argv(channel.argv)[0]
-                self.on_error(channel, *explain_start_failure(program, exc))
+                self.on_error(channel, explain_start_failure(program, exc))
                 continue
             started.append(channel)
         return started
@@ -257,11 +258,11 @@ class Fanout:
             self._fill()
 
 
-def start_all(channels: list[NodeChannel], on_error: Callable[[NodeChannel, str, str], None],
+def start_all(channels: list[NodeChannel], on_error: Callable[[NodeChannel, Problem], None],
               window: int | None = None) -> list[NodeChannel]:
     """Start every channel, at most ``window`` (default :data:`FANOUT`) in their handshake at
     once (the rest as those are heard from, on the hub's thread); the ones that could not start
-    go to ``on_error(channel, problem, fix)`` (maybe later, from the hub's thread) and are
+    go to ``on_error(channel, problem)`` (maybe later, from the hub's thread) and are
     closed. Returns every channel but those that failed at once; never raises."""
     fanout = Fanout(channels, window or FANOUT, on_error)
     with fanout._lock:  # the first window here; the rest from the hub as the first are heard

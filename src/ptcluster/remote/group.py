@@ -20,6 +20,7 @@ from enum import Enum
 from functools import partial
 from typing import Any
 
+from ptcluster.errors import Problem
 from ptcluster.node import Program
 from ptcluster.node.wire import control, split
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
@@ -64,8 +65,8 @@ class NodeResult:
     came: dict[str, tuple[float, float]] = field(default_factory=dict)
     """When each of those came: (monotonic, wall clock) on the head."""
     why: Why | None = None
-    problem: str | None = None
-    fix: str | None = None
+    problem: Problem | None = None
+    """What went wrong and the fix (who: None, the node is ``host``), with ``why``."""
     exit_code: int | None = None
     stderr: list[str] = field(default_factory=list)
     """The tail of its program's stderr (ssh's own words among it), once it ended."""
@@ -134,9 +135,8 @@ class Group:
     def _closed(self, host: str, code: int | None, stderr: list[str]) -> None:
         self._events.put((host, _Ev.CLOSED, (code, stderr), time.monotonic(), time.time()))
 
-    def _not_started(self, channel: NodeChannel, problem: str, fix: str) -> None:
-        self._events.put((channel.host, _Ev.NOT_STARTED, (problem, fix), time.monotonic(),
-                          time.time()))
+    def _not_started(self, channel: NodeChannel, said: Problem) -> None:
+        self._events.put((channel.host, _Ev.NOT_STARTED, said, time.monotonic(), time.time()))
 
     # -- the caller's thread ------------------------------------------------------------------
     def send(self, host: str, kind: str, payload: dict[str, Any] | None = None) -> None:
@@ -148,16 +148,17 @@ class Group:
         return channel is not None and not channel.closed
 
     def wait(self, kind: str, timeout: float, *, hosts: Iterable[str] | None = None,
-             late: tuple[str, str] | None = None) -> None:
+             late: Problem | None = None) -> None:
         """Until every node of ``hosts`` (default: every one started) has sent ``kind``, ended
         or failed, or ``timeout`` s. The nodes still silent then are killed; those without the
-        answer fail with ``late`` (problem, fix; default: "no answer within T s")."""
+        answer fail with ``late`` (default: "no answer within T s")."""
         pending = set(self.channels if hosts is None else hosts)
         deadline = time.monotonic() + timeout
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
-                self._late(pending, late or (f"no answer within {timeout:.0f} s", LATE_FIX))
+                self._late(pending, late or Problem(None, f"no answer within {timeout:.0f} s",
+                                                    LATE_FIX))
                 return
             try:
                 event = self._events.get(timeout=min(left, 0.5))
@@ -187,8 +188,7 @@ class Group:
         for host, r in self.result.nodes.items():
             if r.why is None and self.result.answer not in r.answers:
                 r.why = Why.CLOSED
-                r.problem, r.fix = explain_channel_failure(r.stderr, r.exit_code,
-                                                           self._python[host])
+                r.problem = explain_channel_failure(r.stderr, r.exit_code, self._python[host])
         return self.result
 
     def _apply(self, event: _Event) -> None:
@@ -205,22 +205,22 @@ class Group:
             r.exit_code, r.stderr = payload
         elif r.why is None:
             r.why = Why.NOT_STARTED if what is _Ev.NOT_STARTED else Why.BAD_FRAME
-            r.problem, r.fix = payload if what is _Ev.NOT_STARTED else (
-                f"the node sent a bad frame ({payload})",
+            r.problem = payload if what is _Ev.NOT_STARTED else Problem(
+                None, f"the node sent a bad frame ({payload})",
                 "report this bug: ptcluster versions may differ between head and node")
 
-    def _late(self, hosts: Iterable[str], late: tuple[str, str]) -> None:
+    def _late(self, hosts: Iterable[str], late: Problem) -> None:
         for host in hosts:
             r = self.result.nodes[host]
             if r.why is None and self.result.answer not in r.answers:
-                r.why, (r.problem, r.fix) = Why.NO_ANSWER, late
+                r.why, r.problem = Why.NO_ANSWER, late
             channel = self.channels.get(host)
             if channel is not None:
                 channel.signal(signal.SIGKILL)
 
 
 def ask_all(members: Sequence[Member], program: Program, answer: str, timeout: float, *,
-            late: tuple[str, str] | None = None, bye: str | None = None) -> GroupResult:
+            late: Problem | None = None, bye: str | None = None) -> GroupResult:
     """Start ``program`` on every member, wait up to ``timeout`` s for each one's ``answer``
     frame, close them all: every node's outcome (``.succeeded``, ``.failed``)."""
     group = Group(members, program, answer=answer)

@@ -20,9 +20,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
+from ptcluster.errors import Problem
 from ptcluster.remote.transport import remote_command, ssh_argv
 
 NO_RSYNC = 4
@@ -37,12 +38,19 @@ class SyncResult:
     sent: int = 0
     """Files copied (rsync: only the changed ones; tar: all)."""
     seconds: float = 0.0
-    problem: str | None = None
-    fix: str | None = None
+    problem: Problem | None = None
+    """Why the node is not synced (who: None, the node is ``host``)."""
 
     @property
     def ok(self) -> bool:
         return self.problem is None
+
+    def to_json(self) -> dict[str, Any]:
+        """``sync --json``'s record of the node: the problem as its what and fix."""
+        said = self.problem
+        return {"host": self.host, "method": self.method, "sent": self.sent,
+                "seconds": self.seconds, "problem": None if said is None else said.what,
+                "fix": None if said is None else said.fix}
 
 
 def project_files(root: Path) -> list[str]:
@@ -120,8 +128,9 @@ def sync_node(node: NodeSpec, root: Path, files: list[str], *, timeout: float = 
         stdin=subprocess.DEVNULL)
     if probe.returncode not in (0, NO_RSYNC):
         tail = probe.stderr.strip().splitlines()[-1:] or [f"exit status {probe.returncode}"]
-        result.problem = f"cannot prepare {node.workdir} over ssh ({tail[0]})"
-        result.fix = "check ssh to the node (`ptcluster doctor`) and that workdir is writable"
+        result.problem = Problem(None, f"cannot prepare {node.workdir} over ssh ({tail[0]})",
+                                 "check ssh to the node (`ptcluster doctor`) and that workdir is "
+                                 "writable")
         return result
     listing = "\0".join(files).encode() + b"\0"
     if probe.returncode != NO_RSYNC and shutil.which("rsync"):
@@ -141,8 +150,8 @@ def sync_node(node: NodeSpec, root: Path, files: list[str], *, timeout: float = 
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [
             f"exit status {proc.returncode}"]
-        result.problem = f"{result.method} to {node.workdir} failed ({err[0]})"
-        result.fix = "check the workdir is writable on the node and has space"
+        result.problem = Problem(None, f"{result.method} to {node.workdir} failed ({err[0]})",
+                                 "check the workdir is writable on the node and has space")
     result.seconds = round(time.monotonic() - begun, 2)
     return result
 
@@ -205,8 +214,8 @@ def sync_project(spec: ClusterSpec, root: Path | None = None,
         try:
             results[node.host] = sync_node(node, root, files)
         except (OSError, subprocess.SubprocessError) as exc:
-            results[node.host].problem = f"sync failed: {exc}"
-            results[node.host].fix = "check ssh to the node (`ptcluster doctor`)"
+            results[node.host].problem = Problem(None, f"sync failed: {exc}",
+                                                 "check ssh to the node (`ptcluster doctor`)")
         if on_done is not None:
             on_done(results[node.host])
 

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from ptcluster.cluster.model import AUTO_PYTHON, SETUP_PYTHON, SshSpec
+from ptcluster.errors import Problem
 
 # Defaults a user's `ssh.options` may override (ssh keeps the first value it sees, so the
 # user's options come first on the command line).
@@ -126,22 +127,22 @@ def control_dir() -> str | None:
     return path
 
 
-def explain_start_failure(program: str, exc: OSError) -> tuple[str, str]:
-    """(problem, fix) when the local process of a channel (ssh, or a local python) cannot be
-    started at all."""
-    problem = f"cannot start {program!r} here: {exc.strerror or exc}"
+def explain_start_failure(program: str, exc: OSError) -> Problem:
+    """The problem (who: None, the caller's node) when the local process of a channel (ssh, or
+    a local python) cannot be started at all."""
+    what = f"cannot start {program!r} here: {exc.strerror or exc}"
     if exc.errno in (errno.EMFILE, errno.ENFILE):  # not a missing program: no descriptors left
-        return (f"cannot start {program!r} here: too many open files (the head's limit is "
-                f"{_open_files_limit()})",
-                "raise the open-files limit (ulimit -n; the hard limit: /etc/security/"
-                "limits.conf), or run on fewer nodes")
+        return Problem(None, f"cannot start {program!r} here: too many open files (the head's "
+                       f"limit is {_open_files_limit()})",
+                       "raise the open-files limit (ulimit -n; the hard limit: /etc/security/"
+                       "limits.conf), or run on fewer nodes")
     name = os.path.basename(program)
     if name == "ssh":
-        return problem, "install the OpenSSH client (apt-get install openssh-client)"
+        return Problem(None, what, "install the OpenSSH client (apt-get install openssh-client)")
     if name == "srun":
-        return problem, ("run ptcluster where Slurm's clients are installed, or pass --cluster "
-                         "outside an allocation")
-    return problem, "set python: to an interpreter that exists"
+        return Problem(None, what, "run ptcluster where Slurm's clients are installed, or pass "
+                       "--cluster outside an allocation")
+    return Problem(None, what, "set python: to an interpreter that exists")
 
 
 def _open_files_limit() -> str:
@@ -152,8 +153,9 @@ def _open_files_limit() -> str:
 
 
 def explain_channel_failure(stderr: list[str], exit_code: int | None,
-                            python: str) -> tuple[str, str]:
-    """(problem, fix) for a node command that died before saying anything useful.
+                            python: str) -> Problem:
+    """The problem (what and fix; who is the caller's: the node) of a node command that died
+    before saying anything useful.
 
     ssh exits 255 for its own errors (the last stderr line says which); a remote shell exits
     127 when the interpreter does not exist and 126 when it cannot be executed.
@@ -162,28 +164,32 @@ def explain_channel_failure(stderr: list[str], exit_code: int | None,
     detail = lines[-1] if lines else f"exit status {exit_code}"
     low = detail.lower()
     if exit_code in (126, 127) and python == AUTO_PYTHON:
-        return (f"no python: neither {SETUP_PYTHON} (made by `ptcluster setup`) nor the head's "
-                f"{sys.executable} is there ({detail})",
-                "run `ptcluster setup`, or set python: to an interpreter that exists there")
+        return Problem(None, f"no python: neither {SETUP_PYTHON} (made by `ptcluster setup`) nor "
+                       f"the head's {sys.executable} is there ({detail})",
+                       "run `ptcluster setup`, or set python: to an interpreter that exists there")
     srun = [line for line in lines  # not "srun: error: sl0: task 0: Exited with exit code 1"
             if line.startswith("srun: error:") and ": task " not in line]
     if srun:  # Slurm refused or lost the step (remote/slurm.py)
-        return (f"Slurm could not run the node's step ({srun[0]})",
-                "check that the allocation still runs (squeue -j $SLURM_JOB_ID); outside one, "
-                "unset SLURM_JOB_ID or pass --cluster")
+        return Problem(None, f"Slurm could not run the node's step ({srun[0]})",
+                       "check that the allocation still runs (squeue -j $SLURM_JOB_ID); outside "
+                       "one, unset SLURM_JOB_ID or pass --cluster")
     if exit_code in (126, 127) or ("no such file" in low and python in detail):
-        return (f"python not found or not executable at {python} ({detail})",
-                "set python: (cluster-wide or for this node) to an interpreter that exists there")
+        return Problem(None, f"python not found or not executable at {python} ({detail})",
+                       "set python: (cluster-wide or for this node) to an interpreter that exists "
+                       "there")
     if "permission denied" in low or "publickey" in low:
-        return (f"ssh refused the key ({detail})",
-                "install your key on the node: ssh-copy-id, or `ptcluster setup`")
+        return Problem(None, f"ssh refused the key ({detail})",
+                       "install your key on the node: ssh-copy-id, or `ptcluster setup`")
     if "host key" in low:
-        return (f"host key not trusted ({detail})",
-                "ssh to the node once by hand and check the fingerprint (we never turn host-key "
-                "checking off)")
+        return Problem(None, f"host key not trusted ({detail})",
+                       "ssh to the node once by hand and check the fingerprint (we never turn "
+                       "host-key checking off)")
     if "could not resolve" in low or "name or service not known" in low:
-        return f"cannot resolve the host ({detail})", "fix the host name or use its IP address"
+        return Problem(None, f"cannot resolve the host ({detail})",
+                       "fix the host name or use its IP address")
     if "timed out" in low or "no route" in low or "refused" in low or "unreachable" in low:
-        return (f"cannot reach the node over ssh ({detail})",
-                "check the node is up, the address is right and sshd runs (port 22 or ssh.port)")
-    return f"the node's command failed ({detail})", "run `ptcluster doctor` for details"
+        return Problem(None, f"cannot reach the node over ssh ({detail})",
+                       "check the node is up, the address is right and sshd runs (port 22 or "
+                       "ssh.port)")
+    return Problem(None, f"the node's command failed ({detail})",
+                   "run `ptcluster doctor` for details")

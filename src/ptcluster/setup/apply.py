@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, SshSpec
+from ptcluster.errors import Problem
 from ptcluster.node import SETUP_AGENT as SETUP
 from ptcluster.node.wire import Kind
 from ptcluster.remote.channel import NodeChannel
@@ -195,12 +196,12 @@ class Setup:
                 if work.__name__ != "_apply":
                     outcome.seconds[work.__name__.strip("_")] = time.monotonic() - begun
             except NodeFailure as exc:
-                outcome.problem, outcome.fix = exc.problem, exc.fix
-                self.on_event(node.host, f"failed: {exc.problem}")
+                outcome.problem = exc.problem
+                self.on_event(node.host, f"failed: {exc.problem.what}")
             except Exception as exc:  # noqa: BLE001 - one node's bug never stops the others
                 log.exception("%s: setup failed", node.host)
-                outcome.problem = f"setup hit a bug here: {type(exc).__name__}: {exc}"
-                outcome.fix = "report it with the output of -v"
+                outcome.problem = Problem(None, f"setup hit a bug here: {type(exc).__name__}: "
+                                          f"{exc}", "report it with the output of -v")
 
         threads = [threading.Thread(target=guarded, args=(n,), name=f"setup-{n.host}",
                                     daemon=True) for n in self.spec.nodes

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from ptcluster.cluster.model import NodeSpec, SshSpec
+from ptcluster.errors import Problem
 from ptcluster.node.wire import Kind, control, split
 from ptcluster.remote.channel import NodeChannel
 from ptcluster.remote.transport import SshTransport, ssh_argv
@@ -56,9 +57,12 @@ class NodeSession:
 
 
 class NodeFailure(Exception):
-    def __init__(self, problem: str, fix: str) -> None:
-        super().__init__(problem)
-        self.problem, self.fix = problem, fix
+    """Setup cannot go on on this node: its :class:`Problem` (who: None, the node's outcome
+    says which node)."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(what)
+        self.problem = Problem(None, what, fix)
 
 
 def key_refusal(host: str, addr: str, port: int, code: int | None,

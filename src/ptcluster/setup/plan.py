@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ptcluster.errors import who_what_fix
+from ptcluster.errors import Problem
 from ptcluster.node.leases import LEASE_DIR
 from ptcluster.setup.torch_choice import TorchChoice
 
@@ -27,6 +27,8 @@ WHEELHOUSE = "~/.ptcluster/wheelhouse"
 ENV_FILE = "~/.ptcluster/env"
 HOSTS_BEGIN = "# BEGIN ptcluster: cluster nodes (managed by `ptcluster setup`, edits are replaced)"
 HOSTS_END = "# END ptcluster"
+NO_TORCH = Problem(None, "no torch build fits")
+"""The torch steps' block when the choice says no more (it always does: ``TorchChoice``)."""
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,7 @@ def _install_case(host: str, facts: dict[str, Any], cf: ClusterFacts) -> str:
 def _wheels(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
     case = _install_case(host, facts, cf)
     if case == "no torch":
-        return Step("wheels", BLOCKED, cf.torch.problem or "no torch build fits")
+        return Step("wheels", BLOCKED, (cf.torch.problem or NO_TORCH).what)
     if case == "installed":
         return Step("wheels", OK, "nothing to copy: the venv has what it needs")
     if case == "no venv":
@@ -243,8 +245,7 @@ def _wheels(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
 def _torch(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
     case, want = _install_case(host, facts, cf), _wanted(cf)
     if case == "no torch":
-        return Step("torch + ptcluster", BLOCKED, who_what_fix(
-            None, cf.torch.problem or "no torch build fits", cf.torch.fix))
+        return Step("torch + ptcluster", BLOCKED, str(cf.torch.problem or NO_TORCH))
     if case == "installed":
         return Step("torch + ptcluster", OK, f"torch {want['torch']}, ptcluster "
                     f"{want['ptcluster']} ({cf.torch.why})")

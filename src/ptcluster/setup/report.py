@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ptcluster.errors import Problem
 from ptcluster.setup import plan as P
 from ptcluster.setup.torch_choice import TorchChoice
 
@@ -24,8 +25,8 @@ class NodeSetupOutcome:
     """The plan from the facts after apply (empty in a dry run)."""
     applied: list[tuple[str, str, str]] = field(default_factory=list)
     """(step, changed | failed | skipped, detail) for every step apply looked at."""
-    problem: str | None = None
-    fix: str | None = None
+    problem: Problem | None = None
+    """Why setup stopped on this node (who: None, the node is ``host``)."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Where the time went: ``facts``, each applied step, ``confirm``."""
 
@@ -38,8 +39,10 @@ class NodeSetupOutcome:
         return self.problem is None and bool(self.final) and not P.pending(self.final)
 
     def to_json(self) -> dict[str, Any]:
+        said = self.problem
         return {"host": self.host, "addr": self.addr, "connection": self.connection,
-                "problem": self.problem, "fix": self.fix, "converged": self.converged,
+                "problem": None if said is None else said.what,
+                "fix": None if said is None else said.fix, "converged": self.converged,
                 "plan": [s.to_json(self.host) for s in self.before],
                 "applied": [{"step": s, "result": r, "detail": d} for s, r, d in self.applied],
                 "after": [s.to_json(self.host) for s in self.after],
@@ -66,6 +69,8 @@ class SetupReport:
                 "duration_s": round(self.duration, 2), "wheelhouse_s": self.wheelhouse_s,
                 "head": [s.to_json("head") for s in self.head],
                 "torch": None if t is None else {"version": t.version, "variant": t.variant,
-                                                 "why": t.why, "problem": t.problem},
+                                                 "why": t.why, "problem": (
+                                                     None if t.problem is None
+                                                     else t.problem.what)},
                 "nodes": [n.to_json() for n in self.nodes.values()]}
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ptcluster.errors import Problem
+
 CUDA13_DRIVER = (580,)
 CUDA12_DRIVER = (525, 60, 13)
 OLDEST_CU128_ARCH = (7, 5)
@@ -42,8 +44,8 @@ class TorchChoice:
     variant: str | None
     """``cpu``, ``cu126``, ``cu128``, ``cu130``; None when no build fits (see ``problem``)."""
     why: str
-    problem: str | None = None
-    fix: str | None = None
+    problem: Problem | None = None
+    """Why no build fits (who: None, its what names the nodes)."""
 
     @property
     def requirement(self) -> str:
@@ -79,17 +81,18 @@ def choose_torch(version: str, nodes: list[GpuNode], backend: str = "auto") -> T
         return TorchChoice(version, "cpu", "no node has an NVIDIA GPU: the CPU build")
     no_driver = [n.host for n in gpu_nodes if not n.driver]
     if no_driver:
-        return TorchChoice(version, None, "", f"GPU without an NVIDIA driver on "
-                           f"{', '.join(no_driver)}",
-                           "install the NVIDIA driver there (setup never installs drivers)")
+        return TorchChoice(version, None, "", Problem(
+            None, f"GPU without an NVIDIA driver on {', '.join(no_driver)}",
+            "install the NVIDIA driver there (setup never installs drivers)"))
     low = min(gpu_nodes, key=lambda n: _version(n.driver or "0"))
     driver = low.driver or "0"
     caps = [(c, n.host) for n in gpu_nodes for c in n.compute_capability]
     old = [f"{h} (sm_{c.replace('.', '')})" for c, h in caps if _version(c) < OLDEST_CU128_ARCH]
     if _version(driver) < CUDA12_DRIVER:
-        return TorchChoice(version, None, "", f"driver {driver} on {low.host} is older than "
-                           "525.60.13, the oldest that runs any CUDA 12 build",
-                           "upgrade the NVIDIA driver to 525.60.13 or newer (580+ for CUDA 13)")
+        return TorchChoice(version, None, "", Problem(
+            None, f"driver {driver} on {low.host} is older than 525.60.13, the oldest that runs "
+            "any CUDA 12 build",
+            "upgrade the NVIDIA driver to 525.60.13 or newer (580+ for CUDA 13)"))
     if old:
         return TorchChoice(version, "cu126", f"GPU older than sm_75 on {', '.join(old)}: "
                            "cu126 is the newest build with kernels for it")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from ptcluster.errors import Problem
 from ptcluster.node import wire
 
 
@@ -29,11 +30,11 @@ class Ready:
 @dataclass(frozen=True)
 class GuardRefused:
     """The guard could not do its part (the node's ``error {problem, fix}``: a missing workdir,
-    a taken port, ...); on the node it is the guard's ``GuardError`` exception."""
+    a taken port, ...); on the node it is the guard's ``GuardError`` exception. Its problem's
+    who is the node; the frame's empty fix is no fix (None)."""
 
     host: str
-    problem: str
-    fix: str
+    problem: Problem
     busy: bool = False
     """Only because another job holds what this one asks for (it may wait for it)."""
 
@@ -164,9 +165,9 @@ class ChannelClosed:
     host: str
     exit_code: int | None
     stderr: list[str] = field(default_factory=list)
-    cause: tuple[str, str] | None = None
-    """(problem, fix): what the connector makes of the channel's end (``remote.transport.
-    explain_channel_failure``), or why it could not even start."""
+    cause: Problem | None = None
+    """What the connector makes of the channel's end (``remote.transport.
+    explain_channel_failure``), or why it could not even start (its who: None)."""
 
 
 Event = (Hello | Ready | GuardRefused | Started | Heartbeat | GuardStopping | RankStart | RankExit
@@ -220,8 +221,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == wire.Kind.READY:
         return Ready(host, cast(wire.ReadyFacts, body))
     if kind == wire.Kind.ERROR:
-        return GuardRefused(host, str(body["problem"]), str(body.get("fix") or ""),
-                            bool(body.get("busy")))
+        said = Problem(host, str(body["problem"]), str(body.get("fix") or "") or None)
+        return GuardRefused(host, said, bool(body.get("busy")))
     if kind == wire.Kind.STARTED:
         return Started(host, int(body["pid"]))
     if kind == wire.Kind.EXIT:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import signal
 from typing import NoReturn
 
+from ptcluster.errors import Problem
 from ptcluster.launch.plan import AUTO_PORT
 from ptcluster.launch.result import Failure, FailureKind
 from ptcluster.launch.supervise import events as ev
@@ -202,7 +203,7 @@ class Supervisor(JobState):
         return []
 
     def _guard_refused(self, e: ev.GuardRefused, now: float) -> list[Action]:
-        return self._fail(Failure(host=e.host, rank=None, message=e.problem, fix=e.fix or None,
+        return self._fail(Failure(host=e.host, rank=None, message=e.problem.what, fix=e.problem.fix,
                                   kind=FailureKind.BUSY if e.busy else FailureKind.GUARD,
                                   at=self.wall(now)), now)
 
@@ -306,10 +307,11 @@ class Supervisor(JobState):
                               exit_code=e.exit_code, last_lines=err, at=self.wall(now))
         else:
             # (what the channel's own words mean is the connector's to say: the event's cause)
-            problem, fix = e.cause or (detail, "see the node log in the run directory")
-            failure = Failure(host=e.host, rank=None, message=f"cannot start the job: {problem}",
-                              kind=FailureKind.START,
-                              fix=fix, exit_code=e.exit_code, last_lines=err, at=self.wall(now))
+            cause = e.cause or Problem(None, detail, "see the node log in the run directory")
+            failure = Failure(host=e.host, rank=None,
+                              message=f"cannot start the job: {cause.what}",
+                              kind=FailureKind.START, fix=cause.fix, exit_code=e.exit_code,
+                              last_lines=err, at=self.wall(now))
         return self._fail(failure, now)
 
     # -- checks -------------------------------------------------------------------------------

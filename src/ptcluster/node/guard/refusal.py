@@ -1,6 +1,10 @@
 """The guard's refusal (``GuardError``, sent to the head as ``error {problem, fix, busy}``: the
 head's ``GuardRefused``), raised by its prechecks and its choice of GPUs.
 
+Its ``problem`` and ``fix`` are plain strings, not ``ptcluster.errors.Problem``: this module is
+shipped (it cannot import the head's package), and the frame is JSON anyway. The head makes the
+one ``Problem`` of them where it decodes the frame (``launch.supervise.events``).
+
 Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
 """
 
