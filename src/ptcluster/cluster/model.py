@@ -14,7 +14,9 @@ DEFAULT_MASTER_PORT = 29500
 AUTO_PYTHON = "auto"
 """``python:`` when a cluster file sets none: on each node the venv ``ptcluster setup`` made
 (``SETUP_PYTHON``) where it exists, else the head's own interpreter path."""
-SETUP_PYTHON = "~/.ptcluster/venv/bin/python"
+SETUP_VENV = "~/.ptcluster/venv"
+"""Where ``ptcluster setup`` makes each node's Python environment."""
+SETUP_PYTHON = SETUP_VENV + "/bin/python"
 
 
 class Reach(str, Enum):

@@ -15,14 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ptcluster.cluster.model import SETUP_PYTHON, SETUP_VENV
 from ptcluster.errors import Problem
 from ptcluster.node.leases import LEASE_DIR
 from ptcluster.setup.torch_choice import TorchChoice
 
 OK, CHANGE, BLOCKED = "ok", "change", "blocked"
 PACKAGES = ("python3-venv", "python3-dev", "build-essential", "rsync")
-VENV = "~/.ptcluster/venv"
-VENV_PYTHON = VENV + "/bin/python"
+VENV, VENV_PYTHON = SETUP_VENV, SETUP_PYTHON
 WHEELHOUSE = "~/.ptcluster/wheelhouse"
 ENV_FILE = "~/.ptcluster/env"
 HOSTS_BEGIN = "# BEGIN ptcluster: cluster nodes (managed by `ptcluster setup`, edits are replaced)"
