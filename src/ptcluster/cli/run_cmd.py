@@ -264,21 +264,19 @@ def _print_summary(console: Console, result: RunResult) -> None:
 
 def _print_hang(console: Console, result: RunResult) -> None:
     """The straggler and the ranks by place (every stack is in the run dir)."""
-    report = result.hang_report or {}
-    by_rank = {r["rank"]: r for r in report.get("ranks", [])}
-    late = report.get("straggler", {})
-    for rank in late.get("ranks", []):
-        r = by_rank.get(rank, {})
-        console.print(f"[bold]straggler:[/bold] rank {rank} on {escape(str(r.get('host')))}: "
-                      f"{escape(str(r.get('where')))} -- {escape(str(late.get('why')))}",
-                      markup=True)
-    if not late.get("ranks"):
-        console.print(f"no straggler named: {late.get('why')}", markup=False)
-    for group in report.get("groups", []):
-        ranks = group["ranks"]
-        hosts = ",".join(dict.fromkeys(str(by_rank.get(r, {}).get("host")) for r in ranks))
+    report = result.hang_report
+    assert report is not None
+    late, why = report.straggler()
+    for r in late:
+        console.print(f"[bold]straggler:[/bold] rank {r.rank} on {escape(str(r.host))}: "
+                      f"{escape(r.where())} -- {escape(why)}", markup=True)
+    if not late:
+        console.print(f"no straggler named: {why}", markup=False)
+    for group in report.groups():
+        ranks = [r.rank for r in group.ranks]
+        hosts = ",".join(dict.fromkeys(str(r.host) for r in group.ranks))
         who = f"rank {ranks[0]}" if len(ranks) == 1 else \
             f"ranks {','.join(str(r) for r in ranks)}"
-        console.print(f"  {who} on {hosts}: {group['where']}", markup=False)
+        console.print(f"  {who} on {hosts}: {group.ranks[0].where()}", markup=False)
     text, _ = RunDir(result.run_dir).stacks_report(RunDir.HANG_STACKS)
     console.print(f"  every rank's stack: {text}", markup=False)

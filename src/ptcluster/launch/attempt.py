@@ -29,6 +29,7 @@ from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import AttemptRecord, RunResult
 from ptcluster.launch.rundir import RunLogs
 from ptcluster.launch.stacks.collector import StackCollector
+from ptcluster.launch.stacks.report import StackReport
 from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.actions import (
     HANG,
@@ -171,7 +172,7 @@ class Attempt:
         """The channels that started, by host (empty again once the attempt is over)."""
         self._node_rank = {n.host: n.node_rank for n in plan.nodes}
         self._ranks_of = {n.host: frozenset(n.ranks) for n in plan.nodes}
-        self._hang_report: dict[str, Any] | None = None
+        self._hang_report: StackReport | None = None
         t0 = time.monotonic()
         self.t0 = t0
         self.sup = Supervisor(plan, self.opts, t0, wall_offset=time.time() - t0)
@@ -388,7 +389,7 @@ class Attempt:
     def _finish_collections(self, sup: Supervisor, now: float) -> None:
         for purpose, report in self.ctx.stacks.finish(now):
             if purpose == HANG:
-                self._hang_report = report.to_json()
+                self._hang_report = report
                 late, _ = report.straggler()
                 self._apply(sup.hang_reported(
                     report.headline(), late[0].rank if len(late) == 1 else None,

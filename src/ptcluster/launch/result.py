@@ -8,9 +8,12 @@ import signal
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ptcluster.errors import Problem
+
+if TYPE_CHECKING:
+    from ptcluster.launch.stacks.report import StackReport
 
 
 @dataclass(kw_only=True)
@@ -136,7 +139,7 @@ class RunResult:
     were allowed)."""
     no_progress: bool = False
     """The restart rule gave up because an attempt saved no newer checkpoint (exit 3)."""
-    hang_report: dict[str, Any] | None = None
+    hang_report: StackReport | None = None
     """Every rank's stacks when the job was found hung (``StackReport.to_json``)."""
     straggler: dict[str, Any] | None = None
     """The straggler report of the last attempt: every rank's wait share (window and whole
@@ -167,7 +170,7 @@ class RunResult:
             "log_errors": self.log_errors,
             "root_cause": None if self.root_cause is None else _failure_json(self.root_cause),
             "failures": [_failure_json(f) for f in self.failures],
-            "hang_report": self.hang_report,
+            "hang_report": None if self.hang_report is None else self.hang_report.to_json(),
             "straggler": self.straggler,
             "ranks": [{"rank": r.rank, "host": r.host, "local_rank": r.local_rank,
                        "exit_code": r.exit_code, "status": r.status, "duration_s": r.duration,
