@@ -6,7 +6,9 @@ this module and ``node.rank_wire``, so a node needs only torch, not ptcluster). 
 
 import logging
 import os
+import socket
 import sys
+import threading
 from datetime import timedelta
 from typing import NoReturn
 
@@ -49,7 +51,23 @@ def device_sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-_REPORT: list = []
+class _Records:
+    """The rank's one connection to its guard for records, opened on first use. A lock: two
+    threads of a rank (a data loader's, a checkpoint writer's) open one connection, and their
+    records never interleave."""
+
+    def __init__(self) -> None:
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def send(self, kind: str, data: dict) -> None:
+        with self._lock:
+            if self._sock is None:
+                self._sock = connect(os.environ[SOCK_VAR], int(os.environ["RANK"]), DATA)
+            self._sock.sendall(encode_record(REPORT, {"kind": kind, **data}))
+
+
+_RECORDS = _Records()
 
 
 def report(kind: str, data: dict) -> None:
@@ -57,9 +75,7 @@ def report(kind: str, data: dict) -> None:
 
     Never mixed with the rank's output, so nothing a program prints can pass for a record.
     """
-    if not _REPORT:
-        _REPORT.append(connect(os.environ[SOCK_VAR], int(os.environ["RANK"]), DATA))
-    _REPORT[0].sendall(encode_record(REPORT, {"kind": kind, **data}))
+    _RECORDS.send(kind, data)
 
 
 def checkpoint_saved(step: int) -> None:
