@@ -201,3 +201,21 @@ def test_guards_hold_their_output_longer_only_as_the_cluster_grows() -> None:
     plan = plan_launch(parse_cluster_text(text, "c.yaml"), Target(script="t.py"), port=29500,
                        job_id="J")
     assert {n.guard_config(plan, opts)["output_hold"] for n in plan.nodes} == {2 / W}
+
+
+def test_every_rank_of_a_job_gets_the_same_threads_whatever_its_node_holds() -> None:
+    """2+1+1: the nodes of one rank get OMP_NUM_THREADS=1 as the node of two does (torchrun
+    would leave them every core, and DDP's replicas drifted apart); a job of one rank gets none;
+    a value of the cluster file's ``env:`` wins."""
+    spec = parse_cluster_text(CLUSTER, "c.yaml")
+    plan = plan_launch(spec, Target(script="t.py"), port=29511, job_id="J")
+    opts = RunOptions()
+    assert [n.guard_config(plan, opts)["env_defaults"] for n in plan.nodes] == \
+        [{"OMP_NUM_THREADS": "1"}] * 3
+    assert all(dict(rank_env(plan, n))["OMP_NUM_THREADS"] == "1" for n in plan.nodes)
+    alone = plan_launch(local_cluster(1), Target(script="t.py"), port=29511, job_id="J")
+    assert alone.nodes[0].guard_config(alone, opts)["env_defaults"] == {}
+    assert "OMP_NUM_THREADS" not in dict(rank_env(alone, alone.nodes[0]))
+    own = parse_cluster_text(CLUSTER.replace("env: {", "env: {OMP_NUM_THREADS: 4, "), "c.yaml")
+    mine = plan_launch(own, Target(script="t.py"), port=29511, job_id="J")
+    assert all(dict(rank_env(mine, n))["OMP_NUM_THREADS"] == "4" for n in mine.nodes)

@@ -104,9 +104,7 @@ class NodePlan:
             "heartbeat_timeout": opts.guard_heartbeat_timeout, "grace": opts.stop_grace,
             "heartbeat_every": opts.heartbeat_for(len(plan.nodes)),
             "output_hold": opts.output_hold_for(len(plan.nodes)),
-            # What torchrun sets for several ranks per node when the node has no value, set
-            # here so that it does not print its four-line banner about it on every run.
-            "env_defaults": {THREADS_VAR: THREADS_DEFAULT} if self.nproc > 1 else {},
+            "env_defaults": threads_default(plan),
         }
 
 
@@ -126,6 +124,20 @@ class LaunchPlan:
     nodes: tuple[NodePlan, ...]
     attempt: int = 0
     """0 for the first attempt; a restart's plan counts up (``PTCLUSTER_ATTEMPT``)."""
+
+
+def threads_default(plan: LaunchPlan) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` where a node has no value of its own: 1 on every rank of a job of
+    several ranks, whatever the number of ranks on its node.
+
+    torchrun sets 1 only on nodes of several ranks (ptcluster sets it there itself, so that
+    torchrun does not print its four-line banner on every run). A node with one rank then ran
+    its kernels on every core while the others ran on one, and DDP's replicas did not stay
+    bit-identical: the reference trainer's in-step check found one rank's state different in
+    about half the runs of a 2+1+1 CPU job on the testbed (at 18d4054 too; none in 5 runs with
+    the same threads on every rank). DDP keeps replicas in step only if every rank computes the
+    same update from the same averaged gradients, so every rank gets the same threads."""
+    return {THREADS_VAR: THREADS_DEFAULT} if plan.world_size > 1 else {}
 
 
 def new_job_id() -> str:
@@ -219,8 +231,8 @@ def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
     An interface detected on the node at launch is in ``summary.json``, not here.
     """
     env = list(node.env)
-    if node.nproc > 1 and THREADS_VAR not in dict(node.env):
-        env.append((THREADS_VAR, THREADS_DEFAULT))  # unless the node has its own (as torchrun does)
+    if THREADS_VAR not in dict(node.env):  # (unless the node has its own)
+        env += threads_default(plan).items()
     env += [
         ("MASTER_ADDR", plan.master_addr),
         ("MASTER_PORT", str(plan.master_port or "auto (the master's guard takes a free one)")),

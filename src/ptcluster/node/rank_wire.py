@@ -69,8 +69,8 @@ IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 """The interface NCCL and gloo open their sockets on: the node's ``interface`` of the cluster
 file (the plan), else the one the guard finds routes to the master (unless ``env:`` has them)."""
 THREADS_VAR, THREADS_DEFAULT = "OMP_NUM_THREADS", "1"
-"""What torchrun sets for several ranks per node when the node has no value; ptcluster sets it
-then itself, so that torchrun does not print its four-line banner about it on every run."""
+"""Every rank's intra-op threads where its node has no value, in a job of several ranks (the
+same on every rank: ``launch.plan.threads_default`` says why)."""
 TORCHRUN_LOG_VAR = "PET_LOG_DIR"
 """torchrun's own files: the guard points it into its private temp dir (removed with it)."""
 
