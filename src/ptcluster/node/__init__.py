@@ -49,8 +49,8 @@ STACK_PROBE = Program("stack-probe", _N + "rank.stack_probe", RANK, (RANK_WIRE,)
 """Installed by the shim in the rank's process: stacks on request, collectives' progress."""
 _G = _N + "guard."
 GUARD = Program("guard", _G + "agent", NODE,
-                (WIRE, NETIF, RANK_WIRE, _G + "proctree", _G + "progress", _G + "outbox",
-                 _G + "rank_server", _G + "schedstat", _G + "link", _G + "teardown",
+                (WIRE, NETIF, RANK_WIRE, _N + "safefile", _G + "proctree", _G + "progress",
+                 _G + "outbox", _G + "rank_server", _G + "schedstat", _G + "link", _G + "teardown",
                  _N + "records", _N + "leases", _G + "refusal", _N + "accel", _G + "gpus",
                  _G + "prechecks", _G + "spawn"),
                 hands=(SHIM, STACK_PROBE))
@@ -58,13 +58,15 @@ GUARD = Program("guard", _G + "agent", NODE,
 FACTS = Program("facts", _N + "doctor_facts", NODE,
                 (WIRE, NETIF, _N + "accel", _N + "firewall"))
 """The doctor's node program: the node's facts, then its port and peer tests."""
-SAMPLER = Program("sampler", _N + "sampler", NODE, (WIRE, _N + "records", _N + "leases"))
+SAFE_LEASES = (_N + "safefile", _N + "records", _N + "leases")
+"""The parts of every program that reads or takes leases."""
+SAMPLER = Program("sampler", _N + "sampler", NODE, (WIRE, *SAFE_LEASES))
 """The monitor's node program: one sample per interval."""
 SETUP_AGENT = Program("setup", _N + "setup_agent", NODE,
-                      (WIRE, NETIF, _N + "records", _N + "leases", _N + "accel",
+                      (WIRE, NETIF, *SAFE_LEASES, _N + "accel",
                        _N + "firewall", _N + "setup_facts"))
 """Setup's node program: facts, then the commands the head asks for."""
-KILL = Program("kill", _N + "kill", NODE, (WIRE, _N + "records", _N + "leases"))
+KILL = Program("kill", _N + "kill", NODE, (WIRE, *SAFE_LEASES))
 """``ptcluster kill``'s node program: signals one job's guard (found by its lease)."""
 ALLREDUCE = Program("allreduce", _N + "rank.allreduce", RANK, (RANK_WIRE, _N + "rank.api"))
 """The doctor's last check, in every rank: a verified all-reduce."""

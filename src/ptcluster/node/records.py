@@ -13,7 +13,8 @@ the reader to judge. Which directory is trusted, and which owners, stays with ea
 
 import json
 import os
-import stat
+
+from ptcluster.node.safefile import create_new, read_regular  # inlined
 
 
 def write_record(path: str, record: dict, mode: int, dir_fd: int | None = None,
@@ -23,10 +24,7 @@ def write_record(path: str, record: dict, mode: int, dir_fd: int | None = None,
     over ``path``. OSError when it cannot be (``tmp`` removed)."""
     tmp = tmp or f"{path}.{os.getpid()}.tmp"
     try:
-        wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      mode, dir_fd=dir_fd)
-        os.fchmod(wfd, mode)  # (the mode passed through the umask)
-        with os.fdopen(wfd, "w") as f:
+        with os.fdopen(create_new(tmp, mode, dir_fd), "w") as f:
             json.dump(record, f)
         os.rename(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError:
@@ -34,26 +32,18 @@ def write_record(path: str, record: dict, mode: int, dir_fd: int | None = None,
         raise
 
 
-def read_record(path: str, dir_fd: int | None = None,
-                limit: int = -1) -> tuple[object, int] | None:
+def read_record(path: str, dir_fd: int | None = None, limit: int = 65536,
+                owners: tuple[int, ...] = ()) -> tuple[object, int] | None:
     """(the JSON value of the record at ``path``, the uid that owns the file); None when it is
-    not a regular file, cannot be opened without following a link, or does not parse. ``limit``:
-    read at most this many bytes (-1: all)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                     dir_fd=dir_fd)
-    except OSError:
+    not a regular file (of one of ``owners``, when given), cannot be opened without following a
+    link, or does not parse within ``limit`` bytes."""
+    got = read_regular(path, limit, dir_fd, owners)
+    if got is None:
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return json.loads(f.read(limit)), st.st_uid
-    except (OSError, ValueError):
+        return json.loads(got[0]), got[1]
+    except ValueError:
         return None
-    finally:
-        os.close(fd)
 
 
 def unlink(path: str, dir_fd: int | None = None) -> None:
