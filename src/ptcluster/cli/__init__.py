@@ -28,6 +28,7 @@ from ptcluster.cli import (
     sync_cmd,
 )
 from ptcluster.cli.common import CliState
+from ptcluster.cli.console import clean
 from ptcluster.errors import PtclusterError
 
 log = logging.getLogger("ptcluster")
@@ -69,7 +70,7 @@ class _StderrHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.write(clean(self.format(record)) + "\n")
         except Exception:  # logging must never take the command down
             self.handleError(record)
 
@@ -160,9 +161,9 @@ def _report(exc: BaseException, state: CliState, message: str, fix: str | None) 
 
 
 def _error_line(message: str, fix: str | None) -> None:
-    text = " ".join(message.split())
+    text = " ".join(clean(message).split())  # (a refusal may quote a node or a lease record)
     if fix and "Fix:" not in text:
-        text = f"{text.rstrip('.')}. Fix: {' '.join(fix.split())}"
+        text = f"{text.rstrip('.')}. Fix: {' '.join(clean(fix).split())}"
     click.echo(f"{click.style('error:', fg='red', bold=True)} {text}", err=True)
 
 

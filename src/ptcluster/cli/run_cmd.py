@@ -26,7 +26,7 @@ from ptcluster.cli.common import (
     load_spec,
     quiet,
 )
-from ptcluster.cli.console import ConsoleFeed
+from ptcluster.cli.console import ConsoleFeed, clean, terminal
 from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.cluster.model import ClusterSpec
@@ -90,7 +90,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
                          "cluster", f"pass --min-nodes {len(spec.nodes)} or less")
     policy = RestartPolicy(max_restarts=max_restarts,
                            min_nodes=len(spec.nodes) if min_nodes is None else min_nodes)
-    err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+    err = terminal(stderr=True, soft_wrap=True)
     if sync_first and not all(r.ok for r in run_sync(spec, err, show=not quiet())):
         sys.exit(1)
     plan = prepare(spec, target, port=port, max_restarts=max_restarts)
@@ -105,6 +105,8 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     labels: dict[tuple[str, int | None], tuple[str, str]] = {}
 
     def on_line(host: str, rank: int | None, text: str) -> None:
+        if rank is None:  # (the guard's child, torchrun: the node's words, not the user's)
+            text = clean(text)
         label = labels.get((host, rank))
         if label is None:  # once per rank: this runs for every line of the job
             label = labels[(host, rank)] = (
@@ -201,10 +203,10 @@ def _run_with_signals(runner: Runner) -> tuple[RunResult, int | None]:
 
 
 def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
-    console.print(f"[bold]ptcluster[/bold] job {plan.job_id}: world size {plan.world_size} on "
-                  f"{len(plan.nodes)} node(s), rendezvous "
-                  f"{plan.master_addr}:{plan.master_port or 'auto'}, "
-                  f"backend {plan.backend}", markup=True)
+    console.print(Text("ptcluster", style="bold"),
+                  f"job {plan.job_id}: world size {plan.world_size} on {len(plan.nodes)} "
+                  f"node(s), rendezvous {plan.master_addr}:{plan.master_port or 'auto'}, "
+                  f"backend {plan.backend}")
     for node in plan.nodes:
         console.print(f"  node {node.node_rank} {node.host:<16} ranks {node.ranks.start}.."
                       f"{node.ranks.stop - 1}  interface {node.interface or 'auto'}  "
@@ -240,7 +242,7 @@ def _print_summary(console: Console, result: RunResult) -> None:
     if rc is not None:
         title = "What the nodes saw first:" if result.ended_by else \
             "Root cause (first observed failure):"
-        console.print(f"[bold red]{title}[/bold red] {escape(rc.headline())}", markup=True)
+        console.print(Text(title, style="bold red"), rc.headline())
         # (stopped from outside: what a node said on its way down is in its log, not news)
         for line in [] if result.ended_by else rc.last_lines[-10:]:
             console.print(f"    {line}", markup=False)
@@ -254,12 +256,12 @@ def _print_summary(console: Console, result: RunResult) -> None:
         table.add_row(str(r.rank), r.host, str(r.local_rank), Text(r.status, style=style),
                       f"{r.duration:.1f} s" if r.duration is not None else "-")
     console.print(table)
-    verdict = "[green]ok[/green]" if result.ok else (
-        "[yellow]interrupted[/yellow]" if result.interrupted else "[red]failed[/red]")
+    verdict = ("ok", "green") if result.ok else (
+        ("interrupted", "yellow") if result.interrupted else ("failed", "red"))
     if result.console_dropped:
         console.print(f"{result.console_dropped} line(s) were not shown because the console "
                       "fell behind; every line is in the logs")
-    console.print(f"{verdict}; logs in {escape(str(result.run_dir))}/", markup=True)
+    console.print(Text.assemble(verdict, f"; logs in {result.run_dir}/"))
 
 
 def _print_hang(console: Console, result: RunResult) -> None:
@@ -268,7 +270,7 @@ def _print_hang(console: Console, result: RunResult) -> None:
     assert report is not None
     late, why = report.straggler()
     for r in late:
-        console.print(f"[bold]straggler:[/bold] rank {r.rank} on {escape(str(r.host))}: "
+        console.print(f"[bold]straggler:[/bold] rank {r.rank:d} on {escape(str(r.host))}: "
                       f"{escape(r.where())} -- {escape(why)}", markup=True)
     if not late:
         console.print(f"no straggler named: {why}", markup=False)

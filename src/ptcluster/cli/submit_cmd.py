@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ptcluster.cli.common import NPROC, quiet
+from ptcluster.cli.console import say
 from ptcluster.launch.rundir import DEFAULT_RUNS_DIR
 from ptcluster.submit.sbatch import (
     JOB_ID_FILE,
@@ -50,9 +51,8 @@ def submit_job(nodes: int, gpus_per_node: int | None, nproc: int | None,
     job = submit(script)
     (run_dir / JOB_ID_FILE).write_text(job + "\n")
     if not quiet():
-        click.echo(f"ptcluster: submitted Slurm job {job}; script and logs in {run_dir}/",
-                   err=True)
-    click.echo(job)
+        say(f"ptcluster: submitted Slurm job {job}; script and logs in {run_dir}/", err=True)
+    say(job)  # (sbatch's words)
 
 
 submit_job.name = "submit"
