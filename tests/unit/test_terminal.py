@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 import ptcluster
-from ptcluster.cli import _error_line, doctor_cmd, monitor_cmd, ps_cmd
+from ptcluster.cli import _error_line, _traceback, doctor_cmd, monitor_cmd, ps_cmd
 from ptcluster.cli.console import ConsoleFeed, clean, terminal
 from ptcluster.doctor.checks import FAIL, OK, WARN, Finding
 from ptcluster.doctor.diagnose import DoctorReport
@@ -112,11 +112,14 @@ def test_runs_notes_are_cleaned_and_its_ranks_lines_are_not() -> None:
     assert "".join(out) == "\x1b[32mgreen\x1b[0m\r100%\n"
 
 
-def test_the_error_line_is_cleaned(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_error_line_and_a_traceback_are_cleaned(capsys: pytest.CaptureFixture[str]) -> None:
     _error_line(f"gpu 0 is held by job {HOSTILE}", f"wait for {LINK}")
     err = capsys.readouterr().err
     assert "\x1b]" not in err and "\x1b[2K" not in err
     assert "held by job click [/red]" in err and "Fix: wait for click" in err
+    _traceback(ValueError(f"bad record {LINK}"))  # (a bug, or -v)
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "ValueError: bad record click" in err
 
 
 def test_a_terminal_keeps_its_own_cursor_moves() -> None:
@@ -134,7 +137,8 @@ CLI = Path(ptcluster.__file__).parent / "cli"
 WRITERS = "console.py"
 """The module of the writers: the only one that may make a console or write a line itself."""
 RAW = {
-    "env_cmd.py": "shell code for `eval`: the user's own cluster file, quoted for the shell",
+    "env_cmd.py": "shell code for `eval`: cleaning would change the values; quoting them "
+                  "(control characters too) is its own rule",
     "init_cmd.py": "the cluster file it renders from the user's answers, and their mistakes",
     "submit_cmd.py": "the sbatch script it renders (--dry-run) from the user's own arguments",
     "common.py": "the Slurm allocation's nodes, from this machine's scontrol",

@@ -29,6 +29,7 @@ from typing import Any
 import click
 from rich.console import Console, ConsoleOptions, RenderableType
 from rich.segment import Segment
+from rich.text import Text
 
 _SEQUENCE = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colors, erase, cursor moves
@@ -54,7 +55,11 @@ def clean(text: str) -> str:
 
 class _Cleaned(Console):
     """A Rich console whose every rendered character of text passes :func:`clean` (the cursor
-    moves and erases Rich itself makes, control segments, stay)."""
+    moves and erases Rich itself makes, control segments, stay). A string (a table's cell) is
+    cleaned before it is laid out too, so that its columns fit what is shown."""
+
+    def render_str(self, text: str, **options: Any) -> Text:
+        return super().render_str(clean(text), **options)
 
     def render(self, renderable: RenderableType,
                options: ConsoleOptions | None = None) -> Iterable[Segment]:
