@@ -1,8 +1,9 @@
 """Another real user's lease record on this machine (``nobody``, through ``setpriv``), with a
 disguised link, a line erase and Rich markup in every field it may fill, reaches the user's
 terminal through the real commands: ``ps --all-users`` (the shipped sampler reads it on the
-node) and ``run``'s status lines and summary (the guard's refusal quotes it). Neither crashes,
-neither writes an escape of the record's (SECURITY-REVIEW 12, 13)."""
+node) and ``run``'s status lines and summary (the guard's refusal quotes it); and a node's
+last words (ssh's stderr) reach ``doctor``'s findings. None crashes, none writes an escape of
+theirs (SECURITY-REVIEW 12, 13)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from ptcluster.launch.plan import new_job_id
+from ptcluster.remote.transport import Transport
 from tests.support.head import run_head
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -54,7 +57,7 @@ def nobodys_lease(request: pytest.FixtureRequest) -> Iterator[str]:
     resource = request.param.format(job=job)
     holder = subprocess.Popen(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
-         "-c", HOLD, resource, f"{job}{LINK}", f"python train.py {HOSTILE}"],
+         "-c", HOLD, resource, f"{job}{HOSTILE}", f"python train.py {HOSTILE}"],
         cwd="/", env={"PYTHONPATH": str(SRC), "HOME": "/nonexistent"},
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -67,18 +70,21 @@ def nobodys_lease(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.mark.parametrize("nobodys_lease", ["job-{job}"], indirect=True)
-def test_ps_all_users_shows_another_users_record_as_text(nobodys_lease: str,
-                                                         tmp_path: Path) -> None:
-    """Before: ``[/red]`` in the record crashed ``ps --all-users`` (MarkupError, "ptcluster
-    hit a bug"); without it, the record's ESC sequences reached the terminal."""
-    proc = subprocess.run([sys.executable, "-m", "ptcluster", "ps", "--all-users"], cwd=tmp_path,
-                          env={**os.environ, "FORCE_COLOR": "1", "COLUMNS": "400"},
+@pytest.mark.parametrize("command", [["ps", "--all-users"], ["monitor", "--once"]])
+def test_ps_and_monitor_show_another_users_record_as_text(nobodys_lease: str, command: list[str],
+                                                          tmp_path: Path) -> None:
+    """Before: ``[/red]`` in the record crashed both (MarkupError, "ptcluster hit a bug");
+    without it, the record's ESC sequences reached the terminal (ps: every field; monitor: the
+    job id in its jobs column)."""
+    proc = subprocess.run([sys.executable, "-m", "ptcluster", *command], cwd=tmp_path,
+                          env={**os.environ, "FORCE_COLOR": "1"},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert nobodys_lease in proc.stdout and "nobody" in proc.stdout
-    assert "[/red] [link=https://x]y[/link]" in proc.stdout  # shown, not parsed
+    assert f"{nobodys_lease}click" in proc.stdout, proc.stdout
+    # shown, not parsed (ps: in its job id, head and command; monitor: with the job's user)
+    assert "click [/red] [link=https://x]y" in proc.stdout if command[0] == "ps" else \
+        "nobody" in proc.stdout
     assert_harmless(proc.stdout)
-    assert_harmless(proc.stdout + "click")  # (nothing on stderr either)
     assert "\x1b" not in proc.stderr
 
 
@@ -105,6 +111,37 @@ def test_a_refusal_quoting_another_users_record_reaches_runs_console_cleaned(
                            str(tmp_path / "runs"), str(script)], tmp_path, timeout=120)
     err = "\n".join(head.err)
     assert code == 1, head.output()
-    assert f"master port {PORT} is in use on this node by job {nobodys_lease}click" in err, err
+    assert f"master port {PORT} is in use on this node by job {nobodys_lease}click [/red]" \
+        in err, err
     assert "never runs" not in "\n".join(head.lines)
     assert_harmless(err)
+
+
+@dataclass
+class _Hostile(Transport):
+    """A "node" whose connection dies saying ``HOSTILE`` on stderr, as ssh's last words."""
+
+    host: str
+
+    def argv(self, node_argv: list[str]) -> list[str]:
+        return [sys.executable, "-c",
+                f"import sys; sys.stderr.write({HOSTILE!r} + '\\n'); sys.exit(255)"]
+
+
+def test_doctor_shows_a_nodes_last_words_as_text(cli, monkeypatch, tmp_path: Path) -> None:
+    """What a node's connection said before it died (ssh's stderr: the node's sshd, banner
+    and shell may say anything) in doctor's findings, through the real channel and group.
+    Before: a MarkupError ("ptcluster hit a bug"), and without markup in it, its escapes
+    written."""
+    import ptcluster.doctor.diagnose as diagnose
+
+    monkeypatch.setattr(diagnose, "transports",
+                        lambda spec: {n.host: _Hostile(n.host) for n in spec.nodes})
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    (tmp_path / "cluster.yaml").write_text("nodes:\n  - {host: n1}\n  - {host: n2}\n")
+    code, out, err = cli("doctor", "--skip-allreduce", "--cluster",
+                         str(tmp_path / "cluster.yaml"))
+    assert code == 1, out + err
+    assert out.count("[/red] [link=https://x]y[/link]") >= 2, out  # each node's, as text
+    assert_harmless(out)
+    assert "\x1b" not in err
