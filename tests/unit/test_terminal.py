@@ -99,6 +99,24 @@ def test_monitor_shows_a_nodes_sample_and_error_as_text() -> None:
     assert out.count("click") == 4
 
 
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_setup_shows_a_nodes_reasons_and_output_as_text(dry_run: bool) -> None:
+    """A step's reason and a failed command's output are the node's (sudo's words, a path);
+    before, `[/red]` in them crashed setup's report (``setup_cmd.py:129`` in the review)."""
+    from ptcluster.cli import setup_cmd
+    from ptcluster.setup import plan as P
+    from ptcluster.setup.report import NodeSetupOutcome, SetupReport
+
+    step = P.Step(P.STEPS[0], P.BLOCKED, HOSTILE)
+    node = NodeSetupOutcome("n1", addr="10.0.0.1", connection="key", before=[step],
+                            applied=[] if dry_run else [(P.STEPS[1], "failed", HOSTILE)])
+    report = SetupReport({"n1": node}, head=[P.Step("venv", P.BLOCKED, HOSTILE)], torch=None,
+                         dry_run=dry_run)
+    out = written(lambda c: setup_cmd.render(c, report))
+    assert_harmless(out)
+    assert out.count("click") == (2 if dry_run else 3)
+
+
 def test_runs_notes_are_cleaned_and_its_ranks_lines_are_not() -> None:
     """The status line the review saw: a lease record quoted in a refusal (``describe``)."""
     out: list[str] = []
