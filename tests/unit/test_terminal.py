@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 import ptcluster
-from ptcluster.cli import _error_line, _traceback, doctor_cmd, monitor_cmd, ps_cmd
+from ptcluster.cli import _error_line, _traceback, doctor_cmd, monitor_cmd, ps_cmd, run_cmd
 from ptcluster.cli.console import ConsoleFeed, clean, terminal
 from ptcluster.doctor.checks import FAIL, OK, WARN, Finding
 from ptcluster.doctor.diagnose import DoctorReport
@@ -128,6 +128,19 @@ def test_runs_notes_are_cleaned_and_its_ranks_lines_are_not() -> None:
     feed.close(timeout=5.0)
     assert "\x1b" not in "".join(err) and "(opsclick, python train.py)" in "".join(err)
     assert "".join(out) == "\x1b[32mgreen\x1b[0m\r100%\n"
+
+
+def test_runs_node_lines_are_cleaned_and_its_ranks_lines_are_not(tmp_path: Path) -> None:
+    """A node's own line (its program's stderr: ssh's, a login banner's, torchrun's) is the
+    node's words; a rank's line is the user's."""
+    out: list[str] = []
+    feed = ConsoleFeed(out.append, out.append)
+    on_line = run_cmd.line_sink(feed, tmp_path)
+    on_line("n1", None, f"Warning: {HOSTILE}")
+    on_line("n1", 0, "\x1b[32mgreen\x1b[0m")
+    feed.close(timeout=5.0)
+    assert "".join(out) == "[n1] Warning: click [/red] [link=https://x]y[/link]\n" \
+                           "[n1:0] \x1b[32mgreen\x1b[0m\n"
 
 
 def test_the_error_line_and_a_traceback_are_cleaned(capsys: pytest.CaptureFixture[str]) -> None:

@@ -101,20 +101,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     if not hush:
         _print_plan(err, plan, run_dir)
     feed = ConsoleFeed(_stdout_writer(run_dir), _fd_writer(2, dim=err.is_terminal))
-
-    labels: dict[tuple[str, int | None], tuple[str, str]] = {}
-
-    def on_line(host: str, rank: int | None, text: str) -> None:
-        if rank is None:  # (the guard's child, torchrun: the node's words, not the user's)
-            text = clean(text)
-        label = labels.get((host, rank))
-        if label is None:  # once per rank: this runs for every line of the job
-            label = labels[(host, rank)] = (
-                (f"[{host}] ", f"the node log of {host} in {run_dir}/") if rank is None
-                else (f"[{host}:{rank}] ", str(RunDir(run_dir).rank_log(rank))))
-        feed.line(label[0] + text, label[1])
-
-    runner = Runner(plan, transports(spec), run_dir, on_line=on_line,
+    runner = Runner(plan, transports(spec), run_dir, on_line=line_sink(feed, run_dir),
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
                     options=RunOptions(hang_timeout=hang_timeout, wait=(
                         wait_timeout or math.inf) if wait or wait_timeout else None,
@@ -128,6 +115,24 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     if not hush or not result.ok:
         _print_summary(err, result)
     sys.exit(exit_code(result, signum))
+
+
+def line_sink(feed: ConsoleFeed, run_dir: Path) -> Callable[[str, int | None, str], None]:
+    """run's ``on_line``: each line labelled with its node (and rank), to ``feed``. A rank's
+    line goes as the rank wrote it (the user's own: colors, progress bars); a node's own line
+    (``rank`` None: its program's stderr, ssh's, torchrun's) is the node's words: cleaned."""
+    labels: dict[tuple[str, int | None], tuple[str, str]] = {}
+
+    def on_line(host: str, rank: int | None, text: str) -> None:
+        if rank is None:
+            text = clean(text)
+        label = labels.get((host, rank))
+        if label is None:  # once per rank: this runs for every line of the job
+            label = labels[(host, rank)] = (
+                (f"[{host}] ", f"the node log of {host} in {run_dir}/") if rank is None
+                else (f"[{host}:{rank}] ", str(RunDir(run_dir).rank_log(rank))))
+        feed.line(label[0] + text, label[1])
+    return on_line
 
 
 def exit_code(result: RunResult, signum: int | None) -> int:
