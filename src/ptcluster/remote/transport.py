@@ -89,8 +89,8 @@ def remote_command(argv: list[str]) -> str:
 def ssh_argv(host: str, ssh: SshSpec) -> list[str]:
     """``ssh [options] -- host``; the remote command is appended by the caller."""
     argv = ["ssh", "-T"]
-    if ssh.config_file:
-        argv += ["-F", ssh.config_file]
+    if ssh.config_file:  # (ssh expands no ``~`` in -F: it would read ./~/.ssh/config)
+        argv += ["-F", os.path.expanduser(ssh.config_file)]
     if ssh.identity_file:
         argv += ["-i", ssh.identity_file]
     if ssh.port is not None:
