@@ -21,7 +21,7 @@ from rich.console import Console
 
 import ptcluster
 from ptcluster.cli import _error_line, _traceback, doctor_cmd, monitor_cmd, ps_cmd, run_cmd
-from ptcluster.cli.console import ConsoleFeed, clean, terminal
+from ptcluster.cli.console import ConsoleFeed, clean, say, terminal
 from ptcluster.doctor.checks import FAIL, OK, WARN, Finding
 from ptcluster.doctor.diagnose import DoctorReport
 from ptcluster.monitor.jobs import JobRow
@@ -143,7 +143,7 @@ def test_runs_node_lines_are_cleaned_and_its_ranks_lines_are_not(tmp_path: Path)
                            "[n1:0] \x1b[32mgreen\x1b[0m\n"
 
 
-def test_the_error_line_and_a_traceback_are_cleaned(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_error_line_a_traceback_and_say_are_cleaned(capsys: pytest.CaptureFixture[str]) -> None:
     _error_line(f"gpu 0 is held by job {HOSTILE}", f"wait for {LINK}")
     err = capsys.readouterr().err
     assert "\x1b]" not in err and "\x1b[2K" not in err
@@ -151,6 +151,9 @@ def test_the_error_line_and_a_traceback_are_cleaned(capsys: pytest.CaptureFixtur
     _traceback(ValueError(f"bad record {LINK}"))  # (a bug, or -v)
     err = capsys.readouterr().err
     assert "\x1b" not in err and "ValueError: bad record click" in err
+    say(f"ptcluster: job J: refused on n1: {HOSTILE}", err=True)  # (kill's lines)
+    assert capsys.readouterr().err == "ptcluster: job J: refused on n1: click [/red] " \
+                                      "[link=https://x]y[/link]\n"
 
 
 def test_a_terminal_keeps_its_own_cursor_moves() -> None:

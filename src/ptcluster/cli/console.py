@@ -6,12 +6,15 @@ orders: erase a line, move the cursor, show a link that says one thing and opens
 all text passes :func:`clean` on its way out, at the writers of ``cli/``: :func:`terminal`
 (every Rich console: tables, reports, summaries), :func:`say` (a plain line),
 ``ConsoleFeed.note`` (run's status lines), and the error line and log handler of
-``cli/__init__``. Only a rank's own output lines (``ConsoleFeed.line``) go out as the rank wrote
-them, colors and carriage returns included: they are the user's own. Cleaned at the exit, not
-where the text comes in: the same text is data elsewhere (a node's /etc/hosts that setup writes
-back, a record ``kill`` matches), and there are fewer ways out than ways in. Rich markup is off
-on these consoles: a markup string is only ever ours, with every value in it escaped
-(``rich.markup.escape``). ``tests/unit/test_terminal.py`` holds ``cli/`` to all of this.
+``cli/__init__``. ``ConsoleFeed.line`` writes what it is given: a rank's own output line goes
+out as the rank wrote it, colors and carriage returns included (the user's own); a node's own
+line (ssh's, torchrun's) is cleaned first by run's sink (``run_cmd.line_sink``).
+
+Cleaned at the exit, not where the text comes in: the same text is data elsewhere (a node's
+/etc/hosts that setup writes back, a record ``kill`` matches), and there are fewer ways out than
+ways in. Rich markup is off on these consoles: a markup string is only ever ours, with every
+value in it escaped (``rich.markup.escape``). ``tests/unit/test_terminal.py`` holds ``cli/`` to
+all of this.
 
 ``ConsoleFeed`` queues lines for a writer thread; when the terminal cannot keep up (a paused
 pager, a flood of output) the queue stays bounded and lines are skipped with a count ("N lines
