@@ -73,11 +73,14 @@ from ptcluster.remote.connect import outside_stop, transports
               default=DEFAULT_THRESHOLD, show_default=True,
               help="Name the straggler when one rank's (or node's) busy share is X times the "
               "other ranks' median while they wait for it.")
+@click.option("--no-leases", "no_leases", is_flag=True, help="Unsafe: take no leases on the "
+              "nodes (for nodes without `ptcluster setup`'s lease directory): other jobs may "
+              "take this job's GPUs and port, and `ps` and `kill` do not see it.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
         runs_dir: str | None, preflight: bool, sync_first: bool, max_restarts: int,
         min_nodes: int | None, hang_timeout: float | None, wait: bool,
-        wait_timeout: float | None, straggler_threshold: float,
+        wait_timeout: float | None, straggler_threshold: float, no_leases: bool,
         args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
@@ -105,7 +108,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
                     options=RunOptions(hang_timeout=hang_timeout, wait=(
                         wait_timeout or math.inf) if wait or wait_timeout else None,
-                        straggler_threshold=straggler_threshold),
+                        straggler_threshold=straggler_threshold, leases=not no_leases),
                     restarts=Restarts(policy, spec, target) if max_restarts else None,
                     ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total)
     result, signum = _run_with_signals(runner)

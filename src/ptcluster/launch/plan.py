@@ -46,20 +46,24 @@ class Target:
         if sum(x is not None for x in (self.module, self.script, self.code)) != 1:
             raise ValueError("give exactly one of module, script or code")
 
-    def argv(self) -> list[str]:
+    def program(self) -> list[str]:
+        """What runs, without its arguments: ``-m MODULE``, ``SCRIPT`` or ``-c CODE``."""
         if self.module is not None:
-            head = ["-m", self.module]
-        elif self.code is not None:
-            head = ["-c", self.code]
-        else:
-            head = [self.script or ""]
-        return head + list(self.args)
+            return ["-m", self.module]
+        if self.code is not None:
+            return ["-c", self.code]
+        return [self.script or ""]
+
+    def argv(self) -> list[str]:
+        return self.program() + list(self.args)
 
     def describe(self, width: int = 120) -> str:
-        """The command as a person would type it, for others to see (a lease, ``ps``): code
-        given with ``-c`` is shown as ``-c …``, and the whole is cut at ``width``."""
-        text = shlex.join(["python", *self.argv()]) if self.code is None else \
-            " ".join(["python -c …", shlex.join(self.args)]).strip()
+        """The program as a person would name it, for others to see (a lease record, ``ps``:
+        world-readable on every node): ``python train.py``, ``python -m pkg.mod``, ``python -c
+        …``. Never its arguments (a ``--token X`` would be every user's to read); cut at
+        ``width``."""
+        text = "python -c …" if self.code is not None else shlex.join(["python",
+                                                                        *self.program()])
         return text if len(text) <= width else text[:width - 1] + "…"
 
 
@@ -104,7 +108,7 @@ class NodePlan:
             "heartbeat_timeout": opts.guard_heartbeat_timeout, "grace": opts.stop_grace,
             "heartbeat_every": opts.heartbeat_for(len(plan.nodes)),
             "output_hold": opts.output_hold_for(len(plan.nodes)),
-            "env_defaults": threads_default(plan),
+            "env_defaults": threads_default(plan), "leases": opts.leases,
         }
 
 

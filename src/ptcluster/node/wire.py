@@ -119,6 +119,9 @@ class GuardConfig(TypedDict, total=False):
     grace: float
     output_hold: float
     """Seconds the guard may hold its ranks' output to write it in one go (``guard.outbox``)."""
+    leases: bool
+    """False: the user opted out of leases (``run --no-leases``, unsafe); absent or True: the
+    job is refused where the node's lease directory is missing or not root's."""
 
 
 class ReadyFacts(TypedDict, total=False):
@@ -133,7 +136,7 @@ class ReadyFacts(TypedDict, total=False):
     subreaper: bool
     subreaper_error: str
     leases_off: str
-    """Why this node's leases are off (its lease directory is unusable); absent when on."""
+    """Why this node's leases are off (only ``run --no-leases``); absent when on."""
     master_port: int
     """The master's leased rendezvous port."""
     gpus: dict[str, Any]
