@@ -26,7 +26,7 @@ from ptcluster.node.guard.refusal import GuardError
 
 @pytest.fixture
 def lease_dir(tmp_path, monkeypatch) -> Path:
-    d = tmp_path / "lock" / "ptcluster"
+    d = tmp_path / "run" / "lock"  # (made by the first Leasing, as root: as a root guard would)
     d.parent.mkdir()
     monkeypatch.setattr(leases, "LEASE_DIR", str(d))
     return d
@@ -321,13 +321,13 @@ def test_kill_by_another_user_is_refused_by_the_kernel_and_by_the_owner_works(tm
         assert refused["found"] and refused["signalled"] is False, refused
         assert refused["error"] == "job J9 is root's: only root may end it", refused
         assert holder.poll() is None  # untouched
-        assert not list(shared.glob("kill-*"))  # nobody's note went with the refusal
+        assert not list(shared.glob("ptcluster-kill-*"))  # nobody's note went with the refusal
         mine = subprocess.run([sys.executable, "-c", ask, str(shared), "root"],
                               env={**os.environ, "PYTHONPATH": str(src)},
                               capture_output=True, text=True, timeout=30)
         assert json.loads(mine.stdout)["signalled"], mine.stdout + mine.stderr
         assert holder.wait(timeout=10) == -signal.SIGTERM
-        (note,) = shared.glob("kill-J9@*.json")
+        (note,) = shared.glob("ptcluster-kill-J9@*.json")
         assert json.loads(note.read_text())["user"] == "root"
     finally:
         if holder.poll() is None:
@@ -337,19 +337,19 @@ def test_kill_by_another_user_is_refused_by_the_kernel_and_by_the_owner_works(tm
 
 
 def test_a_job_runs_unleased_only_when_its_user_opted_out(tmp_path, monkeypatch) -> None:
-    """No lease directory to be had (no /run/lock): refused, never silently unleased; with
-    ``run --no-leases`` (the guard's config says ``leases: false``) the leasing stands in and
-    the ready facts say so, as unsafe."""
+    """No lease directory to be had (no /run to make /run/lock in): refused, never silently
+    unleased; with ``run --no-leases`` (the guard's config says ``leases: false``) the leasing
+    stands in and the ready facts say so, as unsafe."""
     from ptcluster.node.guard.prechecks import job_leasing
 
-    monkeypatch.setattr(leases, "LEASE_DIR", str(tmp_path / "no-run-lock" / "ptcluster"))
+    monkeypatch.setattr(leases, "LEASE_DIR", str(tmp_path / "no-run" / "lock"))
     with pytest.raises(OSError, match="cannot be made: No such file or directory"):
         leases.Leasing()
     with pytest.raises(GuardError) as info:
         job_leasing({})
     assert "no lease directory to trust: " in info.value.problem and not info.value.busy
-    assert "`ptcluster setup`" in info.value.fix and "`run --no-leases`" in info.value.fix \
-        and "unsafe" in info.value.fix
+    assert "have root make /run/lock " in info.value.fix and "`run --no-leases`" in \
+        info.value.fix and "unsafe" in info.value.fix
     leasing = job_leasing({"leases": False})
     assert leasing.off == leases.NO_LEASES and "unsafe" in leasing.off
     chosen, held = gpus.claim([0], 1, OWNER, {}, leasing)
@@ -361,6 +361,9 @@ def test_a_job_runs_unleased_only_when_its_user_opted_out(tmp_path, monkeypatch)
 
 
 def test_a_lease_leaves_no_file_behind_and_a_dead_holder_s_files_are_swept(lease_dir) -> None:
+    """Only ``ptcluster-`` files are ours: the lease directory is the system's /run/lock, where
+    other programs' locks and files (``LCK..ttyS0``, ``x.lock``, ``x.1.json``) stay as they
+    are, even for root's sweep."""
     lease = leases.take("job-20261201-0930-ab12", OWNER)
     assert lease is not None and len(os.listdir(lease_dir)) == 2  # the lock and its record
     lease.release()
@@ -376,11 +379,17 @@ def test_a_lease_leaves_no_file_behind_and_a_dead_holder_s_files_are_swept(lease
     held = leases.take("gpu-0", OWNER)
     note = Path(leases.kill_note("20261201-0930-ab12", str(lease_dir)))
     note.write_text("{}")
-    assert any(e.startswith("job-dead@") for e in os.listdir(lease_dir))
+    assert any(e.startswith("ptcluster-job-dead@") for e in os.listdir(lease_dir))
+    theirs = {"LCK..ttyS0": "  4242\n", "other.lock": "", "other.1.json": "{}",
+              "ptcluster": None}
+    for entry, text in theirs.items():
+        (lease_dir / entry).mkdir() if text is None else (lease_dir / entry).write_text(text)
     leases.Leasing()
     left = sorted(os.listdir(lease_dir))
-    assert not any(e.startswith("job-dead@") for e in left), left
-    assert any(e.startswith("gpu-0@") and e.endswith(".lock") for e in left) and note.exists()
+    assert not any(e.startswith("ptcluster-job-dead@") for e in left), left
+    assert any(e.startswith("ptcluster-gpu-0@") and e.endswith(".lock") for e in left)
+    assert note.exists() and set(theirs) <= set(left), left
+    assert [r["resource"] for r in leases.held_all()] == ["gpu-0"]
     assert leases.holder("gpu-0") is not None
     assert held is not None
     held.release()

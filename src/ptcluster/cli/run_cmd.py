@@ -74,7 +74,7 @@ from ptcluster.remote.connect import outside_stop, transports
               help="Name the straggler when one rank's (or node's) busy share is X times the "
               "other ranks' median while they wait for it.")
 @click.option("--no-leases", "no_leases", is_flag=True, help="Unsafe: take no leases on the "
-              "nodes (for nodes without `ptcluster setup`'s lease directory): other jobs may "
+              "nodes (for nodes whose /run/lock is not root's, mode 1777): other jobs may "
               "take this job's GPUs and port, and `ps` and `kill` do not see it.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,

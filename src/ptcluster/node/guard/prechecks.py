@@ -68,9 +68,10 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
 
 
 def job_leasing(cfg: GuardConfig) -> Leasing:
-    """The job's leasing on this node: in the lease directory, which must be root's (made here
-    when missing and we are root); without leases only when the user opted out (``run
-    --no-leases``, said in the ready facts). Else refused, never silently unleased."""
+    """The job's leasing on this node: in the lease directory (``/run/lock``), which must be
+    root's sticky 1777 one (made here when missing and we are root); without leases only when
+    the user opted out (``run --no-leases``, said in the ready facts). Else refused, never
+    silently unleased."""
     if cfg.get("leases") is False:
         return Leasing(off=NO_LEASES)
     try:
