@@ -460,3 +460,36 @@ def test_records_are_written_whole_and_read_only_from_regular_files(tmp_path) ->
     records.unlink(str(tmp_path / "r.json"))
     records.unlink(str(tmp_path / "r.json"))  # gone already: fine
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.slow
+def test_a_guard_removes_its_lease_files_as_it_ends_finished_or_refused(tmp_path) -> None:
+    """A local job (its guard leases in the real /run/lock) that finishes, and one refused
+    because the first one's port is held: neither leaves a ``ptcluster-*`` file of its job in
+    /run/lock (before, every job left its lock files and records for the next guard's sweep)."""
+    from tests.support.head import only_run, run_head
+
+    if not os.access("/run/lock", os.W_OK):
+        pytest.skip("/run/lock is not writable here")
+    free = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            free.append(s.getsockname()[1])
+    port = leases.take(f"port-{free[1]}", OWNER)  # (held, so the second job is refused)
+    script = tmp_path / "job.py"
+    script.write_text("print('ran', flush=True)\n")
+    jobs = []
+    try:
+        for n, args in enumerate((["--port", str(free[0])], ["--port", str(free[1])])):
+            runs = tmp_path / f"runs{n}"
+            code, head = run_head(["run", "--nproc", "1", *args, "--run-dir", str(runs),
+                                   str(script)], tmp_path, timeout=120)
+            assert code == n, head.output()  # the first runs (0), the second is refused (1)
+            jobs.append(only_run(runs)[0])
+    finally:
+        if port:
+            port.release()
+    left = [p.name for p in Path("/run/lock").glob("ptcluster-*") if any(j in p.name
+                                                                          for j in jobs)]
+    assert jobs and left == [], left

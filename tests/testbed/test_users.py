@@ -272,6 +272,10 @@ def test_two_users_jobs_at_once_get_disjoint_gpus_own_ports_and_both_finish(
         assert codes == [0, 0], "\n\n".join(h.output() for h in heads)
         for h in heads:
             assert sum(line.endswith("] finished") for line in h.lines) == 3, h.output()
+        for node in bed.nodes:  # each guard removed its files as it ended
+            left = [p.name for p in (bed.node_root(node) / "run/lock").glob("ptcluster-*")
+                    if any(j in p.name for j in jobs)]
+            assert left == [], (node.name, left)
     finally:
         end(*heads)
     assert_none_left(bed, *jobs)
@@ -407,6 +411,8 @@ def test_a_run_lock_that_is_not_roots_refuses_a_users_job_in_one_line_unless_opt
         jobs.extend(p.name for p in runs.iterdir() if p.is_dir() and p.name not in jobs)
         return code, head
 
+    ours = bed.node_root(n1) / "run/lock"
+    before = set(ours.glob("ptcluster*"))
     try:
         code, refused = run_alice()
         assert code == 1, refused.output()
@@ -417,7 +423,7 @@ def test_a_run_lock_that_is_not_roots_refuses_a_users_job_in_one_line_unless_opt
         assert "have root make /run/lock " in said[0] and "`run --no-leases`" in said[0] \
             and "unsafe" in said[0], said
         assert not any("ready " in line for line in refused.lines), refused.output()
-        assert not list((bed.node_root(n1) / "run/lock").glob("ptcluster*"))
+        assert set(ours.glob("ptcluster*")) == before  # (nothing made, nothing removed)
         back = bed.root_exec(n1, "sh", "-c", "chown root:root /run/lock && chmod 755 /run/lock")
         assert back.returncode == 0, back.stderr
         code, refused = run_alice()

@@ -83,7 +83,9 @@ class Guard:
         self.pump_thread: threading.Thread | None = None
         self.leases: list[Lease] = []
         """What this job holds on the node (the job, the master's port, its GPUs): released
-        when the guard ends, however it ends (the kernel drops the locks with the process)."""
+        when the guard ends, however it ends (the kernel drops the locks with the process; on
+        a normal end, a refusal or an error the guard removes their files first, so that no
+        ``ptcluster-*`` file of its stays in /run/lock)."""
 
     def send(self, kind: str, payload: object = None) -> None:
         self.link.send(kind, payload)
@@ -175,6 +177,8 @@ def main() -> int:
         return 70
     finally:
         guard.out.flush()  # what came after the last frame (a descendant's, torchrun's)
+        for lease in guard.leases:  # (its ranks are gone: its files go, then its locks)
+            lease.release()
         guard.finished.set()
 
 
