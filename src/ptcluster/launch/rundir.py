@@ -16,6 +16,7 @@ each rank for the summary; ``log_files_budget`` sizes that pool from the open-fi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
@@ -176,7 +177,10 @@ def runs_parent(path: Path) -> int:
     """A descriptor of ``path``, where run directories are made: made (0700) where missing;
     refused (OSError) unless it is ours and no one else can change it (whoever can write it
     can swap a run directory for theirs)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:  # (not a directory: not "the run directory exists already")
+        raise NotADirectoryError(errno.ENOTDIR, f"{path} is not a directory") from None
     return safefile.open_dir(str(path), others=0o022, follow=True)
 
 
