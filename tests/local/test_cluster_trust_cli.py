@@ -52,6 +52,9 @@ def test_a_cluster_file_in_the_current_directory_runs_nothing(tmp_path, args) ->
                         "directory)"), done.stderr
     assert "cluster.yaml: ssh.options.ProxyCommand: runs a program on this machine" in \
         done.stderr and "--trust-cluster-file" in done.stderr, done.stderr
+    # every command takes the flag: the file is then used as written (env connects nowhere)
+    done = _ptc(args[0], "--trust-cluster-file", *args[1:], cwd=repo)
+    assert marker.exists() == (args[0] != "env"), done.stdout + done.stderr
 
 
 def test_a_trusted_cluster_file_is_used_as_written(tmp_path) -> None:

@@ -61,11 +61,13 @@ def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
 class Reader:
     """Walks a parsed YAML tree, keeping the key path for error messages."""
 
-    def __init__(self, source: str, trusted: bool = False) -> None:
+    def __init__(self, source: str, trusted: bool = False, code_dir: str | None = None) -> None:
         self.source = source
         self.trusted = trusted
         """Whether the user vouched for the file (``cluster.trust``): it may then set what runs
         code on this machine."""
+        self.code_dir = code_dir
+        """The directory the file came with (a repository's), whose programs need trust."""
 
     def fail(self, path: str, problem: str, fix: str | None = None) -> SpecError:
         return SpecError(self.source, path, problem, fix)
