@@ -64,7 +64,14 @@ from ptcluster.node.guard.teardown import teardown, wait_child  # inlined
 from ptcluster.node.guard.tmpdirs import job_dir, remove_stale, user_tmp  # inlined
 from ptcluster.node.leases import Lease, read_kill_notes  # inlined
 from ptcluster.node.safefile import remove_tree  # inlined
-from ptcluster.node.wire import STOP_GRACE, GuardConfig, Kind, ReadyFacts, hello  # inlined
+from ptcluster.node.wire import (  # inlined
+    KILLED_BY,
+    STOP_GRACE,
+    GuardConfig,
+    Kind,
+    ReadyFacts,
+    hello,
+)
 
 
 class Guard:
@@ -148,8 +155,8 @@ class Guard:
         stop = self.stop
         killed = read_kill_notes(self.cfg["job_id"]) if stop.signal else {}
         if killed:
-            stop.reason = f"ended by `ptcluster kill` from " \
-                          f"{killed.get('host', '?')} ({killed.get('user', '?')})"
+            stop.reason = KILLED_BY.format(host=killed.get("host", "?"),
+                                           user=killed.get("user", "?"))
         self.send(Kind.STOPPING, {"reason": stop.reason, "t": stop.time, "signal": stop.signal,
                                   "killed_by": stop.reason if killed else ""})
 
