@@ -10,10 +10,10 @@ from typing import Any, TypeVar
 
 import click
 
+from ptcluster.cli.console import say
 from ptcluster.cluster import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
 from ptcluster.cluster.load import DEFAULT_CLUSTER_FILE
 from ptcluster.cluster.slurm import allocation_from_env, describe, slurm_cluster
-from ptcluster.cli.console import say
 from ptcluster.cluster.trust import TRUST_ENV_VAR, TRUST_FLAG
 from ptcluster.errors import UsageError
 from ptcluster.node import accel
