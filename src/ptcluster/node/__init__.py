@@ -50,7 +50,8 @@ STACK_PROBE = Program("stack-probe", _N + "rank.stack_probe", RANK, (RANK_WIRE,)
 _G = _N + "guard."
 GUARD = Program("guard", _G + "agent", NODE,
                 (WIRE, NETIF, RANK_WIRE, _N + "safefile", _G + "proctree", _G + "progress",
-                 _G + "outbox", _G + "rank_server", _G + "schedstat", _G + "link", _G + "teardown",
+                 _G + "outbox", _G + "schedstat", _G + "machine", _G + "rank_server",
+                 _G + "link", _G + "teardown",
                  _N + "records", _N + "leases", _G + "refusal", _N + "accel", _G + "gpus",
                  _G + "prechecks", _G + "spawn"),
                 hands=(SHIM, STACK_PROBE))

@@ -47,6 +47,7 @@ import traceback
 from typing import cast
 
 from ptcluster.node.guard.link import HeadLink, StopRequest  # inlined
+from ptcluster.node.guard.machine import MachineWatch  # inlined
 from ptcluster.node.guard.prechecks import precheck  # inlined
 from ptcluster.node.guard.proctree import remove_stale_tmpdirs, rmtree  # inlined
 from ptcluster.node.guard.progress import ProgressMeter  # inlined
@@ -95,7 +96,8 @@ class Guard:
         if self.link.master_port:
             use_port(self.cfg["argv"], self.link.master_port)
         self.tmpdir = job_dir(self.cfg["job_id"])
-        ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out)
+        self.link.machine = MachineWatch()  # the OOM counts before any rank starts
+        ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out, self.link.machine)
         self.link.meter = ProgressMeter(ranks.probes)
         self.link.ranks = ranks
         self.child = start_torchrun(self.cfg, rank_env(self.cfg, facts, self.tmpdir, ranks.path))
@@ -134,6 +136,8 @@ class Guard:
         if self.link.ranks is not None:
             self.link.ranks.close(EXIT_WAIT)  # every rank's last lines and exit before ours
         self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time()})
+        if self.link.machine is not None:
+            self.link.machine.close()
         rmtree(self.tmpdir)
         return code if code >= 0 else 128 - code
 
