@@ -16,7 +16,7 @@ FULL_ERRNOS = (28, 122)
 """ENOSPC, EDQUOT: what a full filesystem (or quota) raises."""
 WORKER_KILLED = "is killed by signal: Killed"
 """torch's DataLoader, when one of its workers was SIGKILLed (the rank's own exception)."""
-LOG_HOW = ("to see the kernel's account: `sudo dmesg | grep -i 'killed process'` on {host}, or "
+LOG_HOW = ("To see the kernel's account: `sudo dmesg | grep -i 'killed process'` on {host}, or "
            "add the user to group adm there (`journalctl -k`)")
 
 
@@ -58,6 +58,8 @@ def oom_named(host: str, code: int | None, oom: wire.OomFacts, raised: str) -> N
     counts = f"the node's OOM-kill count rose by {oom.get('node_kills', 0)}"
     if oom.get("group_kills"):
         counts += f", its memory group's by {oom.get('group_kills')}"
+        if oom.get("group_limit"):
+            counts += f" (limited to {size(oom.get('group_limit', 0))})"
     message = (f"{how}{f' ({raised})' if raised else ''}, and the kernel's out-of-memory "
                f"killer ran on {host} while it did ({counts}); the kernel's log is not "
                "readable here to name its victim")
@@ -97,7 +99,8 @@ def _room(host: str, oom: wire.OomFacts, victim: wire.OomVictim) -> str:
 
 def _fix(host: str, oom: wire.OomFacts) -> str:
     victims = oom.get("victims") or []
-    if any(v.get("constraint") == "CONSTRAINT_MEMCG" for v in victims):
+    if any(v.get("constraint") == "CONSTRAINT_MEMCG" for v in victims) or \
+            (not victims and oom.get("group_kills") and oom.get("group_limit")):
         return ("the job needs more memory than its memory group allows: raise the limit (a "
                 "scheduler's --mem, the container's memory) or use less: fewer ranks or "
                 "DataLoader workers per node, a smaller batch or model")
@@ -114,7 +117,7 @@ def disk_named(host: str, errno: int | None, disk: wire.DiskFacts | None,
         return None
     what = "quota" if errno == 122 else "filesystem"
     if disk and disk.get("mount"):
-        where = (f"{disk.get('mount')} ({disk.get('fstype') or '?'}) on {host} has "
+        where = (f"{disk.get('mount')} ({disk.get('fstype') or '?'}) on {host} now has "
                  f"{size(disk.get('free', 0))} free of {size(disk.get('total', 0))}")
         message = f"{raised}; the {what} is full: {where}"
         fix = (f"free space on {host}'s {disk.get('mount')}, or write the files (the "
