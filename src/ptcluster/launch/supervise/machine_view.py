@@ -14,8 +14,9 @@ from ptcluster.node import wire
 
 FULL_ERRNOS = (28, 122)
 """ENOSPC, EDQUOT: what a full filesystem (or quota) raises."""
-WORKER_KILLED = "is killed by signal: Killed"
-"""torch's DataLoader, when one of its workers was SIGKILLed (the rank's own exception)."""
+WORKER_DIED = ("is killed by signal: Killed", "exited unexpectedly")
+"""torch's DataLoader, when one of its workers was SIGKILLed (the rank's own exception: its
+text differs between torch versions and with the moment the loader notices)."""
 LOG_HOW = ("To see the kernel's account: `sudo dmesg | grep -i 'killed process'` on {host}, or "
            "add the user to group adm there (`journalctl -k`)")
 
@@ -53,13 +54,13 @@ def oom_named(host: str, code: int | None, oom: wire.OomFacts, raised: str) -> N
                      "oom", {"oom": dict(oom)})
     if oom.get("log"):
         return None
-    if code not in (None, -signal.SIGKILL) and WORKER_KILLED not in raised:
+    if code not in (None, -signal.SIGKILL) and not _worker_died(raised):
         return None
     counts = f"the node's OOM-kill count rose by {oom.get('node_kills', 0)}"
     if oom.get("group_kills"):
         counts += f", its memory group's by {oom.get('group_kills')}"
         if oom.get("group_limit"):
-            counts += f" (limited to {size(oom.get('group_limit', 0))})"
+            counts += f", a group limited to {size(oom.get('group_limit', 0))}"
     message = (f"{how}{f' ({raised})' if raised else ''}, and the kernel's out-of-memory "
                f"killer ran on {host} while it did ({counts}); the kernel's log is not "
                "readable here to name its victim")
@@ -71,7 +72,7 @@ def _victims_said(host: str, code: int | None, victims: list[wire.OomVictim],
                   oom: wire.OomFacts, raised: str, how: str) -> str:
     first = victims[0]
     main = [v for v in victims if v.get("main")]
-    whose = "" if main else ("its DataLoader worker, " if WORKER_KILLED in raised else
+    whose = "" if main else ("its DataLoader worker, " if _worker_died(raised) else
                              "a process of its tree, ")
     said = f"{whose}pid {first.get('pid')}, {first.get('comm') or '?'}"
     if first.get("rss"):
@@ -82,6 +83,10 @@ def _victims_said(host: str, code: int | None, victims: list[wire.OomVictim],
     if not main:
         message += f"; the rank then {how}{f' ({raised})' if raised else ''}"
     return message
+
+
+def _worker_died(raised: str) -> bool:
+    return "DataLoader worker" in raised and any(said in raised for said in WORKER_DIED)
 
 
 def _room(host: str, oom: wire.OomFacts, victim: wire.OomVictim) -> str:
