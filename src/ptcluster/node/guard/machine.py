@@ -136,11 +136,13 @@ class MachineWatch:
                 facts["group_limit"] = group["limit"]
         if self.mem is not None:
             facts["mem_available"], facts["mem_total"] = self.mem
-        facts["victims"] = self.victims(rank) if self.log else []
+        facts["victims"] = self.victims(rank, node) if self.log else []
         return facts
 
-    def victims(self, rank: int) -> list[dict[str, Any]]:
-        """The kernel's victims in the rank's tree, waiting ``LOG_WAIT`` s at most for them."""
+    def victims(self, rank: int, counted: int) -> list[dict[str, Any]]:
+        """The kernel's victims in the rank's tree. Until the log has as many kills as the
+        node counted (``counted``), it waits for them, ``LOG_WAIT`` s at most; a rank whose
+        tree was not hit then costs nothing (the others of a job ended by an OOM kill)."""
         deadline = time.monotonic() + LOG_WAIT
         while True:
             self.read_log()
@@ -148,7 +150,8 @@ class MachineWatch:
                 tree = self.trees.get(rank, set())
                 mine = [{**k, "main": k["pid"] == self.roots.get(rank)} for k in self.kills
                         if k["pid"] in tree]
-            if mine or time.monotonic() >= deadline:
+                told = len(self.kills)
+            if mine or told >= counted or time.monotonic() >= deadline:
                 return mine[:4]
             time.sleep(0.05)
 
