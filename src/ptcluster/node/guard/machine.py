@@ -74,6 +74,8 @@ class MachineWatch:
         """The kernel's victims since the job started (read so far)."""
         self.pending: dict[int, dict[str, Any]] = {}
         """Per pid: the ``oom-kill:`` line's facts, until its ``Killed process`` line comes."""
+        self.waited = 0
+        """The node's count the log was last waited for in vain (``victims``)."""
         self.mem: tuple[int, int] | None = None
         """(available, total) bytes of the node's memory at the last look."""
 
@@ -137,12 +139,17 @@ class MachineWatch:
         if self.mem is not None:
             facts["mem_available"], facts["mem_total"] = self.mem
         facts["victims"] = self.victims(rank, node) if self.log else []
+        if node > 0 and not self.kills:
+            # The node counted kills its log does not show (journald not running, a
+            # container's own /dev/kmsg): say what is known, not "none of its processes".
+            facts["log"] = ""
         return facts
 
     def victims(self, rank: int, counted: int) -> list[dict[str, Any]]:
         """The kernel's victims in the rank's tree. Until the log has as many kills as the
-        node counted (``counted``), it waits for them, ``LOG_WAIT`` s at most; a rank whose
-        tree was not hit then costs nothing (the others of a job ended by an OOM kill)."""
+        node counted (``counted``), it waits for them, ``LOG_WAIT`` s at most and once per
+        count: a rank whose tree was not hit then costs nothing (the others of a job ended by
+        an OOM kill), nor does a log that never shows them."""
         deadline = time.monotonic() + LOG_WAIT
         while True:
             self.read_log()
@@ -151,7 +158,10 @@ class MachineWatch:
                 mine = [{**k, "main": k["pid"] == self.roots.get(rank)} for k in self.kills
                         if k["pid"] in tree]
                 told = len(self.kills)
-            if mine or told >= counted or time.monotonic() >= deadline:
+            if mine or told >= counted or counted <= self.waited:
+                return mine[:4]
+            if time.monotonic() >= deadline:
+                self.waited = counted  # waited once for these: the next rank does not
                 return mine[:4]
             time.sleep(0.05)
 
