@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ptcluster.launch.result import FailureKind, RankRecord
+from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.machine_view import disk_named, oom_named, size
 from ptcluster.launch.supervise.verdict import Raised, judge_rank
 
@@ -91,3 +92,18 @@ def test_judge_rank_takes_the_machines_word_first() -> None:
                       False, None)
     assert full is not None and full.kind is FailureKind.DISK and full.at == 4.0
     assert "/ (?) on n2 now has 0 B free of 1.0 GiB" in full.message
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ('rexit {"rank":2,"code":-9,"t":5.5,"duration":1.25,"oom":{"node_kills":1,"log":"",'
+     '"victims":[]}}',
+     ev.RankExit("n", 2, -9, 5.5, 1.25, {"node_kills": 1, "log": "", "victims": []})),
+    ('rerror {"rank":1,"t":4.0,"text":"OSError: [Errno 28] No space left on device","exc":'
+     '"OSError","errno":28,"filename":"/ck/c.pt","disk":{"mount":"/ck","free":0,"total":9}}',
+     ev.RankError("n", 1, 4.0, "OSError: [Errno 28] No space left on device", "OSError", 28,
+                  "/ck/c.pt", {"mount": "/ck", "free": 0, "total": 9})),
+    ('rerror {"rank":1,"t":4.0,"text":"RuntimeError: x","exc":"RuntimeError"}',
+     ev.RankError("n", 1, 4.0, "RuntimeError: x", "RuntimeError")),
+])
+def test_the_guards_facts_are_decoded(line: str, expected: ev.Event) -> None:
+    assert ev.decode("n", line) == expected

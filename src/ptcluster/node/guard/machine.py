@@ -244,7 +244,7 @@ def memory_group(pid: int) -> tuple[str, int] | None:
         return None
     mounts = cgroup_mounts()
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if "memory" in controllers.split(",") and "v1" in mounts:
             base = mounts["v1"] + path
             return base + "/memory.oom_control", read_int(base + "/memory.limit_in_bytes")

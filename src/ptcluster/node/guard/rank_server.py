@@ -180,8 +180,12 @@ class RankServer:
         elif kind == START:
             self.declared[rank] = int(body.get("streams", 0))
             self.probes.started(rank, int(body.get("pid", 0)))
-            if self.watch is not None:
-                self.watch.started(rank, int(body.get("pid", 0)), int(body.get("shim_pid", 0)))
+            try:
+                if self.watch is not None:
+                    self.watch.started(rank, int(body.get("pid", 0)),
+                                       int(body.get("shim_pid", 0)))
+            except Exception:  # noqa: BLE001, S110 - advice only: never this thread's end
+                pass
             self.out.now(encode(RANK_FRAMES[START], body))
         elif kind == REPORT:  # (data a rank reports, maybe every step: held as output is)
             self.out.later(encode(RANK_FRAMES[kind], body))
