@@ -17,8 +17,8 @@ FULL_ERRNOS = (28, 122)
 WORKER_DIED = ("is killed by signal: Killed", "exited unexpectedly")
 """torch's DataLoader, when one of its workers was SIGKILLed (the rank's own exception: its
 text differs between torch versions and with the moment the loader notices)."""
-LOG_HOW = ("To see the kernel's account: `sudo dmesg | grep -i 'killed process'` on {host}, or "
-           "add the user to group adm there (`journalctl -k`)")
+LOG_HOW = ("To see the kernel's account: `sudo dmesg | grep -i 'killed process'` on {host} (or "
+           "`journalctl -k` there, for members of group adm where journald runs)")
 
 
 @dataclass(frozen=True)
