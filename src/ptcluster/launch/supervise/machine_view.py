@@ -126,8 +126,9 @@ def disk_named(host: str, errno: int | None, disk: wire.DiskFacts | None,
                  f"{size(disk.get('free', 0))} free of {size(disk.get('total', 0))}")
         message = f"{raised}; the {what} is full: {where}"
         fix = (f"free space on {host}'s {disk.get('mount')}, or write the files (the "
-               "checkpoint directory) to a larger filesystem; the checkpoints saved before "
-               "are intact when they were written to a temporary file and renamed")
+               "checkpoint directory) to a larger filesystem; a checkpoint written to a "
+               "temporary file and renamed (as the reference trainer does) leaves the one "
+               "saved before intact: resume from it (`--resume`)")
     else:
         full = (disk or {}).get("full") or []
         named = ", ".join(f"{f.get('mount')} ({f.get('fstype') or '?'}) {size(f.get('free', 0))}"
