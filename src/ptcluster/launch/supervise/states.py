@@ -177,6 +177,8 @@ class RankLife:
     """When (corrected) and what an exception left its code, from the rank itself."""
     returned: bool = False
     """Its program returned (or exited 0): a death after that is in the interpreter's shutdown."""
+    oom: wire.OomFacts | None = None
+    """The kernel's OOM kills its guard found when it ended (its exit's ``oom``)."""
     failure: Failure | None = None
     """The failure it was found to be (a second report refines it, never adds one)."""
 
@@ -189,7 +191,7 @@ class RankLife:
         """Once it ended: a failure that is news, or None (it succeeded, has not ended, ended
         in the teardown of ``stop_at`` (its node's), or was judged before: then refined)."""
         record = self.record
-        verdict = judge_rank(record, self.raised, self.returned, stop_at)
+        verdict = judge_rank(record, self.raised, self.returned, stop_at, self.oom)
         if verdict is None:
             return None
         record.stopped = verdict.stopped
@@ -197,10 +199,12 @@ class RankLife:
             return None
         if self.failure is not None:  # the second report of the same failure: refine it
             self.failure.at, self.failure.message = verdict.at, verdict.message
-            self.failure.fix = verdict.fix
+            self.failure.fix, self.failure.kind = verdict.fix, verdict.kind
+            self.failure.facts, self.failure.exit_code = verdict.facts, record.exit_code
             return None
         self.failure = Failure(host=record.host, rank=record.rank, message=verdict.message,
-                               exit_code=record.exit_code, at=verdict.at, fix=verdict.fix)
+                               exit_code=record.exit_code, at=verdict.at, fix=verdict.fix,
+                               kind=verdict.kind, facts=verdict.facts)
         return self.failure
 
 

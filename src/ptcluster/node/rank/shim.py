@@ -199,7 +199,23 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
 
 
 def _report_error(exc: BaseException, text: str) -> None:
-    _report(ERROR, {"t": time.time(), "exc": type(exc).__name__, "text": text})
+    body: dict[str, object] = {"t": time.time(), "exc": type(exc).__name__, "text": text}
+    body.update(_os_error(exc))
+    _report(ERROR, body)
+
+
+def _os_error(exc: BaseException) -> dict[str, object]:
+    """``{errno, filename}`` of the first ``OSError`` in the exception's chain (torch wraps a
+    full disk's ``OSError`` in its ``RuntimeError``); the file as an absolute path."""
+    seen: list[BaseException] = []
+    at: BaseException | None = exc
+    while at is not None and len(seen) < 8 and not any(at is s for s in seen):
+        if isinstance(at, OSError) and at.errno:
+            name = at.filename if isinstance(at.filename, str) else ""
+            return {"errno": at.errno, "filename": os.path.abspath(name) if name else ""}
+        seen.append(at)
+        at = at.__cause__ or at.__context__
+    return {}
 
 
 def _report(kind: str, body: dict[str, object]) -> None:
