@@ -100,6 +100,10 @@ class Failure:
     at: float = 0.0
     """When it happened, head clock (for a rank: its node's time, corrected)."""
     last_lines: list[str] = field(default_factory=list)
+    known: str | None = None
+    """The known failure it is, by name (``launch.supervise.known``; ``fix`` is its fix)."""
+    meaning: str | None = None
+    """What that known failure means."""
 
     def __post_init__(self) -> None:
         self.kind = FailureKind(self.kind)  # a kind's name ("lost") is taken, an unknown one not
@@ -183,6 +187,7 @@ class RunResult:
                        "clock_offset_s": n.clock_offset,
                        "address": n.facts.get("address"),
                        "torchrun_pid": n.facts.get("torchrun_pid"),
+                       "torch": n.facts.get("torch"), "nccl": n.facts.get("nccl"),
                        "guard_exit": n.guard_exit, "reason": n.reason,
                        "transport_exit": n.transport_exit, "escalations": n.escalations}
                       for n in self.nodes],
@@ -227,7 +232,8 @@ class AttemptRecord:
 
 def _failure_json(f: Failure) -> dict[str, Any]:
     return {"host": f.host, "rank": f.rank, "kind": f.kind.value, "message": f.message,
-            "fix": f.fix, "exit_code": f.exit_code, "at": f.at, "last_lines": f.last_lines}
+            "fix": f.fix, "known": f.known, "meaning": f.meaning, "exit_code": f.exit_code,
+            "at": f.at, "last_lines": f.last_lines}
 
 
 def signame(num: int) -> str:

@@ -87,7 +87,9 @@ START, EXIT = "start", "exit"
 status: an exit code, or minus the signal that killed it)."""
 ERROR = "error"
 """Record on ``data``: an exception left the user's code: ``{t, exc, text}``; ``exc`` is the
-exception's type name (``SystemExit`` with a non-zero code, ``KeyboardInterrupt``, ...)."""
+exception's type name (``SystemExit`` with a non-zero code, ``KeyboardInterrupt``, ...); with
+``errno`` when it has one (an ``OSError``), and ``usage``, argparse's message, when the parser
+ended the program."""
 REPORT = "data"
 """Record on ``data``: ``{kind, ...}``, one of the kinds below or a rank program's own."""
 RETURNED, CHECKPOINT, RESUMED = "returned", "checkpoint", "resumed"

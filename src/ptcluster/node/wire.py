@@ -144,6 +144,10 @@ class ReadyFacts(TypedDict, total=False):
     """This node's address on ``interface``: where peers reach it."""
     torchrun_pid: int
     """Added by the head from the ``started`` frame."""
+    torch: str
+    nccl: str
+    """The versions of torch and of NCCL's wheel in the node's python (absent: not installed);
+    the head names it when they differ between nodes."""
 
 
 TIMING_EVERY = 2.0

@@ -117,6 +117,10 @@ class RankError:
     text: str
     exc: str = ""
     """The exception's type name (``SystemExit`` for a non-zero ``sys.exit``); "" if unknown."""
+    errno: int | None = None
+    """Its ``errno`` (an ``OSError``'s), when it has one."""
+    usage: str = ""
+    """``argparse``'s message, when the parser ended the rank (``sys.exit(2)``)."""
 
 
 @dataclass(frozen=True)
@@ -203,8 +207,10 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         return StacksReply(host, None if ident is None else int(ident),
                            {int(r): dict(v) for r, v in (body.get("ranks") or {}).items()})
     if kind == wire.Kind.RERROR:
+        errno = body.get("errno")
         return RankError(host, int(body["rank"]), float(body["t"]), str(body.get("text", "")),
-                         str(body.get("exc") or ""))
+                         str(body.get("exc") or ""), None if errno is None else int(errno),
+                         str(body.get("usage") or ""))
     if kind == wire.Kind.STOPPING:
         return GuardStopping(host, str(body.get("reason", "")), float(body["t"]),
                              str(body.get("signal") or ""), str(body.get("killed_by") or ""))

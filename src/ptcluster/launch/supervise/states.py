@@ -20,6 +20,7 @@ from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, NodeOutcome, RankRecord
 from ptcluster.launch.supervise.actions import Action, Send, SignalChannel, Status
 from ptcluster.launch.supervise.hang import HangWatch
+from ptcluster.launch.supervise.known import order_failures
 from ptcluster.launch.supervise.straggler import StragglerWatch
 from ptcluster.launch.supervise.verdict import Raised, judge_rank
 from ptcluster.node import wire
@@ -195,12 +196,17 @@ class RankLife:
         record.stopped = verdict.stopped
         if verdict.stopped:
             return None
+        known = verdict.known
         if self.failure is not None:  # the second report of the same failure: refine it
             self.failure.at, self.failure.message = verdict.at, verdict.message
             self.failure.fix = verdict.fix
+            self.failure.known, self.failure.meaning = (None, None) if known is None else \
+                (known.name, known.meaning)
             return None
         self.failure = Failure(host=record.host, rank=record.rank, message=verdict.message,
-                               exit_code=record.exit_code, at=verdict.at, fix=verdict.fix)
+                               exit_code=record.exit_code, at=verdict.at, fix=verdict.fix,
+                               known=None if known is None else known.name,
+                               meaning=None if known is None else known.meaning)
         return self.failure
 
 
@@ -230,6 +236,9 @@ class JobState:
                        for n in plan.nodes for r in n.ranks}
         self._ranks_on = {n.host: n.ranks for n in plan.nodes}
         self._failures: list[Failure] = []
+        self._versions: str | None = None
+        """The torch or NCCL versions that differ between the nodes (``known.versions_differ``,
+        read once every node is ready), None where they agree."""
         self._checkpoint: int | None = None
         self._resumed_from: int | None = None
         self._first_rank_start: float | None = None
@@ -305,9 +314,10 @@ class JobState:
 
     @property
     def failures(self) -> list[Failure]:
-        """Every failure, earliest first (rank failures before others at the same time): the
-        root cause is the first, whatever order the news arrived in."""
-        return sorted(self._failures, key=lambda f: (f.at, f.rank is None))
+        """Every failure, earliest first (rank failures before others at the same time), but a
+        peer's reset never before the death it follows (``known.order_failures``): the root
+        cause is the first, whatever order the news arrived in."""
+        return order_failures(self._failures)
 
     @property
     def ranks(self) -> list[RankRecord]:

@@ -34,6 +34,7 @@ from ptcluster.launch.supervise.actions import (
     StacksAnswered,
     Status,
 )
+from ptcluster.launch.supervise.known import VERSIONS, versions_differ
 from ptcluster.launch.supervise.states import (
     FINAL,
     Escalation,
@@ -169,7 +170,9 @@ class Supervisor(JobState):
         if wrong is not None:
             return self._fail(wrong, now)
         self._phase, self._went_at = Phase.RUNNING, now
-        actions: list[Action] = []
+        self._versions = versions_differ({h: life.facts for h, life in self._life.items()})
+        actions: list[Action] = [] if self._versions is None else \
+            [Status(f"the nodes' versions differ ({self._versions}): {VERSIONS.fix}")]
         told = None
         if self._plan.master_port == AUTO_PORT:  # the port the master's guard leased
             master = self._life[self._plan.nodes[0].host].facts
@@ -245,14 +248,20 @@ class Supervisor(JobState):
         if rank is None:
             return []
         rank.raised = Raised(self._corrected(e.host, e.node_time), e.text,
-                             exit_call=e.exc == "SystemExit")
+                             exit_call=e.exc == "SystemExit", exc=e.exc, errno=e.errno,
+                             usage=e.usage)
         return self._judge_rank(rank, now)
 
     def _judge_rank(self, rank: RankLife, now: float) -> list[Action]:
         """A rank that ended: success, a failure (when it failed: the exception it reported,
         else its exit), or a result of our own teardown. Either report may come first."""
         failure = rank.judge(self._life[rank.record.host].stop_at)
-        return [] if failure is None else self._fail(failure, now)
+        if failure is None:
+            return []
+        if failure.known is None and failure.fix is None and self._versions:
+            failure.known, failure.meaning = VERSIONS.name, VERSIONS.meaning
+            failure.fix = f"{VERSIONS.fix} ({self._versions})"
+        return self._fail(failure, now)
 
     def _heartbeat(self, e: ev.Heartbeat, now: float) -> list[Action]:
         node = self._nodes[e.host]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, FailureKind, RankRecord, signame
+from ptcluster.launch.supervise.known import Known, RankReport, match_rank
 from ptcluster.node import wire
 
 CRASH_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS)
@@ -33,6 +34,16 @@ class Raised:
     text: str
     exit_call: bool = False
     """It was ``sys.exit(N)``: the exit code says it all."""
+    exc: str = ""
+    """The exception's type name (``SystemExit`` for ``sys.exit(N)``)."""
+    errno: int | None = None
+    """Its ``errno``, an ``OSError``'s."""
+    usage: str = ""
+    """What ``argparse`` exited with (its message), when the parser ended the rank."""
+
+    def report(self) -> RankReport:
+        """As the known-failures table reads it."""
+        return RankReport(self.exc, self.text, self.errno, self.usage)
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,8 @@ class RankVerdict:
     at: float = 0.0
     message: str = ""
     fix: str | None = None
+    known: Known | None = None
+    """The known failure it is (``launch.supervise.known``): its fix is ``fix``."""
 
 
 def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
@@ -68,7 +81,10 @@ def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
         # (a SIGKILL or SIGTERM then is someone else's doing: named as it is)
         message += " after its program had returned, in the interpreter's shutdown"
         fix = SHUTDOWN_FIX
-    return RankVerdict(stopped=False, at=failed_at, message=message, fix=fix)
+    known = None if raised is None else match_rank(raised.report())
+    if known is not None:
+        fix = known.fix
+    return RankVerdict(stopped=False, at=failed_at, message=message, fix=fix, known=known)
 
 
 def not_ready(hosts: Sequence[str], timeout: float, at: float) -> Failure:

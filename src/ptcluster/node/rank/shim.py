@@ -199,7 +199,33 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
 
 
 def _report_error(exc: BaseException, text: str) -> None:
-    _report(ERROR, {"t": time.time(), "exc": type(exc).__name__, "text": text})
+    _report(ERROR, error_record(exc, text))
+
+
+def error_record(exc: BaseException, text: str) -> dict[str, object]:
+    """The ``error`` record of ``exc``: its type's name and ``text``; its ``errno`` when it has
+    one, and argparse's message when the parser ended the program (``rank_wire.ERROR``)."""
+    body: dict[str, object] = {"t": time.time(), "exc": type(exc).__name__, "text": text}
+    errno = getattr(exc, "errno", None)
+    if isinstance(errno, int):
+        body["errno"] = errno
+    usage = _argparse_message(exc)
+    if usage:
+        body["usage"] = usage
+    return body
+
+
+def _argparse_message(exc: BaseException) -> str:
+    """What ``argparse`` exited with when the parser ended the program (``parser.error``): the
+    ``message`` of its frame on the exception's traceback, not the text it printed."""
+    parser = getattr(sys.modules.get("argparse"), "ArgumentParser", None)
+    code = getattr(getattr(parser, "error", None), "__code__", None)
+    tb = exc.__traceback__ if isinstance(exc, SystemExit) and code is not None else None
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return str(tb.tb_frame.f_locals.get("message", ""))[:300]
+        tb = tb.tb_next
+    return ""
 
 
 def _report(kind: str, body: dict[str, object]) -> None:
