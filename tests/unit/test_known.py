@@ -67,10 +67,10 @@ def reported(exc: BaseException) -> RankReport:
     return RankReport(event.exc, event.text, event.errno, event.usage)
 
 
-def argparse_exit(argv: list[str], *names: str) -> SystemExit:
+def argparse_exit(argv: list[str], *names: str, required: bool = True) -> SystemExit:
     """The SystemExit a script's own parser raises for ``argv`` (as run by ptcluster)."""
     parser = argparse.ArgumentParser()
-    parser.add_argument(*names, type=int, required=True)
+    parser.add_argument(*names, type=int, required=required, default=-1)
     try:
         parser.parse_args(argv)
     except SystemExit as exc:
@@ -99,6 +99,8 @@ CASES = [
     (ModuleNotFoundError("No module named 'mylib'", name="mylib"), "module-missing"),
     (argparse_exit([], "--local_rank"), "local-rank-arg-underscore"),
     (argparse_exit([], "--local-rank"), "local-rank-arg-dash"),
+    (argparse_exit(["--local-rank=0"], "--local_rank", required=False),
+     "local-rank-arg-spelling"),
     (ValueError("loss is nan"), None),
     (argparse_exit(["--local_rank=x"], "--local_rank"), None),  # the flag was given
     (SystemExit(3), None),

@@ -186,6 +186,14 @@ TABLE: tuple[Known, ...] = (
                   "ptcluster set LOCAL_RANK in the environment instead",
           fix="`ptcluster run --local-rank-arg dash ...` passes --local-rank=N as that "
               "launcher does; or read int(os.environ['LOCAL_RANK']) in the script"),
+    Known(name="local-rank-arg-spelling", title="the script parses the other spelling",
+          when=(Match(types=("SystemExit",), usage=("unrecognized arguments", "--local")),),
+          meaning="the script got the local rank as an argument it does not parse: "
+                  "--local-rank=N (`--local-rank-arg dash`) for a parser of --local_rank, or "
+                  "the other way round",
+          fix="pass the other `--local-rank-arg` (underscore: --local_rank=N, dash: "
+              "--local-rank=N), or parse both: add_argument('--local-rank', '--local_rank', "
+              "type=int)"),
     VERSIONS,
 )
 """In order: the first entry that fits a rank's report wins."""
