@@ -266,3 +266,31 @@ def test_local_rank_arg_is_where_torch_distributed_launch_puts_it(style: str, fl
                                               job_id="J").nodes[0].argv
     with pytest.raises(ValueError, match="local_rank_arg"):
         Target(script="t.py", local_rank_arg="both")
+
+
+@pytest.mark.parametrize("error", [
+    dist.DistNetworkError(CONNECT_TIMEOUT),
+    dist.DistStoreError("Timed out after 11 seconds waiting for clients. 1/2 clients joined."),
+])
+def test_torchruns_own_failure_is_read_from_its_error_file(tmp_path: Path, error: Exception,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rendezvous fails in torchrun, before any rank: its ``@record`` writes the exception
+    (torch's own ErrorHandler, here), the guard reads it into its exit frame, and the head
+    names the entry with its fix."""
+    from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
+
+    from ptcluster.node.guard.spawn import agent_error
+    from ptcluster.node.rank_wire import AGENT_ERROR_FILE, AGENT_ERROR_VAR
+
+    assert agent_error(str(tmp_path)) == ""  # none written
+    monkeypatch.setenv(AGENT_ERROR_VAR, str(tmp_path / AGENT_ERROR_FILE))
+    ErrorHandler().record_exception(error)
+    said = agent_error(str(tmp_path))
+    assert said == f"{type(error).__name__}: {error}"
+    sup = make()
+    frame = wire.encode(wire.Kind.EXIT, {"code": 1, "reason": "job ended", "error": said})
+    sup.on_event(ev.decode("b", frame.decode().rstrip()), 20.0)
+    rc = sup.failures[0]
+    known = BY_NAME["rendezvous-unreachable"]
+    assert (rc.host, rc.rank, rc.known, rc.fix) == ("b", None, known.name, known.fix)
+    assert rc.message == f"torchrun exited with code 1 ({said})"

@@ -35,7 +35,8 @@ class Kind:
     ERROR = "error"
     """Node -> head: the program refused, ``{problem, fix, busy}``."""
     EXIT = "exit"
-    """Node -> head, last: ``{code, reason}``."""
+    """Node -> head, last: ``{code, reason}``; the guard's with ``error`` when torchrun itself
+    failed (what its ``@record`` wrote: ``TYPE: TEXT``)."""
     # the guard (run's agent)
     READY = "ready"
     """Guard -> head: its prechecks passed; the payload is its ``ReadyFacts``."""

@@ -153,6 +153,8 @@ class GuardExit:
     host: str
     code: int
     reason: str
+    error: str = ""
+    """What ended torchrun itself, ``TYPE: TEXT`` (its error file), when the guard has it."""
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == wire.Kind.STARTED:
         return Started(host, int(body["pid"]))
     if kind == wire.Kind.EXIT:
-        return GuardExit(host, int(body["code"]), str(body.get("reason", "")))
+        return GuardExit(host, int(body["code"]), str(body.get("reason", "")),
+                         str(body.get("error") or ""))
     raise ValueError(f"unknown frame kind {kind!r}")
 
 

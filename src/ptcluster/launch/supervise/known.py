@@ -109,9 +109,8 @@ TABLE: tuple[Known, ...] = (
           when=(Match(text=("doesn't have NCCL built in", "NCCL support is not compiled")),),
           meaning="the job asked for backend nccl, but this node's torch has no NCCL (a CPU "
                   "build of torch)",
-          fix="install a CUDA build of torch on every node, or set `backend: gloo` (or "
-              "`auto`) in the cluster file; a script that calls init_process_group('nccl') "
-              "itself can take the backend from PTCLUSTER_BACKEND"),
+          fix="install a CUDA build of torch on every node; on nodes without GPUs, use "
+              "gloo: init_process_group('nccl' if torch.cuda.is_available() else 'gloo')"),
     Known(name="invalid-device-ordinal", title="invalid device ordinal",
           when=(Match(text=("invalid device ordinal",)),),
           meaning="the rank asked for a GPU index its node does not have: usually the global "
@@ -157,10 +156,12 @@ TABLE: tuple[Known, ...] = (
     Known(name="rendezvous-unreachable", title="the rendezvous cannot be reached",
           when=(Match(errno=(ECONNREFUSED, ETIMEDOUT, EHOSTUNREACH, ENETUNREACH)),
                 Match(text=("while trying to connect to", "Connection refused",
-                            "No route to host", "Network is unreachable"))),
-          meaning="the rank could not connect to the rendezvous store or a peer: a firewall "
-                  "drops or refuses the port, the address is not routable from this node, or "
-                  "nothing listens there any more",
+                            "No route to host", "Network is unreachable",
+                            "waiting for clients"))),
+          meaning="the node could not reach the rendezvous (torchrun's store on the first "
+                  "node) or a peer, or the first node waited in vain for the others: a "
+                  "firewall drops or refuses the port, the address is not routable from the "
+                  "node, or nothing listens there any more",
           fix="open the rendezvous port, and the ports NCCL and gloo pick, between the nodes "
               "(or trust their subnet: `ufw allow from SUBNET`); check that master.addr is the "
               "first node's address on this network; `ptcluster doctor` checks ports and "
@@ -206,6 +207,13 @@ def match_rank(report: RankReport) -> Known | None:
     if not report.exc:
         return None
     return next((k for k in TABLE if any(m.fits(report) for m in k.when)), None)
+
+
+def match_agent(error: str) -> Known | None:
+    """The entry for torchrun's own failure, ``TYPE: TEXT`` as its error file gives it."""
+    exc, sep, _ = error.partition(": ")
+    return match_rank(RankReport(exc if sep and exc.isidentifier() else "?", error)) \
+        if error else None
 
 
 def versions_differ(facts: Mapping[str, Mapping[str, object]]) -> str | None:

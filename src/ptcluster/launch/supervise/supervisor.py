@@ -34,7 +34,7 @@ from ptcluster.launch.supervise.actions import (
     StacksAnswered,
     Status,
 )
-from ptcluster.launch.supervise.known import VERSIONS, versions_differ
+from ptcluster.launch.supervise.known import VERSIONS, match_agent, versions_differ
 from ptcluster.launch.supervise.states import (
     FINAL,
     Escalation,
@@ -295,10 +295,13 @@ class Supervisor(JobState):
             return []
         if any(f.host == e.host and f.rank is not None for f in self._failures):
             return []  # its failed rank is the news, torchrun's exit the consequence
-        return self._fail(Failure(host=e.host, rank=None, exit_code=e.code, at=self.wall(now),
-                                  kind=FailureKind.NODE,
-                                  message=f"torchrun exited with code {e.code} ({e.reason})"),
-                          now)
+        failure = Failure(host=e.host, rank=None, exit_code=e.code, at=self.wall(now),
+                          kind=FailureKind.NODE,
+                          message=f"torchrun exited with code {e.code} ({e.error or e.reason})")
+        known = match_agent(e.error)
+        if known is not None:
+            failure.known, failure.meaning, failure.fix = known.name, known.meaning, known.fix
+        return self._fail(failure, now)
 
     def _closed(self, e: ev.ChannelClosed, now: float) -> list[Action]:
         node = self._nodes[e.host]

@@ -77,6 +77,8 @@ def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
         message = f"{text}, then it hung until the teardown ended it ({message})"
     elif text and raised is not None and not raised.exit_call:
         message += f" ({text})"
+    elif raised is not None and raised.usage:  # the script's own parser ended it
+        message += f" (argparse: {raised.usage})"
     elif returned and code is not None and -code in CRASH_SIGNALS:
         # (a SIGKILL or SIGTERM then is someone else's doing: named as it is)
         message += " after its program had returned, in the interpreter's shutdown"
