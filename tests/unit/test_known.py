@@ -240,6 +240,18 @@ def test_versions_that_differ_are_said_at_go_and_explain_an_unknown_failure() ->
     assert rc.known == "versions-differ" and "b: torch 2.5.1" in (rc.fix or "")
 
 
+def test_versions_stay_when_the_exception_comes_after_the_exit() -> None:
+    """The exit is judged first (versions explain it); the rank's report of a plain exception
+    refines the message and keeps that explanation."""
+    sup = make({"a": {"torch": "2.4.0"}, "b": {"torch": "2.5.1"}})
+    sup.on_event(ev.RankExit("a", 0, 1, WALL + 3.1, 2.0), 3.2)
+    sup.on_event(ev.RankError("a", 0, WALL + 3.0, "ValueError: bad pickle", "ValueError"), 3.3)
+    rc = sup.failures[0]
+    assert (rc.known, rc.at, rc.message) == ("versions-differ", WALL + 3.0,
+                                             "exited with code 1 (ValueError: bad pickle)")
+    assert "a: torch 2.4.0, b: torch 2.5.1" in (rc.fix or "")
+
+
 def test_versions_do_not_replace_a_known_failure() -> None:
     sup = make({"a": {"torch": "2.4.0"}, "b": {"torch": "2.5.1"}})
     raised(sup, "a", 0, ModuleNotFoundError("No module named 'x'", name="x"), 3.0)

@@ -20,7 +20,7 @@ from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, NodeOutcome, RankRecord
 from ptcluster.launch.supervise.actions import Action, Send, SignalChannel, Status
 from ptcluster.launch.supervise.hang import HangWatch
-from ptcluster.launch.supervise.known import order_failures
+from ptcluster.launch.supervise.known import VERSIONS, order_failures
 from ptcluster.launch.supervise.straggler import StragglerWatch
 from ptcluster.launch.supervise.verdict import Raised, judge_rank
 from ptcluster.node import wire
@@ -186,9 +186,11 @@ class RankLife:
         """Started, not ended."""
         return self.record.started_at is not None and self.record.ended_at is None
 
-    def judge(self, stop_at: float | None) -> Failure | None:
+    def judge(self, stop_at: float | None, versions: str | None = None) -> Failure | None:
         """Once it ended: a failure that is news, or None (it succeeded, has not ended, ended
-        in the teardown of ``stop_at`` (its node's), or was judged before: then refined)."""
+        in the teardown of ``stop_at`` (its node's), or was judged before: then refined).
+        ``versions``: the nodes' versions that differ, the explanation of a failure that has
+        none of its own (``known.VERSIONS``)."""
         record = self.record
         verdict = judge_rank(record, self.raised, self.returned, stop_at)
         if verdict is None:
@@ -196,18 +198,20 @@ class RankLife:
         record.stopped = verdict.stopped
         if verdict.stopped:
             return None
-        known = verdict.known
-        if self.failure is not None:  # the second report of the same failure: refine it
-            self.failure.at, self.failure.message = verdict.at, verdict.message
-            self.failure.fix = verdict.fix
-            self.failure.known, self.failure.meaning = (None, None) if known is None else \
-                (known.name, known.meaning)
-            return None
-        self.failure = Failure(host=record.host, rank=record.rank, message=verdict.message,
-                               exit_code=record.exit_code, at=verdict.at, fix=verdict.fix,
-                               known=None if known is None else known.name,
-                               meaning=None if known is None else known.meaning)
-        return self.failure
+        known, fix = verdict.known, verdict.fix
+        if known is None and fix is None and versions:
+            known, fix = VERSIONS, f"{VERSIONS.fix} ({versions})"
+        if self.failure is None:
+            self.failure = Failure(host=record.host, rank=record.rank, message="",
+                                   exit_code=record.exit_code)
+            news: Failure | None = self.failure
+        else:  # the second report of the same failure: refine it
+            news = None
+        failure = self.failure
+        failure.at, failure.message, failure.fix = verdict.at, verdict.message, fix
+        failure.known, failure.meaning = (None, None) if known is None else \
+            (known.name, known.meaning)
+        return news
 
 
 class JobState:

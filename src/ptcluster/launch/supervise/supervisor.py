@@ -255,13 +255,8 @@ class Supervisor(JobState):
     def _judge_rank(self, rank: RankLife, now: float) -> list[Action]:
         """A rank that ended: success, a failure (when it failed: the exception it reported,
         else its exit), or a result of our own teardown. Either report may come first."""
-        failure = rank.judge(self._life[rank.record.host].stop_at)
-        if failure is None:
-            return []
-        if failure.known is None and failure.fix is None and self._versions:
-            failure.known, failure.meaning = VERSIONS.name, VERSIONS.meaning
-            failure.fix = f"{VERSIONS.fix} ({self._versions})"
-        return self._fail(failure, now)
+        failure = rank.judge(self._life[rank.record.host].stop_at, self._versions)
+        return [] if failure is None else self._fail(failure, now)
 
     def _heartbeat(self, e: ev.Heartbeat, now: float) -> list[Action]:
         node = self._nodes[e.host]
