@@ -140,23 +140,26 @@ def test_auto_takes_the_first_port_neither_leased_nor_bound(lease_dir) -> None:
         start.release()
 
 
-def test_a_lease_directory_that_another_user_could_replace_is_refused(lease_dir,
-                                                                      monkeypatch) -> None:
-    lease_dir.mkdir(mode=0o777)
-    os.chmod(lease_dir, 0o777)  # world-writable without the sticky bit
-    real_lstat = os.lstat
-
-    def as_if_owned_by_someone_else(path, *a, **kw):
-        st = real_lstat(path, *a, **kw)
-        if str(path) == str(lease_dir):
-            return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, 4242,
-                                   st.st_gid, st.st_size, int(st.st_atime),
-                                   int(st.st_mtime), int(st.st_ctime)))
-        return st
-
-    monkeypatch.setattr(os, "lstat", as_if_owned_by_someone_else)
-    with pytest.raises(OSError, match="not sticky"):
+def test_a_lease_directory_that_is_not_roots_sticky_one_is_refused(lease_dir) -> None:
+    """Only root's 1777 directory is trusted: another user's (its owner could unlink or take
+    every lease in it), one without the sticky bit, a link or a file in its place."""
+    lease_dir.mkdir(mode=0o1777)
+    os.chmod(lease_dir, 0o1777)
+    os.chown(lease_dir, 65534, 65534)  # a user's directory, sticky and open to all
+    with pytest.raises(OSError, match="belongs to uid 65534, not to root"):
         leases.take("port-29500", OWNER)
+    os.chown(lease_dir, 0, 0)
+    os.chmod(lease_dir, 0o777)
+    with pytest.raises(OSError, match="has mode 777, not 1777"):
+        leases.take("port-29500", OWNER)
+    lease_dir.rmdir()
+    good = lease_dir.parent / "elsewhere"
+    good.mkdir(mode=0o1777)
+    os.chmod(good, 0o1777)
+    lease_dir.symlink_to(good)
+    with pytest.raises(OSError, match="is not a directory"):
+        leases.Leasing()
+    assert os.listdir(good) == []
 
 
 def test_gpus_auto_takes_free_ones_and_explicit_gpus_held_are_refused_naming_the_job(
@@ -228,7 +231,8 @@ def test_a_gpu_leased_by_another_job_is_named_by_its_job_with_its_memory(lease_d
         record = leases.holder("gpu-0")
         assert record is not None
         since = time.strftime("%H:%M", time.localtime(record["since"]))
-        job = f"job 20261201-0930-ab12 (alice, python train.py, since {since}, 31 GiB, " \
+        # (the user named is the record's uid's, not what the record says: root's, here)
+        job = f"job 20261201-0930-ab12 (root, python train.py, since {since}, 31 GiB, " \
               "head laptop)"
         with pytest.raises(GuardError) as info:
             gpus.claim([0, 1, 2, 3], 4, {"job_id": "bobs", "user": "bob"}, {})
@@ -236,7 +240,7 @@ def test_a_gpu_leased_by_another_job_is_named_by_its_job_with_its_memory(lease_d
         assert problem == f"4 GPU(s) asked for, 1 free: GPUs 0-1 are in use by {job}; " \
             f"GPU 3 is in use by pid {outsider.pid} (root, 12 GiB)", problem
         assert f"pid {ranks}" not in problem
-        assert info.value.fix.endswith("or ask alice, root"), info.value.fix
+        assert info.value.fix.endswith("or ask root"), info.value.fix
         assert leases.holder("gpu-2") is None and leases.holder("gpu-3") is None
         chosen, mine = gpus.claim("auto", 1, {"job_id": "bobs", "user": "bob"}, {})
         held += mine
@@ -270,6 +274,11 @@ def test_ps_rows_count_each_lease_once_on_the_node_it_names() -> None:
     assert j2.mine and not j1.mine and j2.nodes == ["n2"] and j2.ranks == 1
     assert j1.nodes == ["n1", "n2"] and j1.ranks == 3 and j1.port == 29501
     assert j1.gpus == {"n1": [2, 3], "n2": [0]} and j1.started == 100.0
+    bad = [{**rec("h1", "job-J3", since="soon"), "job_id": "J3"}, [1],
+           {**rec("h1", "job-J4", ranks=["x", 1]), "job_id": "J4"},
+           {**rec("h1", "job-J5", since=float("nan")), "job_id": "J5"}]
+    rows = job_rows({"n1": ("h1", "bob", [*bad, *leases_seen])})  # skipped, not a traceback
+    assert [r.job_id for r in rows] == ["J2", "J1"]
 
 
 def test_the_monitors_job_column_is_every_users_jobs_on_this_node() -> None:
@@ -295,8 +304,8 @@ def test_kill_by_another_user_is_refused_by_the_kernel_and_by_the_owner_works(tm
     hold = ("import sys, time; sys.path[:0] = [sys.argv[2]]; from ptcluster.node import leases; "
             "leases.LEASE_DIR = sys.argv[1]; held = leases.take('job-J9', {'job_id': 'J9'}); "
             "print('held', flush=True); time.sleep(60)")
-    holder = subprocess.Popen([sys.executable, "-c", hold, str(shared), str(src)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(shared), str(src), "guard", "J9"],
+                              stdout=subprocess.PIPE, text=True)  # (a guard's last words)
     ask = ("import json, sys; from ptcluster.node import kill, leases; "
            "leases.LEASE_DIR = sys.argv[1]; "
            "print(json.dumps(kill.end_job('J9', 'TERM', {'host': 'h9', 'user': sys.argv[2]})))")
@@ -327,15 +336,24 @@ def test_kill_by_another_user_is_refused_by_the_kernel_and_by_the_owner_works(tm
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def test_without_a_usable_lease_directory_jobs_run_unleased_and_say_so(tmp_path,
-                                                                       monkeypatch) -> None:
-    """A node with no /run/lock (a bare container): the guard's leasing stands in, so the job
-    is not refused for it; the choice says it is not leased."""
+def test_a_job_runs_unleased_only_when_its_user_opted_out(tmp_path, monkeypatch) -> None:
+    """No lease directory to be had (no /run/lock): refused, never silently unleased; with
+    ``run --no-leases`` (the guard's config says ``leases: false``) the leasing stands in and
+    the ready facts say so, as unsafe."""
+    from ptcluster.node.guard.prechecks import job_leasing
+
     monkeypatch.setattr(leases, "LEASE_DIR", str(tmp_path / "no-run-lock" / "ptcluster"))
-    leasing = leases.Leasing()
-    assert leasing.off and "No such file or directory" in leasing.off
+    with pytest.raises(OSError, match="cannot be made: No such file or directory"):
+        leases.Leasing()
+    with pytest.raises(GuardError) as info:
+        job_leasing({})
+    assert "no lease directory to trust: " in info.value.problem and not info.value.busy
+    assert "`ptcluster setup`" in info.value.fix and "`run --no-leases`" in info.value.fix \
+        and "unsafe" in info.value.fix
+    leasing = job_leasing({"leases": False})
+    assert leasing.off == leases.NO_LEASES and "unsafe" in leasing.off
     chosen, held = gpus.claim([0], 1, OWNER, {}, leasing)
-    assert chosen["indices"] == [0] and "not leased (" in chosen["why"], chosen
+    assert chosen["indices"] == [0] and "not leased (run --no-leases" in chosen["why"], chosen
     port, lease = lease_master_port("auto", OWNER, leasing)
     assert 29500 <= port < 30000 and leasing.holder(f"port-{port}") is None
     for one in [*held, lease]:

@@ -21,3 +21,10 @@ def testbed():
         yield bed
     finally:
         bed.close()
+
+
+@pytest.fixture(autouse=True)
+def _trusted_cluster_files(monkeypatch):
+    """The testbed's cluster files are the tests' own: they name an ssh config file of the
+    testbed (its own known hosts), which an untrusted cluster file may not (``cluster.trust``)."""
+    monkeypatch.setenv("PTCLUSTER_TRUST_CLUSTER_FILE", "1")

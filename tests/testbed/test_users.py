@@ -38,6 +38,9 @@ from tests.support.head import Head, job_id_when_started, run_head
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 USERS = ("alice", "bob")
 SLOTS = (2, 1)
+LEASE_DIR_BY_SETUP = ("install", "-d", "-m", "1777", "-o", "root", "-g", "root",
+                      "/run/lock/ptcluster")
+"""What ``ptcluster setup`` makes on every node (and its tmpfiles.d line at every boot)."""
 
 JOB = textwrap.dedent("""
     import os, pwd, socket, sys, time, torch, torch.distributed as dist
@@ -70,6 +73,8 @@ def bed() -> Iterator[tb.Testbed]:
         for node in b.nodes:  # what setup's /etc/hosts step makes: every node by its address
             hosts = b.root_exec(node, "sh", "-c", "cat > /etc/hosts", input=b.hosts_text)
             assert hosts.returncode == 0, hosts.stderr
+            made = b.root_exec(node, *LEASE_DIR_BY_SETUP)  # and its lease directory step
+            assert made.returncode == 0, made.stderr
         yield b
     finally:
         b.close()
@@ -275,8 +280,8 @@ def test_two_users_jobs_at_once_get_disjoint_gpus_own_ports_and_both_finish(
 
 
 def check_lease_dirs(bed: tb.Testbed, users: dict[str, User], jobs: dict[str, str]) -> None:
-    """On every node: /run/lock is root's, mode 1777; /run/lock/ptcluster a directory of mode
-    1777; every file in it belongs to the user its record names (records ``NAME.UID.json``
+    """On every node: /run/lock is root's, mode 1777; /run/lock/ptcluster root's, mode 1777;
+    every file in it belongs to the user its record names (records ``NAME.UID.json``
     world-readable, lock files created by their holders), and each job's leases are there."""
     for node in bed.nodes:
         lock = bed.node_root(node) / "run/lock"
@@ -286,6 +291,7 @@ def check_lease_dirs(bed: tb.Testbed, users: dict[str, User], jobs: dict[str, st
         d = lock / "ptcluster"
         st = os.lstat(d)
         assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o1777, oct(st.st_mode)
+        assert st.st_uid == 0, st.st_uid
         names = {u.uid(node): name for name, u in users.items()}
         records = {}
         for entry in sorted(os.listdir(d)):
@@ -325,7 +331,7 @@ def test_explicit_gpus_that_alice_holds_refuse_bobs_job_before_any_rank_or_wait_
         err = "\n".join(refused.err)
         assert code == 1, refused.output()
         assert f"1 GPU(s) asked for, 0 free: GPU 1 is in use by job {job_a} (alice, python " \
-            "job.py /tmp/hold-a2, since " in err, err
+            "job.py, since " in err, err  # (the program, never its arguments)
         assert "run --wait" in err and "or ask alice" in err, err
         summary = json.loads((run / "summary.json").read_text())
         assert all(r["status"] == "not started" for r in summary["ranks"]), summary["ranks"]
@@ -382,3 +388,54 @@ def test_kill_by_bob_is_refused_and_by_alice_ends_her_job_on_every_node(
         end(a)
     assert_none_left(bed, job_a)
     assert pwd.getpwuid(os.getuid()).pw_name == "root"  # (the heads ran as root throughout)
+
+
+def test_without_roots_lease_directory_a_users_job_is_refused_in_one_line_unless_opted_out(
+        bed: tb.Testbed, users: dict[str, User]) -> None:
+    """A node where setup never ran (no /run/lock/ptcluster): alice's guard may not make it
+    (hers, it would let her take or drop everyone's leases), so her job is refused before any
+    rank starts, in one line naming ``ptcluster setup`` and the unsafe ``--no-leases``; nothing
+    is made. With ``run --no-leases`` the job runs, and says on that node that it is unleased.
+    A directory of hers in its place is refused the same way."""
+    alice = users["alice"]
+    n1 = bed.nodes[1]
+    gone = bed.root_exec(n1, "rm", "-rf", "/run/lock/ptcluster")
+    assert gone.returncode == 0, gone.stderr
+    jobs: list[str] = []
+    try:
+        runs = alice.dir / "runs-unleased"
+        code, refused = run_head(["run", "--cluster", alice.cluster(), "--run-dir", str(runs),
+                                  "job.py"], cwd=alice.dir, timeout=120, env=alice.env)
+        jobs += [p.name for p in runs.iterdir() if p.is_dir()]
+        assert code == 1, refused.output()
+        said = [line for line in refused.err if line.startswith("Root cause") and
+                "no lease directory to trust" in line]  # (one line, as every refusal)
+        assert len(said) == 1 and f"{n1.name}: no lease directory" in said[0], refused.output()
+        assert "/run/lock/ptcluster is missing (only root may make it)" in said[0], said
+        assert "`ptcluster setup`" in said[0] and "`run --no-leases`" in said[0] \
+            and "unsafe" in said[0], said
+        assert not any("ready " in line for line in refused.lines), refused.output()
+        assert not (bed.node_root(n1) / "run/lock/ptcluster").exists()
+        mine = bed.root_exec(n1, "install", "-d", "-m", "1777", "-o", "alice", "-g", "alice",
+                             "/run/lock/ptcluster")
+        assert mine.returncode == 0, mine.stderr
+        code, refused = run_head(["run", "--cluster", alice.cluster(), "--run-dir", str(runs),
+                                  "job.py"], cwd=alice.dir, timeout=120, env=alice.env)
+        jobs += [p.name for p in runs.iterdir() if p.is_dir() and p.name not in jobs]
+        assert code == 1 and f"belongs to uid {alice.uid(n1)}, not to root" in \
+            "\n".join(refused.err), refused.output()
+        bed.root_exec(n1, "rm", "-rf", "/run/lock/ptcluster")
+        code, unleased = run_head(["run", "--no-leases", "--cluster", alice.cluster(),
+                                   "--run-dir", str(runs), "job.py"], cwd=alice.dir,
+                                  timeout=180, env=alice.env)
+        jobs += [p.name for p in runs.iterdir() if p.is_dir() and p.name not in jobs]
+        assert code == 0, unleased.output()
+        assert sum(line.endswith("] finished") for line in unleased.lines) == 3
+        notes = [line for line in unleased.err if "no leases (run --no-leases" in line]
+        assert {n.name for n in bed.nodes if any(f"{n.name}: no leases" in x for x in notes)} \
+            == {n.name for n in bed.nodes}, unleased.output()
+    finally:
+        bed.root_exec(n1, "rm", "-rf", "/run/lock/ptcluster")
+        made = bed.root_exec(n1, *LEASE_DIR_BY_SETUP)
+        assert made.returncode == 0, made.stderr
+    assert_none_left(bed, *jobs)

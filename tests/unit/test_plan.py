@@ -170,6 +170,23 @@ def test_guard_config_is_in_the_plan() -> None:
         is None
 
 
+@pytest.mark.parametrize("target, command", [
+    (Target(script="train.py", args=("--token", "s3cret", "--lr", "0.1")), "python train.py"),
+    (Target(module="pkg.train", args=("--password=hunter2",)), "python -m pkg.train"),
+    (Target(code="import os; print(os.environ['KEY'])", args=("k",)), "python -c …"),
+    (Target(script="my dir/t.py"), "python 'my dir/t.py'"),
+])
+def test_the_command_others_see_names_the_program_never_its_arguments(target: Target,
+                                                                     command: str) -> None:
+    """What goes into the world-readable lease records (``ps``, a busy refusal): the program's
+    name; its arguments may hold a secret, and every user of the node can read the record."""
+    plan = plan_launch(local_cluster(1), target, port=29500, job_id="J")
+    cfg = plan.nodes[0].guard_config(plan, RunOptions())
+    assert cfg["command"] == command
+    assert cfg["leases"] is True  # (``run --no-leases`` is the one way off, said as unsafe)
+    assert plan.nodes[0].guard_config(plan, RunOptions(leases=False))["leases"] is False
+
+
 def test_heartbeats_grow_longer_only_past_a_fixed_rate_for_the_head() -> None:
     # Up to BEATS_PER_SECOND nodes every node beats every heartbeat_interval; past that the
     # interval grows so that the head takes (and sends) at most that many heartbeats a second,

@@ -450,9 +450,8 @@ def test_the_guards_timing_frames_name_the_straggler_once() -> None:
      ["n: GPUs 0,1: auto: the first 2 free"]),
     ({"subreaper": False, "subreaper_error": "EPERM"},
      ["n: cannot become a subreaper (EPERM); orphans of the job may escape teardown"]),
-    ({"subreaper": True, "leases_off": "no /run/ptcluster"},
-     ["n: no leases (no /run/ptcluster): other jobs' GPUs and ports are not checked, and "
-      "`ptcluster ps` does not list this job there; `ptcluster setup` makes the directory"]),
+    ({"subreaper": True, "leases_off": "run --no-leases: unsafe"},
+     ["n: no leases (run --no-leases: unsafe)"]),
 ])
 def test_ready_notes_say_what_the_ready_facts_call_for(facts: wire.ReadyFacts,
                                                        notes: list[str]) -> None:

@@ -28,6 +28,7 @@ from ptcluster.cli import (
     sync_cmd,
 )
 from ptcluster.cli.common import CliState
+from ptcluster.cli.console import clean
 from ptcluster.errors import PtclusterError
 
 log = logging.getLogger("ptcluster")
@@ -69,7 +70,7 @@ class _StderrHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.write(clean(self.format(record)) + "\n")
         except Exception:  # logging must never take the command down
             self.handleError(record)
 
@@ -149,21 +150,26 @@ def _dispatch(args: list[str], state: CliState) -> int:
     except Exception as exc:  # a bug: say so, and keep the traceback
         _error_line(f"ptcluster hit a bug: {type(exc).__name__}: {exc}",
                     "please report it with the traceback below")
-        traceback.print_exception(exc, file=sys.stderr)
+        _traceback(exc)
         return 1
 
 
 def _report(exc: BaseException, state: CliState, message: str, fix: str | None) -> None:
     if state.verbose:
-        traceback.print_exception(exc, file=sys.stderr)
+        _traceback(exc)
     _error_line(message, fix)
 
 
 def _error_line(message: str, fix: str | None) -> None:
-    text = " ".join(message.split())
+    text = " ".join(clean(message).split())  # (a refusal may quote a node or a lease record)
     if fix and "Fix:" not in text:
-        text = f"{text.rstrip('.')}. Fix: {' '.join(fix.split())}"
+        text = f"{text.rstrip('.')}. Fix: {' '.join(clean(fix).split())}"
     click.echo(f"{click.style('error:', fg='red', bold=True)} {text}", err=True)
+
+
+def _traceback(exc: BaseException) -> None:
+    """The traceback (a bug, or -v), cleaned: its messages may quote a node or a record."""
+    sys.stderr.write(clean("".join(traceback.format_exception(exc))))
 
 
 def _help_fix(ctx: click.Context | None) -> str:

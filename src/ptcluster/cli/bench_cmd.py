@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from ptcluster.bench.formulas import DTYPES, OPS, parse_size, sizes
 from ptcluster.bench.sweep import BenchConfig, BenchResult, run_bench
@@ -21,6 +22,7 @@ from ptcluster.cli.common import (
     load_spec,
     quiet,
 )
+from ptcluster.cli.console import say, terminal
 from ptcluster.errors import UsageError
 
 
@@ -86,13 +88,16 @@ def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, min
         sizes=tuple(sizes(minbytes, maxbytes, stepfactor, stepbytes)),
         iters=iters, warmup=warmup, check=check, dtype=dtype, pairs=pairs,
         pair_size=pair_size, timeout=timeout)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = terminal(stderr=True, soft_wrap=True)
     if not quiet():
-        err.print(f"[dim]ptcluster bench: {spec.world_size} rank(s) on {len(spec.nodes)} "
-                  f"node(s), {', '.join(cfg.ops)}, {len(cfg.sizes)} size(s)[/dim]", markup=True)
+        err.print(Text(f"ptcluster bench: {spec.world_size} rank(s) on {len(spec.nodes)} "
+                       f"node(s), {', '.join(cfg.ops)}, {len(cfg.sizes)} size(s)", style="dim"))
     result = run_bench(spec, cfg, port=port)
     data = json.dumps(result.to_json(), indent=2)
-    click.echo(data if as_json else render(result, cfg))
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        say(render(result, cfg))
     if json_file:
         Path(json_file).write_text(data + "\n")
     if plot_file:
@@ -100,15 +105,15 @@ def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, min
 
         for path in write_plots(result, plot_file):
             if not quiet():
-                err.print(f"[dim]plot: {path}[/dim]", markup=True)
+                err.print(f"[dim]plot: {escape(str(path))}[/dim]", markup=True)
     if result.failure is not None:
-        err.print(f"[red]bench failed:[/red] {result.failure.headline()}", markup=True)
+        err.print(Text("bench failed:", style="red"), result.failure.headline())
         sys.exit(1)
     if result.wrong:
         sys.exit(1)
     if min_busbw is not None and result.avg_busbw < min_busbw:
         err.print(f"[red]average bus bandwidth {result.avg_busbw:.3f} GB/s is below "
-                  f"--min-busbw {min_busbw}[/red]", markup=True)
+                  f"--min-busbw {min_busbw:g}[/red]", markup=True)
         sys.exit(1)
 
 

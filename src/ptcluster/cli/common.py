@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
 
+from ptcluster.cli.console import say
 from ptcluster.cluster import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
+from ptcluster.cluster.load import DEFAULT_CLUSTER_FILE
 from ptcluster.cluster.slurm import allocation_from_env, describe, slurm_cluster
+from ptcluster.cluster.trust import TRUST_ENV_VAR, TRUST_FLAG
 from ptcluster.errors import UsageError
 from ptcluster.node import accel
 from ptcluster.remote.slurm import run_scontrol
@@ -26,6 +30,9 @@ class CliState:
     """-v count: 1 info logs and tracebacks for errors, 2 debug logs."""
     quiet: bool = False
     """-q: print only the command's data and errors, no progress or status chatter."""
+    trust_cluster_file: bool = False
+    """--trust-cluster-file: the cluster file is the user's own; it may set what runs code
+    on this machine (``cluster.trust``)."""
 
 
 def state() -> CliState:
@@ -60,10 +67,22 @@ PORT = click.IntRange(1, 65535)
 
 
 def cluster_option(func: F) -> F:
+    """``--cluster FILE`` and ``--trust-cluster-file`` (kept in :class:`CliState`, read by
+    :func:`load_spec`): every command that reads a cluster file takes both."""
+    func = click.option(
+        TRUST_FLAG, is_flag=True, expose_value=False, callback=_trust,
+        help="The cluster file is yours: let it set ssh options that run programs or change "
+             f"host-key checks (ProxyCommand, UserKnownHostsFile, ...; also ${TRUST_ENV_VAR}=1).",
+    )(func)
     return click.option(
         "--cluster", "cluster", metavar="FILE", default=None,
         help="Cluster file (default: ./cluster.yaml, else $PTCLUSTER_CLUSTER, else this machine).",
     )(func)
+
+
+def _trust(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(CliState).trust_cluster_file = True
 
 
 def local_gpu_count() -> int:
@@ -85,7 +104,7 @@ def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
         if alloc is not None:
             spec = slurm_cluster(alloc, nproc, scontrol=run_scontrol)
             if not quiet():
-                click.echo(describe(spec), err=True)
+                say(describe(spec), err=True)
             return spec
     path = find_cluster_file(cluster)
     if path is None:
@@ -95,4 +114,8 @@ def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
     if nproc is not None:
         raise UsageError(f"--nproc applies to the local cluster only, but {path} is in use",
                          f"set slots: per node in {path}")
-    return load_cluster_file(path)
+    if cluster is None and not quiet():  # (found, not given: say which, as for Slurm above)
+        where = "the current directory" if path == DEFAULT_CLUSTER_FILE else "$PTCLUSTER_CLUSTER"
+        say(f"ptcluster: using the cluster file {path} (from {where})", err=True)
+    trusted = state().trust_cluster_file or os.environ.get(TRUST_ENV_VAR, "") not in ("", "0")
+    return load_cluster_file(path, trusted=trusted)

@@ -8,13 +8,20 @@ import sys
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ptcluster.cli.common import NPROC, PORT, SECONDS, cluster_option, load_spec, quiet
+from ptcluster.cli.console import terminal
 from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN
 from ptcluster.doctor.diagnose import DoctorReport, diagnose
 
-STYLE = {OK: "[green]ok[/green]", WARN: "[yellow]warn[/yellow]", FAIL: "[bold red]FAIL[/bold red]",
-         SKIP: "[dim]-[/dim]"}
+STYLE = {OK: ("ok", "green"), WARN: ("warn", "yellow"), FAIL: ("FAIL", "bold red"),
+         SKIP: ("-", "dim")}
+"""How each status is shown: (word, Rich style)."""
+
+
+def mark(status: str) -> Text:
+    return Text(*STYLE[status])
 
 
 @click.command(help=__doc__)
@@ -33,8 +40,7 @@ def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allred
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        console = Console(highlight=False, soft_wrap=True,
-                          width=None if sys.stdout.isatty() else 160)
+        console = terminal(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
         render(console, report, [n.host for n in spec.nodes], details=not quiet())
     sys.exit(0 if report.ok else 1)
 
@@ -42,7 +48,8 @@ def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allred
 def render(console: Console, report: DoctorReport, hosts: list[str], *,
            details: bool = True) -> None:
     """The check x node table, then (with ``details``) what passed, then every failure and
-    warning with its fix, then the verdict."""
+    warning with its fix, then the verdict. A finding's text is the nodes' (GPU names, OS
+    names, paths): never markup."""
     checks: list[str] = []
     for f in report.findings:
         if f.check not in checks and f.check != "all-reduce":
@@ -53,18 +60,18 @@ def render(console: Console, report: DoctorReport, hosts: list[str], *,
         table.add_column(host)
     cells = {(f.host, f.check): f.status for f in report.findings}
     for check in checks:
-        table.add_row(check, *[STYLE[cells.get((host, check), SKIP)] for host in hosts])
+        table.add_row(check, *[mark(cells.get((host, check), SKIP)) for host in hosts])
     console.print(table)
     for f in report.findings if details else ():
         if f.status == OK and f.check in ("interface", "versions", "all-reduce", "master port",
                                             "compute"):
-            console.print(f"  [green]ok[/green]   {f.check}: {f.line()}", markup=True)
+            console.print(Text.assemble("  ", mark(OK), f"   {f.check}: {f.line()}"))
     for status in (FAIL, WARN):
         for f in report.findings:
             if f.status == status:
-                console.print(f"  {STYLE[status]} {f.check}: {f.line()}", markup=True)
-    verdict = "[green]all checks passed[/green]" if report.ok and not any(
+                console.print(Text.assemble("  ", mark(status), f" {f.check}: {f.line()}"))
+    verdict = ("all checks passed", "green") if report.ok and not any(
         f.status == WARN for f in report.findings) else (
-        "[yellow]passed with warnings[/yellow]" if report.ok else
-        f"[red]{len(report.failed)} check(s) failed[/red]")
-    console.print(f"{verdict} ({report.duration:.1f} s)", markup=True)
+        ("passed with warnings", "yellow") if report.ok else
+        (f"{len(report.failed)} check(s) failed", "red"))
+    console.print(Text.assemble(verdict, f" ({report.duration:.1f} s)"))

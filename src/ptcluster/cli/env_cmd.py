@@ -37,14 +37,39 @@ def env(cluster: str | None, node_host: str | None, port: int | None, nproc: int
                         "interface": node.interface, "env": dict(env_items)})
             continue
         if not quiet():  # -q: the exports alone
-            click.echo(f"# node {node.node_rank}: {node.host}  ranks {node.ranks.start}.."
-                       f"{node.ranks.stop - 1} (RANK = {node.rank_base} + LOCAL_RANK, "
-                       f"LOCAL_RANK 0..{node.nproc - 1})")
+            click.echo(_comment(f"node {node.node_rank}: {shlex.quote(node.host)}  ranks "
+                                f"{node.ranks.start}..{node.ranks.stop - 1} (RANK = "
+                                f"{node.rank_base} + LOCAL_RANK, LOCAL_RANK 0..{node.nproc - 1})"))
         if node.interface is None and not quiet():
-            click.echo("# NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME: detected on the node at launch "
-                       f"(the interface of its route to {plan.master_addr})")
+            click.echo(_comment("NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME: detected on the node at "
+                                "launch (the interface of its route to "
+                                f"{shlex.quote(plan.master_addr)})"))
         for key, value in env_items:
-            click.echo(f"export {key}={shlex.quote(value)}")
+            click.echo(f"export {_quote(key)}={_quote(value)}")
         click.echo("")
     if as_json:
         click.echo(json.dumps(out if node_host is None else out[0], indent=2))
+
+
+def _quote(text: str) -> str:
+    """``text`` as one shell word that ``eval`` gives back as it is and a terminal shows as text:
+    ``shlex.quote``, or, where ``text`` holds a character that is not printable (an escape
+    sequence in an ``env:`` value of a cloned cluster file), bash's ``$'...'`` with every such
+    character written as ``\\xHH`` (or ``\\uHHHH``)."""
+    if text.isprintable():
+        return shlex.quote(text)
+    out = []
+    for c in text:
+        if c in "\\'":
+            out.append("\\" + c)
+        elif c.isprintable():
+            out.append(c)
+        else:
+            out.append(f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+    return "$'" + "".join(out) + "'"
+
+
+def _comment(text: str) -> str:
+    """``# text`` as one line a shell ignores, whatever ``text`` holds: the output is meant
+    for ``eval``, and a line break would end the comment (quoting does not help there)."""
+    return "# " + "".join(c if c.isprintable() else "?" for c in text)

@@ -11,6 +11,7 @@ import sys
 import click
 
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec
+from ptcluster.cli.console import say
 from ptcluster.control.kill import GuardsStop, HeadStop, stop_through_guards, stop_through_head
 
 
@@ -31,7 +32,7 @@ def kill(cluster: str | None, job_id: str, signame: str, timeout: float) -> None
         _say_head(job_id, head, timeout)
         sys.exit(0)
     if head.why_not:
-        click.echo(f"ptcluster: job {job_id}: not through its head ({head.why_not}); through "
+        say(f"ptcluster: job {job_id}: not through its head ({head.why_not}); through "
                    "its nodes' guards", err=True)
     stop = stop_through_guards(load_spec(cluster, None), job_id, signame, by, timeout)
     sys.exit(_say_guards(job_id, signame, stop))
@@ -41,25 +42,25 @@ def _say_head(job_id: str, head: HeadStop, timeout: float) -> None:
     assert head.entry is not None
     who = f"its head (pid {head.entry.pid}, on this machine)"
     if head.ended:
-        click.echo(f"ptcluster: job {job_id}: ended on every node by {who}")
+        say(f"ptcluster: job {job_id}: ended on every node by {who}")
     else:
-        click.echo(f"ptcluster: job {job_id}: {who} is stopping it on every node (not done "
+        say(f"ptcluster: job {job_id}: {who} is stopping it on every node (not done "
                    f"after {timeout:.0f} s; it goes on)")
 
 
 def _say_guards(job_id: str, signame: str, stop: GuardsStop) -> int:
     """Say what the guards did; the exit code (0: signalled, none refused)."""
     if stop.signalled:
-        click.echo(f"ptcluster: job {job_id}: SIG{signame} to its guard on "
+        say(f"ptcluster: job {job_id}: SIG{signame} to its guard on "
                    f"{', '.join(stop.signalled)}")
     alike: dict[str, list[str]] = {}  # every node of the job says the same: one line
     for host, why in stop.refused.items():
         alike.setdefault(why, []).append(host)
     for why, hosts in alike.items():
-        click.echo(f"ptcluster: {why} (on {', '.join(hosts)})", err=True)
+        say(f"ptcluster: {why} (on {', '.join(hosts)})", err=True)
     for host, why in stop.failed.items():
-        click.echo(f"ptcluster: {host}: {why}", err=True)
+        say(f"ptcluster: {host}: {why}", err=True)
     if not stop.signalled and not stop.refused:
-        click.echo(f"ptcluster: no job {job_id} runs on these nodes "
+        say(f"ptcluster: no job {job_id} runs on these nodes "
                    "(`ptcluster ps --all-users` lists them)", err=True)
     return 0 if stop.ok else 1

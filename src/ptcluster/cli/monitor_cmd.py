@@ -18,8 +18,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.segment import Segment, SegmentLines
 from rich.table import Table
+from rich.text import Text
 
 from ptcluster.cli.common import SECONDS, FiniteFloat, cluster_option, load_spec
+from ptcluster.cli.console import terminal
 from ptcluster.launch.rundir import DEFAULT_RUNS_DIR
 from ptcluster.monitor.watch import Monitor, NodeView, job_straggler, node_waits
 from ptcluster.remote.connect import transports
@@ -49,7 +51,7 @@ def monitor(cluster: str | None, interval: float, once: bool, as_json: bool,
             if as_json:
                 click.echo(json.dumps(to_json(views, job_straggler(runs)), indent=2))
             else:
-                Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(
+                terminal(width=None if sys.stdout.isatty() else 160).print(
                     table(views, job_straggler(runs)))
             return
         with stop_on_signals() as stop:
@@ -60,14 +62,15 @@ def monitor(cluster: str | None, interval: float, once: bool, as_json: bool,
 
 def watch(mon: Monitor, runs: Path, interval: float, as_json: bool, stop: threading.Event,
           console: Console | None = None) -> None:
-    """Until ``stop``: a JSON line per interval, or the live table (on ``console``)."""
+    """Until ``stop``: a JSON line per interval, or the live table (on ``console``, default a
+    :func:`terminal`)."""
     if as_json:
         while not stop.wait(interval):
             click.echo(json.dumps(to_json(mon.snapshot(), job_straggler(runs))))
         return
     # Drawn once a second (at most), not 4 times: on a large cluster one drawing of the
     # table is most of what the monitor costs (benchmarks/monitor_scale.py)
-    with Live(console=console, auto_refresh=False, screen=False) as live:
+    with Live(console=console or terminal(), auto_refresh=False, screen=False) as live:
         while True:
             views, figures = mon.snapshot(), job_straggler(runs)
             live.update(SegmentLines(_fit(live.console, views, figures)[1], new_lines=True)
@@ -168,7 +171,8 @@ def _fit(console: Console, views: list[NodeView],
 def table(views: list[NodeView], straggler: dict | None = None,
           rows: int | None = None) -> Table:
     """Every node's row(s); with ``rows`` (the live table), only the nodes that fit in that
-    many rows, the ones to look at first (``shown``)."""
+    many rows, the ones to look at first (``shown``). What nodes say (GPU names, errors,
+    users) is text, never markup."""
     waits = node_waits(straggler)
     views, hidden = shown(views, waits, rows)
     more = f"  ({hidden} more node(s) not shown: --once or --json shows all)" if hidden else ""
@@ -180,7 +184,7 @@ def table(views: list[NodeView], straggler: dict | None = None,
     for v in views:
         s = v.sample
         if s is None or v.error:
-            t.add_row(v.host, f"[red]{v.error or 'waiting…'}[/red]", *[""] * 10)
+            t.add_row(v.host, Text(v.error or "waiting…", style="red"), *[""] * 10)
             continue
         cpu = f"{s['cpu_percent']:.0f}% of {s['cpus']}"
         ram = f"{s['mem']['used'] / GB:.1f}/{s['mem']['total'] / GB:.1f} GB"
@@ -191,7 +195,7 @@ def table(views: list[NodeView], straggler: dict | None = None,
         common = [cpu, ram, _rate(s["net"]["rx_bps"]), _rate(s["net"]["tx_bps"]), jobs,
                   waits.get(v.host, "-")]
         if not s["gpus"]:
-            t.add_row(v.host, "[dim]no GPU[/dim]", "", "", "", "", *common)
+            t.add_row(v.host, Text("no GPU", style="dim"), "", "", "", "", *common)
         for i, g in enumerate(s["gpus"]):
             power = (f"{g['power_w']:.0f}/{g['power_limit_w']:.0f} W"
                      if g.get("power_w") is not None else "-")

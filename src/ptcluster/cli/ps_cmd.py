@@ -7,10 +7,11 @@ import sys
 import time
 
 import click
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec
+from ptcluster.cli.console import terminal
 from ptcluster.monitor.jobs import JobRow, job_rows
 from ptcluster.monitor.watch import sample_once
 from ptcluster.node.guard.gpus import spans
@@ -35,19 +36,21 @@ def ps(cluster: str | None, as_json: bool, all_users: bool, timeout: float) -> N
         click.echo(json.dumps({"jobs": [r.to_json() for r in rows], "unreachable": missing},
                               indent=2))
     else:
-        console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+        console = terminal(width=None if sys.stdout.isatty() else 160)
         if rows:
             console.print(table(rows))
         else:
             console.print("no ptcluster job" + ("" if all_users else " of yours (--all-users: "
                                                  "everyone's)") + " on these nodes")
         for host, why in missing.items():
-            console.print(f"[yellow]{host}: not listed: {why}[/yellow]", markup=True)
+            console.print(Text(f"{host}: not listed: {why}", style="yellow"))
     if missing:
         sys.exit(1)
 
 
 def table(rows: list[JobRow]) -> Table:
+    """Every job a row; the records are other users' words (shown on a :func:`terminal`, no
+    markup)."""
     t = Table(box=None, pad_edge=False)
     for name in ("JOB", "USER", "HEAD", "NODES", "RANKS", "GPUS", "PORT", "STARTED", "STATE",
                  "COMMAND"):

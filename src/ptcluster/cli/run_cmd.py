@@ -26,7 +26,7 @@ from ptcluster.cli.common import (
     load_spec,
     quiet,
 )
-from ptcluster.cli.console import ConsoleFeed
+from ptcluster.cli.console import ConsoleFeed, clean, terminal
 from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.cluster.model import ClusterSpec
@@ -77,11 +77,15 @@ from ptcluster.remote.connect import outside_stop, transports
               help="Pass --local-rank=N (dash, as `python -m torch.distributed.launch` does "
               "since torch 2.0) or --local_rank=N (underscore, before) to the script: scripts "
               "written for that launcher run unchanged.")
+@click.option("--no-leases", "no_leases", is_flag=True, help="Unsafe: take no leases on the "
+              "nodes (for nodes without `ptcluster setup`'s lease directory): other jobs may "
+              "take this job's GPUs and port, and `ps` and `kill` do not see it.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
         runs_dir: str | None, preflight: bool, sync_first: bool, max_restarts: int,
         min_nodes: int | None, hang_timeout: float | None, wait: bool,
-        wait_timeout: float | None, straggler_threshold: float, local_rank_arg: str | None,
+        wait_timeout: float | None, straggler_threshold: float, no_leases: bool,
+        local_rank_arg: str | None,
         args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
@@ -94,7 +98,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
                          "cluster", f"pass --min-nodes {len(spec.nodes)} or less")
     policy = RestartPolicy(max_restarts=max_restarts,
                            min_nodes=len(spec.nodes) if min_nodes is None else min_nodes)
-    err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+    err = terminal(stderr=True, soft_wrap=True)
     if sync_first and not all(r.ok for r in run_sync(spec, err, show=not quiet())):
         sys.exit(1)
     plan = prepare(spec, target, port=port, max_restarts=max_restarts)
@@ -105,22 +109,11 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     if not hush:
         _print_plan(err, plan, run_dir)
     feed = ConsoleFeed(_stdout_writer(run_dir), _fd_writer(2, dim=err.is_terminal))
-
-    labels: dict[tuple[str, int | None], tuple[str, str]] = {}
-
-    def on_line(host: str, rank: int | None, text: str) -> None:
-        label = labels.get((host, rank))
-        if label is None:  # once per rank: this runs for every line of the job
-            label = labels[(host, rank)] = (
-                (f"[{host}] ", f"the node log of {host} in {run_dir}/") if rank is None
-                else (f"[{host}:{rank}] ", str(RunDir(run_dir).rank_log(rank))))
-        feed.line(label[0] + text, label[1])
-
-    runner = Runner(plan, transports(spec), run_dir, on_line=on_line,
+    runner = Runner(plan, transports(spec), run_dir, on_line=line_sink(feed, run_dir),
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
                     options=RunOptions(hang_timeout=hang_timeout, wait=(
                         wait_timeout or math.inf) if wait or wait_timeout else None,
-                        straggler_threshold=straggler_threshold),
+                        straggler_threshold=straggler_threshold, leases=not no_leases),
                     restarts=Restarts(policy, spec, target) if max_restarts else None,
                     ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total)
     result, signum = _run_with_signals(runner)
@@ -130,6 +123,24 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     if not hush or not result.ok:
         _print_summary(err, result)
     sys.exit(exit_code(result, signum))
+
+
+def line_sink(feed: ConsoleFeed, run_dir: Path) -> Callable[[str, int | None, str], None]:
+    """run's ``on_line``: each line labelled with its node (and rank), to ``feed``. A rank's
+    line goes as the rank wrote it (the user's own: colors, progress bars); a node's own line
+    (``rank`` None: its program's stderr, ssh's, torchrun's) is the node's words: cleaned."""
+    labels: dict[tuple[str, int | None], tuple[str, str]] = {}
+
+    def on_line(host: str, rank: int | None, text: str) -> None:
+        if rank is None:
+            text = clean(text)
+        label = labels.get((host, rank))
+        if label is None:  # once per rank: this runs for every line of the job
+            label = labels[(host, rank)] = (
+                (f"[{host}] ", f"the node log of {host} in {run_dir}/") if rank is None
+                else (f"[{host}:{rank}] ", str(RunDir(run_dir).rank_log(rank))))
+        feed.line(label[0] + text, label[1])
+    return on_line
 
 
 def exit_code(result: RunResult, signum: int | None) -> int:
@@ -205,10 +216,10 @@ def _run_with_signals(runner: Runner) -> tuple[RunResult, int | None]:
 
 
 def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
-    console.print(f"[bold]ptcluster[/bold] job {plan.job_id}: world size {plan.world_size} on "
-                  f"{len(plan.nodes)} node(s), rendezvous "
-                  f"{plan.master_addr}:{plan.master_port or 'auto'}, "
-                  f"backend {plan.backend}", markup=True)
+    console.print(Text("ptcluster", style="bold"),
+                  f"job {plan.job_id}: world size {plan.world_size} on {len(plan.nodes)} "
+                  f"node(s), rendezvous {plan.master_addr}:{plan.master_port or 'auto'}, "
+                  f"backend {plan.backend}")
     for node in plan.nodes:
         console.print(f"  node {node.node_rank} {node.host:<16} ranks {node.ranks.start}.."
                       f"{node.ranks.stop - 1}  interface {node.interface or 'auto'}  "
@@ -244,7 +255,7 @@ def _print_summary(console: Console, result: RunResult) -> None:
     if rc is not None:
         title = "What the nodes saw first:" if result.ended_by else \
             "Root cause (first observed failure):"
-        console.print(f"[bold red]{title}[/bold red] {escape(rc.headline())}", markup=True)
+        console.print(Text(title, style="bold red"), rc.headline())
         if rc.known:
             console.print(f"  known failure {rc.known}: {rc.meaning}", markup=False)
         # (stopped from outside: what a node said on its way down is in its log, not news)
@@ -260,12 +271,12 @@ def _print_summary(console: Console, result: RunResult) -> None:
         table.add_row(str(r.rank), r.host, str(r.local_rank), Text(r.status, style=style),
                       f"{r.duration:.1f} s" if r.duration is not None else "-")
     console.print(table)
-    verdict = "[green]ok[/green]" if result.ok else (
-        "[yellow]interrupted[/yellow]" if result.interrupted else "[red]failed[/red]")
+    verdict = ("ok", "green") if result.ok else (
+        ("interrupted", "yellow") if result.interrupted else ("failed", "red"))
     if result.console_dropped:
         console.print(f"{result.console_dropped} line(s) were not shown because the console "
                       "fell behind; every line is in the logs")
-    console.print(f"{verdict}; logs in {escape(str(result.run_dir))}/", markup=True)
+    console.print(Text.assemble(verdict, f"; logs in {result.run_dir}/"))
 
 
 def _print_hang(console: Console, result: RunResult) -> None:
@@ -274,7 +285,7 @@ def _print_hang(console: Console, result: RunResult) -> None:
     assert report is not None
     late, why = report.straggler()
     for r in late:
-        console.print(f"[bold]straggler:[/bold] rank {r.rank} on {escape(str(r.host))}: "
+        console.print(f"[bold]straggler:[/bold] rank {r.rank:d} on {escape(str(r.host))}: "
                       f"{escape(r.where())} -- {escape(why)}", markup=True)
     if not late:
         console.print(f"no straggler named: {why}", markup=False)

@@ -13,8 +13,10 @@ import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec, quiet
+from ptcluster.cli.console import terminal
 from ptcluster.errors import UsageError
 from ptcluster.setup import plan as P
 from ptcluster.setup.apply import SetupOptions, run_setup
@@ -23,8 +25,12 @@ from ptcluster.setup.secret import Secret, read_password_file
 from ptcluster.setup.torch_choice import VARIANT
 from ptcluster.setup.wheels import DEFAULT_WHEELHOUSE
 
-STYLE = {P.OK: "[green]ok[/green]", P.CHANGE: "[yellow]change[/yellow]",
-         P.BLOCKED: "[bold red]blocked[/bold red]"}
+STYLE = {P.OK: ("ok", "green"), P.CHANGE: ("change", "yellow"), P.BLOCKED: ("blocked", "bold red")}
+"""How each step's status is shown: (word, Rich style)."""
+
+
+def mark(status: str) -> Text:
+    return Text(*STYLE[status])
 
 
 @click.command(help=__doc__ + "\n\nAfter it, `ptcluster doctor` and `ptcluster run` use the "
@@ -65,7 +71,7 @@ def setup(cluster: str | None, dry_run: bool, check: bool, as_json: bool,
     secret = read_password_file(password_file) if password_file else None
     opts = SetupOptions(dry_run=dry_run or check, accept_new_host_keys=accept_new_host_keys,
                         torch_backend=torch_backend, wheelhouse=wheelhouse, timeout=timeout)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = terminal(stderr=True, soft_wrap=True)
     live = not as_json and not quiet()
 
     def password() -> Secret | None:
@@ -77,7 +83,7 @@ def setup(cluster: str | None, dry_run: bool, check: bool, as_json: bool,
 
     def on_event(host: str, text: str) -> None:
         if live:
-            err.print(f"[dim]{host}:[/dim] {text}", markup=True)
+            err.print(f"[dim]{escape(host)}:[/dim] {escape(text)}", markup=True)
 
     with _terminal_kept():
         report = run_setup(spec, opts, password=password, on_event=on_event,
@@ -85,7 +91,7 @@ def setup(cluster: str | None, dry_run: bool, check: bool, as_json: bool,
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+        out = terminal(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
         render(out, report)
     sys.exit(exit_code(report, check=check, dry_run=dry_run))
 
@@ -101,10 +107,11 @@ def exit_code(report: SetupReport, *, check: bool, dry_run: bool) -> int:
 
 def render(console: Console, report: SetupReport) -> None:
     """Dry run: each node's plan with its commands. Apply: what changed, then the node x step
-    table of the end state, then the problems with their fixes."""
+    table of the end state, then the problems with their fixes. What nodes say (step reasons,
+    command output) is text, never markup."""
     for step in report.head:
         if step.status != P.OK:
-            console.print(f"head: {STYLE[step.status]} {step.name}: {step.why}", markup=True)
+            console.print(Text.assemble("head: ", mark(step.status), f" {step.name}: {step.why}"))
             for cmd in step.commands("head"):
                 console.print(f"      $ {cmd}", markup=False)
     if report.torch is not None:
@@ -121,13 +128,12 @@ def render(console: Console, report: SetupReport) -> None:
 def _render_plans(console: Console, report: SetupReport) -> None:
     """Dry run: every node's plan, step by step, with the commands of what is pending."""
     for n in report.nodes.values():
-        console.print(f"[bold]{n.host}[/bold] ({n.addr}, {n.connection or 'no login'})",
-                      markup=True)
+        console.print(Text(n.host, style="bold"), f"({n.addr}, {n.connection or 'no login'})")
         if n.problem:
             console.print("  [bold red]FAIL[/bold red] "
                           f"{escape(str(n.problem))}", markup=True)
         for s in n.before:
-            console.print(f"  {STYLE[s.status]} {s.name}: {s.why}", markup=True)
+            console.print(Text.assemble("  ", mark(s.status), f" {s.name}: {s.why}"))
             for cmd in s.commands(n.host) if s.status != P.OK else []:
                 console.print(f"      $ {cmd}", markup=False)
     pending = sum(P.pending(n.before) for n in report.nodes.values() if not n.problem)
@@ -147,17 +153,17 @@ def _render_applied(console: Console, report: SetupReport) -> None:
     changed = {(h, s) for h, n in report.nodes.items() for s, r, _ in n.applied if r == "changed"}
     failed = {(h, s) for h, n in report.nodes.items() for s, r, _ in n.applied if r == "failed"}
     for name in P.STEPS:
-        cells = []
+        cells: list[Text | str] = []
         for host in hosts:
             final = {s.name: s for s in report.nodes[host].final}
             if (host, name) in failed:
-                cells.append("[bold red]FAILED[/bold red]")
+                cells.append(Text("FAILED", style="bold red"))
             elif name not in final:
-                cells.append("[dim]-[/dim]")
+                cells.append(Text("-", style="dim"))
             elif (host, name) in changed and final[name].status == P.OK:
-                cells.append("[cyan]changed[/cyan]")
+                cells.append(Text("changed", style="cyan"))
             else:
-                cells.append(STYLE[final[name].status])
+                cells.append(mark(final[name].status))
         table.add_row(name, *cells)
     console.print(table)
     for host, n in report.nodes.items():
@@ -166,19 +172,19 @@ def _render_applied(console: Console, report: SetupReport) -> None:
                           f"{escape(str(n.problem.by(host)))}", markup=True)
         for name, r, d in n.applied:
             if r == "failed":
-                console.print(f"  [bold red]FAILED[/bold red] {host}: {name}: {d.strip()[-500:]}",
-                              markup=True)
+                console.print(Text.assemble("  ", ("FAILED", "bold red"),
+                                            f" {host}: {name}: {d.strip()[-500:]}"))
         for step in n.final:
             if step.status == P.BLOCKED:
-                console.print(f"  {STYLE[step.status]} {host}: {step.name}: {step.why}",
-                              markup=True)
+                console.print(Text.assemble("  ", mark(step.status),
+                                            f" {host}: {step.name}: {step.why}"))
                 for cmd in step.commands(host):
                     console.print(f"      $ {cmd}", markup=False)
     n_changed = len(changed)
-    verdict = ("[green]every node converged[/green]" if report.converged else
-               "[red]not every node converged[/red]")
-    console.print(f"{verdict}; {n_changed} change(s) made" + (
-        "" if n_changed else " (nothing to do)") + f" ({report.duration:.1f} s)", markup=True)
+    verdict = (("every node converged", "green") if report.converged else
+               ("not every node converged", "red"))
+    console.print(Text.assemble(verdict, f"; {n_changed} change(s) made" + (
+        "" if n_changed else " (nothing to do)") + f" ({report.duration:.1f} s)"))
 
 
 @contextlib.contextmanager

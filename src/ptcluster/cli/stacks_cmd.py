@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import click
-from rich.console import Console
 
+from ptcluster.cli.console import terminal
 from ptcluster.control.protocol import ask, running_jobs, stacks_request
 from ptcluster.errors import UsageError
 from ptcluster.launch.rundir import DEFAULT_RUNS_DIR, RunDir
@@ -29,14 +29,14 @@ def stacks(run: str | None, runs_dir: str | None, as_json: bool, brief: bool) ->
         click.echo(json.dumps({**answer["report"], "straggler_report": answer.get("straggler")},
                               indent=2))
         return
-    out = Console(highlight=False, soft_wrap=True, markup=False)
+    out = terminal(soft_wrap=True)
     lines = answer.get("lines") or []
     if brief:
         lines = lines[:next((i for i, line in enumerate(lines) if line.startswith("rank ")),
                             len(lines))]
     for line in lines:
         out.print(line)
-    Console(stderr=True, highlight=False).print(f"saved in {answer.get('saved')}", markup=False)
+    terminal(stderr=True).print(f"saved in {answer.get('saved')}")
 
 
 def find_run(run: str | None, runs: Path) -> Path:

@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from ptcluster.cli.common import NPROC, quiet
-from ptcluster.launch.rundir import DEFAULT_RUNS_DIR
+from ptcluster.cli.console import say
+from ptcluster.launch.rundir import DEFAULT_RUNS_DIR, write_private
 from ptcluster.submit.sbatch import (
     JOB_ID_FILE,
     SubmitConfig,
@@ -48,11 +49,10 @@ def submit_job(nodes: int, gpus_per_node: int | None, nproc: int | None,
         return
     script = write_script(cfg)
     job = submit(script)
-    (run_dir / JOB_ID_FILE).write_text(job + "\n")
+    write_private(run_dir / JOB_ID_FILE, job + "\n")
     if not quiet():
-        click.echo(f"ptcluster: submitted Slurm job {job}; script and logs in {run_dir}/",
-                   err=True)
-    click.echo(job)
+        say(f"ptcluster: submitted Slurm job {job}; script and logs in {run_dir}/", err=True)
+    say(job)  # (sbatch's words)
 
 
 submit_job.name = "submit"

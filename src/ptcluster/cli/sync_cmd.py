@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ptcluster.cli.common import cluster_option, load_spec, quiet
+from ptcluster.cli.console import terminal
 from ptcluster.cluster import ClusterSpec
 from ptcluster.remote.sync import SyncResult, sync_project
 
@@ -20,7 +21,7 @@ from ptcluster.remote.sync import SyncResult, sync_project
 @click.option("--json", "as_json", is_flag=True, help="Per node: method, files sent, problem.")
 def sync(cluster: str | None, as_json: bool) -> None:
     spec = load_spec(cluster)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = terminal(stderr=True, soft_wrap=True)
     results = run_sync(spec, err, show=not as_json and not quiet())
     if as_json:
         click.echo(json.dumps([r.to_json() for r in results], indent=2))
@@ -38,8 +39,8 @@ def run_sync(spec: ClusterSpec, console: Console, *, show: bool = True) -> list[
     def done(r: SyncResult) -> None:
         if r.ok:
             if show:  # a status line; a failure is an error and always said (also under -q)
-                console.print(f"[dim]ptcluster: synced {r.host}: {r.sent} file(s) sent "
-                              f"({r.method}, {r.seconds:.1f} s)[/dim]", markup=True)
+                console.print(f"[dim]ptcluster: synced {escape(r.host)}: {r.sent:d} file(s) "
+                              f"sent ({escape(r.method)}, {r.seconds:.1f} s)[/dim]", markup=True)
         else:
             what = str(r.problem or "failed")
             console.print(f"[red]sync failed on {escape(r.host)}[/red]: {escape(what)}",

@@ -15,8 +15,10 @@ from ptcluster.errors import SpecError
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
+USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 _SSH_OPTION = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
+_SCOPE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+"""An IPv6 zone (``fe80::1%eth0``): an interface name or number (``ipaddress`` takes any text)."""
 
 # Variables the launcher owns: setting them in `env` would silently fight the rendezvous.
 RESERVED_ENV = {
@@ -34,16 +36,30 @@ RESERVED_ENV = {
 
 
 def is_host(value: str) -> bool:
-    """True for an IPv4/IPv6 address or an RFC 1123 hostname (no shell metacharacters)."""
+    """True for an IPv4/IPv6 address or an RFC 1123 hostname (no shell metacharacters: a host
+    is echoed into ``ptcluster env``'s output and handed to ssh)."""
     try:
         ipaddress.ip_address(value)
-        return True
     except ValueError:
         pass
+    else:
+        _, sep, scope = value.partition("%")
+        return not sep or bool(_SCOPE_ID.match(scope))
     if not value or len(value) > 253:
         return False
     labels = value[:-1].split(".") if value.endswith(".") else value.split(".")
     return all(_HOST_LABEL.match(label) for label in labels)
+
+
+def is_dns_name(value: object) -> bool:
+    """True for a DNS name only: RFC 1123 labels (each whole: no newline passes), not an IP
+    address, the last label not all digits (``1.2.3`` would be read as an address by
+    ``inet_aton``). What a node says its name is must be one before it is written into another
+    node's ``/etc/hosts``."""
+    if not isinstance(value, str) or not 0 < len(value) <= 253:
+        return False
+    labels = value[:-1].split(".") if value.endswith(".") else value.split(".")
+    return all(_HOST_LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit()
 
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
@@ -56,8 +72,13 @@ def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
 class Reader:
     """Walks a parsed YAML tree, keeping the key path for error messages."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, trusted: bool = False, code_dir: str | None = None) -> None:
         self.source = source
+        self.trusted = trusted
+        """Whether the user vouched for the file (``cluster.trust``): it may then set what runs
+        code on this machine."""
+        self.code_dir = code_dir
+        """The directory the file came with (a repository's), whose programs need trust."""
 
     def fail(self, path: str, problem: str, fix: str | None = None) -> SpecError:
         return SpecError(self.source, path, problem, fix)
@@ -112,7 +133,7 @@ class Reader:
 
     def user(self, value: Any, path: str) -> str:
         name = self.text(value, path, "a login name")
-        if not _USER.match(name):
+        if not USER_NAME.match(name):
             raise self.fail(path, f"{name!r} is not a valid user name", "use a plain login name")
         return name
 

@@ -51,6 +51,10 @@ class RunOptions:
     """``run --wait``: when nodes refuse only because other jobs hold their GPUs or port, try
     again every ``wait_poll`` s for at most this many seconds (inf: no limit; None: refuse)."""
     wait_poll: float = 5.0
+    leases: bool = True
+    """False (``run --no-leases``, unsafe): no node leases this job's GPUs, port or id, so other
+    jobs are not kept off them and ``ps``/``kill`` do not see it; True: a node whose lease
+    directory is missing or not root's refuses the job."""
     straggler_threshold: float = DEFAULT_THRESHOLD
     """A rank (or node) whose busy share (1 - the share of time its main thread sleeps) is this
     many times the other ranks' median, while they wait for it, is named the straggler

@@ -61,22 +61,28 @@ class Target:
             raise ValueError(f"local_rank_arg is one of {', '.join(LOCAL_RANK_ARGS)}, got "
                              f"{self.local_rank_arg!r}")
 
-    def argv(self) -> list[str]:
+    def program(self) -> list[str]:
+        """What runs, without its arguments: ``-m MODULE``, ``SCRIPT`` or ``-c CODE``."""
         if self.module is not None:
-            head = ["-m", self.module]
-        elif self.code is not None:
-            head = ["-c", self.code]
-        else:
-            head = [self.script or ""]
-        if self.local_rank_arg is not None:  # where that launcher put it: before the args
-            head.append(f"{LOCAL_RANK_ARGS[self.local_rank_arg]}={LOCAL_RANK_MACRO}")
-        return head + list(self.args)
+            return ["-m", self.module]
+        if self.code is not None:
+            return ["-c", self.code]
+        return [self.script or ""]
+
+    def argv(self) -> list[str]:
+        """The program, then ``--local-rank=N`` where asked (where that launcher put it),
+        then its arguments."""
+        local_rank = [] if self.local_rank_arg is None else \
+            [f"{LOCAL_RANK_ARGS[self.local_rank_arg]}={LOCAL_RANK_MACRO}"]
+        return self.program() + local_rank + list(self.args)
 
     def describe(self, width: int = 120) -> str:
-        """The command as a person would type it, for others to see (a lease, ``ps``): code
-        given with ``-c`` is shown as ``-c …``, and the whole is cut at ``width``."""
-        text = shlex.join(["python", *self.argv()]) if self.code is None else \
-            " ".join(["python -c …", shlex.join(self.args)]).strip()
+        """The program as a person would name it, for others to see (a lease record, ``ps``:
+        world-readable on every node): ``python train.py``, ``python -m pkg.mod``, ``python -c
+        …``. Never its arguments (a ``--token X`` would be every user's to read); cut at
+        ``width``."""
+        text = "python -c …" if self.code is not None else shlex.join(["python",
+                                                                        *self.program()])
         return text if len(text) <= width else text[:width - 1] + "…"
 
 
@@ -121,7 +127,7 @@ class NodePlan:
             "heartbeat_timeout": opts.guard_heartbeat_timeout, "grace": opts.stop_grace,
             "heartbeat_every": opts.heartbeat_for(len(plan.nodes)),
             "output_hold": opts.output_hold_for(len(plan.nodes)),
-            "env_defaults": threads_default(plan),
+            "env_defaults": threads_default(plan), "leases": opts.leases,
         }
 
 

@@ -8,6 +8,7 @@ that runs now.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,6 +33,16 @@ class JobRow:
         return asdict(self)
 
 
+def _usable(r: object) -> bool:
+    """Whether a record's numbers are numbers: ``since`` and ``ranks`` (``[first, last]``)."""
+    if not isinstance(r, dict):
+        return False
+    since, ranks = r.get("since") or 0, r.get("ranks") or [0, 0]
+    return isinstance(since, (int, float)) and not isinstance(since, bool) and \
+        math.isfinite(since) and isinstance(ranks, list) and len(ranks) == 2 and \
+        all(isinstance(x, int) and not isinstance(x, bool) for x in ranks)
+
+
 def job_rows(nodes: dict[str, tuple[str, str, list[dict[str, Any]]]]) -> list[JobRow]:
     """``{host: (its hostname, the session's user, the lease records)}`` -> jobs, oldest
     first. Each lease counts once, on the node whose hostname its record names (nodes that
@@ -41,6 +52,8 @@ def job_rows(nodes: dict[str, tuple[str, str, list[dict[str, Any]]]]) -> list[Jo
     seen: set[tuple[str, str]] = set()
     for host, (_, me, records) in nodes.items():
         for r in records:
+            if not _usable(r):
+                continue  # (a node's malformed record: skipped, never a traceback of ps)
             job = str(r.get("job_id") or "")
             resource = str(r.get("resource") or "")
             where = str(r.get("node") or "")

@@ -5,6 +5,9 @@ guard holds it while the job runs there; the record names the guard's pid), leav
 who asked (the guard reports it to its head as the cause), and signals the guard, which then
 ends its part of the job as on any stop (the same job-scoped teardown: nothing else touched).
 The kernel decides who may: only the job's user, or root; anyone else gets EPERM, said as is.
+What it signals is checked first, as anything read from the shared lease directory must be: the
+record is believed only as ``leases`` believes one (its file is its uid's, its pid holds the
+job's lock), and the pid must be a guard of that job run by that uid (``/proc``).
 
   stdin  line 2  JSON config: {"job_id", "signal": "TERM" | "INT" | "KILL", "by": {host, user}}
   stdout         frames of ``node.wire``: ``hello``, then ``result {json}``
@@ -20,14 +23,50 @@ import sys
 import time
 
 from ptcluster.node.leases import RECORD_MODE, held_all, kill_note  # inlined
-from ptcluster.node.records import write_record  # inlined
+from ptcluster.node.records import unlink, write_record  # inlined
 from ptcluster.node.wire import Kind, encode, hello  # inlined
+
+
+def guard_of(pid: int, uid: int, job_id: str) -> bool:
+    """Whether process ``pid`` is a guard of ``job_id`` run by ``uid``: its ``/proc`` entry
+    belongs to that uid and its command line ends with the words every guard's has (``guard
+    JOB_ID``: ``remote.bootstrap.node_argv``). A record names a pid; this is what keeps a
+    planted or stale one from steering the signal to any other process."""
+    try:
+        owner = os.stat(f"/proc/{pid}").st_uid
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read(1 << 16).rstrip(b"\0").split(b"\0")
+    except OSError:
+        return False
+    return owner == uid and argv[-2:] == [b"guard", job_id.encode()]
+
+
+def _signal(pid: int, uid: int, job_id: str, signum: int) -> bool:
+    """Send ``signum`` to the guard ``pid`` of ``job_id``: False (nothing sent) when it is not
+    one. Through a pidfd where the kernel has them, so that the process checked is the one
+    signalled (a pid freed and reused between the two is not). OSError as ``os.kill``'s."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = -1  # (an older kernel or Python: checked, then signalled by pid)
+    try:
+        if not guard_of(pid, uid, job_id):
+            return False
+        if pidfd >= 0:
+            signal.pidfd_send_signal(pidfd, signum)
+        else:
+            os.kill(pid, signum)
+        return True
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
 
 
 def end_job(job_id: str, signame: str, by: dict) -> dict:
     here = socket.gethostname()  # (a lock directory may be shared with other nodes)
-    guards = [r for r in held_all() if r.get("job_id") == job_id and r.get("node") == here
-              and str(r.get("resource", "")).startswith("job-") and r.get("pid")]
+    guards = [r for r in held_all() if r.get("resource") == f"job-{job_id}"
+              and r.get("job_id") == job_id and r.get("node") == here
+              and guard_of(r["pid"], r["uid"], job_id)]
     if not guards:
         return {"found": False}
     record = guards[0]
@@ -37,13 +76,11 @@ def end_job(job_id: str, signame: str, by: dict) -> dict:
     except OSError as exc:
         out["note_error"] = str(exc)
     try:
-        os.kill(int(record["pid"]), getattr(signal, "SIG" + signame))
-        out["signalled"] = True
+        out["signalled"] = _signal(record["pid"], record["uid"], job_id,
+                                   getattr(signal, "SIG" + signame))
+        if not out["signalled"]:
+            out["error"] = "its guard ended meanwhile"
     except PermissionError:
-        try:
-            os.unlink(kill_note(job_id, uid=os.getuid()))
-        except OSError:
-            pass
         out["signalled"] = False
         owner = record.get("user") or "?"
         out["error"] = (f"job {job_id} is {owner}'s: only {owner}"
@@ -51,6 +88,8 @@ def end_job(job_id: str, signame: str, by: dict) -> dict:
     except ProcessLookupError:
         out["signalled"] = False
         out["error"] = "its guard ended meanwhile"
+    if not out["signalled"]:
+        unlink(kill_note(job_id, uid=os.getuid()))
     return out
 
 

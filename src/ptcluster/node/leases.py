@@ -1,26 +1,38 @@
 """Leases: one of a node's resources (a rendezvous port; GPUs next) held by one job.
 
 Standard library only (part of the guard). A lease is an exclusive ``flock`` on a file in
-:data:`LEASE_DIR`, a sticky, world-writable directory (like ``/tmp``: every user can create files
-in it, none can remove or replace another's). The kernel releases a ``flock`` when the last
-descriptor of the open file closes, that is when the guard ends however it ends (SIGKILL, a
-crash): no lease outlives its job. The files are cleaned up too, so that a box that runs jobs
-for months does not gather one per job: a holder removes its lock file and record while it still
-holds the lock, and a guard that starts removes the files of leases nobody holds (its user's;
-root: anyone's). Removing a lock file that another process has opened but not yet locked is
-safe because a lease counts only when the locked file is still the one at the path (checked
-after the lock is taken, else taken again), the usual rule for lock files that get unlinked.
+:data:`LEASE_DIR`, a sticky, world-writable directory of root's (like ``/tmp``: every user can
+create files in it, none can remove or replace another's, and nobody but root can change the
+directory itself: its owner could take or drop every lease in it). Where it is missing, a guard
+running as root makes it; anyone else's job is refused (``ptcluster setup`` makes it at every
+boot), unless the user passed ``run --no-leases``: leases fail closed, never silently off.
+
+The kernel releases a ``flock`` when the last descriptor of the open file closes, that is when
+the guard ends however it ends (SIGKILL, a crash): no lease outlives its job. The files are
+cleaned up too, so that a box that runs jobs for months does not gather one per job: a holder
+removes its lock file and record while it still holds the lock, and a guard that starts removes
+the files of leases nobody holds (its user's; root: anyone's). Removing a lock file that another
+process has opened but not yet locked is safe because a lease counts only when the locked file
+is still the one at the path (checked after the lock is taken, else taken again), the usual rule
+for lock files that get unlinked.
+
+Every file here is opened through ``node.safefile``: no link followed, no FIFO waited on, a
+regular file or nothing. A lock file is opened as it is first (another user's leftover one too:
+read-only, which is all a ``flock`` needs) and made only with ``O_EXCL`` when there is none, so
+``fs.protected_regular`` (which refuses ``O_CREAT`` on another user's file in a sticky
+directory) never turns a leftover lock into a refusal.
 
 Who holds a lease is written beside it, in a file the holder owns (``NAME.UID.json``,
-world-readable, never a secret): the lock file itself may have been created by another user, and
-a file of another user can be locked (opened read-only) but not written. Safety against files
-planted by other users: every open is ``O_NOFOLLOW`` and the lock must be a regular file; the
-holder's file is written under a new name (``O_EXCL``) and renamed over, which replaces a planted
-symlink instead of following it (``node.records``: the records the heads' registry keeps too).
+world-readable, never a secret: the program's name, not its arguments). Anyone can write a file
+of that name pattern, so a record is believed only when it is well formed, its file belongs to
+the uid it names (or to root), and its pid is the one the kernel names as the lock's holder
+(``/proc/locks``): a record another user planted names nobody (``ptcluster kill`` signals what
+the record names).
 """
 
 import errno
 import fcntl
+import math
 import os
 import pwd
 import socket
@@ -28,11 +40,15 @@ import stat
 import time
 
 from ptcluster.node.records import alive, read_record, unlink, write_record  # inlined
+from ptcluster.node.safefile import create_new, open_regular  # inlined
 
 LEASE_DIR = "/run/lock/ptcluster"
 _LOCK = ".lock"
 RECORD_MODE = 0o644
 """A holder's record is world-readable (a umask of 077 must not hide who holds a lease)."""
+NO_LEASES = ("run --no-leases: this job takes no leases here (unsafe: other jobs may take its "
+             "GPUs and port, and `ptcluster ps` and `kill` do not see it here)")
+"""Why a job's leases are off when its user opted out (said on every node: ``leases_off``)."""
 
 
 class Lease:
@@ -56,17 +72,15 @@ class Lease:
 
 
 class Leasing:
-    """Takes this job's leases; or, where the lease directory cannot be made or used (no
-    /run/lock, say), stands in without them, and says why in ``off``: the job then runs as it
-    did before leases, unchecked against other jobs (refusing every job there would be worse)."""
+    """Takes this job's leases in the lease directory (checked, and swept, when made: OSError
+    when it is missing or not root's: see :func:`ensure_dir`); or, when ``off`` says why (the
+    user's ``run --no-leases``), stands in without them."""
 
-    def __init__(self, directory: str | None = None) -> None:
+    def __init__(self, directory: str | None = None, off: str | None = None) -> None:
         self.directory = directory
-        self.off: str | None = None
-        try:
+        self.off = off
+        if off is None:
             sweep(ensure_dir(directory))
-        except OSError as exc:
-            self.off = f"{directory or LEASE_DIR}: {exc.strerror or exc}"
 
     def take(self, resource: str, info: dict) -> Lease | None:
         if self.off:
@@ -83,34 +97,56 @@ def lease_name(resource: str) -> str:
     return f"{resource}@{socket.gethostname()}"
 
 
-def ensure_dir(directory: str | None = None) -> str:
-    """The lease directory, made sticky and world-writable (mode 1777) where it is missing."""
-    directory = directory or LEASE_DIR
-    try:
-        os.mkdir(directory, 0o1777)
-        os.chmod(directory, 0o1777)  # mkdir's mode passes through the umask
-    except FileExistsError:
-        pass
-    st = os.lstat(directory)
+def dir_problem(st: os.stat_result) -> str:
+    """Why a lease directory with this (``lstat``) status cannot be trusted ("" when it can)."""
     if not stat.S_ISDIR(st.st_mode):
-        raise OSError(errno.ENOTDIR, f"{directory} is not a directory")
-    if st.st_uid not in (0, os.getuid()) and not st.st_mode & stat.S_ISVTX:
-        raise OSError(errno.EPERM, f"{directory} belongs to uid {st.st_uid} and is not sticky: "
-                                   "another user could replace the leases in it")
+        return "is not a directory"
+    if st.st_uid != 0:
+        return (f"belongs to uid {st.st_uid}, not to root: that user can remove, take or "
+                "block every job's leases in it")
+    if stat.S_IMODE(st.st_mode) != 0o1777:
+        return f"has mode {stat.S_IMODE(st.st_mode):o}, not 1777"
+    return ""
+
+
+def ensure_dir(directory: str | None = None) -> str:
+    """The lease directory: a real directory of root's, mode 1777. Made so where it is missing
+    when we are root; else OSError, whose text says what is wrong with it (missing: ENOENT)."""
+    directory = directory or LEASE_DIR
+    if os.getuid() == 0:
+        try:
+            os.mkdir(directory, 0o1777)
+            os.chmod(directory, 0o1777)  # mkdir's mode passes through the umask
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise OSError(exc.errno, f"{directory} cannot be made: {exc.strerror}") from None
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        raise OSError(errno.ENOENT, f"{directory} is missing (only root may make it)") from None
+    why = dir_problem(st)
+    if why:
+        raise OSError(errno.EPERM, f"{directory} {why}")
     return directory
 
 
 def _open_lock(directory: str, name: str, create: bool) -> int:
+    """A read-only descriptor of the lock file of ``name`` (a regular file: never a link or a
+    FIFO), as it is, whoever made it; made (``O_EXCL``, mode 444) only where there is none and
+    ``create``. FileNotFoundError where there is none and not ``create``."""
     path = os.path.join(directory, name + _LOCK)
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-    fd = os.open(path, flags, 0o444)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, f"{path} is not a regular file")
-    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != 0o444:
-        os.fchmod(fd, 0o444)  # (the mode passed through the umask: others must open it too)
-    return fd
+    for _ in range(10):
+        try:
+            return open_regular(path, os.O_RDONLY)
+        except FileNotFoundError:
+            if not create:
+                raise
+        try:
+            return create_new(path, 0o444, flags=os.O_RDONLY)
+        except FileExistsError:
+            continue  # another made it meanwhile: open theirs
+    raise OSError(errno.EAGAIN, f"{path} keeps being replaced")
 
 
 def _same_file(fd: int, path: str) -> bool:
@@ -155,8 +191,12 @@ def sweep(directory: str) -> None:
     for name in names:
         path = os.path.join(directory, name + _LOCK)
         try:
-            if uid != 0 and os.stat(path, follow_symlinks=False).st_uid != uid:
+            st = os.stat(path, follow_symlinks=False)
+            if uid != 0 and st.st_uid != uid:
                 continue  # (sticky: not ours to remove)
+            if not stat.S_ISREG(st.st_mode):
+                unlink(path)  # (root: a link or FIFO planted where a lock belongs)
+                continue
             fd = _lock(directory, name, create=False, mode=fcntl.LOCK_EX)
         except OSError:
             continue
@@ -184,8 +224,7 @@ def take(resource: str, info: dict, directory: str | None = None) -> Lease | Non
         return None
     info_path = os.path.join(directory, f"{name}.{os.getuid()}.json")
     record = {**info, "resource": resource, "node": socket.gethostname(), "pid": os.getpid(),
-              "uid": os.getuid(),
-              "user": info.get("user") or user_name(), "since": info.get("since", time.time())}
+              "uid": os.getuid(), "user": user_name(), "since": info.get("since", time.time())}
     try:
         write_record(info_path, record, RECORD_MODE)
     except OSError:  # who holds it is advice; the lock is the lease
@@ -200,7 +239,9 @@ def kill_note(job_id: str, directory: str | None = None, uid: int | None = None)
 
 
 def read_kill_notes(job_id: str, directory: str | None = None) -> dict:
-    """The newest ``kill`` note for ``job_id`` on this node (removing the ones it may), or {}."""
+    """The newest ``kill`` note for ``job_id`` on this node (removing the ones it may), or {}.
+    Only notes of who could signal this guard count (its user, root); a malformed one is
+    skipped, a FIFO or link is never opened (the guard reads them on its way to teardown)."""
     directory = directory or LEASE_DIR
     prefix = os.path.basename(kill_note(job_id, directory)).rsplit(".", 2)[0] + "."
     best: dict = {}
@@ -212,85 +253,157 @@ def read_kill_notes(job_id: str, directory: str | None = None) -> dict:
         if not (entry.startswith(prefix) and entry.endswith(".json")):
             continue
         path = os.path.join(directory, entry)
-        got = read_record(path)
+        got = read_record(path, limit=4096, owners=(0, os.getuid()))
         if got is None:
             continue
-        note, writer = got
+        note = got[0]
         unlink(path)
-        if writer not in (0, os.getuid()):
-            continue  # only who could signal this guard may say who did
-        if isinstance(note, dict) and float(note.get("t", 0)) >= float(best.get("t", 0)):
+        if isinstance(note, dict) and _number(note.get("t", 0)) and \
+                note.get("t", 0) >= best.get("t", 0):
             best = note
     return best
 
 
-def user_name() -> str:
+def user_name(uid: int | None = None) -> str:
+    """The name of ``uid`` (default: ours) on this node; the number where it has none."""
+    uid = os.getuid() if uid is None else uid
     try:
-        return pwd.getpwuid(os.getuid()).pw_name
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        return str(os.getuid())
+        return str(uid)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
+
+
+_TEXT = ("job_id", "user", "command", "node", "resource", "head")
+
+
+def well_formed(record: object) -> bool:
+    """Whether ``record`` is a lease record every reader can use as is: a dict with a pid and a
+    uid that are plausible ints, a finite ``since`` (seconds since 1970, before 2242), text
+    where text belongs and ``ranks`` as ``[first, last]``. Anything else is skipped, never
+    turned into an exception (``ps``, ``kill``, the monitor and a busy refusal read them)."""
+    if not isinstance(record, dict):
+        return False
+    pid, uid, since, ranks = (record.get(k) for k in ("pid", "uid", "since", "ranks"))
+    return (isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2 ** 31
+            and isinstance(uid, int) and not isinstance(uid, bool) and 0 <= uid < 2 ** 32
+            and _number(since) and 0 <= float(since or 0) < 2 ** 33
+            and all(isinstance(record.get(k), str) for k in _TEXT if record.get(k) is not None)
+            and (ranks is None or (isinstance(ranks, list) and len(ranks) == 2 and all(
+                isinstance(r, int) and not isinstance(r, bool) for r in ranks))))
+
+
+def _flock_holders() -> dict[str, set[int]] | None:
+    """``{"MAJ:MIN:INODE": pids}`` of every ``flock`` held on this machine, as the kernel lists
+    them (``/proc/locks``); None where it cannot be read."""
+    try:
+        with open("/proc/locks", "rb") as f:
+            text = f.read(1 << 24).decode("ascii", "replace")
+    except OSError:
+        return None
+    out: dict[str, set[int]] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[4].isdigit():
+            out.setdefault(fields[5], set()).add(int(fields[4]))
+    return out
+
+
+def _holders_of(fd: int, table: dict[str, set[int]] | None) -> set[int]:
+    """The pids that hold the lock on ``fd``'s file (empty: not known)."""
+    st = os.fstat(fd)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return (table or {}).get(key, set())
+
+
+def _held(directory: str, name: str, table: dict[str, set[int]] | None) -> set[int] | None:
+    """None when the lease of ``name`` is not held (no lock file, or nobody has it locked);
+    else the pids the kernel names as its holders (empty when it does not say)."""
+    try:
+        fd = _open_lock(directory, name, create=False)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return set()  # (not a lock file we can try: held, by whoever planted it)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None  # nobody holds it (our shared lock goes with the close)
+    except BlockingIOError:
+        return _holders_of(fd, table)
+    finally:
+        os.close(fd)
 
 
 def holder(resource: str, directory: str | None = None) -> dict | None:
     """Who holds ``resource`` now ({} when held but not said by whom); None when it is free."""
     name = lease_name(resource)
     directory = directory or LEASE_DIR
-    try:
-        fd = _open_lock(directory, name, create=False)
-    except FileNotFoundError:
+    held = _held(directory, name, _flock_holders())
+    if held is None:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return None  # nobody holds it (our shared lock goes with the close)
-    except BlockingIOError:
-        pass
-    finally:
-        os.close(fd)
-    return _said(directory, name)
+    return _said(directory, name, held, _listdir(directory))
 
 
 def held_all(directory: str | None = None) -> list[dict]:
     """The record of every lease held on this node now (any user's): what ``ptcluster ps``
     lists. A lock file nobody holds is a lease that has ended, whatever its records say."""
     directory = directory or LEASE_DIR
-    try:
-        entries = os.listdir(directory)
-    except OSError:
-        return []
+    entries = sorted(_listdir(directory))
+    table = _flock_holders()
     out = []
-    for entry in sorted(entries):
+    for entry in entries:
         if not entry.endswith(_LOCK):
             continue
         name = entry[:-len(_LOCK)]
-        try:
-            fd = _open_lock(directory, name, create=False)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            continue  # free
-        except BlockingIOError:
-            pass
-        finally:
-            os.close(fd)
-        record = _said(directory, name)
+        held = _held(directory, name, table)
+        record = {} if held is None else _said(directory, name, held, entries)
         if record:
             out.append(record)
     return out
 
 
-def _said(directory: str, name: str) -> dict:
-    """The newest holder's file of a held lease whose process is alive."""
+def _listdir(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
+def _said(directory: str, name: str, holders: set[int], entries: list[str]) -> dict:
+    """The record of a held lease's holder: the newest of its records that is well formed,
+    whose file belongs to the uid it names (or to root), whose process is alive and, where the
+    kernel names the lock's holders, one of them, running as that uid. Its ``user`` is its
+    uid's name here."""
     best: dict = {}
-    for entry in os.listdir(directory):
+    for entry in entries:
         if not (entry.startswith(name + ".") and entry.endswith(".json")):
             continue
-        got = read_record(os.path.join(directory, entry))
-        record = got[0] if got else None
-        if isinstance(record, dict) and alive(record.get("pid")) and \
-                float(record.get("since", 0)) >= float(best.get("since", 0)):
-            best = record
+        got = read_record(os.path.join(directory, entry), limit=16384)
+        if got is None or not well_formed(got[0]):
+            continue
+        record, owner = got
+        assert isinstance(record, dict)
+        if owner not in (0, record["uid"]) or (holders and record["pid"] not in holders) \
+                or not _runs_as(record["pid"], record["uid"]) \
+                or record["since"] < best.get("since", -1):
+            continue
+        best = {**record, "user": user_name(record["uid"])}
     return best
+
+
+def _runs_as(pid: int, uid: int) -> bool:
+    """Whether process ``pid`` runs, as ``uid`` (where ``/proc`` hides other users' processes,
+    ``hidepid``: whether it runs)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == uid
+    except FileNotFoundError:
+        return alive(pid)
+    except OSError:
+        return False
 
 
 def describe(record: dict, memory: str | None = None) -> str:
@@ -299,8 +412,8 @@ def describe(record: dict, memory: str | None = None) -> str:
     if not record:
         return "another job (its holder did not say who" + (f", {memory}" if memory else "") \
             + ")"
-    since = time.strftime("%H:%M", time.localtime(float(record["since"]))) \
-        if record.get("since") else "?"
+    since = time.strftime("%H:%M", time.localtime(record["since"])) \
+        if well_formed(record) else "?"
     said = ", ".join(str(x) for x in (record.get("user"), record.get("command"),
                                       f"since {since}", memory, f"head {record.get('head')}"
                                       if record.get("head") else None) if x)

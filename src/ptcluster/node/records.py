@@ -57,8 +57,8 @@ def unlink(path: str, dir_fd: int | None = None) -> None:
 def alive(pid: object) -> bool:
     """Whether the process a record names runs (another user's counts: it cannot be signalled,
     but it is there)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid < 2 ** 31:
+        return False  # (a huge one would be an OverflowError, not a "no")
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

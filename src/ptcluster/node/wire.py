@@ -80,6 +80,10 @@ class Kind:
     """Kill -> head: what was signalled."""
 
 
+KILLED_BY = "ended by `ptcluster kill` from {host} ({user})"
+"""A guard's ``stopping`` ``killed_by``: who left the kill note it found (``node.leases``: only the
+job's user or root may leave one); the head accepts nothing else there
+(``launch.supervise.events``)."""
 RANK_FRAMES = {"start": Kind.RSTART, "exit": Kind.REXIT, "error": Kind.RERROR,
                "data": Kind.RDATA}
 """The frame for each rank record kind (``rank_wire.START``, ``EXIT``, ``ERROR``, ``REPORT``)."""
@@ -89,6 +93,11 @@ HEARTBEAT_TIMEOUT = 15.0
 """Seconds a guard waits without a byte from the head before it ends its part of the job."""
 STOP_GRACE = 4.0
 """Seconds a guard gives torchrun to end its workers after SIGTERM before SIGKILL."""
+MAX_FRAME = 4 << 20
+"""The longest frame (one line, in bytes) either end accepts: the head closes a channel whose
+node sends a longer one. The largest a node program sends is a guard's ``stacks`` reply, which
+it fits under this (``guard.progress.fit_stacks``); the rest are far smaller (setup's step
+output is cut at 4000 characters, a rank's output line at 64 KiB)."""
 
 
 class GuardConfig(TypedDict, total=False):
@@ -120,6 +129,9 @@ class GuardConfig(TypedDict, total=False):
     grace: float
     output_hold: float
     """Seconds the guard may hold its ranks' output to write it in one go (``guard.outbox``)."""
+    leases: bool
+    """False: the user opted out of leases (``run --no-leases``, unsafe); absent or True: the
+    job is refused where the node's lease directory is missing or not root's."""
 
 
 class ReadyFacts(TypedDict, total=False):
@@ -134,7 +146,7 @@ class ReadyFacts(TypedDict, total=False):
     subreaper: bool
     subreaper_error: str
     leases_off: str
-    """Why this node's leases are off (its lease directory is unusable); absent when on."""
+    """Why this node's leases are off (only ``run --no-leases``); absent when on."""
     master_port: int
     """The master's leased rendezvous port."""
     gpus: dict[str, Any]

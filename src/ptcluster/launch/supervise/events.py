@@ -6,6 +6,7 @@ becomes :class:`Malformed` (shown and logged as a node line), never an exception
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -214,8 +215,9 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
                          str(body.get("exc") or ""), None if errno is None else int(errno),
                          str(body.get("usage") or ""))
     if kind == wire.Kind.STOPPING:
-        return GuardStopping(host, str(body.get("reason", "")), float(body["t"]),
-                             str(body.get("signal") or ""), str(body.get("killed_by") or ""))
+        signal = str(body.get("signal") or "")
+        return GuardStopping(host, str(body.get("reason", "")), float(body["t"]), signal,
+                             killed_by(str(body.get("killed_by") or "")) if signal else "")
     if kind == wire.Kind.RSTART:
         return RankStart(host, int(body["rank"]), int(body["pid"]), float(body["t"]))
     if kind == wire.Kind.REXIT:
@@ -237,6 +239,20 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         return GuardExit(host, int(body["code"]), str(body.get("reason", "")),
                          str(body.get("error") or ""))
     raise ValueError(f"unknown frame kind {kind!r}")
+
+
+_KILLER = re.compile(re.escape(wire.KILLED_BY)
+                     .replace(r"\{host\}", r"([A-Za-z0-9.:-]{1,253}|\?)")
+                     .replace(r"\{user\}", r"([A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?|\?)"))
+
+
+def killed_by(said: str) -> str:
+    """A guard's ``killed_by`` as the head repeats it: only the form a guard makes of a kill note
+    (``wire.KILLED_BY``: a host name and a user name), else nothing. A guard stopped by a signal
+    may say who sent it (it stops restarts: ``launch.supervise.restart``); a node cannot pass
+    other text for it."""
+    found = _KILLER.fullmatch(said)
+    return wire.KILLED_BY.format(host=found[1], user=found[2]) if found else ""
 
 
 def _opt_float(value: Any) -> float | None:

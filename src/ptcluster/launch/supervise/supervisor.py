@@ -17,6 +17,7 @@ root cause, whatever order the news arrived in.
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 from typing import NoReturn
 
 from ptcluster.errors import Problem
@@ -135,8 +136,9 @@ class Supervisor(JobState):
                 return self._guard_exit(e, now)
             case ev.ChannelClosed():
                 return self._closed(e, now)
-            case ev.StacksReply():
-                return [StacksAnswered(e)]
+            case ev.StacksReply():  # (a node speaks for its own ranks only)
+                return [StacksAnswered(replace(e, ranks={
+                    r: v for r, v in e.ranks.items() if self._rank(e.host, r) is not None}))]
             case ev.Timing():
                 return self._timing(e, now)
             case _:

@@ -156,9 +156,7 @@ def ready_notes(host: str, facts: wire.ReadyFacts) -> list[str]:
     if source and source != "cluster file":
         notes.append(f"{host}: sockets on {facts.get('interface') or '?'} ({source})")
     if facts.get("leases_off"):
-        notes.append(f"{host}: no leases ({facts.get('leases_off')}): other jobs' GPUs and "
-                     "ports are not checked, and `ptcluster ps` does not list this job there; "
-                     "`ptcluster setup` makes the directory")
+        notes.append(f"{host}: no leases ({facts.get('leases_off')})")
     chosen = facts.get("gpus")
     if chosen:
         notes.append(f"{host}: GPUs {chosen.get('visible') or 'none'}: {chosen.get('why')}")

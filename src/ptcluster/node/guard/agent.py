@@ -31,7 +31,8 @@ torchrun leaves behind are re-parented here and found by walking /proc from our 
 This module is the guard's lifecycle (``Guard.run``: hello, prechecks, ready, go, torchrun,
 teardown, exit); its concerns are parts of their own: ``link`` (the head: frames in, heartbeats
 out, the stop state), ``prechecks`` (the ready facts and the job's leases), ``spawn`` (torchrun,
-its environment and the programs handed to the ranks), ``teardown``.
+its environment and the programs handed to the ranks), ``tmpdirs`` (the job's private
+directory), ``teardown``.
 """
 
 from __future__ import annotations
@@ -48,14 +49,12 @@ from typing import cast
 
 from ptcluster.node.guard.link import HeadLink, StopRequest  # inlined
 from ptcluster.node.guard.prechecks import precheck  # inlined
-from ptcluster.node.guard.proctree import remove_stale_tmpdirs, rmtree  # inlined
 from ptcluster.node.guard.progress import ProgressMeter  # inlined
 from ptcluster.node.guard.rank_server import EXIT_WAIT, RankServer  # inlined
 from ptcluster.node.guard.refusal import GuardError  # inlined
 from ptcluster.node.guard.spawn import (  # inlined
     HANDED,
     agent_error,
-    job_dir,
     pump_agent,
     rank_env,
     start_torchrun,
@@ -63,8 +62,17 @@ from ptcluster.node.guard.spawn import (  # inlined
     use_port,
 )
 from ptcluster.node.guard.teardown import teardown, wait_child  # inlined
+from ptcluster.node.guard.tmpdirs import job_dir, remove_stale, user_tmp  # inlined
 from ptcluster.node.leases import Lease, read_kill_notes  # inlined
-from ptcluster.node.wire import STOP_GRACE, GuardConfig, Kind, ReadyFacts, hello  # inlined
+from ptcluster.node.safefile import remove_tree  # inlined
+from ptcluster.node.wire import (  # inlined
+    KILLED_BY,
+    STOP_GRACE,
+    GuardConfig,
+    Kind,
+    ReadyFacts,
+    hello,
+)
 
 
 class Guard:
@@ -77,6 +85,8 @@ class Guard:
         self.out = self.link.out
         self.finished = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
+        self.tmp_parent = ""
+        """This user's parent of job directories (``guard.tmpdirs``), checked at the start."""
         self.tmpdir = ""
         self.pump_thread: threading.Thread | None = None
         self.leases: list[Lease] = []
@@ -95,7 +105,7 @@ class Guard:
         """torchrun, with its ranks' server and the progress meter the heartbeats read."""
         if self.link.master_port:
             use_port(self.cfg["argv"], self.link.master_port)
-        self.tmpdir = job_dir(self.cfg["job_id"])
+        self.tmpdir = job_dir(self.tmp_parent, self.cfg["job_id"], HANDED)
         ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out)
         self.link.meter = ProgressMeter(ranks.probes)
         self.link.ranks = ranks
@@ -108,6 +118,8 @@ class Guard:
         threading.Thread(target=self.link.read_head, daemon=True).start()
         threading.Thread(target=self.link.heartbeat, args=(self.finished,), daemon=True).start()
         try:
+            self.tmp_parent = user_tmp()
+            remove_stale(self.tmp_parent)  # what guards killed by SIGKILL left
             facts = precheck(self.cfg, HANDED, self.leases)
         except GuardError as exc:
             self.send(Kind.ERROR, {"problem": exc.problem, "fix": exc.fix, "busy": exc.busy})
@@ -137,7 +149,7 @@ class Guard:
         if self.link.ranks is not None:
             self.link.ranks.close(EXIT_WAIT)  # every rank's last lines and exit before ours
         self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time(), **said})
-        rmtree(self.tmpdir)
+        remove_tree(self.tmpdir)
         return code if code >= 0 else 128 - code
 
     def say_stopping(self) -> None:
@@ -146,8 +158,8 @@ class Guard:
         stop = self.stop
         killed = read_kill_notes(self.cfg["job_id"]) if stop.signal else {}
         if killed:
-            stop.reason = f"ended by `ptcluster kill` from " \
-                          f"{killed.get('host', '?')} ({killed.get('user', '?')})"
+            stop.reason = KILLED_BY.format(host=killed.get("host", "?"),
+                                           user=killed.get("user", "?"))
         self.send(Kind.STOPPING, {"reason": stop.reason, "t": stop.time, "signal": stop.signal,
                                   "killed_by": stop.reason if killed else ""})
 
@@ -163,14 +175,13 @@ def main() -> int:
     if under_slurm():
         signal.signal(signal.SIGUSR2, lambda *_: None)  # for the ranks (see under_slurm)
     try:
-        remove_stale_tmpdirs()
         return guard.run()
     except Exception as exc:  # noqa: BLE001 - report it on the channel, never a bare traceback
         guard.send(Kind.ERROR, {"problem": f"the guard failed: {exc!r}",
                                 "fix": "report this bug with the node's details: "
                                 + traceback.format_exc(limit=3).replace("\n", " | ")})
         teardown(guard.child, grace=1.0)
-        rmtree(guard.tmpdir)
+        remove_tree(guard.tmpdir)
         return 70
     finally:
         guard.out.flush()  # what came after the last frame (a descendant's, torchrun's)

@@ -16,13 +16,14 @@ import time
 from typing import Any
 
 from ptcluster.node.guard.outbox import Outbox  # inlined
-from ptcluster.node.guard.progress import ProgressMeter  # inlined
+from ptcluster.node.guard.progress import ProgressMeter, fit_stacks  # inlined
 from ptcluster.node.guard.rank_server import RankServer  # inlined
 from ptcluster.node.guard.schedstat import SchedstatMeter  # inlined
 from ptcluster.node.rank_wire import FR_VAR, TIMING_OFF_VAR  # inlined
 from ptcluster.node.wire import (  # inlined
     HEARTBEAT_EVERY,
     HEARTBEAT_TIMEOUT,
+    MAX_FRAME,
     GuardConfig,
     Kind,
     encode,
@@ -186,4 +187,5 @@ class HeadLink:
             ask = {}
         native = bool(ask.get("native"))
         ranks = self.ranks.probes.collect(native) if self.ranks is not None else {}
+        ranks = fit_stacks(ranks, MAX_FRAME - 4096)  # (room for the frame's other fields)
         self.send(Kind.STACKS, {"id": ask.get("id"), "ranks": ranks, "t": time.time()})

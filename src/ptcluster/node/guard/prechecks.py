@@ -16,8 +16,12 @@ from typing import Any
 
 from ptcluster.node.guard.gpus import claim  # inlined
 from ptcluster.node.guard.proctree import listdir, set_subreaper  # inlined
-from ptcluster.node.guard.refusal import GuardError, unleasable  # inlined
-from ptcluster.node.leases import Lease, Leasing, describe  # inlined
+from ptcluster.node.guard.refusal import (  # inlined
+    GuardError,
+    unleasable,
+    untrusted_lease_dir,
+)
+from ptcluster.node.leases import NO_LEASES, Lease, Leasing, describe  # inlined
 from ptcluster.node.netif import AUTO_PORTS, address_on, route_interface  # inlined
 from ptcluster.node.rank_wire import PROBE_FILE, SHIM_FILE  # inlined
 from ptcluster.node.wire import GuardConfig, ReadyFacts  # inlined
@@ -46,7 +50,7 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
     check_target(cfg.get("target") or {}, workdir)
     owner = {"job_id": cfg.get("job_id"), "head": cfg.get("head"),
              "command": cfg.get("command"), "ranks": cfg.get("ranks")}
-    leasing = Leasing()
+    leasing = job_leasing(cfg)
     if leasing.off:
         facts["leases_off"] = leasing.off
     held.append(lease_job(owner, leasing))  # what `ptcluster ps` and `kill` find
@@ -62,6 +66,18 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
     _interface(cfg, facts)
     facts.update(versions())
     return facts
+
+
+def job_leasing(cfg: GuardConfig) -> Leasing:
+    """The job's leasing on this node: in the lease directory, which must be root's (made here
+    when missing and we are root); without leases only when the user opted out (``run
+    --no-leases``, said in the ready facts). Else refused, never silently unleased."""
+    if cfg.get("leases") is False:
+        return Leasing(off=NO_LEASES)
+    try:
+        return Leasing()
+    except OSError as exc:
+        raise untrusted_lease_dir(exc) from None
 
 
 NCCL_WHEELS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")

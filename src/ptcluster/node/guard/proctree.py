@@ -5,7 +5,6 @@ Standard library only; shipped with the guard (inlined by ``remote.bootstrap``).
 
 import ctypes
 import os
-import tempfile
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -77,43 +76,6 @@ def reap_others(keep: int) -> None:
             os.waitpid(info.si_pid, 0)
         except ChildProcessError:
             return
-
-
-def rmtree(path: str) -> None:
-    if not path:
-        return
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            try:
-                os.unlink(os.path.join(root, name))
-            except OSError:
-                pass
-        for name in dirs:
-            try:
-                os.rmdir(os.path.join(root, name))
-            except OSError:
-                pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
-def remove_stale_tmpdirs() -> None:
-    """Temp dirs of guards that were killed (SIGKILL leaves them): their pid is gone."""
-    base = tempfile.gettempdir()
-    for name in listdir(base):
-        path = os.path.join(base, name)
-        if not name.startswith("ptcluster-"):
-            continue
-        try:
-            with open(os.path.join(path, "guard.pid")) as f:
-                pid = int(f.read().strip())
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            rmtree(path)
-        except (OSError, ValueError):
-            continue
 
 
 def listdir(path: str) -> list[str]:

@@ -26,10 +26,13 @@ from ptcluster.node.rank_wire import (  # inlined
     decode_record,
     header,
 )
-from ptcluster.node.wire import RANK_FRAMES, Kind, encode, encode_text  # inlined
+from ptcluster.node.wire import MAX_FRAME, RANK_FRAMES, Kind, encode, encode_text  # inlined
 
 MAX_LINE = 65536
 """Longer output lines are cut into pieces of this size (bounded memory per stream)."""
+MAX_RECORD = MAX_FRAME // 4
+"""A longer record is not sent on (its frame, its JSON written again, could pass the head's
+``MAX_FRAME`` and end the job's channel): the head gets a bad-record report instead."""
 EXIT_WAIT = 2.0
 """Seconds a rank's exit frame waits for the rest of its output (streams held by children)."""
 IDLE_FLUSH = 1.0
@@ -162,10 +165,12 @@ class RankServer:
                 self.out.later(encode_text(kind, st["rank"], line))
 
     def record(self, rank: int, line: str) -> None:
-        record = decode_record(line)
+        record = decode_record(line) if len(line) <= MAX_RECORD else None
         if record is None:
+            text = line[:200] if len(line) <= MAX_RECORD else \
+                f"a record of {len(line)} characters (at most {MAX_RECORD}): {line[:100]}"
             self.out.now(encode(RANK_FRAMES[REPORT], {"rank": rank, "kind": BAD_RECORD,
-                                                    "text": line[:200]}))
+                                                    "text": text}))
             return
         kind, body = record
         body["rank"] = rank

@@ -24,6 +24,19 @@ class GuardError(Exception):
         """Refused only because another job holds what this one asks for (it may wait)."""
 
 
+UNLEASED_FIX = ("run `ptcluster setup` (as root it makes the directory, root's, mode 1777, at "
+                "every boot), or pass `run --no-leases` to run without leases (unsafe: other "
+                "jobs may take this job's GPUs and port, and `ps` and `kill` do not see it "
+                "there)")
+"""What to do about a lease directory that cannot be trusted: said once, on every node."""
+
+
+def untrusted_lease_dir(exc: OSError) -> GuardError:
+    """The refusal when the lease directory is missing (and we are not root, who makes it) or
+    is not root's sticky directory: a job never runs unleased unless its user said so."""
+    return GuardError(f"no lease directory to trust: {exc.strerror or exc}", UNLEASED_FIX)
+
+
 def unleasable(what: str, exc: OSError) -> GuardError:
     """The refusal when the lease directory exists but cannot be used (a file in it refused)."""
     return GuardError(f"cannot lease {what}in {LEASE_DIR}: {exc}",

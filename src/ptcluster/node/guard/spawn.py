@@ -1,6 +1,5 @@
-"""Starting torchrun: the job's private temp dir (with the rank programs the guard hands on), the
-ranks' environment on this node (the head's plan, the leased GPUs, the interface, Slurm's task
-variables taken out) and the child's setup between fork and exec.
+"""Starting torchrun: the ranks' environment on this node (the head's plan, the leased GPUs, the
+interface, Slurm's task variables taken out) and the child's setup between fork and exec.
 
 Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
 """
@@ -11,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -62,18 +60,6 @@ def use_port(argv: list[str], port: int) -> None:
     at = argv.index("--master-port") + 1 if "--master-port" in argv else 0
     if at:
         argv[at] = str(port)
-
-
-def job_dir(job_id: str) -> str:
-    """The job's private temp dir (mkdtemp: 0700, ours alone) with the guard's pid and the rank
-    programs it hands on: the ranks get the shim's path, never code, in their env."""
-    tmpdir = tempfile.mkdtemp(prefix="ptcluster-" + job_id + "-")
-    with open(os.path.join(tmpdir, "guard.pid"), "w") as f:
-        f.write(str(os.getpid()))
-    for name, source in HANDED.items():
-        with open(os.path.join(tmpdir, name), "w") as f:
-            f.write(source)
-    return tmpdir
 
 
 def rank_env(cfg: GuardConfig, facts: ReadyFacts, tmpdir: str, sock: str) -> dict[str, str]:

@@ -1,0 +1,100 @@
+"""A cluster file found in the current directory (a cloned repository's) runs nothing on this
+machine: every command that reads one says which it uses and refuses ssh settings that are code
+unless the user vouches for the file (SECURITY-REVIEW findings 11 and 14). Real commands, real
+ssh: on the old code the ProxyCommand ran."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TRUST = "PTCLUSTER_TRUST_CLUSTER_FILE"
+COMMANDS = [("env",), ("doctor", "--skip-allreduce"), ("ps",), ("monitor", "--once"),
+            ("bench",), ("sync",), ("setup",), ("kill", "no-such-job-5c1e"), ("run", "t.py")]
+
+
+def _ptc(*args: str, cwd: Path, env: dict[str, str] | None = None,
+         timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in (TRUST, "PTCLUSTER_CLUSTER")}
+    base.update({"XDG_STATE_HOME": str(cwd / "state"), **(env or {})})
+    for key in [k for k in base if k.startswith("SLURM_")]:
+        del base[key]
+    return subprocess.run([sys.executable, "-m", "ptcluster", *args], cwd=cwd, env=base,
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def _repo(tmp_path: Path) -> tuple[Path, Path]:
+    """A 'cloned repository': a cluster.yaml whose ProxyCommand would leave a marker."""
+    marker = tmp_path / "owned"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "t.py").write_text("print('hi')\n")
+    (repo / "cluster.yaml").write_text(
+        "nodes: [{host: 127.0.0.1, slots: 1}]\n"
+        f"ssh: {{options: {{ProxyCommand: \"sh -c 'touch {marker}; exit 1'\", "
+        "ConnectTimeout: 3}}\n")
+    return repo, marker
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=[a[0] for a in COMMANDS])
+def test_a_cluster_file_in_the_current_directory_runs_nothing(tmp_path, args) -> None:
+    repo, marker = _repo(tmp_path)
+    done = _ptc(*args, cwd=repo)
+    assert not marker.exists(), f"{args}: the cluster file's ProxyCommand ran\n{done.stderr}"
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == ("ptcluster: using the cluster file cluster.yaml (from the current "
+                        "directory)"), done.stderr
+    assert "cluster.yaml: ssh.options.ProxyCommand: runs a program on this machine" in \
+        done.stderr and "--trust-cluster-file" in done.stderr, done.stderr
+    # every command takes the flag: the file is then used as written (env connects nowhere)
+    done = _ptc(args[0], "--trust-cluster-file", *args[1:], cwd=repo)
+    assert marker.exists() == (args[0] != "env"), done.stdout + done.stderr
+
+
+def test_a_trusted_cluster_file_is_used_as_written(tmp_path) -> None:
+    """The flag (or the variable) says the file is the user's: then its ProxyCommand is
+    theirs to run; ``--cluster`` given on the command line is not announced."""
+    repo, marker = _repo(tmp_path)
+    done = _ptc("ps", "--trust-cluster-file", cwd=repo)
+    assert marker.exists(), done.stdout + done.stderr
+    marker.unlink()
+    done = _ptc("doctor", "--cluster", "cluster.yaml", "--skip-allreduce", cwd=repo,
+                env={TRUST: "1"})
+    assert marker.exists(), done.stdout + done.stderr
+    assert "using the cluster file" not in done.stderr
+    done = _ptc("env", cwd=tmp_path, env={"PTCLUSTER_CLUSTER": str(repo / "cluster.yaml"),
+                                          TRUST: "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == (f"ptcluster: using the cluster file "
+                                           f"{repo / 'cluster.yaml'} (from $PTCLUSTER_CLUSTER)")
+    done = _ptc("-q", "env", cwd=repo, env={TRUST: "1"})
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_env_output_is_safe_to_eval(tmp_path) -> None:
+    """``eval "$(ptcluster env)"``: a host with a command in its IPv6 scope id is refused (it
+    was echoed into a comment, and a line break ended the comment); values reach the shell
+    quoted."""
+    marker = tmp_path / "owned"
+    script = ('eval "$("$0" -m ptcluster env --cluster "$1")" || exit 9; '
+              'printf %s "$ODD" > "$2"')
+    out = tmp_path / "odd"
+    clusters = ['nodes: ["fe80::1%x\\ntouch owned;#"]\n',  # (no '/': ipaddress refuses it)
+                'nodes: ["fe80::1%$(touch owned)"]\n', 'nodes: ["fe80::1%x;touch owned"]\n',
+                "nodes: ['[fe80::1%lo]:2']\n"
+                "env: {ODD: \"a'b $(touch owned) `id` \\n c \\e[2J\\\\\"}\n"]
+    for text in clusters:
+        cluster = tmp_path / "c.yaml"
+        cluster.write_text(text)
+        subprocess.run(["bash", "-c", script, sys.executable, str(cluster), str(out)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert not marker.exists(), text
+    assert out.read_text() == "a'b $(touch owned) `id` \n c \x1b[2J\\"
+    shown = _ptc("env", "--cluster", str(cluster), cwd=tmp_path)
+    assert shown.returncode == 0 and "\x1b" not in shown.stdout, shown.stdout  # ($'\x1b')
