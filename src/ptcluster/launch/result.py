@@ -82,6 +82,10 @@ class FailureKind(str, Enum):
     """No rank made progress for ``--hang-timeout``."""
     BUSY = "busy"
     """A node refused only because another job holds what this one asks for (GPUs, a port)."""
+    OOM = "oom"
+    """A rank (or a process of its tree) was killed by the kernel's out-of-memory killer."""
+    DISK = "disk"
+    """A rank's filesystem was full (ENOSPC, EDQUOT)."""
 
     def __str__(self) -> str:
         return self.value
@@ -100,6 +104,8 @@ class Failure:
     at: float = 0.0
     """When it happened, head clock (for a rank: its node's time, corrected)."""
     last_lines: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What the node saw of it (``oom``: the kernel's kills, ``disk``: the full filesystem)."""
     known: str | None = None
     """The known failure it is, by name (``launch.supervise.known``; ``fix`` is its fix)."""
     meaning: str | None = None
@@ -233,7 +239,7 @@ class AttemptRecord:
 def _failure_json(f: Failure) -> dict[str, Any]:
     return {"host": f.host, "rank": f.rank, "kind": f.kind.value, "message": f.message,
             "fix": f.fix, "known": f.known, "meaning": f.meaning, "exit_code": f.exit_code,
-            "at": f.at, "last_lines": f.last_lines}
+            "at": f.at, "last_lines": f.last_lines, "facts": f.facts}
 
 
 def signame(num: int) -> str:

@@ -91,10 +91,11 @@ START, EXIT = "start", "exit"
 """Records on ``ctl``: the target's process started (pid, streams it opened), and ended (its wait
 status: an exit code, or minus the signal that killed it)."""
 ERROR = "error"
-"""Record on ``data``: an exception left the user's code: ``{t, exc, text}``; ``exc`` is the
-exception's type name (``SystemExit`` with a non-zero code, ``KeyboardInterrupt``, ...); with
-``errno`` when it has one (an ``OSError``), and ``usage``, argparse's message, when the parser
-ended the program."""
+"""Record on ``data``: an exception left the user's code: ``{t, exc, text, errno?, filename?,
+usage?}``; ``exc`` is the exception's type name (``SystemExit`` with a non-zero code,
+``KeyboardInterrupt``, ...); ``errno`` and ``filename`` those of the first ``OSError`` in its
+chain, where one is (the file as an absolute path; "" when the error named none); ``usage``
+argparse's message, when the parser ended the program."""
 REPORT = "data"
 """Record on ``data``: ``{kind, ...}``, one of the kinds below or a rank program's own."""
 RETURNED, CHECKPOINT, RESUMED = "returned", "checkpoint", "resumed"

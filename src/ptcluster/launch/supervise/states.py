@@ -178,6 +178,8 @@ class RankLife:
     """When (corrected) and what an exception left its code, from the rank itself."""
     returned: bool = False
     """Its program returned (or exited 0): a death after that is in the interpreter's shutdown."""
+    oom: wire.OomFacts | None = None
+    """The kernel's OOM kills its guard found when it ended (its exit's ``oom``)."""
     failure: Failure | None = None
     """The failure it was found to be (a second report refines it, never adds one)."""
 
@@ -192,7 +194,7 @@ class RankLife:
         ``versions``: the nodes' versions that differ, the explanation of a failure that has
         none of its own (``known.VERSIONS``)."""
         record = self.record
-        verdict = judge_rank(record, self.raised, self.returned, stop_at)
+        verdict = judge_rank(record, self.raised, self.returned, stop_at, self.oom)
         if verdict is None:
             return None
         record.stopped = verdict.stopped
@@ -209,6 +211,8 @@ class RankLife:
             news = None
         failure = self.failure
         failure.at, failure.message, failure.fix = verdict.at, verdict.message, fix
+        failure.kind, failure.facts, failure.exit_code = verdict.kind, verdict.facts, \
+            record.exit_code
         failure.known, failure.meaning = (None, None) if known is None else \
             (known.name, known.meaning)
         return news

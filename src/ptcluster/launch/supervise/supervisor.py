@@ -243,6 +243,7 @@ class Supervisor(JobState):
             return []
         rank.record.exit_code, rank.record.duration = e.code, e.duration
         rank.record.ended_at = self._corrected(e.host, e.node_time)
+        rank.oom = e.oom
         return self._judge_rank(rank, now)
 
     def _rank_error(self, e: ev.RankError, now: float) -> list[Action]:
@@ -251,7 +252,7 @@ class Supervisor(JobState):
             return []
         rank.raised = Raised(self._corrected(e.host, e.node_time), e.text,
                              exit_call=e.exc == "SystemExit", exc=e.exc, errno=e.errno,
-                             usage=e.usage)
+                             usage=e.usage, disk=e.disk)
         return self._judge_rank(rank, now)
 
     def _judge_rank(self, rank: RankLife, now: float) -> list[Action]:

@@ -48,6 +48,7 @@ import traceback
 from typing import cast
 
 from ptcluster.node.guard.link import HeadLink, StopRequest  # inlined
+from ptcluster.node.guard.machine import MachineWatch  # inlined
 from ptcluster.node.guard.prechecks import precheck  # inlined
 from ptcluster.node.guard.progress import ProgressMeter  # inlined
 from ptcluster.node.guard.rank_server import EXIT_WAIT, RankServer  # inlined
@@ -106,7 +107,8 @@ class Guard:
         if self.link.master_port:
             use_port(self.cfg["argv"], self.link.master_port)
         self.tmpdir = job_dir(self.tmp_parent, self.cfg["job_id"], HANDED)
-        ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out)
+        self.link.machine = MachineWatch()  # the OOM counts before any rank starts
+        ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out, self.link.machine)
         self.link.meter = ProgressMeter(ranks.probes)
         self.link.ranks = ranks
         self.child = start_torchrun(self.cfg, rank_env(self.cfg, facts, self.tmpdir, ranks.path))
@@ -149,6 +151,8 @@ class Guard:
         if self.link.ranks is not None:
             self.link.ranks.close(EXIT_WAIT)  # every rank's last lines and exit before ours
         self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time(), **said})
+        if self.link.machine is not None:
+            self.link.machine.close()
         remove_tree(self.tmpdir)
         return code if code >= 0 else 128 - code
 

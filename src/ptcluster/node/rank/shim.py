@@ -203,16 +203,29 @@ def _report_error(exc: BaseException, text: str) -> None:
 
 
 def error_record(exc: BaseException, text: str) -> dict[str, object]:
-    """The ``error`` record of ``exc``: its type's name and ``text``; its ``errno`` when it has
-    one, and argparse's message when the parser ended the program (``rank_wire.ERROR``)."""
+    """The ``error`` record of ``exc`` (``rank_wire.ERROR``): its type's name and ``text``; the
+    errno and file of the first ``OSError`` in its chain, and argparse's message when the
+    parser ended the program."""
     body: dict[str, object] = {"t": time.time(), "exc": type(exc).__name__, "text": text}
-    errno = getattr(exc, "errno", None)
-    if isinstance(errno, int):
-        body["errno"] = errno
+    body.update(_os_error(exc))
     usage = _argparse_message(exc)
     if usage:
         body["usage"] = usage
     return body
+
+
+def _os_error(exc: BaseException) -> dict[str, object]:
+    """``{errno, filename}`` of the first ``OSError`` in the exception's chain (torch wraps a
+    full disk's ``OSError`` in its ``RuntimeError``); the file as an absolute path."""
+    seen: list[BaseException] = []
+    at: BaseException | None = exc
+    while at is not None and len(seen) < 8 and not any(at is s for s in seen):
+        if isinstance(at, OSError) and at.errno:
+            name = at.filename if isinstance(at.filename, str) else ""
+            return {"errno": at.errno, "filename": os.path.abspath(name) if name else ""}
+        seen.append(at)
+        at = at.__cause__ or at.__context__
+    return {}
 
 
 def _argparse_message(exc: BaseException) -> str:
