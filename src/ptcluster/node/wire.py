@@ -35,7 +35,8 @@ class Kind:
     ERROR = "error"
     """Node -> head: the program refused, ``{problem, fix, busy}``."""
     EXIT = "exit"
-    """Node -> head, last: ``{code, reason}``."""
+    """Node -> head, last: ``{code, reason}``; the guard's with ``error`` when torchrun itself
+    failed (what its ``@record`` wrote: ``TYPE: TEXT``)."""
     # the guard (run's agent)
     READY = "ready"
     """Guard -> head: its prechecks passed; the payload is its ``ReadyFacts``."""
@@ -156,6 +157,10 @@ class ReadyFacts(TypedDict, total=False):
     """This node's address on ``interface``: where peers reach it."""
     torchrun_pid: int
     """Added by the head from the ``started`` frame."""
+    torch: str
+    nccl: str
+    """The versions of torch and of NCCL's wheel in the node's python (absent: not installed);
+    the head names it when they differ between nodes."""
 
 
 class OomVictim(TypedDict, total=False):

@@ -125,6 +125,8 @@ class RankError:
     filename: str = ""
     disk: wire.DiskFacts | None = None
     """The filesystem it could not write to, as its guard saw it (ENOSPC, EDQUOT)."""
+    usage: str = ""
+    """``argparse``'s message, when the parser ended the rank (``sys.exit(2)``)."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,8 @@ class GuardExit:
     host: str
     code: int
     reason: str
+    error: str = ""
+    """What ended torchrun itself, ``TYPE: TEXT`` (its error file), when the guard has it."""
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         return RankError(host, int(body["rank"]), float(body["t"]), str(body.get("text", "")),
                          str(body.get("exc") or ""), None if num is None else int(num),
                          str(body.get("filename") or ""),
-                         cast(wire.DiskFacts, body["disk"]) if body.get("disk") else None)
+                         cast(wire.DiskFacts, body["disk"]) if body.get("disk") else None,
+                         str(body.get("usage") or ""))
     if kind == wire.Kind.STOPPING:
         signal = str(body.get("signal") or "")
         return GuardStopping(host, str(body.get("reason", "")), float(body["t"]), signal,
@@ -239,7 +244,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == wire.Kind.STARTED:
         return Started(host, int(body["pid"]))
     if kind == wire.Kind.EXIT:
-        return GuardExit(host, int(body["code"]), str(body.get("reason", "")))
+        return GuardExit(host, int(body["code"]), str(body.get("reason", "")),
+                         str(body.get("error") or ""))
     raise ValueError(f"unknown frame kind {kind!r}")
 
 

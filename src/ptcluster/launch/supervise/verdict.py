@@ -15,6 +15,7 @@ from typing import Any
 
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, FailureKind, RankRecord, signame
+from ptcluster.launch.supervise.known import Known, RankReport, match_rank
 from ptcluster.launch.supervise.machine_view import disk_named, oom_named
 from ptcluster.node import wire
 
@@ -35,10 +36,18 @@ class Raised:
     text: str
     exit_call: bool = False
     """It was ``sys.exit(N)``: the exit code says it all."""
+    exc: str = ""
+    """The exception's type name (``SystemExit`` for ``sys.exit(N)``)."""
     errno: int | None = None
     """The errno of the first ``OSError`` in its chain, where one is."""
     disk: wire.DiskFacts | None = None
     """The filesystem its guard found full (ENOSPC, EDQUOT)."""
+    usage: str = ""
+    """What ``argparse`` exited with (its message), when the parser ended the rank."""
+
+    def report(self) -> RankReport:
+        """As the known-failures table reads it."""
+        return RankReport(self.exc, self.text, self.errno, self.usage)
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,8 @@ class RankVerdict:
     at: float = 0.0
     message: str = ""
     fix: str | None = None
+    known: Known | None = None
+    """The known failure it is (``launch.supervise.known``): its fix is ``fix``."""
     kind: FailureKind = FailureKind.RANK
     facts: dict[str, Any] = field(default_factory=dict)
     """What the node saw of it (``Failure.facts``)."""
@@ -74,6 +85,8 @@ def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
         message = f"{text}, then it hung until the teardown ended it ({message})"
     elif text and raised is not None and not raised.exit_call:
         message += f" ({text})"
+    elif raised is not None and raised.usage:  # the script's own parser ended it
+        message += f" (argparse: {raised.usage})"
     elif returned and code is not None and -code in CRASH_SIGNALS:
         # (a SIGKILL or SIGTERM then is someone else's doing: named as it is)
         message += " after its program had returned, in the interpreter's shutdown"
@@ -83,7 +96,10 @@ def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
     if named is not None:
         return RankVerdict(stopped=False, at=failed_at, message=named.message, fix=named.fix,
                            kind=FailureKind(named.kind), facts=named.facts)
-    return RankVerdict(stopped=False, at=failed_at, message=message, fix=fix)
+    known = None if raised is None else match_rank(raised.report())
+    if known is not None:
+        fix = known.fix
+    return RankVerdict(stopped=False, at=failed_at, message=message, fix=fix, known=known)
 
 
 def not_ready(hosts: Sequence[str], timeout: float, at: float) -> Failure:

@@ -55,6 +55,7 @@ from ptcluster.node.guard.rank_server import EXIT_WAIT, RankServer  # inlined
 from ptcluster.node.guard.refusal import GuardError  # inlined
 from ptcluster.node.guard.spawn import (  # inlined
     HANDED,
+    agent_error,
     pump_agent,
     rank_env,
     start_torchrun,
@@ -141,13 +142,15 @@ class Guard:
         else:
             reason = "job ended"
             teardown(self.child, grace=1.0)  # workers that outlived torchrun, if any
+        # torchrun's own failure (its rendezvous), as its @record wrote it
+        said = {"error": agent_error(self.tmpdir)} if code and reason == "job ended" else {}
         if code is None:
             code = -9
         if self.pump_thread is not None:
             self.pump_thread.join(timeout=2.0)
         if self.link.ranks is not None:
             self.link.ranks.close(EXIT_WAIT)  # every rank's last lines and exit before ours
-        self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time()})
+        self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time(), **said})
         if self.link.machine is not None:
             self.link.machine.close()
         remove_tree(self.tmpdir)

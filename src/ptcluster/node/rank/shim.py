@@ -199,9 +199,19 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
 
 
 def _report_error(exc: BaseException, text: str) -> None:
+    _report(ERROR, error_record(exc, text))
+
+
+def error_record(exc: BaseException, text: str) -> dict[str, object]:
+    """The ``error`` record of ``exc`` (``rank_wire.ERROR``): its type's name and ``text``; the
+    errno and file of the first ``OSError`` in its chain, and argparse's message when the
+    parser ended the program."""
     body: dict[str, object] = {"t": time.time(), "exc": type(exc).__name__, "text": text}
     body.update(_os_error(exc))
-    _report(ERROR, body)
+    usage = _argparse_message(exc)
+    if usage:
+        body["usage"] = usage
+    return body
 
 
 def _os_error(exc: BaseException) -> dict[str, object]:
@@ -216,6 +226,19 @@ def _os_error(exc: BaseException) -> dict[str, object]:
         seen.append(at)
         at = at.__cause__ or at.__context__
     return {}
+
+
+def _argparse_message(exc: BaseException) -> str:
+    """What ``argparse`` exited with when the parser ended the program (``parser.error``): the
+    ``message`` of its frame on the exception's traceback, not the text it printed."""
+    parser = getattr(sys.modules.get("argparse"), "ArgumentParser", None)
+    code = getattr(getattr(parser, "error", None), "__code__", None)
+    tb = exc.__traceback__ if isinstance(exc, SystemExit) and code is not None else None
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return str(tb.tb_frame.f_locals.get("message", ""))[:300]
+        tb = tb.tb_next
+    return ""
 
 
 def _report(kind: str, body: dict[str, object]) -> None:
