@@ -228,3 +228,62 @@ def test_a_call_while_the_hub_drains_its_wakeups_is_never_lost(monkeypatch) -> N
     while len(ran) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert ran == ["first", "between", "later"]
+
+
+ENDLESS = """
+import os, sys, time
+done, chunk = 0, b"x" * 65536
+while done < (32 << 20):  # one 32 MiB line, no newline; how much got out, after each write
+    done += os.write(1, chunk)
+    with open(sys.argv[1], "w") as f:
+        f.write(str(done))
+time.sleep(60)
+"""
+
+
+def test_a_node_that_sends_an_endless_line_loses_its_channel_and_no_other_waits(
+        tmp_path) -> None:
+    # A hostile node writes a 32 MiB line without a newline. The head keeps at most MAX_FRAME
+    # of it: that channel is closed with the reason, its writer is stopped (killed) well before
+    # its 32 MiB are out, and another node's frames go on being read meanwhile. Before: the head
+    # buffered all of it, a copy of the whole pending line per 64 KiB read (quadratic: 7 s of the
+    # one I/O thread), and never closed the channel.
+    from ptcluster.node.wire import MAX_FRAME
+    from ptcluster.remote.hub import TOO_LONG
+
+    script = tmp_path / "endless.py"
+    script.write_text(ENDLESS)
+    written = tmp_path / "written"
+    closed: dict[str, tuple[float, int | None, list[str]]] = {}
+    heard: list[float] = []
+    done = threading.Event()
+
+    def on_closed(host: str, code: int | None, err: list[str]) -> None:
+        closed[host] = (time.monotonic(), code, err)
+        done.set()
+
+    bad = NodeChannel(Shell("bad", f"exec python3 {script} {written}"), "python3", GUARD, {},
+                      on_frames=lambda lines: None,
+                      on_closed=lambda code, err: on_closed("bad", code, err))
+    good = NodeChannel(Shell("good", "while :; do echo 'hb {}'; sleep 0.02; done"), "python3",
+                       GUARD, {}, on_frames=lambda lines: heard.extend(
+                           time.monotonic() for _ in lines),
+                       on_closed=lambda code, err: on_closed("good", code, err))
+    good.start()
+    t0 = time.monotonic()
+    bad.start()
+    assert bad.proc is not None
+    try:
+        assert done.wait(30), "the channel of the endless line was never closed"
+        at, code, err = closed["bad"]
+        assert err[-1] == TOO_LONG and code == -signal.SIGKILL, (code, err)
+        assert int(written.read_text()) <= MAX_FRAME + (2 << 20)  # (read at most that: bounded)
+        time.sleep(0.3)
+        assert "good" not in closed and any(t > at for t in heard)
+        gaps = [b - a for a, b in zip(heard, heard[1:], strict=False) if b > t0]
+        print(f"closed after {at - t0:.3f} s; the other channel's longest gap "
+              f"{max(gaps):.3f} s")
+    finally:
+        close_all([good], timeout=5)
+        if bad.proc.poll() is None:
+            os.killpg(bad.proc.pid, signal.SIGKILL)

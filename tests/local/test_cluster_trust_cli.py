@@ -52,6 +52,9 @@ def test_a_cluster_file_in_the_current_directory_runs_nothing(tmp_path, args) ->
                         "directory)"), done.stderr
     assert "cluster.yaml: ssh.options.ProxyCommand: runs a program on this machine" in \
         done.stderr and "--trust-cluster-file" in done.stderr, done.stderr
+    # every command takes the flag: the file is then used as written (env connects nowhere)
+    done = _ptc(args[0], "--trust-cluster-file", *args[1:], cwd=repo)
+    assert marker.exists() == (args[0] != "env"), done.stdout + done.stderr
 
 
 def test_a_trusted_cluster_file_is_used_as_written(tmp_path) -> None:
@@ -85,11 +88,13 @@ def test_env_output_is_safe_to_eval(tmp_path) -> None:
     clusters = ['nodes: ["fe80::1%x\\ntouch owned;#"]\n',  # (no '/': ipaddress refuses it)
                 'nodes: ["fe80::1%$(touch owned)"]\n', 'nodes: ["fe80::1%x;touch owned"]\n',
                 "nodes: ['[fe80::1%lo]:2']\n"
-                "env: {ODD: \"a'b $(touch owned) `id` \\n c\"}\n"]
+                "env: {ODD: \"a'b $(touch owned) `id` \\n c \\e[2J\\\\\"}\n"]
     for text in clusters:
         cluster = tmp_path / "c.yaml"
         cluster.write_text(text)
         subprocess.run(["bash", "-c", script, sys.executable, str(cluster), str(out)],
                        cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert not marker.exists(), text
-    assert out.read_text() == "a'b $(touch owned) `id` \n c"
+    assert out.read_text() == "a'b $(touch owned) `id` \n c \x1b[2J\\"
+    shown = _ptc("env", "--cluster", str(cluster), cwd=tmp_path)
+    assert shown.returncode == 0 and "\x1b" not in shown.stdout, shown.stdout  # ($'\x1b')

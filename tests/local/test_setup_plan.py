@@ -505,15 +505,18 @@ def test_the_password_is_checked_once_with_ufws_rules(monkeypatch, answers, mode
 
     def run(argv: list[str], *, stdin: str | None = None, timeout: float = 30.0,
             env: dict[str, str] | None = None) -> tuple[int, str]:
-        if argv[:3] == ["sudo", "-n", "true"]:
-            return 1, "sudo: a password is required\n"
-        assert argv[:5] == ["sudo", "-k", "-S", "-p", ""] and stdin is not None
-        assert stdin.startswith("pw\n")
-        ran.append(argv[6:])
+        assert argv[:3] == ["sudo", "-n", "true"]
+        return 1, "sudo: a password is required\n"
+
+    def sudo(argv: list[str], password: str, *, stdin: str | None = None,
+             timeout: float = 30.0, env: dict[str, str] | None = None) -> tuple[int, str]:
+        assert password == "pw" and stdin is None  # (at sudo's prompt: Commands.sudo)
+        ran.append(argv)
         return next(replies)
 
     for module in (node, setup_facts):  # (one namespace when packed)
         monkeypatch.setattr(module, "run", run)
+    monkeypatch.setattr(setup_facts.COMMANDS, "sudo", sudo)
     for module in (node, firewall):
         monkeypatch.setattr(module, "ufw_enabled", lambda: True)
     monkeypatch.setattr(node.os, "geteuid", lambda: 1000)

@@ -162,6 +162,26 @@ def test_packed_program_compiles_and_says_hello(program: Program) -> None:
         assert kind == "error" and "does not exist" in wire.control(payload)["problem"]
 
 
+@pytest.mark.no_job
+@pytest.mark.parametrize("program", [GUARD, SETUP_AGENT], ids=lambda p: p.name)
+def test_a_node_program_imports_nothing_from_the_directory_it_starts_in(
+        program: Program, tmp_path) -> None:
+    # `python -c` puts the current directory first on sys.path: the head's directory (a cloned
+    # repository) for a local node, srun's, or the node user's home. Before: the planted
+    # json.py ran in every node program started there.
+    from ptcluster.remote.bootstrap import node_argv
+
+    for name in ("json", "base64", "zlib", "selectors", "threading"):
+        (tmp_path / f"{name}.py").write_text(
+            f"open({str(tmp_path / ('IMPORTED-' + name))!r}, 'w').close()\n")
+    proc = subprocess.run(node_argv(sys.executable, program), cwd=tmp_path,
+                          input=preamble(program, {}) + b"bye\n", capture_output=True,
+                          timeout=60)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("IMPORTED")] == []
+    kind, payload = wire.split(proc.stdout.decode().splitlines()[0])
+    assert kind == "hello", proc.stderr
+
+
 def test_the_fast_suite_refuses_a_test_that_starts_a_job() -> None:
     """conftest's guard for ``-m "not slow"`` (this test is not slow: it is under the guard)."""
     from ptcluster.node import GUARD as guard

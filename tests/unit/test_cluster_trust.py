@@ -160,3 +160,35 @@ def test_any_shape_anywhere_is_a_spec_error_or_accepted(path: tuple) -> None:
             parse_cluster_text(yaml.safe_dump(data), "c.yaml")
         except SpecError:
             pass
+
+
+@pytest.mark.parametrize("python,refused", [
+    ("{repo}/evil.sh", True), ("{repo}/.venv/bin/python", True), ("{repo}/sub/../x", True),
+    ("~/{home_repo}/tools/python", True), ("{home_repo}/tools/python", True),
+    ("auto", False), ("python3", False), ("/usr/bin/python3", False),
+    ("~/.ptcluster/venv/bin/python", False), ("{repo}-other/python", False),
+])
+def test_a_python_inside_the_cluster_files_directory_needs_trust(python: str, refused: bool,
+                                                                  tmp_path) -> None:
+    """``python:`` starts every node program: one that the file's own directory (a cloned
+    repository) ships is its author's code; a relative path is where ssh's shell finds it
+    (from the home directory)."""
+    repo, home_repo = tmp_path / "repo", "ptc-unit-clone"
+    python = python.format(repo=repo, home_repo=home_repo)
+    text = f"nodes: [{{host: a, python: '{python}'}}]\n"
+    code_dir = str(repo) if python.startswith("/") else os.path.expanduser(f"~/{home_repo}")
+    if refused:
+        with pytest.raises(SpecError, match=r"nodes\[0\].python: .*cluster file's own dir.*"
+                                            "--trust-cluster-file"):
+            parse_cluster_text(text, "c.yaml", code_dir=code_dir)
+        assert parse_cluster_text(text, "c.yaml", trusted=True, code_dir=code_dir)
+    else:
+        assert parse_cluster_text(text, "c.yaml", code_dir=code_dir).nodes[0].python == python
+
+
+def test_a_cluster_file_in_the_home_directory_may_name_any_interpreter_there() -> None:
+    home = os.path.expanduser("~")
+    for python in ("~/.ptcluster/venv/bin/python", "venvs/torch/bin/python"):
+        text = f"nodes: [{{host: a, python: '{python}'}}]\n"
+        assert parse_cluster_text(text, "c.yaml", code_dir=home).nodes[0].python == python
+        assert parse_cluster_text(text, "c.yaml", code_dir="/").nodes[0].python == python

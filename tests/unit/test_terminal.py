@@ -175,7 +175,6 @@ RAW = {
                   "(control characters too) is its own rule",
     "init_cmd.py": "the cluster file it renders from the user's answers, and their mistakes",
     "submit_cmd.py": "the sbatch script it renders (--dry-run) from the user's own arguments",
-    "common.py": "the Slurm allocation's nodes, from this machine's scontrol",
     "__init__.py": "the error line and the log handler: they clean what they write",
     "run_cmd.py:_fd_writer": "run's ConsoleFeed writes through it: the feed cleans its notes, "
                              "a rank's lines go out as the rank wrote them",

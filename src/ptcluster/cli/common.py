@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ptcluster.cli.console import say
 from ptcluster.cluster import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
 from ptcluster.cluster.load import DEFAULT_CLUSTER_FILE
 from ptcluster.cluster.slurm import allocation_from_env, describe, slurm_cluster
@@ -103,7 +104,7 @@ def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
         if alloc is not None:
             spec = slurm_cluster(alloc, nproc, scontrol=run_scontrol)
             if not quiet():
-                click.echo(describe(spec), err=True)
+                say(describe(spec), err=True)
             return spec
     path = find_cluster_file(cluster)
     if path is None:
@@ -115,6 +116,6 @@ def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
                          f"set slots: per node in {path}")
     if cluster is None and not quiet():  # (found, not given: say which, as for Slurm above)
         where = "the current directory" if path == DEFAULT_CLUSTER_FILE else "$PTCLUSTER_CLUSTER"
-        click.echo(f"ptcluster: using the cluster file {path} (from {where})", err=True)
+        say(f"ptcluster: using the cluster file {path} (from {where})", err=True)
     trusted = state().trust_cluster_file or os.environ.get(TRUST_ENV_VAR, "") not in ("", "0")
     return load_cluster_file(path, trusted=trusted)

@@ -45,10 +45,28 @@ def env(cluster: str | None, node_host: str | None, port: int | None, nproc: int
                                 "launch (the interface of its route to "
                                 f"{shlex.quote(plan.master_addr)})"))
         for key, value in env_items:
-            click.echo(f"export {shlex.quote(key)}={shlex.quote(value)}")
+            click.echo(f"export {_quote(key)}={_quote(value)}")
         click.echo("")
     if as_json:
         click.echo(json.dumps(out if node_host is None else out[0], indent=2))
+
+
+def _quote(text: str) -> str:
+    """``text`` as one shell word that ``eval`` gives back as it is and a terminal shows as text:
+    ``shlex.quote``, or, where ``text`` holds a character that is not printable (an escape
+    sequence in an ``env:`` value of a cloned cluster file), bash's ``$'...'`` with every such
+    character written as ``\\xHH`` (or ``\\uHHHH``)."""
+    if text.isprintable():
+        return shlex.quote(text)
+    out = []
+    for c in text:
+        if c in "\\'":
+            out.append("\\" + c)
+        elif c.isprintable():
+            out.append(c)
+        else:
+            out.append(f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+    return "$'" + "".join(out) + "'"
 
 
 def _comment(text: str) -> str:

@@ -9,7 +9,7 @@ import click
 
 from ptcluster.cli.common import NPROC, quiet
 from ptcluster.cli.console import say
-from ptcluster.launch.rundir import DEFAULT_RUNS_DIR
+from ptcluster.launch.rundir import DEFAULT_RUNS_DIR, write_private
 from ptcluster.submit.sbatch import (
     JOB_ID_FILE,
     SubmitConfig,
@@ -49,7 +49,7 @@ def submit_job(nodes: int, gpus_per_node: int | None, nproc: int | None,
         return
     script = write_script(cfg)
     job = submit(script)
-    (run_dir / JOB_ID_FILE).write_text(job + "\n")
+    write_private(run_dir / JOB_ID_FILE, job + "\n")
     if not quiet():
         say(f"ptcluster: submitted Slurm job {job}; script and logs in {run_dir}/", err=True)
     say(job)  # (sbatch's words)

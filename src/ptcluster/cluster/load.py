@@ -22,7 +22,7 @@ from ptcluster.cluster.model import (
     NodeSpec,
     SshSpec,
 )
-from ptcluster.cluster.trust import HOW_TO_TRUST, config_file_risk, ssh_option_risk
+from ptcluster.cluster.trust import TRUST_IT, config_file_risk, python_risk, ssh_option_risk
 from ptcluster.cluster.validate import Reader, did_you_mean
 from ptcluster.errors import SpecError
 
@@ -57,10 +57,12 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def parse_cluster_text(text: str, source: str, trusted: bool = False) -> ClusterSpec:
+def parse_cluster_text(text: str, source: str, trusted: bool = False,
+                       code_dir: str | None = None) -> ClusterSpec:
     """Parse and validate cluster-file text; ``source`` names it in errors. Unless ``trusted``
     (the user vouched for the file), settings that would run a program on this machine or
-    weaken ssh's host-key checks are refused (``cluster.trust``)."""
+    weaken ssh's host-key checks are refused, and so is a ``python:`` inside ``code_dir`` (the
+    file's own directory) (``cluster.trust``)."""
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -72,11 +74,12 @@ def parse_cluster_text(text: str, source: str, trusted: bool = False) -> Cluster
     if data is None:
         raise SpecError(source, "", "the file is empty",
                         "describe at least `nodes:`; `ptcluster init --hosts h1:2,h2:2` writes one")
-    return spec_from_data(data, source, trusted)
+    return spec_from_data(data, source, trusted, code_dir)
 
 
-def spec_from_data(data: Any, source: str, trusted: bool = False) -> ClusterSpec:
-    r = Reader(source, trusted)
+def spec_from_data(data: Any, source: str, trusted: bool = False,
+                   code_dir: str | None = None) -> ClusterSpec:
+    r = Reader(source, trusted, code_dir)
     top = r.mapping(data, "", TOP_KEYS)
     raw_nodes = top.get("nodes")
     if raw_nodes is None:
@@ -91,7 +94,7 @@ def spec_from_data(data: Any, source: str, trusted: bool = False) -> ClusterSpec
         raise r.fail("backend", f"unknown backend {backend!r}",
                      did_you_mean(str(backend), BACKENDS))
     interface = r.interface(top["interface"], "interface") if "interface" in top else None
-    python = r.text(top["python"], "python", "the interpreter path on the nodes") \
+    python = _python(r, top["python"], "python", "the interpreter path on the nodes") \
         if "python" in top else AUTO_PYTHON
     workdir = r.text(top["workdir"], "workdir", "a directory present on every node") \
         if "workdir" in top else os.getcwd()
@@ -120,8 +123,8 @@ def spec_from_data(data: Any, source: str, trusted: bool = False) -> ClusterSpec
             slots=r.slots(node.get("slots", 1), f"{path}.slots"),
             interface=r.interface(node["interface"], f"{path}.interface")
             if "interface" in node else interface,
-            python=r.text(node["python"], f"{path}.python", "the interpreter path on this node")
-            if "python" in node else python,
+            python=_python(r, node["python"], f"{path}.python",
+                           "the interpreter path on this node") if "python" in node else python,
             workdir=r.text(node["workdir"], f"{path}.workdir", "a directory on this node")
             if "workdir" in node else workdir,
             ssh=ssh.merged(_ssh(r, node["ssh"], f"{path}.ssh")) if "ssh" in node else ssh,
@@ -134,6 +137,14 @@ def spec_from_data(data: Any, source: str, trusted: bool = False) -> ClusterSpec
 
     master = _master(r, top.get("master"), nodes)
     return ClusterSpec(nodes=tuple(nodes), master=master, backend=backend, env=env, source=source)
+
+
+def _python(r: Reader, value: Any, path: str, what: str) -> str:
+    python = r.text(value, path, what)
+    why = "" if r.trusted or r.code_dir is None else python_risk(python, r.code_dir)
+    if why:
+        raise r.fail(path, why, f"{TRUST_IT}; else name an interpreter outside it")
+    return python
 
 
 def _gpus(r: Reader, value: Any, path: str) -> tuple[int, ...] | str:
@@ -195,7 +206,7 @@ def _ssh(r: Reader, value: Any, path: str) -> SshSpec:
             if why:
                 raise r.fail(key, f"{why}: a cluster file may set it only when you trust the "
                              "file (one in the current directory is read by every command)",
-                             HOW_TO_TRUST)
+                             f"{TRUST_IT}; else put the setting in your own ~/.ssh/config")
     return spec
 
 
@@ -273,7 +284,8 @@ def _read(path: str | os.PathLike[str], what: str) -> str:
 
 def load_cluster_file(path: str | os.PathLike[str], trusted: bool = False) -> ClusterSpec:
     """The cluster file at ``path`` (``trusted``: see :func:`parse_cluster_text`)."""
-    return parse_cluster_text(_read(path, "cluster file"), str(path), trusted)
+    return parse_cluster_text(_read(path, "cluster file"), str(path), trusted,
+                              os.path.dirname(os.path.abspath(path)))
 
 
 def load_hostfile(path: str | os.PathLike[str]) -> ClusterSpec:

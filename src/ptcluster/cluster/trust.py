@@ -15,11 +15,13 @@ made; ``ProxyJump`` (a chain of ssh hops, validated as hosts) stays allowed.
 a file in ssh's own language (``Match exec``, ``Include``, ``ProxyCommand``) that ptcluster does
 not parse, so one outside ``~/.ssh`` needs trust too.
 
-``python:`` and ``env:`` are not refused: they configure the job's processes on the nodes, and
-``run`` runs the project's own code there by design (a cloned repository's ``train.py`` is as
-much its author's code as its cluster file). Node programs start with the interpreter that
-``python:`` names, not with anything from the current directory (a relative path resolves in
-the node's home), and ``env:`` reaches the ranks only.
+``python:`` starts every node program (``doctor``, ``ps``, ``monitor``, ``kill`` too, and a node
+may be this machine): one inside the cluster file's own directory is the repository's code
+(a script, or a venv whose ``.pth`` files run at start), so it needs trust; any other
+interpreter (``auto``, a name on the node's PATH, ``/opt/venv/bin/python``) is configuration.
+``env:`` is not refused: it reaches the ranks of ``run`` and ``bench`` only, jobs on the nodes
+the file describes, and ``run`` runs the project's own code there by design (a cloned
+repository's ``train.py`` is as much its author's code as its cluster file).
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ from __future__ import annotations
 import os
 import re
 
+from ptcluster.cluster.model import AUTO_PYTHON
 from ptcluster.cluster.validate import USER_NAME, is_host
 
 TRUST_FLAG = "--trust-cluster-file"
 TRUST_ENV_VAR = "PTCLUSTER_TRUST_CLUSTER_FILE"
-HOW_TO_TRUST = (f"if you wrote this file, pass {TRUST_FLAG} (or set {TRUST_ENV_VAR}=1); "
-                "else put the setting in your own ~/.ssh/config")
+TRUST_IT = f"if you wrote this file, pass {TRUST_FLAG} (or set {TRUST_ENV_VAR}=1)"
 
 SAFE_SSH_OPTIONS = frozenset(name.lower() for name in (
     "AddressFamily", "BatchMode", "BindAddress", "BindInterface", "CanonicalDomains",
@@ -120,3 +122,23 @@ def config_file_risk(path: str) -> str:
         return ""
     return ("replaces ~/.ssh/config with a file in ssh's own language, which may run "
             "programs (ProxyCommand, Match exec, LocalCommand) and is not checked here")
+
+
+def python_risk(python: str, code_dir: str) -> str:
+    """Why ``python: python`` in a cluster file kept in ``code_dir`` needs a trusted file (""
+    when it does not): a program inside that directory (as ssh's remote shell finds it: a
+    relative path in the home directory). The last link is not followed: a venv's python
+    links to the system's, but the venv (its site-packages) is what runs. A file kept in the
+    home directory (or above it) is not a repository's: the rule would claim all of the
+    user's own files."""
+    if python == AUTO_PYTHON or "/" not in python:
+        return ""
+    home = os.path.realpath(os.path.expanduser("~"))
+    path = os.path.join(home, os.path.expanduser(python))
+    real = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    top = os.path.realpath(code_dir)
+    if os.path.commonpath([top, real]) != top or os.path.commonpath([top, home]) == top:
+        return ""
+    return (f"{python} is inside {top}, the cluster file's own directory: its code (a script, "
+            "or a venv whose .pth files run at start) would run on every node for every "
+            "command")

@@ -51,6 +51,17 @@ def is_host(value: str) -> bool:
     return all(_HOST_LABEL.match(label) for label in labels)
 
 
+def is_dns_name(value: object) -> bool:
+    """True for a DNS name only: RFC 1123 labels (each whole: no newline passes), not an IP
+    address, the last label not all digits (``1.2.3`` would be read as an address by
+    ``inet_aton``). What a node says its name is must be one before it is written into another
+    node's ``/etc/hosts``."""
+    if not isinstance(value, str) or not 0 < len(value) <= 253:
+        return False
+    labels = value[:-1].split(".") if value.endswith(".") else value.split(".")
+    return all(_HOST_LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit()
+
+
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     if close:
@@ -61,11 +72,13 @@ def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
 class Reader:
     """Walks a parsed YAML tree, keeping the key path for error messages."""
 
-    def __init__(self, source: str, trusted: bool = False) -> None:
+    def __init__(self, source: str, trusted: bool = False, code_dir: str | None = None) -> None:
         self.source = source
         self.trusted = trusted
         """Whether the user vouched for the file (``cluster.trust``): it may then set what runs
         code on this machine."""
+        self.code_dir = code_dir
+        """The directory the file came with (a repository's), whose programs need trust."""
 
     def fail(self, path: str, problem: str, fix: str | None = None) -> SpecError:
         return SpecError(self.source, path, problem, fix)

@@ -2,9 +2,12 @@
 
 ``ptcluster stacks`` connects to the run directory's control socket (``RunDir.control_socket``),
 sends one JSON request line (``{"cmd": "stacks"}``: a :class:`Request` kind) and reads one JSON
-answer line. Only the owner can connect (the file mode; the peer's uid is checked as well). The
-socket is bound and reached through the directory's file descriptor, so a run directory deeper
-than a socket path may be (108 bytes) still works. The head's side is ``control.server``.
+answer line. Only the owner can connect (the file mode; the peer's uid is checked as well), and
+the asker asks only its own heads: the run directory must be its own, not writable by others,
+its socket its own, and the process serving it must run as the asker (always: no caller can
+forget it). The socket is bound and reached through the directory's file descriptor, so a run
+directory deeper than a socket path may be (108 bytes) still works, and what is reached is in
+the directory checked. The head's side is ``control.server``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +23,7 @@ from typing import Any
 
 from ptcluster.errors import PtclusterError
 from ptcluster.launch.rundir import RunDir
+from ptcluster.node import safefile
 
 
 class Request:
@@ -71,8 +76,10 @@ def peer_uid(conn: socket.socket) -> int:
 
 def ask(run_dir: Path, request: dict[str, Any], timeout: float = 30.0,
         owner: int | None = None) -> dict[str, Any]:
-    """Send one request to the head running in ``run_dir``; its answer. With ``owner``, the
-    head must run as that uid (a socket of anyone else is not asked)."""
+    """Send one request to the head running in ``run_dir``; its answer. The run directory,
+    its socket and the head must be ``owner``'s (default: ours): a socket of anyone else is
+    not asked, and nothing of theirs is read."""
+    owner = os.getuid() if owner is None else owner
     path = RunDir(run_dir).control_socket
     if not path.exists():
         raise ControlError(f"no job is running in {run_dir} (no {path.name})",
@@ -80,11 +87,14 @@ def ask(run_dir: Path, request: dict[str, Any], timeout: float = 30.0,
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         try:
-            at_short_path(path, lambda short: s.connect(short))
+            at_short_path(path, lambda short: s.connect(short), owner)
         except (ConnectionRefusedError, FileNotFoundError):
             raise ControlError(f"the job of {run_dir} is no longer running (its head is gone)",
                                "give the run directory of a running job") from None
-        if owner is not None and peer_uid(s) != owner:
+        except OSError as exc:  # (not ours, not a socket, no directory)
+            raise ControlError(f"{exc.strerror or exc}: not asked",
+                               "give the run directory of your own job") from None
+        if peer_uid(s) != owner:
             raise ControlError(f"{path} is served by uid {peer_uid(s)}, not by uid {owner}",
                                "give the run directory of your own job")
         try:
@@ -112,23 +122,32 @@ def running_jobs(runs: Path) -> list[Path]:
 
 
 def alive(run_dir: Path) -> bool:
-    """Whether a head still listens in ``run_dir`` (a head killed with SIGKILL leaves its
-    socket file behind)."""
+    """Whether a head of ours still listens in ``run_dir`` (a head killed with SIGKILL leaves
+    its socket file behind; another user's run directory or socket is not looked at)."""
     path = RunDir(run_dir).control_socket
     if not path.exists():
         return False
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         try:
-            at_short_path(path, lambda short: s.connect(short))
+            at_short_path(path, lambda short: s.connect(short), os.getuid())
         except OSError:
             return False
     return True
 
 
-def at_short_path(path: Path, act: Callable[[str], None]) -> None:
-    """``act`` on ``path`` named through an fd of its directory (a short name for any depth)."""
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+def at_short_path(path: Path, act: Callable[[str], None], owner: int | None = None) -> None:
+    """``act`` on ``path`` named through an fd of its directory (a short name for any depth).
+    The directory must be ``owner``'s (default: ours) and writable by no one else, and a
+    ``path`` that exists a socket of ``owner``'s (PermissionError else)."""
+    owner = os.getuid() if owner is None else owner
+    fd = safefile.open_dir(str(path.parent), others=0o022, follow=True, uid=owner)
     try:
+        try:
+            st = os.lstat(path.name, dir_fd=fd)
+        except FileNotFoundError:
+            st = None
+        if st is not None and (not stat.S_ISSOCK(st.st_mode) or st.st_uid != owner):
+            raise PermissionError(f"{path} is not a socket of uid {owner}")
         act(f"/proc/self/fd/{fd}/{path.name}")
     finally:
         os.close(fd)

@@ -1,5 +1,13 @@
 """A run directory: its layout (``RunDir``, every file named once) and its logs (``RunLogs``).
 
+A run directory holds every ``env:`` value and the job's output, and ``--run-dir`` (or the
+current directory) may be somewhere shared: it is made new, mode 0700, in a parent that is
+ours and that no one else can change (else the run is refused: whoever can write the parent
+can swap the run directory for theirs), and every file
+in it is opened through a descriptor of the directory, checked to be ours and changed by no
+one else, without following a link (``node.safefile``): new files ``O_EXCL``, rewritten ones
+renamed into place.
+
 ``RunLogs`` writes each rank's lines to ``rankN.log`` and each node's own lines (torchrun's
 agent, ssh, the head's notes about the node) to ``nodeI-HOST.log``, files readable by the owner
 only, a few times a second through a bounded pool of open files, and keeps the last lines of
@@ -8,9 +16,11 @@ each rank for the summary; ``log_files_budget`` sizes that pool from the open-fi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
+import secrets
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -18,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ptcluster.errors import PtclusterError
+from ptcluster.node import safefile
 
 if TYPE_CHECKING:  # (types only: the control socket's clients read names here, nothing more)
     from ptcluster.launch.options import RunOptions
@@ -116,15 +127,23 @@ class RunDir:
         return self.path / f"{stem}.txt", self.path / f"{stem}.json"
 
     def create(self, plan: LaunchPlan, opts: RunOptions) -> None:
-        """The directory with the first plan in it, or :class:`RunDirError` (before anything
-        starts)."""
+        """The directory, new and ours alone (0700), in a parent of ours that no one else can
+        change, with the first plan in it; or :class:`RunDirError` (before anything starts)."""
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            parent = runs_parent(self.path.parent)
+            try:
+                os.mkdir(self.path.name, 0o700, dir_fd=parent)
+            finally:
+                os.close(parent)
             self.write_plan(plan, opts)
+        except FileExistsError:
+            raise RunDirError(f"the run directory {self.path} exists already (not made by this "
+                              "run)", "pass --run-dir with a directory of yours") from None
         except OSError as exc:
             raise RunDirError(f"cannot write the run directory {self.path}: "
                               f"{exc.strerror or exc}",
-                              "pass --run-dir with a directory you can write to") from None
+                              "pass --run-dir with a directory of yours that others cannot "
+                              "write") from None
 
     def write_plan(self, plan: LaunchPlan, opts: RunOptions) -> None:
         """``plan_json`` of ``plan`` (an attempt's own file)."""
@@ -154,12 +173,37 @@ def run_dir_for(job_id: str, base: str | Path | None) -> Path:
     return Path(base or DEFAULT_RUNS_DIR) / job_id
 
 
+def runs_parent(path: Path) -> int:
+    """A descriptor of ``path``, where run directories are made: made (0700) where missing;
+    refused (OSError) unless it is ours and no one else can change it (whoever can write it
+    can swap a run directory for theirs)."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:  # (not a directory: not "the run directory exists already")
+        raise NotADirectoryError(errno.ENOTDIR, f"{path} is not a directory") from None
+    return safefile.open_dir(str(path), others=0o022, follow=True)
+
+
 def write_private(path: Path, text: str) -> None:
     """Write a file only its owner can read (the plan holds every ``env:`` value; reports and
-    the summary hold the job's output)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with open(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    the summary hold the job's output), in a directory of ours that no one else can change
+    (OSError else; that only we can put names in it is what matters, ``RunDir.create`` makes
+    it 0700): a new file renamed over the old one, so what was there (a link, a file not ours)
+    is replaced, never written through, and a reader sees the old text or the new, not half."""
+    dir_fd = safefile.open_dir(str(path.parent), others=0o022)
+    tmp = f".{path.name}.{secrets.token_hex(4)}"
+    try:
+        with open(safefile.create_new(tmp, 0o600, dir_fd), "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(dir_fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -196,6 +240,10 @@ class RunLogs:
         self._rank_pending: dict[int, list[str]] = {}
         self._opened: set[str] = set()
         """Files opened in this attempt (they have its banner)."""
+        self._created: set[str] = set()
+        """Files this run made (only those are ever opened again)."""
+        self._dir: int | None = None
+        """The run directory's descriptor (checked ours alone), while files are open."""
         self.tails: dict[int, deque[str]] = {}
         self.node_tails: dict[str, deque[str]] = {}
         self.banner = ""
@@ -262,6 +310,9 @@ class RunLogs:
         self.flush()
         for name in list(self._open):
             self._drop(name)
+        if self._dir is not None:
+            os.close(self._dir)
+            self._dir = None
 
     def _lines(self, name: str) -> list[str]:
         pending = self._pending.get(name)
@@ -279,8 +330,7 @@ class RunLogs:
         while len(self._open) >= self.max_open:
             self._drop(next(iter(self._open)))
         try:
-            fd = os.open(self.run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                         0o600)
+            fd = self._open_file(name)
         except OSError as exc:
             self._failed(name, exc)
             return None
@@ -294,6 +344,18 @@ class RunLogs:
                     self._failed(name, exc)
                     self._drop(name)
                     return None
+        return fd
+
+    def _open_file(self, name: str) -> int:
+        """``name`` opened to append: made now (``O_EXCL``) the first time, after that only
+        the file this run made (never a link, never another user's)."""
+        if self._dir is None:
+            self._dir = safefile.open_dir(str(self.run_dir), others=0o022)
+        flags = os.O_WRONLY | os.O_APPEND
+        if name in self._created:
+            return safefile.open_regular(name, flags, self._dir, owners=(os.getuid(),))
+        fd = safefile.create_new(name, 0o600, self._dir, flags)
+        self._created.add(name)
         return fd
 
     def _drop(self, name: str) -> None:

@@ -50,9 +50,9 @@ STACK_PROBE = Program("stack-probe", _N + "rank.stack_probe", RANK, (RANK_WIRE,)
 _G = _N + "guard."
 GUARD = Program("guard", _G + "agent", NODE,
                 (WIRE, NETIF, RANK_WIRE, _N + "safefile", _G + "proctree", _G + "progress",
-                 _G + "outbox", _G + "rank_server", _G + "schedstat", _G + "link", _G + "teardown",
-                 _N + "records", _N + "leases", _G + "refusal", _G + "tmpdirs", _N + "accel",
-                 _G + "gpus", _G + "prechecks", _G + "spawn"),
+                 _G + "outbox", _G + "schedstat", _G + "machine", _G + "rank_server",
+                 _G + "link", _G + "teardown", _N + "records", _N + "leases", _G + "refusal",
+                 _G + "tmpdirs", _N + "accel", _G + "gpus", _G + "prechecks", _G + "spawn"),
                 hands=(SHIM, STACK_PROBE))
 """Run's node agent: owns one node's part of a job."""
 FACTS = Program("facts", _N + "doctor_facts", NODE,

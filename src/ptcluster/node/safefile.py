@@ -14,7 +14,8 @@ we open a file, and what each function here does about it:
   of another user's file in a sticky directory fails even when it would not create);
 * a **huge file**: reads are capped;
 * a **directory of theirs**, or one open to others, where ours should be: refused
-  (:func:`private_dir` checks the owner and the mode of what it did not make itself);
+  (:func:`private_dir` checks the owner and the mode of what it did not make itself;
+  :func:`open_dir` those of a directory whose files are then opened through its descriptor);
 * a **swap during a walk**: trees are removed through descriptors (``shutil.rmtree`` on Linux
   never follows a link it meets, even one swapped in after it looked).
 
@@ -117,6 +118,26 @@ def private_dir(path: str, mode: int = 0o700) -> str:
     if why:
         raise OSError(errno.EPERM, f"{path} {why}")
     return path
+
+
+def open_dir(path: str, others: int = 0o077, follow: bool = False,
+             uid: int | None = None) -> int:
+    """A descriptor of the directory at ``path`` (for ``dir_fd=``: what is opened through it
+    stays in the directory checked, whatever is renamed after), refused (OSError) unless it
+    belongs to ``uid`` (default: ours) and grants others none of the ``others`` bits (0o077:
+    no access; 0o022: they may look, not change); ``follow``: ``path`` may be a link."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        why = unsafe_dir(st, uid) or (f"is open to others (mode {stat.S_IMODE(st.st_mode):o})"
+                                      if st.st_mode & others else "")
+        if why:
+            raise OSError(errno.EPERM, f"{path} {why}")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def remove_tree(path: str) -> None:

@@ -65,8 +65,7 @@ class Node:
             return {"mode": "nopasswd"}
         if self.password is None:
             return {"mode": "needs-password"}
-        code, out = run(["sudo", "-k", "-S", "-p", "", "--", *check],
-                        stdin=self.password + "\n")
+        code, out = COMMANDS.sudo(list(check), self.password)
         out = self.scrub(out)
         if code == 0:
             if check != ("true",):
@@ -80,21 +79,20 @@ class Node:
         return {"mode": "none", "why": out.strip().splitlines()[-1].rstrip(".") if out.strip()
                 else f"sudo exit status {code}"}
 
-    def root_argv(self, argv: list[str], data: str | None) -> tuple[list[str], str | None]:
-        """``argv`` run as root the way this node allows, and its stdin."""
+    def root_run(self, argv: list[str], data: str | None = None, timeout: float = 30.0,
+                 env: dict[str, str] | None = None) -> tuple[int, str]:
+        """``argv`` run as root the way this node allows, ``data`` its input: ``(exit status,
+        output)``; 1 and why where it has no root for us."""
         mode = self.sudo_mode or self.sudo()["mode"]
         self.sudo_mode = mode
         if mode == "root":
-            return argv, data
+            return run(argv, stdin=data, timeout=timeout, env=env)
         if mode == "nopasswd":
-            return ["sudo", "-n", "--", *argv], data
+            return run(["sudo", "-n", "--", *argv], stdin=data, timeout=timeout, env=env)
         if mode == "password" and self.password is not None:
-            # sudo -S reads the first line, the command gets the rest. -k: sudo must ask (and
-            # so read that line) every time; with a cached credential it would not, and the
-            # password would become the command's input.
-            return (["sudo", "-k", "-S", "-p", "", "--", *argv],
-                    self.password + "\n" + (data or ""))
-        raise PermissionError(f"no root on this node (sudo: {mode})")
+            # -k inside: sudo asks every time, and the password goes only to its prompt
+            return COMMANDS.sudo(argv, self.password, stdin=data, timeout=timeout, env=env)
+        return 1, f"no root on this node (sudo: {mode})"
 
     def scrub(self, text: str) -> str:
         if self.password:
@@ -130,14 +128,11 @@ class Node:
     # -- commands -----------------------------------------------------------------------------
     def run_step(self, msg: dict[str, Any]) -> dict[str, Any]:
         argv = [os.path.expanduser(a) if a.startswith("~/") else a for a in msg["argv"]]
-        data = msg.get("input")
+        data, timeout, env = msg.get("input"), float(msg.get("timeout", 600)), msg.get("env")
         if msg.get("root"):
-            try:
-                argv, data = self.root_argv(argv, data)
-            except PermissionError as exc:
-                return {"id": msg["id"], "rc": 1, "out": str(exc)}
-        code, out = run(argv, stdin=data, timeout=float(msg.get("timeout", 600)),
-                        env=msg.get("env"))
+            code, out = self.root_run(argv, data, timeout, env)
+        else:
+            code, out = run(argv, stdin=data, timeout=timeout, env=env)
         return {"id": msg["id"], "rc": code, "out": self.scrub(out)[-4000:]}
 
 

@@ -12,10 +12,12 @@ import hashlib
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -27,38 +29,123 @@ C_ENV = {"LC_ALL": "C", "LANG": "C"}
 """Commands whose words we look at run in the C locale."""
 
 
+RUNS = 'printf "%s\\n" "$0" >&2; exec "$@"'
+"""What sudo runs (as ``sh -c RUNS MARK ARGV...``): it says ``MARK`` before it becomes the
+command, so that the command's input is written only then (``Commands.sudo``)."""
+
+
+def _feed(p: subprocess.Popen[bytes], data: bytes, close: bool = True) -> None:
+    """``data`` to ``p``'s input (then its end); a command that is gone took none."""
+    assert p.stdin is not None
+    try:
+        if data:
+            p.stdin.write(data)
+            p.stdin.flush()
+        if close:
+            p.stdin.close()
+    except (OSError, ValueError):
+        pass
+
+
 class Commands:
     """The commands setup runs on this node, each in its own process group (so that the whole
     command, sudo, apt, dpkg..., can be ended): those running now, and whether setup was stopped
     (the head said stop or went away: no command starts any more)."""
 
     def __init__(self) -> None:
-        self.running: set[subprocess.Popen[str]] = set()
+        self.running: set[subprocess.Popen[bytes]] = set()
         self.stopping = threading.Event()
 
     def run(self, argv: list[str], *, stdin: str | None = None, timeout: float = 30.0,
             env: dict[str, str] | None = None) -> tuple[int, str]:
+        p = self._start(argv, env)
+        if isinstance(p, tuple):
+            return p
+        try:
+            out, _ = p.communicate(None if stdin is None else stdin.encode(), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            end(p)
+            return 124, f"{argv[0]}: timed out after {timeout:.0f} s"
+        finally:
+            self.running.discard(p)
+        return p.returncode, out.decode(errors="replace")
+
+    def sudo(self, argv: list[str], password: str, *, stdin: str | None = None,
+             timeout: float = 30.0, env: dict[str, str] | None = None) -> tuple[int, str]:
+        """``argv`` as root by ``sudo -S`` and ``password``: the password is written only once
+        sudo asked for it (its prompt, a nonce, seen), the command's ``stdin`` only once the
+        command runs (a wrapper says so first). Where sudo runs a command without asking
+        (NOPASSWD for it), the password is never written: with the password first on stdin,
+        such a command read it as its input (the new /etc/hosts began with it)."""
+        nonce = os.urandom(8).hex()
+        prompt, ready = f"[ptcluster-sudo-{nonce}]", f"[ptcluster-runs-{nonce}]"
+        p = self._start(["sudo", "-k", "-S", "-p", prompt, "--", "sh", "-c", RUNS, ready, *argv],
+                        env)
+        if isinstance(p, tuple):
+            return p
+        try:
+            code, out = self._converse(p, prompt.encode(), ready.encode() + b"\n",
+                                       password.encode() + b"\n", (stdin or "").encode(),
+                                       time.monotonic() + timeout)
+        finally:
+            self.running.discard(p)
+            for pipe in (p.stdin, p.stdout):
+                try:
+                    pipe.close() if pipe is not None else None
+                except OSError:
+                    pass
+        text = out.decode(errors="replace").replace(prompt, "").replace(ready + "\n", "")
+        return code, text if code != 124 else f"{argv[0]}: timed out after {timeout:.0f} s"
+
+    @staticmethod
+    def _converse(p: subprocess.Popen[bytes], prompt: bytes, ready: bytes, password: bytes,
+                  data: bytes, deadline: float) -> tuple[int, bytes]:
+        """``sudo``'s half: read the output; at sudo's prompt write the password (at a second
+        one, end its input: the password was wrong); once the command runs, its input."""
+        assert p.stdin is not None and p.stdout is not None
+        out, asked, runs = bytearray(), 0, False
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                end(p)
+                return 124, bytes(out)
+            if not select.select([p.stdout], [], [], left)[0]:
+                continue
+            chunk = os.read(p.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            out += chunk
+            if runs:
+                continue
+            if out.count(prompt) > asked:
+                asked += 1
+                _feed(p, password if asked == 1 else b"", close=asked > 1)
+            if ready in out:
+                runs = True
+                threading.Thread(target=_feed, args=(p, data), daemon=True).start()
+        try:
+            return p.wait(max(0.1, deadline - time.monotonic())), bytes(out)
+        except subprocess.TimeoutExpired:
+            end(p)
+            return 124, bytes(out)
+
+    def _start(self, argv: list[str], env: dict[str, str] | None
+               ) -> subprocess.Popen[bytes] | tuple[int, str]:
+        """The command started in its own process group (and counted as running), or why not."""
         if shutil.which(argv[0]) is None and not os.path.isabs(argv[0]):
             return 127, f"{argv[0]}: not installed"
         if self.stopping.is_set():
             return 130, f"{argv[0]}: not started, setup was stopped"
         try:
             p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                 stderr=subprocess.STDOUT, start_new_session=True,
                                  env={**os.environ, **C_ENV, **(env or {})})
         except OSError as exc:
             return 126, f"{argv[0]}: {exc}"
         self.running.add(p)
         if self.stopping.is_set():  # stopped while it was being started: stop() may have missed it
             end(p)
-        try:
-            out, _ = p.communicate(stdin, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            end(p)
-            return 124, f"{argv[0]}: timed out after {timeout:.0f} s"
-        finally:
-            self.running.discard(p)
-        return p.returncode, out
+        return p
 
     def stop(self) -> None:
         """No command starts any more (one being started now ends itself, see ``run``); those
@@ -79,7 +166,7 @@ def run(argv: list[str], *, stdin: str | None = None, timeout: float = 30.0,
     return COMMANDS.run(argv, stdin=stdin, timeout=timeout, env=env)
 
 
-def end(p: subprocess.Popen[str]) -> None:
+def end(p: subprocess.Popen[bytes]) -> None:
     """SIGTERM to the command's group (apt, dpkg and pip stop cleanly), then SIGKILL."""
     import signal
 
@@ -102,7 +189,8 @@ class FactHost(Protocol):
     sudo_mode: str | None
     ran: dict[tuple[str, ...], tuple[int, str]]
 
-    def root_argv(self, argv: list[str], data: str | None) -> tuple[list[str], str | None]: ...
+    def root_run(self, argv: list[str], data: str | None = None, timeout: float = 30.0,
+                 env: dict[str, str] | None = None) -> tuple[int, str]: ...
 
     def scrub(self, text: str) -> str: ...
 
@@ -130,8 +218,7 @@ def firewall_fact(host: FactHost) -> dict[str, Any]:
     def as_root(argv: list[str]) -> tuple[int, str]:
         if tuple(argv) in host.ran:  # sudo's check of the password ran it (setup_agent.sudo)
             return host.ran.pop(tuple(argv))
-        root_argv, data = host.root_argv(argv, None)
-        code, out = run(root_argv, stdin=data)
+        code, out = host.root_run(argv)
         return code, host.scrub(out)
 
     root_ok = host.sudo_mode in ("root", "nopasswd", "password")

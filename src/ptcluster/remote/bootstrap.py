@@ -3,8 +3,9 @@ fixed one-line command, then everything else over stdin.
 
 The only text that passes through the node's shell is ``PYTHON -u -c BOOTSTRAP PROGRAM TAG``
 (quoted with shlex; PROGRAM and TAG are plain words), so ``ps`` on the node shows which program
-runs for which job. The program's source and its JSON config (argv, env, paths) travel on the
-channel's stdin, so no host, path or env value is ever re-parsed by a shell.
+runs for which job; nothing is imported from the directory it starts in. The program's source
+and its JSON config (argv, env, paths) travel on the channel's stdin, so no host, path or env
+value is ever re-parsed by a shell.
 
 What a shipped program may import, and what is packed with it, is declared in ``ptcluster.node``
 (``Program``): the packer puts its ``parts`` in front of the program's own source and drops the
@@ -25,7 +26,13 @@ from typing import Any
 from ptcluster.node import Program
 
 BOOTSTRAP = (
-    "import sys,zlib,base64;"
+    # First, before any import that searches sys.path: the current directory off it (``-c``
+    # puts it first; a json.py in the directory the head or srun ran from, or in the node
+    # user's home, was imported by every node program). Not ``-I``: it also drops PYTHONPATH
+    # and the user's site-packages, where a node's optional psutil/pynvml may be; not ``-P``:
+    # Python 3.11+ only (Ubuntu 20.04 and 22.04 run 3.8 and 3.10).
+    "import sys;sys.path[:]=[p for p in sys.path if p not in('','.')];"
+    "import zlib,base64;"
     "exec(compile(zlib.decompress(base64.b64decode(sys.stdin.buffer.readline())),"
     "'ptcluster-'+sys.argv[1],'exec'))"
 )

@@ -65,6 +65,9 @@ class NodeChannel:
         self.stderr: deque[str] = deque(maxlen=STDERR_TAIL)
         self.last_recv = time.monotonic()
         """Monotonic time data last came from the node (stdout or stderr)."""
+        self.reason: str | None = None
+        """Why the head closed the channel itself (``hub.TOO_LONG``): the last line of the
+        stderr ``on_closed`` gets, after the node's own last words."""
         self._closed = threading.Event()
         self._lock = threading.Lock()  # the outgoing buffer: send() may come from any thread
         self._out = bytearray()
@@ -188,8 +191,9 @@ class NodeChannel:
             window.done(self)
         if not tell:
             return
+        said = list(self.stderr) if stderr is None else stderr
         try:
-            self.on_closed(code, list(self.stderr) if stderr is None else stderr)
+            self.on_closed(code, said + [self.reason] if self.reason else said)
         except Exception:  # noqa: BLE001
             log.exception("%s: on_closed failed", self.host)
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import IO, TYPE_CHECKING
 
-from ptcluster.node.wire import Kind, encode
+from ptcluster.node.wire import MAX_FRAME, Kind, encode
 
 if TYPE_CHECKING:
     from ptcluster.remote.channel import NodeChannel
@@ -43,6 +43,12 @@ than the reads; a write or a read a few milliseconds later costs nothing."""
 BACKLOG_POLL = 0.02
 """How often the channels held back by their consumer's ``backlog()`` are looked at again (one
 call of each distinct ``backlog`` per look, however many channels it holds)."""
+MAX_STDERR_LINE = 64 * 1024
+"""A node's stderr line longer than this is handed over in pieces of this size (it is text for
+people, like a rank's output line: ``guard.rank_server.MAX_LINE``)."""
+TOO_LONG = (f"ptcluster: frame too long: the node sent a line of more than {MAX_FRAME >> 20} "
+            "MiB, which no node program of ptcluster sends; its channel is closed")
+"""The close reason of a channel whose node sent a frame longer than ``MAX_FRAME``."""
 HEARTBEAT = encode(Kind.HB)
 """The head's heartbeat frame, written once (every channel with a ``heartbeat`` gets it)."""
 
@@ -55,7 +61,7 @@ class _Link:
     """The hub's own record of one channel: its process's pipes and what the hub knows of them
     (the channel keeps its outgoing buffer; this is the hub thread's state alone)."""
 
-    __slots__ = ("channel", "proc", "pipes", "open", "rest", "held", "reap_from")
+    __slots__ = ("channel", "proc", "pipes", "open", "rest", "rest_size", "held", "reap_from")
 
     def __init__(self, channel: NodeChannel, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -64,8 +70,11 @@ class _Link:
         self.pipes: dict[str, IO[bytes]] = {IN: proc.stdin, OUT: proc.stdout, ERR: proc.stderr}
         self.open = {OUT, ERR, IN}
         """The streams not yet at their end (stdin: not yet closed)."""
-        self.rest = {OUT: b"", ERR: b""}
-        """What is left of a line, per stream, until its newline comes."""
+        self.rest: dict[str, list[bytes]] = {OUT: [], ERR: []}
+        """What is left of a line, per stream, until its newline comes: the chunks as read,
+        joined once (a line of many reads costs its length, not its length squared)."""
+        self.rest_size = {OUT: 0, ERR: 0}
+        """The bytes in ``rest``, per stream (bounded: ``MAX_FRAME``, ``MAX_STDERR_LINE``)."""
         self.held = False
         """True while the consumer's backlog holds this channel's frames back (the node is not
         silent: we are slow)."""
@@ -287,15 +296,56 @@ class Hub:
             self._eof(link, stream)
             return False
         c.heard(time.monotonic())  # (connected: the next node's handshake may start)
-        lines = (link.rest[stream] + chunk).split(b"\n")
-        link.rest[stream] = lines.pop()
-        if stream == OUT:
-            if lines:
-                c.on_frames([raw.decode(errors="replace") for raw in lines])
-        else:
+        lines = self._lines(link, stream, chunk)
+        if stream == ERR:
             for raw in lines:
                 c.got_stderr(raw.decode(errors="replace").rstrip("\r"))
+            return True
+        too_long = next((i for i, raw in enumerate(lines) if len(raw) > MAX_FRAME), None)
+        if too_long is not None or link.rest_size[OUT] > MAX_FRAME:
+            del lines[len(lines) if too_long is None else too_long:]
+        if lines:
+            c.on_frames([raw.decode(errors="replace") for raw in lines])
+        if too_long is not None or link.rest_size[OUT] > MAX_FRAME:
+            self._too_long(link)
+            return False
         return True
+
+    @staticmethod
+    def _lines(link: _Link, stream: str, chunk: bytes) -> list[bytes]:
+        """The lines ``chunk`` completes; its unfinished end waits in ``link.rest``. A stderr
+        line that grows past ``MAX_STDERR_LINE`` is handed over in pieces; stdout's is bounded
+        by the caller (``MAX_FRAME``: the channel is closed)."""
+        parts = link.rest[stream]
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            parts.append(chunk)
+            link.rest_size[stream] += len(chunk)
+            if stream == OUT or link.rest_size[ERR] <= MAX_STDERR_LINE:
+                return []
+            whole = b"".join(parts)
+            parts.clear()
+            link.rest_size[ERR] = 0
+            return [whole[i:i + MAX_STDERR_LINE] for i in range(0, len(whole), MAX_STDERR_LINE)]
+        parts.append(chunk[:end])
+        lines = b"".join(parts).split(b"\n")
+        parts.clear()
+        tail = chunk[end + 1:]
+        if tail:
+            parts.append(tail)
+        link.rest_size[stream] = len(tail)
+        return lines
+
+    def _too_long(self, link: _Link) -> None:
+        """The node sent a frame longer than ``MAX_FRAME``: its channel ends now, with that
+        reason (its transport killed: nothing more of it is read), the others go on."""
+        c = link.channel
+        log.warning("%s: %s", c.host, TOO_LONG)
+        c.reason = TOO_LONG
+        link.rest[OUT].clear()
+        link.rest_size[OUT] = 0
+        c.signal(signal.SIGKILL)
+        self._eof(link, OUT)
 
     def _hold(self, link: _Link) -> None:
         assert link.channel.backlog is not None
@@ -329,7 +379,9 @@ class Hub:
             link.held = False
         else:
             self.sel.unregister(f)
-        rest, link.rest[stream] = link.rest[stream], b""
+        rest = b"".join(link.rest[stream])
+        link.rest[stream].clear()
+        link.rest_size[stream] = 0
         try:
             if rest and stream == OUT:
                 c.on_frames([rest.decode(errors="replace")])

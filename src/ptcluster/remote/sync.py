@@ -136,8 +136,11 @@ def sync_node(node: NodeSpec, root: Path, files: list[str], *, timeout: float = 
     if probe.returncode != NO_RSYNC and shutil.which("rsync"):
         result.method = "rsync"
         proc = subprocess.run(
-            ["rsync", "-a", "--from0", "--files-from=-", "--out-format=%n", "-e", _ssh_e(node),
-             f"{root}/", f"{_rsync_host(node.host)}:{dest}/"],
+            # -s (--protect-args, rsync >= 3.0): the paths go to the node's rsync over its own
+            # protocol, never through the node's shell (rsync < 3.2.4 and RSYNC_OLD_ARGS=1 hand
+            # them to it as they are: a ';' in the workdir ran a command there)
+            ["rsync", "-a", "-s", "--from0", "--files-from=-", "--out-format=%n", "-e",
+             _ssh_e(node), f"{root}/", f"{_rsync_host(node.host)}:{dest}/"],
             input=listing, capture_output=True, timeout=timeout)
         out = proc.stdout.decode(errors="replace")
         result.sent = sum(1 for line in out.splitlines() if line and not line.endswith("/"))

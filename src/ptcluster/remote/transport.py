@@ -163,6 +163,11 @@ def explain_channel_failure(stderr: list[str], exit_code: int | None,
     lines = [line for line in stderr if line.strip()]
     detail = lines[-1] if lines else f"exit status {exit_code}"
     low = detail.lower()
+    if detail.startswith("ptcluster: frame too long"):  # (hub.TOO_LONG: the head closed it)
+        return Problem(None, detail.removeprefix("ptcluster: "),
+                       "check the node: its ptcluster programs never send such a line, so "
+                       "something else speaks on its channel (a login script's output, or a "
+                       "compromised node)")
     if exit_code in (126, 127) and python == AUTO_PYTHON:
         return Problem(None, f"no python: neither {SETUP_PYTHON} (made by `ptcluster setup`) nor "
                        f"the head's {sys.executable} is there ({detail})",

@@ -103,11 +103,6 @@ class Setup:
                 self._password = self._password_source()
             return self._password
 
-    def _known_password(self) -> Secret | None:
-        """The password if it is already at hand (never asks)."""
-        with self._lock:
-            return self._password
-
     def askpass(self) -> Askpass | None:
         secret = self.password()
         with self._lock:
@@ -221,49 +216,55 @@ class Setup:
         self.on_event(node.host, "connecting")
         # the key first (BatchMode: never a prompt); the password only when the key is refused
         session = self._open(node, SshTransport(host=node.host, ssh=ssh))
-        known = self._known_password()
-        if known is not None:  # sudo may need it: it travels first, then one round trip
-            session.channel.send(Kind.SUDO, {"password": known.reveal()})
         try:
-            first = session.ask(Kind.FACTS, {"only": ["sudo"]} if known is None else {},
-                                self.opts.timeout * 3)
+            first = session.ask(Kind.FACTS, {"only": ["sudo"]}, self.opts.timeout * 3)
             outcome.connection = "key"
         except NodeFailure:
             if session.closed is None:
                 raise
-            refused = key_refusal(node.host, addr, port, *session.closed)
-            if refused is not None:
-                raise refused from None
-            askpass = self.askpass()
-            if askpass is None:
-                raise NodeFailure("the node does not accept the head's key yet and no password "
-                                  "was given", "run setup at a terminal (it asks once), or "
-                                  "pass --password-file FILE (mode 600)") from None
-            pw = PasswordSsh(host=node.host, ssh=password_ssh(ssh))
-            pw.askpass = askpass
-            session = self._open(node, pw)
-            try:
-                first = session.ask(Kind.FACTS, {"only": ["sudo"]}, self.opts.timeout)
-            except NodeFailure as exc:
-                tail = "\n".join(session.closed[1] if session.closed else []).lower()
-                if "permission denied" in tail:
-                    raise NodeFailure("the node refused the password (and the key)",
-                                      "check the password, and ssh.user in the cluster file"
-                                      ) from None
-                raise exc from None
+            session, first = self._password_login(node, session, addr, port)
             outcome.connection = "password"
         self.sessions[node.host] = session
-        if outcome.connection == "key" and known is not None:
-            self._facts[node.host] = first  # the whole facts already, in one round trip
-            self.on_event(node.host, "facts (key)")
-            return
-        secret = self.password() if outcome.connection == "password" else None
+        # The sudo password goes to a node only when it asks (its sudo needs one): never to a
+        # node that is root or sudoes without one, over a channel whose host key ssh checked
+        # (known, or accepted as new by --accept-new-host-keys: the user's word).
         if first["sudo"]["mode"] == "needs-password":
-            secret = secret or self.password()
-        if secret is not None:
-            session.channel.send(Kind.SUDO, {"password": secret.reveal()})
-        self._facts[node.host] = session.ask(Kind.FACTS, {}, self.opts.timeout * 3)
+            secret = self.password()
+            if secret is not None:
+                session.channel.send(Kind.SUDO, {"password": secret.reveal()})
+        facts = session.ask(Kind.FACTS, {}, self.opts.timeout * 3)
+        refused = P.hostname_problem(facts)
+        if refused is not None:
+            raise NodeFailure(refused.what, refused.fix or "")
+        self._facts[node.host] = facts
         self.on_event(node.host, f"facts ({outcome.connection})")
+
+    def _password_login(self, node: NodeSpec, refused_key: NodeSession, addr: str,
+                        port: int) -> tuple[NodeSession, dict[str, Any]]:
+        """The key was refused (``refused_key`` closed): log in with the password, through
+        ssh's askpass; the session and its first answer (its sudo facts)."""
+        assert refused_key.closed is not None
+        refused = key_refusal(node.host, addr, port, *refused_key.closed)
+        if refused is not None:
+            raise refused from None
+        askpass = self.askpass()
+        if askpass is None:
+            raise NodeFailure("the node does not accept the head's key yet and no password "
+                              "was given", "run setup at a terminal (it asks once), or "
+                              "pass --password-file FILE (mode 600)") from None
+        pw = PasswordSsh(host=node.host, ssh=password_ssh(self.ssh[node.host]))
+        pw.askpass = askpass
+        session = self._open(node, pw)
+        try:
+            first = session.ask(Kind.FACTS, {"only": ["sudo"]}, self.opts.timeout)
+        except NodeFailure as exc:
+            tail = "\n".join(session.closed[1] if session.closed else []).lower()
+            if "permission denied" in tail:
+                raise NodeFailure("the node refused the password (and the key)",
+                                  "check the password, and ssh.user in the cluster file"
+                                  ) from None
+            raise exc from None
+        return session, first
 
     def _open(self, node: NodeSpec, transport: SshTransport) -> NodeSession:
         channel = NodeChannel(transport, NODE_PYTHON, SETUP, self._node_config(node),
@@ -305,7 +306,7 @@ class Setup:
             pubkey=self.pubkey, torch=torch, self_version=self_version(),
             python=f"{sys.version_info[0]}.{sys.version_info[1]}",
             addrs={h: o.addr for h, o in self.outcomes.items() if o.addr},
-            hostnames={h: f["hostname"] for h, f in facts.items()},
+            hostnames=P.cluster_hostnames(facts),
             master_addr=master_addr, master_port=self.spec.master.port or 29500,
             interfaces={n.host: n.interface for n in self.spec.nodes})
 

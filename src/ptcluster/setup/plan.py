@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ptcluster.cluster.model import SETUP_PYTHON, SETUP_VENV
+from ptcluster.cluster.validate import is_dns_name
 from ptcluster.errors import Problem
 from ptcluster.setup.torch_choice import TorchChoice
 
@@ -114,6 +115,23 @@ class StepDef:
     wheelhouse: bool = False
     """Its commands name wheels of the head's wheelhouse: when the step is a change, apply
     prepares the wheelhouse (once, for every node) and plans the step again with its manifest."""
+
+
+def hostname_problem(facts: dict[str, Any]) -> Problem | None:
+    """Why setup refuses a node whose reported hostname is not a DNS name (a node's word goes
+    into every node's ``/etc/hosts``, as root: a newline in it would add lines there)."""
+    name = facts.get("hostname")
+    if is_dns_name(name):
+        return None
+    return Problem(None, f"the node says its hostname is {str(name)[:80]!r}, which is not a DNS "
+                   "name: setup writes no name of a node until it is one",
+                   "give the node a hostname of letters, digits, '-' and '.' (hostnamectl "
+                   "set-hostname NAME)")
+
+
+def cluster_hostnames(facts: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """host -> the hostname the node reported, for the nodes whose name is a DNS name."""
+    return {h: f["hostname"] for h, f in facts.items() if hostname_problem(f) is None}
 
 
 def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
@@ -273,7 +291,7 @@ def _workdir(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
     if workdir.get("exists", True):
         return Step("workdir", OK, workdir.get("path", ""))
     return Step("workdir", CHANGE, f"{workdir['path']} does not exist", (
-        StepAction(("mkdir", "-p", workdir["path"])),))
+        StepAction(("mkdir", "-p", "--", workdir["path"])),))
 
 
 def _root_step(name: str, can: bool, why: str, actions: tuple[StepAction, ...],
@@ -347,7 +365,8 @@ def hosts_with_block(current: str, entries: list[tuple[str, list[str]]], own: st
 def _hosts(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
     entries = []
     for h, addr in cf.addrs.items():
-        names = [n for n in [cf.hostnames.get(h), h] if n and n != addr and not _is_ip(n)]
+        # (a name a node reported is checked at its facts, ``hostname_problem``; again here)
+        names = [n for n in [cf.hostnames.get(h), h] if n and n != addr and is_dns_name(n)]
         names = list(dict.fromkeys(names))
         if names:
             entries.append((addr, names))
@@ -366,16 +385,6 @@ def _hosts(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
               "&& rm -f /etc/hosts.ptcluster-new")
     return _root_step("/etc/hosts", _root_ok(facts), why, (
         StepAction(("sh", "-c", script), root=True, input=want),), "no sudo")
-
-
-def _is_ip(text: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def env_file_text(host: str, facts: dict[str, Any], cf: ClusterFacts) -> str:

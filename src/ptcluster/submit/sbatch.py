@@ -14,6 +14,7 @@ prefixed logs, root cause and teardown, and Slurm still starts and ends every pr
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import shlex
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ptcluster.errors import PtclusterError, UsageError
+from ptcluster.launch.rundir import RunDirError, runs_parent, write_private
 
 SCRIPT_FILE = "job.sbatch"
 SLURM_LOG_FILE = "slurm-%j.out"
@@ -134,10 +136,20 @@ def _sbatch_opt(key: str, value: str | None) -> str:
 
 
 def write_script(cfg: SubmitConfig) -> Path:
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    """The submit directory, new and ours alone (0700) in a parent of ours no one else can
+    change (as a run directory: ``launch.rundir``), with the script in it (sbatch reads it)."""
     path = cfg.run_dir / SCRIPT_FILE
-    path.write_text(render_script(cfg))
-    path.chmod(0o755)
+    try:
+        parent = runs_parent(cfg.run_dir.parent)
+        try:
+            os.mkdir(cfg.run_dir.name, 0o700, dir_fd=parent)
+        finally:
+            os.close(parent)
+        write_private(path, render_script(cfg))
+    except OSError as exc:
+        raise RunDirError(f"cannot write the submit directory {cfg.run_dir}: "
+                          f"{exc.strerror or exc}", "pass --run-dir with a directory of yours "
+                          "that others cannot write") from None
     return path
 
 

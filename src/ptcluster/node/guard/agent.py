@@ -48,12 +48,14 @@ import traceback
 from typing import cast
 
 from ptcluster.node.guard.link import HeadLink, StopRequest  # inlined
+from ptcluster.node.guard.machine import MachineWatch  # inlined
 from ptcluster.node.guard.prechecks import precheck  # inlined
 from ptcluster.node.guard.progress import ProgressMeter  # inlined
 from ptcluster.node.guard.rank_server import EXIT_WAIT, RankServer  # inlined
 from ptcluster.node.guard.refusal import GuardError  # inlined
 from ptcluster.node.guard.spawn import (  # inlined
     HANDED,
+    agent_error,
     pump_agent,
     rank_env,
     start_torchrun,
@@ -64,7 +66,14 @@ from ptcluster.node.guard.teardown import teardown, wait_child  # inlined
 from ptcluster.node.guard.tmpdirs import job_dir, remove_stale, user_tmp  # inlined
 from ptcluster.node.leases import Lease, read_kill_notes  # inlined
 from ptcluster.node.safefile import remove_tree  # inlined
-from ptcluster.node.wire import STOP_GRACE, GuardConfig, Kind, ReadyFacts, hello  # inlined
+from ptcluster.node.wire import (  # inlined
+    KILLED_BY,
+    STOP_GRACE,
+    GuardConfig,
+    Kind,
+    ReadyFacts,
+    hello,
+)
 
 
 class Guard:
@@ -100,7 +109,8 @@ class Guard:
         if self.link.master_port:
             use_port(self.cfg["argv"], self.link.master_port)
         self.tmpdir = job_dir(self.tmp_parent, self.cfg["job_id"], HANDED)
-        ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out)
+        self.link.machine = MachineWatch()  # the OOM counts before any rank starts
+        ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out, self.link.machine)
         self.link.meter = ProgressMeter(ranks.probes)
         self.link.ranks = ranks
         self.child = start_torchrun(self.cfg, rank_env(self.cfg, facts, self.tmpdir, ranks.path))
@@ -134,13 +144,17 @@ class Guard:
         else:
             reason = "job ended"
             teardown(self.child, grace=1.0)  # workers that outlived torchrun, if any
+        # torchrun's own failure (its rendezvous), as its @record wrote it
+        said = {"error": agent_error(self.tmpdir)} if code and reason == "job ended" else {}
         if code is None:
             code = -9
         if self.pump_thread is not None:
             self.pump_thread.join(timeout=2.0)
         if self.link.ranks is not None:
             self.link.ranks.close(EXIT_WAIT)  # every rank's last lines and exit before ours
-        self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time()})
+        self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time(), **said})
+        if self.link.machine is not None:
+            self.link.machine.close()
         remove_tree(self.tmpdir)
         return code if code >= 0 else 128 - code
 
@@ -150,8 +164,8 @@ class Guard:
         stop = self.stop
         killed = read_kill_notes(self.cfg["job_id"]) if stop.signal else {}
         if killed:
-            stop.reason = f"ended by `ptcluster kill` from " \
-                          f"{killed.get('host', '?')} ({killed.get('user', '?')})"
+            stop.reason = KILLED_BY.format(host=killed.get("host", "?"),
+                                           user=killed.get("user", "?"))
         self.send(Kind.STOPPING, {"reason": stop.reason, "t": stop.time, "signal": stop.signal,
                                   "killed_by": stop.reason if killed else ""})
 

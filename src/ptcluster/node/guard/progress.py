@@ -13,6 +13,7 @@ that waits inside a collective (the recorder says so) makes no progress whatever
 with every heartbeat; the head decides what a hang is.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -64,6 +65,28 @@ def pyspy_dump(exe: str, pid: int) -> dict[str, str]:
     if proc.returncode != 0:
         return {"pyspy_error": (proc.stderr.strip() or f"exit {proc.returncode}")[-300:]}
     return {"pyspy": proc.stdout[:MAX_PYSPY]}
+
+
+def fit_stacks(ranks: dict[str, dict[str, Any]], limit: int) -> dict[str, dict[str, Any]]:
+    """``ranks`` (``StackProbes.collect``) cut until their JSON is at most ``limit`` bytes: the
+    head closes a channel whose frame is longer (``wire.MAX_FRAME``). Each rank's texts keep
+    their start, an equal share each, halved until they fit; flight-recorder entries go last."""
+    share = limit // max(1, len(ranks))
+    while len(json.dumps(ranks, separators=(",", ":"))) > limit:
+        if share < 256:  # (thousands of ranks, or huge flight records: the texts alone stay)
+            for rank in ranks.values():
+                rank["fr"] = {"cut": "the stacks frame was too long"}
+            share = 0
+        for rank in ranks.values():
+            for key in ("text", "pyspy"):
+                text = rank.get(key)
+                if isinstance(text, str) and len(text) > share:
+                    rank[key] = text[:share] + f"\n[cut at {share} characters: the stacks " \
+                        "frame was too long]"
+        if share == 0:
+            break
+        share //= 2
+    return ranks
 
 
 class StackProbes:

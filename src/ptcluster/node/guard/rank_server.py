@@ -26,10 +26,13 @@ from ptcluster.node.rank_wire import (  # inlined
     decode_record,
     header,
 )
-from ptcluster.node.wire import RANK_FRAMES, Kind, encode, encode_text  # inlined
+from ptcluster.node.wire import MAX_FRAME, RANK_FRAMES, Kind, encode, encode_text  # inlined
 
 MAX_LINE = 65536
 """Longer output lines are cut into pieces of this size (bounded memory per stream)."""
+MAX_RECORD = MAX_FRAME // 4
+"""A longer record is not sent on (its frame, its JSON written again, could pass the head's
+``MAX_FRAME`` and end the job's channel): the head gets a bad-record report instead."""
 EXIT_WAIT = 2.0
 """Seconds a rank's exit frame waits for the rest of its output (streams held by children)."""
 IDLE_FLUSH = 1.0
@@ -51,9 +54,12 @@ class RankServer:
     at once; this thread writes the held output when its hold is up.
     """
 
-    def __init__(self, path: str, out: Outbox) -> None:
+    def __init__(self, path: str, out: Outbox, watch: Any = None) -> None:
         self.path = path
         self.out = out
+        self.watch = watch
+        """What the machine saw (``guard.machine.MachineWatch``): told of every rank's start,
+        asked at its failure (OOM kills) and at an error that says the disk was full."""
         self.sel = selectors.DefaultSelector()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
@@ -162,25 +168,51 @@ class RankServer:
                 self.out.later(encode_text(kind, st["rank"], line))
 
     def record(self, rank: int, line: str) -> None:
-        record = decode_record(line)
+        record = decode_record(line) if len(line) <= MAX_RECORD else None
         if record is None:
+            text = line[:200] if len(line) <= MAX_RECORD else \
+                f"a record of {len(line)} characters (at most {MAX_RECORD}): {line[:100]}"
             self.out.now(encode(RANK_FRAMES[REPORT], {"rank": rank, "kind": BAD_RECORD,
-                                                    "text": line[:200]}))
+                                                    "text": text}))
             return
         kind, body = record
         body["rank"] = rank
         if kind == EXIT:
+            self.machine_said(rank, body)
             self.probes.ended(rank)
             self.exited.add(rank)
             self.pending[rank] = (body, time.monotonic() + EXIT_WAIT)
         elif kind == START:
             self.declared[rank] = int(body.get("streams", 0))
             self.probes.started(rank, int(body.get("pid", 0)))
+            try:
+                if self.watch is not None:
+                    self.watch.started(rank, int(body.get("pid", 0)),
+                                       int(body.get("shim_pid", 0)))
+            except Exception:  # noqa: BLE001, S110 - advice only: never this thread's end
+                pass
             self.out.now(encode(RANK_FRAMES[START], body))
         elif kind == REPORT:  # (data a rank reports, maybe every step: held as output is)
             self.out.later(encode(RANK_FRAMES[kind], body))
         elif kind == ERROR:
+            try:
+                disk = self.watch.after_error(body) if self.watch is not None else None
+            except Exception:  # noqa: BLE001 - advice only: the error goes out regardless
+                disk = None
+            if disk:
+                body["disk"] = disk
             self.out.now(encode(RANK_FRAMES[kind], body))
+
+    def machine_said(self, rank: int, body: dict[str, Any]) -> None:
+        """Into a failed rank's exit record: the OOM kills of its tree, where any."""
+        if self.watch is None:
+            return
+        try:
+            oom = self.watch.after_exit(rank, body.get("code"))
+        except Exception:  # noqa: BLE001 - advice only: the exit goes out regardless
+            oom = None
+        if oom:
+            body["oom"] = oom
 
     def drop(self, conn: Any, st: dict[str, Any] | None = None) -> None:
         self.sel.unregister(conn)
@@ -197,11 +229,12 @@ class RankServer:
                 del self.open_streams[rank]
         elif st["role"] == CTL and rank not in self.exited:
             # The shim itself died (SIGKILL): no exit record; the head reports it as killed.
+            body = {"rank": rank, "code": None, "t": time.time(),
+                    "note": "ended without an exit record"}
+            self.machine_said(rank, body)
             self.probes.ended(rank)
             self.exited.add(rank)
-            self.pending[rank] = ({"rank": rank, "code": None, "t": time.time(),
-                                   "note": "ended without an exit record"},
-                                  time.monotonic() + EXIT_WAIT)
+            self.pending[rank] = (body, time.monotonic() + EXIT_WAIT)
 
     def flush_exits(self, force: bool) -> None:
         now = time.monotonic()
