@@ -369,7 +369,7 @@ def test_a_lease_leaves_no_file_behind_and_a_dead_holder_s_files_are_swept(lease
     lease.release()
     assert os.listdir(lease_dir) == []  # a box running jobs for months gathers nothing
     # A holder SIGKILLed (the kernel drops its lock, its files stay): the next guard's
-    # Leasing sweeps them; a held lease and kill's notes are left alone.
+    # Leasing sweeps them; a held lease and the kill note of a running job are left alone.
     proc = holder_process(lease_dir, "job-dead")
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
@@ -377,8 +377,11 @@ def test_a_lease_leaves_no_file_behind_and_a_dead_holder_s_files_are_swept(lease
         proc.kill()
         proc.wait()
     held = leases.take("gpu-0", OWNER)
+    job = leases.take("job-20261201-0930-ab12", OWNER)
     note = Path(leases.kill_note("20261201-0930-ab12", str(lease_dir)))
-    note.write_text("{}")
+    note.write_text("{}")  # (its job runs: its guard reads it)
+    stale = Path(leases.kill_note("20261201-0931-cd34", str(lease_dir)))
+    stale.write_text("{}")  # (its job has ended)
     assert any(e.startswith("ptcluster-job-dead@") for e in os.listdir(lease_dir))
     theirs = {"LCK..ttyS0": "  4242\n", "other.lock": "", "other.1.json": "{}",
               "ptcluster": None}
@@ -388,8 +391,11 @@ def test_a_lease_leaves_no_file_behind_and_a_dead_holder_s_files_are_swept(lease
     left = sorted(os.listdir(lease_dir))
     assert not any(e.startswith("ptcluster-job-dead@") for e in left), left
     assert any(e.startswith("ptcluster-gpu-0@") and e.endswith(".lock") for e in left)
-    assert note.exists() and set(theirs) <= set(left), left
-    assert [r["resource"] for r in leases.held_all()] == ["gpu-0"]
+    assert note.exists() and not stale.exists() and set(theirs) <= set(left), left
+    assert sorted(r["resource"] for r in leases.held_all()) == ["gpu-0",
+                                                                "job-20261201-0930-ab12"]
+    assert job is not None
+    job.release()
     assert leases.holder("gpu-0") is not None
     assert held is not None
     held.release()

@@ -191,7 +191,8 @@ def _lock(directory: str, name: str, create: bool, mode: int) -> int | None:
 
 def sweep(directory: str) -> None:
     """Remove the files of leases that nobody holds (a holder killed before it could): the
-    lock files this user may remove, and the records of holders that are gone."""
+    lock files this user may remove, the records of holders that are gone, and ``kill``'s
+    notes for jobs whose lease is gone (a job's guard reads its note while it holds it)."""
     try:
         entries = os.listdir(directory)
     except OSError:
@@ -220,9 +221,11 @@ def sweep(directory: str) -> None:
             unlink(path)
         finally:
             os.close(fd)
-    for entry in entries:  # records whose lock file is gone (kill's notes are not records)
-        if entry.endswith(".json") and not entry.startswith(_KILL) and \
-                entry.rsplit(".", 2)[0] not in names:
+    locks = {e[:-len(_LOCK)] for e in _listdir(directory) if e.endswith(_LOCK)}
+    for entry in entries:  # records whose lock file is gone; kill's notes whose job's is
+        of = entry.rsplit(".", 2)[0]
+        if entry.endswith(".json") and (PREFIX + "job-" + of[len(_KILL):] not in locks
+                                        if entry.startswith(_KILL) else of not in names):
             unlink(os.path.join(directory, entry))
 
 
