@@ -79,7 +79,7 @@ def setup(bed: tb.Testbed, tmp_path: Path, nodes: list[int], password: str,
     spec = parse_cluster_text(
         "nodes:\n" + "".join(f"  - host: {bed.nodes[i].name}\n" for i in nodes) +
         f"ssh: {{config_file: {bed.ssh_config}, identity_file: {bed.dir / 'head_key'}}}\n",
-        str(tmp_path / "c.yaml"))
+        str(tmp_path / "c.yaml"), trusted=True)  # (the testbed's own ssh config)
     report = run_setup(spec, SetupOptions(dry_run=dry_run), password=lambda: Secret(password),
                        known_password=Secret(password))
     return {i: report.nodes[bed.nodes[i].name] for i in nodes}
