@@ -235,8 +235,9 @@ import os, sys, time
 done, chunk = 0, b"x" * 65536
 while done < (32 << 20):  # one 32 MiB line, no newline; how much got out, after each write
     done += os.write(1, chunk)
-    with open(sys.argv[1], "w") as f:
+    with open(sys.argv[1] + ".new", "w") as f:  # (replaced whole: a kill never leaves it empty)
         f.write(str(done))
+    os.replace(sys.argv[1] + ".new", sys.argv[1])
 time.sleep(60)
 """
 
