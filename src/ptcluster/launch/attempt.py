@@ -24,6 +24,7 @@ from typing import Any
 from ptcluster.control.protocol import Request
 from ptcluster.control.server import Ask, HeadDoor
 from ptcluster.errors import Problem
+from ptcluster.launch.lost import explain_losses
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import AttemptRecord, RunResult
@@ -203,6 +204,7 @@ class Attempt:
             self.ctx.stacks.abandon()
             close_all(list(self.channels.values()), timeout=self.opts.stop_deadline)
             self.channels = {}
+            explain_losses(view.failures, view.nodes, plan, self.ctx.transports)
             self.logs.close()
         result = self._result(view, time.monotonic() - run_t0)
         record.ok, record.cause = result.ok, result.root_cause

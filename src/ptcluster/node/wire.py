@@ -74,6 +74,9 @@ class Kind:
     """Head -> setup: the sudo password (piped to ``sudo -S``; never on a command line)."""
     DONE = "done"
     """Setup -> head: a step's outcome."""
+    # the probe of a lost node
+    BOOT = "boot"
+    """Probe -> head, once: ``{boot_id, uptime, time, guard_alive, kernel}`` (``node.probe``)."""
     # kill's node program
     RESULT = "result"
     """Kill -> head: what was signalled."""
@@ -156,6 +159,10 @@ class ReadyFacts(TypedDict, total=False):
     """This node's address on ``interface``: where peers reach it."""
     torchrun_pid: int
     """Added by the head from the ``started`` frame."""
+    boot_id: str
+    """``/proc/sys/kernel/random/boot_id`` at ready: another one after a loss means a reboot."""
+    uptime: float
+    """Seconds since this node booted, at ready (``time``)."""
 
 
 TIMING_EVERY = 2.0
