@@ -16,9 +16,16 @@ import pytest
 
 from tests.support.head import only_run
 from tests.support.procs import job_processes
-from tests.testbed.test_run import head_runs, is_guard, job_dir, start  # noqa: F401
+from tests.testbed.test_run import IDLE, SLEEPER, head_runs, is_guard, start
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+
+
+@pytest.fixture
+def job_dir(tmp_path):
+    for name, text in (("sleeper.py", SLEEPER), ("idle.py", IDLE)):
+        (tmp_path / name).write_text(text)
+    return tmp_path
 
 
 def cause_of(head) -> tuple[str, dict]:
