@@ -204,8 +204,8 @@ class Attempt:
             self.ctx.stacks.abandon()
             close_all(list(self.channels.values()), timeout=self.opts.stop_deadline)
             self.channels = {}
-            explain_losses(view.failures, view.nodes, plan, self.ctx.transports)
             self.logs.close()
+        explain_losses(view.failures, view.nodes, plan, self.ctx.transports)  # (<= PROBE_BOUND)
         result = self._result(view, time.monotonic() - run_t0)
         record.ok, record.cause = result.ok, result.root_cause
         record.ended_at = time.time()
