@@ -56,6 +56,7 @@ def test_a_node_whose_guard_was_killed_is_up_and_its_guard_ended(testbed, job_di
     with open("/proc/sys/kernel/random/boot_id") as f:  # (one kernel for every namespace)
         assert node["after_loss"]["boot_id"] == f.read().strip()
     assert summary["root_cause"]["message"].startswith("is up; its guard ended (connection lost")
+    assert "before:" not in summary["root_cause"]["message"]  # (the loss said once)
 
 
 def test_a_node_powered_off_does_not_answer(testbed, job_dir, no_leftovers) -> None:

@@ -136,6 +136,9 @@ def test_a_node_up_on_the_same_boot() -> None:
     what, _, _ = explain(node(**facts), {"boot_id": "b1", "guard_alive": False}, 2.0,
                          "connection lost: exit status 137")
     assert what == "is up; its guard ended (connection lost: exit status 137)"
+    f = Failure(host="n3", rank=None, kind=FailureKind.LOST, message="connection lost: x")
+    reword(f, node(**facts), {"boot_id": "b1", "guard_alive": False})
+    assert f.message == "is up; its guard ended (connection lost: x)"  # (the loss said once)
     what, fix, _ = explain(node(**facts), {"boot_id": "b1", "guard_alive": True}, 2.0, "x")
     assert what.startswith("is up and its guard (pid 4242) still runs") and "network" in fix
 

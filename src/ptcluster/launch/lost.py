@@ -83,7 +83,8 @@ def explain_losses(failures: Sequence[Failure], nodes: Sequence[NodeOutcome], pl
 def reword(failure: Failure, node: NodeOutcome, answer: dict[str, Any] | None) -> None:
     """``failure`` (a loss of ``node``) said again with what the probe found: pure."""
     what, fix, lines = explain(node, answer, failure.at, failure.message)
-    failure.message = f"{what} (before: {failure.message})"
+    # (the same boot's words carry the loss already: said once)
+    failure.message = what if failure.message in what else f"{what} (before: {failure.message})"
     failure.fix = fix
     if lines:
         failure.last_lines = [*failure.last_lines, *lines]
