@@ -26,7 +26,7 @@ from ptcluster.node.guard.refusal import GuardError
 
 @pytest.fixture
 def lease_dir(tmp_path, monkeypatch) -> Path:
-    d = tmp_path / "lock" / "ptcluster"
+    d = tmp_path / "run" / "lock"  # (made by the first Leasing, as root: as a root guard would)
     d.parent.mkdir()
     monkeypatch.setattr(leases, "LEASE_DIR", str(d))
     return d
@@ -321,13 +321,13 @@ def test_kill_by_another_user_is_refused_by_the_kernel_and_by_the_owner_works(tm
         assert refused["found"] and refused["signalled"] is False, refused
         assert refused["error"] == "job J9 is root's: only root may end it", refused
         assert holder.poll() is None  # untouched
-        assert not list(shared.glob("kill-*"))  # nobody's note went with the refusal
+        assert not list(shared.glob("ptcluster-kill-*"))  # nobody's note went with the refusal
         mine = subprocess.run([sys.executable, "-c", ask, str(shared), "root"],
                               env={**os.environ, "PYTHONPATH": str(src)},
                               capture_output=True, text=True, timeout=30)
         assert json.loads(mine.stdout)["signalled"], mine.stdout + mine.stderr
         assert holder.wait(timeout=10) == -signal.SIGTERM
-        (note,) = shared.glob("kill-J9@*.json")
+        (note,) = shared.glob("ptcluster-kill-J9@*.json")
         assert json.loads(note.read_text())["user"] == "root"
     finally:
         if holder.poll() is None:
@@ -337,19 +337,19 @@ def test_kill_by_another_user_is_refused_by_the_kernel_and_by_the_owner_works(tm
 
 
 def test_a_job_runs_unleased_only_when_its_user_opted_out(tmp_path, monkeypatch) -> None:
-    """No lease directory to be had (no /run/lock): refused, never silently unleased; with
-    ``run --no-leases`` (the guard's config says ``leases: false``) the leasing stands in and
-    the ready facts say so, as unsafe."""
+    """No lease directory to be had (no /run to make /run/lock in): refused, never silently
+    unleased; with ``run --no-leases`` (the guard's config says ``leases: false``) the leasing
+    stands in and the ready facts say so, as unsafe."""
     from ptcluster.node.guard.prechecks import job_leasing
 
-    monkeypatch.setattr(leases, "LEASE_DIR", str(tmp_path / "no-run-lock" / "ptcluster"))
+    monkeypatch.setattr(leases, "LEASE_DIR", str(tmp_path / "no-run" / "lock"))
     with pytest.raises(OSError, match="cannot be made: No such file or directory"):
         leases.Leasing()
     with pytest.raises(GuardError) as info:
         job_leasing({})
     assert "no lease directory to trust: " in info.value.problem and not info.value.busy
-    assert "`ptcluster setup`" in info.value.fix and "`run --no-leases`" in info.value.fix \
-        and "unsafe" in info.value.fix
+    assert "have root make /run/lock " in info.value.fix and "`run --no-leases`" in \
+        info.value.fix and "unsafe" in info.value.fix
     leasing = job_leasing({"leases": False})
     assert leasing.off == leases.NO_LEASES and "unsafe" in leasing.off
     chosen, held = gpus.claim([0], 1, OWNER, {}, leasing)
@@ -361,12 +361,15 @@ def test_a_job_runs_unleased_only_when_its_user_opted_out(tmp_path, monkeypatch)
 
 
 def test_a_lease_leaves_no_file_behind_and_a_dead_holder_s_files_are_swept(lease_dir) -> None:
+    """Only ``ptcluster-`` files are ours: the lease directory is the system's /run/lock, where
+    other programs' locks and files (``LCK..ttyS0``, ``x.lock``, ``x.1.json``) stay as they
+    are, even for root's sweep."""
     lease = leases.take("job-20261201-0930-ab12", OWNER)
     assert lease is not None and len(os.listdir(lease_dir)) == 2  # the lock and its record
     lease.release()
     assert os.listdir(lease_dir) == []  # a box running jobs for months gathers nothing
     # A holder SIGKILLed (the kernel drops its lock, its files stay): the next guard's
-    # Leasing sweeps them; a held lease and kill's notes are left alone.
+    # Leasing sweeps them; a held lease and the kill note of a running job are left alone.
     proc = holder_process(lease_dir, "job-dead")
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
@@ -374,13 +377,25 @@ def test_a_lease_leaves_no_file_behind_and_a_dead_holder_s_files_are_swept(lease
         proc.kill()
         proc.wait()
     held = leases.take("gpu-0", OWNER)
+    job = leases.take("job-20261201-0930-ab12", OWNER)
     note = Path(leases.kill_note("20261201-0930-ab12", str(lease_dir)))
-    note.write_text("{}")
-    assert any(e.startswith("job-dead@") for e in os.listdir(lease_dir))
+    note.write_text("{}")  # (its job runs: its guard reads it)
+    stale = Path(leases.kill_note("20261201-0931-cd34", str(lease_dir)))
+    stale.write_text("{}")  # (its job has ended)
+    assert any(e.startswith("ptcluster-job-dead@") for e in os.listdir(lease_dir))
+    theirs = {"LCK..ttyS0": "  4242\n", "other.lock": "", "other.1.json": "{}",
+              "ptcluster": None}
+    for entry, text in theirs.items():
+        (lease_dir / entry).mkdir() if text is None else (lease_dir / entry).write_text(text)
     leases.Leasing()
     left = sorted(os.listdir(lease_dir))
-    assert not any(e.startswith("job-dead@") for e in left), left
-    assert any(e.startswith("gpu-0@") and e.endswith(".lock") for e in left) and note.exists()
+    assert not any(e.startswith("ptcluster-job-dead@") for e in left), left
+    assert any(e.startswith("ptcluster-gpu-0@") and e.endswith(".lock") for e in left)
+    assert note.exists() and not stale.exists() and set(theirs) <= set(left), left
+    assert sorted(r["resource"] for r in leases.held_all()) == ["gpu-0",
+                                                                "job-20261201-0930-ab12"]
+    assert job is not None
+    job.release()
     assert leases.holder("gpu-0") is not None
     assert held is not None
     held.release()
@@ -451,3 +466,36 @@ def test_records_are_written_whole_and_read_only_from_regular_files(tmp_path) ->
     records.unlink(str(tmp_path / "r.json"))
     records.unlink(str(tmp_path / "r.json"))  # gone already: fine
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.slow
+def test_a_guard_removes_its_lease_files_as_it_ends_finished_or_refused(tmp_path) -> None:
+    """A local job (its guard leases in the real /run/lock) that finishes, and one refused
+    because the first one's port is held: neither leaves a ``ptcluster-*`` file of its job in
+    /run/lock (before, every job left its lock files and records for the next guard's sweep)."""
+    from tests.support.head import only_run, run_head
+
+    if not os.access("/run/lock", os.W_OK):
+        pytest.skip("/run/lock is not writable here")
+    free = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            free.append(s.getsockname()[1])
+    port = leases.take(f"port-{free[1]}", OWNER)  # (held, so the second job is refused)
+    script = tmp_path / "job.py"
+    script.write_text("print('ran', flush=True)\n")
+    jobs = []
+    try:
+        for n, args in enumerate((["--port", str(free[0])], ["--port", str(free[1])])):
+            runs = tmp_path / f"runs{n}"
+            code, head = run_head(["run", "--nproc", "1", *args, "--run-dir", str(runs),
+                                   str(script)], tmp_path, timeout=120)
+            assert code == n, head.output()  # the first runs (0), the second is refused (1)
+            jobs.append(only_run(runs)[0])
+    finally:
+        if port:
+            port.release()
+    left = [p.name for p in Path("/run/lock").glob("ptcluster-*") if any(j in p.name
+                                                                          for j in jobs)]
+    assert jobs and left == [], left

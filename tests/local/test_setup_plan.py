@@ -79,7 +79,6 @@ FRESH = {  # a fresh Ubuntu node, as node/setup_agent.py reports it
     "firewall": {"kind": "ufw", "active": True, "rules": ["ufw allow 22/tcp"]},
     "hosts": "127.0.0.1 localhost\n127.0.1.1 node1\n",
     "env_file": None, "interface": "eth0", "workdir": {"path": "/home/u/w", "exists": False},
-    "leases": {"dir": "/run/lock/ptcluster", "tmpfiles": None, "exists": False},
 }
 
 
@@ -97,8 +96,6 @@ def converged(facts: dict, cf: P.ClusterFacts = CF) -> dict:
         ("10.0.0.3", ["node2", "n2"])], facts["hostname"])
     done["env_file"] = P.env_file_text("n1", done, cf)
     done["workdir"]["exists"] = True
-    done["leases"] = {"dir": "/run/lock/ptcluster", "exists": True, "mode": 0o41777, "uid": 0,
-                      "tmpfiles": P.TMPFILES_LINE + "\n"}
     return done
 
 
@@ -124,7 +121,7 @@ def test_plan_of_a_fresh_node() -> None:
 def test_plan_is_the_step_registry_in_order() -> None:
     # plan_node is STEP_DEFS' functions in their order, each planning the step it is declared as
     no_sudo = {**FRESH, "sudo": {"mode": "none"}}
-    assert len(set(P.STEPS)) == len(P.STEPS) == 13
+    assert len(set(P.STEPS)) == len(P.STEPS) == 12
     for facts in (FRESH, converged(FRESH), no_sudo):
         steps = P.plan_node("n1", facts, CF)
         assert [s.name for s in steps] == [d.name for d in P.STEP_DEFS] == list(P.STEPS)
@@ -132,22 +129,6 @@ def test_plan_is_the_step_registry_in_order() -> None:
         # a step with no facts of its own for apply to re-read only reports: never a change
         assert [d.name for d, s in zip(P.STEP_DEFS, steps, strict=True)
                 if not d.sections and s.status == P.CHANGE] == []
-
-
-def test_the_lease_dir_is_made_sticky_for_everyone_and_at_every_boot() -> None:
-    step = by_name(P.plan_node("n1", FRESH, CF))["lease dir"]
-    assert step.status == P.CHANGE and "is missing" in step.why and "at boot" in step.why
-    (action,) = step.actions
-    assert action.root and action.input == "d /run/lock/ptcluster 1777 root root -\n"
-    assert "install -d -m 1777 -o root -g root /run/lock/ptcluster" in step.commands()[0]
-    # made by a user's first job (the guard makes it 1777, owned by that user): set right
-    by_user = {**FRESH, "leases": {"dir": "/run/lock/ptcluster", "exists": True,
-                                   "mode": 0o41777, "uid": 1000,
-                                   "tmpfiles": P.TMPFILES_LINE + "\n"}}
-    step = by_name(P.plan_node("n1", by_user, CF))["lease dir"]
-    assert step.status == P.CHANGE and "uid 1000 (want 1777, root)" in step.why, step.why
-    no_sudo = {**FRESH, "sudo": {"mode": "none"}}
-    assert by_name(P.plan_node("n1", no_sudo, CF))["lease dir"].status == P.BLOCKED
 
 
 def test_plan_is_all_ok_once_converged() -> None:
@@ -524,15 +505,18 @@ def test_the_password_is_checked_once_with_ufws_rules(monkeypatch, answers, mode
 
     def run(argv: list[str], *, stdin: str | None = None, timeout: float = 30.0,
             env: dict[str, str] | None = None) -> tuple[int, str]:
-        if argv[:3] == ["sudo", "-n", "true"]:
-            return 1, "sudo: a password is required\n"
-        assert argv[:5] == ["sudo", "-k", "-S", "-p", ""] and stdin is not None
-        assert stdin.startswith("pw\n")
-        ran.append(argv[6:])
+        assert argv[:3] == ["sudo", "-n", "true"]
+        return 1, "sudo: a password is required\n"
+
+    def sudo(argv: list[str], password: str, *, stdin: str | None = None,
+             timeout: float = 30.0, env: dict[str, str] | None = None) -> tuple[int, str]:
+        assert password == "pw" and stdin is None  # (at sudo's prompt: Commands.sudo)
+        ran.append(argv)
         return next(replies)
 
     for module in (node, setup_facts):  # (one namespace when packed)
         monkeypatch.setattr(module, "run", run)
+    monkeypatch.setattr(setup_facts.COMMANDS, "sudo", sudo)
     for module in (node, firewall):
         monkeypatch.setattr(module, "ufw_enabled", lambda: True)
     monkeypatch.setattr(node.os, "geteuid", lambda: 1000)

@@ -4,7 +4,8 @@
 Real users (the attacker is ``nobody``, uid 65534, via ``setpriv``; the victim is this test's
 root), real FIFOs, real symlinks, the real guard started by the real channel. Needs root and
 setpriv (skipped without). Each test works in directories of its own (``TMPDIR`` and the lease
-directory pointed there), never in this machine's ``/tmp`` or ``/run/lock/ptcluster``.
+directory pointed there), never in this machine's ``/tmp`` or ``/run/lock``; but one, which
+leases a fresh resource in the real ``/run/lock`` (as nobody and as root) and leaves nothing.
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ def test_a_forged_record_does_not_redirect_kill(lease_dir, guard_of_j7) -> None:
     here = socket.gethostname()
     bystander = subprocess.Popen(["sleep", "60"])
     try:
-        forge(lease_dir, f"job-J7@{here}", {"zzz": {
+        forge(lease_dir, leases.lease_name("job-J7"), {"zzz": {
             "job_id": "J7", "resource": "job-J7", "node": here, "pid": bystander.pid,
             "uid": 0, "user": "root", "since": 4e9, "command": "python x.py"}})
         held = leases.held_all()
@@ -280,7 +281,7 @@ def test_kill_signals_only_a_guard_of_that_job_of_that_user(lease_dir) -> None:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
         assert kill.end_job("J7", "TERM", {"host": "h", "user": "root"}) == {"found": False}
         assert proc.poll() is None
-        assert not list(lease_dir.glob("kill-*"))
+        assert not list(lease_dir.glob("ptcluster-kill-*"))
     finally:
         proc.kill()
         proc.wait()
@@ -293,7 +294,7 @@ def test_malformed_records_are_skipped_by_every_reader(lease_dir, guard_of_j7) -
     here = socket.gethostname()
     base = {"job_id": "J7", "resource": "job-J7", "node": here, "uid": 65534,
             "pid": guard_of_j7.pid, "since": 1.0}
-    forge(lease_dir, f"job-J7@{here}", {
+    forge(lease_dir, leases.lease_name("job-J7"), {
         "65534": {**base, "since": "soon"}, "a": {**base, "pid": 2 ** 70}, "b": [1, 2],
         "c": {**base, "ranks": ["x", "y"]}, "d": '{"pid": ', "e": {**base, "since": 1e300},
         "f": {**base, "since": 4e9}})  # (well formed, but the process is not nobody's)
@@ -313,10 +314,10 @@ def test_fifos_and_links_in_the_lease_directory_never_block(lease_dir, guard_of_
     /dev/zero: taking a lease, listing them, reading kill's notes return at once."""
     here = socket.gethostname()
     plant = ("import os, sys; d, h = sys.argv[1], sys.argv[2];"
-             " os.mkfifo(os.path.join(d, f'port-29500@{h}.lock'), 0o666);"
-             " os.mkfifo(os.path.join(d, f'job-J7@{h}.65534.json'), 0o666);"
-             " os.mkfifo(os.path.join(d, f'kill-J7@{h}.0.json'), 0o666);"
-             " os.symlink('/dev/zero', os.path.join(d, f'gpu-3@{h}.lock'))")
+             " os.mkfifo(os.path.join(d, f'ptcluster-port-29500@{h}.lock'), 0o666);"
+             " os.mkfifo(os.path.join(d, f'ptcluster-job-J7@{h}.65534.json'), 0o666);"
+             " os.mkfifo(os.path.join(d, f'ptcluster-kill-J7@{h}.0.json'), 0o666);"
+             " os.symlink('/dev/zero', os.path.join(d, f'ptcluster-gpu-3@{h}.lock'))")
     made = as_nobody(plant, str(lease_dir), here)
     assert isinstance(made, subprocess.CompletedProcess) and made.returncode == 0, made
     probe = textwrap.dedent("""
@@ -384,3 +385,59 @@ def test_a_user_cannot_make_the_lease_directory_and_root_makes_it_roots(tmp_path
         assert st.st_uid == 0 and oct(st.st_mode & 0o7777) == "0o1777"
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+
+
+TAKE = textwrap.dedent("""
+    import json, sys
+    from ptcluster.node.guard.prechecks import job_leasing
+    from ptcluster.node.guard.refusal import GuardError
+    try:
+        lease = job_leasing({}).take(sys.argv[1], {"job_id": "J8", "command": "python t.py"})
+    except GuardError as exc:
+        print(json.dumps({"refused": exc.problem}), flush=True)
+        sys.exit(0)
+    print(json.dumps({"lock": lease and lease.lock_path}), flush=True)
+    sys.stdin.read()
+    if lease:
+        lease.release()
+""")
+
+
+def test_a_user_leases_in_the_real_run_lock_where_setup_never_ran_the_same_file_as_root() -> None:
+    """nobody's guard, on a machine where ``ptcluster setup`` never ran, leases in the system's
+    /run/lock (root's, sticky, 1777 from boot): no directory of ptcluster's is needed. Root's
+    guard leases the same file, so neither takes what the other holds. A fresh resource; its
+    files are gone at the end (each holder removes its own)."""
+    from ptcluster.launch.plan import new_job_id
+
+    st = os.lstat("/run/lock")
+    if st.st_uid != 0 or st.st_mode & 0o7777 != 0o1777:
+        pytest.skip(f"/run/lock here is not root's 1777 directory ({st.st_mode:o})")
+    resource = f"test-{new_job_id()}"
+    lock = f"/run/lock/ptcluster-{resource}@{socket.gethostname()}.lock"
+    holder = subprocess.Popen([*NOBODY, "-c", TAKE, resource], cwd="/", stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              env={"PYTHONPATH": str(SRC), "HOME": "/nonexistent"})
+    assert holder.stdout is not None
+    try:
+        said = json.loads(holder.stdout.readline() or "{}")
+        assert said == {"lock": lock}, said
+        assert os.lstat(lock).st_uid == 65534
+        assert leases.take(resource, OWNER) is None  # root's guard: the same lease, held
+        who = leases.holder(resource)
+        assert who is not None and (who["uid"], who["job_id"]) == (65534, "J8"), who
+    finally:
+        holder.kill()  # (SIGKILL: its files stay, for root's sweep)
+        holder.wait()
+    mine = leases.Leasing().take(resource, OWNER)
+    try:
+        assert mine is not None and mine.lock_path == lock
+        busy = as_nobody(TAKE, resource)
+        assert isinstance(busy, subprocess.CompletedProcess), busy
+        assert json.loads(busy.stdout) == {"lock": None}, busy  # root holds it: nobody waits
+    finally:
+        if mine:
+            mine.release()
+        for left in Path("/run/lock").glob(f"ptcluster-{resource}@*"):
+            left.unlink()
+    assert not list(Path("/run/lock").glob(f"ptcluster-{resource}@*"))

@@ -8,7 +8,9 @@ for each user's own workstation). What decides "the user" is the node side: the 
 runs as over ssh (lease records, ``ps``'s "mine", the kernel's EPERM for ``kill``); the head's
 local identity matters only for its own registry of heads, so each user's heads get their own
 (``XDG_STATE_HOME``), as on separate machines. The nodes run one venv (the pinned torch) from a
-path every node has, as a team's nodes run one from a shared file system.
+path every node has, as a team's nodes run one from a shared file system. No node has had
+``ptcluster setup``'s root steps beyond /etc/hosts: each /run/lock is as boot makes it (root's,
+1777), and nothing else is needed for users' jobs to lease there.
 
 One bed for the module (2 nodes, 2+1 slots): the tests build on nothing but it and each ends
 its jobs; every check of "no process left" reads the nodes' own process tables.
@@ -38,9 +40,6 @@ from tests.support.head import Head, job_id_when_started, run_head
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 USERS = ("alice", "bob")
 SLOTS = (2, 1)
-LEASE_DIR_BY_SETUP = ("install", "-d", "-m", "1777", "-o", "root", "-g", "root",
-                      "/run/lock/ptcluster")
-"""What ``ptcluster setup`` makes on every node (and its tmpfiles.d line at every boot)."""
 
 JOB = textwrap.dedent("""
     import os, pwd, socket, sys, time, torch, torch.distributed as dist
@@ -73,8 +72,6 @@ def bed() -> Iterator[tb.Testbed]:
         for node in b.nodes:  # what setup's /etc/hosts step makes: every node by its address
             hosts = b.root_exec(node, "sh", "-c", "cat > /etc/hosts", input=b.hosts_text)
             assert hosts.returncode == 0, hosts.stderr
-            made = b.root_exec(node, *LEASE_DIR_BY_SETUP)  # and its lease directory step
-            assert made.returncode == 0, made.stderr
         yield b
     finally:
         b.close()
@@ -228,8 +225,9 @@ def test_two_users_jobs_at_once_get_disjoint_gpus_own_ports_and_both_finish(
     """alice's and bob's jobs on the same nodes at once, ``gpus: auto`` and ``master.port:
     auto``: every process of each job runs as its user on every node; disjoint GPU indices
     (leased and set in CUDA_VISIBLE_DEVICES on these CPU nodes), distinct ports; ``ps`` as bob
-    shows only bob's job, ``--all-users`` both with their users; the lease directory is the
-    shared /run/lock/ptcluster and each file in it is its holder's own; both finish, exit 0."""
+    shows only bob's job, ``--all-users`` both with their users; the leases are ``ptcluster-*``
+    files in the nodes' own /run/lock (setup never made anything for them), each its holder's
+    own; both finish, exit 0."""
     alice, bob = users["alice"], users["bob"]
     a, job_a = alice.start("job.py", hold_file("a1"))
     heads, jobs = [a], [job_a]
@@ -274,27 +272,30 @@ def test_two_users_jobs_at_once_get_disjoint_gpus_own_ports_and_both_finish(
         assert codes == [0, 0], "\n\n".join(h.output() for h in heads)
         for h in heads:
             assert sum(line.endswith("] finished") for line in h.lines) == 3, h.output()
+        for node in bed.nodes:  # each guard removed its files as it ended
+            left = [p.name for p in (bed.node_root(node) / "run/lock").glob("ptcluster-*")
+                    if any(j in p.name for j in jobs)]
+            assert left == [], (node.name, left)
     finally:
         end(*heads)
     assert_none_left(bed, *jobs)
 
 
 def check_lease_dirs(bed: tb.Testbed, users: dict[str, User], jobs: dict[str, str]) -> None:
-    """On every node: /run/lock is root's, mode 1777; /run/lock/ptcluster root's, mode 1777;
-    every file in it belongs to the user its record names (records ``NAME.UID.json``
-    world-readable, lock files created by their holders), and each job's leases are there."""
+    """On every node: /run/lock is root's, mode 1777 (as boot made it: nothing of ptcluster's
+    changed it or made a directory in it); every ``ptcluster-*`` file in it belongs to the user
+    its record names (records ``NAME.UID.json`` world-readable, lock files created by their
+    holders), and each job's leases are there."""
     for node in bed.nodes:
-        lock = bed.node_root(node) / "run/lock"
-        st = os.lstat(lock)
-        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o1777, oct(st.st_mode)
-        assert st.st_uid == 0
-        d = lock / "ptcluster"
+        d = bed.node_root(node) / "run/lock"
         st = os.lstat(d)
         assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o1777, oct(st.st_mode)
-        assert st.st_uid == 0, st.st_uid
+        assert st.st_uid == 0
+        assert not (d / "ptcluster").exists()
         names = {u.uid(node): name for name, u in users.items()}
         records = {}
-        for entry in sorted(os.listdir(d)):
+        ours = sorted(e for e in os.listdir(d) if e.startswith("ptcluster-"))
+        for entry in ours:
             st = os.lstat(d / entry)
             assert stat.S_ISREG(st.st_mode), entry
             assert st.st_uid in names, (node.name, entry, st.st_uid)
@@ -304,11 +305,11 @@ def check_lease_dirs(bed: tb.Testbed, users: dict[str, User], jobs: dict[str, st
                 record = json.loads((d / entry).read_text())
                 assert record["user"] == names[st.st_uid] == jobs[record["job_id"]], record
                 records[entry.rsplit(".", 2)[0]] = st.st_uid
-        for entry in os.listdir(d):
+        for entry in ours:
             if entry.endswith(".lock"):  # held now: made by the holder, whose record is beside
                 assert records[entry[:-len(".lock")]] == os.lstat(d / entry).st_uid, entry
         for job in jobs:
-            assert f"job-{job}@{node.name}" in records, (node.name, sorted(records))
+            assert f"ptcluster-job-{job}@{node.name}" in records, (node.name, sorted(records))
 
 
 def test_explicit_gpus_that_alice_holds_refuse_bobs_job_before_any_rank_or_wait_for_them(
@@ -390,52 +391,51 @@ def test_kill_by_bob_is_refused_and_by_alice_ends_her_job_on_every_node(
     assert pwd.getpwuid(os.getuid()).pw_name == "root"  # (the heads ran as root throughout)
 
 
-def test_without_roots_lease_directory_a_users_job_is_refused_in_one_line_unless_opted_out(
+def test_a_run_lock_that_is_not_roots_refuses_a_users_job_in_one_line_unless_opted_out(
         bed: tb.Testbed, users: dict[str, User]) -> None:
-    """A node where setup never ran (no /run/lock/ptcluster): alice's guard may not make it
-    (hers, it would let her take or drop everyone's leases), so her job is refused before any
-    rank starts, in one line naming ``ptcluster setup`` and the unsafe ``--no-leases``; nothing
-    is made. With ``run --no-leases`` the job runs, and says on that node that it is unleased.
-    A directory of hers in its place is refused the same way."""
+    """A node whose /run/lock is alice's (sticky, 1777, but hers: she could take or drop every
+    lease in it): her job is refused before any rank starts, in one line that says why, that
+    root must make it root's 1777 and names the unsafe ``--no-leases``; nothing is made. One
+    that is root's but not sticky and open to all is refused the same way. With ``run
+    --no-leases`` the job runs, and says on every node that it is unleased."""
     alice = users["alice"]
     n1 = bed.nodes[1]
-    gone = bed.root_exec(n1, "rm", "-rf", "/run/lock/ptcluster")
-    assert gone.returncode == 0, gone.stderr
+    theirs = bed.root_exec(n1, "chown", "alice:alice", "/run/lock")
+    assert theirs.returncode == 0, theirs.stderr
     jobs: list[str] = []
+    runs = alice.dir / "runs-unleased"
+
+    def run_alice(*opts: str) -> tuple[int, Head]:
+        code, head = run_head(["run", *opts, "--cluster", alice.cluster(), "--run-dir",
+                               str(runs), "job.py"], cwd=alice.dir, timeout=180, env=alice.env)
+        jobs.extend(p.name for p in runs.iterdir() if p.is_dir() and p.name not in jobs)
+        return code, head
+
+    ours = bed.node_root(n1) / "run/lock"
+    before = set(ours.glob("ptcluster*"))
     try:
-        runs = alice.dir / "runs-unleased"
-        code, refused = run_head(["run", "--cluster", alice.cluster(), "--run-dir", str(runs),
-                                  "job.py"], cwd=alice.dir, timeout=120, env=alice.env)
-        jobs += [p.name for p in runs.iterdir() if p.is_dir()]
+        code, refused = run_alice()
         assert code == 1, refused.output()
         said = [line for line in refused.err if line.startswith("Root cause") and
                 "no lease directory to trust" in line]  # (one line, as every refusal)
         assert len(said) == 1 and f"{n1.name}: no lease directory" in said[0], refused.output()
-        assert "/run/lock/ptcluster is missing (only root may make it)" in said[0], said
-        assert "`ptcluster setup`" in said[0] and "`run --no-leases`" in said[0] \
+        assert f"/run/lock belongs to uid {alice.uid(n1)}, not to root" in said[0], said
+        assert "have root make /run/lock " in said[0] and "`run --no-leases`" in said[0] \
             and "unsafe" in said[0], said
         assert not any("ready " in line for line in refused.lines), refused.output()
-        assert not (bed.node_root(n1) / "run/lock/ptcluster").exists()
-        mine = bed.root_exec(n1, "install", "-d", "-m", "1777", "-o", "alice", "-g", "alice",
-                             "/run/lock/ptcluster")
-        assert mine.returncode == 0, mine.stderr
-        code, refused = run_head(["run", "--cluster", alice.cluster(), "--run-dir", str(runs),
-                                  "job.py"], cwd=alice.dir, timeout=120, env=alice.env)
-        jobs += [p.name for p in runs.iterdir() if p.is_dir() and p.name not in jobs]
-        assert code == 1 and f"belongs to uid {alice.uid(n1)}, not to root" in \
-            "\n".join(refused.err), refused.output()
-        bed.root_exec(n1, "rm", "-rf", "/run/lock/ptcluster")
-        code, unleased = run_head(["run", "--no-leases", "--cluster", alice.cluster(),
-                                   "--run-dir", str(runs), "job.py"], cwd=alice.dir,
-                                  timeout=180, env=alice.env)
-        jobs += [p.name for p in runs.iterdir() if p.is_dir() and p.name not in jobs]
+        assert set(ours.glob("ptcluster*")) == before  # (nothing made, nothing removed)
+        back = bed.root_exec(n1, "sh", "-c", "chown root:root /run/lock && chmod 755 /run/lock")
+        assert back.returncode == 0, back.stderr
+        code, refused = run_alice()
+        assert code == 1 and "/run/lock has mode 755, not 1777" in "\n".join(refused.err), \
+            refused.output()
+        code, unleased = run_alice("--no-leases")
         assert code == 0, unleased.output()
         assert sum(line.endswith("] finished") for line in unleased.lines) == 3
         notes = [line for line in unleased.err if "no leases (run --no-leases" in line]
         assert {n.name for n in bed.nodes if any(f"{n.name}: no leases" in x for x in notes)} \
             == {n.name for n in bed.nodes}, unleased.output()
     finally:
-        bed.root_exec(n1, "rm", "-rf", "/run/lock/ptcluster")
-        made = bed.root_exec(n1, *LEASE_DIR_BY_SETUP)
+        made = bed.root_exec(n1, "sh", "-c", "chown root:root /run/lock && chmod 1777 /run/lock")
         assert made.returncode == 0, made.stderr
     assert_none_left(bed, *jobs)

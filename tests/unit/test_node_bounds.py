@@ -108,3 +108,14 @@ def test_a_node_that_reports_a_hostname_with_a_newline_writes_nothing_anywhere()
     text = hosts.actions[0].input or ""
     assert "10.6.6.6" not in text and "mirror" not in text
     assert "10.0.0.3 n2" in text and "10.0.0.1 node0 n0" in text
+
+
+def test_a_channel_closed_for_a_frame_too_long_says_so() -> None:
+    # the reason is the last line the channel's on_closed gets (the hub's TOO_LONG): run,
+    # doctor and setup say it as it is, with what to look at
+    from ptcluster.remote.hub import TOO_LONG
+    from ptcluster.remote.transport import explain_channel_failure
+
+    said = explain_channel_failure(["Warning: Permanently added 'n1'", TOO_LONG], -9, "python3")
+    assert said.what.startswith("frame too long: the node sent a line of more than 4 MiB")
+    assert said.fix and "compromised node" in said.fix

@@ -34,7 +34,7 @@ from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
 from ptcluster.launch.api import prepare
 from ptcluster.launch.options import RunOptions
-from ptcluster.launch.plan import LaunchPlan, Target
+from ptcluster.launch.plan import LOCAL_RANK_ARGS, LaunchPlan, Target
 from ptcluster.launch.result import RunResult
 from ptcluster.launch.rundir import RunDir, run_dir_for
 from ptcluster.launch.runner import Restarts, Runner
@@ -73,20 +73,25 @@ from ptcluster.remote.connect import outside_stop, transports
               default=DEFAULT_THRESHOLD, show_default=True,
               help="Name the straggler when one rank's (or node's) busy share is X times the "
               "other ranks' median while they wait for it.")
+@click.option("--local-rank-arg", type=click.Choice(sorted(LOCAL_RANK_ARGS)),
+              help="Pass --local-rank=N (dash, as `python -m torch.distributed.launch` does "
+              "since torch 2.0) or --local_rank=N (underscore, before) to the script: scripts "
+              "written for that launcher run unchanged.")
 @click.option("--no-leases", "no_leases", is_flag=True, help="Unsafe: take no leases on the "
-              "nodes (for nodes without `ptcluster setup`'s lease directory): other jobs may "
+              "nodes (for nodes whose /run/lock is not root's, mode 1777): other jobs may "
               "take this job's GPUs and port, and `ps` and `kill` do not see it.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
         runs_dir: str | None, preflight: bool, sync_first: bool, max_restarts: int,
         min_nodes: int | None, hang_timeout: float | None, wait: bool,
         wait_timeout: float | None, straggler_threshold: float, no_leases: bool,
+        local_rank_arg: str | None,
         args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
-    target = Target(module=module, args=args) if module else \
-        Target(script=args[0], args=args[1:])
+    target = Target(module=module, args=args, local_rank_arg=local_rank_arg) if module else \
+        Target(script=args[0], args=args[1:], local_rank_arg=local_rank_arg)
     spec = load_spec(cluster, nproc)
     if min_nodes is not None and min_nodes > len(spec.nodes):
         raise UsageError(f"--min-nodes {min_nodes} exceeds the {len(spec.nodes)} node(s) of the "
@@ -251,6 +256,8 @@ def _print_summary(console: Console, result: RunResult) -> None:
         title = "What the nodes saw first:" if result.ended_by else \
             "Root cause (first observed failure):"
         console.print(Text(title, style="bold red"), rc.headline())
+        if rc.known:
+            console.print(f"  known failure {rc.known}: {rc.meaning}", markup=False)
         # (stopped from outside: what a node said on its way down is in its log, not news)
         for line in [] if result.ended_by else rc.last_lines[-10:]:
             console.print(f"    {line}", markup=False)

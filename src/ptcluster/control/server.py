@@ -31,6 +31,7 @@ from ptcluster.control.protocol import (
     peer_uid,
 )
 from ptcluster.launch.rundir import RunDir
+from ptcluster.node.wire import KILLED_BY
 
 log = logging.getLogger(__name__)
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -193,7 +194,7 @@ class HeadDoor:
         by = request.get("by")
         by = by if isinstance(by, dict) else {}
         host, user = (str(by.get(k) or "?")[:100] for k in ("host", "user"))
-        self.killed_by = self.killed_by or f"ended by `ptcluster kill` from {host} ({user})"
+        self.killed_by = self.killed_by or KILLED_BY.format(host=host, user=user)
         for _ in range(2 if signame == "KILL" else 1):
             self.stop(self.killed_by)
         return {"ok": True, "job_id": self.job_id, "pid": os.getpid()}

@@ -32,6 +32,14 @@ if TYPE_CHECKING:
     from ptcluster.launch.options import RunOptions
 
 
+LOCAL_RANK_ARGS = {"dash": "--local-rank", "underscore": "--local_rank"}
+"""``run --local-rank-arg``: the argument ``python -m torch.distributed.launch`` gives every
+process, ``--local-rank=N`` since torch 2.0 (``dash``), ``--local_rank=N`` before."""
+LOCAL_RANK_MACRO = "${local_rank}"
+"""torchrun replaces this in every argument of a worker by its local rank
+(``torch.distributed.elastic.utils.api.macros``): how torch.distributed.launch passes it."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Target:
     """What every rank runs: a module (``-m``), a script, or source code (``-c``, shipped in
@@ -41,10 +49,17 @@ class Target:
     script: str | None = None
     code: str | None = None
     args: tuple[str, ...] = ()
+    local_rank_arg: str | None = None
+    """``dash`` or ``underscore``: the target gets ``--local-rank=N`` (``--local_rank=N``)
+    before its own arguments, as torch.distributed.launch gave it (a script written for that
+    launcher runs unchanged); None: only ``LOCAL_RANK`` in the environment, as torchrun."""
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.module, self.script, self.code)) != 1:
             raise ValueError("give exactly one of module, script or code")
+        if self.local_rank_arg is not None and self.local_rank_arg not in LOCAL_RANK_ARGS:
+            raise ValueError(f"local_rank_arg is one of {', '.join(LOCAL_RANK_ARGS)}, got "
+                             f"{self.local_rank_arg!r}")
 
     def program(self) -> list[str]:
         """What runs, without its arguments: ``-m MODULE``, ``SCRIPT`` or ``-c CODE``."""
@@ -55,7 +70,11 @@ class Target:
         return [self.script or ""]
 
     def argv(self) -> list[str]:
-        return self.program() + list(self.args)
+        """The program, then ``--local-rank=N`` where asked (where that launcher put it),
+        then its arguments."""
+        local_rank = [] if self.local_rank_arg is None else \
+            [f"{LOCAL_RANK_ARGS[self.local_rank_arg]}={LOCAL_RANK_MACRO}"]
+        return self.program() + local_rank + list(self.args)
 
     def describe(self, width: int = 120) -> str:
         """The program as a person would name it, for others to see (a lease record, ``ps``:

@@ -85,6 +85,10 @@ class FailureKind(str, Enum):
     """No rank made progress for ``--hang-timeout``."""
     BUSY = "busy"
     """A node refused only because another job holds what this one asks for (GPUs, a port)."""
+    OOM = "oom"
+    """A rank (or a process of its tree) was killed by the kernel's out-of-memory killer."""
+    DISK = "disk"
+    """A rank's filesystem was full (ENOSPC, EDQUOT)."""
     UNHEALTHY = "unhealthy"
     """A node refused by its health gate (``node.health``): too few GPUs, a nearly full disk,
     too little memory. A restart leaves it out, like a lost node."""
@@ -106,6 +110,12 @@ class Failure:
     at: float = 0.0
     """When it happened, head clock (for a rank: its node's time, corrected)."""
     last_lines: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What the node saw of it (``oom``: the kernel's kills, ``disk``: the full filesystem)."""
+    known: str | None = None
+    """The known failure it is, by name (``launch.supervise.known``; ``fix`` is its fix)."""
+    meaning: str | None = None
+    """What that known failure means."""
 
     def __post_init__(self) -> None:
         self.kind = FailureKind(self.kind)  # a kind's name ("lost") is taken, an unknown one not
@@ -189,6 +199,7 @@ class RunResult:
                        "clock_offset_s": n.clock_offset,
                        "address": n.facts.get("address"),
                        "torchrun_pid": n.facts.get("torchrun_pid"),
+                       "torch": n.facts.get("torch"), "nccl": n.facts.get("nccl"),
                        "guard_exit": n.guard_exit, "reason": n.reason,
                        "transport_exit": n.transport_exit, "escalations": n.escalations,
                        "after_loss": n.after_loss}
@@ -236,7 +247,8 @@ class AttemptRecord:
 
 def _failure_json(f: Failure) -> dict[str, Any]:
     return {"host": f.host, "rank": f.rank, "kind": f.kind.value, "message": f.message,
-            "fix": f.fix, "exit_code": f.exit_code, "at": f.at, "last_lines": f.last_lines}
+            "fix": f.fix, "known": f.known, "meaning": f.meaning, "exit_code": f.exit_code,
+            "at": f.at, "last_lines": f.last_lines, "facts": f.facts}
 
 
 def signame(num: int) -> str:

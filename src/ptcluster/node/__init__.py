@@ -50,9 +50,10 @@ STACK_PROBE = Program("stack-probe", _N + "rank.stack_probe", RANK, (RANK_WIRE,)
 _G = _N + "guard."
 GUARD = Program("guard", _G + "agent", NODE,
                 (WIRE, NETIF, RANK_WIRE, _N + "safefile", _G + "proctree", _G + "progress",
-                 _G + "outbox", _G + "rank_server", _G + "schedstat", _G + "link", _G + "teardown",
-                 _N + "records", _N + "leases", _G + "refusal", _G + "tmpdirs", _N + "accel",
-                 _G + "gpus", _N + "health", _G + "prechecks", _G + "spawn"),
+                 _G + "outbox", _G + "schedstat", _G + "machine", _G + "rank_server",
+                 _G + "link", _G + "teardown", _N + "records", _N + "leases", _G + "refusal",
+                 _G + "tmpdirs", _N + "accel", _G + "gpus", _N + "health", _G + "prechecks",
+                 _G + "spawn"),
                 hands=(SHIM, STACK_PROBE))
 """Run's node agent: owns one node's part of a job."""
 FACTS = Program("facts", _N + "doctor_facts", NODE,
@@ -63,8 +64,7 @@ SAFE_LEASES = (_N + "safefile", _N + "records", _N + "leases")
 SAMPLER = Program("sampler", _N + "sampler", NODE, (WIRE, *SAFE_LEASES))
 """The monitor's node program: one sample per interval."""
 SETUP_AGENT = Program("setup", _N + "setup_agent", NODE,
-                      (WIRE, NETIF, *SAFE_LEASES, _N + "accel",
-                       _N + "firewall", _N + "setup_facts"))
+                      (WIRE, NETIF, _N + "accel", _N + "firewall", _N + "setup_facts"))
 """Setup's node program: facts, then the commands the head asks for."""
 KILL = Program("kill", _N + "kill", NODE, (WIRE, *SAFE_LEASES))
 """``ptcluster kill``'s node program: signals one job's guard (found by its lease)."""

@@ -1,11 +1,15 @@
 """Leases: one of a node's resources (a rendezvous port; GPUs next) held by one job.
 
-Standard library only (part of the guard). A lease is an exclusive ``flock`` on a file in
-:data:`LEASE_DIR`, a sticky, world-writable directory of root's (like ``/tmp``: every user can
-create files in it, none can remove or replace another's, and nobody but root can change the
-directory itself: its owner could take or drop every lease in it). Where it is missing, a guard
-running as root makes it; anyone else's job is refused (``ptcluster setup`` makes it at every
-boot), unless the user passed ``run --no-leases``: leases fail closed, never silently off.
+Standard library only (part of the guard). A lease is an exclusive ``flock`` on a file named
+``ptcluster-*`` in :data:`LEASE_DIR`, ``/run/lock`` itself: the system's lock directory (where
+serial-port locks have always lived, ``LCK..ttyS0``), which Debian and Ubuntu make at every boot
+(systemd-tmpfiles' ``legacy.conf``) as a sticky, world-writable directory of root's. So every
+user can create files in it, none can remove or replace another's, and nobody but root can
+change the directory itself (its owner could take or drop every lease in it); and it is there
+on a fresh machine, for any user, with nothing to set up. The rule fails closed: where it is not
+root's sticky 1777 directory (or is a link), a job is refused, unless the user passed
+``run --no-leases``: leases are never silently off. Only files named ``ptcluster-*`` are ever
+read, swept or made here: the rest of the directory is other programs'.
 
 The kernel releases a ``flock`` when the last descriptor of the open file closes, that is when
 the guard ends however it ends (SIGKILL, a crash): no lease outlives its job. The files are
@@ -42,7 +46,11 @@ import time
 from ptcluster.node.records import alive, read_record, unlink, write_record  # inlined
 from ptcluster.node.safefile import create_new, open_regular  # inlined
 
-LEASE_DIR = "/run/lock/ptcluster"
+LEASE_DIR = "/run/lock"
+PREFIX = "ptcluster-"
+"""Every file of ours in the lease directory is named so (and no other file there is touched)."""
+_KILL = PREFIX + "kill-"
+"""``kill``'s notes (``ptcluster-kill-JOB@HOST.UID.json``): not lease records."""
 _LOCK = ".lock"
 RECORD_MODE = 0o644
 """A holder's record is world-readable (a umask of 077 must not hide who holds a lease)."""
@@ -92,9 +100,10 @@ class Leasing:
 
 
 def lease_name(resource: str) -> str:
-    """The file name of a resource's lease on this node: with the hostname, so that nodes that
-    happen to share a lock directory (a shared /run in containers) never share a lease."""
-    return f"{resource}@{socket.gethostname()}"
+    """The file name of a resource's lease on this node (``ptcluster-gpu-0@n1``): with the
+    hostname, so that nodes that happen to share a lock directory (a shared /run in containers)
+    never share a lease."""
+    return f"{PREFIX}{resource}@{socket.gethostname()}"
 
 
 def dir_problem(st: os.stat_result) -> str:
@@ -110,8 +119,9 @@ def dir_problem(st: os.stat_result) -> str:
 
 
 def ensure_dir(directory: str | None = None) -> str:
-    """The lease directory: a real directory of root's, mode 1777. Made so where it is missing
-    when we are root; else OSError, whose text says what is wrong with it (missing: ENOENT)."""
+    """The lease directory: a real directory of root's, mode 1777 (``/run/lock`` is so from
+    boot). Made so where it is missing when we are root (a container without one); else
+    OSError, whose text says what is wrong with it (missing: ENOENT)."""
     directory = directory or LEASE_DIR
     if os.getuid() == 0:
         try:
@@ -181,11 +191,13 @@ def _lock(directory: str, name: str, create: bool, mode: int) -> int | None:
 
 def sweep(directory: str) -> None:
     """Remove the files of leases that nobody holds (a holder killed before it could): the
-    lock files this user may remove, and the records of holders that are gone."""
+    lock files this user may remove, the records of holders that are gone, and ``kill``'s
+    notes for jobs whose lease is gone (a job's guard reads its note while it holds it)."""
     try:
         entries = os.listdir(directory)
     except OSError:
         return
+    entries = [e for e in entries if e.startswith(PREFIX)]  # (the rest is not ours)
     names = {e[:-len(_LOCK)] for e in entries if e.endswith(_LOCK)}
     uid = os.getuid()
     for name in names:
@@ -209,9 +221,11 @@ def sweep(directory: str) -> None:
             unlink(path)
         finally:
             os.close(fd)
-    for entry in entries:  # records whose lock file is gone (kill's notes are not records)
-        if entry.endswith(".json") and not entry.startswith("kill-") and \
-                entry.rsplit(".", 2)[0] not in names:
+    locks = {e[:-len(_LOCK)] for e in _listdir(directory) if e.endswith(_LOCK)}
+    for entry in entries:  # records whose lock file is gone; kill's notes whose job's is
+        of = entry.rsplit(".", 2)[0]
+        if entry.endswith(".json") and (PREFIX + "job-" + of[len(_KILL):] not in locks
+                                        if entry.startswith(_KILL) else of not in names):
             unlink(os.path.join(directory, entry))
 
 
@@ -234,7 +248,7 @@ def take(resource: str, info: dict, directory: str | None = None) -> Lease | Non
 
 def kill_note(job_id: str, directory: str | None = None, uid: int | None = None) -> str:
     """Where ``ptcluster kill`` says who ended a job, for the job's guard on this node."""
-    return os.path.join(directory or LEASE_DIR, f"kill-{job_id}@{socket.gethostname()}."
+    return os.path.join(directory or LEASE_DIR, f"{_KILL}{job_id}@{socket.gethostname()}."
                                                 f"{os.getuid() if uid is None else uid}.json")
 
 
@@ -356,7 +370,7 @@ def held_all(directory: str | None = None) -> list[dict]:
     table = _flock_holders()
     out = []
     for entry in entries:
-        if not entry.endswith(_LOCK):
+        if not (entry.startswith(PREFIX) and entry.endswith(_LOCK)):
             continue
         name = entry[:-len(_LOCK)]
         held = _held(directory, name, table)

@@ -73,6 +73,11 @@ THREADS_VAR, THREADS_DEFAULT = "OMP_NUM_THREADS", "1"
 same on every rank: ``launch.plan.threads_default`` says why)."""
 TORCHRUN_LOG_VAR = "PET_LOG_DIR"
 """torchrun's own files: the guard points it into its private temp dir (removed with it)."""
+AGENT_ERROR_VAR, AGENT_ERROR_FILE = "TORCHELASTIC_ERROR_FILE", "torchrun-error.json"
+"""Where torchrun's ``@record`` writes the exception that ended it, as JSON (torch elastic's
+``ErrorHandler``: ``{"message": {"message": "TYPE: TEXT", ...}}``): a file in the guard's temp
+dir, read when torchrun fails with no rank failed (its rendezvous). Each rank gets its own path
+from torchrun instead."""
 
 STACK_SIGNAL = signal.SIGRTMIN + 7
 """The guard's "dump your stacks" signal, answered by the probe's faulthandler (glibc keeps
@@ -86,8 +91,11 @@ START, EXIT = "start", "exit"
 """Records on ``ctl``: the target's process started (pid, streams it opened), and ended (its wait
 status: an exit code, or minus the signal that killed it)."""
 ERROR = "error"
-"""Record on ``data``: an exception left the user's code: ``{t, exc, text}``; ``exc`` is the
-exception's type name (``SystemExit`` with a non-zero code, ``KeyboardInterrupt``, ...)."""
+"""Record on ``data``: an exception left the user's code: ``{t, exc, text, errno?, filename?,
+usage?}``; ``exc`` is the exception's type name (``SystemExit`` with a non-zero code,
+``KeyboardInterrupt``, ...); ``errno`` and ``filename`` those of the first ``OSError`` in its
+chain, where one is (the file as an absolute path; "" when the error named none); ``usage``
+argparse's message, when the parser ended the program."""
 REPORT = "data"
 """Record on ``data``: ``{kind, ...}``, one of the kinds below or a rank program's own."""
 RETURNED, CHECKPOINT, RESUMED = "returned", "checkpoint", "resumed"

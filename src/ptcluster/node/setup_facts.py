@@ -23,7 +23,6 @@ from typing import Any, Protocol
 
 from ptcluster.node.accel import gpus, pci_gpu_count  # inlined
 from ptcluster.node.firewall import firewall_state  # inlined
-from ptcluster.node.leases import LEASE_DIR  # inlined
 from ptcluster.node.netif import route_interface  # inlined
 
 C_ENV = {"LC_ALL": "C", "LANG": "C"}
@@ -242,16 +241,6 @@ def workdir_fact(host: FactHost) -> dict[str, Any]:
     return {"workdir": {"path": path, "exists": os.path.isdir(path)}}
 
 
-def leases_fact(host: FactHost) -> dict[str, Any]:
-    leases: dict[str, Any] = {"dir": LEASE_DIR, "tmpfiles": _read(TMPFILES)}
-    try:
-        st = os.lstat(LEASE_DIR)
-        leases.update(exists=True, mode=st.st_mode, uid=st.st_uid)
-    except OSError:
-        leases["exists"] = False
-    return {"leases": leases}
-
-
 def env_fact(host: FactHost) -> dict[str, Any]:
     iface, why = route_interface(host.cfg["master_addr"])
     return {"env_file": _read(os.path.expanduser(host.cfg["env_file"])),
@@ -261,7 +250,7 @@ def env_fact(host: FactHost) -> dict[str, Any]:
 SECTIONS: dict[str, Fact] = {
     "apt": apt_fact, "venv": venv_fact, "key": key_fact, "os": os_fact,
     "firewall": firewall_fact, "wheels": wheels_fact, "hosts": hosts_fact,
-    "workdir": workdir_fact, "leases": leases_fact, "env": env_fact,
+    "workdir": workdir_fact, "env": env_fact,
 }
 """Every fact section by the name a step asks for it (``setup.plan.StepDef.sections``; ``sudo``
 is read with every ask: ``setup_agent.Node.facts``)."""
@@ -285,10 +274,6 @@ def login_name() -> str:
     import pwd
 
     return pwd.getpwuid(os.geteuid()).pw_name
-
-
-TMPFILES = "/etc/tmpfiles.d/ptcluster.conf"
-"""systemd-tmpfiles' entry that makes the lease directory at every boot (/run is a tmpfs)."""
 
 
 def _read(path: str) -> str | None:

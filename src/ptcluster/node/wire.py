@@ -35,7 +35,8 @@ class Kind:
     ERROR = "error"
     """Node -> head: the program refused, ``{problem, fix, busy}``."""
     EXIT = "exit"
-    """Node -> head, last: ``{code, reason}``."""
+    """Node -> head, last: ``{code, reason}``; the guard's with ``error`` when torchrun itself
+    failed (what its ``@record`` wrote: ``TYPE: TEXT``)."""
     # the guard (run's agent)
     READY = "ready"
     """Guard -> head: its prechecks passed; the payload is its ``ReadyFacts``."""
@@ -159,10 +160,65 @@ class ReadyFacts(TypedDict, total=False):
     """This node's address on ``interface``: where peers reach it."""
     torchrun_pid: int
     """Added by the head from the ``started`` frame."""
+    torch: str
+    nccl: str
+    """The versions of torch and of NCCL's wheel in the node's python (absent: not installed);
+    the head names it when they differ between nodes."""
     boot_id: str
     """``/proc/sys/kernel/random/boot_id`` at ready: another one after a loss means a reboot."""
     uptime: float
     """Seconds since this node booted, at ready (``time``)."""
+
+
+class OomVictim(TypedDict, total=False):
+    """One process the kernel's OOM killer killed, as its log line says (``guard.machine``)."""
+
+    pid: int
+    comm: str
+    """Its command name (torch's processes: ``pt_main_thread``)."""
+    rss: int
+    """Bytes resident when it was killed (anon + file + shmem)."""
+    constraint: str
+    """``CONSTRAINT_MEMCG``: its memory group's limit; ``CONSTRAINT_NONE``: the node's memory."""
+    memcg: str
+    """The memory group whose limit was hit (for ``CONSTRAINT_MEMCG``)."""
+    main: bool
+    """It was the rank's program itself (not one of its children: a DataLoader worker)."""
+
+
+class OomFacts(TypedDict, total=False):
+    """What a guard found when a rank failed while the kernel's OOM killer ran (in the rank's
+    ``rexit``, ``oom``; ``guard.machine.MachineWatch.after_exit``)."""
+
+    node_kills: int
+    """How much the node's OOM-kill count (``/proc/vmstat``) rose since the job started."""
+    group_kills: int
+    """How much the rank's memory group's count rose since the guard first saw it."""
+    group: str
+    """That group's folder; ``group_limit``: its limit in bytes (absent: none)."""
+    group_limit: int
+    log: str
+    """Where the guard read the kernel's log (``/dev/kmsg``, ``journalctl -k``); "": nowhere."""
+    victims: list[OomVictim]
+    """The kernel's victims that were processes of the rank's tree (matched by pid)."""
+    mem_available: int
+    """The node's available and total memory in bytes, at the guard's last look."""
+    mem_total: int
+
+
+class DiskFacts(TypedDict, total=False):
+    """The filesystem of a file a rank could not write (ENOSPC, EDQUOT: in its ``rerror``,
+    ``disk``; ``guard.machine.disk_facts``)."""
+
+    path: str
+    mount: str
+    fstype: str
+    source: str
+    free: int
+    """Bytes free for the rank's user, and the size (bytes)."""
+    total: int
+    full: list["DiskFacts"]
+    """No file was named: the node's nearly full filesystems."""
 
 
 TIMING_EVERY = 2.0

@@ -10,7 +10,6 @@ when its own fact still says it is needed.
 from __future__ import annotations
 
 import shlex
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,6 @@ from typing import Any
 from ptcluster.cluster.model import SETUP_PYTHON, SETUP_VENV
 from ptcluster.cluster.validate import is_dns_name
 from ptcluster.errors import Problem
-from ptcluster.node.leases import LEASE_DIR
 from ptcluster.setup.torch_choice import TorchChoice
 
 OK, CHANGE, BLOCKED = "ok", "change", "blocked"
@@ -296,31 +294,6 @@ def _workdir(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
         StepAction(("mkdir", "-p", "--", workdir["path"])),))
 
 
-TMPFILES_LINE = f"d {LEASE_DIR} 1777 root root -"
-"""Made at every boot by systemd-tmpfiles (``/run`` is a tmpfs): sticky and world-writable,
-so every user's jobs can lease there and none can remove another's leases."""
-
-
-def _leases(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
-    found = facts.get("leases") or {}
-    mode = int(found.get("mode") or 0)
-    right = found.get("exists") and stat.S_ISDIR(mode) and stat.S_IMODE(mode) == 0o1777 \
-        and found.get("uid") == 0
-    boot = TMPFILES_LINE in (found.get("tmpfiles") or "")
-    if right and boot:
-        return Step("lease dir", OK, f"{LEASE_DIR} (1777, root; made at boot)")
-    why = "; ".join(w for w in (
-        None if right else f"{LEASE_DIR} " + ("is missing" if not found.get("exists") else
-                                              f"is mode {stat.S_IMODE(mode):o}, uid "
-                                              f"{found.get('uid')} (want 1777, root)"),
-        None if boot else "not made at boot (no tmpfiles.d entry)") if w)
-    script = (f"rm -f {LEASE_DIR} 2>/dev/null; install -d -m 1777 -o root -g root {LEASE_DIR} "
-              f"&& chmod 1777 {LEASE_DIR} && mkdir -p /etc/tmpfiles.d && cat > "
-              "/etc/tmpfiles.d/ptcluster.conf")
-    return _root_step("lease dir", _root_ok(facts), why, (
-        StepAction(("sh", "-c", script), root=True, input=TMPFILES_LINE + "\n"),), "no sudo")
-
-
 def _root_step(name: str, can: bool, why: str, actions: tuple[StepAction, ...],
                why_not: str) -> Step:
     if can:
@@ -439,7 +412,6 @@ STEP_DEFS: tuple[StepDef, ...] = (
     StepDef("/etc/hosts", ("hosts",), _hosts),
     StepDef("env file", ("env",), _env_file),
     StepDef("workdir", ("workdir",), _workdir),
-    StepDef("lease dir", ("leases",), _leases),
 )
 """Every step, in the order the plan lists them and apply runs them (the connection comes before
 all of them)."""

@@ -98,11 +98,26 @@ def _write(folder: Path, position: Position, fill: Callable[[IO[bytes]], object]
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)  # never a partial file: the last good one stays
+        cause = _os_error(exc)
+        if cause is not None and not cause.filename:
+            # torch wraps the OSError of a full disk in its own RuntimeError, and a file
+            # object's error names no file: say which (the shim reports errno and file).
+            raise OSError(cause.errno, cause.strerror or os.strerror(cause.errno or 0),
+                          str(target)) from exc
         raise
     _fsync_dir(folder)  # the rename itself survives a power cut
     return target
+
+
+def _os_error(exc: BaseException | None) -> OSError | None:
+    """The first ``OSError`` with an errno in ``exc``'s chain."""
+    for _ in range(8):
+        if exc is None or isinstance(exc, OSError) and exc.errno:
+            return exc if isinstance(exc, OSError) else None
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def from_bytes(blob: bytes, device: torch.device) -> dict[str, Any]:

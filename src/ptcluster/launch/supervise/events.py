@@ -108,6 +108,8 @@ class RankExit:
     """Wait status as Popen gives it (negative: killed by that signal); None: no record."""
     node_time: float
     duration: float | None
+    oom: wire.OomFacts | None = None
+    """The kernel's OOM kills its guard found when it failed (None: no count rose)."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,13 @@ class RankError:
     text: str
     exc: str = ""
     """The exception's type name (``SystemExit`` for a non-zero ``sys.exit``); "" if unknown."""
+    errno: int | None = None
+    """The errno of the first ``OSError`` in its chain, where one is."""
+    filename: str = ""
+    disk: wire.DiskFacts | None = None
+    """The filesystem it could not write to, as its guard saw it (ENOSPC, EDQUOT)."""
+    usage: str = ""
+    """``argparse``'s message, when the parser ended the rank (``sys.exit(2)``)."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,8 @@ class GuardExit:
     host: str
     code: int
     reason: str
+    error: str = ""
+    """What ended torchrun itself, ``TYPE: TEXT`` (its error file), when the guard has it."""
 
 
 @dataclass(frozen=True)
@@ -206,8 +217,12 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         return StacksReply(host, None if ident is None else int(ident),
                            {int(r): dict(v) for r, v in (body.get("ranks") or {}).items()})
     if kind == wire.Kind.RERROR:
+        num = body.get("errno")
         return RankError(host, int(body["rank"]), float(body["t"]), str(body.get("text", "")),
-                         str(body.get("exc") or ""))
+                         str(body.get("exc") or ""), None if num is None else int(num),
+                         str(body.get("filename") or ""),
+                         cast(wire.DiskFacts, body["disk"]) if body.get("disk") else None,
+                         str(body.get("usage") or ""))
     if kind == wire.Kind.STOPPING:
         signal = str(body.get("signal") or "")
         return GuardStopping(host, str(body.get("reason", "")), float(body["t"]), signal,
@@ -217,7 +232,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == wire.Kind.REXIT:
         code = body.get("code")
         return RankExit(host, int(body["rank"]), None if code is None else int(code),
-                        float(body["t"]), _opt_float(body.get("duration")))
+                        float(body["t"]), _opt_float(body.get("duration")),
+                        cast(wire.OomFacts, body["oom"]) if body.get("oom") else None)
     if kind == wire.Kind.RDATA:
         return RankData(host, int(body.pop("rank")), body)
     if kind == wire.Kind.HELLO:
@@ -230,7 +246,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == wire.Kind.STARTED:
         return Started(host, int(body["pid"]))
     if kind == wire.Kind.EXIT:
-        return GuardExit(host, int(body["code"]), str(body.get("reason", "")))
+        return GuardExit(host, int(body["code"]), str(body.get("reason", "")),
+                         str(body.get("error") or ""))
     raise ValueError(f"unknown frame kind {kind!r}")
 
 

@@ -20,6 +20,7 @@ from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, NodeOutcome, RankRecord
 from ptcluster.launch.supervise.actions import Action, Send, SignalChannel, Status
 from ptcluster.launch.supervise.hang import HangWatch
+from ptcluster.launch.supervise.known import VERSIONS, order_failures
 from ptcluster.launch.supervise.straggler import StragglerWatch
 from ptcluster.launch.supervise.verdict import Raised, judge_rank
 from ptcluster.node import wire
@@ -177,6 +178,8 @@ class RankLife:
     """When (corrected) and what an exception left its code, from the rank itself."""
     returned: bool = False
     """Its program returned (or exited 0): a death after that is in the interpreter's shutdown."""
+    oom: wire.OomFacts | None = None
+    """The kernel's OOM kills its guard found when it ended (its exit's ``oom``)."""
     failure: Failure | None = None
     """The failure it was found to be (a second report refines it, never adds one)."""
 
@@ -185,23 +188,34 @@ class RankLife:
         """Started, not ended."""
         return self.record.started_at is not None and self.record.ended_at is None
 
-    def judge(self, stop_at: float | None) -> Failure | None:
+    def judge(self, stop_at: float | None, versions: str | None = None) -> Failure | None:
         """Once it ended: a failure that is news, or None (it succeeded, has not ended, ended
-        in the teardown of ``stop_at`` (its node's), or was judged before: then refined)."""
+        in the teardown of ``stop_at`` (its node's), or was judged before: then refined).
+        ``versions``: the nodes' versions that differ, the explanation of a failure that has
+        none of its own (``known.VERSIONS``)."""
         record = self.record
-        verdict = judge_rank(record, self.raised, self.returned, stop_at)
+        verdict = judge_rank(record, self.raised, self.returned, stop_at, self.oom)
         if verdict is None:
             return None
         record.stopped = verdict.stopped
         if verdict.stopped:
             return None
-        if self.failure is not None:  # the second report of the same failure: refine it
-            self.failure.at, self.failure.message = verdict.at, verdict.message
-            self.failure.fix = verdict.fix
-            return None
-        self.failure = Failure(host=record.host, rank=record.rank, message=verdict.message,
-                               exit_code=record.exit_code, at=verdict.at, fix=verdict.fix)
-        return self.failure
+        known, fix = verdict.known, verdict.fix
+        if known is None and fix is None and versions:
+            known, fix = VERSIONS, f"{VERSIONS.fix} ({versions})"
+        if self.failure is None:
+            self.failure = Failure(host=record.host, rank=record.rank, message="",
+                                   exit_code=record.exit_code)
+            news: Failure | None = self.failure
+        else:  # the second report of the same failure: refine it
+            news = None
+        failure = self.failure
+        failure.at, failure.message, failure.fix = verdict.at, verdict.message, fix
+        failure.kind, failure.facts, failure.exit_code = verdict.kind, verdict.facts, \
+            record.exit_code
+        failure.known, failure.meaning = (None, None) if known is None else \
+            (known.name, known.meaning)
+        return news
 
 
 class JobState:
@@ -230,6 +244,9 @@ class JobState:
                        for n in plan.nodes for r in n.ranks}
         self._ranks_on = {n.host: n.ranks for n in plan.nodes}
         self._failures: list[Failure] = []
+        self._versions: str | None = None
+        """The torch or NCCL versions that differ between the nodes (``known.versions_differ``,
+        read once every node is ready), None where they agree."""
         self._checkpoint: int | None = None
         self._resumed_from: int | None = None
         self._first_rank_start: float | None = None
@@ -305,9 +322,10 @@ class JobState:
 
     @property
     def failures(self) -> list[Failure]:
-        """Every failure, earliest first (rank failures before others at the same time): the
-        root cause is the first, whatever order the news arrived in."""
-        return sorted(self._failures, key=lambda f: (f.at, f.rank is None))
+        """Every failure, earliest first (rank failures before others at the same time), but a
+        peer's reset never before the death it follows (``known.order_failures``): the root
+        cause is the first, whatever order the news arrived in."""
+        return order_failures(self._failures)
 
     @property
     def ranks(self) -> list[RankRecord]:

@@ -35,6 +35,7 @@ from ptcluster.launch.supervise.actions import (
     StacksAnswered,
     Status,
 )
+from ptcluster.launch.supervise.known import VERSIONS, match_agent, versions_differ
 from ptcluster.launch.supervise.states import (
     FINAL,
     Escalation,
@@ -171,7 +172,9 @@ class Supervisor(JobState):
         if wrong is not None:
             return self._fail(wrong, now)
         self._phase, self._went_at = Phase.RUNNING, now
-        actions: list[Action] = []
+        self._versions = versions_differ({h: life.facts for h, life in self._life.items()})
+        actions: list[Action] = [] if self._versions is None else \
+            [Status(f"the nodes' versions differ ({self._versions}): {VERSIONS.fix}")]
         told = None
         if self._plan.master_port == AUTO_PORT:  # the port the master's guard leased
             master = self._life[self._plan.nodes[0].host].facts
@@ -241,6 +244,7 @@ class Supervisor(JobState):
             return []
         rank.record.exit_code, rank.record.duration = e.code, e.duration
         rank.record.ended_at = self._corrected(e.host, e.node_time)
+        rank.oom = e.oom
         return self._judge_rank(rank, now)
 
     def _rank_error(self, e: ev.RankError, now: float) -> list[Action]:
@@ -248,13 +252,14 @@ class Supervisor(JobState):
         if rank is None:
             return []
         rank.raised = Raised(self._corrected(e.host, e.node_time), e.text,
-                             exit_call=e.exc == "SystemExit")
+                             exit_call=e.exc == "SystemExit", exc=e.exc, errno=e.errno,
+                             usage=e.usage, disk=e.disk)
         return self._judge_rank(rank, now)
 
     def _judge_rank(self, rank: RankLife, now: float) -> list[Action]:
         """A rank that ended: success, a failure (when it failed: the exception it reported,
         else its exit), or a result of our own teardown. Either report may come first."""
-        failure = rank.judge(self._life[rank.record.host].stop_at)
+        failure = rank.judge(self._life[rank.record.host].stop_at, self._versions)
         return [] if failure is None else self._fail(failure, now)
 
     def _heartbeat(self, e: ev.Heartbeat, now: float) -> list[Action]:
@@ -289,10 +294,13 @@ class Supervisor(JobState):
             return []
         if any(f.host == e.host and f.rank is not None for f in self._failures):
             return []  # its failed rank is the news, torchrun's exit the consequence
-        return self._fail(Failure(host=e.host, rank=None, exit_code=e.code, at=self.wall(now),
-                                  kind=FailureKind.NODE,
-                                  message=f"torchrun exited with code {e.code} ({e.reason})"),
-                          now)
+        failure = Failure(host=e.host, rank=None, exit_code=e.code, at=self.wall(now),
+                          kind=FailureKind.NODE,
+                          message=f"torchrun exited with code {e.code} ({e.error or e.reason})")
+        known = match_agent(e.error)
+        if known is not None:
+            failure.known, failure.meaning, failure.fix = known.name, known.meaning, known.fix
+        return self._fail(failure, now)
 
     def _closed(self, e: ev.ChannelClosed, now: float) -> list[Action]:
         node = self._nodes[e.host]

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, FailureKind, RankRecord, signame
+from ptcluster.launch.supervise.known import Known, RankReport, match_rank
+from ptcluster.launch.supervise.machine_view import disk_named, oom_named
 from ptcluster.node import wire
 
 CRASH_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS)
@@ -33,6 +36,18 @@ class Raised:
     text: str
     exit_call: bool = False
     """It was ``sys.exit(N)``: the exit code says it all."""
+    exc: str = ""
+    """The exception's type name (``SystemExit`` for ``sys.exit(N)``)."""
+    errno: int | None = None
+    """The errno of the first ``OSError`` in its chain, where one is."""
+    disk: wire.DiskFacts | None = None
+    """The filesystem its guard found full (ENOSPC, EDQUOT)."""
+    usage: str = ""
+    """What ``argparse`` exited with (its message), when the parser ended the rank."""
+
+    def report(self) -> RankReport:
+        """As the known-failures table reads it."""
+        return RankReport(self.exc, self.text, self.errno, self.usage)
 
 
 @dataclass(frozen=True)
@@ -44,11 +59,17 @@ class RankVerdict:
     at: float = 0.0
     message: str = ""
     fix: str | None = None
+    known: Known | None = None
+    """The known failure it is (``launch.supervise.known``): its fix is ``fix``."""
+    kind: FailureKind = FailureKind.RANK
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What the node saw of it (``Failure.facts``)."""
 
 
 def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
-               stop_at: float | None) -> RankVerdict | None:
-    """None while there is nothing to judge (the rank succeeded, or has not ended)."""
+               stop_at: float | None, oom: wire.OomFacts | None = None) -> RankVerdict | None:
+    """None while there is nothing to judge (the rank succeeded, or has not ended). ``oom``:
+    the kernel's OOM kills its guard found when it ended; what the machine saw comes first."""
     if record.exit_code == 0 or record.ended_at is None:
         return None
     failed_at = record.ended_at if raised is None else min(raised.at, record.ended_at)
@@ -64,11 +85,21 @@ def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
         message = f"{text}, then it hung until the teardown ended it ({message})"
     elif text and raised is not None and not raised.exit_call:
         message += f" ({text})"
+    elif raised is not None and raised.usage:  # the script's own parser ended it
+        message += f" (argparse: {raised.usage})"
     elif returned and code is not None and -code in CRASH_SIGNALS:
         # (a SIGKILL or SIGTERM then is someone else's doing: named as it is)
         message += " after its program had returned, in the interpreter's shutdown"
         fix = SHUTDOWN_FIX
-    return RankVerdict(stopped=False, at=failed_at, message=message, fix=fix)
+    named = (oom_named(record.host, code, oom, text) if oom else None) or \
+        (disk_named(record.host, raised.errno, raised.disk, text) if raised else None)
+    if named is not None:
+        return RankVerdict(stopped=False, at=failed_at, message=named.message, fix=named.fix,
+                           kind=FailureKind(named.kind), facts=named.facts)
+    known = None if raised is None else match_rank(raised.report())
+    if known is not None:
+        fix = known.fix
+    return RankVerdict(stopped=False, at=failed_at, message=message, fix=fix, known=known)
 
 
 def not_ready(hosts: Sequence[str], timeout: float, at: float) -> Failure:

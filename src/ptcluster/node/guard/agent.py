@@ -48,12 +48,14 @@ import traceback
 from typing import cast
 
 from ptcluster.node.guard.link import HeadLink, StopRequest  # inlined
+from ptcluster.node.guard.machine import MachineWatch  # inlined
 from ptcluster.node.guard.prechecks import precheck  # inlined
 from ptcluster.node.guard.progress import ProgressMeter  # inlined
 from ptcluster.node.guard.rank_server import EXIT_WAIT, RankServer  # inlined
 from ptcluster.node.guard.refusal import GuardError  # inlined
 from ptcluster.node.guard.spawn import (  # inlined
     HANDED,
+    agent_error,
     pump_agent,
     rank_env,
     start_torchrun,
@@ -90,7 +92,9 @@ class Guard:
         self.pump_thread: threading.Thread | None = None
         self.leases: list[Lease] = []
         """What this job holds on the node (the job, the master's port, its GPUs): released
-        when the guard ends, however it ends (the kernel drops the locks with the process)."""
+        when the guard ends, however it ends (the kernel drops the locks with the process; on
+        a normal end, a refusal or an error the guard removes their files first, so that no
+        ``ptcluster-*`` file of its stays in /run/lock)."""
 
     def send(self, kind: str, payload: object = None) -> None:
         self.link.send(kind, payload)
@@ -105,7 +109,8 @@ class Guard:
         if self.link.master_port:
             use_port(self.cfg["argv"], self.link.master_port)
         self.tmpdir = job_dir(self.tmp_parent, self.cfg["job_id"], HANDED)
-        ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out)
+        self.link.machine = MachineWatch()  # the OOM counts before any rank starts
+        ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out, self.link.machine)
         self.link.meter = ProgressMeter(ranks.probes)
         self.link.ranks = ranks
         self.child = start_torchrun(self.cfg, rank_env(self.cfg, facts, self.tmpdir, ranks.path))
@@ -140,13 +145,17 @@ class Guard:
         else:
             reason = "job ended"
             teardown(self.child, grace=1.0)  # workers that outlived torchrun, if any
+        # torchrun's own failure (its rendezvous), as its @record wrote it
+        said = {"error": agent_error(self.tmpdir)} if code and reason == "job ended" else {}
         if code is None:
             code = -9
         if self.pump_thread is not None:
             self.pump_thread.join(timeout=2.0)
         if self.link.ranks is not None:
             self.link.ranks.close(EXIT_WAIT)  # every rank's last lines and exit before ours
-        self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time()})
+        self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time(), **said})
+        if self.link.machine is not None:
+            self.link.machine.close()
         remove_tree(self.tmpdir)
         return code if code >= 0 else 128 - code
 
@@ -183,6 +192,8 @@ def main() -> int:
         return 70
     finally:
         guard.out.flush()  # what came after the last frame (a descendant's, torchrun's)
+        for lease in guard.leases:  # (its ranks are gone: its files go, then its locks)
+            lease.release()
         guard.finished.set()
 
 

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from ptcluster.node.guard.machine import MachineWatch  # inlined
 from ptcluster.node.guard.outbox import Outbox  # inlined
 from ptcluster.node.guard.progress import ProgressMeter, fit_stacks  # inlined
 from ptcluster.node.guard.rank_server import RankServer  # inlined
@@ -73,6 +74,8 @@ class HeadLink:
         """The rank server once torchrun starts: what heartbeats, ``timing`` and ``stacks``
         report on."""
         self.meter: ProgressMeter | None = None
+        self.machine: MachineWatch | None = None
+        """What the machine saw (OOM kills): it collects the ranks' trees on every beat."""
         self.schedstat: SchedstatMeter | None = None
 
     # -- out ----------------------------------------------------------------------------------
@@ -137,6 +140,11 @@ class HeadLink:
                 except Exception:  # noqa: BLE001 - progress is advice; the heartbeat is not
                     pass
             self.send(Kind.HB, beat)
+            if self.machine is not None and self.ranks is not None and not self.stop.is_set():
+                try:
+                    self.machine.scan(dict(self.ranks.probes.pids))
+                except Exception:  # noqa: BLE001 - advice only
+                    pass
             if time.monotonic() >= next_timing and not self.stop.is_set() and \
                     self.cfg["env"].get(TIMING_OFF_VAR) != "0":
                 next_timing = time.monotonic() + timing_every(every)

@@ -69,6 +69,7 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
     if chosen:
         facts["gpus"] = chosen
     _interface(cfg, facts)
+    facts.update(versions())
     return facts
 
 
@@ -85,15 +86,44 @@ def health_gate(cfg: GuardConfig, workdir: str) -> None:
 
 
 def job_leasing(cfg: GuardConfig) -> Leasing:
-    """The job's leasing on this node: in the lease directory, which must be root's (made here
-    when missing and we are root); without leases only when the user opted out (``run
-    --no-leases``, said in the ready facts). Else refused, never silently unleased."""
+    """The job's leasing on this node: in the lease directory (``/run/lock``), which must be
+    root's sticky 1777 one (made here when missing and we are root); without leases only when
+    the user opted out (``run --no-leases``, said in the ready facts). Else refused, never
+    silently unleased."""
     if cfg.get("leases") is False:
         return Leasing(off=NO_LEASES)
     try:
         return Leasing()
     except OSError as exc:
         raise untrusted_lease_dir(exc) from None
+
+
+NCCL_WHEELS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+"""The packages NCCL comes in with torch's CUDA wheels."""
+
+
+def versions() -> ReadyFacts:
+    """``{torch, nccl}``: the versions installed in this python (the ranks' own), from the
+    packages' metadata, nothing imported; the head compares them across the nodes."""
+    found: ReadyFacts = {}
+    torch, nccl = _installed(("torch",)), _installed(NCCL_WHEELS)
+    if torch:
+        found["torch"] = torch
+    if nccl:
+        found["nccl"] = nccl
+    return found
+
+
+def _installed(names: tuple[str, ...]) -> str:
+    """The version of the first of ``names`` installed; "" when none is."""
+    from importlib import metadata  # (~40 ms: only here)
+
+    for name in names:
+        try:
+            return metadata.version(name)
+        except (metadata.PackageNotFoundError, ValueError, OSError):
+            continue
+    return ""
 
 
 def _interface(cfg: GuardConfig, facts: ReadyFacts) -> None:

@@ -41,12 +41,18 @@ def _proc_table() -> list[tuple[int, int, str]]:
     return table
 
 
-def descendants(root: int) -> list[int]:
-    """Live (non-zombie) processes below ``root``."""
+def children_map() -> dict[int, list[int]]:
+    """Every live (non-zombie) process's children, by parent pid."""
     children: dict[int, list[int]] = {}
     for pid, ppid, state in _proc_table():
         if state != "Z":
             children.setdefault(ppid, []).append(pid)
+    return children
+
+
+def descendants(root: int) -> list[int]:
+    """Live (non-zombie) processes below ``root``."""
+    children = children_map()
     out, todo = [], [root]
     while todo:
         for pid in children.get(todo.pop(), []):

@@ -54,9 +54,12 @@ class RankServer:
     at once; this thread writes the held output when its hold is up.
     """
 
-    def __init__(self, path: str, out: Outbox) -> None:
+    def __init__(self, path: str, out: Outbox, watch: Any = None) -> None:
         self.path = path
         self.out = out
+        self.watch = watch
+        """What the machine saw (``guard.machine.MachineWatch``): told of every rank's start,
+        asked at its failure (OOM kills) and at an error that says the disk was full."""
         self.sel = selectors.DefaultSelector()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
@@ -175,17 +178,41 @@ class RankServer:
         kind, body = record
         body["rank"] = rank
         if kind == EXIT:
+            self.machine_said(rank, body)
             self.probes.ended(rank)
             self.exited.add(rank)
             self.pending[rank] = (body, time.monotonic() + EXIT_WAIT)
         elif kind == START:
             self.declared[rank] = int(body.get("streams", 0))
             self.probes.started(rank, int(body.get("pid", 0)))
+            try:
+                if self.watch is not None:
+                    self.watch.started(rank, int(body.get("pid", 0)),
+                                       int(body.get("shim_pid", 0)))
+            except Exception:  # noqa: BLE001, S110 - advice only: never this thread's end
+                pass
             self.out.now(encode(RANK_FRAMES[START], body))
         elif kind == REPORT:  # (data a rank reports, maybe every step: held as output is)
             self.out.later(encode(RANK_FRAMES[kind], body))
         elif kind == ERROR:
+            try:
+                disk = self.watch.after_error(body) if self.watch is not None else None
+            except Exception:  # noqa: BLE001 - advice only: the error goes out regardless
+                disk = None
+            if disk:
+                body["disk"] = disk
             self.out.now(encode(RANK_FRAMES[kind], body))
+
+    def machine_said(self, rank: int, body: dict[str, Any]) -> None:
+        """Into a failed rank's exit record: the OOM kills of its tree, where any."""
+        if self.watch is None:
+            return
+        try:
+            oom = self.watch.after_exit(rank, body.get("code"))
+        except Exception:  # noqa: BLE001 - advice only: the exit goes out regardless
+            oom = None
+        if oom:
+            body["oom"] = oom
 
     def drop(self, conn: Any, st: dict[str, Any] | None = None) -> None:
         self.sel.unregister(conn)
@@ -202,11 +229,12 @@ class RankServer:
                 del self.open_streams[rank]
         elif st["role"] == CTL and rank not in self.exited:
             # The shim itself died (SIGKILL): no exit record; the head reports it as killed.
+            body = {"rank": rank, "code": None, "t": time.time(),
+                    "note": "ended without an exit record"}
+            self.machine_said(rank, body)
             self.probes.ended(rank)
             self.exited.add(rank)
-            self.pending[rank] = ({"rank": rank, "code": None, "t": time.time(),
-                                   "note": "ended without an exit record"},
-                                  time.monotonic() + EXIT_WAIT)
+            self.pending[rank] = (body, time.monotonic() + EXIT_WAIT)
 
     def flush_exits(self, force: bool) -> None:
         now = time.monotonic()

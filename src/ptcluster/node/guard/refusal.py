@@ -27,11 +27,13 @@ class GuardError(Exception):
         """Refused by the health gate (``node.health``): a restart leaves the node out."""
 
 
-UNLEASED_FIX = ("run `ptcluster setup` (as root it makes the directory, root's, mode 1777, at "
-                "every boot), or pass `run --no-leases` to run without leases (unsafe: other "
+UNLEASED_FIX = (f"have root make {LEASE_DIR} what Debian and Ubuntu make it at every boot, a "
+                f"directory of root's with mode 1777 (`install -d -m 1777 -o root -g root "
+                f"{LEASE_DIR}`), or pass `run --no-leases` to run without leases (unsafe: other "
                 "jobs may take this job's GPUs and port, and `ps` and `kill` do not see it "
                 "there)")
-"""What to do about a lease directory that cannot be trusted: said once, on every node."""
+"""What to do about a lease directory that cannot be trusted: said once, on every node. (Only
+root can fix it: nothing of ptcluster's, ``setup`` included, changes the system's /run/lock.)"""
 
 
 def untrusted_lease_dir(exc: OSError) -> GuardError:
@@ -42,6 +44,4 @@ def untrusted_lease_dir(exc: OSError) -> GuardError:
 
 def unleasable(what: str, exc: OSError) -> GuardError:
     """The refusal when the lease directory exists but cannot be used (a file in it refused)."""
-    return GuardError(f"cannot lease {what}in {LEASE_DIR}: {exc}",
-                      f"make {LEASE_DIR} a directory every user can create files in "
-                      "(mode 1777; ptcluster setup does)")
+    return GuardError(f"cannot lease {what}in {LEASE_DIR}: {exc}", UNLEASED_FIX)

@@ -6,6 +6,7 @@ Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,8 @@ from ptcluster.node.guard.outbox import Outbox  # inlined
 from ptcluster.node.guard.prechecks import node_python  # inlined
 from ptcluster.node.guard.proctree import libc_prctl  # inlined
 from ptcluster.node.rank_wire import (  # inlined
+    AGENT_ERROR_FILE,
+    AGENT_ERROR_VAR,
     IFNAME_VARS,
     SHIM_FILE,
     SHIM_VAR,
@@ -79,7 +82,21 @@ def rank_env(cfg: GuardConfig, facts: ReadyFacts, tmpdir: str, sock: str) -> dic
     env[SOCK_VAR] = sock
     env[SHIM_VAR] = os.path.join(tmpdir, SHIM_FILE)
     env[TORCHRUN_LOG_VAR] = tmpdir  # torchrun's own files: removed with the temp dir
+    env[AGENT_ERROR_VAR] = os.path.join(tmpdir, AGENT_ERROR_FILE)
     return env
+
+
+def agent_error(tmpdir: str) -> str:
+    """What ended torchrun itself (``TYPE: TEXT``, from the file its ``@record`` writes, see
+    ``rank_wire.AGENT_ERROR_VAR``); "" when it wrote none or not in that shape."""
+    try:
+        with open(os.path.join(tmpdir, AGENT_ERROR_FILE), "rb") as f:
+            data = json.loads(f.read(1 << 20))
+        message = data["message"]
+        text = message["message"] if isinstance(message, dict) else message
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return text[:300] if isinstance(text, str) else ""
 
 
 def child_setup(slurm: bool) -> Callable[[], None]:

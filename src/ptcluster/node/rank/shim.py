@@ -199,7 +199,46 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
 
 
 def _report_error(exc: BaseException, text: str) -> None:
-    _report(ERROR, {"t": time.time(), "exc": type(exc).__name__, "text": text})
+    _report(ERROR, error_record(exc, text))
+
+
+def error_record(exc: BaseException, text: str) -> dict[str, object]:
+    """The ``error`` record of ``exc`` (``rank_wire.ERROR``): its type's name and ``text``; the
+    errno and file of the first ``OSError`` in its chain, and argparse's message when the
+    parser ended the program."""
+    body: dict[str, object] = {"t": time.time(), "exc": type(exc).__name__, "text": text}
+    body.update(_os_error(exc))
+    usage = _argparse_message(exc)
+    if usage:
+        body["usage"] = usage
+    return body
+
+
+def _os_error(exc: BaseException) -> dict[str, object]:
+    """``{errno, filename}`` of the first ``OSError`` in the exception's chain (torch wraps a
+    full disk's ``OSError`` in its ``RuntimeError``); the file as an absolute path."""
+    seen: list[BaseException] = []
+    at: BaseException | None = exc
+    while at is not None and len(seen) < 8 and not any(at is s for s in seen):
+        if isinstance(at, OSError) and at.errno:
+            name = at.filename if isinstance(at.filename, str) else ""
+            return {"errno": at.errno, "filename": os.path.abspath(name) if name else ""}
+        seen.append(at)
+        at = at.__cause__ or at.__context__
+    return {}
+
+
+def _argparse_message(exc: BaseException) -> str:
+    """What ``argparse`` exited with when the parser ended the program (``parser.error``): the
+    ``message`` of its frame on the exception's traceback, not the text it printed."""
+    parser = getattr(sys.modules.get("argparse"), "ArgumentParser", None)
+    code = getattr(getattr(parser, "error", None), "__code__", None)
+    tb = exc.__traceback__ if isinstance(exc, SystemExit) and code is not None else None
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return str(tb.tb_frame.f_locals.get("message", ""))[:300]
+        tb = tb.tb_next
+    return ""
 
 
 def _report(kind: str, body: dict[str, object]) -> None:

@@ -1,0 +1,385 @@
+"""What the machine saw when a rank died: the kernel's out-of-memory killer, a full filesystem.
+
+Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
+
+Out of memory. ``MachineWatch`` notes the node's OOM-kill count (``/proc/vmstat`` ``oom_kill``)
+when the job starts, and each rank's memory group's (cgroup v2 ``memory.events``, v1
+``memory.oom_control``: both readable without privilege) when it first sees the group. On every
+heartbeat it collects the pids of each rank's process tree: the kernel's victim is gone when we
+look. When a rank ends with a failure, it reads the counters again and, where they rose and it
+can, the kernel's own account of each kill: ``/dev/kmsg`` (root: opened at the job's start and
+read without blocking, so only records written since) or ``journalctl -k`` (groups adm,
+systemd-journal, wheel). A kill is the rank's only when its victim's pid was one of its tree's,
+never by name (torch's processes are all called ``pt_main_thread``). The rank's ``rexit`` frame
+carries what was found (``wire.OomFacts``); the head words it.
+
+A full disk. When a rank's code raised ENOSPC or EDQUOT (the shim reports the errno and the
+file), the guard stats that file's filesystem: its mount point, type, free and total space
+(``wire.DiskFacts``, in the rank's ``rerror`` frame). With no file named, the nearly full
+filesystems of the node.
+"""
+
+import errno
+import grp
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from typing import Any
+
+from ptcluster.node.guard.proctree import children_map  # inlined
+from ptcluster.node.guard.schedstat import meminfo  # inlined
+
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+"""What a full filesystem raises: no space left, the user's quota exceeded."""
+LOG_GROUPS = ("adm", "systemd-journal", "wheel")
+"""Groups whose members may read the kernel's log through ``journalctl -k`` (journalctl(1))."""
+LOG_WAIT = 1.0
+"""Seconds the guard waits at most for the kernel's account of a kill it counted (the line is
+written just after the signal; journald copies it a moment later)."""
+KILLED = re.compile(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(.*)")
+"""The kernel's line for each victim (mm/oom_kill.c: ``%s: Killed process %d (%s) total-vm:…,
+anon-rss:…kB, file-rss:…kB, shmem-rss:…kB, UID:…``; older kernels ``Kill process N (x)``)."""
+RSS = re.compile(r"(anon|file|shmem)-rss:(\d+)kB")
+PSEUDO_FS = frozenset({
+    "proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "debugfs", "tracefs", "securityfs",
+    "pstore", "bpf", "configfs", "fusectl", "hugetlbfs", "autofs", "binfmt_misc", "nsfs",
+    "squashfs", "iso9660", "ramfs", "devtmpfs", "efivarfs", "rpc_pipefs",
+})
+"""Filesystems that are never a job's full disk (always "full", or no blocks at all)."""
+NEARLY_FULL = 0.02
+"""A filesystem with less than this share free is named when a rank's ENOSPC named no file."""
+
+
+class MachineWatch:
+    """One job's view of the kernel's OOM kills on this node (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.node_base = vmstat_oom_kills()
+        self.since = time.time()
+        self.kmsg = open_kmsg()
+        self.log = "/dev/kmsg" if self.kmsg is not None else \
+            "journalctl -k" if journal_readable() else ""
+        """Where this guard reads the kernel's log ("" where it cannot)."""
+        self.roots: dict[int, int] = {}
+        """Per rank: its program's pid."""
+        self.trees: dict[int, set[int]] = {}
+        """Per rank: every pid its tree had (the shim, its program, their children)."""
+        self.groups: dict[int, dict[str, Any]] = {}
+        """Per rank: its memory group's counter file, the count first seen there, its limit."""
+        self.kills: list[dict[str, Any]] = []
+        """The kernel's victims since the job started (read so far)."""
+        self.pending: dict[int, dict[str, Any]] = {}
+        """Per pid: the ``oom-kill:`` line's facts, until its ``Killed process`` line comes."""
+        self.waited = 0
+        """The node's count the log was last waited for in vain (``victims``)."""
+        self.mem: tuple[int, int] | None = None
+        """(available, total) bytes of the node's memory at the last look."""
+
+    def started(self, rank: int, pid: int, shim_pid: int) -> None:
+        """A rank's program started (its pid, its shim's)."""
+        with self.lock:
+            self.trees.setdefault(rank, set()).update(p for p in (pid, shim_pid) if p > 0)
+            self.roots[rank] = pid
+        self.note_group(rank, pid)
+
+    def scan(self, roots: dict[int, int]) -> None:
+        """Every heartbeat while ranks run: each rank's tree (``roots``: rank -> its program's
+        pid), its memory group, the node's memory."""
+        children = children_map()
+        for rank, root in roots.items():
+            tree, todo = [root], [root]
+            while todo:
+                kids = children.get(todo.pop(), [])
+                tree += kids
+                todo += kids
+            with self.lock:
+                self.trees.setdefault(rank, set()).update(tree)
+            self.note_group(rank, root)
+        mem = meminfo()
+        if mem.get("MemTotal") and "MemAvailable" in mem:
+            self.mem = (mem["MemAvailable"] * 1024, mem["MemTotal"] * 1024)
+
+    def note_group(self, rank: int, pid: int) -> None:
+        """The memory group ``pid`` is in now, with its count (a group first seen counts from
+        there: a rank may move itself into another)."""
+        found = memory_group(pid)
+        if found is None:
+            return
+        path, limit = found
+        with self.lock:
+            known = self.groups.get(rank)
+            if known is None or known["file"] != path:
+                count = group_oom_kills(path)
+                if count is not None:
+                    self.groups[rank] = {"file": path, "base": count, "limit": limit}
+
+    def after_exit(self, rank: int, code: int | None) -> dict[str, Any] | None:
+        """The OOM facts of a rank that ended with ``code`` (None: without an exit record):
+        None when no counter rose (or the rank succeeded)."""
+        if code == 0:
+            return None
+        now = vmstat_oom_kills()
+        node = now - self.node_base if now is not None and self.node_base is not None else 0
+        group = self.groups.get(rank)
+        in_group = 0
+        if group is not None:
+            count = group_oom_kills(group["file"])
+            in_group = count - group["base"] if count is not None else 0
+        if node <= 0 and in_group <= 0:
+            return None
+        facts: dict[str, Any] = {"node_kills": node, "group_kills": in_group, "log": self.log}
+        if group is not None:
+            facts["group"] = os.path.dirname(group["file"])
+            if group["limit"]:
+                facts["group_limit"] = group["limit"]
+        if self.mem is not None:
+            facts["mem_available"], facts["mem_total"] = self.mem
+        facts["victims"] = self.victims(rank, node) if self.log else []
+        if node > 0 and not self.kills:
+            # The node counted kills its log does not show (journald not running, a
+            # container's own /dev/kmsg): say what is known, not "none of its processes".
+            facts["log"] = ""
+        return facts
+
+    def victims(self, rank: int, counted: int) -> list[dict[str, Any]]:
+        """The kernel's victims in the rank's tree. Until the log has as many kills as the
+        node counted (``counted``), it waits for them, ``LOG_WAIT`` s at most and once per
+        count: a rank whose tree was not hit then costs nothing (the others of a job ended by
+        an OOM kill), nor does a log that never shows them."""
+        deadline = time.monotonic() + LOG_WAIT
+        while True:
+            self.read_log()
+            with self.lock:
+                tree = self.trees.get(rank, set())
+                mine = [{**k, "main": k["pid"] == self.roots.get(rank)} for k in self.kills
+                        if k["pid"] in tree]
+                told = len(self.kills)
+            if mine or told >= counted or counted <= self.waited:
+                return mine[:4]
+            if time.monotonic() >= deadline:
+                self.waited = counted  # waited once for these: the next rank does not
+                return mine[:4]
+            time.sleep(0.05)
+
+    def read_log(self) -> None:
+        """The kernel's lines written since the job started (or since the last read)."""
+        if self.kmsg is not None:
+            lines = read_kmsg(self.kmsg)
+        else:
+            lines = read_journal(self.since)
+            self.kills = []  # journalctl gives every line since the start again
+        with self.lock:
+            for line in lines:
+                self.parse(line)
+
+    def parse(self, line: str) -> None:
+        if "oom-kill:" in line:  # the line before: why (CONSTRAINT_NONE: the node's memory,
+            # CONSTRAINT_MEMCG: a memory group's limit) and which group
+            said = dict(kv.partition("=")[::2] for kv in line.split("oom-kill:", 1)[1].split(","))
+            if said.get("pid", "").isdigit():
+                self.pending[int(said["pid"])] = {"constraint": said.get("constraint", ""),
+                                                  "memcg": said.get("oom_memcg", "")}
+            return
+        m = KILLED.search(line)
+        if m is None:
+            return
+        pid = int(m.group(1))
+        rss = sum(int(kb) for _, kb in RSS.findall(m.group(3))) * 1024
+        kill = {"pid": pid, "comm": m.group(2), "rss": rss, **self.pending.pop(pid, {})}
+        if kill not in self.kills:
+            self.kills.append(kill)
+
+    def after_error(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The disk facts of a rank's error record that says its filesystem was full."""
+        if body.get("errno") not in FULL_ERRNOS:
+            return None
+        return disk_facts(str(body.get("filename") or ""))
+
+    def close(self) -> None:
+        if self.kmsg is not None:
+            os.close(self.kmsg)
+            self.kmsg = None
+
+
+def vmstat_oom_kills() -> int | None:
+    """The node's OOM kills since boot (``/proc/vmstat``, kernel >= 4.13)."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def cgroup_mounts() -> dict[str, str]:
+    """Where the memory controller's hierarchies are mounted: ``{"v1": PATH, "v2": PATH}``."""
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 4:
+                    continue
+                if fields[2] == "cgroup2":
+                    found.setdefault("v2", fields[1])
+                elif fields[2] == "cgroup" and "memory" in fields[3].split(","):
+                    found.setdefault("v1", fields[1])
+    except OSError:
+        pass
+    return found
+
+
+def memory_group(pid: int) -> tuple[str, int] | None:
+    """``pid``'s memory group: its OOM counter file and its limit (0: none or not readable)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    mounts = cgroup_mounts()
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if "memory" in controllers.split(",") and "v1" in mounts:
+            base = mounts["v1"] + path
+            return base + "/memory.oom_control", read_int(base + "/memory.limit_in_bytes")
+    for line in lines:
+        if line.startswith("0::") and "v2" in mounts:
+            base = mounts["v2"] + line[3:]
+            if os.path.exists(base + "/memory.events"):
+                return base + "/memory.events", read_int(base + "/memory.max")
+    return None
+
+
+def group_oom_kills(path: str) -> int | None:
+    """The ``oom_kill`` count of a memory group's counter file (v1 and v2 both say it so)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def read_int(path: str) -> int:
+    try:
+        with open(path) as f:
+            value = int(f.read().strip())
+    except (OSError, ValueError):
+        return 0
+    return value if value < 1 << 60 else 0  # v1's "no limit" is a huge number
+
+
+def open_kmsg() -> int | None:
+    """``/dev/kmsg`` at its end (only records written from now on), not blocking; None where
+    the kernel refuses (``kernel.dmesg_restrict``: root only)."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        os.lseek(fd, 0, os.SEEK_END)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_kmsg(fd: int) -> list[str]:
+    """The records waiting (``prio,seq,usec,flags;text``): their text."""
+    lines = []
+    for _ in range(100000):
+        try:
+            record = os.read(fd, 8192)
+        except BlockingIOError:
+            break
+        except BrokenPipeError:  # records overwritten before we read them: go on
+            continue
+        except OSError:
+            break
+        if not record:
+            break
+        head, _, text = record.decode(errors="replace").partition(";")
+        lines.append(text.split("\n", 1)[0])
+    return lines
+
+
+def journal_readable() -> bool:
+    """Whether ``journalctl -k`` shows this user the kernel's lines."""
+    if shutil.which("journalctl") is None:
+        return False
+    if os.geteuid() == 0:
+        return True
+    names = set()
+    for gid in os.getgroups():
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return bool(names & set(LOG_GROUPS))
+
+
+def read_journal(since: float) -> list[str]:
+    try:
+        run = subprocess.run(["journalctl", "-k", "-q", "--no-pager", "-o", "cat",
+                              f"--since=@{int(since) - 1}"], capture_output=True, timeout=5,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return run.stdout.decode(errors="replace").splitlines()
+
+
+def disk_facts(filename: str) -> dict[str, Any] | None:
+    """The filesystem of ``filename`` (or of its nearest existing folder): ``{path, mount,
+    fstype, source, free, total}``; with no file: ``{full: [...]}``, the nearly full ones."""
+    if not filename:
+        full = [f for f in (fs_facts(m) for m in mounts()) if f is not None and f["total"]
+                and f["free"] < NEARLY_FULL * f["total"]]
+        return {"full": full[:4]} if full else None
+    path = os.path.abspath(filename)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    real = os.path.realpath(path)
+    best = max((m for m in mounts() if real == m[0] or real.startswith(m[0].rstrip("/") + "/")),
+               key=lambda m: len(m[0]), default=None)
+    facts = fs_facts(best or (real, "", ""), at=path)
+    if facts is not None:
+        facts["path"] = filename
+    return facts
+
+
+def fs_facts(mount: tuple[str, str, str], at: str = "") -> dict[str, Any] | None:
+    point, fstype, source = mount
+    if fstype in PSEUDO_FS:
+        return None
+    try:
+        st = os.statvfs(at or point)
+    except OSError:
+        return None
+    return {"mount": point, "fstype": fstype, "source": source,
+            "free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
+
+
+def mounts() -> list[tuple[str, str, str]]:
+    """(mount point, type, source) of every mount this process sees (``mountinfo``)."""
+    out = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields, rest = left.split(), right.split()
+                if len(fields) > 4 and len(rest) > 1:
+                    point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)),
+                                   fields[4])
+                    out.append((point, rest[0], rest[1]))
+    except OSError:
+        pass
+    return out

@@ -1,0 +1,264 @@
+"""What the machine saw of a rank's death, for real: the kernel's OOM killer (a rank in a cgroup
+v1 memory group with a small limit), named from ``/dev/kmsg`` as root and as "the count rose"
+for a user who cannot read the log; a DataLoader worker's OOM; a full checkpoint disk (a tiny
+tmpfs) named with its free space, the previous checkpoint intact, ``--resume`` continuing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.head import only_run, rank_fields, run_head
+
+MEMORY_V1 = Path("/sys/fs/cgroup/memory")
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+HOG = textwrap.dedent("""
+    import os, sys, time
+    with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+    print(f"pid {os.getpid()} in the group", flush=True)
+    time.sleep(2.5)  # the guard collects the rank's tree on each heartbeat
+    hog = []
+    while True:
+        hog.append(bytearray(8 << 20))
+""")
+
+WORKER_HOG = textwrap.dedent("""
+    import os, sys, time
+    from torch.utils.data import DataLoader, Dataset
+
+    class Hog(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+            print(f"worker pid {os.getpid()} in the group", flush=True)
+            time.sleep(2.5)
+            hog = []
+            while True:
+                hog.append(bytearray(8 << 20))
+
+    for _ in DataLoader(Hog(), num_workers=1):
+        pass
+""")
+
+
+def _needs_root_and_memory_v1() -> None:
+    if os.getuid() != 0 or not (MEMORY_V1 / "cgroup.procs").exists():
+        pytest.skip("needs root and the cgroup v1 memory controller (TESTBED.md)")
+
+
+@pytest.fixture
+def memory_group() -> Iterator[Path]:
+    """A fresh cgroup v1 memory group limited to 64 MiB; removed afterwards (its processes
+    moved back to the root group first, were any left)."""
+    _needs_root_and_memory_v1()
+    group = MEMORY_V1 / f"ptc-test-oom-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(64 << 20))
+        yield group
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                (MEMORY_V1 / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def _root_cause(runs: Path) -> dict:
+    _, summary = only_run(runs)
+    return summary["root_cause"]
+
+
+def _said_pid(lines: list[str], pattern: str) -> int:
+    for line in lines:
+        if m := re.search(pattern, line):
+            return int(m.group(1))
+    raise AssertionError(f"no {pattern!r} in {lines[-20:]}")
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_the_oom_killer_is_named_from_the_kernel_log(
+        tmp_path, memory_group, no_leftovers) -> None:
+    (tmp_path / "hog.py").write_text(HOG)
+    code, head = run_head(["run", "--nproc", "1", "--run-dir", "runs", "hog.py",
+                           str(memory_group)], cwd=tmp_path, timeout=120)
+    job_id, _ = only_run(tmp_path / "runs")
+    no_leftovers.append(job_id)
+    assert code == 1, head.output()
+    pid = _said_pid(head.lines, r"\] pid (\d+) in the group")
+    rc = _root_cause(tmp_path / "runs")
+    assert rc["kind"] == "oom" and rc["rank"] == 0 and rc["exit_code"] == -9
+    (victim,) = rc["facts"]["oom"]["victims"]
+    assert victim["pid"] == pid and victim["main"] and victim["comm"] == "python"
+    assert victim["constraint"] == "CONSTRAINT_MEMCG" and victim["rss"] > 32 << 20
+    assert rc["facts"]["oom"]["log"] == "/dev/kmsg" and rc["facts"]["oom"]["group_kills"] == 1
+    assert rc["message"].startswith(f"killed by the kernel's out-of-memory killer (pid {pid}, "
+                                    "python, ")
+    assert f"its memory group /{memory_group.name} is limited to 64.0 MiB)" in rc["message"]
+    assert any(line.startswith("Root cause (first observed failure): rank 0 on localhost: "
+                               "killed by the kernel's out-of-memory killer") for line in
+               head.err), head.output()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("groups", ["--clear-groups", "--groups=adm"])
+def test_a_user_who_cannot_read_the_log_is_told_the_count_rose(memory_group, groups) -> None:
+    """nobody; and nobody in group adm, whose ``journalctl -k`` shows nothing here (no
+    journald): a log that shows none of the kills the node counted is no log."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("no setpriv here (util-linux)")
+    if groups == "--groups=adm" and shutil.which("journalctl") is None:
+        pytest.skip("no journalctl here")
+    tmp_path = Path(tempfile.mkdtemp(prefix="ptc-oom-nobody-", dir="/tmp"))  # nobody's to use
+    try:
+        _as_nobody(tmp_path, memory_group, [*NOBODY[:-1], groups])
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _as_nobody(tmp_path: Path, memory_group: Path, nobody: list[str]) -> None:
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(SRC), *site])}
+    if subprocess.run([*nobody, "/usr/bin/python3", "-c", "import torch, ptcluster.cli"],
+                      cwd="/", env=env, capture_output=True, timeout=60).returncode:
+        pytest.skip("nobody cannot run this checkout's ptcluster with /usr/bin/python3")
+    (tmp_path / "hog.py").write_text(HOG)
+    os.chown(tmp_path, 65534, 65534)
+    os.chown(memory_group / "cgroup.procs", 65534, 65534)  # the rank moves itself in
+    run = subprocess.run([*nobody, "/usr/bin/python3", "-m", "ptcluster", "run", "--nproc", "1",
+                          "--run-dir", "runs", "hog.py", str(memory_group)], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    rc = _root_cause(tmp_path / "runs")
+    assert rc["kind"] == "oom" and rc["exit_code"] == -9
+    oom = rc["facts"]["oom"]
+    assert oom["log"] == "" and oom["victims"] == [] and oom["group_kills"] == 1
+    assert oom["node_kills"] >= 1
+    assert rc["message"].startswith("killed by SIGKILL, and the kernel's out-of-memory killer "
+                                    "ran on localhost while it did (the node's OOM-kill count "
+                                    "rose by")
+    assert "its memory group's by 1, a group limited to 64.0 MiB); the kernel's log is not " \
+           "readable here to name its victim" in rc["message"]
+    assert "`sudo dmesg | grep -i 'killed process'` on localhost" in rc["fix"]
+    assert "the kernel's out-of-memory killer ran on localhost" in run.stderr
+
+
+@pytest.mark.slow
+def test_a_dataloader_workers_oom_is_named_with_the_workers_pid(tmp_path, memory_group,
+                                                                no_leftovers) -> None:
+    (tmp_path / "loader.py").write_text(WORKER_HOG)
+    code, head = run_head(["run", "--nproc", "1", "--run-dir", "runs", "loader.py",
+                           str(memory_group)], cwd=tmp_path, timeout=120)
+    job_id, _ = only_run(tmp_path / "runs")
+    no_leftovers.append(job_id)
+    assert code == 1, head.output()
+    worker = _said_pid(head.lines, r"worker pid (\d+) in the group")
+    rc = _root_cause(tmp_path / "runs")
+    assert rc["kind"] == "oom" and rc["exit_code"] == 1, rc
+    (victim,) = rc["facts"]["oom"]["victims"]
+    assert victim["pid"] == worker and not victim["main"]
+    assert rc["message"].startswith("killed by the kernel's out-of-memory killer (its "
+                                    f"DataLoader worker, pid {worker}, ")
+    # (torch says "is killed by signal: Killed" or "exited unexpectedly", as it notices)
+    assert f"the rank then exited with code 1 (RuntimeError: DataLoader worker (pid(s) {worker})" \
+           in rc["message"]
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path) -> Iterator[Path]:
+    if os.getuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@pytest.mark.slow
+def test_a_full_checkpoint_disk_is_named_and_resume_continues(tmp_path, tiny_tmpfs,
+                                                              no_leftovers) -> None:
+    """Checkpoints of about 1.2 MB on a 3 MiB tmpfs: the third save fails (two are kept)."""
+    common = ["-m", "ptcluster.examples.mnist", "--dataset", "digits", "--checkpoint-dir",
+              str(tiny_tmpfs)]
+    code, head = run_head(["run", "--nproc", "2", "--run-dir", "r1", *common, "--epochs", "3"],
+                          cwd=tmp_path, timeout=240)
+    job_id, summary = only_run(tmp_path / "r1")
+    no_leftovers.append(job_id)
+    assert code == 1, head.output()
+    rc = summary["root_cause"]
+    assert rc["kind"] == "disk" and rc["rank"] == 0, rc
+    disk = rc["facts"]["disk"]
+    assert disk["mount"] == str(tiny_tmpfs) and disk["fstype"] == "tmpfs"
+    assert disk["total"] == 3 << 20 and disk["free"] < 2 << 20
+    assert disk["path"] == str(tiny_tmpfs / "checkpoint-2.pt")
+    assert rc["message"].startswith("OSError: [Errno 28] No space left on device: ")
+    assert f"the filesystem is full: {tiny_tmpfs} (tmpfs) on localhost now has " in rc["message"]
+    assert rc["message"].endswith(" free of 3.0 MiB")
+    # No partial file; the last good checkpoint is whole (torch loads it).
+    assert sorted(p.name for p in tiny_tmpfs.iterdir()) == ["checkpoint-0.pt", "checkpoint-1.pt"]
+    import torch
+
+    state = torch.load(tiny_tmpfs / "checkpoint-1.pt", weights_only=True)
+    assert state["epoch"] == 1
+    subprocess.run(["mount", "-o", "remount,size=8m", str(tiny_tmpfs)], check=True)
+    code, head = run_head(["run", "--nproc", "2", "--run-dir", "r2", *common, "--epochs", "4",
+                           "--resume"], cwd=tmp_path, timeout=240)
+    job_id, summary = only_run(tmp_path / "r2")
+    no_leftovers.append(job_id)
+    assert code == 0, head.output()
+    assert {f["start_epoch"] for f in rank_fields(head.lines).values()} == {"2"}
+    assert any("resumed from" in line and "checkpoint-1.pt" in line for line in head.lines)
+    assert json.loads(json.dumps(summary))["ok"] is True
+
+
+def test_kernel_oom_lines_are_read_by_pid() -> None:
+    """The two kernel lines of a kill (recorded formats: memcg and global), paired by pid."""
+    from ptcluster.node.guard.machine import MachineWatch
+
+    watch = MachineWatch()
+    try:
+        for line in [
+            "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+            "oom_memcg=/leaker,task_memcg=/leaker,task=leaker,pid=23793,uid=0",
+            "Memory cgroup out of memory: Killed process 23793 (leaker) total-vm:2623712kB, "
+            "anon-rss:506500kB, file-rss:1268kB, shmem-rss:0kB, UID:0 pgtables:1104kB "
+            "oom_score_adj:0",
+            "Out of memory: Killed process 352226 (pt_main_thread) total-vm:22982348kB, "
+            "anon-rss:15904644kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:33000kB "
+            "oom_score_adj:0",
+            "oom_reaper: reaped process 23793 (leaker), now anon-rss:0kB, file-rss:0kB",
+        ]:
+            watch.parse(line)
+    finally:
+        watch.close()
+    assert watch.kills == [
+        {"pid": 23793, "comm": "leaker", "rss": (506500 + 1268) * 1024,
+         "constraint": "CONSTRAINT_MEMCG", "memcg": "/leaker"},
+        {"pid": 352226, "comm": "pt_main_thread", "rss": 15904644 * 1024},
+    ]
