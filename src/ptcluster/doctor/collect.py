@@ -42,7 +42,8 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
               for i, n in enumerate(spec.nodes)}
     members = [Member(node.host, transports[node.host], node.python, {
         "workdir": node.workdir, "peers": [p.host for p in probed[node.host]],
-        "master_addr": spec.master.addr,
+        "master_addr": spec.master.addr, "slots": node.slots, "backend": spec.backend,
+        "gpus_chosen": isinstance(node.gpus, tuple),
         "master_port": (master_port or "auto") if i == 0 else None})
         for i, node in enumerate(spec.nodes)]
     group = Group(members, FACTS, answer=Kind.READY, kinds=[Kind.CONNECT])

@@ -24,6 +24,7 @@ from typing import Any
 from ptcluster.control.protocol import Request
 from ptcluster.control.server import Ask, HeadDoor
 from ptcluster.errors import Problem
+from ptcluster.launch.lost import explain_losses
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import AttemptRecord, RunResult
@@ -204,6 +205,7 @@ class Attempt:
             close_all(list(self.channels.values()), timeout=self.opts.stop_deadline)
             self.channels = {}
             self.logs.close()
+        explain_losses(view.failures, view.nodes, plan, self.ctx.transports)  # (<= PROBE_BOUND)
         result = self._result(view, time.monotonic() - run_t0)
         record.ok, record.cause = result.ok, result.root_cause
         record.ended_at = time.time()

@@ -61,6 +61,9 @@ class NodeOutcome:
     """Teardown steps the head had to take for this node (stop resent, channel signalled)."""
     closed: bool = False
     """The channel is finished: ended, or given up on by the head."""
+    after_loss: dict[str, Any] | None = None
+    """Lost: what it answered when asked once more (``launch.lost``), ``{"answered": False}``
+    when it did not."""
 
 
 class FailureKind(str, Enum):
@@ -86,6 +89,9 @@ class FailureKind(str, Enum):
     """A rank (or a process of its tree) was killed by the kernel's out-of-memory killer."""
     DISK = "disk"
     """A rank's filesystem was full (ENOSPC, EDQUOT)."""
+    UNHEALTHY = "unhealthy"
+    """A node refused by its health gate (``node.health``): too few GPUs, a nearly full disk,
+    too little memory. A restart leaves it out, like a lost node."""
 
     def __str__(self) -> str:
         return self.value
@@ -195,7 +201,8 @@ class RunResult:
                        "torchrun_pid": n.facts.get("torchrun_pid"),
                        "torch": n.facts.get("torch"), "nccl": n.facts.get("nccl"),
                        "guard_exit": n.guard_exit, "reason": n.reason,
-                       "transport_exit": n.transport_exit, "escalations": n.escalations}
+                       "transport_exit": n.transport_exit, "escalations": n.escalations,
+                       "after_loss": n.after_loss}
                       for n in self.nodes],
         }
 
@@ -224,7 +231,9 @@ class AttemptRecord:
     downtime: float | None = None
     """Seconds from the previous attempt's failure to this attempt's first rank start."""
     dropped: list[str] = field(default_factory=list)
-    """Nodes left out of the next attempt (lost, or failed twice)."""
+    """Nodes left out of the next attempt (lost, unhealthy, or failed twice)."""
+    dropped_why: dict[str, str] = field(default_factory=dict)
+    """Why each node of ``dropped`` was left out."""
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.number, "hosts": self.hosts, "world_size": self.world_size,
@@ -233,7 +242,7 @@ class AttemptRecord:
                 "resumed_from": self.resumed_from, "checkpoint": self.checkpoint,
                 "downtime_s": None if self.downtime is None else round(self.downtime, 3),
                 "started_at": self.started_at, "ended_at": self.ended_at,
-                "dropped": self.dropped}
+                "dropped": self.dropped, "dropped_why": self.dropped_why}
 
 
 def _failure_json(f: Failure) -> dict[str, Any]:

@@ -212,7 +212,7 @@ class Runner:
         decision = decide(None if self.restarts is None else self.restarts.policy,
                           attempts, result.failures, result.interrupted, view.cut_off,
                           ended_by=result.ended_by, stop_requested=self.stops.count > 0)
-        record.dropped = list(decision.drop)
+        record.dropped, record.dropped_why = list(decision.drop), dict(decision.why)
         result.interrupted = result.interrupted or decision.stopped
         if not decision.restart or self.restarts is None:
             result.gave_up, result.no_progress = decision.reason, decision.no_progress

@@ -52,11 +52,12 @@ GUARD = Program("guard", _G + "agent", NODE,
                 (WIRE, NETIF, RANK_WIRE, _N + "safefile", _G + "proctree", _G + "progress",
                  _G + "outbox", _G + "schedstat", _G + "machine", _G + "rank_server",
                  _G + "link", _G + "teardown", _N + "records", _N + "leases", _G + "refusal",
-                 _G + "tmpdirs", _N + "accel", _G + "gpus", _G + "prechecks", _G + "spawn"),
+                 _G + "tmpdirs", _N + "accel", _G + "gpus", _N + "health", _G + "prechecks",
+                 _G + "spawn"),
                 hands=(SHIM, STACK_PROBE))
 """Run's node agent: owns one node's part of a job."""
 FACTS = Program("facts", _N + "doctor_facts", NODE,
-                (WIRE, NETIF, _N + "accel", _N + "firewall"))
+                (WIRE, NETIF, _N + "accel", _N + "firewall", _N + "health"))
 """The doctor's node program: the node's facts, then its port and peer tests."""
 SAFE_LEASES = (_N + "safefile", _N + "records", _N + "leases")
 """The parts of every program that reads or takes leases."""
@@ -67,10 +68,12 @@ SETUP_AGENT = Program("setup", _N + "setup_agent", NODE,
 """Setup's node program: facts, then the commands the head asks for."""
 KILL = Program("kill", _N + "kill", NODE, (WIRE, *SAFE_LEASES))
 """``ptcluster kill``'s node program: signals one job's guard (found by its lease)."""
+PROBE = Program("probe", _N + "probe", NODE, (WIRE, _N + "accel", _N + "health"))
+"""Asks a lost node once more: its boot, whether the job's guard still runs."""
 ALLREDUCE = Program("allreduce", _N + "rank.allreduce", RANK, (RANK_WIRE, _N + "rank.api"))
 """The doctor's last check, in every rank: a verified all-reduce."""
 BENCH_WORKER = Program("bench", _N + "rank.bench_worker", RANK, (RANK_WIRE, _N + "rank.api"))
 """``ptcluster bench``'s sweep, in every rank."""
 
-PROGRAMS = (GUARD, SHIM, STACK_PROBE, FACTS, SAMPLER, SETUP_AGENT, KILL, ALLREDUCE,
+PROGRAMS = (GUARD, SHIM, STACK_PROBE, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE, ALLREDUCE,
             BENCH_WORKER)

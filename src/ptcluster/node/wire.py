@@ -75,6 +75,9 @@ class Kind:
     """Head -> setup: the sudo password (piped to ``sudo -S``; never on a command line)."""
     DONE = "done"
     """Setup -> head: a step's outcome."""
+    # the probe of a lost node
+    BOOT = "boot"
+    """Probe -> head, once: ``{boot_id, uptime, time, guard_alive, kernel}`` (``node.probe``)."""
     # kill's node program
     RESULT = "result"
     """Kill -> head: what was signalled."""
@@ -161,6 +164,10 @@ class ReadyFacts(TypedDict, total=False):
     nccl: str
     """The versions of torch and of NCCL's wheel in the node's python (absent: not installed);
     the head names it when they differ between nodes."""
+    boot_id: str
+    """``/proc/sys/kernel/random/boot_id`` at ready: another one after a loss means a reboot."""
+    uptime: float
+    """Seconds since this node booted, at ready (``time``)."""
 
 
 class OomVictim(TypedDict, total=False):

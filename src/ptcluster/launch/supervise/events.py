@@ -38,6 +38,8 @@ class GuardRefused:
     problem: Problem
     busy: bool = False
     """Only because another job holds what this one asks for (it may wait for it)."""
+    unhealthy: bool = False
+    """By the node's health gate (``node.health``): a restart leaves the node out."""
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,7 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         return Ready(host, cast(wire.ReadyFacts, body))
     if kind == wire.Kind.ERROR:
         said = Problem(host, str(body["problem"]), str(body.get("fix") or "") or None)
-        return GuardRefused(host, said, bool(body.get("busy")))
+        return GuardRefused(host, said, bool(body.get("busy")), bool(body.get("unhealthy")))
     if kind == wire.Kind.STARTED:
         return Started(host, int(body["pid"]))
     if kind == wire.Kind.EXIT:

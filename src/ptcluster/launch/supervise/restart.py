@@ -11,7 +11,8 @@ pytorch#108158.) The rules, in order:
   restarted;
 - at most ``max_restarts`` restarts;
 - nodes that were lost (silent, channel closed, could not start, or not ended by the stop
-  deadline: their ranks may still run) are dropped (when fewer than
+  deadline: their ranks may still run) or refused by their health gate (``node.health``: too
+  few GPUs, a nearly full disk, too little memory) are dropped (when fewer than
   ``min_nodes`` would remain, the job gives up), and so is a node whose rank or guard was the
   root cause of two attempts, while ``min_nodes`` remain without it;
 - no progress: a job that reports its checkpoints (``checkpoint_saved``/``resumed_from`` of
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 from ptcluster.launch.result import AttemptRecord, Failure, FailureKind
 
-NODE_LOSS = (FailureKind.LOST, FailureKind.START)
+NODE_LOSS = (FailureKind.LOST, FailureKind.START, FailureKind.UNHEALTHY)
 """Failure kinds that mean the node itself is gone or unusable: it is left out of the next
 attempt."""
 
@@ -57,6 +58,8 @@ class Decision:
     """Why the job goes on or ends ("" for a success or a stop)."""
     drop: tuple[str, ...] = ()
     """Nodes left out from now on."""
+    why: tuple[tuple[str, str], ...] = ()
+    """(node, why it is left out) for each of ``drop``."""
     no_progress: bool = False
     stopped: bool = False
     """The job was stopped, it did not fail (ended from outside, or a stop request after the
@@ -92,14 +95,16 @@ def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
     if len(hosts) - len(lost | twice) < policy.min_nodes:
         twice = set()  # a node that failed twice is kept rather than end the job
     drop = tuple(h for h in hosts if h in lost | twice)
+    why = tuple((h, _why(h, failures, twice)) for h in drop)
     left = len(hosts) - len(drop)
     used = len(attempts) - 1
     if used >= policy.max_restarts:
-        return Decision(False, f"no restarts left ({used} of {policy.max_restarts} used)", drop)
+        return Decision(False, f"no restarts left ({used} of {policy.max_restarts} used)", drop,
+                        why=why)
     if left < policy.min_nodes:
-        why = ", ".join(f"{h} ({'lost' if h in lost else 'failed twice'})" for h in drop)
-        return Decision(False, f"only {left} node(s) would remain after dropping {why}; "
-                               f"--min-nodes is {policy.min_nodes}", drop)
+        said = ", ".join(f"{h} ({w})" for h, w in why)
+        return Decision(False, f"only {left} node(s) would remain after dropping {said}; "
+                               f"--min-nodes is {policy.min_nodes}", drop, why=why)
     reports = any(a.checkpoint is not None or a.resumed_from is not None for a in attempts)
     cause_dropped = last.cause is not None and last.cause.host in drop \
         and last.cause.kind in NODE_LOSS
@@ -108,11 +113,22 @@ def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
         if last.checkpoint is None or (start is not None and last.checkpoint <= start):
             since = "since it started" if start is None else f"after step {start}"
             return Decision(False, f"gave up: no progress (attempt {last.number} saved no "
-                                   f"checkpoint {since})", drop, no_progress=True)
+                                   f"checkpoint {since})", drop, no_progress=True, why=why)
     if stop_requested:  # Ctrl-C after the attempt had ended
-        return Decision(False, "stopped by the user: not restarted", drop, stopped=True)
-    kept = f" without {', '.join(drop)}" if drop else ""
-    return Decision(True, f"restart {used + 1} of {policy.max_restarts}{kept}", drop)
+        return Decision(False, "stopped by the user: not restarted", drop, stopped=True,
+                        why=why)
+    kept = f" without {', '.join(f'{h} ({w})' for h, w in why)}" if drop else ""
+    return Decision(True, f"restart {used + 1} of {policy.max_restarts}{kept}", drop, why=why)
+
+
+def _why(host: str, failures: Sequence[Failure], twice: set[str]) -> str:
+    """Why ``host`` is left out: unhealthy (what its gate found), lost, or failed twice."""
+    if host in twice:
+        return "failed twice"
+    for f in failures:
+        if f.host == host and f.kind is FailureKind.UNHEALTHY:
+            return f"unhealthy: {f.message}"
+    return "lost"
 
 
 def start_step(attempts: Sequence[AttemptRecord]) -> int | None:

@@ -126,7 +126,8 @@ class Guard:
             remove_stale(self.tmp_parent)  # what guards killed by SIGKILL left
             facts = precheck(self.cfg, HANDED, self.leases)
         except GuardError as exc:
-            self.send(Kind.ERROR, {"problem": exc.problem, "fix": exc.fix, "busy": exc.busy})
+            self.send(Kind.ERROR, {"problem": exc.problem, "fix": exc.fix, "busy": exc.busy,
+                                   "unhealthy": exc.unhealthy})
             return 2
         self.send(Kind.READY, facts)
         while not self.link.go.wait(0.1):

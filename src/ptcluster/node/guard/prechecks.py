@@ -21,9 +21,10 @@ from ptcluster.node.guard.refusal import (  # inlined
     unleasable,
     untrusted_lease_dir,
 )
+from ptcluster.node.health import boot, health, unfit  # inlined
 from ptcluster.node.leases import NO_LEASES, Lease, Leasing, describe  # inlined
 from ptcluster.node.netif import AUTO_PORTS, address_on, route_interface  # inlined
-from ptcluster.node.rank_wire import PROBE_FILE, SHIM_FILE  # inlined
+from ptcluster.node.rank_wire import BACKEND_VAR, PROBE_FILE, SHIM_FILE  # inlined
 from ptcluster.node.wire import GuardConfig, ReadyFacts  # inlined
 
 
@@ -36,6 +37,9 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
                          "start it through the head (remote.bootstrap packs it)")
     facts: ReadyFacts = {"hostname": socket.gethostname(), "pid": os.getpid(),
                          "python": sys.executable, "time": time.time()}
+    node_boot = boot()  # (after a loss, the head tells a reboot by it)
+    facts["boot_id"] = str(node_boot.get("boot_id") or "")
+    facts["uptime"] = float(node_boot.get("uptime") or 0.0)
     try:
         set_subreaper()
         facts["subreaper"] = True
@@ -48,6 +52,7 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
                          "create it, or set workdir: to a directory present on every node")
     cfg["workdir"] = facts["workdir"] = workdir
     check_target(cfg.get("target") or {}, workdir)
+    health_gate(cfg, workdir)
     owner = {"job_id": cfg.get("job_id"), "head": cfg.get("head"),
              "command": cfg.get("command"), "ranks": cfg.get("ranks")}
     leasing = job_leasing(cfg)
@@ -66,6 +71,18 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
     _interface(cfg, facts)
     facts.update(versions())
     return facts
+
+
+def health_gate(cfg: GuardConfig, workdir: str) -> None:
+    """Refuse a node unfit for the job's ranks (``node.health``: too few GPUs, a nearly full
+    workdir disk, too little memory), before anything is leased or started."""
+    env = {**os.environ, **cfg["env"]}
+    refusal = unfit(health({"workdir": workdir, "slots": cfg.get("slots"),
+                            "backend": env.get(BACKEND_VAR),
+                            "chosen": isinstance(cfg.get("gpus"), list)
+                            or "CUDA_VISIBLE_DEVICES" in env}))
+    if refusal is not None:
+        raise GuardError(refusal["what"], refusal["fix"], unhealthy=True)
 
 
 def job_leasing(cfg: GuardConfig) -> Leasing:

@@ -16,12 +16,15 @@ from ptcluster.node.leases import LEASE_DIR  # inlined
 class GuardError(Exception):
     """The guard refuses: what is wrong on this node, and the fix."""
 
-    def __init__(self, problem: str, fix: str, busy: bool = False) -> None:
+    def __init__(self, problem: str, fix: str, busy: bool = False,
+                 unhealthy: bool = False) -> None:
         super().__init__(problem)
         self.problem = problem
         self.fix = fix
         self.busy = busy
         """Refused only because another job holds what this one asks for (it may wait)."""
+        self.unhealthy = unhealthy
+        """Refused by the health gate (``node.health``): a restart leaves the node out."""
 
 
 UNLEASED_FIX = (f"have root make {LEASE_DIR} what Debian and Ubuntu make it at every boot, a "

@@ -1,0 +1,138 @@
+"""A lost node, explained: once an attempt is over, the head asks each node it lost once more,
+briefly, what became of it (``node.probe``), and words the loss from the answer.
+
+- no answer within ``PROBE_TIMEOUT``: "does not answer (powered off, or its network is down)";
+- another boot id than its guard reported at ready: "rebooted at 10:42 (up 3 h before)", with
+  the previous boot's last kernel lines where its journal keeps them;
+- the same boot: "is up; its guard ended (...)" with what the head knows of that end, or, when
+  the guard still runs there, that only its connection to the head was cut.
+
+A node is asked when its failure is a loss (its channel closed or went silent) and its guard
+sent no exit of its own. Every such node is asked at once, from the runner's thread (the
+channels' I/O thread only carries the frames): the job's exit waits at most ``PROBE_BOUND`` s
+for it, and not at all when no node was lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ptcluster.launch.plan import LaunchPlan
+from ptcluster.launch.result import Failure, FailureKind, NodeOutcome
+from ptcluster.node import PROBE
+from ptcluster.node.wire import Kind
+from ptcluster.remote.group import Group, Member
+from ptcluster.remote.transport import Transport
+
+PROBE_TIMEOUT = 4.0
+"""Seconds a lost node has to answer (an ssh connection, a Python start, a few files read)."""
+CLOSE_TIMEOUT = 1.0
+"""Seconds the probes' channels have to end after the answer (or after being killed)."""
+PROBE_BOUND = PROBE_TIMEOUT + 2 * CLOSE_TIMEOUT
+"""The most the probes add to the job's exit: the answer, the channels' end, their last word."""
+NO_ANSWER = "does not answer (powered off, or its network is down)"
+
+
+def lost_nodes(failures: Sequence[Failure], nodes: Sequence[NodeOutcome]) -> list[NodeOutcome]:
+    """The nodes worth asking: lost (kind ``lost``, not a rank's failure) after they were ready,
+    without an exit of their guard's own (a guard that said why it ended needs no probe)."""
+    by_host = {n.host: n for n in nodes}
+    hosts = dict.fromkeys(f.host for f in failures
+                          if f.kind is FailureKind.LOST and f.rank is None)
+    return [by_host[h] for h in hosts
+            if h in by_host and by_host[h].ready and by_host[h].guard_exit is None]
+
+
+def probe(nodes: Sequence[NodeOutcome], plan: LaunchPlan, job_id: str,
+          transports: Mapping[str, Transport]) -> dict[str, dict[str, Any] | None]:
+    """Each node's ``boot`` answer, None for a node that gave none in time."""
+    python = {n.host: n.python for n in plan.nodes}
+    members = [Member(n.host, transports[n.host], python[n.host],
+                      {"job_id": job_id, "guard_pid": n.facts.get("pid"),
+                       "boot_id": n.facts.get("boot_id")})
+               for n in nodes if n.host in transports and n.host in python]
+    if not members:
+        return {}
+    group = Group(members, PROBE, answer=Kind.BOOT)
+    try:
+        group.wait(Kind.BOOT, PROBE_TIMEOUT)
+    finally:
+        result = group.close(timeout=CLOSE_TIMEOUT)
+    return {h: r.answers.get(Kind.BOOT) for h, r in result.nodes.items()}
+
+
+def explain_losses(failures: Sequence[Failure], nodes: Sequence[NodeOutcome], plan: LaunchPlan,
+                   transports: Mapping[str, Transport]) -> None:
+    """Ask every lost node once more; each one's failure says what became of it, and its
+    record keeps the answer (``after_loss`` in ``summary.json``)."""
+    lost = lost_nodes(failures, nodes)
+    if not lost:
+        return
+    answers = probe(lost, plan, plan.job_id, transports)
+    for node in lost:
+        answer = answers.get(node.host)
+        node.after_loss = {"answered": answer is not None, **(answer or {})}
+        for failure in failures:
+            if failure.host == node.host and failure.kind is FailureKind.LOST and \
+                    failure.rank is None:
+                reword(failure, node, answer)
+
+
+def reword(failure: Failure, node: NodeOutcome, answer: dict[str, Any] | None) -> None:
+    """``failure`` (a loss of ``node``) said again with what the probe found: pure."""
+    what, fix, lines = explain(node, answer, failure.at, failure.message)
+    # (the same boot's words carry the loss already: said once)
+    failure.message = what if failure.message in what else f"{what} (before: {failure.message})"
+    failure.fix = fix
+    if lines:
+        failure.last_lines = [*failure.last_lines, *lines]
+
+
+def explain(node: NodeOutcome, answer: dict[str, Any] | None, lost_at: float,
+            detail: str) -> tuple[str, str, list[str]]:
+    """(what became of ``node``, the fix, kernel lines to show) from the probe's ``answer`` and
+    its ready facts; ``lost_at``: when it was lost (head clock); ``detail``: what the head knew
+    then (the loss as it was worded)."""
+    facts = node.facts
+    if answer is None:
+        return (NO_ANSWER, "check its power and its network (a console, the BMC); "
+                           "`ptcluster doctor` once it is back; with --max-restarts and "
+                           "--min-nodes a restart goes on without it", [])
+    before, now = facts.get("boot_id"), answer.get("boot_id")
+    if before and now and before != now:
+        booted = float(answer.get("time") or 0.0) - float(answer.get("uptime") or 0.0)
+        up = facts.get("uptime")
+        was_up = "" if up is None else \
+            f" (up {span(float(up) + max(0.0, lost_at - float(facts.get('time') or lost_at)))}" \
+            " before)"
+        lines = [str(x) for x in answer.get("kernel") or []]
+        seen = "its previous boot's last kernel lines are below" if lines else \
+            "see its previous boot's kernel log (`journalctl -k -b -1` on it)"
+        return (f"rebooted at {clock(booted)}{was_up}",
+                f"{seen}: a kernel panic, a watchdog, the power or an administrator", lines)
+    if answer.get("guard_alive"):
+        return (f"is up and its guard (pid {facts.get('pid')}) still runs: only its "
+                "connection to the head was cut",
+                "check the network between the head and it; its guard ends the job there when "
+                "it no longer hears the head", [])
+    return (f"is up; its guard ended ({detail})",
+            "see the node log in the run directory; something on it killed the guard (the "
+            "out-of-memory killer, an administrator, a script that kills by name)", [])
+
+
+def clock(at: float) -> str:
+    """``HH:MM`` of wall time ``at`` on this machine's clock (and time zone)."""
+    return time.strftime("%H:%M", time.localtime(at))
+
+
+def span(seconds: float) -> str:
+    """A duration as a person says it: ``3 h``, ``2 d``, ``25 min``, ``40 s``."""
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.0f} d"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.0f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"

@@ -1,0 +1,75 @@
+"""The probe of a lost node: the head asks it once more, briefly, what became of it.
+
+Standard library only (shipped like the others). It answers one frame and ends: the node's boot
+(its boot id and uptime: another boot id than its guard reported at ready means it rebooted),
+whether the job's guard still runs here (by its pid, checked to be that job's guard), and after a
+reboot the previous boot's last kernel lines where the journal keeps them and lets us read them
+(``journalctl -k -b -1``: root or group ``adm``/``systemd-journal``), bounded in time.
+
+  stdin  line 2  JSON config: {"job_id", "guard_pid", "boot_id"} (the latter two from ready)
+  stdout         frames of ``node.wire``: ``hello``, then ``boot {json}``
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ptcluster.node.health import boot  # inlined
+from ptcluster.node.wire import Kind, encode, hello  # inlined
+
+KERNEL_LINES = 8
+"""The previous boot's last kernel lines the probe sends (its last words: a panic, an Xid)."""
+JOURNAL_TIMEOUT = 1.5
+"""Seconds ``journalctl`` may take (the head waits a few seconds for the whole answer)."""
+
+
+def guard_runs(pid: int, job_id: str) -> bool:
+    """Whether ``pid`` is the guard of ``job_id`` (its command line ends ``guard JOB_ID``: the
+    bootstrap's, ``remote.bootstrap.node_argv``), not a process that took over its pid."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read(1 << 16).rstrip(b"\0").split(b"\0")
+    except OSError:
+        return False
+    return argv[-2:] == [b"guard", job_id.encode()]
+
+
+def previous_kernel() -> list[str]:
+    """The previous boot's last kernel lines, where the journal keeps them; [] otherwise."""
+    try:
+        out = subprocess.run(["journalctl", "-k", "-b", "-1", "-n", str(KERNEL_LINES),
+                              "--no-pager", "-q", "-o", "short-iso"],
+                             capture_output=True, text=True, timeout=JOURNAL_TIMEOUT,
+                             stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    return [line[:300] for line in out.stdout.splitlines()[-KERNEL_LINES:]]
+
+
+def answer(cfg: dict[str, Any]) -> dict[str, Any]:
+    now = boot()
+    out: dict[str, Any] = {**now, "time": time.time()}
+    pid = cfg.get("guard_pid")
+    out["guard_alive"] = guard_runs(int(pid), str(cfg.get("job_id"))) if pid else None
+    before = cfg.get("boot_id")
+    if before and now.get("boot_id") and before != now["boot_id"]:
+        out["kernel"] = previous_kernel()
+    return out
+
+
+def main() -> int:
+    cfg = json.loads(sys.stdin.readline())
+    sys.stdout.buffer.write(hello("probe"))
+    sys.stdout.buffer.write(encode(Kind.BOOT, answer(cfg)))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The health gate on testbed nodes: a node whose workdir disk is full is refused before any
+rank starts, and a restart (``--max-restarts``, where ``--min-nodes`` allows) leaves it out like
+a lost node; the summary says why."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.head import run_head
+from tests.support.testbed import next_port
+from tests.testbed.test_run import RANKS
+
+pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+
+
+@pytest.fixture
+def job_dir(tmp_path):
+    (tmp_path / "ranks.py").write_text(RANKS)
+    return tmp_path
+
+
+@pytest.fixture
+def full_dir(testbed, tmp_path):
+    """Node 2's workdir: a 16 MiB tmpfs with the job's script on it, filled to the last block.
+    Mounted inside the node's own mount namespace (its sshd's: what its sessions see)."""
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    sshd = testbed.nodes[2].sshd_pidfile.read_text().strip()
+    inside = ["nsenter", "-t", sshd, "-m"]
+    subprocess.run([*inside, "sh", "-c", f"mount -t tmpfs -o size=16m tmpfs {mnt} && "
+                    f"cat > {mnt}/ranks.py && (dd if=/dev/zero of={mnt}/filler bs=64k "
+                    "2>/dev/null; true)"], input=RANKS, text=True, check=True, timeout=30)
+    try:
+        yield mnt
+    finally:
+        subprocess.run([*inside, "umount", "-l", str(mnt)], check=False, timeout=30)
+
+
+def test_a_full_node_is_left_out_and_the_job_goes_on_without_it(testbed, job_dir, full_dir,
+                                                                no_leftovers) -> None:
+    sick = testbed.nodes[2]
+    text = testbed.cluster_yaml([1, 1, 1], python=sys.executable, workdir=str(job_dir),
+                                port=next_port())
+    text = text.replace(f"{{host: {sick.name}, slots: 1}}",
+                        f"{{host: {sick.name}, slots: 1, workdir: {full_dir}}}")
+    (job_dir / "cluster.yaml").write_text(text)
+    out = job_dir / "out"
+    out.mkdir()
+    os.chmod(out, 0o777)
+    code, head = run_head(["run", "--cluster", "cluster.yaml", "--run-dir", "runs",
+                           "--max-restarts", "1", "--min-nodes", "2", "ranks.py", str(out)],
+                          cwd=job_dir, timeout=180)
+    (run,) = [p for p in (job_dir / "runs").iterdir() if p.is_dir()]
+    no_leftovers.append(run.name)
+    summary = json.loads((run / "summary.json").read_text())
+    err = "\n".join(head.err)
+    assert code == 0, head.output()
+    first, second = summary["attempts"]
+    assert first["cause"]["kind"] == "unhealthy" and first["cause"]["host"] == sick.name
+    assert first["cause"]["message"].startswith("its workdir disk is nearly full: 0 MiB of "
+                                                "16 MiB free"), first
+    assert first["dropped"] == [sick.name]
+    assert first["dropped_why"][sick.name].startswith("unhealthy: its workdir disk is nearly "
+                                                      "full"), first
+    assert sick.name not in second["hosts"] and second["ok"] and second["world_size"] == 2
+    assert f"restart 1 of 1 without {sick.name} (unhealthy: its workdir disk is nearly full" \
+        in err, head.output()
+    assert sorted(p.name for p in out.iterdir()) == ["rank0.json", "rank1.json"]
