@@ -130,11 +130,7 @@ class RunDir:
         """The directory, new and ours alone (0700), in a parent of ours that no one else can
         change, with the first plan in it; or :class:`RunDirError` (before anything starts)."""
         try:
-            parent = runs_parent(self.path.parent)
-            try:
-                os.mkdir(self.path.name, 0o700, dir_fd=parent)
-            finally:
-                os.close(parent)
+            make_private(self.path)
             self.write_plan(plan, opts)
         except FileExistsError:
             raise RunDirError(f"the run directory {self.path} exists already (not made by this "
@@ -182,6 +178,16 @@ def runs_parent(path: Path) -> int:
     except FileExistsError:  # (not a directory: not "the run directory exists already")
         raise NotADirectoryError(errno.ENOTDIR, f"{path} is not a directory") from None
     return safefile.open_dir(str(path), others=0o022, follow=True)
+
+
+def make_private(path: Path) -> None:
+    """``path`` made new, ours alone (0700), in a :func:`runs_parent` (FileExistsError when it
+    is there already, OSError when its parent is not safe)."""
+    parent = runs_parent(path.parent)
+    try:
+        os.mkdir(path.name, 0o700, dir_fd=parent)
+    finally:
+        os.close(parent)
 
 
 def write_private(path: Path, text: str) -> None:

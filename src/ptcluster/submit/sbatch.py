@@ -14,7 +14,6 @@ prefixed logs, root cause and teardown, and Slurm still starts and ends every pr
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import shlex
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ptcluster.errors import PtclusterError, UsageError
-from ptcluster.launch.rundir import RunDirError, runs_parent, write_private
+from ptcluster.launch.rundir import RunDirError, make_private, write_private
 
 SCRIPT_FILE = "job.sbatch"
 SLURM_LOG_FILE = "slurm-%j.out"
@@ -140,11 +139,7 @@ def write_script(cfg: SubmitConfig) -> Path:
     change (as a run directory: ``launch.rundir``), with the script in it (sbatch reads it)."""
     path = cfg.run_dir / SCRIPT_FILE
     try:
-        parent = runs_parent(cfg.run_dir.parent)
-        try:
-            os.mkdir(cfg.run_dir.name, 0o700, dir_fd=parent)
-        finally:
-            os.close(parent)
+        make_private(cfg.run_dir)
         write_private(path, render_script(cfg))
     except OSError as exc:
         raise RunDirError(f"cannot write the submit directory {cfg.run_dir}: "
