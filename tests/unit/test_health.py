@@ -17,6 +17,8 @@ from ptcluster.launch.supervise.restart import RestartPolicy, decide
 from ptcluster.node.health import GIB, check_disk, check_gpu_count, check_memory, health, unfit
 
 MIB = 1 << 20
+NO_DRIVER = {"kernel": ([], ""), "gpu_state": [], "gpu_pci": {}, "boot_wall": 0.0}
+"""The GPU driver's facts of a node whose driver said nothing (and whose log is not read)."""
 
 
 @pytest.mark.parametrize("free, total, ok", [
@@ -56,8 +58,8 @@ def test_gpu_count_against_slots(ctx, ok) -> None:
 
 def test_the_gate_joins_every_failed_check() -> None:
     found = health({"workdir": "/w", "slots": 2, "gpu_count": 1, "disk": (0, 16 * MIB),
-                    "memory": (100 * MIB, GIB)})
-    assert [f["check"] for f in found] == ["gpus", "disk", "memory"]
+                    "memory": (100 * MIB, GIB), **NO_DRIVER})
+    assert [f["check"] for f in found] == ["gpus", "disk", "memory", "gpu-driver"]
     refusal = unfit(found)
     assert refusal is not None
     assert refusal["what"].count("; ") == 2 and refusal["fix"].count("; ") == 2

@@ -64,6 +64,8 @@ class NodeOutcome:
     after_loss: dict[str, Any] | None = None
     """Lost: what it answered when asked once more (``launch.lost``), ``{"answered": False}``
     when it did not."""
+    gpu_errors: list[dict[str, Any]] = field(default_factory=list)
+    """The GPU driver's Xids on the node while the job ran (``wire.XidFacts``)."""
 
 
 class FailureKind(str, Enum):
@@ -89,6 +91,8 @@ class FailureKind(str, Enum):
     """A rank (or a process of its tree) was killed by the kernel's out-of-memory killer."""
     DISK = "disk"
     """A rank's filesystem was full (ENOSPC, EDQUOT)."""
+    GPU = "gpu"
+    """A rank failed after the GPU driver reported an Xid for its process or its GPU."""
     UNHEALTHY = "unhealthy"
     """A node refused by its health gate (``node.health``): too few GPUs, a nearly full disk,
     too little memory. A restart leaves it out, like a lost node."""
@@ -202,7 +206,7 @@ class RunResult:
                        "torch": n.facts.get("torch"), "nccl": n.facts.get("nccl"),
                        "guard_exit": n.guard_exit, "reason": n.reason,
                        "transport_exit": n.transport_exit, "escalations": n.escalations,
-                       "after_loss": n.after_loss}
+                       "after_loss": n.after_loss, "gpu_errors": n.gpu_errors}
                       for n in self.nodes],
         }
 

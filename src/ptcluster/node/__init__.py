@@ -48,16 +48,20 @@ SHIM = Program("shim", _N + "rank.shim", RANK, (RANK_WIRE,))
 STACK_PROBE = Program("stack-probe", _N + "rank.stack_probe", RANK, (RANK_WIRE,))
 """Installed by the shim in the rank's process: stacks on request, collectives' progress."""
 _G = _N + "guard."
+KERNEL_LOG = _N + "kernel_log"
+HEALTH = (_N + "gpu_errors", _N + "health")
+"""The health gate's parts (after ``accel`` and ``KERNEL_LOG``): the guard's, doctor's, probe's."""
 GUARD = Program("guard", _G + "agent", NODE,
                 (WIRE, NETIF, RANK_WIRE, _N + "safefile", _G + "proctree", _G + "progress",
-                 _G + "outbox", _G + "schedstat", _G + "machine", _G + "rank_server",
+                 _G + "outbox", _G + "schedstat", KERNEL_LOG, _N + "gpu_errors", _G + "machine",
+                 _G + "rank_server",
                  _G + "link", _G + "teardown", _N + "records", _N + "leases", _G + "refusal",
                  _G + "tmpdirs", _N + "accel", _G + "gpus", _N + "health", _G + "prechecks",
                  _G + "spawn"),
                 hands=(SHIM, STACK_PROBE))
 """Run's node agent: owns one node's part of a job."""
 FACTS = Program("facts", _N + "doctor_facts", NODE,
-                (WIRE, NETIF, _N + "accel", _N + "firewall", _N + "health"))
+                (WIRE, NETIF, _N + "accel", _N + "firewall", KERNEL_LOG, *HEALTH))
 """The doctor's node program: the node's facts, then its port and peer tests."""
 SAFE_LEASES = (_N + "safefile", _N + "records", _N + "leases")
 """The parts of every program that reads or takes leases."""
@@ -68,7 +72,7 @@ SETUP_AGENT = Program("setup", _N + "setup_agent", NODE,
 """Setup's node program: facts, then the commands the head asks for."""
 KILL = Program("kill", _N + "kill", NODE, (WIRE, *SAFE_LEASES))
 """``ptcluster kill``'s node program: signals one job's guard (found by its lease)."""
-PROBE = Program("probe", _N + "probe", NODE, (WIRE, _N + "accel", _N + "health"))
+PROBE = Program("probe", _N + "probe", NODE, (WIRE, _N + "accel", KERNEL_LOG, *HEALTH))
 """Asks a lost node once more: its boot, whether the job's guard still runs."""
 ALLREDUCE = Program("allreduce", _N + "rank.allreduce", RANK, (RANK_WIRE, _N + "rank.api"))
 """The doctor's last check, in every rank: a verified all-reduce."""

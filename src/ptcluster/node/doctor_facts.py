@@ -32,7 +32,7 @@ from typing import Any
 
 from ptcluster.node.accel import gpus, sh, torch_facts  # inlined
 from ptcluster.node.firewall import firewall_state, rule_counts  # inlined
-from ptcluster.node.health import health  # inlined
+from ptcluster.node.health import gpu_warnings, health  # inlined
 from ptcluster.node.netif import AUTO_PORTS, interfaces, route_dev, route_interface  # inlined
 from ptcluster.node.wire import Kind, control, encode, hello, split  # inlined
 
@@ -97,11 +97,13 @@ def collect(cfg: dict[str, Any]) -> dict[str, Any]:
             facts[key] = {"free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
         except OSError:
             facts[key] = None
-    facts["health"] = health({  # the guard's gate (node.health), on the facts read above
+    ctx = {  # the guard's gate (node.health), on the facts read above
         "workdir": workdir, "slots": cfg.get("slots"), "backend": cfg.get("backend"),
         "chosen": cfg.get("gpus_chosen") or "CUDA_VISIBLE_DEVICES" in os.environ,
         "gpu_count": int(facts["gpus"].get("count") or 0),
-        **({"disk": (facts["disk"]["free"], facts["disk"]["total"])} if facts["disk"] else {})})
+        **({"disk": (facts["disk"]["free"], facts["disk"]["total"])} if facts["disk"] else {})}
+    facts["health"] = health(ctx)
+    facts["gpu_warnings"] = gpu_warnings(ctx) if ctx["gpu_count"] else []
     facts["torch"] = torch_facts() if cfg.get("torch", True) else None
     facts["slurm"] = slurm_facts()
     facts["time"] = time.time()  # last: the head compares it with its clock on arrival

@@ -3,9 +3,10 @@
 one function, ``health``, for both.
 
 Each check is one small function of facts read here -> ``None`` (fine) or a finding ``{"check",
-"ok", "what", "fix"}``; ``CHECKS`` lists them in order. The GPU driver's own word (Xids, ECC,
-row remapping, from the kernel log) belongs in ``CHECKS`` too, as further functions of the same
-shape.
+"ok", "what", "fix"}``; ``CHECKS`` lists them in order. The last is the GPU driver's own word
+(``node.gpu_errors``): a fatal Xid since the driver loaded, uncorrectable ECC errors, row
+remapping pending or failed, retired pages pending. ``gpu_warnings`` are what doctor shows
+besides (a PCIe link below its width or generation under load, slowdowns, Xids 63 and 92).
 
 Also the node's boot (``boot``: its boot id and uptime), which the guard reports at ready so
 that the head can tell, after losing the node, whether it rebooted.
@@ -16,10 +17,23 @@ Standard library only; a part of the guard and of the doctor's facts program.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ptcluster.node.accel import gpus  # inlined
+from ptcluster.node.gpu_errors import (  # inlined
+    ACT_HARDWARE,
+    ACT_RESET,
+    WARN_XIDS,
+    describe_xid,
+    gpu_indices,
+    nvml_state,
+    open_fatal,
+    xid_fix,
+    xids_in,
+)
+from ptcluster.node.kernel_log import boot_wall, kernel_since_boot  # inlined
 
 GIB = 1 << 30
 DISK_MIN_FREE = GIB
@@ -128,9 +142,8 @@ def check_gpu_count(ctx: dict[str, Any]) -> dict[str, Any] | None:
     if ctx.get("chosen"):
         return None
     slots = max(1, int(ctx.get("slots") or 1))
-    count = ctx["gpu_count"] if "gpu_count" in ctx else int(gpus().get("count") or 0)
-    uses = count > 0 or ctx.get("backend") == BACKEND_NCCL
-    if not uses:
+    count = gpu_count(ctx)
+    if not uses_gpus(ctx):
         return None
     what = f"{count} GPU(s) for {slots} slot(s)"
     if count < slots:
@@ -141,11 +154,113 @@ def check_gpu_count(ctx: dict[str, Any]) -> dict[str, Any] | None:
     return finding("gpus", True, what)
 
 
+def gpu_count(ctx: dict[str, Any]) -> int:
+    if "gpu_count" not in ctx:
+        ctx["gpu_count"] = int(gpus().get("count") or 0)
+    return int(ctx["gpu_count"])
+
+
+def uses_gpus(ctx: dict[str, Any]) -> bool:
+    """The job uses this node's GPUs: it has some, or the cluster file asks for NCCL."""
+    return gpu_count(ctx) > 0 or ctx.get("backend") == BACKEND_NCCL
+
+
+def gpu_name(index: int | None, pci: str) -> str:
+    return f"GPU {index} (PCI {pci})" if index is not None else f"the GPU at PCI {pci}"
+
+
+def when(seconds_since_boot: float, boot_wall: float) -> str:
+    """A kernel record's time, as a person reads it."""
+    if not boot_wall:
+        return f"{seconds_since_boot:.0f} s after boot"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(boot_wall + seconds_since_boot))
+
+
+def driver_facts(ctx: dict[str, Any]) -> dict[str, Any]:
+    """What ``check_gpu_driver`` and ``gpu_warnings`` read, once per context (a test gives
+    them: ``kernel`` (records, source), ``gpu_state``, ``gpu_pci``, ``boot_wall``)."""
+    if "kernel" not in ctx:
+        ctx["kernel"] = kernel_since_boot()
+    if "gpu_state" not in ctx:
+        ctx["gpu_state"] = nvml_state()
+    if "gpu_pci" not in ctx:
+        ctx["gpu_pci"] = {s["pci"]: s["index"] for s in ctx["gpu_state"] if s.get("pci")} \
+            or gpu_indices()
+    if "boot_wall" not in ctx:
+        ctx["boot_wall"] = boot_wall()
+    records, source = ctx["kernel"]
+    return {"xids": xids_in(records), "source": source, "state": ctx["gpu_state"],
+            "pci": ctx["gpu_pci"], "boot_wall": ctx["boot_wall"]}
+
+
+def check_gpu_driver(ctx: dict[str, Any]) -> dict[str, Any] | None:
+    """The GPU driver's word, where the job uses GPUs: a fatal Xid since the driver last
+    loaded, uncorrectable ECC errors since, a row remapping pending or failed, retired pages
+    pending: each refuses the node, with NVIDIA's action for it."""
+    if not uses_gpus(ctx):
+        return None
+    facts = driver_facts(ctx)
+    bad: list[tuple[str, str]] = []
+    for xid in open_fatal(facts["xids"]):
+        index = facts["pci"].get(xid["pci"])
+        said = describe_xid(xid["xid"], xid["text"])
+        bad.append((f"{gpu_name(index, xid['pci'])} had Xid {xid['xid']} ({said['meaning']}) "
+                    f"at {when(xid['at'], facts['boot_wall'])}, and the driver has not been "
+                    "reloaded since", xid_fix(said["action"], index)))
+    for state in facts["state"]:
+        name = gpu_name(state["index"], state.get("pci", "?"))
+        reset = xid_fix(ACT_RESET, state["index"])
+        if state.get("ecc_uncorrected"):
+            bad.append((f"{name} has {state['ecc_uncorrected']} uncorrectable ECC error(s) "
+                        "since the driver loaded", reset))
+        if state.get("remap_failed"):
+            bad.append((f"{name}: remapping a memory row failed",
+                        xid_fix(ACT_HARDWARE, state["index"])))
+        elif state.get("remap_pending"):
+            bad.append((f"{name} has a memory row remapping pending", reset))
+        if state.get("retire_pending"):
+            bad.append((f"{name} has retired memory pages pending", reset))
+    if bad:
+        return finding("gpu-driver", False, "; ".join(what for what, _ in bad),
+                       "; ".join(dict.fromkeys(fix for _, fix in bad)))
+    if not facts["source"]:
+        return finding("gpu-driver", True, "Xids not checked: the kernel log is not readable "
+                       "here (root, or a member of group adm where journald runs)")
+    return finding("gpu-driver", True, f"no fatal Xid since the driver loaded "
+                   f"({facts['source']}); NVML: " +
+                   ("no error counted" if facts["state"] else "not answering"))
+
+
+def gpu_warnings(ctx: dict[str, Any]) -> list[str]:
+    """What doctor warns of, not refused: a PCIe link below its width (or, while the GPU is
+    busy, its generation: it drops at idle to save power), slowdowns, Xids 63 and 92."""
+    facts = driver_facts(ctx)
+    out = []
+    for state in facts["state"]:
+        name = gpu_name(state["index"], state.get("pci", "?"))
+        if "pcie" in state:
+            width, max_width, gen, max_gen = state["pcie"]
+            if width < max_width:
+                out.append(f"{name}: PCIe link x{width} of x{max_width} (a slot, riser or "
+                           "cable below its width)")
+            elif gen < max_gen and state.get("util", 0) > 0:
+                out.append(f"{name}: PCIe gen {gen} of {max_gen} while busy")
+        if state.get("slowdowns"):
+            out.append(f"{name}: {', '.join(state['slowdowns'])} (check cooling and power)")
+    for xid in facts["xids"]:
+        if xid["xid"] in WARN_XIDS and not xid["stale"]:
+            index = facts["pci"].get(xid["pci"])
+            out.append(f"{gpu_name(index, xid['pci'])}: Xid {xid['xid']} at "
+                       f"{when(xid['at'], facts['boot_wall'])} "
+                       f"({describe_xid(xid['xid'])['meaning']})")
+    return out
+
+
 Check = Callable[[dict[str, Any]], "dict[str, Any] | None"]
-CHECKS: list[Check] = [check_gpu_count, check_disk, check_memory]
+CHECKS: list[Check] = [check_gpu_count, check_disk, check_memory, check_gpu_driver]
 """The health gate, in order: each takes the context ``health`` is given (its facts may be given
-there too: ``disk``, ``memory``, ``gpu_count``, for a test) and returns a finding or None (not
-asked here). More checks (the GPU driver's Xids, ECC, row remapping) go at the end."""
+there too: ``disk``, ``memory``, ``gpu_count``, ``kernel``, ``gpu_state``, for a test) and
+returns a finding or None (not asked here)."""
 
 
 def health(ctx: dict[str, Any]) -> list[dict[str, Any]]:

@@ -58,6 +58,8 @@ class Kind:
     main thread's ``{span, run, delay, collectives}`` since the last frame and the node's
     ``{mem_available, gpu_util}`` (``node.guard.schedstat``; the head's
     ``launch.supervise.straggler`` decides)."""
+    XID = "xid"
+    """Guard -> head, when the GPU driver wrote an Xid while ranks ran: its ``XidFacts``."""
     # the doctor's facts program
     CONNECT = "connect"
     """Head -> facts: connect to ``{host, port}``; facts -> head: the outcome."""
@@ -204,6 +206,34 @@ class OomFacts(TypedDict, total=False):
     mem_available: int
     """The node's available and total memory in bytes, at the guard's last look."""
     mem_total: int
+
+
+class XidFacts(TypedDict, total=False):
+    """One Xid the NVIDIA driver wrote while a job ran (``guard.machine``, ``node.gpu_errors``):
+    in a ``xid`` frame, and in a failed rank's ``rexit`` (``xids``) when it was its own."""
+
+    pci: str
+    """The GPU's PCI address (``0000:3b:00``); ``gpu``: its index (absent: not known)."""
+    gpu: int | None
+    xid: int
+    pid: int
+    """The process the driver blamed (0: it did not say), its name, and its rank where it was a
+    process of one (None: no rank's)."""
+    name: str
+    rank: int | None
+    text: str
+    """The driver's own words after the pid and name."""
+    meaning: str
+    action: str
+    """``gpu_errors.ACT_*``: job, watch, reset, reboot, hardware; ``fix``: what to do, in words."""
+    fix: str
+    fatal: bool
+    """It keeps the node out of jobs until the GPU is reset (``gpu_errors.XIDS``)."""
+    at: float
+    """When (the node's wall clock); ``clock``: the same as HH:MM:SS there."""
+    clock: str
+    jobs_gpu: bool
+    """The GPU is one the job was given on that node."""
 
 
 class DiskFacts(TypedDict, total=False):

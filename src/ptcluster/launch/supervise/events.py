@@ -110,6 +110,16 @@ class RankExit:
     duration: float | None
     oom: wire.OomFacts | None = None
     """The kernel's OOM kills its guard found when it failed (None: no count rose)."""
+    xids: tuple[wire.XidFacts, ...] = ()
+    """The GPU driver's Xids of its processes or its node's job GPUs, when it failed."""
+
+
+@dataclass(frozen=True)
+class GpuError:
+    """The GPU driver wrote an Xid on the node while the job ran (``wire.Kind.XID``)."""
+
+    host: str
+    xid: wire.XidFacts
 
 
 @dataclass(frozen=True)
@@ -186,7 +196,7 @@ class ChannelClosed:
 
 Event = (Hello | Ready | GuardRefused | Started | Heartbeat | GuardStopping | RankStart | RankExit
          | RankError | RankData | RankOutput | AgentOutput | GuardExit | Malformed | ChannelClosed
-         | StacksReply | Timing)
+         | StacksReply | Timing | GpuError)
 
 
 def decode(host: str, line: str) -> Event:
@@ -233,7 +243,11 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         code = body.get("code")
         return RankExit(host, int(body["rank"]), None if code is None else int(code),
                         float(body["t"]), _opt_float(body.get("duration")),
-                        cast(wire.OomFacts, body["oom"]) if body.get("oom") else None)
+                        cast(wire.OomFacts, body["oom"]) if body.get("oom") else None,
+                        tuple(cast(list[wire.XidFacts], body.get("xids") or [])))
+    if kind == wire.Kind.XID:
+        int(body["xid"])  # (a frame without its Xid is malformed)
+        return GpuError(host, cast(wire.XidFacts, body))
     if kind == wire.Kind.RDATA:
         return RankData(host, int(body.pop("rank")), body)
     if kind == wire.Kind.HELLO:

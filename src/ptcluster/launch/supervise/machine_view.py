@@ -1,11 +1,14 @@
-"""What the machine saw of a rank's death, in words: the kernel's OOM killer, a full disk.
+"""What the machine saw of a rank's death, in words: the kernel's OOM killer, the GPU driver's
+Xids, a full disk.
 
-Pure: the guard's facts (``wire.OomFacts`` in a rank's exit, ``wire.DiskFacts`` in its error,
-``node.guard.machine``) in, a message and its fix out. ``verdict.judge_rank`` asks."""
+Pure: the guard's facts (``wire.OomFacts`` and ``wire.XidFacts`` in a rank's exit,
+``wire.DiskFacts`` in its error, ``node.guard.machine``) in, a message and its fix out.
+``verdict.judge_rank`` asks; the supervisor words an Xid that no rank died of as a warning."""
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +31,7 @@ class Named:
     message: str
     fix: str
     kind: str
-    """A ``result.FailureKind`` value: ``oom`` or ``disk``."""
+    """A ``result.FailureKind`` value: ``oom``, ``gpu`` or ``disk``."""
     facts: dict[str, Any] = field(default_factory=dict)
 
 
@@ -138,3 +141,31 @@ def disk_named(host: str, errno: int | None, disk: wire.DiskFacts | None,
             " (the error named no file, and no filesystem of the node is nearly full now)")
         fix = f"free space on {host} (`df -h` there), or write to a larger filesystem"
     return Named(message, fix, "disk", {"disk": dict(disk or {})})
+
+
+def xid_said(host: str, xid: wire.XidFacts) -> str:
+    """One Xid as a line: the GPU, the node, whose process, what it means, what to do."""
+    gpu = xid.get("gpu")
+    where = f"GPU {gpu} on {host}" if gpu is not None else \
+        f"the GPU at PCI {xid.get('pci') or '?'} on {host}"
+    at = xid.get("clock") or ""
+    whose = ""
+    if xid.get("rank") is not None:
+        whose = f", in rank {xid.get('rank')}'s process {xid.get('pid')}"
+    elif xid.get("pid"):
+        whose = f", in process {xid.get('pid')} ({xid.get('name') or '?'}: not one of the job's)"
+    return (f"{where} reported Xid {xid.get('xid')}{f' at {at}' if at else ''}"
+            f"{whose}: {xid.get('meaning') or '?'}; what to do: {xid.get('fix') or '?'}")
+
+
+def xid_named(host: str, how: str, xids: Sequence[wire.XidFacts]) -> Named | None:
+    """A rank that failed after the GPU driver wrote an Xid for one of its processes or one of
+    the job's GPUs on its node: the Xid is the cause (the rank's own CUDA or NCCL error is
+    what it saw of it)."""
+    if not xids:
+        return None
+    first = next((x for x in xids if x.get("fatal")), xids[0])
+    more = f" (and {len(xids) - 1} more Xid(s))" if len(xids) > 1 else ""
+    message = f"{how}, after {xid_said(host, first).split('; what to do: ')[0]}{more}"
+    return Named(message, first.get("fix") or "see NVIDIA's Xid catalog", "gpu",
+                 {"xids": [dict(x) for x in xids]})

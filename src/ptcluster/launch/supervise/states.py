@@ -180,6 +180,8 @@ class RankLife:
     """Its program returned (or exited 0): a death after that is in the interpreter's shutdown."""
     oom: wire.OomFacts | None = None
     """The kernel's OOM kills its guard found when it ended (its exit's ``oom``)."""
+    xids: tuple[wire.XidFacts, ...] = ()
+    """The GPU driver's Xids its guard tied to it when it ended (its exit's ``xids``)."""
     failure: Failure | None = None
     """The failure it was found to be (a second report refines it, never adds one)."""
 
@@ -194,7 +196,7 @@ class RankLife:
         ``versions``: the nodes' versions that differ, the explanation of a failure that has
         none of its own (``known.VERSIONS``)."""
         record = self.record
-        verdict = judge_rank(record, self.raised, self.returned, stop_at, self.oom)
+        verdict = judge_rank(record, self.raised, self.returned, stop_at, self.oom, self.xids)
         if verdict is None:
             return None
         record.stopped = verdict.stopped

@@ -36,6 +36,7 @@ from ptcluster.launch.supervise.actions import (
     Status,
 )
 from ptcluster.launch.supervise.known import VERSIONS, match_agent, versions_differ
+from ptcluster.launch.supervise.machine_view import xid_said
 from ptcluster.launch.supervise.states import (
     FINAL,
     Escalation,
@@ -56,6 +57,9 @@ from ptcluster.launch.supervise.verdict import (
 )
 from ptcluster.node import wire
 from ptcluster.node.rank_wire import CHECKPOINT, PROGRESS_REPORTS, RESUMED, RETURNED
+
+MAX_GPU_ERRORS = 32
+"""Xids kept (and shown) per node: a failing GPU may repeat its line many times."""
 
 
 class Supervisor(JobState):
@@ -141,6 +145,8 @@ class Supervisor(JobState):
                     r: v for r, v in e.ranks.items() if self._rank(e.host, r) is not None}))]
             case ev.Timing():
                 return self._timing(e, now)
+            case ev.GpuError():
+                return self._gpu_error(e)
             case _:
                 return _unhandled(e)
 
@@ -244,8 +250,16 @@ class Supervisor(JobState):
             return []
         rank.record.exit_code, rank.record.duration = e.code, e.duration
         rank.record.ended_at = self._corrected(e.host, e.node_time)
-        rank.oom = e.oom
+        rank.oom, rank.xids = e.oom, e.xids
         return self._judge_rank(rank, now)
+
+    def _gpu_error(self, e: ev.GpuError) -> list[Action]:
+        """An Xid while the job runs: a warning now; the failure, if a rank dies of it."""
+        node = self._nodes[e.host]
+        if len(node.gpu_errors) >= MAX_GPU_ERRORS:
+            return []
+        node.gpu_errors.append(dict(e.xid))
+        return [Status(f"warning: {xid_said(e.host, e.xid)}")]
 
     def _rank_error(self, e: ev.RankError, now: float) -> list[Action]:
         rank = self._rank(e.host, e.rank)

@@ -16,7 +16,7 @@ from typing import Any
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, FailureKind, RankRecord, signame
 from ptcluster.launch.supervise.known import Known, RankReport, match_rank
-from ptcluster.launch.supervise.machine_view import disk_named, oom_named
+from ptcluster.launch.supervise.machine_view import disk_named, oom_named, xid_named
 from ptcluster.node import wire
 
 CRASH_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS)
@@ -67,9 +67,11 @@ class RankVerdict:
 
 
 def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
-               stop_at: float | None, oom: wire.OomFacts | None = None) -> RankVerdict | None:
+               stop_at: float | None, oom: wire.OomFacts | None = None,
+               xids: Sequence[wire.XidFacts] = ()) -> RankVerdict | None:
     """None while there is nothing to judge (the rank succeeded, or has not ended). ``oom``:
-    the kernel's OOM kills its guard found when it ended; what the machine saw comes first."""
+    the kernel's OOM kills its guard found when it ended; ``xids``: the GPU driver's errors of
+    its processes or GPUs; what the machine saw comes first."""
     if record.exit_code == 0 or record.ended_at is None:
         return None
     failed_at = record.ended_at if raised is None else min(raised.at, record.ended_at)
@@ -92,6 +94,7 @@ def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
         message += " after its program had returned, in the interpreter's shutdown"
         fix = SHUTDOWN_FIX
     named = (oom_named(record.host, code, oom, text) if oom else None) or \
+        (xid_named(record.host, message, xids) if xids else None) or \
         (disk_named(record.host, raised.errno, raised.disk, text) if raised else None)
     if named is not None:
         return RankVerdict(stopped=False, at=failed_at, message=named.message, fix=named.fix,

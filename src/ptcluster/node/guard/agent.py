@@ -109,7 +109,9 @@ class Guard:
         if self.link.master_port:
             use_port(self.cfg["argv"], self.link.master_port)
         self.tmpdir = job_dir(self.tmp_parent, self.cfg["job_id"], HANDED)
-        self.link.machine = MachineWatch()  # the OOM counts before any rank starts
+        # the OOM counts before any rank starts; the GPUs the job holds, for the driver's Xids
+        self.link.machine = MachineWatch(gpus=list((facts.get("gpus") or {}).get("indices")
+                                                   or []))
         ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out, self.link.machine)
         self.link.meter = ProgressMeter(ranks.probes)
         self.link.ranks = ranks

@@ -75,7 +75,8 @@ class HeadLink:
         report on."""
         self.meter: ProgressMeter | None = None
         self.machine: MachineWatch | None = None
-        """What the machine saw (OOM kills): it collects the ranks' trees on every beat."""
+        """What the machine saw (OOM kills, the GPU driver's Xids): it collects the ranks' trees
+        and reads the kernel's log on every beat."""
         self.schedstat: SchedstatMeter | None = None
 
     # -- out ----------------------------------------------------------------------------------
@@ -143,6 +144,8 @@ class HeadLink:
             if self.machine is not None and self.ranks is not None and not self.stop.is_set():
                 try:
                     self.machine.scan(dict(self.ranks.probes.pids))
+                    for xid in self.machine.new_xids():
+                        self.send(Kind.XID, xid)
                 except Exception:  # noqa: BLE001 - advice only
                     pass
             if time.monotonic() >= next_timing and not self.stop.is_set() and \

@@ -13,6 +13,13 @@ systemd-journal, wheel). A kill is the rank's only when its victim's pid was one
 never by name (torch's processes are all called ``pt_main_thread``). The rank's ``rexit`` frame
 carries what was found (``wire.OomFacts``); the head words it.
 
+GPU errors. The same log carries the NVIDIA driver's Xids (``node.gpu_errors``). The guard
+reads it on every heartbeat while ranks run (``/dev/kmsg``: only what is new; ``journalctl``:
+every ``JOURNAL_EVERY`` s), names each Xid's GPU (its PCI address -> index, NVML or nvidia-smi)
+and its rank (the driver's ``pid=``, matched in the ranks' trees), and sends it to the head at
+once (``Kind.XID``: a warning while the job lives); a rank that then fails carries the Xids of
+its tree, or of the job's GPUs where the driver named no process, in its ``rexit`` (``xids``).
+
 A full disk. When a rank's code raised ENOSPC or EDQUOT (the shim reports the errno and the
 file), the guard stats that file's filesystem: its mount point, type, free and total space
 (``wire.DiskFacts``, in the rank's ``rerror`` frame). With no file named, the nearly full
@@ -20,22 +27,27 @@ filesystems of the node.
 """
 
 import errno
-import grp
 import os
 import re
-import shutil
-import subprocess
 import threading
 import time
 from typing import Any
 
+from ptcluster.node.gpu_errors import describe_xid, gpu_indices, parse_xid, xid_fix  # inlined
 from ptcluster.node.guard.proctree import children_map  # inlined
 from ptcluster.node.guard.schedstat import meminfo  # inlined
+from ptcluster.node.kernel_log import (  # inlined
+    LOG_JOURNAL,
+    LOG_KMSG,
+    boot_wall,
+    journal_readable,
+    open_kmsg,
+    read_journal,
+    read_kmsg,
+)
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 """What a full filesystem raises: no space left, the user's quota exceeded."""
-LOG_GROUPS = ("adm", "systemd-journal", "wheel")
-"""Groups whose members may read the kernel's log through ``journalctl -k`` (journalctl(1))."""
 LOG_WAIT = 1.0
 """Seconds the guard waits at most for the kernel's account of a kill it counted (the line is
 written just after the signal; journald copies it a moment later)."""
@@ -49,6 +61,11 @@ PSEUDO_FS = frozenset({
     "squashfs", "iso9660", "ramfs", "devtmpfs", "efivarfs", "rpc_pipefs",
 })
 """Filesystems that are never a job's full disk (always "full", or no blocks at all)."""
+JOURNAL_EVERY = 5.0
+"""Seconds between two reads of the journal for Xids while ranks run (a ``journalctl`` each;
+``/dev/kmsg`` is read on every heartbeat: a read of what is new costs nothing)."""
+MAX_XIDS = 64
+"""Xids kept per job (a failing GPU repeats its line many times a second)."""
 NEARLY_FULL = 0.02
 """A filesystem with less than this share free is named when a rank's ENOSPC named no file."""
 
@@ -56,13 +73,13 @@ NEARLY_FULL = 0.02
 class MachineWatch:
     """One job's view of the kernel's OOM kills on this node (see the module's docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gpus: list[int] | None = None) -> None:
         self.lock = threading.Lock()
         self.node_base = vmstat_oom_kills()
         self.since = time.time()
-        self.kmsg = open_kmsg()
-        self.log = "/dev/kmsg" if self.kmsg is not None else \
-            "journalctl -k" if journal_readable() else ""
+        self.kmsg = open_kmsg(at_end=True)
+        self.log = LOG_KMSG if self.kmsg is not None else \
+            LOG_JOURNAL if journal_readable() else ""
         """Where this guard reads the kernel's log ("" where it cannot)."""
         self.roots: dict[int, int] = {}
         """Per rank: its program's pid."""
@@ -78,6 +95,16 @@ class MachineWatch:
         """The node's count the log was last waited for in vain (``victims``)."""
         self.mem: tuple[int, int] | None = None
         """(available, total) bytes of the node's memory at the last look."""
+        self.gpus = list(gpus or [])
+        """The GPU indices this job was given here ([]: not known)."""
+        self.xids: list[dict[str, Any]] = []
+        """The driver's Xids since the job started, each with its GPU and rank where known."""
+        self.unsent: list[dict[str, Any]] = []
+        """Xids not yet sent to the head (``new_xids``)."""
+        self.pci: dict[str, int] | None = None
+        """PCI address -> GPU index (read at the first Xid)."""
+        self.boot_wall = boot_wall()
+        self.journal_read = 0.0
 
     def started(self, rank: int, pid: int, shim_pid: int) -> None:
         """A rank's program started (its pid, its shim's)."""
@@ -102,6 +129,9 @@ class MachineWatch:
         mem = meminfo()
         if mem.get("MemTotal") and "MemAvailable" in mem:
             self.mem = (mem["MemAvailable"] * 1024, mem["MemTotal"] * 1024)
+        if self.kmsg is not None or (self.log and time.monotonic() - self.journal_read
+                                     >= JOURNAL_EVERY):
+            self.read_log()
 
     def note_group(self, rank: int, pid: int) -> None:
         """The memory group ``pid`` is in now, with its count (a group first seen counts from
@@ -168,15 +198,19 @@ class MachineWatch:
     def read_log(self) -> None:
         """The kernel's lines written since the job started (or since the last read)."""
         if self.kmsg is not None:
-            lines = read_kmsg(self.kmsg)
+            records = read_kmsg(self.kmsg)
         else:
-            lines = read_journal(self.since)
+            records = read_journal(self.since)
+            self.journal_read = time.monotonic()
             self.kills = []  # journalctl gives every line since the start again
         with self.lock:
-            for line in lines:
-                self.parse(line)
+            for at, line in records:
+                self.parse(line, at)
 
-    def parse(self, line: str) -> None:
+    def parse(self, line: str, at: float = 0.0) -> None:
+        if "NVRM: Xid" in line:
+            self.xid(line, at)
+            return
         if "oom-kill:" in line:  # the line before: why (CONSTRAINT_NONE: the node's memory,
             # CONSTRAINT_MEMCG: a memory group's limit) and which group
             said = dict(kv.partition("=")[::2] for kv in line.split("oom-kill:", 1)[1].split(","))
@@ -192,6 +226,44 @@ class MachineWatch:
         kill = {"pid": pid, "comm": m.group(2), "rss": rss, **self.pending.pop(pid, {})}
         if kill not in self.kills:
             self.kills.append(kill)
+
+    def xid(self, line: str, at: float) -> None:
+        """One Xid line (under ``lock``): its GPU, its rank, what it means; kept and queued for
+        the head once (the journal gives it again on every read)."""
+        xid = parse_xid(line)
+        if xid is None:
+            return
+        when = self.boot_wall + at if at and self.boot_wall else time.time()
+        if any(x["text"] == xid["text"] and abs(x["at"] - when) < 0.01 for x in self.xids) \
+                or len(self.xids) >= MAX_XIDS:
+            return
+        if self.pci is None:
+            self.pci = gpu_indices()
+        rank = next((r for r, tree in self.trees.items() if xid["pid"] and xid["pid"] in tree),
+                    None)
+        gpu = self.pci.get(xid["pci"])
+        said = describe_xid(xid["xid"], xid["text"])
+        found = {**xid, **said, "fix": xid_fix(said["action"], gpu), "at": when,
+                 "clock": time.strftime("%H:%M:%S", time.localtime(when)), "gpu": gpu,
+                 "rank": rank, "jobs_gpu": gpu is not None and gpu in self.gpus}
+        self.xids.append(found)
+        self.unsent.append(found)
+
+    def new_xids(self) -> list[dict[str, Any]]:
+        """The Xids seen since the last call (the link sends each to the head)."""
+        with self.lock:
+            out, self.unsent = self.unsent, []
+        return out
+
+    def xids_of(self, rank: int) -> list[dict[str, Any]]:
+        """A failed rank's Xids: those the driver blamed on a process of its tree, and those of
+        the job's GPUs that named no process of another rank."""
+        if self.log:
+            self.read_log()
+        with self.lock:
+            tree = self.trees.get(rank, set())
+            return [x for x in self.xids if x["pid"] in tree or
+                    (x["rank"] is None and x["jobs_gpu"])][:4]
 
     def after_error(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """The disk facts of a rank's error record that says its filesystem was full."""
@@ -276,65 +348,6 @@ def read_int(path: str) -> int:
     except (OSError, ValueError):
         return 0
     return value if value < 1 << 60 else 0  # v1's "no limit" is a huge number
-
-
-def open_kmsg() -> int | None:
-    """``/dev/kmsg`` at its end (only records written from now on), not blocking; None where
-    the kernel refuses (``kernel.dmesg_restrict``: root only)."""
-    try:
-        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        os.lseek(fd, 0, os.SEEK_END)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def read_kmsg(fd: int) -> list[str]:
-    """The records waiting (``prio,seq,usec,flags;text``): their text."""
-    lines = []
-    for _ in range(100000):
-        try:
-            record = os.read(fd, 8192)
-        except BlockingIOError:
-            break
-        except BrokenPipeError:  # records overwritten before we read them: go on
-            continue
-        except OSError:
-            break
-        if not record:
-            break
-        head, _, text = record.decode(errors="replace").partition(";")
-        lines.append(text.split("\n", 1)[0])
-    return lines
-
-
-def journal_readable() -> bool:
-    """Whether ``journalctl -k`` shows this user the kernel's lines."""
-    if shutil.which("journalctl") is None:
-        return False
-    if os.geteuid() == 0:
-        return True
-    names = set()
-    for gid in os.getgroups():
-        try:
-            names.add(grp.getgrgid(gid).gr_name)
-        except KeyError:
-            continue
-    return bool(names & set(LOG_GROUPS))
-
-
-def read_journal(since: float) -> list[str]:
-    try:
-        run = subprocess.run(["journalctl", "-k", "-q", "--no-pager", "-o", "cat",
-                              f"--since=@{int(since) - 1}"], capture_output=True, timeout=5,
-                             stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return run.stdout.decode(errors="replace").splitlines()
 
 
 def disk_facts(filename: str) -> dict[str, Any] | None:

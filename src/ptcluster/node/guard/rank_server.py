@@ -204,15 +204,19 @@ class RankServer:
             self.out.now(encode(RANK_FRAMES[kind], body))
 
     def machine_said(self, rank: int, body: dict[str, Any]) -> None:
-        """Into a failed rank's exit record: the OOM kills of its tree, where any."""
-        if self.watch is None:
+        """Into a failed rank's exit record: the OOM kills of its tree, the GPU driver's Xids of
+        its processes or its GPUs, where any."""
+        if self.watch is None or body.get("code") == 0:
             return
         try:
             oom = self.watch.after_exit(rank, body.get("code"))
+            xids = self.watch.xids_of(rank)
         except Exception:  # noqa: BLE001 - advice only: the exit goes out regardless
-            oom = None
+            oom, xids = None, []
         if oom:
             body["oom"] = oom
+        if xids:
+            body["xids"] = xids
 
     def drop(self, conn: Any, st: dict[str, Any] | None = None) -> None:
         self.sel.unregister(conn)
