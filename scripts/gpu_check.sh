@@ -19,7 +19,7 @@ trap cleanup EXIT
 failed=0
 say() { printf '%-26s %s\n' "$1" "$2"; }
 fail() { say "$1" "FAIL: $2"; failed=1; [ -f "$3" ] && tail -n 15 "$3" | sed 's/^/    /'; }
-PATHS="local-nproc doctor+nvml bench-nccl monitor trainer-cuda-bf16 gpus-auto-busy"
+PATHS="gpu-driver-health local-nproc doctor+nvml bench-nccl monitor trainer-cuda-bf16 gpus-auto-busy"
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     why="no NVIDIA GPU here (nvidia-smi not installed)"
@@ -59,6 +59,31 @@ print(f"ok: {n} ranks by default")
 ' "$PY" -m ptcluster env --json
 
 # doctor: facts through NVML (ctypes), every check, and the all-reduce over NCCL
+# The health gate's GPU driver facts (node.gpu_errors): NVML's counters and PCI addresses on a
+# real GPU, checked against nvidia-smi's own; the gate's finding as the guard would give it.
+check gpu-driver-health '
+import json, sys
+r = json.load(open(sys.argv[1])); n = int(sys.argv[2])
+assert len(r["state"]) == n and sorted(r["pci"].values()) == list(range(n)), r
+assert r["pci"] == r["smi"], (r["pci"], r["smi"])
+assert r["finding"]["check"] == "gpu-driver", r["finding"]
+s, f = r["state"][0], r["finding"]
+ok, what = f["ok"], f["what"]
+ecc, remap, pcie, slow = (s.get(k) for k in ("ecc_uncorrected", "remap_pending", "pcie",
+                                                 "slowdowns"))
+print(f"ok: {n} GPU(s) by PCI address; GPU 0: uncorrectable ECC {ecc}, remap pending {remap}, "
+      f"PCIe (width, max, gen, max) {pcie}, slowdowns {slow}; gate ok={ok}: {what}")
+' "$PY" -c '
+import json, subprocess
+from ptcluster.node.gpu_errors import gpu_indices, nvml_state, smi_indices
+from ptcluster.node.health import check_gpu_driver
+smi = subprocess.run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
+                     capture_output=True, text=True).stdout
+found = check_gpu_driver({"slots": 1, "workdir": "."})
+print(json.dumps({"state": nvml_state(), "pci": gpu_indices(), "smi": smi_indices(smi),
+                  "finding": found}))
+'
+
 check doctor+nvml '
 import json, sys
 r = json.load(open(sys.argv[1])); n = int(sys.argv[2])

@@ -217,6 +217,8 @@ class RankServer:
             body["oom"] = oom
         if xids:
             body["xids"] = xids
+        for xid in self.watch.new_xids():  # (read just now: before the exit, as a warning)
+            self.out.now(encode(Kind.XID, xid))
 
     def drop(self, conn: Any, st: dict[str, Any] | None = None) -> None:
         self.sel.unregister(conn)

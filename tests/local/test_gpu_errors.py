@@ -1,0 +1,130 @@
+"""The GPU driver's Xids, for real in the kernel's log: a line in the driver's format written
+into ``/dev/kmsg`` (as root; TESTBED.md "The kernel's own view") by a rank with its own pid is
+named as the cause when that rank then fails with a CUDA error; one with another process's pid
+is a warning in a job that goes on; a fatal one before the launch keeps the node out of a job
+that uses GPUs. There is no GPU here: the PCI address maps to no index, and is named as such.
+
+Every line written here stays in the machine's log: the tests end by writing the driver's own
+load line, which (as after a real driver reload) makes every earlier Xid history."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ptcluster.node.health import health, unfit
+from tests.support.head import only_run, run_head
+
+LOADED = ("NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.90.07  (written by ptcluster's "
+          "tests: the Xids they wrote before are history)")
+
+FALLS_OFF = textwrap.dedent("""
+    import os, time
+    time.sleep(1.5)  # (a heartbeat or two of the guard's: it reads the log on each)
+    with open("/dev/kmsg", "w") as log:
+        log.write(f"NVRM: Xid (PCI:0000:3b:00): 79, pid={os.getpid()}, name=pt_main_thread, "
+                  "GPU has fallen off the bus.\\n")
+    time.sleep(0.5)
+    raise RuntimeError("CUDA error: unspecified launch failure")
+""")
+
+BYSTANDER = textwrap.dedent("""
+    import time
+    time.sleep(1.5)
+    with open("/dev/kmsg", "w") as log:
+        log.write("NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=someone-else, Graphics SM Warp "
+                  "Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter\\n")
+    time.sleep(2.5)
+    print("still here", flush=True)
+""")
+
+
+@pytest.fixture
+def kernel_log() -> Iterator[None]:
+    """Root, with a writable ``/dev/kmsg``; afterwards the driver's load line (see above)."""
+    if os.getuid() != 0 or not os.access("/dev/kmsg", os.W_OK):
+        pytest.skip("writing the kernel's log needs root (TESTBED.md)")
+    try:
+        yield
+    finally:
+        with open("/dev/kmsg", "w") as log:
+            log.write(LOADED + "\n")
+
+
+@pytest.mark.slow
+def test_a_rank_whose_gpu_fell_off_the_bus_is_named_by_the_xid(tmp_path: Path, kernel_log,
+                                                               no_leftovers) -> None:
+    (tmp_path / "falls.py").write_text(FALLS_OFF)
+    code, head = run_head(["run", "--nproc", "1", "--run-dir", "runs", "falls.py"],
+                          cwd=tmp_path, timeout=120)
+    job_id, summary = only_run(tmp_path / "runs")
+    no_leftovers.append(job_id)
+    assert code == 1, head.output()
+    rc = summary["root_cause"]
+    assert rc["kind"] == "gpu" and rc["rank"] == 0, rc
+    (xid,) = rc["facts"]["xids"]
+    assert (xid["xid"], xid["pci"], xid["rank"], xid["gpu"]) == (79, "0000:3b:00", 0, None)
+    assert rc["message"].startswith(
+        "exited with code 1 (RuntimeError: CUDA error: unspecified launch failure), after the "
+        "GPU at PCI 0000:3b:00 on localhost reported Xid 79 at "), rc["message"]
+    assert rc["message"].endswith(f"in rank 0's process {xid['pid']}: the GPU has fallen off "
+                                  "the bus")
+    assert rc["fix"].startswith("reboot the node; if it happens again")
+    # said as a warning too (while the job ran, or with the rank's exit, whichever came first)
+    assert any(line.startswith("ptcluster: warning: the GPU at PCI 0000:3b:00 on localhost "
+                               "reported Xid 79")
+               for line in head.err), head.output()
+    assert summary["nodes"][0]["gpu_errors"][0]["xid"] == 79
+
+
+@pytest.mark.slow
+def test_an_xid_of_another_process_is_a_warning_and_the_job_goes_on(tmp_path: Path, kernel_log,
+                                                                     no_leftovers) -> None:
+    (tmp_path / "bystander.py").write_text(BYSTANDER)
+    code, head = run_head(["run", "--nproc", "1", "--run-dir", "runs", "bystander.py"],
+                          cwd=tmp_path, timeout=120)
+    job_id, summary = only_run(tmp_path / "runs")
+    no_leftovers.append(job_id)
+    assert code == 0, head.output()
+    assert summary["ok"] and summary["root_cause"] is None
+    (xid,) = summary["nodes"][0]["gpu_errors"]
+    assert (xid["xid"], xid["pid"], xid["rank"], xid["action"]) == (13, 1, None, "job")
+    warned = [line for line in head.err if line.startswith("ptcluster: warning: ")]
+    assert warned == [
+        "ptcluster: warning: the GPU at PCI 0000:3b:00 on localhost reported Xid 13 at "
+        f"{xid['clock']}, in process 1 (someone-else: not one of the job's): graphics engine "
+        "exception: a kernel used an illegal address or instruction; what to do: the job's own "
+        "fault (its code or its data drove the GPU there): fix it and run again; the GPU "
+        "itself is fine"], \
+        head.output()
+
+
+def test_a_fatal_xid_before_the_launch_keeps_the_node_out(tmp_path: Path, kernel_log) -> None:
+    """The gate as the guard runs it, on this machine's real log (a job here cannot use GPUs:
+    the local cluster's backend is gloo on a machine without them, so its guard does not ask;
+    with backend nccl the gate asks, and also finds no GPU for the slot)."""
+    with open("/dev/kmsg", "w") as log:
+        log.write("NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has "
+                  "fallen off the bus.\n")
+    found = health({"workdir": str(tmp_path), "slots": 1, "backend": "nccl"})
+    refusal = unfit(found)
+    assert refusal is not None
+    (driver,) = [f for f in found if f["check"] == "gpu-driver"]
+    assert not driver["ok"]
+    assert driver["what"].startswith("the GPU at PCI 0000:3b:00 had Xid 79 (the GPU has fallen "
+                                     "off the bus) at "), driver
+    assert driver["what"].endswith("and the driver has not been reloaded since")
+    assert "reboot the node; if it happens again" in refusal["fix"]
+    # a gloo job on a node without GPUs is not asked; after a driver load, it is history
+    assert [f["check"] for f in health({"workdir": str(tmp_path), "slots": 1})] == \
+        ["disk", "memory"]
+    with open("/dev/kmsg", "w") as log:
+        log.write(LOADED + "\n")
+    (driver,) = [f for f in health({"workdir": str(tmp_path), "slots": 1, "backend": "nccl"})
+                 if f["check"] == "gpu-driver"]
+    assert driver["ok"] and driver["what"].startswith("no fatal Xid since the driver loaded "
+                                                      "(/dev/kmsg)"), driver

@@ -1,0 +1,282 @@
+"""The GPU driver's word (``node.gpu_errors``), the health gate's check of it
+(``node.health.check_gpu_driver``, ``gpu_warnings``) and how the head words an Xid
+(``launch.supervise.machine_view``, ``verdict``): on the driver's own line formats (quoted in
+../shared/research/machine-view.md from leptonai/gpud's test data) and on NVML answers recorded
+in NVML's calling convention (there is no GPU here; ``scripts/gpu_check.sh`` asks a real one)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import pytest
+
+from ptcluster.launch.result import RankRecord
+from ptcluster.launch.supervise.events import GpuError, RankExit, decode
+from ptcluster.launch.supervise.machine_view import xid_named, xid_said
+from ptcluster.launch.supervise.verdict import Raised, judge_rank
+from ptcluster.node import wire
+from ptcluster.node.gpu_errors import (
+    describe_xid,
+    gpu_indices,
+    nvml_state,
+    open_fatal,
+    parse_xid,
+    pci_key,
+    smi_indices,
+    xids_in,
+)
+from ptcluster.node.health import check_gpu_driver, gpu_warnings
+
+LINES = {
+    119: "NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s of "
+         "waiting for RPC response from GPU4 GSP! Expected function 103 (GSP_RM_ALLOC) "
+         "(0x2081 0x4).",
+    13: "NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp "
+        "Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter",
+    79: "NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+        "the bus.",
+    154: "NVRM: Xid (PCI:0009:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x4 "
+         "(Drain and Reset)",
+    109: "NVRM: Xid (PCI:0000:cb:00): 109, pid=1797828, name=pt_main_thread, Ch 00000008, "
+         "errorString CTX SWITCH TIMEOUT, Info 0x58005",
+}
+LOADED = "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.90.07  Fri May 31 09:35:42 UTC 2024"
+
+
+def test_the_driver_lines_parse() -> None:
+    assert parse_xid(LINES[119]) == {
+        "pci": "0000:9b:00", "xid": 119, "pid": 2024380, "name": "nvidia-smi",
+        "text": "Timeout after 6s of waiting for RPC response from GPU4 GSP! Expected function "
+                "103 (GSP_RM_ALLOC) (0x2081 0x4)."}
+    unknown = parse_xid(LINES[13])
+    assert unknown is not None
+    assert (unknown["pid"], unknown["name"]) == (0, "unknown")
+    assert unknown["text"].startswith("Graphics SM Warp Exception")
+    no_pid = parse_xid(LINES[154])
+    assert no_pid is not None and no_pid["pci"] == "0009:01:00" and no_pid["pid"] == 0
+    assert parse_xid("[  12.3] kernel: Out of memory: Killed process 42 (python)") is None
+    # as dmesg prints it, with its stamp in front
+    assert parse_xid("[Fri Aug 30 11:43:14 2024] " + LINES[109])["pid"] == 1797828
+
+
+@pytest.mark.parametrize("said, key", [
+    ("0000:3b:00", "0000:3b:00"),          # the Xid line's
+    ("00000000:3B:00.0", "0000:3b:00"),    # NVML's and nvidia-smi's
+    ("3b:00.0", "0000:3b:00"),
+    ("0009:01:00", "0009:01:00"),
+])
+def test_one_spelling_of_a_pci_address(said: str, key: str) -> None:
+    assert pci_key(said) == key
+
+
+@pytest.mark.parametrize("xid, text, action, fatal", [
+    (13, "", "job", False), (31, "", "job", False), (79, "", "hardware", True),
+    (48, "", "reset", True), (63, "", "watch", False), (92, "", "watch", False),
+    (119, "", "reset", True), (146, "", "hardware", True),
+    (154, "GPU recovery action changed from 0x0 (None) to 0x0 (None)", "watch", False),
+    (154, "GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)", "reset", True),
+    (154, "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)", "reboot",
+     True),
+    (999, "", "watch", False),             # not in the catalog: named, not refused
+])
+def test_the_catalog(xid: int, text: str, action: str, fatal: bool) -> None:
+    said = describe_xid(xid, text)
+    assert (said["action"], said["fatal"]) == (action, fatal)
+    assert said["meaning"]
+
+
+def test_a_driver_load_clears_the_fatal_xids_before_it() -> None:
+    records = [(10.0, LINES[79]), (11.0, LINES[13]), (20.0, LOADED), (30.0, LINES[109]),
+               (31.0, LINES[13])]
+    xids = xids_in(records)
+    assert [(x["xid"], x["stale"]) for x in xids] == [(79, True), (13, True), (109, False),
+                                                      (13, False)]
+    assert [(x["xid"], x["at"]) for x in open_fatal(xids)] == [(109, 30.0)]
+
+
+def ctx(records: list[tuple[float, str]], state: list[dict[str, Any]] | None = None,
+        **more: Any) -> dict[str, Any]:
+    return {"slots": 1, "gpu_count": 2, "kernel": (records, "/dev/kmsg"),
+            "gpu_state": state or [], "gpu_pci": {"0000:05:00": 1, "0000:cb:00": 0},
+            "boot_wall": 0.0, **more}
+
+
+def test_a_fatal_xid_since_the_driver_loaded_refuses_the_node() -> None:
+    found = check_gpu_driver(ctx([(5.0, LOADED), (3600.0, LINES[79])]))
+    assert found is not None and not found["ok"]
+    assert found["what"] == ("GPU 1 (PCI 0000:05:00) had Xid 79 (the GPU has fallen off the "
+                             "bus) at 3600 s after boot, and the driver has not been reloaded "
+                             "since")
+    assert found["fix"].startswith("reboot the node; if it happens again")
+
+
+def test_an_application_xid_or_an_old_one_lets_it_in() -> None:
+    assert check_gpu_driver(ctx([(1.0, LINES[13])]))["ok"]
+    assert check_gpu_driver(ctx([(1.0, LINES[79]), (2.0, LOADED)]))["ok"]
+    # a CPU job on a node without GPUs is not asked
+    assert check_gpu_driver(ctx([(1.0, LINES[79])], gpu_count=0)) is None
+    # a log nobody may read: said, not refused
+    unread = check_gpu_driver({**ctx([]), "kernel": ([], "")})
+    assert unread["ok"] and "kernel log is not readable" in unread["what"]
+
+
+@pytest.mark.parametrize("state, said", [
+    ({"ecc_uncorrected": 2}, "GPU 0 (PCI 0000:cb:00) has 2 uncorrectable ECC error(s)"),
+    ({"remap_pending": True}, "has a memory row remapping pending"),
+    ({"remap_failed": True, "remap_pending": True}, "remapping a memory row failed"),
+    ({"retire_pending": True}, "has retired memory pages pending"),
+])
+def test_nvml_counters_refuse_the_node(state: dict[str, Any], said: str) -> None:
+    found = check_gpu_driver(ctx([], [{"index": 0, "pci": "0000:cb:00", **state}]))
+    assert not found["ok"] and said in found["what"], found
+    assert "nvidia-smi -r -i 0" in found["fix"] or "hardware inspection" in found["fix"]
+
+
+def test_doctor_warns_of_a_narrow_link_slowdowns_and_wearing_memory() -> None:
+    narrow = {"index": 0, "pci": "0000:cb:00", "pcie": (8, 16, 4, 4), "util": 0}
+    idle_gen = {"index": 1, "pci": "0000:05:00", "pcie": (16, 16, 1, 4), "util": 0,
+                "slowdowns": ["hardware thermal slowdown"]}
+    busy_gen = {"index": 2, "pci": "0000:06:00", "pcie": (16, 16, 3, 5), "util": 90}
+    warned = gpu_warnings(ctx([(7.0, "NVRM: Xid (PCI:0000:cb:00): 63, pid='<unknown>', "
+                                     "name=<unknown>, Row Remapper: New row marked for "
+                                     "remapping")], [narrow, idle_gen, busy_gen]))
+    assert warned == [
+        "GPU 0 (PCI 0000:cb:00): PCIe link x8 of x16 (a slot, riser or cable below its width)",
+        "GPU 1 (PCI 0000:05:00): hardware thermal slowdown (check cooling and power)",
+        "GPU 2 (PCI 0000:06:00): PCIe gen 3 of 5 while busy",
+        "GPU 0 (PCI 0000:cb:00): Xid 63 at 7 s after boot (a GPU memory row was remapped or a "
+        "page retired after ECC errors)",
+    ]
+
+
+class RecordedNvml:
+    """NVML's calls as a GPU answered them (an H100 SXM: two devices, recorded values given
+    below), in NVML's calling convention: return codes, results through pointers."""
+
+    def __init__(self, gpus: list[dict[str, Any]]) -> None:
+        self.gpus = gpus
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("nvml"):
+            raise AttributeError(name)
+
+        def call(*args: Any) -> int:
+            self.calls.append(name)
+            return self.answer(name, args)
+        return call
+
+    @staticmethod
+    def out(arg: Any) -> Any:
+        return arg._obj  # what ctypes.byref pointed at
+
+    def answer(self, name: str, args: tuple[Any, ...]) -> int:
+        if name in ("nvmlInit_v2", "nvmlShutdown"):
+            return 0
+        if name == "nvmlDeviceGetCount_v2":
+            self.out(args[0]).value = len(self.gpus)
+            return 0
+        if name == "nvmlDeviceGetHandleByIndex_v2":
+            self.out(args[1]).value = args[0] + 1
+            return 0
+        gpu = self.gpus[args[0].value - 1]
+        if name not in gpu:
+            return 3  # NVML_ERROR_NOT_SUPPORTED
+        values = gpu[name]
+        # (the ECC call's error type and counter type come before its result)
+        targets = [self.out(a) for a in args[3 if name == "nvmlDeviceGetTotalEccErrors" else 1:]]
+        for target, value in zip(targets, values, strict=True):
+            if isinstance(target, ctypes.Structure):
+                target.busId = value
+            elif isinstance(target, ctypes.Array):
+                target[0] = value
+            else:
+                target.value = value
+        return 0
+
+
+H100 = {"nvmlDeviceGetPciInfo_v3": [b"00000000:18:00.0"],
+        "nvmlDeviceGetTotalEccErrors": [0],
+        "nvmlDeviceGetRemappedRows": [0, 0, 0, 0],
+        "nvmlDeviceGetCurrPcieLinkWidth": [16], "nvmlDeviceGetMaxPcieLinkWidth": [16],
+        "nvmlDeviceGetCurrPcieLinkGeneration": [5], "nvmlDeviceGetMaxPcieLinkGeneration": [5],
+        "nvmlDeviceGetUtilizationRates": [97],
+        "nvmlDeviceGetCurrentClocksEventReasons": [0x1 | 0x4]}  # idle + SW power cap: normal
+"""An H100's answers; it has no retired pages (Ampere and newer remap rows instead)."""
+
+
+def test_nvml_state_from_recorded_answers() -> None:
+    sick = {**H100, "nvmlDeviceGetPciInfo_v3": [b"00000000:2A:00.0"],
+            "nvmlDeviceGetTotalEccErrors": [3], "nvmlDeviceGetRemappedRows": [5, 1, 1, 0],
+            "nvmlDeviceGetCurrPcieLinkWidth": [8],
+            "nvmlDeviceGetCurrentClocksEventReasons": [0x40]}
+    state = nvml_state(RecordedNvml([H100, sick]))
+    assert state == [
+        {"index": 0, "pci": "0000:18:00", "ecc_uncorrected": 0, "remap_pending": False,
+         "remap_failed": False, "pcie": (16, 16, 5, 5), "util": 97, "slowdowns": []},
+        {"index": 1, "pci": "0000:2a:00", "ecc_uncorrected": 3, "remap_pending": True,
+         "remap_failed": False, "pcie": (8, 16, 5, 5), "util": 97,
+         "slowdowns": ["hardware thermal slowdown"]},
+    ]
+    assert gpu_indices(RecordedNvml([H100, sick])) == {"0000:18:00": 0, "0000:2a:00": 1}
+    found = check_gpu_driver({"slots": 2, "gpu_count": 2, "kernel": ([], "/dev/kmsg"),
+                              "gpu_state": state, "boot_wall": 0.0})
+    assert not found["ok"]
+    assert found["what"] == ("GPU 1 (PCI 0000:2a:00) has 3 uncorrectable ECC error(s) since "
+                             "the driver loaded; GPU 1 (PCI 0000:2a:00) has a memory row "
+                             "remapping pending")
+
+
+def test_no_nvml_no_state() -> None:
+    class Absent:
+        def nvmlInit_v2(self) -> int:
+            return 9  # NVML_ERROR_DRIVER_NOT_LOADED
+    assert nvml_state(Absent()) == []
+
+
+def test_nvidia_smi_indices() -> None:
+    assert smi_indices("0, 00000000:18:00.0\n1, 00000000:2A:00.0\n") == {
+        "0000:18:00": 0, "0000:2a:00": 1}
+
+
+XID79: wire.XidFacts = {
+    "pci": "0000:05:00", "gpu": 1, "xid": 79, "pid": 4242, "name": "pt_main_thread", "rank": 3,
+    "text": "GPU has fallen off the bus.", "meaning": "the GPU has fallen off the bus",
+    "action": "hardware", "fatal": True, "at": 1.0, "clock": "10:42:01", "jobs_gpu": True,
+    "fix": "reboot the node; if it happens again, the GPU (or its slot, riser, NVLink) needs "
+           "a hardware inspection"}
+
+
+def test_the_head_words_an_xid() -> None:
+    assert xid_said("n2", XID79) == (
+        "GPU 1 on n2 reported Xid 79 at 10:42:01, in rank 3's process 4242: the GPU has fallen "
+        "off the bus; what to do: reboot the node; if it happens again, the GPU (or its slot, "
+        "riser, NVLink) needs a hardware inspection")
+    other: wire.XidFacts = {**XID79, "rank": None, "pid": 77, "name": "nvidia-smi", "gpu": None}
+    assert "the GPU at PCI 0000:05:00 on n2" in xid_said("n2", other)
+    assert "in process 77 (nvidia-smi: not one of the job's)" in xid_said("n2", other)
+    named = xid_named("n2", "exited with code 1", [XID79])
+    assert named is not None and named.kind == "gpu" and named.fix == XID79["fix"]
+
+
+def test_a_rank_that_died_after_its_gpu_failed_is_named_by_the_xid() -> None:
+    record = RankRecord(rank=3, host="n2", local_rank=1, exit_code=1, ended_at=10.0)
+    raised = Raised(at=9.9, text="RuntimeError: CUDA error: unspecified launch failure",
+                    exc="RuntimeError")
+    verdict = judge_rank(record, raised, False, None, None, [XID79])
+    assert verdict is not None and str(verdict.kind) == "gpu"
+    assert verdict.message.startswith(
+        "exited with code 1 (RuntimeError: CUDA error: unspecified launch failure), after GPU 1 "
+        "on n2 reported Xid 79 at 10:42:01, in rank 3's process 4242")
+    assert verdict.facts["xids"][0]["xid"] == 79
+    # without an Xid it is the rank's own failure
+    assert str(judge_rank(record, raised, False, None).kind) == "rank"
+
+
+def test_the_frames_decode() -> None:
+    event = decode("n2", wire.encode(wire.Kind.XID, dict(XID79)).decode().rstrip("\n"))
+    assert event == GpuError("n2", XID79)
+    exit_event = decode("n2", wire.encode(wire.Kind.REXIT, {
+        "rank": 3, "code": 1, "t": 5.0, "xids": [dict(XID79)]}).decode().rstrip("\n"))
+    assert isinstance(exit_event, RankExit) and exit_event.xids == (XID79,)
