@@ -260,14 +260,16 @@ class HeadPoller:
 
 class Exporter(Collector):
     """The monitor's families, made anew at every scrape from ``snapshot()`` (the monitor's
-    node views) and ``answers()`` (the heads' figures)."""
+    node views) and ``answers()`` (the heads' figures); ``clock``: the wall clock the views'
+    ``updated`` is on."""
 
     def __init__(self, snapshot: Callable[[], list[NodeView]],
-                 answers: Callable[[], dict[str, dict[str, Any]]], stale: float) -> None:
-        self.snapshot, self.answers, self.stale = snapshot, answers, stale
+                 answers: Callable[[], dict[str, dict[str, Any]]], stale: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.snapshot, self.answers, self.stale, self.clock = snapshot, answers, stale, clock
 
     def collect(self) -> Iterator[Metric]:
-        views, now = self.snapshot(), time.time()
+        views, now = self.snapshot(), self.clock()
         yield from node_families(views, now, self.stale)
         yield from gpu_families(views, now, self.stale)
         yield from lease_families(views, now, self.stale)
