@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import FrameType
 
@@ -79,10 +79,11 @@ REOPEN_SECONDS = 5.0
 """How long ``--serve`` waits before it opens a new session to a node whose last one ended."""
 
 
-def serve_metrics(mon: Monitor, listen: tuple[str, int], interval: float) -> None:
-    """``--serve``: ``/metrics`` until Ctrl-C or SIGTERM; a node whose session ends is asked
-    again every :data:`REOPEN_SECONDS` (an exporter runs for days: a node that comes back
-    is seen again)."""
+def serve_metrics(mon: Monitor, listen: tuple[str, int], interval: float,
+                  stop: threading.Event | None = None) -> None:
+    """``--serve``: ``/metrics`` until Ctrl-C or SIGTERM (or ``stop``, when given); a node
+    whose session ends is asked again every :data:`REOPEN_SECONDS` (an exporter runs for days:
+    a node that comes back is seen again)."""
     poller = metrics.HeadPoller(interval=max(interval, 2.0)).start()
     # a node is down after 3 missed samples (and 2 s more for a slow link)
     exporter = metrics.Exporter(mon.snapshot, lambda: poller.latest, stale=3 * interval + 2.0)
@@ -96,8 +97,8 @@ def serve_metrics(mon: Monitor, listen: tuple[str, int], interval: float) -> Non
     say(f"serving Prometheus metrics on http://{_url_host(str(host))}:{port}/metrics "
         "(Ctrl-C ends)")
     try:
-        with stop_on_signals() as stop:
-            while not stop.wait(min(interval, 1.0)):
+        with stop_on_signals() if stop is None else nullcontext(stop) as until:
+            while not until.wait(min(interval, 1.0)):
                 mon.reopen(REOPEN_SECONDS)
     finally:
         poller.stop()
