@@ -152,3 +152,15 @@ def test_serve_answers_prometheus_and_ends_cleanly(console_script: Path) -> None
 def test_serve_refuses_what_it_cannot_do(cli, args: list[str], says: str) -> None:
     code, out, err = cli("monitor", *args)
     assert code == 2 and says in err, (out, err)
+
+
+def test_serve_on_a_port_in_use_says_so(cli) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code, out, err = cli("monitor", "--serve", f"127.0.0.1:{port}")
+    assert code == 1 and f"cannot serve on 127.0.0.1:{port}: Address already in use" in err, \
+        (out, err)
