@@ -19,7 +19,7 @@ trap cleanup EXIT
 failed=0
 say() { printf '%-26s %s\n' "$1" "$2"; }
 fail() { say "$1" "FAIL: $2"; failed=1; [ -f "$3" ] && tail -n 15 "$3" | sed 's/^/    /'; }
-PATHS="gpu-driver-health local-nproc doctor+nvml bench-nccl monitor trainer-cuda-bf16 gpus-auto-busy"
+PATHS="gpu-driver-health local-nproc doctor+nvml bench-nccl monitor metrics-dcgm trainer-cuda-bf16 gpus-auto-busy"
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     why="no NVIDIA GPU here (nvidia-smi not installed)"
@@ -120,7 +120,15 @@ x = g[0]
 used, total, util = x["mem_used"] / 1e9, x["mem_total"] / 1e9, x["util"]
 power, temp = x.get("power_w"), x.get("temp_c")
 print(f"ok: {len(g)} GPU(s): util {util}%, {used:.1f}/{total:.0f} GB, {power} W, {temp} C")
-' "$PY" -m ptcluster monitor --once --json
+'' "$PY" -m ptcluster monitor --once --json
+
+# monitor --serve: every GPU under dcgm-exporter's names and labels, and the dashboard's GPU
+# panels answered by a real Prometheus where one is installed (scripts/test.sh installs it)
+if "$PY" scripts/gpu_metrics_check.py "$n" >"$out/metrics.log" 2>&1; then
+    say "metrics-dcgm" "$(tail -n 1 "$out/metrics.log")"
+else
+    fail "metrics-dcgm" "$(tail -n 1 "$out/metrics.log")" "$out/metrics.log"
+fi
 
 # the reference trainer on CUDA, bf16 autocast, NCCL, one rank per GPU
 (cd "$out" && "$PY" -m ptcluster run --run-dir runs -m ptcluster.examples.mnist --epochs 1 \

@@ -19,6 +19,9 @@ if [ "$(id -u)" = 0 ]; then
   command -v git >/dev/null 2>&1 || missing="$missing git"
   command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || missing="$missing slurm-wlm"
   command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || missing="$missing munge"
+  # the real Prometheus that scrapes `monitor --serve` in its testbed test (started by the
+  # test on a free localhost port; never by apt: the policy-rc.d below)
+  command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
   # the bare-node testbed (setup, sync): what its nodes get from this machine's root, and the
   # tools that build their apt repository
   for tool in sudo:sudo ufw:ufw rsync:rsync dpkg-repack:dpkg-repack dpkg-scanpackages:dpkg-dev; do

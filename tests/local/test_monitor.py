@@ -96,3 +96,71 @@ def test_a_table_taller_than_the_screen_shows_the_nodes_to_look_at_first() -> No
         assert "more node(s) not shown" in str(fit.title)
         counts[width, height] = fit.row_count
     assert counts[200, 40] > counts[80, 40] > counts[80, 12] >= 1, counts
+
+
+def test_serve_answers_prometheus_and_ends_cleanly(console_script: Path) -> None:
+    """``monitor --serve`` on the local cluster: /metrics in Prometheus' text format (parsed by
+    the client library's own parser), gzip when asked (Prometheus asks), and on Ctrl-C exit 0
+    with the port closed."""
+    import gzip
+    import socket
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(console_script), "monitor", "--interval", "0.5", "--serve",
+                             f"127.0.0.1:{port}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline().startswith(
+            f"serving Prometheus metrics on http://127.0.0.1:{port}/metrics")
+        deadline, up = time.monotonic() + 30, {}
+        while time.monotonic() < deadline and up.get("localhost") != 1:
+            ask = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                         headers={"Accept-Encoding": "gzip"})
+            with urllib.request.urlopen(ask, timeout=10) as r:
+                assert r.headers["Content-Encoding"] == "gzip"
+                assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                text = gzip.decompress(r.read()).decode()
+            fams = {f.name: f for f in text_string_to_metric_families(text)}
+            up = {s.labels["node"]: s.value for s in fams["ptcluster_node_up"].samples}
+            time.sleep(0.2)
+        assert up == {"localhost": 1}
+        (cpus,) = fams["ptcluster_node_cpus"].samples
+        assert cpus.value == os.cpu_count()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--serve", "x"], "not [ADDR:]PORT"),
+    (["--serve", "9464", "--once"], "not with --once or --json"),
+    (["--serve", "9464", "--json"], "not with --once or --json")])
+def test_serve_refuses_what_it_cannot_do(cli, args: list[str], says: str) -> None:
+    code, out, err = cli("monitor", *args)
+    assert code == 2 and says in err, (out, err)
+
+
+def test_serve_on_a_port_in_use_says_so(cli) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code, out, err = cli("monitor", "--serve", f"127.0.0.1:{port}")
+    assert code == 1 and f"cannot serve on 127.0.0.1:{port}: Address already in use" in err, \
+        (out, err)

@@ -248,7 +248,10 @@ def test_the_head_door_answers_each_request_kind_without_the_loop() -> None:
                                                             "pid": os.getpid()}
     assert stops == ["ended by `ptcluster kill` from h (u)"] * 2
     door.figures = (3, {"ranks": [1]})
-    assert door.answer(straggler_request()) == {"ok": True, "straggler": {"ranks": [1]}}
+    door.job = {"attempt": 1, "world_size": 4, "nodes": 2}  # (as the loop sets it: `--serve`)
+    assert door.answer(straggler_request()) == {"ok": True, "straggler": {"ranks": [1]},
+                                                "job": {"attempt": 1, "world_size": 4,
+                                                        "nodes": 2}}
     assert posted == []  # (no loop: nothing asked of it)
     assert door.answer({"cmd": "nope"}) == {"ok": False, "error": "unknown request 'nope'"}
     door.looping = True

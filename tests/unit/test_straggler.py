@@ -186,6 +186,7 @@ def test_evaluations_are_paced_and_recorded() -> None:
     assert [r["rank"] for r in out["ranks"]] == [0, 1, 2]
     assert out["ranks"][1]["wait_share"] == pytest.approx(0.52)
     assert out["ranks"][1]["wait_share_job"] == pytest.approx(0.52)
+    assert [r["collectives_job"] for r in out["ranks"]] == [200] * 3  # 4 frames of 50 each
     assert out["trace"] and set(out["trace"][0]["ratios"]) == {"0", "1", "2"}
     assert out["current"] is None and out["history"] == []
 

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import FrameType
 
@@ -21,8 +21,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ptcluster.cli.common import SECONDS, FiniteFloat, cluster_option, load_spec
-from ptcluster.cli.console import terminal
+from ptcluster.cli.console import say, terminal
 from ptcluster.launch.rundir import DEFAULT_RUNS_DIR
+from ptcluster.monitor import metrics
 from ptcluster.monitor.watch import Monitor, NodeView, job_straggler, node_waits
 from ptcluster.remote.connect import transports
 
@@ -39,12 +40,26 @@ GB = 1e9
               help="Seconds to wait for the first sample of every node.")
 @click.option("--run-dir", "runs_dir", metavar="DIR", help="Parent of the run directories whose "
               "running job's wait shares are shown (default: ./ptcluster-runs).")
+@click.option("--serve", metavar="[ADDR:]PORT", help="Serve Prometheus metrics on "
+              "http://ADDR:PORT/metrics (localhost unless ADDR is given) instead of the table, "
+              "until Ctrl-C.")
 def monitor(cluster: str | None, interval: float, once: bool, as_json: bool,
-            timeout: float, runs_dir: str | None) -> None:
+            timeout: float, runs_dir: str | None, serve: str | None) -> None:
+    listen = None
+    if serve is not None:
+        if once or as_json:
+            raise click.UsageError("--serve runs until stopped: not with --once or --json")
+        try:
+            listen = metrics.parse_listen(serve)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--serve") from None
     spec = load_spec(cluster, None)
     runs = Path(runs_dir or DEFAULT_RUNS_DIR)
     mon = Monitor(spec, transports(spec), interval=interval)
     try:
+        if listen is not None:
+            serve_metrics(mon, listen, interval)
+            return
         mon.wait_first(timeout)
         if once:
             views = mon.snapshot()
@@ -58,6 +73,41 @@ def monitor(cluster: str | None, interval: float, once: bool, as_json: bool,
             watch(mon, runs, interval, as_json, stop)
     finally:
         mon.close()
+
+
+REOPEN_SECONDS = 5.0
+"""How long ``--serve`` waits before it opens a new session to a node whose last one ended."""
+
+
+def serve_metrics(mon: Monitor, listen: tuple[str, int], interval: float,
+                  stop: threading.Event | None = None) -> None:
+    """``--serve``: ``/metrics`` until Ctrl-C or SIGTERM (or ``stop``, when given); a node
+    whose session ends is asked again every :data:`REOPEN_SECONDS` (an exporter runs for days:
+    a node that comes back is seen again)."""
+    poller = metrics.HeadPoller(interval=max(interval, 2.0)).start()
+    # a node is down after 3 missed samples (and 2 s more for a slow link)
+    exporter = metrics.Exporter(mon.snapshot, lambda: poller.latest, stale=3 * interval + 2.0)
+    try:
+        server = metrics.serve(exporter, *listen)
+    except OSError as exc:
+        poller.stop()
+        raise click.ClickException(f"cannot serve on {listen[0]}:{listen[1]}: "
+                                   f"{exc.strerror or exc}") from None
+    host, port = server.server_address[:2]
+    say(f"serving Prometheus metrics on http://{_url_host(str(host))}:{port}/metrics "
+        "(Ctrl-C ends)")
+    try:
+        with stop_on_signals() if stop is None else nullcontext(stop) as until:
+            while not until.wait(min(interval, 1.0)):
+                mon.reopen(REOPEN_SECONDS)
+    finally:
+        poller.stop()
+        server.shutdown()
+        server.server_close()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def watch(mon: Monitor, runs: Path, interval: float, as_json: bool, stop: threading.Event,

@@ -33,7 +33,8 @@ class Request:
     """Every rank's stacks, collected now (the job goes on), and the straggler figures:
     ``{ok, report, lines, saved, straggler}``."""
     STRAGGLER = "straggler"
-    """The straggler report's current figures (``monitor``): ``{ok, straggler}``."""
+    """The straggler report's current figures (``monitor``) and the running attempt's number,
+    world size and nodes: ``{ok, straggler, job: {attempt, world_size, nodes}}``."""
     KILL = "kill"
     """End the job, as Ctrl-C does: ``{cmd, job_id, signal, by: {host, user}}`` -> ``{ok,
     job_id, pid}`` (the owner or root only)."""

@@ -103,6 +103,21 @@ def find(job_id: str) -> HeadEntry | None:
         os.close(fd)
 
 
+def running_here() -> list[HeadEntry]:
+    """This user's heads that run on this machine now (``monitor --serve`` asks each for its
+    job's figures); none when the registry is missing or not this user's alone."""
+    try:
+        fd = _open_dir(create=False)
+    except OSError:
+        return []
+    try:
+        found = [_read(fd, name) for name in sorted(os.listdir(fd))
+                 if name.endswith(_SUFFIX) and not name.startswith(".")]
+    finally:
+        os.close(fd)
+    return [e for e in found if e is not None and e.here and alive(e.pid)]
+
+
 def forget(entry: HeadEntry) -> None:
     """Remove a stale entry (its head is gone) unless a new head has replaced it meanwhile."""
     _remove(entry.job_id, lambda found: found == entry)

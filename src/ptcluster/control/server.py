@@ -146,6 +146,9 @@ class HeadDoor:
         """(the straggler watch's version, its figures) as last built by the loop."""
         self.killed_by = ""
         """Who ended the job through the control socket (``ptcluster kill``), if anyone did."""
+        self.job: dict[str, int] = {}
+        """The running attempt's ``{attempt, world_size, nodes}`` (set by the loop as each
+        attempt starts), answered beside the straggler figures (``monitor --serve``)."""
 
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
         kind = kind_of(request)
@@ -169,8 +172,8 @@ class HeadDoor:
         """The straggler report's current figures. From the loop while it runs (built when
         asked: those of 8192 ranks take ~80 ms), else at once, as the last loop left them."""
         if not self.looping:
-            return {"ok": True, "straggler": self.figures[1]}
-        return self._ask(Request.STRAGGLER, ASK_SECONDS)
+            return {"ok": True, "straggler": self.figures[1], "job": dict(self.job)}
+        return {**self._ask(Request.STRAGGLER, ASK_SECONDS), "job": dict(self.job)}
 
     def _ask(self, what: str, timeout: float) -> dict[str, Any]:
         """The loop's answer to ``what``, built there from its own state."""

@@ -194,6 +194,8 @@ class Attempt:
             started = start_all([self._channel(n.host) for n in plan.nodes],
                                 self._could_not_start)
             self.channels = {c.host: c for c in started}
+            door.job = {"attempt": plan.attempt, "world_size": plan.world_size,
+                        "nodes": len(plan.nodes)}
             door.looping = True
             try:
                 self._loop(sup)

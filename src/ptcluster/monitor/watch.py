@@ -38,13 +38,25 @@ class Monitor:
     def __init__(self, spec: ClusterSpec, transports: dict[str, Transport],
                  interval: float = 2.0) -> None:
         self.spec = spec
+        self.transports = transports
+        self.interval = interval
+        self.nodes = {n.host: n for n in spec.nodes}
         self.views = {n.host: NodeView(host=n.host) for n in spec.nodes}
         self.lock = threading.Lock()
-        channels = [NodeChannel(transports[n.host], n.python, SAMPLER, {"interval": interval},
-                                on_frames=partial(self._frames, n.host),
-                                on_closed=partial(self._closed, n.host, n.python))
-                    for n in spec.nodes]
-        self.channels = start_all(channels, self._could_not_start)
+        self.gone: dict[str, float] = {}
+        """host -> when (monotonic) its session ended or could not start: ``reopen`` tries it
+        again."""
+        self._session = {n.host: 0 for n in spec.nodes}
+        """host -> the number of its current session (a late word of an ended one is dropped)."""
+        self.channels = start_all([self._channel(n.host) for n in spec.nodes],
+                                  self._could_not_start)
+
+    def _channel(self, host: str) -> NodeChannel:
+        node, session = self.nodes[host], self._session[host]
+        return NodeChannel(self.transports[host], node.python, SAMPLER,
+                           {"interval": self.interval},
+                           on_frames=partial(self._frames, host, session),
+                           on_closed=partial(self._closed, host, session, node.python))
 
     def __enter__(self) -> Monitor:
         return self
@@ -55,8 +67,11 @@ class Monitor:
     def _could_not_start(self, channel: NodeChannel, said: Problem) -> None:
         with self.lock:
             self.views[channel.host].error = unreachable(Why.NOT_STARTED, said)
+            self.gone.setdefault(channel.host, time.monotonic())
 
-    def _frames(self, host: str, lines: list[str]) -> None:
+    def _frames(self, host: str, session: int, lines: list[str]) -> None:
+        if session != self._session[host]:
+            return
         for line in lines:
             kind, payload = split(line)
             if kind != Kind.SAMPLE:
@@ -71,14 +86,29 @@ class Monitor:
                 view = self.views[host]
                 view.sample, view.error, view.updated = sample, None, time.time()
 
-    def _closed(self, host: str, python: str, code: int | None, stderr: list[str]) -> None:
+    def _closed(self, host: str, session: int, python: str, code: int | None,
+                stderr: list[str]) -> None:
+        if session != self._session[host]:
+            return
         said = explain_channel_failure(stderr, code, python)
         with self.lock:
             self.views[host].error = unreachable(Why.CLOSED, said)
+            self.gone.setdefault(host, time.monotonic())
 
-    def snapshot(self) -> list[NodeView]:
+    def reopen(self, after: float) -> list[str]:
+        """A new session to every node whose last one ended (or never started) ``after`` s ago
+        or more: a monitor that runs for days (``--serve``) sees a node come back. The node
+        stays reported unreachable until its first new sample. Returns the hosts tried."""
+        now = time.monotonic()
         with self.lock:
-            return [NodeView(v.host, v.sample, v.error, v.updated) for v in self.views.values()]
+            due = [h for h, at in self.gone.items() if now - at >= after]
+            for host in due:
+                del self.gone[host]
+                self._session[host] += 1
+        fresh = [self._channel(h) for h in due]
+        self.channels = [c for c in self.channels if c.host not in due]
+        self.channels += start_all(fresh, self._could_not_start) if fresh else []
+        return due
 
     def wait_first(self, timeout: float) -> None:
         """Until every node has a sample or an error, or ``timeout``."""
@@ -94,6 +124,10 @@ class Monitor:
 
     def close(self) -> None:
         close_all(self.channels, timeout=5.0)
+
+    def snapshot(self) -> list[NodeView]:
+        with self.lock:
+            return [NodeView(v.host, v.sample, v.error, v.updated) for v in self.views.values()]
 
 
 def unreachable(why: Why, said: Problem | None) -> str:

@@ -101,6 +101,10 @@ class Gpus:
             gpu: dict[str, Any] = {"index": i, "name": _text(nv.nvmlDeviceGetName(h)),
                                    "util": util.gpu, "mem_used": mem.used,
                                    "mem_total": mem.total}
+            try:  # (dcgm-exporter's UUID label: `monitor --serve`)
+                gpu["uuid"] = _text(nv.nvmlDeviceGetUUID(h))
+            except Exception:  # noqa: BLE001
+                gpu["uuid"] = None
             try:
                 gpu["power_w"] = nv.nvmlDeviceGetPowerUsage(h) / 1000
                 gpu["power_limit_w"] = nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000

@@ -263,7 +263,8 @@ class StragglerWatch:
     """rank -> its last ``window`` reports: (host, span, run, delay, collectives or None)."""
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     totals: dict[int, list[float]] = field(default_factory=dict)
-    """rank -> [seconds reported, seconds its main thread waited] over the whole attempt."""
+    """rank -> [seconds reported, seconds its main thread waited, collectives completed] over the
+    whole attempt."""
     current: Straggler | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     peak: dict[str, Any] | None = None
@@ -298,9 +299,10 @@ class StragglerWatch:
             count = body.get("collectives")
             self.reports.setdefault(rank, deque(maxlen=self.window)).append(
                 (host, span, run, delay, count if isinstance(count, int) else None))
-            total = self.totals.setdefault(rank, [0.0, 0.0])
+            total = self.totals.setdefault(rank, [0.0, 0.0, 0.0])
             total[0] += span
             total[1] += max(0.0, span - run - delay)
+            total[2] += count if isinstance(count, int) and count > 0 else 0
         self.nodes[host] = dict(node)
         self._fresh = True
         self.version += 1
@@ -381,9 +383,9 @@ class StragglerWatch:
         """The current figures: every rank's window, the verdict, the history."""
         ranks = []
         for rank, f in sorted(self.figures().items()):
-            span, waited = self.totals.get(rank, [0.0, 0.0])
+            span, waited, done = self.totals.get(rank, [0.0, 0.0, 0.0])
             ranks.append({**f.to_json(), "wait_share_job": round(waited / span, 3)
-                          if span > 0 else None})
+                          if span > 0 else None, "collectives_job": int(done)})
         return {"threshold": self.threshold, "release": round(self.release, 3),
                 "ranks": ranks, "nodes": dict(self.nodes),
                 "current": None if self.current is None else self.current.to_json(),
