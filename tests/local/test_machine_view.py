@@ -206,12 +206,20 @@ def test_a_full_checkpoint_disk_is_named_and_resume_continues(tmp_path, tiny_tmp
     """Checkpoints of about 1.2 MB on a 3 MiB tmpfs: the third save fails (two are kept)."""
     common = ["-m", "ptcluster.examples.mnist", "--dataset", "digits", "--checkpoint-dir",
               str(tiny_tmpfs)]
-    code, head = run_head(["run", "--nproc", "2", "--run-dir", "r1", *common, "--epochs", "3"],
-                          cwd=tmp_path, timeout=240)
+    code, head = run_head(["run", "--nproc", "2", "--run-dir", "r1", "--max-restarts", "1",
+                           *common, "--epochs", "3"], cwd=tmp_path, timeout=240)
     job_id, summary = only_run(tmp_path / "r1")
     no_leftovers.append(job_id)
     assert code == 1, head.output()
-    rc = summary["root_cause"]
+    # the restart's health gate finds no room for another checkpoint there: no second try
+    first, second = summary["attempts"]
+    assert first["checkpoint_paths"] == {"localhost": str(tiny_tmpfs)}
+    assert second["cause"]["kind"] == "unhealthy", second
+    assert second["cause"]["message"].startswith(
+        "its checkpoint disk has no room for another checkpoint: "), second
+    assert f" of 3.0 MiB free on the filesystem of {tiny_tmpfs}, its largest checkpoint " \
+        "file is 1." in second["cause"]["message"]
+    rc = first["cause"]
     assert rc["kind"] == "disk" and rc["rank"] == 0, rc
     disk = rc["facts"]["disk"]
     assert disk["mount"] == str(tiny_tmpfs) and disk["fstype"] == "tmpfs"

@@ -14,7 +14,15 @@ from ptcluster.doctor.node_report import NodeReport
 from ptcluster.launch.lost import NO_ANSWER, explain, lost_nodes, reword, span
 from ptcluster.launch.result import AttemptRecord, Failure, FailureKind, NodeOutcome
 from ptcluster.launch.supervise.restart import RestartPolicy, decide
-from ptcluster.node.health import GIB, check_disk, check_gpu_count, check_memory, health, unfit
+from ptcluster.node.health import (
+    GIB,
+    check_checkpoint_disk,
+    check_disk,
+    check_gpu_count,
+    check_memory,
+    health,
+    unfit,
+)
 
 MIB = 1 << 20
 NO_DRIVER = {"kernel": ([], ""), "gpu_state": [], "gpu_pci": {}, "boot_wall": 0.0}
@@ -147,3 +155,23 @@ def test_a_node_up_on_the_same_boot() -> None:
 
 def test_spans() -> None:
     assert [span(s) for s in (40, 1500, 3 * 3600, 3 * 86400)] == ["40 s", "25 min", "3 h", "3 d"]
+
+
+def test_a_restart_checks_the_disk_of_the_last_checkpoint() -> None:
+    full = check_checkpoint_disk({"workdir": "/w", "checkpoints": ["/ck/run1"],
+                                  "checkpoint_disk": (0, 3 * MIB), "checkpoint_size": 0})
+    assert full is not None and not full["ok"]
+    assert full["what"] == ("its checkpoint disk is nearly full: 0 MiB of 3.0 MiB free on the "
+                            "filesystem of /ck/run1")
+    assert "save checkpoints to a filesystem with more room" in full["fix"]
+    assert check_checkpoint_disk({"workdir": "/w", "checkpoints": ["/ck"],
+                                  "checkpoint_disk": (2 * GIB, 9 * GIB)})["ok"]
+    # 20 % free, but less than another checkpoint as large as the last needs
+    small = check_checkpoint_disk({"workdir": "/w", "checkpoints": ["/ck"],
+                                   "checkpoint_disk": (600 << 10, 3 * MIB),
+                                   "checkpoint_size": 1200 << 10})
+    assert not small["ok"] and small["what"] == (
+        "its checkpoint disk has no room for another checkpoint: 0.6 MiB of 3.0 MiB free on the "
+        "filesystem of /ck, its largest checkpoint file is 1.2 MiB")
+    # no checkpoint said (a first attempt, or a job that does not say where): not asked
+    assert check_checkpoint_disk({"workdir": "/w"}) is None

@@ -174,6 +174,8 @@ class Attempt:
         self._node_rank = {n.host: n.node_rank for n in plan.nodes}
         self._ranks_of = {n.host: frozenset(n.ranks) for n in plan.nodes}
         self._hang_report: StackReport | None = None
+        self._saved_at: dict[str, str] = {}
+        """Per node, where the attempts before saved their last checkpoint."""
         t0 = time.monotonic()
         self.t0 = t0
         self.sup = Supervisor(plan, self.opts, t0, wall_offset=time.time() - t0)
@@ -183,6 +185,7 @@ class Attempt:
         """Every node started, supervised, torn down; every channel closed. ``before``: the
         attempts so far (the downtime since the last one's failure)."""
         sup, plan, door = self.sup, self.plan, self.ctx.door
+        self._saved_at = {h: p for rec in before for h, p in rec.checkpoint_paths.items()}
         view = sup  # (what the attempt reads of it: its read-only properties)
         record = AttemptRecord(number=plan.attempt, hosts=[n.host for n in plan.nodes],
                                world_size=plan.world_size, master_port=plan.master_port,
@@ -212,6 +215,7 @@ class Attempt:
         record.ok, record.cause = result.ok, result.root_cause
         record.ended_at = time.time()
         record.checkpoint, record.resumed_from = view.checkpoint, view.resumed_from
+        record.checkpoint_paths = view.checkpoint_paths
         record.master_port = view.master_port
         record.ranks_started_at = start = view.first_rank_start
         previous = before[-1] if before else None
@@ -223,6 +227,8 @@ class Attempt:
     def _channel(self, host: str) -> NodeChannel:
         node = self.plan.nodes[self._node_rank[host]]
         config = node.guard_config(self.plan, self.opts)
+        if host in self._saved_at:  # (a restart: its gate checks the checkpoint's disk too)
+            config["checkpoints"] = [self._saved_at[host]]
         put, attempt = self.ctx.events.put, self.plan.attempt
         return NodeChannel(
             self.ctx.transports[host], node.python, GUARD, dict(config),

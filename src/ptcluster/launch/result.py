@@ -232,6 +232,9 @@ class AttemptRecord:
     """The step the job reported resuming from (``resumed_from``), None when not reported."""
     checkpoint: int | None = None
     """The newest checkpoint step the job reported saving during this attempt."""
+    checkpoint_paths: dict[str, str] = field(default_factory=dict)
+    """Per node, where the job saved its last checkpoint there (the next attempt's health gate
+    checks that disk)."""
     downtime: float | None = None
     """Seconds from the previous attempt's failure to this attempt's first rank start."""
     dropped: list[str] = field(default_factory=list)
@@ -244,6 +247,7 @@ class AttemptRecord:
                 "master_port": self.master_port, "ok": self.ok,
                 "cause": None if self.cause is None else _failure_json(self.cause),
                 "resumed_from": self.resumed_from, "checkpoint": self.checkpoint,
+                "checkpoint_paths": self.checkpoint_paths,
                 "downtime_s": None if self.downtime is None else round(self.downtime, 3),
                 "started_at": self.started_at, "ended_at": self.ended_at,
                 "dropped": self.dropped, "dropped_why": self.dropped_why}

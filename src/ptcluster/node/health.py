@@ -43,6 +43,11 @@ is nearly empty, a share alone a large disk with hundreds of GiB free. 1 GiB is 
 checkpoints of a small model and the job's logs take."""
 DISK_MIN_SHARE = 0.05
 """See ``DISK_MIN_FREE``: 5 % of the filesystem."""
+CHECKPOINT_ROOM = 1.2
+"""A checkpoint disk needs room for another checkpoint this many times the largest file there
+(a save writes a new file beside the last one before it removes an older one)."""
+LARGEST_OF = 1000
+"""Entries of a checkpoint folder looked at for its largest file."""
 MEM_PER_RANK = 256 << 20
 """Memory the kernel must have available (``MemAvailable``) per rank of the node before it
 starts: a Python process that imports torch holds ~300 MiB before any data; below 256 MiB each
@@ -93,8 +98,10 @@ def memory() -> tuple[int, int] | None:
 
 
 def size(n: float) -> str:
-    """Bytes as a person reads them: ``0.4 GiB``, ``312 MiB``."""
-    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / (1 << 20):.0f} MiB"
+    """Bytes as a person reads them: ``1.4 GiB``, ``312 MiB``, ``0.6 MiB``."""
+    if n >= GIB:
+        return f"{n / GIB:.1f} GiB"
+    return f"{n / (1 << 20):.1f} MiB" if 0 < n < 10 << 20 else f"{n / (1 << 20):.0f} MiB"
 
 
 def finding(check: str, ok: bool, what: str, fix: str | None = None) -> dict[str, Any]:
@@ -104,17 +111,76 @@ def finding(check: str, ok: bool, what: str, fix: str | None = None) -> dict[str
 def check_disk(ctx: dict[str, Any]) -> dict[str, Any]:
     """The workdir's filesystem: nearly full (``DISK_MIN_FREE``) is refused."""
     path = ctx["workdir"]
-    space = ctx["disk"] if "disk" in ctx else disk_space(path)
+    return disk_finding("disk", "workdir", path,
+                        ctx["disk"] if "disk" in ctx else disk_space(path))
+
+
+def check_checkpoint_disk(ctx: dict[str, Any]) -> dict[str, Any] | None:
+    """Where the job saved its last checkpoint on this node (a restart: ``checkpoints``): too
+    little room for another checkpoint as large as the largest there
+    (``CHECKPOINT_ROOM`` times it), or nearly full as a workdir, is refused. A restart would
+    otherwise fail the same way at its first save."""
+    found = None
+    for path in ctx.get("checkpoints") or []:
+        there = existing(path)
+        space = ctx["checkpoint_disk"] if "checkpoint_disk" in ctx else disk_space(there)
+        largest = ctx["checkpoint_size"] if "checkpoint_size" in ctx else largest_file(there)
+        if space is not None and largest and space[0] < CHECKPOINT_ROOM * largest:
+            return finding("checkpoint-disk", False,
+                           f"its checkpoint disk has no room for another checkpoint: "
+                           f"{size(space[0])} of {size(space[1])} free on the filesystem of "
+                           f"{path}, its largest checkpoint file is {size(largest)}",
+                           "free space there (old checkpoints), or save checkpoints to a "
+                           "filesystem with more room")
+        if "checkpoint_disk" not in ctx and same_filesystem(there, ctx["workdir"]):
+            continue  # (nearly full: the workdir's check says it)
+        found = disk_finding("checkpoint-disk", "checkpoint", path, space)
+        if not found["ok"]:
+            return found
+    return found
+
+
+def largest_file(path: str) -> int:
+    """The size of ``path`` (a file), or of the largest file in it (a folder; its first
+    ``LARGEST_OF`` entries); 0 when there is none."""
+    try:
+        if not os.path.isdir(path):
+            return os.stat(path).st_size
+        with os.scandir(path) as entries:
+            sizes = [e.stat(follow_symlinks=False).st_size for _, e in zip(
+                range(LARGEST_OF), entries, strict=False) if e.is_file(follow_symlinks=False)]
+    except OSError:
+        return 0
+    return max(sizes, default=0)
+
+
+def same_filesystem(a: str, b: str) -> bool:
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:
+        return False
+
+
+def existing(path: str) -> str:
+    """``path``, or its nearest folder that exists (a checkpoint folder may be gone)."""
+    while path and not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def disk_finding(check: str, role: str, path: str,
+                 space: tuple[int, int] | None) -> dict[str, Any]:
     if space is None:
-        return finding("disk", True, f"free space of {path} unknown")
+        return finding(check, True, f"free space of {path} unknown")
     free, total = space
     what = f"{size(free)} of {size(total)} free on the filesystem of {path}"
     if free < DISK_MIN_FREE and free < DISK_MIN_SHARE * total:
-        return finding("disk", False, f"its workdir disk is nearly full: {what}",
-                       f"free space there (old checkpoints, logs), or set workdir: to a "
+        return finding(check, False, f"its {role} disk is nearly full: {what}",
+                       f"free space there (old checkpoints, logs), or "
+                       f"{'set workdir:' if role == 'workdir' else 'save checkpoints'} to a "
                        f"filesystem with more room (refused below {size(DISK_MIN_FREE)} and "
                        f"{DISK_MIN_SHARE:.0%} free)")
-    return finding("disk", True, what)
+    return finding(check, True, what)
 
 
 def check_memory(ctx: dict[str, Any]) -> dict[str, Any]:
@@ -257,7 +323,8 @@ def gpu_warnings(ctx: dict[str, Any]) -> list[str]:
 
 
 Check = Callable[[dict[str, Any]], "dict[str, Any] | None"]
-CHECKS: list[Check] = [check_gpu_count, check_disk, check_memory, check_gpu_driver]
+CHECKS: list[Check] = [check_gpu_count, check_disk, check_checkpoint_disk, check_memory,
+                       check_gpu_driver]
 """The health gate, in order: each takes the context ``health`` is given (its facts may be given
 there too: ``disk``, ``memory``, ``gpu_count``, ``kernel``, ``gpu_state``, for a test) and
 returns a finding or None (not asked here)."""

@@ -135,6 +135,9 @@ class GuardConfig(TypedDict, total=False):
     output_hold: float
     """Seconds the guard may hold its ranks' output to write it in one go (``guard.outbox``)."""
     leases: bool
+    checkpoints: list[str]
+    """Where the job saved its last checkpoint on this node in an earlier attempt: the health
+    gate checks that disk as it does the workdir's."""
     """False: the user opted out of leases (``run --no-leases``, unsafe); absent or True: the
     job is refused where the node's lease directory is missing or not root's."""
 

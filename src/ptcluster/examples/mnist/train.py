@@ -304,7 +304,7 @@ class Saves:
         check_in_step(state.net, state.opt, world,
                       f"before saving {checkpoint.path_of(Path(), position)}")
         if self.ckpts.save(position, self.global_batch):
-            checkpoint_saved(global_step)
+            checkpoint_saved(global_step, self.ckpts.folder)
         if not self.preempted.agreed(world.device, world.size):  # after the save: all hold it
             return False
         epoch, step = position

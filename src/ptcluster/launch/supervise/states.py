@@ -250,6 +250,8 @@ class JobState:
         """The torch or NCCL versions that differ between the nodes (``known.versions_differ``,
         read once every node is ready), None where they agree."""
         self._checkpoint: int | None = None
+        self._checkpoint_paths: dict[str, str] = {}
+        """Per node: where the job said it saved its last checkpoint there."""
         self._resumed_from: int | None = None
         self._first_rank_start: float | None = None
         self._master_port = plan.master_port
@@ -311,6 +313,11 @@ class JobState:
     def checkpoint(self) -> int | None:
         """The newest checkpoint step the job reported saving (``checkpoint_saved``)."""
         return self._checkpoint
+
+    @property
+    def checkpoint_paths(self) -> dict[str, str]:
+        """Per node, where its last checkpoint was saved (when the job said: ``path``)."""
+        return dict(self._checkpoint_paths)
 
     @property
     def resumed_from(self) -> int | None:

@@ -239,6 +239,8 @@ class Supervisor(JobState):
             return []
         if e.data.get("kind") == CHECKPOINT:
             self._checkpoint = step if self._checkpoint is None else max(self._checkpoint, step)
+            if isinstance(e.data.get("path"), str) and e.data["path"].startswith("/"):
+                self._checkpoint_paths[e.host] = e.data["path"]
         elif e.data.get("kind") == RESUMED:
             self._resumed_from = step if self._resumed_from is None else min(self._resumed_from,
                                                                            step)

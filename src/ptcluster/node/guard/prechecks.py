@@ -78,6 +78,7 @@ def health_gate(cfg: GuardConfig, workdir: str) -> None:
     workdir disk, too little memory), before anything is leased or started."""
     env = {**os.environ, **cfg["env"]}
     refusal = unfit(health({"workdir": workdir, "slots": cfg.get("slots"),
+                            "checkpoints": list(cfg.get("checkpoints") or []),
                             "backend": env.get(BACKEND_VAR),
                             "chosen": isinstance(cfg.get("gpus"), list)
                             or "CUDA_VISIBLE_DEVICES" in env}))

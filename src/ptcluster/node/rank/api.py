@@ -78,15 +78,20 @@ def report(kind: str, data: dict) -> None:
     _RECORDS.send(kind, data)
 
 
-def checkpoint_saved(step: int) -> None:
-    """Tell ptcluster that a checkpoint of ``step`` is complete on this node.
+def checkpoint_saved(step: int, path: str | os.PathLike[str] | None = None) -> None:
+    """Tell ptcluster that a checkpoint of ``step`` is complete on this node (``path``: its
+    folder or file, where the next attempt's health gate checks the disk).
 
     ``run --max-restarts`` uses it for its no-progress rule: a restarted attempt that saves
     nothing newer than the step it resumed from ends the job (exit 3) instead of failing the
-    same way again. A no-op outside ``ptcluster run``.
+    same way again; with ``path``, a restart refuses a node whose checkpoint disk is nearly
+    full (as its workdir's). A no-op outside ``ptcluster run``.
     """
     if SOCK_VAR in os.environ:
-        report(CHECKPOINT, {"step": int(step)})
+        data: dict[str, object] = {"step": int(step)}
+        if path is not None:
+            data["path"] = os.path.abspath(os.fspath(path))
+        report(CHECKPOINT, data)
 
 
 def resumed_from(step: int) -> None:
