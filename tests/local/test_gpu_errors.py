@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import os
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from ptcluster.node.guard.machine import MachineWatch
 from ptcluster.node.health import health, unfit
 from tests.support.head import only_run, run_head
+from tests.support.nvml import H100, RecordedNvml
 
 LOADED = ("NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.90.07  (written by ptcluster's "
           "tests: the Xids they wrote before are history)")
@@ -128,3 +131,22 @@ def test_a_fatal_xid_before_the_launch_keeps_the_node_out(tmp_path: Path, kernel
                  if f["check"] == "gpu-driver"]
     assert driver["ok"] and driver["what"].startswith("no fatal Xid since the driver loaded "
                                                       "(/dev/kmsg)"), driver
+
+
+def test_the_guard_takes_nvml_events_on_a_thread_of_their_own() -> None:
+    """NVML's Xid events (recorded answers: no GPU here) on the guard's own watch, beside the
+    kernel's log it reads here."""
+    nvml = RecordedNvml([H100, {**H100, "nvmlDeviceGetPciInfo_v3": [b"00000000:2A:00.0"]}],
+                        events=[(1, 79)])
+    watch = MachineWatch(gpus=[1], nvml=nvml)
+    try:
+        deadline = time.monotonic() + 5
+        while not watch.xids and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (xid,) = watch.new_xids()
+    finally:
+        watch.close()
+    assert (xid["gpu"], xid["xid"], xid["rank"], xid["jobs_gpu"], xid["fatal"]) == \
+        (1, 79, None, True, True)
+    assert xid["fix"].startswith("reboot the node")
+    assert watch.xids_of(0) == [xid]  # a rank that then fails on this node: the job's GPU

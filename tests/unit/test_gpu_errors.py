@@ -6,7 +6,6 @@ in NVML's calling convention (there is no GPU here; ``scripts/gpu_check.sh`` ask
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from ptcluster.launch.supervise.machine_view import xid_named, xid_said
 from ptcluster.launch.supervise.verdict import Raised, judge_rank
 from ptcluster.node import wire
 from ptcluster.node.gpu_errors import (
+    NvmlXids,
     describe_xid,
     gpu_indices,
     nvml_state,
@@ -27,6 +27,7 @@ from ptcluster.node.gpu_errors import (
     xids_in,
 )
 from ptcluster.node.health import check_gpu_driver, gpu_warnings
+from tests.support.nvml import H100, RecordedNvml
 
 LINES = {
     119: "NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s of "
@@ -150,62 +151,6 @@ def test_doctor_warns_of_a_narrow_link_slowdowns_and_wearing_memory() -> None:
     ]
 
 
-class RecordedNvml:
-    """NVML's calls as a GPU answered them (an H100 SXM: two devices, recorded values given
-    below), in NVML's calling convention: return codes, results through pointers."""
-
-    def __init__(self, gpus: list[dict[str, Any]]) -> None:
-        self.gpus = gpus
-        self.calls: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        if not name.startswith("nvml"):
-            raise AttributeError(name)
-
-        def call(*args: Any) -> int:
-            self.calls.append(name)
-            return self.answer(name, args)
-        return call
-
-    @staticmethod
-    def out(arg: Any) -> Any:
-        return arg._obj  # what ctypes.byref pointed at
-
-    def answer(self, name: str, args: tuple[Any, ...]) -> int:
-        if name in ("nvmlInit_v2", "nvmlShutdown"):
-            return 0
-        if name == "nvmlDeviceGetCount_v2":
-            self.out(args[0]).value = len(self.gpus)
-            return 0
-        if name == "nvmlDeviceGetHandleByIndex_v2":
-            self.out(args[1]).value = args[0] + 1
-            return 0
-        gpu = self.gpus[args[0].value - 1]
-        if name not in gpu:
-            return 3  # NVML_ERROR_NOT_SUPPORTED
-        values = gpu[name]
-        # (the ECC call's error type and counter type come before its result)
-        targets = [self.out(a) for a in args[3 if name == "nvmlDeviceGetTotalEccErrors" else 1:]]
-        for target, value in zip(targets, values, strict=True):
-            if isinstance(target, ctypes.Structure):
-                target.busId = value
-            elif isinstance(target, ctypes.Array):
-                target[0] = value
-            else:
-                target.value = value
-        return 0
-
-
-H100 = {"nvmlDeviceGetPciInfo_v3": [b"00000000:18:00.0"],
-        "nvmlDeviceGetTotalEccErrors": [0],
-        "nvmlDeviceGetRemappedRows": [0, 0, 0, 0],
-        "nvmlDeviceGetCurrPcieLinkWidth": [16], "nvmlDeviceGetMaxPcieLinkWidth": [16],
-        "nvmlDeviceGetCurrPcieLinkGeneration": [5], "nvmlDeviceGetMaxPcieLinkGeneration": [5],
-        "nvmlDeviceGetUtilizationRates": [97],
-        "nvmlDeviceGetCurrentClocksEventReasons": [0x1 | 0x4]}  # idle + SW power cap: normal
-"""An H100's answers; it has no retired pages (Ampere and newer remap rows instead)."""
-
-
 def test_nvml_state_from_recorded_answers() -> None:
     sick = {**H100, "nvmlDeviceGetPciInfo_v3": [b"00000000:2A:00.0"],
             "nvmlDeviceGetTotalEccErrors": [3], "nvmlDeviceGetRemappedRows": [5, 1, 1, 0],
@@ -226,6 +171,21 @@ def test_nvml_state_from_recorded_answers() -> None:
     assert found["what"] == ("GPU 1 (PCI 0000:2a:00) has 3 uncorrectable ECC error(s) since "
                              "the driver loaded; GPU 1 (PCI 0000:2a:00) has a memory row "
                              "remapping pending")
+
+
+def test_nvml_xid_events_from_recorded_answers() -> None:
+    """A user who cannot read the kernel's log: NVML's events name the GPU and the Xid."""
+    nvml = RecordedNvml([H100, {**H100, "nvmlDeviceGetPciInfo_v3": [b"00000000:2A:00.0"]}],
+                        events=[(1, 79), (0, 13)])
+    events = NvmlXids(nvml)
+    assert nvml.registered == [0, 1]
+    assert events.wait(0) == [
+        {"pci": "0000:2a:00", "gpu": 1, "xid": 79, "pid": 0, "name": "", "text": "(an NVML event)"},
+        {"pci": "0000:18:00", "gpu": 0, "xid": 13, "pid": 0, "name": "", "text": "(an NVML event)"}]
+    assert events.wait(0) == []
+    events.close()
+    events.close()  # (once)
+    assert nvml.calls.count("nvmlShutdown") == 1 and nvml.calls.count("nvmlEventSetFree") == 1
 
 
 def test_no_nvml_no_state() -> None:

@@ -318,3 +318,76 @@ def _nvml_maybe(nvml: Any, name: str, *args: Any) -> bool:
         return _nvml_call(nvml, name, *args) == NVML_SUCCESS
     except RuntimeError:
         return False
+
+
+# -- NVML's Xid events (where the kernel's log is not readable) ------------------------------
+
+NVML_EVENT_XID = 0x8
+"""``nvmlEventTypeXidCriticalError``."""
+NVML_ERROR_TIMEOUT = 10
+
+
+class NvmlXids:
+    """NVML's Xid events, for a user who cannot read the kernel's log: no privilege needed, but
+    no history (only what happens while registered) and no pid (NVIDIA/k8s-device-plugin
+    watches the same events). ``wait`` gives what came; ``close`` ends it. Raises
+    RuntimeError where NVML or its events are not there."""
+
+    def __init__(self, nvml: Any = None) -> None:
+        import ctypes  # here: a Python built without libffi has no ctypes
+        self.nvml = nvml if nvml is not None else _nvml_load()
+        self.set = ctypes.c_void_p()
+        self.closed = False
+        self.gpus: dict[int, tuple[int, str]] = {}
+        """Device handle's value -> (its index, its PCI address)."""
+        if _nvml_call(self.nvml, "nvmlInit_v2") != 0:
+            raise RuntimeError("nvmlInit failed (no NVIDIA driver?)")
+        try:
+            if _nvml_call(self.nvml, "nvmlEventSetCreate", ctypes.byref(self.set)) != 0:
+                raise RuntimeError("nvmlEventSetCreate failed")
+            count = ctypes.c_uint(0)
+            _nvml_call(self.nvml, "nvmlDeviceGetCount_v2", ctypes.byref(count))
+            for index in range(count.value):
+                handle = ctypes.c_void_p()
+                if _nvml_call(self.nvml, "nvmlDeviceGetHandleByIndex_v2", index,
+                              ctypes.byref(handle)) != 0:
+                    continue
+                if _nvml_call(self.nvml, "nvmlDeviceRegisterEvents", handle,
+                              ctypes.c_ulonglong(NVML_EVENT_XID), self.set) == 0:
+                    self.gpus[int(handle.value or 0)] = (index, _nvml_pci_of(self.nvml, handle))
+        except (RuntimeError, AttributeError):
+            self.close()
+            raise
+        if not self.gpus:
+            self.close()
+            raise RuntimeError("no GPU takes Xid events")
+
+    def wait(self, ms: int) -> list[dict[str, Any]]:
+        """The Xids NVML reports within ``ms`` milliseconds (all that are waiting, at once)."""
+        import ctypes
+
+        class EventData(ctypes.Structure):  # nvmlEventData_t (nvml.h)
+            _fields_ = [("device", ctypes.c_void_p), ("eventType", ctypes.c_ulonglong),
+                        ("eventData", ctypes.c_ulonglong), ("gpuInstanceId", ctypes.c_uint),
+                        ("computeInstanceId", ctypes.c_uint)]
+
+        out: list[dict[str, Any]] = []
+        while len(out) < 64:
+            data = EventData()
+            code = _nvml_call(self.nvml, "nvmlEventSetWait_v2", self.set, ctypes.byref(data),
+                              ctypes.c_uint(0 if out else ms))
+            if code != 0 or not data.eventType & NVML_EVENT_XID:
+                break
+            index, pci = self.gpus.get(int(data.device or 0), (None, "?"))
+            out.append({"pci": pci, "gpu": index, "xid": int(data.eventData), "pid": 0,
+                        "name": "", "text": "(an NVML event)"})
+        return out
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.set.value:
+            _nvml_call(self.nvml, "nvmlEventSetFree", self.set)
+            self.set.value = None
+        _nvml_call(self.nvml, "nvmlShutdown")

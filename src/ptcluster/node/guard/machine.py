@@ -15,7 +15,8 @@ carries what was found (``wire.OomFacts``); the head words it.
 
 GPU errors. The same log carries the NVIDIA driver's Xids (``node.gpu_errors``). The guard
 reads it on every heartbeat while ranks run (``/dev/kmsg``: only what is new; ``journalctl``:
-every ``JOURNAL_EVERY`` s), names each Xid's GPU (its PCI address -> index, NVML or nvidia-smi)
+every ``JOURNAL_EVERY`` s; where neither is readable, NVML's Xid events, which name no process,
+on a thread of their own), names each Xid's GPU (its PCI address -> index, NVML or nvidia-smi)
 and its rank (the driver's ``pid=``, matched in the ranks' trees), and sends it to the head at
 once (``Kind.XID``: a warning while the job lives); a rank that then fails carries the Xids of
 its tree, or of the job's GPUs where the driver named no process, in its ``rexit`` (``xids``).
@@ -33,7 +34,13 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.gpu_errors import describe_xid, gpu_indices, parse_xid, xid_fix  # inlined
+from ptcluster.node.gpu_errors import (  # inlined
+    NvmlXids,
+    describe_xid,
+    gpu_indices,
+    parse_xid,
+    xid_fix,
+)
 from ptcluster.node.guard.proctree import children_map  # inlined
 from ptcluster.node.guard.schedstat import meminfo  # inlined
 from ptcluster.node.kernel_log import (  # inlined
@@ -73,7 +80,9 @@ NEARLY_FULL = 0.02
 class MachineWatch:
     """One job's view of the kernel's OOM kills on this node (see the module's docstring)."""
 
-    def __init__(self, gpus: list[int] | None = None) -> None:
+    def __init__(self, gpus: list[int] | None = None, nvml: Any = None) -> None:
+        """``nvml``: NVML to take Xid events from (a test's recorded answers; by default the
+        driver's library, only where the kernel's log is not readable)."""
         self.lock = threading.Lock()
         self.node_base = vmstat_oom_kills()
         self.since = time.time()
@@ -105,6 +114,17 @@ class MachineWatch:
         """PCI address -> GPU index (read at the first Xid)."""
         self.boot_wall = boot_wall()
         self.journal_read = 0.0
+        self.events: NvmlXids | None = None
+        self.events_thread: threading.Thread | None = None
+        if not self.log or nvml is not None:
+            try:
+                self.events = NvmlXids(nvml)
+            except (RuntimeError, AttributeError, OSError):
+                self.events = None
+        if self.events is not None:
+            self.events_thread = threading.Thread(target=self.watch_events, daemon=True,
+                                                  name="xid-events")
+            self.events_thread.start()
 
     def started(self, rank: int, pid: int, shim_pid: int) -> None:
         """A rank's program started (its pid, its shim's)."""
@@ -227,21 +247,38 @@ class MachineWatch:
         if kill not in self.kills:
             self.kills.append(kill)
 
+    def watch_events(self) -> None:
+        """NVML's Xid events until ``close`` (a wait of at most a second at a time)."""
+        while self.events is not None and not self.events.closed:
+            try:
+                found = self.events.wait(1000)
+            except (RuntimeError, AttributeError, OSError):
+                return
+            with self.lock:
+                for xid in found:
+                    self.note_xid(xid, time.time())
+
     def xid(self, line: str, at: float) -> None:
-        """One Xid line (under ``lock``): its GPU, its rank, what it means; kept and queued for
-        the head once (the journal gives it again on every read)."""
+        """One Xid line (under ``lock``), kept once (the journal gives it again on every
+        read)."""
         xid = parse_xid(line)
         if xid is None:
             return
         when = self.boot_wall + at if at and self.boot_wall else time.time()
-        if any(x["text"] == xid["text"] and abs(x["at"] - when) < 0.01 for x in self.xids) \
-                or len(self.xids) >= MAX_XIDS:
+        if not any(x["text"] == xid["text"] and abs(x["at"] - when) < 0.01 for x in self.xids):
+            self.note_xid(xid, when)
+
+    def note_xid(self, xid: dict[str, Any], when: float) -> None:
+        """An Xid (under ``lock``): its GPU, its rank, what it means; queued for the head."""
+        if len(self.xids) >= MAX_XIDS:
             return
-        if self.pci is None:
-            self.pci = gpu_indices()
         rank = next((r for r, tree in self.trees.items() if xid["pid"] and xid["pid"] in tree),
                     None)
-        gpu = self.pci.get(xid["pci"])
+        gpu = xid.get("gpu")
+        if gpu is None:
+            if self.pci is None:
+                self.pci = gpu_indices()
+            gpu = self.pci.get(xid["pci"])
         said = describe_xid(xid["xid"], xid["text"])
         found = {**xid, **said, "fix": xid_fix(said["action"], gpu), "at": when,
                  "clock": time.strftime("%H:%M:%S", time.localtime(when)), "gpu": gpu,
@@ -272,6 +309,12 @@ class MachineWatch:
         return disk_facts(str(body.get("filename") or ""))
 
     def close(self) -> None:
+        if self.events is not None:
+            events, self.events = self.events, None
+            if self.events_thread is not None:
+                self.events_thread.join(timeout=2)  # (it waits a second at most)
+            with self.lock:
+                events.close()
         if self.kmsg is not None:
             os.close(self.kmsg)
             self.kmsg = None
