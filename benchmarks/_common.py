@@ -101,3 +101,12 @@ def last_json(argv: list[str], cwd: Path, preexec_fn: Any = None,
     if proc.returncode != 0 or not last:
         return {**fields, "cause": (proc.stderr.strip().splitlines() or ["?"])[-1][:160]}
     return json.loads(last[0])
+
+
+def core_share(samples: list[tuple[float, ...]], seconds: float) -> float:
+    """% of one core a process used between its second and last samples ``(wall, cpu,
+    ...)`` (the first is its start-up); SystemExit when there are too few to measure."""
+    steady = samples[1:]
+    if len(steady) < 2:
+        raise SystemExit(f"too short to measure: {len(samples)} samples in {seconds} s")
+    return 100 * (steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])

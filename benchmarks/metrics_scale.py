@@ -42,7 +42,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, cpu, last_json, proc_status
+from _common import ROOT, core_share, cpu, last_json, proc_status
 
 GPUS = 8
 JOB = "20261203-010000-b3nch0"
@@ -183,10 +183,7 @@ def share(nodes: int, mode: str, seconds: float, every: float, interval: float,
         sampler.join()
     finally:
         mon.close()
-    steady = samples[1:]
-    if len(steady) < 2:
-        raise SystemExit(f"too short to measure: {len(samples)} samples in {seconds} s")
-    pct = 100 * (steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])
+    pct = core_share(samples, seconds)
     return {"nodes": nodes, "mode": mode, "cpu": round(pct, 1),
             "rss": round(max(s[2] for s in samples) / 1024, 1),
             "scrapes": len(scrapes), "scrape_s_max": round(max((s[0] for s in scrapes),

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, cpu, last_json, proc_status
+from _common import ROOT, core_share, cpu, last_json, proc_status
 
 
 def watch_once(nodes: int, mode: str, seconds: float, interval: float) -> dict[str, Any]:
@@ -87,10 +87,7 @@ def watch_once(nodes: int, mode: str, seconds: float, interval: float) -> dict[s
         sampler.join()
     finally:
         mon.close()
-    steady = samples[1:]
-    if len(steady) < 2:
-        raise SystemExit(f"too short to measure: {len(samples)} samples in {seconds} s")
-    cpu_pct = 100 * (steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])
+    cpu_pct = core_share(samples, seconds)
     return {"nodes": nodes, "mode": mode, "first": round(first, 2), "errors": errors,
             "cpu": round(cpu_pct, 1), "rss": round(max(s[2] for s in samples) / 1024, 1),
             "threads": max(s[3] for s in samples), "fds": max(s[4] for s in samples),
