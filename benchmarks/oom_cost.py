@@ -1,8 +1,11 @@
-"""What naming an OOM kill costs the user in waiting: seconds from a rank's death to the head's
-exit when the kernel's OOM killer kills it, beside a plain SIGKILL run the same way in the same
-run (``ptcluster run --nproc 2`` on this machine: rank 0 moves itself into a cgroup v1 memory
-group limited to 64 MiB, waits 2.5 s, then either allocates past the limit or SIGKILLs itself;
-rank 1 sleeps). Runs alternate; medians compared. Target: the OOM case adds <= 2 s.
+"""What naming an OOM kill or a GPU's Xid costs the user in waiting: seconds from a rank's death
+to the head's exit when the kernel's OOM killer kills it, or when it SIGKILLs itself right after
+writing an Xid in the driver's format with its pid into the kernel's log, beside a plain SIGKILL
+run the same way in the same run (``ptcluster run --nproc 2`` on this machine: rank 0 moves
+itself into a cgroup v1 memory group limited to 64 MiB, waits 2.5 s, then allocates past the
+limit, or writes the Xid and SIGKILLs itself, or only SIGKILLs itself; rank 1 sleeps). Runs
+alternate; medians compared. Target: each named case adds <= 2 s. The Xid runs end with the
+driver's load line in the log (their Xid is history then, as after a real reload).
 
 A rank's death is its ``ended_at`` in ``summary.json`` (the shim's clock when its program's
 wait returned: this machine's wall clock, as the head's exit here). Needs root (the memory
@@ -34,7 +37,11 @@ if os.environ["RANK"] != "0":
 with open(os.path.join(sys.argv[2], "cgroup.procs"), "w") as f:
     f.write(str(os.getpid()))
 time.sleep(2.5)
-if sys.argv[1] == "kill":
+if sys.argv[1] == "xid":
+    with open("/dev/kmsg", "w") as log:
+        log.write(f"NVRM: Xid (PCI:0000:3b:00): 79, pid={os.getpid()}, name=pt_main_thread, "
+                  "GPU has fallen off the bus.\\n")
+if sys.argv[1] in ("kill", "xid"):
     os.kill(os.getpid(), signal.SIGKILL)
 hog = []
 while True:
@@ -55,6 +62,10 @@ def one(cwd: Path, how: str) -> tuple[float, str]:
                               env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         exited = time.time()
     finally:
+        if how == "xid":
+            with open("/dev/kmsg", "w") as log:
+                log.write("NVRM: loading NVIDIA UNIX x86_64 Kernel Module (ptcluster's "
+                          "benchmark: its Xid is history)\n")
         for pid in (group / "cgroup.procs").read_text().split():
             os.kill(int(pid), signal.SIGKILL)
         for _ in range(50):
@@ -67,6 +78,10 @@ def one(cwd: Path, how: str) -> tuple[float, str]:
     summary = json.loads((run / "summary.json").read_text())
     if proc.returncode != 1 or summary["root_cause"]["rank"] != 0:
         raise SystemExit(f"unexpected end ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    expected = {"kill": "rank", "oom": "oom", "xid": "gpu"}[how]
+    if summary["root_cause"]["kind"] != expected:
+        raise SystemExit(f"{how}: root cause {summary['root_cause']['kind']}, not {expected}: "
+                         f"{summary['root_cause']['message']}")
     died = next(r["ended_at"] for r in summary["ranks"] if r["rank"] == 0)
     return exited - died, summary["root_cause"]["kind"]
 
@@ -77,17 +92,17 @@ def main() -> None:
     args = parser.parse_args()
     if os.getuid() != 0 or not (MEMORY_V1 / "cgroup.procs").exists():
         raise SystemExit("needs root and the cgroup v1 memory controller")
-    took: dict[str, list[float]] = {"kill": [], "oom": []}
-    kinds: dict[str, set[str]] = {"kill": set(), "oom": set()}
+    took: dict[str, list[float]] = {"kill": [], "oom": [], "xid": []}
+    kinds: dict[str, set[str]] = {"kill": set(), "oom": set(), "xid": set()}
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
         (cwd / "rank.py").write_text(RANK)
         for _ in range(args.repeat):
-            for how in ("kill", "oom"):
+            for how in ("kill", "oom", "xid"):
                 seconds, kind = one(cwd, how)
                 took[how].append(seconds)
                 kinds[how].add(kind)
-    kill, oom = statistics.median(took["kill"]), statistics.median(took["oom"])
+    kill, oom, xid = (statistics.median(took[how]) for how in ("kill", "oom", "xid"))
     show([
         ("plain SIGKILL: rank death -> head exit, median (s)",
          f"{kill:.2f}  (runs: {', '.join(f'{t:.2f}' for t in took['kill'])}; "
@@ -95,8 +110,12 @@ def main() -> None:
         ("OOM kill, named: rank death -> head exit, median (s)",
          f"{oom:.2f}  (runs: {', '.join(f'{t:.2f}' for t in took['oom'])}; "
          f"kind {'/'.join(sorted(kinds['oom']))})"),
+        ("Xid then SIGKILL, named: rank death -> head exit, median (s)",
+         f"{xid:.2f}  (runs: {', '.join(f'{t:.2f}' for t in took['xid'])}; "
+         f"kind {'/'.join(sorted(kinds['xid']))})"),
         ("OOM minus plain (s)", f"{oom - kill:+.2f}  (target <= +2.00)"),
-        ("OOM / plain", f"{oom / kill:.2f}x"),
+        ("Xid minus plain (s)", f"{xid - kill:+.2f}  (target <= +2.00)"),
+        ("OOM / plain, Xid / plain", f"{oom / kill:.2f}x, {xid / kill:.2f}x"),
     ])
 
 
