@@ -7,6 +7,9 @@
 #   $PTC_TESTBED_CACHE/wheels/  the head's wheelhouse source: torch (pinned) and ptcluster's deps
 #   $PTC_TESTBED_CACHE/node-venv/  the system Python with that torch, installed from wheels/: the
 #                               venv the bare nodes share in the several-users tests
+#   $PTC_TESTBED_CACHE/nspawn/  the systemd-nspawn nodes' root (scripts/nspawn_template.sh: a
+#                               bookworm minbase with systemd, sshd and a local apt repository
+#                               holding munge and Slurm; ~1 min once, then cached)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${PTC_TESTBED_CACHE:-/var/cache/ptcluster-testbed}"
@@ -31,3 +34,7 @@ if ! ls "$CACHE"/wheels/torch-2.13.0*.whl >/dev/null 2>&1 || [ ! -f "$CACHE/whee
 fi
 # The nodes' shared venv (tests/support/bare.py node_venv; made once, ~1.5 min; kept while complete).
 "$PY" -c 'import sys; sys.path.insert(0, "."); from tests.support.bare import node_venv; node_venv()'
+# The systemd-nspawn nodes' template (tests/support/nspawn.py), where systemd-nspawn is there.
+if command -v systemd-nspawn >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then
+  bash scripts/nspawn_template.sh
+fi
