@@ -1,0 +1,110 @@
+"""``setup --slurm``'s part of apply: the cluster-wide phase (every node's Slurm facts read again
+once phase 1 installed slurmd, the files planned from all of them, the controller first, then
+every other node, then ``scontrol reconfigure``), and the proof: ``sinfo`` shows every node idle,
+then a job through Slurm on every node (``srun -N<all>``), whose id the report gives.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ptcluster.cluster.model import NodeSpec
+from ptcluster.node.wire import Kind
+from ptcluster.setup import plan as P
+from ptcluster.setup.slurm import SlurmCluster, head_munge_key, node_name, slurm_cluster
+
+if TYPE_CHECKING:
+    from ptcluster.setup.apply import Setup
+
+IDLE_WAIT = 90.0
+"""Seconds for every node to be idle once the daemons run (measured here: ~3 s)."""
+CHECK_JOB = "ptcluster-setup-check"
+
+
+def cluster_slurm(setup: Setup) -> SlurmCluster:
+    """The cluster's Slurm from the facts at hand; the head's munge key made now unless this
+    is a dry run (which changes nothing, the head included)."""
+    assert setup.slurm is not None
+    _, key = head_munge_key(setup.slurm.controller, create=not setup.opts.dry_run)
+    addrs = {h: o.addr for h, o in setup.outcomes.items()}
+    return slurm_cluster(setup.slurm, dict(setup._facts), addrs, key)
+
+
+def cluster_wide(setup: Setup) -> None:
+    """Phase 2 on every node (the controller first); ``scontrol reconfigure`` when a node's
+    files changed."""
+    assert setup.slurm is not None
+    ctl = setup.slurm.controller
+
+    def refresh(node: NodeSpec) -> None:
+        fresh = setup.sessions[node.host].ask(Kind.FACTS, {"only": ["slurm"]},
+                                              setup.opts.timeout * 3)
+        facts = setup._facts[node.host]
+        if facts is not None:
+            facts.update(fresh)
+
+    setup._parallel(refresh)
+    setup.cluster = replace(setup.cluster, slurm=cluster_slurm(setup))
+
+    def phase2(node: NodeSpec) -> None:
+        setup._apply(node, phase=2)
+
+    phase2.__name__ = "_apply_cluster_wide"
+    setup._parallel(phase2, selected=True, hosts={ctl})
+    setup._parallel(phase2, selected=True, hosts={h for h in setup.outcomes if h != ctl})
+    changed = any(s == "slurm.conf" and r == "changed" for o in setup.outcomes.values()
+                  for s, r, _ in o.applied)
+    if changed and ctl in setup.sessions and setup.outcomes[ctl].problem is None:
+        ok, out = _run(setup, ctl, ["scontrol", "reconfigure"], 60)
+        setup.on_event(ctl, "scontrol reconfigure: " + ("done" if ok else f"FAILED {out}"))
+
+
+def _run(setup: Setup, host: str, argv: list[str], timeout: float) -> tuple[bool, str]:
+    node = next(n for n in setup.spec.nodes if n.host == host)
+    return setup._act(node, setup.sessions[host], P.StepAction(tuple(argv), root=True,
+                                                              timeout=timeout))
+
+
+def verify(setup: Setup) -> dict[str, Any]:
+    """``sinfo`` until every node is idle, then ``srun -N<all>`` on them: ``{ok, sinfo, job_id,
+    ran_on, problem, seconds}``."""
+    assert setup.slurm is not None
+    begun = time.monotonic()
+    ctl = setup.slurm.controller
+    names = {node_name(f) for f in setup._facts.values() if f is not None}
+    out: dict[str, Any] = {"ok": False, "controller": ctl, "nodes": sorted(names)}
+    if ctl not in setup.sessions or setup.outcomes[ctl].problem is not None or \
+            len(names) != len(setup.spec.nodes):
+        out["problem"] = "not every node was reached: no job was tried"
+        return out
+    deadline = time.monotonic() + IDLE_WAIT
+    states: dict[str, str] = {}
+    while True:
+        ok, text = _run(setup, ctl, ["sinfo", "-h", "-N", "-o", "%N %t"], 30)
+        states = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2)
+        out["sinfo"] = text.strip()
+        if ok and all(states.get(n) == "idle" for n in names):
+            break
+        if time.monotonic() > deadline:
+            out["problem"] = (f"not every node idle after {IDLE_WAIT:.0f} s: " +
+                              ", ".join(f"{n} {states.get(n, 'missing')}" for n in sorted(names)))
+            return out
+        time.sleep(1.0)
+    out["idle_s"] = round(time.monotonic() - begun, 1)
+    ok, text = _run(setup, ctl, ["srun", "-N", str(len(names)), f"--job-name={CHECK_JOB}",
+                                 "sh", "-c", 'echo "ptcluster-check $SLURM_JOB_ID $(hostname)"'],
+                    120)
+    lines = [m.groups() for m in re.finditer(r"^ptcluster-check (\d+) (\S+)$", text, re.M)]
+    ran_on = sorted({h for _, h in lines})
+    out.update(job_id=lines[0][0] if lines else None, ran_on=ran_on,
+               seconds=round(time.monotonic() - begun, 1))
+    if not ok or set(ran_on) != names:
+        out["problem"] = f"srun -N{len(names)} did not run on every node: {text.strip()[-500:]}"
+        return out
+    out["ok"] = True
+    setup.on_event(ctl, f"slurm: {len(names)} node(s) idle; job {out['job_id']} ran on "
+                   f"{', '.join(ran_on)}")
+    return out
