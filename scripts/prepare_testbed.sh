@@ -27,9 +27,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ ! -f "$CACHE/apt/P
 fi
 # The wheels for the nodes: the head downloads them into its wheelhouse at test time with
 # PIP_NO_INDEX=1 PIP_FIND_LINKS=$CACHE/wheels (an air-gapped head with a local mirror).
-if ! ls "$CACHE"/wheels/torch-2.13.0*.whl >/dev/null 2>&1 || [ ! -f "$CACHE/wheels/.complete" ]; then
+if ! ls "$CACHE"/wheels/torch-2.13.0*.whl "$CACHE"/wheels/numpy-*.whl >/dev/null 2>&1 \
+    || [ ! -f "$CACHE/wheels/.complete" ]; then
   "$PY" -m pip download -q -c constraints.txt -d "$CACHE/wheels" torch==2.13.0 click rich PyYAML \
-    psutil >/dev/null
+    psutil numpy >/dev/null
   touch "$CACHE/wheels/.complete"
 fi
 # The nodes' shared venv (tests/support/bare.py node_venv; made once, ~1.5 min; kept while complete).

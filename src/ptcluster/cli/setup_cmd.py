@@ -207,6 +207,13 @@ def _render_slurm(console: Console, said: dict[str, Any]) -> None:
                                     f"{len(ran_on)}) ran on {', '.join(ran_on)}"))
     else:
         console.print(Text.assemble(("slurm: FAILED ", "bold red"), str(said.get("problem"))))
+    for name in said.get("removed") or []:
+        console.print(f"      {name}: gone from the cluster file: drained, out of slurm.conf",
+                      markup=False)
+    for item in said.get("draining") or []:
+        console.print(f"      {item['node']}: gone from the cluster file: drained, job(s) "
+                      f"{', '.join(item['jobs'])} still run there (run setup again later)",
+                      markup=False)
     for line in str(said.get("sinfo") or "").splitlines():
         console.print(f"      sinfo: {line}", markup=False)
 

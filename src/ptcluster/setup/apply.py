@@ -100,6 +100,9 @@ class Setup:
                                     if opts.slurm else None)
         """What Slurm the nodes get (``setup.slurm``); None: none."""
         self.slurm_report: dict[str, Any] | None = None
+        self.slurm_removed: dict[str, list[Any]] = {}
+        """Nodes gone from the cluster file: ``removed`` (drained, out of slurm.conf) and
+        ``draining`` (drained, still running jobs: kept in slurm.conf)."""
 
     # -- password ------------------------------------------------------------------------------
     def password(self) -> Secret | None:

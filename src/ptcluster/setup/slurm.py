@@ -117,8 +117,9 @@ def gres_conf(facts: dict[str, dict[str, Any]]) -> str | None:
 
 
 def slurm_conf(spec: SlurmSetupSpec, facts: dict[str, dict[str, Any]],
-               addrs: dict[str, str]) -> tuple[str, str]:
-    """slurm.conf from the nodes' facts (hosts in file order) and why its plugins."""
+               addrs: dict[str, str], keep: tuple[str, ...] = ()) -> tuple[str, str]:
+    """slurm.conf from the nodes' facts (hosts in file order) and why its plugins; ``keep``:
+    ``NodeName=`` lines of removed nodes still running jobs (drained)."""
     ctl = facts[spec.controller]
     chosen, why = plugins(facts)
     gpus = any(gpu_count(f) for f in facts.values())
@@ -147,10 +148,13 @@ def slurm_conf(spec: SlurmSetupSpec, facts: dict[str, dict[str, Any]],
                      " ".join(f"{k}={hw[k]}" for k in ("CPUs", "Boards", "SocketsPerBoard",
                                                        "CoresPerSocket", "ThreadsPerCore",
                                                        "RealMemory")) + gres + " State=UNKNOWN")
+    lines += list(keep)
     names = {h: node_name(f) for h, f in facts.items()}
     parts = spec.partitions or (("main", tuple(facts)),)
+    kept = [line.split()[0].split("=", 1)[1] for line in keep]
     for i, (pname, hosts) in enumerate(parts):
-        members = ",".join(names[h] for h in hosts if h in names)
+        # a kept node stays in the default partition: its running jobs are that partition's
+        members = ",".join([names[h] for h in hosts if h in names] + (kept if i == 0 else []))
         lines.append(f"PartitionName={pname} Nodes={members}" + (" Default=YES" if i == 0 else "")
                      + " MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n", why
@@ -162,7 +166,8 @@ CGROUP_CONF = ("# Written by `ptcluster setup --slurm`: Slurm's cgroup plugins o
 
 
 def slurm_cluster(spec: SlurmSetupSpec, facts: dict[str, dict[str, Any] | None],
-                  addrs: dict[str, str], key: bytes | None) -> SlurmCluster:
+                  addrs: dict[str, str], key: bytes | None,
+                  keep: tuple[str, ...] = ()) -> SlurmCluster:
     """The cluster's Slurm from the facts of every node (``facts``: every node of the file,
     None where one did not answer)."""
     sha = hashlib.sha256(key).hexdigest() if key else None
@@ -170,7 +175,7 @@ def slurm_cluster(spec: SlurmSetupSpec, facts: dict[str, dict[str, Any] | None],
     if any(f is None or "slurm" not in f for f in facts.values()):
         return SlurmCluster(spec.controller, {}, "", sha, b64)
     known = {h: f for h, f in facts.items() if f is not None}
-    conf, why = slurm_conf(spec, known, addrs)
+    conf, why = slurm_conf(spec, known, addrs, keep)
     guessed = sorted(h for h, f in known.items() if f["slurm"]["hw_from"] != "slurmd -C")
     if guessed:
         why += (f"; the hardware of {', '.join(guessed)} read from /sys and /proc until slurmd "

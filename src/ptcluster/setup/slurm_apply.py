@@ -24,13 +24,52 @@ IDLE_WAIT = 90.0
 CHECK_JOB = "ptcluster-setup-check"
 
 
-def cluster_slurm(setup: Setup) -> SlurmCluster:
+def cluster_slurm(setup: Setup, keep: tuple[str, ...] = ()) -> SlurmCluster:
     """The cluster's Slurm from the facts at hand; the head's munge key made now unless this
     is a dry run (which changes nothing, the head included)."""
     assert setup.slurm is not None
     _, key = head_munge_key(setup.slurm.controller, create=not setup.opts.dry_run)
     addrs = {h: o.addr for h, o in setup.outcomes.items()}
-    return slurm_cluster(setup.slurm, dict(setup._facts), addrs, key)
+    return slurm_cluster(setup.slurm, dict(setup._facts), addrs, key, keep)
+
+
+def conf_nodes(conf: str | None) -> dict[str, str]:
+    """Slurm's node name -> its ``NodeName=`` line, of a slurm.conf."""
+    out: dict[str, str] = {}
+    for line in (conf or "").splitlines():
+        m = re.match(r"NodeName=(\S+)\s", line)
+        if m and m.group(1) != "DEFAULT":
+            out[m.group(1)] = line
+    return out
+
+
+def drain_removed(setup: Setup) -> tuple[str, ...]:
+    """Nodes in the controller's slurm.conf but no longer in the cluster file: drained (their
+    jobs finish, no new one starts there); those still running a job keep their line in
+    slurm.conf until a later run (the lines returned), the others leave it now."""
+    assert setup.slurm is not None
+    ctl = setup.slurm.controller
+    facts = setup._facts.get(ctl)
+    if facts is None or ctl not in setup.sessions:
+        return ()
+    old = conf_nodes(facts["slurm"]["files"].get("slurm.conf"))
+    now = {node_name(f) for f in setup._facts.values() if f is not None}
+    keep: list[str] = []
+    said = setup.slurm_removed
+    for name in [n for n in old if n not in now]:
+        ok, _ = _run(setup, ctl, ["scontrol", "update", f"NodeName={name}", "State=DRAIN",
+                                  "Reason=removed from the cluster file (ptcluster setup)"], 30)
+        _, jobs = _run(setup, ctl, ["squeue", "-h", "-w", name, "-o", "%i"], 30)
+        running = [j for j in jobs.split() if j.isdigit()] if ok else []
+        if running:
+            keep.append(old[name])
+            said.setdefault("draining", []).append({"node": name, "jobs": running})
+            setup.on_event(ctl, f"{name}: drained; job(s) {', '.join(running)} still run "
+                           "there: it stays in slurm.conf until a later run")
+        else:
+            said.setdefault("removed", []).append(name)
+            setup.on_event(ctl, f"{name}: drained and taken out of slurm.conf")
+    return tuple(keep)
 
 
 def cluster_wide(setup: Setup) -> None:
@@ -47,7 +86,7 @@ def cluster_wide(setup: Setup) -> None:
             facts.update(fresh)
 
     setup._parallel(refresh)
-    setup.cluster = replace(setup.cluster, slurm=cluster_slurm(setup))
+    setup.cluster = replace(setup.cluster, slurm=cluster_slurm(setup, drain_removed(setup)))
 
     def phase2(node: NodeSpec) -> None:
         setup._apply(node, phase=2)
@@ -75,7 +114,8 @@ def verify(setup: Setup) -> dict[str, Any]:
     begun = time.monotonic()
     ctl = setup.slurm.controller
     names = {node_name(f) for f in setup._facts.values() if f is not None}
-    out: dict[str, Any] = {"ok": False, "controller": ctl, "nodes": sorted(names)}
+    out: dict[str, Any] = {"ok": False, "controller": ctl, "nodes": sorted(names),
+                           **setup.slurm_removed}
     if ctl not in setup.sessions or setup.outcomes[ctl].problem is not None or \
             len(names) != len(setup.spec.nodes):
         out["problem"] = "not every node was reached: no job was tried"
