@@ -6,14 +6,15 @@
 #                                     what `ptcluster setup` checks for), an empty machine-id
 #   .../root/srv/ptc-apt/             a `file:` apt repository, the node's only apt source: what
 #                                     setup installs there offline (python3-venv, rsync, munge,
-#                                     slurmd, slurmctld, slurm-client and their dependencies)
+#                                     slurmd, slurmctld, slurm-client and their dependencies;
+#                                     ufw, for a node whose firewall is on)
 # Idempotent: a complete template (its stamp names this recipe's version) is kept.
 # Facts it relies on: ../shared/TESTBED.md, "Machines with systemd" (measured 2026-12-02).
 set -euo pipefail
 CACHE="${PTC_TESTBED_CACHE:-/var/cache/ptcluster-testbed}"
 DIR="$CACHE/nspawn"
 ROOT="$DIR/root"
-RECIPE="3"  # bump when what follows changes: the cached template is rebuilt
+RECIPE="4"  # bump when what follows changes: the cached template is rebuilt
 MIRROR="${PTC_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 if [ -f "$DIR/.complete" ] && [ "$(cat "$DIR/.complete")" = "$RECIPE" ]; then
   exit 0
@@ -38,7 +39,7 @@ printf 'deb %s bookworm main\n' "$MIRROR" > "$ROOT/etc/apt/sources.list"
 rm -f "$ROOT"/var/cache/apt/archives/*.deb  # debootstrap's own: installed already
 chroot "$ROOT" apt-get update -q >/dev/null
 chroot "$ROOT" apt-get install -q -y --download-only --no-install-recommends \
-  python3-venv rsync munge slurmd slurmctld slurm-client >/dev/null
+  python3-venv rsync munge slurmd slurmctld slurm-client ufw >/dev/null
 mkdir -p "$ROOT/srv/ptc-apt"
 mv "$ROOT"/var/cache/apt/archives/*.deb "$ROOT/srv/ptc-apt/"
 (cd "$ROOT/srv/ptc-apt" && dpkg-scanpackages . /dev/null 2>/dev/null | gzip -9 > Packages.gz)

@@ -43,6 +43,12 @@ def bed():
             raise TestbedError(str(exc)) from None
 
     b = bring_up("nspawn testbed", ns.available(), make)
+    try:  # s13n2's admin turned ufw on (default deny incoming, ssh allowed)
+        b.sh(b.nodes[2], "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install "
+             "-y -q ufw && ufw allow 22/tcp && ufw --force enable", timeout=120)
+    except BaseException:
+        b.close()
+        raise
     key, _ = _head_key(b)
     key.unlink(missing_ok=True)  # from nothing: the head makes the cluster's key
     try:
@@ -125,6 +131,7 @@ def test_dry_run_shows_the_files_and_changes_nothing(bed, work) -> None:
     assert "| NodeName=s13n2 NodeAddr=10.233.0.12 CPUs=" in out  # the file itself, shown
     assert "| ProctrackType=proctrack/linuxproc" in out  # this host: cgroup v1
     assert "without cgroup v2" in out
+    assert "firewall: ufw active: TCP from 10.233.0.10, 10.233.0.11 not allowed" in out
     assert not _head_key(bed)[0].exists(), "a dry run made the key"
     assert bed.sh(bed.nodes[0], "test ! -e /etc/slurm/slurm.conf", check=False).returncode == 0
 
@@ -150,6 +157,16 @@ def test_setup_from_nothing_ends_with_a_job_on_every_node(bed, work) -> None:
         if needle:
             assert not any(needle in a for a in argvs), "the munge key was in an argv"
     work["key"] = _head_key(bed)[0]
+
+
+def test_slurmd_behind_ufw_is_open_to_the_nodes_only(bed, work) -> None:
+    """s13n2's ufw lets the other nodes in (setup's firewall step: TCP from each node), so
+    slurmctld and srun reach its slurmd; this machine, the head but not a node, stays out."""
+    n2 = bed.nodes[2].addr
+    probe = f"timeout 3 bash -c 'echo > /dev/tcp/{n2}/6818'"
+    assert bed.sh(bed.nodes[0], probe, check=False).returncode == 0
+    proc = subprocess.run(["bash", "-c", probe], capture_output=True, timeout=10)
+    assert proc.returncode == 124, proc  # dropped: a time-out, not a refusal
 
 
 def test_one_munge_key_everywhere_0400_munge_and_nowhere_else(bed, work) -> None:
@@ -245,6 +262,10 @@ def test_submit_of_the_reference_trainer_finishes_on_all_nodes(bed, work) -> Non
     FIGURES["submit log tail"] = " | ".join(log.strip().splitlines()[-6:])
     assert state == "COMPLETED", log[-3000:]
     assert "ptcluster submit: job " + job in log
+    said = [line for line in log.splitlines() if "dataset=" in line or "final epochs=" in line]
+    FIGURES["trainer"] = " | ".join(line.strip() for line in said)
+    assert any("world_size=3" in line for line in said), log[-3000:]
+    assert any("final epochs=1 test_accuracy=" in line for line in said), log[-3000:]
 
 
 def test_a_fourth_node_joins(bed, work) -> None:
