@@ -57,9 +57,14 @@ def mark(status: str) -> Text:
 @click.option("--slurm", is_flag=True, help="Also make the nodes a Slurm cluster (as `slurm:` "
               "in the cluster file does): munge with one key, slurmctld on the first node, "
               "slurmd everywhere, slurm.conf from each node's facts; proven by a job.")
+@click.option("--slurm-proof", type=click.Choice(["trainer", "srun"]), default="trainer",
+              show_default=True, help="What proves the Slurm cluster: srun -N<all>, then the "
+              "reference trainer through `ptcluster submit` (one epoch; the nodes need network "
+              "or MNIST in WORKDIR/data), or srun alone.")
 def setup(cluster: str | None, dry_run: bool, check: bool, as_json: bool,
           password_file: str | None, torch_backend: str, nodes: tuple[str, ...],
-          accept_new_host_keys: bool, wheelhouse: str, timeout: float, slurm: bool) -> None:
+          accept_new_host_keys: bool, wheelhouse: str, timeout: float, slurm: bool,
+          slurm_proof: str) -> None:
     spec = load_spec(cluster)
     if spec.local:
         raise UsageError("setup prepares remote nodes, and no cluster file is in use",
@@ -75,7 +80,7 @@ def setup(cluster: str | None, dry_run: bool, check: bool, as_json: bool,
     secret = read_password_file(password_file) if password_file else None
     opts = SetupOptions(dry_run=dry_run or check, accept_new_host_keys=accept_new_host_keys,
                         torch_backend=torch_backend, wheelhouse=wheelhouse, timeout=timeout,
-                        slurm=slurm)
+                        slurm=slurm, slurm_proof=slurm_proof)
     err = terminal(stderr=True, soft_wrap=True)
     live = not as_json and not quiet()
 
@@ -207,6 +212,10 @@ def _render_slurm(console: Console, said: dict[str, Any]) -> None:
                                     f"{len(ran_on)}) ran on {', '.join(ran_on)}"))
     else:
         console.print(Text.assemble(("slurm: FAILED ", "bold red"), str(said.get("problem"))))
+    trainer = said.get("trainer") or {}
+    if trainer.get("ok"):
+        console.print(f"      the reference trainer (ptcluster submit): job {trainer['job_id']} "
+                      f"{trainer['state']}: {trainer['final']}", markup=False)
     for name in said.get("removed") or []:
         console.print(f"      {name}: gone from the cluster file: drained, out of slurm.conf",
                       markup=False)

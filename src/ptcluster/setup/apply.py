@@ -65,6 +65,9 @@ class SetupOptions:
     """Seconds for a node to answer (connect, facts); commands have their own (long) limits."""
     slurm: bool = False
     """``--slurm``: make the nodes a Slurm cluster (as the cluster file's ``slurm:`` does)."""
+    slurm_proof: str = "trainer"
+    """``srun`` (sinfo idle, ``srun -N<all>``) or ``trainer`` (that, then the reference trainer
+    through ``ptcluster submit``)."""
 
 
 class Setup:

@@ -1,7 +1,9 @@
 """``setup --slurm``'s part of apply: the cluster-wide phase (every node's Slurm facts read again
 once phase 1 installed slurmd, the files planned from all of them, the controller first, then
 every other node, then ``scontrol reconfigure``), and the proof: ``sinfo`` shows every node idle,
-then a job through Slurm on every node (``srun -N<all>``), whose id the report gives.
+then a job through Slurm on every node (``srun -N<all>``), then (``--slurm-proof trainer``, the
+default) the reference trainer through ``ptcluster submit`` on every node, one epoch, run from
+the controller by the login user with the venv setup made; the report gives both job ids.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from ptcluster.setup.slurm import SlurmCluster, head_munge_key, node_name, slurm
 if TYPE_CHECKING:
     from ptcluster.setup.apply import Setup
 
+TRAINER_WAIT = 900.0
+"""Seconds for the trainer's job to end (one epoch: ~10 s here, on 3 CPU nodes)."""
+PROOF_DIR = "~/.ptcluster/slurm-proof"
+"""Where the trainer's submit directories go, on the controller."""
 IDLE_WAIT = 90.0
 """Seconds for every node to be idle once the daemons run (measured here: ~3 s)."""
 CHECK_JOB = "ptcluster-setup-check"
@@ -144,7 +150,53 @@ def verify(setup: Setup) -> dict[str, Any]:
     if not ok or set(ran_on) != names:
         out["problem"] = f"srun -N{len(names)} did not run on every node: {text.strip()[-500:]}"
         return out
-    out["ok"] = True
     setup.on_event(ctl, f"slurm: {len(names)} node(s) idle; job {out['job_id']} ran on "
                    f"{', '.join(ran_on)}")
+    if setup.opts.slurm_proof == "trainer":
+        out["trainer"] = trainer_job(setup, ctl, len(names))
+        if not out["trainer"]["ok"]:
+            out["problem"] = out["trainer"]["problem"]
+            return out
+    out["ok"] = True
+    return out
+
+
+def trainer_job(setup: Setup, ctl: str, n: int) -> dict[str, Any]:
+    """``ptcluster submit --nodes n`` of the reference trainer (one epoch), waited for:
+    ``{ok, job_id, state, final, problem}``."""
+    node = next(x for x in setup.spec.nodes if x.host == ctl)
+    session = setup.sessions[ctl]
+    submit = [P.VENV_PYTHON, "-m", "ptcluster", "submit", "--nodes", str(n), "--nproc", "1",
+              "--run-dir", PROOF_DIR, "--job-name", "ptcluster-setup-trainer", "--",
+              "-m", "ptcluster.examples.mnist", "--epochs", "1"]
+    ok, text = setup._act(node, session, P.StepAction(
+        ("sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", node.workdir or "~/", *submit),
+        timeout=120))
+    job = text.strip().splitlines()[-1] if ok and text.strip() else ""
+    out: dict[str, Any] = {"ok": False, "job_id": job if job.isdigit() else None}
+    if not job.isdigit():
+        out["problem"] = f"ptcluster submit of the reference trainer failed: {text[-500:]}"
+        return out
+    deadline, fields = time.monotonic() + TRAINER_WAIT, {}
+    while time.monotonic() < deadline:
+        _, shown = _run(setup, ctl, ["scontrol", "show", "job", job], 30)
+        fields = dict(w.split("=", 1) for w in shown.split() if "=" in w)
+        if fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
+                                      "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"):
+            break
+        time.sleep(2.0)
+    out["state"] = fields.get("JobState", "unknown")
+    _, log = setup._act(node, session, P.StepAction(("tail", "-n", "40",
+                                                     fields.get("StdOut", "/dev/null"))))
+    final = [line for line in log.splitlines() if "final epochs=" in line]
+    out["final"] = final[-1].strip() if final else None
+    out["log"] = fields.get("StdOut")
+    if out["state"] != "COMPLETED" or not final:
+        out["problem"] = (f"the reference trainer's job {job} ended {out['state']} "
+                          f"(its log: {out['log']} on {ctl}); on nodes without network, put "
+                          "the MNIST files in the workdir's data/ on every node, or pass "
+                          "--slurm-proof srun")
+        return out
+    out["ok"] = True
+    setup.on_event(ctl, f"slurm: the reference trainer's job {job} completed on {n} node(s)")
     return out
