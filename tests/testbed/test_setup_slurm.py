@@ -264,6 +264,21 @@ def test_setups_proof_ran_the_reference_trainer_on_all_nodes(bed, work) -> None:
     assert "dataset=mnist" in said[0] and "world_size=3" in said[0], log[-2000:]
 
 
+def test_doctor_inside_an_allocation_takes_its_nodes_from_slurm(bed, work) -> None:
+    """The rest of ptcluster uses the new cluster: doctor in an allocation of all 3 nodes
+    checks those nodes (srun steps) and all-reduces across them."""
+    proc = bed.sh(bed.nodes[0], "cd /root/proj && salloc -N3 --job-name=ptc-doctor "
+                  "/root/.ptcluster/venv/bin/python -m ptcluster doctor --json", timeout=300,
+                  check=False)
+    report = json.loads(proc.stdout)
+    a = report["allreduce"] or {}
+    FIGURES["doctor in salloc -N3"] = (f"exit {proc.returncode}, {len(report['nodes'])} nodes, "
+                                       f"all-reduce world {a.get('world_size')} over "
+                                       f"{a.get('backend')}, {a.get('wrong')} wrong")
+    assert len(report["nodes"]) == 3 and a.get("world_size") == 3 and a.get("wrong") == 0, \
+        proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
 def test_a_fourth_node_joins(bed, work) -> None:
     put_data(bed, bed.add())
     work["cluster4"] = work["make4"](4, "c4.yaml")  # type: ignore[operator]

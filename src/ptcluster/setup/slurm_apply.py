@@ -186,7 +186,8 @@ def trainer_job(setup: Setup, ctl: str, n: int) -> dict[str, Any]:
             break
         time.sleep(2.0)
     out["state"] = fields.get("JobState", "unknown")
-    _, log = setup._act(node, session, P.StepAction(("tail", "-n", "40",
+    # (the trainer's own line, wherever it is: the log ends with every rank's summary)
+    _, log = setup._act(node, session, P.StepAction(("grep", "-a", "final epochs=",
                                                      fields.get("StdOut", "/dev/null"))))
     final = [line for line in log.splitlines() if "final epochs=" in line]
     out["final"] = final[-1].strip() if final else None
