@@ -108,7 +108,7 @@ def test_the_munge_key_is_never_in_the_plan() -> None:
     cf = cf_for(facts)
     steps = plan("b", facts["b"], cf)
     assert steps["munge key"].status == P.CHANGE
-    shown = json.dumps([s.to_json("b") for s in steps.values()]) + repr(cf) + \
+    shown = json.dumps([s.to_json("b") for s in steps.values()]) + repr(cf) + repr(steps) + \
         "".join(a.display("b") for s in steps.values() for a in s.actions)
     assert base64.b64encode(KEY).decode() not in shown and KEY.hex() not in shown
     assert base64.b64decode(steps["munge key"].actions[0].input or "") == KEY  # its input

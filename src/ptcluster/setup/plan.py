@@ -42,8 +42,9 @@ class StepAction:
     kind: str = "node"
     """``node``: run on the node; ``copy``: the head copies ``argv`` (wheel names) over ssh."""
     root: bool = False
-    input: str | None = None
-    """Data for the command's stdin (file contents; never a password)."""
+    input: str | None = field(default=None, repr=False)
+    """Data for the command's stdin (file contents, the munge key; never a password): never in
+    a repr, a display or the JSON (``show_input``: files the plan shows)."""
     timeout: float = 600.0
     env: tuple[tuple[str, str], ...] = ()
     show_input: bool = False

@@ -184,7 +184,7 @@ def slurm_cluster(spec: SlurmSetupSpec, facts: dict[str, dict[str, Any] | None],
     gres = gres_conf(known)
     if gres:
         files["gres.conf"] = gres
-    if "cgroup" in conf.split("ProctrackType=proctrack/", 1)[1][:6]:
+    if all(f["slurm"]["cgroup"] == "v2" for f in known.values()):  # as ``plugins`` chose
         files["cgroup.conf"] = CGROUP_CONF
     return SlurmCluster(spec.controller, files, why, sha, b64)
 
