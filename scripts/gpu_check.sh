@@ -19,7 +19,8 @@ trap cleanup EXIT
 failed=0
 say() { printf '%-26s %s\n' "$1" "$2"; }
 fail() { say "$1" "FAIL: $2"; failed=1; [ -f "$3" ] && tail -n 15 "$3" | sed 's/^/    /'; }
-PATHS="gpu-driver-health local-nproc doctor+nvml bench-nccl monitor metrics-dcgm trainer-cuda-bf16 gpus-auto-busy"
+PATHS="gpu-driver-health local-nproc doctor+nvml bench-nccl monitor metrics-dcgm"
+PATHS="$PATHS trainer-cuda-bf16 gpus-auto-busy slurm-gres"
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     why="no NVIDIA GPU here (nvidia-smi not installed)"
@@ -167,4 +168,28 @@ else
     fail "gpus-auto-busy" "exit $code, $(grep -o 'cvd=.*' "$out/cvd.log" | head -n 1)" \
         "$out/cvd.log"
 fi
+# setup --slurm: this machine's facts as setup's node program reads them (NVML, /dev/nvidiaN)
+# make a gres.conf and the node's slurm.conf line with its GPUs (Slurm itself is not needed)
+check slurm-gres '
+import json, sys
+r = json.load(open(sys.argv[1])); n = int(sys.argv[2])
+assert r["nvml"] and f"AutoDetect=nvml Name=gpu Count={n}" in r["gres"], r
+assert f"Gres=gpu:{n} " in r["line"], r
+gres, files, line = r["gres"].splitlines()[1], r["files"], r["line"]
+print(f"ok: gres.conf {gres!r}; {len(files)} /dev/nvidiaN; {line}")
+' "$PY" -c '
+import json, os
+from ptcluster.cluster.model import SlurmSetupSpec
+from ptcluster.node import setup_facts as F
+from ptcluster.setup.slurm import slurm_cluster
+class Host:
+    cfg, sudo_mode, ran = {}, None, {}
+    def root_run(self, argv, data=None, timeout=30.0, env=None): return 1, "no root asked"
+    def scrub(self, text): return text
+facts = {"hostname": os.uname()[1], "gpu": F._gpu(), **F.slurm_fact(Host())}
+sc = slurm_cluster(SlurmSetupSpec(controller="here"), {"here": facts}, {"here": "127.0.0.1"}, None)
+line = next(x for x in sc.files["slurm.conf"].splitlines() if x.startswith("NodeName="))
+print(json.dumps({"nvml": facts["slurm"]["nvml"], "files": facts["slurm"]["gpu_files"],
+                  "gres": sc.files.get("gres.conf", ""), "line": line}))
+'
 exit $failed

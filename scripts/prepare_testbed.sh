@@ -7,6 +7,9 @@
 #   $PTC_TESTBED_CACHE/wheels/  the head's wheelhouse source: torch (pinned) and ptcluster's deps
 #   $PTC_TESTBED_CACHE/node-venv/  the system Python with that torch, installed from wheels/: the
 #                               venv the bare nodes share in the several-users tests
+#   $PTC_TESTBED_CACHE/nspawn/  the systemd-nspawn nodes' root (scripts/nspawn_template.sh: a
+#                               bookworm minbase with systemd, sshd and a local apt repository
+#                               holding munge and Slurm; ~1 min once, then cached)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${PTC_TESTBED_CACHE:-/var/cache/ptcluster-testbed}"
@@ -24,10 +27,15 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ ! -f "$CACHE/apt/P
 fi
 # The wheels for the nodes: the head downloads them into its wheelhouse at test time with
 # PIP_NO_INDEX=1 PIP_FIND_LINKS=$CACHE/wheels (an air-gapped head with a local mirror).
-if ! ls "$CACHE"/wheels/torch-2.13.0*.whl >/dev/null 2>&1 || [ ! -f "$CACHE/wheels/.complete" ]; then
+if ! ls "$CACHE"/wheels/torch-2.13.0*.whl "$CACHE"/wheels/numpy-*.whl >/dev/null 2>&1 \
+    || [ ! -f "$CACHE/wheels/.complete" ]; then
   "$PY" -m pip download -q -c constraints.txt -d "$CACHE/wheels" torch==2.13.0 click rich PyYAML \
-    psutil >/dev/null
+    psutil numpy >/dev/null
   touch "$CACHE/wheels/.complete"
 fi
 # The nodes' shared venv (tests/support/bare.py node_venv; made once, ~1.5 min; kept while complete).
 "$PY" -c 'import sys; sys.path.insert(0, "."); from tests.support.bare import node_venv; node_venv()'
+# The systemd-nspawn nodes' template (tests/support/nspawn.py), where systemd-nspawn is there.
+if command -v systemd-nspawn >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then
+  bash scripts/nspawn_template.sh
+fi

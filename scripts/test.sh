@@ -24,7 +24,9 @@ if [ "$(id -u)" = 0 ]; then
   command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
   # the bare-node testbed (setup, sync): what its nodes get from this machine's root, and the
   # tools that build their apt repository
-  for tool in sudo:sudo ufw:ufw rsync:rsync dpkg-repack:dpkg-repack dpkg-scanpackages:dpkg-dev; do
+  # the systemd-nspawn nodes (setup --slurm): their root is built by debootstrap (prepare_testbed.sh)
+  for tool in sudo:sudo ufw:ufw rsync:rsync dpkg-repack:dpkg-repack dpkg-scanpackages:dpkg-dev \
+      systemd-nspawn:systemd-container debootstrap:debootstrap; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool%%:*}" ] \
       || missing="$missing ${tool#*:}"
   done

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import click
 from rich.console import Console
@@ -53,9 +54,17 @@ def mark(status: str) -> Text:
               help="Where the head keeps the wheels it downloads once for every node.")
 @click.option("--timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds for a node to answer (commands have their own limits).")
+@click.option("--slurm", is_flag=True, help="Also make the nodes a Slurm cluster (as `slurm:` "
+              "in the cluster file does): munge with one key, slurmctld on the first node, "
+              "slurmd everywhere, slurm.conf from each node's facts; proven by a job.")
+@click.option("--slurm-proof", type=click.Choice(["trainer", "srun"]), default="trainer",
+              show_default=True, help="What proves the Slurm cluster: srun -N<all>, then the "
+              "reference trainer through `ptcluster submit` (one epoch; the nodes need network "
+              "or MNIST in WORKDIR/data), or srun alone.")
 def setup(cluster: str | None, dry_run: bool, check: bool, as_json: bool,
           password_file: str | None, torch_backend: str, nodes: tuple[str, ...],
-          accept_new_host_keys: bool, wheelhouse: str, timeout: float) -> None:
+          accept_new_host_keys: bool, wheelhouse: str, timeout: float, slurm: bool,
+          slurm_proof: str) -> None:
     spec = load_spec(cluster)
     if spec.local:
         raise UsageError("setup prepares remote nodes, and no cluster file is in use",
@@ -70,7 +79,8 @@ def setup(cluster: str | None, dry_run: bool, check: bool, as_json: bool,
                              f"pick one of: {', '.join(hosts)}")
     secret = read_password_file(password_file) if password_file else None
     opts = SetupOptions(dry_run=dry_run or check, accept_new_host_keys=accept_new_host_keys,
-                        torch_backend=torch_backend, wheelhouse=wheelhouse, timeout=timeout)
+                        torch_backend=torch_backend, wheelhouse=wheelhouse, timeout=timeout,
+                        slurm=slurm, slurm_proof=slurm_proof)
     err = terminal(stderr=True, soft_wrap=True)
     live = not as_json and not quiet()
 
@@ -136,6 +146,9 @@ def _render_plans(console: Console, report: SetupReport) -> None:
             console.print(Text.assemble("  ", mark(s.status), f" {s.name}: {s.why}"))
             for cmd in s.commands(n.host) if s.status != P.OK else []:
                 console.print(f"      $ {cmd}", markup=False)
+            for text in s.files() if s.status != P.OK else []:
+                console.print("\n".join("        | " + line for line in text.splitlines()),
+                              markup=False)
     pending = sum(P.pending(n.before) for n in report.nodes.values() if not n.problem)
     unreached = sum(bool(n.problem) for n in report.nodes.values())
     console.print((f"{pending} node(s) with changes pending" if pending else
@@ -152,7 +165,8 @@ def _render_applied(console: Console, report: SetupReport) -> None:
         table.add_column(host)
     changed = {(h, s) for h, n in report.nodes.items() for s, r, _ in n.applied if r == "changed"}
     failed = {(h, s) for h, n in report.nodes.items() for s, r, _ in n.applied if r == "failed"}
-    for name in P.STEPS:
+    names = list(dict.fromkeys(s.name for n in report.nodes.values() for s in n.final))
+    for name in names or P.STEPS:
         cells: list[Text | str] = []
         for host in hosts:
             final = {s.name: s for s in report.nodes[host].final}
@@ -180,11 +194,37 @@ def _render_applied(console: Console, report: SetupReport) -> None:
                                             f" {host}: {step.name}: {step.why}"))
                 for cmd in step.commands(host):
                     console.print(f"      $ {cmd}", markup=False)
+    if report.slurm is not None:
+        _render_slurm(console, report.slurm)
     n_changed = len(changed)
     verdict = (("every node converged", "green") if report.converged else
                ("not every node converged", "red"))
     console.print(Text.assemble(verdict, f"; {n_changed} change(s) made" + (
         "" if n_changed else " (nothing to do)") + f" ({report.duration:.1f} s)"))
+
+
+def _render_slurm(console: Console, said: dict[str, Any]) -> None:
+    """``--slurm``'s proof: sinfo, and the job that ran on every node (or why not)."""
+    if said.get("ok"):
+        ran_on = [str(h) for h in said.get("ran_on") or []]
+        console.print(Text.assemble(("slurm: ", "bold"), f"{len(said.get('nodes') or [])} "
+                                    f"node(s) idle; job {said.get('job_id')} (srun -N"
+                                    f"{len(ran_on)}) ran on {', '.join(ran_on)}"))
+    else:
+        console.print(Text.assemble(("slurm: FAILED ", "bold red"), str(said.get("problem"))))
+    trainer = said.get("trainer") or {}
+    if trainer.get("ok"):
+        console.print(f"      the reference trainer (ptcluster submit): job {trainer['job_id']} "
+                      f"{trainer['state']}: {trainer['final']}", markup=False)
+    for name in said.get("removed") or []:
+        console.print(f"      {name}: gone from the cluster file: drained, out of slurm.conf",
+                      markup=False)
+    for item in said.get("draining") or []:
+        console.print(f"      {item['node']}: gone from the cluster file: drained, job(s) "
+                      f"{', '.join(item['jobs'])} still run there (run setup again later)",
+                      markup=False)
+    for line in str(said.get("sinfo") or "").splitlines():
+        console.print(f"      sinfo: {line}", markup=False)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from ptcluster.cluster.model import (
     ClusterSpec,
     MasterSpec,
     NodeSpec,
+    SlurmSetupSpec,
     SshSpec,
 )
 from ptcluster.cluster.trust import TRUST_IT, config_file_risk, python_risk, ssh_option_risk
@@ -27,7 +28,8 @@ from ptcluster.cluster.validate import Reader, did_you_mean
 from ptcluster.errors import SpecError
 
 TOP_KEYS = ("nodes", "master", "backend", "interface", "python", "workdir", "env", "ssh",
-            "gpus")
+            "gpus", "slurm")
+SLURM_KEYS = ("controller", "partitions")
 NODE_KEYS = ("host", "slots", "interface", "python", "workdir", "ssh", "gpus")
 MASTER_KEYS = ("addr", "port")
 SSH_KEYS = ("user", "port", "identity_file", "config_file", "options", "reuse")
@@ -134,9 +136,35 @@ def spec_from_data(data: Any, source: str, trusted: bool = False,
             raise r.fail(f"{path}.gpus", f"lists {len(nodes[-1].gpus)} GPU(s) for "
                          f"{nodes[-1].slots} slot(s)",
                          "list at least one GPU per slot, or use gpus: auto")
+    return ClusterSpec(nodes=tuple(nodes), master=_master(r, top.get("master"), nodes),
+                       backend=backend, env=env, source=source,
+                       slurm=_slurm(r, top["slurm"], nodes) if "slurm" in top else None)
 
-    master = _master(r, top.get("master"), nodes)
-    return ClusterSpec(nodes=tuple(nodes), master=master, backend=backend, env=env, source=source)
+
+def _slurm(r: Reader, value: Any, nodes: list[NodeSpec]) -> SlurmSetupSpec:
+    """``slurm:`` (``{}`` or ``true``: the defaults): the controller and partitions must name
+    nodes of the file."""
+    raw = r.mapping({} if value is True or value is None else value, "slurm", SLURM_KEYS)
+    hosts = [n.host for n in nodes]
+
+    def node(v: Any, path: str) -> str:
+        if v not in hosts:
+            raise r.fail(path, f"{v!r} is not a node of this file",
+                         f"name one of: {', '.join(hosts)}")
+        return str(v)
+
+    controller = node(raw["controller"], "slurm.controller") if "controller" in raw else hosts[0]
+    parts: list[tuple[str, tuple[str, ...]]] = []
+    given = raw.get("partitions") or {}
+    names = tuple(str(k) for k in given) if isinstance(given, dict) else ()
+    for name, members in r.mapping(given, "slurm.partitions", names).items():
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", str(name)):
+            raise r.fail(f"slurm.partitions.{name}", "is not a Slurm partition name",
+                         "use letters, digits, '_' and '-'")
+        if not isinstance(members, list) or not members:
+            raise r.fail(f"slurm.partitions.{name}", "must list nodes", "e.g. [node1, node2]")
+        parts.append((str(name), tuple(node(m, f"slurm.partitions.{name}") for m in members)))
+    return SlurmSetupSpec(controller=controller, partitions=tuple(parts))
 
 
 def _python(r: Reader, value: Any, path: str, what: str) -> str:

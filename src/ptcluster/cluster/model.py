@@ -101,6 +101,17 @@ class MasterSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SlurmSetupSpec:
+    """``slurm:`` of a cluster file (or ``setup --slurm``): what ``ptcluster setup`` makes a
+    Slurm cluster of these nodes with."""
+
+    controller: str
+    """The host of the node that runs slurmctld (default: the first node)."""
+    partitions: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(name, hosts) in file order; none: one partition ``main`` of every node, the default."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
     """A whole cluster: nodes in rank order plus job-wide settings."""
 
@@ -116,6 +127,8 @@ class ClusterSpec:
     """True for the local cluster: this machine alone, reached without ssh."""
     slurm_job: str | None = None
     """The Slurm job whose allocation these nodes are (see ``cluster/slurm.py``); None otherwise."""
+    slurm: SlurmSetupSpec | None = None
+    """``slurm:``: ``ptcluster setup`` installs Slurm on these nodes (None: it does not)."""
 
     def __post_init__(self) -> None:
         assert self.nodes, "a cluster has at least one node"

@@ -68,7 +68,8 @@ SAFE_LEASES = (_N + "safefile", _N + "records", _N + "leases")
 SAMPLER = Program("sampler", _N + "sampler", NODE, (WIRE, *SAFE_LEASES))
 """The monitor's node program: one sample per interval."""
 SETUP_AGENT = Program("setup", _N + "setup_agent", NODE,
-                      (WIRE, NETIF, _N + "accel", _N + "firewall", _N + "setup_facts"))
+                      (WIRE, NETIF, _N + "accel", _N + "firewall", _N + "slurm_facts",
+                       _N + "setup_facts"))
 """Setup's node program: facts, then the commands the head asks for."""
 KILL = Program("kill", _N + "kill", NODE, (WIRE, *SAFE_LEASES))
 """``ptcluster kill``'s node program: signals one job's guard (found by its lease)."""

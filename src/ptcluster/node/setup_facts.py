@@ -21,9 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ptcluster.node.accel import gpus, pci_gpu_count  # inlined
+from ptcluster.node.accel import NVML_LIB, gpus, pci_gpu_count  # inlined
 from ptcluster.node.firewall import firewall_state  # inlined
 from ptcluster.node.netif import route_interface  # inlined
+from ptcluster.node.slurm_facts import slurm_facts  # inlined
 
 C_ENV = {"LC_ALL": "C", "LANG": "C"}
 """Commands whose words we look at run in the C locale."""
@@ -247,17 +248,35 @@ def env_fact(host: FactHost) -> dict[str, Any]:
             "interface": iface or None, "interface_why": why}
 
 
+def slurm_fact(host: FactHost) -> dict[str, Any]:
+    """``setup --slurm``'s facts (``node.slurm_facts``); the munge key's digest read as root."""
+    def as_root(argv: list[str]) -> tuple[int, str]:
+        code, out = host.root_run(argv)
+        return code, host.scrub(out)
+
+    try:
+        import ctypes
+
+        ctypes.CDLL(NVML_LIB)
+        nvml = True
+    except (ImportError, OSError):
+        nvml = False
+    root_ok = host.sudo_mode in ("root", "nopasswd", "password")
+    return slurm_facts(run, as_root if root_ok else None, nvml)
+
+
 SECTIONS: dict[str, Fact] = {
     "apt": apt_fact, "venv": venv_fact, "key": key_fact, "os": os_fact,
     "firewall": firewall_fact, "wheels": wheels_fact, "hosts": hosts_fact,
-    "workdir": workdir_fact, "env": env_fact,
+    "workdir": workdir_fact, "env": env_fact, "slurm": slurm_fact,
 }
 """Every fact section by the name a step asks for it (``setup.plan.StepDef.sections``; ``sudo``
 is read with every ask: ``setup_agent.Node.facts``)."""
 NO_ROOT = ("apt", "venv")
 """Sections that need no root and take time: read beside sudo's check of the password."""
-BY_NAME = ("wheels",)
-"""Sections read only when asked by name (hashing the wheels costs), never with ``all``."""
+BY_NAME = ("wheels", "slurm")
+"""Sections read only when asked by name (hashing the wheels costs; Slurm's only for
+``--slurm``), never with ``all``."""
 ALIASES = {"pip": "venv"}
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ptcluster.cluster.model import ClusterSpec, NodeSpec, SshSpec
+from ptcluster.cluster.model import ClusterSpec, NodeSpec, SlurmSetupSpec, SshSpec
 from ptcluster.errors import Problem
 from ptcluster.node import SETUP_AGENT as SETUP
 from ptcluster.node.wire import Kind
@@ -30,6 +30,7 @@ from ptcluster.remote.channel import NodeChannel
 from ptcluster.remote.sync import tar_pipe
 from ptcluster.remote.transport import SshTransport, remote_command, ssh_argv
 from ptcluster.setup import plan as P
+from ptcluster.setup import slurm_apply
 from ptcluster.setup.login import (
     NodeFailure,
     NodeSession,
@@ -62,6 +63,11 @@ class SetupOptions:
     """Where the head keeps the wheels it downloads for the nodes."""
     timeout: float = 60.0
     """Seconds for a node to answer (connect, facts); commands have their own (long) limits."""
+    slurm: bool = False
+    """``--slurm``: make the nodes a Slurm cluster (as the cluster file's ``slurm:`` does)."""
+    slurm_proof: str = "trainer"
+    """``srun`` (sinfo idle, ``srun -N<all>``) or ``trainer`` (that, then the reference trainer
+    through ``ptcluster submit``)."""
 
 
 class Setup:
@@ -93,6 +99,13 @@ class Setup:
         self._wheels: tuple[Path, dict[str, str]] | None = None
         self._wheels_error: NodeFailure | None = None
         self._wheels_s: float | None = None
+        self.slurm = spec.slurm or (SlurmSetupSpec(controller=spec.nodes[0].host)
+                                    if opts.slurm else None)
+        """What Slurm the nodes get (``setup.slurm``); None: none."""
+        self.slurm_report: dict[str, Any] | None = None
+        self.slurm_removed: dict[str, list[Any]] = {}
+        """Nodes gone from the cluster file: ``removed`` (drained, out of slurm.conf) and
+        ``draining`` (drained, still running jobs: kept in slurm.conf)."""
 
     # -- password ------------------------------------------------------------------------------
     def password(self) -> Secret | None:
@@ -158,7 +171,11 @@ class Setup:
                 self.outcomes[host].before = P.plan_node(host, f, self.cluster)
             if not self.opts.dry_run:
                 self._parallel(self._apply, selected=True)
+                if self.slurm is not None:
+                    slurm_apply.cluster_wide(self)
                 self._parallel(self._confirm, selected=True)
+                if self.slurm is not None:
+                    self.slurm_report = slurm_apply.verify(self)
         except BaseException:
             # Ctrl-C (or a bug): the nodes end what they run now; every step can be re-run
             self._close_sessions(Kind.STOP)
@@ -169,7 +186,7 @@ class Setup:
                 self._askpass.close()
         shown = {h: o for h, o in self.outcomes.items() if not self.only or h in self.only}
         return SetupReport(shown, head, torch, self.opts.dry_run, time.monotonic() - begun,
-                           self._wheels_s)
+                           self._wheels_s, self.slurm_report)
 
     def _close_sessions(self, how: str) -> None:
         deadline = time.monotonic() + 5
@@ -180,7 +197,8 @@ class Setup:
         for session in sessions:
             session.channel.close(deadline)
 
-    def _parallel(self, work: Callable[[NodeSpec], None], selected: bool = False) -> None:
+    def _parallel(self, work: Callable[[NodeSpec], None], selected: bool = False,
+                  hosts: set[str] | None = None) -> None:
         def guarded(node: NodeSpec) -> None:
             outcome = self.outcomes[node.host]
             if outcome.problem:
@@ -188,7 +206,7 @@ class Setup:
             begun = time.monotonic()
             try:
                 work(node)
-                if work.__name__ != "_apply":
+                if not work.__name__.startswith("_apply"):
                     outcome.seconds[work.__name__.strip("_")] = time.monotonic() - begun
             except NodeFailure as exc:
                 outcome.problem = exc.problem
@@ -200,7 +218,8 @@ class Setup:
 
         threads = [threading.Thread(target=guarded, args=(n,), name=f"setup-{n.host}",
                                     daemon=True) for n in self.spec.nodes
-                   if not selected or not self.only or n.host in self.only]
+                   if (not selected or not self.only or n.host in self.only)
+                   and (hosts is None or n.host in hosts)]
         for t in threads:
             t.start()
         for t in threads:
@@ -232,12 +251,16 @@ class Setup:
             secret = self.password()
             if secret is not None:
                 session.channel.send(Kind.SUDO, {"password": secret.reveal()})
-        facts = session.ask(Kind.FACTS, {}, self.opts.timeout * 3)
+        facts = session.ask(Kind.FACTS, {"only": self.sections()}, self.opts.timeout * 3)
         refused = P.hostname_problem(facts)
         if refused is not None:
             raise NodeFailure(refused.what, refused.fix or "")
         self._facts[node.host] = facts
         self.on_event(node.host, f"facts ({outcome.connection})")
+
+    def sections(self) -> list[str]:
+        """Every fact section setup's plan reads (Slurm's only with ``--slurm``)."""
+        return ["all", "slurm"] if self.slurm is not None else ["all"]
 
     def _password_login(self, node: NodeSpec, refused_key: NodeSession, addr: str,
                         port: int) -> tuple[NodeSession, dict[str, Any]]:
@@ -308,16 +331,19 @@ class Setup:
             addrs={h: o.addr for h, o in self.outcomes.items() if o.addr},
             hostnames=P.cluster_hostnames(facts),
             master_addr=master_addr, master_port=self.spec.master.port or 29500,
-            interfaces={n.host: n.interface for n in self.spec.nodes})
+            interfaces={n.host: n.interface for n in self.spec.nodes},
+            slurm=None if self.slurm is None else slurm_apply.cluster_slurm(self))
 
     # -- apply ---------------------------------------------------------------------------------
-    def _apply(self, node: NodeSpec) -> None:
+    def _apply(self, node: NodeSpec, phase: int = 1) -> None:
+        """Phase 1: each step whose first plan was a change, planned again from its fresh
+        facts; phase 2 (``StepDef.phase``, after phase 1 on every node): each such step."""
         outcome = self.outcomes[node.host]
         session = self.sessions[node.host]
         facts = dict(self._facts[node.host] or {})
         before = {s.name: s for s in outcome.before}
-        for d in P.STEP_DEFS:
-            if before[d.name].status == P.OK:
+        for d in P.step_defs(self.cluster):
+            if d.phase != phase or (phase == 1 and before[d.name].status == P.OK):
                 continue
             if d.sections:  # the step's own facts, read again right now
                 facts.update(session.ask(Kind.FACTS, {"only": list(d.sections)},
@@ -394,7 +420,7 @@ class Setup:
             outcome.after = outcome.before  # nothing was done: the first facts still hold
             return
         session = self.sessions[node.host]
-        facts = session.ask(Kind.FACTS, {}, self.opts.timeout * 3)
+        facts = session.ask(Kind.FACTS, {"only": self.sections()}, self.opts.timeout * 3)
         outcome.after = P.plan_node(node.host, facts, self.cluster)
         if P.pending(outcome.after) and self.cluster.manifest is not None:
             facts.update(session.ask(Kind.FACTS, {"only": ["wheels"]}, self.opts.timeout * 3))

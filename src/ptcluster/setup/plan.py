@@ -12,12 +12,15 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ptcluster.cluster.model import SETUP_PYTHON, SETUP_VENV
 from ptcluster.cluster.validate import is_dns_name
 from ptcluster.errors import Problem
 from ptcluster.setup.torch_choice import TorchChoice
+
+if TYPE_CHECKING:
+    from ptcluster.setup.slurm import SlurmCluster
 
 OK, CHANGE, BLOCKED = "ok", "change", "blocked"
 PACKAGES = ("python3-venv", "python3-dev", "build-essential", "rsync")
@@ -39,10 +42,13 @@ class StepAction:
     kind: str = "node"
     """``node``: run on the node; ``copy``: the head copies ``argv`` (wheel names) over ssh."""
     root: bool = False
-    input: str | None = None
-    """Data for the command's stdin (file contents; never a password)."""
+    input: str | None = field(default=None, repr=False)
+    """Data for the command's stdin (file contents, the munge key; never a password): never in
+    a repr, a display or the JSON (``show_input``: files the plan shows)."""
     timeout: float = 600.0
     env: tuple[tuple[str, str], ...] = ()
+    show_input: bool = False
+    """The input is a file the plan shows (``--dry-run``); else only its line count is."""
 
     def display(self, host: str = "NODE") -> str:
         if self.kind == "copy":
@@ -72,9 +78,16 @@ class Step:
     def commands(self, host: str = "NODE") -> list[str]:
         return [a.display(host) for a in self.actions]
 
+    def files(self) -> list[str]:
+        """The inputs that are files to show (``StepAction.show_input``), in action order."""
+        return [a.input for a in self.actions if a.show_input and a.input is not None]
+
     def to_json(self, host: str = "NODE") -> dict[str, Any]:
-        return {"step": self.name, "status": self.status, "why": self.why,
-                "commands": self.commands(host)}
+        out = {"step": self.name, "status": self.status, "why": self.why,
+               "commands": self.commands(host)}
+        if self.files():
+            out["files"] = self.files()
+        return out
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,8 @@ class ClusterFacts:
     """host -> interface from the cluster file (None: the node's route to the master)."""
     manifest: dict[str, str] | None = None
     """The head's wheelhouse {file: sha256}; None until it has been prepared."""
+    slurm: SlurmCluster | None = None
+    """``setup --slurm``: the cluster's Slurm (``setup.slurm``); None: no Slurm steps."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +130,9 @@ class StepDef:
     wheelhouse: bool = False
     """Its commands name wheels of the head's wheelhouse: when the step is a change, apply
     prepares the wheelhouse (once, for every node) and plans the step again with its manifest."""
+    phase: int = 1
+    """2: applied once every node's phase 1 is done (a step whose plan needs what phase 1
+    made on every node: ``setup.slurm``'s files need every node's slurmd)."""
 
 
 def hostname_problem(facts: dict[str, Any]) -> Problem | None:
@@ -135,9 +153,18 @@ def cluster_hostnames(facts: dict[str, dict[str, Any]]) -> dict[str, str]:
 
 
 def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
-    """Every step for one node, in ``STEP_DEFS`` order, from its facts (``node/setup_agent.py``
+    """Every step for one node, in ``step_defs`` order, from its facts (``node/setup_agent.py``
     reads them) and the cluster's."""
-    return [d.plan(host, facts, cf) for d in STEP_DEFS]
+    return [d.plan(host, facts, cf) for d in step_defs(cf)]
+
+
+def step_defs(cf: ClusterFacts | None) -> tuple[StepDef, ...]:
+    """``STEP_DEFS``, and ``setup.slurm``'s after them when the cluster gets Slurm."""
+    if cf is None or cf.slurm is None:
+        return STEP_DEFS
+    from ptcluster.setup.slurm import SLURM_DEFS
+
+    return STEP_DEFS + SLURM_DEFS
 
 
 def _root_ok(facts: dict[str, Any]) -> bool:

@@ -58,10 +58,13 @@ class SetupReport:
     duration: float = 0.0
     wheelhouse_s: float | None = None
     """Seconds the head spent preparing its wheelhouse (None: not needed)."""
+    slurm: dict[str, Any] | None = None
+    """``--slurm``'s proof (``setup.slurm_apply.verify``): sinfo, the job; None: not asked."""
 
     @property
     def converged(self) -> bool:
-        return all(n.converged for n in self.nodes.values()) and not P.pending(self.head)
+        return all(n.converged for n in self.nodes.values()) and not P.pending(self.head) \
+            and (self.slurm is None or bool(self.slurm.get("ok")))
 
     def to_json(self) -> dict[str, Any]:
         t = self.torch
@@ -72,5 +75,5 @@ class SetupReport:
                                                  "why": t.why, "problem": (
                                                      None if t.problem is None
                                                      else t.problem.what)},
-                "nodes": [n.to_json() for n in self.nodes.values()]}
+                "nodes": [n.to_json() for n in self.nodes.values()], "slurm": self.slurm}
 

@@ -1,0 +1,300 @@
+"""``ptcluster setup --slurm``: the steps that make the nodes a Slurm cluster, and the files they
+write, each a pure function of the nodes' facts (``node/slurm_facts.py``).
+
+Per node, after setup's own steps: the packages (munge, slurmd, slurm-client; slurmctld on the
+controller) from the node's own apt, the cluster's **one** munge key, munge running. Then, from
+every node's ``slurmd -C`` (read again once slurmd is installed), the cluster-wide files --
+``slurm.conf`` the same on every node, a ``gres.conf`` where there are GPUs, a ``cgroup.conf``
+where Slurm's cgroup plugins can run -- and slurmctld (on the controller) and slurmd running with
+them: a daemon older than its files is restarted.
+
+The munge key is made once, on the head (``head_munge_key``), and reaches each node as the input
+of the command that writes it (over the setup channel, over ssh): never in an argv, a plan, a
+report or a log; the facts carry its sha256 only.
+
+Sources of the facts used: slurm.conf(5), gres.conf(5) and cgroup.conf(5) of Slurm 22.05 (the
+ports 6817/6818 are Slurm's defaults; ``AutoDetect=nvml`` needs a slurmd built with NVML);
+Debian's slurm-wlm packaging (/etc/slurm, /var/lib/slurm/{slurmctld,slurmd}, /var/log/slurm,
+units with ``ConditionPathExists=/etc/slurm/slurm.conf``); munge(7) (the key: the munge user's
+alone, the same on every host).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ptcluster.cluster.model import SlurmSetupSpec
+from ptcluster.setup.plan import BLOCKED, CHANGE, OK, ClusterFacts, Step, StepAction, StepDef
+
+SLURM_DIR = "~/.ptcluster/slurm"
+"""The head's Slurm files: one munge key per controller (``munge-HOST.key``, 0600)."""
+FILES = {"slurm.conf": "/etc/slurm/slurm.conf", "gres.conf": "/etc/slurm/gres.conf",
+         "cgroup.conf": "/etc/slurm/cgroup.conf"}
+SRUN_PORTS = "60001-63000"
+"""``SrunPortRange``: srun's ports in a known range, which the firewall step opens to the
+other nodes with every other TCP port (TCP from each node to each node)."""
+KEY_BYTES = 128
+"""As ``mungekey`` makes them (1024 bits)."""
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """What every node's Slurm steps depend on: the controller, the files, the key's digest."""
+
+    controller: str
+    files: dict[str, str]
+    """name (``FILES``) -> text, the same on every node; a file not wanted is absent; none at
+    all while a node's facts are missing (the files wait until every node answered)."""
+    why: str
+    """Which Proctrack/Task plugins, and why (said in the plan)."""
+    munge_sha: str | None
+    """The head's key's sha256; None: not made yet (a dry run from nothing)."""
+    munge_b64: str | None = None
+    """The key itself, base64 (a command's input only; None in a dry run)."""
+
+    def __repr__(self) -> str:  # never the key, wherever a SlurmCluster is shown
+        return f"SlurmCluster(controller={self.controller!r}, files={sorted(self.files)})"
+
+
+def head_munge_key(controller: str, create: bool) -> tuple[Path, bytes | None]:
+    """The cluster's key on the head (made once, 0600, when ``create``): its path and bytes."""
+    path = Path(SLURM_DIR).expanduser() / f"munge-{controller}.key"
+    if not path.exists() and create:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(KEY_BYTES))
+    try:
+        return path, path.read_bytes()
+    except FileNotFoundError:
+        return path, None
+
+
+def node_name(facts: dict[str, Any]) -> str:
+    """Slurm's name of a node: its short hostname (how slurmd finds its own line)."""
+    return str(facts["hostname"]).split(".")[0]
+
+
+def plugins(facts: dict[str, dict[str, Any]]) -> tuple[dict[str, str], str]:
+    """Proctrack/Task/JobAcctGather by what every node supports: Slurm's cgroup plugins where
+    every node has cgroup v2, Linux's /proc elsewhere (a cluster has one slurm.conf)."""
+    v1 = sorted(h for h, f in facts.items() if f["slurm"]["cgroup"] != "v2")
+    if not v1:
+        return ({"ProctrackType": "proctrack/cgroup", "TaskPlugin": "task/cgroup,task/affinity",
+                 "JobAcctGatherType": "jobacct_gather/cgroup"},
+                "cgroup plugins: every node has cgroup v2 (untested on this project's testbed)")
+    return ({"ProctrackType": "proctrack/linuxproc", "TaskPlugin": "task/none",
+             "JobAcctGatherType": "jobacct_gather/none"},
+            f"proctrack/linuxproc, task/none: {', '.join(v1)} without cgroup v2 (no CPU/GPU "
+            "binding or memory limits)")
+
+
+def gpu_count(facts: dict[str, Any]) -> int:
+    return int(facts.get("gpu", {}).get("count") or 0)
+
+
+def gres_conf(facts: dict[str, dict[str, Any]]) -> str | None:
+    """gres.conf for every node with GPUs (None: no GPU anywhere): ``AutoDetect=nvml`` where
+    the node has NVML, its ``/dev/nvidiaN`` files where not."""
+    lines = ["# Written by `ptcluster setup --slurm`: the same on every node."]
+    for f in facts.values():
+        n = gpu_count(f)
+        if not n:
+            continue
+        name = node_name(f)
+        if f["slurm"]["nvml"]:
+            lines.append(f"NodeName={name} AutoDetect=nvml Name=gpu Count={n}")
+        else:
+            files = f["slurm"]["gpu_files"][:n]
+            lines.append(f"NodeName={name} AutoDetect=off Name=gpu File=" + ",".join(files))
+    return "\n".join(lines) + "\n" if len(lines) > 1 else None
+
+
+def slurm_conf(spec: SlurmSetupSpec, facts: dict[str, dict[str, Any]],
+               addrs: dict[str, str], keep: tuple[str, ...] = ()) -> tuple[str, str]:
+    """slurm.conf from the nodes' facts (hosts in file order) and why its plugins; ``keep``:
+    ``NodeName=`` lines of removed nodes still running jobs (drained)."""
+    ctl = facts[spec.controller]
+    chosen, why = plugins(facts)
+    gpus = any(gpu_count(f) for f in facts.values())
+    lines = [
+        "# Written by `ptcluster setup --slurm` from each node's facts (slurmd -C); the same on",
+        "# every node. Edits are replaced: change the cluster file and run setup again.",
+        "ClusterName=ptcluster",
+        f"SlurmctldHost={node_name(ctl)}({addrs[spec.controller]})",
+        "AuthType=auth/munge", "CryptoType=crypto/munge", "SlurmUser=slurm",
+        "StateSaveLocation=/var/lib/slurm/slurmctld", "SlurmdSpoolDir=/var/lib/slurm/slurmd",
+        "SlurmctldPidFile=/run/slurmctld.pid", "SlurmdPidFile=/run/slurmd.pid",
+        "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
+        "SlurmdLogFile=/var/log/slurm/slurmd.log",
+        "SlurmctldPort=6817", "SlurmdPort=6818", f"SrunPortRange={SRUN_PORTS}",
+        "SchedulerType=sched/backfill", "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core", "MpiDefault=none", "ReturnToService=2",
+        f"# {why}",
+        *[f"{k}={v}" for k, v in chosen.items()],
+    ]
+    if gpus:
+        lines.append("GresTypes=gpu")
+    for host, f in facts.items():
+        hw = f["slurm"]["hw"]
+        gres = f" Gres=gpu:{gpu_count(f)}" if gpu_count(f) else ""
+        lines.append(f"NodeName={node_name(f)} NodeAddr={addrs[host]} " +
+                     " ".join(f"{k}={hw[k]}" for k in ("CPUs", "Boards", "SocketsPerBoard",
+                                                       "CoresPerSocket", "ThreadsPerCore",
+                                                       "RealMemory")) + gres + " State=UNKNOWN")
+    lines += list(keep)
+    names = {h: node_name(f) for h, f in facts.items()}
+    parts = spec.partitions or (("main", tuple(facts)),)
+    kept = [line.split()[0].split("=", 1)[1] for line in keep]
+    for i, (pname, hosts) in enumerate(parts):
+        # a kept node stays in the default partition: its running jobs are that partition's
+        members = ",".join([names[h] for h in hosts if h in names] + (kept if i == 0 else []))
+        lines.append(f"PartitionName={pname} Nodes={members}" + (" Default=YES" if i == 0 else "")
+                     + " MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n", why
+
+
+CGROUP_CONF = ("# Written by `ptcluster setup --slurm`: Slurm's cgroup plugins on cgroup v2.\n"
+               "CgroupPlugin=cgroup/v2\nConstrainCores=yes\nConstrainDevices=yes\n"
+               "ConstrainRAMSpace=yes\n")
+
+
+def slurm_cluster(spec: SlurmSetupSpec, facts: dict[str, dict[str, Any] | None],
+                  addrs: dict[str, str], key: bytes | None,
+                  keep: tuple[str, ...] = ()) -> SlurmCluster:
+    """The cluster's Slurm from the facts of every node (``facts``: every node of the file,
+    None where one did not answer)."""
+    sha = hashlib.sha256(key).hexdigest() if key else None
+    b64 = base64.b64encode(key).decode() if key else None
+    if any(f is None or "slurm" not in f for f in facts.values()):
+        return SlurmCluster(spec.controller, {}, "", sha, b64)
+    known = {h: f for h, f in facts.items() if f is not None}
+    conf, why = slurm_conf(spec, known, addrs, keep)
+    guessed = sorted(h for h, f in known.items() if f["slurm"]["hw_from"] != "slurmd -C")
+    if guessed:
+        why += (f"; the hardware of {', '.join(guessed)} read from /sys and /proc until slurmd "
+                "is there to say (slurmd -C)")
+    files = {"slurm.conf": conf}
+    gres = gres_conf(known)
+    if gres:
+        files["gres.conf"] = gres
+    if all(f["slurm"]["cgroup"] == "v2" for f in known.values()):  # as ``plugins`` chose
+        files["cgroup.conf"] = CGROUP_CONF
+    return SlurmCluster(spec.controller, files, why, sha, b64)
+
+
+# -- the steps --------------------------------------------------------------------------------
+def _wanted(host: str, sc: SlurmCluster) -> list[str]:
+    return ["munge", "slurmd", "slurm-client"] + (["slurmctld"] if host == sc.controller else [])
+
+
+def _packages(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    sc, have = cf.slurm, facts["slurm"]["packages"]
+    assert sc is not None
+    missing = [p for p in _wanted(host, sc) if not have.get(p)]
+    if not missing:
+        return Step("slurm packages", OK, "installed: " + ", ".join(_wanted(host, sc)))
+    apt = StepAction(("sh", "-c", "apt-get update -q && apt-get install -y -q "
+                      "--no-install-recommends -o DPkg::Lock::Timeout=300 " +
+                      shlex.join(missing)), root=True,
+                     env=(("DEBIAN_FRONTEND", "noninteractive"),), timeout=1800)
+    return Step("slurm packages", CHANGE, "missing: " + ", ".join(missing) +
+                " (from the node's own apt sources)", (apt,))
+
+
+KEY_SCRIPT = ("set -e; umask 077; k=/etc/munge/munge.key; base64 -d > $k.ptcluster-new; "
+              "chown munge:munge $k.ptcluster-new; chmod 0400 $k.ptcluster-new; "
+              "mv -f $k.ptcluster-new $k; systemctl restart munge")
+"""The key arrives on stdin (base64): written beside, then renamed over the old one."""
+
+
+def _munge_key(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    sc, key = cf.slurm, facts["slurm"]["munge_key"]
+    assert sc is not None
+    if key is None:
+        return Step("munge key", BLOCKED, "reading /etc/munge/munge.key needs root")
+    if key.get("exists") and key.get("sha256") == sc.munge_sha and key.get("owner") == "munge" \
+            and key.get("mode") == "400":
+        return Step("munge key", OK, "the cluster's key, munge's own, mode 0400")
+    why = ("no key" if not key.get("exists") else "another key" if key.get("sha256") !=
+           sc.munge_sha else f"owner {key.get('owner')}, mode {key.get('mode')}")
+    source = "the head's" if sc.munge_sha else "a new one, made once on the head"
+    return Step("munge key", CHANGE, f"{why}: {source} (sent as the command's input, never "
+                "shown)", (StepAction(("sh", "-c", KEY_SCRIPT), root=True,
+                                      input=(sc.munge_b64 or "") + "\n"),))
+
+
+def _service(name: str, host: str, facts: dict[str, Any], files: tuple[str, ...]) -> Step:
+    """``name`` enabled and running, started after every one of ``files`` last changed."""
+    svc = facts["slurm"]["services"][name]
+    mtimes = [facts["slurm"]["mtimes"].get(f) for f in files]
+    newest = max((m for m in mtimes if m is not None), default=None)
+    stale = svc["active"] and newest is not None and (svc["since"] or 0) < newest
+    if svc["enabled"] and svc["active"] and not stale:
+        return Step(name, OK, "enabled, running")
+    why = ("not enabled" if not svc["enabled"] else "not running" if not svc["active"]
+           else "running since before its files changed")
+    return Step(name, CHANGE, why, (StepAction(("sh", "-c", f"systemctl enable {name} && "
+                                                f"systemctl restart {name}"), root=True),))
+
+
+def _munge(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    return _service("munge", host, facts, ())
+
+
+def _files(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    sc = cf.slurm
+    assert sc is not None
+    have = facts["slurm"]["files"]
+    actions, why = [], []
+    for name, path in FILES.items():
+        want = sc.files.get(name)
+        if want is None or have.get(name) == want:
+            continue
+        why.append(f"{name} " + ("differs" if have.get(name) is not None else "missing"))
+        actions.append(StepAction(("sh", "-c", f"mkdir -p /etc/slurm && cat > {path}.ptc-new "
+                                   f"&& chmod 644 {path}.ptc-new && mv -f {path}.ptc-new "
+                                   f"{path}"), root=True, input=want, show_input=True))
+    if not actions:
+        return Step("slurm.conf", OK, f"{', '.join(sc.files)} as the cluster's; {sc.why}")
+    return Step("slurm.conf", CHANGE, f"{'; '.join(why)}; {sc.why}", tuple(actions))
+
+
+def _slurmctld(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    assert cf.slurm is not None
+    if host != cf.slurm.controller:
+        return Step("slurmctld", OK, f"not here: {cf.slurm.controller} is the controller")
+    return _service("slurmctld", host, facts, tuple(FILES))
+
+
+def _slurmd(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    return _service("slurmd", host, facts, tuple(FILES))
+
+
+def _needs_files(plan: Any) -> Any:
+    """A cluster-wide step blocked until every node's Slurm facts are in (``cf.slurm``)."""
+    def step(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+        if cf.slurm is None or not cf.slurm.files or "slurm" not in facts:
+            return Step(plan.__name__.strip("_"), BLOCKED, "not every node answered: the "
+                        "cluster's Slurm files need the facts of all of them")
+        return plan(host, facts, cf)  # type: ignore[no-any-return]
+    step.__name__ = plan.__name__
+    return step
+
+
+SLURM_DEFS: tuple[StepDef, ...] = (
+    StepDef("slurm packages", ("slurm",), _packages),
+    StepDef("munge key", ("slurm",), _munge_key),
+    StepDef("munge", ("slurm",), _munge),
+    StepDef("slurm.conf", ("slurm",), _needs_files(_files), phase=2),
+    StepDef("slurmctld", ("slurm",), _needs_files(_slurmctld), phase=2),
+    StepDef("slurmd", ("slurm",), _needs_files(_slurmd), phase=2),
+)
+"""After setup's own steps, in this order; phase 2 once every node's phase 1 is done (the files
+need every node's ``slurmd -C``), the controller first (slurmctld up before the slurmds)."""

@@ -1,0 +1,203 @@
+"""``setup --slurm``'s part of apply: the cluster-wide phase (every node's Slurm facts read again
+once phase 1 installed slurmd, the files planned from all of them, the controller first, then
+every other node, then ``scontrol reconfigure``), and the proof: ``sinfo`` shows every node idle,
+then a job through Slurm on every node (``srun -N<all>``), then (``--slurm-proof trainer``, the
+default) the reference trainer through ``ptcluster submit`` on every node, one epoch, run from
+the controller by the login user with the venv setup made; the report gives both job ids.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ptcluster.cluster.model import NodeSpec
+from ptcluster.node.wire import Kind
+from ptcluster.setup import plan as P
+from ptcluster.setup.slurm import SlurmCluster, head_munge_key, node_name, slurm_cluster
+
+if TYPE_CHECKING:
+    from ptcluster.setup.apply import Setup
+
+TRAINER_WAIT = 900.0
+"""Seconds for the trainer's job to end (one epoch: ~10 s here, on 3 CPU nodes)."""
+PROOF_DIR = "~/.ptcluster/slurm-proof"
+"""Where the trainer's submit directories go, on the controller."""
+IDLE_WAIT = 90.0
+"""Seconds for every node to be idle once the daemons run (measured here: ~3 s)."""
+CHECK_JOB = "ptcluster-setup-check"
+
+
+def cluster_slurm(setup: Setup, keep: tuple[str, ...] = ()) -> SlurmCluster:
+    """The cluster's Slurm from the facts at hand; the head's munge key made now unless this
+    is a dry run (which changes nothing, the head included)."""
+    assert setup.slurm is not None
+    _, key = head_munge_key(setup.slurm.controller, create=not setup.opts.dry_run)
+    addrs = {h: o.addr for h, o in setup.outcomes.items()}
+    return slurm_cluster(setup.slurm, dict(setup._facts), addrs, key, keep)
+
+
+def conf_nodes(conf: str | None) -> dict[str, str]:
+    """Slurm's node name -> its ``NodeName=`` line, of a slurm.conf."""
+    out: dict[str, str] = {}
+    for line in (conf or "").splitlines():
+        m = re.match(r"NodeName=(\S+)\s", line)
+        if m and m.group(1) != "DEFAULT":
+            out[m.group(1)] = line
+    return out
+
+
+def drain_removed(setup: Setup) -> tuple[str, ...]:
+    """Nodes in the controller's slurm.conf but no longer in the cluster file: drained (their
+    jobs finish, no new one starts there); those still running a job keep their line in
+    slurm.conf until a later run (the lines returned), the others leave it now."""
+    assert setup.slurm is not None
+    ctl = setup.slurm.controller
+    facts = setup._facts.get(ctl)
+    if facts is None or ctl not in setup.sessions:
+        return ()
+    old = conf_nodes(facts["slurm"]["files"].get("slurm.conf"))
+    now = {node_name(f) for f in setup._facts.values() if f is not None}
+    keep: list[str] = []
+    said = setup.slurm_removed
+    for name in [n for n in old if n not in now]:
+        ok, _ = _run(setup, ctl, ["scontrol", "update", f"NodeName={name}", "State=DRAIN",
+                                  "Reason=removed from the cluster file (ptcluster setup)"], 30)
+        _, jobs = _run(setup, ctl, ["squeue", "-h", "-w", name, "-o", "%i"], 30)
+        running = [j for j in jobs.split() if j.isdigit()] if ok else []
+        if running:
+            keep.append(old[name])
+            said.setdefault("draining", []).append({"node": name, "jobs": running})
+            setup.on_event(ctl, f"{name}: drained; job(s) {', '.join(running)} still run "
+                           "there: it stays in slurm.conf until a later run")
+        else:
+            said.setdefault("removed", []).append(name)
+            setup.on_event(ctl, f"{name}: drained and taken out of slurm.conf")
+    return tuple(keep)
+
+
+def cluster_wide(setup: Setup) -> None:
+    """Phase 2 on every node (the controller first); ``scontrol reconfigure`` when a node's
+    files changed."""
+    assert setup.slurm is not None
+    ctl = setup.slurm.controller
+
+    def refresh(node: NodeSpec) -> None:
+        fresh = setup.sessions[node.host].ask(Kind.FACTS, {"only": ["slurm"]},
+                                              setup.opts.timeout * 3)
+        facts = setup._facts[node.host]
+        if facts is not None:
+            facts.update(fresh)
+
+    setup._parallel(refresh)
+    setup.cluster = replace(setup.cluster, slurm=cluster_slurm(setup, drain_removed(setup)))
+
+    def phase2(node: NodeSpec) -> None:
+        setup._apply(node, phase=2)
+
+    phase2.__name__ = "_apply_cluster_wide"
+    setup._parallel(phase2, selected=True, hosts={ctl})
+    setup._parallel(phase2, selected=True, hosts={h for h in setup.outcomes if h != ctl})
+    changed = any(s == "slurm.conf" and r == "changed" for o in setup.outcomes.values()
+                  for s, r, _ in o.applied)
+    if changed and ctl in setup.sessions and setup.outcomes[ctl].problem is None:
+        ok, out = _run(setup, ctl, ["scontrol", "reconfigure"], 60)
+        setup.on_event(ctl, "scontrol reconfigure: " + ("done" if ok else f"FAILED {out}"))
+
+
+def _run(setup: Setup, host: str, argv: list[str], timeout: float) -> tuple[bool, str]:
+    node = next(n for n in setup.spec.nodes if n.host == host)
+    return setup._act(node, setup.sessions[host], P.StepAction(tuple(argv), root=True,
+                                                              timeout=timeout))
+
+
+def verify(setup: Setup) -> dict[str, Any]:
+    """``sinfo`` until every node is idle, then ``srun -N<all>`` on them: ``{ok, sinfo, job_id,
+    ran_on, problem, seconds}``."""
+    assert setup.slurm is not None
+    begun = time.monotonic()
+    ctl = setup.slurm.controller
+    names = {node_name(f) for f in setup._facts.values() if f is not None}
+    out: dict[str, Any] = {"ok": False, "controller": ctl, "nodes": sorted(names),
+                           **setup.slurm_removed}
+    if ctl not in setup.sessions or setup.outcomes[ctl].problem is not None or \
+            len(names) != len(setup.spec.nodes):
+        out["problem"] = "not every node was reached: no job was tried"
+        return out
+    deadline = time.monotonic() + IDLE_WAIT
+    states: dict[str, str] = {}
+    while True:
+        ok, text = _run(setup, ctl, ["sinfo", "-h", "-N", "-o", "%N %t"], 30)
+        states = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2)
+        out["sinfo"] = text.strip()
+        if ok and all(states.get(n) == "idle" for n in names):
+            break
+        if time.monotonic() > deadline:
+            out["problem"] = (f"not every node idle after {IDLE_WAIT:.0f} s: " +
+                              ", ".join(f"{n} {states.get(n, 'missing')}" for n in sorted(names)))
+            return out
+        time.sleep(1.0)
+    out["idle_s"] = round(time.monotonic() - begun, 1)
+    ok, text = _run(setup, ctl, ["srun", "-N", str(len(names)), f"--job-name={CHECK_JOB}",
+                                 "sh", "-c", 'echo "ptcluster-check $SLURM_JOB_ID $(hostname)"'],
+                    120)
+    lines = [m.groups() for m in re.finditer(r"^ptcluster-check (\d+) (\S+)$", text, re.M)]
+    ran_on = sorted({h for _, h in lines})
+    out.update(job_id=lines[0][0] if lines else None, ran_on=ran_on,
+               seconds=round(time.monotonic() - begun, 1))
+    if not ok or set(ran_on) != names:
+        out["problem"] = f"srun -N{len(names)} did not run on every node: {text.strip()[-500:]}"
+        return out
+    setup.on_event(ctl, f"slurm: {len(names)} node(s) idle; job {out['job_id']} ran on "
+                   f"{', '.join(ran_on)}")
+    if setup.opts.slurm_proof == "trainer":
+        out["trainer"] = trainer_job(setup, ctl, len(names))
+        if not out["trainer"]["ok"]:
+            out["problem"] = out["trainer"]["problem"]
+            return out
+    out["ok"] = True
+    return out
+
+
+def trainer_job(setup: Setup, ctl: str, n: int) -> dict[str, Any]:
+    """``ptcluster submit --nodes n`` of the reference trainer (one epoch), waited for:
+    ``{ok, job_id, state, final, problem}``."""
+    node = next(x for x in setup.spec.nodes if x.host == ctl)
+    session = setup.sessions[ctl]
+    submit = [P.VENV_PYTHON, "-m", "ptcluster", "submit", "--nodes", str(n), "--nproc", "1",
+              "--run-dir", PROOF_DIR, "--job-name", "ptcluster-setup-trainer", "--",
+              "-m", "ptcluster.examples.mnist", "--epochs", "1"]
+    ok, text = setup._act(node, session, P.StepAction(
+        ("sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", node.workdir or "~/", *submit),
+        timeout=120))
+    job = text.strip().splitlines()[-1] if ok and text.strip() else ""
+    out: dict[str, Any] = {"ok": False, "job_id": job if job.isdigit() else None}
+    if not job.isdigit():
+        out["problem"] = f"ptcluster submit of the reference trainer failed: {text[-500:]}"
+        return out
+    deadline, fields = time.monotonic() + TRAINER_WAIT, {}
+    while time.monotonic() < deadline:
+        _, shown = _run(setup, ctl, ["scontrol", "show", "job", job], 30)
+        fields = dict(w.split("=", 1) for w in shown.split() if "=" in w)
+        if fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
+                                      "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"):
+            break
+        time.sleep(2.0)
+    out["state"] = fields.get("JobState", "unknown")
+    # (the trainer's own line, wherever it is: the log ends with every rank's summary)
+    _, log = setup._act(node, session, P.StepAction(("grep", "-a", "final epochs=",
+                                                     fields.get("StdOut", "/dev/null"))))
+    final = [line for line in log.splitlines() if "final epochs=" in line]
+    out["final"] = final[-1].strip() if final else None
+    out["log"] = fields.get("StdOut")
+    if out["state"] != "COMPLETED" or not final:
+        out["problem"] = (f"the reference trainer's job {job} ended {out['state']} "
+                          f"(its log: {out['log']} on {ctl}); on nodes without network, put "
+                          "the MNIST files in the workdir's data/ on every node, or pass "
+                          "--slurm-proof srun")
+        return out
+    out["ok"] = True
+    setup.on_event(ctl, f"slurm: the reference trainer's job {job} completed on {n} node(s)")
+    return out
