@@ -27,11 +27,15 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ ! -f "$CACHE/apt/P
 fi
 # The wheels for the nodes: the head downloads them into its wheelhouse at test time with
 # PIP_NO_INDEX=1 PIP_FIND_LINKS=$CACHE/wheels (an air-gapped head with a local mirror).
-if ! ls "$CACHE"/wheels/torch-2.13.0*.whl "$CACHE"/wheels/numpy-*.whl >/dev/null 2>&1 \
-    || [ ! -f "$CACHE/wheels/.complete" ]; then
-  "$PY" -m pip download -q -c constraints.txt -d "$CACHE/wheels" torch==2.13.0 click rich PyYAML \
-    psutil numpy >/dev/null
-  touch "$CACHE/wheels/.complete"
+# What to fetch: torch and ptcluster's own dependencies as the installed package declares them
+# (a dependency added to pyproject.toml is fetched on the next run: the list is the stamp).
+deps="torch==2.13.0 $("$PY" -c 'import importlib.metadata as m; print(" ".join(sorted(
+    r.split(";")[0].replace(" ", "") for r in m.requires("ptcluster") or []
+    if "extra ==" not in r and not r.startswith("torch"))))')"
+if ! ls "$CACHE"/wheels/torch-2.13.0*.whl >/dev/null 2>&1 \
+    || [ "$(cat "$CACHE/wheels/.complete" 2>/dev/null)" != "$deps" ]; then
+  "$PY" -m pip download -q -c constraints.txt -d "$CACHE/wheels" $deps >/dev/null
+  echo "$deps" > "$CACHE/wheels/.complete"
 fi
 # The nodes' shared venv (tests/support/bare.py node_venv; made once, ~1.5 min; kept while complete).
 "$PY" -c 'import sys; sys.path.insert(0, "."); from tests.support.bare import node_venv; node_venv()'
