@@ -90,6 +90,14 @@ def test_exit_codes_are_one_table() -> None:
     assert all(f"| {code} |" in page for code in codes)
 
 
+def test_the_rank_environment_page_is_the_plan() -> None:
+    page = ref.render("reference/rank-environment.md")
+    for name, node1 in (("WORLD_SIZE", "4"), ("NODE_RANK", "1"), ("LOCAL_WORLD_SIZE", "1"),
+                        ("MASTER_ADDR", "head")):
+        row = next(line for line in page.splitlines() if line.startswith(f"| `{name}` |"))
+        assert row.split(" | ")[2] == node1, row
+
+
 def test_the_known_failures_page_is_the_table() -> None:
     from ptcluster.launch.supervise.known import TABLE
 

@@ -22,6 +22,7 @@ PAGES = {
     "reference/cluster-file.md": "cluster_file_page",
     "reference/exit-codes.md": "exit_codes_page",
     "reference/summary-json.md": "summary_page",
+    "reference/rank-environment.md": "rank_env_page",
     "troubleshooting/known-failures.md": "known_failures_page",
 }
 """Generated page (path under docs/) -> the function of this module that renders it."""
@@ -157,3 +158,34 @@ def render(path: str) -> str:
     """The generated page at ``path`` (a key of :data:`PAGES`)."""
     text: str = globals()[PAGES[path]]()
     return text
+
+
+def rank_env_page() -> str:
+    """The variables ptcluster gives each node's ranks on a 2+1+1 cluster: ``rank_env``, what
+    ``ptcluster env`` prints and what the node's torchrun is started with."""
+    from ptcluster.cluster.load import parse_hosts
+    from ptcluster.launch.api import prepare
+    from ptcluster.launch.plan import JOB_VAR, Target, rank_env
+
+    plan = prepare(parse_hosts("head:2,node1:1,node2:1"), Target(code=""), port=None)
+    per_node = [dict(rank_env(plan, node)) for node in plan.nodes]
+    names = list(dict.fromkeys(k for env in per_node for k in env))
+    lines = ["# The environment a rank gets", "",
+             "What every rank of a job gets from ptcluster, here for the cluster "
+             "`head:2,node1:1,node2:1` (generated from the launch plan, as "
+             "`ptcluster env` prints it for your own cluster). On each node torchrun then "
+             "adds, per process, `RANK`, `LOCAL_RANK` and its other variables, as it always "
+             "does. `NCCL_SOCKET_IFNAME` and `GLOO_SOCKET_IFNAME` are the cluster file's "
+             "`interface:`, or (as here, where none is set) the interface each node detects "
+             "at launch on its route to the master. "
+             "Nothing else of the head's environment is shipped; your cluster file's `env:` "
+             "is added to this.", "",
+             "| variable | " + " | ".join(f"node {n.node_rank}: `{n.host}`"
+                                         for n in plan.nodes) + " |",
+             "| --- |" + " --- |" * len(plan.nodes)]
+    for name in names:
+        values = ["(a new id per job)" if name == JOB_VAR else env.get(name, "—")
+                  for env in per_node]
+        lines.append(f"| `{name}` | " + " | ".join(_cell(v) for v in values) + " |")
+    lines.append("")
+    return "\n".join(lines)
