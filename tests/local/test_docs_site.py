@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.docblocks import blocks, matches_in_order, user_pages
+from tests.support.docblocks import blocks, run_block, user_pages
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,27 +47,13 @@ def test_the_site_builds_strictly_and_reads_offline(tmp_path: Path) -> None:
 @pytest.mark.parametrize("page", [p.relative_to(ROOT / "docs").as_posix() for p in user_pages()])
 def test_the_pages_shell_blocks_run(page: str, tmp_path: Path) -> None:
     """The page's runnable blocks in order, in one fresh directory (a later block may use what an
-    earlier one made, as a reader's would), with ``ptcluster`` and ``python`` on PATH as after
-    ``source .venv/bin/activate``; each must exit 0 and show its console output."""
+    earlier one made, as a reader's would); each must exit 0 and show its console output."""
     found = blocks(ROOT / "docs" / page)
     runnable = [b for b in found if b.not_run is None]
     if not runnable:
-        pytest.skip(f"{page}: no shell block to run ({len(found)} marked not-run, with reasons)")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ptcluster").write_text(f"#!/bin/sh\nexec {sys.executable} -m ptcluster \"$@\"\n")
-    (bin_dir / "ptcluster").chmod(0o755)
-    (bin_dir / "python").symlink_to(sys.executable)
+        pytest.skip(f"{page}: no shell block to run here ({len(found)} marked, with reasons)")
     work = tmp_path / "work"
     work.mkdir()
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "COLUMNS": "100",
-           "PYTHONPATH": str(ROOT / "src")}
-    env.pop("PTCLUSTER_CLUSTER", None)
     for b in runnable:
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", b.commands()], cwd=work, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=600)
-        out = proc.stdout
-        assert proc.returncode == 0, f"{b.id} exited {proc.returncode}:\n{out[-3000:]}"
-        missing = matches_in_order(b.expected(), out)
-        assert not missing, f"{b.id}: output lines not seen (in order): {missing}\n{out[-3000:]}"
+        failed = run_block(b, work, tmp_path / "bin", ROOT / "src")
+        assert failed is None, failed

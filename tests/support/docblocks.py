@@ -3,11 +3,17 @@
 A ```bash block is a script; a ```console block is commands (``$ `` lines) and the output they
 show, which the test checks line by line in order (``...`` stands for any text, as doctest's
 ELLIPSIS). A block preceded by ``<!-- not-run: REASON -->`` is not run; the reason is required.
+A block preceded by ``<!-- testbed: REASON -->`` needs nodes: it is not run on this machine alone
+but on a 2+1+1 namespace testbed, with its ``cluster.yaml`` in the current directory
+(tests/testbed/test_docs_testbed.py).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +22,7 @@ TESTED_PAGES = ("getting-started.md", "guides/*.md")
 """The pages whose shell blocks must run (or say why not): the ones a user follows."""
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
-_NOT_RUN = re.compile(r"^<!--\s*not-run:\s*(?P<why>.*?)\s*-->$")
+_NOT_RUN = re.compile(r"^<!--\s*(?P<kind>not-run|testbed):\s*(?P<why>.*?)\s*-->$")
 SHELL = ("bash", "console", "sh", "shell")
 
 
@@ -27,7 +33,9 @@ class Block:
     lang: str
     text: str
     not_run: str | None
-    """The reason given in the marker, or None for a block that runs."""
+    """The reason given in the marker, or None for a block that runs on this machine."""
+    testbed: bool = False
+    """Marked ``testbed``: runs on the namespace testbed (``not_run`` says so)."""
 
     @property
     def id(self) -> str:
@@ -68,7 +76,8 @@ def blocks(page: Path) -> list[Block]:
             prev = lines[start - 1].strip() if start else ""
             marker = _NOT_RUN.match(prev)
             found.append(Block(rel, start + 1, lang, "\n".join(body),
-                               marker.group("why") if marker else None))
+                               marker.group("why") if marker else None,
+                               bool(marker) and marker.group("kind") == "testbed"))
     return found
 
 
@@ -89,3 +98,27 @@ def matches_in_order(expected: list[str], actual: str) -> list[str]:
         else:
             missing.append(want)
     return missing
+
+
+def run_block(block: Block, cwd: Path, tools: Path, src: Path) -> str | None:
+    """Run ``block`` in ``cwd`` as a reader would type it, with ``ptcluster`` and ``python`` on
+    PATH as after ``source .venv/bin/activate`` (``tools``: a folder for the two, made here;
+    ``src``: the checkout's code). None when it exited 0 and showed its output, else why not."""
+    tools.mkdir(exist_ok=True)
+    launcher = tools / "ptcluster"
+    launcher.write_text(f"#!/bin/sh\nexec {sys.executable} -m ptcluster \"$@\"\n")
+    launcher.chmod(0o755)
+    if not (tools / "python").exists():
+        (tools / "python").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "COLUMNS": "100",
+           "PYTHONPATH": str(src)}
+    env.pop("PTCLUSTER_CLUSTER", None)
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block.commands()], cwd=cwd, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=600)
+    if proc.returncode != 0:
+        return f"{block.id} exited {proc.returncode}:\n{proc.stdout[-3000:]}"
+    missing = matches_in_order(block.expected(), proc.stdout)
+    if missing:
+        return f"{block.id}: output lines not seen (in order): {missing}\n{proc.stdout[-3000:]}"
+    return None

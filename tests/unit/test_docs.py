@@ -98,6 +98,22 @@ def test_the_rank_environment_page_is_the_plan() -> None:
         assert row.split(" | ")[2] == node1, row
 
 
+def test_every_doctor_check_is_documented_with_its_fixes() -> None:
+    from ptcluster.doctor.checks import FAST_CHECKS
+
+    assert all((c.__doc__ or "").strip() for c in FAST_CHECKS), "a doctor check without a doc"
+    findings = ref.doctor_findings()
+    checks_with_fixes = {name for name, *_ in findings}
+    assert {"workdir", "interface", "hostname", "master port", "clock"} <= checks_with_fixes
+    page = ref.doctor_checks_page()
+    assert all(f"| {_cell_text(fix)} |" in page for *_, fix in findings)
+    assert "set master.port: auto (every job takes a free port)" in page
+
+
+def _cell_text(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
 def test_the_known_failures_page_is_the_table() -> None:
     from ptcluster.launch.supervise.known import TABLE
 

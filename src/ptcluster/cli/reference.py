@@ -10,6 +10,8 @@ failures from ``launch.supervise.known``. ``docs/hooks.py`` adds them to the sit
 
 from __future__ import annotations
 
+import ast
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ PAGES = {
     "reference/summary-json.md": "summary_page",
     "reference/rank-environment.md": "rank_env_page",
     "troubleshooting/known-failures.md": "known_failures_page",
+    "troubleshooting/doctor-checks.md": "doctor_checks_page",
 }
 """Generated page (path under docs/) -> the function of this module that renders it."""
 
@@ -187,5 +190,59 @@ def rank_env_page() -> str:
         values = ["(a new id per job)" if name == JOB_VAR else env.get(name, "—")
                   for env in per_node]
         lines.append(f"| `{name}` | " + " | ".join(_cell(v) for v in values) + " |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _literal(node: ast.expr | None) -> str | None:
+    """A string argument as written, ``…`` where an f-string puts a value; None otherwise."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else "…"
+                       for v in node.values)
+    return None
+
+
+def doctor_findings() -> list[tuple[str, str, str, str, str]]:
+    """(check, its docstring, status, what, fix) for every warning and failure a doctor check
+    can report with its own fix, read from the checks' source (``Finding(...)`` calls): what
+    doctor prints is what the page says."""
+    import inspect
+
+    from ptcluster.doctor.checks import FAST_CHECKS
+
+    rows = []
+    for check in FAST_CHECKS:
+        doc = " ".join((inspect.getdoc(check) or "").split("\n\n")[0].split())
+        for call in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(check)))):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                    and call.func.id == "Finding" and len(call.args) >= 4):
+                continue
+            status = call.args[2].id if isinstance(call.args[2], ast.Name) else ""
+            fix_node = call.args[4] if len(call.args) > 4 else next(
+                (k.value for k in call.keywords if k.arg == "fix"), None)
+            name, what, fix = _literal(call.args[0]), _literal(call.args[3]), _literal(fix_node)
+            if status in ("WARN", "FAIL") and name and what and fix:
+                rows.append((name, doc, status.lower(), what, fix))
+    return rows
+
+
+def doctor_checks_page() -> str:
+    from ptcluster.doctor.checks import FAST_CHECKS
+
+    lines = ["# doctor's checks and their fixes", "",
+             "Every check `ptcluster doctor` (and `run --preflight`) makes, and every warning "
+             "or failure it reports with its fix, read from the checks' own code "
+             "(`ptcluster/doctor/checks.py`; `…` is a value filled in at run time). After "
+             "them doctor runs the compute probe and a real all-reduce over every rank.", "",
+             "| check | what it verifies |", "| --- | --- |"]
+    for check in FAST_CHECKS:
+        name = check.__name__.removeprefix("check_").replace("_", " ")
+        lines.append(f"| {name} | {_cell((check.__doc__ or '').split(chr(10) * 2)[0])} |")
+    lines += ["", "## What it reports, and the fix", "", "| check | status | what | fix |",
+              "| --- | --- | --- | --- |"]
+    lines += [f"| {name} | {status} | {_cell(what)} | {_cell(fix)} |"
+              for name, _, status, what, fix in doctor_findings()]
     lines.append("")
     return "\n".join(lines)
