@@ -44,7 +44,8 @@ def benchmarks_page(docs: Path) -> str:
              "not asserted in tests. Each figure is reported on the page that explains the "
              "behaviour it measures, with how it was measured. Run one with "
              "`.venv/bin/python benchmarks/NAME.py` (the testbed ones as root).", "",
-             "| benchmark | what it measures | figures on |", "| --- | --- | --- |"]
+             "| benchmark | what it measures | script last changed | figures on |",
+             "| --- | --- | --- | --- |"]
     pages = {p: p.read_text() for p in sorted(docs.rglob("*.md"))}
     for script in sorted((ROOT / "benchmarks").glob("[!_]*.py")):
         doc = ast.get_docstring(ast.parse(script.read_text())) or ""
@@ -53,6 +54,19 @@ def benchmarks_page(docs: Path) -> str:
                  if p.is_relative_to(docs / "design") else
                  f"[{p.stem}](../{p.relative_to(docs).as_posix()})"
                  for p, text in pages.items() if script.name in text]
-        lines.append(f"| `{script.name}` | {what} | {', '.join(where) or '—'} |")
+        lines.append(f"| `{script.name}` | {what} | {_last_commit(script)} | "
+                     f"{', '.join(where) or '—'} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def _last_commit(path: Path) -> str:
+    """The commit (short hash, date) that last changed ``path``; "—" outside a git checkout."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%h %cs", "--", str(path)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return f"`{out}`" if out else "—"
