@@ -129,3 +129,18 @@ def test_every_shell_block_runs_or_says_why_not() -> None:
         assert b.lang in SHELL
         if b.not_run is not None:
             assert len(b.not_run) >= 10, f"{b.id}: a not-run marker needs its reason"
+
+
+def test_the_readme_is_a_front_page_whose_links_exist() -> None:
+    """README.md links into the docs (relative paths a repository page resolves) and names the
+    one command that builds and serves the site."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#\s]+)\)", readme)
+    assert len(links) >= 10
+    missing = [link for link in links if not link.startswith("http") and
+               not (root / link).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+    assert ".venv/bin/mkdocs serve" in readme and "bash scripts/test.sh" in readme
