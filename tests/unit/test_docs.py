@@ -101,11 +101,12 @@ def test_the_rank_environment_page_is_the_plan() -> None:
 def test_every_doctor_check_is_documented_with_its_fixes() -> None:
     from ptcluster.doctor.checks import FAST_CHECKS
 
-    assert all((c.__doc__ or "").strip() for c in FAST_CHECKS), "a doctor check without a doc"
+    page = ref.doctor_checks_page()
+    for check in FAST_CHECKS:  # every check is on the page, described where it says what it does
+        assert f"| {check.__name__.removeprefix('check_').replace('_', ' ')} |" in page
     findings = ref.doctor_findings()
     checks_with_fixes = {name for name, *_ in findings}
     assert {"workdir", "interface", "hostname", "master port", "clock"} <= checks_with_fixes
-    page = ref.doctor_checks_page()
     assert all(f"| {_cell_text(fix)} |" in page for *_, fix in findings)
     assert "set master.port: auto (every job takes a free port)" in page
 

@@ -239,7 +239,8 @@ def doctor_checks_page() -> str:
              "| check | what it verifies |", "| --- | --- |"]
     for check in FAST_CHECKS:
         name = check.__name__.removeprefix("check_").replace("_", " ")
-        lines.append(f"| {name} | {_cell((check.__doc__ or '').split(chr(10) * 2)[0])} |")
+        what = (check.__doc__ or "").split("\n\n")[0] or "see the fixes below"
+        lines.append(f"| {name} | {_cell(what)} |")
     lines += ["", "## What it reports, and the fix", "", "| check | status | what | fix |",
               "| --- | --- | --- | --- |"]
     lines += [f"| {name} | {status} | {_cell(what)} | {_cell(fix)} |"

@@ -62,7 +62,6 @@ def per_node(spec: ClusterSpec, probes: dict[str, NodeReport], name: str,
 
 
 def check_ssh(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
-    """The node answers: over BatchMode ssh (no password prompt), locally, or in an srun step."""
     out = []
     for node in spec.nodes:
         p = probes[node.host]
@@ -79,7 +78,6 @@ def check_ssh(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]
 
 
 def check_python(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
-    """The cluster file's ``python`` runs on the node."""
     out = []
     for node in spec.nodes:
         p = probes[node.host]
@@ -95,7 +93,6 @@ def check_python(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Findi
 
 
 def check_workdir(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
-    """The ``workdir`` exists on the node and is writable."""
     def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
         wd = facts["workdir"]
         if not wd["exists"]:
@@ -321,7 +318,6 @@ def check_hostname(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fin
 
 
 def check_master_port(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
-    """The master port is free on the master and reachable from every node."""
     master = spec.nodes[0]
     mfacts = probes[master.host].facts
     out = []
@@ -386,7 +382,6 @@ def check_ports(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Findin
 
 
 def check_firewall(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
-    """What firewall the node runs (nftables, iptables, ufw/firewalld): reported."""
     def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
         fw = facts["firewall"]
         parts = []
@@ -422,7 +417,6 @@ def check_resources(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fi
 
 
 def check_clock(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
-    """The node's clock is within 1 s of the cluster's median."""
     offsets = {h: p.clock_offset for h, p in probes.items() if p.clock_offset is not None}
     if not offsets:
         return []
