@@ -38,6 +38,17 @@ def test_every_command_and_option_has_documentation(name: str) -> None:
                 assert opt in section, f"ptcluster {name} {opt} is not on the commands page"
 
 
+def test_rendering_the_commands_page_leaves_the_app_as_it_was() -> None:
+    """click caches a command's help option from the first context that asks: the page must
+    ask with the app's own settings (``-h`` beside ``--help``), in the page and after it."""
+    page = ref.commands_page()
+    assert "| `-h, --help` |" in page
+    with cli.make_context("ptcluster", ["env", "-h"], resilient_parsing=True) as ctx:
+        env = cli.commands["env"]
+        assert env.get_help_option(ctx) is not None
+        assert "-h" in env.get_help_option(ctx).opts  # type: ignore[union-attr]
+
+
 def test_the_commands_page_is_in_help_order() -> None:
     page = ref.commands_page()
     order = [m.group(1) for m in re.finditer(r"^### ptcluster (\w+)$", page, re.M)]

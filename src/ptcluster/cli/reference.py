@@ -61,7 +61,9 @@ def commands_page() -> str:
     lines = ["# Commands", "",
              "Every command and option, generated from the command-line app itself (what "
              "`ptcluster COMMAND --help` prints). The commands in the order you meet them.", ""]
-    with click.Context(root, info_name="ptcluster") as top:
+    # the app's own context settings (``-h``): click caches each command's help option from the
+    # first context that asks for it, so a bare Context would leave ``-h`` out of --help too
+    with click.Context(root, info_name="ptcluster", **root.context_settings) as top:
         lines += ["## ptcluster", "", "```text", root.get_usage(top), "```", "",
                   _cell(root.help or ""), "", "| option | what it does |", "| --- | --- |"]
         lines += [f"| `{o}` | {_cell(h)} |" for o, h in option_rows(root, top)]
