@@ -55,4 +55,9 @@ fi
 # Lint and types fail the run like a test does, and first (they take seconds).
 .venv/bin/ruff check .
 .venv/bin/mypy src
+# The docs site, strictly: a broken link, a missing page or a reference page that no longer
+# renders fails the run (the pages' commands run in tests/unit/test_docs.py).
+site_dir="$(mktemp -d)"
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site_dir"
+rm -rf "$site_dir"
 exec .venv/bin/python -m pytest "$@"

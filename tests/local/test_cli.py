@@ -200,8 +200,20 @@ def test_a_bug_says_so_and_keeps_its_traceback(cli, tmp_path: Path, monkeypatch)
 def test_bare_command_shows_the_help_not_an_error(cli) -> None:
     code, out, err = cli()
     assert code in (0, 2)  # click < 8.2 exits 0, later versions 2
-    assert "Usage: ptcluster" in out + err and "Commands:" in out + err
+    assert "Usage: ptcluster" in out + err and "Commands (set up):" in out + err
     assert "error:" not in err
+
+
+def test_help_lists_the_commands_grouped_in_the_order_a_user_meets_them(cli) -> None:
+    code, out, _ = cli("--help")
+    assert code == 0
+    sections = [line.strip() for line in out.splitlines() if line.startswith("Commands")]
+    assert sections == ["Commands (set up):", "Commands (run):", "Commands (observe):",
+                        "Commands (inspect):"]
+    listed = [line.split()[0] for line in out.split("Commands (set up):")[1].splitlines()
+              if line.startswith("  ")]
+    assert listed == ["init", "setup", "doctor", "run", "ps", "kill", "stacks", "sync", "submit",
+                      "monitor", "bench", "env"]
 
 
 def test_help_and_version_exit_0(cli) -> None:

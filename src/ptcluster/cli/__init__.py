@@ -38,7 +38,41 @@ _NO_ARGS_IS_HELP: tuple[type[click.UsageError], ...] = tuple(
     t for t in [getattr(click.exceptions, "NoArgsIsHelpError", None)] if t is not None)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Set up", ("init", "setup", "doctor")),
+    ("Run", ("run", "ps", "kill", "stacks", "sync", "submit")),
+    ("Observe", ("monitor", "bench")),
+    ("Inspect", ("env",)),
+)
+"""The commands in the order a user meets them, grouped: ``--help`` and the docs' command
+reference both list them so (click lists a group's commands alphabetically by default)."""
+
+
+class SectionedGroup(click.Group):
+    """A group whose help lists its commands by :data:`SECTIONS`, not alphabetically."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        ordered = [name for _, names in SECTIONS for name in names]
+        # a command missing from SECTIONS still shows (last), never silently hidden
+        return ordered + sorted(set(self.commands) - set(ordered))
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        limit = formatter.width - 6 - max(len(n) for n in self.commands)
+        listed = set()
+        for title, names in (*SECTIONS, ("Other", tuple(self.list_commands(ctx)))):
+            rows = []
+            for name in names:
+                cmd = self.commands.get(name)
+                if cmd is None or cmd.hidden or name in listed:
+                    continue
+                listed.add(name)
+                rows.append((name, cmd.get_short_help_str(limit)))
+            if rows:
+                with formatter.section(f"Commands ({title.lower()})"):
+                    formatter.write_dl(rows)
+
+
+@click.group(cls=SectionedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ptcluster")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug); tracebacks "
               "for errors.")

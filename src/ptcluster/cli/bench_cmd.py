@@ -50,7 +50,7 @@ SIZE = ByteSize()
 @click.option("--nproc", type=NPROC, help="Processes on the local cluster.")
 @click.option("--port", type=PORT, help="Rendezvous port.")
 @click.option("--op", "op", type=click.Choice(OPS + ("all",)), default="all_reduce",
-              show_default=True)
+              show_default=True, help="The collective to time (all: every one, in turn).")
 @click.option("-b", "--minbytes", type=SIZE, default="8", show_default=True,
               help="Smallest size (K/M/G).")
 @click.option("-e", "--maxbytes", type=SIZE, default="64M", show_default=True,
@@ -59,13 +59,17 @@ SIZE = ByteSize()
               help="Multiply the size by this.")
 @click.option("-i", "--stepbytes", type=SIZE, default=None, help="Add this many bytes instead "
               "of -f.")
-@click.option("-n", "--iters", type=click.IntRange(1), default=20, show_default=True)
-@click.option("-w", "--warmup", type=click.IntRange(0), default=5, show_default=True)
+@click.option("-n", "--iters", type=click.IntRange(1), default=20, show_default=True,
+              help="Timed iterations per size (their mean is the figure).")
+@click.option("-w", "--warmup", type=click.IntRange(0), default=5, show_default=True,
+              help="Untimed iterations per size before the timed ones.")
 @click.option("-c", "--check", type=click.IntRange(0), default=1, show_default=True,
               help="Verified runs per size (0: no check).")
-@click.option("--dtype", type=click.Choice(sorted(DTYPES)), default="float32", show_default=True)
+@click.option("--dtype", type=click.Choice(sorted(DTYPES)), default="float32", show_default=True,
+              help="Element type of the buffers.")
 @click.option("--pairs", is_flag=True, help="Also a node-pair bandwidth matrix (sendrecv).")
-@click.option("--pair-size", type=SIZE, default="16M", show_default=True)
+@click.option("--pair-size", type=SIZE, default="16M", show_default=True,
+              help="Message size of each node pair's sendrecv (with --pairs).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the result as JSON instead of the table (stdout: data only).")
 @click.option("-o", "--json-out", "json_file", metavar="FILE",

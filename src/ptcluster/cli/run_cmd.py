@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ptcluster.cli import exits
 from ptcluster.cli.common import (
     NPROC,
     PORT,
@@ -147,16 +148,16 @@ def exit_code(result: RunResult, signum: int | None) -> int:
     """0 ok; 143 Slurm ended it (what Slurm sends, as if the head had got it too); 128+signal
     interrupted; 3 restarts gave up (no progress); 4 a hang; 1 any other failure."""
     if result.ok:
-        return 0
+        return exits.OK
     if result.ended_by and not signum:
-        return 128 + signal.SIGTERM
+        return exits.TERMINATED
     if result.interrupted and (result.root_cause is None or signum):
-        return 128 + (signum or signal.SIGINT)
+        return 128 + signum if signum else exits.INTERRUPTED
     if result.no_progress:
-        return 3
+        return exits.NO_PROGRESS
     if result.hung:
-        return 4
-    return 1
+        return exits.HUNG
+    return exits.FAILED
 
 
 def _preflight(spec: ClusterSpec, port: int, err: Console) -> None:

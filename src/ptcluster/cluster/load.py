@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from ptcluster.cluster.keys import keys_at
 from ptcluster.cluster.model import (
     AUTO_PYTHON,
     BACKENDS,
@@ -27,12 +28,13 @@ from ptcluster.cluster.trust import TRUST_IT, config_file_risk, python_risk, ssh
 from ptcluster.cluster.validate import Reader, did_you_mean
 from ptcluster.errors import SpecError
 
-TOP_KEYS = ("nodes", "master", "backend", "interface", "python", "workdir", "env", "ssh",
-            "gpus", "slurm")
-SLURM_KEYS = ("controller", "partitions")
-NODE_KEYS = ("host", "slots", "interface", "python", "workdir", "ssh", "gpus")
-MASTER_KEYS = ("addr", "port")
-SSH_KEYS = ("user", "port", "identity_file", "config_file", "options", "reuse")
+# the keys each mapping may hold, from the one table that also documents them
+TOP_KEYS = keys_at("")
+NODE_KEYS = keys_at("nodes[]")
+MASTER_KEYS = keys_at("master")
+SLURM_KEYS = keys_at("slurm")
+SSH_KEYS = keys_at("ssh")
+assert keys_at("nodes[].ssh") == SSH_KEYS, "a node's ssh takes the cluster-wide ssh's keys"
 
 CLUSTER_ENV_VAR = "PTCLUSTER_CLUSTER"
 DEFAULT_CLUSTER_FILE = "cluster.yaml"

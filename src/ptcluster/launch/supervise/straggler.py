@@ -14,9 +14,10 @@ report collectives (the flight recorder's counters, which the stack probe alread
 hang watch) only windows in which every compared rank completed collectives count: the job is
 past its start, where a slow import is not a slow step.
 
-Limits (said in the README): a CUDA synchronization may spin, so on GPU the waiting ranks' main
-threads do not sleep and no one is named (never a false name: the others' wait share stays
-under ``MIN_WAIT``); a rank starved by its data loader sleeps as well and looks like a waiter.
+Limits (said in docs/guides/hangs-and-stragglers.md): a CUDA synchronization may spin, so on
+GPU the waiting ranks' main threads do not sleep and no one is named (never a false name: the
+others' wait share stays under ``MIN_WAIT``); a rank starved by its data loader sleeps as well
+and looks like a waiter.
 
 A change (a new straggler, another one, none any more) is said only once it held for
 ``CONFIRM`` evaluations in a row, one evaluation per ``EVAL_EVERY`` s; a named straggler stays

@@ -1,0 +1,251 @@
+"""The docs' reference pages, generated from the code so they cannot drift.
+
+Each page is rendered from the table the program itself uses: the commands and options from the
+click app (what ``--help`` prints), the cluster-file keys from ``cluster.keys`` (what the loader
+accepts), the exit codes from ``cli.exits``, ``summary.json``'s fields from a real
+``RunResult.to_json`` (a field without a description below fails the docs test), and the known
+failures from ``launch.supervise.known``. ``docs/hooks.py`` adds them to the site at every
+``mkdocs build`` (pyinfra generates its operations reference the same way).
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ptcluster.cli.exits import EXIT_CODES
+
+PAGES = {
+    "reference/commands.md": "commands_page",
+    "reference/cluster-file.md": "cluster_file_page",
+    "reference/exit-codes.md": "exit_codes_page",
+    "reference/summary-json.md": "summary_page",
+    "reference/rank-environment.md": "rank_env_page",
+    "troubleshooting/known-failures.md": "known_failures_page",
+    "troubleshooting/doctor-checks.md": "doctor_checks_page",
+}
+"""Generated page (path under docs/) -> the function of this module that renders it."""
+
+
+def _cell(text: str) -> str:
+    """Text for one markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _root() -> click.Group:
+    from ptcluster.cli import cli  # (imported here: cli/__init__ imports the commands)
+
+    return cli
+
+
+def option_rows(cmd: click.Command, ctx: click.Context) -> list[tuple[str, str]]:
+    """(the option as ``--help`` shows it, its help with the default) for every parameter."""
+    rows = []
+    for param in cmd.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if isinstance(param, click.Argument):
+            rows.append((param.make_metavar(ctx), "argument"))
+        elif record is not None:
+            rows.append(record)
+    return rows
+
+
+def commands_page() -> str:
+    from ptcluster.cli import SECTIONS
+
+    root = _root()
+    lines = ["# Commands", "",
+             "Every command and option, generated from the command-line app itself (what "
+             "`ptcluster COMMAND --help` prints). The commands in the order you meet them.", ""]
+    # the app's own context settings (``-h``): click caches each command's help option from the
+    # first context that asks for it, so a bare Context would leave ``-h`` out of --help too
+    with click.Context(root, info_name="ptcluster", **root.context_settings) as top:
+        lines += ["## ptcluster", "", "```text", root.get_usage(top), "```", "",
+                  _cell(root.help or ""), "", "| option | what it does |", "| --- | --- |"]
+        lines += [f"| `{o}` | {_cell(h)} |" for o, h in option_rows(root, top)]
+        lines.append("")
+        for title, names in SECTIONS:
+            lines += [f"## {title}", ""]
+            for name in names:
+                cmd = root.commands[name]
+                with click.Context(cmd, info_name=name, parent=top) as ctx:
+                    lines += [f"### ptcluster {name}", "", "```text", cmd.get_usage(ctx), "```",
+                              "", (cmd.help or "").strip(), "",
+                              "| option | what it does |", "| --- | --- |"]
+                    lines += [f"| `{o}` | {_cell(h)} |" for o, h in option_rows(cmd, ctx)]
+                    lines.append("")
+    return "\n".join(lines)
+
+
+def cluster_file_page() -> str:
+    from ptcluster.cluster.keys import KEYS
+
+    lines = ["# The cluster file", "",
+             "Every key a cluster file (`cluster.yaml`) may hold, generated from the table the "
+             "loader takes its keys from (`ptcluster/cluster/keys.py`). Any other key is refused "
+             "with exit 2 and a line that names the file, the key and the fix.", "",
+             "| key | type | default | example | what it does |",
+             "| --- | --- | --- | --- | --- |"]
+    for k in KEYS:
+        lines.append(f"| `{k.path}` | {_cell(k.type)} | {_cell(k.default)} | "
+                     f"`{_cell(k.example)}` | {_cell(k.doc)} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def exit_codes_page() -> str:
+    lines = ["# Exit codes", "", "What every `ptcluster` command exits with "
+             "(`ptcluster/cli/exits.py`).", "", "| code | meaning |", "| --- | --- |"]
+    lines += [f"| {code} | {_cell(meaning)} |" for code, meaning in EXIT_CODES]
+    lines.append("")
+    return "\n".join(lines)
+
+
+SUMMARY_FIELDS: dict[str, str] = {
+    "job_id": "The job's id (also in the run directory's name, `ps` and `kill`).",
+    "ok": "True when every rank of the last attempt exited 0.",
+    "interrupted": "The job was stopped (Ctrl-C, SIGTERM, `ptcluster kill`, Slurm).",
+    "gave_up": "Why no further attempt was made after a failed one (`--max-restarts`).",
+    "no_progress": "The restarts gave up: an attempt saved no newer checkpoint (exit 3).",
+    "ended_by": "Who ended the job from outside (Slurm's scancel, time limit, preemption; "
+                "`ptcluster kill`).",
+    "attempts": "Every attempt in order: hosts, world size, master port, cause, step resumed "
+                "from, newest checkpoint, downtime, nodes dropped and why.",
+    "duration_s": "Seconds from start to the end of the teardown.",
+    "console_dropped": "Lines the console skipped because it could not keep up (all are in the "
+                       "logs).",
+    "log_errors": "Logs that could not be written, with the first error and the lines they "
+                  "miss.",
+    "root_cause": "The failure that happened first (on corrected clocks): host, rank, kind "
+                  "(`rank`, `lost`, `hang`, `oom`, `gpu`, `disk`, `unhealthy`, …), message, "
+                  "fix, the known failure it is, exit code, last lines, what the node saw.",
+    "failures": "Every failure in the order it happened, in the root cause's shape.",
+    "hang_report": "Every rank's stacks when `--hang-timeout` found a hang, the straggler "
+                   "first.",
+    "straggler": "The straggler report of the last attempt: every rank's wait share, the "
+                 "history, the peak ratio and every evaluation's ratios.",
+    "ranks": "Every rank: host, local rank, exit code, status, duration, start and end.",
+    "nodes": "Every node: node rank, ready, the interface it chose and why, GPUs, hostname, "
+             "clock offset, address, torch and NCCL versions, how its guard and transport "
+             "ended, GPU errors the driver reported.",
+}
+
+
+def sample_summary() -> dict[str, Any]:
+    """A real ``summary.json`` body (an empty, successful job): its keys are the fields."""
+    from ptcluster.launch.result import RunResult
+
+    return RunResult(job_id="x", run_dir=Path("."), ranks=[], nodes=[], failures=[],
+                     interrupted=False, duration=0.0).to_json()
+
+
+def summary_page() -> str:
+    lines = ["# summary.json", "",
+             "Every run directory (`./ptcluster-runs/<time>-<id>/`) holds `summary.json`, "
+             "written as the job ends. Its top-level fields:", "",
+             "| field | what it holds |", "| --- | --- |"]
+    lines += [f"| `{key}` | {_cell(SUMMARY_FIELDS.get(key, ''))} |" for key in sample_summary()]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def known_failures_page() -> str:
+    from ptcluster.launch.supervise.known import as_markdown
+
+    return as_markdown()
+
+
+def render(path: str) -> str:
+    """The generated page at ``path`` (a key of :data:`PAGES`)."""
+    text: str = globals()[PAGES[path]]()
+    return text
+
+
+def rank_env_page() -> str:
+    """The variables ptcluster gives each node's ranks on a 2+1+1 cluster: ``rank_env``, what
+    ``ptcluster env`` prints and what the node's torchrun is started with."""
+    from ptcluster.cluster.load import parse_hosts
+    from ptcluster.launch.api import prepare
+    from ptcluster.launch.plan import JOB_VAR, Target, rank_env
+
+    plan = prepare(parse_hosts("head:2,node1:1,node2:1"), Target(code=""), port=None)
+    per_node = [dict(rank_env(plan, node)) for node in plan.nodes]
+    names = list(dict.fromkeys(k for env in per_node for k in env))
+    lines = ["# The environment a rank gets", "",
+             "What every rank of a job gets from ptcluster, here for the cluster "
+             "`head:2,node1:1,node2:1` (generated from the launch plan, as "
+             "`ptcluster env` prints it for your own cluster). On each node torchrun then "
+             "adds, per process, `RANK`, `LOCAL_RANK` and its other variables, as it always "
+             "does. `NCCL_SOCKET_IFNAME` and `GLOO_SOCKET_IFNAME` are the cluster file's "
+             "`interface:`, or (as here, where none is set) the interface each node detects "
+             "at launch on its route to the master. "
+             "Nothing else of the head's environment is shipped; your cluster file's `env:` "
+             "is added to this.", "",
+             "| variable | " + " | ".join(f"node {n.node_rank}: `{n.host}`"
+                                         for n in plan.nodes) + " |",
+             "| --- |" + " --- |" * len(plan.nodes)]
+    for name in names:
+        values = ["(a new id per job)" if name == JOB_VAR else env.get(name, "—")
+                  for env in per_node]
+        lines.append(f"| `{name}` | " + " | ".join(_cell(v) for v in values) + " |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _literal(node: ast.expr | None) -> str | None:
+    """A string argument as written, ``…`` where an f-string puts a value; None otherwise."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else "…"
+                       for v in node.values)
+    return None
+
+
+def doctor_findings() -> list[tuple[str, str, str, str, str]]:
+    """(check, its docstring, status, what, fix) for every warning and failure a doctor check
+    can report with its own fix, read from the checks' source (``Finding(...)`` calls): what
+    doctor prints is what the page says."""
+    import inspect
+
+    from ptcluster.doctor.checks import FAST_CHECKS
+
+    rows = []
+    for check in FAST_CHECKS:
+        doc = " ".join((inspect.getdoc(check) or "").split("\n\n")[0].split())
+        for call in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(check)))):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                    and call.func.id == "Finding" and len(call.args) >= 4):
+                continue
+            status = call.args[2].id if isinstance(call.args[2], ast.Name) else ""
+            fix_node = call.args[4] if len(call.args) > 4 else next(
+                (k.value for k in call.keywords if k.arg == "fix"), None)
+            name, what, fix = _literal(call.args[0]), _literal(call.args[3]), _literal(fix_node)
+            if status in ("WARN", "FAIL") and name and what and fix:
+                rows.append((name, doc, status.lower(), what, fix))
+    return rows
+
+
+def doctor_checks_page() -> str:
+    from ptcluster.doctor.checks import FAST_CHECKS
+
+    lines = ["# doctor's checks and their fixes", "",
+             "Every check `ptcluster doctor` (and `run --preflight`) makes, and every warning "
+             "or failure it reports with its fix, read from the checks' own code "
+             "(`ptcluster/doctor/checks.py`; `…` is a value filled in at run time). After "
+             "them doctor runs the compute probe and a real all-reduce over every rank.", "",
+             "| check | what it verifies |", "| --- | --- |"]
+    for check in FAST_CHECKS:
+        name = check.__name__.removeprefix("check_").replace("_", " ")
+        what = (check.__doc__ or "").split("\n\n")[0] or "see the fixes below"
+        lines.append(f"| {name} | {_cell(what)} |")
+    lines += ["", "## What it reports, and the fix", "", "| check | status | what | fix |",
+              "| --- | --- | --- | --- |"]
+    lines += [f"| {name} | {status} | {_cell(what)} | {_cell(fix)} |"
+              for name, _, status, what, fix in doctor_findings()]
+    lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""The docs site, for real: ``mkdocs build --strict`` offline, and every shell block of the pages
+a user follows run as a user would type it (``tests.support.docblocks``: a block marked
+``<!-- not-run: REASON -->`` is skipped and counted; an unmarked one must run, and a console
+block's output must show)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.docblocks import blocks, run_block, user_pages
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+_EXTERNAL = re.compile(
+    r"""<script[^>]+src=["']?https?:|<link[^>]+href=["']?https?:|url\(\s*["']?https?:"""
+    r"""|@import\s+["']?https?:|fonts\.googleapis|fonts\.gstatic""", re.I)
+
+
+def test_the_site_builds_strictly_and_reads_offline(tmp_path: Path) -> None:
+    """``mkdocs build --strict`` (a broken link or a missing page fails), then no page, style or
+    script of the built site loads anything from the network (Material's Google Fonts are off:
+    ``theme.font: false``)."""
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(site)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pages = list(site.rglob("*.html"))
+    assert len(pages) > 20
+    for path in [*pages, *site.rglob("*.css"), *site.rglob("*.js")]:
+        hit = _EXTERNAL.search(path.read_text(errors="replace"))
+        assert hit is None, f"{path.relative_to(site)} loads from the network: {hit.group(0)!r}"
+    commands = (site / "reference/commands/index.html").read_text()
+    assert "--max-restarts" in commands and "--trust-cluster-file" in commands
+    assert "nodes[].ssh.reuse" in (site / "reference/cluster-file/index.html").read_text()
+    assert "Security" in (site / "design/security/index.html").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", [p.relative_to(ROOT / "docs").as_posix() for p in user_pages()])
+def test_the_pages_shell_blocks_run(page: str, tmp_path: Path) -> None:
+    """The page's runnable blocks in order, in one fresh directory (a later block may use what an
+    earlier one made, as a reader's would); each must exit 0 and show its console output."""
+    found = blocks(ROOT / "docs" / page)
+    runnable = [b for b in found if b.not_run is None]
+    if not runnable:
+        pytest.skip(f"{page}: no shell block to run here ({len(found)} marked, with reasons)")
+    work = tmp_path / "work"
+    work.mkdir()
+    for b in runnable:
+        failed = run_block(b, work, tmp_path / "bin", ROOT / "src")
+        assert failed is None, failed
