@@ -107,3 +107,42 @@ def test_judge_rank_takes_the_machines_word_first() -> None:
 ])
 def test_the_guards_facts_are_decoded(line: str, expected: ev.Event) -> None:
     assert ev.decode("n", line) == expected
+
+
+OOMD_LINES = [
+    # systemd 252 (Debian 12) and 255 say "Killed", newer ones "Marked … for killing"
+    "Killed /user.slice/user-1000.slice/user@1000.service/app.slice/train.scope due to memory "
+    "pressure for /user.slice/user-1000.slice/user@1000.service being 72.31% > 50.00% for > 20s "
+    "with reclaim activity",
+    "Marked /system.slice/ptjob.service for killing due to memory pressure for /system.slice "
+    "being 81.02% > 60.00% for > 30s with reclaim activity",
+    "Considered 12 cgroups for killing, top candidates were:",
+]
+
+
+def test_systemd_oomds_kills_are_read_from_its_lines() -> None:
+    from ptcluster.node.kernel_log import oomd_lines, within
+
+    kills = oomd_lines(OOMD_LINES)
+    assert [cg for cg, _ in kills] == [
+        "/user.slice/user-1000.slice/user@1000.service/app.slice/train.scope",
+        "/system.slice/ptjob.service"]
+    assert kills[0][1].startswith("memory pressure for /user.slice/user-1000.slice/")
+    # a rank's group is the killed one or below it; a sibling is not
+    assert within("/system.slice/ptjob.service", "/system.slice/ptjob.service")
+    assert within("/system.slice/ptjob.service/rank0", "/system.slice/ptjob.service")
+    assert not within("/system.slice/ptjob.service2", "/system.slice/ptjob.service")
+
+
+def test_a_rank_systemd_oomd_killed_is_named_so() -> None:
+    oom = {"node_kills": 0, "group_kills": 0, "log": "journalctl -k", "victims": [],
+           "oomd": {"group": "/system.slice/ptjob.service",
+                    "why": "memory pressure for /system.slice being 81.02% > 60.00% for > 30s "
+                           "with reclaim activity"}}
+    named = oom_named("n2", -9, oom, "")
+    assert named is not None and named.kind == "oom"
+    assert named.message == (
+        "killed by systemd-oomd, which ended the whole control group /system.slice/ptjob.service "
+        "on n2 (due to memory pressure for /system.slice being 81.02% > 60.00% for > 30s with "
+        "reclaim activity); the kernel's own out-of-memory killer did not run")
+    assert "ManagedOOMMemoryPressureLimit=" in named.fix

@@ -14,6 +14,7 @@ from __future__ import annotations
 import grp
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -121,6 +122,41 @@ def read_journal(since: float | None = None) -> list[LogRecord]:
             at = 0.0
         out.append((at, text))
     return out
+
+
+OOMD_KILL = re.compile(r"(?:Killed|Marked) (/\S*) (?:for killing )?due to (.+)")
+"""systemd-oomd's line for a control group it kills (src/oom/oomd-manager.c: ``Killed %s due to
+memory pressure for %s being …`` up to systemd 255, ``Marked %s for killing due to …`` since;
+the swap rule's lines alike): it kills whole groups from user space, and the kernel logs
+nothing of it."""
+
+
+def oomd_kills(since: float) -> list[tuple[str, str]]:
+    """systemd-oomd's kills since the wall time ``since``: (the control group, why), from its
+    journal (``journalctl -u systemd-oomd``: readable by the same groups as the kernel's)."""
+    try:
+        run = subprocess.run(["journalctl", "-u", "systemd-oomd", "-q", "--no-pager", "-o",
+                              "cat", f"--since=@{int(since) - 1}"], capture_output=True,
+                             timeout=LOG_JOURNAL_TIMEOUT, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return oomd_lines(run.stdout.decode(errors="replace").splitlines())
+
+
+def oomd_lines(lines: list[str]) -> list[tuple[str, str]]:
+    """The (control group, why) of each of systemd-oomd's kill lines among ``lines``."""
+    out = []
+    for line in lines:
+        m = OOMD_KILL.search(line)
+        if m is not None:
+            out.append((m.group(1), m.group(2).strip()))
+    return out
+
+
+def within(group: str, killed: str) -> bool:
+    """Whether control group ``group`` is ``killed`` or below it (oomd kills a whole subtree)."""
+    killed = killed.rstrip("/") or "/"
+    return group == killed or group.startswith(killed + "/") or killed == "/"
 
 
 def kernel_since_boot() -> tuple[list[LogRecord], str]:

@@ -206,6 +206,9 @@ class OomFacts(TypedDict, total=False):
     """Where the guard read the kernel's log (``/dev/kmsg``, ``journalctl -k``); "": nowhere."""
     victims: list[OomVictim]
     """The kernel's victims that were processes of the rank's tree (matched by pid)."""
+    oomd: dict[str, str]
+    """systemd-oomd killed the rank's control group (or one above it): ``{group, why}`` from
+    its journal (no kernel counter rises then)."""
     mem_available: int
     """The node's available and total memory in bytes, at the guard's last look."""
     mem_total: int

@@ -49,6 +49,14 @@ def oom_named(host: str, code: int | None, oom: wire.OomFacts, raised: str) -> N
     (the log was read and names none of its processes, or only a count rose and the rank's end
     does not look like a kill: its own exception says otherwise)."""
     victims = oom.get("victims") or []
+    oomd = oom.get("oomd")
+    if oomd:
+        return Named(f"killed by systemd-oomd, which ended the whole control group "
+                     f"{oomd.get('group') or '?'} on {host} (due to {oomd.get('why') or '?'}); "
+                     "the kernel's own out-of-memory killer did not run",
+                     f"{_fix(host, oom)}; or run the job outside the slice systemd-oomd "
+                     "watches (its ManagedOOMMemoryPressure=), or raise that slice's "
+                     "ManagedOOMMemoryPressureLimit=", "oom", {"oom": dict(oom)})
     how = ("killed by SIGKILL" if code == -signal.SIGKILL else
            "ended without an exit status" if code is None else
            f"killed by {signame(-code)}" if code < 0 else f"exited with code {code}")

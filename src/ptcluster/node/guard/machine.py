@@ -30,6 +30,7 @@ filesystems of the node.
 import errno
 import os
 import re
+import signal
 import threading
 import time
 from typing import Any
@@ -48,9 +49,11 @@ from ptcluster.node.kernel_log import (  # inlined
     LOG_KMSG,
     boot_wall,
     journal_readable,
+    oomd_kills,
     open_kmsg,
     read_journal,
     read_kmsg,
+    within,
 )
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -96,6 +99,9 @@ class MachineWatch:
         """Per rank: every pid its tree had (the shim, its program, their children)."""
         self.groups: dict[int, dict[str, Any]] = {}
         """Per rank: its memory group's counter file, the count first seen there, its limit."""
+        self.unified: dict[int, str] = {}
+        """Per rank: its control group in the unified (v2) hierarchy, where it has one (what
+        systemd-oomd names when it kills)."""
         self.kills: list[dict[str, Any]] = []
         """The kernel's victims since the job started (read so far)."""
         self.pending: dict[int, dict[str, Any]] = {}
@@ -156,6 +162,10 @@ class MachineWatch:
     def note_group(self, rank: int, pid: int) -> None:
         """The memory group ``pid`` is in now, with its count (a group first seen counts from
         there: a rank may move itself into another)."""
+        unified = unified_group(pid)
+        if unified:
+            with self.lock:
+                self.unified[rank] = unified
         found = memory_group(pid)
         if found is None:
             return
@@ -180,7 +190,7 @@ class MachineWatch:
             count = group_oom_kills(group["file"])
             in_group = count - group["base"] if count is not None else 0
         if node <= 0 and in_group <= 0:
-            return None
+            return self.oomd_said(rank, code)
         facts: dict[str, Any] = {"node_kills": node, "group_kills": in_group, "log": self.log}
         if group is not None:
             facts["group"] = os.path.dirname(group["file"])
@@ -193,6 +203,24 @@ class MachineWatch:
             # The node counted kills its log does not show (journald not running, a
             # container's own /dev/kmsg): say what is known, not "none of its processes".
             facts["log"] = ""
+        return facts
+
+    def oomd_said(self, rank: int, code: int | None) -> dict[str, Any] | None:
+        """A SIGKILLed rank no kernel counter explains: did systemd-oomd kill its control group
+        (or one above it)? Only where its journal is readable; None otherwise."""
+        if code not in (None, -signal.SIGKILL) or not journal_readable():
+            return None
+        group = self.unified.get(rank, "")
+        if group in ("", "/"):  # (the root group: nothing oomd manages)
+            return None
+        killed = [(cg, why) for cg, why in oomd_kills(self.since) if within(group, cg)]
+        if not killed:
+            return None
+        facts: dict[str, Any] = {"node_kills": 0, "group_kills": 0, "log": LOG_JOURNAL,
+                                 "victims": [], "oomd": {"group": killed[-1][0],
+                                                          "why": killed[-1][1]}}
+        if self.mem is not None:
+            facts["mem_available"], facts["mem_total"] = self.mem
         return facts
 
     def victims(self, rank: int, counted: int) -> list[dict[str, Any]]:
@@ -369,6 +397,19 @@ def memory_group(pid: int) -> tuple[str, int] | None:
             if os.path.exists(base + "/memory.events"):
                 return base + "/memory.events", read_int(base + "/memory.max")
     return None
+
+
+def unified_group(pid: int) -> str:
+    """``pid``'s control group in the unified hierarchy (``0::PATH`` of ``/proc/PID/cgroup``);
+    "" where it has none."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def group_oom_kills(path: str) -> int | None:
