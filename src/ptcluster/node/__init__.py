@@ -53,8 +53,8 @@ HEALTH = (_N + "gpu_errors", _N + "health")
 """The health gate's parts (after ``accel`` and ``KERNEL_LOG``): the guard's, doctor's, probe's."""
 GUARD = Program("guard", _G + "agent", NODE,
                 (WIRE, NETIF, RANK_WIRE, _N + "safefile", _G + "proctree", _G + "progress",
-                 _G + "outbox", _G + "schedstat", KERNEL_LOG, _N + "gpu_errors", _G + "machine",
-                 _G + "rank_server",
+                 _G + "outbox", _G + "schedstat", KERNEL_LOG, _N + "gpu_errors", _G + "disk",
+                 _G + "machine", _G + "rank_server",
                  _G + "link", _G + "teardown", _N + "records", _N + "leases", _G + "refusal",
                  _G + "tmpdirs", _N + "accel", _G + "gpus", _N + "health", _G + "prechecks",
                  _G + "spawn"),

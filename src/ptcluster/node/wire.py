@@ -244,7 +244,7 @@ class XidFacts(TypedDict, total=False):
 
 class DiskFacts(TypedDict, total=False):
     """The filesystem of a file a rank could not write (ENOSPC, EDQUOT: in its ``rerror``,
-    ``disk``; ``guard.machine.disk_facts``)."""
+    ``disk``; ``guard.disk.disk_facts``)."""
 
     path: str
     mount: str

@@ -1,4 +1,4 @@
-"""What the machine saw when a rank died: the kernel's out-of-memory killer, a full filesystem.
+"""What the machine saw when a rank died: the kernel's out-of-memory killer, the GPU driver.
 
 Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
 
@@ -20,14 +20,9 @@ on a thread of their own), names each Xid's GPU (its PCI address -> index, NVML 
 and its rank (the driver's ``pid=``, matched in the ranks' trees), and sends it to the head at
 once (``Kind.XID``: a warning while the job lives); a rank that then fails carries the Xids of
 its tree, or of the job's GPUs where the driver named no process, in its ``rexit`` (``xids``).
-
-A full disk. When a rank's code raised ENOSPC or EDQUOT (the shim reports the errno and the
-file), the guard stats that file's filesystem: its mount point, type, free and total space
-(``wire.DiskFacts``, in the rank's ``rerror`` frame). With no file named, the nearly full
-filesystems of the node.
+The disk facts of a rank's ENOSPC are ``guard.disk``'s.
 """
 
-import errno
 import os
 import re
 import signal
@@ -42,6 +37,7 @@ from ptcluster.node.gpu_errors import (  # inlined
     parse_xid,
     xid_fix,
 )
+from ptcluster.node.guard.disk import FULL_ERRNOS, disk_facts  # inlined
 from ptcluster.node.guard.proctree import children_map  # inlined
 from ptcluster.node.guard.schedstat import meminfo  # inlined
 from ptcluster.node.kernel_log import (  # inlined
@@ -56,8 +52,6 @@ from ptcluster.node.kernel_log import (  # inlined
     within,
 )
 
-FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-"""What a full filesystem raises: no space left, the user's quota exceeded."""
 LOG_WAIT = 1.0
 """Seconds the guard waits at most for the kernel's account of a kill it counted (the line is
 written just after the signal; journald copies it a moment later)."""
@@ -65,21 +59,11 @@ KILLED = re.compile(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(.*)")
 """The kernel's line for each victim (mm/oom_kill.c: ``%s: Killed process %d (%s) total-vm:…,
 anon-rss:…kB, file-rss:…kB, shmem-rss:…kB, UID:…``; older kernels ``Kill process N (x)``)."""
 RSS = re.compile(r"(anon|file|shmem)-rss:(\d+)kB")
-PSEUDO_FS = frozenset({
-    "proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "debugfs", "tracefs", "securityfs",
-    "pstore", "bpf", "configfs", "fusectl", "hugetlbfs", "autofs", "binfmt_misc", "nsfs",
-    "squashfs", "iso9660", "ramfs", "devtmpfs", "efivarfs", "rpc_pipefs",
-})
-"""Filesystems that are never a job's full disk (always "full", or no blocks at all)."""
 JOURNAL_EVERY = 5.0
 """Seconds between two reads of the journal for Xids while ranks run (a ``journalctl`` each;
 ``/dev/kmsg`` is read on every heartbeat: a read of what is new costs nothing)."""
 MAX_XIDS = 64
 """Xids kept per job (a failing GPU repeats its line many times a second)."""
-NEARLY_FULL = 0.02
-"""A filesystem with less than this share free is named when a rank's ENOSPC named no file."""
-
-
 class MachineWatch:
     """One job's view of the kernel's OOM kills on this node (see the module's docstring)."""
 
@@ -432,51 +416,3 @@ def read_int(path: str) -> int:
     except (OSError, ValueError):
         return 0
     return value if value < 1 << 60 else 0  # v1's "no limit" is a huge number
-
-
-def disk_facts(filename: str) -> dict[str, Any] | None:
-    """The filesystem of ``filename`` (or of its nearest existing folder): ``{path, mount,
-    fstype, source, free, total}``; with no file: ``{full: [...]}``, the nearly full ones."""
-    if not filename:
-        full = [f for f in (fs_facts(m) for m in mounts()) if f is not None and f["total"]
-                and f["free"] < NEARLY_FULL * f["total"]]
-        return {"full": full[:4]} if full else None
-    path = os.path.abspath(filename)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    real = os.path.realpath(path)
-    best = max((m for m in mounts() if real == m[0] or real.startswith(m[0].rstrip("/") + "/")),
-               key=lambda m: len(m[0]), default=None)
-    facts = fs_facts(best or (real, "", ""), at=path)
-    if facts is not None:
-        facts["path"] = filename
-    return facts
-
-
-def fs_facts(mount: tuple[str, str, str], at: str = "") -> dict[str, Any] | None:
-    point, fstype, source = mount
-    if fstype in PSEUDO_FS:
-        return None
-    try:
-        st = os.statvfs(at or point)
-    except OSError:
-        return None
-    return {"mount": point, "fstype": fstype, "source": source,
-            "free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
-
-
-def mounts() -> list[tuple[str, str, str]]:
-    """(mount point, type, source) of every mount this process sees (``mountinfo``)."""
-    out = []
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                fields, rest = left.split(), right.split()
-                if len(fields) > 4 and len(rest) > 1:
-                    point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)),
-                                   fields[4])
-                    out.append((point, rest[0], rest[1]))
-    except OSError:
-        pass
-    return out
