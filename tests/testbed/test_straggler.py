@@ -1,7 +1,7 @@
 """The straggler report on the 3-node testbed (real sshd, a real DDP job over gloo, 1+1+1
 ranks, ``tests/programs/straggler_job.py``): with one node capped to ``CAP_PERCENT`` % of a
-CPU, its rank is named, after rank 0's first step and within ``WITHIN_STEPS`` of its steps, the
-console line the same as summary.json's; a balanced job gets no report."""
+CPU, its rank is named, after rank 0's first step and within the first ``WITHIN_SHARE`` of its
+steps, the console line the same as summary.json's; a balanced job gets no report."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from tests.support.head import only_run, run_head
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 JOB = Path(__file__).resolve().parents[1] / "programs" / "straggler_job.py"
 CAP_PERCENT = 25
-WITHIN_STEPS = 600
-"""Rank 0's steps before the first report. The report needs a full window (3 reports of 2 s from
-every rank, collectives completed in each, so the first is after the job's start), then 2
-evaluations in a row: 8-12 s of steps, at the capped job's ~40 steps/s 320-480 steps."""
+WITHIN_SHARE = 0.5
+"""The share of rank 0's steps (in its 30 s) before the first report. The report needs a full
+window (3 reports of 2 s from every rank, collectives completed in each, so the first is after
+the job's start), then 2 evaluations in a row: 8-12 s of the 30 s. A bound in steps alone
+depended on the machine's speed: the capped job made ~40 steps/s in one run and 64 in another
+(680 steps before a report at 10.6 s)."""
 
 
 def run_job(testbed, tmp_path: Path, no_leftovers,
@@ -48,7 +50,7 @@ def test_a_capped_node_is_named_with_its_rank_and_why(testbed, tmp_path, no_left
     assert first["ranks"] == [2] and first["host"] == slow.name, report
     assert steps and first["at"] > steps[0], (first, steps[:3])
     before = sum(t < first["at"] for t in steps)
-    assert before <= WITHIN_STEPS, (before, len(steps), first)
+    assert before <= WITHIN_SHARE * len(steps), (before, len(steps), first)
     said = [line for line in err if "straggler" in line]
     assert said and said[0] == f"ptcluster: {first['line']}", err
     assert len(said) == len(report["history"]), (said, report["history"])

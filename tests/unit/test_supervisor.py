@@ -256,6 +256,25 @@ def test_a_rank_that_raised_before_the_stop_failed_then_not_when_it_was_killed()
     assert sup.ranks[0].status == "killed by SIGTERM"
 
 
+def test_a_rank_that_exited_on_its_own_just_after_the_stop_did_not_hang() -> None:
+    """Both ranks' argparse ends them at once (exit 2); rank 0's report is stamped first, but
+    rank 2's exit arrives first and starts the teardown. Rank 0 exited with its own code after
+    the stop: not a hang (seen in a doc block's run: "SystemExit: 2, then it hung until the
+    teardown ended it (exited with code 2)")."""
+    usage = "the following arguments are required: --local_rank"
+    sup = make()
+    start(sup)
+    sup.on_event(ev.RankError("a", 0, WALL + 5.0, "SystemExit: 2", exc="SystemExit",
+                              usage=usage), 5.3)
+    sup.on_event(ev.RankError("b", 2, WALL + 5.01, "SystemExit: 2", exc="SystemExit",
+                              usage=usage), 5.1)
+    sup.on_event(ev.RankExit("b", 2, 2, WALL + 5.02, 0.1), 5.1)  # starts the teardown
+    sup.on_event(ev.RankExit("a", 0, 2, WALL + 5.2, 0.1), 5.3)  # after the stop (5.1)
+    first = sup.failures[0]
+    assert first.rank == 0 and first.at == pytest.approx(WALL + 5.0)
+    assert first.message == f"exited with code 2 (argparse: {usage})"
+
+
 def test_the_error_report_may_come_after_the_exit() -> None:
     sup = make()
     start(sup)

@@ -83,7 +83,10 @@ def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
                else f"exited with code {code}")
     fix = None
     text = raised.text if raised is not None else ""
-    if text and stop_at is not None and record.ended_at >= stop_at:
+    # A rank the teardown ended was signalled; one that exited with its own code did not hang:
+    # it exited a moment after another rank's failure had started the teardown.
+    killed = code is None or code < 0
+    if text and stop_at is not None and record.ended_at >= stop_at and killed:
         message = f"{text}, then it hung until the teardown ended it ({message})"
     elif text and raised is not None and not raised.exit_call:
         message += f" ({text})"
