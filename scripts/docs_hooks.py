@@ -33,40 +33,56 @@ def on_files(files: Files, config: Any) -> Files:
     return files
 
 
-def benchmarks_page(docs: Path) -> str:
+def benchmarks_page(docs: Path, results: Path = ROOT / "benchmarks" / "results") -> str:
     """design/benchmarks.md: every script of benchmarks/ with what it measures (its docstring's
-    first paragraph), its command, and the pages that report its latest figures."""
+    first paragraph), how to run it, its latest recorded figures (benchmarks/results/, written by
+    benchmarks/record.py: the date, the commit, the machine) and the pages that explain them."""
     import ast
 
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import record
+
+    scripts = [s for s in sorted((ROOT / "benchmarks").glob("[!_]*.py")) if s.stem != "record"]
+    pages = {p: p.read_text() for p in sorted(docs.rglob("*.md"))}
     lines = ["# Benchmarks", "",
              "Scripts under `benchmarks/` measure ptcluster against a baseline run the same way "
-             "(plain torchrun, the blog recipe, a bare timing loop); they print ratios and are "
-             "not asserted in tests. Each figure is reported on the page that explains the "
-             "behaviour it measures, with how it was measured. Run one with "
-             "`.venv/bin/python benchmarks/NAME.py` (the testbed ones as root).", "",
-             "| benchmark | what it measures | script last changed | figures on |",
-             "| --- | --- | --- | --- |"]
-    pages = {p: p.read_text() for p in sorted(docs.rglob("*.md"))}
-    for script in sorted((ROOT / "benchmarks").glob("[!_]*.py")):
+             "in the same run (plain torchrun, the blog recipe, a bare timing loop, the same "
+             "command without the feature); they print ratios and are never asserted in tests: "
+             "these are noisy machines. Each one's latest figures below are what it printed, "
+             "kept by `benchmarks/record.py` with the date, the commit and the machine; the "
+             "guides explain what the figures mean. Record one with", "",
+             "```bash", ".venv/bin/python benchmarks/record.py NAME [its options]", "```", "",
+             "(the testbed ones as root: they build their own nodes).", "",
+             "| benchmark | what it measures | latest figures |", "| --- | --- | --- |"]
+    sections = []
+    for script in scripts:
         doc = ast.get_docstring(ast.parse(script.read_text())) or ""
-        what = " ".join(doc.split("\n\n")[0].split()).replace("|", "\\|")
+        paragraphs = doc.split("\n\n")
+        what = " ".join(paragraphs[0].split())
+        result = results / f"{script.stem}.txt"
+        fields, output = record.read(result) if result.is_file() else ({}, "")
+        when = f"{fields['date'][:10]}, `{fields['commit'].split()[0]}`" if fields else "—"
+        lines.append(f"| [`{script.name}`](#{script.stem}) | "
+                     f"{what.replace('|', chr(92) + '|')} | {when} |")
         where = [f"[{p.stem}]({p.relative_to(docs / 'design').as_posix()})"
                  if p.is_relative_to(docs / "design") else
                  f"[{p.stem}](../{p.relative_to(docs).as_posix()})"
                  for p, text in pages.items() if script.name in text]
-        lines.append(f"| `{script.name}` | {what} | {_last_commit(script)} | "
-                     f"{', '.join(where) or '—'} |")
-    lines.append("")
-    return "\n".join(lines)
-
-
-def _last_commit(path: Path) -> str:
-    """The commit (short hash, date) that last changed ``path``; "—" outside a git checkout."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "log", "-1", "--format=%h %cs", "--", str(path)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    return f"`{out}`" if out else "—"
+        sections += [f"## {script.stem}", "", what, ""]
+        usage = [p.strip() for p in paragraphs if p.strip().startswith(
+            (".venv/", "PYTHONPATH=", "torchrun"))]
+        if usage:
+            sections += ["```bash", *usage[-1].splitlines(), "```", ""]
+        if fields:
+            sections += [f"Latest figures: {fields['date']}, commit `{fields['commit']}`, "
+                         f"{fields['machine']}, Python {fields['python']}, torch "
+                         f"{fields['torch']}; `{fields['command']}` took {fields['seconds']} s "
+                         f"and exited {fields['exit']}.", "",
+                         "```text", output.rstrip(), "```", ""]
+        else:
+            sections += ["Not recorded with `benchmarks/record.py` yet"
+                         + (": the figures quoted on the pages below were measured by hand, "
+                            "with how, on those pages." if where else "."), ""]
+        if where:
+            sections += [f"Explained on: {', '.join(where)}.", ""]
+    return "\n".join(lines + [""] + sections)

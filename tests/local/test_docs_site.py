@@ -57,3 +57,34 @@ def test_the_pages_shell_blocks_run(page: str, tmp_path: Path) -> None:
     for b in runnable:
         failed = run_block(b, work, tmp_path / "bin", ROOT / "src")
         assert failed is None, failed
+
+
+def test_a_recorded_benchmark_shows_on_the_benchmarks_page(tmp_path: Path) -> None:
+    """``benchmarks/record.py`` runs a real benchmark (a small one), keeps what it printed with the
+    date, the commit and the machine, and the site's benchmarks page shows those figures; the
+    records the repository holds all parse and name a benchmark that exists."""
+    results = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "benchmarks/record.py", "doctor_checks_scale",
+                           "--nodes", "64", "--repeat", "1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "PTCLUSTER_BENCH_RESULTS": str(results)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import docs_hooks
+    import record
+
+    fields, output = record.read(results / "doctor_checks_scale.txt")
+    assert fields["command"] == "benchmarks/doctor_checks_scale.py --nodes 64 --repeat 1"
+    assert re.fullmatch(r"[0-9a-f]{7,} \d{4}-\d\d-\d\d.*", fields["commit"]), fields
+    assert fields["exit"] == "0" and "cores" in fields["machine"]
+    row = next(line for line in output.splitlines() if line.startswith("| 64 |"))
+    assert row in proc.stdout
+    page = docs_hooks.benchmarks_page(ROOT / "docs", results)
+    section = page.split("\n## doctor_checks_scale\n")[1].split("\n## ")[0]
+    assert row in section and fields["date"] in section and fields["commit"] in section
+    assert "Not recorded" in page.split("\n## launch_fanout\n")[1].split("\n## ")[0]
+    for kept in (ROOT / "benchmarks" / "results").glob("*.txt"):
+        fields, output = record.read(kept)
+        assert (ROOT / "benchmarks" / f"{fields['benchmark']}.py").is_file(), kept
+        assert kept.stem == fields["benchmark"] and output.strip(), kept
