@@ -70,7 +70,7 @@ def benchmarks_page(docs: Path, results: Path = ROOT / "benchmarks" / "results")
                  for p, text in pages.items() if script.name in text]
         sections += [f"## {script.stem}", "", what, ""]
         usage = [p.strip() for p in paragraphs if p.strip().startswith(
-            (".venv/", "PYTHONPATH=", "torchrun"))]
+            (".venv/", "sudo ", "PYTHONPATH=", "torchrun"))]
         if usage:
             sections += ["```bash", *usage[-1].splitlines(), "```", ""]
         if fields:
