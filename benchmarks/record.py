@@ -5,9 +5,9 @@ The benchmark runs as it would by hand (this interpreter, the repository's root 
 folder, ``src/`` first on the path); its output is shown as it comes and kept whole. The record
 starts with ``key: value`` lines (benchmark, command, date, commit, machine, python, torch,
 seconds, exit), then a blank line, then the output. A run that exits non-zero is kept too: the
-figures of a failed target are figures. The commit is the checkout's ``HEAD``; when the code the
-benchmarks run (``src/``, ``benchmarks/``, ``tests/``, ``scripts/``) differs from it, the record
-says so.
+figures of a failed target are figures. The commit is the checkout's ``HEAD`` when the run
+started; when the code the benchmarks run (``src/``, ``benchmarks/``, ``tests/``, ``scripts/``)
+differed from it, the record says so.
 
     .venv/bin/python benchmarks/record.py NAME [the benchmark's own options]
 """
@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
     command = f"benchmarks/{name}.py {shlex.join(args)}".strip()
-    started = datetime.datetime.now(datetime.timezone.utc)
+    started, code = datetime.datetime.now(datetime.timezone.utc), commit()
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, text=True)
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
         out.append(line)
     rc = proc.wait()
     fields = {"benchmark": name, "command": command,
-              "date": started.strftime("%Y-%m-%d %H:%M UTC"), "commit": commit(),
+              "date": started.strftime("%Y-%m-%d %H:%M UTC"), "commit": code,
               "machine": machine(), "python": platform.python_version(), "torch": torch(),
               "seconds": f"{time.monotonic() - t0:.0f}", "exit": str(rc)}
     RESULTS.mkdir(parents=True, exist_ok=True)

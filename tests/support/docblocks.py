@@ -24,6 +24,7 @@ TESTED_PAGES = ("getting-started.md", "guides/*.md")
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _NOT_RUN = re.compile(r"^<!--\s*(?P<kind>not-run|testbed):\s*(?P<why>.*?)\s*-->$")
 SHELL = ("bash", "console", "sh", "shell")
+_FILES_ONLY = re.compile(r"(cat > \S+ <<'(\w+)'\n(?:.*\n)*?\2\n)+")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,13 @@ class Block:
     @property
     def id(self) -> str:
         return f"{self.page}:{self.line}"
+
+    @property
+    def writes_files(self) -> bool:
+        """An unmarked bash block that only writes files (``cat > F <<'EOF'`` … ``EOF``): what a
+        later block, the testbed's too, may use."""
+        return (self.lang == "bash" and self.not_run is None
+                and _FILES_ONLY.fullmatch(self.text + "\n") is not None)
 
     def commands(self) -> str:
         """The script to run: the block itself, or a console block's ``$`` lines."""

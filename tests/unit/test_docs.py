@@ -156,3 +156,16 @@ def test_the_readme_is_a_front_page_whose_links_exist() -> None:
                not (root / link).exists()]
     assert not missing, f"README.md links to files that do not exist: {missing}"
     assert ".venv/bin/mkdocs serve" in readme and "bash scripts/test.sh" in readme
+
+
+def test_a_block_that_only_writes_files_is_known_as_such(tmp_path, monkeypatch) -> None:
+    """The testbed's blocks may use a script an earlier block of their page wrote: only blocks
+    that write files and nothing else are run before them."""
+    page = tmp_path / "docs" / "p.md"
+    page.parent.mkdir()
+    page.write_text("```bash\ncat > a.py <<'EOF'\nprint(1)\nEOF\ncat > b.txt <<'END'\nx\nEND\n```\n"
+                    "```bash\ncat > a.py <<'EOF'\nprint(1)\nEOF\nptcluster run a.py\n```\n"
+                    "<!-- not-run: on a GPU -->\n```bash\ncat > c.py <<'EOF'\nEOF\n```\n")
+    monkeypatch.setattr("tests.support.docblocks.DOCS", tmp_path / "docs")
+    found = blocks(page)
+    assert [b.writes_files for b in found] == [True, False, False]
