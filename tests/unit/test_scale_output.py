@@ -87,3 +87,17 @@ def test_doctor_on_three_nodes_keeps_a_column_per_node() -> None:
     out = written(lambda c: doctor_cmd.render(
         c, DoctorReport(findings=findings, probes={}, duration=1.0), ["a", "b", "c"]))
     assert "┃ check ┃ a" in out and "  FAIL ports: b: refused. Fix: open it" in out
+
+
+def test_a_hang_of_8192_ranks_and_a_deadline_on_1024_nodes_are_a_line_each() -> None:
+    from ptcluster.launch.stacks.report import Group, RankStack
+    from ptcluster.launch.supervise.verdict import not_ready, timed_out
+
+    group = Group(ranks=[RankStack(rank=r, host=f"n{r // 8:04d}", error="gone")
+                         for r in range(8192) if r != 17])
+    assert group.label() == "ranks 0-16,18-8191 on n0000,n0001,n0002 +1021 more: no stack (gone)"
+    running = [RankRecord(rank=r, host=f"n{r // 8:04d}", local_rank=r % 8) for r in range(8192)]
+    late = timed_out(running, "n0000", 600.0, at=0.0)
+    assert late.host == "n0000, n0001, n0002 +1021 more"
+    assert late.message.endswith("ranks still running: 0, 1, 2, 3, 4, 5, 6, 7 +8184 more")
+    assert not_ready([f"n{i}" for i in range(300)], 60, 0.0).host == "n0, n1, n2 +297 more"

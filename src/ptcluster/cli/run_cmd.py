@@ -305,11 +305,7 @@ def _print_hang(console: Console, result: RunResult) -> None:
     if not late:
         console.print(f"no straggler named: {why}", markup=False)
     for group in report.groups():
-        ranks = [r.rank for r in group.ranks]
-        hosts = ",".join(dict.fromkeys(str(r.host) for r in group.ranks))
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else \
-            f"ranks {','.join(str(r) for r in ranks)}"
-        console.print(f"  {who} on {hosts}: {group.ranks[0].where()}", markup=False)
+        console.print(f"  {group.label()}", markup=False)
     text, _ = RunDir(result.run_dir).stacks_report(RunDir.HANG_STACKS)
     console.print(f"  every rank's stack: {text}", markup=False)
 
