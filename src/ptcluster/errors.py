@@ -72,3 +72,10 @@ class Problem:
 def who_what_fix(who: str | None, what: str, fix: str | None) -> str:
     """``str(Problem(who, what, fix))``, for a caller that holds the three parts loose."""
     return str(Problem(who, what, fix))
+
+
+def some(names: list[str], shown: int = 3, sep: str = ", ") -> str:
+    """``a, b, c +97 more``: many nodes (or ranks) named in one line, so that a problem on 1024
+    nodes stays a line."""
+    return sep.join(names[:shown]) + (f" +{len(names) - shown} more" if len(names) > shown
+                                      else "")

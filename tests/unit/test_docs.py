@@ -120,6 +120,42 @@ def test_every_doctor_check_is_documented_with_its_fixes() -> None:
     assert {"workdir", "interface", "hostname", "master port", "clock"} <= checks_with_fixes
     assert all(f"| {_cell_text(fix)} |" in page for *_, fix in findings)
     assert "set master.port: auto (every job takes a free port)" in page
+    # fixes the code sets through a name, a helper or a table are there too
+    for fix in ("free disk space in workdir for checkpoints and logs",  # status, fix = WARN, …
+                "install your key on the node: ssh-copy-id, or `ptcluster setup`",  # ssh's words
+                "give the node fewer slots",  # the health gate's memory refusal
+                "uncorrectable ECC error(s) since the driver loaded",  # gathered, then joined
+                "raise the open-files limit"):
+        assert fix in page, fix
+
+
+def test_no_doctor_finding_with_a_fix_is_left_off_its_page() -> None:
+    """Every warning or failure a doctor function reports with a fix has a row: a fix the page
+    cannot read (computed in a new way) fails here, not silently."""
+    import ast
+    import inspect
+    import textwrap
+
+    rows = {}
+    for name, *_ in ref.doctor_findings():
+        rows[name] = rows.get(name, 0) + 1
+    for func in ref.doctor_functions():
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+        wanted: dict[str, int] = {}
+        for call in ref._calls(tree, "Finding"):
+            status = getattr(call.args[2], "id", "") if len(call.args) > 2 else ""
+            fix = ref._arg(call, 4, "fix")
+            name = ref._literal(call.args[0]) if call.args else None
+            if status in ("WARN", "FAIL") and name and fix is not None and not (
+                    isinstance(fix, ast.Constant) and fix.value is None):
+                wanted[name] = wanted.get(name, 0) + 1
+        for name, n in wanted.items():
+            if name in ("ssh", "python"):  # their fixes: the node-problems table
+                assert ref.node_problems()
+            elif name == "health":  # the health gate's table
+                assert len(ref.health_refusals()) >= 5
+            else:
+                assert rows.get(name, 0) >= n, f"{func.__name__}: {name}'s fixes not all read"
 
 
 def _cell_text(text: str) -> str:

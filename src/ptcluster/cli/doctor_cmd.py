@@ -12,8 +12,9 @@ from rich.text import Text
 
 from ptcluster.cli.common import NPROC, PORT, SECONDS, cluster_option, load_spec, quiet
 from ptcluster.cli.console import terminal
-from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN
+from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN, Finding
 from ptcluster.doctor.diagnose import DoctorReport, diagnose
+from ptcluster.errors import Problem
 
 STYLE = {OK: ("ok", "green"), WARN: ("warn", "yellow"), FAIL: ("FAIL", "bold red"),
          SKIP: ("-", "dim")}
@@ -45,33 +46,91 @@ def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allred
     sys.exit(0 if report.ok else 1)
 
 
+NODE_COLUMNS = 8
+"""Nodes the table shows as columns; past it, one row per check with how many nodes had each
+status and the first ones that did not pass."""
+LINES_PER_CHECK = {OK: 3, WARN: 10, FAIL: 10}
+"""On a cluster past ``NODE_COLUMNS``: the lines shown per check and status (the same words on
+many nodes are one line with how many); ``doctor --json`` has every one."""
+DETAILS = ("interface", "versions", "all-reduce", "master port", "compute")
+"""The checks whose passing lines are worth reading."""
+
+
 def render(console: Console, report: DoctorReport, hosts: list[str], *,
            details: bool = True) -> None:
-    """The check x node table, then (with ``details``) what passed, then every failure and
-    warning with its fix, then the verdict. A finding's text is the nodes' (GPU names, OS
-    names, paths): never markup."""
+    """The check x node table (a check x status count past ``NODE_COLUMNS`` nodes), then (with
+    ``details``) what passed, then every failure and warning with its fix, then the verdict. A
+    finding's text is the nodes' (GPU names, OS names, paths): never markup."""
     checks: list[str] = []
     for f in report.findings:
         if f.check not in checks and f.check != "all-reduce":
             checks.append(f.check)
+    cells = {(f.host, f.check): f.status for f in report.findings}
+    console.print(_table(checks, cells, hosts) if len(hosts) <= NODE_COLUMNS else
+                  _counts(checks, cells, hosts))
+    wide = len(hosts) > NODE_COLUMNS
+    for status in (OK, FAIL, WARN) if details else (FAIL, WARN):
+        found = [f for f in report.findings if f.status == status
+                 and (status != OK or f.check in DETAILS)]
+        for check in dict.fromkeys(f.check for f in found):
+            said = [f for f in found if f.check == check]
+            lines = _grouped(said) if wide else [(f.line(), 1) for f in said]
+            keep = LINES_PER_CHECK[status] if wide else len(lines)
+            for text, _ in lines[:keep]:
+                console.print(Text.assemble("  ", mark(status), "   " if status == OK else " ",
+                                            f"{check}: {text}"))
+            if len(lines) > keep:
+                rest = sum(n for _, n in lines[keep:])
+                console.print(f"  ... {check}: {rest} more node(s) (`ptcluster doctor --json` "
+                              "has every one)", markup=False)
+    verdict = ("all checks passed", "green") if report.ok and not any(
+        f.status == WARN for f in report.findings) else (
+        ("passed with warnings", "yellow") if report.ok else
+        (_failed(report), "red"))
+    console.print(Text.assemble(verdict, f" ({report.duration:.1f} s)"))
+
+
+def _table(checks: list[str], cells: dict[tuple[str, str], str], hosts: list[str]) -> Table:
     table = Table(title="ptcluster doctor", title_justify="left")
     table.add_column("check")
     for host in hosts:
         table.add_column(host)
-    cells = {(f.host, f.check): f.status for f in report.findings}
     for check in checks:
         table.add_row(check, *[mark(cells.get((host, check), SKIP)) for host in hosts])
-    console.print(table)
-    for f in report.findings if details else ():
-        if f.status == OK and f.check in ("interface", "versions", "all-reduce", "master port",
-                                            "compute"):
-            console.print(Text.assemble("  ", mark(OK), f"   {f.check}: {f.line()}"))
-    for status in (FAIL, WARN):
-        for f in report.findings:
-            if f.status == status:
-                console.print(Text.assemble("  ", mark(status), f" {f.check}: {f.line()}"))
-    verdict = ("all checks passed", "green") if report.ok and not any(
-        f.status == WARN for f in report.findings) else (
-        ("passed with warnings", "yellow") if report.ok else
-        (f"{len(report.failed)} check(s) failed", "red"))
-    console.print(Text.assemble(verdict, f" ({report.duration:.1f} s)"))
+    return table
+
+
+def _counts(checks: list[str], cells: dict[tuple[str, str], str], hosts: list[str]) -> Table:
+    """One row per check: how many nodes passed, warned, failed, were skipped, and the first
+    nodes that did not pass."""
+    table = Table(title=f"ptcluster doctor: {len(hosts)} nodes", title_justify="left")
+    for col in ("check", "ok", "warn", "FAIL", "-", "not passed on"):
+        table.add_column(col)
+    for check in checks:
+        status = [cells.get((host, check), SKIP) for host in hosts]
+        bad = [h for h, s in zip(hosts, status, strict=True) if s in (FAIL, WARN)]
+        table.add_row(check, *[Text(str(status.count(s)) if status.count(s) else "",
+                                    style=STYLE[s][1]) for s in (OK, WARN, FAIL, SKIP)],
+                      ", ".join(bad[:3]) + (f" +{len(bad) - 3}" if len(bad) > 3 else ""))
+    return table
+
+
+def _grouped(found: list[Finding]) -> list[tuple[str, int]]:
+    """The findings' lines, the same words (and fix) on many nodes as one line that says how
+    many: ``n1, n2 +30: what. Fix: how``; the most common first."""
+    groups: dict[tuple[str, str | None], list[str]] = {}
+    for f in found:
+        groups.setdefault((f.detail, f.fix), []).append(f.host)
+    out = []
+    for (detail, fix), where in sorted(groups.items(), key=lambda g: -len(g[1])):
+        who = ", ".join(where[:2]) + (f" +{len(where) - 2}" if len(where) > 2 else "")
+        out.append((str(Problem(who, detail, fix)), len(where)))
+    return out
+
+
+def _failed(report: DoctorReport) -> str:
+    """``N check(s) failed``, and on how many nodes where that is more than one."""
+    checks = dict.fromkeys(f.check for f in report.failed)
+    nodes = {f.host for f in report.failed}
+    return f"{len(checks)} check(s) failed" + (f" on {len(nodes)} nodes" if len(nodes) > 1
+                                                else "")

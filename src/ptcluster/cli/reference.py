@@ -206,38 +206,167 @@ def _literal(node: ast.expr | None) -> str | None:
     return None
 
 
-def doctor_findings() -> list[tuple[str, str, str, str, str]]:
-    """(check, its docstring, status, what, fix) for every warning and failure a doctor check
-    can report with its own fix, read from the checks' source (``Finding(...)`` calls): what
-    doctor prints is what the page says."""
+def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    return [c for c in ast.walk(tree) if isinstance(c, ast.Call) and (
+        (isinstance(c.func, ast.Name) and c.func.id == name)
+        or (isinstance(c.func, ast.Attribute) and c.func.attr == name))]
+
+
+def _arg(call: ast.Call, at: int, key: str) -> ast.expr | None:
+    if len(call.args) > at:
+        return call.args[at]
+    return next((k.value for k in call.keywords if k.arg == key), None)
+
+
+def _value(tree: ast.AST, node: ast.expr | None, depth: int = 0) -> str | None:
+    """The text ``node`` stands for, as written: a string (``…`` for an f-string's values), a
+    name set once to one in ``tree``, ``x or "default"``, or NVIDIA's fix for an Xid action
+    (``xid_fix(ACT_RESET, …)``); None when it is computed."""
+    if _literal(node) is not None or node is None or depth > 3:
+        return _literal(node)
+    if isinstance(node, ast.BoolOp):
+        return _value(tree, node.values[-1], depth + 1)
+    if isinstance(node, ast.Name):
+        set_to = [a.value for a in ast.walk(tree) if isinstance(a, ast.Assign)
+                  and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)
+                  and a.targets[0].id == node.id]
+        return _value(tree, set_to[0], depth + 1) if len(set_to) == 1 else None
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+            and node.func.id == "xid_fix" and node.args:
+        from ptcluster.node import gpu_errors
+
+        action = node.args[0]
+        if isinstance(action, ast.Name) and action.id.startswith("ACT_"):
+            return gpu_errors.XID_ACTIONS[getattr(gpu_errors, action.id)].format(gpu="N")
+        return "the action NVIDIA gives the Xid (below)"
+    return None
+
+
+def _assigned(tree: ast.AST, name: str) -> list[tuple[str, str | None]]:
+    """Every string ``name`` is set to in ``tree`` (``fix = "…"``, ``status, fix = WARN,
+    "…"``), each with the text the next statement of its block says (the finding's note)."""
+    out = []
+    for block in (n for n in ast.walk(tree) if isinstance(getattr(n, "body", None), list)):
+        body = block.body  # type: ignore[attr-defined]
+        for i, stmt in enumerate(body):
+            if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+                continue
+            target, value = stmt.targets[0], stmt.value
+            pairs = (list(zip(target.elts, value.elts, strict=False))
+                     if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                     else [(target, value)])
+            for t, v in pairs:
+                if isinstance(t, ast.Name) and t.id == name and _value(tree, v):
+                    note = next((_literal(c.args[0]) for s in body[i + 1:i + 2]
+                                 for c in _calls(s, "append") if c.args), None)
+                    out.append((_value(tree, v) or "", note))
+    return out
+
+
+def _said(func: Any, ctor: str, what_at: int, fix_at: int) -> list[tuple[str, str]]:
+    """(what, fix) of every ``ctor(...)`` call in ``func``'s source whose fix is written there:
+    a string, or a name set to strings in the function (``…``: a value filled in at run time)."""
     import inspect
 
+    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    rows = []
+    for call in _calls(tree, ctor):
+        what, fix = _value(tree, _arg(call, what_at, "what")), _arg(call, fix_at, "fix")
+        if _value(tree, fix):
+            rows.append((what or "…", _value(tree, fix) or ""))
+        elif isinstance(fix, ast.Name):
+            rows += [(note or what or "…", text) for text, note in _assigned(tree, fix.id)]
+    return rows
+
+
+def doctor_functions() -> list[Any]:
+    """Every function of the doctor that makes findings, in the order doctor runs them."""
+    from ptcluster.doctor import compute, diagnose, health_checks, slurm_checks
     from ptcluster.doctor.checks import FAST_CHECKS
 
+    return [*FAST_CHECKS, health_checks.check_health, health_checks.check_gpu_warnings,
+            diagnose.run_allreduce, compute.compute_findings, slurm_checks.slurm_checks]
+
+
+def doctor_findings() -> list[tuple[str, str, str, str, str]]:
+    """(check, its docstring, status, what, fix) for every warning and failure a doctor check
+    can report with its own fix, read from the checks' source (``Finding(...)`` calls, and the
+    names their fix is set through): what doctor prints is what the page says."""
+    import inspect
+
     rows = []
-    for check in FAST_CHECKS:
+    for check in doctor_functions():
         doc = " ".join((inspect.getdoc(check) or "").split("\n\n")[0].split())
-        for call in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(check)))):
-            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                    and call.func.id == "Finding" and len(call.args) >= 4):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(check)))
+        for call in _calls(tree, "Finding"):
+            if len(call.args) < 3:
                 continue
             status = call.args[2].id if isinstance(call.args[2], ast.Name) else ""
-            fix_node = call.args[4] if len(call.args) > 4 else next(
-                (k.value for k in call.keywords if k.arg == "fix"), None)
-            name, what, fix = _literal(call.args[0]), _literal(call.args[3]), _literal(fix_node)
-            if status in ("WARN", "FAIL") and name and what and fix:
-                rows.append((name, doc, status.lower(), what, fix))
+            if status not in ("WARN", "FAIL", "status"):
+                continue
+            name, fix = _literal(call.args[0]), _arg(call, 4, "fix")
+            what = _literal(_arg(call, 3, "what"))
+            if not name:
+                continue
+            if _literal(fix):
+                rows.append((name, doc, status.lower(), what or "…", _literal(fix) or ""))
+            elif isinstance(fix, ast.Name):
+                rows += [(name, doc, "warn" if status == "status" else status.lower(),
+                          note or what or "…", text) for text, note in _assigned(tree, fix.id)]
+    return rows
+
+
+def node_problems() -> list[tuple[str, str]]:
+    """(what, fix) when doctor (or any command) cannot reach a node or start its Python: the
+    channel's own diagnosis of ssh's, Slurm's and the shell's last words."""
+    from ptcluster.remote import transport
+
+    return (_said(transport.explain_channel_failure, "Problem", 1, 2)
+            + _said(transport.explain_start_failure, "Problem", 1, 2))
+
+
+def health_refusals() -> list[tuple[str, str, str]]:
+    """(check, what, fix) for every reason the health gate refuses a node (``node.health``:
+    doctor's ``health`` row, and ``run``'s refusal before any rank starts): its ``finding(check,
+    False, what, fix)`` calls, and where one says many things at once, each ``(what, fix)`` it
+    gathered."""
+    import inspect
+
+    from ptcluster.node import health
+
+    rows = []
+    for func in (getattr(health, n) for n in sorted(vars(health))
+                 if n.startswith(("check_", "disk_"))):
+        if getattr(func, "__module__", "") != health.__name__:
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+        for call in _calls(tree, "finding"):
+            ok = _arg(call, 1, "ok")
+            if not (isinstance(ok, ast.Constant) and ok.value is False):
+                continue
+            check = _literal(call.args[0]) or "disk, checkpoint-disk"
+            what, fix = _value(tree, _arg(call, 2, "what")), _value(tree, _arg(call, 3, "fix"))
+            if what:
+                rows.append((check, what, fix or "…"))
+                continue
+            for gathered in _calls(tree, "append"):
+                pair = gathered.args[0] if gathered.args else None
+                if isinstance(pair, ast.Tuple) and len(pair.elts) == 2:
+                    rows.append((check, _value(tree, pair.elts[0]) or "…",
+                                 _value(tree, pair.elts[1]) or "…"))
     return rows
 
 
 def doctor_checks_page() -> str:
     from ptcluster.doctor.checks import FAST_CHECKS
+    from ptcluster.node.gpu_errors import XID_ACTIONS
 
     lines = ["# doctor's checks and their fixes", "",
              "Every check `ptcluster doctor` (and `run --preflight`) makes, and every warning "
-             "or failure it reports with its fix, read from the checks' own code "
-             "(`ptcluster/doctor/checks.py`; `…` is a value filled in at run time). After "
-             "them doctor runs the compute probe and a real all-reduce over every rank.", "",
+             "or failure it reports with its fix, read from the code that reports them "
+             "(`ptcluster/doctor/`, `remote/transport.py`, `node/health.py`; `…` is a value "
+             "filled in at run time). After them doctor runs the compute probe and a real "
+             "all-reduce over every rank.", "",
              "| check | what it verifies |", "| --- | --- |"]
     for check in FAST_CHECKS:
         name = check.__name__.removeprefix("check_").replace("_", " ")
@@ -247,5 +376,22 @@ def doctor_checks_page() -> str:
               "| --- | --- | --- | --- |"]
     lines += [f"| {name} | {status} | {_cell(what)} | {_cell(fix)} |"
               for name, _, status, what, fix in doctor_findings()]
+    lines += ["", "## A node it cannot reach, or whose Python does not start (ssh, python)", "",
+              "doctor's `ssh` or `python` row fails with one of these (so does any command "
+              "whose node program dies before it says anything: the last line ssh, Slurm or "
+              "the shell printed decides which):", "", "| what | fix |", "| --- | --- |"]
+    lines += [f"| {_cell(what)} | {_cell(fix)} |" for what, fix in node_problems()]
+    lines += ["", "## What the health gate refuses a node for (health)", "",
+              "The same checks `run` makes on every node before any rank starts (a restart "
+              "leaves such a node out); doctor's `health` row fails with every one that "
+              "failed, and all their fixes:", "", "| check | what | fix |",
+              "| --- | --- | --- |"]
+    lines += [f"| {check} | {_cell(what)} | {_cell(fix)} |"
+              for check, what, fix in health_refusals()]
+    lines += ["", "A GPU's Xid is refused or answered by the action NVIDIA's catalog gives it "
+              "([why a job died](../guides/why-a-job-died.md)):", "", "| action | fix |",
+              "| --- | --- |"]
+    lines += [f"| {action} | {_cell(text.format(gpu='N'))} |"
+              for action, text in XID_ACTIONS.items()]
     lines.append("")
     return "\n".join(lines)

@@ -36,7 +36,7 @@ from ptcluster.errors import UsageError
 from ptcluster.launch.api import prepare
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LOCAL_RANK_ARGS, LaunchPlan, Target
-from ptcluster.launch.result import RunResult
+from ptcluster.launch.result import RankRecord, RunResult
 from ptcluster.launch.rundir import RunDir, run_dir_for
 from ptcluster.launch.runner import Restarts, Runner
 from ptcluster.launch.supervise.restart import RestartPolicy
@@ -216,12 +216,28 @@ def _run_with_signals(runner: Runner) -> tuple[RunResult, int | None]:
             signal.signal(s, h)
 
 
+PLAN_NODES = 10
+"""Nodes the header lists one by one; past it, the first 8 and the last 2 (the run directory's
+``plan.json`` has every one)."""
+RANKS_ONE_BY_ONE = 32
+"""Ranks the closing table lists one by one; past it, a status that many ranks share is one row
+(how many, on how many nodes, their durations) and a status of a few ranks lists them."""
+
+
 def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
     console.print(Text("ptcluster", style="bold"),
                   f"job {plan.job_id}: world size {plan.world_size} on {len(plan.nodes)} "
                   f"node(s), rendezvous {plan.master_addr}:{plan.master_port or 'auto'}, "
                   f"backend {plan.backend}")
-    for node in plan.nodes:
+    nodes = plan.nodes
+    hidden = nodes[8:-2] if len(nodes) > PLAN_NODES else []
+    for node in nodes:
+        if hidden and node is hidden[0]:
+            console.print(f"  ... {len(hidden)} more node(s), ranks {hidden[0].ranks.start}.."
+                          f"{hidden[-1].ranks.stop - 1} (every node: {run_dir}/plan.json)",
+                          markup=False)
+        if hidden and hidden[0].node_rank <= node.node_rank <= hidden[-1].node_rank:
+            continue
         console.print(f"  node {node.node_rank} {node.host:<16} ranks {node.ranks.start}.."
                       f"{node.ranks.stop - 1}  interface {node.interface or 'auto'}  "
                       f"workdir {node.workdir}")
@@ -267,10 +283,8 @@ def _print_summary(console: Console, result: RunResult) -> None:
     table = Table(title=f"job {result.job_id} ({result.duration:.1f} s)", title_justify="left")
     for col in ("rank", "host", "local", "status", "duration"):
         table.add_column(col)
-    for r in result.ranks:
-        style = "green" if r.exit_code == 0 else "red"
-        table.add_row(str(r.rank), r.host, str(r.local_rank), Text(r.status, style=style),
-                      f"{r.duration:.1f} s" if r.duration is not None else "-")
+    for rank, host, local, status, ok, took in _rank_rows(result):
+        table.add_row(rank, host, local, Text(status, style="green" if ok else "red"), took)
     console.print(table)
     verdict = ("ok", "green") if result.ok else (
         ("interrupted", "yellow") if result.interrupted else ("failed", "red"))
@@ -291,10 +305,33 @@ def _print_hang(console: Console, result: RunResult) -> None:
     if not late:
         console.print(f"no straggler named: {why}", markup=False)
     for group in report.groups():
-        ranks = [r.rank for r in group.ranks]
-        hosts = ",".join(dict.fromkeys(str(r.host) for r in group.ranks))
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else \
-            f"ranks {','.join(str(r) for r in ranks)}"
-        console.print(f"  {who} on {hosts}: {group.ranks[0].where()}", markup=False)
+        console.print(f"  {group.label()}", markup=False)
     text, _ = RunDir(result.run_dir).stacks_report(RunDir.HANG_STACKS)
     console.print(f"  every rank's stack: {text}", markup=False)
+
+
+def _rank_rows(result: RunResult) -> list[tuple[str, str, str, str, bool, str]]:
+    """The closing table's rows (rank, host, local, status, ok, duration): one per rank up to
+    ``RANKS_ONE_BY_ONE``; past it, one row for each status many ranks share, and the ranks of
+    a status only a few have (the one that failed first among them) one by one."""
+    def took(seconds: float | None) -> str:
+        return f"{seconds:.1f} s" if seconds is not None else "-"
+
+    ranks = result.ranks
+    if len(ranks) <= RANKS_ONE_BY_ONE:
+        return [(str(r.rank), r.host, str(r.local_rank), r.status, r.exit_code == 0,
+                 took(r.duration)) for r in ranks]
+    by_status: dict[str, list[RankRecord]] = {}
+    for r in ranks:
+        by_status.setdefault(r.status, []).append(r)
+    rows = []
+    for status, group in sorted(by_status.items(), key=lambda g: len(g[1])):
+        ok = group[0].exit_code == 0
+        if len(group) <= 4:
+            rows += [(str(r.rank), r.host, str(r.local_rank), status, ok, took(r.duration))
+                     for r in group]
+            continue
+        spans = sorted(r.duration for r in group if r.duration is not None)
+        rows.append((f"{len(group)} ranks", f"{len({r.host for r in group})} node(s)", "",
+                     status, ok, f"{took(spans[0])} .. {took(spans[-1])}" if spans else "-"))
+    return rows

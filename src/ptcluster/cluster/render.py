@@ -21,7 +21,7 @@ def render_cluster_yaml(spec: ClusterSpec) -> str:
     out = [
         "# ptcluster cluster file. Check it with `ptcluster doctor`, use it with `ptcluster run`.",
         "# Ranks follow the order of nodes: the first node gets ranks 0..slots-1 and hosts the",
-        "# rendezvous unless `master` says otherwise.",
+        "# rendezvous (`master.addr`: its address on the cluster network, when not `host`).",
         "nodes:",
     ]
     for node in spec.nodes:

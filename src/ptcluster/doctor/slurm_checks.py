@@ -13,19 +13,7 @@ from typing import Any
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.doctor.checks import FAIL, OK, WARN, Finding, per_node
 from ptcluster.doctor.node_report import NodeReport
-
-
-def _cpu_ranges(cpus: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    out: list[str] = []
-    for cpu in cpus:
-        if out and "-" not in out[-1] and int(out[-1]) == cpu - 1:
-            out[-1] = f"{out[-1]}-{cpu}"
-        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == cpu - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{cpu}"
-        else:
-            out.append(str(cpu))
-    return ",".join(out)
+from ptcluster.node.guard.gpus import spans
 
 
 def check_slurm_cpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
@@ -36,7 +24,7 @@ def check_slurm_cpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[F
             return None
         usable = len(slurm["affinity"])
         asked = int(slurm["cpus_on_node"]) if str(slurm.get("cpus_on_node")).isdigit() else None
-        where = f"CPUs {_cpu_ranges(slurm['affinity'])}"
+        where = f"CPUs {spans(slurm['affinity'])}"
         if usable < node.slots:
             return Finding("slurm cpus", node.host, FAIL,
                            f"{node.slots} ranks may use only {usable} CPU(s) ({where})",

@@ -421,7 +421,7 @@ def _runs_as(pid: int, uid: int) -> bool:
 
 
 def describe(record: dict, memory: str | None = None) -> str:
-    """``job 20261201-0930-ab12 (alice, python train.py, since 09:30, 31 GiB)``, from what is
+    """``job 20261201-093000-ab12cd (alice, python train.py, since 09:30, 31 GiB)``, from what is
     known; ``memory``: what its processes use of the resource (a GPU's memory), when known."""
     if not record:
         return "another job (its holder did not say who" + (f", {memory}" if memory else "") \

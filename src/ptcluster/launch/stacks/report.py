@@ -15,6 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ptcluster.errors import some
+from ptcluster.node.guard.gpus import spans
+
 OUR_FILES = ("ptcluster-stack-probe", "ptcluster-shim", "ptcluster-guard")
 """Frames of ptcluster's own code in a rank (the shim that runs the target, the probe)."""
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(.*?)\])? "
@@ -173,8 +176,8 @@ class Group:
     ranks: list[RankStack]
 
     def label(self) -> str:
-        nums = ",".join(str(r.rank) for r in self.ranks)
-        hosts = ",".join(dict.fromkeys(r.host for r in self.ranks))
+        nums = spans([r.rank for r in self.ranks])
+        hosts = some(list(dict.fromkeys(str(r.host) for r in self.ranks)), sep=",")
         who = f"rank {nums}" if len(self.ranks) == 1 else f"ranks {nums}"
         return f"{who} on {hosts}: {self.ranks[0].where()}"
 

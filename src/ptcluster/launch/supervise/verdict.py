@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ptcluster.errors import some
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, FailureKind, RankRecord, signame
 from ptcluster.launch.supervise.known import Known, RankReport, match_rank
@@ -109,7 +110,7 @@ def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
 
 
 def not_ready(hosts: Sequence[str], timeout: float, at: float) -> Failure:
-    return Failure(host=", ".join(hosts), rank=None, kind=FailureKind.START, at=at,
+    return Failure(host=some(list(hosts)), rank=None, kind=FailureKind.START, at=at,
                    message=f"not ready after {timeout:.0f} s",
                    fix="check that the node is reachable and not overloaded (`ptcluster doctor`)")
 
@@ -117,8 +118,8 @@ def not_ready(hosts: Sequence[str], timeout: float, at: float) -> Failure:
 def timed_out(running: Sequence[RankRecord], first_host: str, deadline: float | None,
               at: float) -> Failure:
     hosts = sorted({r.host for r in running}) or [first_host]
-    ranks = ", ".join(str(r.rank) for r in running) or "none"
-    return Failure(host=", ".join(hosts), rank=None, at=at, kind=FailureKind.TIMEOUT,
+    ranks = some([str(r.rank) for r in running], 8) or "none"
+    return Failure(host=some(hosts), rank=None, at=at, kind=FailureKind.TIMEOUT,
                    message=f"timed out after {deadline or 0:.0f} s; ranks still running: {ranks}",
                    fix="a collective hung or a rank is stuck: check the ports and interface "
                        "findings of `ptcluster doctor`")

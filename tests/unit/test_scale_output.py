@@ -1,0 +1,103 @@
+"""What a user reads on a cluster of hundreds of nodes: run's header and closing table, and
+doctor's report, stay about one screen (every node and rank is in the run directory and in
+``doctor --json``); on a few nodes they are as before, one line or column per node."""
+
+from __future__ import annotations
+
+import io
+
+from ptcluster.cli import doctor_cmd, run_cmd
+from ptcluster.cli.console import terminal
+from ptcluster.cluster.load import parse_cluster_text
+from ptcluster.doctor.checks import FAIL, OK, WARN, Finding
+from ptcluster.doctor.diagnose import DoctorReport
+from ptcluster.launch.plan import Target, plan_launch
+from ptcluster.launch.result import RankRecord, RunResult
+
+
+def written(draw) -> str:  # type: ignore[no-untyped-def]
+    out = io.StringIO()
+    draw(terminal(file=out, width=200))
+    return out.getvalue()
+
+
+def cluster(n: int, slots: int = 8) -> str:
+    return "nodes:\n" + "".join(f"  - {{host: n{i:04d}, slots: {slots}}}\n" for i in range(n))
+
+
+def test_the_header_of_a_1024_node_job_lists_ten_nodes_and_says_where_the_rest_are() -> None:
+    plan = plan_launch(parse_cluster_text(cluster(1024), "c.yaml"), Target(script="t.py"),
+                       port=29500, job_id="J")
+    out = written(lambda c: run_cmd._print_plan(c, plan, "runs/J")).splitlines()
+    assert len(out) == 1 + 8 + 1 + 2 + 1, out
+    assert out[1].startswith("  node 0 n0000") and out[8].startswith("  node 7 n0007")
+    assert out[9] == "  ... 1014 more node(s), ranks 64..8175 (every node: runs/J/plan.json)"
+    assert out[10].startswith("  node 1022 n1022") and "ranks 8184..8191" in out[11]
+    small = plan_launch(parse_cluster_text(cluster(10, 1), "c.yaml"), Target(script="t.py"),
+                        port=29500, job_id="J")
+    out = written(lambda c: run_cmd._print_plan(c, small, "runs/J")).splitlines()
+    assert [line.split()[1] for line in out[1:11]] == [str(i) for i in range(10)]
+
+
+def test_the_closing_table_of_8192_ranks_names_the_failed_one_and_counts_the_rest() -> None:
+    ranks = [RankRecord(rank=r, host=f"n{r // 8:04d}", local_rank=r % 8, started_at=0.0,
+                        exit_code=-15, stopped=True, duration=20.0 + r / 8192)
+             for r in range(8192)]
+    ranks[17] = RankRecord(rank=17, host="n0002", local_rank=1, started_at=0.0, exit_code=1,
+                           duration=12.5)
+    rows = run_cmd._rank_rows(RunResult(job_id="J", run_dir="d", ranks=ranks, duration=21.0,
+                                      nodes=[], failures=[], interrupted=False))
+    assert rows == [("17", "n0002", "1", "exit 1", False, "12.5 s"),
+                    ("8191 ranks", "1024 node(s)", "", "stopped (job teardown)", False,
+                     "20.0 s .. 21.0 s")]
+    few = run_cmd._rank_rows(RunResult(job_id="J", run_dir="d", ranks=ranks[:32], nodes=[],
+                                       failures=[], interrupted=False, duration=21.0))
+    assert [row[0] for row in few] == [str(r) for r in range(32)]
+
+
+def test_doctor_on_40_nodes_counts_per_check_and_says_each_thing_once() -> None:
+    hosts = [f"n{i:02d}" for i in range(40)]
+    findings = [Finding("ssh", h, OK, "BatchMode ssh ok") for h in hosts]
+    findings += [Finding("interface", h, OK, f"eth0 (detected) 10.0.0.{i}/24")
+                 for i, h in enumerate(hosts)]
+    findings += [Finding("ports", h, FAIL if i < 38 else OK,
+                         "10.0.0.1:41000 refused" if i < 38 else "reached",
+                         "allow TCP between cluster nodes" if i < 38 else None)
+                 for i, h in enumerate(hosts)]
+    findings.append(Finding("clock", "n07", WARN, "clock 2.1 s from the median", "run NTP"))
+    out = written(lambda c: doctor_cmd.render(
+        c, DoctorReport(findings=findings, probes={}, duration=1.0), hosts))
+    lines = out.splitlines()
+    assert "ptcluster doctor: 40 nodes" in out and "n39" not in out.split("\n  ok")[0]
+    ports = next(line for line in lines if line.startswith("│ ports"))
+    assert [cell.strip() for cell in ports.split("│")[2:7]] == \
+        ["2", "", "38", "", "n00, n01, n02 +35"], ports
+    assert "  FAIL ports: n00, n01 +36: 10.0.0.1:41000 refused. Fix: allow TCP between cluster " \
+        "nodes" in lines
+    assert "  warn clock: n07: clock 2.1 s from the median. Fix: run NTP" in lines
+    shown = [line for line in lines if line.startswith("  ok   interface:")]
+    assert len(shown) == doctor_cmd.LINES_PER_CHECK[OK]
+    assert "  ... interface: 37 more node(s) (`ptcluster doctor --json` has every one)" in lines
+    assert len(lines) < 40 and lines[-1] == "1 check(s) failed on 38 nodes (1.0 s)"
+
+
+def test_doctor_on_three_nodes_keeps_a_column_per_node() -> None:
+    findings = [Finding("ssh", h, OK, "ok") for h in ("a", "b", "c")]
+    findings.append(Finding("ports", "b", FAIL, "refused", "open it"))
+    out = written(lambda c: doctor_cmd.render(
+        c, DoctorReport(findings=findings, probes={}, duration=1.0), ["a", "b", "c"]))
+    assert "┃ check ┃ a" in out and "  FAIL ports: b: refused. Fix: open it" in out
+
+
+def test_a_hang_of_8192_ranks_and_a_deadline_on_1024_nodes_are_a_line_each() -> None:
+    from ptcluster.launch.stacks.report import Group, RankStack
+    from ptcluster.launch.supervise.verdict import not_ready, timed_out
+
+    group = Group(ranks=[RankStack(rank=r, host=f"n{r // 8:04d}", error="gone")
+                         for r in range(8192) if r != 17])
+    assert group.label() == "ranks 0-16,18-8191 on n0000,n0001,n0002 +1021 more: no stack (gone)"
+    running = [RankRecord(rank=r, host=f"n{r // 8:04d}", local_rank=r % 8) for r in range(8192)]
+    late = timed_out(running, "n0000", 600.0, at=0.0)
+    assert late.host == "n0000, n0001, n0002 +1021 more"
+    assert late.message.endswith("ranks still running: 0, 1, 2, 3, 4, 5, 6, 7 +8184 more")
+    assert not_ready([f"n{i}" for i in range(300)], 60, 0.0).host == "n0, n1, n2 +297 more"
