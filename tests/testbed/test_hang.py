@@ -196,8 +196,9 @@ def test_stacks_on_a_healthy_job_leaves_it_running_and_its_result_unchanged(
     for proc in asked:
         assert proc.returncode == 0, proc.stderr
         places = [line for line in proc.stdout.splitlines() if line.startswith("  rank")]
-        ranks = {int(n) for line in places
-                 for n in re.match(r"  ranks? ([\d,]+) on", line).group(1).split(",")}
+        ranks = {n for line in places  # "ranks 0-1,3 on …": spans
+                 for part in re.match(r"  ranks? ([\d,-]+) on", line).group(1).split(",")
+                 for n in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)}
         assert ranks == {0, 1, 2}, proc.stdout
         assert "train.py:" in proc.stdout and "saved in" in proc.stderr
     assert len(list((runs / job_id).glob("stacks-*.txt"))) == 3
