@@ -206,6 +206,13 @@ def _literal(node: ast.expr | None) -> str | None:
     return None
 
 
+def _source(func: Any) -> ast.Module:
+    """``func``'s own source, parsed."""
+    import inspect
+
+    return ast.parse(textwrap.dedent(inspect.getsource(func)))
+
+
 def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
     return [c for c in ast.walk(tree) if isinstance(c, ast.Call) and (
         (isinstance(c.func, ast.Name) and c.func.id == name)
@@ -266,9 +273,8 @@ def _assigned(tree: ast.AST, name: str) -> list[tuple[str, str | None]]:
 def _said(func: Any, ctor: str, what_at: int, fix_at: int) -> list[tuple[str, str]]:
     """(what, fix) of every ``ctor(...)`` call in ``func``'s source whose fix is written there:
     a string, or a name set to strings in the function (``…``: a value filled in at run time)."""
-    import inspect
 
-    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    tree = _source(func)
     rows = []
     for call in _calls(tree, ctor):
         what, fix = _value(tree, _arg(call, what_at, "what")), _arg(call, fix_at, "fix")
@@ -297,7 +303,7 @@ def doctor_findings() -> list[tuple[str, str, str, str, str]]:
     rows = []
     for check in doctor_functions():
         doc = " ".join((inspect.getdoc(check) or "").split("\n\n")[0].split())
-        tree = ast.parse(textwrap.dedent(inspect.getsource(check)))
+        tree = _source(check)
         for call in _calls(tree, "Finding"):
             if len(call.args) < 3:
                 continue
@@ -330,7 +336,6 @@ def health_refusals() -> list[tuple[str, str, str]]:
     doctor's ``health`` row, and ``run``'s refusal before any rank starts): its ``finding(check,
     False, what, fix)`` calls, and where one says many things at once, each ``(what, fix)`` it
     gathered."""
-    import inspect
 
     from ptcluster.node import health
 
@@ -339,7 +344,7 @@ def health_refusals() -> list[tuple[str, str, str]]:
                  if n.startswith(("check_", "disk_"))):
         if getattr(func, "__module__", "") != health.__name__:
             continue
-        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+        tree = _source(func)
         for call in _calls(tree, "finding"):
             ok = _arg(call, 1, "ok")
             if not (isinstance(ok, ast.Constant) and ok.value is False):

@@ -231,13 +231,11 @@ def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
                   f"backend {plan.backend}")
     nodes = plan.nodes
     hidden = nodes[8:-2] if len(nodes) > PLAN_NODES else []
-    for node in nodes:
-        if hidden and node is hidden[0]:
+    for node in nodes[:8] + nodes[-2:] if hidden else nodes:
+        if hidden and node is nodes[-2]:
             console.print(f"  ... {len(hidden)} more node(s), ranks {hidden[0].ranks.start}.."
                           f"{hidden[-1].ranks.stop - 1} (every node: {run_dir}/plan.json)",
                           markup=False)
-        if hidden and hidden[0].node_rank <= node.node_rank <= hidden[-1].node_rank:
-            continue
         console.print(f"  node {node.node_rank} {node.host:<16} ranks {node.ranks.start}.."
                       f"{node.ranks.stop - 1}  interface {node.interface or 'auto'}  "
                       f"workdir {node.workdir}")
