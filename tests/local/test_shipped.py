@@ -135,7 +135,7 @@ def test_rank_records_and_their_frames_agree() -> None:
     handed = next(line for line in pack_source(GUARD).splitlines()
                   if line.startswith(f"{HANDED} = "))  # one line: a repr
     names = ast.literal_eval(handed.partition(" = ")[2])
-    assert set(names) == {rank_wire.SHIM_FILE, rank_wire.PROBE_FILE}
+    assert set(names) == {rank_wire.SHIM_FILE, rank_wire.PROBE_FILE, rank_wire.AGENT_FILE}
     for name, source in names.items():
         compile(source, name, "exec")
         assert "from ptcluster" not in source

@@ -121,6 +121,9 @@ def test_2_1_1_job_ranks_on_the_right_hosts(testbed, job_dir, no_leftovers) -> N
         assert info["PTC_TEST_HEAD_ONLY"] is None  # nothing of the head's env is shipped
         assert f"[{expect_host[rank]}:{rank}] done" in head.lines
     assert [r["host"] for r in summary["ranks"]] == expect_host
+    # torch's exit barrier on nodes 1 and 2 used to lose node 0's store when node 0 ended first
+    # ("Error waiting on exit barrier" and two tracebacks, in 3 of 6 runs: torchrun_agent.py)
+    assert "Traceback" not in head.output()
 
 
 def test_script_exit_3_on_rank_2_names_its_node(testbed, job_dir, no_leftovers) -> None:

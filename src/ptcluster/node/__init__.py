@@ -7,8 +7,8 @@ its program's kind, and ``tests/local/test_shipped.py`` checks it for every modu
 
 * ``NODE`` programs (started by the head over a node channel): the standard library and their
   parts (plus an optional third-party module behind ``try``: ``OPTIONAL``);
-* ``RANK`` programs (run inside a rank, under torchrun): the standard library, torch and their
-  parts.
+* ``RANK`` programs (run inside a rank, under torchrun, or as torchrun's agent): the standard
+  library, torch and their parts.
 
 This ``__init__`` (and those of its subfolders) is not shipped: it is the head's list.
 """
@@ -26,7 +26,8 @@ OPTIONAL = ("psutil", "pynvml")
 class Program:
     """A shipped program: ``module`` is its main module; ``parts`` are the modules shipped in
     front of it, in order (each may import only those before it); ``hands`` are programs packed
-    into this one for it to hand on (the guard gives its ranks their shim and stack probe)."""
+    into this one for it to hand on (the guard gives its ranks their shim and stack probe, and
+runs torchrun's agent program)."""
 
     name: str
     """Its label where it runs: ``ptcluster-NAME`` in tracebacks, ``ps`` and stacks."""
@@ -47,6 +48,8 @@ SHIM = Program("shim", _N + "rank.shim", RANK, (RANK_WIRE,))
 """Every rank's process: the parent around the user's program (reads no torch itself)."""
 STACK_PROBE = Program("stack-probe", _N + "rank.stack_probe", RANK, (RANK_WIRE,))
 """Installed by the shim in the rank's process: stacks on request, collectives' progress."""
+TORCHRUN_AGENT = Program("torchrun", _N + "rank.torchrun_agent", RANK)
+"""torchrun on every node, run by the guard: the rendezvous store outlives the exit barrier."""
 _G = _N + "guard."
 KERNEL_LOG = _N + "kernel_log"
 HEALTH = (_N + "gpu_errors", _N + "health")
@@ -58,7 +61,7 @@ GUARD = Program("guard", _G + "agent", NODE,
                  _G + "link", _G + "teardown", _N + "records", _N + "leases", _G + "refusal",
                  _G + "tmpdirs", _N + "accel", _G + "gpus", _N + "health", _G + "prechecks",
                  _G + "spawn"),
-                hands=(SHIM, STACK_PROBE))
+                hands=(SHIM, STACK_PROBE, TORCHRUN_AGENT))
 """Run's node agent: owns one node's part of a job."""
 FACTS = Program("facts", _N + "doctor_facts", NODE,
                 (WIRE, NETIF, _N + "accel", _N + "firewall", KERNEL_LOG, *HEALTH))
@@ -80,5 +83,5 @@ ALLREDUCE = Program("allreduce", _N + "rank.allreduce", RANK, (RANK_WIRE, _N + "
 BENCH_WORKER = Program("bench", _N + "rank.bench_worker", RANK, (RANK_WIRE, _N + "rank.api"))
 """``ptcluster bench``'s sweep, in every rank."""
 
-PROGRAMS = (GUARD, SHIM, STACK_PROBE, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE, ALLREDUCE,
-            BENCH_WORKER)
+PROGRAMS = (GUARD, SHIM, STACK_PROBE, TORCHRUN_AGENT, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE,
+            ALLREDUCE, BENCH_WORKER)

@@ -35,8 +35,13 @@ stack probe is its neighbour). A path, not code: a rank's environment carries co
 SHIM_BOOT = (f"import os;f=open(os.environ[{SHIM_VAR!r}]);s=f.read();f.close();"
              "exec(compile(s,'ptcluster-shim','exec'))")
 """The code torchrun runs for every rank (``-c``): the shim, from the file the guard wrote."""
-SHIM_FILE, PROBE_FILE = "shim.py", "stack_probe.py"
-"""Their names in that dir (the packer names a handed program by its module's file)."""
+SHIM_FILE, PROBE_FILE, AGENT_FILE = "shim.py", "stack_probe.py", "torchrun_agent.py"
+"""Their names in that dir (the packer names a handed program by its module's file), and that
+of torchrun's agent program (``node/rank/torchrun_agent.py``), which the guard runs too."""
+AGENT_BOOT = ("import sys;p=sys.argv.pop(1);f=open(p);s=f.read();f.close();"
+              "exec(compile(s,'ptcluster-torchrun','exec'))")
+"""``python -c AGENT_BOOT PATH TORCHRUN_ARGS``: the agent program from the file the guard wrote
+(its path the first argument, taken off before torchrun parses the rest)."""
 
 # -- the environment of every rank: what ptcluster sets, who reads it ---------------------
 JOB_VAR = "PTCLUSTER_JOB_ID"

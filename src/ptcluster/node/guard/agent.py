@@ -115,7 +115,8 @@ class Guard:
         ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out, self.link.machine)
         self.link.meter = ProgressMeter(ranks.probes)
         self.link.ranks = ranks
-        self.child = start_torchrun(self.cfg, rank_env(self.cfg, facts, self.tmpdir, ranks.path))
+        self.child = start_torchrun(self.cfg, rank_env(self.cfg, facts, self.tmpdir, ranks.path),
+                                    self.tmpdir)
         self.send(Kind.STARTED, {"pid": self.child.pid})
         self.pump_thread = pump_agent(self.child.stdout, self.out)
 

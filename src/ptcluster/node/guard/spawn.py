@@ -18,8 +18,10 @@ from ptcluster.node.guard.outbox import Outbox  # inlined
 from ptcluster.node.guard.prechecks import node_python  # inlined
 from ptcluster.node.guard.proctree import libc_prctl  # inlined
 from ptcluster.node.rank_wire import (  # inlined
+    AGENT_BOOT,
     AGENT_ERROR_FILE,
     AGENT_ERROR_VAR,
+    AGENT_FILE,
     IFNAME_VARS,
     SHIM_FILE,
     SHIM_VAR,
@@ -30,9 +32,10 @@ from ptcluster.node.wire import GuardConfig, Kind, ReadyFacts, encode_text  # in
 
 PR_SET_PDEATHSIG = 1
 HANDED: dict[str, str] = globals().get("HANDED", {})
-"""The programs this guard hands its ranks (file name -> packed source: the shim and its stack
-probe). The packer (``remote.bootstrap``) assigns them to this very name (its ``HANDED``) in front
-of the packed source; ``tests/local/test_shipped.py`` checks that the two names are one."""
+"""The programs this guard hands on (file name -> packed source: its ranks' shim and stack probe,
+torchrun's agent program). The packer (``remote.bootstrap``) assigns them to this very name (its
+``HANDED``) in front of the packed source; ``tests/local/test_shipped.py`` checks that the two
+names are one."""
 SLURM_TASK_VARS = (
     "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
     "SLURM_NNODES", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_TASKS_PER_NODE",
@@ -115,11 +118,25 @@ def child_setup(slurm: bool) -> Callable[[], None]:
     return setup
 
 
-def start_torchrun(cfg: GuardConfig, env: dict[str, str]) -> subprocess.Popen[bytes]:
+TORCHRUN = ["-m", "torch.distributed.run"]
+
+
+def agent_argv(argv: list[str], tmpdir: str) -> list[str]:
+    """The plan's torchrun command (``python -m torch.distributed.run ARGS``, what one would type
+    by hand) as this guard runs it: torch's same ``main`` with the same ARGS, under the agent
+    program it wrote into ``tmpdir`` (``node/rank/torchrun_agent.py`` says what it adds)."""
+    if argv[1:3] != TORCHRUN:
+        return argv
+    return [argv[0], "-c", AGENT_BOOT, os.path.join(tmpdir, AGENT_FILE), *argv[3:]]
+
+
+def start_torchrun(cfg: GuardConfig, env: dict[str, str],
+                   tmpdir: str) -> subprocess.Popen[bytes]:
     """torchrun, its output (the agent's own: the ranks' comes through the rank server) on one
     pipe."""
     return subprocess.Popen(
-        node_python(cfg["argv"]), cwd=cfg["workdir"], env=env, stdin=subprocess.DEVNULL,
+        agent_argv(node_python(cfg["argv"]), tmpdir), cwd=cfg["workdir"], env=env,
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=child_setup(under_slurm()),
     )
 
