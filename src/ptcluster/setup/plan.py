@@ -18,7 +18,7 @@ from ptcluster.cluster.model import SETUP_PYTHON, SETUP_VENV
 from ptcluster.cluster.validate import is_dns_name
 from ptcluster.errors import Problem
 from ptcluster.setup.torch_choice import TorchChoice
-from ptcluster.setup.wheels import self_requirement
+from ptcluster.setup.wheels import extras_said, self_requirement, venv_lacks
 
 if TYPE_CHECKING:
     from ptcluster.setup.slurm import SlurmCluster
@@ -253,15 +253,6 @@ def _wanted(cf: ClusterFacts) -> dict[str, str]:
     return {"torch": cf.torch.local_version, "ptcluster": cf.self_version}
 
 
-EXTRA_DISTS = {"scikit_learn": "scikit-learn"}
-"""What ptcluster's extras (``wheels.SELF_EXTRAS``) bring, as the node's facts name it ->
-as the plan says it: in the venv in any version (pip picks it; the head does not know which
-before its download)."""
-
-
-def _lacking_extras(dists: dict[str, Any]) -> list[str]:
-    return [said for name, said in EXTRA_DISTS.items() if not dists.get(name)]
-
 
 def _install_case(host: str, facts: dict[str, Any], cf: ClusterFacts) -> str:
     """What ``wheels`` and ``torch + ptcluster`` share: ``no torch`` (no build fits),
@@ -271,8 +262,7 @@ def _install_case(host: str, facts: dict[str, Any], cf: ClusterFacts) -> str:
         return "no torch"
     venv = _python_venv(host, facts, cf)
     dists = facts["venv"].get("dists") or {}
-    if venv.status == OK and all(dists.get(k) == v for k, v in _wanted(cf).items()) \
-            and not _lacking_extras(dists):
+    if venv.status == OK and not venv_lacks(dists, _wanted(cf)):
         return "installed"
     return "no venv" if venv.status == BLOCKED else "install"
 
@@ -299,23 +289,19 @@ def _wheels(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
 
 def _torch(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
     case, want = _install_case(host, facts, cf), _wanted(cf)
+    dists = facts["venv"].get("dists") or {}
     if case == "no torch":
         return Step("torch + ptcluster", BLOCKED, str(cf.torch.problem or NO_TORCH))
     if case == "installed":
-        dists = facts["venv"].get("dists") or {}
-        extras = "".join(f", {said} {dists[name]}" for name, said in EXTRA_DISTS.items())
         return Step("torch + ptcluster", OK, f"torch {want['torch']}, ptcluster "
-                    f"{want['ptcluster']}{extras} ({cf.torch.why})")
+                    f"{want['ptcluster']}{extras_said(dists)} ({cf.torch.why})")
     if case == "no venv":
         return Step("torch + ptcluster", BLOCKED, "needs the venv (see above)")
-    dists = facts["venv"].get("dists") or {}
     pip = StepAction((VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check",
                       "--no-index", "--find-links", WHEELHOUSE, cf.torch.requirement,
                       self_requirement(cf.self_version)), timeout=3600)
-    now = ", ".join([f"{k} {dists.get(k) or 'missing'}" for k in want] +
-                    [f"{said} missing" for said in _lacking_extras(dists)])
-    return Step("torch + ptcluster", CHANGE, f"{now}; want torch {want['torch']} "
-                f"({cf.torch.why}), ptcluster {want['ptcluster']}", (pip,))
+    return Step("torch + ptcluster", CHANGE, f"{', '.join(venv_lacks(dists, want))}; want torch "
+                f"{want['torch']} ({cf.torch.why}), ptcluster {want['ptcluster']}", (pip,))
 
 
 def _env_file(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:

@@ -35,6 +35,9 @@ offline data set, the one it trains on where MNIST cannot be downloaded; getting
 after setup (``run -m ptcluster.examples.mnist``) needs it on nodes without a package index,
 which are the case the wheelhouse is for. It adds scikit-learn, SciPy, joblib and threadpoolctl
 to the wheelhouse (NumPy is a dependency already): ~50 MB beside torch's 190 MB (CPU build)."""
+EXTRA_DISTS = {"scikit_learn": "scikit-learn"}
+"""What ``SELF_EXTRAS`` bring, as a node's venv facts name it -> as setup's plan says it; any
+version will do (pip picks it: the head does not know which before its download)."""
 PROGRESS_EVERY = 15.0
 """Seconds between the download's progress notes (what is in the folder so far)."""
 
@@ -64,6 +67,20 @@ def code_hash() -> str:
 def self_requirement(version: str) -> str:
     """What the nodes' pip installs of ours: ``ptcluster[digits]==VERSION``."""
     return f"ptcluster[{','.join(SELF_EXTRAS)}]=={version}"
+
+
+def venv_lacks(dists: dict[str, str | None], wanted: dict[str, str]) -> list[str]:
+    """What a node's venv (its facts' ``dists``) lacks, as setup's plan says it: ``torch
+    2.12.0`` (not the ``wanted`` version), ``ptcluster missing``, ``scikit-learn missing``
+    (``EXTRA_DISTS``: any version)."""
+    return [f"{k} {dists.get(k) or 'missing'}" for k, v in wanted.items() if dists.get(k) != v] \
+        + [f"{said} missing" for name, said in EXTRA_DISTS.items() if not dists.get(name)]
+
+
+def extras_said(dists: dict[str, str | None]) -> str:
+    """``, scikit-learn 1.9.1``: the ``EXTRA_DISTS`` a venv has, for setup's plan."""
+    return "".join(f", {said} {dists[name]}" for name, said in EXTRA_DISTS.items()
+                   if dists.get(name))
 
 
 def self_version() -> str:
