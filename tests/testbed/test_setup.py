@@ -222,7 +222,9 @@ def test_setup_then_doctor_and_run_sync(bed: tb.Testbed, work: dict[str, Path]) 
     assert said and "ptcluster[digits]==" in said[0] and str(bare.WHEELS) in said[0], seen
     assert said[-1].split(": ", 2)[2].split(" wheel(s), ")[0].isdigit(), said
     report = json.loads(r.stdout)
-    print(f"setup: {report['duration_s']} s, the head's wheelhouse {report['wheelhouse_s']} s; "
+    print(f"setup: {report['duration_s']} s, the head's wheelhouse {report['wheelhouse_s']} s, "
+          "torch + ptcluster[digits] per node " + ", ".join(
+              f"{n['seconds'].get('torch + ptcluster')} s" for n in report["nodes"]) + "; "
           + "; ".join(said))
     for host, node in node_report(r).items():
         assert node["converged"] and node["connection"] == "key", host
@@ -292,7 +294,8 @@ def test_drift_found_and_repaired(bed: tb.Testbed, work: dict[str, Path]) -> Non
     assert check.returncode == 1
     pending = {h: [s["step"] for s in n["plan"] if s["status"] != "ok"]
                for h, n in node_report(check).items()}
-    assert pending == {n0.name: ["torch + ptcluster"], n1.name: ["env file"],
+    # (wheels: a check does not download, so it cannot tell that the node has them all)
+    assert pending == {n0.name: ["wheels", "torch + ptcluster"], n1.name: ["env file"],
                        n2.name: ["firewall"]}
     why = [s["why"] for s in node_report(check)[n0.name]["plan"]
            if s["step"] == "torch + ptcluster"][0]
