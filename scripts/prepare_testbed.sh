@@ -27,11 +27,16 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ ! -f "$CACHE/apt/P
 fi
 # The wheels for the nodes: the head downloads them into its wheelhouse at test time with
 # PIP_NO_INDEX=1 PIP_FIND_LINKS=$CACHE/wheels (an air-gapped head with a local mirror).
-# What to fetch: torch and ptcluster's own dependencies as the installed package declares them
-# (a dependency added to pyproject.toml is fetched on the next run: the list is the stamp).
-deps="torch==2.13.0 $("$PY" -c 'import importlib.metadata as m; print(" ".join(sorted(
-    r.split(";")[0].replace(" ", "") for r in m.requires("ptcluster") or []
-    if "extra ==" not in r and not r.startswith("torch"))))')"
+# What to fetch: torch and ptcluster's own dependencies as the installed package declares them,
+# with those of the extras setup installs on the nodes (SELF_EXTRAS, src/ptcluster/setup/wheels.py:
+# scikit-learn for the trainer's offline data); a dependency added to pyproject.toml is fetched
+# on the next run: the list is the stamp.
+deps="torch==2.13.0 $("$PY" -c 'import sys; sys.path.insert(0, "src")
+import importlib.metadata as m
+from ptcluster.setup.wheels import SELF_EXTRAS
+def wanted(r): return "extra ==" not in r or any(f"extra == \"{e}\"" in r for e in SELF_EXTRAS)
+print(" ".join(sorted({r.split(";")[0].replace(" ", "") for r in m.requires("ptcluster") or []
+                       if wanted(r) and not r.startswith("torch")})))')"
 if ! ls "$CACHE"/wheels/torch-2.13.0*.whl >/dev/null 2>&1 \
     || [ "$(cat "$CACHE/wheels/.complete" 2>/dev/null)" != "$deps" ]; then
   "$PY" -m pip download -q -c constraints.txt -d "$CACHE/wheels" $deps >/dev/null

@@ -229,9 +229,9 @@ def test_a_sink_that_raises_costs_its_line_never_the_frames_after_it(tmp_path) -
 
 
 def test_the_notes_of_a_wait_s_retried_tries_are_held_by_every_part(tmp_path) -> None:
-    """--wait: a try that is tried again says nothing (its notes are dropped), the last one's
-    are shown; the stacks collector's notes are held too (it once kept the callback it was
-    built with, and its notes escaped the hold)."""
+    """--wait: a try that is tried again says nothing (its notes are dropped, the first try's
+    too), the last one's are shown once its ranks start; the stacks collector's notes are held
+    too (it once kept the callback it was built with, and its notes escaped the hold)."""
     from types import SimpleNamespace
 
     from ptcluster.cluster import parse_cluster_text
@@ -252,6 +252,11 @@ def test_the_notes_of_a_wait_s_retried_tries_are_held_by_every_part(tmp_path) ->
             busy = next(tries)
             runner.ctx.stacks.on_status("from the collector")
             runner.ctx.sinks.on_status("from the attempt")
+            if not busy:  # its ranks start: what it held is shown then, and the rest as said
+                runner.ctx.on_ranks_started()
+                shown.append(list(notes))
+                runner.ctx.sinks.on_status("after the start")
+                shown.append(list(notes))
             failures = [Failure(host="a", rank=None, message="held by job X",
                                 kind=FailureKind.BUSY)] if busy else []
             result = RunResult(job_id="J", run_dir=tmp_path, ranks=[], nodes=[],
@@ -260,13 +265,16 @@ def test_the_notes_of_a_wait_s_retried_tries_are_held_by_every_part(tmp_path) ->
                                    started_at=0.0, ok=not busy)
             return SimpleNamespace(killed_by="", cut_off=[]), result, record
 
+    shown: list[list[str]] = []
     runner.new_attempt = Try  # type: ignore[method-assign]
     runner._attempts([], 0.0)
-    # the first try is shown as it runs (nobody knows yet that it will wait); the second is
-    # dropped; the third, the last, is shown
-    assert notes == ["from the collector", "from the attempt",
-                     "waiting (--wait, no queue): a: held by job X",
-                     "from the collector", "from the attempt"]
+    # the two refused tries say nothing (their teardown's "stopping the job ... Fix: ... (run
+    # --wait)" was once shown for the first, before the wait line); the wait is said once;
+    # the third try's notes are shown when its ranks start, and from then on as they come
+    waited = ["waiting (--wait, no queue): a: held by job X"]
+    assert shown == [waited + ["from the collector", "from the attempt"],
+                     waited + ["from the collector", "from the attempt", "after the start"]]
+    assert notes == shown[-1]
 
 
 def test_a_run_directory_s_files_are_named_by_its_layout(tmp_path) -> None:

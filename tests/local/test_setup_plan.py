@@ -88,7 +88,8 @@ def converged(facts: dict, cf: P.ClusterFacts = CF) -> dict:
     done["key_authorized"] = True
     done["packages"] = {p: True for p in done["packages"]}
     done["venv"] = {"exists": True, "ok": True, "python": "3.11",
-                    "dists": {"torch": "2.13.0+cpu", "ptcluster": "0.1.0+gabc"}}
+                    "dists": {"torch": "2.13.0+cpu", "ptcluster": "0.1.0+gabc",
+                              "scikit_learn": "1.9.1"}}
     done["firewall"]["rules"] += ["ufw allow from 10.0.0.1 proto tcp",
                                   "ufw allow from 10.0.0.3 proto tcp"]
     done["hosts"] = P.hosts_with_block(facts["hosts"], [
@@ -252,6 +253,22 @@ def test_self_wheel_is_reproducible(tmp_path: Path) -> None:
     names = zipfile.ZipFile(a.path).namelist()
     assert "ptcluster/node/setup_agent.py" in names
     assert f"ptcluster-{a.version}.dist-info/METADATA" in names
+    # the nodes get ptcluster[digits]: pip installs an extra's requirements only when the
+    # wheel says it provides it
+    meta = zipfile.ZipFile(a.path).read(f"ptcluster-{a.version}.dist-info/METADATA").decode()
+    assert "Provides-Extra: digits" in meta.splitlines()
+    assert 'Requires-Dist: scikit-learn>=1.2; extra == "digits"' in meta.splitlines()
+
+
+def test_the_wheel_download_says_where_it_comes_from() -> None:
+    from ptcluster.setup.wheels import sources
+
+    torch = choose_torch("2.13.0", [], "cpu")
+    assert sources(torch, {}) == f"{torch.index_url}, PyPI (or pip.conf's index)"
+    assert sources(torch, {"PIP_INDEX_URL": "https://mirror/simple"}) == \
+        f"{torch.index_url}, https://mirror/simple"
+    assert sources(torch, {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/w /v"}) == \
+        "no index (PIP_NO_INDEX), /w (PIP_FIND_LINKS), /v (PIP_FIND_LINKS)"
 
 
 def test_sync_lists_what_git_would_track(tmp_path: Path) -> None:
@@ -469,7 +486,8 @@ def test_venv_facts_read_without_a_second_interpreter_match_the_interpreters(
     here = node._venv_here(str(venv), py)
     assert here == node._venv_probe(py) == node._venv(str(venv))
     assert here is not None and here["dists"] == {"torch": "2.13.0+cpu",
-                                                  "ptcluster": "0.1.0+gabc", "pip": None}
+                                                  "ptcluster": "0.1.0+gabc", "pip": None,
+                                                  "scikit_learn": None}
     # a directory added by a .pth file: only the interpreter can say what it finds there
     extra = tmp_path / "extra"
     (extra / "pip-1.0.dist-info").mkdir(parents=True)

@@ -159,6 +159,12 @@ def test_the_report_names_the_rank_host_function_and_line(testbed, job_dir, no_l
     user = [f for f in frames if not f["file"].startswith("/")]
     assert (user[0]["func"], user[0]["line"]) == (func, mark_line(script)), frames
     assert summary["root_cause"]["kind"] == "hang" and summary["root_cause"]["rank"] == late
+    # the closing table (and summary.json) say which rank hung, apart from those stopped
+    statuses = {r["rank"]: r["status"] for r in summary["ranks"]}
+    assert statuses == {r: "hung (named by the hang report)" if r == late else
+                        "stopped (job teardown)" for r in range(3)}, statuses
+    assert any(f"│ {late} " in line and "hung (named by the hang report)" in line
+               for line in head.err), head.output()
     err = "\n".join(head.err)
     first = next(line for line in head.err if line.startswith("straggler:"))
     assert first.startswith(f"straggler: rank {late} on {testbed.nodes[late].name}: "), err

@@ -397,6 +397,9 @@ def test_jobs_share_gpus_by_lease_and_a_taken_gpu_is_refused_naming_its_job(
         no_leftovers.append(only_run(job_dir / "runs-wait")[0])
         assert code == 0, waiter.output()
         assert sum("waiting (--wait" in line for line in waiter.err) == 1, waiter.output()
+        # the refusal it waited out is no failure: no teardown of it, no Fix to use --wait
+        assert not [line for line in waiter.err if "stopping the job" in line or
+                    "Fix:" in line or line.endswith(": stopped")], waiter.output()
         assert len(only_run(job_dir / "runs-wait")[1]["attempts"]) == 1
     finally:
         for h in heads:

@@ -217,6 +217,15 @@ def test_setup_then_doctor_and_run_sync(bed: tb.Testbed, work: dict[str, Path]) 
         hits = watch.stop()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert watch.scans > 10 and hits == []
+    # the head says what it downloads, from where, and what it got (issue: a silent ~2 min)
+    said = [line.strip() for line in seen if line.startswith("head: wheels: ")]
+    assert said and "ptcluster[digits]==" in said[0] and str(bare.WHEELS) in said[0], seen
+    assert said[-1].split(": ", 2)[2].split(" wheel(s), ")[0].isdigit(), said
+    report = json.loads(r.stdout)
+    print(f"setup: {report['duration_s']} s, the head's wheelhouse {report['wheelhouse_s']} s, "
+          "torch + ptcluster[digits] per node " + ", ".join(
+              f"{n['seconds'].get('torch + ptcluster')} s" for n in report["nodes"]) + "; "
+          + "; ".join(said))
     for host, node in node_report(r).items():
         assert node["converged"] and node["connection"] == "key", host
         changed = {a["step"] for a in node["applied"] if a["result"] == "changed"}
@@ -250,6 +259,16 @@ def test_setup_then_doctor_and_run_sync(bed: tb.Testbed, work: dict[str, Path]) 
     again = ptc("sync", "--cluster", str(work["c3"]), cwd=work["project"])
     assert again.returncode == 0 and again.stderr.count("0 file(s) sent (rsync") == 3
 
+    # getting started's step after setup: the reference trainer, on nodes that reach no
+    # index and no MNIST mirror: it trains on the digits of the scikit-learn setup installed
+    begun = time.monotonic()
+    trainer = ptc("run", "--cluster", str(work["c3"]), "--sync", "-m",
+                  "ptcluster.examples.mnist", "--epochs", "1", cwd=work["project"])
+    assert trainer.returncode == 0, trainer.stdout[-3000:] + trainer.stderr[-3000:]
+    assert "dataset=digits" in trainer.stdout and "world_size=3" in trainer.stdout
+    assert "final epochs=1 test_accuracy=" in trainer.stdout, trainer.stdout[-2000:]
+    print(f"the trainer after setup: {time.monotonic() - begun:.1f} s")
+
 
 def test_second_run_changes_nothing(bed: tb.Testbed, work: dict[str, Path]) -> None:
     check = ptc("setup", "--cluster", str(work["c3"]), "--check", "--password-file",
@@ -266,15 +285,24 @@ def test_drift_found_and_repaired(bed: tb.Testbed, work: dict[str, Path]) -> Non
     assert bed.root_exec(n1, "rm", "/home/ptuser/.ptcluster/env").returncode == 0
     gone = bed.root_exec(n2, "ufw", "delete", "allow", "from", n0.addr, "proto", "tcp")
     assert gone.returncode == 0, gone.stderr
+    # the trainer's offline data set goes with the venv: scikit-learn gone is a change too
+    pip = bed.root_exec(n0, "/home/ptuser/.ptcluster/venv/bin/python", "-m", "pip", "uninstall",
+                        "-q", "-y", "scikit-learn")
+    assert pip.returncode == 0, pip.stderr
     check = ptc("setup", "--cluster", str(work["c3"]), "--check", "--json", "--password-file",
                 str(work["pw"]))
     assert check.returncode == 1
     pending = {h: [s["step"] for s in n["plan"] if s["status"] != "ok"]
                for h, n in node_report(check).items()}
-    assert pending == {n0.name: [], n1.name: ["env file"], n2.name: ["firewall"]}
+    # (wheels: a check does not download, so it cannot tell that the node has them all)
+    assert pending == {n0.name: ["wheels", "torch + ptcluster"], n1.name: ["env file"],
+                       n2.name: ["firewall"]}
+    why = [s["why"] for s in node_report(check)[n0.name]["plan"]
+           if s["step"] == "torch + ptcluster"][0]
+    assert "scikit-learn missing" in why, why
     r = ptc("setup", "--cluster", str(work["c3"]), "--password-file", str(work["pw"]))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "2 change(s) made" in r.stdout
+    assert "3 change(s) made" in r.stdout
     assert ptc("setup", "--cluster", str(work["c3"]), "--check", "--password-file",
                str(work["pw"])).returncode == 0
 

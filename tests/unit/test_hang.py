@@ -61,12 +61,18 @@ def test_supervisor_collects_stacks_once_then_ends_the_job_as_a_hang() -> None:
     assert [a for a in actions if isinstance(a, CollectStacks)] == [CollectStacks("hang")]
     assert not [a for a in beat(sup, 9.0, {"a": {0: 7.0, 1: 8.0}, "b": {2: 6.0}})
                 if isinstance(a, CollectStacks)]  # once
-    stop = sup.hang_reported("straggler rank 2 on b: in load_batch at data.py:40", 2, "b", 10.0)
+    stop = sup.hang_reported("straggler rank 2 on b: in load_batch at data.py:40", 2, "b", 10.0,
+                             named=(2,))
     assert sorted(a.host for a in stop if isinstance(a, Send) and a.kind == "stop") == ["a", "b"]
     (failure,) = sup.failures
     assert failure.kind == "hang" and failure.rank == 2 and failure.host == "b"
     assert failure.at == pytest.approx(WALL + 8.0 - 5.0)  # when the last progress was
     assert "no rank made progress for 5 s; straggler rank 2 on b" in failure.message
+    # the teardown stops every rank; the closing table still says which one hung
+    for rank, host in ((0, "a"), (1, "a"), (2, "b")):
+        sup.on_event(ev.RankExit(host, rank, -15, WALL + 10.5, 9.0), 10.5)
+    assert [r.status for r in sup.ranks] == ["stopped (job teardown)"] * 2 + \
+        ["hung (named by the hang report)"]
 
 
 def test_a_node_cut_off_is_lost_never_a_hang() -> None:

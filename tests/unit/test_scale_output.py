@@ -55,6 +55,24 @@ def test_the_closing_table_of_8192_ranks_names_the_failed_one_and_counts_the_res
     assert [row[0] for row in few] == [str(r) for r in range(32)]
 
 
+def test_the_closing_table_of_a_hang_names_the_hung_rank_apart_from_the_stopped_ones() -> None:
+    """A --hang-timeout run: the teardown stops every rank, the one the hang report named
+    among them; the table says which it was (as the root cause above it does)."""
+    def table(n: int) -> list[tuple[str, str, str, str, bool, str]]:
+        ranks = [RankRecord(rank=r, host=f"n{r // 8:04d}", local_rank=r % 8, started_at=0.0,
+                            exit_code=-15, stopped=True, duration=30.0, hung=r == 3)
+                 for r in range(n)]
+        return run_cmd._rank_rows(RunResult(job_id="J", run_dir="d", ranks=ranks, nodes=[],
+                                            failures=[], interrupted=False, duration=31.0))
+
+    assert [row[3] for row in table(4)] == ["stopped (job teardown)"] * 3 + \
+        ["hung (named by the hang report)"]
+    assert table(8192) == [("3", "n0000", "3", "hung (named by the hang report)", False,
+                            "30.0 s"),
+                           ("8191 ranks", "1024 node(s)", "", "stopped (job teardown)", False,
+                            "30.0 s .. 30.0 s")]
+
+
 def test_doctor_on_40_nodes_counts_per_check_and_says_each_thing_once() -> None:
     hosts = [f"n{i:02d}" for i in range(40)]
     findings = [Finding("ssh", h, OK, "BatchMode ssh ok") for h in hosts]

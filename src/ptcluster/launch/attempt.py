@@ -152,6 +152,9 @@ class RunContext:
     """The kinds of error the sinks or logs raised (each said once)."""
     behind: bool = False
     """The channels were told to hold their reading (until the queue is down to half)."""
+    on_ranks_started: Callable[[], None] = field(default=lambda: None)
+    """Called once an attempt's first rank started: from then on it is no try that ``--wait``
+    tries again (the runner shows the notes it held back)."""
 
     def backlogged(self) -> bool:
         """The channels' one ``backlog`` (the hub asks it once for all it holds)."""
@@ -253,6 +256,7 @@ class Attempt:
         now = time.monotonic()
         flush_gap = flush_every(self.plan)
         next_tick, next_flush = now, now + flush_gap
+        started = False
         while not sup.done:
             while stops_applied < stops.count:  # a second Ctrl-C hurries the teardown
                 stops_applied += 1
@@ -272,6 +276,9 @@ class Attempt:
                     item = events.get_nowait()
                 except queue.Empty:
                     item = None
+            if not started and sup.first_rank_start is not None:
+                started = True
+                self.ctx.on_ranks_started()
             now = time.monotonic()
             if now - woke < WAKE_SECONDS and stops_applied == stops.count:
                 time.sleep(WAKE_SECONDS - (now - woke))
@@ -403,7 +410,8 @@ class Attempt:
                 late, _ = report.straggler()
                 self._apply(sup.hang_reported(
                     report.headline(), late[0].rank if len(late) == 1 else None,
-                    ", ".join(dict.fromkeys(r.host for r in late)) or None, now))
+                    ", ".join(dict.fromkeys(r.host for r in late)) or None, now,
+                    named=tuple(r.rank for r in late)))
 
     # -- results ------------------------------------------------------------------------------
     def _result(self, view: Supervisor, duration: float) -> RunResult:

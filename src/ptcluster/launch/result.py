@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from ptcluster.launch.stacks.report import StackReport
 
 
+HUNG = "hung (named by the hang report)"
+"""A rank's status when the hang report named it (``RankRecord.hung``)."""
+
+
 @dataclass(kw_only=True)
 class RankRecord:
     rank: int
@@ -30,11 +34,16 @@ class RankRecord:
     duration: float | None = None
     stopped: bool = False
     """It ended after its node was told to stop: a result of the teardown, not a cause."""
+    hung: bool = False
+    """``--hang-timeout``: the hang report named it as the rank the others wait for (its
+    straggler); the teardown that followed stopped it like the rest, but it is the cause."""
 
     @property
     def status(self) -> str:
         if self.exit_code == 0:
             return "ok"
+        if self.hung:
+            return HUNG
         if self.stopped:
             return "stopped (job teardown)"
         if self.exit_code is None:

@@ -60,8 +60,11 @@ class Restarts:
 
 class Notes:
     """The run's status notes (``on_status``), given to everything that has some to say (the
-    logs, the stacks collector, each attempt) once. While a ``--wait`` retry runs they are
-    held: shown if it is the last try (``release``), dropped if it is tried again (``drop``)."""
+    logs, the stacks collector, each attempt) once. Under ``--wait`` each try's are held until
+    its first rank starts or it ends: shown then (``release``), or dropped if it is tried
+    again (``drop``): a refusal because others hold the GPUs or the port is not a failure
+    there, and its teardown ("stopping the job on every node: ... Fix: ... (run --wait)") is
+    not news; the one line ``waiting (--wait, no queue): ...`` says it."""
 
     def __init__(self, show: StatusSink) -> None:
         self._show = show
@@ -116,7 +119,8 @@ class Runner:
         self.ctx = RunContext(opts=self.opts, transports=transports, run_dir=run_dir,
                               events=events, logs=RunLogs(run_dir, on_error=self.notes),
                               stacks=StackCollector(run_dir, self.notes), sinks=sinks,
-                              stops=self.stops, door=self.door)
+                              stops=self.stops, door=self.door,
+                              on_ranks_started=self.notes.release)
         self.logs, self.events = self.ctx.logs, self.ctx.events
         self.attempt: Attempt | None = None
         """The attempt that runs (or ran last)."""
@@ -161,7 +165,7 @@ class Runner:
     def _attempts(self, attempts: list[AttemptRecord], t0: float) -> RunResult:
         waiting_since, said = time.monotonic(), ""
         while True:
-            if said:  # a try while waiting: its notes only if it is not tried again
+            if self.opts.wait is not None:  # its notes only if it is not tried again
                 self.notes.hold()
             try:
                 view, result, record = self.new_attempt().run(attempts, t0)

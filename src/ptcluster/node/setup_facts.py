@@ -333,8 +333,9 @@ def _gpu() -> dict[str, Any]:
             "compute_capability": [c for c in found["compute_capability"] if c]}
 
 
-VENV_DISTS = ("torch", "ptcluster", "pip")
-"""The distributions whose versions the venv's facts report."""
+VENV_DISTS = ("torch", "ptcluster", "pip", "scikit_learn")
+"""The distributions whose versions the venv's facts report (named as `importlib.metadata`
+normalizes them: scikit-learn is `scikit_learn`)."""
 
 
 def _venv(path: str) -> dict[str, Any]:

@@ -380,7 +380,9 @@ class Setup:
             if self._wheels is None:
                 begun = time.monotonic()
                 try:
-                    folder, _, man = prepare_wheelhouse(Path(self.opts.wheelhouse), cluster.torch)
+                    folder, _, man = prepare_wheelhouse(
+                        Path(self.opts.wheelhouse), cluster.torch,
+                        say=lambda text: self.on_event("head", f"wheels: {text}"))
                 except Exception as exc:  # noqa: BLE001
                     fix = getattr(exc, "fix", None) or "see -v"
                     self._wheels_error = NodeFailure(getattr(exc, "message", str(exc)), fix)

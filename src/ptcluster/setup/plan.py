@@ -18,6 +18,7 @@ from ptcluster.cluster.model import SETUP_PYTHON, SETUP_VENV
 from ptcluster.cluster.validate import is_dns_name
 from ptcluster.errors import Problem
 from ptcluster.setup.torch_choice import TorchChoice
+from ptcluster.setup.wheels import extras_said, self_requirement, venv_lacks
 
 if TYPE_CHECKING:
     from ptcluster.setup.slurm import SlurmCluster
@@ -252,6 +253,7 @@ def _wanted(cf: ClusterFacts) -> dict[str, str]:
     return {"torch": cf.torch.local_version, "ptcluster": cf.self_version}
 
 
+
 def _install_case(host: str, facts: dict[str, Any], cf: ClusterFacts) -> str:
     """What ``wheels`` and ``torch + ptcluster`` share: ``no torch`` (no build fits),
     ``installed`` (the venv has what they would bring), ``no venv`` (it cannot be made) or
@@ -260,7 +262,7 @@ def _install_case(host: str, facts: dict[str, Any], cf: ClusterFacts) -> str:
         return "no torch"
     venv = _python_venv(host, facts, cf)
     dists = facts["venv"].get("dists") or {}
-    if venv.status == OK and all(dists.get(k) == v for k, v in _wanted(cf).items()):
+    if venv.status == OK and not venv_lacks(dists, _wanted(cf)):
         return "installed"
     return "no venv" if venv.status == BLOCKED else "install"
 
@@ -287,20 +289,19 @@ def _wheels(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
 
 def _torch(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
     case, want = _install_case(host, facts, cf), _wanted(cf)
+    dists = facts["venv"].get("dists") or {}
     if case == "no torch":
         return Step("torch + ptcluster", BLOCKED, str(cf.torch.problem or NO_TORCH))
     if case == "installed":
         return Step("torch + ptcluster", OK, f"torch {want['torch']}, ptcluster "
-                    f"{want['ptcluster']} ({cf.torch.why})")
+                    f"{want['ptcluster']}{extras_said(dists)} ({cf.torch.why})")
     if case == "no venv":
         return Step("torch + ptcluster", BLOCKED, "needs the venv (see above)")
-    dists = facts["venv"].get("dists") or {}
     pip = StepAction((VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check",
                       "--no-index", "--find-links", WHEELHOUSE, cf.torch.requirement,
-                      f"ptcluster=={cf.self_version}"), timeout=3600)
-    now = ", ".join(f"{k} {dists.get(k) or 'missing'}" for k in want)
-    return Step("torch + ptcluster", CHANGE, f"{now}; want torch {want['torch']} "
-                f"({cf.torch.why}), ptcluster {want['ptcluster']}", (pip,))
+                      self_requirement(cf.self_version)), timeout=3600)
+    return Step("torch + ptcluster", CHANGE, f"{', '.join(venv_lacks(dists, want))}; want torch "
+                f"{want['torch']} ({cf.torch.why}), ptcluster {want['ptcluster']}", (pip,))
 
 
 def _env_file(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:

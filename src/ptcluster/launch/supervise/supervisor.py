@@ -386,9 +386,12 @@ class Supervisor(JobState):
                        "every rank's stacks"), CollectStacks(HANG)]
 
     def hang_reported(self, headline: str, rank: int | None, host: str | None,
-                      now: float) -> list[Action]:
-        """The stacks of a hang are in: end the job with the hang as a failure."""
+                      now: float, named: tuple[int, ...] = ()) -> list[Action]:
+        """The stacks of a hang are in: end the job with the hang as a failure; ``named``, the
+        ranks the report says the others wait for, are ``hung`` (the teardown stops them too)."""
         assert self._hang is not None and self._hang_seen_at is not None
+        for r in set(named) & set(self._ranks):
+            self._ranks[r].record.hung = True
         return self._fail(hung(host or ", ".join(self._nodes), rank, headline,
                                self._hang.timeout,
                                self.wall(self._hang_seen_at - self._hang.timeout)), now)
