@@ -38,6 +38,31 @@ def test_env_prints_exports_per_node(cli, tmp_path) -> None:
     assert "ranks 2..2" in blocks[1]
 
 
+def test_env_gives_what_is_chosen_at_launch_as_comments_only(cli, tmp_path) -> None:
+    """With ``master.port: auto`` and GPUs leased at launch, the port and the GPUs are not known
+    yet: the output, sourced by bash, sets neither (a description is no value), and says how
+    each is chosen in a comment; the JSON keeps them apart from the values."""
+    f = tmp_path / "c.yaml"
+    f.write_text("nodes:\n  - {host: n1, slots: 2}\n  - {host: n2, slots: 1, gpus: [3]}\n"
+                 "master: {port: auto}\n")
+    code, out, _ = cli("env", "--cluster", str(f))
+    assert code == 0
+    first, second = out.strip().split("\n\n")
+    assert "# MASTER_PORT: chosen at launch (the master's guard takes a free one)" in first
+    assert "# CUDA_VISIBLE_DEVICES: the first 2 free GPUs, leased at launch" in first
+    assert "CUDA_VISIBLE_DEVICES" not in "".join(line for line in first.splitlines()
+                                                 if not line.startswith("#"))
+    assert "export CUDA_VISIBLE_DEVICES=3" in second  # indices from the file are a value
+    script = f"unset MASTER_PORT CUDA_VISIBLE_DEVICES; {first}\n" \
+             'echo "port=${MASTER_PORT-unset} gpus=${CUDA_VISIBLE_DEVICES-unset} ws=$WORLD_SIZE"'
+    shown = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "port=unset gpus=unset ws=3"
+    code, out, _ = cli("env", "--cluster", str(f), "--node", "n1", "--json")
+    data = json.loads(out)
+    assert "MASTER_PORT" not in data["env"] and "CUDA_VISIBLE_DEVICES" not in data["env"]
+    assert set(data["at_launch"]) == {"MASTER_PORT", "CUDA_VISIBLE_DEVICES"}
+
+
 def test_env_json_and_node_filter(cli, tmp_path) -> None:
     f = tmp_path / "c.yaml"
     f.write_text(CLUSTER)
