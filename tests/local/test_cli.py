@@ -87,6 +87,8 @@ def test_init_hosts_round_trips(cli, tmp_path) -> None:
     out_file = tmp_path / "cluster.yaml"
     code, out, _ = cli("init", "--hosts", "a:2,b:1,c:1", "-o", str(out_file))
     assert code == 0 and "world size 4" in out
+    assert f"Next: ptcluster setup --cluster {out_file}, then ptcluster doctor --cluster " \
+           f"{out_file}" in out  # setup first: doctor fails on machines setup has not prepared
     spec = load_cluster_file(out_file)
     assert [(n.host, n.slots) for n in spec.nodes] == [("a", 2), ("b", 1), ("c", 1)]
     assert spec.nodes == parse_hosts("a:2,b:1,c:1").nodes
