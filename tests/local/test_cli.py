@@ -8,6 +8,7 @@ import logging
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -461,3 +462,15 @@ def test_gpu_check_skips_every_path_with_the_reason_without_a_gpu() -> None:
                                                    "metrics-dcgm", "trainer-cuda-bf16",
                                                    "gpus-auto-busy", "slurm-gres"]
     assert all("skip: no NVIDIA GPU here" in line for line in lines), lines
+
+
+def test_the_testbed_scripts_help_says_whole_sentences() -> None:
+    """``scripts/testbed.py --help`` shows its docstring whole (its first line alone stopped
+    mid-sentence), with a run command that reads the testbed's cluster file."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "scripts" / "testbed.py"), "--help"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    description = proc.stdout.split("\n\n")[1]
+    assert description == "Bring up the multi-host testbed by hand (root).", proc.stdout
+    assert 'N namespace "nodes", each with its own address' in proc.stdout
+    assert "run --trust-cluster-file --cluster <printed path>" in proc.stdout
