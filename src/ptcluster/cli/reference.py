@@ -11,6 +11,7 @@ failures from ``launch.supervise.known``. ``docs/hooks.py`` adds them to the sit
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,19 @@ PAGES = {
 """Generated page (path under docs/) -> the function of this module that renders it."""
 
 
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+
+
 def _cell(text: str) -> str:
-    """Text for one markdown table cell."""
-    return " ".join(text.split()).replace("|", "\\|")
+    """Text for one markdown table cell: a ``|`` escaped outside code spans. Inside one it
+    stays as it is: Python-Markdown's tables never split a row at a pipe within backticks, and
+    show a backslash written there (``ps aux \\| head`` on the site)."""
+    text = " ".join(text.split())
+    out, at = [], 0
+    for m in _CODE_SPAN.finditer(text):
+        out += [text[at:m.start()].replace("|", "\\|"), m.group(0)]
+        at = m.end()
+    return "".join(out) + text[at:].replace("|", "\\|")
 
 
 def _root() -> click.Group:
@@ -92,7 +103,7 @@ def cluster_file_page() -> str:
              "| --- | --- | --- | --- | --- |"]
     for k in KEYS:
         lines.append(f"| `{k.path}` | {_cell(k.type)} | {_cell(k.default)} | "
-                     f"`{_cell(k.example)}` | {_cell(k.doc)} |")
+                     f"{_cell(f'`{k.example}`')} | {_cell(k.doc)} |")
     lines.append("")
     return "\n".join(lines)
 
