@@ -7,7 +7,8 @@ cluster file that uses them.
     sudo .venv/bin/python scripts/testbed.py up 3 [--slots 2,1,1]
     sudo .venv/bin/python scripts/testbed.py up 3 --bare   # own root file systems (support/bare)
     # in another shell:
-    .venv/bin/ptcluster run --trust-cluster-file --cluster <printed path> -m ptcluster.examples.mnist
+    .venv/bin/ptcluster run --trust-cluster-file --cluster testbed-cluster.yaml \\
+        -m ptcluster.examples.mnist
 
 With --bare, the nodes' login and password are printed, and kept as a comment in the
 cluster file. Ctrl-C (or SIGTERM) tears everything down.
@@ -57,7 +58,8 @@ def main() -> int:
         if args.bare:
             path.write_text(bed.cluster_yaml(slots, workdir="~/project", extra=(
                 f"# login: {bare.USER}, password: {bare.PASSWORD}; then `ptcluster setup "
-                "--accept-new-host-keys`\n")))
+                f"--trust-cluster-file --cluster {args.cluster} --accept-new-host-keys` (without a "
+                "terminal: --password-file F, a file of mode 600)\n")))
         else:
             path.write_text(bed.cluster_yaml(slots, python=sys.executable,
                                              workdir=str(Path.cwd())))

@@ -473,4 +473,4 @@ def test_the_testbed_scripts_help_says_whole_sentences() -> None:
     description = proc.stdout.split("\n\n")[1]
     assert description == "Bring up the multi-host testbed by hand (root).", proc.stdout
     assert 'N namespace "nodes", each with its own address' in proc.stdout
-    assert "run --trust-cluster-file --cluster <printed path>" in proc.stdout
+    assert "run --trust-cluster-file --cluster testbed-cluster.yaml" in proc.stdout

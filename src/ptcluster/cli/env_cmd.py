@@ -1,4 +1,4 @@
-"""Print the exact environment each node's ranks get, as shell exports (what is chosen only at launch as comments)."""
+"""Print the environment each node's ranks get: exports, and comments for what launch chooses."""
 
 from __future__ import annotations
 
