@@ -407,7 +407,6 @@ def check_resources(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fi
             notes.append(f"shared memory (/dev/shm) only {shm['total'] / GIB:.2f} GiB in all")
         elif shm is not None:
             notes.append(f"shared memory (/dev/shm) {shm['total'] / GIB:.1f} GiB in all")
-        # Each figure says what it measures: two bare sizes side by side read as one thing.
         if disk is not None and disk["free"] < 5 * GIB:
             status, fix = WARN, fix or "free disk space in workdir for checkpoints and logs"
             notes.append(f"only {disk['free'] / GIB:.1f} GiB free on the workdir's disk")
