@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Bring up the multi-host testbed by hand (root): N namespace "nodes", each with its own
-address, hostname, /etc/hosts and a real sshd, plus a cluster file that uses them.
+"""Bring up the multi-host testbed by hand (root).
+
+N namespace "nodes", each with its own address, hostname, /etc/hosts and a real sshd, plus a
+cluster file that uses them.
 
     sudo .venv/bin/python scripts/testbed.py up 3 [--slots 2,1,1]
     sudo .venv/bin/python scripts/testbed.py up 3 --bare   # own root file systems (support/bare)
-    # in another shell: .venv/bin/ptcluster run --cluster <printed path> -m ptcluster.examples.mnist
+    # in another shell:
+    .venv/bin/ptcluster run --trust-cluster-file --cluster testbed-cluster.yaml \\
+        -m ptcluster.examples.mnist
 
-Ctrl-C (or SIGTERM) tears everything down.
+With --bare, the nodes' login and password are printed, and kept as a comment in the
+cluster file. Ctrl-C (or SIGTERM) tears everything down.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from tests.support.testbed import Testbed, TestbedError  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # The whole docstring: its first line alone is no sentence, and the examples are the usage.
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", choices=["up"])
     ap.add_argument("nodes", type=int, nargs="?", default=3)
     ap.add_argument("--slots", help="comma-separated slots per node (default 1 each)")
@@ -51,13 +58,16 @@ def main() -> int:
         if args.bare:
             path.write_text(bed.cluster_yaml(slots, workdir="~/project", extra=(
                 f"# login: {bare.USER}, password: {bare.PASSWORD}; then `ptcluster setup "
-                "--accept-new-host-keys`\n")))
+                f"--trust-cluster-file --cluster {args.cluster} --accept-new-host-keys` (without a "
+                "terminal: --password-file F, a file of mode 600)\n")))
         else:
             path.write_text(bed.cluster_yaml(slots, python=sys.executable,
                                              workdir=str(Path.cwd())))
         for node in bed.nodes:
             print(f"{node.name:<16} {node.addr:<15} netns {node.netns}")
         print(f"cluster file: {path}")
+        if args.bare:  # (setup asks for it; without a terminal: --password-file, mode 600)
+            print(f"login:        {bare.USER}, password: {bare.PASSWORD}")
         print(f"ssh:          ssh -F {bed.ssh_config} {bed.nodes[0].name}")
         print("Ctrl-C to tear down.", flush=True)
         done.wait()

@@ -162,9 +162,10 @@ CASES = [
     ("workdir-missing", CLUSTER, _set("node1.facts.workdir.exists", False),
      ("workdir", "node1"), "does not exist"),
     ("shm-small", CLUSTER, _set("node2.facts.shm", {"free": 1 << 26, "total": 1 << 26}),
-     ("resources", "node2"), "/dev/shm only 0.06 GiB"),
+     ("resources", "node2"),
+     "shared memory (/dev/shm) only 0.06 GiB in all, 79 GiB free on the workdir's disk"),
     ("disk-low", CLUSTER, _set("node0.facts.disk", {"free": 1 << 30, "total": 1 << 40}),
-     ("resources", "node0"), "only 1.0 GiB free"),
+     ("resources", "node0"), "only 1.0 GiB free on the workdir's disk"),
     ("clock-skew", CLUSTER, _set("node1.clock_offset", 3.5), ("clock", "node1"), "+3.5 s"),
 ]
 

@@ -8,6 +8,7 @@ import logging
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,31 @@ def test_env_prints_exports_per_node(cli, tmp_path) -> None:
     assert "ranks 2..2" in blocks[1]
 
 
+def test_env_gives_what_is_chosen_at_launch_as_comments_only(cli, tmp_path) -> None:
+    """With ``master.port: auto`` and GPUs leased at launch, the port and the GPUs are not known
+    yet: the output, sourced by bash, sets neither (a description is no value), and says how
+    each is chosen in a comment; the JSON keeps them apart from the values."""
+    f = tmp_path / "c.yaml"
+    f.write_text("nodes:\n  - {host: n1, slots: 2}\n  - {host: n2, slots: 1, gpus: [3]}\n"
+                 "master: {port: auto}\n")
+    code, out, _ = cli("env", "--cluster", str(f))
+    assert code == 0
+    first, second = out.strip().split("\n\n")
+    assert "# MASTER_PORT: chosen at launch (the master's guard takes a free one)" in first
+    assert "# CUDA_VISIBLE_DEVICES: the first 2 free GPUs, leased at launch" in first
+    assert "CUDA_VISIBLE_DEVICES" not in "".join(line for line in first.splitlines()
+                                                 if not line.startswith("#"))
+    assert "export CUDA_VISIBLE_DEVICES=3" in second  # indices from the file are a value
+    script = f"unset MASTER_PORT CUDA_VISIBLE_DEVICES; {first}\n" \
+             'echo "port=${MASTER_PORT-unset} gpus=${CUDA_VISIBLE_DEVICES-unset} ws=$WORLD_SIZE"'
+    shown = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "port=unset gpus=unset ws=3"
+    code, out, _ = cli("env", "--cluster", str(f), "--node", "n1", "--json")
+    data = json.loads(out)
+    assert "MASTER_PORT" not in data["env"] and "CUDA_VISIBLE_DEVICES" not in data["env"]
+    assert set(data["at_launch"]) == {"MASTER_PORT", "CUDA_VISIBLE_DEVICES"}
+
+
 def test_env_json_and_node_filter(cli, tmp_path) -> None:
     f = tmp_path / "c.yaml"
     f.write_text(CLUSTER)
@@ -62,6 +88,8 @@ def test_init_hosts_round_trips(cli, tmp_path) -> None:
     out_file = tmp_path / "cluster.yaml"
     code, out, _ = cli("init", "--hosts", "a:2,b:1,c:1", "-o", str(out_file))
     assert code == 0 and "world size 4" in out
+    assert f"Next: ptcluster setup --cluster {out_file}, then ptcluster doctor --cluster " \
+           f"{out_file}" in out  # setup first: doctor fails on machines setup has not prepared
     spec = load_cluster_file(out_file)
     assert [(n.host, n.slots) for n in spec.nodes] == [("a", 2), ("b", 1), ("c", 1)]
     assert spec.nodes == parse_hosts("a:2,b:1,c:1").nodes
@@ -434,3 +462,15 @@ def test_gpu_check_skips_every_path_with_the_reason_without_a_gpu() -> None:
                                                    "metrics-dcgm", "trainer-cuda-bf16",
                                                    "gpus-auto-busy", "slurm-gres"]
     assert all("skip: no NVIDIA GPU here" in line for line in lines), lines
+
+
+def test_the_testbed_scripts_help_says_whole_sentences() -> None:
+    """``scripts/testbed.py --help`` shows its docstring whole (its first line alone stopped
+    mid-sentence), with a run command that reads the testbed's cluster file."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "scripts" / "testbed.py"), "--help"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    description = proc.stdout.split("\n\n")[1]
+    assert description == "Bring up the multi-host testbed by hand (root).", proc.stdout
+    assert 'N namespace "nodes", each with its own address' in proc.stdout
+    assert "run --trust-cluster-file --cluster testbed-cluster.yaml" in proc.stdout

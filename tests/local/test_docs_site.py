@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -37,10 +38,26 @@ def test_the_site_builds_strictly_and_reads_offline(tmp_path: Path) -> None:
     for path in [*pages, *site.rglob("*.css"), *site.rglob("*.js")]:
         hit = _EXTERNAL.search(path.read_text(errors="replace"))
         assert hit is None, f"{path.relative_to(site)} loads from the network: {hit.group(0)!r}"
+    shown = [f"{path.relative_to(site)}: {hit}" for path in pages for hit in _stray_escapes(path)]
+    assert not shown, "backslashes or backticks shown as text:\n" + "\n".join(shown)
     commands = (site / "reference/commands/index.html").read_text()
     assert "--max-restarts" in commands and "--trust-cluster-file" in commands
     assert "nodes[].ssh.reuse" in (site / "reference/cluster-file/index.html").read_text()
     assert "Security" in (site / "design/security/index.html").read_text()
+
+
+def _stray_escapes(page: Path) -> list[str]:
+    """What a reader would see as markup on ``page``: ``\\|`` (an escape Markdown keeps outside
+    a table and inside a code span), a backtick outside code (a code span cut short by one of
+    its own backticks) or a code span ending in a backslash (one cut at ``\\```). Code blocks
+    (``<pre>``) may show both, as a shell would take them."""
+    html = re.sub(r"<(pre|script)\b.*?</\1>", "", page.read_text(), flags=re.S)
+    outside_code = re.sub(r"<code\b.*?</code>", "", html, flags=re.S)
+    hits = [m.group(0) for m in re.finditer(r".{0,40}\\</code>", html)]
+    for pattern, markup in ((r"\\\|", html), ("`", outside_code)):
+        text = unescape(re.sub(r"<[^>]+>", "", markup))
+        hits += [text[max(0, m.start() - 40):m.end() + 20] for m in re.finditer(pattern, text)]
+    return hits
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Print the exact environment each node's ranks get, as shell exports."""
+"""Print the environment each node's ranks get: exports, and comments for what launch chooses."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 from ptcluster.cli.common import NPROC, PORT, cluster_option, load_spec, quiet
 from ptcluster.errors import UsageError
 from ptcluster.launch.api import prepare
-from ptcluster.launch.plan import JOB_VAR, Target, rank_env
+from ptcluster.launch.plan import JOB_VAR, Target, rank_env, rank_env_at_launch
 
 
 @click.command(help=__doc__)
@@ -31,10 +31,14 @@ def env(cluster: str | None, node_host: str | None, port: int | None, nproc: int
     for node in nodes:
         # The job id is new for every run: not something to export by hand.
         env_items = [(k, v) for k, v in rank_env(plan, node) if k != JOB_VAR]
+        # A value chosen only at launch (a free port, leased GPUs) is a comment, never an
+        # export: sourcing the output must not set a description as a value.
+        at_launch = rank_env_at_launch(plan, node)
         if as_json:
             out.append({"host": node.host, "node_rank": node.node_rank,
                         "ranks": [node.ranks.start, node.ranks.stop - 1],
-                        "interface": node.interface, "env": dict(env_items)})
+                        "interface": node.interface, "env": dict(env_items),
+                        "at_launch": dict(at_launch)})
             continue
         if not quiet():  # -q: the exports alone
             click.echo(_comment(f"node {node.node_rank}: {shlex.quote(node.host)}  ranks "
@@ -44,6 +48,9 @@ def env(cluster: str | None, node_host: str | None, port: int | None, nproc: int
             click.echo(_comment("NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME: detected on the node at "
                                 "launch (the interface of its route to "
                                 f"{shlex.quote(plan.master_addr)})"))
+        if not quiet():
+            for key, how in at_launch:
+                click.echo(_comment(f"{key}: {how}"))
         for key, value in env_items:
             click.echo(f"export {_quote(key)}={_quote(value)}")
         click.echo("")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import sys
 from pathlib import Path
 
@@ -42,8 +43,12 @@ def init(hosts: str | None, hostfile: str | None, output: str, force: bool) -> N
         raise UsageError(f"{path} already exists", "pass --force to overwrite it, or -o ANOTHER")
     path.write_text(text)
     if not quiet():
+        # Real machines need setup (a key, the packages, one torch build) before doctor can
+        # pass; on machines that are ready, setup only confirms it.
+        where = shlex.quote(str(path))
         click.echo(f"wrote {path}: {len(spec.nodes)} node(s), world size {spec.world_size}. "
-                   f"Next: ptcluster doctor --cluster {path}")
+                   f"Next: ptcluster setup --cluster {where}, then ptcluster doctor --cluster "
+                   f"{where}")
 
 
 def ask() -> ClusterSpec:

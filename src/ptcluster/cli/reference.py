@@ -11,6 +11,7 @@ failures from ``launch.supervise.known``. ``docs/hooks.py`` adds them to the sit
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,19 @@ PAGES = {
 """Generated page (path under docs/) -> the function of this module that renders it."""
 
 
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+
+
 def _cell(text: str) -> str:
-    """Text for one markdown table cell."""
-    return " ".join(text.split()).replace("|", "\\|")
+    """Text for one markdown table cell: a ``|`` escaped outside code spans. Inside one it
+    stays as it is: Python-Markdown's tables never split a row at a pipe within backticks, and
+    show a backslash written there (``ps aux \\| head`` on the site)."""
+    text = " ".join(text.split())
+    out, at = [], 0
+    for m in _CODE_SPAN.finditer(text):
+        out += [text[at:m.start()].replace("|", "\\|"), m.group(0)]
+        at = m.end()
+    return "".join(out) + text[at:].replace("|", "\\|")
 
 
 def _root() -> click.Group:
@@ -92,7 +103,7 @@ def cluster_file_page() -> str:
              "| --- | --- | --- | --- | --- |"]
     for k in KEYS:
         lines.append(f"| `{k.path}` | {_cell(k.type)} | {_cell(k.default)} | "
-                     f"`{_cell(k.example)}` | {_cell(k.doc)} |")
+                     f"{_cell(f'`{k.example}`')} | {_cell(k.doc)} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -170,10 +181,12 @@ def rank_env_page() -> str:
     ``ptcluster env`` prints and what the node's torchrun is started with."""
     from ptcluster.cluster.load import parse_hosts
     from ptcluster.launch.api import prepare
-    from ptcluster.launch.plan import JOB_VAR, Target, rank_env
+    from ptcluster.launch.plan import JOB_VAR, Target, rank_env, rank_env_at_launch
 
     plan = prepare(parse_hosts("head:2,node1:1,node2:1"), Target(code=""), port=None)
-    per_node = [dict(rank_env(plan, node)) for node in plan.nodes]
+    per_node = [{**dict(rank_env(plan, node)),
+                 **{k: f"*{how}*" for k, how in rank_env_at_launch(plan, node)}}
+                for node in plan.nodes]
     names = list(dict.fromkeys(k for env in per_node for k in env))
     lines = ["# The environment a rank gets", "",
              "What every rank of a job gets from ptcluster, here for the cluster "
@@ -182,7 +195,8 @@ def rank_env_page() -> str:
              "adds, per process, `RANK`, `LOCAL_RANK` and its other variables, as it always "
              "does. `NCCL_SOCKET_IFNAME` and `GLOO_SOCKET_IFNAME` are the cluster file's "
              "`interface:`, or (as here, where none is set) the interface each node detects "
-             "at launch on its route to the master. "
+             "at launch on its route to the master. A value in italics is chosen only when the "
+             "job starts; `ptcluster env` prints it as a comment, never as an export. "
              "Nothing else of the head's environment is shipped; your cluster file's `env:` "
              "is added to this.", "",
              "| variable | " + " | ".join(f"node {n.node_rank}: `{n.host}`"

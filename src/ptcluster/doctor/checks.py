@@ -404,14 +404,14 @@ def check_resources(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fi
         fix = None
         if shm is not None and shm["total"] < GIB:
             status, fix = WARN, "enlarge /dev/shm (docker: --shm-size=8g; or remount tmpfs)"
-            notes.append(f"/dev/shm only {shm['total'] / GIB:.2f} GiB")
+            notes.append(f"shared memory (/dev/shm) only {shm['total'] / GIB:.2f} GiB in all")
         elif shm is not None:
-            notes.append(f"/dev/shm {shm['total'] / GIB:.1f} GiB")
+            notes.append(f"shared memory (/dev/shm) {shm['total'] / GIB:.1f} GiB in all")
         if disk is not None and disk["free"] < 5 * GIB:
             status, fix = WARN, fix or "free disk space in workdir for checkpoints and logs"
-            notes.append(f"only {disk['free'] / GIB:.1f} GiB free in workdir")
+            notes.append(f"only {disk['free'] / GIB:.1f} GiB free on the workdir's disk")
         elif disk is not None:
-            notes.append(f"{disk['free'] / GIB:.0f} GiB free")
+            notes.append(f"{disk['free'] / GIB:.0f} GiB free on the workdir's disk")
         return Finding("resources", node.host, status, ", ".join(notes), fix)
     return per_node(spec, probes, "resources", one)
 

@@ -248,7 +248,8 @@ def replan(spec: ClusterSpec, target: Target, *, job_id: str, attempt: int,
 
 
 def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
-    """What every rank on ``node`` sees (ours plus torchrun's), for ``ptcluster env``.
+    """What every rank on ``node`` sees (ours plus torchrun's), for ``ptcluster env``: the
+    values known now. Those chosen only at launch are in :func:`rank_env_at_launch`.
 
     RANK and LOCAL_RANK differ per process; they are given as ranges in the caller's output.
     An interface detected on the node at launch is in ``summary.json``, not here.
@@ -256,9 +257,10 @@ def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
     env = list(node.env)
     if THREADS_VAR not in dict(node.env):  # (unless the node has its own)
         env += threads_default(plan).items()
+    env.append(("MASTER_ADDR", plan.master_addr))
+    if plan.master_port:
+        env.append(("MASTER_PORT", str(plan.master_port)))
     env += [
-        ("MASTER_ADDR", plan.master_addr),
-        ("MASTER_PORT", str(plan.master_port or "auto (the master's guard takes a free one)")),
         ("WORLD_SIZE", str(plan.world_size)),
         ("NODE_RANK", str(node.node_rank)),
         ("GROUP_RANK", str(node.node_rank)),
@@ -266,7 +268,16 @@ def rank_env(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
     ]
     if isinstance(node.gpus, tuple):
         env.append(("CUDA_VISIBLE_DEVICES", ",".join(map(str, node.gpus))))
-    else:
-        env.append(("CUDA_VISIBLE_DEVICES", f"the first {node.nproc} free GPUs, leased at launch"
-                    + ("" if node.gpus == "auto" else " (on a node that has GPUs)")))
     return env
+
+
+def rank_env_at_launch(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]]:
+    """The variables of :func:`rank_env` whose value is chosen only when the job starts, each
+    with how it is chosen: text for a reader, never a value to export."""
+    later = []
+    if not plan.master_port:
+        later.append(("MASTER_PORT", "chosen at launch (the master's guard takes a free one)"))
+    if not isinstance(node.gpus, tuple):
+        later.append(("CUDA_VISIBLE_DEVICES", f"the first {node.nproc} free GPUs, leased at launch"
+                      + ("" if node.gpus == "auto" else " (on a node that has GPUs)")))
+    return later
