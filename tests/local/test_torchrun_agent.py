@@ -30,12 +30,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def agent(tmp: Path, node_rank: int, nodes: int, port: int, worker: str = "true", *,
-          ours: bool = True) -> subprocess.Popen[bytes]:
+def agent(tmp: Path, node_rank: int, nodes: int, port: int, worker: str = "true",
+          *worker_args: str, ours: bool = True) -> subprocess.Popen[bytes]:
     """One node's torchrun: under the agent program (as the guard starts it), or torch's own."""
     argv = [PY, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank",
             str(node_rank), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-            "--master-port", str(port), "--max-restarts", "0", "--no-python", worker]
+            "--master-port", str(port), "--max-restarts", "0", "--no-python", worker,
+            *worker_args]
     return subprocess.Popen(agent_argv(argv, str(tmp)) if ours else argv, cwd=tmp,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -96,3 +97,21 @@ def test_a_failed_torchrun_fails_the_same_and_a_single_node_holds_nothing(tmp) -
     out, _ = procs[-1].communicate(timeout=120)
     assert procs[-1].returncode == 0, out.decode()
     assert time.monotonic() - started < torchrun_agent.HOLD
+
+
+@pytest.mark.parametrize("ours", [True, False])
+def test_the_programs_arguments_are_never_torchruns(tmp, ours: bool) -> None:
+    """``ptcluster run train.py --nproc 3``: torch's own parser took ``--nproc`` for an
+    abbreviation of two of its options and ended before any rank started."""
+    path, procs = tmp
+    shown = path / "argv.txt"
+    args = ["--nproc", "3", "--nnodes", "9", "--max", "1"]
+    procs.append(agent(path, 0, 1, free_port(), PY, "-c",
+                       f"import sys; open({str(shown)!r}, 'w').write(repr(sys.argv[1:]))",
+                       *args, ours=ours))
+    out, _ = procs[-1].communicate(timeout=120)
+    if not ours:  # what this fixes
+        assert procs[-1].returncode == 2 and b"ambiguous option: --nproc" in out, out.decode()
+        return
+    assert procs[-1].returncode == 0, out.decode()
+    assert shown.read_text() == repr(args)

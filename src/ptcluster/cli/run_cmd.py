@@ -44,8 +44,36 @@ from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
 from ptcluster.remote.connect import outside_stop, transports
 
 
-@click.command(help=__doc__, context_settings={"allow_interspersed_args": False,
-                                               "ignore_unknown_options": True})
+class ModuleEndsOptions(click.Command):
+    """``-m MODULE`` ends run's own options, as a script does, and as ``python -m`` and
+    torchrun's ``-m`` do: ``ptcluster run -m train --port 5`` gives ``--port 5`` to the
+    module. Without it, click took a module argument that is one of run's options as run's."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        valued = {name for p in self.params if isinstance(p, click.Option) and not p.is_flag
+                  for name in p.opts}
+        return super().parse_args(ctx, module_ends_options(args, valued))
+
+
+def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
+    """``args`` with a ``--`` after ``-m MODULE`` (or ``-mMODULE``) where the module's
+    arguments follow and no ``--`` is there yet; unchanged when a script (the first word that
+    is no option's value) or ``--`` comes first. ``valued``: the options that take a value."""
+    i = 0
+    while i < len(args) and args[i] != "--" and args[i].startswith("-"):
+        arg = args[i]
+        if arg == "-m" or (arg.startswith("-m") and not arg.startswith("--")):
+            end = i + 2 if arg == "-m" else i + 1
+            if end < len(args) and args[end] != "--":
+                return [*args[:end], "--", *args[end:]]
+            break
+        i += 2 if arg in valued else 1
+    return list(args)
+
+
+@click.command(cls=ModuleEndsOptions, help=__doc__,
+               context_settings={"allow_interspersed_args": False,
+                                 "ignore_unknown_options": True})
 @cluster_option
 @click.option("--nproc", type=NPROC, help="Processes on the local cluster (default: GPUs, or 2).")
 @click.option("--port", type=PORT, help="Rendezvous port (overrides master.port).")

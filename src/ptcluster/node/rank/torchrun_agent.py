@@ -19,6 +19,11 @@ last one sets ``ALL_KEY``; node 0 waits for it (at most ``HOLD`` seconds: a node
 killed does not answer) and only then ends. A torchrun that failed raises, as it does under
 ``python -m torch.distributed.run``: torch runs no exit barrier then, and the head stops the job.
 
+It also parses torchrun's own options apart from the program's arguments (``parse``): torch's
+parser saw both, and stopped at a program argument that abbreviates two of its options
+(``ptcluster run train.py --nproc 3``: "ambiguous option: --nproc could match --nproc-per-node,
+--nproc_per_node", exit 2 before any rank started).
+
 Run by the guard from the file it wrote (``rank_wire.AGENT_BOOT``); torch and the standard
 library only.
 """
@@ -27,10 +32,12 @@ from __future__ import annotations
 
 import signal
 import sys
+from argparse import Namespace
 from datetime import timedelta
 
 from torch.distributed import TCPStore
-from torch.distributed.run import main, parse_args
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.run import parse_args, run
 
 DONE_KEY, ALL_KEY = "ptcluster/agents-done", "ptcluster/agents-all-done"
 """Keys in the rendezvous store, beside torch's own (which are under the run id's prefix)."""
@@ -42,14 +49,29 @@ TELL = 10.0
 """Seconds another node's agent tries to reach node 0's store to say it is done."""
 
 
+def parse(argv: list[str]) -> Namespace:
+    """torchrun's options, and the program it starts with that program's own arguments.
+
+    The plan's command is ``OPTIONS --no-python PROGRAM ARGS``: ARGS are the program's (the
+    shim's, then the user's), never torchrun's, however they look. argparse scans every argument
+    for its options first, so torch's parser took ARGS that abbreviate one of its options as
+    such and refused one that abbreviates two; here it sees only OPTIONS and PROGRAM."""
+    if "--no-python" not in argv:
+        return parse_args(argv)
+    at = argv.index("--no-python") + 2
+    args = parse_args(argv[:at])
+    args.training_script_args = argv[at:]
+    return args
+
+
 def run_agent(argv: list[str]) -> None:
-    args = parse_args(argv)
+    args = parse(argv)
     nodes = int(str(args.nnodes).split(":")[-1])
     host = nodes > 1 and args.node_rank == 0
     server = (TCPStore(args.master_addr, args.master_port, None, True, timedelta(seconds=TELL),
                        wait_for_workers=False, multi_tenant=True)
               if host else None)
-    main(argv)  # raises when torchrun failed: nothing to hold then
+    record(run)(args)  # as torch's ``main``; raises when torchrun failed: nothing to hold then
     if nodes < 2:
         return
     # A stop from the guard now ends this process at once (torchrun's handlers raise in Python,
