@@ -466,10 +466,14 @@ def test_setup_node_program_starts_nothing_once_stopped() -> None:
 
 
 def test_venv_facts_read_without_a_second_interpreter_match_the_interpreters(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A venv of the very Python that runs the setup program is read from its files (no second
     interpreter start, ~60 ms of a node's CPU), and says what its own interpreter would."""
     from ptcluster.node import setup_facts as node
+
+    # the interpreter asked inherits this env: a PYTHONPATH (a checkout's src) would show it a
+    # ptcluster that the venv's files do not have
+    monkeypatch.delenv("PYTHONPATH", raising=False)
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
