@@ -97,6 +97,15 @@ def test_straggler_by_the_flight_recorder_names_the_collective() -> None:
     assert lines.index("rank 1 on n2:") < lines.index("rank 0 on n1:")  # its stack first too
 
 
+def test_a_report_with_no_rank_says_none_runs_yet() -> None:
+    """Asked as soon as ``ps`` says running, before any rank's probe was up: it printed "no
+    single rank differs from the others" and an empty "ranks by place:"."""
+    lines = StackReport(ranks=[], reason="asked by `ptcluster stacks`").lines()
+    assert lines == ["asked by `ptcluster stacks`",
+                     "no straggler named: no rank of the job runs yet (or any more) on the "
+                     "nodes that answered: ask again once the job prints its first lines"]
+
+
 def test_straggler_by_stack_when_the_rank_cannot_answer() -> None:
     """A rank whose GIL is held answers no recorder question: its stack decides."""
     report = StackReport(ranks=[rs(0, "n1", IN_LOAD, None, note="its probe thread did not answer"),

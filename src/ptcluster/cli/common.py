@@ -112,8 +112,12 @@ def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
             raise UsageError("--nproc must be >= 1", "pass --nproc 1 or more")
         return local_cluster(nproc or default_nproc())
     if nproc is not None:
+        found = "" if cluster else (
+            f"; or, to run on this machine alone, run where no ./{DEFAULT_CLUSTER_FILE} is"
+            if path == DEFAULT_CLUSTER_FILE else "; or, to run on this machine alone, unset "
+            "$PTCLUSTER_CLUSTER")
         raise UsageError(f"--nproc applies to the local cluster only, but {path} is in use",
-                         f"set slots: per node in {path}")
+                         f"set slots: per node in {path}{found}")
     if cluster is None and not quiet():  # (found, not given: say which, as for Slurm above)
         where = "the current directory" if path == DEFAULT_CLUSTER_FILE else "$PTCLUSTER_CLUSTER"
         say(f"ptcluster: using the cluster file {path} (from {where})", err=True)

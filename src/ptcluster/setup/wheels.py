@@ -184,10 +184,12 @@ def prepare_wheelhouse(root: Path, torch: TorchChoice, timeout: float = 3600,
     argv = download_command(folder, torch, self_wheel.path)
     had, had_bytes = folder_size(folder)
     say(f"downloading {torch.requirement} and {self_requirement(self_wheel.version)}'s "
-        f"dependencies into {folder} ({had} wheel(s) there already), from {sources(torch)}")
+        f"dependencies into {folder} ({had} wheel(s) there already, ptcluster's own included), "
+        f"from {sources(torch)}")
     begun = time.monotonic()
     proc = _pip(argv, timeout, lambda: say(
-        "still downloading: {} wheel(s), {} in the folder ({:.0f} s)".format(
+        "pip still at work (it resolves every package first, then writes the wheels): "
+        "{} wheel(s), {} in the folder so far ({:.0f} s)".format(
             *_sized(folder), time.monotonic() - begun)))
     count, size = folder_size(folder)
     if proc.returncode == 0:

@@ -201,6 +201,9 @@ class StackReport:
 
     def straggler(self) -> tuple[list[RankStack], str]:
         """(the ranks holding the others up, why), or ([], why none could be named)."""
+        if not self.ranks:  # asked before the ranks' probes were up (or after they ended)
+            return [], ("no rank of the job runs yet (or any more) on the nodes that answered: "
+                        "ask again once the job prints its first lines")
         known = [r for r in self.ranks if r.in_collective is not None]
         waiting = [r for r in known if r.in_collective]
         outside = [r for r in known if not r.in_collective]
@@ -237,8 +240,9 @@ class StackReport:
                        f"{f' (pid {r.pid})' if r.pid else ''}: {r.where()} -- {why}")
         if not late:
             out.append(f"no straggler named: {why}")
-        out.append("ranks by place:")
-        out += [f"  {g.label()}" for g in self.groups()]
+        if self.ranks:
+            out.append("ranks by place:")
+            out += [f"  {g.label()}" for g in self.groups()]
         for host in self.missing:
             out.append(f"  {host}: no answer (node unreachable or busy)")
         if full:
