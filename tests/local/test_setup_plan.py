@@ -272,17 +272,31 @@ def test_the_wheel_download_says_where_it_comes_from() -> None:
 
 
 def test_sync_lists_what_git_would_track(tmp_path: Path) -> None:
+    from ptcluster.launch.rundir import IGNORE_ALL, runs_parent
+
     (tmp_path / "sub").mkdir()
     for name in ("a.py", "sub/b.txt", "skip.log", "sub/c.py"):
         (tmp_path / name).write_text(name)
     (tmp_path / ".gitignore").write_text("*.log\n")
+    # a runs folder ptcluster makes ignores itself whole (it was copied by every run --sync);
+    # one the user made is left as it is
+    for made in ("ptcluster-runs", "runs/deeper"):
+        os.close(runs_parent(tmp_path / made))
+        (tmp_path / made / "job" / "rank0.log").parent.mkdir(0o700)
+        (tmp_path / made / "job" / "plan.json").write_text("{}")
+    assert (tmp_path / "ptcluster-runs" / ".gitignore").read_text() == IGNORE_ALL
+    (tmp_path / "mine").mkdir()
+    os.close(runs_parent(tmp_path / "mine"))
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    assert not (tmp_path / "mine" / ".gitignore").exists()
     # not a checkout: the directory less what .gitignore excludes
-    assert project_files(tmp_path) == [".gitignore", "a.py", "sub/b.txt", "sub/c.py"]
+    assert project_files(tmp_path) == [".gitignore", "a.py", "mine/notes.txt", "sub/b.txt",
+                                       "sub/c.py"]
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run(["git", "-C", str(tmp_path), "add", "a.py"], check=True)
     (tmp_path / "a.py").write_text("changed")
     files = project_files(tmp_path)
-    assert files == [".gitignore", "a.py", "sub/b.txt", "sub/c.py"]
+    assert files == [".gitignore", "a.py", "mine/notes.txt", "sub/b.txt", "sub/c.py"]
     assert not any(f.startswith(".git/") for f in files)
 
 

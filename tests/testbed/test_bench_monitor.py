@@ -74,7 +74,7 @@ def test_monitor_shows_a_running_job(testbed, tmp_path, no_leftovers) -> None:
     job = Head(["run", "--cluster", str(path), "--run-dir", "runs", "sleep.py"], cwd=tmp_path)
     try:
         job.wait_for("ready", count=2)
-        job_id = next((tmp_path / "runs").iterdir()).name
+        job_id = next(p for p in (tmp_path / "runs").iterdir() if p.is_dir()).name
         no_leftovers.append(job_id)  # checked even when an assertion below fails
         code, head = run_head(["monitor", "--cluster", str(path), "--once", "--json"],
                               cwd=tmp_path, timeout=60)

@@ -294,7 +294,7 @@ def test_submit_then_usr2_checkpoints_requeues_and_resumes(clean, tmp_path) -> N
                     str(ckpt))
     job = res.stdout.strip()
     assert job.isdigit(), res
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     assert (run_dir / "job.sbatch").read_text().startswith("#!/bin/bash")
     log = run_dir / f"slurm-{job}.out"
     _wait_text(log, "epoch 3/12", 90)

@@ -169,15 +169,30 @@ def run_dir_for(job_id: str, base: str | Path | None) -> Path:
     return Path(base or DEFAULT_RUNS_DIR) / job_id
 
 
+IGNORE_ALL = "# made by ptcluster: run directories (logs, plans, summaries) are not source\n*\n"
+"""The ``.gitignore`` of a runs folder ptcluster makes: git, and so ``sync``, leaves it out (a
+project's ``ptcluster-runs/`` was copied to every node by each ``run --sync``, and showed in
+``git status``), as a venv's own ``.gitignore`` does."""
+
+
 def runs_parent(path: Path) -> int:
-    """A descriptor of ``path``, where run directories are made: made (0700) where missing;
-    refused (OSError) unless it is ours and no one else can change it (whoever can write it
-    can swap a run directory for theirs)."""
+    """A descriptor of ``path``, where run directories are made: made (0700) where missing,
+    with a ``.gitignore`` that ignores it all (``IGNORE_ALL``: a folder the user made keeps what
+    it has); refused (OSError) unless it is ours and no one else can change it (whoever can
+    write it can swap a run directory for theirs)."""
+    made = not path.exists()
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except FileExistsError:  # (not a directory: not "the run directory exists already")
         raise NotADirectoryError(errno.ENOTDIR, f"{path} is not a directory") from None
-    return safefile.open_dir(str(path), others=0o022, follow=True)
+    fd = safefile.open_dir(str(path), others=0o022, follow=True)
+    if made:
+        try:
+            with open(safefile.create_new(".gitignore", 0o644, fd), "w") as f:
+                f.write(IGNORE_ALL)
+        except FileExistsError:  # another head made the folder at the same moment
+            pass
+    return fd
 
 
 def make_private(path: Path) -> None:

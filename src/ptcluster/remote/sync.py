@@ -2,7 +2,8 @@
 ``run --sync``).
 
 What is copied: in a git checkout the files ``git ls-files -co --exclude-standard`` lists
-(tracked, and untracked but not ignored), else every file less what ``.gitignore`` excludes;
+(tracked, and untracked but not ignored), else every file less what ``.gitignore`` excludes and
+the folders whose own ``.gitignore`` ignores them whole (a runs folder ptcluster made, a venv);
 never ``.git``. How: rsync over the same ssh options the cluster file gives (only what changed
 crosses the network), or, on a node without rsync, tar over ssh (everything, every time). Nodes
 are synced in parallel; one failing never stops the others.
@@ -90,13 +91,19 @@ def _ignored(rel: str, is_dir: bool, patterns: list[str]) -> bool:
     return False
 
 
+def _ignores_all(folder: Path) -> bool:
+    """``folder``'s own ``.gitignore`` ignores everything in it (``*``: a runs folder, a venv)."""
+    return "*" in _gitignore(folder)
+
+
 def _walk(root: Path, patterns: list[str]) -> list[str]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
         rel_dir = "" if rel_dir == "." else rel_dir + "/"
         dirnames[:] = [d for d in dirnames if d != ".git"
-                       and not _ignored(rel_dir + d, True, patterns)]
+                       and not _ignored(rel_dir + d, True, patterns)
+                       and not _ignores_all(Path(dirpath) / d)]
         out += [rel_dir + f for f in filenames if not _ignored(rel_dir + f, False, patterns)]
     return sorted(out)
 
