@@ -71,7 +71,7 @@ def run_agent(argv: list[str]) -> None:
     server = (TCPStore(args.master_addr, args.master_port, None, True, timedelta(seconds=TELL),
                        wait_for_workers=False, multi_tenant=True)
               if host else None)
-    record(run)(args)  # as torch's ``main``; raises when torchrun failed: nothing to hold then
+    run(args)  # raises when torchrun failed: nothing to hold then
     if nodes < 2:
         return
     # A stop from the guard now ends this process at once (torchrun's handlers raise in Python,
@@ -93,4 +93,6 @@ def run_agent(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    run_agent(sys.argv[1:])
+    # as torch's ``main`` is: what ended it (node 0's store that could not start too) goes to
+    # the error file the guard reads (``rank_wire.AGENT_ERROR_VAR``)
+    record(run_agent)(sys.argv[1:])
