@@ -1,15 +1,17 @@
-"""Programs shipped to nodes and ranks run where ptcluster is not installed. What each may import
-follows from its declaration in ``ptcluster.node`` (the one list): node programs the standard
-library and their parts; rank programs also torch. Every module of the node package is declared.
-Plus: every packed node program compiles and says hello in the wire format, and the guard hands
-its ranks what they run."""
+"""Programs shipped to nodes and ranks run where ptcluster is not installed. Each travels as its
+modules: its own and every ``ptcluster`` module it imports (``bootstrap.shipped``, computed),
+behind ``node.importer``. What each module may import follows from its program's kind: node
+programs the standard library and the shipped modules; rank programs also torch. Plus: every
+packed node program starts and says hello in the wire format, a rank-side program leaves no trace
+of the hook for the user's code, the guard hands its ranks what they run, and a node's traceback
+shows the module's path, the line and its source."""
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
-from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -18,127 +20,125 @@ import ptcluster.node
 from ptcluster.node import (
     FACTS,
     GUARD,
+    IMPORTER,
     NODE,
     OPTIONAL,
     PROGRAMS,
     RANK,
     SAMPLER,
     SETUP_AGENT,
+    SHIM,
     Program,
     rank_wire,
     wire,
 )
-from ptcluster.remote.bootstrap import BOOTSTRAP, HANDED, pack_source, preamble
+from ptcluster.remote.bootstrap import (
+    BOOTSTRAP,
+    closure,
+    hands,
+    is_module,
+    module_source,
+    node_argv,
+    pack_source,
+    preamble,
+    shipped,
+)
 
 ALLOWED_THIRD_PARTY = {NODE: set(OPTIONAL), RANK: {"torch"}}
-
-
-def tree(module: str) -> ast.Module:
-    package, _, name = module.rpartition(".")
-    return ast.parse(resources.files(package).joinpath(name + ".py").read_text())
+NODE_PACKAGE = "ptcluster.node."
 
 
 def imports(module: str) -> set[str]:
-    """Every module ``module`` imports; a ptcluster module counts as shipped only when it is
-    imported the way the packer strips it: ``from X import ...`` at the top level."""
+    """Every module ``module`` imports, anywhere in it (``from P import M``: ``P.M`` where that
+    is a module of ours)."""
     found = set()
-    module_tree = tree(module)
-    top = {id(n) for n in module_tree.body}
-    for node in ast.walk(module_tree):
-        if isinstance(node, ast.Import):  # `import ptcluster.x` is never stripped
-            found |= {a.name + (" (import)" if a.name.startswith("ptcluster") else "")
-                      for a in node.names}
+    for node in ast.walk(ast.parse(module_source(module))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            nested = id(node) not in top and node.module.startswith("ptcluster")
-            found.add(node.module + (" (not top level)" if nested else ""))
+            subs = {f"{node.module}.{a.name}" for a in node.names if is_module(
+                f"{node.module}.{a.name}")}
+            found |= subs or {node.module}
     return found
 
 
 def not_allowed(program: Program, module: str) -> set[str]:
     """What ``module`` imports that the node would not have: only the standard library, the
-    parts shipped before it in ``program`` and the kind's third-party modules are there."""
-    before = set(program.modules[:program.modules.index(module)])
+    modules shipped with ``program`` and the kind's third-party modules are there; and a module
+    of ours only when it is a node module (never the head's, never a package's ``__init__``)."""
     extra = ALLOWED_THIRD_PARTY[program.kind]
+    there = set(shipped(program))
     return {m for m in imports(module)
-            if m.split(".")[0] not in sys.stdlib_module_names and m not in before
-            and m.split(".")[0] not in extra}
-
-
-def top_level_names(module: str) -> set[str]:
-    """The names a module defines at its top level (also in ``if``/``try`` blocks there, and
-    every name of a tuple assignment: ``OUT, ERR = ...``); imports are not counted (two parts
-    may well both import ``os``)."""
-    return _defined(tree(module).body) - {"__all__"}
-
-
-def _defined(body: list[ast.stmt]) -> set[str]:
-    names: set[str] = set()
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {n.id for t in targets for n in ast.walk(t)
-                      if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-        elif isinstance(node, (ast.If, ast.Try)):
-            blocks = [node.body, node.orelse, *(h.body for h in getattr(node, "handlers", [])),
-                      getattr(node, "finalbody", [])]
-            names |= {n for block in blocks for n in _defined(block)}
-    return names
-
-
-def test_a_tuple_assignment_defines_every_name_it_binds() -> None:
-    assert _defined(ast.parse("A, (B, C) = 1, (2, 3)\nif x:\n    D = 4\nimport os\n").body) \
-        == {"A", "B", "C", "D"}
-
-
-@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)
-def test_no_two_parts_of_a_program_define_one_name(program: Program) -> None:
-    """Packed, a program is one namespace: a name defined twice is silently the last one."""
-    seen: dict[str, str] = {}
-    for module in program.modules:
-        for name in top_level_names(module):
-            assert name not in seen, f"{name} is defined in {seen[name]} and {module}"
-            seen[name] = module
+            if m.split(".")[0] not in sys.stdlib_module_names and m.split(".")[0] not in extra
+            and not (m in there and m.startswith(NODE_PACKAGE) and is_module(m))}
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)
 def test_every_shipped_module_imports_only_what_its_node_has(program: Program) -> None:
-    for module in program.modules:
+    for module in (*shipped(program), IMPORTER):
         bad = not_allowed(program, module)
         assert not bad, f"{module} (in {program.name}) imports {bad}: the node does not have them"
 
 
 def test_the_check_finds_a_forbidden_import() -> None:
-    """The rule itself: a module shipped before the one that needs it does not count."""
-    wrong_order = Program("x", "ptcluster.node.guard.rank_server", parts=("ptcluster.node.wire",))
-    assert not_allowed(wrong_order, "ptcluster.node.guard.rank_server") == {
-        "ptcluster.node.guard.progress", "ptcluster.node.guard.outbox", "ptcluster.node.rank_wire"}
+    """The rule itself: a head module, a package's ``__init__`` and torch in a node program are
+    refused; what a module imports is shipped with it, inside a function too."""
+    assert not_allowed(Program("x", "ptcluster.launch.plan"), "ptcluster.launch.plan")
     assert "torch" in not_allowed(Program("y", "ptcluster.node.rank.api"),
                                   "ptcluster.node.rank.api")
-    clash = [n for n in top_level_names("ptcluster.node.wire")
-             if n in top_level_names("ptcluster.node.rank_wire")]
-    assert clash == [], clash  # (was: two `encode`s; the packed guard got the rank one)
+    assert "ptcluster.node" not in imports("ptcluster.node.guard.agent")
+    assert {"ptcluster.node.guard.rank_server", "ptcluster.node.guard.outbox",
+            "ptcluster.node.rank_wire", "ptcluster.node.wire"} <= set(closure(GUARD.module))
+    assert set(closure("ptcluster.node.rank.shim")) == {
+        "ptcluster.node.rank.shim", "ptcluster.node.rank_wire", "ptcluster.node.rank.stack_probe"}
 
 
-def test_every_module_of_the_node_package_is_declared() -> None:
+def test_every_module_of_the_node_package_is_shipped() -> None:
     root = Path(ptcluster.node.__file__).parent
     found = {".".join(("ptcluster.node", *p.relative_to(root).with_suffix("").parts))
              for p in root.rglob("*.py") if p.name != "__init__.py"}
-    declared = {m for p in PROGRAMS for m in p.modules}
-    assert found == declared, f"undeclared: {found - declared}, missing: {declared - found}"
+    used = {m for p in PROGRAMS for m in shipped(p)} | {IMPORTER}
+    assert found == used, f"shipped by no program: {found - used}, not found: {used - found}"
 
 
-def test_rank_records_and_their_frames_agree() -> None:
-    assert set(wire.RANK_FRAMES) == {rank_wire.START, rank_wire.EXIT, rank_wire.ERROR,
-                                     rank_wire.REPORT}
-    handed = next(line for line in pack_source(GUARD).splitlines()
-                  if line.startswith(f"{HANDED} = "))  # one line: a repr
-    names = ast.literal_eval(handed.partition(" = ")[2])
-    assert set(names) == {rank_wire.SHIM_FILE, rank_wire.PROBE_FILE, rank_wire.AGENT_FILE}
-    for name, source in names.items():
+def handed_files() -> dict[str, str]:
+    """The guard's hands as a guard on a node finds them (``spawn.HANDED``)."""
+    code = (module_source(IMPORTER) + "\nimport json\n"
+            + "\nsources = " + repr({m: module_source(m) for m in shipped(GUARD)})
+            + "\nfiles = " + repr(hands(GUARD))
+            + "\nsys.meta_path.insert(0, Shipped(sources, files))"
+            + "\nfrom ptcluster.node.guard.spawn import HANDED"
+            + "\nprint(json.dumps(HANDED))\n")
+    proc = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True,
+                          timeout=60, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_the_guard_hands_its_ranks_the_shim_and_torchruns_agent() -> None:
+    handed = handed_files()
+    assert set(handed) == {rank_wire.SHIM_FILE, rank_wire.AGENT_FILE}
+    assert handed == hands(GUARD) and repr(handed) in pack_source(GUARD)
+    assert handed[rank_wire.SHIM_FILE] == pack_source(SHIM)
+    for name, source in handed.items():
         compile(source, name, "exec")
-        assert "from ptcluster" not in source
+
+
+@pytest.mark.parametrize("program", [p for p in PROGRAMS if p.kind == RANK], ids=lambda p: p.name)
+def test_a_rank_side_program_leaves_the_users_imports_alone(program: Program) -> None:
+    """Loaded (as the shim is in every rank), then the user's code: no hook is left, no module
+    of ours is in ``sys.modules``, and ``import ptcluster`` finds the installed one."""
+    code = ("ns = {'__name__': 'not_main'}\n"
+            f"exec(compile({pack_source(program)!r}, 'p', 'exec'), ns)\n"
+            "import sys\n"
+            "assert callable(ns['PROGRAM'].main)\n"
+            "assert not [m for m in sys.modules if m.startswith('ptcluster')], sys.modules\n"
+            "assert not [f for f in sys.meta_path if type(f).__name__ == 'Shipped']\n"
+            "import ptcluster.node.rank_wire as w\n"
+            "assert w.__file__.endswith('/src/ptcluster/node/rank_wire.py'), w.__file__\n")
+    proc = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True,
+                          timeout=120, cwd="/")
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.no_job
@@ -146,7 +146,6 @@ def test_rank_records_and_their_frames_agree() -> None:
 def test_packed_program_compiles_and_says_hello(program: Program) -> None:
     source = pack_source(program)
     compile(source, program.name, "exec")
-    assert "from ptcluster" not in source  # the package imports were dropped
     if program in (FACTS, SETUP_AGENT):
         return  # they collect facts first; their frames are tested with them
     config = {"interval": 0.2} if program is SAMPLER else {
@@ -163,17 +162,33 @@ def test_packed_program_compiles_and_says_hello(program: Program) -> None:
 
 
 @pytest.mark.no_job
+def test_a_node_programs_traceback_shows_the_module_line_and_source() -> None:
+    """A node program that raises (the sampler, given an interval that is no number): its
+    traceback names the shipped module's path in the package, the line, and the line's text."""
+    proc = subprocess.run(node_argv(sys.executable, SAMPLER), input=preamble(
+        SAMPLER, {"interval": "soon"}), capture_output=True, timeout=60)
+    err = proc.stderr.decode()
+    source = module_source(SAMPLER.module).splitlines()
+    line = next(n for n, text in enumerate(source, 1) if 'float(cfg.get("interval"' in text)
+    assert f'File "ptcluster/node/sampler.py", line {line}, in main\n' in err, err
+    assert f"\n    {source[line - 1].strip()}\n" in err, err
+    assert err.rstrip().endswith("ValueError: could not convert string to float: 'soon'"), err
+    assert proc.returncode == 1
+
+
+@pytest.mark.no_job
 @pytest.mark.parametrize("program", [GUARD, SETUP_AGENT], ids=lambda p: p.name)
 def test_a_node_program_imports_nothing_from_the_directory_it_starts_in(
         program: Program, tmp_path) -> None:
     # `python -c` puts the current directory first on sys.path: the head's directory (a cloned
     # repository) for a local node, srun's, or the node user's home. Before: the planted
-    # json.py ran in every node program started there.
-    from ptcluster.remote.bootstrap import node_argv
-
-    for name in ("json", "base64", "zlib", "selectors", "threading"):
+    # json.py ran in every node program started there. (Also: a planted ptcluster package.)
+    for name in ("json", "base64", "zlib", "selectors", "threading", "runpy", "linecache"):
         (tmp_path / f"{name}.py").write_text(
             f"open({str(tmp_path / ('IMPORTED-' + name))!r}, 'w').close()\n")
+    (tmp_path / "ptcluster").mkdir()
+    (tmp_path / "ptcluster" / "__init__.py").write_text(
+        f"open({str(tmp_path / 'IMPORTED-ptcluster')!r}, 'w').close()\n")
     proc = subprocess.run(node_argv(sys.executable, program), cwd=tmp_path,
                           input=preamble(program, {}) + b"bye\n", capture_output=True,
                           timeout=60)
@@ -184,24 +199,10 @@ def test_a_node_program_imports_nothing_from_the_directory_it_starts_in(
 
 def test_the_fast_suite_refuses_a_test_that_starts_a_job() -> None:
     """conftest's guard for ``-m "not slow"`` (this test is not slow: it is under the guard)."""
-    from ptcluster.node import GUARD as guard
-    from ptcluster.remote.bootstrap import node_argv
-
     with pytest.raises(AssertionError, match="mark it @pytest.mark.slow"):
-        subprocess.Popen(node_argv(sys.executable, guard, "J"))
+        subprocess.Popen(node_argv(sys.executable, GUARD, "J"))
     with pytest.raises(AssertionError, match="mark it @pytest.mark.slow"):
         subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "x.py"])
     with pytest.raises(AssertionError, match="mark it @pytest.mark.slow"):
         subprocess.Popen(["ip", "netns", "add", "x"])
     subprocess.run(["true"], check=True)  # anything else runs
-
-
-def test_the_guard_reads_its_hands_under_the_name_the_packer_gives_them() -> None:
-    """The packer assigns a program's ``hands`` to ``bootstrap.HANDED`` in front of its source;
-    the guard's part that writes them out for the ranks reads that very name (no import can
-    carry it: the packed program is one namespace, and the node has no ptcluster)."""
-    readers = [m for m in GUARD.modules if HANDED in top_level_names(m)]
-    assert readers == ["ptcluster.node.guard.spawn"], readers
-    source = pack_source(GUARD)
-    assigned = source.index(f"\n{HANDED} = {{")
-    assert assigned < source.index(f'\n{HANDED}: dict[str, str] = globals().get("{HANDED}"')

@@ -1,14 +1,17 @@
 """The node side: every program that runs on a node or inside a rank, declared here, once.
 
 Nothing of ptcluster is installed where these run, so every module in this package is shipped:
-the head's packer (``remote.bootstrap``) puts a program's ``parts`` in front of its source and
-drops the imports of them (marked ``# inlined``). What a shipped module may import follows from
-its program's kind, and ``tests/local/test_shipped.py`` checks it for every module declared below:
+the head's packer (``remote.bootstrap``) sends a program as its modules, the program's module
+and every ``ptcluster`` module it imports (its import closure, computed), which ``importer``
+(the hook every shipped program starts with) makes importable on the node. What a shipped module
+may import follows from its program's kind, and ``tests/local/test_shipped.py`` checks it for
+every module shipped with a program declared below:
 
-* ``NODE`` programs (started by the head over a node channel): the standard library and their
-  parts (plus an optional third-party module behind ``try``: ``OPTIONAL``);
+* ``NODE`` programs (started by the head over a node channel): the standard library and the
+  node package (plus an optional third-party module behind ``try``: ``OPTIONAL``);
 * ``RANK`` programs (run inside a rank, under torchrun, or as torchrun's agent): the standard
-  library, torch and their parts.
+  library, torch and the node package. They have a ``main()``: the import hook is taken away
+  before it runs (a user's code must import an installed ``ptcluster``, never ours).
 
 This ``__init__`` (and those of its subfolders) is not shipped: it is the head's list.
 """
@@ -24,64 +27,44 @@ OPTIONAL = ("psutil", "pynvml")
 
 @dataclass(frozen=True)
 class Program:
-    """A shipped program: ``module`` is its main module; ``parts`` are the modules shipped in
-    front of it, in order (each may import only those before it); ``hands`` are programs packed
-    into this one for it to hand on (the guard gives its ranks their shim and stack probe, and
-runs torchrun's agent program)."""
+    """A shipped program: ``module`` is its main module (what it imports is shipped with it:
+    ``remote.bootstrap.shipped``); ``hands`` are programs packed into this one for it to hand on
+    (the guard gives its ranks their shim, and runs torchrun's agent program)."""
 
     name: str
-    """Its label where it runs: ``ptcluster-NAME`` in tracebacks, ``ps`` and stacks."""
+    """Its label where it runs: ``ptcluster-NAME`` in ``ps`` and on the first-stage's frames."""
     module: str
     kind: str = NODE
     parts: tuple[str, ...] = ()
+    """Modules shipped besides the ones its module imports (none need be named: the import
+    closure is computed; a declaration that lists its imports here stays valid)."""
     hands: tuple[Program, ...] = ()
-
-    @property
-    def modules(self) -> tuple[str, ...]:
-        return (*self.parts, self.module)
 
 
 _N = "ptcluster.node."
-WIRE, NETIF, RANK_WIRE = _N + "wire", _N + "netif", _N + "rank_wire"
-
-SHIM = Program("shim", _N + "rank.shim", RANK, (RANK_WIRE,))
-"""Every rank's process: the parent around the user's program (reads no torch itself)."""
-STACK_PROBE = Program("stack-probe", _N + "rank.stack_probe", RANK, (RANK_WIRE,))
-"""Installed by the shim in the rank's process: stacks on request, collectives' progress."""
+IMPORTER = _N + "importer"
+"""The import hook: the source in front of every packed program (not a program)."""
+SHIM = Program("shim", _N + "rank.shim", RANK)
+"""Every rank's process: the parent around the user's program (reads no torch itself), and the
+stack probe it installs in the rank's process (stacks on request, collectives' progress)."""
 TORCHRUN_AGENT = Program("torchrun", _N + "rank.torchrun_agent", RANK)
 """torchrun on every node, run by the guard: the rendezvous store outlives the exit barrier."""
-_G = _N + "guard."
-KERNEL_LOG = _N + "kernel_log"
-HEALTH = (_N + "gpu_errors", _N + "health")
-"""The health gate's parts (after ``accel`` and ``KERNEL_LOG``): the guard's, doctor's, probe's."""
-GUARD = Program("guard", _G + "agent", NODE,
-                (WIRE, NETIF, RANK_WIRE, _N + "safefile", _G + "proctree", _G + "progress",
-                 _G + "outbox", _G + "schedstat", KERNEL_LOG, _N + "gpu_errors", _G + "disk",
-                 _G + "machine", _G + "rank_server",
-                 _G + "link", _G + "teardown", _N + "records", _N + "leases", _G + "refusal",
-                 _G + "tmpdirs", _N + "accel", _G + "gpus", _N + "health", _G + "prechecks",
-                 _G + "spawn"),
-                hands=(SHIM, STACK_PROBE, TORCHRUN_AGENT))
+GUARD = Program("guard", _N + "guard.agent", hands=(SHIM, TORCHRUN_AGENT))
 """Run's node agent: owns one node's part of a job."""
-FACTS = Program("facts", _N + "doctor_facts", NODE,
-                (WIRE, NETIF, _N + "accel", _N + "firewall", KERNEL_LOG, *HEALTH))
+FACTS = Program("facts", _N + "doctor_facts")
 """The doctor's node program: the node's facts, then its port and peer tests."""
-SAFE_LEASES = (_N + "safefile", _N + "records", _N + "leases")
-"""The parts of every program that reads or takes leases."""
-SAMPLER = Program("sampler", _N + "sampler", NODE, (WIRE, *SAFE_LEASES))
+SAMPLER = Program("sampler", _N + "sampler")
 """The monitor's node program: one sample per interval."""
-SETUP_AGENT = Program("setup", _N + "setup_agent", NODE,
-                      (WIRE, NETIF, _N + "accel", _N + "firewall", _N + "slurm_facts",
-                       _N + "setup_facts"))
+SETUP_AGENT = Program("setup", _N + "setup_agent")
 """Setup's node program: facts, then the commands the head asks for."""
-KILL = Program("kill", _N + "kill", NODE, (WIRE, *SAFE_LEASES))
+KILL = Program("kill", _N + "kill")
 """``ptcluster kill``'s node program: signals one job's guard (found by its lease)."""
-PROBE = Program("probe", _N + "probe", NODE, (WIRE, _N + "accel", KERNEL_LOG, *HEALTH))
+PROBE = Program("probe", _N + "probe")
 """Asks a lost node once more: its boot, whether the job's guard still runs."""
-ALLREDUCE = Program("allreduce", _N + "rank.allreduce", RANK, (RANK_WIRE, _N + "rank.api"))
+ALLREDUCE = Program("allreduce", _N + "rank.allreduce", RANK)
 """The doctor's last check, in every rank: a verified all-reduce."""
-BENCH_WORKER = Program("bench", _N + "rank.bench_worker", RANK, (RANK_WIRE, _N + "rank.api"))
+BENCH_WORKER = Program("bench", _N + "rank.bench_worker", RANK)
 """``ptcluster bench``'s sweep, in every rank."""
 
-PROGRAMS = (GUARD, SHIM, STACK_PROBE, TORCHRUN_AGENT, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE,
-            ALLREDUCE, BENCH_WORKER)
+PROGRAMS = (GUARD, SHIM, TORCHRUN_AGENT, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE, ALLREDUCE,
+            BENCH_WORKER)

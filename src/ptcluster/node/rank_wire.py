@@ -1,8 +1,8 @@
 """The rank<->guard boundary: how a rank's processes talk to their node's guard.
 
-Standard library only; shipped with every end that uses it: inlined into the guard (its rank
-server and hang watch), packed into the shim and the stack probe the guard hands its ranks, and
-prefixed to the rank programs (``node/rank/api.py``). One module, so both ends agree on it.
+Standard library only; shipped with every end that uses it: the guard (its rank server and hang
+watch), the shim and the stack probe the guard hands its ranks, and the rank programs
+(``node/rank/api.py``). One module, so both ends agree on it.
 
 A rank connects to the guard's Unix socket (its path in ``SOCK_VAR``), once per role, and starts
 every connection with one JSON header line ``{"rank": R, "role": ROLE}``:
@@ -35,9 +35,10 @@ stack probe is its neighbour). A path, not code: a rank's environment carries co
 SHIM_BOOT = (f"import os;f=open(os.environ[{SHIM_VAR!r}]);s=f.read();f.close();"
              "exec(compile(s,'ptcluster-shim','exec'))")
 """The code torchrun runs for every rank (``-c``): the shim, from the file the guard wrote."""
-SHIM_FILE, PROBE_FILE, AGENT_FILE = "shim.py", "stack_probe.py", "torchrun_agent.py"
-"""Their names in that dir (the packer names a handed program by its module's file), and that
-of torchrun's agent program (``node/rank/torchrun_agent.py``), which the guard runs too."""
+SHIM_FILE, AGENT_FILE = "shim.py", "torchrun_agent.py"
+"""The shim's name in that dir (the packer names a handed program by its module's file; the
+stack probe travels in it), and that of torchrun's agent program
+(``node/rank/torchrun_agent.py``), which the guard runs too."""
 AGENT_BOOT = ("import sys;p=sys.argv.pop(1);f=open(p);s=f.read();f.close();"
               "exec(compile(s,'ptcluster-torchrun','exec'))")
 """``python -c AGENT_BOOT PATH TORCHRUN_ARGS``: the agent program from the file the guard wrote

@@ -3,13 +3,14 @@ fixed one-line command, then everything else over stdin.
 
 The only text that passes through the node's shell is ``PYTHON -u -c BOOTSTRAP PROGRAM TAG``
 (quoted with shlex; PROGRAM and TAG are plain words), so ``ps`` on the node shows which program
-runs for which job; nothing is imported from the directory it starts in. The program's source
-and its JSON config (argv, env, paths) travel on the channel's stdin, so no host, path or env
-value is ever re-parsed by a shell.
+runs for which job; nothing is imported from the directory it starts in. The program and its
+JSON config (argv, env, paths) travel on the channel's stdin, so no host, path or env value is
+ever re-parsed by a shell.
 
-What a shipped program may import, and what is packed with it, is declared in ``ptcluster.node``
-(``Program``): the packer puts its ``parts`` in front of the program's own source and drops the
-imports of them (marked ``# inlined``), so the node needs nothing of ptcluster installed.
+A program travels as its modules (mitogen's first stage, then AnsiballZ's idea: the modules and
+``runpy``): ``node.importer``'s source, the program's import closure as ``{module: source}``
+(every ``ptcluster`` module its module imports, and theirs: found by the AST here), and one call
+that runs it with those modules importable (``node.importer``), each under its own path.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import re
 import zlib
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
-from ptcluster.node import Program
+import ptcluster
+from ptcluster.node import IMPORTER, RANK, Program
 
 BOOTSTRAP = (
     # First, before any import that searches sys.path: the current directory off it (``-c``
@@ -36,9 +39,8 @@ BOOTSTRAP = (
     "exec(compile(zlib.decompress(base64.b64decode(sys.stdin.buffer.readline())),"
     "'ptcluster-'+sys.argv[1],'exec'))"
 )
-HANDED = "HANDED"
-"""The name, in a packed program, of its ``hands``: ``{filename: packed source}``."""
-_FUTURE = "from __future__ import annotations"
+PACKAGE = "ptcluster"
+_ROOT = Path(ptcluster.__file__).parent.parent
 _WORD = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -47,25 +49,63 @@ def module_source(module: str) -> str:
     return resources.files(package).joinpath(name + ".py").read_text()
 
 
+def is_module(name: str) -> bool:
+    """Whether ``name`` is a module of ours with a file of its own (not a package; nothing is
+    imported to tell)."""
+    return _ROOT.joinpath(*name.split(".")).with_suffix(".py").is_file()
+
+
+def imported(module: str) -> set[str]:
+    """The ``ptcluster`` modules ``module`` imports, anywhere in it (``from P import M`` counts
+    as the module ``P.M`` where that is one)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(module_source(module))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == PACKAGE}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] == PACKAGE:
+            subs = {f"{node.module}.{a.name}" for a in node.names}
+            found |= {s for s in subs if is_module(s)} or {node.module}
+    return found
+
+
+@lru_cache(maxsize=64)
+def closure(module: str) -> tuple[str, ...]:
+    """``module`` and every ``ptcluster`` module it needs, sorted: what is shipped with it."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(imported(name))
+    return tuple(sorted(seen))
+
+
+def shipped(program: Program) -> tuple[str, ...]:
+    """The modules a program travels with: its module's closure (and its ``parts``'s)."""
+    return tuple(sorted({m for name in (program.module, *program.parts) for m in closure(name)}))
+
+
 @lru_cache(maxsize=16)
 def pack_source(program: Program) -> str:
-    """The source a node or rank executes: the program's parts, then the program, in one
-    namespace (the programs it hands on first, as one constant). Imports of the shipped modules
-    are dropped (found by the AST, not by formatting); they are marked ``# inlined``."""
-    shipped = {"__future__", *program.modules}
-    parts = [_FUTURE]
-    if program.hands:
-        handed = {hand.module.rpartition(".")[2] + ".py": pack_source(hand)
-                  for hand in program.hands}
-        parts.append(f"{HANDED} = {handed!r}")
-    for module in program.modules:
-        text = module_source(module)
-        lines = text.splitlines()
-        for node in reversed(ast.parse(text).body):
-            if isinstance(node, ast.ImportFrom) and node.module in shipped:
-                del lines[node.lineno - 1:node.end_lineno]
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts) + "\n"
+    """The source a node or rank executes: the import hook, the program's modules, and the
+    call that runs it (``node.importer``): a node program as ``__main__`` with the hook in place
+    for good; a rank-side one is loaded and the hook taken away before its ``main()`` runs (it
+    runs in a user's process, or beside torch). A node program's ``hands`` come as its data
+    files (``{file name: packed source}``: ``importer.Shipped.get_data``)."""
+    sources = {m: module_source(m) for m in shipped(program)}
+    if program.kind == RANK:
+        call = (f"PROGRAM = load({sources!r}, {program.module!r})\n"
+                "if __name__ == '__main__':\n    PROGRAM.main()\n")
+    else:
+        call = f"run({sources!r}, {program.module!r}, {hands(program)!r})\n"
+    return module_source(IMPORTER) + "\n\n" + call
+
+
+def hands(program: Program) -> dict[str, str]:
+    """What a program hands on, as the files it finds them in: ``{file name: packed source}``
+    (the file named as the handed program's module is)."""
+    return {hand.module.rpartition(".")[2] + ".py": pack_source(hand) for hand in program.hands}
 
 
 @lru_cache(maxsize=8)

@@ -38,12 +38,12 @@ class Frame:
     @property
     def ours(self) -> bool:
         return self.file in OUR_FILES or "runpy" in self.file or self.shim or \
-            self.file.endswith("/ptcluster/node/rank/stack_probe.py")
+            self.file.endswith("ptcluster/node/rank/stack_probe.py")
 
     @property
     def shim(self) -> bool:
         """The shim's code that runs the user's program (everything outside it is ours)."""
-        return self.file == "ptcluster-shim" or self.file.endswith("/ptcluster/node/rank/shim.py")
+        return self.file == "ptcluster-shim" or self.file.endswith("ptcluster/node/rank/shim.py")
 
     @property
     def library(self) -> bool:

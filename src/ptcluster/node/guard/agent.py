@@ -189,7 +189,7 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - report it on the channel, never a bare traceback
         guard.send(Kind.ERROR, {"problem": f"the guard failed: {exc!r}",
                                 "fix": "report this bug with the node's details: "
-                                + traceback.format_exc(limit=3).replace("\n", " | ")})
+                                + traceback.format_exc(limit=-3).replace("\n", " | ")})
         teardown(guard.child, grace=1.0)
         remove_tree(guard.tmpdir)
         return 70

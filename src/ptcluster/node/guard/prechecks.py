@@ -24,7 +24,7 @@ from ptcluster.node.guard.refusal import (  # inlined
 from ptcluster.node.health import boot, health, unfit  # inlined
 from ptcluster.node.leases import NO_LEASES, Lease, Leasing, describe  # inlined
 from ptcluster.node.netif import AUTO_PORTS, address_on, route_interface  # inlined
-from ptcluster.node.rank_wire import AGENT_FILE, BACKEND_VAR, PROBE_FILE, SHIM_FILE  # inlined
+from ptcluster.node.rank_wire import AGENT_FILE, BACKEND_VAR, SHIM_FILE  # inlined
 from ptcluster.node.wire import GuardConfig, ReadyFacts  # inlined
 
 
@@ -32,7 +32,7 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
     """This node's ``ready`` facts, once everything the job needs is here and leased (into
     ``held``, as each is taken); ``GuardError`` names what is not. ``cfg["workdir"]`` becomes
     the node's own path (``~`` expanded)."""
-    if not {SHIM_FILE, PROBE_FILE, AGENT_FILE} <= set(handed):  # run from its file, not as shipped
+    if not {SHIM_FILE, AGENT_FILE} <= set(handed):  # run from its file, not as shipped
         raise GuardError("this guard was started without the rank programs it hands on",
                          "start it through the head (remote.bootstrap packs it)")
     facts: ReadyFacts = {"hostname": socket.gethostname(), "pid": os.getpid(),

@@ -31,11 +31,10 @@ from ptcluster.node.rank_wire import (  # inlined
 from ptcluster.node.wire import GuardConfig, Kind, ReadyFacts, encode_text  # inlined
 
 PR_SET_PDEATHSIG = 1
-HANDED: dict[str, str] = globals().get("HANDED", {})
-"""The programs this guard hands on (file name -> packed source: its ranks' shim and stack probe,
-torchrun's agent program). The packer (``remote.bootstrap``) assigns them to this very name (its
-``HANDED``) in front of the packed source; ``tests/local/test_shipped.py`` checks that the two
-names are one."""
+HANDED: dict[str, str] = dict(getattr(getattr(__spec__, "loader", None), "files", None) or {})
+"""The programs this guard hands on (file name -> packed source: its ranks' shim, torchrun's
+agent program): the files that came with the guard's modules (``node.importer.Shipped.files``;
+none when this module was imported from a file)."""
 SLURM_TASK_VARS = (
     "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
     "SLURM_NNODES", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_TASKS_PER_NODE",

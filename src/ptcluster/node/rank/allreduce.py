@@ -1,7 +1,7 @@
 """The doctor's last check, run on every rank: a real all-reduce, result verified.
 
-Shipped as ``-c`` code through the same launch path as ``ptcluster run`` (after
-``node/rank/api.py``, which defines ``init_distributed`` and ``device_sync``), so it tests
+Shipped as ``-c`` code through the same launch path as ``ptcluster run`` (with
+``node/rank/api.py``: ``init_distributed``, ``device_sync``), so it tests
 exactly what a job would use: torchrun, the rendezvous, the interface env, the backend choice.
 Every rank contributes ``rank + 1``; the sum must be ``n (n + 1) / 2`` in every element. Rank 0
 reports one ``allreduce`` record to the head (``api.report``).
@@ -13,13 +13,12 @@ a node much slower than the others before a job runs at its pace.
 
 import sys
 import time
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
-# init_distributed, device_sync and end_rank come from node/rank/api.py, prepended when
-# shipped.
-
+from ptcluster.node.rank.api import device_sync, end_rank, init_distributed, report
 
 PROBE_SIZE = {"cpu": 512, "cuda": 4096}
 """Matrix side of the compute probe: 268 MFLOP a product on a CPU (the block takes ~0.2 s on
@@ -37,18 +36,18 @@ def compute_probe(device: torch.device) -> float:
     b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    device_sync(device)  # type: ignore[name-defined]  # noqa: F821
+    device_sync(device)
     t0 = time.perf_counter()
     for _ in range(PROBE_ITERS):
         a @ b
-    device_sync(device)  # type: ignore[name-defined]  # noqa: F821
+    device_sync(device)
     return time.perf_counter() - t0
 
 
-def main() -> int:
+def run() -> int:
     timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 30.0
     numel = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 20
-    rank, world, device, backend = init_distributed(timeout)  # type: ignore[name-defined]  # noqa: F821
+    rank, world, device, backend = init_distributed(timeout)
     dist.barrier()  # every rank probes at the same moment, as a job's ranks compute
     mine = torch.tensor([compute_probe(device)], dtype=torch.float64, device=device)
     every = [torch.zeros_like(mine) for _ in range(world)]
@@ -59,17 +58,17 @@ def main() -> int:
     wrong = int((x != expected).sum().item())
     times = []
     for _ in range(5):
-        device_sync(device)  # type: ignore[name-defined]  # noqa: F821
+        device_sync(device)
         t0 = time.perf_counter()
         dist.all_reduce(x)
-        device_sync(device)  # type: ignore[name-defined]  # noqa: F821
+        device_sync(device)
         times.append(time.perf_counter() - t0)
     bad = torch.tensor([wrong], dtype=torch.int64, device=device)
     dist.all_reduce(bad)
     t = sorted(times)[len(times) // 2]
     if rank == 0:
         size = numel * 4
-        report("allreduce", {  # type: ignore[name-defined]  # noqa: F821
+        report("allreduce", {
             "world_size": world, "backend": backend, "bytes": size, "wrong": int(bad.item()),
             "time_ms": round(t * 1000, 3),
             "compute_s": [round(float(v.item()), 4) for v in every],
@@ -78,5 +77,9 @@ def main() -> int:
     return 1 if int(bad.item()) else 0
 
 
+def main() -> NoReturn:
+    end_rank(run())
+
+
 if __name__ == "__main__":
-    end_rank(main())  # type: ignore[name-defined]  # noqa: F821
+    main()

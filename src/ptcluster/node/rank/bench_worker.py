@@ -1,5 +1,5 @@
-"""Runs on every rank (shipped as ``-c`` code through the launch path, after
-``node/rank/api.py``, which defines ``init_distributed``, ``device_sync`` and ``report``).
+"""Runs on every rank (shipped as ``-c`` code through the launch path, with
+``node/rank/api.py``: ``init_distributed``, ``device_sync`` and ``report``).
 
 argv[1] is a JSON config from the head (``sweep.worker_config``): per op, the element counts
 to run, computed on the head (``formulas.count_for``), so this file has no size formula.
@@ -14,13 +14,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
-# init_distributed, device_sync, report and end_rank come from node/rank/api.py, prepended
-# when shipped.
+from ptcluster.node.rank.api import device_sync, end_rank, init_distributed, report
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,7 @@ class Rank:
     dtype: torch.dtype
 
     def sync(self) -> None:
-        device_sync(self.device)  # type: ignore[name-defined]  # noqa: F821
+        device_sync(self.device)
 
     def pattern(self, count: int, r: int, offset: int = 0) -> torch.Tensor:
         """Rank r's check input: small integers, whose sums over ranks stay exact in fp16/bf16."""
@@ -41,17 +40,17 @@ class Rank:
         return ((idx + r) % 4).to(self.dtype)
 
 
-def main() -> int:
+def run() -> int:
     cfg = json.loads(sys.argv[1])
-    rank, n, device, backend = init_distributed(cfg["timeout"])  # type: ignore[name-defined]  # noqa: F821
+    rank, n, device, backend = init_distributed(cfg["timeout"])
     me = Rank(rank, n, device, getattr(torch, cfg["dtype"]))
     if rank == 0:
-        report("start", {"world_size": n, "backend": backend, "device": device.type})  # type: ignore[name-defined]  # noqa: F821
+        report("start", {"world_size": n, "backend": backend, "device": device.type})
     for op, counts in cfg["plan"]:
         for count in counts:
             seconds, wrong = bench_count(me, cfg, op, count)
             if rank == 0:
-                report("row", {"op": op, "count": count, "seconds": seconds, "wrong": wrong})  # type: ignore[name-defined]  # noqa: F821
+                report("row", {"op": op, "count": count, "seconds": seconds, "wrong": wrong})
     if cfg["pairs"]:
         pair_matrix(me, cfg)
     dist.barrier()
@@ -162,7 +161,7 @@ def pair_matrix(me: Rank, cfg: dict[str, Any]) -> None:
         me.sync()
         seconds = (time.perf_counter() - t0) / cfg["iters"]
         if me.rank == a:
-            report("pair", {"a": a, "b": b, "seconds": seconds})  # type: ignore[name-defined]  # noqa: F821
+            report("pair", {"a": a, "b": b, "seconds": seconds})
 
 
 def round_trip(buf: torch.Tensor, peer: int, first: bool) -> None:
@@ -175,5 +174,9 @@ def round_trip(buf: torch.Tensor, peer: int, first: bool) -> None:
         dist.send(buf, peer)
 
 
+def main() -> NoReturn:
+    end_rank(run())
+
+
 if __name__ == "__main__":
-    end_rank(main())  # type: ignore[name-defined]  # noqa: F821
+    main()

@@ -29,6 +29,7 @@ import sys
 import time
 from types import TracebackType
 
+from ptcluster.node.rank.stack_probe import install as install_probe  # inlined
 from ptcluster.node.rank_wire import (  # inlined
     CTL,
     DATA,
@@ -37,7 +38,6 @@ from ptcluster.node.rank_wire import (  # inlined
     ERROR,
     EXIT,
     OUT,
-    PROBE_FILE,
     REPORT,
     RETURNED,
     SHIM_BOOT,
@@ -170,18 +170,13 @@ def run_in_process(argv: list[str]) -> None:
 
 
 def _install_probe() -> None:
-    """The stack probe (``probe.py``): every thread's stack when the guard asks, without the
-    script's help. Never in the way of the target: any trouble leaves the rank without it."""
+    """The stack probe (``stack_probe.py``): every thread's stack when the guard asks, without
+    the script's help. Never in the way of the target: any trouble leaves the rank without it."""
     path = os.environ.get(SOCK_VAR, "")
     if not path:
         return
     try:
-        shim = os.environ.get(SHIM_VAR) or os.path.abspath(__file__)  # (tests: run from here)
-        with open(os.path.join(os.path.dirname(shim), PROBE_FILE)) as f:
-            source = f.read()
-        namespace: dict[str, object] = {"__name__": "ptcluster_probe"}
-        exec(compile(source, "ptcluster-stack-probe", "exec"), namespace)
-        namespace["install"](path, int(os.environ.get("RANK", "-1")))  # type: ignore[operator]
+        install_probe(path, int(os.environ.get("RANK", "-1")))
     except Exception:  # noqa: BLE001, S110 - see above
         pass
 
@@ -262,8 +257,12 @@ def exit_like(code: int) -> None:
     sys.exit(code)
 
 
-if __name__ == "__main__":
+def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == CHILD_FLAG:
         run_in_process(sys.argv[2:])
     else:
         exit_like(run_target(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

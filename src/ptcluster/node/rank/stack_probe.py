@@ -1,6 +1,6 @@
 """The rank's stack probe: installed by the shim in the rank's process before the user's code.
 
-Standard library only (it runs in every rank, shipped like the shim in an env var, and imports
+Standard library only (it runs in every rank, shipped with the shim, and imports
 torch only when the user's program already did). Two things:
 
 * a ``probe`` connection to the guard's socket, served by a daemon thread (below), which

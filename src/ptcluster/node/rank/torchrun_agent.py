@@ -92,7 +92,11 @@ def run_agent(argv: list[str]) -> None:
         pass
 
 
-if __name__ == "__main__":
+def main() -> None:
     # as torch's ``main`` is: what ended it (node 0's store that could not start too) goes to
     # the error file the guard reads (``rank_wire.AGENT_ERROR_VAR``)
     record(run_agent)(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()
