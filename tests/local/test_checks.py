@@ -22,8 +22,8 @@ from ptcluster.doctor.checks import run_checks
 from ptcluster.doctor.node_report import NodeReport, ProblemKind
 from ptcluster.errors import Problem
 from ptcluster.node import FACTS as PROBE_PROGRAM
-from ptcluster.node import accel
-from ptcluster.remote.bootstrap import pack_source
+from ptcluster.node import IMPORTER, accel
+from ptcluster.remote.bootstrap import module_source, shipped
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "testbed_facts.json").read_text())
 CLUSTER = "nodes: [{host: node0, slots: 2}, {host: node1}, {host: node2}]\n"
@@ -363,18 +363,16 @@ def _dist_info(site: Path, name: str, version: str, requires: tuple[str, ...] = 
 
 
 def _torch_facts(site: Path) -> dict[str, Any]:
-    """torch_facts() in a fresh interpreter that sees only ``site`` (no site-packages); the probe
-    is loaded from its file, as it is shipped."""
+    """torch_facts() in a fresh interpreter that sees only ``site`` (no site-packages); the
+    probe's modules are loaded as they are shipped (``node.importer``)."""
     packed = site.parent / "probe_packed.py"
-    packed.write_text(pack_source(PROBE_PROGRAM))  # as the node gets it
-    code = ("import importlib.util, json, sys\n"
-            f"spec = importlib.util.spec_from_file_location('probe', {str(packed)!r})\n"
-            "probe = importlib.util.module_from_spec(spec)\n"
-            "spec.loader.exec_module(probe)\n"
-            "probe.SYSTEM_LIB_DIRS = ()\n"
-            "print(json.dumps(probe.torch_facts()))\n")
+    sources = {m: module_source(m) for m in shipped(PROBE_PROGRAM)}
+    packed.write_text(module_source(IMPORTER) + "\nimport json\n"  # as the node gets them
+                      + f"probe = load({sources!r}, {accel.__name__!r})\n"
+                      "probe.SYSTEM_LIB_DIRS = ()\n"
+                      "print(json.dumps(probe.torch_facts()))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH")}
-    out = subprocess.run([sys.executable, "-S", "-c", code], env={**env, "PYTHONPATH": str(site)},
+    out = subprocess.run([sys.executable, "-S", str(packed)], env={**env, "PYTHONPATH": str(site)},
                          cwd=site.parent, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 

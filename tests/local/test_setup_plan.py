@@ -550,7 +550,7 @@ def test_the_password_is_checked_once_with_ufws_rules(monkeypatch, answers, mode
         ran.append(argv)
         return next(replies)
 
-    for module in (node, setup_facts):  # (one namespace when packed)
+    for module in (node, setup_facts):  # (each module imported `run` from setup_facts)
         monkeypatch.setattr(module, "run", run)
     monkeypatch.setattr(setup_facts.COMMANDS, "sudo", sudo)
     for module in (node, firewall):

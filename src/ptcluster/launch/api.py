@@ -28,7 +28,7 @@ def prepare(spec: ClusterSpec, target: Target, port: int | None = None,
 def run_rank_program(spec: ClusterSpec, program: Program, args: tuple[str, ...], *,
                      port: int | None, options: RunOptions, on_data: DataSink,
                      on_line: LineSink | None = None) -> RunResult:
-    """Ship a rank program (packed with its parts) to every rank as ``-c`` code and run it
+    """Ship a rank program (packed with its modules) to every rank as ``-c`` code and run it
     through the launcher, its records going to ``on_data``. The run's logs are kept in a
     temporary directory when it fails (the result names it), removed when it succeeds."""
     code = pack_source(program)

@@ -30,11 +30,11 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.accel import gpus, sh, torch_facts  # inlined
-from ptcluster.node.firewall import firewall_state, rule_counts  # inlined
-from ptcluster.node.health import gpu_warnings, health  # inlined
-from ptcluster.node.netif import AUTO_PORTS, interfaces, route_dev, route_interface  # inlined
-from ptcluster.node.wire import Kind, control, encode, hello, split  # inlined
+from ptcluster.node.accel import gpus, sh, torch_facts
+from ptcluster.node.firewall import firewall_state, rule_counts
+from ptcluster.node.health import gpu_warnings, health
+from ptcluster.node.netif import AUTO_PORTS, interfaces, route_dev, route_interface
+from ptcluster.node.wire import Kind, control, encode, hello, split
 
 
 def resolve(name: str) -> list[str]:

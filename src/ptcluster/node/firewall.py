@@ -3,7 +3,7 @@ it is active, and the rules ptcluster cares about (ufw's added rules, firewalld'
 sources: what setup opens for the other nodes), read as root where root is at hand; plus the
 rule counts of nftables and iptables (the doctor's view of what might drop a connection).
 
-Standard library only; a part of the doctor's probe and of setup's node program (inlined by
+Standard library only; a part of the doctor's probe and of setup's node program (shipped by
 ``remote.bootstrap``). Each reader is a command and its parse; the caller runs the commands (its
 runner, and as root the way its node allows).
 """

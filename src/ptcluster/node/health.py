@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ptcluster.node.accel import gpus  # inlined
-from ptcluster.node.gpu_errors import (  # inlined
+from ptcluster.node.accel import gpus
+from ptcluster.node.gpu_errors import (
     ACT_HARDWARE,
     ACT_RESET,
     WARN_XIDS,
@@ -33,7 +33,7 @@ from ptcluster.node.gpu_errors import (  # inlined
     xid_fix,
     xids_in,
 )
-from ptcluster.node.kernel_log import boot_wall, kernel_since_boot  # inlined
+from ptcluster.node.kernel_log import boot_wall, kernel_since_boot
 
 GIB = 1 << 30
 DISK_MIN_FREE = GIB

@@ -22,9 +22,9 @@ import socket
 import sys
 import time
 
-from ptcluster.node.leases import RECORD_MODE, held_all, kill_note  # inlined
-from ptcluster.node.records import unlink, write_record  # inlined
-from ptcluster.node.wire import Kind, encode, hello  # inlined
+from ptcluster.node.leases import RECORD_MODE, held_all, kill_note
+from ptcluster.node.records import unlink, write_record
+from ptcluster.node.wire import Kind, encode, hello
 
 
 def guard_of(pid: int, uid: int, job_id: str) -> bool:

@@ -43,8 +43,8 @@ import socket
 import stat
 import time
 
-from ptcluster.node.records import alive, read_record, unlink, write_record  # inlined
-from ptcluster.node.safefile import create_new, open_regular  # inlined
+from ptcluster.node.records import alive, read_record, unlink, write_record
+from ptcluster.node.safefile import create_new, open_regular
 
 LEASE_DIR = "/run/lock"
 PREFIX = "ptcluster-"

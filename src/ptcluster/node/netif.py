@@ -1,7 +1,7 @@
 """Which network interface a node's NCCL/Gloo sockets should use (the one rule, shared), and
 where a rendezvous port of ``master.port: auto`` is looked for.
 
-Standard library only, and inlined into the programs shipped to nodes (the guard decides the
+Standard library only, and shipped with the programs that run on nodes (the guard decides the
 interface at launch with it, the doctor's probe reports what it decides), so ``doctor`` can never
 approve an interface that ``run`` would not pick.
 

@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Any
 
-from ptcluster.node.health import boot  # inlined
-from ptcluster.node.wire import Kind, encode, hello  # inlined
+from ptcluster.node.health import boot
+from ptcluster.node.wire import Kind, encode, hello
 
 KERNEL_LINES = 8
 """The previous boot's last kernel lines the probe sends (its last words: a panic, an Xid)."""

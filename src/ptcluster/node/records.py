@@ -3,7 +3,7 @@ removed and told stale, for the node's lease records (``node.leases``, in a shar
 directory every user writes in) and the head's registry of running heads (``control.registry``,
 a directory of the user's own).
 
-Standard library only: a part of every node program that leases (inlined by
+Standard library only: a part of every node program that leases (shipped by
 ``remote.bootstrap``), and imported as a module on the head. What makes a record safe where
 others may plant files: it is written under a new name (``O_EXCL``, never through a planted link)
 and renamed over whatever had its name; it is read without following a link, only from a regular
@@ -14,7 +14,7 @@ the reader to judge. Which directory is trusted, and which owners, stays with ea
 import json
 import os
 
-from ptcluster.node.safefile import create_new, read_regular  # inlined
+from ptcluster.node.safefile import create_new, read_regular
 
 
 def write_record(path: str, record: dict, mode: int, dir_fd: int | None = None,

@@ -1,7 +1,7 @@
 """Files in directories other users can write (``/tmp``, the lease directory, a shared runs
 directory): the one way ptcluster opens them.
 
-Standard library only: a part of every node program that touches such a directory (inlined by
+Standard library only: a part of every node program that touches such a directory (shipped by
 ``remote.bootstrap``), and imported as a module on the head. What another user can plant where
 we open a file, and what each function here does about it:
 

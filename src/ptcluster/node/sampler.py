@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.leases import held_all, user_name  # inlined
-from ptcluster.node.wire import Kind, encode, hello  # inlined
+from ptcluster.node.leases import held_all, user_name
+from ptcluster.node.wire import Kind, encode, hello
 
 
 class Cpu:

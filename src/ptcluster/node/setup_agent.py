@@ -27,8 +27,8 @@ import sys
 import threading
 from typing import Any
 
-from ptcluster.node.firewall import UFW_ADDED, ufw_enabled  # inlined
-from ptcluster.node.setup_facts import (  # inlined
+from ptcluster.node.firewall import UFW_ADDED, ufw_enabled
+from ptcluster.node.setup_facts import (
     COMMANDS,
     NO_ROOT,
     SECTIONS,
@@ -36,7 +36,7 @@ from ptcluster.node.setup_facts import (  # inlined
     run,
     sections,
 )
-from ptcluster.node.wire import Kind, control, encode, hello, split  # inlined
+from ptcluster.node.wire import Kind, control, encode, hello, split
 
 
 class Node:

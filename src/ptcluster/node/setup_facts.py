@@ -2,8 +2,8 @@
 steps ask for (``setup.plan.STEP_DEFS``: ``facts {"only": [...]}``), as pyinfra declares facts
 (a command, or a file, and its parse); and the one runner of the commands setup starts.
 
-Standard library only; a part of setup's node program (``node.setup_agent``), shipped in front of
-it (inlined by ``remote.bootstrap``).
+Standard library only; a part of setup's node program (``node.setup_agent``), shipped with it
+(``remote.bootstrap``).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ptcluster.node.accel import NVML_LIB, gpus, pci_gpu_count  # inlined
-from ptcluster.node.firewall import firewall_state  # inlined
-from ptcluster.node.netif import route_interface  # inlined
-from ptcluster.node.slurm_facts import slurm_facts  # inlined
+from ptcluster.node.accel import NVML_LIB, gpus, pci_gpu_count
+from ptcluster.node.firewall import firewall_state
+from ptcluster.node.netif import route_interface
+from ptcluster.node.slurm_facts import slurm_facts
 
 C_ENV = {"LC_ALL": "C", "LANG": "C"}
 """Commands whose words we look at run in the C locale."""

@@ -2,7 +2,7 @@
 ``slurmd -C`` reports it, its cgroup version, NVML and GPU device files, the Slurm files there,
 the munge key's digest, owner and mode (never its bytes), and the munge/Slurm services.
 
-Standard library only; a part of setup's node program (inlined by ``remote.bootstrap``); the
+Standard library only; a part of setup's node program (shipped by ``remote.bootstrap``); the
 caller gives the command runners (its own, and as root the way its node allows).
 """
 

@@ -1,8 +1,7 @@
 """The framing every node channel speaks, both ways: one frame per line, ``KIND PAYLOAD``.
 
-Standard library only, and inlined into every program shipped to a node (``remote.bootstrap``
-puts this source in front of the program's own), so the head and its node programs always
-agree on it. Two shapes of frame:
+Standard library only, and shipped with every program that runs on a node
+(``remote.bootstrap``), so the head and its node programs always agree on it. Two shapes of frame:
 
 * control frames: ``KIND JSON`` (``hello``, ``ready``, ``exit``, ``hb``, ``go``, ``stop``, ...);
 * text frames for output, cheap at high line rates: ``o RANK TEXT`` and ``e RANK TEXT`` (a

@@ -1,10 +1,10 @@
 """The node-side guard: owns one node's part of a job and ends it when the head goes away.
 
-Standard library only: the head ships this source (with the inlined ``wire`` and ``netif``) over
+Standard library only: the head ships this module (with the modules it imports) over
 the channel's stdin (see ``remote.bootstrap``), so a node needs nothing but its Python.
 
 Protocol (frames of ``node.wire``, one per line):
-  stdin   line 1 the packed source (read by the bootstrap); line 2 the JSON config (the
+  stdin   line 1 the packed modules (read by the bootstrap); line 2 the JSON config (the
           ``NodePlan``'s guard config: argv, env, workdir, job_id, checks, timing)
           then ``hb`` (heartbeat), ``go`` (start the job), ``stop {reason}``, ``stacks {id,
           native}`` (every rank's stacks, see ``node.guard.progress``); EOF = head gone
@@ -47,13 +47,13 @@ import time
 import traceback
 from typing import cast
 
-from ptcluster.node.guard.link import HeadLink, StopRequest  # inlined
-from ptcluster.node.guard.machine import MachineWatch  # inlined
-from ptcluster.node.guard.prechecks import precheck  # inlined
-from ptcluster.node.guard.progress import ProgressMeter  # inlined
-from ptcluster.node.guard.rank_server import EXIT_WAIT, RankServer  # inlined
-from ptcluster.node.guard.refusal import GuardError  # inlined
-from ptcluster.node.guard.spawn import (  # inlined
+from ptcluster.node.guard.link import HeadLink, StopRequest
+from ptcluster.node.guard.machine import MachineWatch
+from ptcluster.node.guard.prechecks import precheck
+from ptcluster.node.guard.progress import ProgressMeter
+from ptcluster.node.guard.rank_server import EXIT_WAIT, RankServer
+from ptcluster.node.guard.refusal import GuardError
+from ptcluster.node.guard.spawn import (
     HANDED,
     agent_error,
     pump_agent,
@@ -62,11 +62,11 @@ from ptcluster.node.guard.spawn import (  # inlined
     under_slurm,
     use_port,
 )
-from ptcluster.node.guard.teardown import teardown, wait_child  # inlined
-from ptcluster.node.guard.tmpdirs import job_dir, remove_stale, user_tmp  # inlined
-from ptcluster.node.leases import Lease, read_kill_notes  # inlined
-from ptcluster.node.safefile import remove_tree  # inlined
-from ptcluster.node.wire import (  # inlined
+from ptcluster.node.guard.teardown import teardown, wait_child
+from ptcluster.node.guard.tmpdirs import job_dir, remove_stale, user_tmp
+from ptcluster.node.leases import Lease, read_kill_notes
+from ptcluster.node.safefile import remove_tree
+from ptcluster.node.wire import (
     KILLED_BY,
     STOP_GRACE,
     GuardConfig,

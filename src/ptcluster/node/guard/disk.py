@@ -3,7 +3,7 @@ file), the guard stats that file's filesystem: its mount point, type, free and t
 (``wire.DiskFacts``, in the rank's ``rerror`` frame). With no file named, the nearly full
 filesystems of the node.
 
-Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
+Standard library only; a part of the guard (shipped by ``remote.bootstrap``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 and what it sends on its own schedule (heartbeats, ``timing``, ``stacks``), and the stop state
 the head, a signal or a lost link sets.
 
-Standard library only; a part of the guard (inlined by ``remote.bootstrap``). The heartbeat runs
+Standard library only; a part of the guard (shipped by ``remote.bootstrap``). The heartbeat runs
 on its own thread and never waits on output (STYLE 13): how fast the head reads decides nothing.
 """
 
@@ -15,13 +15,13 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.guard.machine import MachineWatch  # inlined
-from ptcluster.node.guard.outbox import Outbox  # inlined
-from ptcluster.node.guard.progress import ProgressMeter, fit_stacks  # inlined
-from ptcluster.node.guard.rank_server import RankServer  # inlined
-from ptcluster.node.guard.schedstat import SchedstatMeter  # inlined
-from ptcluster.node.rank_wire import FR_VAR, TIMING_OFF_VAR  # inlined
-from ptcluster.node.wire import (  # inlined
+from ptcluster.node.guard.machine import MachineWatch
+from ptcluster.node.guard.outbox import Outbox
+from ptcluster.node.guard.progress import ProgressMeter, fit_stacks
+from ptcluster.node.guard.rank_server import RankServer
+from ptcluster.node.guard.schedstat import SchedstatMeter
+from ptcluster.node.rank_wire import FR_VAR, TIMING_OFF_VAR
+from ptcluster.node.wire import (
     HEARTBEAT_EVERY,
     HEARTBEAT_TIMEOUT,
     MAX_FRAME,

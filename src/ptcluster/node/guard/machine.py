@@ -1,6 +1,6 @@
 """What the machine saw when a rank died: the kernel's out-of-memory killer, the GPU driver.
 
-Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
+Standard library only; a part of the guard (shipped by ``remote.bootstrap``).
 
 Out of memory. ``MachineWatch`` notes the node's OOM-kill count (``/proc/vmstat`` ``oom_kill``)
 when the job starts, and each rank's memory group's (cgroup v2 ``memory.events``, v1
@@ -30,17 +30,17 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.gpu_errors import (  # inlined
+from ptcluster.node.gpu_errors import (
     NvmlXids,
     describe_xid,
     gpu_indices,
     parse_xid,
     xid_fix,
 )
-from ptcluster.node.guard.disk import FULL_ERRNOS, disk_facts  # inlined
-from ptcluster.node.guard.proctree import children_map  # inlined
-from ptcluster.node.guard.schedstat import meminfo  # inlined
-from ptcluster.node.kernel_log import (  # inlined
+from ptcluster.node.guard.disk import FULL_ERRNOS, disk_facts
+from ptcluster.node.guard.proctree import children_map
+from ptcluster.node.guard.schedstat import meminfo
+from ptcluster.node.kernel_log import (
     LOG_JOURNAL,
     LOG_KMSG,
     boot_wall,

@@ -1,6 +1,6 @@
 """A node program's frames to the head, written together: output held a moment, the rest at once.
 
-Standard library only; shipped with the guard (inlined by ``remote.bootstrap``).
+Standard library only; shipped with the guard (shipped by ``remote.bootstrap``).
 
 The head reads every write of every node: a guard that wrote each rank's line as it came cost
 the head a read (a wake-up, a pass of its hub, a decode) per line, 8 per node a second at one

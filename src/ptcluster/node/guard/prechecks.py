@@ -1,7 +1,7 @@
 """What a guard checks on its node before a job starts (``precheck``: its ``ready`` facts), and
 the leases it takes for the job meanwhile (the job itself, the master's port, its GPUs).
 
-Standard library only; a part of the guard (inlined by ``remote.bootstrap``). A refusal is a
+Standard library only; a part of the guard (shipped by ``remote.bootstrap``). A refusal is a
 ``GuardError`` (``guard.refusal``).
 """
 
@@ -14,18 +14,18 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from ptcluster.node.guard.gpus import claim  # inlined
-from ptcluster.node.guard.proctree import listdir, set_subreaper  # inlined
-from ptcluster.node.guard.refusal import (  # inlined
+from ptcluster.node.guard.gpus import claim
+from ptcluster.node.guard.proctree import listdir, set_subreaper
+from ptcluster.node.guard.refusal import (
     GuardError,
     unleasable,
     untrusted_lease_dir,
 )
-from ptcluster.node.health import boot, health, unfit  # inlined
-from ptcluster.node.leases import NO_LEASES, Lease, Leasing, describe  # inlined
-from ptcluster.node.netif import AUTO_PORTS, address_on, route_interface  # inlined
-from ptcluster.node.rank_wire import AGENT_FILE, BACKEND_VAR, SHIM_FILE  # inlined
-from ptcluster.node.wire import GuardConfig, ReadyFacts  # inlined
+from ptcluster.node.health import boot, health, unfit
+from ptcluster.node.leases import NO_LEASES, Lease, Leasing, describe
+from ptcluster.node.netif import AUTO_PORTS, address_on, route_interface
+from ptcluster.node.rank_wire import AGENT_FILE, BACKEND_VAR, SHIM_FILE
+from ptcluster.node.wire import GuardConfig, ReadyFacts
 
 
 def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> ReadyFacts:

@@ -1,6 +1,6 @@
 """Processes by tree, never by name: the guard's view of what its job left on the node.
 
-Standard library only; shipped with the guard (inlined by ``remote.bootstrap``).
+Standard library only; shipped with the guard (shipped by ``remote.bootstrap``).
 """
 
 import ctypes

@@ -1,6 +1,6 @@
 """The guard's view of whether its ranks make progress, and their stacks on demand.
 
-Standard library only; shipped with the guard (inlined by ``remote.bootstrap``). The rank
+Standard library only; shipped with the guard (shipped by ``remote.bootstrap``). The rank
 server hands this module what comes on the ranks' ``probe`` connections (see
 ``node/rank/stack_probe.py``, installed in every rank by the shim) and when each rank last
 printed; a rank's stack dump is read from the file its probe names (in the guard's temp dir).
@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.rank_wire import (  # inlined
+from ptcluster.node.rank_wire import (
     DUMP,
     PROBE,
     PROGRESS,

@@ -1,6 +1,6 @@
 """The guard's side of its ranks: one Unix socket, every rank's output and records as frames.
 
-Standard library only; shipped with the guard (inlined by ``remote.bootstrap``).
+Standard library only; shipped with the guard (shipped by ``remote.bootstrap``).
 """
 
 import os
@@ -11,9 +11,9 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.guard.outbox import Outbox  # inlined
-from ptcluster.node.guard.progress import StackProbes  # inlined
-from ptcluster.node.rank_wire import (  # inlined
+from ptcluster.node.guard.outbox import Outbox
+from ptcluster.node.guard.progress import StackProbes
+from ptcluster.node.rank_wire import (
     BAD_RECORD,
     CTL,
     ERR,
@@ -26,7 +26,7 @@ from ptcluster.node.rank_wire import (  # inlined
     decode_record,
     header,
 )
-from ptcluster.node.wire import MAX_FRAME, RANK_FRAMES, Kind, encode, encode_text  # inlined
+from ptcluster.node.wire import MAX_FRAME, RANK_FRAMES, Kind, encode, encode_text
 
 MAX_LINE = 65536
 """Longer output lines are cut into pieces of this size (bounded memory per stream)."""

@@ -5,12 +5,12 @@ Its ``problem`` and ``fix`` are plain strings, not ``ptcluster.errors.Problem``:
 shipped (it cannot import the head's package), and the frame is JSON anyway. The head makes the
 one ``Problem`` of them where it decodes the frame (``launch.supervise.events``).
 
-Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
+Standard library only; a part of the guard (shipped by ``remote.bootstrap``).
 """
 
 from __future__ import annotations
 
-from ptcluster.node.leases import LEASE_DIR  # inlined
+from ptcluster.node.leases import LEASE_DIR
 
 
 class GuardError(Exception):

@@ -1,7 +1,7 @@
 """What the node sees of its ranks' time, for the head's straggler report
 (``launch.supervise.straggler``).
 
-Standard library only; shipped with the guard (inlined by ``remote.bootstrap``). Nothing runs
+Standard library only; shipped with the guard (shipped by ``remote.bootstrap``). Nothing runs
 inside a rank for it: the guard reads ``/proc`` with every second heartbeat (``wire.timing_every``).
 
 Per rank, of its process's **main thread** (``/proc/PID/task/PID/schedstat``: nanoseconds on a

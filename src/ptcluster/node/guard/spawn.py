@@ -1,7 +1,7 @@
 """Starting torchrun: the ranks' environment on this node (the head's plan, the leased GPUs, the
 interface, Slurm's task variables taken out) and the child's setup between fork and exec.
 
-Standard library only; a part of the guard (inlined by ``remote.bootstrap``).
+Standard library only; a part of the guard (shipped by ``remote.bootstrap``).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ptcluster.node.guard.outbox import Outbox  # inlined
-from ptcluster.node.guard.prechecks import node_python  # inlined
-from ptcluster.node.guard.proctree import libc_prctl  # inlined
-from ptcluster.node.rank_wire import (  # inlined
+from ptcluster.node.guard.outbox import Outbox
+from ptcluster.node.guard.prechecks import node_python
+from ptcluster.node.guard.proctree import libc_prctl
+from ptcluster.node.rank_wire import (
     AGENT_BOOT,
     AGENT_ERROR_FILE,
     AGENT_ERROR_VAR,
@@ -28,7 +28,7 @@ from ptcluster.node.rank_wire import (  # inlined
     SOCK_VAR,
     TORCHRUN_LOG_VAR,
 )
-from ptcluster.node.wire import GuardConfig, Kind, ReadyFacts, encode_text  # inlined
+from ptcluster.node.wire import GuardConfig, Kind, ReadyFacts, encode_text
 
 PR_SET_PDEATHSIG = 1
 HANDED: dict[str, str] = dict(getattr(getattr(__spec__, "loader", None), "files", None) or {})

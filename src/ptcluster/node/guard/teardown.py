@@ -1,7 +1,7 @@
 """Ending the job: wait for torchrun (or a stop), then SIGTERM it and SIGKILL what is left, by
 process tree, never by name.
 
-Standard library only; a part of the guard (inlined by ``remote.bootstrap``). The guard is a
+Standard library only; a part of the guard (shipped by ``remote.bootstrap``). The guard is a
 child subreaper, so workers that torchrun leaves behind are re-parented to it and found by
 walking /proc from its own pid (``guard.proctree``).
 """
@@ -13,8 +13,8 @@ import signal
 import subprocess
 import time
 
-from ptcluster.node.guard.link import StopRequest  # inlined
-from ptcluster.node.guard.proctree import descendants, reap_others, signal_tree  # inlined
+from ptcluster.node.guard.link import StopRequest
+from ptcluster.node.guard.proctree import descendants, reap_others, signal_tree
 
 
 def wait_child(child: subprocess.Popen[bytes], stop: StopRequest) -> int | None:

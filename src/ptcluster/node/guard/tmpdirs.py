@@ -1,6 +1,6 @@
 """The guard's temp directories: one per job, under a parent that is this user's alone.
 
-Standard library only; a part of the guard (inlined by ``remote.bootstrap``). ``$TMPDIR``
+Standard library only; a part of the guard (shipped by ``remote.bootstrap``). ``$TMPDIR``
 (``/tmp``) is every user's: anyone can plant a ``ptcluster-…`` entry there, with a FIFO or a
 link where a guard expects its pid file, and swap a folder for a link while a guard walks it.
 So a job's directory lives in ``$TMPDIR/ptcluster-UID``, a directory of this user's with mode
@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 import tempfile
 
-from ptcluster.node.guard.proctree import listdir  # inlined
-from ptcluster.node.guard.refusal import GuardError  # inlined
-from ptcluster.node.records import alive  # inlined
-from ptcluster.node.safefile import create_new, private_dir, read_regular, remove_tree  # inlined
+from ptcluster.node.guard.proctree import listdir
+from ptcluster.node.guard.refusal import GuardError
+from ptcluster.node.records import alive
+from ptcluster.node.safefile import create_new, private_dir, read_regular, remove_tree
 
 PID_FILE = "guard.pid"
 """In each job's directory: the pid of the guard that made it (gone: the directory is stale)."""

@@ -1,6 +1,6 @@
 """The rank side's API: what a rank program calls (``ptcluster.resumed_from``,
 ``checkpoint_saved``, ``end_rank``; the reference trainer) and the set-up shared by the programs
-ptcluster ships to ranks as ``-c`` code (the doctor's all-reduce, the bench worker: packed with
+ptcluster ships to ranks as ``-c`` code (the doctor's all-reduce, the bench worker: shipped with
 this module and ``node.rank_wire``, so a node needs only torch, not ptcluster). Stdlib + torch.
 """
 
@@ -15,7 +15,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from ptcluster.node.rank_wire import (  # inlined
+from ptcluster.node.rank_wire import (
     BACKEND_VAR,
     CHECKPOINT,
     DATA,

@@ -1,11 +1,11 @@
 """Every rank's process under torchrun: a small parent around the user's program (stdlib only).
 
 torchrun starts ``python -u -c SHIM_BOOT (-m MODULE | SCRIPT | -c CODE) ARGS``: SHIM_BOOT runs
-the file the guard wrote this program to (its path in ``rank_wire.SHIM_VAR``; packed with the
-rank protocol, ``node.rank_wire``). This code connects to its node's guard (``SOCK_VAR``) and
-starts the target in a child, ``python -u -c SHIM_BOOT --ptcluster-child TARGET...``, which
-runs it the way ``python`` would (``run_in_process``), with its stdout and stderr going straight
-into the guard's socket.
+the file the guard wrote this program to (its path in ``rank_wire.SHIM_VAR``; shipped with the
+rank protocol, ``node.rank_wire``, and the stack probe). This code connects to its node's guard
+(``SOCK_VAR``) and starts the target in a child, ``python -u -c SHIM_BOOT --ptcluster-child
+TARGET...``, which runs it the way ``python`` would (``run_in_process``), with its stdout and
+stderr going straight into the guard's socket.
 The parent forwards signals, waits, and reports the exit status as the kernel gave it: an exit
 code, ``os._exit(0)``, or the signal that killed it. The child reports the moment an exception
 leaves the user's code (a rank that raises and then hangs in its cleanup failed when it raised,
@@ -29,8 +29,8 @@ import sys
 import time
 from types import TracebackType
 
-from ptcluster.node.rank.stack_probe import install as install_probe  # inlined
-from ptcluster.node.rank_wire import (  # inlined
+from ptcluster.node.rank.stack_probe import install as install_probe
+from ptcluster.node.rank_wire import (
     CTL,
     DATA,
     ELASTIC_VARS,

@@ -32,7 +32,7 @@ import sys
 import threading
 import types
 
-from ptcluster.node.rank_wire import (  # inlined
+from ptcluster.node.rank_wire import (
     DUMP,
     FR_VAR,
     PROBE,
