@@ -253,6 +253,24 @@ def test_the_ranks_env_is_the_plan_with_the_leased_gpus_and_no_srun_task_identit
     assert argv == ["torchrun", "--master-port", "29517", "t.py"]
 
 
+@pytest.mark.parametrize(("backend", "gpus", "theirs", "told"), [
+    ("gloo", None, None, "true"), ("auto", None, None, "true"), (None, None, None, "true"),
+    ("nccl", None, None, None), ("gloo", {"indices": [0], "visible": "0"}, None, None),
+    ("auto", {"visible": "1", "why": "set by Slurm"}, None, None), ("gloo", None, "false", "false"),
+])
+def test_a_cpu_nodes_gloo_ranks_tell_accelerate_to_use_the_cpu(
+        backend, gpus, theirs, told, monkeypatch, tmp_path) -> None:
+    """Accelerate >= 1.16 counts a CPU job's ranks only with ``ACCELERATE_USE_CPU``: set where
+    the node has no GPU and the job runs gloo, unless the user's env says otherwise."""
+    from ptcluster.node.guard import spawn
+
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    cfg = {"env": {**({"PTCLUSTER_BACKEND": backend} if backend else {}),
+                   **({"ACCELERATE_USE_CPU": theirs} if theirs else {})}}
+    env = spawn.rank_env(cfg, {"gpus": gpus} if gpus else {}, str(tmp_path), "/s.sock")
+    assert env.get("ACCELERATE_USE_CPU") == told
+
+
 def test_the_first_stop_request_is_the_one_told() -> None:
     import signal as sig
 

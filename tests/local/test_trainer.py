@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import logging
 import re
 import socket
 import struct
+import urllib.error
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -119,6 +121,26 @@ def test_the_trainer_prefers_idx_files_else_the_digits_offline(tmp_path) -> None
     with pytest.raises(RuntimeError, match="--dataset digits"):
         load("mnist", tmp_path / "empty")
     assert load("auto", tmp_path / "empty").name == "digits"
+
+
+def test_offline_the_fallback_to_the_digits_is_said_once_plainly(tmp_path, monkeypatch,
+                                                                 caplog) -> None:
+    """No network: one line says MNIST is not reachable and the digits are used; the mirrors'
+    URL errors are not shown (``--dataset mnist`` still names them: it asked for MNIST)."""
+    def offline(url: str, timeout: float) -> None:
+        raise urllib.error.URLError(OSError(-3, "Temporary failure in name resolution"))
+
+    monkeypatch.setattr(mnist_data.urllib.request, "urlopen", offline)
+    caplog.set_level(logging.INFO, logger=mnist_data.log.name)
+    ds = mnist_data.load_agreed("auto", tmp_path / "data", ONE, download=True)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert ds.name == "digits" and said == [
+        f"MNIST is not reachable and not in {tmp_path / 'data'}: every rank uses the offline "
+        "digits"], said
+    caplog.clear()
+    with pytest.raises(RuntimeError, match="--dataset digits"):
+        mnist_data.load_agreed("mnist", tmp_path / "data", ONE, download=True)
+    assert "name resolution" in caplog.records[0].getMessage()
 
 
 def test_the_command_line_is_one_config() -> None:

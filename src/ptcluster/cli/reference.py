@@ -196,7 +196,10 @@ def rank_env_page() -> str:
              "does. `NCCL_SOCKET_IFNAME` and `GLOO_SOCKET_IFNAME` are the cluster file's "
              "`interface:`, or (as here, where none is set) the interface each node detects "
              "at launch on its route to the master. A value in italics is chosen only when the "
-             "job starts; `ptcluster env` prints it as a comment, never as an export. "
+             "job starts; `ptcluster env` prints it as a comment, never as an export. On a "
+             "node without a GPU, in a job that runs gloo, the ranks also get "
+             "`ACCELERATE_USE_CPU=true` (Accelerate otherwise counts one process), unless "
+             "their environment sets it. "
              "Nothing else of the head's environment is shipped; your cluster file's `env:` "
              "is added to this.", "",
              "| variable | " + " | ".join(f"node {n.node_rank}: `{n.host}`"

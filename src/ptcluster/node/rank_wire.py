@@ -77,6 +77,11 @@ file (the plan), else the one the guard finds routes to the master (unless ``env
 THREADS_VAR, THREADS_DEFAULT = "OMP_NUM_THREADS", "1"
 """Every rank's intra-op threads where its node has no value, in a job of several ranks (the
 same on every rank: ``launch.plan.threads_default`` says why)."""
+ACCELERATE_CPU = ("ACCELERATE_USE_CPU", "true")
+"""Set by the guard for the ranks of a gloo job (``BACKEND_VAR`` gloo, or auto) on a node
+without a GPU, unless the ranks' environment has it: Hugging Face Accelerate >= 1.16 otherwise
+sees one process in a CPU job's every rank (``state.num_processes`` is 1, its own test script
+fails), under plain torchrun too."""
 TORCHRUN_LOG_VAR = "PET_LOG_DIR"
 """torchrun's own files: the guard points it into its private temp dir (removed with it)."""
 AGENT_ERROR_VAR, AGENT_ERROR_FILE = "TORCHELASTIC_ERROR_FILE", "torchrun-error.json"

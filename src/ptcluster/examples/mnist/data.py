@@ -163,11 +163,14 @@ def load_agreed(dataset: str, data_dir: Path, world: World, *, download: bool) -
     """
     if dataset == "digits":
         return load_digits()
+    why = None
     if download:
         if world.local_rank == 0 and find_mnist(data_dir) is None:
             why = download_mnist(data_dir)
-            if why:  # asked for MNIST: every node says why it has none
-                (log.warning if dataset == "mnist" else log.info)("MNIST unavailable (%s)", why)
+            if why and dataset == "mnist":  # asked for MNIST: every node says why it has none
+                log.warning("MNIST unavailable (%s)", why)
+            elif why:  # auto: the fallback below says it, once; the mirrors' errors are detail
+                log.debug("MNIST unavailable (%s)", why)
         world.barrier()
     files = find_mnist(data_dir)
     found = world.gather(files is not None)
@@ -178,5 +181,6 @@ def load_agreed(dataset: str, data_dir: Path, world: World, *, download: bool) -
     if dataset == "mnist":
         raise RuntimeError(f"MNIST is not in {where}. Put the four IDX files there on every "
                            "node, or use --dataset digits")
-    log.info("MNIST is not in %s: every rank uses the offline digits", where)
+    log.info("MNIST %s: every rank uses the offline digits",
+             f"is not reachable and not in {where}" if why else f"is not in {where}")
     return load_digits()

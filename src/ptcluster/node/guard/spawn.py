@@ -18,10 +18,12 @@ from ptcluster.node.guard.outbox import Outbox
 from ptcluster.node.guard.prechecks import node_python
 from ptcluster.node.guard.proctree import libc_prctl
 from ptcluster.node.rank_wire import (
+    ACCELERATE_CPU,
     AGENT_BOOT,
     AGENT_ERROR_FILE,
     AGENT_ERROR_VAR,
     AGENT_FILE,
+    BACKEND_VAR,
     IFNAME_VARS,
     SHIM_FILE,
     SHIM_VAR,
@@ -66,7 +68,8 @@ def use_port(argv: list[str], port: int) -> None:
 
 def rank_env(cfg: GuardConfig, facts: ReadyFacts, tmpdir: str, sock: str) -> dict[str, str]:
     """torchrun's (and so the ranks') environment: this node's, less an srun task's identity,
-    plus the head's plan, the leased GPUs, the interface and the rank server's socket."""
+    plus the head's plan, the leased GPUs (on a node with none, in a gloo job: Accelerate told
+    so, ``rank_wire.ACCELERATE_CPU``), the interface and the rank server's socket."""
     env = dict(os.environ)
     if under_slurm():  # this step's task identity is not the ranks': RANK, WORLD_SIZE are
         for key in SLURM_TASK_VARS:
@@ -77,6 +80,8 @@ def rank_env(cfg: GuardConfig, facts: ReadyFacts, tmpdir: str, sock: str) -> dic
     gpus = facts.get("gpus") or {}
     if gpus.get("indices") is not None:  # only the leased GPUs
         env["CUDA_VISIBLE_DEVICES"] = gpus["visible"]
+    if not gpus and env.get(BACKEND_VAR, "auto") in ("gloo", "auto"):  # a CPU node's gloo job
+        env.setdefault(*ACCELERATE_CPU)
     interface = facts.get("interface")
     if interface:
         for var in IFNAME_VARS:
