@@ -37,6 +37,13 @@ NVML_DRIVER_NOT_LOADED = 9  # nvmlInit on a machine with the library but no NVID
 SMI_FIELDS = ("name", "driver_version", "memory.total", "compute_cap")
 
 
+def load_nvml() -> Any:
+    """NVML, loaded: the one loader (``OSError`` where the library is not there,
+    ``ImportError`` where this Python has no ctypes)."""
+    import ctypes  # here, not at the top: a Python built without libffi has no ctypes
+    return ctypes.CDLL(NVML_LIB)
+
+
 def no_gpus(driver: str | None = None, error: str | None = None) -> dict[str, Any]:
     return {"count": 0, "names": [], "memory_mib": [], "compute_capability": [],
             "driver": driver, "cuda_driver": None, "source": None, "error": error}
@@ -98,7 +105,7 @@ def compute_processes() -> tuple[dict[int, list[dict[str, int]]], str | None]:
     answer (and no GPU to share)."""
     try:
         import ctypes
-        nvml = ctypes.CDLL(NVML_LIB)
+        nvml = load_nvml()
     except (ImportError, OSError):
         return {}, f"{NVML_LIB} cannot be loaded: GPU processes not checked"
     try:
@@ -223,8 +230,7 @@ def gpus() -> dict[str, Any]:
     """NVML through ctypes; nvidia-smi when the library cannot be loaded; the kernel module's
     version for the driver when neither says it."""
     try:
-        import ctypes
-        nvml = ctypes.CDLL(NVML_LIB)
+        nvml = load_nvml()
     except (ImportError, OSError):  # no NVML here (or no ctypes in this Python)
         facts = smi_gpus()
     else:

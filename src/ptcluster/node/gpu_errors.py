@@ -29,6 +29,8 @@ import shutil
 import subprocess
 from typing import Any
 
+from ptcluster.node.accel import load_nvml
+
 XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{1,8}(?::[0-9a-fA-F]{1,2}){1,2})"
                       r"(?:\.[0-7])?\): (\d+),\s*(.*)")
 XID_PID = re.compile(r"pid='?(\d+)'?")
@@ -163,7 +165,7 @@ def gpu_indices(nvml: Any = None) -> dict[str, int]:
     """PCI address (``pci_key``) -> GPU index, from NVML (``nvml``: a loaded library, or
     recorded answers), else ``nvidia-smi``; {} where neither answers."""
     try:
-        found = _nvml_indices(nvml if nvml is not None else _nvml_load())
+        found = _nvml_indices(nvml if nvml is not None else load_nvml())
     except (RuntimeError, AttributeError, OSError):
         found = {}
     if found or shutil.which("nvidia-smi") is None:
@@ -185,11 +187,6 @@ def smi_indices(text: str) -> dict[str, int]:
         if index.strip().isdigit() and bus.strip():
             out[pci_key(bus.strip())] = int(index)
     return out
-
-
-def _nvml_load() -> Any:
-    import ctypes  # here: a Python built without libffi has no ctypes
-    return ctypes.CDLL("libnvidia-ml.so.1")
 
 
 def _nvml_indices(nvml: Any) -> dict[str, int]:
@@ -263,7 +260,7 @@ def nvml_state(nvml: Any = None) -> list[dict[str, Any]]:
     remap_failed, retire_pending, pcie: (width, max width, gen, max gen), slowdowns}``; a key is
     absent where the GPU does not support the call. [] where NVML does not answer."""
     try:
-        lib = nvml if nvml is not None else _nvml_load()
+        lib = nvml if nvml is not None else load_nvml()
         return _nvml_each_gpu(lib, _nvml_gpu_state(lib))
     except (RuntimeError, AttributeError, OSError):
         return []
@@ -335,7 +332,7 @@ class NvmlXids:
 
     def __init__(self, nvml: Any = None) -> None:
         import ctypes  # here: a Python built without libffi has no ctypes
-        self.nvml = nvml if nvml is not None else _nvml_load()
+        self.nvml = nvml if nvml is not None else load_nvml()
         self.set = ctypes.c_void_p()
         self.closed = False
         self.gpus: dict[int, tuple[int, str]] = {}

@@ -47,8 +47,8 @@ def estimate_hw() -> dict[str, int]:
     for entry in os.listdir(base) if os.path.isdir(base) else []:
         if not re.fullmatch(r"cpu\d+", entry):
             continue
-        pkg = _file_text(f"{base}/{entry}/topology/physical_package_id")
-        core = _file_text(f"{base}/{entry}/topology/core_id")
+        pkg = _read(f"{base}/{entry}/topology/physical_package_id")
+        core = _read(f"{base}/{entry}/topology/core_id")
         if pkg is not None and core is not None:
             packages.add(pkg.strip())
             cores.add((pkg.strip(), core.strip()))
@@ -56,7 +56,7 @@ def estimate_hw() -> dict[str, int]:
     per_socket = max(1, len(cores) // sockets) if cores else cpus
     threads = max(1, cpus // max(1, sockets * per_socket))
     mem = 0
-    for line in (_file_text("/proc/meminfo") or "").splitlines():
+    for line in (_read("/proc/meminfo") or "").splitlines():
         if line.startswith("MemTotal:"):
             mem = int(line.split()[1]) // 1024
     return {"CPUs": cpus, "Boards": 1, "SocketsPerBoard": sockets, "CoresPerSocket": per_socket,
@@ -67,7 +67,7 @@ def cgroup_version() -> str:
     """``v2`` when /sys/fs/cgroup is the unified hierarchy alone (Ubuntu 22.04+, Debian 12 on
     metal), else ``v1`` (the legacy or hybrid layout: Slurm's cgroup plugins need v2's
     controllers delegated to it or v1's writable)."""
-    for line in (_file_text("/proc/self/mountinfo") or "").splitlines():
+    for line in (_read("/proc/self/mountinfo") or "").splitlines():
         left, _, right = line.partition(" - ")
         fields = left.split()
         if len(fields) > 4 and fields[4] == "/sys/fs/cgroup":
@@ -107,7 +107,7 @@ def slurm_facts(run: Runner, as_root: Runner | None, nvml: bool) -> dict[str, An
         services[name] = {"enabled": enabled.strip() == "enabled",
                           "active": props.get("ActiveState") == "active",
                           "since": int(since) if since.isdigit() else None}
-    files = {name: _file_text(path) for name, path in SLURM_FILES.items()}
+    files = {name: _read(path) for name, path in SLURM_FILES.items()}
     mtimes = {name: _file_mtime(path) for name, path in SLURM_FILES.items()}
     return {"slurm": {"packages": {p: p in done for p in SLURM_PACKAGES}, "hw": hw,
                       "hw_from": hw_from, "cgroup": cgroup_version(), "nvml": nvml,
@@ -129,7 +129,7 @@ def _munge_key(as_root: Runner | None) -> dict[str, Any] | None:
             "sha256": digest.split()[0] if code == 0 and digest.split() else None}
 
 
-def _file_text(path: str) -> str | None:
+def _read(path: str) -> str | None:
     try:
         with open(path) as f:
             return f.read()
