@@ -206,3 +206,30 @@ def test_the_fast_suite_refuses_a_test_that_starts_a_job() -> None:
     with pytest.raises(AssertionError, match="mark it @pytest.mark.slow"):
         subprocess.Popen(["ip", "netns", "add", "x"])
     subprocess.run(["true"], check=True)  # anything else runs
+
+
+@pytest.mark.slow  # (a run: the guard starts, and fails in its prechecks)
+def test_a_guard_that_raises_shows_the_module_line_and_source_on_the_heads_console(
+        tmp_path) -> None:
+    """The real head and guard (a local run); a ``sitecustomize`` on the ``PYTHONPATH`` the
+    guard inherits makes ``socket.gethostname`` raise in the guard's process only, as a bug in
+    the guard would: the head's console shows where, in the guard's own module, with the
+    line's text."""
+    from tests.support.head import only_run, run_head
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import socket, sys\n\ndef broken():\n    raise RuntimeError('a guard that raises')\n"
+        "\nif sys.argv[:2] == ['-c', 'guard']:\n    socket.gethostname = broken\n")
+    (tmp_path / "t.py").write_text("")
+    code, head = run_head(["run", "--nproc", "1", "--run-dir", "runs", "t.py"], cwd=tmp_path,
+                          timeout=120, env={"PYTHONPATH": str(site)})
+    said = "\n".join(head.err + head.lines)
+    source = module_source("ptcluster.node.guard.prechecks").splitlines()
+    line = next(n for n, text in enumerate(source, 1) if "socket.gethostname()" in text)
+    assert code != 0 and "a guard that raises" in said, said
+    assert f'File "ptcluster/node/guard/prechecks.py", line {line}, in precheck' in said, said
+    assert source[line - 1].strip() in said, said
+    _, summary = only_run(tmp_path / "runs")  # and in the run directory
+    assert f'"ptcluster/node/guard/prechecks.py\\", line {line}' in json.dumps(summary), summary
