@@ -101,22 +101,32 @@ def test_every_module_of_the_node_package_is_shipped() -> None:
     assert found == used, f"shipped by no program: {found - used}, not found: {used - found}"
 
 
-def handed_files() -> dict[str, str]:
-    """The guard's hands as a guard on a node finds them (``spawn.HANDED``)."""
+def as_the_guard(code: str) -> object:
+    """What ``code`` prints (JSON) in a process whose modules are the guard's, as shipped."""
     code = (module_source(IMPORTER) + "\nimport json\n"
             + "\nsources = " + repr({m: module_source(m) for m in shipped(GUARD)})
-            + "\nfiles = " + repr(hands(GUARD))
-            + "\nsys.meta_path.insert(0, Shipped(sources, files))"
-            + "\nfrom ptcluster.node.guard.spawn import HANDED"
-            + "\nprint(json.dumps(HANDED))\n")
+            + "\nsys.meta_path.insert(0, Shipped(sources, " + repr(hands(GUARD)) + "))\n"
+            + code)
     proc = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True,
                           timeout=60, cwd="/")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
+def test_the_guard_finds_a_users_module_as_the_ranks_will_not_its_own_copy() -> None:
+    """The guard refuses a ``-m`` target its ranks would not find; ``ptcluster`` is imported
+    in the guard (its own shipped modules), but the ranks see the installed one (or none)."""
+    found = as_the_guard(
+        "from ptcluster.node.guard.prechecks import module_present\n"
+        "print(json.dumps([module_present(m, '/') for m in ('ptcluster.examples.mnist',"
+        " 'ptcluster.node.guard.agent', 'ptcluster.no_such_module', 'json.tool')]))\n")
+    assert found == [True, True, False, True]
+
+
 def test_the_guard_hands_its_ranks_the_shim_and_torchruns_agent() -> None:
-    handed = handed_files()
+    handed = as_the_guard("from ptcluster.node.guard.spawn import HANDED\n"
+                          "print(json.dumps(HANDED))\n")
+    assert isinstance(handed, dict)
     assert set(handed) == {rank_wire.SHIM_FILE, rank_wire.AGENT_FILE}
     assert handed == hands(GUARD) and repr(handed) in pack_source(GUARD)
     assert handed[rank_wire.SHIM_FILE] == pack_source(SHIM)

@@ -42,6 +42,10 @@ class Shipped:
                          for i in range(1, name.count(".") + 1)}
         self.made: list[str] = []
 
+    SHIPPED = True
+    """Code that looks a module up as a fresh interpreter (a rank) would passes this finder by
+    (``guard.prechecks.module_present``): a rank has an installed ``ptcluster``, or none."""
+
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
         if fullname not in self.sources and fullname not in self.packages:
             return None

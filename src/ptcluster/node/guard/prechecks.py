@@ -169,18 +169,30 @@ def check_target(target: dict[str, Any], workdir: str) -> None:
                          "directory that contains it")
 
 
+def _find_spec(top: str) -> Any:
+    """``importlib.util.find_spec(top)`` as the ranks' fresh interpreter sees it: never what
+    this process imported, nor the hook this program came with (``node.importer``: its
+    ``ptcluster`` is not the ranks'), only the finders a plain interpreter has."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if find is None or getattr(finder, "SHIPPED", False):
+            continue
+        spec = find(top, None)
+        if spec is not None:
+            return spec
+    return None
+
+
 def module_present(name: str, workdir: str) -> bool:
     """Whether ``python -m name`` run in ``workdir`` would find it, without importing it.
 
     The top-level package is looked up like the interpreter would (installed, editable or in
     the workdir); submodules are looked for in its directories. Only a definite miss is False.
     """
-    import importlib.util
-
     top, *rest = name.split(".")
     sys.path.insert(0, workdir)
     try:
-        spec = importlib.util.find_spec(top)
+        spec = _find_spec(top)
     except (ImportError, ValueError):
         spec = None
     finally:
