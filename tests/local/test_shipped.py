@@ -34,6 +34,7 @@ from ptcluster.node import (
 )
 from ptcluster.remote.bootstrap import (
     BOOTSTRAP,
+    PACKAGE,
     closure,
     hands,
     is_module,
@@ -78,6 +79,19 @@ def test_every_shipped_module_imports_only_what_its_node_has(program: Program) -
     for module in (*shipped(program), IMPORTER):
         bad = not_allowed(program, module)
         assert not bad, f"{module} (in {program.name}) imports {bad}: the node does not have them"
+
+
+@pytest.mark.parametrize("program", [p for p in PROGRAMS if p.kind == RANK], ids=lambda p: p.name)
+def test_a_rank_side_module_imports_ours_at_its_top(program: Program) -> None:
+    """A rank-side program's hook is gone once its modules are imported (``importer.load``): an
+    import of ours inside a function would find nothing (or the user's installed copy)."""
+    for module in shipped(program):
+        tree = ast.parse(module_source(module))
+        top = {id(n) for n in tree.body}
+        late = [n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                and id(n) not in top and any(name.startswith(PACKAGE) for name in (
+                    [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]))]
+        assert not late, f"{module} imports ptcluster modules late, at lines {late}"
 
 
 def test_the_check_finds_a_forbidden_import() -> None:

@@ -11,15 +11,14 @@ one call:
   and every module it made are taken away again, before any of the user's code runs, so that
   code imports an installed ``ptcluster`` (or none) as it would without us.
 
-Each module is compiled under its path in the package (``ptcluster/node/guard/agent.py``) and
-its source is given to ``linecache``: a node's traceback shows the file, the line number and the
-line. ``run`` prints tracebacks with ``traceback`` (the interpreter's own printer reads no
+Each module is compiled under its path in the package (``ptcluster/node/guard/agent.py``), and
+``run`` gives its source to ``linecache``: a node's traceback shows the file, the line number and
+the line. ``run`` prints tracebacks with ``traceback`` (the interpreter's own printer reads no
 ``linecache``). Standard library only, and Python 3.8's: this is the first code a node runs.
 """
 
 from __future__ import annotations
 
-import linecache
 import sys
 from importlib.machinery import ModuleSpec
 from types import CodeType, ModuleType
@@ -35,9 +34,11 @@ class Shipped:
     head's, never shipped); ``files``: what came with them (``{file name: text}``: the
     programs the guard hands on)."""
 
-    def __init__(self, sources: dict[str, str], files: dict[str, str] | None = None) -> None:
+    def __init__(self, sources: dict[str, str], files: dict[str, str] | None = None,
+                 lines: bool = True) -> None:
         self.sources = sources
         self.files = dict(files or {})
+        self.lines = lines  # each module's source into ``linecache`` (not in a rank: ``load``)
         self.packages = {name.rsplit(".", i)[0] for name in sources
                          for i in range(1, name.count(".") + 1)}
         self.made: list[str] = []
@@ -63,7 +64,10 @@ class Shipped:
 
     def get_code(self, fullname: str) -> CodeType:
         filename, source = self.filename(fullname), self.get_source(fullname)
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        if self.lines:
+            import linecache
+
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         return compile(source, filename, "exec", dont_inherit=True)
 
     def get_source(self, fullname: str) -> str:
@@ -102,8 +106,10 @@ def run(sources: dict[str, str], main: str, files: dict[str, str] | None = None)
 
 def load(sources: dict[str, str], main: str) -> ModuleType:
     """The module ``main``, imported from ``sources``; the hook and the modules it made are
-    gone again when this returns (the module's own functions keep what they imported)."""
-    shipped = Shipped(sources)
+    gone again when this returns (the module's own functions keep what they imported). No
+    ``linecache`` (every rank would import it, twice: the interpreter's own printer of a
+    rank's traceback reads none)."""
+    shipped = Shipped(sources, lines=False)
     sys.meta_path.insert(0, shipped)
     try:
         __import__(main)
