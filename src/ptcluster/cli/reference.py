@@ -301,11 +301,12 @@ def _said(func: Any, ctor: str, what_at: int, fix_at: int) -> list[tuple[str, st
 
 def doctor_functions() -> list[Any]:
     """Every function of the doctor that makes findings, in the order doctor runs them."""
-    from ptcluster.doctor import compute, diagnose, health_checks, slurm_checks
+    from ptcluster.doctor import compute, diagnose, health_checks, rdma_checks, slurm_checks
     from ptcluster.doctor.checks import FAST_CHECKS
 
     return [*FAST_CHECKS, health_checks.check_health, health_checks.check_gpu_warnings,
-            diagnose.run_allreduce, compute.compute_findings, slurm_checks.slurm_checks]
+            rdma_checks.judge_node, rdma_checks.judge_across, diagnose.run_allreduce,
+            compute.compute_findings, slurm_checks.slurm_checks]
 
 
 def doctor_findings() -> list[tuple[str, str, str, str, str]]:

@@ -63,8 +63,10 @@ GUARD = Program("guard", _G + "agent", NODE,
                  _G + "spawn"),
                 hands=(SHIM, STACK_PROBE, TORCHRUN_AGENT))
 """Run's node agent: owns one node's part of a job."""
+RDMA = _N + "rdma"
+"""The RDMA devices in sysfs and the NCCL settings they call for: doctor's facts, the guard's."""
 FACTS = Program("facts", _N + "doctor_facts", NODE,
-                (WIRE, NETIF, _N + "accel", _N + "firewall", KERNEL_LOG, *HEALTH))
+                (WIRE, NETIF, _N + "accel", _N + "firewall", KERNEL_LOG, *HEALTH, RDMA))
 """The doctor's node program: the node's facts, then its port and peer tests."""
 SAFE_LEASES = (_N + "safefile", _N + "records", _N + "leases")
 """The parts of every program that reads or takes leases."""
