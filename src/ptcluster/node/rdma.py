@@ -33,7 +33,7 @@ MAX_GIDS = 256
 """GID table entries read per port at most (mlx5's table has 256; most are unset)."""
 
 
-def _read(path: str) -> str | None:
+def _sys_read(path: str) -> str | None:
     """A sysfs attribute's text; None when it is absent or unreadable (an unset GID's type
     reads as EINVAL)."""
     try:
@@ -43,29 +43,29 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _state(text: str | None) -> str | None:
+def _port_state(text: str | None) -> str | None:
     """``"4: ACTIVE"`` -> ``"ACTIVE"``."""
     return None if text is None else text.split(":", 1)[-1].strip()
 
 
-def _ls(path: str) -> list[str]:
+def _sys_ls(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))
     except OSError:
         return []
 
 
-def _gids(port_dir: str) -> list[dict[str, Any]]:
+def _port_gids(port_dir: str) -> list[dict[str, Any]]:
     """The port's configured GIDs (an unset entry is left out), each with its type and netdev."""
     out = []
-    names = [n for n in _ls(os.path.join(port_dir, "gids")) if n.isdigit()]
+    names = [n for n in _sys_ls(os.path.join(port_dir, "gids")) if n.isdigit()]
     for name in sorted(names, key=int)[:MAX_GIDS]:
-        gid = _read(os.path.join(port_dir, "gids", name))
+        gid = _sys_read(os.path.join(port_dir, "gids", name))
         if gid is None or not configured(gid):
             continue
         out.append({"index": int(name), "gid": gid,
-                    "type": _read(os.path.join(port_dir, "gid_attrs", "types", name)),
-                    "ndev": _read(os.path.join(port_dir, "gid_attrs", "ndevs", name))})
+                    "type": _sys_read(os.path.join(port_dir, "gid_attrs", "types", name)),
+                    "ndev": _sys_read(os.path.join(port_dir, "gid_attrs", "ndevs", name))})
     return out
 
 
@@ -73,22 +73,26 @@ def read_rdma(sysfs: str = SYSFS) -> list[dict[str, Any]]:
     """Every RDMA device under ``sysfs`` with its ports; [] when there is none (no
     ``/sys/class/infiniband``: the node has no RDMA stack, which is fine)."""
     devices = []
-    for hca in _ls(sysfs):
+    for hca in _sys_ls(sysfs):
         base = os.path.join(sysfs, hca)
         ports: list[dict[str, Any]] = []
-        for port in sorted((p for p in _ls(os.path.join(base, "ports")) if p.isdigit()), key=int):
+        numbers = sorted((p for p in _sys_ls(os.path.join(base, "ports")) if p.isdigit()), key=int)
+        for port in numbers:
             pdir = os.path.join(base, "ports", port)
-            ports.append({"port": int(port), "state": _state(_read(os.path.join(pdir, "state"))),
-                          "phys_state": _state(_read(os.path.join(pdir, "phys_state"))),
-                          "rate": _read(os.path.join(pdir, "rate")),
-                          "link_layer": _read(os.path.join(pdir, "link_layer")),
-                          "gids": _gids(pdir)})
-        devices.append({"name": hca, "netdevs": _ls(os.path.join(base, "device", "net")),
+
+            def attr(name: str, pdir: str = pdir) -> str | None:
+                return _sys_read(os.path.join(pdir, name))
+
+            ports.append({"port": int(port), "state": _port_state(attr("state")),
+                          "phys_state": _port_state(attr("phys_state")),
+                          "rate": attr("rate"), "link_layer": attr("link_layer"),
+                          "gids": _port_gids(pdir)})
+        devices.append({"name": hca, "netdevs": _sys_ls(os.path.join(base, "device", "net")),
                         "ports": ports})
     return devices
 
 
-def _address(gid: str) -> ipaddress.IPv6Address | None:
+def _gid_address(gid: str) -> ipaddress.IPv6Address | None:
     try:
         return ipaddress.IPv6Address(gid)
     except ValueError:
@@ -97,7 +101,7 @@ def _address(gid: str) -> ipaddress.IPv6Address | None:
 
 def configured(gid: str) -> bool:
     """False for an unset entry: all zeros, or ``fe80::`` with nothing after (NCCL's test)."""
-    addr = _address(gid)
+    addr = _gid_address(gid)
     if addr is None:
         return False
     head, trailer = addr.packed[:4], addr.packed[4:]
@@ -106,20 +110,20 @@ def configured(gid: str) -> bool:
 
 def link_local(gid: str) -> bool:
     """A ``fe80::/64`` GID: made from the MAC address, never routed (NCCL skips it)."""
-    addr = _address(gid)
+    addr = _gid_address(gid)
     return addr is not None and addr.packed[:8] == b"\xfe\x80" + b"\0" * 6
 
 
 def ipv4_of(gid: str) -> str | None:
     """The IPv4 address of an IPv4-mapped GID (``::ffff:a.b.c.d``), else None."""
-    addr = _address(gid)
+    addr = _gid_address(gid)
     mapped = addr.ipv4_mapped if addr is not None else None
     return None if mapped is None else str(mapped)
 
 
 def shown(gid: str) -> str:
     """A GID as people write it: ``::ffff:10.0.0.1``, ``fe80::ac0:ebff:feda:1cfb``."""
-    addr = _address(gid)
+    addr = _gid_address(gid)
     if addr is None:
         return gid
     v4 = addr.ipv4_mapped
@@ -164,3 +168,21 @@ def rdma_env(devices: list[dict[str, Any]]) -> dict[str, str]:
     if said["gid_index"] is not None:
         env["NCCL_IB_GID_INDEX"] = str(said["gid_index"])
     return env
+
+
+def fallback_cause(devices: list[dict[str, Any]], env: dict[str, str]) -> str:
+    """Why NCCL most likely used TCP sockets on a node with RDMA devices (the ranks'
+    environment ``env``): what doctor's rdma check would say, in one phrase."""
+    if env.get("NCCL_IB_DISABLE", "0").strip() not in ("", "0"):
+        return "NCCL_IB_DISABLE is set"
+    if env.get("NCCL_NET", "").lower() == "socket":
+        return "NCCL_NET=Socket is set"
+    if not active_ports(devices):
+        return "no HCA port is ACTIVE (" + ", ".join(
+            f"{d['name']}:{p['port']} {p['state']}" for d in devices for p in d["ports"]) + ")"
+    bare = [f"{name}:{p['port']}" for name, p in active_ports(devices)
+            if p["link_layer"] == ETHERNET and best_gid(p) is None]
+    if bare:
+        return f"only link-local RoCE v2 GIDs on {', '.join(bare)}"
+    return ("NCCL could not open the HCAs (in a container: /dev/infiniband and the RDMA "
+            "libraries, libibverbs, must be there)")
