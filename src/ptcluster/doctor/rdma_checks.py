@@ -19,7 +19,7 @@ The values ``run`` sets (``node.rdma.recommend``) are shown on every node's ok r
 
 from __future__ import annotations
 
-import shlex
+import json
 from collections import Counter
 from typing import Any
 
@@ -127,9 +127,9 @@ def judge_node(spec: ClusterSpec, node: NodeSpec, facts: dict[str, Any]) -> Find
                        f"({shown}); NCCL takes one NCCL_IB_GID_INDEX for all",
                        "give every RDMA netdev its addresses in the same order, or name in "
                        "NCCL_IB_HCA only the HCAs that share one index")
-    told = [f"{k}={shlex.quote(str(v))}" for k, v in (("NCCL_IB_HCA", said["hca"]),
+    told = [f"{k}={json.dumps(v)}" for k, v in (("NCCL_IB_HCA", said["hca"]),
                                     ("NCCL_IB_GID_INDEX", said["gid_index"])) if v is not None]
-    return Finding("rdma", node.host, OK, f"{_summary(devices)}; run sets {' '.join(told)} "
+    return Finding("rdma", node.host, OK, f"{_summary(devices)}; run sets {', '.join(told)} "
                    "(unless env: does)")
 
 
