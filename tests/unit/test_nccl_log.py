@@ -146,3 +146,12 @@ def test_what_a_guard_said_of_nccl_reaches_the_node_and_summary() -> None:
     sup.on_event(ev.GuardExit("a", 0, "job ended", "", said), 4.0)
     (node,) = sup.nodes
     assert node.nccl == said
+
+
+def test_hcas_listed_but_not_used_are_not_reported_as_used() -> None:
+    # NCCL_NET=Socket on a node whose NET/IB found devices (lines as in roce-two-hcas.log)
+    said = parse(["h:1:2 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [RO]; OOB eth0:1.2.3.4<0>",
+                  "h:1:2 [0] NCCL INFO NET/Socket : Using [0]eth0:1.2.3.4<0>",
+                  "h:1:2 [0] NCCL INFO Using network Socket"])
+    assert (said["transport"], said["hca"], said["link"], said["sockets"]) == \
+        ("Socket", None, None, "eth0")
