@@ -466,7 +466,8 @@ def test_gpu_check_skips_every_path_with_the_reason_without_a_gpu() -> None:
     assert [line.split()[0] for line in lines] == ["gpu-driver-health", "local-nproc",
                                                    "doctor+nvml", "bench-nccl", "monitor",
                                                    "metrics-dcgm", "trainer-cuda-bf16",
-                                                   "gpus-auto-busy", "slurm-gres"]
+                                                   "nccl-transport", "gpus-auto-busy",
+                                                   "slurm-gres"]
     assert all("skip: no NVIDIA GPU here" in line for line in lines), lines
 
 
