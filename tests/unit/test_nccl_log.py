@@ -91,6 +91,8 @@ def test_the_guard_has_nccl_write_its_choice_on_a_gpu_node(monkeypatch: Any) -> 
     mine = _env(gpu, {"NCCL_DEBUG": "WARN", "NCCL_IB_GID_INDEX": "5"})
     assert mine["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG_FILE" not in mine
     assert (mine["NCCL_IB_HCA"], mine["NCCL_IB_GID_INDEX"]) == ("=mlx5_0:1", "5")
+    family = _env(gpu, {"NCCL_IB_ADDR_FAMILY": "AF_INET6"})  # NCCL picks the GID itself
+    assert "NCCL_IB_GID_INDEX" not in family and family["NCCL_IB_HCA"] == "=mlx5_0:1"
     cpu = _env({"rdma": {}})  # no GPU: no NCCL, nothing set
     assert not {"NCCL_DEBUG", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX"} & set(cpu)
 

@@ -85,6 +85,8 @@ def rank_env(cfg: GuardConfig, facts: ReadyFacts, tmpdir: str, sock: str) -> dic
         for var in IFNAME_VARS:
             env.setdefault(var, interface)
     for key, value in (facts.get("rdma") or {}).items():
+        if key == GID_VAR and any(k in env for k in GID_CHOOSERS):
+            continue  # the user asked NCCL to choose the GID another way
         env.setdefault(key, value)  # the user's env: (and the node's own) first
     if (facts.get("gpus") or {}).get("indices") and not any(v in env for v in NCCL_LOG_VARS):
         env.update(zip(NCCL_LOG_VARS, ("INFO", DEBUG_SUBSYS, os.path.join(tmpdir, DEBUG_FILE)),
@@ -96,6 +98,9 @@ def rank_env(cfg: GuardConfig, facts: ReadyFacts, tmpdir: str, sock: str) -> dic
     return env
 
 
+GID_VAR = "NCCL_IB_GID_INDEX"
+GID_CHOOSERS = ("NCCL_IB_ADDR_FAMILY", "NCCL_IB_ADDR_RANGE", "NCCL_IB_ROCE_VERSION_NUM")
+"""NCCL's own ways to pick the GID (2.21 and later): set, they leave the index to NCCL."""
 NCCL_LOG_VARS = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
 """Set on a node with GPUs unless the user's ``env:`` or the node sets one of them: NCCL's init
 lines go to a file per rank in the job's directory (the console stays as it was), for
