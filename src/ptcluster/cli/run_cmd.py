@@ -34,6 +34,7 @@ from ptcluster.cluster.model import ClusterSpec
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
 from ptcluster.launch.api import prepare
+from ptcluster.launch.nccl_report import nccl_lines
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LOCAL_RANK_ARGS, LaunchPlan, Target
 from ptcluster.launch.result import RankRecord, RunResult
@@ -312,12 +313,22 @@ def _print_summary(console: Console, result: RunResult) -> None:
     for rank, host, local, status, ok, took in _rank_rows(result):
         table.add_row(rank, host, local, Text(status, style="green" if ok else "red"), took)
     console.print(table)
+    _print_nccl(console, result)
     verdict = ("ok", "green") if result.ok else (
         ("interrupted", "yellow") if result.interrupted else ("failed", "red"))
     if result.console_dropped:
         console.print(f"{result.console_dropped} line(s) were not shown because the console "
                       "fell behind; every line is in the logs")
     console.print(Text.assemble(verdict, f"; logs in {result.run_dir}/"))
+
+
+def _print_nccl(console: Console, result: RunResult) -> None:
+    """What NCCL chose on each node, once; a node with HCAs that used sockets, in yellow."""
+    lines, warnings = nccl_lines(result.nodes)
+    for line in lines:
+        console.print(line, markup=False)
+    for problem in warnings:
+        console.print(Text(str(problem), style="yellow"))
 
 
 def _print_hang(console: Console, result: RunResult) -> None:

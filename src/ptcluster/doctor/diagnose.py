@@ -12,6 +12,7 @@ from ptcluster.doctor.collect import collect_facts
 from ptcluster.doctor.compute import compute_findings
 from ptcluster.doctor.health_checks import check_gpu_warnings, check_health
 from ptcluster.doctor.node_report import NodeReport
+from ptcluster.doctor.rdma_checks import check_rdma
 from ptcluster.doctor.slurm_checks import slurm_checks
 from ptcluster.launch.api import run_rank_program
 from ptcluster.launch.options import RunOptions
@@ -55,6 +56,7 @@ def preflight(spec: ClusterSpec, port: int | None = None, timeout: float = 60.0)
     probes = collect_facts(spec, transports(spec), master_port=master_port, timeout=timeout)
     findings = run_checks(spec, probes) + check_health(spec, probes) + \
         check_gpu_warnings(spec, probes)
+    findings += check_rdma(spec, probes)
     if spec.slurm_job is not None:
         findings += slurm_checks(spec, probes)
     return DoctorReport(findings=findings, probes=probes, duration=time.monotonic() - t0)

@@ -73,6 +73,8 @@ class NodeOutcome:
     after_loss: dict[str, Any] | None = None
     """Lost: what it answered when asked once more (``launch.lost``), ``{"answered": False}``
     when it did not."""
+    nccl: dict[str, Any] | None = None
+    """What NCCL chose there, from its own log (``launch.supervise.events.nccl_chosen``)."""
     gpu_errors: list[dict[str, Any]] = field(default_factory=list)
     """The GPU driver's Xids on the node while the job ran (``wire.XidFacts``)."""
 
@@ -201,6 +203,7 @@ class RunResult:
             "failures": [_failure_json(f) for f in self.failures],
             "hang_report": None if self.hang_report is None else self.hang_report.to_json(),
             "straggler": self.straggler,
+            "nccl": {n.host: n.nccl for n in self.nodes if n.nccl is not None},
             "ranks": [{"rank": r.rank, "host": r.host, "local_rank": r.local_rank,
                        "exit_code": r.exit_code, "status": r.status, "duration_s": r.duration,
                        "started_at": r.started_at, "ended_at": r.ended_at}
@@ -213,6 +216,7 @@ class RunResult:
                        "address": n.facts.get("address"),
                        "torchrun_pid": n.facts.get("torchrun_pid"),
                        "torch": n.facts.get("torch"), "nccl": n.facts.get("nccl"),
+                       "rdma": n.facts.get("rdma"),
                        "guard_exit": n.guard_exit, "reason": n.reason,
                        "transport_exit": n.transport_exit, "escalations": n.escalations,
                        "after_loss": n.after_loss, "gpu_errors": n.gpu_errors}

@@ -52,6 +52,8 @@ TORCHRUN_AGENT = Program("torchrun", _N + "rank.torchrun_agent", RANK)
 """torchrun on every node, run by the guard: the rendezvous store outlives the exit barrier."""
 _G = _N + "guard."
 KERNEL_LOG = _N + "kernel_log"
+RDMA = _N + "rdma"
+"""The RDMA devices in sysfs and the NCCL settings they call for: doctor's facts, the guard's."""
 HEALTH = (_N + "gpu_errors", _N + "health")
 """The health gate's parts (after ``accel`` and ``KERNEL_LOG``): the guard's, doctor's, probe's."""
 GUARD = Program("guard", _G + "agent", NODE,
@@ -59,12 +61,13 @@ GUARD = Program("guard", _G + "agent", NODE,
                  _G + "outbox", _G + "schedstat", KERNEL_LOG, _N + "gpu_errors", _G + "disk",
                  _G + "machine", _G + "rank_server",
                  _G + "link", _G + "teardown", _N + "records", _N + "leases", _G + "refusal",
-                 _G + "tmpdirs", _N + "accel", _G + "gpus", _N + "health", _G + "prechecks",
+                 _G + "tmpdirs", _N + "accel", _G + "gpus", _N + "health", RDMA,
+                 _N + "nccl_log", _G + "prechecks",
                  _G + "spawn"),
                 hands=(SHIM, STACK_PROBE, TORCHRUN_AGENT))
 """Run's node agent: owns one node's part of a job."""
 FACTS = Program("facts", _N + "doctor_facts", NODE,
-                (WIRE, NETIF, _N + "accel", _N + "firewall", KERNEL_LOG, *HEALTH))
+                (WIRE, NETIF, _N + "accel", _N + "firewall", KERNEL_LOG, *HEALTH, RDMA))
 """The doctor's node program: the node's facts, then its port and peer tests."""
 SAFE_LEASES = (_N + "safefile", _N + "records", _N + "leases")
 """The parts of every program that reads or takes leases."""

@@ -165,6 +165,9 @@ class ReadyFacts(TypedDict, total=False):
     """This node's address on ``interface``: where peers reach it."""
     torchrun_pid: int
     """Added by the head from the ``started`` frame."""
+    rdma: dict[str, str]
+    """``NCCL_IB_HCA`` / ``NCCL_IB_GID_INDEX`` as this node's RDMA devices call for them
+    (``node.rdma.rdma_env``); the ranks get each one ``env:`` and the node leave unset."""
     torch: str
     nccl: str
     """The versions of torch and of NCCL's wheel in the node's python (absent: not installed);

@@ -300,6 +300,8 @@ class Supervisor(JobState):
     def _guard_exit(self, e: ev.GuardExit, now: float) -> list[Action]:
         node = self._nodes[e.host]
         node.guard_exit, node.reason = e.code, e.reason
+        if e.nccl is not None:
+            node.nccl = e.nccl
         if self._life[e.host].stop_at is not None:
             return [Status(f"{e.host}: stopped")]
         if e.code == 0:

@@ -56,6 +56,7 @@ from ptcluster.node.guard.refusal import GuardError  # inlined
 from ptcluster.node.guard.spawn import (  # inlined
     HANDED,
     agent_error,
+    nccl_said,
     pump_agent,
     rank_env,
     start_torchrun,
@@ -89,6 +90,8 @@ class Guard:
         self.tmp_parent = ""
         """This user's parent of job directories (``guard.tmpdirs``), checked at the start."""
         self.tmpdir = ""
+        self.env: dict[str, str] = {}
+        """Its ranks' environment (torchrun's), once started."""
         self.pump_thread: threading.Thread | None = None
         self.leases: list[Lease] = []
         """What this job holds on the node (the job, the master's port, its GPUs): released
@@ -115,8 +118,8 @@ class Guard:
         ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out, self.link.machine)
         self.link.meter = ProgressMeter(ranks.probes)
         self.link.ranks = ranks
-        self.child = start_torchrun(self.cfg, rank_env(self.cfg, facts, self.tmpdir, ranks.path),
-                                    self.tmpdir)
+        self.env = rank_env(self.cfg, facts, self.tmpdir, ranks.path)
+        self.child = start_torchrun(self.cfg, self.env, self.tmpdir)
         self.send(Kind.STARTED, {"pid": self.child.pid})
         self.pump_thread = pump_agent(self.child.stdout, self.out)
 
@@ -156,6 +159,7 @@ class Guard:
             self.pump_thread.join(timeout=2.0)
         if self.link.ranks is not None:
             self.link.ranks.close(EXIT_WAIT)  # every rank's last lines and exit before ours
+        said.update(nccl_said(self.tmpdir, self.env))  # what NCCL chose, from its own log
         self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time(), **said})
         if self.link.machine is not None:
             self.link.machine.close()

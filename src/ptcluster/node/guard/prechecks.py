@@ -25,6 +25,7 @@ from ptcluster.node.health import boot, health, unfit  # inlined
 from ptcluster.node.leases import NO_LEASES, Lease, Leasing, describe  # inlined
 from ptcluster.node.netif import AUTO_PORTS, address_on, route_interface  # inlined
 from ptcluster.node.rank_wire import AGENT_FILE, BACKEND_VAR, PROBE_FILE, SHIM_FILE  # inlined
+from ptcluster.node.rdma import rdma_env, read_rdma  # inlined
 from ptcluster.node.wire import GuardConfig, ReadyFacts  # inlined
 
 
@@ -69,6 +70,7 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
     if chosen:
         facts["gpus"] = chosen
     _interface(cfg, facts)
+    facts["rdma"] = rdma_env(read_rdma())
     facts.update(versions())
     return facts
 
