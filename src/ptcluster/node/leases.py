@@ -159,6 +159,14 @@ def _open_lock(directory: str, name: str, create: bool) -> int:
     raise OSError(errno.EAGAIN, f"{path} keeps being replaced")
 
 
+PLANTED = frozenset({errno.EISDIR, errno.EINVAL, errno.ELOOP, errno.EACCES, errno.EPERM,
+                     errno.ENXIO, errno.ENOTDIR, errno.EAGAIN, errno.ENODEV})
+"""How an entry at a lock path that is not an openable regular file of ours fails to open (a
+directory, a link, a FIFO or device, a mode-000 file, one that keeps being replaced): such a
+lease is busy, held by an unknown holder. The GPU or port is passed over, ``--wait`` waits; the
+job is never refused for it (review M1). Root's guards sweep links and FIFOs away."""
+
+
 def _same_file(fd: int, path: str) -> bool:
     """``fd`` is the file at ``path`` now (not one unlinked, or replaced, since it was opened)."""
     try:
@@ -174,7 +182,14 @@ def _lock(directory: str, name: str, create: bool, mode: int) -> int | None:
     waiting) and still the file at its path; None when another process holds it."""
     path = os.path.join(directory, name + _LOCK)
     for _ in range(10):
-        fd = _open_lock(directory, name, create)
+        try:
+            fd = _open_lock(directory, name, create)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            if exc.errno in PLANTED:
+                return None  # busy: held by an unknown holder (whoever put it there)
+            raise
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
