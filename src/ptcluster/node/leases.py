@@ -43,7 +43,7 @@ import socket
 import stat
 import time
 
-from ptcluster.node.records import alive, read_record, unlink, write_record  # inlined
+from ptcluster.node.records import alive, read_record, unlink, valid_job_id, write_record  # inlined
 from ptcluster.node.safefile import create_new, open_regular  # inlined
 
 LEASE_DIR = "/run/lock"
@@ -161,10 +161,8 @@ def _open_lock(directory: str, name: str, create: bool) -> int:
 
 PLANTED = frozenset({errno.EISDIR, errno.EINVAL, errno.ELOOP, errno.EACCES, errno.EPERM,
                      errno.ENXIO, errno.ENOTDIR, errno.EAGAIN, errno.ENODEV})
-"""How an entry at a lock path that is not an openable regular file of ours fails to open (a
-directory, a link, a FIFO or device, a mode-000 file, one that keeps being replaced): such a
-lease is busy, held by an unknown holder. The GPU or port is passed over, ``--wait`` waits; the
-job is never refused for it (review M1). Root's guards sweep links and FIFOs away."""
+"""How a lock path that is not an openable regular file fails (a directory, link, FIFO, device,
+mode-000 file): busy, held by an unknown holder; passed over, never a refusal (review M1)."""
 
 
 def _same_file(fd: int, path: str) -> bool:
@@ -322,6 +320,7 @@ def well_formed(record: object) -> bool:
             and isinstance(uid, int) and not isinstance(uid, bool) and 0 <= uid < 2 ** 32
             and _number(since) and 0 <= float(since or 0) < 2 ** 33
             and all(isinstance(record.get(k), str) for k in _TEXT if record.get(k) is not None)
+            and (record.get("job_id") is None or valid_job_id(record["job_id"]))
             and (ranks is None or (isinstance(ranks, list) and len(ranks) == 2 and all(
                 isinstance(r, int) and not isinstance(r, bool) for r in ranks))))
 
