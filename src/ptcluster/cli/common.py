@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import click
@@ -14,7 +14,7 @@ from ptcluster.cli.console import say
 from ptcluster.cluster import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
 from ptcluster.cluster.load import DEFAULT_CLUSTER_FILE
 from ptcluster.cluster.slurm import allocation_from_env, describe, slurm_cluster
-from ptcluster.cluster.trust import TRUST_ENV_VAR, TRUST_FLAG
+from ptcluster.cluster.trust import TRUST_ENV_VAR, TRUST_FLAG, TRUST_IT
 from ptcluster.errors import UsageError
 from ptcluster.node import accel
 from ptcluster.remote.slurm import run_scontrol
@@ -121,5 +121,21 @@ def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
     if cluster is None and not quiet():  # (found, not given: say which, as for Slurm above)
         where = "the current directory" if path == DEFAULT_CLUSTER_FILE else "$PTCLUSTER_CLUSTER"
         say(f"ptcluster: using the cluster file {path} (from {where})", err=True)
-    trusted = state().trust_cluster_file or os.environ.get(TRUST_ENV_VAR, "") not in ("", "0")
-    return load_cluster_file(path, trusted=trusted)
+    return load_cluster_file(path, trusted=trusted())
+
+
+def trusted() -> bool:
+    """Whether the user vouched for the cluster file (``cluster.trust``)."""
+    return state().trust_cluster_file or os.environ.get(TRUST_ENV_VAR, "") not in ("", "0")
+
+
+def spec_for_our_ranks(spec: ClusterSpec, command: str) -> ClusterSpec:
+    """The cluster for ranks that run ptcluster's own code (doctor's all-reduce, bench): a
+    cluster file's ``env:`` (``PYTHONPATH``, ``LD_PRELOAD``: code) reaches them only when the
+    user vouched for the file; said once when it is left out."""
+    if not spec.env or trusted():
+        return spec
+    if not quiet():
+        say(f"ptcluster: {command} leaves out the cluster file's env: ({len(spec.env)} "
+            f"variable(s)): its ranks run ptcluster's own code. Fix: {TRUST_IT}", err=True)
+    return replace(spec, env=())

@@ -10,7 +10,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ptcluster.cli.common import NPROC, PORT, SECONDS, cluster_option, load_spec, quiet
+from ptcluster.cli.common import (
+    NPROC,
+    PORT,
+    SECONDS,
+    cluster_option,
+    load_spec,
+    quiet,
+    spec_for_our_ranks,
+)
 from ptcluster.cli.console import terminal
 from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN, Finding
 from ptcluster.doctor.diagnose import DoctorReport, diagnose
@@ -36,6 +44,8 @@ def mark(status: str) -> Text:
 def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allreduce: bool,
            timeout: float, as_json: bool) -> None:
     spec = load_spec(cluster, nproc)
+    if not skip_allreduce:
+        spec = spec_for_our_ranks(spec, "doctor")
     report = diagnose(spec, port=port, skip_allreduce=skip_allreduce,
                       allreduce_timeout=timeout, probe_timeout=timeout)
     if as_json:
