@@ -35,6 +35,21 @@ def marker_holds(marker: str, env: dict[str, str], where: str) -> bool:
                          "regenerate the lock") from None
 
 
+def _local(where: str) -> str:
+    """A wheel's local path (``path``, or a ``file://`` URL), or "" for one on an index."""
+    if where.startswith("file://"):
+        return where[len("file://"):]
+    return "" if "://" in where else where
+
+
+def _remote_index(index: str) -> str:
+    """The index a lock names, when it is another one than PyPI on the network ("" for PyPI
+    and for a local folder, which fetches nothing from elsewhere)."""
+    if index.rstrip("/") in ("", PYPI) or "://" not in index or index.startswith("file://"):
+        return ""
+    return index
+
+
 def _sha256(value: Any, where: str) -> str:
     """``sha256:HEX`` (uv.lock) -> HEX."""
     algo, _, hexd = str(value).partition(":")
@@ -60,10 +75,12 @@ def _uv_pin(entry: dict[str, Any], path: Path) -> Pin:
     source = entry.get("source", {})
     files, hashes = [], set()
     for w in entry.get("wheels", []):
-        filename = str(w.get("url") or w.get("path") or w.get("filename", "")).rsplit("/", 1)[-1]
-        sha = _sha256(w.get("hash", ""), where)
-        files.append(LockedFile(filename=filename, sha256=sha, path=str(w.get("path", ""))))
-        hashes.add(sha)
+        local = _local(str(w.get("path") or w.get("url") or ""))
+        filename = str(w.get("url") or w.get("path") or "").rsplit("/", 1)[-1]
+        sha = _sha256(w["hash"], where) if "hash" in w else ""  # (none for a local folder's)
+        files.append(LockedFile(filename=filename, sha256=sha, path=local))
+        if sha:
+            hashes.add(sha)
     if "path" in source and str(source["path"]).endswith(".whl"):
         filename = str(source["path"]).rsplit("/", 1)[-1]
         files = [LockedFile(filename=filename, sha256="", path=str(source["path"]))]
@@ -73,8 +90,7 @@ def _uv_pin(entry: dict[str, Any], path: Path) -> Pin:
                          "a wheel file only", "publish it as a wheel (or build one and give "
                          "its folder with --find-links), and lock again")
     return Pin(name=name, version=version, hashes=frozenset(hashes), files=tuple(files),
-               index="" if source.get("registry", PYPI).rstrip("/") == PYPI
-               else str(source.get("registry", "")))
+               index=_remote_index(str(source.get("registry", ""))))
 
 
 def _uv_lock_pins(doc: dict[str, Any], path: Path, env: dict[str, str]) -> list[Pin]:
@@ -133,7 +149,8 @@ def _pylock_pin(entry: dict[str, Any], path: Path) -> Pin:
         if len(sha) != 64:
             raise UsageError(f"{where}: a wheel without a sha256 hash", "regenerate the lock")
         filename = str(w.get("name") or str(w.get("url") or w.get("path", "")).rsplit("/", 1)[-1])
-        files.append(LockedFile(filename=filename, sha256=sha, path=str(w.get("path", ""))))
+        local = _local(str(w.get("path") or w.get("url") or ""))
+        files.append(LockedFile(filename=filename, sha256=sha, path=local))
         hashes.add(sha)
     if not files and not entry.get("sdist"):
         kind = next((k for k in ("vcs", "directory", "archive") if k in entry), "no file")
@@ -142,9 +159,8 @@ def _pylock_pin(entry: dict[str, Any], path: Path) -> Pin:
     version = str(entry.get("version", ""))
     if not version:
         raise UsageError(f"{where} has no version", "regenerate the lock")
-    index = str(entry.get("index", ""))
     return Pin(name=name, version=version, hashes=frozenset(hashes), files=tuple(files),
-               index="" if index.rstrip("/") in ("", PYPI) else index)
+               index=_remote_index(str(entry.get("index", ""))))
 
 
 def read_lock(path: Path, kind: str, platform: Platform) -> Declared:

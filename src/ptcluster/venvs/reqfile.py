@@ -121,6 +121,9 @@ def _option(words: list[str], path: Path, where: str, reading: _Reading) -> None
         if "://" in value:
             raise UsageError(f"{where}: {flag} {value} is a URL, which ptcluster does not fetch",
                              "keep the included file beside this one")
+        if not (path.parent / value).is_file():
+            raise UsageError(f"{where}: {flag} {value}: the included file is not there",
+                             "check the path (relative to this file's folder)")
         _read_into(path.parent / value, reading, constraint=flag in ("-c", "--constraint"))
     elif flag in _FETCH_OPTIONS:
         reading.elsewhere.append(f"{flag} {value} ({where})")

@@ -124,7 +124,7 @@ def compile_pins(declared: Declared, platform: Platform, find_links: Sequence[Pa
                                          for name in SETUP_OWNS))
             argv += ["--no-index", "--overrides", str(overrides)]
             argv += [a for d in find_links for a in ("--find-links", str(Path(d).resolve()))]
-        if refresh:
+        elif refresh:  # (a folder's files are read anew each time: only an index's are cached)
             argv.append("--refresh")
         try:
             proc = subprocess.run(argv, cwd=tmp, capture_output=True, text=True,
