@@ -10,7 +10,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ptcluster.cli.common import NPROC, PORT, SECONDS, cluster_option, load_spec, quiet
+from ptcluster.cli.common import (
+    NPROC,
+    PORT,
+    SECONDS,
+    cluster_option,
+    environment,
+    environment_options,
+    load_spec,
+    quiet,
+)
 from ptcluster.cli.console import terminal
 from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN, Finding
 from ptcluster.doctor.diagnose import DoctorReport, diagnose
@@ -33,9 +42,12 @@ def mark(status: str) -> Text:
 @click.option("--timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds for the probes, and for the all-reduce.")
 @click.option("--json", "as_json", is_flag=True, help="The whole report as JSON.")
+@environment_options
 def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allreduce: bool,
-           timeout: float, as_json: bool) -> None:
+           timeout: float, as_json: bool, requirements: str | None, find_links: tuple[str, ...],
+           refresh: bool) -> None:
     spec = load_spec(cluster, nproc)
+    environment(spec, requirements, find_links, refresh)  # bad input: exit 2, no node touched
     report = diagnose(spec, port=port, skip_allreduce=skip_allreduce,
                       allreduce_timeout=timeout, probe_timeout=timeout)
     if as_json:

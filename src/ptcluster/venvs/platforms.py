@@ -112,3 +112,13 @@ def marker_env(platform: Platform) -> dict[str, str]:
             "sys_platform": "linux", "platform_system": "Linux",
             "platform_machine": platform.machine, "platform_release": "",
             "platform_version": "", "extra": ""}
+
+
+def head_platform() -> Platform:
+    """This machine's platform: what ``ptcluster env`` computes the environment for (it asks
+    no node; ``run`` and ``doctor`` use each node's own)."""
+    import platform as host
+    import sys
+    libc, version = host.libc_ver()
+    return Platform(python=f"{sys.version_info[0]}.{sys.version_info[1]}",
+                    machine=host.machine(), glibc=version if libc == "glibc" else "")

@@ -52,6 +52,19 @@ def check_trust(declared: Declared, trusted: bool) -> None:
                          "--find-links")
 
 
+def precheck(spec_file: Path, platform: Platform, find_links: Sequence[Path],
+             trusted: bool) -> Declared:
+    """What the head knows without fetching anything: the file is one of the four kinds and
+    reads, it is trusted where it must be, and the ``--find-links`` folders are folders. An
+    exit-2 error before any node is touched."""
+    declared = read_declared(Path(spec_file), platform)
+    check_trust(declared, trusted)
+    for folder in find_links:
+        if not Path(folder).is_dir():
+            raise UsageError(f"--find-links {folder}: not a folder", "give a folder of wheels")
+    return declared
+
+
 def cache_key(declared: Declared, platform: Platform, find_links: Sequence[Path]) -> str:
     body = json.dumps([CACHE_FORMAT, declared.content, platform.to_json(),
                        [str(Path(d).resolve()) for d in find_links]])
@@ -73,11 +86,7 @@ def resolve(spec_file: Path, platform: Platform, *, find_links: Sequence[Path], 
             store: WheelStore, trusted: bool) -> ResolvedEnv:
     """``spec_file`` resolved for ``platform``, every wheel in ``store``. Bad input is an
     exit-2 error (``UsageError``) naming the file, the package and the fix."""
-    declared = read_declared(Path(spec_file), platform)
-    check_trust(declared, trusted)
-    for folder in find_links:
-        if not Path(folder).is_dir():
-            raise UsageError(f"--find-links {folder}: not a folder", "give a folder of wheels")
+    declared = precheck(spec_file, platform, find_links, trusted)
     cache = store.root / "resolved" / f"{cache_key(declared, platform, find_links)}.json"
     if not refresh:
         hit = _cached(cache, store, str(spec_file))
