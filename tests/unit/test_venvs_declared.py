@@ -310,3 +310,47 @@ def test_platform_tags_pick_the_best_fitting_wheel() -> None:
     assert uv_platform(Platform("3.11", "x86_64", "2.41")) == "x86_64-manylinux_2_40"
     with pytest.raises(UsageError):
         uv_platform(Platform("3.11", "riscv64", "2.36"))
+
+
+def test_check_torch_checks_a_ptcluster_pin_when_told_the_nodes_version() -> None:
+    check_torch([("ptcluster", "0.1.0")], "2.13.0", node_ptcluster="0.1.0+g1a2b3c4d")
+    check_torch([("ptcluster", "0.2.0")], "2.13.0")  # (not told: not checked)
+    with pytest.raises(UsageError, match="pin ptcluster 0.2.0, but the nodes have ptcluster "
+                                         "0.1.0"):
+        check_torch([("ptcluster", "0.2.0")], "2.13.0", node_ptcluster="0.1.0+g1a2b3c4d")
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("uv.lock", 'version = 1\nrequires-python = ">=3.12"\n'),
+    ("pylock.toml", 'lock-version = "1.0"\nrequires-python = "<3.11"\n'),
+    ("pyproject.toml", '[project]\nname = "p"\nrequires-python = ">=3.13"\ndependencies = []\n'),
+])
+def test_a_file_for_another_python_names_both(tmp_path: Path, name: str, text: str) -> None:
+    with pytest.raises(UsageError) as exc:
+        read_declared(write(tmp_path, name, text), LINUX)
+    assert "but the nodes have Python 3.11" in str(exc.value) and exc.value.exit_code == 2
+    ok = text.replace(">=3.12", ">=3.10").replace("<3.11", "<3.12").replace(">=3.13", ">=3.11")
+    if name != "uv.lock":  # (that uv.lock names no project: refused for that, not Python)
+        read_declared(write(tmp_path, name, ok), LINUX)
+
+
+def test_store_keeps_a_wheel_once_by_digest_and_links_it_by_its_name(tmp_path: Path) -> None:
+    import hashlib
+
+    from ptcluster.venvs.store import WheelStore
+    src = tmp_path / "alpha-1.0-py3-none-any.whl"
+    src.write_bytes(b"not really a zip, but bytes with a digest")
+    store = WheelStore(tmp_path / "store")
+    wheel = store.add(src)
+    assert wheel.sha256 == hashlib.sha256(src.read_bytes()).hexdigest()
+    assert (wheel.name, wheel.version, wheel.size) == ("alpha", "1.0", src.stat().st_size)
+    assert store.add(src) == wheel and store.has(wheel.sha256) and store.get(wheel.sha256) == wheel
+    assert store.find("Alpha", "1.0") == [wheel] and store.find("alpha", "2.0") == []
+    assert sorted(p.name for p in store.path(wheel).parent.iterdir()) == sorted(
+        [wheel.sha256, f"{wheel.sha256}.json"])  # no temporary file left
+    store.link_into([wheel], tmp_path / "install")
+    assert (tmp_path / "install" / src.name).read_bytes() == src.read_bytes()
+    with pytest.raises(UsageError, match="not a wheel's file name"):
+        bad = tmp_path / "alpha.zip"
+        bad.write_bytes(b"x")
+        store.add(bad)

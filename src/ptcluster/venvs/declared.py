@@ -35,5 +35,5 @@ def read_declared(path: Path, platform: Platform) -> Declared:
     if kind == "requirements":
         return read_requirements(path)
     if kind == "pyproject":
-        return read_pyproject(path)
+        return read_pyproject(path, platform)
     return read_lock(path, kind, platform)

@@ -4,6 +4,7 @@ PEP 508 marker values (which packages a lock gives it), uv's ``--python-platform
 
 from __future__ import annotations
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
@@ -122,3 +123,20 @@ def head_platform() -> Platform:
     libc, version = host.libc_ver()
     return Platform(python=f"{sys.version_info[0]}.{sys.version_info[1]}",
                     machine=host.machine(), glibc=version if libc == "glibc" else "")
+
+
+def check_python(requires: str, platform: Platform, source: str) -> None:
+    """Refuse a file whose ``requires-python`` excludes the nodes' Python (any patch
+    release of it will do)."""
+    if not requires:
+        return
+    try:
+        allowed = SpecifierSet(requires)
+    except InvalidSpecifier:
+        raise UsageError(f"{source}: requires-python {requires!r} is not a version range",
+                         "fix it, e.g. >=3.10") from None
+    if not any(allowed.contains(f"{platform.python}.{patch}") for patch in (0, 99)):
+        raise UsageError(f"{source}: allows Python {requires}, but the nodes have Python "
+                         f"{platform.python}", "lock for the nodes' Python (requires-python "
+                         f"that includes {platform.python}), or give the nodes that Python "
+                         "with `ptcluster setup`")

@@ -16,10 +16,11 @@ from typing import Any
 
 from ptcluster.errors import UsageError
 from ptcluster.venvs.pins import Declared, Pin, read_bytes, read_toml, requirement
-from ptcluster.venvs.resolved import normalize
+from ptcluster.venvs.platforms import check_python
+from ptcluster.venvs.resolved import Platform, normalize
 
 
-def read_pyproject(path: Path) -> Declared:
+def read_pyproject(path: Path, platform: Platform) -> Declared:
     data = read_bytes(path)
     project = read_toml(path, data).get("project")
     if not isinstance(project, dict):
@@ -35,6 +36,7 @@ def read_pyproject(path: Path) -> Declared:
                          'e.g. dependencies = ["numpy>=1.26"]')
     for dep in deps:
         requirement(dep, f"{path}: [project] dependencies")
+    check_python(str(project.get("requires-python", "")), platform, str(path))
     return Declared(source=str(path), kind="pyproject", content=hashlib.sha256(data).hexdigest(),
                     pins=None, requirements=tuple(deps))
 

@@ -155,22 +155,30 @@ def compile_pins(declared: Declared, platform: Platform, find_links: Sequence[Pa
         return resolved.pins or ()
 
 
-def check_torch(pins: Iterable[tuple[str, str]], node_torch: str) -> None:
+def _same(pinned: str, have: str) -> bool:
+    """A pin matches what a node has: exactly where it names a local part (``+cpu``), else
+    its public version (``2.13.0`` matches ``2.13.0+cu128``)."""
+    try:
+        want, got = Version(pinned), Version(have)
+    except InvalidVersion:
+        return pinned == have
+    return want == got if want.local else want.public == got.public
+
+
+def check_torch(pins: Iterable[tuple[str, str]], node_torch: str,
+                node_ptcluster: str | None = None) -> None:
     """Refuse a file that pins another torch than the nodes have (``node_torch``, as setup's
     facts say it: ``2.13.0+cpu``): the environment is layered on setup's torch, never ships its
-    own. A pin without a local part (``2.13.0``) matches any build of that version."""
+    own. So for ptcluster, when ``node_ptcluster`` is given (a node's ``0.1.0+g1a2b3c4d``)."""
     for name, version in pins:
-        if name != "torch":
-            continue
-        try:
-            want, have = Version(version), Version(node_torch)
-        except InvalidVersion:
-            want, have = None, None
-        same = want is not None and have is not None and (
-            want == have if want.local else want.public == have.public)
-        if not same:
+        if name == "torch" and not _same(version, node_torch):
             raise UsageError(f"the requirements pin torch {version}, but the nodes have torch "
                              f"{node_torch} (setup's, which the environment uses)",
                              f"install torch {version} on this machine and run `ptcluster "
                              f"setup` (it gives the nodes the head's torch version); or pin "
                              f"torch=={node_torch.split('+')[0]}")
+        if name == "ptcluster" and node_ptcluster and not _same(version, node_ptcluster):
+            raise UsageError(f"the requirements pin ptcluster {version}, but the nodes have "
+                             f"ptcluster {node_ptcluster} (setup's)",
+                             f"run `ptcluster setup` from a head with ptcluster {version}; or "
+                             f"pin ptcluster=={node_ptcluster.split('+')[0]}")
