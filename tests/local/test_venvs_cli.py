@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,20 +14,13 @@ from ptcluster.cluster import load_cluster_file
 from ptcluster.venvs.platforms import head_platform
 from ptcluster.venvs.resolve import resolve
 from ptcluster.venvs.store import WheelStore
-from ptcluster.venvs.tools import pack_installed_uv
+from tests.support import wheelmaker
+from tests.support.wheelmaker import make_wheel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-from wheelmaker import make_wheel  # noqa: E402
+uv_folder = wheelmaker.uv_folder  # the fixture
 
 MP = pytest.MonkeyPatch
 UNREACHABLE = "nodes: [{host: node-that-is-not-there.invalid, slots: 1}]\n"
-
-
-@pytest.fixture(scope="module")
-def uv_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("uv")
-    assert pack_installed_uv(folder) is not None
-    return folder
 
 
 @pytest.fixture

@@ -15,20 +15,13 @@ from ptcluster.errors import UsageError
 from ptcluster.venvs.resolve import resolve
 from ptcluster.venvs.resolved import Platform
 from ptcluster.venvs.store import WheelStore
-from ptcluster.venvs.tools import head_uv_version, pack_installed_uv
+from ptcluster.venvs.tools import head_uv_version
+from tests.support import wheelmaker
+from tests.support.wheelmaker import make_wheel, sha256_of
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-from wheelmaker import make_wheel, sha256_of  # noqa: E402
+uv_folder = wheelmaker.uv_folder  # the fixture
 
 HERE = Platform(f"{sys.version_info[0]}.{sys.version_info[1]}", os.uname().machine, "2.36")
-
-
-@pytest.fixture(scope="module")
-def uv_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The head's uv packed as a wheel once, for every test's ``--find-links``."""
-    folder = tmp_path_factory.mktemp("uv")
-    assert pack_installed_uv(folder) is not None
-    return folder
 
 
 @pytest.fixture

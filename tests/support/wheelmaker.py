@@ -9,6 +9,8 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 
 def make_wheel(dest: Path, name: str, version: str, *, requires: Sequence[str] = (),
                files: dict[str, str] | None = None, tag: str = "py3-none-any") -> Path:
@@ -40,3 +42,13 @@ def make_wheel(dest: Path, name: str, version: str, *, requires: Sequence[str] =
 
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def uv_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the head's own uv packed as a wheel (made once per module): the tool
+    the environment needs, for a ``--find-links`` folder with no index to fetch it from."""
+    from ptcluster.venvs.tools import pack_installed_uv
+    folder = tmp_path_factory.mktemp("uv")
+    assert pack_installed_uv(folder) is not None
+    return folder

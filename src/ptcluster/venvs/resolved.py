@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 SETUP_OWNS = ("torch", "triton", "ptcluster")
@@ -54,14 +54,12 @@ class Wheel:
     size: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "filename": self.filename,
-                "sha256": self.sha256, "size": self.size}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Wheel:
-        return cls(name=str(data["name"]), version=str(data["version"]),
-                   filename=str(data["filename"]), sha256=str(data["sha256"]),
-                   size=int(data["size"]))
+        return cls(**{k: (int if k == "size" else str)(data[k])
+                      for k in ("name", "version", "filename", "sha256", "size")})
 
 
 @dataclass(frozen=True)
@@ -80,12 +78,11 @@ class Platform:
         return f"Python {self.python}, {self.machine}, {libc}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"python": self.python, "machine": self.machine, "glibc": self.glibc}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Platform:
-        return cls(python=str(data["python"]), machine=str(data["machine"]),
-                   glibc=str(data["glibc"]))
+        return cls(**{k: str(data[k]) for k in ("python", "machine", "glibc")})
 
 
 @dataclass(frozen=True)
