@@ -174,6 +174,7 @@ def test_requirements_index_lines_are_noted_for_trust(tmp_path: Path) -> None:
     assert [e.split(" (")[0] for e in elsewhere] == [
         "--index-url https://mirror.example/simple", "--extra-index-url https://x/s",
         "-f ./wheels"]
+    assert read_declared(path, LINUX).indexes == ("https://mirror.example/simple", "https://x/s")
     with pytest.raises(UsageError) as exc:
         check_trust(read_declared(path, LINUX), trusted=False)
     assert "--index-url https://mirror.example/simple" in str(exc.value)

@@ -88,9 +88,9 @@ def _lock_files(pin: Pin, lock_dir: Path) -> list[Path]:
 
 
 def obtain(pins: Sequence[Pin], platform: Platform, *, source: str, find_links: Sequence[Path],
-           store: WheelStore, trusted: bool) -> list[Wheel]:
+           store: WheelStore, trusted: bool, indexes: Sequence[str] = ()) -> list[Wheel]:
     """Every pin's wheel for ``platform``, in the store; ``source`` names the declared file in
-    errors."""
+    errors, ``indexes`` are what it names besides pip's own (trusted only)."""
     lock_dir = Path(source).parent
     got: dict[str, Wheel] = {}
     missing: list[Pin] = []
@@ -103,7 +103,7 @@ def obtain(pins: Sequence[Pin], platform: Platform, *, source: str, find_links: 
         else:
             got[pin.name] = wheel
     if missing and not find_links:
-        got.update(_download(missing, platform, store, source, trusted))
+        got.update(_download(missing, platform, store, source, trusted, indexes))
         missing = [p for p in missing if p.name not in got]
     for pin in missing:
         got[pin.name] = _build(pin, platform, store, find_links, trusted, source)
@@ -120,20 +120,20 @@ def _pip(argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
                              "wheels' folder with --find-links") from None
 
 
-def _index_args(pins: Sequence[Pin], trusted: bool) -> list[str]:
-    args: list[str] = []
-    for index in sorted({p.index for p in pins if p.index}):
-        if trusted:  # (untrusted: refused before anything is fetched, resolve.check_trust)
-            args += ["--extra-index-url", index]
-    return args
+def _index_args(pins: Sequence[Pin], trusted: bool, indexes: Sequence[str]) -> list[str]:
+    if not trusted:  # (a file that names any: refused before anything is fetched, check_trust)
+        return []
+    named = dict.fromkeys([*indexes, *sorted({p.index for p in pins if p.index})])
+    return [a for index in named for a in ("--extra-index-url", index)]
 
 
 def _download(pins: Sequence[Pin], platform: Platform, store: WheelStore, source: str,
-              trusted: bool) -> dict[str, Wheel]:
+              trusted: bool, indexes: Sequence[str]) -> dict[str, Wheel]:
     """pip's download of ``pins`` for ``platform`` (one pip for all; where it fails, each
     alone, to learn which has no wheel without reading pip's words)."""
     base = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps",
-            "--only-binary=:all:", *pip_platform_args(platform), *_index_args(pins, trusted)]
+            "--only-binary=:all:", *pip_platform_args(platform),
+            *_index_args(pins, trusted, indexes)]
     got: dict[str, Wheel] = {}
     with tempfile.TemporaryDirectory(prefix="ptcluster-wheels-") as tmp:
         proc = _pip([*base, "--dest", tmp, *map(str, pins)], "the download")

@@ -61,6 +61,9 @@ class Declared:
     """For a pyproject.toml: its dependencies, one requirement each (uv reads a requirements
     file itself)."""
     elsewhere: tuple[str, ...] = ()
+    indexes: tuple[str, ...] = ()
+    """The indexes a requirements file names (``--index-url``, ``--extra-index-url``): pip's
+    download looks there too (only a trusted file gets this far)."""
     """What the file makes the head fetch from, besides the default index (said in words)."""
 
 

@@ -72,6 +72,7 @@ class _Reading:
     pins: list[Pin]
     exact: bool
     elsewhere: list[str]
+    indexes: list[str]
     digest: Any
     seen: set[Path]
 
@@ -79,12 +80,14 @@ class _Reading:
 def read_requirements(path: Path) -> Declared:
     """A requirements file (and its ``-r``/``-c`` includes): exact when every requirement is
     ``NAME==VERSION`` with a ``--hash`` (as pip's hash-checking mode wants them)."""
-    reading = _Reading(pins=[], exact=True, elsewhere=[], digest=hashlib.sha256(), seen=set())
+    reading = _Reading(pins=[], exact=True, elsewhere=[], indexes=[], digest=hashlib.sha256(),
+                       seen=set())
     _read_into(path, reading, constraint=False)
     exact = reading.exact and bool(reading.pins)
     return Declared(source=str(path), kind="requirements", content=reading.digest.hexdigest(),
                     pins=tuple(reading.pins) if exact else None,
-                    elsewhere=tuple(dict.fromkeys(reading.elsewhere)))
+                    elsewhere=tuple(dict.fromkeys(reading.elsewhere)),
+                    indexes=tuple(dict.fromkeys(reading.indexes)))
 
 
 def _read_into(path: Path, reading: _Reading, constraint: bool) -> None:
@@ -129,6 +132,8 @@ def _option(words: list[str], path: Path, where: str, reading: _Reading) -> None
         _read_into(path.parent / value, reading, constraint=flag in ("-c", "--constraint"))
     elif flag in _FETCH_OPTIONS:
         reading.elsewhere.append(f"{flag} {value} ({where})")
+        if _FETCH_OPTIONS[flag] == "index":
+            reading.indexes.append(value)
     elif flag in ("-e", "--editable"):
         raise UsageError(f"{where}: an editable requirement ({value}) is the project's own "
                          "code, which comes from the workdir (run --sync), not the environment",

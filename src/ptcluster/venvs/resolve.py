@@ -98,7 +98,7 @@ def resolve(spec_file: Path, platform: Platform, *, find_links: Sequence[Path], 
     pins = tuple(p for p in pins if marker_holds(p.marker, env_markers, f"{spec_file}: {p.name}"))
     shipped = [p for p in pins if not setup_owns(p.name)]
     wheels = obtain(shipped, platform, source=str(spec_file), find_links=find_links,
-                    store=store, trusted=trusted)
+                    store=store, trusted=trusted, indexes=declared.indexes)
     tool = uv_wheel(platform, find_links=find_links, store=store)
     env = ResolvedEnv(source=str(spec_file), kind=declared.kind, platform=platform,
                       wheels=tuple(wheels), tools=(tool,),

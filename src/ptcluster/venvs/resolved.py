@@ -58,8 +58,9 @@ class Wheel:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Wheel:
-        return cls(**{k: (int if k == "size" else str)(data[k])
-                      for k in ("name", "version", "filename", "sha256", "size")})
+        name, version, filename, sha256 = (str(data[k]) for k in (
+            "name", "version", "filename", "sha256"))
+        return cls(name, version, filename, sha256, int(data["size"]))
 
 
 @dataclass(frozen=True)
