@@ -355,3 +355,10 @@ def test_store_keeps_a_wheel_once_by_digest_and_links_it_by_its_name(tmp_path: P
         bad = tmp_path / "alpha.zip"
         bad.write_bytes(b"x")
         store.add(bad)
+
+
+def test_before_the_nodes_are_known_the_python_range_is_not_checked(tmp_path: Path) -> None:
+    """The head's own Python is not the nodes': ``precheck`` (platform None) does not refuse a
+    lock for another Python than the head's."""
+    path = write(tmp_path, "pylock.toml", 'lock-version = "1.0"\nrequires-python = "<3.0"\n')
+    assert read_declared(path, None).pins == ()

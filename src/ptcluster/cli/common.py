@@ -19,7 +19,6 @@ from ptcluster.errors import UsageError
 from ptcluster.node import accel
 from ptcluster.remote.slurm import run_scontrol
 from ptcluster.venvs.choice import EnvChoice, env_choice
-from ptcluster.venvs.platforms import head_platform
 from ptcluster.venvs.resolve import precheck
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -112,7 +111,7 @@ def environment(spec: ClusterSpec, requirements: str | None, find_links: tuple[s
     node is touched."""
     choice = env_choice(spec, requirements, find_links, refresh, trusted())
     if choice is not None:
-        precheck(choice.requirements, head_platform(), choice.find_links, choice.trusted)
+        precheck(choice.requirements, None, choice.find_links, choice.trusted)
     return choice
 
 

@@ -28,9 +28,10 @@ def kind_of(path: Path) -> str:
                      f"give {FOUR_KINDS}")
 
 
-def read_declared(path: Path, platform: Platform) -> Declared:
+def read_declared(path: Path, platform: Platform | None) -> Declared:
     """The declared file at ``path``, of any of the four kinds (a lock's packages as they
-    apply to ``platform``)."""
+    apply to ``platform``; None: the file's own checks only, its Python range not checked, as
+    before the nodes' platforms are known)."""
     kind = kind_of(path)
     if kind == "requirements":
         return read_requirements(path)

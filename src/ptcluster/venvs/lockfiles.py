@@ -18,7 +18,7 @@ from packaging.markers import InvalidMarker, Marker, UndefinedComparison
 
 from ptcluster.errors import UsageError
 from ptcluster.venvs.pins import Declared, LockedFile, Pin, read_bytes, read_toml
-from ptcluster.venvs.platforms import check_python, marker_env
+from ptcluster.venvs.platforms import check_python, head_platform, marker_env
 from ptcluster.venvs.resolved import Platform, normalize
 
 PYPI = "https://pypi.org/simple"
@@ -163,12 +163,12 @@ def _pylock_pin(entry: dict[str, Any], path: Path) -> Pin:
                index=_remote_index(str(entry.get("index", ""))))
 
 
-def read_lock(path: Path, kind: str, platform: Platform) -> Declared:
+def read_lock(path: Path, kind: str, platform: Platform | None) -> Declared:
     """A ``uv.lock`` or ``pylock.toml``: the pins that apply to ``platform``."""
     data = read_bytes(path)
     doc = read_toml(path, data)
     check_python(str(doc.get("requires-python", "")), platform, str(path))
-    env = marker_env(platform)
+    env = marker_env(platform or head_platform())
     if kind == "uv.lock":
         pins = _uv_lock_pins(doc, path, env)
     else:

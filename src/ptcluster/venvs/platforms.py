@@ -125,10 +125,10 @@ def head_platform() -> Platform:
                     machine=host.machine(), glibc=version if libc == "glibc" else "")
 
 
-def check_python(requires: str, platform: Platform, source: str) -> None:
+def check_python(requires: str, platform: Platform | None, source: str) -> None:
     """Refuse a file whose ``requires-python`` excludes the nodes' Python (any patch
-    release of it will do)."""
-    if not requires:
+    release of it will do; None: not known yet, not checked)."""
+    if not requires or platform is None:
         return
     try:
         allowed = SpecifierSet(requires)

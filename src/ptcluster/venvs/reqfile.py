@@ -20,7 +20,7 @@ from ptcluster.venvs.platforms import check_python
 from ptcluster.venvs.resolved import Platform, normalize
 
 
-def read_pyproject(path: Path, platform: Platform) -> Declared:
+def read_pyproject(path: Path, platform: Platform | None) -> Declared:
     data = read_bytes(path)
     project = read_toml(path, data).get("project")
     if not isinstance(project, dict):

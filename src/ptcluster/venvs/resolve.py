@@ -52,7 +52,7 @@ def check_trust(declared: Declared, trusted: bool) -> None:
                          "--find-links")
 
 
-def precheck(spec_file: Path, platform: Platform, find_links: Sequence[Path],
+def precheck(spec_file: Path, platform: Platform | None, find_links: Sequence[Path],
              trusted: bool) -> Declared:
     """What the head knows without fetching anything: the file is one of the four kinds and
     reads, it is trusted where it must be, and the ``--find-links`` folders are folders. An
