@@ -158,3 +158,16 @@ def test_a_package_that_does_not_exist_is_named(tmp_path: Path, links: Path) -> 
         resolve(req, HERE, find_links=[links], refresh=False, store=WheelStore(tmp_path / "s"),
                 trusted=False)
     assert "no-such-package-here" in str(exc.value) and exc.value.exit_code == 2
+
+
+def test_each_distinct_platform_is_resolved_once(tmp_path: Path, links: Path) -> None:
+    from ptcluster.venvs.choice import EnvChoice
+    from ptcluster.venvs.resolve import resolve_each
+    req = tmp_path / "requirements.txt"
+    req.write_text("alpha\n")
+    older = Platform(HERE.python, HERE.machine, "2.28")
+    choice = EnvChoice(requirements=req, find_links=(links,), refresh=False, trusted=False)
+    envs = resolve_each(choice, [HERE, older, HERE], WheelStore(tmp_path / "store"))
+    assert list(envs) == [HERE, older]
+    assert envs[HERE].wheels == envs[older].wheels  # pure-Python wheels: the same files
+    assert envs[HERE].digest != envs[older].digest  # but each platform its own environment

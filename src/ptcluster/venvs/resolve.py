@@ -26,6 +26,7 @@ from packaging.version import InvalidVersion, Version
 
 from ptcluster.cluster.trust import TRUST_IT
 from ptcluster.errors import UsageError
+from ptcluster.venvs.choice import EnvChoice
 from ptcluster.venvs.declared import read_declared
 from ptcluster.venvs.fetch import obtain
 from ptcluster.venvs.lockfiles import marker_holds
@@ -108,6 +109,15 @@ def resolve(spec_file: Path, platform: Platform, *, find_links: Sequence[Path], 
     part.write_text(json.dumps(env.to_json(), indent=1))
     os.replace(part, cache)
     return env
+
+
+def resolve_each(choice: EnvChoice, platforms: Iterable[Platform],
+                 store: WheelStore) -> dict[Platform, ResolvedEnv]:
+    """``choice`` resolved once for each distinct node platform (nodes of one platform share
+    one environment, and one digest)."""
+    return {platform: resolve(choice.requirements, platform, find_links=choice.find_links,
+                              refresh=choice.refresh, store=store, trusted=choice.trusted)
+            for platform in dict.fromkeys(platforms)}
 
 
 def compile_pins(declared: Declared, platform: Platform, find_links: Sequence[Path],
