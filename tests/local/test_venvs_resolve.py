@@ -171,3 +171,20 @@ def test_each_distinct_platform_is_resolved_once(tmp_path: Path, links: Path) ->
     assert list(envs) == [HERE, older]
     assert envs[HERE].wheels == envs[older].wheels  # pure-Python wheels: the same files
     assert envs[HERE].digest != envs[older].digest  # but each platform its own environment
+
+
+def test_a_trusted_sdist_only_package_needs_a_compiler_and_the_nodes_platform(
+        tmp_path: Path, links: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_wheel(links, "nativeonly", "1.0", tag="cp39-cp39-manylinux_2_17_aarch64")
+    req = tmp_path / "requirements.txt"
+    req.write_text(f"nativeonly==1.0 --hash=sha256:{'1' * 64}\n")
+    other = Platform(HERE.python, "aarch64" if HERE.machine != "aarch64" else "x86_64", "2.36")
+    with pytest.raises(UsageError, match="cannot build one for the nodes"):
+        resolve(req, other, find_links=[links], refresh=False, store=WheelStore(tmp_path / "s"),
+                trusted=True)
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))  # no cc, no gcc
+    with pytest.raises(UsageError, match="there is no C compiler here"):
+        resolve(req, HERE, find_links=[links], refresh=False, store=WheelStore(tmp_path / "s"),
+                trusted=True)
