@@ -15,6 +15,8 @@ from ptcluster.cli.common import (
     PORT,
     SECONDS,
     cluster_option,
+    environment,
+    environment_options,
     load_spec,
     quiet,
     spec_for_our_ranks,
@@ -41,9 +43,12 @@ def mark(status: str) -> Text:
 @click.option("--timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds for the probes, and for the all-reduce.")
 @click.option("--json", "as_json", is_flag=True, help="The whole report as JSON.")
+@environment_options
 def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allreduce: bool,
-           timeout: float, as_json: bool) -> None:
+           timeout: float, as_json: bool, requirements: str | None, find_links: tuple[str, ...],
+           refresh: bool) -> None:
     spec = load_spec(cluster, nproc)
+    environment(spec, requirements, find_links, refresh)  # bad input: exit 2, no node touched
     if not skip_allreduce:
         spec = spec_for_our_ranks(spec, "doctor")
     report = diagnose(spec, port=port, skip_allreduce=skip_allreduce,

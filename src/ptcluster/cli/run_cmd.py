@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import click
 from rich.console import Console
@@ -24,6 +25,8 @@ from ptcluster.cli.common import (
     SECONDS,
     FiniteFloat,
     cluster_option,
+    environment,
+    environment_options,
     load_spec,
     quiet,
 )
@@ -43,6 +46,7 @@ from ptcluster.launch.runner import Restarts, Runner
 from ptcluster.launch.supervise.restart import RestartPolicy
 from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
 from ptcluster.remote.connect import outside_stop, transports
+from ptcluster.venvs.choice import EnvChoice
 
 
 class ModuleEndsOptions(click.Command):
@@ -110,19 +114,21 @@ def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
 @click.option("--no-leases", "no_leases", is_flag=True, help="Unsafe: take no leases on the "
               "nodes (for nodes whose /run/lock is not root's, mode 1777): other jobs may "
               "take this job's GPUs and port, and `ps` and `kill` do not see it.")
+@environment_options
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
         runs_dir: str | None, preflight: bool, sync_first: bool, max_restarts: int,
         min_nodes: int | None, hang_timeout: float | None, wait: bool,
         wait_timeout: float | None, straggler_threshold: float, no_leases: bool,
-        local_rank_arg: str | None,
-        args: tuple[str, ...]) -> None:
+        local_rank_arg: str | None, requirements: str | None, find_links: tuple[str, ...],
+        refresh: bool, args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
     target = Target(module=module, args=args, local_rank_arg=local_rank_arg) if module else \
         Target(script=args[0], args=args[1:], local_rank_arg=local_rank_arg)
     spec = load_spec(cluster, nproc)
+    declared = environment(spec, requirements, find_links, refresh)
     if min_nodes is not None and min_nodes > len(spec.nodes):
         raise UsageError(f"--min-nodes {min_nodes} exceeds the {len(spec.nodes)} node(s) of the "
                          "cluster", f"pass --min-nodes {len(spec.nodes)} or less")
@@ -143,7 +149,8 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
                     options=RunOptions(hang_timeout=hang_timeout, wait=(
                         wait_timeout or math.inf) if wait or wait_timeout else None,
-                        straggler_threshold=straggler_threshold, leases=not no_leases),
+                        straggler_threshold=straggler_threshold, leases=not no_leases,
+                        **_environment_options(declared)),
                     restarts=Restarts(policy, spec, target) if max_restarts else None,
                     ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total)
     result, signum = _run_with_signals(runner)
@@ -153,6 +160,15 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     if not hush or not result.ok:
         _print_summary(err, result)
     sys.exit(exit_code(result, signum))
+
+
+def _environment_options(declared: EnvChoice | None) -> dict[str, Any]:
+    """RunOptions' fields of the declared environment (none: their defaults)."""
+    if declared is None:
+        return {}
+    return {"requirements": str(declared.requirements),
+            "find_links": tuple(map(str, declared.find_links)),
+            "refresh": declared.refresh, "requirements_trusted": declared.trusted}
 
 
 def line_sink(feed: ConsoleFeed, run_dir: Path) -> Callable[[str, int | None, str], None]:
