@@ -96,6 +96,18 @@ class NodeChannel:
         """Queue a frame for the node (never blocks)."""
         self._queue(encode(kind, payload))
 
+    def send_raw(self, data: bytes) -> None:
+        """Queue raw bytes for the node (never blocks): what a frame announced (a wheel after
+        its ``blob`` frame). Queue in pieces and watch ``queued``: the hub copies what is
+        queued on every write."""
+        self._queue(data)
+
+    @property
+    def queued(self) -> int:
+        """Bytes queued for the node, not yet written to its pipe."""
+        with self._lock:
+            return len(self._out)
+
     def close_input(self) -> None:
         """EOF to the node program (it ends its work and exits), after what is queued; a
         channel still waiting for its turn (``start_all``'s window) is then never started:
