@@ -12,9 +12,11 @@ from rich.text import Text
 
 from ptcluster.cli.common import NPROC, PORT, SECONDS, cluster_option, load_spec, quiet
 from ptcluster.cli.console import terminal
+from ptcluster.cli.venvs_cmd import declared, requirements_options
 from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN, Finding
 from ptcluster.doctor.diagnose import DoctorReport, diagnose
 from ptcluster.errors import Problem
+from ptcluster.venvs.runenv import chooser
 
 STYLE = {OK: ("ok", "green"), WARN: ("warn", "yellow"), FAIL: ("FAIL", "bold red"),
          SKIP: ("-", "dim")}
@@ -33,11 +35,16 @@ def mark(status: str) -> Text:
 @click.option("--timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds for the probes, and for the all-reduce.")
 @click.option("--json", "as_json", is_flag=True, help="The whole report as JSON.")
+@requirements_options
 def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allreduce: bool,
-           timeout: float, as_json: bool) -> None:
+           timeout: float, as_json: bool, requirements: str | None, find_links: tuple[str, ...],
+           refresh: bool) -> None:
     spec = load_spec(cluster, nproc)
+    env = declared(spec, requirements, find_links, refresh)
+    choose = None if env["requirements"] is None else chooser(
+        env["requirements"], find_links=env["find_links"], refresh=refresh, trusted=True)[0]
     report = diagnose(spec, port=port, skip_allreduce=skip_allreduce,
-                      allreduce_timeout=timeout, probe_timeout=timeout)
+                      allreduce_timeout=timeout, probe_timeout=timeout, environment=choose)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

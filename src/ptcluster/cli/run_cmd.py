@@ -30,6 +30,7 @@ from ptcluster.cli.common import (
 from ptcluster.cli.console import ConsoleFeed, clean, terminal
 from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.sync_cmd import run_sync
+from ptcluster.cli.venvs_cmd import build_environment, declared, requirements_options
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
@@ -109,13 +110,14 @@ def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
 @click.option("--no-leases", "no_leases", is_flag=True, help="Unsafe: take no leases on the "
               "nodes (for nodes whose /run/lock is not root's, mode 1777): other jobs may "
               "take this job's GPUs and port, and `ps` and `kill` do not see it.")
+@requirements_options
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
         runs_dir: str | None, preflight: bool, sync_first: bool, max_restarts: int,
         min_nodes: int | None, hang_timeout: float | None, wait: bool,
         wait_timeout: float | None, straggler_threshold: float, no_leases: bool,
-        local_rank_arg: str | None,
-        args: tuple[str, ...]) -> None:
+        local_rank_arg: str | None, requirements: str | None, find_links: tuple[str, ...],
+        refresh: bool, args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
@@ -130,6 +132,14 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     err = terminal(stderr=True, soft_wrap=True)
     if sync_first and not all(r.ok for r in run_sync(spec, err, show=not quiet())):
         sys.exit(1)
+    options = RunOptions(hang_timeout=hang_timeout, wait=(
+        wait_timeout or math.inf) if wait or wait_timeout else None,
+        straggler_threshold=straggler_threshold, leases=not no_leases,
+        **declared(spec, requirements, find_links, refresh))
+    environment = None
+    if options.requirements is not None:  # before the plan: the ranks' interpreter is its
+        environment = build_environment(spec, options, err, show=not quiet())
+        spec = environment.spec
     plan = prepare(spec, target, port=port, max_restarts=max_restarts)
     if preflight:
         _preflight(spec, plan.master_port, err)
@@ -140,11 +150,10 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     feed = ConsoleFeed(_stdout_writer(run_dir), _fd_writer(2, dim=err.is_terminal))
     runner = Runner(plan, transports(spec), run_dir, on_line=line_sink(feed, run_dir),
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
-                    options=RunOptions(hang_timeout=hang_timeout, wait=(
-                        wait_timeout or math.inf) if wait or wait_timeout else None,
-                        straggler_threshold=straggler_threshold, leases=not no_leases),
+                    options=options,
                     restarts=Restarts(policy, spec, target) if max_restarts else None,
-                    ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total)
+                    ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total,
+                    environment=None if environment is None else environment.to_json())
     result, signum = _run_with_signals(runner)
     feed.close(timeout=5.0)
     if result.ended_by:  # Slurm's own doing comes first

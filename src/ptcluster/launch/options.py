@@ -8,6 +8,7 @@ produced is ``launch.result``. The guard's own timing defaults are written once,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
 from ptcluster.node import wire
@@ -55,6 +56,14 @@ class RunOptions:
     """False (``run --no-leases``, unsafe): no node leases this job's GPUs, port or id, so other
     jobs are not kept off them and ``ps``/``kill`` do not see it; True: a node whose lease
     directory is missing or not root's refuses the job."""
+    requirements: Path | None = None
+    """The project's declared environment (``run --requirements``, else the cluster file's
+    ``requirements:``): resolved, shipped and built on every node before any rank starts
+    (``venvs.runenv``); None: the nodes' ``python:`` as it is."""
+    find_links: tuple[Path, ...] = ()
+    """Folders of wheels to resolve from without a registry (``--find-links``)."""
+    refresh: bool = False
+    """Resolve an unpinned requirement anew (``--refresh``)."""
     straggler_threshold: float = DEFAULT_THRESHOLD
     """A rank (or node) whose busy share (1 - the share of time its main thread sleeps) is this
     many times the other ranks' median, while they wait for it, is named the straggler

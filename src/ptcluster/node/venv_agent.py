@@ -6,6 +6,7 @@ venv, whose torch and ptcluster the environment sees beneath its own packages). 
 only. Where things live: ``node.venv_store``.
 
   stdin  line 2   JSON config: ``{root}`` (default ``~/.ptcluster``)
+  stdout          after ``hello``: ``facts {python, machine, glibc, free}`` (what to resolve for)
                   ``have {digest, wheels: [sha256]}`` -> ``have {missing, env, why, python,
                   machine, glibc, free, path}``
                   ``blob {sha256, size}`` then exactly ``size`` raw bytes: stored under its
@@ -103,6 +104,13 @@ class Node:
         why = cheap_check(env, manifest) if manifest is not None else f"no {MANIFEST}"
         return ("changed", why) if why else ("ok", "")
 
+    def platform(self) -> dict:
+        """What the head resolves for: this interpreter's version, the machine, glibc's."""
+        libc, version = platform.libc_ver()
+        return {"python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+                "machine": platform.machine(), "glibc": version if libc == "glibc" else "",
+                "free": free_bytes(self.root)}
+
     def have(self, msg: dict) -> dict:
         digest = msg["digest"]
         state, why = self.env_state(digest)
@@ -110,12 +118,8 @@ class Node:
             mark_used(self.root, digest)
         missing = [s for s in msg.get("wheels", [])
                    if not os.path.isfile(os.path.join(self.store, s))]
-        libc, version = platform.libc_ver()
         return {"digest": digest, "env": state, "why": why, "missing": missing,
-                "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
-                "machine": platform.machine(), "glibc": version if libc == "glibc" else "",
-                "free": free_bytes(self.root),
-                "path": os.path.join(self.env_dir(digest), "bin", "python")}
+                **self.platform(), "path": os.path.join(self.env_dir(digest), "bin", "python")}
 
     # -- blobs --------------------------------------------------------------------------------
     def receive(self, stdin: BinaryIO, msg: dict) -> None:
@@ -380,6 +384,7 @@ def main() -> None:
     out = sys.stdout.buffer
     node = Node(cfg.get("root") or "~/.ptcluster")
     out.write(hello("venvs"))
+    out.write(encode(Kind.FACTS, node.platform()))  # (the head resolves for it meanwhile)
     out.flush()
     requests: list = []
     ready = threading.Condition()

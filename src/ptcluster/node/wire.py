@@ -70,7 +70,8 @@ class Kind:
     """Sampler -> head: one sample of the node."""
     # setup's agent
     FACTS = "facts"
-    """Head -> setup ``{only}``: read these fact sections; setup -> head: the facts."""
+    """Head -> setup ``{only}``: read these fact sections; setup -> head: the facts. The
+    environment's agent sends its platform so, unasked, after ``hello``."""
     RUN = "run"
     """Head -> setup: run one step's command."""
     SUDO = "sudo"

@@ -21,9 +21,12 @@ from ptcluster.errors import Problem
 from ptcluster.node import VENVS
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import Group, Member
-from ptcluster.venvs.resolved import ResolvedEnv, Wheel
+from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
 
 Event = Callable[[str, str], None]
+Choose = Callable[[Platform], ResolvedEnv]
+"""The environment resolved for a node's platform (``venvs.resolve.resolve``, one call per
+distinct platform): may raise a ``PtclusterError`` (nothing is sent then)."""
 Locate = Callable[[Wheel], Path]
 """Where the head's store keeps a wheel's file (``venvs.store.WheelStore.path``)."""
 NODE_ROOT = "~/.ptcluster"
@@ -45,6 +48,8 @@ class NodeEnv:
     state: str
     """``up to date`` (nothing done), ``built``, ``rebuilt`` (it failed the cheap check:
     ``why``), ``failed`` (``problem``)."""
+    digest: str = ""
+    """The environment's key on this node (one per distinct platform)."""
     python: str | None = None
     """The environment's interpreter there (absolute): the ranks' interpreter."""
     wheels_sent: int = 0
@@ -57,8 +62,9 @@ class NodeEnv:
 
 @dataclass(frozen=True)
 class ShipResult:
-    digest: str
     nodes: dict[str, NodeEnv]
+    envs: dict[str, ResolvedEnv]
+    """Every environment resolved, by digest."""
 
     @property
     def failed(self) -> dict[str, NodeEnv]:
@@ -67,6 +73,11 @@ class ShipResult:
     @property
     def ok(self) -> bool:
         return not self.failed
+
+    @property
+    def digest(self) -> str:
+        """The environment's digest (the nodes' platforms' digests joined, where several)."""
+        return ",".join(sorted(self.envs))
 
     @property
     def bytes_sent(self) -> int:
@@ -104,50 +115,41 @@ class _Sending:
     done: list[str] = field(default_factory=list)
 
 
-def ship(members: Sequence[Member], env: ResolvedEnv, locate: Locate, *,
+def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
          on_event: Event | None = None, have_timeout: float = HAVE_TIMEOUT,
          build_timeout: float = BUILD_TIMEOUT) -> ShipResult:
-    """``env`` on every member (its ``config``: ``{"root": ...}``, default :data:`NODE_ROOT`):
-    every node's outcome, a failed node named with its problem, the others' work kept."""
+    """The environment ``choose`` resolves for each node's platform, on every member (its
+    ``config``: ``{"root": ...}``, default :data:`NODE_ROOT`): every node's outcome, a failed
+    node named with its problem, the others' work kept. Raises what ``choose`` raises (every
+    channel closed first, nothing sent)."""
     say = on_event or (lambda host, text: None)
-    digest = env.digest
-    everything = {w.sha256: w for w in (*env.wheels, *env.tools)}
-    group = Group(members, VENVS, answer=Kind.BUILD, kinds=(Kind.HAVE,))
+    group = Group(members, VENVS, answer=Kind.BUILD, kinds=(Kind.FACTS, Kind.HAVE))
     out: dict[str, NodeEnv] = {}
+    envs: dict[str, ResolvedEnv] = {}
+    finished = False
     try:
-        for host in group.channels:
-            group.send(host, Kind.HAVE, {"digest": digest, "wheels": list(everything)})
-        group.wait(Kind.HAVE, have_timeout)
-        sending: dict[str, _Sending] = {}
-        for host, r in group.result.nodes.items():
-            have = r.answers.get(Kind.HAVE)
-            if have is None:
-                continue
-            wrong = platform_problem(host, env, have)
-            if wrong is not None:
-                out[host] = NodeEnv(host, FAILED, problem=wrong)
-            elif have["env"] == "ok":
-                out[host] = NodeEnv(host, UP_TO_DATE, python=str(have["path"]))
-                say(host, "environment up to date")
-            else:
-                missing = [everything[s] for s in have["missing"] if s in everything]
-                sending[host] = _Sending(deque(missing))
-                say(host, f"environment {have['env']}" + (f" ({have['why']})" if have["why"]
-                                                          else "")
-                    + f": {len(missing)} of {len(everything)} wheels to send")
+        group.wait(Kind.FACTS, have_timeout)
+        by_host = _resolve(group, choose)
+        envs = {e.digest: e for e in by_host.values()}
+        for host, env in by_host.items():
+            group.send(host, Kind.HAVE, {"digest": env.digest,
+                                         "wheels": [w.sha256 for w in (*env.wheels, *env.tools)]})
+        group.wait(Kind.HAVE, have_timeout, hosts=list(by_host))
+        sending = _plan(group, by_host, out, say)
         _stream(group, sending, locate, say)
         building = [h for h in sending if group.alive(h)]
-        record = env.to_json()
         for host in building:
-            group.send(host, Kind.BUILD, {"digest": digest, "resolved": record})
+            group.send(host, Kind.BUILD, {"digest": by_host[host].digest,
+                                          "resolved": by_host[host].to_json()})
         group.wait(Kind.BUILD, build_timeout, hosts=building)
         for host in building:
             built = group.result.nodes[host].answers.get(Kind.BUILD)
-            out[host] = _built(host, built, sending[host]) if built is not None else \
-                NodeEnv(host, FAILED, bytes_sent=sending[host].sent)
+            out[host] = _built(host, by_host[host].digest, built, sending[host]) \
+                if built is not None else NodeEnv(host, FAILED, bytes_sent=sending[host].sent)
             say(host, _line(out[host]))
+        finished = True
     finally:
-        result = group.close(bye=Kind.BYE if group.result.nodes.keys() <= out.keys() else None)
+        result = group.close(bye=Kind.BYE if finished else None)
     for host, r in result.nodes.items():
         node = out.get(host)
         if node is None or (node.state == FAILED and node.problem is None):
@@ -155,17 +157,57 @@ def ship(members: Sequence[Member], env: ResolvedEnv, locate: Locate, *,
             out[host] = NodeEnv(host, FAILED, problem=problem,
                                 bytes_sent=node.bytes_sent if node else 0)
             say(host, f"failed: {problem.what}")
-    return ShipResult(digest, {m.host: out[m.host] for m in members})
+    return ShipResult({m.host: out[m.host] for m in members}, envs)
 
 
-def _built(host: str, answer: dict[str, Any], sent: _Sending) -> NodeEnv:
+def _resolve(group: Group, choose: Choose) -> dict[str, ResolvedEnv]:
+    """Each answering node's environment, resolved once per distinct platform."""
+    memo: dict[Platform, ResolvedEnv] = {}
+    out = {}
+    for host, r in group.result.nodes.items():
+        facts = r.answers.get(Kind.FACTS)
+        if facts is None:
+            continue
+        platform = Platform(str(facts["python"]), str(facts["machine"]), str(facts["glibc"]))
+        if platform not in memo:
+            memo[platform] = choose(platform)
+        out[host] = memo[platform]
+    return out
+
+
+def _plan(group: Group, by_host: dict[str, ResolvedEnv], out: dict[str, NodeEnv],
+          say: Event) -> dict[str, _Sending]:
+    """From every node's ``have``: those up to date (in ``out``), those refused (in ``out``),
+    and what to send the others."""
+    sending = {}
+    for host, env in by_host.items():
+        have = group.result.nodes[host].answers.get(Kind.HAVE)
+        if have is None:
+            continue
+        everything = {w.sha256: w for w in (*env.wheels, *env.tools)}
+        wrong = platform_problem(host, env, have)
+        if wrong is not None:
+            out[host] = NodeEnv(host, FAILED, env.digest, problem=wrong)
+        elif have["env"] == "ok":
+            out[host] = NodeEnv(host, UP_TO_DATE, env.digest, python=str(have["path"]))
+            say(host, "environment up to date")
+        else:
+            missing = [everything[s] for s in have["missing"] if s in everything]
+            sending[host] = _Sending(deque(missing))
+            why = f" ({have['why']})" if have["why"] else ""
+            say(host, f"environment {have['env']}{why}: {len(missing)} of {len(everything)} "
+                "wheels to send")
+    return sending
+
+
+def _built(host: str, digest: str, answer: dict[str, Any], sent: _Sending) -> NodeEnv:
     if not answer.get("ok"):
-        return NodeEnv(host, FAILED, bytes_sent=sent.sent, wheels_sent=sent.count,
+        return NodeEnv(host, FAILED, digest, bytes_sent=sent.sent, wheels_sent=sent.count,
                        problem=Problem(host, str(answer.get("problem")),
                                        str(answer.get("fix") or "") or None))
     state = (REBUILT if answer.get("rebuilt_why") else BUILT) if answer.get("built") \
         else UP_TO_DATE
-    return NodeEnv(host, state, python=str(answer["python"]), wheels_sent=sent.count,
+    return NodeEnv(host, state, digest, python=str(answer["python"]), wheels_sent=sent.count,
                    bytes_sent=sent.sent, seconds=float(answer.get("seconds") or 0),
                    why=str(answer.get("rebuilt_why") or ""))
 
