@@ -1,0 +1,200 @@
+"""The project's environment on local "nodes" (each its own ptcluster directory): the real node
+program over real channels, real uv (or pip), real wheels the tests make."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ptcluster.cluster.load import local_cluster
+from ptcluster.launch.api import prepare
+from ptcluster.launch.plan import Target
+from ptcluster.launch.runner import Runner
+from ptcluster.remote.connect import transports
+from ptcluster.remote.group import Member
+from ptcluster.remote.transport import LocalTransport
+from ptcluster.venvs import nodes
+from ptcluster.venvs.resolved import ResolvedEnv, Wheel
+from ptcluster.venvs.runenv import use_environment
+from ptcluster.venvs.ship import BUILT, FAILED, REBUILT, UP_TO_DATE, ship
+from tests.support.wheels import make_wheel, resolved, uv_wheel, wheel_of
+
+UV = uv_wheel()
+
+
+class Wheels:
+    """A folder of wheels made for a test, and the locate function the head's store would be."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.paths: dict[str, Path] = {}
+        if UV is not None:
+            self.paths[wheel_of(UV, "uv", UV.name.split("-")[1]).sha256] = UV
+
+    def make(self, name: str, version: str, **kw: object) -> Wheel:
+        path = make_wheel(self.folder, name, version, **kw)  # type: ignore[arg-type]
+        wheel = wheel_of(path, name, version)
+        self.paths[wheel.sha256] = path
+        return wheel
+
+    def env(self, *wheels: Wheel, uv: bool = True) -> ResolvedEnv:
+        return resolved({w: self.paths[w.sha256] for w in wheels}, UV if uv else None)
+
+    def locate(self, wheel: Wheel) -> Path:
+        return self.paths[wheel.sha256]
+
+
+def local_nodes(tmp: Path, *hosts: str) -> list[Member]:
+    return [Member(h, LocalTransport(h), sys.executable, {"root": str(tmp / f"root-{h}")})
+            for h in hosts]
+
+
+def in_env(python: str, code: str) -> str:
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
+                          timeout=60, cwd="/").stdout.strip()
+
+
+@pytest.fixture
+def wheels(tmp_path: Path) -> Wheels:
+    (tmp_path / "wheels").mkdir()
+    return Wheels(tmp_path / "wheels")
+
+
+@pytest.mark.skipif(UV is None, reason="no uv wheel at hand (PTC_UV_WHEEL)")
+def test_built_then_noop_then_one_package_then_changed_file_rebuilt(tmp_path, wheels) -> None:
+    a, b = wheels.make("tinya", "1.0"), wheels.make("tinyb", "2.0")
+    env = wheels.env(a, b)
+    members = local_nodes(tmp_path, "n1", "n2")
+    said: list[tuple[str, str]] = []
+    first = ship(members, lambda p: env, wheels.locate, on_event=lambda h, t: said.append((h, t)))
+    assert first.ok, first.failed
+    assert {n.state for n in first.nodes.values()} == {BUILT}
+    everything = sum(w.size for w in (*env.wheels, *env.tools))
+    assert first.bytes_sent == 2 * everything  # each wheel to each node once
+    python = first.nodes["n1"].python
+    assert python == str(tmp_path / "root-n1" / "envs" / env.digest / "bin" / "python")
+    # the project's packages first, setup's (here the test's venv: torch, ptcluster) beneath
+    got = in_env(python, "import sys, tinya, tinyb, ptcluster; print(tinya.VERSION, "
+                 "tinyb.VERSION, sys.executable, sys.path.index(tinya.__path__[0].rsplit('/', 1)"
+                 "[0]) < sys.path.index(ptcluster.__path__[0].rsplit('/', 1)[0]))")
+    assert got.split() == ["1.0", "2.0", python, "True"]
+    assert not list((tmp_path / "root-n1" / "envs").glob(".build-*"))
+    assert any(h == "n2" and "built" in t for h, t in said)
+
+    second = ship(members, lambda p: env, wheels.locate)
+    assert {n.state for n in second.nodes.values()} == {UP_TO_DATE} and second.bytes_sent == 0
+
+    b2 = wheels.make("tinyb", "2.1")
+    newer = wheels.env(a, b2)
+    third = ship(members, lambda p: newer, wheels.locate)
+    assert third.ok and {n.wheels_sent for n in third.nodes.values()} == {1}
+    assert third.bytes_sent == 2 * b2.size  # the changed package and nothing else
+    assert in_env(str(third.nodes["n2"].python), "import tinyb; print(tinyb.VERSION)") == "2.1"
+
+    site = Path(python).parents[1] / "lib"
+    (init,) = site.glob("python*/site-packages/tinya/__init__.py")
+    init.write_text('VERSION = "hacked"\n')
+    checked = nodes.check(members, lambda p: env)
+    what = [f["what"] for f in checked["n1"].answer["findings"]]
+    assert len(what) == 1 and "tinya/__init__.py of tinya 1.0 changed" in what[0], what
+    assert checked["n2"].answer["findings"] == []
+    fourth = ship(members, lambda p: env, wheels.locate)
+    assert fourth.nodes["n1"].state == REBUILT and "tinya/__init__.py" in fourth.nodes["n1"].why
+    assert fourth.nodes["n2"].state == UP_TO_DATE and fourth.bytes_sent == 0
+    assert in_env(python, "import tinya; print(tinya.VERSION)") == "1.0"
+
+
+def test_pip_where_no_uv_came_and_a_version_mismatch_found(tmp_path, wheels) -> None:
+    a = wheels.make("tinya", "1.0")
+    env = wheels.env(a, uv=False)
+    (node,) = local_nodes(tmp_path, "n1")
+    got = ship([node], lambda p: env, wheels.locate)
+    assert got.ok, got.failed
+    assert in_env(str(got.nodes["n1"].python), "import tinya; print(tinya.VERSION)") == "1.0"
+    other = wheels.env(wheels.make("tinya", "1.1"), uv=False)
+    env_dir = Path(str(got.nodes["n1"].python)).parents[1]
+    # the lock says 1.1 where 1.0 is installed: the check names the package and both versions
+    (env_dir.parent / other.digest).symlink_to(env_dir)
+    what = [f["what"] for f in nodes.check([node], lambda p: other)["n1"].answer["findings"]]
+    assert what == ["package tinya differs: 1.0 here, 1.1 in the lock"], what
+
+
+def test_damaged_wheel_refused_partial_removed_other_node_kept(tmp_path, wheels) -> None:
+    a = wheels.make("tinya", "1.0")
+    env = wheels.env(a, uv=False)
+    bad = tmp_path / "bad.whl"
+    bad.write_bytes(b"x" * a.size)
+    members = local_nodes(tmp_path, "n1")
+    got = ship(members, lambda p: env, lambda w: bad)
+    problem = got.nodes["n1"].problem
+    assert got.nodes["n1"].state == FAILED and problem is not None
+    assert problem.who == "n1" and "damaged on the way" in problem.what, problem
+    store = tmp_path / "root-n1" / "store" / "sha256"
+    assert list(store.iterdir()) == [] and not list((tmp_path / "root-n1" / "envs").glob(
+        ".build-*"))
+
+
+def test_wrong_python_refused_before_a_byte(tmp_path, wheels) -> None:
+    a = wheels.make("tinya", "1.0")
+    env = resolved({a: wheels.locate(a)}, None, python="3.2")
+    got = ship(local_nodes(tmp_path, "n1"), lambda p: env, wheels.locate)
+    problem = got.nodes["n1"].problem
+    assert problem is not None and "resolved for Python 3.2" in problem.what
+    assert got.bytes_sent == 0
+
+
+def test_prune_keeps_the_one_in_use(tmp_path, wheels) -> None:
+    members = local_nodes(tmp_path, "n1")
+    envs = [wheels.env(wheels.make("tinya", v), uv=False) for v in ("1.0", "2.0")]
+    for env in envs:
+        assert ship(members, lambda p, e=env: e, wheels.locate).ok
+    uses = tmp_path / "root-n1" / "uses"
+    older = envs[0].digest  # used by a "job" whose pid lives (this test's)
+    (uses / "job1.json").write_text(json.dumps({"pid": os.getpid(), "job_id": "job1",
+                                                "digest": older}))
+    listed = nodes.listing(members)["n1"].answer["envs"]
+    assert [e["digest"] for e in listed] == [envs[1].digest, older]
+    assert listed[1]["in_use"] == ["job1"] and listed[0]["in_use"] == []
+    pruned = nodes.prune(members, keep=0, max_bytes=0)["n1"].answer
+    assert [(e["digest"], e["why"]) for e in pruned["kept"]] == [(older, "in use by job1")]
+    assert [e["digest"] for e in pruned["removed"]] == [envs[1].digest]
+    assert sorted(p.name for p in (tmp_path / "root-n1" / "envs").iterdir()
+                  if not p.name.startswith(".")) == [older]
+    assert pruned["wheels_removed"] == 1
+
+
+@pytest.mark.slow
+def test_run_ranks_in_the_environment(tmp_path, wheels, no_leftovers) -> None:
+    env = wheels.env(wheels.make("tinya", "3.0"), uv=UV is not None)
+    spec = local_cluster(2)
+    home = tmp_path / "home"
+    root = str(home / ".ptcluster")
+    used = use_environment(spec, lambda p: env, wheels.locate, source="requirements.txt",
+                           root=root)
+    python = str(Path(root) / "envs" / env.digest / "bin" / "python")
+    assert [n.python for n in used.spec.nodes] == [python]
+    script = tmp_path / "job.py"
+    out = tmp_path / "out"
+    out.mkdir()
+    script.write_text("import os, sys, tinya, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      f"open(os.path.join({str(out)!r}, os.environ['RANK']), 'w').write("
+                      "tinya.VERSION + ' ' + sys.executable)\n"
+                      "dist.destroy_process_group()\n")
+    plan = prepare(used.spec, Target(script=str(script)))
+    no_leftovers.append(plan.job_id)
+    result = Runner(plan, transports(used.spec), tmp_path / "run",
+                    environment=used.to_json()).run()
+    assert result.ok, result.failures
+    assert {(out / r).read_text() for r in ("0", "1")} == {f"3.0 {python}"}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["environment"]["digest"] == env.digest
+    assert summary["environment"]["python"] == {"0": python, "1": python}
+    time.sleep(0.2)  # (the guard's use record is gone with it)
+    assert list((Path(root) / "uses").iterdir()) == []
