@@ -198,3 +198,72 @@ def test_run_ranks_in_the_environment(tmp_path, wheels, no_leftovers) -> None:
     assert summary["environment"]["python"] == {"0": python, "1": python}
     time.sleep(0.2)  # (the guard's use record is gone with it)
     assert list((Path(root) / "uses").iterdir()) == []
+
+
+def test_two_jobs_build_one_digest_at_once(tmp_path, wheels) -> None:
+    import threading
+
+    env = wheels.env(wheels.make("tinya", "1.0"), uv=False)
+    members = local_nodes(tmp_path, "n1")
+    got: list[object] = []
+    threads = [threading.Thread(target=lambda: got.append(
+        ship(members, lambda p: env, wheels.locate))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    states = sorted(r.nodes["n1"].state for r in got)  # type: ignore[attr-defined]
+    # one built it; the other waited on its lock and found it done (or found it at `have`)
+    assert states == [BUILT, UP_TO_DATE], states
+    assert [p.name for p in (tmp_path / "root-n1" / "envs").iterdir()
+            if not p.name.startswith(".")] == [env.digest]
+
+
+SLOW_UV = """#!/bin/sh
+# a stand-in for uv whose `venv` step never ends: the build is stopped in the middle
+for last; do :; done
+mkdir -p "$last/bin"
+echo $$ > "$last/pid"
+exec sleep 300
+"""
+
+
+def test_head_gone_mid_build_partial_removed_no_process_left(tmp_path, wheels) -> None:
+    from ptcluster.node import VENVS
+    from ptcluster.node.wire import Kind
+    from ptcluster.remote.group import Group
+    from tests.support.wheels import slow_tool_wheel
+
+    tool = slow_tool_wheel(wheels.folder, SLOW_UV)
+    wheels.paths[tool.sha256] = wheels.folder / tool.filename
+    a = wheels.make("tinya", "1.0")
+    env = ResolvedEnv("requirements.txt", "requirements", resolved({}, None).platform, (a,),
+                      (tool,))
+    members = local_nodes(tmp_path, "n1")
+    group = Group(members, VENVS, answer=Kind.BUILD)
+    envs = tmp_path / "root-n1" / "envs"
+    try:
+        for w in (a, tool):
+            group.send("n1", Kind.BLOB, {"sha256": w.sha256, "size": w.size})
+            group.channels["n1"].send_raw(wheels.locate(w).read_bytes())
+        group.send("n1", Kind.BUILD, {"digest": env.digest, "resolved": env.to_json()})
+        deadline = time.monotonic() + 30
+        while not list(envs.glob(".build-*/pid")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (pid_file,) = envs.glob(".build-*/pid")
+        pid = int(pid_file.read_text())
+    finally:
+        group.close()  # EOF without bye: the head is gone (Ctrl-C)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (list(envs.glob(".build-*")) or _alive(pid)):
+        time.sleep(0.05)
+    assert not list(envs.glob(".build-*")) and not (envs / env.digest).exists()
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False

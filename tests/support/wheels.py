@@ -69,3 +69,14 @@ def resolved(wheels: dict[Wheel, Path], uv: Path | None, python: str | None = No
     tools = (wheel_of(uv, "uv", uv.name.split("-")[1]),) if uv is not None else ()
     return ResolvedEnv(source, "requirements", this_platform(python),
                        tuple(sorted(wheels, key=lambda w: w.name)), tools)
+
+
+def slow_tool_wheel(folder: Path, script: str) -> Wheel:
+    """A wheel named uv whose ``uv`` script is ``script`` (a stand-in that misbehaves)."""
+    dist = "uv-0.0.1"
+    path = folder / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{dist}.data/scripts/uv", script)
+        z.writestr(f"{dist}.dist-info/METADATA", "Metadata-Version: 2.1\nName: uv\n"
+                   "Version: 0.0.1\n\n")
+    return wheel_of(path, "uv", "0.0.1")
