@@ -267,3 +267,28 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[1][0] != "Z"
     except OSError:
         return False
+
+
+def test_venvs_command_lists_and_prunes(tmp_path, wheels) -> None:
+    from tests.support.head import run_head
+
+    home = tmp_path / "home"
+    home.mkdir()
+    root = home / ".ptcluster"  # the default root, in this test's own home
+    member = Member("localhost", LocalTransport(), sys.executable, {"root": str(root)})
+    envs = [wheels.env(wheels.make("tinya", v), uv=False) for v in ("1.0", "2.0")]
+    for env in envs:
+        assert ship([member], lambda p, e=env: e, wheels.locate).ok
+    code, head = run_head(["venvs", "--json"], cwd=tmp_path, env={"HOME": str(home)},
+                          timeout=60)
+    assert code == 0, head.output()
+    listed = json.loads("\n".join(head.lines))["localhost"]["envs"]
+    assert [e["digest"] for e in listed] == [envs[1].digest, envs[0].digest]
+    assert listed[0]["source"] == "requirements.txt" and listed[0]["packages"] == 1
+    code, head = run_head(["venvs", "--prune", "--keep", "1"], cwd=tmp_path,
+                          env={"HOME": str(home)}, timeout=60)
+    assert code == 0, head.output()
+    assert f"localhost: removed {envs[0].digest[:12]}" in head.output()
+    assert f"localhost: kept {envs[1].digest[:12]}: among the 1 most recently used" \
+        in head.output()
+    assert not (root / "envs" / envs[0].digest).exists()
