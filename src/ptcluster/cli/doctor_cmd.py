@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -42,7 +43,8 @@ def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allred
     spec = load_spec(cluster, nproc)
     env = declared(spec, requirements, find_links, refresh)
     choose = None if env["requirements"] is None else chooser(
-        env["requirements"], find_links=env["find_links"], refresh=refresh, trusted=True)[0]
+        Path(env["requirements"]), find_links=tuple(Path(p) for p in env["find_links"]),
+        refresh=refresh, trusted=True)[0]
     report = diagnose(spec, port=port, skip_allreduce=skip_allreduce,
                       allreduce_timeout=timeout, probe_timeout=timeout, environment=choose)
     if as_json:

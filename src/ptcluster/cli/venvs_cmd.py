@@ -42,15 +42,16 @@ def declared(spec: ClusterSpec, requirements: str | None, find_links: tuple[str,
     ``ClusterSpec.requirements``/``find_links``, already relative to the file's folder)."""
     path = requirements or getattr(spec, "requirements", None)
     links = tuple(find_links) or tuple(getattr(spec, "find_links", ()) or ())
-    return {"requirements": Path(path) if path else None,
-            "find_links": tuple(Path(p) for p in links), "refresh": refresh}
+    return {"requirements": str(path) if path else None,
+            "find_links": tuple(str(p) for p in links), "refresh": refresh}
 
 
 def build_environment(spec: ClusterSpec, opts: RunOptions, err: Console, *,
                       show: bool) -> Environment:
     """Resolve, ship and build before the plan: one line per node as it goes (stderr)."""
     assert opts.requirements is not None
-    choose, locate = chooser(opts.requirements, find_links=opts.find_links,
+    choose, locate = chooser(Path(opts.requirements),
+                             find_links=tuple(Path(p) for p in opts.find_links),
                              refresh=opts.refresh, trusted=True)
     return use_environment(spec, choose, locate, source=str(opts.requirements),
                            on_event=(lambda host, text: err.print(

@@ -8,7 +8,6 @@ produced is ``launch.result``. The guard's own timing defaults are written once,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
 from ptcluster.node import wire
@@ -56,11 +55,13 @@ class RunOptions:
     """False (``run --no-leases``, unsafe): no node leases this job's GPUs, port or id, so other
     jobs are not kept off them and ``ps``/``kill`` do not see it; True: a node whose lease
     directory is missing or not root's refuses the job."""
-    requirements: Path | None = None
+    requirements: str | None = None
     """The project's declared environment (``run --requirements``, else the cluster file's
     ``requirements:``): resolved, shipped and built on every node before any rank starts
-    (``venvs.runenv``); None: the nodes' ``python:`` as it is."""
-    find_links: tuple[Path, ...] = ()
+    (``venvs.runenv``); None: the nodes' ``python:`` as it is. A path as text, not
+    ``pathlib.Path``: the supervisor's pure core reads these options, and ``Path`` does I/O
+    (``tests/unit/test_purity.py``)."""
+    find_links: tuple[str, ...] = ()
     """Folders of wheels to resolve from without a registry (``--find-links``)."""
     refresh: bool = False
     """Resolve an unpinned requirement anew (``--refresh``)."""
