@@ -32,7 +32,7 @@ from ptcluster.remote.connect import transports
 from ptcluster.venvs import nodes
 from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
 from ptcluster.venvs.runenv import use_environment
-from ptcluster.venvs.ship import BUILT, REBUILT, UP_TO_DATE
+from ptcluster.venvs.ship import BUILT, REBUILT, UP_TO_DATE, ShipResult, ship
 from tests.support import bare
 from tests.support import testbed as tb
 from tests.support.bare import BareNode, BareOptions
@@ -224,3 +224,31 @@ def test_two_environments_at_once_and_prune_keeps_those_in_use(project: Project,
     pruned = nodes.prune(nodes.members(project.spec), keep=1, max_bytes=1 << 40)
     for host, got in pruned.items():
         assert len(got.answer["kept"]) == 1 and got.answer["removed"], (host, got.answer)
+
+
+def test_full_disk_on_one_node_named_partial_removed_other_built(project: Project) -> None:
+    n0, n1 = project.bed.nodes
+    store = f"/home/{USER}/.ptcluster/store"
+    ids = project.bed.root_exec(n0, "sh", "-c", f"id -u {USER}; id -g {USER}")
+    uid, gid = ids.stdout.split()
+    mount = project.bed.root_exec(n0, "mount", "-t", "tmpfs", "-o",
+                                  f"size=1m,uid={uid},gid={gid},mode=700", "tiny", store)
+    assert mount.returncode == 0, mount.stderr
+    try:
+        choose = project.choose(project.wheel("tinya", "3.0"),
+                                project.wheel("tinyb", "3.0", padding=2 << 20))
+        shipped = ship_all(project, choose)
+        problem = shipped.nodes[n0.name].problem
+        assert problem is not None and problem.who == n0.name, shipped.nodes
+        assert problem.what.startswith(f"the disk is full at {store}/sha256/.part-"), problem
+        assert " bytes free)" in problem.what and problem.fix and "--prune" in problem.fix
+        left = project.bed.root_exec(n0, "sh", "-c", f"ls -A {store}/sha256; ls -A "
+                                     f"/home/{USER}/.ptcluster/envs")
+        assert ".part-" not in left.stdout and ".build-" not in left.stdout, left.stdout
+        assert shipped.nodes[n1.name].state == BUILT  # the other node's work goes on
+    finally:
+        project.bed.root_exec(n0, "umount", store)
+
+
+def ship_all(project: Project, choose: object) -> ShipResult:
+    return ship(nodes.members(project.spec), choose, project.locate)  # type: ignore[arg-type]
