@@ -161,7 +161,7 @@ def test_prune_keeps_the_one_in_use(tmp_path, wheels) -> None:
     listed = nodes.listing(members)["n1"].answer["envs"]
     assert [e["digest"] for e in listed] == [envs[1].digest, older]
     assert listed[1]["in_use"] == ["job1"] and listed[0]["in_use"] == []
-    pruned = nodes.prune(members, keep=0, max_bytes=0)["n1"].answer
+    pruned = nodes.prune(members, keep=0, max_bytes=0, grace=0)["n1"].answer
     assert [(e["digest"], e["why"]) for e in pruned["kept"]] == [(older, "in use by job1")]
     assert [e["digest"] for e in pruned["removed"]] == [envs[1].digest]
     assert sorted(p.name for p in (tmp_path / "root-n1" / "envs").iterdir()
@@ -287,8 +287,42 @@ def test_venvs_command_lists_and_prunes(tmp_path, wheels) -> None:
     assert listed[0]["source"] == "requirements.txt" and listed[0]["packages"] == 1
     code, head = run_head(["venvs", "--prune", "--keep", "1"], cwd=tmp_path,
                           env={"HOME": str(home)}, timeout=60)
+    assert code == 0, head.output()  # both were given to a job moments ago: kept
+    assert f"localhost: kept {envs[0].digest[:12]}: given to a job moments ago" in head.output()
+    for env in envs:  # an hour later
+        used = root / "envs" / f".used-{env.digest}"
+        os.utime(used, (used.stat().st_mtime - 3600 - (env is envs[0]),) * 2)
+    code, head = run_head(["venvs", "--prune", "--keep", "1"], cwd=tmp_path,
+                          env={"HOME": str(home)}, timeout=60)
     assert code == 0, head.output()
     assert f"localhost: removed {envs[0].digest[:12]}" in head.output()
     assert f"localhost: kept {envs[1].digest[:12]}: among the 1 most recently used" \
         in head.output()
     assert not (root / "envs" / envs[0].digest).exists()
+
+
+def test_changed_under_a_running_job_refused_not_removed(tmp_path, wheels) -> None:
+    env = wheels.env(wheels.make("tinya", "1.0"), uv=False)
+    members = local_nodes(tmp_path, "n1")
+    first = ship(members, lambda p: env, wheels.locate)
+    python = Path(str(first.nodes["n1"].python))
+    (tmp_path / "root-n1" / "uses" / "job7.json").write_text(json.dumps(
+        {"pid": os.getpid(), "job_id": "job7", "digest": env.digest}))
+    (init,) = python.parents[1].glob("lib/python*/site-packages/tinya/__init__.py")
+    init.write_text('VERSION = "by hand"\n')
+    again = ship(members, lambda p: env, wheels.locate)
+    problem = again.nodes["n1"].problem
+    assert problem is not None and "job job7 runs in it" in problem.what, again.nodes
+    assert "tinya/__init__.py changed since the build" in problem.what
+    assert init.read_text() == 'VERSION = "by hand"\n'  # the running job's files stay
+
+
+def test_a_node_that_cannot_start_is_named_the_other_built(tmp_path, wheels) -> None:
+    env = wheels.env(wheels.make("tinya", "1.0"), uv=False)
+    good, bad = local_nodes(tmp_path, "n1", "n2")
+    bad = Member("n2", LocalTransport("n2"), str(tmp_path / "no-python"), bad.config)
+    got = ship([good, bad], lambda p: env, wheels.locate)
+    assert got.nodes["n1"].state == BUILT
+    problem = got.nodes["n2"].problem
+    assert got.nodes["n2"].state == FAILED and problem is not None and problem.who == "n2"
+    assert "no-python" in problem.what, problem

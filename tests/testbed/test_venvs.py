@@ -204,7 +204,7 @@ def test_two_environments_at_once_and_prune_keeps_those_in_use(project: Project,
         while sum(line.startswith("VENV ") for v in lines.values() for line in v) < 4:
             assert time.monotonic() < deadline, lines
             time.sleep(0.2)
-        pruned = nodes.prune(nodes.members(project.spec), keep=0, max_bytes=0)
+        pruned = nodes.prune(nodes.members(project.spec), keep=0, max_bytes=0, grace=0)
         for host, got in pruned.items():
             assert got.problem is None, got.problem
             kept = {e["digest"]: e["why"] for e in got.answer["kept"]}
@@ -221,7 +221,7 @@ def test_two_environments_at_once_and_prune_keeps_those_in_use(project: Project,
     listed = nodes.listing(nodes.members(project.spec))
     for host, got in listed.items():
         assert all(e["in_use"] == [] for e in got.answer["envs"]), (host, got.answer)
-    pruned = nodes.prune(nodes.members(project.spec), keep=1, max_bytes=1 << 40)
+    pruned = nodes.prune(nodes.members(project.spec), keep=1, max_bytes=1 << 40, grace=0)
     for host, got in pruned.items():
         assert len(got.answer["kept"]) == 1 and got.answer["removed"], (host, got.answer)
 

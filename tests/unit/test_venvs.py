@@ -41,6 +41,14 @@ def test_choose(envs: list[dict], keep: int, cap: int, kept: list[str],
     assert {e["digest"]: e["why"] for e in got_removed} == why_removed
 
 
+def test_choose_keeps_one_given_to_a_job_moments_ago() -> None:
+    envs = [{**env("a"), "last_used": 100.0}, {**env("b"), "last_used": 50.0}]
+    kept, removed = choose(envs, 0, 0, recent=90.0)
+    assert [(e["digest"], e["why"]) for e in kept] == [
+        ("a", "given to a job moments ago (it may be starting)")]
+    assert [e["digest"] for e in removed] == ["b"]
+
+
 def test_norm() -> None:
     assert norm("Foo_Bar.baz") == norm("foo-bar-baz") == "foo-bar-baz"
 

@@ -43,6 +43,7 @@ from typing import BinaryIO
 from ptcluster.node.safefile import remove_tree  # inlined
 from ptcluster.node.venv_store import (  # inlined
     BUILD_PREFIX,
+    GRACE,
     LOCK_PREFIX,
     MANIFEST,
     cheap_check,
@@ -53,6 +54,7 @@ from ptcluster.node.venv_store import (  # inlined
     prune,
     read_manifest,
     site_packages,
+    uses,
 )
 from ptcluster.node.wire import Kind, control, encode, hello, split  # inlined
 
@@ -182,6 +184,13 @@ class Node:
             state, why = self.env_state(digest)
             built = state != "ok"
             if built:
+                running = uses(self.root).get(digest)
+                if state == "changed" and running:  # never removed under a running job
+                    return {"digest": digest, "ok": False,
+                            "problem": f"its environment changed since the build ({why}) and "
+                            f"job {', '.join(running)} runs in it",
+                            "fix": "end that job (or wait for it), then run again: the "
+                            "environment is rebuilt then"}
                 if state == "changed":  # never used: put aside, removed, built anew
                     aside = os.path.join(self.envs, f"{BUILD_PREFIX}stale-{digest}-"
                                          f"{secrets.token_hex(4)}")
@@ -375,7 +384,8 @@ def serve(node: Node, kind: str, msg: dict) -> tuple[str, dict]:
                       "python": os.path.join(env, "bin", "python")}
     if kind == Kind.VENVS:
         return kind, {"envs": listing(node.root)}
-    return kind, prune(node.root, int(msg.get("keep", 3)), int(msg.get("max_bytes", 20 << 30)))
+    return kind, prune(node.root, int(msg.get("keep", 3)), int(msg.get("max_bytes", 20 << 30)),
+                       float(msg.get("grace", GRACE)))
 
 
 def main() -> None:

@@ -29,6 +29,9 @@ SKIP_DIRS = ("__pycache__",)
 """Written by the interpreter when a rank imports a module: never in a manifest, never extra."""
 BUILD_PREFIX, LOCK_PREFIX, USED_PREFIX = ".build-", ".lock-", ".used-"
 KEEP_DEFAULT = 3
+GRACE = 120.0
+"""Seconds after a job was given an environment during which prune keeps it: between ``have``
+and its guard's use record (the guard's prechecks) no record names the job yet."""
 MAX_BYTES_DEFAULT = 20 << 30
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
@@ -245,14 +248,19 @@ def listing(root: str) -> list[dict]:
     return sorted(out, key=lambda e: -e["last_used"])
 
 
-def choose(envs: list[dict], keep: int, max_bytes: int) -> tuple[list[dict], list[dict]]:
-    """(kept, removed), each entry with its ``why``: one in use is always kept; then the
-    ``keep`` most recently used; then the oldest unused of those go until the rest fits in
+def choose(envs: list[dict], keep: int, max_bytes: int, recent: float = 0.0
+           ) -> tuple[list[dict], list[dict]]:
+    """(kept, removed), each entry with its ``why``: one in use is always kept, and one given
+    to a job since ``recent`` (a time: that job's guard may not have marked its use yet); then
+    the ``keep`` most recently used; then the oldest unused of those go until the rest fits in
     ``max_bytes`` (the newest stays whatever its size). ``envs``: most recent first."""
     kept, removed = [], []
     for i, env in enumerate(envs):
         if env["in_use"]:
             kept.append({**env, "why": "in use by " + ", ".join(env["in_use"])})
+        elif env.get("last_used", 0.0) > recent > 0:
+            kept.append({**env, "in_use": ["a job starting"],
+                         "why": "given to a job moments ago (it may be starting)"})
         elif i < keep:
             kept.append({**env, "why": f"among the {keep} most recently used"})
         else:
@@ -269,10 +277,13 @@ def choose(envs: list[dict], keep: int, max_bytes: int) -> tuple[list[dict], lis
     return kept, removed
 
 
-def prune(root: str, keep: int = KEEP_DEFAULT, max_bytes: int = MAX_BYTES_DEFAULT) -> dict:
-    """Remove what :func:`choose` says, the wheels no kept environment needs, and builds whose
-    builder is gone; ``{kept, removed, wheels_removed}``."""
-    kept, removed = choose(listing(root), keep, max_bytes)
+def prune(root: str, keep: int = KEEP_DEFAULT, max_bytes: int = MAX_BYTES_DEFAULT,
+          grace: float = GRACE) -> dict:
+    """Remove what :func:`choose` says (one given to a job less than ``grace`` s ago is kept),
+    the wheels no kept environment needs, and builds whose builder is gone; ``{kept, removed,
+    wheels_removed, builds_removed}``."""
+    kept, removed = choose(listing(root), keep, max_bytes,
+                           time.time() - grace if grace > 0 else 0.0)
     gone = []
     for env in removed:
         if uses(root).get(env["digest"]):  # (a job began using it meanwhile)

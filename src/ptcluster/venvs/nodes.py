@@ -80,7 +80,11 @@ def listing(nodes: list[Member]) -> dict[str, NodeAnswer]:
     return ask(nodes, Kind.VENVS)
 
 
-def prune(nodes: list[Member], keep: int, max_bytes: int) -> dict[str, NodeAnswer]:
+def prune(nodes: list[Member], keep: int, max_bytes: int,
+          grace: float | None = None) -> dict[str, NodeAnswer]:
     """Prune every node: ``answer`` ``{kept, removed}`` (each with its ``why``),
-    ``wheels_removed``, ``builds_removed``."""
-    return ask(nodes, Kind.PRUNE, lambda host, platform: {"keep": keep, "max_bytes": max_bytes})
+    ``wheels_removed``, ``builds_removed``. ``grace``: seconds after a job was given an
+    environment during which it is kept (default ``venv_store.GRACE``; 0: none)."""
+    extra = {} if grace is None else {"grace": grace}
+    return ask(nodes, Kind.PRUNE, lambda host, platform: {"keep": keep, "max_bytes": max_bytes,
+                                                          **extra})
