@@ -22,7 +22,7 @@ from ptcluster.remote.transport import LocalTransport
 from ptcluster.venvs import nodes
 from ptcluster.venvs.resolved import ResolvedEnv, Wheel
 from ptcluster.venvs.runenv import use_environment
-from ptcluster.venvs.ship import BUILT, FAILED, REBUILT, UP_TO_DATE, ship
+from ptcluster.venvs.ship import BUILT, FAILED, REBUILT, SENDING, UP_TO_DATE, Progress, ship
 from tests.support.wheels import make_wheel, resolved, uv_wheel, wheel_of
 
 UV = uv_wheel()
@@ -71,8 +71,8 @@ def test_built_then_noop_then_one_package_then_changed_file_rebuilt(tmp_path, wh
     a, b = wheels.make("tinya", "1.0"), wheels.make("tinyb", "2.0")
     env = wheels.env(a, b)
     members = local_nodes(tmp_path, "n1", "n2")
-    said: list[tuple[str, str]] = []
-    first = ship(members, lambda p: env, wheels.locate, on_event=lambda h, t: said.append((h, t)))
+    said: list[Progress] = []
+    first = ship(members, lambda p: env, wheels.locate, on_event=said.append)
     assert first.ok, first.failed
     assert {n.state for n in first.nodes.values()} == {BUILT}
     everything = sum(w.size for w in (*env.wheels, *env.tools))
@@ -85,7 +85,12 @@ def test_built_then_noop_then_one_package_then_changed_file_rebuilt(tmp_path, wh
                  "[0]) < sys.path.index(ptcluster.__path__[0].rsplit('/', 1)[0]))")
     assert got.split() == ["1.0", "2.0", python, "True"]
     assert not list((tmp_path / "root-n1" / "envs").glob(".build-*"))
-    assert any(h == "n2" and "built" in t for h, t in said)
+    # each node: its wheels on their way, then built: one final event each
+    assert [(p.host, p.state) for p in said if p.final] in (
+        [("n1", BUILT), ("n2", BUILT)], [("n2", BUILT), ("n1", BUILT)])
+    n2 = [p for p in said if p.host == "n2"]
+    assert n2[0].state == SENDING and n2[0].total == everything and n2[-1].final
+    assert "built in" in n2[-1].text and n2[-1].sent == everything
 
     second = ship(members, lambda p: env, wheels.locate)
     assert {n.state for n in second.nodes.values()} == {UP_TO_DATE} and second.bytes_sent == 0

@@ -102,3 +102,25 @@ def test_env_use_record(python: str, kept: bool, tmp_path) -> None:
         got = json.loads((root / "uses" / "j.json").read_text())
         assert got == {"pid": os.getpid(), "job_id": "j", "digest": "a" * 64}
     assert sorted(p.name for p in (root / "uses").iterdir()) == (["j.json"] if kept else [])
+
+
+def test_progress_not_on_a_terminal_is_one_line_per_node() -> None:
+    import io
+
+    from ptcluster.cli.console import terminal
+    from ptcluster.cli.venvs_cmd import ProgressLine
+    from ptcluster.venvs.ship import BUILDING, SENDING, Progress
+
+    out = io.StringIO()
+    shown = ProgressLine(terminal(file=out, width=200), ["n1", "n2"])
+    for p in (Progress("n1", SENDING, "missing: 2 of 2 wheels to send", 0, 10),
+              Progress("n2", "up to date", "environment up to date", final=True),
+              Progress("n1", SENDING, "5 of 10 sent", 5, 10),
+              Progress("n1", BUILDING, "2 wheels sent; building", 10, 10),
+              Progress("n1", "built", "2 wheels (0.0 MB) sent; environment built in 1.0 s", 10,
+                       10, final=True)):
+        shown(p)
+    assert out.getvalue().splitlines() == [
+        "ptcluster: environment: n2: environment up to date",
+        "ptcluster: environment: n1: 2 wheels (0.0 MB) sent; environment built in 1.0 s"]
+    assert shown.states == {"n1": "built", "n2": "up to date"}

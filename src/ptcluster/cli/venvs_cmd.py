@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import sys
@@ -12,15 +13,19 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from ptcluster.cli.common import cluster_option, load_spec
 from ptcluster.cli.console import terminal
 from ptcluster.cluster.model import ClusterSpec
+from ptcluster.errors import some
 from ptcluster.launch.options import RunOptions
 from ptcluster.node.venv_store import KEEP_DEFAULT, MAX_BYTES_DEFAULT
 from ptcluster.venvs import nodes
 from ptcluster.venvs.runenv import Environment, chooser, use_environment
+from ptcluster.venvs.ship import SENDING, Progress
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,14 +53,40 @@ def declared(spec: ClusterSpec, requirements: str | None, find_links: tuple[str,
 
 def build_environment(spec: ClusterSpec, opts: RunOptions, err: Console, *,
                       show: bool) -> Environment:
-    """Resolve, ship and build before the plan: one line per node as it goes (stderr)."""
+    """Resolve, ship and build before the plan: on a terminal a live line (bytes sent, each
+    node's state), then each node's outcome; elsewhere one line per node (stderr)."""
     assert opts.requirements is not None
     choose, locate = chooser(Path(opts.requirements),
                              find_links=tuple(Path(p) for p in opts.find_links),
                              refresh=opts.refresh, trusted=True)
-    return use_environment(spec, choose, locate, source=str(opts.requirements),
-                           on_event=(lambda host, text: err.print(
-                               f"ptcluster: environment: {host}: {text}")) if show else None)
+    if not show:
+        return use_environment(spec, choose, locate, source=str(opts.requirements))
+    shown = ProgressLine(err, [n.host for n in spec.nodes])
+    with Live(console=err, auto_refresh=False, transient=True) if err.is_terminal else \
+            contextlib.nullcontext() as live:
+        shown.live = live
+        return use_environment(spec, choose, locate, source=str(opts.requirements),
+                               on_event=shown)
+
+
+class ProgressLine:
+    """``ship``'s events for a person: the final ones as lines, the rest in one live line."""
+
+    def __init__(self, console: Console, hosts: list[str]) -> None:
+        self.console = console
+        self.states = dict.fromkeys(hosts, "checking")
+        self.live: Live | None = None
+
+    def __call__(self, p: Progress) -> None:
+        if p.final:
+            self.console.print(f"ptcluster: environment: {p.host}: {p.text}")
+        self.states[p.host] = p.state if p.state != SENDING or not p.total else \
+            f"{SENDING} {100 * p.sent // p.total}%"
+        if self.live is not None:
+            sent = sum(1 for s in self.states.values() if s.startswith(SENDING))
+            self.live.update(Text("environment: " + some([f"{h} {s}" for h, s in
+                                                          self.states.items()], 6, " · ")
+                                  + (f" ({sent} receiving)" if sent else "")), refresh=True)
 
 
 @click.command(help=__doc__)

@@ -23,7 +23,26 @@ from ptcluster.node.wire import Kind
 from ptcluster.remote.group import Group, Member
 from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
 
-Event = Callable[[str, str], None]
+SENDING, BUILDING = "sending", "building"
+PROGRESS_EVERY = 0.25
+"""Seconds between two progress events of a node whose wheels are on their way."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One node's step, as it happens: ``sending`` (``sent`` of ``total`` bytes), ``building``,
+    then its outcome (``final``: one per node; the only ones worth a line where no terminal
+    shows a live one)."""
+
+    host: str
+    state: str
+    text: str
+    sent: int = 0
+    total: int = 0
+    final: bool = False
+
+
+Event = Callable[[Progress], None]
 Choose = Callable[[Platform], ResolvedEnv]
 """The environment resolved for a node's platform (``venvs.resolve.resolve``, one call per
 distinct platform): may raise a ``PtclusterError`` (nothing is sent then)."""
@@ -111,6 +130,7 @@ class _Sending:
     current: IO[bytes] | None = None
     left: int = 0
     sent: int = 0
+    total: int = 0
     count: int = 0
     done: list[str] = field(default_factory=list)
 
@@ -122,7 +142,7 @@ def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
     ``config``: ``{"root": ...}``, default :data:`NODE_ROOT`): every node's outcome, a failed
     node named with its problem, the others' work kept. Raises what ``choose`` raises (every
     channel closed first, nothing sent)."""
-    say = on_event or (lambda host, text: None)
+    say = on_event or (lambda progress: None)
     group = Group(members, VENVS, answer=Kind.BUILD, kinds=(Kind.FACTS, Kind.HAVE))
     out: dict[str, NodeEnv] = {}
     envs: dict[str, ResolvedEnv] = {}
@@ -146,7 +166,8 @@ def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
             built = group.result.nodes[host].answers.get(Kind.BUILD)
             out[host] = _built(host, by_host[host].digest, built, sending[host]) \
                 if built is not None else NodeEnv(host, FAILED, bytes_sent=sending[host].sent)
-            say(host, _line(out[host]))
+            say(Progress(host, out[host].state, _line(out[host]), out[host].bytes_sent,
+                         out[host].bytes_sent, final=True))
         finished = True
     finally:
         result = group.close(bye=Kind.BYE if finished else None)
@@ -156,7 +177,7 @@ def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
             problem = (r.problem or Problem(None, "no answer", None)).by(host)
             out[host] = NodeEnv(host, FAILED, problem=problem,
                                 bytes_sent=node.bytes_sent if node else 0)
-            say(host, f"failed: {problem.what}")
+            say(Progress(host, FAILED, f"failed: {problem.what}", final=True))
     return ShipResult({m.host: out[m.host] for m in members}, envs)
 
 
@@ -188,15 +209,16 @@ def _plan(group: Group, by_host: dict[str, ResolvedEnv], out: dict[str, NodeEnv]
         wrong = platform_problem(host, env, have)
         if wrong is not None:
             out[host] = NodeEnv(host, FAILED, env.digest, problem=wrong)
+            say(Progress(host, FAILED, f"failed: {wrong.what}", final=True))
         elif have["env"] == "ok":
             out[host] = NodeEnv(host, UP_TO_DATE, env.digest, python=str(have["path"]))
-            say(host, "environment up to date")
+            say(Progress(host, UP_TO_DATE, "environment up to date", final=True))
         else:
             missing = [everything[s] for s in have["missing"] if s in everything]
-            sending[host] = _Sending(deque(missing))
+            sending[host] = state = _Sending(deque(missing), total=sum(w.size for w in missing))
             why = f" ({have['why']})" if have["why"] else ""
-            say(host, f"environment {have['env']}{why}: {len(missing)} of {len(everything)} "
-                "wheels to send")
+            say(Progress(host, SENDING, f"environment {have['env']}{why}: {len(missing)} of "
+                         f"{len(everything)} wheels to send", 0, state.total))
     return sending
 
 
@@ -227,9 +249,16 @@ def _stream(group: Group, sending: dict[str, _Sending], locate: Locate, say: Eve
     ``WINDOW`` bytes queued per node; a node whose channel ended is dropped (its outcome says
     why)."""
     active = [h for h, s in sending.items() if s.wheels]
+    told = time.monotonic()
     try:
         while active:
             moved = False
+            if time.monotonic() - told >= PROGRESS_EVERY:
+                told = time.monotonic()
+                for host in active:
+                    s = sending[host]
+                    say(Progress(host, SENDING, f"{s.sent / 1e6:.1f} of {s.total / 1e6:.1f} MB "
+                                 "sent", s.sent, s.total))
             for host in list(active):
                 channel = group.channels[host]
                 state = sending[host]
@@ -240,7 +269,9 @@ def _stream(group: Group, sending: dict[str, _Sending], locate: Locate, say: Eve
                     if state.current is None:
                         if not state.wheels:
                             active.remove(host)
-                            say(host, f"sent {state.count} wheels ({state.sent / 1e6:.1f} MB)")
+                            say(Progress(host, BUILDING, f"{state.count} wheels "
+                                         f"({state.sent / 1e6:.1f} MB) sent; building",
+                                         state.sent, state.total))
                             break
                         wheel = state.wheels.popleft()
                         state.current, state.left = open(locate(wheel), "rb"), wheel.size
