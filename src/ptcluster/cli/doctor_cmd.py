@@ -61,7 +61,7 @@ status and the first ones that did not pass."""
 LINES_PER_CHECK = {OK: 3, WARN: 10, FAIL: 10}
 """On a cluster past ``NODE_COLUMNS``: the lines shown per check and status (the same words on
 many nodes are one line with how many); ``doctor --json`` has every one."""
-DETAILS = ("interface", "versions", "all-reduce", "master port", "compute")
+DETAILS = ("interface", "versions", "all-reduce", "master port", "compute", "environment")
 """The checks whose passing lines are worth reading."""
 
 
