@@ -200,6 +200,7 @@ def test_run_ranks_in_the_environment(tmp_path, wheels, no_leftovers) -> None:
     assert {(out / r).read_text() for r in ("0", "1")} == {f"3.0 {python}"}
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["environment"]["digest"] == env.digest
+    assert ResolvedEnv.from_json(summary["environment"]["resolved"][env.digest]) == env
     assert summary["environment"]["python"] == {"0": python, "1": python}
     time.sleep(0.2)  # (the guard's use record is gone with it)
     assert list((Path(root) / "uses").iterdir()) == []
@@ -237,6 +238,7 @@ def test_head_gone_mid_build_partial_removed_no_process_left(tmp_path, wheels) -
     from ptcluster.node import VENVS
     from ptcluster.node.wire import Kind
     from ptcluster.remote.group import Group
+    from ptcluster.venvs.ship import node_record
     from tests.support.wheels import slow_tool_wheel
 
     tool = slow_tool_wheel(wheels.folder, SLOW_UV)
@@ -251,7 +253,7 @@ def test_head_gone_mid_build_partial_removed_no_process_left(tmp_path, wheels) -
         for w in (a, tool):
             group.send("n1", Kind.BLOB, {"sha256": w.sha256, "size": w.size})
             group.channels["n1"].send_raw(wheels.locate(w).read_bytes())
-        group.send("n1", Kind.BUILD, {"digest": env.digest, "resolved": env.to_json()})
+        group.send("n1", Kind.BUILD, {"digest": env.digest, "resolved": node_record(env)})
         deadline = time.monotonic() + 30
         while not list(envs.glob(".build-*/pid")) and time.monotonic() < deadline:
             time.sleep(0.05)

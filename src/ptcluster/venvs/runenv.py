@@ -46,9 +46,11 @@ class Environment:
     source: str
 
     def to_json(self) -> dict[str, Any]:
-        """``summary.json``'s ``environment`` (the ranks' own interpreters are added by the
-        runner: ``python``)."""
+        """``summary.json``'s ``environment``: its digest, its declared file, the resolved set
+        (per platform: every wheel), each node's outcome (the ranks' own interpreters are added
+        by the runner: ``python``)."""
         return {"digest": self.shipped.digest, "source": self.source,
+                "resolved": {d: e.to_json() for d, e in self.shipped.envs.items()},
                 "nodes": {h: {"digest": n.digest, "state": n.state, "python": n.python,
                               "wheels_sent": n.wheels_sent, "bytes_sent": n.bytes_sent,
                               "build_s": n.seconds}

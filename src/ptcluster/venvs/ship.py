@@ -108,6 +108,17 @@ def wheel_json(w: Wheel) -> dict[str, Any]:
             "size": w.size}
 
 
+def node_record(env: ResolvedEnv) -> dict[str, Any]:
+    """The resolved set as the node keeps it (``ptcluster-env.json``'s ``resolved``): the
+    fields ``node.venv_agent`` reads, spelled here (not ``ResolvedEnv.to_json``, the run
+    dir's record, whose shape is the resolver's)."""
+    p = env.platform
+    return {"source": env.source, "kind": env.kind, "digest": env.digest,
+            "platform": {"python": p.python, "machine": p.machine, "glibc": p.glibc},
+            "wheels": [wheel_json(w) for w in env.wheels],
+            "tools": [wheel_json(w) for w in env.tools]}
+
+
 def platform_problem(host: str, env: ResolvedEnv, have: dict[str, Any]) -> Problem | None:
     """A node whose interpreter or machine is not the environment's: refused before a byte."""
     want = env.platform
@@ -160,7 +171,7 @@ def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
         building = [h for h in sending if group.alive(h)]
         for host in building:
             group.send(host, Kind.BUILD, {"digest": by_host[host].digest,
-                                          "resolved": by_host[host].to_json()})
+                                          "resolved": node_record(by_host[host])})
         group.wait(Kind.BUILD, build_timeout, hosts=building)
         for host in building:
             built = group.result.nodes[host].answers.get(Kind.BUILD)
