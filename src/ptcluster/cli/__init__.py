@@ -26,6 +26,7 @@ from ptcluster.cli import (
     stacks_cmd,
     submit_cmd,
     sync_cmd,
+    venvs_cmd,
 )
 from ptcluster.cli.common import CliState
 from ptcluster.cli.console import clean
@@ -42,7 +43,7 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Set up", ("init", "setup", "doctor")),
     ("Run", ("run", "ps", "kill", "stacks", "sync", "submit")),
     ("Observe", ("monitor", "bench")),
-    ("Inspect", ("env",)),
+    ("Inspect", ("env", "venvs")),
 )
 """The commands in the order a user meets them, grouped: ``--help`` and the docs' command
 reference both list them so (click lists a group's commands alphabetically by default)."""
@@ -97,6 +98,7 @@ cli.add_command(sync_cmd.sync)
 cli.add_command(stacks_cmd.stacks)
 cli.add_command(ps_cmd.ps)
 cli.add_command(kill_cmd.kill)
+cli.add_command(venvs_cmd.venvs)
 
 
 class _StderrHandler(logging.Handler):

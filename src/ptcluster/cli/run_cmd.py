@@ -33,6 +33,7 @@ from ptcluster.cli.common import (
 from ptcluster.cli.console import ConsoleFeed, clean, terminal
 from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.sync_cmd import run_sync
+from ptcluster.cli.venvs_cmd import build_environment
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
@@ -137,6 +138,14 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     err = terminal(stderr=True, soft_wrap=True)
     if sync_first and not all(r.ok for r in run_sync(spec, err, show=not quiet())):
         sys.exit(1)
+    options = RunOptions(hang_timeout=hang_timeout, wait=(
+        wait_timeout or math.inf) if wait or wait_timeout else None,
+        straggler_threshold=straggler_threshold, leases=not no_leases,
+        **_environment_options(declared))
+    built = None
+    if options.requirements is not None:  # before the plan: the ranks' interpreter is its
+        built = build_environment(spec, options, err, show=not quiet())
+        spec = built.spec
     plan = prepare(spec, target, port=port, max_restarts=max_restarts)
     if preflight:
         _preflight(spec, plan.master_port, err)
@@ -147,12 +156,10 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     feed = ConsoleFeed(_stdout_writer(run_dir), _fd_writer(2, dim=err.is_terminal))
     runner = Runner(plan, transports(spec), run_dir, on_line=line_sink(feed, run_dir),
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
-                    options=RunOptions(hang_timeout=hang_timeout, wait=(
-                        wait_timeout or math.inf) if wait or wait_timeout else None,
-                        straggler_threshold=straggler_threshold, leases=not no_leases,
-                        **_environment_options(declared)),
+                    options=options,
                     restarts=Restarts(policy, spec, target) if max_restarts else None,
-                    ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total)
+                    ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total,
+                    environment=None if built is None else built.to_json())
     result, signum = _run_with_signals(runner)
     feed.close(timeout=5.0)
     if result.ended_by:  # Slurm's own doing comes first

@@ -62,7 +62,8 @@ class RunOptions:
 
     requirements: str | None = None
     """The project's declared environment (``run --requirements``, else the cluster file's
-    ``requirements:``): the ranks run in it on every node. None: setup's interpreter. A path as
+    ``requirements:``): resolved, shipped and built on every node before any rank starts
+    (``venvs.runenv``), and the ranks run in it. None: setup's interpreter. A path as
     a string, not a ``pathlib.Path``: the launch core reads these options and stays pure
     (``tests/unit/test_purity.py``)."""
     find_links: tuple[str, ...] = ()

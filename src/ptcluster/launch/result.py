@@ -32,6 +32,8 @@ class RankRecord:
     ended_at: float | None = None
     """Head clock, corrected like ``started_at``."""
     duration: float | None = None
+    python: str = ""
+    """The interpreter the rank ran on (its ``sys.executable``, as its shim reported)."""
     stopped: bool = False
     """It ended after its node was told to stop: a result of the teardown, not a cause."""
     hung: bool = False
@@ -175,6 +177,9 @@ class RunResult:
     straggler: dict[str, Any] | None = None
     """The straggler report of the last attempt: every rank's wait share (window and whole
     attempt), the current straggler and the history of changes (``StragglerWatch.to_json``)."""
+    environment: dict[str, Any] | None = None
+    """The project's environment the ranks ran in (``venvs.runenv.Environment.to_json``),
+    None without ``requirements``."""
     ended_by: str = ""
     """Who ended the job from outside, when someone did (Slurm: scancel, the time limit,
     preemption, a requeue): the job was stopped, it did not fail (``interrupted``)."""
@@ -204,6 +209,9 @@ class RunResult:
             "hang_report": None if self.hang_report is None else self.hang_report.to_json(),
             "straggler": self.straggler,
             "nccl": {n.host: n.nccl for n in self.nodes if n.nccl is not None},
+            **({"environment": {**self.environment, "python": {
+                str(r.rank): r.python for r in self.ranks if r.python}}}
+               if self.environment is not None else {}),
             "ranks": [{"rank": r.rank, "host": r.host, "local_rank": r.local_rank,
                        "exit_code": r.exit_code, "status": r.status, "duration_s": r.duration,
                        "started_at": r.started_at, "ended_at": r.ended_at}

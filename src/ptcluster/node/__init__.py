@@ -86,5 +86,9 @@ ALLREDUCE = Program("allreduce", _N + "rank.allreduce", RANK, (RANK_WIRE, _N + "
 BENCH_WORKER = Program("bench", _N + "rank.bench_worker", RANK, (RANK_WIRE, _N + "rank.api"))
 """``ptcluster bench``'s sweep, in every rank."""
 
+VENVS = Program("venvs", _N + "venv_agent", NODE,
+                (WIRE, _N + "safefile", _N + "records", _N + "venv_store"))
+"""The project's environment on a node: have, receive, build, check, list, prune."""
+
 PROGRAMS = (GUARD, SHIM, STACK_PROBE, TORCHRUN_AGENT, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE,
-            ALLREDUCE, BENCH_WORKER)
+            ALLREDUCE, BENCH_WORKER, VENVS)

@@ -70,7 +70,8 @@ class Kind:
     """Sampler -> head: one sample of the node."""
     # setup's agent
     FACTS = "facts"
-    """Head -> setup ``{only}``: read these fact sections; setup -> head: the facts."""
+    """Head -> setup ``{only}``: read these fact sections; setup -> head: the facts. The
+    environment's agent sends its platform so, unasked, after ``hello``."""
     RUN = "run"
     """Head -> setup: run one step's command."""
     SUDO = "sudo"
@@ -83,6 +84,19 @@ class Kind:
     # kill's node program
     RESULT = "result"
     """Kill -> head: what was signalled."""
+    # the environment's agent (``node.venv_agent``): each asked and answered with its kind
+    HAVE = "have"
+    """Which of these wheels the node's store holds; whether the environment is there, whole."""
+    BLOB = "blob"
+    """Head -> venvs ``{sha256, size}``, then exactly ``size`` raw bytes: one wheel."""
+    BUILD = "build"
+    """Build the environment where it is missing or changed; the outcome."""
+    CHECK = "check"
+    """The full check (every file's hash, the packages): ``{findings}``."""
+    VENVS = "venvs"
+    """The user's environments on the node."""
+    PRUNE = "prune"
+    """Remove the environments no job uses beyond the most recent N and a size cap."""
 
 
 KILLED_BY = "ended by `ptcluster kill` from {host} ({user})"

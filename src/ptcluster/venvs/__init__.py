@@ -8,6 +8,8 @@ requirements files and ``pyproject.toml``, ``lockfiles`` the two locks, into ``p
 ``fetch`` brings wheels into the ``store`` (``--find-links`` folders, pip's download, an sdist
 built only with trust); ``tools`` the uv wheel that travels with the environment; ``platforms``
 says a node platform in each tool's words; ``resolve`` puts them together, cached by the file's
-content; ``choice`` picks the file a command uses. Named for the command ``ptcluster venvs``;
+content; ``choice`` picks the file a command uses. Then ``ship`` and ``nodes`` send the
+missing wheels and build the environment on every node (the node side is ``node.venv_agent``),
+and ``runenv`` is ``run``'s and doctor's use of it. Named for the command ``ptcluster venvs``;
 ``ptcluster env`` stays the variables ranks get.
 """

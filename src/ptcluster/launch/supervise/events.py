@@ -98,6 +98,8 @@ class RankStart:
     rank: int
     pid: int
     node_time: float
+    python: str = ""
+    """The rank's interpreter (its ``sys.executable``)."""
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         return GuardStopping(host, str(body.get("reason", "")), float(body["t"]), signal,
                              killed_by(str(body.get("killed_by") or "")) if signal else "")
     if kind == wire.Kind.RSTART:
-        return RankStart(host, int(body["rank"]), int(body["pid"]), float(body["t"]))
+        return RankStart(host, int(body["rank"]), int(body["pid"]), float(body["t"]),
+                         str(body.get("python") or ""))
     if kind == wire.Kind.REXIT:
         code = body.get("code")
         return RankExit(host, int(body["rank"]), None if code is None else int(code),

@@ -223,6 +223,7 @@ class Supervisor(JobState):
         rank = self._rank(e.host, e.rank)
         if rank is not None:
             rank.record.started_at = at = self._corrected(e.host, e.node_time)
+            rank.record.python = e.python
             if self._first_rank_start is None or at < self._first_rank_start:
                 self._first_rank_start = at
         return []

@@ -66,6 +66,7 @@ from ptcluster.node.guard.spawn import (  # inlined
 from ptcluster.node.guard.teardown import teardown, wait_child  # inlined
 from ptcluster.node.guard.tmpdirs import job_dir, remove_stale, user_tmp  # inlined
 from ptcluster.node.leases import Lease, read_kill_notes  # inlined
+from ptcluster.node.records import unlink, write_record  # inlined
 from ptcluster.node.safefile import remove_tree  # inlined
 from ptcluster.node.wire import (  # inlined
     KILLED_BY,
@@ -93,6 +94,8 @@ class Guard:
         self.env: dict[str, str] = {}
         """Its ranks' environment (torchrun's), once started."""
         self.pump_thread: threading.Thread | None = None
+        self.env_use = ""
+        """This job's use record of the project's environment it runs in ("": none)."""
         self.leases: list[Lease] = []
         """What this job holds on the node (the job, the master's port, its GPUs): released
         when the guard ends, however it ends (the kernel drops the locks with the process; on
@@ -131,6 +134,7 @@ class Guard:
             self.tmp_parent = user_tmp()
             remove_stale(self.tmp_parent)  # what guards killed by SIGKILL left
             facts = precheck(self.cfg, HANDED, self.leases)
+            self.env_use = mark_env_use(self.cfg["argv"][0], self.cfg["job_id"])
         except GuardError as exc:
             self.send(Kind.ERROR, {"problem": exc.problem, "fix": exc.fix, "busy": exc.busy,
                                    "unhealthy": exc.unhealthy})
@@ -178,6 +182,23 @@ class Guard:
                                   "killed_by": stop.reason if killed else ""})
 
 
+def mark_env_use(python: str, job_id: str) -> str:
+    """Where torchrun runs in a project environment (``ROOT/envs/DIGEST/bin/python``,
+    ``node.venv_store``): a record of this job's use of it, naming this guard's pid, in
+    ``ROOT/uses`` (``ptcluster venvs --prune`` never removes an environment in use); its
+    path, or "" where none."""
+    parts = os.path.expanduser(python).split(os.sep)
+    if len(parts) < 5 or parts[-4:-2] != ["envs", parts[-3]] or parts[-2:] != ["bin", "python"] \
+            or len(parts[-3]) != 64:
+        return ""
+    path = os.path.join(os.sep.join(parts[:-4]), "uses", f"{job_id}.json")
+    try:
+        write_record(path, {"pid": os.getpid(), "job_id": job_id, "digest": parts[-3]}, 0o600)
+    except OSError:
+        return ""
+    return path
+
+
 def main() -> int:
     line = sys.stdin.buffer.readline()
     if not line:
@@ -201,6 +222,8 @@ def main() -> int:
         guard.out.flush()  # what came after the last frame (a descendant's, torchrun's)
         for lease in guard.leases:  # (its ranks are gone: its files go, then its locks)
             lease.release()
+        if guard.env_use:
+            unlink(guard.env_use)
         guard.finished.set()
 
 

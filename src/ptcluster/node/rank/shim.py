@@ -113,7 +113,8 @@ def run_target(argv: list[str]) -> int:
             s.close()  # the target holds them now: EOF comes when it (and its children) end
     _send(ctl, START, {"pid": child.pid, "shim_pid": parent, "t": start,
                          "streams": int(out is not None) + int(err is not None),
-                         "local_rank": int(os.environ.get("LOCAL_RANK", "-1"))})
+                         "local_rank": int(os.environ.get("LOCAL_RANK", "-1")),
+                         "python": sys.executable})
 
     def forward(signum: int, frame: object) -> None:
         try:
