@@ -333,3 +333,55 @@ def test_a_node_that_cannot_start_is_named_the_other_built(tmp_path, wheels) -> 
     problem = got.nodes["n2"].problem
     assert got.nodes["n2"].state == FAILED and problem is not None and problem.who == "n2"
     assert "no-python" in problem.what, problem
+
+
+@pytest.mark.slow
+def test_cli_run_doctor_env_venvs_end_to_end(tmp_path, no_leftovers) -> None:
+    """The user's path, through the installed command: a project whose requirements.txt names a
+    package no environment here has, wheels in a folder (a head without registry access), and a
+    HOME of its own (the head's store and the node's environments both under it). The ranks
+    import it from the environment `env` names; the second run sends nothing; doctor checks it,
+    `venvs` lists it; a file that is none of the four kinds is exit 2 before any node."""
+    from tests.support.wheelmaker import make_wheel as make_named
+    project, home = tmp_path / "proj", tmp_path / "home"
+    (project / "wheels").mkdir(parents=True)
+    home.mkdir()
+    make_named(project / "wheels", "tinypkg", "1.0")
+    (project / "requirements.txt").write_text("tinypkg==1.0\n")
+    (project / "train.py").write_text(
+        "import os, sys, tinypkg\nprint('RANKSAYS', os.environ['RANK'], tinypkg.VERSION, "
+        "sys.executable)\n")
+    command = str(Path(sys.executable).with_name("ptcluster"))
+    env = {**os.environ, "HOME": str(home)}
+    flags = ["--requirements", "requirements.txt", "--find-links", "wheels"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([command, *args], cwd=project, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    shown = cli("env", "--nproc", "2", *flags)
+    assert shown.returncode == 0, shown.stderr
+    digest = next(w for w in shown.stdout.split() if w.startswith(str(home))
+                  or "/envs/" in w).split("/envs/")[1].split("/")[0]
+    first = cli("run", "--nproc", "2", *flags, "train.py")
+    assert first.returncode == 0, first.stderr + first.stdout
+    says = sorted(line.split("RANKSAYS ")[1] for line in first.stdout.splitlines()
+                  if "RANKSAYS" in line)
+    python = str(home / ".ptcluster" / "envs" / digest / "bin" / "python")
+    assert says == [f"0 1.0 {python}", f"1 1.0 {python}"]
+    assert "sent" in first.stderr
+    second = cli("run", "--nproc", "2", *flags, "train.py")
+    assert second.returncode == 0
+    assert "up to date" in second.stderr and "sent" not in second.stderr
+    summary = json.loads(next((project / "ptcluster-runs").glob("*/summary.json")).read_text())
+    assert summary["environment"]["digest"] == digest
+    assert summary["environment"]["python"] == {"0": python, "1": python}
+    doctor = cli("doctor", "--nproc", "2", "--skip-allreduce", "--json", *flags)
+    checks = {c["check"]: c["status"] for c in json.loads(doctor.stdout)["findings"]}
+    assert checks.get("environment") == "ok", doctor.stdout
+    listed = cli("venvs", "--json")
+    assert listed.returncode == 0 and digest in listed.stdout
+    (project / "deps.cfg").write_text("tinypkg\n")
+    bad = cli("run", "--nproc", "2", "--requirements", "deps.cfg", "train.py")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert not (home / ".ptcluster" / "envs").joinpath("deps").exists()
