@@ -385,3 +385,35 @@ def test_cli_run_doctor_env_venvs_end_to_end(tmp_path, no_leftovers) -> None:
     bad = cli("run", "--nproc", "2", "--requirements", "deps.cfg", "train.py")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert not (home / ".ptcluster" / "envs").joinpath("deps").exists()
+
+
+def test_a_lock_pinning_another_torch_is_refused_before_a_byte(tmp_path) -> None:
+    """A requirements file that pins a torch the nodes do not have (here, with --find-links,
+    where uv's resolution leaves torch out) is exit 2 naming both versions, before any wheel is
+    sent or environment made; the nodes' own torch pinned is fine."""
+    import importlib.metadata
+
+    from tests.support.wheelmaker import make_wheel as make_named
+    project, home = tmp_path / "proj", tmp_path / "home"
+    (project / "wheels").mkdir(parents=True)
+    home.mkdir()
+    make_named(project / "wheels", "tinypkg", "1.0")
+    (project / "train.py").write_text("import tinypkg\n")
+    command = str(Path(sys.executable).with_name("ptcluster"))
+    env = {**os.environ, "HOME": str(home)}
+    have = importlib.metadata.version("torch")
+    (project / "requirements.txt").write_text("tinypkg\ntorch==1.13.1 ; python_version > '3'\n")
+    got = subprocess.run([command, "run", "--nproc", "1", "--requirements", "requirements.txt",
+                          "--find-links", "wheels", "train.py"], cwd=project, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert got.returncode == 2, got.stderr
+    assert "torch 1.13.1" in got.stderr and have in got.stderr and "Traceback" not in got.stderr
+    assert not (home / ".ptcluster" / "store").exists() or \
+        not any((home / ".ptcluster" / "store").rglob("*.whl"))
+    assert not (home / ".ptcluster" / "envs").exists() or \
+        not [p for p in (home / ".ptcluster" / "envs").iterdir() if not p.name.startswith(".")]
+    (project / "requirements.txt").write_text(f"tinypkg\ntorch=={have.split('+')[0]}\n")
+    ok = subprocess.run([command, "run", "--nproc", "1", "--requirements", "requirements.txt",
+                         "--find-links", "wheels", "train.py"], cwd=project, env=env,
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr

@@ -362,3 +362,18 @@ def test_before_the_nodes_are_known_the_python_range_is_not_checked(tmp_path: Pa
     lock for another Python than the head's."""
     path = write(tmp_path, "pylock.toml", 'lock-version = "1.0"\nrequires-python = "<3.0"\n')
     assert read_declared(path, None).pins == ()
+
+
+def test_requirements_marker_keeps_its_quotes_and_find_links_sees_setups_pins(
+        tmp_path: Path) -> None:
+    """A requirement line is read as pip reads it, not as a shell would (a marker's quotes
+    stay); the exact pins of setup's packages the file states are found for check_torch."""
+    from ptcluster.venvs.resolve import setup_pins
+    hexd = "a" * 64
+    path = tmp_path / "requirements.txt"
+    path.write_text(f"six==1.16.0 ; python_version > '3' --hash=sha256:{hexd}\n")
+    pins = read_declared(path, LINUX).pins
+    assert pins is not None and pins[0].name == "six" and "python_version" in pins[0].marker
+    path.write_text("six\ntorch==1.13.1 ; python_version > '3'\nPtcluster == 0.1\nnumpy==2\n")
+    assert [(p.name, p.version) for p in setup_pins(read_declared(path, LINUX))] == \
+        [("torch", "1.13.1"), ("ptcluster", "0.1")]

@@ -26,6 +26,7 @@ connection; base64 in JSON would send a third more.
 import errno
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -62,6 +63,14 @@ LAYER = "_ptcluster_layer.pth"
 """The file in an environment's site-packages that appends setup's venv's site-packages (torch,
 ptcluster) after its own: the project's packages first, torch and ptcluster beneath."""
 CHUNK = 1 << 20
+
+
+def dist_version(name: str) -> str:
+    """An installed distribution's version, read from its metadata (nothing imported)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 def free_bytes(path: str) -> int:
@@ -107,11 +116,14 @@ class Node:
         return ("changed", why) if why else ("ok", "")
 
     def platform(self) -> dict:
-        """What the head resolves for: this interpreter's version, the machine, glibc's."""
+        """What the head resolves for: this interpreter's version, the machine, glibc's; and
+        the torch and ptcluster the environment is layered on (this interpreter's: setup's),
+        which a lock must not pin otherwise ("" where absent)."""
         libc, version = platform.libc_ver()
         return {"python": f"{sys.version_info[0]}.{sys.version_info[1]}",
                 "machine": platform.machine(), "glibc": version if libc == "glibc" else "",
-                "free": free_bytes(self.root)}
+                "free": free_bytes(self.root), "torch": dist_version("torch"),
+                "ptcluster": dist_version("ptcluster")}
 
     def have(self, msg: dict) -> dict:
         digest = msg["digest"]

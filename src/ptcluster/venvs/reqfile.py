@@ -103,13 +103,16 @@ def _read_into(path: Path, reading: _Reading, constraint: bool) -> None:
         raise UsageError(f"{path}: not UTF-8 text", "save it as UTF-8") from None
     for number, line in _logical_lines(text):
         where = f"{path}:{number}"
-        try:
-            words = shlex.split(line)
-        except ValueError as exc:
-            raise UsageError(f"{where}: cannot read {line!r} ({exc})", "fix the quoting") from None
-        if words[0].startswith("-") and not words[0].startswith("--hash"):
+        if line.startswith("-") and not line.startswith("--hash"):
+            try:
+                words = shlex.split(line)
+            except ValueError as exc:
+                raise UsageError(f"{where}: cannot read {line!r} ({exc})",
+                                 "fix the quoting") from None
             _option(words, path, where, reading)
             continue
+        # a requirement is read as written (pip's way, not a shell's): a marker's quotes stay
+        words = line.split()
         if constraint:  # a constraint limits a resolution; it is not a pin of the set
             reading.exact = False
             continue

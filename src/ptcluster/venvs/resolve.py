@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -33,7 +34,7 @@ from ptcluster.venvs.lockfiles import marker_holds
 from ptcluster.venvs.pins import Declared, Pin
 from ptcluster.venvs.platforms import marker_env, uv_platform
 from ptcluster.venvs.reqfile import read_requirements
-from ptcluster.venvs.resolved import SETUP_OWNS, Platform, ResolvedEnv, setup_owns
+from ptcluster.venvs.resolved import SETUP_OWNS, Platform, ResolvedEnv, normalize, setup_owns
 from ptcluster.venvs.store import WheelStore
 from ptcluster.venvs.tools import uv_binary, uv_wheel
 
@@ -162,7 +163,20 @@ def compile_pins(declared: Declared, platform: Platform, find_links: Sequence[Pa
                              ("; or add its wheel to the --find-links folder" if find_links
                               else ""))
         resolved = read_requirements(out)
-        return resolved.pins or ()
+        return (resolved.pins or ()) + (setup_pins(declared) if find_links else ())
+
+
+_EXACT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*===?\s*([^\s;#,\\]+)\s*(?:[;#\\]|$)")
+
+
+def setup_pins(declared: Declared) -> tuple[Pin, ...]:
+    """The exact pins of setup's own packages (torch, ptcluster, ...) that the file itself
+    states: with ``--find-links`` uv leaves them out of its resolution (the folders need not
+    hold torch), yet ``check_torch`` must still see them."""
+    lines = declared.requirements if declared.kind == "pyproject" else \
+        tuple(Path(declared.source).read_text(errors="replace").splitlines())
+    found = (_EXACT.match(line) for line in lines)
+    return tuple(Pin(normalize(m[1]), m[2]) for m in found if m and setup_owns(m[1]))
 
 
 def _same(pinned: str, have: str) -> bool:

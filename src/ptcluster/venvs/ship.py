@@ -21,6 +21,7 @@ from ptcluster.errors import Problem
 from ptcluster.node import VENVS
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import Group, Member
+from ptcluster.venvs.resolve import check_torch
 from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
 
 SENDING, BUILDING = "sending", "building"
@@ -203,6 +204,9 @@ def _resolve(group: Group, choose: Choose) -> dict[str, ResolvedEnv]:
         platform = Platform(str(facts["python"]), str(facts["machine"]), str(facts["glibc"]))
         if platform not in memo:
             memo[platform] = choose(platform)
+        if facts.get("torch"):  # a lock's torch (or ptcluster) must be what the nodes have
+            check_torch(memo[platform].held, str(facts["torch"]),
+                        str(facts.get("ptcluster") or "") or None)
         out[host] = memo[platform]
     return out
 
