@@ -1,0 +1,141 @@
+"""``save`` and ``wait``: a DCP checkpoint on every node's own disk, replicated to the next node.
+
+Why our own staging and thread rather than ``dcp.async_save``: the save is more than DCP's write
+(the hashes, the replication, the marker, the pruning), and all of it must run after the write
+and in the same order on every rank; one background thread that does it all, on the
+checkpoint's own gloo group, keeps every collective of the checkpoint in one sequence per rank.
+Training blocks only for ``stage``: a copy of every tensor to host memory (what async_save's
+default stager does too).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.stateful import Stateful
+
+from ptcluster.checkpoint import layout
+from ptcluster.checkpoint.place import Place, place
+from ptcluster.checkpoint.transfer import Incoming, Outgoing, exchange
+
+log = logging.getLogger(__name__)
+
+
+def stage(obj: Any) -> Any:
+    """A copy of ``obj`` in host memory: tensors copied to the CPU, containers rebuilt,
+    ``Stateful`` objects replaced by their ``state_dict()``, anything else deep-copied."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, Stateful):
+        return stage(obj.state_dict())
+    if isinstance(obj, dict):
+        return {k: stage(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(stage(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+class _Pending:
+    """The save running in the background, if any, and what ended the last one."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.last_step: int | None = None
+        """The newest step this process saw complete and replicated."""
+
+
+PENDING = _Pending()
+
+
+def wait() -> int | None:
+    """Block until the last save is complete and replicated on every node; its step (None: no
+    save yet). Raises what made the last save fail."""
+    if PENDING.thread is not None:
+        PENDING.thread.join()
+        PENDING.thread = None
+    if PENDING.error is not None:
+        error, PENDING.error = PENDING.error, None
+        raise RuntimeError(f"ptcluster.checkpoint: the last save failed: {error}") from error
+    return PENDING.last_step
+
+
+def save(state: dict[str, Any], step: int, dir: str = "ckpt", keep: int = 2) -> None:
+    """Checkpoint ``state`` as of ``step``; returns once it is copied to host memory."""
+    wait()
+    where = place()
+    root = layout.root_dir(dir)
+    layout.check_owner(root)
+    staged = stage(state)
+    save_id = where.gather(uuid.uuid4().hex)[0]  # rank 0's: the same on every rank
+    PENDING.thread = threading.Thread(target=_background, name="ptcluster-checkpoint",
+                                      args=(where, root, int(step), save_id, staged, keep),
+                                      daemon=True)
+    PENDING.thread.start()
+
+
+def _background(where: Place, root: Path, step: int, save_id: str, staged: dict[str, Any],
+                keep: int) -> None:
+    try:
+        _write(where, root, step, save_id, staged, keep)
+    except BaseException as exc:  # kept for wait(): this thread has no caller to raise to
+        log.error("checkpoint of step %d failed: %s", step, exc)
+        PENDING.error = exc
+
+
+def _write(where: Place, root: Path, step: int, save_id: str, staged: dict[str, Any],
+           keep: int) -> None:
+    folder = layout.step_dir(root, step)
+    if where.leader:  # a step saved again (a restart that resumed before it) starts afresh
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    where.barrier()
+    dcp.save(staged, storage_writer=dcp.FileSystemWriter(folder), process_group=where.group)
+    part = None
+    if where.leader:
+        part = {name: [(folder / name).stat().st_size, layout.sha256_of(folder / name)]
+                for name in layout.own_files(folder)}
+    parts = {where.node_of[r]: p for r, p in enumerate(where.gather(part)) if p is not None}
+    if where.leader and where.nodes > 1:
+        _replicate(where, root, step, parts)
+    ok = where.gather(True)
+    manifest = layout.Manifest(step, save_id, parts)
+    if where.leader and all(ok):
+        layout.write_atomic(folder / layout.MARKER, manifest.to_bytes())
+    where.barrier()  # every node's marker is written
+    PENDING.last_step = step
+    if where.leader:
+        _report(step, folder)
+        gone = layout.prune(root, keep)
+        if gone:
+            log.debug("pruned steps %s under %s", gone, root)
+
+
+def _replicate(where: Place, root: Path, step: int, parts: dict[int, dict[str, list]]) -> None:
+    """This node's files to the next node's leader, the previous node's into
+    ``replica-of-<prev>``, at once."""
+    nxt, prev = (where.node + 1) % where.nodes, (where.node - 1) % where.nodes
+    folder = layout.step_dir(root, step)
+    mine = [Outgoing(folder / name, info[0]) for name, info in sorted(parts[where.node].items())]
+    into = layout.replica_dir(root, step, prev)
+    theirs = [Incoming(into / name, info[0], info[1])
+              for name, info in sorted(parts[prev].items())]
+    into.mkdir(parents=True, exist_ok=True)
+    exchange(where.group, where.leaders[nxt], mine, where.leaders[prev], theirs)
+
+
+def _report(step: int, folder: Path) -> None:
+    """Tell ptcluster's head (``checkpoint_saved``: a no-op outside ``ptcluster run``)."""
+    try:
+        from ptcluster.node.rank.api import checkpoint_saved
+    except ImportError:  # pragma: no cover - the rank API ships with ptcluster
+        return
+    checkpoint_saved(step, folder)
