@@ -20,18 +20,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from ptcluster.node.ckpt_list import MARKER, REPLICA_PREFIX, TMP_SUFFIX, list_steps, part_files
 from ptcluster.node.rank_wire import CKPT_ROOT_VAR
 
-MARKER = "COMPLETE"
+__all__ = ["MARKER", "TMP_SUFFIX"]
 FORMAT = 1
-STEP_RE = re.compile(r"^step-(\d+)$")
-REPLICA_PREFIX = "replica-of-"
-TMP_SUFFIX = ".tmp"
 HASH_CHUNK = 1 << 20
 
 
@@ -77,12 +75,7 @@ def sha256_of(path: Path) -> str:
 def own_files(folder: Path) -> list[str]:
     """The part files a node's ranks wrote in a step's folder (not the marker, replicas or
     temporary files), sorted."""
-    try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
-    except FileNotFoundError:
-        return []
-    return [e.name for e in entries if e.is_file(follow_symlinks=False)
-            and e.name != MARKER and not e.name.endswith(TMP_SUFFIX)]
+    return part_files(str(folder))
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -150,29 +143,20 @@ def read_marker(folder: Path) -> Manifest | None:
     return Manifest.parse(data)
 
 
+def holdings(steps: list[dict[str, Any]]) -> list[Holding]:
+    """``node.ckpt_list.list_steps``'s answer (a rank's own, or a node's ``ckpt`` frame's)."""
+    out = []
+    for d in steps:
+        marker = d.get("marker")
+        manifest = Manifest.parse(marker.encode()) if isinstance(marker, str) else None
+        out.append(Holding(int(d["step"]), manifest,
+                           {str(k): [str(v[0]), int(v[1])] for k, v in d["files"].items()}))
+    return out
+
+
 def list_node(root: Path) -> list[Holding]:
     """Every step folder under ``root`` on this node, newest first."""
-    steps = []
-    try:
-        names = os.listdir(root)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    for name in names:
-        m = STEP_RE.match(name)
-        if m:
-            steps.append(int(m.group(1)))
-    return [_holding(root, step) for step in sorted(steps, reverse=True)]
-
-
-def _holding(root: Path, step: int) -> Holding:
-    folder = step_dir(root, step)
-    files: dict[str, list] = {}
-    subs = [folder] + sorted(p for p in folder.glob(REPLICA_PREFIX + "*") if p.is_dir())
-    for sub in subs:
-        for name in own_files(sub):
-            path = sub / name
-            files.setdefault(name, [str(path.relative_to(root)), path.stat().st_size])
-    return Holding(step, read_marker(folder), files)
+    return holdings(list_steps(str(root)))
 
 
 @dataclass(frozen=True)

@@ -83,5 +83,8 @@ ALLREDUCE = Program("allreduce", _N + "rank.allreduce", RANK, (RANK_WIRE, _N + "
 BENCH_WORKER = Program("bench", _N + "rank.bench_worker", RANK, (RANK_WIRE, _N + "rank.api"))
 """``ptcluster bench``'s sweep, in every rank."""
 
+CKPT_LIST = Program("ckpt-list", _N + "ckpt_list", NODE, (WIRE,))
+"""``ptcluster collect``'s node program: what the node holds of a checkpoint directory."""
+
 PROGRAMS = (GUARD, SHIM, STACK_PROBE, TORCHRUN_AGENT, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE,
-            ALLREDUCE, BENCH_WORKER)
+            ALLREDUCE, BENCH_WORKER, CKPT_LIST)
