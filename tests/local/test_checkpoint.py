@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from ptcluster.checkpoint import layout
+from ptcluster.checkpoint.collect import collect
+from ptcluster.cluster.model import ClusterSpec, MasterSpec, NodeSpec
+from ptcluster.errors import PtclusterError
 from tests.support import ckptjob
 
 pytestmark = pytest.mark.slow
@@ -144,3 +149,59 @@ def _wait_for_training(digests: Path, since: float, timeout: float) -> None:
             return
         time.sleep(0.02)
     raise AssertionError("the job never trained a step")
+
+
+def _two_local_nodes(base: Path) -> ClusterSpec:
+    """This machine as two nodes, each with its own workdir (the roots the job had)."""
+    return ClusterSpec(local=True, master=MasterSpec(addr="127.0.0.1"), nodes=tuple(
+        NodeSpec(host=f"node{n}", python=sys.executable, workdir=str(base / f"node{n}"))
+        for n in (0, 1)))
+
+
+def _load_one_process(folder: Path) -> dict:
+    """The checkpoint read by DCP in this process, with no process group."""
+    want = torch.load(folder.parent / "out.pt", weights_only=True)["params"]
+    state = {"app": {"model": {k: torch.empty_like(v) for k, v in want.items()}},
+             "extra": torch.empty(3)}
+    dcp.load(state, checkpoint_id=str(folder), no_dist=True)
+    return state
+
+
+def test_collect_gathers_the_newest_step_from_both_nodes_into_one_dcp_folder(
+        trained: Path, tmp_path: Path):
+    base = tmp_path / "job"
+    shutil.copytree(trained, base)
+    got = collect(_two_local_nodes(base), "ckpt", base / "collected")
+    assert got.step == 6 and got.files == 5  # .metadata, four ranks' files
+    assert got.sources == {"node0": 3, "node1": 2}  # each node's own part from that node
+    state = _load_one_process(base / "collected")
+    want = final(trained / "out.pt")
+    for name, tensor in want["params"].items():
+        assert torch.equal(state["app"]["model"][name], tensor), name
+    assert torch.equal(state["extra"], want["extra"])
+
+
+def test_collect_takes_a_lost_disks_part_from_its_replica_and_an_older_step_on_request(
+        trained: Path, tmp_path: Path):
+    base = tmp_path / "job"
+    shutil.copytree(trained, base)
+    shutil.rmtree(base / "node0" / "ckpt")
+    got = collect(_two_local_nodes(base), "ckpt", base / "four", step=4)
+    assert got.step == 4 and got.sources == {"node1": 5}
+    assert layout.read_marker(base / "four") is not None
+    with pytest.raises(PtclusterError, match="no node holds a complete checkpoint of step 2"):
+        collect(_two_local_nodes(base), "ckpt", base / "two", step=2)
+
+
+def test_collect_through_the_cli_on_the_local_cluster(trained: Path, tmp_path: Path, cli):
+    """One node here holds every file (its own and node 1's replica): the real command."""
+    code, out, err = cli("collect", str(trained / "node0" / "ckpt"), "--to",
+                         str(tmp_path / "out"))
+    assert code == 0, err
+    assert "step 6: 5 file(s)" in out
+    shutil.copy(trained / "out.pt", tmp_path / "out.pt")
+    state = _load_one_process(tmp_path / "out")
+    for name, tensor in final(trained / "out.pt")["params"].items():
+        assert torch.equal(state["app"]["model"][name], tensor), name
+    code, out, err = cli("collect", str(tmp_path / "nothing"), "--to", str(tmp_path / "x"))
+    assert code == 1 and "no node holds a complete checkpoint" in err

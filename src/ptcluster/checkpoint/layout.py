@@ -193,7 +193,10 @@ def choose(listings: list[list[Holding]], step: int | None = None) -> tuple[Choi
 
 def _holders(listings: list[list[Holding]], manifest: Manifest) -> tuple[dict[str, list[int]],
                                                                           list[str]]:
-    holders: dict[str, list[int]] = {}
+    """For each file, the nodes that hold it with its size: those with the step's marker
+    first, and among them those that hold it as their own part (not a replica), so that a
+    load or collect takes each node's part from that node while it is there."""
+    ranked: dict[str, list[tuple[bool, bool, int]]] = {}
     for node, listing in enumerate(listings):
         for h in listing:
             if h.step != manifest.step:
@@ -201,8 +204,9 @@ def _holders(listings: list[list[Holding]], manifest: Manifest) -> tuple[dict[st
             marked = h.manifest is not None and h.manifest.save_id == manifest.save_id
             for name, (size, _sha) in manifest.files().items():
                 if name in h.files and h.files[name][1] == size:
-                    where = holders.setdefault(name, [])
-                    where.insert(0 if marked else len(where), node)
+                    replica = REPLICA_PREFIX in h.files[name][0]
+                    ranked.setdefault(name, []).append((not marked, replica, node))
+    holders = {name: [node for *_, node in sorted(where)] for name, where in ranked.items()}
     missing = sorted(set(manifest.files()) - set(holders))
     return holders, missing
 
