@@ -44,6 +44,7 @@ def load(state: dict[str, Any], dir: str = "ckpt", step: int | None = None) -> i
     choice, why = layout.choose(listings, step)
     if choice is None:
         log.warning("no checkpoint to resume from under %s: %s; starting fresh", root, why)
+        _report(where, 0)
         return None
     found = choice.manifest.step
     folder = root / f".load-{found}"
@@ -61,7 +62,18 @@ def load(state: dict[str, Any], dir: str = "ckpt", step: int | None = None) -> i
         if where.leader:
             shutil.rmtree(folder, ignore_errors=True)
     log.info("resumed from step %d under %s", found, root)
+    _report(where, found)
     return found
+
+
+def _report(where: Place, step: int) -> None:
+    """Tell ptcluster's head where this attempt starts (``resumed_from``, a no-op outside
+    ``ptcluster run``): with ``checkpoint_saved`` it makes ``--max-restarts``' no-progress rule
+    apply. Once per node, as the saves report."""
+    if where.leader:
+        from ptcluster.node.rank.api import resumed_from
+
+        resumed_from(step)
 
 
 def _needed(state: dict[str, Any], metadata: Any) -> set[str]:
