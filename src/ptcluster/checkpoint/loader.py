@@ -40,10 +40,12 @@ def load(state: dict[str, Any], dir: str = "ckpt", step: int | None = None) -> i
     root = layout.root_dir(dir)
     layout.check_owner(root)
     mine = layout.list_node(root) if where.leader else None
-    listings = [where.gather(mine)[leader] for leader in where.leaders]
+    every = where.gather(mine)
+    listings = [every[leader] for leader in where.leaders]
     choice, why = layout.choose(listings, step)
-    if choice is None:
+    if choice is None and where.leader:
         log.warning("no checkpoint to resume from under %s: %s; starting fresh", root, why)
+    if choice is None:
         _report(where, 0)
         return None
     found = choice.manifest.step
