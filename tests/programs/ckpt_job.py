@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,8 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--out", default="")
     ap.add_argument("--digests", default="")
+    ap.add_argument("--sleep", type=float, default=0.0, help="seconds per step (rank 0 prints "
+                    "each step: a test cuts a node when it sees one)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -88,6 +91,10 @@ def main() -> None:
             Path(args.digests, str(step + 1)).write_text(digest(net))
         if args.every and (step + 1) % args.every == 0:
             ptcluster.checkpoint.save(state, step + 1, args.dir, keep=args.keep)
+        if args.sleep:
+            time.sleep(args.sleep)
+            if rank == 0:
+                print(f"step {step + 1} done", flush=True)
     ptcluster.checkpoint.wait()
     if args.out and rank == 0:
         torch.save({"params": net.state_dict(), "extra": state["extra"],
