@@ -2,7 +2,9 @@
 disk (rank 0's node, which also hosts the rendezvous: its link cut, its checkpoint directory
 wiped); ``--max-restarts`` starts the next attempt on the two nodes left, which loads from the
 replicas and ends with the parameters of a run that lost nothing (another world size: 4 ranks,
-then 2; equal within 1e-5). 3 testbed nodes, each with its own workdir (its own disk)."""
+then 2; equal within 1e-5); then `ptcluster collect` over ssh gathers the last step from the
+nodes into one folder that DCP loads in one process. 3 testbed nodes, each with its own workdir
+(its own disk)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import shutil
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from tests.support.ckptjob import PROGRAM
 from tests.support.head import Head, job_id_when_started, only_run
@@ -20,7 +23,7 @@ JOB = [str(PROGRAM), "--steps", "36", "--every", "4", "--sleep", "0.25", "--resu
 
 
 def test_a_lost_node_and_its_disk_resume_from_the_replicas_with_the_same_parameters(
-        testbed, tmp_path, no_leftovers) -> None:
+        testbed, tmp_path, no_leftovers, cli) -> None:
     # the run that loses nothing
     unbroken = tmp_path / "unbroken"
     unbroken.mkdir()
@@ -63,3 +66,13 @@ def test_a_lost_node_and_its_disk_resume_from_the_replicas_with_the_same_paramet
     for name, tensor in want["params"].items():
         assert (got["params"][name] - tensor).abs().max() <= 1e-5, name
     assert torch.equal(got["extra"], want["extra"])
+    # collect over ssh from the 3 nodes (node 0 back, its disk empty): the last step, whole
+    code, out, err = cli("collect", "ckpt", "--to", str(broken / "collected"), "--cluster",
+                         str(cluster))
+    assert code == 0, err
+    assert "step 36:" in out
+    state = {"app": {"model": {k: torch.empty_like(v) for k, v in want["params"].items()}},
+             "extra": torch.empty(3)}
+    dcp.load(state, checkpoint_id=str(broken / "collected"), no_dist=True)
+    for name, tensor in got["params"].items():
+        assert torch.equal(state["app"]["model"][name], tensor), name
