@@ -4,8 +4,10 @@ the same and in another world size; no checkpoint; kills at random moments of sa
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -205,3 +207,30 @@ def test_collect_through_the_cli_on_the_local_cluster(trained: Path, tmp_path: P
         assert torch.equal(state["app"]["model"][name], tensor), name
     code, out, err = cli("collect", str(tmp_path / "nothing"), "--to", str(tmp_path / "x"))
     assert code == 1 and "no node holds a complete checkpoint" in err
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="mounts a small tmpfs as a node's disk")
+def test_a_full_disk_for_a_replica_fails_that_save_on_every_rank_and_marks_it_nowhere(
+        tmp_path: Path) -> None:
+    """Node 1's disk (400 KiB) takes its own part (277 KB) but not node 0's replica (283 KB):
+    every rank's save fails with the node and the reason, no rank is left blocked, no marker
+    is written, and no partial file is left under a name."""
+    disk = tmp_path / "node1"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk)], check=True)
+    try:
+        job = ckptjob.start(tmp_path, 2, 1, "--steps", "2", "--every", "2", "--width", "256")
+        try:
+            codes = job.wait(timeout=240)
+        finally:
+            job.kill()
+        assert codes[0] != 0 and codes[1] != 0, codes
+        for rank in (0, 1):
+            text = job.output(rank)
+            assert "the last save failed: step 2 not replicated (node 1: " in text, text[-2000:]
+            assert "No space left on device" in text, text[-2000:]
+        assert not list(tmp_path.glob("node*/ckpt/step-2/COMPLETE"))
+        assert not list(tmp_path.glob("node*/ckpt/**/*.tmp"))
+        assert (disk / "ckpt" / "step-2" / "__1_0.distcp").exists()  # its own part: written
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--out", default="")
     ap.add_argument("--digests", default="")
+    ap.add_argument("--width", type=int, default=WIDTH)
     ap.add_argument("--sleep", type=float, default=0.0, help="seconds per step (rank 0 prints "
                     "each step: a test cuts a node when it sees one)")
     args = ap.parse_args()
@@ -67,8 +68,8 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh(),
-                              torch.nn.Linear(WIDTH, 1))
+    net = torch.nn.Sequential(torch.nn.Linear(args.width, args.width), torch.nn.Tanh(),
+                              torch.nn.Linear(args.width, 1))
     model = DDP(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     state = {"app": App(model, opt), "extra": torch.zeros(3)}
@@ -79,7 +80,7 @@ def main() -> None:
         start = got or 0
     for step in range(start, args.steps):
         g = torch.Generator().manual_seed(step)
-        x, y = torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, 1, generator=g)
+        x, y = torch.randn(BATCH, args.width, generator=g), torch.randn(BATCH, 1, generator=g)
         mine = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
         opt.zero_grad()
         # sum over this rank's slice / BATCH, times world (DDP averages): the global mean

@@ -94,24 +94,31 @@ def _gather_files(where: Place, root: Path, folder: Path, choice: layout.Choice,
     wanted: dict[int, set[str]] = {}
     for rank, names in enumerate(where.gather(sorted(needs))):
         wanted.setdefault(where.node_of[rank], set()).update(names)
-    transfers = []
+    transfers, failed = [], None
     for node in sorted(wanted):
         for name in sorted(wanted[node]):
             holders = choice.holders[name]
-            if node in holders:
-                if node == where.node and where.leader:
-                    _link(root / _path(listings[node], choice, name), folder / name, files[name])
-            else:
+            if node not in holders:
                 transfers.append((name, holders[0], node))
+            elif node == where.node and where.leader:
+                try:
+                    _link(root / _path(listings[node], choice, name), folder / name,
+                          files[name])
+                except OSError as exc:  # said after the transfers: no peer left blocked
+                    failed = f"{exc}"
     for name, src, dst in transfers:
         size, sha = files[name]
         if where.leaders[src] == where.rank:
-            exchange(where.group, where.leaders[dst],
-                     [Outgoing(root / _path(listings[src], choice, name), size)], None, [])
+            failed = exchange(where.group, where.leaders[dst],
+                              [Outgoing(root / _path(listings[src], choice, name), size)],
+                              None, []) or failed
         elif where.leaders[dst] == where.rank:
-            exchange(where.group, None, [], where.leaders[src],
-                     [Incoming(folder / name, size, sha)])
-    where.barrier()
+            failed = exchange(where.group, None, [], where.leaders[src],
+                              [Incoming(folder / name, size, sha)]) or failed
+    said = [f"node {where.node_of[r]}: {e}" for r, e in enumerate(where.gather(failed)) if e]
+    if said:
+        raise OSError(f"step {choice.manifest.step}: fetching its files failed "
+                      f"({'; '.join(said)})")
 
 
 def _path(listing: list[layout.Holding], choice: layout.Choice, name: str) -> str:

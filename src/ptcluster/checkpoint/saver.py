@@ -121,11 +121,14 @@ def _write(where: Place, root: Path, step: int, save_id: str, staged: dict[str, 
         part = {name: [(folder / name).stat().st_size, layout.sha256_of(folder / name)]
                 for name in layout.own_files(folder)}
     parts = {where.node_of[r]: p for r, p in enumerate(where.gather(part)) if p is not None}
+    failed = None
     if where.leader and where.nodes > 1:
-        _replicate(where, root, step, parts)
-    ok = where.gather(True)
+        failed = _replicate(where, root, step, parts)
+    said = [f"node {where.node_of[r]}: {e}" for r, e in enumerate(where.gather(failed)) if e]
+    if said:  # every rank knows, none writes a marker: the step stays unmarked everywhere
+        raise OSError(f"step {step} not replicated ({'; '.join(said)})")
     manifest = layout.Manifest(step, save_id, parts)
-    if where.leader and all(ok):
+    if where.leader:
         layout.write_atomic(folder / layout.MARKER, manifest.to_bytes())
     where.barrier()  # every node's marker is written
     PENDING.last_step = step
@@ -136,17 +139,23 @@ def _write(where: Place, root: Path, step: int, save_id: str, staged: dict[str, 
             log.debug("pruned steps %s under %s", gone, root)
 
 
-def _replicate(where: Place, root: Path, step: int, parts: dict[int, dict[str, list]]) -> None:
+def _replicate(where: Place, root: Path, step: int,
+               parts: dict[int, dict[str, list]]) -> str | None:
     """This node's files to the next node's leader, the previous node's into
-    ``replica-of-<prev>``, at once."""
+    ``replica-of-<prev>``, at once; what failed here (None: nothing)."""
     nxt, prev = (where.node + 1) % where.nodes, (where.node - 1) % where.nodes
     folder = layout.step_dir(root, step)
     mine = [Outgoing(folder / name, info[0]) for name, info in sorted(parts[where.node].items())]
     into = layout.replica_dir(root, step, prev)
     theirs = [Incoming(into / name, info[0], info[1])
               for name, info in sorted(parts[prev].items())]
-    into.mkdir(parents=True, exist_ok=True)
-    exchange(where.group, where.leaders[nxt], mine, where.leaders[prev], theirs)
+    failed: str | None = None
+    try:
+        into.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # still take part: the sink fails too and drains, no peer blocks
+        failed = f"{exc}"
+    return exchange(where.group, where.leaders[nxt], mine, where.leaders[prev], theirs) \
+        or failed
 
 
 def _report(step: int, folder: Path) -> None:

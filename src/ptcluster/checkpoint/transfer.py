@@ -45,15 +45,29 @@ def _chunks(sizes: list[int]) -> list[tuple[int, int]]:
 
 class _Sink:
     """Incoming files, written chunk by chunk; each checked and renamed when its last byte
-    came."""
+    came. After a failure (a full disk, bytes that do not match) it only drains what comes:
+    the sender must not be left blocked; the failure is said after the exchange."""
 
     def __init__(self, files: list[Incoming]) -> None:
         self.files, self.done = files, [0] * len(files)
         self.open: dict[int, tuple[IO[bytes], Any]] = {}
+        self.error: str | None = None
         for i, f in enumerate(files):
             if f.size == 0:
-                self._open(i)
-                self._finish(i)
+                self._guarded(self._empty, i)
+
+    def _empty(self, i: int) -> None:
+        self._open(i)
+        self._finish(i)
+
+    def _guarded(self, fn: Any, *args: Any) -> None:
+        if self.error is not None:
+            return
+        try:
+            fn(*args)
+        except OSError as exc:
+            self.error = f"{exc}"
+            self.close()
 
     def _open(self, i: int) -> tuple[IO[bytes], Any]:
         if i not in self.open:
@@ -63,6 +77,9 @@ class _Sink:
         return self.open[i]
 
     def write(self, i: int, data: bytearray) -> None:
+        self._guarded(self._write, i, data)
+
+    def _write(self, i: int, data: bytearray) -> None:
         f, digest = self._open(i)
         f.write(data)
         digest.update(data)
@@ -84,27 +101,53 @@ class _Sink:
         fsync_dir(target.parent)
 
     def close(self) -> None:
-        for f, _ in self.open.values():
+        """Close what is open; a file not finished is removed (never left under a name)."""
+        for i, (f, _) in list(self.open.items()):
             f.close()
+            path = self.files[i].path
+            path.with_name(path.name + TMP_SUFFIX).unlink(missing_ok=True)
+        self.open.clear()
+
+
+class _Source:
+    """Outgoing files, chunk by chunk. A file that cannot be read (gone, changed) is sent as
+    zeros, so the receiver is never left blocked; its sha256 then fails there, and the failure
+    is said here after the exchange."""
+
+    def __init__(self, files: list[Outgoing]) -> None:
+        self.files = files
+        self.readers: dict[int, io.BufferedReader] = {}
+        self.error: str | None = None
+
+    def read(self, i: int, n: int) -> bytearray:
+        buf = bytearray(n)
+        try:
+            if i not in self.readers:
+                self.readers[i] = open(self.files[i].path, "rb")
+            if self.readers[i].readinto(buf) != n:
+                raise OSError(f"{self.files[i].path} changed while it was being sent")
+        except OSError as exc:
+            self.error = self.error or f"{exc}"
+        return buf
+
+    def close(self) -> None:
+        for r in self.readers.values():
+            r.close()
 
 
 def exchange(group: Any, dst: int | None, outgoing: list[Outgoing], src: int | None,
-             incoming: list[Incoming]) -> None:
-    """Send ``outgoing`` to rank ``dst`` while receiving ``incoming`` from rank ``src``."""
+             incoming: list[Incoming]) -> str | None:
+    """Send ``outgoing`` to rank ``dst`` while receiving ``incoming`` from rank ``src``; what
+    failed at this end (None: nothing). Both ends always move every byte they agreed on, so a
+    failure at one end never leaves the other blocked."""
     outs = _chunks([o.size for o in outgoing]) if dst is not None else []
     ins = _chunks([i.size for i in incoming]) if src is not None else []
-    sink = _Sink(incoming if src is not None else [])
-    readers: dict[int, io.BufferedReader] = {}
+    sink, source = _Sink(incoming if src is not None else []), _Source(outgoing)
     try:
         for j in range(max(len(outs), len(ins))):
             works, got = [], None
             if j < len(outs):
-                i, n = outs[j]
-                if i not in readers:
-                    readers[i] = open(outgoing[i].path, "rb")
-                buf = bytearray(n)
-                if readers[i].readinto(buf) != n:
-                    raise OSError(f"{outgoing[i].path} changed while it was being sent")
+                buf = source.read(*outs[j])
                 works.append(dist.isend(torch.frombuffer(buf, dtype=torch.uint8), dst,
                                         group=group))
             if j < len(ins):
@@ -117,6 +160,6 @@ def exchange(group: Any, dst: int | None, outgoing: list[Outgoing], src: int | N
             if got is not None:
                 sink.write(ins[j][0], got)
     finally:
-        for r in readers.values():
-            r.close()
+        source.close()
         sink.close()
+    return source.error or sink.error
