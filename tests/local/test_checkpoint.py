@@ -111,7 +111,8 @@ def test_kills_at_random_moments_of_saves_never_make_a_load_take_a_partial_step(
     """A save every step; the whole job SIGKILLed at a random moment, four times, each
     attempt resuming from what the last left; after each kill a load takes a marked step whose
     parameters are exactly those the job had at that step (its digest, written before the
-    save) — or None before the first save completed."""
+    save) — or None before the first save completed; and the same step with either node's
+    disk gone too (a marked step is replicated)."""
     rng = random.Random(44)
     digests = tmp_path / "digests"
     digests.mkdir()
@@ -133,6 +134,15 @@ def test_kills_at_random_moments_of_saves_never_make_a_load_take_a_partial_step(
         if step != "None":
             assert final(tmp_path / f"check{attempt}.pt")["digest"] == \
                 (digests / step).read_text(), f"attempt {attempt}: step {step}"
+        # and with one node's disk gone as well: a marked step is replicated, whole elsewhere
+        lost = tmp_path / f"lost{attempt}"
+        shutil.copytree(tmp_path / "job", lost, ignore=shutil.ignore_patterns("*.log"))
+        shutil.rmtree(lost / f"node{attempt % 2}")
+        check = ckptjob.run(lost, 2, 1, "--steps", "0", "--resume", "--out",
+                            str(lost / "out.pt"))
+        assert loaded(check) == [f"loaded {step}"], (attempt, step, check.output(0)[-2000:])
+        if step != "None":
+            assert final(lost / "out.pt")["digest"] == (digests / step).read_text()
     assert any(s != "None" for s in seen), seen
     print("loaded after each kill:", seen, "unmarked step folders left:", partial)
 
