@@ -15,6 +15,7 @@ import click
 from ptcluster import __version__
 from ptcluster.cli import (
     bench_cmd,
+    collect_cmd,
     doctor_cmd,
     env_cmd,
     init_cmd,
@@ -41,7 +42,7 @@ _NO_ARGS_IS_HELP: tuple[type[click.UsageError], ...] = tuple(
 
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Set up", ("init", "setup", "doctor")),
-    ("Run", ("run", "ps", "kill", "stacks", "sync", "submit")),
+    ("Run", ("run", "ps", "kill", "stacks", "sync", "collect", "submit")),
     ("Observe", ("monitor", "bench")),
     ("Inspect", ("env", "venvs")),
 )
@@ -94,6 +95,7 @@ cli.add_command(bench_cmd.bench)
 cli.add_command(monitor_cmd.monitor)
 cli.add_command(submit_cmd.submit_job)
 cli.add_command(setup_cmd.setup)
+cli.add_command(collect_cmd.collect)
 cli.add_command(sync_cmd.sync)
 cli.add_command(stacks_cmd.stacks)
 cli.add_command(ps_cmd.ps)

@@ -89,6 +89,8 @@ BENCH_WORKER = Program("bench", _N + "rank.bench_worker", RANK, (RANK_WIRE, _N +
 VENVS = Program("venvs", _N + "venv_agent", NODE,
                 (WIRE, _N + "safefile", _N + "records", _N + "venv_store"))
 """The project's environment on a node: have, receive, build, check, list, prune."""
+CKPT_LIST = Program("ckpt-list", _N + "ckpt_list", NODE, (WIRE,))
+"""``ptcluster collect``'s node program: what the node holds of a checkpoint directory."""
 
 PROGRAMS = (GUARD, SHIM, STACK_PROBE, TORCHRUN_AGENT, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE,
-            ALLREDUCE, BENCH_WORKER, VENVS)
+            ALLREDUCE, BENCH_WORKER, VENVS, CKPT_LIST)

@@ -94,6 +94,11 @@ AGENT_ERROR_VAR, AGENT_ERROR_FILE = "TORCHELASTIC_ERROR_FILE", "torchrun-error.j
 dir, read when torchrun fails with no rank failed (its rendezvous). Each rank gets its own path
 from torchrun instead."""
 
+CKPT_ROOT_VAR = "PTCLUSTER_CKPT_ROOT"
+"""Where ``ptcluster.checkpoint`` puts a relative ``dir`` on this node (default: the rank's
+working directory, the workdir). Nobody sets it for a job; a user may (a node's local scratch
+disk), and the tests give each simulated node its own so that nothing is shared by accident."""
+
 STACK_SIGNAL = signal.SIGRTMIN + 7
 """The guard's "dump your stacks" signal, answered by the probe's faulthandler (glibc keeps
 SIGRTMIN-2..-1 for itself; +7 is free of torch and Python)."""

@@ -26,7 +26,6 @@ connection; base64 in JSON would send a third more.
 import errno
 import fcntl
 import hashlib
-import importlib.metadata
 import json
 import os
 import platform
@@ -48,6 +47,9 @@ from ptcluster.node.venv_store import (  # inlined
     LOCK_PREFIX,
     MANIFEST,
     cheap_check,
+    disk_problem,
+    dist_version,
+    free_bytes,
     full_check,
     listing,
     manifest_files,
@@ -63,29 +65,6 @@ LAYER = "_ptcluster_layer.pth"
 """The file in an environment's site-packages that appends setup's venv's site-packages (torch,
 ptcluster) after its own: the project's packages first, torch and ptcluster beneath."""
 CHUNK = 1 << 20
-
-
-def dist_version(name: str) -> str:
-    """An installed distribution's version, read from its metadata (nothing imported)."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
-
-
-def free_bytes(path: str) -> int:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return -1
-    return st.f_bavail * st.f_frsize
-
-
-def disk_problem(path: str, exc: BaseException) -> dict:
-    return {"problem": f"the disk is full at {path} ({free_bytes(os.path.dirname(path))} bytes "
-                       f"free): {exc}",
-            "fix": "free space on that file system (`ptcluster venvs --prune` removes unused "
-                   "environments), then run again"}
 
 
 class Node:

@@ -17,6 +17,7 @@ sizes and times (cheap), ``doctor`` the hashes and the installed packages (full)
 """
 
 import hashlib
+import importlib.metadata
 import os
 import re
 import time
@@ -323,3 +324,26 @@ def stale_builds(root: str, older: float = 3600.0) -> int:
             remove_tree(full)
             count += 1
     return count
+
+
+def dist_version(name: str) -> str:
+    """An installed distribution's version, read from its metadata (nothing imported)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def free_bytes(path: str) -> int:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return -1
+    return st.f_bavail * st.f_frsize
+
+
+def disk_problem(path: str, exc: BaseException) -> dict:
+    return {"problem": f"the disk is full at {path} ({free_bytes(os.path.dirname(path))} bytes "
+                       f"free): {exc}",
+            "fix": "free space on that file system (`ptcluster venvs --prune` removes unused "
+                   "environments), then run again"}

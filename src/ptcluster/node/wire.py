@@ -81,6 +81,10 @@ class Kind:
     # the probe of a lost node
     BOOT = "boot"
     """Probe -> head, once: ``{boot_id, uptime, time, guard_alive, kernel}`` (``node.probe``)."""
+    # collect's node program
+    CKPT = "ckpt"
+    """Ckpt-list -> head, once: ``{root, steps, missing?}``, what the node's disk holds of a
+    checkpoint directory (``node.ckpt_list``)."""
     # kill's node program
     RESULT = "result"
     """Kill -> head: what was signalled."""
