@@ -20,7 +20,7 @@ failed=0
 say() { printf '%-26s %s\n' "$1" "$2"; }
 fail() { say "$1" "FAIL: $2"; failed=1; [ -f "$3" ] && tail -n 15 "$3" | sed 's/^/    /'; }
 PATHS="gpu-driver-health local-nproc doctor+nvml bench-nccl monitor metrics-dcgm"
-PATHS="$PATHS trainer-cuda-bf16 gpus-auto-busy slurm-gres"
+PATHS="$PATHS trainer-cuda-bf16 nccl-transport gpus-auto-busy slurm-gres"
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     why="no NVIDIA GPU here (nvidia-smi not installed)"
@@ -140,6 +140,28 @@ if [ $code -eq 0 ] && echo "$final" | grep -q 'backend=nccl'; then
     say "trainer-cuda-bf16" "ok: $final"
 else
     fail "trainer-cuda-bf16" "exit $code, ${final:-no final line}" "$out/train.log"
+fi
+
+# what NCCL chose (issue 46): the trainer's summary.json says the transport per node, read
+# from the files NCCL wrote in the guard's job directory; NCCL's INFO lines stay off the console
+summary=$(find "$out/runs" -name summary.json 2>/dev/null | head -n 1)
+if [ -z "$summary" ]; then
+    fail "nccl-transport" "no summary.json of the trainer's run" "$out/train.log"
+elif grep -q 'NCCL INFO' "$out/train.log"; then
+    fail "nccl-transport" "NCCL's INFO lines reached the console" "$out/train.log"
+elif "$PY" -c '
+import json, os, sys
+r = json.load(open(sys.argv[1]))
+(host, said), = r["nccl"].items()
+assert said["transport"] in ("IB", "Socket"), said
+hcas = os.listdir("/sys/class/infiniband") if os.path.isdir("/sys/class/infiniband") else []
+(node,) = r["nodes"]
+told = node.get("rdma")
+print(f"ok: {host}: {said}; HCAs here: {hcas or None}; run set {told}")
+' "$summary" >"$out/nccl.line" 2>&1; then
+    say "nccl-transport" "$(cat "$out/nccl.line")"
+else
+    fail "nccl-transport" "$(tail -n 1 "$out/nccl.line")" "$summary"
 fi
 
 # gpus: auto while another process holds GPU 0 (NVML shows it): with one GPU the job is

@@ -61,7 +61,8 @@ def test_env_gives_what_is_chosen_at_launch_as_comments_only(cli, tmp_path) -> N
     code, out, _ = cli("env", "--cluster", str(f), "--node", "n1", "--json")
     data = json.loads(out)
     assert "MASTER_PORT" not in data["env"] and "CUDA_VISIBLE_DEVICES" not in data["env"]
-    assert set(data["at_launch"]) == {"MASTER_PORT", "CUDA_VISIBLE_DEVICES"}
+    assert set(data["at_launch"]) == {"MASTER_PORT", "CUDA_VISIBLE_DEVICES", "NCCL_IB_HCA",
+                                      "NCCL_IB_GID_INDEX", "NCCL_DEBUG"}
 
 
 def test_env_json_and_node_filter(cli, tmp_path) -> None:
@@ -245,8 +246,8 @@ def test_help_lists_the_commands_grouped_in_the_order_a_user_meets_them(cli) -> 
                         "Commands (inspect):"]
     listed = [line.split()[0] for line in out.split("Commands (set up):")[1].splitlines()
               if line.startswith("  ")]
-    assert listed == ["init", "setup", "doctor", "run", "ps", "kill", "stacks", "sync", "submit",
-                      "monitor", "bench", "env"]
+    assert listed == ["init", "setup", "doctor", "run", "ps", "kill", "stacks", "sync",
+                      "collect", "submit", "monitor", "bench", "env", "venvs"]
 
 
 def test_help_and_version_exit_0(cli) -> None:
@@ -465,7 +466,8 @@ def test_gpu_check_skips_every_path_with_the_reason_without_a_gpu() -> None:
     assert [line.split()[0] for line in lines] == ["gpu-driver-health", "local-nproc",
                                                    "doctor+nvml", "bench-nccl", "monitor",
                                                    "metrics-dcgm", "trainer-cuda-bf16",
-                                                   "gpus-auto-busy", "slurm-gres"]
+                                                   "nccl-transport", "gpus-auto-busy",
+                                                   "slurm-gres"]
     assert all("skip: no NVIDIA GPU here" in line for line in lines), lines
 
 

@@ -98,3 +98,55 @@ def test_env_output_is_safe_to_eval(tmp_path) -> None:
     assert out.read_text() == "a'b $(touch owned) `id` \n c \x1b[2J\\"
     shown = _ptc("env", "--cluster", str(cluster), cwd=tmp_path)
     assert shown.returncode == 0 and "\x1b" not in shown.stdout, shown.stdout  # ($'\x1b')
+
+
+PLANTED = ("json", "socket", "argparse", "datetime", "runpy", "zlib", "base64")
+"""Modules ptcluster's rank programs, the shim and torchrun's agent import after they start."""
+
+
+@pytest.mark.slow
+def test_doctors_ranks_and_torchruns_agent_import_nothing_from_the_repository(
+        tmp_path, console_script: Path) -> None:
+    """M3: ``ptcluster doctor`` typed in a cloned repository (the local cluster: its ranks
+    start in the current directory). The repository's ``argparse.py``, ``json.py`` … and
+    ``torch/`` would each leave a marker when imported; none is imported, and the all-reduce
+    passes. On e44ddf7 torchrun's agent imported ``argparse.py`` and the all-reduce failed."""
+    repo = tmp_path / "repo"
+    (repo / "torch").mkdir(parents=True)
+    plant = "import os\nopen(os.path.join({where!r}, {name!r} + '.ran'), 'w').close()\n"
+    for name in PLANTED:
+        (repo / f"{name}.py").write_text(plant.format(where=str(tmp_path), name=name))
+    (repo / "torch" / "__init__.py").write_text(plant.format(where=str(tmp_path),
+                                                             name="torch"))
+    env = {k: v for k, v in os.environ.items()
+           if k not in (TRUST, "PTCLUSTER_CLUSTER", "PYTHONPATH") and not k.startswith("SLURM_")}
+    done = subprocess.run([str(console_script), "doctor", "--nproc", "2"], cwd=repo,
+                          env={**env, "XDG_STATE_HOME": str(tmp_path / "state")},
+                          capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL)
+    assert sorted(p.name for p in tmp_path.glob("*.ran")) == [], done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all-reduce: localhost: 2 ranks over gloo: result verified" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_users_own_program_still_imports_as_python_would(tmp_path,
+                                                             console_script: Path) -> None:
+    """The other side of M3: ``run -m MOD`` finds modules in the current directory and ``run
+    DIR/SCRIPT`` in the script's own, as ``python`` gives them (the shim puts them back)."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "mymod.py").write_text("import helper\nprint('MOD', helper.X)\n")
+    (tmp_path / "helper.py").write_text("X = 'cwd-helper'\n")
+    (tmp_path / "sub" / "script.py").write_text("import sibling\nprint('SCRIPT', sibling.Y)\n")
+    (tmp_path / "sub" / "sibling.py").write_text("Y = 'script-dir'\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in (TRUST, "PTCLUSTER_CLUSTER") and not k.startswith("SLURM_")}
+    for target, said in ((["-m", "mymod"], "MOD cwd-helper"),
+                         (["sub/script.py"], "SCRIPT script-dir")):
+        done = subprocess.run([str(console_script), "run", "--nproc", "1", "--run-dir",
+                               str(tmp_path / "runs"), *target], cwd=tmp_path,
+                              env={**env, "XDG_STATE_HOME": str(tmp_path / "state")},
+                              capture_output=True, text=True, timeout=240,
+                              stdin=subprocess.DEVNULL)
+        assert done.returncode == 0 and f"[localhost:0] {said}" in done.stdout, \
+            done.stdout + done.stderr

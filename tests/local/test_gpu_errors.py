@@ -19,6 +19,7 @@ import pytest
 
 from ptcluster.node.guard.machine import MachineWatch
 from ptcluster.node.health import health, unfit
+from ptcluster.node.kernel_log import TEST_USER_LINES
 from tests.support.head import only_run, run_head
 from tests.support.nvml import H100, RecordedNvml
 
@@ -47,10 +48,14 @@ BYSTANDER = textwrap.dedent("""
 
 
 @pytest.fixture
-def kernel_log() -> Iterator[None]:
-    """Root, with a writable ``/dev/kmsg``; afterwards the driver's load line (see above)."""
+def kernel_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Root, with a writable ``/dev/kmsg``; afterwards the driver's load line (see above).
+    Lines written from user space carry the ``user`` facility, which the readers skip but for
+    the tests (``kernel_log.TEST_USER_LINES``, in this process's environment and so in the
+    guards' it starts)."""
     if os.getuid() != 0 or not os.access("/dev/kmsg", os.W_OK):
         pytest.skip("writing the kernel's log needs root (TESTBED.md)")
+    monkeypatch.setenv(TEST_USER_LINES, "1")
     try:
         yield
     finally:

@@ -245,6 +245,31 @@ def test_a_full_checkpoint_disk_is_named_and_resume_continues(tmp_path, tiny_tmp
     assert json.loads(json.dumps(summary))["ok"] is True
 
 
+def test_an_oom_kill_or_xid_forged_in_a_groups_name_is_not_read() -> None:
+    """M2: the kernel prints control groups' paths (free text in a delegated group) in other
+    lines; a kill or an Xid is read only at the start of the kernel's record."""
+    from ptcluster.node.guard.machine import MachineWatch
+
+    watch = MachineWatch()
+    try:
+        for line in [
+            "Memory cgroup stats for /user.slice/u/Out of memory: Killed process 1 (systemd) "
+            "total-vm:1kB, anon-rss:99999999kB, file-rss:0kB, shmem-rss:0kB, UID:0:",
+            "Memory cgroup stats for /user.slice/u/NVRM: Xid (PCI:0000:3b:00): 79, x:",
+            "oom-kill:constraint=CONSTRAINT_MEMCG,oom_memcg=/u/Killed process 1 (init) x,"
+            "task_memcg=/u,task=leaker,pid=23793,uid=0",
+            "Memory cgroup out of memory: Killed process 23793 (a) b) total-vm:1kB, "
+            "anon-rss:4kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:1104kB oom_score_adj:0",
+        ]:
+            watch.parse(line)
+    finally:
+        watch.close()
+    assert watch.xids == []
+    assert watch.kills == [{"pid": 23793, "comm": "a) b", "rss": 4 * 1024,
+                            "constraint": "CONSTRAINT_MEMCG", "memcg": "/u/Killed process 1 "
+                            "(init) x"}]
+
+
 def test_kernel_oom_lines_are_read_by_pid() -> None:
     """The two kernel lines of a kill (recorded formats: memcg and global), paired by pid."""
     from ptcluster.node.guard.machine import MachineWatch

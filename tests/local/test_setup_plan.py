@@ -356,6 +356,28 @@ def test_setup_closes_a_session_it_gave_up_on() -> None:
     assert session.channel.closed and session.channel.proc.poll() is not None
 
 
+def test_the_real_node_programs_facts_pass_the_heads_check() -> None:
+    # every reply setup asks for is checked at the ask (remote/replies.py, H1): what the real
+    # node program sends here, every section and Slurm's, must pass it whole
+    from ptcluster.cluster import parse_cluster_text
+    from ptcluster.node.wire import Kind
+    from ptcluster.remote.transport import LocalTransport
+    from ptcluster.setup.apply import Setup, SetupOptions
+
+    spec = parse_cluster_text("nodes: [{host: n1}]\n", "c.yaml")
+    setup = Setup(spec, SetupOptions(dry_run=True), password=lambda: None)
+    setup.targets, setup.pubkey = {"n1": ("127.0.0.1", 22)}, "ssh-ed25519 AAAAnot-there x"
+    session = setup._open(spec.nodes[0], LocalTransport(host="n1"))
+    try:
+        first = session.ask(Kind.FACTS, {"only": ["sudo"]}, 60)
+        facts = session.ask(Kind.FACTS, {"only": ["all", "slurm"]}, 120)
+    finally:
+        setup._close_sessions("bye")
+    assert set(first) == {"user", "uid", "home", "hostname", "python", "python_path", "sudo"}
+    assert {"slurm", "gpu", "os", "hosts", "venv", "packages"} <= set(facts)
+    assert facts["hostname"] == os.uname()[1]
+
+
 def test_apply_replans_only_the_step_it_applies(monkeypatch, tmp_path: Path) -> None:
     # before each pending step apply re-reads the facts STEP_DEFS declares for it, then plans
     # that step alone from them (not every step for every step)

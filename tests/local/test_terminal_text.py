@@ -39,25 +39,26 @@ if lease:
 """
 
 
-def assert_harmless(text: str) -> None:
+def assert_harmless(text: str, shown: bool = True) -> None:
     """No escape but Rich's own styles, no other control character but newlines; the
-    record's words shown, its link's target not."""
+    record's words shown (where ``shown``), its link's target not."""
     rest = SGR.sub("", text)
     assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", rest), repr(rest)
-    assert "click" in rest and "evil.example" not in rest
+    assert ("click" in rest or not shown) and "evil.example" not in rest
 
 
 @pytest.fixture
 def nobodys_lease(request: pytest.FixtureRequest) -> Iterator[str]:
     """``nobody`` holds the lease named by the test's parameter (``{job}``: a fresh job id) in
-    the real lease directory, its record full of escapes and markup; released at the end."""
+    the real lease directory, its record full of escapes and markup (its job id is one: a
+    record whose job id is not is skipped by every reader, L5); released at the end."""
     if os.getuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to act as nobody")
     job = new_job_id()
     resource = request.param.format(job=job)
     holder = subprocess.Popen(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
-         "-c", HOLD, resource, f"{job}{HOSTILE}", f"python train.py {HOSTILE}"],
+         "-c", HOLD, resource, job, f"python train.py {HOSTILE}"],
         cwd="/", env={"PYTHONPATH": str(SRC), "HOME": "/nonexistent"},
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -80,11 +81,13 @@ def test_ps_and_monitor_show_another_users_record_as_text(nobodys_lease: str, co
                           env={**os.environ, "FORCE_COLOR": "1"},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"{nobodys_lease}click" in proc.stdout, proc.stdout
-    # shown, not parsed (ps: in its job id, head and command; monitor: with the job's user)
+    # (its row: the job id may be cut when other jobs run here and the table is tight)
+    assert any(nobodys_lease[:15] in line and "nobody" in line
+               for line in proc.stdout.splitlines()), proc.stdout
+    # shown, not parsed (ps: in its head and command; monitor: the job id with its user)
     assert "click [/red] [link=https://x]y" in proc.stdout if command[0] == "ps" else \
         "nobody" in proc.stdout
-    assert_harmless(proc.stdout)
+    assert_harmless(proc.stdout, shown=command[0] == "ps")
     assert "\x1b" not in proc.stderr
 
 
@@ -111,8 +114,8 @@ def test_a_refusal_quoting_another_users_record_reaches_runs_console_cleaned(
                            str(tmp_path / "runs"), str(script)], tmp_path, timeout=120)
     err = "\n".join(head.err)
     assert code == 1, head.output()
-    assert f"master port {PORT} is in use on this node by job {nobodys_lease}click [/red]" \
-        in err, err
+    assert f"master port {PORT} is in use on this node by job {nobodys_lease} (nobody, " \
+        "python train.py click [/red]" in err, err
     assert "never runs" not in "\n".join(head.lines)
     assert_harmless(err)
 

@@ -116,8 +116,9 @@ def run_block(block: Block, cwd: Path, tools: Path, src: Path) -> str | None:
     launcher = tools / "ptcluster"
     launcher.write_text(f"#!/bin/sh\nexec {sys.executable} -m ptcluster \"$@\"\n")
     launcher.chmod(0o755)
-    if not (tools / "python").exists():
-        (tools / "python").symlink_to(sys.executable)
+    python = tools / "python"  # a script, not a link: a link to a venv's python is outside it
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
     env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "COLUMNS": "100",
            "PYTHONPATH": str(src)}
     env.pop("PTCLUSTER_CLUSTER", None)

@@ -192,3 +192,36 @@ def test_a_cluster_file_in_the_home_directory_may_name_any_interpreter_there() -
         text = f"nodes: [{{host: a, python: '{python}'}}]\n"
         assert parse_cluster_text(text, "c.yaml", code_dir=home).nodes[0].python == python
         assert parse_cluster_text(text, "c.yaml", code_dir="/").nodes[0].python == python
+
+
+def test_doctor_and_bench_ranks_get_no_env_of_an_untrusted_cluster_file(cli, tmp_path,
+                                                                       monkeypatch) -> None:
+    """M3: doctor's all-reduce and bench run ptcluster's own code in every rank; a cloned
+    repository's ``env:`` (``PYTHONPATH``, ``LD_PRELOAD``) reaches them only when the user
+    vouches for the file. The spec each command would launch is caught before anything runs."""
+    from ptcluster.cli import bench_cmd, doctor_cmd
+    from ptcluster.cluster.trust import TRUST_ENV_VAR
+
+    (tmp_path / "cluster.yaml").write_text(
+        "nodes: [{host: 10.9.9.9, slots: 1}]\n"
+        "env: {PYTHONPATH: /repo/evil, LD_PRELOAD: /repo/evil.so}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(TRUST_ENV_VAR, raising=False)
+    seen: list[tuple[tuple[str, str], ...]] = []
+
+    def caught(spec, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(spec.env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(doctor_cmd, "diagnose", caught)
+    monkeypatch.setattr(bench_cmd, "run_bench", caught)
+    for args in (["doctor"], ["bench"]):
+        code, _, err = cli(*args)
+        assert code == 0 and seen[-1] == (), err
+        assert "leaves out the cluster file's env: (2 variable(s))" in err
+        assert "--trust-cluster-file" in err
+    evil = (("PYTHONPATH", "/repo/evil"), ("LD_PRELOAD", "/repo/evil.so"))
+    for args in (["doctor", "--trust-cluster-file"], ["bench", "--trust-cluster-file"],
+                 ["doctor", "--skip-allreduce"]):  # (vouched for; or no rank runs)
+        code, _, err = cli(*args)
+        assert code == 0 and seen[-1] == evil and "leaves out" not in err, (args, err)

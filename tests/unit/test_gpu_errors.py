@@ -57,8 +57,9 @@ def test_the_driver_lines_parse() -> None:
     no_pid = parse_xid(LINES[154])
     assert no_pid is not None and no_pid["pci"] == "0009:01:00" and no_pid["pid"] == 0
     assert parse_xid("[  12.3] kernel: Out of memory: Killed process 42 (python)") is None
-    # as dmesg prints it, with its stamp in front
-    assert parse_xid("[Fri Aug 30 11:43:14 2024] " + LINES[109])["pid"] == 1797828
+    # only at the start of a record's text (the log's records carry no stamp in their text;
+    # dmesg's print of one is not read: M2)
+    assert parse_xid("[Fri Aug 30 11:43:14 2024] " + LINES[109]) is None
 
 
 @pytest.mark.parametrize("said, key", [
@@ -240,3 +241,48 @@ def test_the_frames_decode() -> None:
     exit_event = decode("n2", wire.encode(wire.Kind.REXIT, {
         "rank": 3, "code": 1, "t": 5.0, "xids": [dict(XID79)]}).decode().rstrip("\n"))
     assert isinstance(exit_event, RankExit) and exit_event.xids == (XID79,)
+
+
+# -- M2: only the driver's own records are its word -------------------------------------------
+FORGED = [  # kernel lines that carry text a user chose (review M2): an exec'd path, a group
+    "process 'a.out' launched '/tmp/NVRM: Xid (PCI:0000:05:00): 79, x' with NULL argv: empty "
+    "string added",
+    "Memory cgroup stats for /user.slice/user-1000.slice/NVRM: Xid (PCI:0000:05:00): 48, y:",
+]
+FORGED_LOAD = ("process 'a.out' launched '/tmp/NVRM: loading NVIDIA UNIX x' with NULL argv: "
+               "empty string added")
+
+
+def test_a_forged_xid_inside_another_kernel_line_is_no_xid() -> None:
+    assert [parse_xid(line) for line in FORGED] == [None, None]
+    records = [(float(i), line) for i, line in enumerate(FORGED)]
+    assert xids_in(records) == []
+    assert check_gpu_driver(ctx(records))["ok"]
+
+
+def test_a_forged_driver_load_inside_another_line_leaves_a_fatal_xid_open() -> None:
+    xids = xids_in([(1.0, LINES[79]), (2.0, FORGED_LOAD)])
+    assert [(x["xid"], x["stale"]) for x in xids] == [(79, False)]
+    assert not check_gpu_driver(ctx([(1.0, LINES[79]), (2.0, FORGED_LOAD)]))["ok"]
+
+
+def test_kmsg_records_of_user_space_are_not_the_kernels(monkeypatch) -> None:
+    """/dev/kmsg's records as it gives them, one per read (a SEQPACKET pair stands in): only
+    facility kern (PRI >> 3 == 0) is read; the tests' own lines (user, 1) only when asked."""
+    import socket
+
+    from ptcluster.node import kernel_log
+
+    def records() -> list[tuple[float, str]]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with ours, theirs:
+            for pri, text in ((3, LINES[79]), (14, "NVRM: Xid (PCI:0000:05:00): 48, logger"),
+                              (12, "NVRM: Xid (PCI:0000:05:00): 79, root's echo")):
+                theirs.send(f"{pri},1,5000000,-;{text}\n".encode())
+            ours.setblocking(False)
+            return kernel_log.read_kmsg(ours.fileno())
+
+    monkeypatch.delenv(kernel_log.TEST_USER_LINES, raising=False)
+    assert records() == [(5.0, LINES[79])]
+    monkeypatch.setenv(kernel_log.TEST_USER_LINES, "1")
+    assert [text[-6:] for _, text in records()] == [LINES[79][-6:], "logger", "s echo"]

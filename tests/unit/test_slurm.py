@@ -133,6 +133,27 @@ def test_submit_dry_run_prints_the_script_and_writes_nothing(cli, tmp_path, monk
     assert code == 2 and "--time 'soon' is not a Slurm time" in err
 
 
+@pytest.mark.parametrize("name", ["proj\ntouch PWNED #", "proj\rx", "proj\x1bx"])
+def test_submit_refuses_a_workdir_with_a_line_break_and_writes_no_script(
+        cli, tmp_path, monkeypatch, name: str) -> None:
+    """M6: a ``#SBATCH --chdir=`` line ends at the line break whatever the quoting, and the rest
+    would be a line of the script, run as the user. Refused (exit 2), in one line that names
+    the value and the fix, before anything is written or sbatch is asked."""
+    workdir = tmp_path / name
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    for dry in ([], ["--dry-run"]):
+        code, out, err = cli("submit", *dry, "--", "x.py")
+        assert code == 2, (out, err)
+        assert "#SBATCH" not in out and "touch" not in out
+        (line,) = [x for x in err.splitlines() if x.strip()]
+        assert "working directory" in line and "control character" in line and "Fix:" in line
+        assert not (workdir / "ptcluster-runs").exists()
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli("submit", "--dry-run", "--", "x.py", "a\nb")
+    assert code == 2 and "argument" in err
+
+
 def _doctor(slots: int, slurm: dict, gpus: int = 0) -> list[tuple[str, str, str]]:
     alloc = allocation_from_env({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "sl[0-2]"})
     assert alloc is not None

@@ -15,6 +15,7 @@ import click
 from ptcluster import __version__
 from ptcluster.cli import (
     bench_cmd,
+    collect_cmd,
     doctor_cmd,
     env_cmd,
     init_cmd,
@@ -26,6 +27,7 @@ from ptcluster.cli import (
     stacks_cmd,
     submit_cmd,
     sync_cmd,
+    venvs_cmd,
 )
 from ptcluster.cli.common import CliState
 from ptcluster.cli.console import clean
@@ -40,9 +42,9 @@ _NO_ARGS_IS_HELP: tuple[type[click.UsageError], ...] = tuple(
 
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Set up", ("init", "setup", "doctor")),
-    ("Run", ("run", "ps", "kill", "stacks", "sync", "submit")),
+    ("Run", ("run", "ps", "kill", "stacks", "sync", "collect", "submit")),
     ("Observe", ("monitor", "bench")),
-    ("Inspect", ("env",)),
+    ("Inspect", ("env", "venvs")),
 )
 """The commands in the order a user meets them, grouped: ``--help`` and the docs' command
 reference both list them so (click lists a group's commands alphabetically by default)."""
@@ -93,10 +95,12 @@ cli.add_command(bench_cmd.bench)
 cli.add_command(monitor_cmd.monitor)
 cli.add_command(submit_cmd.submit_job)
 cli.add_command(setup_cmd.setup)
+cli.add_command(collect_cmd.collect)
 cli.add_command(sync_cmd.sync)
 cli.add_command(stacks_cmd.stacks)
 cli.add_command(ps_cmd.ps)
 cli.add_command(kill_cmd.kill)
+cli.add_command(venvs_cmd.venvs)
 
 
 class _StderrHandler(logging.Handler):

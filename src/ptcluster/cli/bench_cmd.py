@@ -21,6 +21,7 @@ from ptcluster.cli.common import (
     cluster_option,
     load_spec,
     quiet,
+    spec_for_our_ranks,
 )
 from ptcluster.cli.console import say, terminal
 from ptcluster.errors import UsageError
@@ -86,7 +87,7 @@ def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, min
           check: int, dtype: str, pairs: bool, pair_size: int, as_json: bool,
           json_file: str | None, plot_file: str | None, min_busbw: float | None,
           timeout: float) -> None:
-    spec = load_spec(cluster, nproc)
+    spec = spec_for_our_ranks(load_spec(cluster, nproc), "bench")
     cfg = BenchConfig(
         ops=OPS if op == "all" else (op,),
         sizes=tuple(sizes(minbytes, maxbytes, stepfactor, stepbytes)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import click
@@ -14,10 +14,12 @@ from ptcluster.cli.console import say
 from ptcluster.cluster import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
 from ptcluster.cluster.load import DEFAULT_CLUSTER_FILE
 from ptcluster.cluster.slurm import allocation_from_env, describe, slurm_cluster
-from ptcluster.cluster.trust import TRUST_ENV_VAR, TRUST_FLAG
+from ptcluster.cluster.trust import TRUST_ENV_VAR, TRUST_FLAG, TRUST_IT
 from ptcluster.errors import UsageError
 from ptcluster.node import accel
 from ptcluster.remote.slurm import run_scontrol
+from ptcluster.venvs.choice import EnvChoice, env_choice
+from ptcluster.venvs.resolve import precheck
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,6 +82,39 @@ def cluster_option(func: F) -> F:
     )(func)
 
 
+def environment_options(func: F) -> F:
+    """``--requirements FILE``, ``--find-links DIR`` (repeatable) and ``--refresh``: the
+    project's declared environment (``ptcluster.venvs``), for ``run``, ``doctor``, ``env`` and
+    ``venvs``; read with :func:`environment`."""
+    func = click.option("--refresh", is_flag=True, help="Resolve the requirements again, even "
+                        "when this file's resolution is cached.")(func)
+    func = click.option("--find-links", "find_links", multiple=True, metavar="DIR",
+                        help="A folder of wheels to resolve the requirements from instead of "
+                             "a package index (repeatable; adds to `find_links:`).")(func)
+    return click.option(
+        "--requirements", "requirements", metavar="FILE", default=None,
+        help="The project's environment: a uv.lock, pylock.toml, requirements*.txt or "
+             "pyproject.toml (wins over `requirements:`); the ranks run in it on every node.",
+    )(func)
+
+
+def trusted() -> bool:
+    """The user vouches for the cluster file (and the requirements file it or a flag names):
+    ``--trust-cluster-file`` or ``$PTCLUSTER_TRUST_CLUSTER_FILE``."""
+    return state().trust_cluster_file or os.environ.get(TRUST_ENV_VAR, "") not in ("", "0")
+
+
+def environment(spec: ClusterSpec, requirements: str | None, find_links: tuple[str, ...],
+                refresh: bool) -> EnvChoice | None:
+    """The command's declared environment (None: none), checked as far as the head can
+    without fetching anything (``venvs.resolve.precheck``): bad input is exit 2 before any
+    node is touched."""
+    choice = env_choice(spec, requirements, find_links, refresh, trusted())
+    if choice is not None:
+        precheck(choice.requirements, None, choice.find_links, choice.trusted)
+    return choice
+
+
 def _trust(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     if value:
         ctx.ensure_object(CliState).trust_cluster_file = True
@@ -121,5 +156,16 @@ def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
     if cluster is None and not quiet():  # (found, not given: say which, as for Slurm above)
         where = "the current directory" if path == DEFAULT_CLUSTER_FILE else "$PTCLUSTER_CLUSTER"
         say(f"ptcluster: using the cluster file {path} (from {where})", err=True)
-    trusted = state().trust_cluster_file or os.environ.get(TRUST_ENV_VAR, "") not in ("", "0")
-    return load_cluster_file(path, trusted=trusted)
+    return load_cluster_file(path, trusted=trusted())
+
+
+def spec_for_our_ranks(spec: ClusterSpec, command: str) -> ClusterSpec:
+    """The cluster for ranks that run ptcluster's own code (doctor's all-reduce, bench): a
+    cluster file's ``env:`` (``PYTHONPATH``, ``LD_PRELOAD``: code) reaches them only when the
+    user vouched for the file; said once when it is left out."""
+    if not spec.env or trusted():
+        return spec
+    if not quiet():
+        say(f"ptcluster: {command} leaves out the cluster file's env: ({len(spec.env)} "
+            f"variable(s)): its ranks run ptcluster's own code. Fix: {TRUST_IT}", err=True)
+    return replace(spec, env=())

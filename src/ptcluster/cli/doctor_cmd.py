@@ -10,11 +10,22 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ptcluster.cli.common import NPROC, PORT, SECONDS, cluster_option, load_spec, quiet
+from ptcluster.cli.common import (
+    NPROC,
+    PORT,
+    SECONDS,
+    cluster_option,
+    environment,
+    environment_options,
+    load_spec,
+    quiet,
+    spec_for_our_ranks,
+)
 from ptcluster.cli.console import terminal
 from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN, Finding
 from ptcluster.doctor.diagnose import DoctorReport, diagnose
 from ptcluster.errors import Problem
+from ptcluster.venvs.runenv import chooser
 
 STYLE = {OK: ("ok", "green"), WARN: ("warn", "yellow"), FAIL: ("FAIL", "bold red"),
          SKIP: ("-", "dim")}
@@ -33,11 +44,19 @@ def mark(status: str) -> Text:
 @click.option("--timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds for the probes, and for the all-reduce.")
 @click.option("--json", "as_json", is_flag=True, help="The whole report as JSON.")
+@environment_options
 def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allreduce: bool,
-           timeout: float, as_json: bool) -> None:
+           timeout: float, as_json: bool, requirements: str | None, find_links: tuple[str, ...],
+           refresh: bool) -> None:
     spec = load_spec(cluster, nproc)
+    declared = environment(spec, requirements, find_links, refresh)  # bad input: exit 2
+    choose = None if declared is None else chooser(
+        declared.requirements, find_links=declared.find_links, refresh=declared.refresh,
+        trusted=declared.trusted)[0]
+    if not skip_allreduce:
+        spec = spec_for_our_ranks(spec, "doctor")
     report = diagnose(spec, port=port, skip_allreduce=skip_allreduce,
-                      allreduce_timeout=timeout, probe_timeout=timeout)
+                      allreduce_timeout=timeout, probe_timeout=timeout, environment=choose)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -52,7 +71,7 @@ status and the first ones that did not pass."""
 LINES_PER_CHECK = {OK: 3, WARN: 10, FAIL: 10}
 """On a cluster past ``NODE_COLUMNS``: the lines shown per check and status (the same words on
 many nodes are one line with how many); ``doctor --json`` has every one."""
-DETAILS = ("interface", "versions", "all-reduce", "master port", "compute")
+DETAILS = ("interface", "versions", "all-reduce", "master port", "compute", "environment")
 """The checks whose passing lines are worth reading."""
 
 

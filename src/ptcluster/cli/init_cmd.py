@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -33,7 +34,8 @@ def init(hosts: str | None, hostfile: str | None, output: str, force: bool) -> N
     else:
         spec = parse_hosts(hosts) if hosts is not None else load_hostfile(hostfile or "")
     # A new file's rendezvous port is auto: a second job on the same nodes is never refused.
-    spec = dataclasses.replace(spec, master=dataclasses.replace(spec.master, port=None))
+    spec = dataclasses.replace(spec, master=dataclasses.replace(spec.master, port=None),
+                               requirements=declared_here(output))
     text = render_cluster_yaml(spec)
     if output == "-":
         click.echo(text, nl=False)
@@ -49,6 +51,21 @@ def init(hosts: str | None, hostfile: str | None, output: str, force: bool) -> N
         click.echo(f"wrote {path}: {len(spec.nodes)} node(s), world size {spec.world_size}. "
                    f"Next: ptcluster setup --cluster {where}, then ptcluster doctor --cluster "
                    f"{where}")
+
+
+DECLARED = ("uv.lock", "pylock.toml", "requirements.txt")
+"""The project files ``init`` writes ``requirements:`` for, the first found (a lock first: it is
+exact). A ``pyproject.toml`` alone is not taken: most projects have one for their own build."""
+
+
+def declared_here(output: str) -> str | None:
+    """The project's declared environment in the current directory, as the cluster file at
+    ``output`` names it (relative to its folder), or None."""
+    for name in DECLARED:
+        if Path(name).is_file():
+            folder = Path.cwd() if output == "-" else Path(output).resolve().parent
+            return os.path.relpath(Path(name).resolve(), folder)
+    return None
 
 
 def ask() -> ClusterSpec:

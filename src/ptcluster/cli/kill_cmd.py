@@ -13,6 +13,8 @@ import click
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec
 from ptcluster.cli.console import say
 from ptcluster.control.kill import GuardsStop, HeadStop, stop_through_guards, stop_through_head
+from ptcluster.errors import UsageError
+from ptcluster.node.records import valid_job_id
 
 
 @click.command(help=__doc__)
@@ -26,6 +28,9 @@ from ptcluster.control.kill import GuardsStop, HeadStop, stop_through_guards, st
 @click.option("--timeout", type=SECONDS, default=20.0, show_default=True,
               help="Seconds to wait for every node (or for the head to end the job).")
 def kill(cluster: str | None, job_id: str, signame: str, timeout: float) -> None:
+    if not valid_job_id(job_id):  # (it becomes a file's name on every node)
+        raise UsageError(f"{job_id[:80]!r} is not a job id",
+                         "give the id `ptcluster ps` shows (letters, digits, '.', '_', '-')")
     by = {"host": socket.gethostname(), "user": getpass.getuser()}
     head = stop_through_head(job_id, signame, by, wait=timeout)
     if head.taken:

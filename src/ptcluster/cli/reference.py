@@ -139,10 +139,15 @@ SUMMARY_FIELDS: dict[str, str] = {
                    "first.",
     "straggler": "The straggler report of the last attempt: every rank's wait share, the "
                  "history, the peak ratio and every evaluation's ratios.",
+    "nccl": "What NCCL chose on each GPU node, read from its own log (`NCCL_DEBUG_FILE`): "
+            "`{node: {transport, hca, gid_index, ...}}`; `transport` is `IB` (InfiniBand or "
+            "RoCE: `link` says which) or `Socket`, and `cause` says why a node with HCAs used "
+            "sockets.",
     "ranks": "Every rank: host, local rank, exit code, status, duration, start and end.",
     "nodes": "Every node: node rank, ready, the interface it chose and why, GPUs, hostname, "
-             "clock offset, address, torch and NCCL versions, how its guard and transport "
-             "ended, GPU errors the driver reported.",
+             "clock offset, address, torch and NCCL versions, the `NCCL_IB_HCA` / "
+             "`NCCL_IB_GID_INDEX` its RDMA devices call for (`rdma`), how its guard and "
+             "transport ended, GPU errors the driver reported.",
 }
 
 
@@ -304,11 +309,12 @@ def _said(func: Any, ctor: str, what_at: int, fix_at: int) -> list[tuple[str, st
 
 def doctor_functions() -> list[Any]:
     """Every function of the doctor that makes findings, in the order doctor runs them."""
-    from ptcluster.doctor import compute, diagnose, health_checks, slurm_checks
+    from ptcluster.doctor import compute, diagnose, health_checks, rdma_checks, slurm_checks
     from ptcluster.doctor.checks import FAST_CHECKS
 
     return [*FAST_CHECKS, health_checks.check_health, health_checks.check_gpu_warnings,
-            diagnose.run_allreduce, compute.compute_findings, slurm_checks.slurm_checks]
+            rdma_checks.judge_node, rdma_checks.judge_across, diagnose.run_allreduce,
+            compute.compute_findings, slurm_checks.slurm_checks]
 
 
 def doctor_findings() -> list[tuple[str, str, str, str, str]]:

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import click
 from rich.console import Console
@@ -24,16 +25,20 @@ from ptcluster.cli.common import (
     SECONDS,
     FiniteFloat,
     cluster_option,
+    environment,
+    environment_options,
     load_spec,
     quiet,
 )
 from ptcluster.cli.console import ConsoleFeed, clean, terminal
 from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.sync_cmd import run_sync
+from ptcluster.cli.venvs_cmd import build_environment
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
 from ptcluster.launch.api import prepare
+from ptcluster.launch.nccl_report import nccl_lines
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LOCAL_RANK_ARGS, LaunchPlan, Target
 from ptcluster.launch.result import RankRecord, RunResult
@@ -42,6 +47,7 @@ from ptcluster.launch.runner import Restarts, Runner
 from ptcluster.launch.supervise.restart import RestartPolicy
 from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
 from ptcluster.remote.connect import outside_stop, transports
+from ptcluster.venvs.choice import EnvChoice
 
 
 class ModuleEndsOptions(click.Command):
@@ -109,19 +115,21 @@ def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
 @click.option("--no-leases", "no_leases", is_flag=True, help="Unsafe: take no leases on the "
               "nodes (for nodes whose /run/lock is not root's, mode 1777): other jobs may "
               "take this job's GPUs and port, and `ps` and `kill` do not see it.")
+@environment_options
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
         runs_dir: str | None, preflight: bool, sync_first: bool, max_restarts: int,
         min_nodes: int | None, hang_timeout: float | None, wait: bool,
         wait_timeout: float | None, straggler_threshold: float, no_leases: bool,
-        local_rank_arg: str | None,
-        args: tuple[str, ...]) -> None:
+        local_rank_arg: str | None, requirements: str | None, find_links: tuple[str, ...],
+        refresh: bool, args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
     target = Target(module=module, args=args, local_rank_arg=local_rank_arg) if module else \
         Target(script=args[0], args=args[1:], local_rank_arg=local_rank_arg)
     spec = load_spec(cluster, nproc)
+    declared = environment(spec, requirements, find_links, refresh)
     if min_nodes is not None and min_nodes > len(spec.nodes):
         raise UsageError(f"--min-nodes {min_nodes} exceeds the {len(spec.nodes)} node(s) of the "
                          "cluster", f"pass --min-nodes {len(spec.nodes)} or less")
@@ -130,6 +138,14 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     err = terminal(stderr=True, soft_wrap=True)
     if sync_first and not all(r.ok for r in run_sync(spec, err, show=not quiet())):
         sys.exit(1)
+    options = RunOptions(hang_timeout=hang_timeout, wait=(
+        wait_timeout or math.inf) if wait or wait_timeout else None,
+        straggler_threshold=straggler_threshold, leases=not no_leases,
+        **_environment_options(declared))
+    built = None
+    if options.requirements is not None:  # before the plan: the ranks' interpreter is its
+        built = build_environment(spec, options, err, show=not quiet())
+        spec = built.spec
     plan = prepare(spec, target, port=port, max_restarts=max_restarts)
     if preflight:
         _preflight(spec, plan.master_port, err)
@@ -140,11 +156,10 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     feed = ConsoleFeed(_stdout_writer(run_dir), _fd_writer(2, dim=err.is_terminal))
     runner = Runner(plan, transports(spec), run_dir, on_line=line_sink(feed, run_dir),
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
-                    options=RunOptions(hang_timeout=hang_timeout, wait=(
-                        wait_timeout or math.inf) if wait or wait_timeout else None,
-                        straggler_threshold=straggler_threshold, leases=not no_leases),
+                    options=options,
                     restarts=Restarts(policy, spec, target) if max_restarts else None,
-                    ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total)
+                    ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total,
+                    environment=None if built is None else built.to_json())
     result, signum = _run_with_signals(runner)
     feed.close(timeout=5.0)
     if result.ended_by:  # Slurm's own doing comes first
@@ -152,6 +167,15 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     if not hush or not result.ok:
         _print_summary(err, result)
     sys.exit(exit_code(result, signum))
+
+
+def _environment_options(declared: EnvChoice | None) -> dict[str, Any]:
+    """RunOptions' fields of the declared environment (none: their defaults)."""
+    if declared is None:
+        return {}
+    return {"requirements": str(declared.requirements),
+            "find_links": tuple(map(str, declared.find_links)),
+            "refresh": declared.refresh, "requirements_trusted": declared.trusted}
 
 
 def line_sink(feed: ConsoleFeed, run_dir: Path) -> Callable[[str, int | None, str], None]:
@@ -312,12 +336,22 @@ def _print_summary(console: Console, result: RunResult) -> None:
     for rank, host, local, status, ok, took in _rank_rows(result):
         table.add_row(rank, host, local, Text(status, style="green" if ok else "red"), took)
     console.print(table)
+    _print_nccl(console, result)
     verdict = ("ok", "green") if result.ok else (
         ("interrupted", "yellow") if result.interrupted else ("failed", "red"))
     if result.console_dropped:
         console.print(f"{result.console_dropped} line(s) were not shown because the console "
                       "fell behind; every line is in the logs")
     console.print(Text.assemble(verdict, f"; logs in {result.run_dir}/"))
+
+
+def _print_nccl(console: Console, result: RunResult) -> None:
+    """What NCCL chose on each node, once; a node with HCAs that used sockets, in yellow."""
+    lines, warnings = nccl_lines(result.nodes)
+    for line in lines:
+        console.print(line, markup=False)
+    for problem in warnings:
+        console.print(Text(str(problem), style="yellow"))
 
 
 def _print_hang(console: Console, result: RunResult) -> None:

@@ -115,6 +115,19 @@ KEYS: tuple[Key, ...] = (
     Key(path="env", type="mapping of name to string", default="none", example="env: {NCCL_DEBUG: "
         "WARN}", doc="Variables every rank gets. Nothing else of the head's environment is "
                      "shipped."),
+    Key(path="requirements", type="path", default="none (the ranks run in setup's interpreter)",
+        example="requirements: uv.lock",
+        doc="The project's own Python environment: a `uv.lock`, a `pylock.toml`, a "
+            "`requirements*.txt` or a `pyproject.toml` (its `[project] dependencies`), relative "
+            "to the cluster file's folder. Resolved once on the head into exact wheels, shipped "
+            "to every node that lacks them and built there beside setup's torch; the ranks run "
+            "in it. `run --requirements` wins over it. A file that names another index, or a "
+            "package that must be built from source, needs `--trust-cluster-file`."),
+    Key(path="find_links", type="list of paths", default="none (the package index)",
+        example="find_links: [wheels/]",
+        doc="Folders of wheels the head resolves `requirements` from instead of a package "
+            "index (a head without Internet), relative to the cluster file's folder; "
+            "`--find-links` adds to them."),
     Key(path="ssh", type="mapping", default="ssh's own settings",
         example="ssh: {user: ubuntu, reuse: 60}",
         doc="How the head reaches the nodes with the OpenSSH client; `~/.ssh/config` applies."),

@@ -139,8 +139,30 @@ def spec_from_data(data: Any, source: str, trusted: bool = False,
                          f"{nodes[-1].slots} slot(s)",
                          "list at least one GPU per slot, or use gpus: auto")
     return ClusterSpec(nodes=tuple(nodes), master=_master(r, top.get("master"), nodes),
-                       backend=backend, env=env, source=source,
+                       backend=backend, env=env, source=source, **_environment(r, top),
                        slurm=_slurm(r, top["slurm"], nodes) if "slurm" in top else None)
+
+
+def _environment(r: Reader, top: dict[str, Any]) -> dict[str, Any]:
+    """``requirements:`` and ``find_links:``, as ClusterSpec's fields."""
+    what = "a uv.lock, pylock.toml, requirements*.txt or pyproject.toml path"
+    return {"requirements": _here(r, r.text(top["requirements"], "requirements", what))
+            if "requirements" in top else None,
+            "find_links": _find_links(r, top.get("find_links"))}
+
+
+def _here(r: Reader, path: str) -> str:
+    """``path`` as the cluster file means it: relative to the file's own folder."""
+    return os.path.join(r.code_dir or os.getcwd(), os.path.expanduser(path))
+
+
+def _find_links(r: Reader, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise r.fail("find_links", f"must be a list of folders, got {value!r}",
+                     "e.g. find_links: [wheels/]")
+    return tuple(_here(r, v) for v in value)
 
 
 def _slurm(r: Reader, value: Any, nodes: list[NodeSpec]) -> SlurmSetupSpec:

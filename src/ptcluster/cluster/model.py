@@ -129,6 +129,13 @@ class ClusterSpec:
     """The Slurm job whose allocation these nodes are (see ``cluster/slurm.py``); None otherwise."""
     slurm: SlurmSetupSpec | None = None
     """``slurm:``: ``ptcluster setup`` installs Slurm on these nodes (None: it does not)."""
+    requirements: str | None = None
+    """``requirements:``: the project's declared environment (a uv.lock, pylock.toml,
+    requirements*.txt or pyproject.toml), the path made absolute from the cluster file's folder;
+    None: the ranks run in setup's interpreter, as without it (``ptcluster.venvs``)."""
+    find_links: tuple[str, ...] = ()
+    """``find_links:``: folders of wheels the head resolves from instead of an index (absolute
+    paths, from the cluster file's folder)."""
 
     def __post_init__(self) -> None:
         assert self.nodes, "a cluster has at least one node"

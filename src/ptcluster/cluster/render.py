@@ -53,6 +53,12 @@ def render_cluster_yaml(spec: ClusterSpec) -> str:
     out.append("# python: /opt/venv/bin/python")
     out.append("# workdir: /shared/project")
     out.append("")
+    out.append("# The project's own Python environment (a uv.lock, pylock.toml, requirements*.txt")
+    out.append("# or pyproject.toml, relative to this file): resolved on this machine, built on")
+    out.append("# every node beside setup's torch; the ranks run in it.")
+    out.append(f"requirements: {_q(spec.requirements)}" if spec.requirements
+               else "# requirements: requirements.txt")
+    out.append("")
     out.append("# Passed to every rank; nothing else of this machine's environment is shipped.")
     if spec.env:
         out.append("env:")

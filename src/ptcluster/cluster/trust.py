@@ -19,9 +19,16 @@ not parse, so one outside ``~/.ssh`` needs trust too.
 may be this machine): one inside the cluster file's own directory is the repository's code
 (a script, or a venv whose ``.pth`` files run at start), so it needs trust; any other
 interpreter (``auto``, a name on the node's PATH, ``/opt/venv/bin/python``) is configuration.
-``env:`` is not refused: it reaches the ranks of ``run`` and ``bench`` only, jobs on the nodes
-the file describes, and ``run`` runs the project's own code there by design (a cloned
-repository's ``train.py`` is as much its author's code as its cluster file).
+``requirements:`` (or ``--requirements``) names the project's environment: reading it runs
+nothing, but a file that names another index (or folder of links) chooses where this machine
+fetches code from, and a package with no wheel would be built here from its sdist, running its
+code: both need trust (``venvs.resolve.check_trust``, ``venvs.fetch``); with trust, they are
+the user's choice.
+``env:`` is not refused: it reaches the ranks of ``run``, jobs on the nodes the file describes,
+and ``run`` runs the project's own code there by design (a cloned repository's ``train.py`` is
+as much its author's code as its cluster file). ``doctor``'s and ``bench``'s ranks run
+ptcluster's own code: they get ``env:`` only from a file the user vouched for
+(``cli.common.spec_for_our_ranks``).
 """
 
 from __future__ import annotations

@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import socket
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ptcluster.node.records import alive, read_record, unlink, write_record
+from ptcluster.node.records import alive, read_record, unlink, valid_job_id, write_record
 
-_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SUFFIX = ".json"
 
 
@@ -60,11 +58,6 @@ def directory() -> Path:
     base = os.environ.get("XDG_STATE_HOME", "")
     root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"
     return root / "ptcluster" / "heads"
-
-
-def valid_job_id(job_id: str) -> bool:
-    """A name that can be an entry (no path separators, no leading dot)."""
-    return _JOB_ID.fullmatch(job_id) is not None
 
 
 def register(job_id: str, run_dir: Path) -> None:

@@ -12,12 +12,15 @@ from ptcluster.doctor.collect import collect_facts
 from ptcluster.doctor.compute import compute_findings
 from ptcluster.doctor.health_checks import check_gpu_warnings, check_health
 from ptcluster.doctor.node_report import NodeReport
+from ptcluster.doctor.rdma_checks import check_rdma
 from ptcluster.doctor.slurm_checks import slurm_checks
 from ptcluster.launch.api import run_rank_program
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.port import resolve_port
 from ptcluster.node import ALLREDUCE
 from ptcluster.remote.connect import transports
+from ptcluster.venvs.runenv import findings as environment_problems
+from ptcluster.venvs.ship import Choose
 
 
 @dataclass(kw_only=True)
@@ -48,22 +51,38 @@ class DoctorReport:
         }
 
 
-def preflight(spec: ClusterSpec, port: int | None = None, timeout: float = 60.0) -> DoctorReport:
-    """The fast checks (everything but the all-reduce)."""
+def check_environment(spec: ClusterSpec, choose: Choose) -> list[Finding]:
+    """``environment``: every node's project environment against the one resolved for it, by
+    every file's hash (``venvs.runenv.findings``): node, package and both versions."""
+    problems = environment_problems(spec, choose)
+    out = [Finding("environment", str(p.who), FAIL, p.what, p.fix) for p in problems]
+    bad = {p.who for p in problems}
+    return out + [Finding("environment", n.host, OK, "matches the lock, file by file")
+                  for n in spec.nodes if n.host not in bad]
+
+
+def preflight(spec: ClusterSpec, port: int | None = None, timeout: float = 60.0,
+              environment: Choose | None = None) -> DoctorReport:
+    """The fast checks (everything but the all-reduce); with ``environment``, the project
+    environment's full check too."""
     t0 = time.monotonic()
     master_port = resolve_port(spec, port)
     probes = collect_facts(spec, transports(spec), master_port=master_port, timeout=timeout)
     findings = run_checks(spec, probes) + check_health(spec, probes) + \
         check_gpu_warnings(spec, probes)
+    findings += check_rdma(spec, probes)
     if spec.slurm_job is not None:
         findings += slurm_checks(spec, probes)
+    if environment is not None:
+        findings += check_environment(spec, environment)
     return DoctorReport(findings=findings, probes=probes, duration=time.monotonic() - t0)
 
 
 def diagnose(spec: ClusterSpec, *, port: int | None = None, skip_allreduce: bool = False,
-             allreduce_timeout: float = 60.0, probe_timeout: float = 60.0) -> DoctorReport:
+             allreduce_timeout: float = 60.0, probe_timeout: float = 60.0,
+             environment: Choose | None = None) -> DoctorReport:
     t0 = time.monotonic()
-    report = preflight(spec, port, probe_timeout)
+    report = preflight(spec, port, probe_timeout, environment)
     if not skip_allreduce:
         if report.ok:
             result, finding = run_allreduce(spec, port, allreduce_timeout)

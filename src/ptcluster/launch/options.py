@@ -60,6 +60,20 @@ class RunOptions:
     many times the other ranks' median, while they wait for it, is named the straggler
     (``launch.supervise.straggler``)."""
 
+    requirements: str | None = None
+    """The project's declared environment (``run --requirements``, else the cluster file's
+    ``requirements:``): resolved, shipped and built on every node before any rank starts
+    (``venvs.runenv``), and the ranks run in it. None: setup's interpreter. A path as
+    a string, not a ``pathlib.Path``: the launch core reads these options and stays pure
+    (``tests/unit/test_purity.py``)."""
+    find_links: tuple[str, ...] = ()
+    """Folders of wheels the head resolves ``requirements`` from instead of an index."""
+    refresh: bool = False
+    """Resolve ``requirements`` again even when its resolution is cached."""
+    requirements_trusted: bool = False
+    """The user vouches for the file (``--trust-cluster-file``): it may name another index,
+    and a package without a wheel may be built from its source on the head."""
+
     def heartbeat_for(self, nodes: int) -> float:
         """The heartbeat interval of a job on ``nodes`` nodes: ``heartbeat_interval``, or
         longer where that would exceed ``BEATS_PER_SECOND`` (1024 nodes: 2 s), but not made

@@ -280,4 +280,13 @@ def rank_env_at_launch(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]
     if not isinstance(node.gpus, tuple):
         later.append(("CUDA_VISIBLE_DEVICES", f"the first {node.nproc} free GPUs, leased at launch"
                       + ("" if node.gpus == "auto" else " (on a node that has GPUs)")))
-    return later
+    mine = {k if not k.startswith("NCCL_DEBUG") else "NCCL_DEBUG" for k, _ in node.env}
+    return later + [(k, how) for k, how in NCCL_AT_LAUNCH if k not in mine]
+
+
+NCCL_AT_LAUNCH = (
+    ("NCCL_IB_HCA", "the node's ACTIVE RDMA ports, where it has HCAs (node.rdma)"),
+    ("NCCL_IB_GID_INDEX", "the node's routable RoCE v2 GID, where it has RoCE HCAs"),
+    ("NCCL_DEBUG", "INFO on a GPU node (and NCCL_DEBUG_SUBSYS, NCCL_DEBUG_FILE: a file per rank "
+     "in the job's directory, read for what NCCL chose), unless env: sets them"))
+"""What the guard adds for NCCL on the node (``node.guard.spawn.rank_env``), unless set."""

@@ -32,6 +32,8 @@ class RankRecord:
     ended_at: float | None = None
     """Head clock, corrected like ``started_at``."""
     duration: float | None = None
+    python: str = ""
+    """The interpreter the rank ran on (its ``sys.executable``, as its shim reported)."""
     stopped: bool = False
     """It ended after its node was told to stop: a result of the teardown, not a cause."""
     hung: bool = False
@@ -73,6 +75,8 @@ class NodeOutcome:
     after_loss: dict[str, Any] | None = None
     """Lost: what it answered when asked once more (``launch.lost``), ``{"answered": False}``
     when it did not."""
+    nccl: dict[str, Any] | None = None
+    """What NCCL chose there, from its own log (``launch.supervise.events.nccl_chosen``)."""
     gpu_errors: list[dict[str, Any]] = field(default_factory=list)
     """The GPU driver's Xids on the node while the job ran (``wire.XidFacts``)."""
 
@@ -173,6 +177,9 @@ class RunResult:
     straggler: dict[str, Any] | None = None
     """The straggler report of the last attempt: every rank's wait share (window and whole
     attempt), the current straggler and the history of changes (``StragglerWatch.to_json``)."""
+    environment: dict[str, Any] | None = None
+    """The project's environment the ranks ran in (``venvs.runenv.Environment.to_json``),
+    None without ``requirements``."""
     ended_by: str = ""
     """Who ended the job from outside, when someone did (Slurm: scancel, the time limit,
     preemption, a requeue): the job was stopped, it did not fail (``interrupted``)."""
@@ -201,6 +208,10 @@ class RunResult:
             "failures": [_failure_json(f) for f in self.failures],
             "hang_report": None if self.hang_report is None else self.hang_report.to_json(),
             "straggler": self.straggler,
+            "nccl": {n.host: n.nccl for n in self.nodes if n.nccl is not None},
+            **({"environment": {**self.environment, "python": {
+                str(r.rank): r.python for r in self.ranks if r.python}}}
+               if self.environment is not None else {}),
             "ranks": [{"rank": r.rank, "host": r.host, "local_rank": r.local_rank,
                        "exit_code": r.exit_code, "status": r.status, "duration_s": r.duration,
                        "started_at": r.started_at, "ended_at": r.ended_at}
@@ -213,6 +224,7 @@ class RunResult:
                        "address": n.facts.get("address"),
                        "torchrun_pid": n.facts.get("torchrun_pid"),
                        "torch": n.facts.get("torch"), "nccl": n.facts.get("nccl"),
+                       "rdma": n.facts.get("rdma"),
                        "guard_exit": n.guard_exit, "reason": n.reason,
                        "transport_exit": n.transport_exit, "escalations": n.escalations,
                        "after_loss": n.after_loss, "gpu_errors": n.gpu_errors}

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ptcluster.errors import PtclusterError
 from ptcluster.node import safefile
+from ptcluster.node.records import valid_job_id
 
 if TYPE_CHECKING:  # (types only: the control socket's clients read names here, nothing more)
     from ptcluster.launch.options import RunOptions
@@ -166,6 +167,8 @@ def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
 
 def run_dir_for(job_id: str, base: str | Path | None) -> Path:
     """The run directory of job ``job_id`` under ``base`` (``--run-dir``) or the default."""
+    if not valid_job_id(job_id):
+        raise ValueError(f"{job_id[:80]!r} is not a job id")
     return Path(base or DEFAULT_RUNS_DIR) / job_id
 
 

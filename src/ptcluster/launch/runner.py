@@ -99,13 +99,16 @@ class Runner:
                  options: RunOptions | None = None, on_data: DataSink | None = None,
                  restarts: Restarts | None = None,
                  ended_by: Callable[[], str | None] | None = None,
-                 console_dropped: Callable[[], int] | None = None) -> None:
+                 console_dropped: Callable[[], int] | None = None,
+                 environment: dict[str, Any] | None = None) -> None:
         self.plan = self._first = plan
         self.restarts = restarts
         self.ended_by = ended_by
         """After a failed attempt: who ended it from outside, if anyone did (Slurm's scancel,
         time limit, preemption): then it is not the job's failure, and never restarted."""
         self.console_dropped = console_dropped
+        self.environment = environment
+        """``summary.json``'s ``environment`` (``venvs.runenv``), None without one."""
         """How many of the lines given to ``on_line`` its console skipped (for the summary)."""
         self.run_dir = run_dir
         self.layout = RunDir(run_dir)
@@ -159,6 +162,7 @@ class Runner:
             result.console_dropped = self.console_dropped()
         result.log_errors = [f"{error} ({self.logs.lost.get(name, 0)} line(s) missing)"
                              for name, error in self.logs.errors.items()]
+        result.environment = self.environment
         self.layout.write_summary(result)
         return result
 

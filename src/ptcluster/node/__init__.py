@@ -66,5 +66,10 @@ ALLREDUCE = Program("allreduce", _N + "rank.allreduce", RANK)
 BENCH_WORKER = Program("bench", _N + "rank.bench_worker", RANK)
 """``ptcluster bench``'s sweep, in every rank."""
 
+VENVS = Program("venvs", _N + "venv_agent")
+"""The project's environment on a node: have, receive, build, check, list, prune."""
+CKPT_LIST = Program("ckpt-list", _N + "ckpt_list")
+"""``ptcluster collect``'s node program: what the node holds of a checkpoint directory."""
+
 PROGRAMS = (GUARD, SHIM, TORCHRUN_AGENT, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE, ALLREDUCE,
-            BENCH_WORKER)
+            BENCH_WORKER, VENVS, CKPT_LIST)

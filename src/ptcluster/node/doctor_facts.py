@@ -34,6 +34,7 @@ from ptcluster.node.accel import gpus, sh, torch_facts
 from ptcluster.node.firewall import firewall_state, rule_counts
 from ptcluster.node.health import gpu_warnings, health
 from ptcluster.node.netif import AUTO_PORTS, interfaces, route_dev, route_interface
+from ptcluster.node.rdma import read_rdma
 from ptcluster.node.wire import Kind, control, encode, hello, split
 
 
@@ -72,6 +73,7 @@ def collect(cfg: dict[str, Any]) -> dict[str, Any]:
         "peers": {},
         "firewall": firewall(),
         "gpus": gpus(),
+        "rdma": read_rdma(),
     }
     facts["interfaces"], facts["interfaces_error"] = interfaces()
     for peer in cfg.get("peers", []):

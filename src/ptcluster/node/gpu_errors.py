@@ -36,7 +36,11 @@ XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{1,8}(?::[0-9a-fA-F]{1,
 XID_PID = re.compile(r"pid='?(\d+)'?")
 XID_NAME = re.compile(r"name=([^,]*)")
 DRIVER_LOADED = "NVRM: loading NVIDIA UNIX"
-"""The driver's first line when its module loads: every GPU starts afresh."""
+"""The driver's first line when its module loads: every GPU starts afresh.
+
+Both are read at the start of a record's text only (``re.match``, ``startswith``): other kernel
+lines carry text users choose (an exec'd path, a control group's name), which must never read
+as the driver's word (review M2)."""
 XID_RECOVERY = re.compile(r"recovery action changed from .* to 0x[0-9a-fA-F]+ \(([^)]*)\)")
 """Xid 154's text: the action the driver now asks for (``None``, ``GPU Reset Required``,
 ``Node Reboot Required``, ``Drain and Reset``)."""
@@ -89,7 +93,7 @@ WARN_XIDS = (63, 92)
 
 def parse_xid(text: str) -> dict[str, Any] | None:
     """A kernel line's Xid: ``{pci, xid, pid (0: unknown), name, text}``; None for any other."""
-    m = XID_LINE.search(text)
+    m = XID_LINE.match(text)  # at the start: see DRIVER_LOADED
     if m is None:
         return None
     rest = m.group(3)
@@ -140,7 +144,7 @@ def xids_in(records: list[tuple[float, str]]) -> list[dict[str, Any]]:
     and ``stale`` (the driver loaded again after it)."""
     out: list[dict[str, Any]] = []
     for at, text in records:
-        if DRIVER_LOADED in text:
+        if text.startswith(DRIVER_LOADED):
             for earlier in out:
                 earlier["stale"] = True
             continue

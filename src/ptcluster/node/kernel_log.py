@@ -3,8 +3,12 @@ is 1 on Ubuntu since 20.10) or ``journalctl -k`` (groups adm, systemd-journal, w
 journalctl(1)). Each record comes as ``(seconds since boot, text)``: the kernel stamps records
 with its monotonic clock, immune to the wall clock's steps (``boot_wall`` turns it into a time).
 
-Lines written into ``/dev/kmsg`` from user space carry the ``user`` facility, the driver's
-``kern``: nothing here filters on it (the tests write the driver's lines that way).
+Only the kernel's own records are read: facility ``kern`` (kmsg's ``PRI`` >> 3 == 0; the
+journal's ``SYSLOG_FACILITY``). Lines written into ``/dev/kmsg`` from user space carry another
+(the kernel makes ``kern`` ``user``), and journald may forward any user's messages there. The
+project's tests, on machines without a GPU, write the driver's lines that way as root: their
+guards set ``TEST_USER_LINES`` (read from the guard's own environment, which only its user
+sets) to read those too.
 
 Standard library only; a part of the guard and of the doctor's facts program.
 """
@@ -25,6 +29,17 @@ LOG_JOURNAL_TIMEOUT = 5.0
 """Seconds a ``journalctl`` read may take."""
 LOG_KMSG = "/dev/kmsg"
 LOG_JOURNAL = "journalctl -k"
+
+KERN = 0
+"""The kernel's facility (syslog's ``LOG_KERN``)."""
+TEST_USER_LINES = "PTCLUSTER_TEST_KMSG_USER_LINES"
+"""Set to 1 by the tests alone: records of the ``user`` facility are read as the kernel's."""
+
+
+def facilities() -> tuple[int, ...]:
+    """The facilities whose records are the kernel's word here."""
+    return (KERN, 1) if os.environ.get(TEST_USER_LINES) == "1" else (KERN,)
+
 
 LogRecord = tuple[float, str]
 """One line of the log: (seconds since boot, its text)."""
@@ -56,8 +71,10 @@ def open_kmsg(at_end: bool) -> int | None:
 
 
 def read_kmsg(fd: int) -> list[LogRecord]:
-    """The records waiting (``prio,seq,usec,flags;text``, /dev/kmsg's format)."""
+    """The kernel's records waiting (``prio,seq,usec,flags;text``, /dev/kmsg's format; the
+    others skipped: ``facilities``)."""
     out = []
+    allowed = facilities()
     for _ in range(100000):
         try:
             record = os.read(fd, 8192)
@@ -72,10 +89,11 @@ def read_kmsg(fd: int) -> list[LogRecord]:
         head, _, text = record.decode(errors="replace").partition(";")
         fields = head.split(",")
         try:
-            usec = int(fields[2])
+            usec, facility = int(fields[2]), int(fields[0]) >> 3
         except (IndexError, ValueError):
-            usec = 0
-        out.append((usec / 1e6, text.split("\n", 1)[0]))
+            continue
+        if facility in allowed:
+            out.append((usec / 1e6, text.split("\n", 1)[0]))
     return out
 
 
@@ -98,7 +116,7 @@ def read_journal(since: float | None = None) -> list[LogRecord]:
     """This boot's kernel lines from the journal (those since the wall time ``since``, where
     given), as JSON: the record's own monotonic stamp (``_SOURCE_MONOTONIC_TIMESTAMP``, µs)."""
     argv = ["journalctl", "-k", "-b", "0", "-q", "--no-pager", "-o", "json",
-            "--output-fields=MESSAGE,_SOURCE_MONOTONIC_TIMESTAMP"]
+            "--output-fields=MESSAGE,_SOURCE_MONOTONIC_TIMESTAMP,SYSLOG_FACILITY"]
     if since is not None:
         argv.append(f"--since=@{int(since) - 1}")
     try:
@@ -106,7 +124,7 @@ def read_journal(since: float | None = None) -> list[LogRecord]:
                              stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return []
-    out = []
+    out, allowed = [], facilities()
     for line in run.stdout.decode(errors="replace").splitlines():
         try:
             entry = json.loads(line)
@@ -115,6 +133,8 @@ def read_journal(since: float | None = None) -> list[LogRecord]:
         text = entry.get("MESSAGE") if isinstance(entry, dict) else None
         if not isinstance(text, str):  # (a list of bytes where it was not UTF-8)
             continue
+        if str(entry.get("SYSLOG_FACILITY", KERN)) not in {str(f) for f in allowed}:
+            continue  # (user space's line forwarded into the kernel's log)
         stamp = entry.get("_SOURCE_MONOTONIC_TIMESTAMP") or entry.get("__MONOTONIC_TIMESTAMP")
         try:
             at = int(stamp) / 1e6
@@ -147,7 +167,7 @@ def oomd_lines(lines: list[str]) -> list[tuple[str, str]]:
     """The (control group, why) of each of systemd-oomd's kill lines among ``lines``."""
     out = []
     for line in lines:
-        m = OOMD_KILL.search(line)
+        m = OOMD_KILL.match(line)  # (at the start: a control group's name is free text)
         if m is not None:
             out.append((m.group(1), m.group(2).strip()))
     return out

@@ -23,7 +23,7 @@ import sys
 import time
 
 from ptcluster.node.leases import RECORD_MODE, held_all, kill_note
-from ptcluster.node.records import unlink, write_record
+from ptcluster.node.records import unlink, valid_job_id, write_record
 from ptcluster.node.wire import Kind, encode, hello
 
 
@@ -63,6 +63,8 @@ def _signal(pid: int, uid: int, job_id: str, signum: int) -> bool:
 
 
 def end_job(job_id: str, signame: str, by: dict) -> dict:
+    if not valid_job_id(job_id):  # (kill's note is named by it, in the shared lease dir)
+        return {"found": False, "error": f"{job_id[:80]!r} is not a job id"}
     here = socket.gethostname()  # (a lock directory may be shared with other nodes)
     guards = [r for r in held_all() if r.get("resource") == f"job-{job_id}"
               and r.get("job_id") == job_id and r.get("node") == here

@@ -43,7 +43,7 @@ import socket
 import stat
 import time
 
-from ptcluster.node.records import alive, read_record, unlink, write_record
+from ptcluster.node.records import alive, read_record, unlink, valid_job_id, write_record
 from ptcluster.node.safefile import create_new, open_regular
 
 LEASE_DIR = "/run/lock"
@@ -159,6 +159,12 @@ def _open_lock(directory: str, name: str, create: bool) -> int:
     raise OSError(errno.EAGAIN, f"{path} keeps being replaced")
 
 
+PLANTED = frozenset({errno.EISDIR, errno.EINVAL, errno.ELOOP, errno.EACCES, errno.EPERM,
+                     errno.ENXIO, errno.ENOTDIR, errno.EAGAIN, errno.ENODEV})
+"""How a lock path that is not an openable regular file fails (a directory, link, FIFO, device,
+mode-000 file): busy, held by an unknown holder; passed over, never a refusal (review M1)."""
+
+
 def _same_file(fd: int, path: str) -> bool:
     """``fd`` is the file at ``path`` now (not one unlinked, or replaced, since it was opened)."""
     try:
@@ -174,7 +180,14 @@ def _lock(directory: str, name: str, create: bool, mode: int) -> int | None:
     waiting) and still the file at its path; None when another process holds it."""
     path = os.path.join(directory, name + _LOCK)
     for _ in range(10):
-        fd = _open_lock(directory, name, create)
+        try:
+            fd = _open_lock(directory, name, create)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            if exc.errno in PLANTED:
+                return None  # busy: held by an unknown holder (whoever put it there)
+            raise
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -307,6 +320,7 @@ def well_formed(record: object) -> bool:
             and isinstance(uid, int) and not isinstance(uid, bool) and 0 <= uid < 2 ** 32
             and _number(since) and 0 <= float(since or 0) < 2 ** 33
             and all(isinstance(record.get(k), str) for k in _TEXT if record.get(k) is not None)
+            and (record.get("job_id") is None or valid_job_id(record["job_id"]))
             and (ranks is None or (isinstance(ranks, list) and len(ranks) == 2 and all(
                 isinstance(r, int) and not isinstance(r, bool) for r in ranks))))
 

@@ -32,14 +32,24 @@ SOCK_VAR = "PTCLUSTER_GUARD_SOCK"
 SHIM_VAR = "PTCLUSTER_SHIM"
 """Env var of every rank: the path of the shim the guard wrote into its private temp dir (the
 stack probe is its neighbour). A path, not code: a rank's environment carries configuration."""
-SHIM_BOOT = (f"import os;f=open(os.environ[{SHIM_VAR!r}]);s=f.read();f.close();"
+NO_DOT = "import sys,os;sys.path[:]=[p for p in sys.path if p not in('','.')];"
+"""First in every ``-c`` program ptcluster starts in a rank's working directory (by default the
+head's: a cloned repository): ``-c`` puts the current directory first on ``sys.path``, and its
+``json.py`` or ``torch/`` would be imported instead (review M3; node programs:
+``remote.bootstrap``). ``os`` and ``sys`` are loaded before ``sys.path`` is read."""
+NO_CWD = NO_DOT[:-2] + "and os.path.abspath(p)!=os.getcwd()];"
+"""``NO_DOT``, and the working directory by any spelling (a ``PYTHONPATH`` entry): for
+ptcluster's own programs (torchrun's agent; doctor's and bench's ranks: ``node.rank.shim``)."""
+SHIM_BOOT = (NO_DOT + f"f=open(os.environ[{SHIM_VAR!r}]);s=f.read();f.close();"
              "exec(compile(s,'ptcluster-shim','exec'))")
-"""The code torchrun runs for every rank (``-c``): the shim, from the file the guard wrote."""
+"""The code torchrun runs for every rank (``-c``): the shim, from the file the guard wrote (it
+puts back what the user's program expects, as python would: ``node.rank.shim.run_in_process``;
+a user's own ``PYTHONPATH`` stays)."""
 SHIM_FILE, AGENT_FILE = "shim.py", "torchrun_agent.py"
 """The shim's name in that dir (the packer names a handed program by its module's file; the
 stack probe travels in it), and that of torchrun's agent program
 (``node/rank/torchrun_agent.py``), which the guard runs too."""
-AGENT_BOOT = ("import sys;p=sys.argv.pop(1);f=open(p);s=f.read();f.close();"
+AGENT_BOOT = (NO_CWD + "p=sys.argv.pop(1);f=open(p);s=f.read();f.close();"
               "exec(compile(s,'ptcluster-torchrun','exec'))")
 """``python -c AGENT_BOOT PATH TORCHRUN_ARGS``: the agent program from the file the guard wrote
 (its path the first argument, taken off before torchrun parses the rest)."""
@@ -89,6 +99,11 @@ AGENT_ERROR_VAR, AGENT_ERROR_FILE = "TORCHELASTIC_ERROR_FILE", "torchrun-error.j
 ``ErrorHandler``: ``{"message": {"message": "TYPE: TEXT", ...}}``): a file in the guard's temp
 dir, read when torchrun fails with no rank failed (its rendezvous). Each rank gets its own path
 from torchrun instead."""
+
+CKPT_ROOT_VAR = "PTCLUSTER_CKPT_ROOT"
+"""Where ``ptcluster.checkpoint`` puts a relative ``dir`` on this node (default: the rank's
+working directory, the workdir). Nobody sets it for a job; a user may (a node's local scratch
+disk), and the tests give each simulated node its own so that nothing is shared by accident."""
 
 STACK_SIGNAL = signal.SIGRTMIN + 7
 """The guard's "dump your stacks" signal, answered by the probe's faulthandler (glibc keeps

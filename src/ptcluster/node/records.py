@@ -13,8 +13,19 @@ the reader to judge. Which directory is trusted, and which owners, stays with ea
 
 import json
 import os
+import re
 
 from ptcluster.node.safefile import create_new, read_regular
+
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""What a job id is, everywhere one becomes a path (a lease's or a kill note's name, a run
+directory, a registry entry, a guard's temp dir): no separator, no leading dot, no control
+character (``re.fullmatch``: a trailing newline does not pass)."""
+
+
+def valid_job_id(job_id: object) -> bool:
+    """Whether ``job_id`` can name an entry: the one check of a job id, head and node (L5)."""
+    return isinstance(job_id, str) and JOB_ID.fullmatch(job_id) is not None
 
 
 def write_record(path: str, record: dict, mode: int, dir_fd: int | None = None,

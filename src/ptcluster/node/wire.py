@@ -69,7 +69,8 @@ class Kind:
     """Sampler -> head: one sample of the node."""
     # setup's agent
     FACTS = "facts"
-    """Head -> setup ``{only}``: read these fact sections; setup -> head: the facts."""
+    """Head -> setup ``{only}``: read these fact sections; setup -> head: the facts. The
+    environment's agent sends its platform so, unasked, after ``hello``."""
     RUN = "run"
     """Head -> setup: run one step's command."""
     SUDO = "sudo"
@@ -79,9 +80,26 @@ class Kind:
     # the probe of a lost node
     BOOT = "boot"
     """Probe -> head, once: ``{boot_id, uptime, time, guard_alive, kernel}`` (``node.probe``)."""
+    # collect's node program
+    CKPT = "ckpt"
+    """Ckpt-list -> head, once: ``{root, steps, missing?}``, what the node's disk holds of a
+    checkpoint directory (``node.ckpt_list``)."""
     # kill's node program
     RESULT = "result"
     """Kill -> head: what was signalled."""
+    # the environment's agent (``node.venv_agent``): each asked and answered with its kind
+    HAVE = "have"
+    """Which of these wheels the node's store holds; whether the environment is there, whole."""
+    BLOB = "blob"
+    """Head -> venvs ``{sha256, size}``, then exactly ``size`` raw bytes: one wheel."""
+    BUILD = "build"
+    """Build the environment where it is missing or changed; the outcome."""
+    CHECK = "check"
+    """The full check (every file's hash, the packages): ``{findings}``."""
+    VENVS = "venvs"
+    """The user's environments on the node."""
+    PRUNE = "prune"
+    """Remove the environments no job uses beyond the most recent N and a size cap."""
 
 
 KILLED_BY = "ended by `ptcluster kill` from {host} ({user})"
@@ -164,6 +182,9 @@ class ReadyFacts(TypedDict, total=False):
     """This node's address on ``interface``: where peers reach it."""
     torchrun_pid: int
     """Added by the head from the ``started`` frame."""
+    rdma: dict[str, str]
+    """``NCCL_IB_HCA`` / ``NCCL_IB_GID_INDEX`` as this node's RDMA devices call for them
+    (``node.rdma.rdma_env``); the ranks get each one ``env:`` and the node leave unset."""
     torch: str
     nccl: str
     """The versions of torch and of NCCL's wheel in the node's python (absent: not installed);

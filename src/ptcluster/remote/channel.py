@@ -35,6 +35,8 @@ from ptcluster.remote.transport import Transport, explain_start_failure
 
 log = logging.getLogger(__name__)
 STDERR_TAIL = 40
+PENDING_MAX = 256 << 10
+"""Bytes the hub takes from a channel's queue per write event at most."""
 
 
 class NodeChannel:
@@ -96,6 +98,18 @@ class NodeChannel:
         """Queue a frame for the node (never blocks)."""
         self._queue(encode(kind, payload))
 
+    def send_raw(self, data: bytes) -> None:
+        """Queue raw bytes for the node (never blocks): what a frame announced (a wheel after
+        its ``blob`` frame). Queue in pieces and watch ``queued``: the hub copies what is
+        queued on every write."""
+        self._queue(data)
+
+    @property
+    def queued(self) -> int:
+        """Bytes queued for the node, not yet written to its pipe."""
+        with self._lock:
+            return len(self._out)
+
     def close_input(self) -> None:
         """EOF to the node program (it ends its work and exits), after what is queued; a
         channel still waiting for its turn (``start_all``'s window) is then never started:
@@ -141,9 +155,12 @@ class NodeChannel:
 
     # -- the hub's side (its thread) and the fan-out window's ----------------------------------
     def pending(self) -> tuple[bytes, bool]:
-        """What is queued for the node, and whether its input is to end after it."""
+        """The first :data:`PENDING_MAX` bytes queued for the node, and whether its input is to
+        end after them (the hub asks again while more is queued: a large queue, a wheel on its
+        way, is not copied whole for every 64 KiB the pipe takes)."""
         with self._lock:
-            return bytes(self._out), self._eof_asked
+            return bytes(self._out[:PENDING_MAX]), self._eof_asked and \
+                len(self._out) <= PENDING_MAX
 
     def written(self, count: int) -> bool:
         """The first ``count`` bytes queued are written (or lost with the pipe); True while

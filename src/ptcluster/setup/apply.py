@@ -26,6 +26,7 @@ from ptcluster.cluster.model import ClusterSpec, NodeSpec, SlurmSetupSpec, SshSp
 from ptcluster.errors import Problem
 from ptcluster.node import SETUP_AGENT as SETUP
 from ptcluster.node.wire import Kind
+from ptcluster.remote import replies
 from ptcluster.remote.channel import NodeChannel
 from ptcluster.remote.sync import tar_pipe
 from ptcluster.remote.transport import SshTransport, remote_command, ssh_argv
@@ -346,8 +347,9 @@ class Setup:
             if d.phase != phase or (phase == 1 and before[d.name].status == P.OK):
                 continue
             if d.sections:  # the step's own facts, read again right now
-                facts.update(session.ask(Kind.FACTS, {"only": list(d.sections)},
-                                         self.opts.timeout * 3))
+                only = list(d.sections)
+                facts.update(replies.fresh(session.ask(Kind.FACTS, {"only": only},
+                                                       self.opts.timeout * 3), only))
             cluster = self.cluster
             step = d.plan(node.host, facts, cluster)  # this step alone, from those facts
             if d.wheelhouse and step.status == P.CHANGE:
@@ -425,7 +427,8 @@ class Setup:
         facts = session.ask(Kind.FACTS, {"only": self.sections()}, self.opts.timeout * 3)
         outcome.after = P.plan_node(node.host, facts, self.cluster)
         if P.pending(outcome.after) and self.cluster.manifest is not None:
-            facts.update(session.ask(Kind.FACTS, {"only": ["wheels"]}, self.opts.timeout * 3))
+            facts.update(replies.fresh(session.ask(Kind.FACTS, {"only": ["wheels"]},
+                                                   self.opts.timeout * 3), ["wheels"]))
             outcome.after = P.plan_node(node.host, facts, self.cluster)
         self.on_event(node.host, "converged" if not P.pending(outcome.after) else
                       "not converged")

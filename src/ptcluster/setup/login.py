@@ -14,6 +14,7 @@ from ptcluster.cluster.model import NodeSpec, SshSpec
 from ptcluster.errors import Problem
 from ptcluster.node.wire import Kind, control, split
 from ptcluster.remote.channel import NodeChannel
+from ptcluster.remote.replies import BadReply, facts_reply
 from ptcluster.remote.transport import SshTransport, ssh_argv
 from ptcluster.setup.secret import Askpass
 
@@ -53,6 +54,11 @@ class NodeSession:
                               "check the node's python3 and ssh (-v shows more)")
         if got == "bad":
             raise NodeFailure(f"the node sent a bad frame ({value})", "report this bug")
+        if kind == Kind.FACTS:  # checked here, before any part of setup reads it
+            try:
+                return facts_reply(value, payload.get("only"))
+            except BadReply as exc:
+                raise NodeFailure(exc.what, exc.fix) from None
         return dict(value)
 
 

@@ -24,12 +24,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ptcluster.cluster.model import SlurmSetupSpec
+from ptcluster.node.slurm_facts import HW_KEYS
+from ptcluster.remote import replies
 from ptcluster.setup.plan import BLOCKED, CHANGE, OK, ClusterFacts, Step, StepAction, StepDef
 
 SLURM_DIR = "~/.ptcluster/slurm"
@@ -96,7 +99,7 @@ def plugins(facts: dict[str, dict[str, Any]]) -> tuple[dict[str, str], str]:
 
 
 def gpu_count(facts: dict[str, Any]) -> int:
-    return int(facts.get("gpu", {}).get("count") or 0)
+    return int(gpu_count_raw(facts))
 
 
 def gres_conf(facts: dict[str, dict[str, Any]]) -> str | None:
@@ -175,6 +178,11 @@ def slurm_cluster(spec: SlurmSetupSpec, facts: dict[str, dict[str, Any] | None],
     if any(f is None or "slurm" not in f for f in facts.values()):
         return SlurmCluster(spec.controller, {}, "", sha, b64)
     known = {h: f for h, f in facts.items() if f is not None}
+    refused = [f"{h}: {why}" for h, f in known.items() for why in [unsafe_facts(f)] if why]
+    refused += [f"a kept line {line[:80]!r}" for line in keep if not _KEPT.fullmatch(line)]
+    if refused:  # (the facts were checked as they came: replies.facts_reply; this is a 2nd wall)
+        return SlurmCluster(spec.controller, {}, "no Slurm files are written: " +
+                            "; ".join(refused), sha, b64)
     conf, why = slurm_conf(spec, known, addrs, keep)
     guessed = sorted(h for h, f in known.items() if f["slurm"]["hw_from"] != "slurmd -C")
     if guessed:
@@ -187,6 +195,31 @@ def slurm_cluster(spec: SlurmSetupSpec, facts: dict[str, dict[str, Any] | None],
     if all(f["slurm"]["cgroup"] == "v2" for f in known.values()):  # as ``plugins`` chose
         files["cgroup.conf"] = CGROUP_CONF
     return SlurmCluster(spec.controller, files, why, sha, b64)
+
+
+_KEPT = re.compile(r"NodeName=[A-Za-z0-9][A-Za-z0-9.-]*( [A-Za-z]+=[A-Za-z0-9_.,:()/-]*)*")
+"""A removed node's line kept from the old slurm.conf (``slurm_apply.conf_nodes``): words alone."""
+
+
+def unsafe_facts(facts: dict[str, Any]) -> str | None:
+    """Why a node's facts may not go into the files root writes on every node (None: they
+    may): each value written there is checked where it is written, whatever checked it before
+    (``remote.replies``): the name a DNS name, the hardware whole numbers, ``/dev/nvidiaN``."""
+    try:
+        replies.hostname("hostname", facts.get("hostname"))
+        replies.number(0, replies.MAX_GPUS)("gpu.count", gpu_count_raw(facts))
+        hw = facts["slurm"]["hw"]
+        for key in HW_KEYS:
+            replies.number(0, replies.MAX_HW)(f"slurm.hw.{key}", hw.get(key))
+        for i, path in enumerate(facts["slurm"].get("gpu_files") or []):
+            replies.gpu_file(f"slurm.gpu_files[{i}]", path)
+    except replies.BadReply as exc:
+        return exc.what
+    return None
+
+
+def gpu_count_raw(facts: dict[str, Any]) -> Any:
+    return facts.get("gpu", {}).get("count") or 0
 
 
 # -- the steps --------------------------------------------------------------------------------
@@ -281,8 +314,9 @@ def _needs_files(plan: Any) -> Any:
     """A cluster-wide step blocked until every node's Slurm facts are in (``cf.slurm``)."""
     def step(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
         if cf.slurm is None or not cf.slurm.files or "slurm" not in facts:
-            return Step(plan.__name__.strip("_"), BLOCKED, "not every node answered: the "
-                        "cluster's Slurm files need the facts of all of them")
+            return Step(plan.__name__.strip("_"), BLOCKED, (cf.slurm and cf.slurm.why) or
+                        "not every node answered: the cluster's Slurm files need the facts "
+                        "of all of them")
         return plan(host, facts, cf)  # type: ignore[no-any-return]
     step.__name__ = plan.__name__
     return step

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ptcluster.cluster.model import NodeSpec
 from ptcluster.node.wire import Kind
+from ptcluster.remote import replies
 from ptcluster.setup import plan as P
 from ptcluster.setup.slurm import SlurmCluster, head_munge_key, node_name, slurm_cluster
 
@@ -85,11 +86,12 @@ def cluster_wide(setup: Setup) -> None:
     ctl = setup.slurm.controller
 
     def refresh(node: NodeSpec) -> None:
-        fresh = setup.sessions[node.host].ask(Kind.FACTS, {"only": ["slurm"]},
-                                              setup.opts.timeout * 3)
+        only = ["slurm"]
+        reply = setup.sessions[node.host].ask(Kind.FACTS, {"only": only},
+                                              setup.opts.timeout * 3)  # (checked: replies)
         facts = setup._facts[node.host]
-        if facts is not None:
-            facts.update(fresh)
+        if facts is not None:  # the slurm section alone: never the hostname checked at connect
+            facts.update(replies.fresh(reply, only))
 
     setup._parallel(refresh)
     setup.cluster = replace(setup.cluster, slurm=cluster_slurm(setup, drain_removed(setup)))

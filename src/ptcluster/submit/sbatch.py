@@ -38,6 +38,9 @@ SIGNAL_LEAD = 120
 """Seconds of warning before the end: ``--signal=USR2@SIGNAL_LEAD``."""
 _TIME = re.compile(r"\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}")
 _WORD = re.compile(r"[A-Za-z0-9_.,+-]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""A line break ends a ``#SBATCH`` line (and makes the rest a line of the script) whatever the
+quoting: no control character goes into the script at all."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +88,20 @@ class SubmitConfig:
                                  f"use letters, digits and _.,+- in {name}")
         if not self.run_dir.is_absolute() or not self.workdir.is_absolute():
             raise ValueError("run_dir and workdir are absolute")
+        _refuse_control([("the working directory", str(self.workdir)),
+                         ("--run-dir", str(self.run_dir)), ("the interpreter", self.python),
+                         *(("an argument", arg) for arg in self.run_args)])
+
+
+def _refuse_control(values: list[tuple[str, str]]) -> None:
+    """Every value the batch script holds is one shell word or one ``#SBATCH`` line: a control
+    character (a line break above all) would start a line of its own, run as the user."""
+    for what, value in values:
+        if _CONTROL.search(value):
+            raise UsageError(f"{what} {value!r} holds a control character (a line break ends a "
+                             "line of the batch script)",
+                             "use names without line breaks or control characters (rename "
+                             "the folder and cd into it, or pass --run-dir elsewhere)")
 
 
 def new_run_dir(base: Path) -> Path:

@@ -98,6 +98,8 @@ class RankStart:
     rank: int
     pid: int
     node_time: float
+    python: str = ""
+    """The rank's interpreter (its ``sys.executable``)."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,9 @@ class GuardExit:
     reason: str
     error: str = ""
     """What ended torchrun itself, ``TYPE: TEXT`` (its error file), when the guard has it."""
+    nccl: dict[str, Any] | None = None
+    """What NCCL chose on the node, read from its own log (``node.nccl_log``): transport, HCAs,
+    GID index; and the likely cause when it used sockets though the node has HCAs."""
 
 
 @dataclass(frozen=True)
@@ -238,7 +243,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         return GuardStopping(host, str(body.get("reason", "")), float(body["t"]), signal,
                              killed_by(str(body.get("killed_by") or "")) if signal else "")
     if kind == wire.Kind.RSTART:
-        return RankStart(host, int(body["rank"]), int(body["pid"]), float(body["t"]))
+        return RankStart(host, int(body["rank"]), int(body["pid"]), float(body["t"]),
+                         str(body.get("python") or ""))
     if kind == wire.Kind.REXIT:
         code = body.get("code")
         return RankExit(host, int(body["rank"]), None if code is None else int(code),
@@ -261,7 +267,7 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         return Started(host, int(body["pid"]))
     if kind == wire.Kind.EXIT:
         return GuardExit(host, int(body["code"]), str(body.get("reason", "")),
-                         str(body.get("error") or ""))
+                         str(body.get("error") or ""), nccl_chosen(body.get("nccl")))
     raise ValueError(f"unknown frame kind {kind!r}")
 
 
@@ -277,6 +283,28 @@ def killed_by(said: str) -> str:
     other text for it."""
     found = _KILLER.fullmatch(said)
     return wire.KILLED_BY.format(host=found[1], user=found[2]) if found else ""
+
+
+NCCL_KEYS = ("transport", "hca", "link", "sockets", "gid_index", "ranks", "hcas", "cause")
+
+
+def nccl_chosen(said: Any) -> dict[str, Any] | None:
+    """A guard's ``nccl`` as the head keeps it: its known keys only, each a short string, a
+    number or a list of short strings (a node's text, cleaned again where it is shown)."""
+    if not isinstance(said, dict):
+        return None
+    out: dict[str, Any] = {}
+    for key in NCCL_KEYS:
+        value = said.get(key)
+        if isinstance(value, bool) or value is None:
+            out[key] = None
+        elif isinstance(value, int):
+            out[key] = value
+        elif isinstance(value, list):
+            out[key] = [str(v)[:64] for v in value[:16]]
+        else:
+            out[key] = str(value)[:300]
+    return out
 
 
 def _opt_float(value: Any) -> float | None:

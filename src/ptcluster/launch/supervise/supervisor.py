@@ -223,6 +223,7 @@ class Supervisor(JobState):
         rank = self._rank(e.host, e.rank)
         if rank is not None:
             rank.record.started_at = at = self._corrected(e.host, e.node_time)
+            rank.record.python = e.python
             if self._first_rank_start is None or at < self._first_rank_start:
                 self._first_rank_start = at
         return []
@@ -300,6 +301,8 @@ class Supervisor(JobState):
     def _guard_exit(self, e: ev.GuardExit, now: float) -> list[Action]:
         node = self._nodes[e.host]
         node.guard_exit, node.reason = e.code, e.reason
+        if e.nccl is not None:
+            node.nccl = e.nccl
         if self._life[e.host].stop_at is not None:
             return [Status(f"{e.host}: stopped")]
         if e.code == 0:

@@ -56,6 +56,7 @@ from ptcluster.node.guard.refusal import GuardError
 from ptcluster.node.guard.spawn import (
     HANDED,
     agent_error,
+    nccl_said,
     pump_agent,
     rank_env,
     start_torchrun,
@@ -65,6 +66,7 @@ from ptcluster.node.guard.spawn import (
 from ptcluster.node.guard.teardown import teardown, wait_child
 from ptcluster.node.guard.tmpdirs import job_dir, remove_stale, user_tmp
 from ptcluster.node.leases import Lease, read_kill_notes
+from ptcluster.node.records import unlink, write_record
 from ptcluster.node.safefile import remove_tree
 from ptcluster.node.wire import (
     KILLED_BY,
@@ -89,7 +91,11 @@ class Guard:
         self.tmp_parent = ""
         """This user's parent of job directories (``guard.tmpdirs``), checked at the start."""
         self.tmpdir = ""
+        self.env: dict[str, str] = {}
+        """Its ranks' environment (torchrun's), once started."""
         self.pump_thread: threading.Thread | None = None
+        self.env_use = ""
+        """This job's use record of the project's environment it runs in ("": none)."""
         self.leases: list[Lease] = []
         """What this job holds on the node (the job, the master's port, its GPUs): released
         when the guard ends, however it ends (the kernel drops the locks with the process; on
@@ -115,8 +121,8 @@ class Guard:
         ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out, self.link.machine)
         self.link.meter = ProgressMeter(ranks.probes)
         self.link.ranks = ranks
-        self.child = start_torchrun(self.cfg, rank_env(self.cfg, facts, self.tmpdir, ranks.path),
-                                    self.tmpdir)
+        self.env = rank_env(self.cfg, facts, self.tmpdir, ranks.path)
+        self.child = start_torchrun(self.cfg, self.env, self.tmpdir)
         self.send(Kind.STARTED, {"pid": self.child.pid})
         self.pump_thread = pump_agent(self.child.stdout, self.out)
 
@@ -128,6 +134,7 @@ class Guard:
             self.tmp_parent = user_tmp()
             remove_stale(self.tmp_parent)  # what guards killed by SIGKILL left
             facts = precheck(self.cfg, HANDED, self.leases)
+            self.env_use = mark_env_use(self.cfg["argv"][0], self.cfg["job_id"])
         except GuardError as exc:
             self.send(Kind.ERROR, {"problem": exc.problem, "fix": exc.fix, "busy": exc.busy,
                                    "unhealthy": exc.unhealthy})
@@ -156,6 +163,7 @@ class Guard:
             self.pump_thread.join(timeout=2.0)
         if self.link.ranks is not None:
             self.link.ranks.close(EXIT_WAIT)  # every rank's last lines and exit before ours
+        said.update(nccl_said(self.tmpdir, self.env))  # what NCCL chose, from its own log
         self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time(), **said})
         if self.link.machine is not None:
             self.link.machine.close()
@@ -172,6 +180,23 @@ class Guard:
                                            user=killed.get("user", "?"))
         self.send(Kind.STOPPING, {"reason": stop.reason, "t": stop.time, "signal": stop.signal,
                                   "killed_by": stop.reason if killed else ""})
+
+
+def mark_env_use(python: str, job_id: str) -> str:
+    """Where torchrun runs in a project environment (``ROOT/envs/DIGEST/bin/python``,
+    ``node.venv_store``): a record of this job's use of it, naming this guard's pid, in
+    ``ROOT/uses`` (``ptcluster venvs --prune`` never removes an environment in use); its
+    path, or "" where none."""
+    parts = os.path.expanduser(python).split(os.sep)
+    if len(parts) < 5 or parts[-4:-2] != ["envs", parts[-3]] or parts[-2:] != ["bin", "python"] \
+            or len(parts[-3]) != 64:
+        return ""
+    path = os.path.join(os.sep.join(parts[:-4]), "uses", f"{job_id}.json")
+    try:
+        write_record(path, {"pid": os.getpid(), "job_id": job_id, "digest": parts[-3]}, 0o600)
+    except OSError:
+        return ""
+    return path
 
 
 def main() -> int:
@@ -197,6 +222,8 @@ def main() -> int:
         guard.out.flush()  # what came after the last frame (a descendant's, torchrun's)
         for lease in guard.leases:  # (its ranks are gone: its files go, then its locks)
             lease.release()
+        if guard.env_use:
+            unlink(guard.env_use)
         guard.finished.set()
 
 

@@ -55,9 +55,12 @@ from ptcluster.node.kernel_log import (
 LOG_WAIT = 1.0
 """Seconds the guard waits at most for the kernel's account of a kill it counted (the line is
 written just after the signal; journald copies it a moment later)."""
-KILLED = re.compile(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(.*)")
+KILLED = re.compile(r"(?:Memory cgroup out of memory|Out of memory)(?: \([a-z_]+\))?: "
+                    r"Kill(?:ed)? process (\d+) \((.*)\)( total-vm:.*| score .*|)$")
 """The kernel's line for each victim (mm/oom_kill.c: ``%s: Killed process %d (%s) total-vm:…,
-anon-rss:…kB, file-rss:…kB, shmem-rss:…kB, UID:…``; older kernels ``Kill process N (x)``)."""
+anon-rss:…kB, file-rss:…kB, shmem-rss:…kB, UID:…``; older kernels ``Kill process N (x)``), at
+the start of the record only (a control group's name in another line is free text: review M2);
+the name is the longest before what follows it (a ``comm`` may hold ``)``)."""
 RSS = re.compile(r"(anon|file|shmem)-rss:(\d+)kB")
 JOURNAL_EVERY = 5.0
 """Seconds between two reads of the journal for Xids while ranks run (a ``journalctl`` each;
@@ -240,17 +243,17 @@ class MachineWatch:
                 self.parse(line, at)
 
     def parse(self, line: str, at: float = 0.0) -> None:
-        if "NVRM: Xid" in line:
+        if line.startswith("NVRM: Xid"):  # (each at the start of the record: M2)
             self.xid(line, at)
             return
-        if "oom-kill:" in line:  # the line before: why (CONSTRAINT_NONE: the node's memory,
-            # CONSTRAINT_MEMCG: a memory group's limit) and which group
+        if line.startswith("oom-kill:"):  # the line before: why (CONSTRAINT_NONE: the node's
+            # memory, CONSTRAINT_MEMCG: a memory group's limit) and which group
             said = dict(kv.partition("=")[::2] for kv in line.split("oom-kill:", 1)[1].split(","))
             if said.get("pid", "").isdigit():
                 self.pending[int(said["pid"])] = {"constraint": said.get("constraint", ""),
                                                   "memcg": said.get("oom_memcg", "")}
             return
-        m = KILLED.search(line)
+        m = KILLED.match(line)
         if m is None:
             return
         pid = int(m.group(1))

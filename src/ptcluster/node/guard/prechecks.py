@@ -25,6 +25,8 @@ from ptcluster.node.health import boot, health, unfit
 from ptcluster.node.leases import NO_LEASES, Lease, Leasing, describe
 from ptcluster.node.netif import AUTO_PORTS, address_on, route_interface
 from ptcluster.node.rank_wire import AGENT_FILE, BACKEND_VAR, SHIM_FILE
+from ptcluster.node.rdma import rdma_env, read_rdma
+from ptcluster.node.records import valid_job_id
 from ptcluster.node.wire import GuardConfig, ReadyFacts
 
 
@@ -69,6 +71,7 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
     if chosen:
         facts["gpus"] = chosen
     _interface(cfg, facts)
+    facts["rdma"] = rdma_env(read_rdma())
     facts.update(versions())
     return facts
 
@@ -244,6 +247,9 @@ def port_in_use(port: int) -> str | None:
 def lease_job(owner: dict[str, Any], leasing: Leasing) -> Lease:
     """The job's own lease on this node (``job-ID``): its record is what ``ptcluster ps`` lists
     and ``ptcluster kill`` signals (the guard's pid), on every node of the job."""
+    if not valid_job_id(owner.get("job_id")):  # (it names files in the shared lease dir)
+        raise GuardError(f"{str(owner.get('job_id'))[:80]!r} is not a job id",
+                         "start the job with ptcluster run (it makes the id)")
     try:
         lease = leasing.take(f"job-{owner['job_id']}", owner)
     except OSError as exc:

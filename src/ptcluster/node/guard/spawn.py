@@ -17,6 +17,7 @@ from typing import Any
 from ptcluster.node.guard.outbox import Outbox
 from ptcluster.node.guard.prechecks import node_python
 from ptcluster.node.guard.proctree import libc_prctl
+from ptcluster.node.nccl_log import DEBUG_FILE, DEBUG_SUBSYS, IB, read_dir
 from ptcluster.node.rank_wire import (
     ACCELERATE_CPU,
     AGENT_BOOT,
@@ -30,6 +31,7 @@ from ptcluster.node.rank_wire import (
     SOCK_VAR,
     TORCHRUN_LOG_VAR,
 )
+from ptcluster.node.rdma import fallback_cause, read_rdma
 from ptcluster.node.wire import GuardConfig, Kind, ReadyFacts, encode_text
 
 PR_SET_PDEATHSIG = 1
@@ -86,11 +88,44 @@ def rank_env(cfg: GuardConfig, facts: ReadyFacts, tmpdir: str, sock: str) -> dic
     if interface:
         for var in IFNAME_VARS:
             env.setdefault(var, interface)
+    for key, value in (facts.get("rdma") or {}).items():
+        if key == GID_VAR and any(k in env for k in GID_CHOOSERS):
+            continue  # the user asked NCCL to choose the GID another way
+        env.setdefault(key, value)  # the user's env: (and the node's own) first
+    if (facts.get("gpus") or {}).get("indices") and not any(v in env for v in NCCL_LOG_VARS):
+        env.update(zip(NCCL_LOG_VARS, ("INFO", DEBUG_SUBSYS, os.path.join(tmpdir, DEBUG_FILE)),
+                       strict=True))
     env[SOCK_VAR] = sock
     env[SHIM_VAR] = os.path.join(tmpdir, SHIM_FILE)
     env[TORCHRUN_LOG_VAR] = tmpdir  # torchrun's own files: removed with the temp dir
     env[AGENT_ERROR_VAR] = os.path.join(tmpdir, AGENT_ERROR_FILE)
     return env
+
+
+GID_VAR = "NCCL_IB_GID_INDEX"
+GID_CHOOSERS = ("NCCL_IB_ADDR_FAMILY", "NCCL_IB_ADDR_RANGE", "NCCL_IB_ROCE_VERSION_NUM")
+"""NCCL's own ways to pick the GID (2.21 and later): set, they leave the index to NCCL."""
+NCCL_LOG_VARS = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
+"""Set on a node with GPUs unless the user's ``env:`` or the node sets one of them: NCCL's init
+lines go to a file per rank in the job's directory (the console stays as it was), for
+:func:`nccl_said`."""
+
+
+def nccl_said(tmpdir: str, env: dict[str, str]) -> dict[str, Any]:
+    """What NCCL chose on this node (``node.nccl_log``: the transport, HCAs, GID index), from
+    the files its ranks wrote; with the likely cause when it used sockets though the node has
+    HCAs. ``{}`` when NCCL wrote nothing here."""
+    found = read_dir(tmpdir) if env.get("NCCL_DEBUG_FILE", "").startswith(tmpdir) else None
+    if found is None:
+        return {}
+    if found["gid_index"] is None and found["transport"] == IB and \
+            env.get("NCCL_IB_GID_INDEX", "").lstrip("-").isdigit():
+        found["gid_index"] = int(env["NCCL_IB_GID_INDEX"])  # what the ranks were given
+    devices = read_rdma()
+    if devices and found["transport"] != IB:
+        found["hcas"] = [d["name"] for d in devices]
+        found["cause"] = fallback_cause(devices, env)
+    return {"nccl": found}
 
 
 def agent_error(tmpdir: str) -> str:

@@ -113,7 +113,8 @@ def run_target(argv: list[str]) -> int:
             s.close()  # the target holds them now: EOF comes when it (and its children) end
     _send(ctl, START, {"pid": child.pid, "shim_pid": parent, "t": start,
                          "streams": int(out is not None) + int(err is not None),
-                         "local_rank": int(os.environ.get("LOCAL_RANK", "-1"))})
+                         "local_rank": int(os.environ.get("LOCAL_RANK", "-1")),
+                         "python": sys.executable})
 
     def forward(signum: int, frame: object) -> None:
         try:
@@ -137,16 +138,19 @@ def run_in_process(argv: list[str]) -> None:
     when it returns (or exits 0), say so too: the rest is the interpreter's shutdown."""
     _install_probe()
     try:
+        # (SHIM_BOOT took "" off sys.path: the user's program gets its
+        # own first entry back, as python gives it; ptcluster's own -c programs none)
         if argv[0] == "-m":
             sys.argv = argv[1:]
+            sys.path.insert(0, os.getcwd())
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        elif argv[0] == "-c":
+        elif argv[0] == "-c":  # (only ptcluster's own: doctor's and bench's rank programs)
             sys.argv = ["-c", *argv[2:]]
-            sys.path[0] = ""
+            sys.path[:] = [p for p in sys.path if os.path.abspath(p) != os.getcwd()]
             exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
         else:
             sys.argv = argv
-            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
         if exc.code in (None, 0):

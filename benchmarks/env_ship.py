@@ -1,0 +1,112 @@
+"""The project's environment on 3 bare nodes (issue 42's figures): a lock of >= 40 MB of wheels
+(made here: incompressible, 8 packages) plus the uv wheel that travels with it.
+
+- first: the environment step for all nodes (resolve stands in: the wheels are given), against
+  one machine's own `uv pip install` from a local folder of the same wheels (a fresh uv cache,
+  copies, as the nodes do) and the same done with pip (`pip --python ENV install`);
+- unchanged: the environment step when every node has it (what it adds to a `run`), median;
+- head egress: bytes of wheels sent over the channels, per run, against the wheels' bytes.
+
+Needs root (the testbed) and a uv wheel (PTC_UV_WHEEL, or the testbed's cache).
+
+    .venv/bin/python benchmarks/env_ship.py [--repeat 5] [--mb 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import ROOT, median, show
+
+sys.path.insert(0, str(ROOT))
+from ptcluster.venvs.runenv import use_environment  # noqa: E402
+from tests.support import testbed as tb  # noqa: E402
+from tests.support.bare import BareNode, BareOptions  # noqa: E402
+from tests.support.wheels import uv_wheel  # noqa: E402
+from tests.testbed.test_venvs import USER, Project  # noqa: E402
+
+
+def local_install(files: list[Path], tool: str, uv: Path, work: Path) -> float:
+    """Seconds for this machine's own venv + install of ``files`` (a fresh venv and cache)."""
+    env_dir = work / f"env-{tool}-{time.monotonic_ns()}"
+    cache = work / f"cache-{time.monotonic_ns()}"
+    t0 = time.perf_counter()
+    if tool == "uv":
+        steps = [[str(uv), "venv", "--quiet", "--python", "/usr/bin/python3", str(env_dir)],
+                 [str(uv), "pip", "install", "--quiet", "--offline", "--no-index", "--no-deps",
+                  "--link-mode", "copy", "--cache-dir", str(cache), "--python",
+                  str(env_dir / "bin" / "python"), *map(str, files)]]
+    else:
+        steps = [["/usr/bin/python3", "-m", "venv", "--without-pip", str(env_dir)],
+                 [sys.executable, "-m", "pip", "--python", str(env_dir / "bin" / "python"),
+                  "install", "--quiet", "--no-index", "--no-deps", "--no-cache-dir",
+                  *map(str, files)]]
+    for argv in steps:
+        subprocess.run(argv, check=True, capture_output=True, timeout=600)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--mb", type=int, default=48)
+    args = ap.parse_args()
+    uv = uv_wheel()
+    if uv is None:
+        raise SystemExit("no uv wheel: set PTC_UV_WHEEL")
+    with tempfile.TemporaryDirectory(prefix="env-ship-", dir="/var/tmp") as tmp, tb.Testbed(
+            3, bare=BareOptions(nodes=tuple(BareNode(sudo="none", extra_users=((USER, "pw"),))
+                                            for _ in range(3)))) as bed:
+        bed.trust_host_keys()
+        for node in bed.nodes:
+            bed.root_exec(node, "sh", "-c", "cat > /etc/hosts", input=bed.hosts_text)
+        project = Project(bed, Path(tmp))
+        per = args.mb * 2**20 // 8
+        wheels = [project.wheel(f"pkg{i}", "1.0", padding=per) for i in range(8)]
+        choose = project.choose(*wheels)
+        t0 = time.perf_counter()
+        first = use_environment(project.spec, choose, project.locate, source="bench")
+        first_s = time.perf_counter() - t0
+        (env,) = first.shipped.envs.values()
+        wheel_bytes = sum(w.size for w in (*env.wheels, *env.tools))
+        unchanged, second_bytes = [], 0
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            again = use_environment(project.spec, choose, project.locate, source="bench")
+            unchanged.append(time.perf_counter() - t0)
+            second_bytes = max(second_bytes, again.shipped.bytes_sent)
+        files = [project.locate(w) for w in env.wheels]
+        uv_bin = Path(tmp) / "uv"
+        import zipfile
+
+        with zipfile.ZipFile(uv) as z:
+            uv_bin.write_bytes(z.read(next(n for n in z.namelist()
+                                           if n.endswith(".data/scripts/uv"))))
+        os.chmod(uv_bin, 0o755)
+        one_uv = median([local_install(files, "uv", uv_bin, Path(tmp)) for _ in range(3)])
+        one_pip = median([local_install(files, "pip", uv_bin, Path(tmp)) for _ in range(3)])
+        builds = {h: n.seconds for h, n in first.shipped.nodes.items()}
+    show([
+        ("wheels", f"{len(env.wheels)} + uv, {wheel_bytes / 2**20:.1f} MiB"),
+        ("first run, environment step, 3 nodes", f"{first_s:.2f} s (builds: " + ", ".join(
+            f"{h} {s:.2f} s" for h, s in builds.items()) + ")"),
+        ("one machine's own uv pip install", f"{one_uv:.2f} s (median of 3)"),
+        ("one machine's own pip install", f"{one_pip:.2f} s (median of 3)"),
+        ("ratio first / own uv (goal <= 2.0 here)", f"{first_s / one_uv:.2f}"),
+        ("ratio first / own pip (goal <= 0.5)", f"{first_s / one_pip:.2f}"),
+        ("unchanged: environment step (goal <= 0.3 s)",
+         f"{median(unchanged):.2f} s (median of {args.repeat})"),
+        ("head egress, first run / wheel bytes (goal <= 3.1)",
+         f"{first.shipped.bytes_sent / wheel_bytes:.3f}"),
+        ("head egress of wheels, unchanged run (goal < 1 MiB)", f"{second_bytes} bytes"),
+    ])
+
+
+if __name__ == "__main__":
+    main()

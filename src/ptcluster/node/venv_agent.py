@@ -1,0 +1,439 @@
+"""The node side of the project's environment (``venvs``): which wheels and environment this
+node has, the missing wheels received, the environment built, checked, listed and pruned.
+
+Shipped like every node program (``remote.bootstrap``) and run by the node's ``python:`` (setup's
+venv, whose torch and ptcluster the environment sees beneath its own packages). Standard library
+only. Where things live: ``node.venv_store``.
+
+  stdin  line 2   JSON config: ``{root}`` (default ``~/.ptcluster``)
+  stdout          after ``hello``: ``facts {python, machine, glibc, free}`` (what to resolve for)
+                  ``have {digest, wheels: [sha256]}`` -> ``have {missing, env, why, python,
+                  machine, glibc, free, path}``
+                  ``blob {sha256, size}`` then exactly ``size`` raw bytes: stored under its
+                  sha256 once verified (nothing answered; a failure is kept for ``build``)
+                  ``build {digest, resolved}`` -> ``build {ok, python, built, seconds,
+                  problem, fix}``
+                  ``check {digest, wheels}`` -> ``check {findings, python}``
+                  ``venvs {}`` -> ``venvs {envs}``; ``prune {keep, max_bytes}`` -> ``prune {...}``
+                  ``bye``: end once what was asked is done; ``stop`` or EOF: end now (a build
+                  in progress is killed, its folder removed)
+
+Wheel bytes travel raw on the channel itself (after their ``blob`` line): the one transport every
+connector has (ssh, srun, local), each wheel once to each node that lacks it, and no second
+connection; base64 in JSON would send a third more.
+"""
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from typing import BinaryIO
+
+from ptcluster.node.safefile import remove_tree
+from ptcluster.node.venv_store import (
+    BUILD_PREFIX,
+    GRACE,
+    LOCK_PREFIX,
+    MANIFEST,
+    cheap_check,
+    disk_problem,
+    dist_version,
+    free_bytes,
+    full_check,
+    listing,
+    manifest_files,
+    mark_used,
+    prune,
+    read_manifest,
+    site_packages,
+    uses,
+)
+from ptcluster.node.wire import Kind, control, encode, hello, split
+
+LAYER = "_ptcluster_layer.pth"
+"""The file in an environment's site-packages that appends setup's venv's site-packages (torch,
+ptcluster) after its own: the project's packages first, torch and ptcluster beneath."""
+CHUNK = 1 << 20
+
+
+class Node:
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(os.path.expanduser(root))
+        self.store = os.path.join(self.root, "store", "sha256")
+        self.envs = os.path.join(self.root, "envs")
+        for d in (self.root, self.store, self.envs, os.path.join(self.root, "uses")):
+            os.makedirs(d, mode=0o700, exist_ok=True)
+        self.failed: dict[str, dict] = {}
+        """Wheels that did not arrive whole: sha256 -> {problem, fix}."""
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen | None = None
+        self.building: str | None = None
+        self.cancelled = False
+
+    # -- have ---------------------------------------------------------------------------------
+    def env_dir(self, digest: str) -> str:
+        return os.path.join(self.envs, digest)
+
+    def env_state(self, digest: str) -> tuple[str, str]:
+        """("ok" | "missing" | "changed", why)."""
+        env = self.env_dir(digest)
+        if not os.path.isdir(env):
+            return "missing", ""
+        manifest = read_manifest(env)
+        why = cheap_check(env, manifest) if manifest is not None else f"no {MANIFEST}"
+        return ("changed", why) if why else ("ok", "")
+
+    def platform(self) -> dict:
+        """What the head resolves for: this interpreter's version, the machine, glibc's; and
+        the torch and ptcluster the environment is layered on (this interpreter's: setup's),
+        which a lock must not pin otherwise ("" where absent)."""
+        libc, version = platform.libc_ver()
+        return {"python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+                "machine": platform.machine(), "glibc": version if libc == "glibc" else "",
+                "free": free_bytes(self.root), "torch": dist_version("torch"),
+                "ptcluster": dist_version("ptcluster")}
+
+    def have(self, msg: dict) -> dict:
+        digest = msg["digest"]
+        state, why = self.env_state(digest)
+        if state == "ok":
+            mark_used(self.root, digest)
+        missing = [s for s in msg.get("wheels", [])
+                   if not os.path.isfile(os.path.join(self.store, s))]
+        return {"digest": digest, "env": state, "why": why, "missing": missing,
+                **self.platform(), "path": os.path.join(self.env_dir(digest), "bin", "python")}
+
+    # -- blobs --------------------------------------------------------------------------------
+    def receive(self, stdin: BinaryIO, msg: dict) -> None:
+        """Exactly ``size`` bytes from ``stdin`` (always all of them: the channel stays in
+        step), stored as ``store/sha256/HEX`` when their digest is ``sha256``."""
+        sha, size = str(msg["sha256"]), int(msg["size"])
+        tmp = os.path.join(self.store, f".part-{sha}-{secrets.token_hex(4)}")
+        h, left, out, problem = hashlib.sha256(), size, None, None
+        try:
+            out = open(tmp, "xb")
+        except OSError as exc:
+            problem = disk_problem(tmp, exc)
+        while left:
+            block = stdin.read(min(CHUNK, left))
+            if not block:
+                break
+            left -= len(block)
+            h.update(block)
+            if out is not None and problem is None:
+                try:
+                    out.write(block)
+                except OSError as exc:
+                    problem = disk_problem(tmp, exc) if exc.errno in (
+                        errno.ENOSPC, errno.EDQUOT) else {"problem": f"cannot write {tmp}: {exc}",
+                                                         "fix": "check that file system"}
+        try:
+            if out is not None:
+                out.close()
+        except OSError as exc:
+            problem = problem or disk_problem(tmp, exc)
+        if left:
+            problem = {"problem": f"the head's stream ended {left} bytes short of {sha[:12]}",
+                       "fix": "run again"}
+        elif problem is None and h.hexdigest() != sha:
+            problem = {"problem": f"a wheel arrived with sha256 {h.hexdigest()[:12]}, not "
+                       f"{sha[:12]} (damaged on the way)", "fix": "run again"}
+        if problem is None:
+            os.rename(tmp, os.path.join(self.store, sha))
+            self.failed.pop(sha, None)
+        else:
+            remove_tree(tmp)
+            self.failed[sha] = problem
+        if left:
+            raise EOFError
+
+    # -- build --------------------------------------------------------------------------------
+    def build(self, msg: dict) -> dict:
+        digest, resolved = msg["digest"], msg["resolved"]
+        begun = time.monotonic()
+        for w in [*resolved["wheels"], *resolved["tools"]]:
+            if w["sha256"] in self.failed:
+                return {"digest": digest, "ok": False, **self.failed[w["sha256"]]}
+            if not os.path.isfile(os.path.join(self.store, w["sha256"])):
+                return {"digest": digest, "ok": False, "problem": f"wheel {w['filename']} is not "
+                        "in this node's store", "fix": "run again"}
+        lock = os.open(os.path.join(self.envs, LOCK_PREFIX + digest),
+                       os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another job's build of it: wait for it
+            state, why = self.env_state(digest)
+            built = state != "ok"
+            if built:
+                running = uses(self.root).get(digest)
+                if state == "changed" and running:  # never removed under a running job
+                    return {"digest": digest, "ok": False,
+                            "problem": f"its environment changed since the build ({why}) and "
+                            f"job {', '.join(running)} runs in it",
+                            "fix": "end that job (or wait for it), then run again: the "
+                            "environment is rebuilt then"}
+                if state == "changed":  # never used: put aside, removed, built anew
+                    aside = os.path.join(self.envs, f"{BUILD_PREFIX}stale-{digest}-"
+                                         f"{secrets.token_hex(4)}")
+                    os.rename(self.env_dir(digest), aside)
+                    remove_tree(aside)
+                answer = self.make(digest, resolved)
+                if answer is not None:
+                    return {"digest": digest, "ok": False, **answer}
+            mark_used(self.root, digest)
+        finally:
+            os.close(lock)
+        return {"digest": digest, "ok": True, "built": built, "rebuilt_why": why,
+                "python": os.path.join(self.env_dir(digest), "bin", "python"),
+                "seconds": round(time.monotonic() - begun, 3)}
+
+    def make(self, digest: str, resolved: dict) -> dict | None:
+        """Build into ``.build-DIGEST-RAND`` and rename it into place; None when done, else
+        ``{problem, fix}`` (the partial folder removed)."""
+        tmp = os.path.join(self.envs, f"{BUILD_PREFIX}{digest}-{secrets.token_hex(4)}")
+        with self.lock:
+            if self.cancelled:
+                return {"problem": "stopped", "fix": "run again"}
+            self.building = tmp
+        try:
+            problem = self.install(tmp, resolved)
+            if problem is None:
+                final = self.env_dir(digest)
+                relocate(tmp, final)
+                write_manifest(tmp, digest, resolved)
+                with self.lock:
+                    if self.cancelled:
+                        problem = {"problem": "stopped", "fix": "run again"}
+                    else:
+                        os.rename(tmp, final)
+                        self.building = None
+        except OSError as exc:
+            problem = disk_problem(tmp, exc) if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
+                else {"problem": f"building {tmp}: {exc}", "fix": "check that file system"}
+        if problem is not None:
+            with self.lock:
+                self.building = None
+            remove_tree(tmp)
+        return problem
+
+    def install(self, tmp: str, resolved: dict) -> dict | None:
+        base = base_python()
+        uv = self.uv(resolved["tools"])
+        links = tmp + ".links"
+        os.mkdir(links, 0o700)
+        try:  # the wheels under their real names (uv and pip read tags from the name)
+            for w in resolved["wheels"]:
+                os.link(os.path.join(self.store, w["sha256"]), os.path.join(links, w["filename"]))
+            files = [os.path.join(links, w["filename"]) for w in resolved["wheels"]]
+            env = {**os.environ, "UV_CACHE_DIR": os.path.join(self.root, "uv-cache"),
+                   "UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1"}
+            if uv is not None:
+                steps = [[uv, "venv", "--quiet", "--relocatable", "--python", base, tmp]]
+                if files:
+                    steps.append([uv, "pip", "install", "--quiet", "--offline", "--no-index",
+                                  "--no-deps", "--link-mode", "copy", "--python",
+                                  os.path.join(tmp, "bin", "python"), *files])
+            else:
+                # pip only where uv cannot serve: no uv wheel for this node's platform came
+                # with the environment (uv publishes wheels for the common platforms only)
+                steps = [[base, "-m", "venv", "--without-pip", tmp]]
+                if files:
+                    steps.append([sys.executable, "-m", "pip", "--python",
+                                  os.path.join(tmp, "bin", "python"), "install", "--quiet",
+                                  "--no-index", "--no-deps", "--no-compile", *files])
+            for argv in steps:
+                code, out = self.command(argv, env)
+                if code != 0:
+                    return self.failure(tmp, argv, code, out)
+            write_layer(tmp)
+        finally:
+            remove_tree(links)
+        return None
+
+    def failure(self, tmp: str, argv: list, code: int, out: str) -> dict:
+        if "No space left" in out or "Disk quota" in out:
+            return disk_problem(tmp, OSError(errno.ENOSPC, out.strip().splitlines()[-1]))
+        last = out.strip().splitlines()[-1] if out.strip() else f"exit status {code}"
+        return {"problem": f"{os.path.basename(argv[0])} {argv[1]} failed: {last}",
+                "fix": "run `ptcluster doctor` on this node; the wheels may not suit its "
+                       "platform"}
+
+    def command(self, argv: list, env: dict) -> tuple[int, str]:
+        with self.lock:
+            if self.cancelled:
+                return 130, "stopped"
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env,
+                                         start_new_session=True)
+        out, _ = self.proc.communicate()
+        with self.lock:
+            code, self.proc = self.proc.returncode, None
+        return code, out.decode(errors="replace")
+
+    def uv(self, tools: list) -> str | None:
+        """uv, taken from the uv wheel that came with the environment (once per version)."""
+        for w in tools:
+            if w["name"] != "uv":
+                continue
+            folder = os.path.join(self.root, "tools", f"uv-{w['version']}")
+            path = os.path.join(folder, "uv")
+            if os.access(path, os.X_OK):
+                return path
+            tmp = f"{folder}.{secrets.token_hex(4)}"
+            os.makedirs(tmp, 0o700)
+            with zipfile.ZipFile(os.path.join(self.store, w["sha256"])) as z:
+                name = next(n for n in z.namelist() if n.endswith(".data/scripts/uv"))
+                with z.open(name) as src, open(os.path.join(tmp, "uv"), "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            os.chmod(os.path.join(tmp, "uv"), 0o755)
+            try:
+                os.rename(tmp, folder)
+            except OSError:  # another build took it there first
+                remove_tree(tmp)
+            return path
+        return None
+
+    def cancel(self) -> None:
+        """Stop now (the head is gone, or said stop): the build's command killed (its whole
+        group), its folder removed."""
+        with self.lock:
+            self.cancelled = True
+            proc, tmp = self.proc, self.building
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+        if tmp is not None:
+            remove_tree(tmp)
+            remove_tree(tmp + ".links")
+
+
+def base_python() -> str:
+    """The interpreter setup's venv was made from (``python -m venv`` from inside a venv makes
+    one of the base too): the environment is a venv of it, never of a venv."""
+    if sys.prefix == sys.base_prefix:
+        return sys.executable
+    return getattr(sys, "_base_executable", "") or os.path.join(
+        sys.base_prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+def write_layer(tmp: str) -> None:
+    """The ``.pth`` that puts this interpreter's site-packages (setup's venv: torch, ptcluster)
+    after the environment's own; ``addsitedir`` so that their own ``.pth`` files work too (an
+    editable install's finder)."""
+    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    line = "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in dirs)
+    with open(os.path.join(site_packages(tmp), LAYER), "w") as f:
+        f.write(line + "\n")
+
+
+def relocate(tmp: str, final: str) -> None:
+    """Scripts whose first line names the build folder's python name the final one instead
+    (pip writes absolute shebangs; uv's relocatable venv needs none of this)."""
+    bindir = os.path.join(tmp, "bin")
+    old, new = f"#!{tmp}/".encode(), f"#!{final}/".encode()
+    for name in os.listdir(bindir):
+        path = os.path.join(bindir, name)
+        if os.path.islink(path) or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            data = f.read()
+        if data.startswith(old):
+            with open(path, "wb") as f:
+                f.write(new + data[len(old):])
+
+
+def write_manifest(tmp: str, digest: str, resolved: dict) -> None:
+    record = {"digest": digest, "resolved": resolved, "created": time.time(),
+              "base": base_python(), "files": manifest_files(tmp)}
+    with open(os.path.join(tmp, MANIFEST), "w") as f:
+        json.dump(record, f)
+
+
+def serve(node: Node, kind: str, msg: dict) -> tuple[str, dict]:
+    if kind == Kind.HAVE:
+        return kind, node.have(msg)
+    if kind == Kind.BUILD:
+        return kind, node.build(msg)
+    if kind == Kind.CHECK:
+        env = node.env_dir(msg["digest"])
+        findings = full_check(env, msg.get("wheels", [])) if os.path.isdir(env) else \
+            [{"what": "the environment was never built here"}]
+        return kind, {"digest": msg["digest"], "findings": findings,
+                      "python": os.path.join(env, "bin", "python")}
+    if kind == Kind.VENVS:
+        return kind, {"envs": listing(node.root)}
+    return kind, prune(node.root, int(msg.get("keep", 3)), int(msg.get("max_bytes", 20 << 30)),
+                       float(msg.get("grace", GRACE)))
+
+
+def main() -> None:
+    stdin = sys.stdin.buffer
+    cfg = json.loads(stdin.readline())
+    out = sys.stdout.buffer
+    node = Node(cfg.get("root") or "~/.ptcluster")
+    out.write(hello("venvs"))
+    out.write(encode(Kind.FACTS, node.platform()))  # (the head resolves for it meanwhile)
+    out.flush()
+    requests: list = []
+    ready = threading.Condition()
+
+    def worker() -> None:  # requests in order, off the reading thread: it sees EOF at once
+        while True:
+            with ready:
+                while not requests:
+                    ready.wait()
+                item = requests.pop(0)
+            if item is None:
+                return
+            kind, msg = item
+            try:
+                answer_kind, answer = serve(node, kind, msg)
+            except Exception as exc:  # noqa: BLE001 - one line to the head, never a hang
+                answer_kind, answer = kind, {"ok": False, "problem": f"{type(exc).__name__}: "
+                                             f"{exc}", "fix": "report this bug"}
+            out.write(encode(answer_kind, answer))
+            out.flush()
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    try:
+        for raw in iter(stdin.readline, b""):
+            kind, payload = split(raw.decode().rstrip("\n"))
+            if kind == Kind.BYE:
+                with ready:
+                    requests.append(None)
+                    ready.notify()
+                thread.join()
+                os._exit(0)
+            if kind == Kind.STOP:
+                break
+            if kind == Kind.HB:
+                continue
+            msg = control(payload)
+            if kind == Kind.BLOB:
+                node.receive(stdin, msg)
+            elif kind in (Kind.HAVE, Kind.BUILD, Kind.CHECK, Kind.VENVS, Kind.PRUNE):
+                with ready:
+                    requests.append((kind, msg))
+                    ready.notify()
+    except EOFError:
+        pass
+    node.cancel()  # stop, or EOF: the head was interrupted (Ctrl-C) or is gone
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""What a node may say, checked where the head receives it: the schema of setup's ``facts``
+replies.
+
+Node programs write these replies; the head decides what it believes. A node's facts shape files
+that root writes on *every* node (``slurm.conf``, ``gres.conf``, ``/etc/hosts``), so a reply is
+checked once, as it arrives (``setup.login.NodeSession.ask``), before any part of setup reads it:
+types, ranges, a hostname that is a DNS name, GPU device files by their pattern, and only the
+sections that were asked for (a reply's other keys are dropped, never merged into what the head
+already holds). A reply that fails is that node's failure, said in one line.
+
+It lives head-side (``remote/``, beside the channel) and not in ``node/``: the node programs
+only write replies, and a check shipped to the node would be the node's word about itself. Other
+readers of node replies can add their schema here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ptcluster.cluster.validate import is_dns_name
+from ptcluster.node.setup_facts import sections
+from ptcluster.node.slurm_facts import HW_KEYS, SERVICES, SLURM_FILES, SLURM_PACKAGES
+
+GPU_FILE = re.compile(r"/dev/nvidia\d{1,4}")
+"""A GPU's device file in ``gres.conf`` (``re.fullmatch``: a trailing newline does not pass)."""
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_TEXT = 1 << 20
+"""Longest string in a reply (a file's text: ``/etc/hosts``, the old ``slurm.conf``)."""
+MAX_WORD = 4096
+"""Longest one-line string (names, paths, versions)."""
+MAX_GPUS = 1024
+MAX_HW = 1 << 40
+"""Bound on each ``slurmd -C`` number (RealMemory is in MiB)."""
+
+IDENTITY = ("user", "uid", "home", "hostname", "python", "python_path", "sudo")
+"""Keys of every facts reply (``node.setup_agent.Node.facts``)."""
+SECTION_KEYS: dict[str, tuple[str, ...]] = {
+    "apt": ("packages",), "venv": ("venv",), "key": ("key_authorized",), "os": ("os", "gpu"),
+    "firewall": ("firewall",), "wheels": ("wheelhouse",), "hosts": ("hosts",),
+    "workdir": ("workdir",), "env": ("env_file", "interface", "interface_why"),
+    "slurm": ("slurm",),
+}
+"""The reply keys of each section (``node.setup_facts.SECTIONS``)."""
+
+
+class BadReply(ValueError):
+    """A reply the head does not believe: what is wrong with it, and the fix."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(what)
+        self.what = what
+        self.fix = fix
+
+
+Check = Callable[[str, Any], None]
+
+
+def _bad(where: str, value: object, want: str) -> BadReply:
+    return BadReply(f"the node's facts are refused: {where} is {_shown(value)}, not {want}",
+                    "check that node (what it sends goes into files root writes on every "
+                    "node; a node that sends this may be compromised)")
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def word(where: str, value: Any) -> None:
+    """One line of printable text."""
+    if not isinstance(value, str) or len(value) > MAX_WORD or CONTROL.search(value):
+        raise _bad(where, value, "one line of text")
+
+
+def text(where: str, value: Any) -> None:
+    """A file's text (lines allowed), or None."""
+    if value is not None and (not isinstance(value, str) or len(value) > MAX_TEXT):
+        raise _bad(where, value, "a file's text")
+
+
+def optional(check: Check) -> Check:
+    def either(where: str, value: Any) -> None:
+        if value is not None:
+            check(where, value)
+    return either
+
+
+def boolean(where: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise _bad(where, value, "true or false")
+
+
+def number(low: int, high: int) -> Check:
+    """An int in ``[low, high]`` (a bool is not one)."""
+    def check(where: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise _bad(where, value, f"a whole number from {low} to {high}")
+    return check
+
+
+def one_of(*allowed: str) -> Check:
+    def check(where: str, value: Any) -> None:
+        if value not in allowed:
+            raise _bad(where, value, " or ".join(repr(a) for a in allowed))
+    return check
+
+
+def mapping(values: Check, keys: tuple[str, ...] | None = None) -> Check:
+    """A dict of word keys (exactly ``keys`` when given) whose values pass ``values``."""
+    def check(where: str, value: Any) -> None:
+        if not isinstance(value, dict) or (keys is not None and set(value) != set(keys)):
+            raise _bad(where, value, "a table" + (f" of {', '.join(keys)}" if keys else ""))
+        for k, v in value.items():
+            word(f"{where} key", k)
+            values(f"{where}.{k}", v)
+    return check
+
+
+def record(fields: dict[str, Check]) -> Check:
+    """A dict with these keys (each checked; a missing key counts as None), and no other."""
+    def check(where: str, value: Any) -> None:
+        if not isinstance(value, dict) or not set(value) <= set(fields):
+            raise _bad(where, value, "a table of " + ", ".join(fields))
+        for k, field in fields.items():
+            field(f"{where}.{k}", value.get(k))
+    return check
+
+
+def listing(items: Check, most: int) -> Check:
+    def check(where: str, value: Any) -> None:
+        if not isinstance(value, list) or len(value) > most:
+            raise _bad(where, value, f"a list of at most {most}")
+        for i, item in enumerate(value):
+            items(f"{where}[{i}]", item)
+    return check
+
+
+def loose(where: str, value: Any) -> None:
+    """A value the plan only compares or shows (never writes into a file): any JSON, its
+    strings bounded."""
+    if isinstance(value, str):
+        text(where, value)
+    elif isinstance(value, dict):
+        mapping(loose)(where, value)
+    elif isinstance(value, list):
+        listing(loose, 100_000)(where, value)
+    elif value is not None and not isinstance(value, (bool, int, float)):
+        raise _bad(where, value, "JSON")
+
+
+def hostname(where: str, value: Any) -> None:
+    if not is_dns_name(value):
+        raise BadReply(f"the node says its hostname is {str(value)[:80]!r}, which is not a DNS "
+                       "name: setup writes no name of a node until it is one",
+                       "give the node a hostname of letters, digits, '-' and '.' (hostnamectl "
+                       "set-hostname NAME)")
+
+
+def gpu_file(where: str, value: Any) -> None:
+    if not isinstance(value, str) or not GPU_FILE.fullmatch(value):
+        raise _bad(where, value, "a GPU's device file (/dev/nvidiaN)")
+
+
+GPU = record({"count": number(0, MAX_GPUS), "driver": optional(word),
+              "compute_capability": listing(loose, MAX_GPUS)})
+SLURM = record({
+    "packages": mapping(boolean, SLURM_PACKAGES),
+    "hw": mapping(number(0, MAX_HW), HW_KEYS),
+    "hw_from": one_of("slurmd -C", "estimate"),
+    "cgroup": one_of("v1", "v2"),
+    "nvml": boolean,
+    "gpu_files": listing(gpu_file, MAX_GPUS),
+    "files": mapping(text, tuple(SLURM_FILES)),
+    "mtimes": mapping(optional(number(0, MAX_HW)), tuple(SLURM_FILES)),
+    "munge_key": optional(record({"exists": boolean, "owner": optional(word),
+                                  "mode": optional(word), "sha256": optional(word)})),
+    "services": mapping(record({"enabled": boolean, "active": boolean,
+                                "since": optional(number(0, MAX_HW))}), SERVICES),
+})
+FIELDS: dict[str, Check] = {
+    "user": word, "uid": number(0, 2**32), "home": word, "hostname": hostname,
+    "python": word, "python_path": word,
+    "sudo": record({"mode": one_of("root", "none", "nopasswd", "needs-password", "password",
+                                   "wrong-password"), "why": optional(text)}),
+    "gpu": GPU, "slurm": SLURM, "hosts": text, "env_file": text,
+    "interface": optional(word), "interface_why": optional(text),
+}
+"""Each key's check; any other key of an asked section is ``loose``."""
+
+
+def facts_reply(reply: dict[str, Any], only: list[str] | None) -> dict[str, Any]:
+    """``reply`` checked, with the keys of every section ``only`` asked for (and the node's
+    identity); anything else dropped. Raises :class:`BadReply`."""
+    if not isinstance(reply, dict):
+        raise _bad("the reply", reply, "a table")
+    wanted = list(IDENTITY) + [k for name in sections(only) for k in SECTION_KEYS.get(name, ())]
+    out: dict[str, Any] = {}
+    for key in wanted:
+        if key not in reply:
+            if key in IDENTITY:
+                raise _bad(key, None, "there (every reply names who and where the node is)")
+            continue  # (a section may say nothing: workdir without one)
+        FIELDS.get(key, loose)(key, reply[key])
+        out[key] = reply[key]
+    return out
+
+
+def fresh(reply: dict[str, Any], only: list[str] | None) -> dict[str, Any]:
+    """Of a checked reply, the sections ``only`` names: what a later ask may replace in facts
+    the head holds, and sudo's state (read with every ask); never the identity checked at
+    connect, never a key it did not ask for."""
+    keys = {"sudo", *(k for name in sections(only) for k in SECTION_KEYS.get(name, ()))}
+    return {k: v for k, v in reply.items() if k in keys}

@@ -1,0 +1,311 @@
+"""The project's environment onto every node, in parallel: ask each what it has, send only the
+wheels it lacks, build where the environment is missing or changed (``node.venv_agent``).
+
+One ``remote.group.Group`` of the ``venvs`` program: the same channels, window and per-node
+outcomes as doctor's. The wheels travel raw on each node's channel after a ``blob`` frame (the
+one way every connector has; each missing wheel once to each node), a megabyte at a time and
+at most ``WINDOW`` bytes queued per node, from this one thread. The library only yields events
+(``on_event(host, text)``); ``cli/`` prints them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ptcluster.errors import Problem
+from ptcluster.node import VENVS
+from ptcluster.node.wire import Kind
+from ptcluster.remote.group import Group, Member
+from ptcluster.venvs.resolve import check_torch
+from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
+
+SENDING, BUILDING = "sending", "building"
+PROGRESS_EVERY = 0.25
+"""Seconds between two progress events of a node whose wheels are on their way."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One node's step, as it happens: ``sending`` (``sent`` of ``total`` bytes), ``building``,
+    then its outcome (``final``: one per node; the only ones worth a line where no terminal
+    shows a live one)."""
+
+    host: str
+    state: str
+    text: str
+    sent: int = 0
+    total: int = 0
+    final: bool = False
+
+
+Event = Callable[[Progress], None]
+Choose = Callable[[Platform], ResolvedEnv]
+"""The environment resolved for a node's platform (``venvs.resolve.resolve``, one call per
+distinct platform): may raise a ``PtclusterError`` (nothing is sent then)."""
+Locate = Callable[[Wheel], Path]
+"""Where the head's store keeps a wheel's file (``venvs.store.WheelStore.path``)."""
+NODE_ROOT = "~/.ptcluster"
+"""The user's ptcluster directory on every node (``node.venv_store`` says what is in it)."""
+CHUNK = 1 << 20
+WINDOW = 4 << 20
+"""Bytes queued per node at most: the hub copies a node's queue on each write, so a whole wheel
+is never queued at once."""
+HAVE_TIMEOUT = 60.0
+BUILD_TIMEOUT = 1800.0
+UP_TO_DATE, BUILT, REBUILT, FAILED = "up to date", "built", "rebuilt", "failed"
+
+
+@dataclass(frozen=True)
+class NodeEnv:
+    """One node's outcome."""
+
+    host: str
+    state: str
+    """``up to date`` (nothing done), ``built``, ``rebuilt`` (it failed the cheap check:
+    ``why``), ``failed`` (``problem``)."""
+    digest: str = ""
+    """The environment's key on this node (one per distinct platform)."""
+    python: str | None = None
+    """The environment's interpreter there (absolute): the ranks' interpreter."""
+    wheels_sent: int = 0
+    bytes_sent: int = 0
+    seconds: float = 0.0
+    """The node's build time (0 when none)."""
+    why: str = ""
+    problem: Problem | None = None
+
+
+@dataclass(frozen=True)
+class ShipResult:
+    nodes: dict[str, NodeEnv]
+    envs: dict[str, ResolvedEnv]
+    """Every environment resolved, by digest."""
+
+    @property
+    def failed(self) -> dict[str, NodeEnv]:
+        return {h: n for h, n in self.nodes.items() if n.problem is not None}
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    @property
+    def digest(self) -> str:
+        """The environment's digest (the nodes' platforms' digests joined, where several)."""
+        return ",".join(sorted(self.envs))
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(n.bytes_sent for n in self.nodes.values())
+
+
+def wheel_json(w: Wheel) -> dict[str, Any]:
+    return {"name": w.name, "version": w.version, "filename": w.filename, "sha256": w.sha256,
+            "size": w.size}
+
+
+def node_record(env: ResolvedEnv) -> dict[str, Any]:
+    """The resolved set as the node keeps it (``ptcluster-env.json``'s ``resolved``): the
+    fields ``node.venv_agent`` reads, spelled here (not ``ResolvedEnv.to_json``, the run
+    dir's record, whose shape is the resolver's)."""
+    p = env.platform
+    return {"source": env.source, "kind": env.kind, "digest": env.digest,
+            "platform": {"python": p.python, "machine": p.machine, "glibc": p.glibc},
+            "wheels": [wheel_json(w) for w in env.wheels],
+            "tools": [wheel_json(w) for w in env.tools]}
+
+
+def platform_problem(host: str, env: ResolvedEnv, have: dict[str, Any]) -> Problem | None:
+    """A node whose interpreter or machine is not the environment's: refused before a byte."""
+    want = env.platform
+    if have.get("python") != want.python:
+        return Problem(host, f"its Python is {have.get('python')}, the environment "
+                       f"({env.source}) is resolved for Python {want.python}",
+                       f"set python: to a Python {want.python} on this node, or resolve "
+                       "for its version")
+    if have.get("machine") != want.machine:
+        return Problem(host, f"its machine is {have.get('machine')}, the environment is "
+                       f"resolved for {want.machine}", "resolve for every node's platform")
+    return None
+
+
+@dataclass
+class _Sending:
+    """What is left to send one node."""
+
+    wheels: deque[Wheel]
+    current: IO[bytes] | None = None
+    left: int = 0
+    sent: int = 0
+    total: int = 0
+    count: int = 0
+    done: list[str] = field(default_factory=list)
+
+
+def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
+         on_event: Event | None = None, have_timeout: float = HAVE_TIMEOUT,
+         build_timeout: float = BUILD_TIMEOUT) -> ShipResult:
+    """The environment ``choose`` resolves for each node's platform, on every member (its
+    ``config``: ``{"root": ...}``, default :data:`NODE_ROOT`): every node's outcome, a failed
+    node named with its problem, the others' work kept. Raises what ``choose`` raises (every
+    channel closed first, nothing sent)."""
+    say = on_event or (lambda progress: None)
+    group = Group(members, VENVS, answer=Kind.BUILD, kinds=(Kind.FACTS, Kind.HAVE))
+    out: dict[str, NodeEnv] = {}
+    envs: dict[str, ResolvedEnv] = {}
+    finished = False
+    try:
+        group.wait(Kind.FACTS, have_timeout)
+        by_host = _resolve(group, choose)
+        envs = {e.digest: e for e in by_host.values()}
+        for host, env in by_host.items():
+            group.send(host, Kind.HAVE, {"digest": env.digest,
+                                         "wheels": [w.sha256 for w in (*env.wheels, *env.tools)]})
+        group.wait(Kind.HAVE, have_timeout, hosts=list(by_host))
+        sending = _plan(group, by_host, out, say)
+        _stream(group, sending, locate, say)
+        building = [h for h in sending if group.alive(h)]
+        for host in building:
+            group.send(host, Kind.BUILD, {"digest": by_host[host].digest,
+                                          "resolved": node_record(by_host[host])})
+        group.wait(Kind.BUILD, build_timeout, hosts=building)
+        for host in building:
+            built = group.result.nodes[host].answers.get(Kind.BUILD)
+            out[host] = _built(host, by_host[host].digest, built, sending[host]) \
+                if built is not None else NodeEnv(host, FAILED, bytes_sent=sending[host].sent)
+            say(Progress(host, out[host].state, _line(out[host]), out[host].bytes_sent,
+                         out[host].bytes_sent, final=True))
+        finished = True
+    finally:
+        result = group.close(bye=Kind.BYE if finished else None)
+    for host, r in result.nodes.items():
+        node = out.get(host)
+        if node is None or (node.state == FAILED and node.problem is None):
+            problem = (r.problem or Problem(None, "no answer", None)).by(host)
+            out[host] = NodeEnv(host, FAILED, problem=problem,
+                                bytes_sent=node.bytes_sent if node else 0)
+            say(Progress(host, FAILED, f"failed: {problem.what}", final=True))
+    return ShipResult({m.host: out[m.host] for m in members}, envs)
+
+
+def _resolve(group: Group, choose: Choose) -> dict[str, ResolvedEnv]:
+    """Each answering node's environment, resolved once per distinct platform."""
+    memo: dict[Platform, ResolvedEnv] = {}
+    out = {}
+    for host, r in group.result.nodes.items():
+        facts = r.answers.get(Kind.FACTS)
+        if facts is None:
+            continue
+        platform = Platform(str(facts["python"]), str(facts["machine"]), str(facts["glibc"]))
+        if platform not in memo:
+            memo[platform] = choose(platform)
+        if facts.get("torch"):  # a lock's torch (or ptcluster) must be what the nodes have
+            check_torch(memo[platform].held, str(facts["torch"]),
+                        str(facts.get("ptcluster") or "") or None)
+        out[host] = memo[platform]
+    return out
+
+
+def _plan(group: Group, by_host: dict[str, ResolvedEnv], out: dict[str, NodeEnv],
+          say: Event) -> dict[str, _Sending]:
+    """From every node's ``have``: those up to date (in ``out``), those refused (in ``out``),
+    and what to send the others."""
+    sending = {}
+    for host, env in by_host.items():
+        have = group.result.nodes[host].answers.get(Kind.HAVE)
+        if have is None:
+            continue
+        everything = {w.sha256: w for w in (*env.wheels, *env.tools)}
+        wrong = platform_problem(host, env, have)
+        if wrong is not None:
+            out[host] = NodeEnv(host, FAILED, env.digest, problem=wrong)
+            say(Progress(host, FAILED, f"failed: {wrong.what}", final=True))
+        elif have["env"] == "ok":
+            out[host] = NodeEnv(host, UP_TO_DATE, env.digest, python=str(have["path"]))
+            say(Progress(host, UP_TO_DATE, "environment up to date", final=True))
+        else:
+            missing = [everything[s] for s in have["missing"] if s in everything]
+            sending[host] = state = _Sending(deque(missing), total=sum(w.size for w in missing))
+            why = f" ({have['why']})" if have["why"] else ""
+            say(Progress(host, SENDING, f"environment {have['env']}{why}: {len(missing)} of "
+                         f"{len(everything)} wheels to send", 0, state.total))
+    return sending
+
+
+def _built(host: str, digest: str, answer: dict[str, Any], sent: _Sending) -> NodeEnv:
+    if not answer.get("ok"):
+        return NodeEnv(host, FAILED, digest, bytes_sent=sent.sent, wheels_sent=sent.count,
+                       problem=Problem(host, str(answer.get("problem")),
+                                       str(answer.get("fix") or "") or None))
+    state = (REBUILT if answer.get("rebuilt_why") else BUILT) if answer.get("built") \
+        else UP_TO_DATE
+    return NodeEnv(host, state, digest, python=str(answer["python"]), wheels_sent=sent.count,
+                   bytes_sent=sent.sent, seconds=float(answer.get("seconds") or 0),
+                   why=str(answer.get("rebuilt_why") or ""))
+
+
+def _line(node: NodeEnv) -> str:
+    if node.problem is not None:
+        return f"failed: {node.problem.what}"
+    sent = f"{node.wheels_sent} wheels ({node.bytes_sent / 1e6:.1f} MB) sent"
+    if node.state == UP_TO_DATE:
+        return f"{sent}; environment up to date (another build finished it)"
+    return f"{sent}; environment {node.state} in {node.seconds:.1f} s" + (
+        f" ({node.why})" if node.why else "")
+
+
+def _stream(group: Group, sending: dict[str, _Sending], locate: Locate, say: Event) -> None:
+    """Every node's missing wheels, raw after their ``blob`` frame, round-robin: at most
+    ``WINDOW`` bytes queued per node; a node whose channel ended is dropped (its outcome says
+    why)."""
+    active = [h for h, s in sending.items() if s.wheels]
+    told = time.monotonic()
+    try:
+        while active:
+            moved = False
+            if time.monotonic() - told >= PROGRESS_EVERY:
+                told = time.monotonic()
+                for host in active:
+                    s = sending[host]
+                    say(Progress(host, SENDING, f"{s.sent / 1e6:.1f} of {s.total / 1e6:.1f} MB "
+                                 "sent", s.sent, s.total))
+            for host in list(active):
+                channel = group.channels[host]
+                state = sending[host]
+                if channel.closed:
+                    active.remove(host)
+                    continue
+                while channel.queued < WINDOW:
+                    if state.current is None:
+                        if not state.wheels:
+                            active.remove(host)
+                            say(Progress(host, BUILDING, f"{state.count} wheels "
+                                         f"({state.sent / 1e6:.1f} MB) sent; building",
+                                         state.sent, state.total))
+                            break
+                        wheel = state.wheels.popleft()
+                        state.current, state.left = open(locate(wheel), "rb"), wheel.size
+                        group.send(host, Kind.BLOB, {"sha256": wheel.sha256,
+                                                     "size": wheel.size})
+                        state.count += 1
+                    data = state.current.read(min(CHUNK, state.left))
+                    if len(data) < min(CHUNK, state.left):  # the head's file shrank
+                        data += b"\0" * (min(CHUNK, state.left) - len(data))  # (node: mismatch)
+                    channel.send_raw(data)
+                    state.left -= len(data)
+                    state.sent += len(data)
+                    moved = True
+                    if not state.left:
+                        state.current.close()
+                        state.current = None
+            if not moved:
+                time.sleep(0.002)
+    finally:
+        for state in sending.values():
+            if state.current is not None:
+                state.current.close()

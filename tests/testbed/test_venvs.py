@@ -1,0 +1,254 @@
+"""The project's environment on bare nodes (each its own root, no network, no registry): wheels
+the test makes, shipped over ssh to each node that lacks them, built there by the uv that
+travels with them, layered on the nodes' venv (the pinned torch, as setup's would be).
+
+One bed for the module (2 nodes, 1 slot each, the user alice with a key); the tests build on
+nothing but it. The jobs run through the launcher as a library with the spec ``use_environment``
+returns (``run --requirements`` is that plus env-A's resolver, which these tests stand in for
+with a set of wheels of their own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ptcluster.cluster.load import load_cluster_file
+from ptcluster.cluster.model import ClusterSpec
+from ptcluster.doctor.checks import FAIL, OK
+from ptcluster.doctor.diagnose import check_environment
+from ptcluster.launch.api import prepare
+from ptcluster.launch.plan import Target
+from ptcluster.launch.result import RunResult
+from ptcluster.launch.runner import Runner
+from ptcluster.remote.connect import transports
+from ptcluster.venvs import nodes
+from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
+from ptcluster.venvs.runenv import use_environment
+from ptcluster.venvs.ship import BUILT, REBUILT, UP_TO_DATE, ShipResult, ship
+from tests.support import bare
+from tests.support import testbed as tb
+from tests.support.bare import BareNode, BareOptions
+from tests.support.wheels import make_wheel, resolved, uv_wheel, wheel_of
+
+pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+USER = "alice"
+UV = uv_wheel()
+JOB = """
+import os, sys, time, tinya, tinyb, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+print(f"VENV rank={os.environ['RANK']} tinya={tinya.VERSION} tinyb={tinyb.VERSION} "
+      f"sum={t.item():.0f} python={sys.executable}", flush=True)
+hold = sys.argv[1] if len(sys.argv) > 1 else ""
+for _ in range(600):
+    if not hold or os.path.exists(hold):
+        break
+    time.sleep(0.2)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[tb.Testbed]:
+    if UV is None:
+        pytest.skip("no uv wheel at hand (PTC_UV_WHEEL)")
+    b = tb.bring_up("bare-node testbed", tb.available() or bare.available(), lambda: tb.Testbed(
+        2, bare=BareOptions(nodes=tuple(BareNode(sudo="none", extra_users=((USER, "pw-a"),))
+                                        for _ in range(2)))))
+    try:
+        b.trust_host_keys()
+        for node in b.nodes:
+            hosts = b.root_exec(node, "sh", "-c", "cat > /etc/hosts", input=b.hosts_text)
+            assert hosts.returncode == 0, hosts.stderr
+        yield b
+    finally:
+        b.close()
+
+
+class Project:
+    """alice's key on every node, her job in ~/proj there, her cluster file, wheels made here."""
+
+    def __init__(self, bed: tb.Testbed, root: Path) -> None:
+        self.bed, self.root = bed, root
+        key = root / "id_ed25519"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
+                       check=True, timeout=30)
+        home = f"/home/{USER}"
+        for node in bed.nodes:
+            ok = bed.root_exec(node, "sh", "-c",
+                               f"install -d -m 700 -o {USER} -g {USER} {home}/.ssh {home}/proj"
+                               f" && cat > {home}/.ssh/authorized_keys && chown {USER}:{USER} "
+                               f"{home}/.ssh/authorized_keys && chmod 600 "
+                               f"{home}/.ssh/authorized_keys", input=(root / "id_ed25519.pub")
+                               .read_text())
+            assert ok.returncode == 0, ok.stderr
+            ok = bed.root_exec(node, "sh", "-c", f"cat > {home}/proj/job.py && chown "
+                               f"{USER}:{USER} {home}/proj/job.py", input=JOB)
+            assert ok.returncode == 0, ok.stderr
+        cluster = root / "cluster.yaml"
+        cluster.write_text("nodes:\n" + "".join(f"  - {{host: {n.name}, slots: 1}}\n"
+                                                 for n in bed.nodes)
+                           + f"python: {bare.node_venv()}\nworkdir: ~/proj\n"
+                           "master: {port: auto}\nbackend: gloo\n"
+                           f"ssh: {{user: {USER}, identity_file: {key}, config_file: "
+                           f"{bed.ssh_config}}}\n")
+        self.spec: ClusterSpec = load_cluster_file(cluster, trusted=True)
+        (root / "wheels").mkdir()
+        self.paths: dict[str, Path] = {wheel_of(UV, "uv", UV.name.split("-")[1]).sha256: UV} \
+            if UV else {}
+
+    def wheel(self, name: str, version: str, padding: int = 0) -> Wheel:
+        path = make_wheel(self.root / "wheels", name, version, padding=padding)
+        w = wheel_of(path, name, version)
+        self.paths[w.sha256] = path
+        return w
+
+    def choose(self, *wheels: Wheel) -> object:
+        def choose(platform: Platform) -> ResolvedEnv:
+            return resolved({w: self.paths[w.sha256] for w in wheels}, UV, python=platform.python)
+        return choose
+
+    def locate(self, wheel: Wheel) -> Path:
+        return self.paths[wheel.sha256]
+
+
+@pytest.fixture(scope="module")
+def project(bed: tb.Testbed, tmp_path_factory: pytest.TempPathFactory) -> Project:
+    return Project(bed, tmp_path_factory.mktemp("venvs"))
+
+
+def run_job(spec: ClusterSpec, env: dict, run_dir: Path, *args: str,
+            lines: list[str] | None = None) -> RunResult:
+    plan = prepare(spec, Target(script="job.py", args=args))
+    seen = lines if lines is not None else []
+    return Runner(plan, transports(spec), run_dir, environment=env,
+                  on_line=lambda host, rank, text: seen.append(text)).run()
+
+
+def test_run_in_it_then_noop_then_changed_file_found_and_rebuilt(project: Project,
+                                                                 tmp_path: Path) -> None:
+    a, b = project.wheel("tinya", "1.0"), project.wheel("tinyb", "1.0", padding=2 << 20)
+    choose = project.choose(a, b)
+    begun = time.monotonic()
+    first = use_environment(project.spec, choose, project.locate, source="requirements.txt")
+    took = time.monotonic() - begun
+    shipped = first.shipped
+    assert shipped.ok and {n.state for n in shipped.nodes.values()} == {BUILT}, shipped
+    (digest,) = shipped.envs
+    env = shipped.envs[digest]
+    total = sum(w.size for w in (*env.wheels, *env.tools))
+    assert shipped.bytes_sent == 2 * total  # each wheel to each node once
+    lines: list[str] = []
+    result = run_job(first.spec, first.to_json(), tmp_path / "run1", lines=lines)
+    assert result.ok, (result.failures, lines[-20:])
+    python = f"/home/{USER}/.ptcluster/envs/{digest}/bin/python"
+    said = sorted(line for line in lines if line.startswith("VENV "))
+    assert said == [f"VENV rank={r} tinya=1.0 tinyb=1.0 sum=2 python={python}" for r in (0, 1)]
+    summary = json.loads((tmp_path / "run1" / "summary.json").read_text())
+    assert summary["environment"]["digest"] == digest
+    assert summary["environment"]["python"] == {"0": python, "1": python}
+
+    begun = time.monotonic()
+    second = use_environment(project.spec, choose, project.locate, source="requirements.txt")
+    again = time.monotonic() - begun
+    assert {n.state for n in second.shipped.nodes.values()} == {UP_TO_DATE}
+    assert second.shipped.bytes_sent == 0
+    print(f"environment: first {took:.2f} s ({total / 1e6:.1f} MB to each of 2 nodes), "
+          f"unchanged {again:.2f} s")
+
+    n1 = project.bed.nodes[1]
+    init = f"/home/{USER}/.ptcluster/envs/{digest}/lib/python3.11/site-packages/tinya/__init__.py"
+    hand = project.bed.root_exec(n1, "sh", "-c", f"echo 'VERSION = \"by hand\"' > {init}")
+    assert hand.returncode == 0, hand.stderr
+    found = check_environment(project.spec, choose)  # doctor's environment check
+    bad = [f for f in found if f.status == FAIL]
+    assert len(bad) == 1 and bad[0].host == n1.name, found
+    assert "tinya/__init__.py of tinya 1.0 changed since the build" in bad[0].detail, bad
+    assert [f.status for f in found if f.host == project.bed.nodes[0].name] == [OK]
+
+    third = use_environment(project.spec, choose, project.locate, source="requirements.txt")
+    assert third.shipped.nodes[n1.name].state == REBUILT
+    assert third.shipped.nodes[project.bed.nodes[0].name].state == UP_TO_DATE
+    lines = []
+    result = run_job(third.spec, third.to_json(), tmp_path / "run2", lines=lines)
+    assert result.ok and sum("tinya=1.0" in line for line in lines) == 2, lines[-20:]
+
+
+def test_two_environments_at_once_and_prune_keeps_those_in_use(project: Project,
+                                                               tmp_path: Path) -> None:
+    a1, a2, b = (project.wheel("tinya", "1.0"), project.wheel("tinya", "2.0"),
+                 project.wheel("tinyb", "1.0", padding=2 << 20))
+    one = use_environment(project.spec, project.choose(a1, b), project.locate, source="one")
+    two = use_environment(project.spec, project.choose(a2, b), project.locate, source="two")
+    assert two.shipped.bytes_sent == 2 * a2.size  # tinyb and uv were there already
+    hold = f"/tmp/hold-{os.getpid()}"
+    results: dict[str, RunResult] = {}
+    lines: dict[str, list[str]] = {"one": [], "two": []}
+    runs = [threading.Thread(target=lambda name=name, used=used: results.__setitem__(
+        name, run_job(used.spec, used.to_json(), tmp_path / name, hold, lines=lines[name])))
+        for name, used in (("one", one), ("two", two))]
+    for t in runs:
+        t.start()
+    try:
+        deadline = time.monotonic() + 120
+        while sum(line.startswith("VENV ") for v in lines.values() for line in v) < 4:
+            assert time.monotonic() < deadline, lines
+            time.sleep(0.2)
+        pruned = nodes.prune(nodes.members(project.spec), keep=0, max_bytes=0, grace=0)
+        for host, got in pruned.items():
+            assert got.problem is None, got.problem
+            kept = {e["digest"]: e["why"] for e in got.answer["kept"]}
+            assert set(kept) == set(one.shipped.envs) | set(two.shipped.envs), (host, got.answer)
+            assert all(why.startswith("in use by ") for why in kept.values()), kept
+    finally:
+        for node in project.bed.nodes:
+            project.bed.root_exec(node, "touch", hold)
+        for t in runs:
+            t.join(120)
+    assert results["one"].ok and results["two"].ok
+    assert sum("tinya=1.0" in line for line in lines["one"]) == 2
+    assert sum("tinya=2.0" in line for line in lines["two"]) == 2
+    listed = nodes.listing(nodes.members(project.spec))
+    for host, got in listed.items():
+        assert all(e["in_use"] == [] for e in got.answer["envs"]), (host, got.answer)
+    pruned = nodes.prune(nodes.members(project.spec), keep=1, max_bytes=1 << 40, grace=0)
+    for host, got in pruned.items():
+        assert len(got.answer["kept"]) == 1 and got.answer["removed"], (host, got.answer)
+
+
+def test_full_disk_on_one_node_named_partial_removed_other_built(project: Project) -> None:
+    n0, n1 = project.bed.nodes
+    store = f"/home/{USER}/.ptcluster/store"
+    ids = project.bed.root_exec(n0, "sh", "-c", f"id -u {USER}; id -g {USER}")
+    uid, gid = ids.stdout.split()
+    mount = project.bed.root_exec(n0, "mount", "-t", "tmpfs", "-o",
+                                  f"size=1m,uid={uid},gid={gid},mode=700", "tiny", store)
+    assert mount.returncode == 0, mount.stderr
+    try:
+        choose = project.choose(project.wheel("tinya", "3.0"),
+                                project.wheel("tinyb", "3.0", padding=2 << 20))
+        shipped = ship_all(project, choose)
+        problem = shipped.nodes[n0.name].problem
+        assert problem is not None and problem.who == n0.name, shipped.nodes
+        assert problem.what.startswith(f"the disk is full at {store}/sha256/.part-"), problem
+        assert " bytes free)" in problem.what and problem.fix and "--prune" in problem.fix
+        left = project.bed.root_exec(n0, "sh", "-c", f"ls -A {store}/sha256; ls -A "
+                                     f"/home/{USER}/.ptcluster/envs")
+        assert ".part-" not in left.stdout and ".build-" not in left.stdout, left.stdout
+        assert shipped.nodes[n1.name].state == BUILT  # the other node's work goes on
+    finally:
+        project.bed.root_exec(n0, "umount", store)
+
+
+def ship_all(project: Project, choose: object) -> ShipResult:
+    return ship(nodes.members(project.spec), choose, project.locate)  # type: ignore[arg-type]

@@ -1,0 +1,126 @@
+"""The pure parts of the project's environment: which to keep, refusals, records, paths."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ptcluster.errors import Problem
+from ptcluster.node.guard.agent import mark_env_use
+from ptcluster.node.venv_store import choose, norm
+from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
+from ptcluster.venvs.runenv import EnvironmentFailed
+from ptcluster.venvs.ship import NodeEnv, ShipResult, platform_problem
+
+GIB = 1 << 30
+
+
+def env(name: str, size: int = GIB, in_use: tuple[str, ...] = ()) -> dict:
+    return {"digest": name, "size": size, "in_use": list(in_use)}
+
+
+@pytest.mark.parametrize(("envs", "keep", "cap", "kept", "why_removed"), [
+    # the most recent first: keep the first N
+    ([env("a"), env("b"), env("c"), env("d")], 3, 100 * GIB, ["a", "b", "c"],
+     {"d": "not among the 3 most recently used"}),
+    # one in use is kept, however old
+    ([env("a"), env("b"), env("c", in_use=("j1",))], 1, 100 * GIB, ["a", "c"],
+     {"b": "not among the 1 most recently used"}),
+    # over the size cap: the oldest unused go, never the newest, never one in use
+    ([env("a", 5 * GIB), env("b", 5 * GIB, ("j",)), env("c", 5 * GIB)], 3, 9 * GIB, ["a", "b"],
+     {"c": "over the size cap (9663676416 bytes)"}),
+    ([env("a", 50 * GIB)], 3, GIB, ["a"], {}),
+    ([env("a"), env("b", in_use=("j",))], 0, 0, ["b"], {"a": "not among the 0 most recently used"}),
+])
+def test_choose(envs: list[dict], keep: int, cap: int, kept: list[str],
+                why_removed: dict[str, str]) -> None:
+    got_kept, got_removed = choose(envs, keep, cap)
+    assert sorted(e["digest"] for e in got_kept) == kept
+    assert {e["digest"]: e["why"] for e in got_removed} == why_removed
+
+
+def test_choose_keeps_one_given_to_a_job_moments_ago() -> None:
+    envs = [{**env("a"), "last_used": 100.0}, {**env("b"), "last_used": 50.0}]
+    kept, removed = choose(envs, 0, 0, recent=90.0)
+    assert [(e["digest"], e["why"]) for e in kept] == [
+        ("a", "given to a job moments ago (it may be starting)")]
+    assert [e["digest"] for e in removed] == ["b"]
+
+
+def test_norm() -> None:
+    assert norm("Foo_Bar.baz") == norm("foo-bar-baz") == "foo-bar-baz"
+
+
+def resolved(python: str = "3.11", machine: str = "x86_64") -> ResolvedEnv:
+    return ResolvedEnv("req.txt", "requirements", Platform(python, machine, "2.36"),
+                       (Wheel("a", "1", "a-1-py3-none-any.whl", "0" * 64, 10),), ())
+
+
+def test_platform_refusals_name_both_and_the_fix() -> None:
+    ok = {"python": "3.11", "machine": "x86_64"}
+    assert platform_problem("n1", resolved(), ok) is None
+    p = platform_problem("n1", resolved(), {**ok, "python": "3.10"})
+    assert p is not None and p.who == "n1"
+    assert p.what == "its Python is 3.10, the environment (req.txt) is resolved for Python 3.11"
+    assert p.fix is not None and "python: to a Python 3.11" in p.fix
+    p = platform_problem("n1", resolved(), {**ok, "machine": "aarch64"})
+    assert p is not None and "aarch64" in p.what and "x86_64" in p.what
+
+
+def test_digest_depends_on_platform_and_pins() -> None:
+    assert resolved().digest == resolved().digest
+    assert resolved().digest != resolved(python="3.12").digest
+    other = ResolvedEnv("req.txt", "requirements", resolved().platform,
+                        (Wheel("a", "2", "a-2-py3-none-any.whl", "1" * 64, 10),), ())
+    assert other.digest != resolved().digest
+    assert ResolvedEnv.from_json(other.to_json()) == other
+
+
+def test_failed_nodes_in_one_message() -> None:
+    result = ShipResult({"n1": NodeEnv("n1", "built"),
+                         "n2": NodeEnv("n2", "failed", problem=Problem("n2", "disk full", "free"))},
+                        {})
+    assert not result.ok and list(result.failed) == ["n2"]
+    err = EnvironmentFailed([n.problem for n in result.failed.values() if n.problem])
+    assert "n2: disk full. Fix: free" in str(err) and err.exit_code == 1
+
+
+@pytest.mark.parametrize(("python", "kept"), [
+    ("{root}/envs/" + "a" * 64 + "/bin/python", True),
+    ("/usr/bin/python3", False),
+    ("{root}/envs/short/bin/python", False),
+    ("auto", False),
+])
+def test_env_use_record(python: str, kept: bool, tmp_path) -> None:
+    root = tmp_path / ".ptcluster"
+    (root / "uses").mkdir(parents=True)
+    path = mark_env_use(python.format(root=root), "j")
+    assert path == (str(root / "uses" / "j.json") if kept else "")
+    if kept:
+        got = json.loads((root / "uses" / "j.json").read_text())
+        assert got == {"pid": os.getpid(), "job_id": "j", "digest": "a" * 64}
+    assert sorted(p.name for p in (root / "uses").iterdir()) == (["j.json"] if kept else [])
+
+
+def test_progress_not_on_a_terminal_is_one_line_per_node() -> None:
+    import io
+
+    from ptcluster.cli.console import terminal
+    from ptcluster.cli.venvs_cmd import ProgressLine
+    from ptcluster.venvs.ship import BUILDING, SENDING, Progress
+
+    out = io.StringIO()
+    shown = ProgressLine(terminal(file=out, width=200), ["n1", "n2"])
+    for p in (Progress("n1", SENDING, "missing: 2 of 2 wheels to send", 0, 10),
+              Progress("n2", "up to date", "environment up to date", final=True),
+              Progress("n1", SENDING, "5 of 10 sent", 5, 10),
+              Progress("n1", BUILDING, "2 wheels sent; building", 10, 10),
+              Progress("n1", "built", "2 wheels (0.0 MB) sent; environment built in 1.0 s", 10,
+                       10, final=True)):
+        shown(p)
+    assert out.getvalue().splitlines() == [
+        "ptcluster: environment: n2: environment up to date",
+        "ptcluster: environment: n1: 2 wheels (0.0 MB) sent; environment built in 1.0 s"]
+    assert shown.states == {"n1": "built", "n2": "up to date"}
