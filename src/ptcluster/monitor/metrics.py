@@ -94,7 +94,11 @@ def node_families(views: list[NodeView], now: float, stale: float) -> list[Metri
     ]
     fams = [GaugeMetricFamily(f"ptcluster_node_{name}", text, labels=["node"])
             for name, text, _ in figures]
+    refused = CounterMetricFamily("ptcluster_scrape_errors", "Samples of the node refused as "
+                                  "malformed (its series are left out until a good one).",
+                                  labels=["node"])
     for v in views:
+        refused.add_metric([v.host], float(v.refused))
         ok = fresh(v, now, stale)
         up.add_metric([v.host], 1.0 if ok else 0.0)
         if v.updated is not None:
@@ -109,7 +113,7 @@ def node_families(views: list[NodeView], now: float, stale: float) -> list[Metri
                 fam.add_metric([v.host], float(get(s)))
             except (KeyError, TypeError, ValueError):
                 continue  # (a figure the node's sampler did not send)
-    return [up, age, info, *fams]
+    return [up, age, info, refused, *fams]
 
 
 def gpu_families(views: list[NodeView], now: float, stale: float) -> list[Metric]:

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.leases import held_all, user_name  # inlined
+from ptcluster.node.leases import MAX_LEASES, held_all, user_name  # inlined
 from ptcluster.node.wire import Kind, encode, hello  # inlined
 
 
@@ -160,7 +160,7 @@ def main() -> int:
         now = time.monotonic()
         rx, tx = net_bytes()
         dt = max(now - last_t, 1e-6)
-        leased = held_all()
+        leased = held_all()[:MAX_LEASES]
         sample = {
             "hostname": socket.gethostname(), "time": time.time(),
             "cpu_percent": cpu.percent(), "cpus": os.cpu_count(), "mem": cpu.memory(),
