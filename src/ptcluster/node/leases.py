@@ -34,6 +34,7 @@ the uid it names (or to root), and its pid is the one the kernel names as the lo
 the record names).
 """
 
+import bisect
 import errno
 import fcntl
 import math
@@ -382,7 +383,7 @@ def holder(resource: str, directory: str | None = None) -> dict | None:
     held = _held(directory, name, _flock_holders())
     if held is None:
         return None
-    return _said(directory, name, held, _listdir(directory))
+    return _said(directory, name, held, sorted(_listdir(directory)))
 
 
 def held_all(directory: str | None = None) -> list[dict]:
@@ -414,10 +415,13 @@ def _said(directory: str, name: str, holders: set[int], entries: list[str]) -> d
     """The record of a held lease's holder: the newest of its records that is well formed,
     whose file belongs to the uid it names (or to root), whose process is alive and, where the
     kernel names the lock's holders, one of them, running as that uid. Its ``user`` is its
-    uid's name here."""
+    uid's name here. ``entries``: the directory's, sorted (the records of ``name`` are found
+    by bisection: O(log n) a lease, not O(n), with thousands of entries; L3)."""
     best: dict = {}
-    for entry in entries:
-        if not (entry.startswith(name + ".") and entry.endswith(".json")):
+    at = bisect.bisect_left(entries, name + ".")
+    while at < len(entries) and entries[at].startswith(name + "."):
+        entry, at = entries[at], at + 1
+        if not entry.endswith(".json"):
             continue
         got = read_record(os.path.join(directory, entry), limit=16384)
         if got is None or not well_formed(got[0]):
