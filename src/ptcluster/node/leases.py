@@ -26,12 +26,12 @@ read-only, which is all a ``flock`` needs) and made only with ``O_EXCL`` when th
 ``fs.protected_regular`` (which refuses ``O_CREAT`` on another user's file in a sticky
 directory) never turns a leftover lock into a refusal.
 
-Who holds a lease is written beside it, in a file the holder owns (``NAME.UID.json``,
-world-readable, never a secret: the program's name, not its arguments). Anyone can write a file
-of that name pattern, so a record is believed only when it is well formed, its file belongs to
-the uid it names (or to root), and its pid is the one the kernel names as the lock's holder
-(``/proc/locks``): a record another user planted names nobody (``ptcluster kill`` signals what
-the record names).
+Who holds a lease is written beside it, in a file the holder owns (``NAME.UID.RAND.json``, a
+random part no one can guess and plant first; world-readable, never a secret: the program's
+name, not its arguments). Anyone can write a file of that name pattern, so a record is believed
+only when it is well formed, its file belongs to the uid it names (or to root), and its pid is
+the one the kernel names as the lock's holder (``/proc/locks``): a record another user planted
+names nobody (``ptcluster kill`` signals what the record names).
 """
 
 import bisect
@@ -40,6 +40,7 @@ import fcntl
 import math
 import os
 import pwd
+import secrets
 import socket
 import stat
 import time
@@ -239,8 +240,15 @@ def sweep(directory: str) -> None:
     for entry in entries:  # records whose lock file is gone; kill's notes whose job's is
         of = entry.rsplit(".", 2)[0]
         if entry.endswith(".json") and (PREFIX + "job-" + of[len(_KILL):] not in locks
-                                        if entry.startswith(_KILL) else of not in names):
+                                        if entry.startswith(_KILL) else not _of_any(entry,
+                                                                                     names)):
             unlink(os.path.join(directory, entry))
+
+
+def _of_any(entry: str, names: set[str]) -> bool:
+    """Whether record ``entry`` (``NAME.UID[.RAND].json``; NAME may hold dots) is of one of
+    ``names``."""
+    return any(c == "." and entry[:i] in names for i, c in enumerate(entry))
 
 
 def take(resource: str, info: dict, directory: str | None = None) -> Lease | None:
@@ -250,7 +258,8 @@ def take(resource: str, info: dict, directory: str | None = None) -> Lease | Non
     fd = _lock(directory, name, create=True, mode=fcntl.LOCK_EX)
     if fd is None:
         return None
-    info_path = os.path.join(directory, f"{name}.{os.getuid()}.json")
+    # (a name no one can guess, so none can be planted first: L1)
+    info_path = os.path.join(directory, f"{name}.{os.getuid()}.{secrets.token_hex(8)}.json")
     record = {**info, "resource": resource, "node": socket.gethostname(), "pid": os.getpid(),
               "uid": os.getuid(), "user": user_name(), "since": info.get("since", time.time())}
     record.update({k: v[:MOST_TEXT] for k, v in record.items() if isinstance(v, str)})
