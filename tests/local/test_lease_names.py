@@ -75,3 +75,27 @@ def test_a_record_name_cannot_be_planted_first(lease_dir: Path) -> None:
     assert re.fullmatch(re.escape(f"{name}.4242.") + r"[0-9a-f]{16}\.json",
                         os.path.basename(path)), path
     assert socket.gethostname() in name
+
+
+def test_ps_names_a_lease_held_by_an_unknown_holder(lease_dir: Path) -> None:
+    """nobody makes a directory where gpu-0's lock goes (M1: that GPU is busy for all): the
+    sampler's leases say so, the head takes the sample, and ``ps`` names it."""
+    from ptcluster.cli.ps_cmd import unknown_holders
+    from ptcluster.remote.replies import sample_reply
+
+    made = as_nobody("import os, sys; os.mkdir(sys.argv[1])",
+                     str(lease_dir / (leases.lease_name("gpu-0") + ".lock")))
+    assert isinstance(made, subprocess.CompletedProcess) and made.returncode == 0, made
+    mine = leases.take("gpu-1", dict(OWNER), str(lease_dir))
+    try:
+        found = leases.held_all(str(lease_dir), unknown=True)
+        assert leases.held_all(str(lease_dir)) == [r for r in found if not r.get("unknown")]
+        sample = {"hostname": "n0", "time": 1.0, "cpu_percent": 1.0, "cpus": 2,
+                  "mem": {"used": 1, "total": 2}, "net": {"rx_bps": 0.0, "tx_bps": 0.0},
+                  "gpus": [], "gpu_error": None, "leases": found, "jobs": {}, "user": "ann"}
+        got = sample_reply(sample)["leases"]
+        assert unknown_holders({"n0": ("n0", "ann", got)}) == [
+            {"node": socket.gethostname(), "resource": "gpu-0"}]
+    finally:
+        assert mine is not None
+        mine.release()

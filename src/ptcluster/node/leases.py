@@ -395,9 +395,11 @@ def holder(resource: str, directory: str | None = None) -> dict | None:
     return _said(directory, name, held, sorted(_listdir(directory)))
 
 
-def held_all(directory: str | None = None) -> list[dict]:
+def held_all(directory: str | None = None, unknown: bool = False) -> list[dict]:
     """The record of every lease held on this node now (any user's): what ``ptcluster ps``
-    lists. A lock file nobody holds is a lease that has ended, whatever its records say."""
+    lists. A lock file nobody holds is a lease that has ended, whatever its records say.
+    ``unknown``: also ``{"resource", "node", "unknown": True}`` for each lease held with no
+    record believed (a directory, link or FIFO planted at its lock path: M1)."""
     directory = directory or LEASE_DIR
     entries = sorted(_listdir(directory))
     table = _flock_holders()
@@ -410,6 +412,10 @@ def held_all(directory: str | None = None) -> list[dict]:
         record = {} if held is None else _said(directory, name, held, entries)
         if record:
             out.append(record)
+        elif held is not None and unknown:
+            resource, _, node = name[len(PREFIX):].rpartition("@")
+            out.append({"resource": resource[:MOST_TEXT], "node": node[:MOST_TEXT],
+                        "unknown": True})
     return out
 
 

@@ -173,7 +173,7 @@ def main() -> int:
         now = time.monotonic()
         rx, tx = net_bytes()
         dt = max(now - last_t, 1e-6)
-        leased = held_all()[:MAX_LEASES]
+        leased = held_all(unknown=True)[:MAX_LEASES]
         sample = {
             "hostname": socket.gethostname(), "time": time.time(),
             "cpu_percent": cpu.percent(), "cpus": os.cpu_count(), "mem": cpu.memory(),
