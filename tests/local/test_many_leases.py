@@ -10,11 +10,11 @@ import os
 import time
 from pathlib import Path
 
-from ptcluster.node import leases, sampler
+from ptcluster.node import leases, records, sampler
 from ptcluster.node.wire import MAX_FRAME, Kind, split
 from ptcluster.remote.replies import sample_reply
 
-LONG = "x" * leases.MOST_TEXT
+LONG = "x" * records.MOST_TEXT
 
 
 def test_held_all_with_5000_held_leases_is_linear(tmp_path: Path) -> None:
@@ -45,12 +45,12 @@ def test_the_sampler_frame_fits_with_4096_records_of_long_text() -> None:
     assert leases.well_formed(record)
     sample = {"hostname": "n0", "time": 1.0, "cpu_percent": 1.0, "cpus": 2,
               "mem": {"used": 1, "total": 2}, "net": {"rx_bps": 0.0, "tx_bps": 0.0},
-              "gpus": [], "gpu_error": None, "leases": [record] * leases.MAX_LEASES,
+              "gpus": [], "gpu_error": None, "leases": [record] * records.MAX_LEASES,
               "jobs": {}, "user": "ann"}
     assert len(json.dumps(sample)) > MAX_FRAME  # (what was sent before: the channel closed)
     frame = sampler.fitted(sample, MAX_FRAME)
     assert len(frame) <= MAX_FRAME
     kind, payload = split(frame.decode().rstrip("\n"))
     got = sample_reply(json.loads(payload))
-    assert kind == Kind.SAMPLE and 0 < len(got["leases"]) < leases.MAX_LEASES
+    assert kind == Kind.SAMPLE and 0 < len(got["leases"]) < records.MAX_LEASES
     assert got["cpu_percent"] == 1.0

@@ -37,7 +37,6 @@ names nobody (``ptcluster kill`` signals what the record names).
 import bisect
 import errno
 import fcntl
-import math
 import os
 import pwd
 import secrets
@@ -45,7 +44,15 @@ import socket
 import stat
 import time
 
-from ptcluster.node.records import alive, read_record, unlink, valid_job_id, write_record  # inlined
+from ptcluster.node.records import (  # inlined
+    MOST_TEXT,
+    _number,
+    alive,
+    read_record,
+    unlink,
+    well_formed,
+    write_record,
+)
 from ptcluster.node.safefile import create_new, open_regular  # inlined
 
 LEASE_DIR = "/run/lock"
@@ -309,39 +316,6 @@ def user_name(uid: int | None = None) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
-        math.isfinite(value)
-
-
-_TEXT = ("job_id", "user", "command", "node", "resource", "head")
-MOST_TEXT = 256
-"""Longest text of a record that is believed (each is a label of ``monitor --serve``)."""
-MAX_LEASES = 4096
-"""Most lease records a sampler sends (``held_all``'s first ones): the head refuses more."""
-MOST_KEYS = 32
-
-
-def well_formed(record: object) -> bool:
-    """Whether ``record`` is a lease record every reader can use as is: a dict with a pid and a
-    uid that are plausible ints, a finite ``since`` (seconds since 1970, before 2242), text
-    where text belongs and ``ranks`` as ``[first, last]``. Anything else is skipped, never
-    turned into an exception (``ps``, ``kill``, the monitor and a busy refusal read them)."""
-    if not isinstance(record, dict) or len(record) > MOST_KEYS:
-        return False
-    pid, uid, since, ranks = (record.get(k) for k in ("pid", "uid", "since", "ranks"))
-    return (isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2 ** 31
-            and isinstance(uid, int) and not isinstance(uid, bool) and 0 <= uid < 2 ** 32
-            and _number(since) and 0 <= float(since or 0) < 2 ** 33
-            and all(isinstance(record.get(k), str) and len(record[k]) <= MOST_TEXT
-                    for k in _TEXT if record.get(k) is not None)
-            and all(isinstance(v, str) and len(v) <= MOST_TEXT or v is None or _number(v)
-                    or isinstance(v, bool) or k == "ranks" for k, v in record.items())
-            and (record.get("job_id") is None or valid_job_id(record["job_id"]))
-            and (ranks is None or (isinstance(ranks, list) and len(ranks) == 2 and all(
-                isinstance(r, int) and not isinstance(r, bool) for r in ranks))))
 
 
 def _flock_holders() -> dict[str, set[int]] | None:

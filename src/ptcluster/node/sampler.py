@@ -18,7 +18,8 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.leases import MAX_LEASES, held_all, user_name  # inlined
+from ptcluster.node.leases import held_all, user_name  # inlined
+from ptcluster.node.records import MAX_LEASES  # inlined
 from ptcluster.node.wire import MAX_FRAME, Kind, encode, hello  # inlined
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ptcluster.cluster.validate import is_dns_name
-from ptcluster.node.leases import MAX_LEASES, MOST_KEYS, MOST_TEXT
+from ptcluster.node.records import MAX_LEASES, MOST_KEYS, MOST_TEXT
 from ptcluster.node.setup_facts import sections
 from ptcluster.node.slurm_facts import HW_KEYS, SERVICES, SLURM_FILES, SLURM_PACKAGES
 
@@ -257,7 +257,7 @@ def table_of(values: Check, most: int) -> Check:
 
 def shown(where: str, value: Any) -> None:
     """Text of another user's lease record as the node read it: at most :data:`LABEL`
-    characters (``leases.well_formed`` sends no longer), any of them (a co-user may write an
+    characters (``records.well_formed`` believes no longer), any of them (a co-user may write an
     escape there; the console shows it as text, and Prometheus escapes a label)."""
     if not isinstance(value, str) or len(value) > LABEL:
         raise _bad(where, value, f"text of at most {LABEL} characters")
