@@ -38,7 +38,7 @@ MALFORMED = [
     bent("cpu_percent", "50"), bent("cpu_percent", float("nan")), bent("mem", []),
     bent("net.rx_bps", True), bent("hostname", "x" * (LABEL + 1)), bent("gpus.0.name", "a\nb"),
     bent("gpus.0.uuid", "U" * 1_000_000), bent("gpus", [GOOD["gpus"][0]] * 65),
-    bent("leases", [GOOD["leases"][0]] * (MAX_LEASES + 1)), bent("leases.0.user", "u" * 300),
+    bent("leases", [GOOD["leases"][0]] * (MAX_LEASES + 1)),
     bent("jobs", {"j" * 300: {"user": "a", "ranks": 1, "gpus": []}}),
     bent("gpus.0.power_limit_w", None), bent("user", 7), ["not", "a", "table"],
 ]
@@ -67,7 +67,20 @@ def test_a_malformed_sample_drops_that_nodes_series_and_is_counted(bad: object) 
 def test_every_label_of_a_sample_is_bounded() -> None:
     assert sample_reply(GOOD) == GOOD
     with pytest.raises(BadReply, match="at most 256"):
-        sample_reply(bent("leases.0.command", "c" * 257))
+        sample_reply(bent("hostname", "h" * 257))
+
+
+@pytest.mark.parametrize("path, value", [
+    ("leases.0.command", "c" * 257), ("leases.0.user", "u" * 300), ("leases.0.ranks", [0, 2**40]),
+    ("leases.0.since", 1e300), ("leases.0.x\nkey", 1)])
+def test_a_bad_lease_record_is_dropped_and_the_sample_stands(path: str, value: object) -> None:
+    """Lease records are other users' words (any user writes one): a bad one costs only
+    itself, never the node's sample; and a node believes none that the head would drop."""
+    from ptcluster.node.records import well_formed
+
+    bad = bent(path, value)
+    assert not well_formed({"pid": 10, "uid": 0, **bad["leases"][0]})
+    assert sample_reply(bad)["leases"] == GOOD["leases"][1:]
 
 
 def test_what_the_node_adds_is_dropped_and_what_it_leaves_out_is_refused() -> None:
@@ -77,7 +90,7 @@ def test_what_the_node_adds_is_dropped_and_what_it_leaves_out_is_refused() -> No
 
 
 def test_a_node_believes_no_record_with_a_text_longer_than_a_label() -> None:
-    from ptcluster.node.leases import well_formed
+    from ptcluster.node.records import well_formed
     record = {"pid": 10, "uid": 1000, "since": NOW, "job_id": "j1", "command": "c" * LABEL}
     assert well_formed(record)
     assert not well_formed({**record, "command": "c" * (LABEL + 1)})

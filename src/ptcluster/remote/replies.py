@@ -273,6 +273,17 @@ def lease_value(where: str, value: Any) -> None:
         figure(where, value)
 
 
+LEASE = table_of(lease_value, MOST_KEYS)
+
+
+def _passes(check: Check, value: Any) -> bool:
+    try:
+        check("", value)
+    except BadReply:
+        return False
+    return True
+
+
 def gpu_sample(where: str, value: Any) -> None:
     GPU_SAMPLE(where, value)
     if value.get("power_w") is not None:  # (the table shows "draw/limit W")
@@ -289,7 +300,7 @@ SAMPLE: dict[str, Check] = {
     "mem": record({"used": number(0, 2**62), "total": number(0, 2**62)}),
     "net": record({"rx_bps": figure, "tx_bps": figure}),
     "gpus": listing(gpu_sample, MAX_SAMPLE_GPUS), "gpu_error": optional(note),
-    "leases": listing(table_of(lease_value, MOST_KEYS), MAX_LEASES),
+    "leases": listing(LEASE, MAX_LEASES),
     "jobs": table_of(record({"user": optional(shown), "ranks": number(0, 2**31),
                              "gpus": listing(number(0, MAX_SAMPLE_GPUS - 1), MAX_SAMPLE_GPUS)}),
                      MAX_LEASES),
@@ -304,6 +315,8 @@ def sample_reply(sample: Any) -> dict[str, Any]:
     try:
         if not isinstance(sample, dict):
             raise _bad("the sample", sample, "a table")
+        if isinstance(sample.get("leases"), list):  # (a bad record is dropped, not the sample)
+            sample = {**sample, "leases": [r for r in sample["leases"] if _passes(LEASE, r)]}
         for key, check in SAMPLE.items():
             if key not in sample:
                 raise _bad(key, None, "there")
