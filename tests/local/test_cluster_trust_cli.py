@@ -32,7 +32,7 @@ def _repo(tmp_path: Path) -> tuple[Path, Path]:
     """A 'cloned repository': a cluster.yaml whose ProxyCommand would leave a marker."""
     marker = tmp_path / "owned"
     repo = tmp_path / "repo"
-    repo.mkdir()
+    repo.mkdir(parents=True)
     (repo / "t.py").write_text("print('hi')\n")
     (repo / "cluster.yaml").write_text(
         "nodes: [{host: 127.0.0.1, slots: 1}]\n"
@@ -75,6 +75,18 @@ def test_a_trusted_cluster_file_is_used_as_written(tmp_path) -> None:
                                            f"{repo / 'cluster.yaml'} (from $PTCLUSTER_CLUSTER)")
     done = _ptc("-q", "env", cwd=repo, env={TRUST: "1"})
     assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_the_variable_naming_one_file_trusts_that_file_alone(tmp_path) -> None:
+    """``PTCLUSTER_TRUST_CLUSTER_FILE=/path/cluster.yaml`` (what the docs export, L7): that
+    file is trusted; a cloned repository's ``cluster.yaml`` in another folder is not."""
+    mine, marker = _repo(tmp_path / "mine")
+    cloned, other = _repo(tmp_path / "cloned")
+    done = _ptc("ps", cwd=mine, env={TRUST: str(mine / "cluster.yaml")})
+    assert marker.exists(), done.stdout + done.stderr
+    done = _ptc("ps", cwd=cloned, env={TRUST: str(mine / "cluster.yaml")})
+    assert not other.exists() and done.returncode == 2, done.stdout + done.stderr
+    assert "--trust-cluster-file" in done.stderr
 
 
 def test_env_output_is_safe_to_eval(tmp_path) -> None:

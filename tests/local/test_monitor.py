@@ -148,7 +148,10 @@ def test_serve_answers_prometheus_and_ends_cleanly(console_script: Path) -> None
 @pytest.mark.parametrize("args, says", [
     (["--serve", "x"], "not [ADDR:]PORT"),
     (["--serve", "9464", "--once"], "not with --once or --json"),
-    (["--serve", "9464", "--json"], "not with --once or --json")])
+    (["--serve", "9464", "--json"], "not with --once or --json"),
+    (["--serve-token-file", "/etc/hostname"], "go with --serve"),
+    (["--serve", "9464", "--serve-cert", "c.pem"], "--serve-cert and --serve-key go together"),
+    (["--serve", "9464", "--serve-token-file", "/etc/hostname"], "others can read it")])
 def test_serve_refuses_what_it_cannot_do(cli, args: list[str], says: str) -> None:
     code, out, err = cli("monitor", *args)
     assert code == 2 and says in err, (out, err)

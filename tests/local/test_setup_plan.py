@@ -264,9 +264,10 @@ def test_the_wheel_download_says_where_it_comes_from() -> None:
     from ptcluster.setup.wheels import sources
 
     torch = choose_torch("2.13.0", [], "cpu")
-    assert sources(torch, {}) == f"{torch.index_url}, PyPI (or pip.conf's index)"
+    assert sources(torch, {}) == \
+        f"torch's from {torch.index_url} alone, the rest from PyPI (or pip.conf's index)"
     assert sources(torch, {"PIP_INDEX_URL": "https://mirror/simple"}) == \
-        f"{torch.index_url}, https://mirror/simple"
+        f"torch's from {torch.index_url} alone, the rest from https://mirror/simple"
     assert sources(torch, {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/w /v"}) == \
         "no index (PIP_NO_INDEX), /w (PIP_FIND_LINKS), /v (PIP_FIND_LINKS)"
 

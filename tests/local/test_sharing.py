@@ -73,7 +73,7 @@ def victim_home(root: Path) -> Path:
 
 
 def guard_first_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tmpdir: Path,
-                      wait: float = 20.0) -> str:
+                      wait: float = 20.0, runtime: Path | None = None) -> str:
     """Start the real guard on this machine (the local channel) with ``TMPDIR=tmpdir``; its
     first ``ready``/``error`` line, or "" when none came within ``wait`` s (it is blocked)."""
     from ptcluster.cluster import local_cluster
@@ -97,6 +97,10 @@ def guard_first_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tmpdir: P
                 came.set()
 
     monkeypatch.setenv("TMPDIR", str(tmpdir))
+    if runtime is None:
+        monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    else:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     channel = NodeChannel(LocalTransport(host="localhost"), sys.executable, GUARD, cfg,
                           on_frames=frames, on_closed=lambda code, err: None)
     started = start_all([channel], lambda c, said: None)
@@ -187,6 +191,29 @@ def test_a_users_temp_parent_planted_by_another_user_is_refused_in_one_line_at_o
     assert "remove " in said["fix"] and not said.get("busy"), said
     assert took < 15, took
     assert sorted(p.name for p in home.rglob("*")) == ["data.bin", "important.txt", "sub"]
+
+
+@pytest.mark.no_job
+def test_a_users_runtime_dir_is_used_where_it_exists_so_a_planted_tmp_parent_does_not_refuse(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``$XDG_RUNTIME_DIR`` a directory of ours closed to others (``/run/user/UID``), the
+    guard's parent is made there: what another user planted at ``$TMPDIR/ptcluster-UID``
+    refuses nothing (L9). One open to others is not used."""
+    base = shared_dir("ptc-sharing-tmp-")
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    try:
+        made = as_nobody("import os, sys; os.mkdir(sys.argv[1], 0o777)",
+                         str(base / f"ptcluster-{os.getuid()}"))
+        assert isinstance(made, subprocess.CompletedProcess) and made.returncode == 0, made
+        first = guard_first_frame(tmp_path, monkeypatch, base, runtime=runtime)
+        assert first.startswith("ready "), first
+        assert (runtime / f"ptcluster-{os.getuid()}").is_dir()
+        runtime.chmod(0o755)
+        first = guard_first_frame(tmp_path, monkeypatch, base, runtime=runtime)
+        assert first.startswith("error ") and "belongs to uid 65534" in first, first
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_the_cleanup_removes_only_its_own_dead_guards_dirs_and_never_waits(tmp_path) -> None:

@@ -28,6 +28,7 @@ NEEDS_TRUST = [
     ("StrictHostKeyChecking", "no"),
     ("StrictHostKeyChecking", "off"),
     ("StrictHostKeyChecking", False),
+    ("StrictHostKeyChecking", "accept-new"),  # (whatever answers first is believed: L7)
     ("UserKnownHostsFile", "/dev/null"),
     ("GlobalKnownHostsFile", "./known_hosts"),
     ("NoHostAuthenticationForLocalhost", "yes"),
@@ -61,7 +62,7 @@ def test_ssh_options_that_are_code_need_trust(name: str, value: object, where: s
 
 SAFE = [
     ("ServerAliveInterval", 5), ("ConnectTimeout", 7), ("BatchMode", "yes"),
-    ("StrictHostKeyChecking", "yes"), ("StrictHostKeyChecking", "accept-new"),
+    ("StrictHostKeyChecking", "yes"),
     ("StrictHostKeyChecking", True), ("ProxyJump", "bastion"),
     ("ProxyJump", "me@bastion.example:2222,other"), ("ProxyJump", "ssh://me@[fe80::1%eth0]:22"),
     ("IdentitiesOnly", "yes"), ("IdentityFile", "~/.ssh/id_lab"), ("Compression", "yes"),

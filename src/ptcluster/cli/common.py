@@ -98,18 +98,12 @@ def environment_options(func: F) -> F:
     )(func)
 
 
-def trusted() -> bool:
-    """The user vouches for the cluster file (and the requirements file it or a flag names):
-    ``--trust-cluster-file`` or ``$PTCLUSTER_TRUST_CLUSTER_FILE``."""
-    return state().trust_cluster_file or os.environ.get(TRUST_ENV_VAR, "") not in ("", "0")
-
-
 def environment(spec: ClusterSpec, requirements: str | None, find_links: tuple[str, ...],
                 refresh: bool) -> EnvChoice | None:
     """The command's declared environment (None: none), checked as far as the head can
     without fetching anything (``venvs.resolve.precheck``): bad input is exit 2 before any
     node is touched."""
-    choice = env_choice(spec, requirements, find_links, refresh, trusted())
+    choice = env_choice(spec, requirements, find_links, refresh, trusted(spec.source))
     if choice is not None:
         precheck(choice.requirements, None, choice.find_links, choice.trusted)
     return choice
@@ -156,14 +150,28 @@ def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
     if cluster is None and not quiet():  # (found, not given: say which, as for Slurm above)
         where = "the current directory" if path == DEFAULT_CLUSTER_FILE else "$PTCLUSTER_CLUSTER"
         say(f"ptcluster: using the cluster file {path} (from {where})", err=True)
-    return load_cluster_file(path, trusted=trusted())
+    return load_cluster_file(path, trusted=trusted(str(path)))
+
+
+def trusted(path: str | None = None) -> bool:
+    """Whether the user vouched for the cluster file at ``path`` (``cluster.trust``), and so
+    for the requirements file it or a flag names:
+    ``--trust-cluster-file``, or ``$PTCLUSTER_TRUST_CLUSTER_FILE`` naming that very file (an
+    absolute path: one file of yours, never a cloned repository's found in the current
+    directory later; L7), or ``1`` (every file: the old form, for scripts)."""
+    if state().trust_cluster_file:
+        return True
+    said = os.environ.get(TRUST_ENV_VAR, "")
+    if said.startswith("/"):
+        return path is not None and os.path.realpath(path) == os.path.realpath(said)
+    return said not in ("", "0")
 
 
 def spec_for_our_ranks(spec: ClusterSpec, command: str) -> ClusterSpec:
     """The cluster for ranks that run ptcluster's own code (doctor's all-reduce, bench): a
     cluster file's ``env:`` (``PYTHONPATH``, ``LD_PRELOAD``: code) reaches them only when the
     user vouched for the file; said once when it is left out."""
-    if not spec.env or trusted():
+    if not spec.env or trusted(spec.source):
         return spec
     if not quiet():
         say(f"ptcluster: {command} leaves out the cluster file's env: ({len(spec.env)} "

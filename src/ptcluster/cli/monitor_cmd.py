@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import signal
+import ssl
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -23,7 +25,7 @@ from rich.text import Text
 from ptcluster.cli.common import SECONDS, FiniteFloat, cluster_option, load_spec
 from ptcluster.cli.console import say, terminal
 from ptcluster.launch.rundir import DEFAULT_RUNS_DIR
-from ptcluster.monitor import metrics
+from ptcluster.monitor import httpd, metrics
 from ptcluster.monitor.watch import Monitor, NodeView, job_straggler, node_waits
 from ptcluster.remote.connect import transports
 
@@ -43,22 +45,36 @@ GB = 1e9
 @click.option("--serve", metavar="[ADDR:]PORT", help="Serve Prometheus metrics on "
               "http://ADDR:PORT/metrics (localhost unless ADDR is given) instead of the table, "
               "until Ctrl-C.")
+@click.option("--serve-token-file", "token_file", metavar="FILE", help="With --serve: every "
+              "scrape must carry 'Authorization: Bearer TOKEN', TOKEN being this file's "
+              "content (Prometheus: authorization: {credentials_file: FILE}).")
+@click.option("--serve-cert", "cert", metavar="FILE", help="With --serve and --serve-key: "
+              "HTTPS with this PEM certificate (chain).")
+@click.option("--serve-key", "key", metavar="FILE", help="The PEM private key of --serve-cert.")
 def monitor(cluster: str | None, interval: float, once: bool, as_json: bool,
-            timeout: float, runs_dir: str | None, serve: str | None) -> None:
-    listen = None
+            timeout: float, runs_dir: str | None, serve: str | None, token_file: str | None,
+            cert: str | None, key: str | None) -> None:
+    listen, guard = None, Guard()
+    if serve is None and (token_file or cert or key):
+        raise click.UsageError("--serve-token-file, --serve-cert and --serve-key go with "
+                               "--serve")
     if serve is not None:
         if once or as_json:
             raise click.UsageError("--serve runs until stopped: not with --once or --json")
+        if (cert is None) != (key is None):
+            raise click.UsageError("--serve-cert and --serve-key go together")
         try:
             listen = metrics.parse_listen(serve)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--serve") from None
+        guard = Guard(token=httpd.read_token(token_file) if token_file else None,
+                      tls=httpd.tls_context(cert, key) if cert and key else None)
     spec = load_spec(cluster, None)
     runs = Path(runs_dir or DEFAULT_RUNS_DIR)
     mon = Monitor(spec, transports(spec), interval=interval)
     try:
         if listen is not None:
-            serve_metrics(mon, listen, interval)
+            serve_metrics(mon, listen, interval, guard=guard)
             return
         mon.wait_first(timeout)
         if once:
@@ -79,8 +95,16 @@ REOPEN_SECONDS = 5.0
 """How long ``--serve`` waits before it opens a new session to a node whose last one ended."""
 
 
+@dataclass(frozen=True)
+class Guard:
+    """What ``--serve`` asks of a scraper: a bearer token, TLS (None: not asked)."""
+
+    token: str | None = None
+    tls: ssl.SSLContext | None = None
+
+
 def serve_metrics(mon: Monitor, listen: tuple[str, int], interval: float,
-                  stop: threading.Event | None = None) -> None:
+                  stop: threading.Event | None = None, guard: Guard = Guard()) -> None:
     """``--serve``: ``/metrics`` until Ctrl-C or SIGTERM (or ``stop``, when given); a node
     whose session ends is asked again every :data:`REOPEN_SECONDS` (an exporter runs for days:
     a node that comes back is seen again)."""
@@ -88,14 +112,15 @@ def serve_metrics(mon: Monitor, listen: tuple[str, int], interval: float,
     # a node is down after 3 missed samples (and 2 s more for a slow link)
     exporter = metrics.Exporter(mon.snapshot, lambda: poller.latest, stale=3 * interval + 2.0)
     try:
-        server = metrics.serve(exporter, *listen)
+        server = metrics.serve(exporter, *listen, token=guard.token, tls=guard.tls)
     except OSError as exc:
         poller.stop()
         raise click.ClickException(f"cannot serve on {listen[0]}:{listen[1]}: "
                                    f"{exc.strerror or exc}") from None
     host, port = server.server_address[:2]
-    say(f"serving Prometheus metrics on http://{_url_host(str(host))}:{port}/metrics "
-        "(Ctrl-C ends)")
+    scheme = "https" if guard.tls else "http"
+    say(f"serving Prometheus metrics on {scheme}://{_url_host(str(host))}:{port}/metrics "
+        + ("(a bearer token needed; " if guard.token else "(") + "Ctrl-C ends)")
     try:
         with stop_on_signals() if stop is None else nullcontext(stop) as until:
             while not until.wait(min(interval, 1.0)):

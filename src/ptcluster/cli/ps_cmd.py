@@ -32,9 +32,10 @@ def ps(cluster: str | None, as_json: bool, all_users: bool, timeout: float) -> N
                    list(s.get("leases") or []))
             for host, s in samples.items()}
     rows = [r for r in job_rows(seen) if all_users or r.mine]
+    unknown = unknown_holders(seen)
     if as_json:
-        click.echo(json.dumps({"jobs": [r.to_json() for r in rows], "unreachable": missing},
-                              indent=2))
+        click.echo(json.dumps({"jobs": [r.to_json() for r in rows], "unreachable": missing,
+                               "unknown_holders": unknown}, indent=2))
     else:
         console = terminal(width=None if sys.stdout.isatty() else 160)
         if rows:
@@ -42,10 +43,22 @@ def ps(cluster: str | None, as_json: bool, all_users: bool, timeout: float) -> N
         else:
             console.print("no ptcluster job" + ("" if all_users else " of yours (--all-users: "
                                                  "everyone's)") + " on these nodes")
+        for held in unknown:
+            console.print(Text(f"{held['node']}: {held['resource']} held by an unknown holder "
+                               "(no record of who; another user may have put something at "
+                               "its lock path)", style="yellow"))
         for host, why in missing.items():
             console.print(Text(f"{host}: not listed: {why}", style="yellow"))
     if missing:
         sys.exit(1)
+
+
+def unknown_holders(seen: dict[str, tuple[str, str, list[dict]]]) -> list[dict[str, str]]:
+    """The leases the nodes hold with no record of who holds them (``leases.held_all``'s
+    ``unknown``), each once, by node and resource."""
+    found = {(str(r.get("node")), str(r.get("resource"))) for _, _, records in seen.values()
+             for r in records if isinstance(r, dict) and r.get("unknown") is True}
+    return [{"node": node, "resource": resource} for node, resource in sorted(found)]
 
 
 def table(rows: list[JobRow]) -> Table:

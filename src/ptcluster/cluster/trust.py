@@ -41,7 +41,7 @@ from ptcluster.cluster.validate import USER_NAME, is_host
 
 TRUST_FLAG = "--trust-cluster-file"
 TRUST_ENV_VAR = "PTCLUSTER_TRUST_CLUSTER_FILE"
-TRUST_IT = f"if you wrote this file, pass {TRUST_FLAG} (or set {TRUST_ENV_VAR}=1)"
+TRUST_IT = f"if you wrote this file, pass {TRUST_FLAG} (or set {TRUST_ENV_VAR} to its path)"
 
 SAFE_SSH_OPTIONS = frozenset(name.lower() for name in (
     "AddressFamily", "BatchMode", "BindAddress", "BindInterface", "CanonicalDomains",
@@ -68,7 +68,9 @@ _HOST_KEYS = frozenset(name.lower() for name in (
     "StrictHostKeyChecking", "UserKnownHostsFile", "GlobalKnownHostsFile",
     "NoHostAuthenticationForLocalhost", "HostKeyAlias", "VerifyHostKeyDNS", "KnownHostsCommand",
 ))
-_CHECKING_ON = ("yes", "true", "ask", "accept-new")
+_CHECKING_ON = ("yes", "true", "ask")
+"""``accept-new`` is not among them: it trusts whatever answers at a new host the first time
+(L7); the cluster file must be trusted for it."""
 _PORT = re.compile(r"^[0-9]{1,5}$")
 
 

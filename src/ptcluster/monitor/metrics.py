@@ -25,19 +25,21 @@ to ``exported_job``.
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import start_http_server
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ptcluster.control import registry as heads
 from ptcluster.control.protocol import ask, straggler_request
 from ptcluster.errors import PtclusterError
+from ptcluster.monitor.httpd import MetricsServer
 from ptcluster.monitor.jobs import job_rows
 from ptcluster.monitor.watch import NodeView
 
@@ -94,7 +96,11 @@ def node_families(views: list[NodeView], now: float, stale: float) -> list[Metri
     ]
     fams = [GaugeMetricFamily(f"ptcluster_node_{name}", text, labels=["node"])
             for name, text, _ in figures]
+    refused = CounterMetricFamily("ptcluster_scrape_errors", "Samples of the node refused as "
+                                  "malformed (its series are left out until a good one).",
+                                  labels=["node"])
     for v in views:
+        refused.add_metric([v.host], float(v.refused))
         ok = fresh(v, now, stale)
         up.add_metric([v.host], 1.0 if ok else 0.0)
         if v.updated is not None:
@@ -109,7 +115,7 @@ def node_families(views: list[NodeView], now: float, stale: float) -> list[Metri
                 fam.add_metric([v.host], float(get(s)))
             except (KeyError, TypeError, ValueError):
                 continue  # (a figure the node's sampler did not send)
-    return [up, age, info, *fams]
+    return [up, age, info, refused, *fams]
 
 
 def gpu_families(views: list[NodeView], now: float, stale: float) -> list[Metric]:
@@ -284,8 +290,10 @@ def registry_of(exporter: Exporter) -> CollectorRegistry:
     return reg
 
 
-def serve(exporter: Exporter, addr: str, port: int) -> Any:
-    """``/metrics`` on ``addr:port`` (prometheus_client's threaded HTTP server); the server
-    (``server_address``, ``shutdown()``)."""
-    server, _ = start_http_server(port, addr=addr, registry=registry_of(exporter))
-    return server
+def serve(exporter: Exporter, addr: str, port: int, token: str | None = None,
+          tls: ssl.SSLContext | None = None, idle: float = 10.0) -> MetricsServer:
+    """``/metrics`` on ``addr:port`` (``monitor.httpd``: one thread, bounded connections, the
+    exposition made at most once a second), served until ``shutdown()``."""
+    reg = registry_of(exporter)
+    return MetricsServer(lambda: generate_latest(reg), CONTENT_TYPE_PLAIN_0_0_4, addr, port,
+                         token=token, tls=tls, idle=idle).start()

@@ -21,6 +21,7 @@ from ptcluster.node import SAMPLER
 from ptcluster.node.wire import Kind, control, split
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.group import Member, NodeResult, Why, ask_all
+from ptcluster.remote.replies import BadReply, sample_reply
 from ptcluster.remote.transport import Transport, explain_channel_failure
 
 
@@ -30,6 +31,8 @@ class NodeView:
     sample: dict[str, Any] | None = None
     error: str | None = None
     updated: float | None = None
+    refused: int = 0
+    """Samples of the node refused as malformed (``remote.replies.sample_reply``)."""
 
 
 class Monitor:
@@ -76,15 +79,8 @@ class Monitor:
             kind, payload = split(line)
             if kind != Kind.SAMPLE:
                 continue
-            try:
-                sample = control(payload)
-            except ValueError as exc:
-                with self.lock:
-                    self.views[host].error = f"bad sample from the node: {exc}"
-                continue
             with self.lock:
-                view = self.views[host]
-                view.sample, view.error, view.updated = sample, None, time.time()
+                receive(self.views[host], payload, time.time())
 
     def _closed(self, host: str, session: int, python: str, code: int | None,
                 stderr: list[str]) -> None:
@@ -127,7 +123,21 @@ class Monitor:
 
     def snapshot(self) -> list[NodeView]:
         with self.lock:
-            return [NodeView(v.host, v.sample, v.error, v.updated) for v in self.views.values()]
+            return [NodeView(v.host, v.sample, v.error, v.updated, v.refused)
+                    for v in self.views.values()]
+
+
+def receive(view: NodeView, payload: str, now: float) -> None:
+    """A sample frame's ``payload`` into ``view``: the sample when it passes
+    (``remote.replies.sample_reply``), else the node's error, and one more refused."""
+    try:
+        sample = sample_reply(control(payload))
+    except BadReply as exc:
+        view.error, view.refused = exc.what, view.refused + 1
+    except ValueError as exc:
+        view.error, view.refused = f"bad sample from the node: {exc}", view.refused + 1
+    else:
+        view.sample, view.error, view.updated = sample, None, now
 
 
 def unreachable(why: Why, said: Problem | None) -> str:
@@ -148,8 +158,14 @@ def sample_once(spec: ClusterSpec, transports: dict[str, Transport], timeout: fl
                for n in spec.nodes]
     result = ask_all(members, SAMPLER, Kind.SAMPLE, timeout,
                      late=Problem(None, f"no sample within {timeout:.0f} s"))
-    samples = {h: r.answers[Kind.SAMPLE] for h, r in result.succeeded.items()}
-    return samples, {h: _why_not(r) for h, r in result.failed.items()}
+    samples: dict[str, dict[str, Any]] = {}
+    why = {h: _why_not(r) for h, r in result.failed.items()}
+    for host, r in result.succeeded.items():
+        try:
+            samples[host] = sample_reply(r.answers[Kind.SAMPLE])
+        except BadReply as exc:
+            why[host] = exc.what
+    return samples, why
 
 
 def _why_not(r: NodeResult) -> str:

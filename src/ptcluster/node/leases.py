@@ -26,24 +26,33 @@ read-only, which is all a ``flock`` needs) and made only with ``O_EXCL`` when th
 ``fs.protected_regular`` (which refuses ``O_CREAT`` on another user's file in a sticky
 directory) never turns a leftover lock into a refusal.
 
-Who holds a lease is written beside it, in a file the holder owns (``NAME.UID.json``,
-world-readable, never a secret: the program's name, not its arguments). Anyone can write a file
-of that name pattern, so a record is believed only when it is well formed, its file belongs to
-the uid it names (or to root), and its pid is the one the kernel names as the lock's holder
-(``/proc/locks``): a record another user planted names nobody (``ptcluster kill`` signals what
-the record names).
+Who holds a lease is written beside it, in a file the holder owns (``NAME.UID.RAND.json``, a
+random part no one can guess and plant first; world-readable, never a secret: the program's
+name, not its arguments). Anyone can write a file of that name pattern, so a record is believed
+only when it is well formed, its file belongs to the uid it names (or to root), and its pid is
+the one the kernel names as the lock's holder (``/proc/locks``): a record another user planted
+names nobody (``ptcluster kill`` signals what the record names).
 """
 
+import bisect
 import errno
 import fcntl
-import math
 import os
 import pwd
+import secrets
 import socket
 import stat
 import time
 
-from ptcluster.node.records import alive, read_record, unlink, valid_job_id, write_record
+from ptcluster.node.records import (
+    MOST_TEXT,
+    _number,
+    alive,
+    read_record,
+    unlink,
+    well_formed,
+    write_record,
+)
 from ptcluster.node.safefile import create_new, open_regular
 
 LEASE_DIR = "/run/lock"
@@ -238,8 +247,15 @@ def sweep(directory: str) -> None:
     for entry in entries:  # records whose lock file is gone; kill's notes whose job's is
         of = entry.rsplit(".", 2)[0]
         if entry.endswith(".json") and (PREFIX + "job-" + of[len(_KILL):] not in locks
-                                        if entry.startswith(_KILL) else of not in names):
+                                        if entry.startswith(_KILL) else not _of_any(entry,
+                                                                                     names)):
             unlink(os.path.join(directory, entry))
+
+
+def _of_any(entry: str, names: set[str]) -> bool:
+    """Whether record ``entry`` (``NAME.UID[.RAND].json``; NAME may hold dots) is of one of
+    ``names``."""
+    return any(c == "." and entry[:i] in names for i, c in enumerate(entry))
 
 
 def take(resource: str, info: dict, directory: str | None = None) -> Lease | None:
@@ -249,9 +265,11 @@ def take(resource: str, info: dict, directory: str | None = None) -> Lease | Non
     fd = _lock(directory, name, create=True, mode=fcntl.LOCK_EX)
     if fd is None:
         return None
-    info_path = os.path.join(directory, f"{name}.{os.getuid()}.json")
+    # (a name no one can guess, so none can be planted first: L1)
+    info_path = os.path.join(directory, f"{name}.{os.getuid()}.{secrets.token_hex(8)}.json")
     record = {**info, "resource": resource, "node": socket.gethostname(), "pid": os.getpid(),
               "uid": os.getuid(), "user": user_name(), "since": info.get("since", time.time())}
+    record.update({k: v[:MOST_TEXT] for k, v in record.items() if isinstance(v, str)})
     try:
         write_record(info_path, record, RECORD_MODE)
     except OSError:  # who holds it is advice; the lock is the lease
@@ -298,31 +316,6 @@ def user_name(uid: int | None = None) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
-        math.isfinite(value)
-
-
-_TEXT = ("job_id", "user", "command", "node", "resource", "head")
-
-
-def well_formed(record: object) -> bool:
-    """Whether ``record`` is a lease record every reader can use as is: a dict with a pid and a
-    uid that are plausible ints, a finite ``since`` (seconds since 1970, before 2242), text
-    where text belongs and ``ranks`` as ``[first, last]``. Anything else is skipped, never
-    turned into an exception (``ps``, ``kill``, the monitor and a busy refusal read them)."""
-    if not isinstance(record, dict):
-        return False
-    pid, uid, since, ranks = (record.get(k) for k in ("pid", "uid", "since", "ranks"))
-    return (isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2 ** 31
-            and isinstance(uid, int) and not isinstance(uid, bool) and 0 <= uid < 2 ** 32
-            and _number(since) and 0 <= float(since or 0) < 2 ** 33
-            and all(isinstance(record.get(k), str) for k in _TEXT if record.get(k) is not None)
-            and (record.get("job_id") is None or valid_job_id(record["job_id"]))
-            and (ranks is None or (isinstance(ranks, list) and len(ranks) == 2 and all(
-                isinstance(r, int) and not isinstance(r, bool) for r in ranks))))
 
 
 def _flock_holders() -> dict[str, set[int]] | None:
@@ -373,12 +366,14 @@ def holder(resource: str, directory: str | None = None) -> dict | None:
     held = _held(directory, name, _flock_holders())
     if held is None:
         return None
-    return _said(directory, name, held, _listdir(directory))
+    return _said(directory, name, held, sorted(_listdir(directory)))
 
 
-def held_all(directory: str | None = None) -> list[dict]:
+def held_all(directory: str | None = None, unknown: bool = False) -> list[dict]:
     """The record of every lease held on this node now (any user's): what ``ptcluster ps``
-    lists. A lock file nobody holds is a lease that has ended, whatever its records say."""
+    lists. A lock file nobody holds is a lease that has ended, whatever its records say.
+    ``unknown``: also ``{"resource", "node", "unknown": True}`` for each lease held with no
+    record believed (a directory, link or FIFO planted at its lock path: M1)."""
     directory = directory or LEASE_DIR
     entries = sorted(_listdir(directory))
     table = _flock_holders()
@@ -391,6 +386,10 @@ def held_all(directory: str | None = None) -> list[dict]:
         record = {} if held is None else _said(directory, name, held, entries)
         if record:
             out.append(record)
+        elif held is not None and unknown:
+            resource, _, node = name[len(PREFIX):].rpartition("@")
+            out.append({"resource": resource[:MOST_TEXT], "node": node[:MOST_TEXT],
+                        "unknown": True})
     return out
 
 
@@ -405,10 +404,13 @@ def _said(directory: str, name: str, holders: set[int], entries: list[str]) -> d
     """The record of a held lease's holder: the newest of its records that is well formed,
     whose file belongs to the uid it names (or to root), whose process is alive and, where the
     kernel names the lock's holders, one of them, running as that uid. Its ``user`` is its
-    uid's name here."""
+    uid's name here. ``entries``: the directory's, sorted (the records of ``name`` are found
+    by bisection: O(log n) a lease, not O(n), with thousands of entries; L3)."""
     best: dict = {}
-    for entry in entries:
-        if not (entry.startswith(name + ".") and entry.endswith(".json")):
+    at = bisect.bisect_left(entries, name + ".")
+    while at < len(entries) and entries[at].startswith(name + "."):
+        entry, at = entries[at], at + 1
+        if not entry.endswith(".json"):
             continue
         got = read_record(os.path.join(directory, entry), limit=16384)
         if got is None or not well_formed(got[0]):

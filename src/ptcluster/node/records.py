@@ -12,6 +12,7 @@ the reader to judge. Which directory is trusted, and which owners, stays with ea
 """
 
 import json
+import math
 import os
 import re
 
@@ -77,3 +78,45 @@ def alive(pid: object) -> bool:
     except PermissionError:
         return True  # another user's process
     return True
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
+
+
+_TEXT = ("job_id", "user", "command", "node", "resource", "head")
+MOST_TEXT = 256
+"""Longest text of a record that is believed (each is a label of ``monitor --serve``)."""
+MAX_LEASES = 4096
+"""Most lease records a sampler sends (``held_all``'s first ones): the head refuses more."""
+MOST_KEYS = 32
+
+
+def well_formed(record: object) -> bool:
+    """Whether ``record`` is a lease record every reader can use as is: a dict with a pid and a
+    uid that are plausible ints, a finite ``since`` (seconds since 1970, before 2242), text
+    where text belongs and ``ranks`` as ``[first, last]``; every key a printable label, every
+    value text of at most :data:`MOST_TEXT`, a bounded number, true/false or null (what the
+    head takes in a sample: ``remote.replies.sample_reply``). Anything else is skipped, never
+    turned into an exception (``ps``, ``kill``, the monitor and a busy refusal read them)."""
+    if not isinstance(record, dict) or len(record) > MOST_KEYS:
+        return False
+    pid, uid, since, ranks = (record.get(k) for k in ("pid", "uid", "since", "ranks"))
+    return (isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2 ** 31
+            and isinstance(uid, int) and not isinstance(uid, bool) and 0 <= uid < 2 ** 32
+            and _number(since) and 0 <= float(since or 0) < 2 ** 33
+            and all(isinstance(record.get(k), str) and len(record[k]) <= MOST_TEXT
+                    for k in _TEXT if record.get(k) is not None)
+            and all(_key(k) and (isinstance(v, str) and len(v) <= MOST_TEXT or v is None
+                                 or isinstance(v, bool) or _number(v) and abs(v) < 2 ** 62
+                                 or k == "ranks") for k, v in record.items())
+            and (record.get("job_id") is None or valid_job_id(record["job_id"]))
+            and (ranks is None or (isinstance(ranks, list) and len(ranks) == 2 and all(
+                isinstance(r, int) and not isinstance(r, bool) and abs(r) < 2 ** 31
+                for r in ranks))))
+
+
+def _key(key: object) -> bool:
+    """A record's key: a label's text (what ``monitor --serve``'s head accepts)."""
+    return isinstance(key, str) and 0 < len(key) <= MOST_TEXT and key.isprintable()

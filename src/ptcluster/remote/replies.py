@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ptcluster.cluster.validate import is_dns_name
+from ptcluster.node.records import MAX_LEASES, MOST_KEYS, MOST_TEXT
 from ptcluster.node.setup_facts import sections
 from ptcluster.node.slurm_facts import HW_KEYS, SERVICES, SLURM_FILES, SLURM_PACKAGES
 
@@ -213,3 +214,115 @@ def fresh(reply: dict[str, Any], only: list[str] | None) -> dict[str, Any]:
     connect, never a key it did not ask for."""
     keys = {"sudo", *(k for name in sections(only) for k in SECTION_KEYS.get(name, ()))}
     return {k: v for k, v in reply.items() if k in keys}
+
+
+# The sampler's samples (``node.sampler``), as ``monitor`` and ``ps`` receive them: every
+# value the live table formats and every Prometheus label (``monitor --serve``) is checked
+# here, so a node's bad sample is that node's error, never a failed scrape or a dead table.
+LABEL = MOST_TEXT
+"""Longest text of a sample (what becomes a label: names, ids, users)."""
+MAX_SAMPLE_GPUS = 64
+MAX_FIGURE = 2.0 ** 63
+
+
+def label(where: str, value: Any) -> None:
+    """Text fit for a label: one line, at most :data:`LABEL` characters."""
+    if not isinstance(value, str) or len(value) > LABEL or CONTROL.search(value):
+        raise _bad(where, value, f"one line of at most {LABEL} characters")
+
+
+def note(where: str, value: Any) -> None:
+    """Text the table shows (an error): at most 16 labels long."""
+    if not isinstance(value, str) or len(value) > 16 * LABEL:
+        raise _bad(where, value, f"text of at most {16 * LABEL} characters")
+
+
+def figure(where: str, value: Any) -> None:
+    """A finite number (int or float; a bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not -MAX_FIGURE < value < MAX_FIGURE:  # (NaN and inf fail this too)
+        raise _bad(where, value, "a finite number")
+
+
+def table_of(values: Check, most: int) -> Check:
+    """A dict of at most ``most`` label keys whose values pass ``values``."""
+    def check(where: str, value: Any) -> None:
+        if not isinstance(value, dict) or len(value) > most:
+            raise _bad(where, value, f"a table of at most {most}")
+        for k, v in value.items():
+            label(f"{where} key", k)
+            values(f"{where}.{k}", v)
+    return check
+
+
+def shown(where: str, value: Any) -> None:
+    """Text of another user's lease record as the node read it: at most :data:`LABEL`
+    characters (``records.well_formed`` believes no longer), any of them (a co-user may write an
+    escape there; the console shows it as text, and Prometheus escapes a label)."""
+    if not isinstance(value, str) or len(value) > LABEL:
+        raise _bad(where, value, f"text of at most {LABEL} characters")
+
+
+def lease_value(where: str, value: Any) -> None:
+    """A lease record's value: text, a number, true/false, null or ``[first, last]``."""
+    if isinstance(value, list):
+        listing(number(-2**31, 2**31), 2)(where, value)
+    elif isinstance(value, str):
+        shown(where, value)
+    elif value is not None and not isinstance(value, bool):
+        figure(where, value)
+
+
+LEASE = table_of(lease_value, MOST_KEYS)
+
+
+def _passes(check: Check, value: Any) -> bool:
+    try:
+        check("", value)
+    except BadReply:
+        return False
+    return True
+
+
+def gpu_sample(where: str, value: Any) -> None:
+    GPU_SAMPLE(where, value)
+    if value.get("power_w") is not None:  # (the table shows "draw/limit W")
+        figure(f"{where}.power_limit_w", value.get("power_limit_w"))
+
+
+GPU_SAMPLE = record({
+    "index": number(0, MAX_SAMPLE_GPUS - 1), "name": label, "uuid": optional(label),
+    "util": figure, "mem_used": number(0, 2**62), "mem_total": number(0, 2**62),
+    "power_w": optional(figure), "power_limit_w": optional(figure), "temp_c": optional(figure)})
+SAMPLE: dict[str, Check] = {
+    "hostname": label, "time": figure, "cpu_percent": figure,
+    "cpus": optional(number(1, 1 << 20)),
+    "mem": record({"used": number(0, 2**62), "total": number(0, 2**62)}),
+    "net": record({"rx_bps": figure, "tx_bps": figure}),
+    "gpus": listing(gpu_sample, MAX_SAMPLE_GPUS), "gpu_error": optional(note),
+    "leases": listing(LEASE, MAX_LEASES),
+    "jobs": table_of(record({"user": optional(shown), "ranks": number(0, 2**31),
+                             "gpus": listing(number(0, MAX_SAMPLE_GPUS - 1), MAX_SAMPLE_GPUS)}),
+                     MAX_LEASES),
+    "user": label,
+}
+"""Every key of a sample and its check (all are sent; a key not named here is dropped)."""
+
+
+def sample_reply(sample: Any) -> dict[str, Any]:
+    """A sampler's ``sample`` checked, with the keys of :data:`SAMPLE` only. Raises
+    :class:`BadReply`."""
+    try:
+        if not isinstance(sample, dict):
+            raise _bad("the sample", sample, "a table")
+        if isinstance(sample.get("leases"), list):  # (a bad record is dropped, not the sample)
+            sample = {**sample, "leases": [r for r in sample["leases"] if _passes(LEASE, r)]}
+        for key, check in SAMPLE.items():
+            if key not in sample:
+                raise _bad(key, None, "there")
+            check(key, sample[key])
+    except BadReply as exc:
+        raise BadReply(exc.what.replace("the node's facts are", "the node's sample is", 1),
+                       "check that node's sampler (a node that sends this may be "
+                       "compromised)") from None
+    return {key: sample[key] for key in SAMPLE}

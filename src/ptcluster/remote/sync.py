@@ -25,6 +25,7 @@ from typing import IO, Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.errors import Problem
+from ptcluster.remote import capped
 from ptcluster.remote.transport import remote_command, ssh_argv
 
 NO_RSYNC = 4
@@ -128,13 +129,13 @@ def sync_node(node: NodeSpec, root: Path, files: list[str], *, timeout: float = 
     begun = time.monotonic()
     result = SyncResult(host=node.host)
     dest = remote_dir(node.workdir)
-    probe = subprocess.run(
+    probe = capped.run(
         ssh_argv(node.host, node.ssh) + [remote_command(
             ["sh", "-c", 'mkdir -p -- "$1" || exit 3; command -v rsync >/dev/null || exit 4',
-             "sync", dest])], capture_output=True, text=True, timeout=60,
-        stdin=subprocess.DEVNULL)
+             "sync", dest])], timeout=60)
     if probe.returncode not in (0, NO_RSYNC):
-        tail = probe.stderr.strip().splitlines()[-1:] or [f"exit status {probe.returncode}"]
+        tail = probe.stderr.decode(errors="replace").strip().splitlines()[-1:] or [
+            f"exit status {probe.returncode}"]
         result.problem = Problem(None, f"cannot prepare {node.workdir} over ssh ({tail[0]})",
                                  "check ssh to the node (`ptcluster doctor`) and that workdir is "
                                  "writable")
@@ -142,15 +143,14 @@ def sync_node(node: NodeSpec, root: Path, files: list[str], *, timeout: float = 
     listing = "\0".join(files).encode() + b"\0"
     if probe.returncode != NO_RSYNC and shutil.which("rsync"):
         result.method = "rsync"
-        proc = subprocess.run(
+        proc = capped.run(
             # -s (--protect-args, rsync >= 3.0): the paths go to the node's rsync over its own
             # protocol, never through the node's shell (rsync < 3.2.4 and RSYNC_OLD_ARGS=1 hand
             # them to it as they are: a ';' in the workdir ran a command there)
             ["rsync", "-a", "-s", "--from0", "--files-from=-", "--out-format=%n", "-e",
              _ssh_e(node), f"{root}/", f"{_rsync_host(node.host)}:{dest}/"],
-            input=listing, capture_output=True, timeout=timeout)
-        out = proc.stdout.decode(errors="replace")
-        result.sent = sum(1 for line in out.splitlines() if line and not line.endswith("/"))
+            timeout, stdin=listing)
+        result.sent = proc.stdout_lines
     else:
         result.method = "tar"
         remote = remote_command(["sh", "-c", 'mkdir -p -- "$1" && tar -C "$1" -xf -', "sync",
@@ -167,7 +167,7 @@ def sync_node(node: NodeSpec, root: Path, files: list[str], *, timeout: float = 
 
 
 def tar_pipe(root: Path, listing: bytes, receiver: list[str],
-             timeout: float) -> subprocess.CompletedProcess[bytes]:
+             timeout: float) -> capped.Captured:
     """``tar -c`` of the NUL-separated ``listing`` under ``root`` into ``receiver``'s stdin.
 
     The receiver starts before the listing is written, and the listing goes in from a thread:
@@ -196,11 +196,9 @@ def tar_pipe(root: Path, listing: bytes, receiver: list[str],
     feeder = threading.Thread(target=feed, args=(tar.stdin,), daemon=True)
     feeder.start()
     try:
-        out, err = recv.communicate(timeout=timeout)
+        got = capped.collect(recv, timeout)  # (a node's output: capped, L4)
     except subprocess.TimeoutExpired:
-        recv.kill()
         tar.kill()
-        recv.communicate()
         raise
     finally:
         if recv.returncode is not None and recv.returncode != 0:
@@ -210,7 +208,7 @@ def tar_pipe(root: Path, listing: bytes, receiver: list[str],
     returncode = recv.returncode
     if code != 0 and returncode == 0:
         returncode = 1
-    return subprocess.CompletedProcess(receiver, returncode, out, err)
+    return capped.Captured(returncode, got.stdout, got.stderr, got.stdout_lines)
 
 
 def sync_project(spec: ClusterSpec, root: Path | None = None,

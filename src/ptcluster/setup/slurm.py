@@ -241,10 +241,31 @@ def _packages(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
                 " (from the node's own apt sources)", (apt,))
 
 
-KEY_SCRIPT = ("set -e; umask 077; k=/etc/munge/munge.key; base64 -d > $k.ptcluster-new; "
-              "chown munge:munge $k.ptcluster-new; chmod 0400 $k.ptcluster-new; "
-              "mv -f $k.ptcluster-new $k; systemctl restart munge")
-"""The key arrives on stdin (base64): written beside, then renamed over the old one."""
+KEY_PROGRAM = """
+import base64, os, pwd, sys
+folder, owner = sys.argv[1], sys.argv[2]
+key = base64.b64decode(sys.stdin.read(), validate=False)
+d = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+tmp = ".munge.key.ptcluster-" + os.urandom(8).hex()
+fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400, dir_fd=d)
+try:
+    view = memoryview(key)
+    while view:
+        view = view[os.write(fd, view):]
+    user = pwd.getpwnam(owner)
+    os.fchown(fd, user.pw_uid, user.pw_gid)
+    os.fchmod(fd, 0o400)
+    os.fsync(fd)
+finally:
+    os.close(fd)
+os.rename(tmp, "munge.key", src_dir_fd=d, dst_dir_fd=d)
+"""
+"""Root writes the key (base64 on stdin) into munge's own directory through descriptors
+(L6): a new file of a random name (``O_EXCL | O_NOFOLLOW``), owner and mode set on its
+descriptor, renamed over the old key in that directory. No path in ``/etc/munge`` (which the
+munge account may change) is ever followed, so a link planted there gets no root write and
+no ``chown``. ``python3 -I``: nothing from the working directory or the environment."""
+KEY_ARGV = ("python3", "-I", "-c", KEY_PROGRAM, "/etc/munge", "munge")
 
 
 def _munge_key(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
@@ -259,8 +280,8 @@ def _munge_key(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
            sc.munge_sha else f"owner {key.get('owner')}, mode {key.get('mode')}")
     source = "the head's" if sc.munge_sha else "a new one, made once on the head"
     return Step("munge key", CHANGE, f"{why}: {source} (sent as the command's input, never "
-                "shown)", (StepAction(("sh", "-c", KEY_SCRIPT), root=True,
-                                      input=(sc.munge_b64 or "") + "\n"),))
+                "shown)", (StepAction(KEY_ARGV, root=True, input=(sc.munge_b64 or "") + "\n"),
+                           StepAction(("systemctl", "restart", "munge"), root=True)))
 
 
 def _service(name: str, host: str, facts: dict[str, Any], files: tuple[str, ...]) -> Step:

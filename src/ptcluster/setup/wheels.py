@@ -18,6 +18,7 @@ import importlib.metadata
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from collections.abc import Callable
@@ -132,27 +133,53 @@ def build_self_wheel(dest: Path) -> SelfWheel:
     return SelfWheel(path, version)
 
 
-def download_command(folder: Path, torch: TorchChoice, self_wheel: Path) -> list[str]:
-    """The head's ``pip download`` of torch (the chosen build) and ptcluster's dependencies
-    (with ``SELF_EXTRAS``').
+def download_commands(folder: Path, torch: TorchChoice, self_wheel: Path,
+                      pins: Path) -> tuple[list[str], list[str]]:
+    """The head's two ``pip download``s (L8): torch (the chosen build) and its dependencies
+    from PyTorch's index alone (``--index-url``: never merged with another index, so a name
+    of that index that someone registers on PyPI with a higher version, as torchtriton was,
+    is not picked); then ptcluster's dependencies (with ``SELF_EXTRAS``) from pip's own
+    configuration (PyPI, ``PIP_INDEX_URL``, ``PIP_FIND_LINKS``, pip.conf), with everything
+    the first one got pinned (``pins``: :func:`pin_text`) and found in ``folder``.
+    ``PIP_NO_INDEX`` and ``PIP_FIND_LINKS`` apply to both (an offline wheelhouse)."""
+    base = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
+            "--dest", str(folder), "--only-binary=:all:"]
+    return ([*base, "--index-url", torch.index_url, torch.requirement],
+            [*base, "--find-links", str(folder), "--constraint", str(pins), torch.requirement,
+             f"{self_wheel}[{','.join(SELF_EXTRAS)}]"])
 
-    PyTorch's index for the build comes first; pip's own configuration (``PIP_INDEX_URL``,
-    ``PIP_NO_INDEX``, ``PIP_FIND_LINKS``, pip.conf) still applies, for mirrors.
-    """
-    return [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
-            "--dest", str(folder), "--only-binary=:all:", "--extra-index-url", torch.index_url,
-            torch.requirement, f"{self_wheel}[{','.join(SELF_EXTRAS)}]"]
+
+def pin_text(folder: Path) -> str:
+    """pip's constraints: ``name==version`` of every wheel in ``folder`` but ptcluster's own
+    (the wheel file name's first two parts); a name with several versions there (earlier
+    setups') is kept within them."""
+    found: dict[str, set[str]] = {}
+    for path in folder.glob("*.whl"):
+        name, version = path.name.split("-")[:2]
+        if name.lower() != "ptcluster":
+            found.setdefault(name.lower().replace("_", "-"), set()).add(version)
+    lines = []
+    for name, versions in sorted(found.items()):
+        ordered = sorted(versions, key=_version_key)
+        lines.append(f"{name}=={ordered[0]}" if len(ordered) == 1 else  # (earlier setups')
+                     f"{name}>={ordered[0].split('+')[0]},<={ordered[-1].split('+')[0]}")
+    return "".join(line + "\n" for line in lines)
+
+
+def _version_key(version: str) -> tuple[tuple[int, str], ...]:
+    return tuple((int(p), "") if p.isdigit() else (-1, p)
+                 for p in version.replace("+", ".").split("."))
 
 
 def sources(torch: TorchChoice, env: dict[str, str] | None = None) -> str:
     """Where the download comes from, as pip will see it (its environment variables; a
     pip.conf is pip's to read, and named only as a possibility)."""
     env = dict(os.environ) if env is None else env
-    said = [torch.index_url]
     if env.get("PIP_NO_INDEX", "").lower() in ("1", "true", "yes", "on"):
         said = ["no index (PIP_NO_INDEX)"]
     else:
-        said.append(env.get("PIP_INDEX_URL") or "PyPI (or pip.conf's index)")
+        said = [f"torch's from {torch.index_url} alone, the rest from "
+                + (env.get("PIP_INDEX_URL") or "PyPI (or pip.conf's index)")]
     said += [f"{link} (PIP_FIND_LINKS)" for link in env.get("PIP_FIND_LINKS", "").split()]
     return ", ".join(said)
 
@@ -181,27 +208,36 @@ def prepare_wheelhouse(root: Path, torch: TorchChoice, timeout: float = 3600,
     stale = [p for p in folder.glob("ptcluster-*.whl") if p != self_wheel.path]
     for old in stale:  # older code of ours: the nodes must not pick it
         old.unlink()
-    argv = download_command(folder, torch, self_wheel.path)
     had, had_bytes = folder_size(folder)
     say(f"downloading {torch.requirement} and {self_requirement(self_wheel.version)}'s "
         f"dependencies into {folder} ({had} wheel(s) there already, ptcluster's own included), "
         f"from {sources(torch)}")
     begun = time.monotonic()
-    proc = _pip(argv, timeout, lambda: say(
-        "pip still at work (it resolves every package first, then writes the wheels): "
-        "{} wheel(s), {} in the folder so far ({:.0f} s)".format(
-            *_sized(folder), time.monotonic() - begun)))
+    download(folder, torch, self_wheel.path, timeout, say)
     count, size = folder_size(folder)
-    if proc.returncode == 0:
-        say(f"{count} wheel(s), {megabytes(size)} ({count - had} new, "
-            f"{megabytes(max(0, size - had_bytes))}) in {time.monotonic() - begun:.1f} s")
-    else:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise PtclusterError(f"the head could not download the wheels for the nodes "
-                             f"({' / '.join(tail)})",
-                             "check the head's access to PyPI and download.pytorch.org, or "
-                             "point pip at a mirror (PIP_INDEX_URL / PIP_FIND_LINKS)")
+    say(f"{count} wheel(s), {megabytes(size)} ({count - had} new, "
+        f"{megabytes(max(0, size - had_bytes))}) in {time.monotonic() - begun:.1f} s")
     return folder, self_wheel, manifest(folder)
+
+
+def download(folder: Path, torch: TorchChoice, self_wheel: Path, timeout: float,
+             say: Callable[[str], None]) -> None:
+    """:func:`download_commands` run, the pins of the first written for the second."""
+    begun = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ptcluster-pins-") as private:
+        pins = Path(private) / "constraints.txt"
+        for i, argv in enumerate(download_commands(folder, torch, self_wheel, pins)):
+            pins.write_text(pin_text(folder) if i else "")
+            proc = _pip(argv, timeout, lambda: say(
+                "pip still at work (it resolves every package first, then writes the wheels): "
+                "{} wheel(s), {} in the folder so far ({:.0f} s)".format(
+                    *_sized(folder), time.monotonic() - begun)))
+            if proc.returncode != 0:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+                raise PtclusterError(f"the head could not download the wheels for the nodes "
+                                     f"({' / '.join(tail)})",
+                                     "check the head's access to PyPI and download.pytorch.org, "
+                                     "or point pip at a mirror (PIP_INDEX_URL / PIP_FIND_LINKS)")
 
 
 def _sized(folder: Path) -> tuple[int, str]:

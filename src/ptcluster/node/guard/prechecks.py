@@ -255,8 +255,14 @@ def lease_job(owner: dict[str, Any], leasing: Leasing) -> Lease:
     except OSError as exc:
         raise unleasable("", exc) from None
     if lease is None:
-        raise GuardError(f"job {owner['job_id']} already runs on this node",
-                         "start the job once (a job id is the head's, per run)")
+        held = leasing.holder(f"job-{owner['job_id']}") or {}
+        if held.get("uid") == os.getuid():
+            raise GuardError(f"job {owner['job_id']} already runs on this node",
+                             "start the job once (a job id is the head's, per run)")
+        # (job ids are public: another user may hold this one's lease; L1)
+        raise GuardError(f"job {owner['job_id']}'s lease on this node is held by "
+                         f"{describe(held)}", "wait for it to end (run --wait), or start the "
+                         "job again: a new run gets a new job id", busy=True)
     return lease
 
 

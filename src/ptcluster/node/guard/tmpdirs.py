@@ -3,9 +3,11 @@
 Standard library only; a part of the guard (shipped by ``remote.bootstrap``). ``$TMPDIR``
 (``/tmp``) is every user's: anyone can plant a ``ptcluster-…`` entry there, with a FIFO or a
 link where a guard expects its pid file, and swap a folder for a link while a guard walks it.
-So a job's directory lives in ``$TMPDIR/ptcluster-UID``, a directory of this user's with mode
-700 (made, or checked where it exists: a real directory, ours, closed to others); the cleanup
-of the directories SIGKILLed guards leave walks only that parent, reads each pid file as a
+So a job's directory lives in ``$XDG_RUNTIME_DIR/ptcluster-UID`` where that is this user's
+(``/run/user/UID``: no one else can make it first), else ``$TMPDIR/ptcluster-UID``: a
+directory of this user's with mode 700 (made, or checked where it exists: a real directory,
+ours, closed to others); the cleanup of the directories SIGKILLed guards leave walks only
+that parent, reads each pid file as a
 regular file of ours (capped: never a link, never a FIFO waited on) and removes through
 descriptors (``node.safefile``). Nothing outside the parent, nothing of another user's, is ever
 looked at, let alone removed.
@@ -14,6 +16,7 @@ looked at, let alone removed.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 
 from ptcluster.node.guard.proctree import listdir
@@ -29,13 +32,26 @@ def user_tmp() -> str:
     """This user's parent of the guards' job directories, made where missing. GuardError when
     what has its name is not a directory of ours closed to others (another user made it first:
     only they, or root, can remove it)."""
-    path = os.path.join(tempfile.gettempdir(), f"ptcluster-{os.getuid()}")
+    path = os.path.join(runtime_dir() or tempfile.gettempdir(), f"ptcluster-{os.getuid()}")
     try:
         return private_dir(path)
     except OSError as exc:
         raise GuardError(f"the guard's temp directory cannot be used: {exc.strerror or exc}",
                          f"remove {path} (its owner or root can): a directory of this name "
                          "must be yours alone, mode 700") from None
+
+
+def runtime_dir() -> str | None:
+    """``$XDG_RUNTIME_DIR`` (``/run/user/UID``, made by logind, which no one else can make
+    first) where it is a real directory of this user's closed to others; else None (L9)."""
+    path = os.environ.get("XDG_RUNTIME_DIR", "")
+    try:
+        st = os.lstat(path) if path.startswith("/") else None
+    except OSError:
+        return None
+    ok = st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() \
+        and not st.st_mode & 0o077
+    return path if ok else None
 
 
 def remove_stale(parent: str) -> None:
