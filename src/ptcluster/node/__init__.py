@@ -86,8 +86,11 @@ ALLREDUCE = Program("allreduce", _N + "rank.allreduce", RANK, (RANK_WIRE, _N + "
 BENCH_WORKER = Program("bench", _N + "rank.bench_worker", RANK, (RANK_WIRE, _N + "rank.api"))
 """``ptcluster bench``'s sweep, in every rank."""
 
+BLOBS = _N + "blobs"
+"""Files received raw on the channel by digest, temp name then rename: every program that
+receives files from the head."""
 VENVS = Program("venvs", _N + "venv_agent", NODE,
-                (WIRE, _N + "safefile", _N + "records", _N + "venv_store"))
+                (WIRE, _N + "safefile", _N + "records", BLOBS, _N + "venv_store"))
 """The project's environment on a node: have, receive, build, check, list, prune."""
 CKPT_LIST = Program("ckpt-list", _N + "ckpt_list", NODE, (WIRE,))
 """``ptcluster collect``'s node program: what the node holds of a checkpoint directory."""
