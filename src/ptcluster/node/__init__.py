@@ -92,8 +92,10 @@ receives files from the head."""
 VENVS = Program("venvs", _N + "venv_agent", NODE,
                 (WIRE, _N + "safefile", _N + "records", BLOBS, _N + "venv_store"))
 """The project's environment on a node: have, receive, build, check, list, prune."""
+PUSH = Program("push", _N + "data_agent", NODE, (WIRE, BLOBS))
+"""``ptcluster push``'s node program: which files differ, the missing ones received, digests."""
 CKPT_LIST = Program("ckpt-list", _N + "ckpt_list", NODE, (WIRE,))
 """``ptcluster collect``'s node program: what the node holds of a checkpoint directory."""
 
 PROGRAMS = (GUARD, SHIM, STACK_PROBE, TORCHRUN_AGENT, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE,
-            ALLREDUCE, BENCH_WORKER, VENVS, CKPT_LIST)
+            ALLREDUCE, BENCH_WORKER, VENVS, PUSH, CKPT_LIST)
