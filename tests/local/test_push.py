@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,51 @@ def test_cli_full_disk_names_path_and_free_space_and_keeps_the_old_version(
         assert not list(small.rglob(".ptcluster-part-*"))
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_ctrl_c_leaves_no_partial_file_and_no_process(tmp_path: Path) -> None:
+    from tests.support.head import Head
+
+    src = dataset(tmp_path, files=6, size=15_000_000)
+    dest = tmp_path / "there"
+    head = Head(["push", str(src), "--to", str(dest)], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(dest.rglob(".ptcluster-part-*")) and time.monotonic() < deadline:
+            assert head.proc.poll() is None, head.output()
+            time.sleep(0.01)
+        agents = _children(head.proc.pid)
+        assert agents, "the node program runs as the head's child"
+        head.signal(signal.SIGINT)
+        code = head.wait(60)
+    finally:
+        head.kill()
+    assert code == 130, head.output()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in agents) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in agents if _alive(p)]
+    assert not list(dest.rglob(".ptcluster-part-*"))
+    theirs, ours = digests(dest), digests(src)
+    assert len(theirs) < len(ours)  # interrupted: some files not there, and those there whole
+    assert all(ours[p] == d for p, d in theirs.items())

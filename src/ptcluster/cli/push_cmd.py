@@ -16,7 +16,8 @@ from rich.text import Text
 from ptcluster.cli import exits
 from ptcluster.cli.common import cluster_option, load_spec, quiet
 from ptcluster.cli.console import terminal
-from ptcluster.cluster.model import ClusterSpec
+from ptcluster.cluster.model import ClusterSpec, DataSpec
+from ptcluster.push.entries import with_data
 from ptcluster.push.scan import scan
 from ptcluster.push.send import SENDING, Progress, PushResult, members_for, push
 from ptcluster.remote.connect import transports
@@ -71,6 +72,20 @@ def run_push(spec: ClusterSpec, src: Path, dest: str, *, delete: bool, show: boo
             contextlib.nullcontext() as live:
         shown.live = live
         return push(members, listing, delete=delete, on_event=shown)
+
+
+def push_data(spec: ClusterSpec, data: tuple[DataSpec, ...], *, show: bool) -> ClusterSpec:
+    """``run``'s data pushed before launch, each entry in turn; exit 1 when a node failed
+    (the job would read a partial copy). The spec the ranks get their variables from."""
+    err = terminal(stderr=True, soft_wrap=True)
+    for entry in data:
+        done = run_push(spec, Path(entry.src), entry.dest, delete=False, show=show)
+        if not done.ok:
+            for node in done.failed.values():
+                err.print(str(node.problem))
+            err.print(f"ptcluster: data {entry.name} is not on every node: not started")
+            sys.exit(exits.FAILED)
+    return with_data(spec, data)
 
 
 @click.command(help=__doc__ + "\n\nSRC goes to the same absolute path on every node, or to "
