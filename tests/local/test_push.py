@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -202,3 +203,65 @@ def test_ctrl_c_leaves_no_partial_file_and_no_process(tmp_path: Path) -> None:
     theirs, ours = digests(dest), digests(src)
     assert len(theirs) < len(ours)  # interrupted: some files not there, and those there whole
     assert all(ours[p] == d for p, d in theirs.items())
+
+
+def relay_members(tmp: Path, count: int, *, python: dict[str, str] | None = None) -> list[Member]:
+    """Local nodes that reach each other on 127.0.0.1: the relay's chain among them."""
+    return [Member(h, LocalTransport(h), (python or {}).get(h, sys.executable),
+                   {"dest": str(tmp / f"dest-{h}" / "data"), "addr": "127.0.0.1"})
+            for h in (f"n{i}" for i in range(1, count + 1))]
+
+
+def test_relay_head_sends_each_byte_once_every_node_verified(tmp_path: Path) -> None:
+    src = dataset(tmp_path, files=10, size=400_000)
+    nodes = relay_members(tmp_path, 5)
+    (tmp_path / "dest-n3" / "data").mkdir(parents=True)  # n3 has one file already
+    first_file = sorted(digests(src))[0]
+    (tmp_path / "dest-n3" / "data" / first_file).parent.mkdir(parents=True)
+    (tmp_path / "dest-n3" / "data" / first_file).write_bytes((src / first_file).read_bytes())
+    done = push(nodes, scan(src))
+    assert done.ok, done.failed
+    assert done.chain == ["n1", "n2", "n3", "n4", "n5"]
+    assert done.bytes_sent == done.size  # the head's egress: once, to n1
+    assert done.nodes["n1"].bytes_sent == done.size and done.nodes["n5"].bytes_sent == 0
+    assert done.nodes["n3"].files == 9 and done.nodes["n5"].files == 10
+    for i in range(1, 6):
+        assert digests(tmp_path / f"dest-n{i}" / "data") == digests(src)
+    again = push(nodes, scan(src))
+    assert again.ok and again.bytes_sent == 0
+    assert {n.state for n in again.nodes.values()} == {UP_TO_DATE}
+
+
+def test_relay_a_middle_node_lost_the_rest_get_it_from_the_head(tmp_path: Path) -> None:
+    src = dataset(tmp_path, files=4, size=2_000_000)
+    dying = tmp_path / "dying-python"  # n3's agent killed (SIGXFSZ) past its first MiB
+    dying.write_text(f"#!/bin/sh\nulimit -f 1024\nexec {sys.executable} \"$@\"\n")
+    dying.chmod(0o755)
+    nodes = relay_members(tmp_path, 5, python={"n3": str(dying)})
+    done = push(nodes, scan(src))
+    assert set(done.failed) == {"n3"}, done.failed
+    assert done.chain == ["n1", "n2", "n3", "n4", "n5"]
+    for host in ("n1", "n2", "n4", "n5"):
+        assert digests(tmp_path / f"dest-{host}" / "data") == digests(src), host
+    # the head sent the set once to n1, then to n4 and n5 what the broken chain left out
+    assert done.size < done.bytes_sent <= 3 * done.size
+
+
+def test_relay_listener_refuses_a_stranger_and_a_wrong_secret(tmp_path: Path) -> None:
+    from ptcluster.node.data_relay import Listener, connect
+
+    listener = Listener("127.0.0.1", "s" * 64, "127.0.0.1")
+    got: list[object] = []
+    thread = threading.Thread(target=lambda: got.append(listener.accept()))
+    thread.start()
+    wrong = connect("127.0.0.1", listener.port, "t" * 64)
+    right = connect("127.0.0.1", listener.port, "s" * 64)
+    thread.join(10)
+    conn = got[0]
+    assert conn is not None and listener.refused == 1
+    wrong.settimeout(5)
+    assert wrong.recv(1) == b""  # closed by the listener
+    right.sendall(b"x")
+    assert conn.recv(1) == b"x"  # type: ignore[attr-defined]
+    for c in (wrong, right, conn):
+        c.close()  # type: ignore[attr-defined]

@@ -57,7 +57,8 @@ class Shown:
         return 100 * self.sent[host] // self.total[host] if self.total[host] else 100
 
 
-def run_push(spec: ClusterSpec, src: Path, dest: str, *, delete: bool, show: bool) -> PushResult:
+def run_push(spec: ClusterSpec, src: Path, dest: str, *, delete: bool, show: bool,
+             relay: bool | None = None) -> PushResult:
     """Scan, push, say each node's outcome (stderr): what ``push`` and ``run --data`` share."""
     listing = scan(src)
     err = terminal(stderr=True, soft_wrap=True)
@@ -66,12 +67,12 @@ def run_push(spec: ClusterSpec, src: Path, dest: str, *, delete: bool, show: boo
                   f"{listing.size / 1e6:.1f} MB) to {dest} on {len(spec.nodes)} node(s)")
     members = nodes_of(spec, dest)
     if not show:
-        return push(members, listing, delete=delete)
+        return push(members, listing, delete=delete, relay=relay)
     shown = Shown(err, [m.host for m in members])
     with Live(console=err, auto_refresh=False, transient=True) if err.is_terminal else \
             contextlib.nullcontext() as live:
         shown.live = live
-        return push(members, listing, delete=delete, on_event=shown)
+        return push(members, listing, delete=delete, relay=relay, on_event=shown)
 
 
 def push_data(spec: ClusterSpec, data: tuple[DataSpec, ...], *, show: bool) -> ClusterSpec:
@@ -97,15 +98,20 @@ def push_data(spec: ClusterSpec, data: tuple[DataSpec, ...], *, show: bool) -> C
               "absolute path).")
 @click.option("--delete", is_flag=True, help="Remove the files under the node's folder that "
               "SRC does not have.")
-def push_cmd(cluster: str | None, src: Path, dest: str | None, delete: bool) -> None:
+@click.option("--relay/--no-relay", default=None, help="The nodes pass the files on to each "
+              "other over the cluster network (a chain), so this machine sends each byte once "
+              "(default: from 4 nodes).")
+def push_cmd(cluster: str | None, src: Path, dest: str | None, delete: bool,
+             relay: bool | None) -> None:
     spec = load_spec(cluster)
     where = dest or str(src.expanduser().absolute())
-    done = run_push(spec, src, where, delete=delete, show=not quiet())
+    done = run_push(spec, src, where, delete=delete, show=not quiet(), relay=relay)
     for node in done.failed.values():
         assert node.problem is not None
         terminal(stderr=True, soft_wrap=True).print(str(node.problem))
     sent = done.bytes_sent
     click.echo(f"ptcluster: push: {done.files} file(s), {done.size / 1e6:.1f} MB to "
                f"{len(done.nodes) - len(done.failed)} of {len(done.nodes)} node(s); "
-               f"{sent} bytes sent in {done.seconds:.1f} s")
+               f"{sent} bytes sent in {done.seconds:.1f} s"
+               + (f" (relayed: {' -> '.join(done.chain)})" if done.chain else ""))
     sys.exit(exits.OK if done.ok else exits.FAILED)

@@ -92,7 +92,7 @@ receives files from the head."""
 VENVS = Program("venvs", _N + "venv_agent", NODE,
                 (WIRE, _N + "safefile", _N + "records", BLOBS, _N + "venv_store"))
 """The project's environment on a node: have, receive, build, check, list, prune."""
-PUSH = Program("push", _N + "data_agent", NODE, (WIRE, BLOBS))
+PUSH = Program("push", _N + "data_agent", NODE, (WIRE, BLOBS, _N + "data_relay"))
 """``ptcluster push``'s node program: which files differ, the missing ones received, digests."""
 CKPT_LIST = Program("ckpt-list", _N + "ckpt_list", NODE, (WIRE,))
 """``ptcluster collect``'s node program: what the node holds of a checkpoint directory."""

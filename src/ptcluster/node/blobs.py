@@ -11,6 +11,7 @@ import errno
 import hashlib
 import os
 import secrets
+from collections.abc import Callable
 from typing import BinaryIO
 
 CHUNK = 1 << 20
@@ -47,10 +48,11 @@ def part_name(final: str) -> str:
 
 
 def receive(stdin: BinaryIO, sha: str, size: int, final: str, full_fix: str,
-            mode: int = 0o600) -> dict | None:
+            mode: int = 0o600, tee: Callable[[bytes], None] | None = None) -> dict | None:
     """Exactly ``size`` bytes from ``stdin``, stored as ``final`` when their digest is ``sha``:
-    None then, else ``{problem, fix}`` (the temp file removed, an older ``final`` kept). Raises
-    EOFError when the stream ended short (the head is gone)."""
+    None then, else ``{problem, fix}`` (the temp file removed, an older ``final`` kept). Each
+    block goes to ``tee`` too (the relay's next node) as it arrives. Raises EOFError when the
+    stream ended short (the head is gone)."""
     tmp = part_name(final)
     h, left, out, problem, placed = hashlib.sha256(), size, None, None, False
     try:
@@ -64,6 +66,8 @@ def receive(stdin: BinaryIO, sha: str, size: int, final: str, full_fix: str,
                 break
             left -= len(block)
             h.update(block)
+            if tee is not None:
+                tee(block)
             if out is not None and problem is None:
                 try:
                     out.write(block)

@@ -10,6 +10,9 @@ Standard library only; shipped like every node program (``remote.bootstrap``).
                   ``blob {sha256, size, path, mtime}`` then exactly ``size`` raw bytes: stored
                   as DEST/path once verified, by a temp name then a rename (``node.blobs``)
                   ``stored {delete}`` -> ``stored {files: {path: sha256}, failed, deleted}``
+                  relay (``node.data_relay``): ``relay {bind, secret, peer}`` -> ``relay
+                  {port}``: the files come from the upstream node instead; ``link {addr, port,
+                  secret}`` -> ``link {ok}``: each file received is passed on to that node
 
 The node keeps a manifest (``DEST/.ptcluster-data.json``: per file its size, mtime and
 sha256): a file whose size and mtime are the manifest's is not read again (rsync's quick check),
@@ -19,7 +22,9 @@ any other is hashed. Files under DEST that the head does not have are kept unles
 import hashlib
 import json
 import os
+import socket
 import sys
+import threading
 from typing import BinaryIO
 
 from ptcluster.node.blobs import (  # inlined
@@ -28,6 +33,7 @@ from ptcluster.node.blobs import (  # inlined
     free_bytes,
     receive,
 )
+from ptcluster.node.data_relay import Listener, connect  # inlined
 from ptcluster.node.wire import Kind, control, encode, hello, split  # inlined
 
 MANIFEST = ".ptcluster-data.json"
@@ -54,6 +60,8 @@ class Dest:
         self.manifest: dict[str, dict] = {}
         self.failed: dict[str, dict] = {}
         self.wanted: list[str] = []
+        self.downstream: socket.socket | None = None
+        self.upstream: threading.Thread | None = None
 
     def have(self, msg: dict) -> dict:
         files = msg["files"]
@@ -140,7 +148,10 @@ class Dest:
             os.makedirs(os.path.dirname(final), exist_ok=True)
         except OSError:
             pass  # (the file's open fails then, and says why)
-        problem = receive(stdin, sha, int(msg["size"]), final, FULL_FIX, 0o644)
+        if self.downstream is not None:
+            self.forward(encode(Kind.BLOB, msg))
+        problem = receive(stdin, sha, int(msg["size"]), final, FULL_FIX, 0o644,
+                          None if self.downstream is None else self.forward)
         if problem is not None:
             self.failed[path] = problem
             return
@@ -150,7 +161,60 @@ class Dest:
         st = os.stat(final)
         self.manifest[path] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
 
+    def forward(self, data: bytes) -> None:
+        """To the next node; a next node gone is dropped (the head sends it what it lacks)."""
+        if self.downstream is None:
+            return
+        try:
+            self.downstream.sendall(data)
+        except OSError:
+            self.end_downstream()
+
+    def end_downstream(self) -> None:
+        if self.downstream is not None:
+            try:
+                self.downstream.close()
+            except OSError:
+                pass
+            self.downstream = None
+
+    def relay(self, msg: dict) -> dict:
+        """Listen for the upstream node (its files come from it, on a thread of their own)."""
+        try:
+            listener = Listener(str(msg["bind"]), str(msg["secret"]), str(msg["peer"]))
+        except OSError as exc:
+            return {"problem": f"cannot listen on {msg['bind']}: {exc.strerror or exc}"}
+
+        def upstream() -> None:
+            conn = listener.accept()
+            if conn is not None:
+                with conn, conn.makefile("rb") as stream:
+                    try:
+                        for raw in iter(stream.readline, b""):
+                            kind, payload = split(raw.decode().rstrip("\n"))
+                            if kind == Kind.BLOB:
+                                self.receive(stream, control(payload))
+                    except (OSError, EOFError, ValueError):
+                        pass  # (upstream gone: what is missing is sent by the head)
+            self.end_downstream()
+
+        self.upstream = threading.Thread(target=upstream, daemon=True)
+        self.upstream.start()
+        return {"port": listener.port}
+
+    def link(self, msg: dict) -> dict:
+        try:
+            self.downstream = connect(str(msg["addr"]), int(msg["port"]), str(msg["secret"]))
+        except OSError as exc:
+            return {"ok": False, "problem": f"cannot reach {msg['addr']}:{msg['port']}: "
+                    f"{exc.strerror or exc}"}
+        return {"ok": True}
+
     def stored(self, msg: dict) -> dict:
+        if self.upstream is not None:  # the relay's files all in (or its upstream gone)
+            self.upstream.join()
+            self.upstream = None
+        self.end_downstream()
         files = {p: self.digest(p) for p in self.wanted}
         deleted = self.delete() if msg.get("delete") else 0
         self.save()
@@ -190,7 +254,9 @@ def main() -> None:
             if kind == Kind.BLOB:
                 node.receive(stdin, msg)
                 continue
-            answer = node.have(msg) if kind == Kind.HAVE else node.stored(msg)
+            answer = node.have(msg) if kind == Kind.HAVE else node.relay(msg) \
+                if kind == Kind.RELAY else node.link(msg) if kind == Kind.LINK \
+                else node.stored(msg)
             out.write(encode(kind, answer))
             out.flush()
     except EOFError:

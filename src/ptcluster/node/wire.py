@@ -103,6 +103,12 @@ class Kind:
     PRUNE = "prune"
     """Remove the environments no job uses beyond the most recent N and a size cap."""
     # push's agent (``node.data_agent``): ``have`` (which files differ), ``blob``s, then
+    RELAY = "relay"
+    """Head -> push ``{bind, secret, peer}``: listen for the relay's upstream node; push ->
+    head ``{port}`` (or ``{problem}``)."""
+    LINK = "link"
+    """Head -> push ``{addr, port, secret}``: pass every file on to that node; push -> head
+    ``{ok}`` (or ``{problem}``)."""
     STORED = "stored"
     """Head -> push ``{delete}``; push -> head: every file's sha256 as stored now, the files
     that failed (``{files, failed, deleted}``)."""
