@@ -5,7 +5,8 @@ Standard library only; shipped like every node program (``remote.bootstrap``).
 
   stdin  line 2   JSON config: ``{dest}`` (the folder on this node; made if missing)
   stdout          ``hello``, then answers:
-                  ``have {files: [{path, size, sha256}]}`` -> ``have {ok, missing, free}``
+                  ``have {files: [{path, size, sha256}]}`` -> ``have {ok, missing, free,
+                  addr}`` (addr: where ssh reached this node, for the relay)
                   (or ``{ok: false, problem, fix}``: DEST not writable, too little space)
                   ``blob {sha256, size, path, mtime}`` then exactly ``size`` raw bytes: stored
                   as DEST/path once verified, by a temp name then a rename (``node.blobs``)
@@ -54,6 +55,13 @@ def sha256_of(path: str) -> str:
     return h.hexdigest()
 
 
+def ssh_address() -> str:
+    """This node's address on the network the head reached it on (ssh's ``SSH_CONNECTION``:
+    the relay's listener binds there); "" when not reached by ssh."""
+    said = os.environ.get("SSH_CONNECTION", "").split()
+    return said[2] if len(said) == 4 else ""
+
+
 class Dest:
     def __init__(self, dest: str) -> None:
         self.dest = os.path.abspath(os.path.expanduser(dest))
@@ -80,7 +88,7 @@ class Dest:
         if 0 <= free < need:
             return {"ok": False, "problem": f"the disk is full at {self.dest}: {need} bytes to "
                     f"store, {free} bytes free", "fix": FULL_FIX}
-        return {"ok": True, "missing": missing, "free": free}
+        return {"ok": True, "missing": missing, "free": free, "addr": ssh_address()}
 
     def prepare(self) -> dict | None:
         """DEST made if missing and writable by this user; earlier pushes' temp files gone."""

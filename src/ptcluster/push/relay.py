@@ -29,8 +29,10 @@ def address(host: str) -> str | None:
 
 def link(group: Group, members: Sequence[Member], hosts: list[str]) -> list[str]:
     """The chain over ``hosts`` (in this order): its hosts when every link is up, else ``[]``
-    (then the head sends every node its files itself)."""
-    addrs = {m.host: str(m.config.get("addr") or "") for m in members}
+    (then the head sends every node its files itself). Each node's address: as the head
+    resolves its host, else where ssh reached it (its ``have``)."""
+    addrs = {m.host: str(m.config.get("addr") or group.result.nodes[m.host].answers.get(
+        Kind.HAVE, {}).get("addr") or "") for m in members}
     if len(hosts) < 2 or not all(addrs[h] for h in hosts):
         return []
     secret = secrets.token_hex(32)
