@@ -15,7 +15,7 @@ from rich.text import Text
 
 from ptcluster.cli import exits
 from ptcluster.cli.common import cluster_option, load_spec, quiet
-from ptcluster.cli.console import terminal
+from ptcluster.cli.console import say, terminal
 from ptcluster.cluster.model import ClusterSpec, DataSpec
 from ptcluster.push.entries import with_data
 from ptcluster.push.scan import scan
@@ -110,7 +110,7 @@ def push_cmd(cluster: str | None, src: Path, dest: str | None, delete: bool,
         assert node.problem is not None
         terminal(stderr=True, soft_wrap=True).print(str(node.problem))
     sent = done.bytes_sent
-    click.echo(f"ptcluster: push: {done.files} file(s), {done.size / 1e6:.1f} MB to "
+    say(f"ptcluster: push: {done.files} file(s), {done.size / 1e6:.1f} MB to "
                f"{len(done.nodes) - len(done.failed)} of {len(done.nodes)} node(s); "
                f"{sent} bytes sent in {done.seconds:.1f} s"
                + (f" (relayed: {' -> '.join(done.chain)})" if done.chain else ""))
