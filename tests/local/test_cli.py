@@ -246,7 +246,7 @@ def test_help_lists_the_commands_grouped_in_the_order_a_user_meets_them(cli) -> 
                         "Commands (inspect):"]
     listed = [line.split()[0] for line in out.split("Commands (set up):")[1].splitlines()
               if line.startswith("  ")]
-    assert listed == ["init", "setup", "doctor", "run", "ps", "kill", "stacks", "sync",
+    assert listed == ["init", "setup", "doctor", "run", "ps", "kill", "stacks", "sync", "push",
                       "collect", "submit", "monitor", "bench", "env", "venvs"]
 
 

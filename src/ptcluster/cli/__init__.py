@@ -22,6 +22,7 @@ from ptcluster.cli import (
     kill_cmd,
     monitor_cmd,
     ps_cmd,
+    push_cmd,
     run_cmd,
     setup_cmd,
     stacks_cmd,
@@ -42,7 +43,7 @@ _NO_ARGS_IS_HELP: tuple[type[click.UsageError], ...] = tuple(
 
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Set up", ("init", "setup", "doctor")),
-    ("Run", ("run", "ps", "kill", "stacks", "sync", "collect", "submit")),
+    ("Run", ("run", "ps", "kill", "stacks", "sync", "push", "collect", "submit")),
     ("Observe", ("monitor", "bench")),
     ("Inspect", ("env", "venvs")),
 )
@@ -96,6 +97,7 @@ cli.add_command(monitor_cmd.monitor)
 cli.add_command(submit_cmd.submit_job)
 cli.add_command(setup_cmd.setup)
 cli.add_command(collect_cmd.collect)
+cli.add_command(push_cmd.push_cmd, name="push")
 cli.add_command(sync_cmd.sync)
 cli.add_command(stacks_cmd.stacks)
 cli.add_command(ps_cmd.ps)

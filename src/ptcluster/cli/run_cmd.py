@@ -32,6 +32,7 @@ from ptcluster.cli.common import (
 )
 from ptcluster.cli.console import ConsoleFeed, clean, terminal
 from ptcluster.cli.doctor_cmd import render
+from ptcluster.cli.push_cmd import push_data
 from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.cli.venvs_cmd import build_environment
 from ptcluster.cluster.model import ClusterSpec
@@ -46,6 +47,7 @@ from ptcluster.launch.rundir import RunDir, run_dir_for
 from ptcluster.launch.runner import Restarts, Runner
 from ptcluster.launch.supervise.restart import RestartPolicy
 from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
+from ptcluster.push.entries import entries as data_entries
 from ptcluster.remote.connect import outside_stop, transports
 from ptcluster.venvs.choice import EnvChoice
 
@@ -115,6 +117,10 @@ def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
 @click.option("--no-leases", "no_leases", is_flag=True, help="Unsafe: take no leases on the "
               "nodes (for nodes whose /run/lock is not root's, mode 1777): other jobs may "
               "take this job's GPUs and port, and `ps` and `kill` do not see it.")
+@click.option("--data", "data", multiple=True, metavar="SRC[=DEST]", help="Push the folder "
+              "SRC to every node first (to DEST, default the same absolute path; only what a "
+              "node lacks); ranks get PTCLUSTER_DATA_<NAME> (NAME: SRC's folder name) and the "
+              "first also PTCLUSTER_DATA. Repeatable; after the cluster file's data: entries.")
 @environment_options
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
@@ -122,7 +128,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         min_nodes: int | None, hang_timeout: float | None, wait: bool,
         wait_timeout: float | None, straggler_threshold: float, no_leases: bool,
         local_rank_arg: str | None, requirements: str | None, find_links: tuple[str, ...],
-        refresh: bool, args: tuple[str, ...]) -> None:
+        refresh: bool, data: tuple[str, ...], args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
@@ -130,6 +136,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         Target(script=args[0], args=args[1:], local_rank_arg=local_rank_arg)
     spec = load_spec(cluster, nproc)
     declared = environment(spec, requirements, find_links, refresh)
+    pushed = data_entries(spec, data)
     if min_nodes is not None and min_nodes > len(spec.nodes):
         raise UsageError(f"--min-nodes {min_nodes} exceeds the {len(spec.nodes)} node(s) of the "
                          "cluster", f"pass --min-nodes {len(spec.nodes)} or less")
@@ -146,6 +153,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     if options.requirements is not None:  # before the plan: the ranks' interpreter is its
         built = build_environment(spec, options, err, show=not quiet())
         spec = built.spec
+    spec = push_data(spec, pushed, show=not quiet())
     plan = prepare(spec, target, port=port, max_restarts=max_restarts)
     if preflight:
         _preflight(spec, plan.master_port, err)

@@ -128,6 +128,20 @@ KEYS: tuple[Key, ...] = (
         doc="Folders of wheels the head resolves `requirements` from instead of a package "
             "index (a head without Internet), relative to the cluster file's folder; "
             "`--find-links` adds to them."),
+    Key(path="data", type="list of mappings", default="none",
+        example="data: [{name: train, src: data/train, dest: /data/train}]",
+        doc="Folders of the head's that `ptcluster run` pushes to every node before launch "
+            "(as `ptcluster push` does: only what a node lacks, every file verified); each "
+            "rank gets `PTCLUSTER_DATA_<NAME>` (the first entry also as `PTCLUSTER_DATA`). It "
+            "sends the head's files to the hosts the file names: only with "
+            "`--trust-cluster-file`."),
+    Key(path="data[].name", type="letters, digits and `_`", default="(required)",
+        example="name: train", doc="The entry's name: its variable is `PTCLUSTER_DATA_<NAME>` "
+                                   "(upper-cased)."),
+    Key(path="data[].src", type="path", default="(required)", example="src: data/train",
+        doc="The folder on the head, relative to the cluster file's folder."),
+    Key(path="data[].dest", type="absolute path", default="`src`'s absolute path",
+        example="dest: /data/train", doc="The folder on every node (made if missing)."),
     Key(path="ssh", type="mapping", default="ssh's own settings",
         example="ssh: {user: ubuntu, reuse: 60}",
         doc="How the head reaches the nodes with the OpenSSH client; `~/.ssh/config` applies."),

@@ -19,12 +19,19 @@ from ptcluster.cluster.model import (
     BACKENDS,
     DEFAULT_MASTER_PORT,
     ClusterSpec,
+    DataSpec,
     MasterSpec,
     NodeSpec,
     SlurmSetupSpec,
     SshSpec,
 )
-from ptcluster.cluster.trust import TRUST_IT, config_file_risk, python_risk, ssh_option_risk
+from ptcluster.cluster.trust import (
+    TRUST_IT,
+    config_file_risk,
+    data_risk,
+    python_risk,
+    ssh_option_risk,
+)
 from ptcluster.cluster.validate import Reader, did_you_mean
 from ptcluster.errors import SpecError
 
@@ -34,6 +41,8 @@ NODE_KEYS = keys_at("nodes[]")
 MASTER_KEYS = keys_at("master")
 SLURM_KEYS = keys_at("slurm")
 SSH_KEYS = keys_at("ssh")
+DATA_KEYS = keys_at("data[]")
+_DATA_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 assert keys_at("nodes[].ssh") == SSH_KEYS, "a node's ssh takes the cluster-wide ssh's keys"
 
 CLUSTER_ENV_VAR = "PTCLUSTER_CLUSTER"
@@ -148,7 +157,33 @@ def _environment(r: Reader, top: dict[str, Any]) -> dict[str, Any]:
     what = "a uv.lock, pylock.toml, requirements*.txt or pyproject.toml path"
     return {"requirements": _here(r, r.text(top["requirements"], "requirements", what))
             if "requirements" in top else None,
-            "find_links": _find_links(r, top.get("find_links"))}
+            "find_links": _find_links(r, top.get("find_links")),
+            "data": _data(r, top["data"]) if "data" in top else ()}
+
+
+def _data(r: Reader, value: Any) -> tuple[DataSpec, ...]:
+    """``data:``: a list of ``{name, src, dest}``, refused from a file not vouched for."""
+    if not r.trusted:
+        raise r.fail("data", data_risk(), f"{TRUST_IT}; else push with `ptcluster push`")
+    if not isinstance(value, list):
+        raise r.fail("data", f"must be a list of {{name, src, dest}}, got {value!r}",
+                     "e.g. data: [{name: train, src: data/train}]")
+    out: list[DataSpec] = []
+    for i, raw in enumerate(value):
+        path = f"data[{i}]"
+        entry = r.mapping(raw, path, DATA_KEYS)
+        name = r.text(entry.get("name"), f"{path}.name", "letters, digits and _")
+        if not _DATA_NAME.match(name) or name.upper() in {d.name for d in out}:
+            raise r.fail(f"{path}.name", f"{name!r} is not a new name of letters, digits and _",
+                         "name each entry once, e.g. name: train")
+        src = _here(r, r.text(entry.get("src"), f"{path}.src", "a folder on the head"))
+        dest = r.text(entry["dest"], f"{path}.dest", "an absolute folder on the nodes") \
+            if "dest" in entry else os.path.abspath(src)
+        if not dest.startswith("/"):
+            raise r.fail(f"{path}.dest", f"{dest!r} is not an absolute path",
+                         "e.g. dest: /data/train")
+        out.append(DataSpec(name.upper(), os.path.abspath(src), dest))
+    return tuple(out)
 
 
 def _here(r: Reader, path: str) -> str:

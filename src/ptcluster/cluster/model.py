@@ -111,6 +111,18 @@ class SlurmSetupSpec:
     """(name, hosts) in file order; none: one partition ``main`` of every node, the default."""
 
 
+@dataclass(frozen=True)
+class DataSpec:
+    """A ``data:`` entry (or ``run --data``): a folder of the head's pushed to every node."""
+
+    name: str
+    """Upper-cased: the ranks' ``PTCLUSTER_DATA_<NAME>``."""
+    src: str
+    """Absolute, on the head."""
+    dest: str
+    """Absolute, on every node."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
     """A whole cluster: nodes in rank order plus job-wide settings."""
@@ -136,6 +148,8 @@ class ClusterSpec:
     find_links: tuple[str, ...] = ()
     """``find_links:``: folders of wheels the head resolves from instead of an index (absolute
     paths, from the cluster file's folder)."""
+    data: tuple[DataSpec, ...] = ()
+    """``data:``: folders ``run`` pushes to every node before launch (``ptcluster.push``)."""
 
     def __post_init__(self) -> None:
         assert self.nodes, "a cluster has at least one node"

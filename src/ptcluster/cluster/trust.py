@@ -24,6 +24,9 @@ nothing, but a file that names another index (or folder of links) chooses where 
 fetches code from, and a package with no wheel would be built here from its sdist, running its
 code: both need trust (``venvs.resolve.check_trust``, ``venvs.fetch``); with trust, they are
 the user's choice.
+``data:`` pushes folders of this machine to the hosts the file names (a cloned repository's
+file could name ``~/.ssh`` and a host of its author's): refused until the user vouches for the
+file (``data_risk``); ``push SRC`` and ``run --data`` on the command line are the user's own.
 ``env:`` is not refused: it reaches the ranks of ``run``, jobs on the nodes the file describes,
 and ``run`` runs the project's own code there by design (a cloned repository's ``train.py`` is
 as much its author's code as its cluster file). ``doctor``'s and ``bench``'s ranks run
@@ -151,3 +154,9 @@ def python_risk(python: str, code_dir: str) -> str:
     return (f"{python} is inside {top}, the cluster file's own directory: its code (a script, "
             "or a venv whose .pth files run at start) would run on every node for every "
             "command")
+
+
+def data_risk() -> str:
+    """Why a ``data:`` entry needs a trusted file."""
+    return ("it sends folders of this machine to the hosts this file names (a file you did "
+            "not write could name your keys and someone else's host)")

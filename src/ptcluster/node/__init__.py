@@ -68,8 +68,10 @@ BENCH_WORKER = Program("bench", _N + "rank.bench_worker", RANK)
 
 VENVS = Program("venvs", _N + "venv_agent")
 """The project's environment on a node: have, receive, build, check, list, prune."""
+PUSH = Program("push", _N + "data_agent")
+"""``ptcluster push``'s node program: which files differ, the missing ones received, digests."""
 CKPT_LIST = Program("ckpt-list", _N + "ckpt_list")
 """``ptcluster collect``'s node program: what the node holds of a checkpoint directory."""
 
 PROGRAMS = (GUARD, SHIM, TORCHRUN_AGENT, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE, ALLREDUCE,
-            BENCH_WORKER, VENVS, CKPT_LIST)
+            BENCH_WORKER, VENVS, PUSH, CKPT_LIST)

@@ -100,6 +100,10 @@ AGENT_ERROR_VAR, AGENT_ERROR_FILE = "TORCHELASTIC_ERROR_FILE", "torchrun-error.j
 dir, read when torchrun fails with no rank failed (its rendezvous). Each rank gets its own path
 from torchrun instead."""
 
+DATA_VAR = "PTCLUSTER_DATA"
+"""Every rank: the folder of the first ``data:`` entry (or ``run --data``) on its node."""
+DATA_VAR_PREFIX = "PTCLUSTER_DATA_"
+"""Every rank: ``PTCLUSTER_DATA_<NAME>``, each entry's folder on its node."""
 CKPT_ROOT_VAR = "PTCLUSTER_CKPT_ROOT"
 """Where ``ptcluster.checkpoint`` puts a relative ``dir`` on this node (default: the rank's
 working directory, the workdir). Nobody sets it for a job; a user may (a node's local scratch

@@ -25,7 +25,6 @@ connection; base64 in JSON would send a third more.
 
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import platform
@@ -40,16 +39,17 @@ import time
 import zipfile
 from typing import BinaryIO
 
+from ptcluster.node.blobs import free_bytes, receive
 from ptcluster.node.safefile import remove_tree
 from ptcluster.node.venv_store import (
     BUILD_PREFIX,
+    FULL_FIX,
     GRACE,
     LOCK_PREFIX,
     MANIFEST,
     cheap_check,
     disk_problem,
     dist_version,
-    free_bytes,
     full_check,
     listing,
     manifest_files,
@@ -64,7 +64,6 @@ from ptcluster.node.wire import Kind, control, encode, hello, split
 LAYER = "_ptcluster_layer.pth"
 """The file in an environment's site-packages that appends setup's venv's site-packages (torch,
 ptcluster) after its own: the project's packages first, torch and ptcluster beneath."""
-CHUNK = 1 << 20
 
 
 class Node:
@@ -118,45 +117,13 @@ class Node:
     def receive(self, stdin: BinaryIO, msg: dict) -> None:
         """Exactly ``size`` bytes from ``stdin`` (always all of them: the channel stays in
         step), stored as ``store/sha256/HEX`` when their digest is ``sha256``."""
-        sha, size = str(msg["sha256"]), int(msg["size"])
-        tmp = os.path.join(self.store, f".part-{sha}-{secrets.token_hex(4)}")
-        h, left, out, problem = hashlib.sha256(), size, None, None
-        try:
-            out = open(tmp, "xb")
-        except OSError as exc:
-            problem = disk_problem(tmp, exc)
-        while left:
-            block = stdin.read(min(CHUNK, left))
-            if not block:
-                break
-            left -= len(block)
-            h.update(block)
-            if out is not None and problem is None:
-                try:
-                    out.write(block)
-                except OSError as exc:
-                    problem = disk_problem(tmp, exc) if exc.errno in (
-                        errno.ENOSPC, errno.EDQUOT) else {"problem": f"cannot write {tmp}: {exc}",
-                                                         "fix": "check that file system"}
-        try:
-            if out is not None:
-                out.close()
-        except OSError as exc:
-            problem = problem or disk_problem(tmp, exc)
-        if left:
-            problem = {"problem": f"the head's stream ended {left} bytes short of {sha[:12]}",
-                       "fix": "run again"}
-        elif problem is None and h.hexdigest() != sha:
-            problem = {"problem": f"a wheel arrived with sha256 {h.hexdigest()[:12]}, not "
-                       f"{sha[:12]} (damaged on the way)", "fix": "run again"}
+        sha = str(msg["sha256"])
+        problem = receive(stdin, sha, int(msg["size"]), os.path.join(self.store, sha),
+                          FULL_FIX)
         if problem is None:
-            os.rename(tmp, os.path.join(self.store, sha))
             self.failed.pop(sha, None)
         else:
-            remove_tree(tmp)
             self.failed[sha] = problem
-        if left:
-            raise EOFError
 
     # -- build --------------------------------------------------------------------------------
     def build(self, msg: dict) -> dict:

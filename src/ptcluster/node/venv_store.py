@@ -22,6 +22,7 @@ import os
 import re
 import time
 
+from ptcluster.node.blobs import full_problem
 from ptcluster.node.records import alive, read_record
 from ptcluster.node.safefile import remove_tree
 
@@ -334,16 +335,9 @@ def dist_version(name: str) -> str:
         return ""
 
 
-def free_bytes(path: str) -> int:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return -1
-    return st.f_bavail * st.f_frsize
+FULL_FIX = ("free space on that file system (`ptcluster venvs --prune` removes unused "
+            "environments), then run again")
 
 
 def disk_problem(path: str, exc: BaseException) -> dict:
-    return {"problem": f"the disk is full at {path} ({free_bytes(os.path.dirname(path))} bytes "
-                       f"free): {exc}",
-            "fix": "free space on that file system (`ptcluster venvs --prune` removes unused "
-                   "environments), then run again"}
+    return full_problem(path, exc, FULL_FIX)

@@ -91,7 +91,8 @@ class Kind:
     HAVE = "have"
     """Which of these wheels the node's store holds; whether the environment is there, whole."""
     BLOB = "blob"
-    """Head -> venvs ``{sha256, size}``, then exactly ``size`` raw bytes: one wheel."""
+    """Head -> venvs ``{sha256, size}`` (push: ``{sha256, size, path, mtime}``), then exactly
+    ``size`` raw bytes: one wheel (one data file)."""
     BUILD = "build"
     """Build the environment where it is missing or changed; the outcome."""
     CHECK = "check"
@@ -100,6 +101,16 @@ class Kind:
     """The user's environments on the node."""
     PRUNE = "prune"
     """Remove the environments no job uses beyond the most recent N and a size cap."""
+    # push's agent (``node.data_agent``): ``have`` (which files differ), ``blob``s, then
+    RELAY = "relay"
+    """Head -> push ``{bind, secret, peer}``: listen for the relay's upstream node; push ->
+    head ``{port}`` (or ``{problem}``)."""
+    LINK = "link"
+    """Head -> push ``{addr, port, secret}``: pass every file on to that node; push -> head
+    ``{ok}`` (or ``{problem}``)."""
+    STORED = "stored"
+    """Head -> push ``{delete}``; push -> head: every file's sha256 as stored now, the files
+    that failed (``{files, failed, deleted}``)."""
 
 
 KILLED_BY = "ended by `ptcluster kill` from {host} ({user})"

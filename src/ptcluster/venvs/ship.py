@@ -3,30 +3,27 @@ wheels it lacks, build where the environment is missing or changed (``node.venv_
 
 One ``remote.group.Group`` of the ``venvs`` program: the same channels, window and per-node
 outcomes as doctor's. The wheels travel raw on each node's channel after a ``blob`` frame (the
-one way every connector has; each missing wheel once to each node), a megabyte at a time and
-at most ``WINDOW`` bytes queued per node, from this one thread. The library only yields events
+one way every connector has; each missing wheel once to each node; ``remote.blobs``, shared
+with ``ptcluster push``), from this one thread. The library only yields events
 (``on_event(host, text)``); ``cli/`` prints them.
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from ptcluster.errors import Problem
 from ptcluster.node import VENVS
 from ptcluster.node.wire import Kind
+from ptcluster.remote.blobs import Blob, Outgoing, stream
 from ptcluster.remote.group import Group, Member
 from ptcluster.venvs.resolve import check_torch
 from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
 
 SENDING, BUILDING = "sending", "building"
-PROGRESS_EVERY = 0.25
-"""Seconds between two progress events of a node whose wheels are on their way."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +48,6 @@ Locate = Callable[[Wheel], Path]
 """Where the head's store keeps a wheel's file (``venvs.store.WheelStore.path``)."""
 NODE_ROOT = "~/.ptcluster"
 """The user's ptcluster directory on every node (``node.venv_store`` says what is in it)."""
-CHUNK = 1 << 20
-WINDOW = 4 << 20
-"""Bytes queued per node at most: the hub copies a node's queue on each write, so a whole wheel
-is never queued at once."""
 HAVE_TIMEOUT = 60.0
 BUILD_TIMEOUT = 1800.0
 UP_TO_DATE, BUILT, REBUILT, FAILED = "up to date", "built", "rebuilt", "failed"
@@ -134,19 +127,6 @@ def platform_problem(host: str, env: ResolvedEnv, have: dict[str, Any]) -> Probl
     return None
 
 
-@dataclass
-class _Sending:
-    """What is left to send one node."""
-
-    wheels: deque[Wheel]
-    current: IO[bytes] | None = None
-    left: int = 0
-    sent: int = 0
-    total: int = 0
-    count: int = 0
-    done: list[str] = field(default_factory=list)
-
-
 def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
          on_event: Event | None = None, have_timeout: float = HAVE_TIMEOUT,
          build_timeout: float = BUILD_TIMEOUT) -> ShipResult:
@@ -167,8 +147,8 @@ def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
             group.send(host, Kind.HAVE, {"digest": env.digest,
                                          "wheels": [w.sha256 for w in (*env.wheels, *env.tools)]})
         group.wait(Kind.HAVE, have_timeout, hosts=list(by_host))
-        sending = _plan(group, by_host, out, say)
-        _stream(group, sending, locate, say)
+        sending = _plan(group, by_host, out, say, locate)
+        _stream(group, sending, say)
         building = [h for h in sending if group.alive(h)]
         for host in building:
             group.send(host, Kind.BUILD, {"digest": by_host[host].digest,
@@ -212,7 +192,7 @@ def _resolve(group: Group, choose: Choose) -> dict[str, ResolvedEnv]:
 
 
 def _plan(group: Group, by_host: dict[str, ResolvedEnv], out: dict[str, NodeEnv],
-          say: Event) -> dict[str, _Sending]:
+          say: Event, locate: Locate) -> dict[str, Outgoing]:
     """From every node's ``have``: those up to date (in ``out``), those refused (in ``out``),
     and what to send the others."""
     sending = {}
@@ -230,14 +210,15 @@ def _plan(group: Group, by_host: dict[str, ResolvedEnv], out: dict[str, NodeEnv]
             say(Progress(host, UP_TO_DATE, "environment up to date", final=True))
         else:
             missing = [everything[s] for s in have["missing"] if s in everything]
-            sending[host] = state = _Sending(deque(missing), total=sum(w.size for w in missing))
+            sending[host] = state = Outgoing.of([
+                Blob(locate(w), w.size, {"sha256": w.sha256, "size": w.size}) for w in missing])
             why = f" ({have['why']})" if have["why"] else ""
             say(Progress(host, SENDING, f"environment {have['env']}{why}: {len(missing)} of "
                          f"{len(everything)} wheels to send", 0, state.total))
     return sending
 
 
-def _built(host: str, digest: str, answer: dict[str, Any], sent: _Sending) -> NodeEnv:
+def _built(host: str, digest: str, answer: dict[str, Any], sent: Outgoing) -> NodeEnv:
     if not answer.get("ok"):
         return NodeEnv(host, FAILED, digest, bytes_sent=sent.sent, wheels_sent=sent.count,
                        problem=Problem(host, str(answer.get("problem")),
@@ -259,53 +240,16 @@ def _line(node: NodeEnv) -> str:
         f" ({node.why})" if node.why else "")
 
 
-def _stream(group: Group, sending: dict[str, _Sending], locate: Locate, say: Event) -> None:
-    """Every node's missing wheels, raw after their ``blob`` frame, round-robin: at most
-    ``WINDOW`` bytes queued per node; a node whose channel ended is dropped (its outcome says
-    why)."""
-    active = [h for h, s in sending.items() if s.wheels]
-    told = time.monotonic()
-    try:
-        while active:
-            moved = False
-            if time.monotonic() - told >= PROGRESS_EVERY:
-                told = time.monotonic()
-                for host in active:
-                    s = sending[host]
-                    say(Progress(host, SENDING, f"{s.sent / 1e6:.1f} of {s.total / 1e6:.1f} MB "
-                                 "sent", s.sent, s.total))
-            for host in list(active):
-                channel = group.channels[host]
-                state = sending[host]
-                if channel.closed:
-                    active.remove(host)
-                    continue
-                while channel.queued < WINDOW:
-                    if state.current is None:
-                        if not state.wheels:
-                            active.remove(host)
-                            say(Progress(host, BUILDING, f"{state.count} wheels "
-                                         f"({state.sent / 1e6:.1f} MB) sent; building",
-                                         state.sent, state.total))
-                            break
-                        wheel = state.wheels.popleft()
-                        state.current, state.left = open(locate(wheel), "rb"), wheel.size
-                        group.send(host, Kind.BLOB, {"sha256": wheel.sha256,
-                                                     "size": wheel.size})
-                        state.count += 1
-                    data = state.current.read(min(CHUNK, state.left))
-                    if len(data) < min(CHUNK, state.left):  # the head's file shrank
-                        data += b"\0" * (min(CHUNK, state.left) - len(data))  # (node: mismatch)
-                    channel.send_raw(data)
-                    state.left -= len(data)
-                    state.sent += len(data)
-                    moved = True
-                    if not state.left:
-                        state.current.close()
-                        state.current = None
-            if not moved:
-                time.sleep(0.002)
-    finally:
-        for state in sending.values():
-            if state.current is not None:
-                state.current.close()
+def _stream(group: Group, sending: dict[str, Outgoing], say: Event) -> None:
+    """Every node's missing wheels (``remote.blobs``); a node whose channel ended is dropped
+    (its outcome says why)."""
+
+    def tick(host: str, s: Outgoing) -> None:
+        say(Progress(host, SENDING, f"{s.sent / 1e6:.1f} of {s.total / 1e6:.1f} MB sent",
+                     s.sent, s.total))
+
+    def finished(host: str, s: Outgoing) -> None:
+        say(Progress(host, BUILDING, f"{s.count} wheels ({s.sent / 1e6:.1f} MB) sent; "
+                     "building", s.sent, s.total))
+
+    stream(group, sending, tick=tick, finished=finished)

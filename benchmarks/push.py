@@ -1,0 +1,104 @@
+"""``ptcluster push`` (issue 44's figures): a set of --mb MiB in --files files (random:
+incompressible) to 3 and to 8 nodes of a namespace testbed (the nodes share this machine's
+cores and disk; each node its own folder, as the namespaces share the file system).
+
+- head egress: the bytes the head's bridge interface sent during the push (its counter: the
+  channels, ssh and all), against the set's size; at 8 nodes the relay runs (goal <= 1.5x);
+- wall time at 3 nodes (the head sends to each node: no relay below 4 nodes; and with
+  ``--relay``) against one `rsync -a` of the same set to one node over ssh (goal <= 2x);
+- a second push of the unchanged set: the bytes the head sent (goal < 1 MiB).
+
+Needs root (the testbed).
+
+    .venv/bin/python benchmarks/push.py [--mb 512] [--files 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import ROOT, show
+
+sys.path.insert(0, str(ROOT))
+from ptcluster.cluster.load import load_cluster_file  # noqa: E402
+from ptcluster.push.scan import scan  # noqa: E402
+from ptcluster.push.send import PushResult, push  # noqa: E402
+from ptcluster.remote.connect import transports  # noqa: E402
+from ptcluster.remote.group import Member  # noqa: E402
+from tests.support import testbed as tb  # noqa: E402
+
+
+def tx(dev: str) -> int:
+    return int(Path(f"/sys/class/net/{dev}/statistics/tx_bytes").read_text())
+
+
+def once(bed: tb.Testbed, work: Path, n: int, src: Path,
+         relay: bool | None = None) -> tuple[PushResult, float, int, PushResult, int]:
+    spec = load_cluster_file(bed.write_cluster(work, [1] * n), trusted=True)
+    reach = transports(spec)
+    members = [Member(x.host, reach[x.host], sys.executable, {"dest": str(work / f"{n}-{i}")})
+               for i, x in enumerate(spec.nodes)]
+    listing = scan(src)
+    before, t0 = tx(bed.bridge), time.perf_counter()
+    first = push(members, listing, relay=relay)
+    took, egress = time.perf_counter() - t0, tx(bed.bridge) - before
+    before = tx(bed.bridge)
+    second = push(members, scan(src), relay=relay)
+    again = tx(bed.bridge) - before
+    assert first.ok and second.ok, (first.failed, second.failed)
+    for i in range(n):
+        shutil.rmtree(work / f"{n}-{i}")
+    return first, took, egress, second, again
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=int, default=512)
+    ap.add_argument("--files", type=int, default=256)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="push-", dir="/var/tmp") as tmp, \
+            tb.Testbed(8) as bed:
+        work = Path(tmp)
+        src = work / "src"
+        per = args.mb * 2**20 // args.files
+        for i in range(args.files):
+            path = src / f"shard-{i % 16:02d}" / f"part-{i:04d}.bin"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(os.urandom(per))
+        size = per * args.files
+        node = bed.nodes[0]
+        t0 = time.perf_counter()
+        subprocess.run(["rsync", "-a", "-e", f"ssh -F {bed.ssh_config}", f"{src}/",
+                        f"{node.name}:{work}/rsync/"], check=True, capture_output=True,
+                       timeout=1200)
+        rsync_s = time.perf_counter() - t0
+        shutil.rmtree(work / "rsync")
+        three = once(bed, work, 3, src)
+        three_relay = once(bed, work, 3, src, relay=True)
+        eight = once(bed, work, 8, src)
+    show([
+        ("set", f"{size / 2**20:.0f} MiB in {args.files} files"),
+        ("one rsync -a to one node", f"{rsync_s:.2f} s"),
+        ("push to 3 nodes (no relay)", f"{three[1]:.2f} s, head egress {three[2] / size:.2f}x"),
+        ("ratio push 3 nodes / one rsync (goal <= 2.0)", f"{three[1] / rsync_s:.2f}"),
+        ("push to 3 nodes, --relay", f"{three_relay[1]:.2f} s, head egress "
+         f"{three_relay[2] / size:.2f}x; ratio to one rsync {three_relay[1] / rsync_s:.2f}"),
+        ("push to 8 nodes (relay)", f"{eight[1]:.2f} s, chain of {len(eight[0].chain)}"),
+        ("head egress at 8 nodes / size (goal <= 1.5)", f"{eight[2] / size:.3f} (bridge counter; "
+         f"file bytes sent by the head: {eight[0].bytes_sent / size:.3f})"),
+        ("second push, 3 nodes: head egress (goal < 1 MiB)",
+         f"{three[4]} bytes (file bytes {three[3].bytes_sent})"),
+        ("second push, 8 nodes: head egress (goal < 1 MiB)",
+         f"{eight[4]} bytes (file bytes {eight[3].bytes_sent})"),
+    ])
+
+
+if __name__ == "__main__":
+    main()

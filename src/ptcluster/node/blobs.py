@@ -1,0 +1,99 @@
+"""Files received raw on a node channel, by digest: the node side of every program the head
+ships files to (the project's environment's wheels, ``ptcluster push``'s data).
+
+After a ``blob {sha256, size, ...}`` frame come exactly ``size`` raw bytes on the channel. They
+are always all read (the channel stays in step), written to a temp name beside the final one,
+verified by sha256 and only then renamed into place: nothing partial or damaged is ever under
+its final name. Standard library only; a part of the programs that use it.
+"""
+
+import errno
+import hashlib
+import os
+import secrets
+from collections.abc import Callable
+from typing import BinaryIO
+
+CHUNK = 1 << 20
+PART_PREFIX = ".ptcluster-part-"
+"""The temp name's prefix (in the final file's folder): what a crash may leave, removed by the
+next run."""
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_bytes(path: str) -> int:
+    """Bytes free to this user at ``path`` (-1 when unknown)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return -1
+    return st.f_bavail * st.f_frsize
+
+
+def full_problem(path: str, exc: BaseException, fix: str) -> dict:
+    return {"problem": f"the disk is full at {path} ({free_bytes(os.path.dirname(path))} bytes "
+                       f"free): {exc}", "fix": fix}
+
+
+def write_problem(path: str, exc: OSError, full_fix: str) -> dict:
+    if exc.errno in FULL:
+        return full_problem(path, exc, full_fix)
+    return {"problem": f"cannot write {path}: {exc.strerror or exc}",
+            "fix": "check that file system and its permissions"}
+
+
+def part_name(final: str) -> str:
+    folder, name = os.path.split(final)
+    return os.path.join(folder, f"{PART_PREFIX}{name}-{secrets.token_hex(4)}")
+
+
+def receive(stdin: BinaryIO, sha: str, size: int, final: str, full_fix: str,
+            mode: int = 0o600, tee: Callable[[bytes], None] | None = None) -> dict | None:
+    """Exactly ``size`` bytes from ``stdin``, stored as ``final`` when their digest is ``sha``:
+    None then, else ``{problem, fix}`` (the temp file removed, an older ``final`` kept). Each
+    block goes to ``tee`` too (the relay's next node) as it arrives. Raises EOFError when the
+    stream ended short (the head is gone)."""
+    tmp = part_name(final)
+    h, left, out, problem, placed = hashlib.sha256(), size, None, None, False
+    try:
+        out = open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode), "wb")
+    except OSError as exc:
+        problem = write_problem(tmp, exc, full_fix)
+    try:
+        while left:
+            block = stdin.read(min(CHUNK, left))
+            if not block:
+                break
+            left -= len(block)
+            h.update(block)
+            if tee is not None:
+                tee(block)
+            if out is not None and problem is None:
+                try:
+                    out.write(block)
+                except OSError as exc:
+                    problem = write_problem(tmp, exc, full_fix)
+        if out is not None:
+            try:
+                out.close()
+            except OSError as exc:
+                problem = problem or write_problem(tmp, exc, full_fix)
+        if left:
+            problem = {"problem": f"the head's stream ended {left} bytes short of {sha[:12]}",
+                       "fix": "run again"}
+        elif problem is None and h.hexdigest() != sha:
+            problem = {"problem": f"{os.path.basename(final)} arrived with sha256 "
+                       f"{h.hexdigest()[:12]}, not {sha[:12]} (damaged on the way, or the "
+                       "head's file changed while it was sent)", "fix": "run again"}
+        if problem is None:
+            os.rename(tmp, final)
+            placed = True
+    finally:
+        if not placed:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    if left:
+        raise EOFError
+    return problem

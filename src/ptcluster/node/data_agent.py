@@ -1,0 +1,276 @@
+"""The node side of ``ptcluster push``: which of the head's files this node's copy lacks (by
+content), the missing ones received, every file's digest reported.
+
+Standard library only; shipped like every node program (``remote.bootstrap``).
+
+  stdin  line 2   JSON config: ``{dest}`` (the folder on this node; made if missing)
+  stdout          ``hello``, then answers:
+                  ``have {files: [{path, size, sha256}]}`` -> ``have {ok, missing, free,
+                  addr}`` (addr: where ssh reached this node, for the relay)
+                  (or ``{ok: false, problem, fix}``: DEST not writable, too little space)
+                  ``blob {sha256, size, path, mtime}`` then exactly ``size`` raw bytes: stored
+                  as DEST/path once verified, by a temp name then a rename (``node.blobs``)
+                  ``stored {delete}`` -> ``stored {files: {path: sha256}, failed, deleted}``
+                  relay (``node.data_relay``): ``relay {bind, secret, peer}`` -> ``relay
+                  {port}``: the files come from the upstream node instead; ``link {addr, port,
+                  secret}`` -> ``link {ok}``: each file received is passed on to that node
+
+The node keeps a manifest (``DEST/.ptcluster-data.json``: per file its size, mtime and
+sha256): a file whose size and mtime are the manifest's is not read again (rsync's quick check),
+any other is hashed. Files under DEST that the head does not have are kept unless ``delete``.
+"""
+
+import hashlib
+import json
+import os
+import socket
+import sys
+import threading
+from typing import BinaryIO
+
+from ptcluster.node.blobs import (
+    CHUNK,
+    PART_PREFIX,
+    free_bytes,
+    receive,
+)
+from ptcluster.node.data_relay import Listener, connect
+from ptcluster.node.wire import Kind, control, encode, hello, split
+
+MANIFEST = ".ptcluster-data.json"
+FULL_FIX = "free space on that file system (or push to another --to), then push again"
+
+
+def inside(path: str) -> bool:
+    """``path`` names a file below DEST (relative, no ``..``)."""
+    parts = path.split("/")
+    return bool(path) and not path.startswith("/") and ".." not in parts and "" not in parts
+
+
+def sha256_of(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def ssh_address() -> str:
+    """This node's address on the network the head reached it on (ssh's ``SSH_CONNECTION``:
+    the relay's listener binds there); "" when not reached by ssh."""
+    said = os.environ.get("SSH_CONNECTION", "").split()
+    return said[2] if len(said) == 4 else ""
+
+
+class Dest:
+    def __init__(self, dest: str) -> None:
+        self.dest = os.path.abspath(os.path.expanduser(dest))
+        self.manifest: dict[str, dict] = {}
+        self.failed: dict[str, dict] = {}
+        self.wanted: list[str] = []
+        self.downstream: socket.socket | None = None
+        self.upstream: threading.Thread | None = None
+
+    def have(self, msg: dict) -> dict:
+        files = msg["files"]
+        self.wanted = [f["path"] for f in files if inside(f["path"])]
+        problem = self.prepare()
+        if problem is not None:
+            return {"ok": False, **problem}
+        self.manifest = self.load()
+        missing, need = [], 0
+        for f in files:
+            if self.digest(f["path"]) != f["sha256"]:
+                missing.append(f["path"])
+                need += int(f["size"])
+        self.save()
+        free = free_bytes(self.dest)
+        if 0 <= free < need:
+            return {"ok": False, "problem": f"the disk is full at {self.dest}: {need} bytes to "
+                    f"store, {free} bytes free", "fix": FULL_FIX}
+        return {"ok": True, "missing": missing, "free": free, "addr": ssh_address()}
+
+    def prepare(self) -> dict | None:
+        """DEST made if missing and writable by this user; earlier pushes' temp files gone."""
+        try:
+            os.makedirs(self.dest, exist_ok=True)
+            probe = os.path.join(self.dest, f"{PART_PREFIX}probe-{os.getpid()}")
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            os.unlink(probe)
+        except OSError as exc:
+            return {"problem": f"{self.dest} is not writable here: {exc.strerror or exc}",
+                    "fix": "push to a folder this user may write (--to), or make that one so"}
+        for top, _dirs, names in os.walk(self.dest):
+            for name in names:
+                if name.startswith(PART_PREFIX):
+                    try:
+                        os.unlink(os.path.join(top, name))
+                    except OSError:
+                        pass
+        return None
+
+    def load(self) -> dict[str, dict]:
+        try:
+            with open(os.path.join(self.dest, MANIFEST)) as f:
+                data = json.load(f)
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def save(self) -> None:
+        final = os.path.join(self.dest, MANIFEST)
+        tmp = f"{final}.{os.getpid()}"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(self.manifest, f)
+            os.rename(tmp, final)
+        except OSError:  # (a manifest that could not be written: the next push hashes again)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def digest(self, path: str) -> str | None:
+        """The sha256 of DEST/path as it is now (None: no such regular file)."""
+        if not inside(path):
+            return None
+        full = os.path.join(self.dest, path)
+        try:
+            st = os.stat(full)
+            if not os.path.isfile(full):
+                return None
+            entry = self.manifest.get(path)
+            if entry and entry.get("size") == st.st_size and \
+                    entry.get("mtime_ns") == st.st_mtime_ns:
+                return str(entry["sha256"])
+            sha = sha256_of(full)
+        except OSError:
+            return None
+        self.manifest[path] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+        return sha
+
+    def receive(self, stdin: BinaryIO, msg: dict) -> None:
+        path, sha = str(msg["path"]), str(msg["sha256"])
+        final = os.path.join(self.dest, path) if inside(path) else os.path.join(self.dest, ".")
+        try:
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+        except OSError:
+            pass  # (the file's open fails then, and says why)
+        if self.downstream is not None:
+            self.forward(encode(Kind.BLOB, msg))
+        problem = receive(stdin, sha, int(msg["size"]), final, FULL_FIX, 0o644,
+                          None if self.downstream is None else self.forward)
+        if problem is not None:
+            self.failed[path] = problem
+            return
+        self.failed.pop(path, None)
+        if msg.get("mtime") is not None:
+            os.utime(final, ns=(int(msg["mtime"]), int(msg["mtime"])))
+        st = os.stat(final)
+        self.manifest[path] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+
+    def forward(self, data: bytes) -> None:
+        """To the next node; a next node gone is dropped (the head sends it what it lacks)."""
+        if self.downstream is None:
+            return
+        try:
+            self.downstream.sendall(data)
+        except OSError:
+            self.end_downstream()
+
+    def end_downstream(self) -> None:
+        if self.downstream is not None:
+            try:
+                self.downstream.close()
+            except OSError:
+                pass
+            self.downstream = None
+
+    def relay(self, msg: dict) -> dict:
+        """Listen for the upstream node (its files come from it, on a thread of their own)."""
+        try:
+            listener = Listener(str(msg["bind"]), str(msg["secret"]), str(msg["peer"]))
+        except OSError as exc:
+            return {"problem": f"cannot listen on {msg['bind']}: {exc.strerror or exc}"}
+
+        def upstream() -> None:
+            conn = listener.accept()
+            if conn is not None:
+                with conn, conn.makefile("rb") as stream:
+                    try:
+                        for raw in iter(stream.readline, b""):
+                            kind, payload = split(raw.decode().rstrip("\n"))
+                            if kind == Kind.BLOB:
+                                self.receive(stream, control(payload))
+                    except (OSError, EOFError, ValueError):
+                        pass  # (upstream gone: what is missing is sent by the head)
+            self.end_downstream()
+
+        self.upstream = threading.Thread(target=upstream, daemon=True)
+        self.upstream.start()
+        return {"port": listener.port}
+
+    def link(self, msg: dict) -> dict:
+        try:
+            self.downstream = connect(str(msg["addr"]), int(msg["port"]), str(msg["secret"]))
+        except OSError as exc:
+            return {"ok": False, "problem": f"cannot reach {msg['addr']}:{msg['port']}: "
+                    f"{exc.strerror or exc}"}
+        return {"ok": True}
+
+    def stored(self, msg: dict) -> dict:
+        if self.upstream is not None:  # the relay's files all in (or its upstream gone)
+            self.upstream.join()
+            self.upstream = None
+        self.end_downstream()
+        files = {p: self.digest(p) for p in self.wanted}
+        deleted = self.delete() if msg.get("delete") else 0
+        self.save()
+        return {"files": files, "failed": self.failed, "deleted": deleted}
+
+    def delete(self) -> int:
+        """The files under DEST that the head does not have, removed (``--delete``)."""
+        keep, gone = set(self.wanted), 0
+        for top, _dirs, names in os.walk(self.dest):
+            for name in names:
+                rel = os.path.relpath(os.path.join(top, name), self.dest)
+                if rel != MANIFEST and rel not in keep:
+                    try:
+                        os.unlink(os.path.join(top, name))
+                        self.manifest.pop(rel, None)
+                        gone += 1
+                    except OSError:
+                        pass
+        return gone
+
+
+def main() -> None:
+    stdin = sys.stdin.buffer
+    cfg = json.loads(stdin.readline())
+    out = sys.stdout.buffer
+    node = Dest(str(cfg["dest"]))
+    out.write(hello("push"))
+    out.flush()
+    try:
+        for raw in iter(stdin.readline, b""):
+            kind, payload = split(raw.decode().rstrip("\n"))
+            if kind in (Kind.BYE, Kind.STOP):
+                break
+            if kind == Kind.HB:
+                continue
+            msg = control(payload)
+            if kind == Kind.BLOB:
+                node.receive(stdin, msg)
+                continue
+            answer = node.have(msg) if kind == Kind.HAVE else node.relay(msg) \
+                if kind == Kind.RELAY else node.link(msg) if kind == Kind.LINK \
+                else node.stored(msg)
+            out.write(encode(kind, answer))
+            out.flush()
+    except EOFError:
+        pass  # the head was interrupted (Ctrl-C) or is gone: the file on its way was removed
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The relay's chain, set up from the head (``node.data_relay``): each node but the first
+listens on its cluster address for the one before it, each but the last connects to the one
+after it, all with one random secret per push told over the head's own channels. The head then
+sends each file once, to the first node; the nodes pass it on."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+from collections.abc import Sequence
+from itertools import pairwise
+
+from ptcluster.node.wire import Kind
+from ptcluster.remote.group import Group, Member
+
+RELAY_MIN = 4
+"""Nodes from which a push relays by default (below it the head sends each node its files:
+the chain's start-up costs more than it saves)."""
+LINK_TIMEOUT = 30.0
+
+
+def address(host: str) -> str | None:
+    """The address the nodes reach ``host`` at, as the head resolves it (None: unresolved)."""
+    try:
+        return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+    except (OSError, UnicodeError):
+        return None
+
+
+def link(group: Group, members: Sequence[Member], hosts: list[str]) -> list[str]:
+    """The chain over ``hosts`` (in this order): its hosts when every link is up, else ``[]``
+    (then the head sends every node its files itself). Each node's address: as the head
+    resolves its host, else where ssh reached it (its ``have``)."""
+    addrs = {m.host: str(m.config.get("addr") or group.result.nodes[m.host].answers.get(
+        Kind.HAVE, {}).get("addr") or "") for m in members}
+    if len(hosts) < 2 or not all(addrs[h] for h in hosts):
+        return []
+    secret = secrets.token_hex(32)
+    for before, host in pairwise(hosts):
+        group.send(host, Kind.RELAY, {"bind": addrs[host], "secret": secret,
+                                      "peer": addrs[before]})
+    group.wait(Kind.RELAY, LINK_TIMEOUT, hosts=hosts[1:])
+    ports = {h: group.result.nodes[h].answers.get(Kind.RELAY, {}).get("port")
+             for h in hosts[1:]}
+    if not all(ports.values()):
+        return []
+    for host, after in pairwise(hosts):
+        group.send(host, Kind.LINK, {"addr": addrs[after], "port": ports[after],
+                                     "secret": secret})
+    group.wait(Kind.LINK, LINK_TIMEOUT, hosts=hosts[:-1])
+    if not all(group.result.nodes[h].answers.get(Kind.LINK, {}).get("ok") for h in hosts[:-1]):
+        return []
+    return hosts

@@ -1,0 +1,267 @@
+"""``ptcluster push`` on local "nodes" (each its own folder): the real node program over real
+channels; incremental by content, verified, temp names, bad input and a node lost mid-push."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ptcluster.push.scan import scan
+from ptcluster.push.send import FAILED, PUSHED, UP_TO_DATE, Progress, push
+from ptcluster.remote.group import Member
+from ptcluster.remote.transport import LocalTransport
+
+
+def members(tmp: Path, *hosts: str, python: str = sys.executable) -> list[Member]:
+    return [Member(h, LocalTransport(h), python, {"dest": str(tmp / f"dest-{h}" / "data")})
+            for h in hosts]
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()
+            and not p.name.startswith(".ptcluster")}
+
+
+def dataset(root: Path, files: int = 12, size: int = 300_000) -> Path:
+    src = root / "src"
+    for i in range(files):
+        path = src / f"shard-{i // 5}" / f"part-{i:03d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(size + i))
+    return src
+
+
+def test_push_then_nothing_then_one_file_then_delete(tmp_path: Path) -> None:
+    src = dataset(tmp_path)
+    nodes = members(tmp_path, "n1", "n2", "n3")
+    said: list[Progress] = []
+    first = push(nodes, scan(src), on_event=said.append)
+    assert first.ok, first.failed
+    assert {n.state for n in first.nodes.values()} == {PUSHED}
+    assert first.bytes_sent == 3 * first.size and first.files == 12
+    for host in ("n1", "n2", "n3"):  # every file, by digest, on every node
+        assert digests(tmp_path / f"dest-{host}" / "data") == digests(src)
+        assert not list((tmp_path / f"dest-{host}").rglob(".ptcluster-part-*"))
+    assert sorted(p.host for p in said if p.final) == ["n1", "n2", "n3"]
+
+    second = push(nodes, scan(src))
+    assert {n.state for n in second.nodes.values()} == {UP_TO_DATE}
+    assert second.bytes_sent == 0
+
+    changed = src / "shard-1" / "part-005.bin"
+    changed.write_bytes(os.urandom(1000))
+    (tmp_path / "dest-n2" / "data" / "extra.txt").write_text("the node's own\n")
+    third = push(nodes, scan(src))
+    assert third.ok and third.bytes_sent == 3 * 1000
+    assert {n.files_sent for n in third.nodes.values()} == {1}
+    assert (tmp_path / "dest-n2" / "data" / "extra.txt").exists()  # kept without --delete
+    fourth = push(nodes, scan(src), delete=True)
+    assert fourth.bytes_sent == 0 and fourth.nodes["n2"].deleted == 1
+    assert digests(tmp_path / "dest-n2" / "data") == digests(src)
+
+
+def test_a_copy_changed_on_a_node_is_sent_again(tmp_path: Path) -> None:
+    src = dataset(tmp_path, files=3)
+    nodes = members(tmp_path, "n1", "n2")
+    assert push(nodes, scan(src)).ok
+    damaged = tmp_path / "dest-n1" / "data" / "shard-0" / "part-001.bin"
+    damaged.write_bytes(b"x" * damaged.stat().st_size)  # same size, a new mtime
+    again = push(nodes, scan(src))
+    assert again.ok and again.nodes["n1"].files_sent == 1 and again.nodes["n2"].files_sent == 0
+    assert digests(tmp_path / "dest-n1" / "data") == digests(src)
+
+
+def test_a_node_lost_mid_push_is_named_and_the_others_complete(tmp_path: Path) -> None:
+    src = dataset(tmp_path, files=4, size=2_000_000)
+    dying = tmp_path / "dying-python"  # the node's agent killed (SIGXFSZ) past its first MiB
+    dying.write_text(f"#!/bin/sh\nulimit -f 1024\nexec {sys.executable} \"$@\"\n")
+    dying.chmod(0o755)
+    nodes = [*members(tmp_path, "n1", "n3"), *members(tmp_path, "n2", python=str(dying))]
+    done = push(nodes, scan(src))
+    assert set(done.failed) == {"n2"} and done.nodes["n2"].state == FAILED
+    problem = done.nodes["n2"].problem
+    assert problem is not None and problem.who == "n2"
+    for host in ("n1", "n3"):
+        assert digests(tmp_path / f"dest-{host}" / "data") == digests(src)
+    n2 = tmp_path / "dest-n2" / "data"
+    # (the killed agent's temp file may stay; never a partial file under its final name)
+    finals = [p for p in n2.rglob("*.bin")]
+    for p in finals:
+        assert digests(n2)[p.relative_to(n2).as_posix()] == digests(src)[
+            p.relative_to(n2).as_posix()]
+    again = push(members(tmp_path, "n2"), scan(src))  # the next push removes its leftovers
+    assert again.ok and not list(n2.rglob(".ptcluster-part-*"))
+    assert digests(n2) == digests(src)
+
+
+def test_cli_push_to_dest_then_nothing_moves(cli, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no cluster file: this machine, reached without ssh
+    monkeypatch.delenv("PTCLUSTER_CLUSTER", raising=False)
+    src = dataset(tmp_path, files=5)
+    dest = tmp_path / "there"
+    code, out, err = cli("push", str(src), "--to", str(dest))
+    assert code == 0, err
+    assert "5 file(s)" in out and "to 1 of 1 node(s)" in out and digests(dest) == digests(src)
+    assert "localhost: 5 file(s)" in err and "sha256 the head's" in err
+    code, out, err = cli("push", str(src), "--to", str(dest))
+    assert code == 0 and "; 0 bytes sent" in out, (out, err)
+    code, out, err = cli("push", str(src))  # no --to: the same absolute path (here: itself)
+    assert code == 0 and "; 0 bytes sent" in out, (out, err)
+
+
+def test_cli_bad_input(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PTCLUSTER_CLUSTER", raising=False)
+    code, out, err = cli("push", str(tmp_path / "nothing-here"), "--to", str(tmp_path / "d"))
+    assert code == 2 and "nothing-here does not exist" in err, err
+    src = dataset(tmp_path, files=2)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    code, out, err = cli("push", str(src), "--to", str(blocker / "data"))
+    assert code == 1 and f"{blocker / 'data'} is not writable here" in err, err
+    assert "0 of 1 node(s)" in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the full disk is a small tmpfs: root mounts it")
+def test_cli_full_disk_names_path_and_free_space_and_keeps_the_old_version(
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PTCLUSTER_CLUSTER", raising=False)
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], check=True)
+    try:
+        src = tmp_path / "src"
+        src.mkdir()
+        (src / "big.bin").write_bytes(os.urandom(500_000))
+        code, out, err = cli("push", str(src), "--to", str(small / "data"))
+        assert code == 0, err
+        old = (small / "data" / "big.bin").read_bytes()
+        (src / "big.bin").write_bytes(os.urandom(3_000_000))
+        code, out, err = cli("push", str(src), "--to", str(small / "data"))
+        assert code == 1 and f"the disk is full at {small / 'data'}" in err, err
+        assert "bytes free" in err and "3000000 bytes to store" in err
+        assert (small / "data" / "big.bin").read_bytes() == old
+        assert not list(small.rglob(".ptcluster-part-*"))
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_ctrl_c_leaves_no_partial_file_and_no_process(tmp_path: Path) -> None:
+    from tests.support.head import Head
+
+    src = dataset(tmp_path, files=6, size=15_000_000)
+    dest = tmp_path / "there"
+    head = Head(["push", str(src), "--to", str(dest)], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(dest.rglob(".ptcluster-part-*")) and time.monotonic() < deadline:
+            assert head.proc.poll() is None, head.output()
+            time.sleep(0.01)
+        agents = _children(head.proc.pid)
+        assert agents, "the node program runs as the head's child"
+        head.signal(signal.SIGINT)
+        code = head.wait(60)
+    finally:
+        head.kill()
+    assert code == 130, head.output()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in agents) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in agents if _alive(p)]
+    assert not list(dest.rglob(".ptcluster-part-*"))
+    theirs, ours = digests(dest), digests(src)
+    assert len(theirs) < len(ours)  # interrupted: some files not there, and those there whole
+    assert all(ours[p] == d for p, d in theirs.items())
+
+
+def relay_members(tmp: Path, count: int, *, python: dict[str, str] | None = None) -> list[Member]:
+    """Local nodes that reach each other on 127.0.0.1: the relay's chain among them."""
+    return [Member(h, LocalTransport(h), (python or {}).get(h, sys.executable),
+                   {"dest": str(tmp / f"dest-{h}" / "data"), "addr": "127.0.0.1"})
+            for h in (f"n{i}" for i in range(1, count + 1))]
+
+
+def test_relay_head_sends_each_byte_once_every_node_verified(tmp_path: Path) -> None:
+    src = dataset(tmp_path, files=10, size=400_000)
+    nodes = relay_members(tmp_path, 5)
+    (tmp_path / "dest-n3" / "data").mkdir(parents=True)  # n3 has one file already
+    first_file = sorted(digests(src))[0]
+    (tmp_path / "dest-n3" / "data" / first_file).parent.mkdir(parents=True)
+    (tmp_path / "dest-n3" / "data" / first_file).write_bytes((src / first_file).read_bytes())
+    done = push(nodes, scan(src))
+    assert done.ok, done.failed
+    assert done.chain == ["n1", "n2", "n3", "n4", "n5"]
+    assert done.bytes_sent == done.size  # the head's egress: once, to n1
+    assert done.nodes["n1"].bytes_sent == done.size and done.nodes["n5"].bytes_sent == 0
+    assert done.nodes["n3"].files == 9 and done.nodes["n5"].files == 10
+    for i in range(1, 6):
+        assert digests(tmp_path / f"dest-n{i}" / "data") == digests(src)
+    again = push(nodes, scan(src))
+    assert again.ok and again.bytes_sent == 0
+    assert {n.state for n in again.nodes.values()} == {UP_TO_DATE}
+
+
+def test_relay_a_middle_node_lost_the_rest_get_it_from_the_head(tmp_path: Path) -> None:
+    src = dataset(tmp_path, files=4, size=2_000_000)
+    dying = tmp_path / "dying-python"  # n3's agent killed (SIGXFSZ) past its first MiB
+    dying.write_text(f"#!/bin/sh\nulimit -f 1024\nexec {sys.executable} \"$@\"\n")
+    dying.chmod(0o755)
+    nodes = relay_members(tmp_path, 5, python={"n3": str(dying)})
+    done = push(nodes, scan(src))
+    assert set(done.failed) == {"n3"}, done.failed
+    assert done.chain == ["n1", "n2", "n3", "n4", "n5"]
+    for host in ("n1", "n2", "n4", "n5"):
+        assert digests(tmp_path / f"dest-{host}" / "data") == digests(src), host
+    # the head sent the set once to n1, then to n4 and n5 what the broken chain left out
+    assert done.size < done.bytes_sent <= 3 * done.size
+
+
+def test_relay_listener_refuses_a_stranger_and_a_wrong_secret(tmp_path: Path) -> None:
+    from ptcluster.node.data_relay import Listener, connect
+
+    listener = Listener("127.0.0.1", "s" * 64, "127.0.0.1")
+    got: list[object] = []
+    thread = threading.Thread(target=lambda: got.append(listener.accept()))
+    thread.start()
+    wrong = connect("127.0.0.1", listener.port, "t" * 64)
+    right = connect("127.0.0.1", listener.port, "s" * 64)
+    thread.join(10)
+    conn = got[0]
+    assert conn is not None and listener.refused == 1
+    wrong.settimeout(5)
+    assert wrong.recv(1) == b""  # closed by the listener
+    right.sendall(b"x")
+    assert conn.recv(1) == b"x"  # type: ignore[attr-defined]
+    for c in (wrong, right, conn):
+        c.close()  # type: ignore[attr-defined]

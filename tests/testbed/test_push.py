@@ -1,0 +1,123 @@
+"""``ptcluster push`` across testbed nodes: the relay over an 8-node namespace testbed (the
+head's egress read from its bridge's counters), and the CLI onto bare nodes (each its own root
+file system, so nothing is shared by accident): digests on every node, a second push < 1 MiB."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ptcluster.cluster.load import load_cluster_file
+from ptcluster.push.scan import scan
+from ptcluster.push.send import push
+from ptcluster.remote.connect import transports
+from ptcluster.remote.group import Member
+from tests.support import bare
+from tests.support import testbed as tb
+from tests.support.bare import BareNode, BareOptions
+
+pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+USER = "alice"
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()
+            and not p.name.startswith(".ptcluster")}
+
+
+def dataset(root: Path, files: int, size: int) -> Path:
+    src = root / "src"
+    for i in range(files):
+        path = src / f"shard-{i % 4}" / f"part-{i:03d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(size))
+    return src
+
+
+def tx_bytes(dev: str) -> int:
+    return int(Path(f"/sys/class/net/{dev}/statistics/tx_bytes").read_text())
+
+
+def test_relay_on_8_nodes_head_egress_about_once(tmp_path: Path) -> None:
+    bed = tb.bring_up("multi-node testbed", tb.available(), lambda: tb.Testbed(8))
+    try:
+        spec = load_cluster_file(bed.write_cluster(tmp_path, [1] * 8), trusted=True)
+        reach = transports(spec)
+        # the namespaces share this machine's files: each node its own folder
+        members = [Member(n.host, reach[n.host], sys.executable,
+                          {"dest": str(tmp_path / f"dest-{i}")}) for i, n in enumerate(spec.nodes)]
+        src = dataset(tmp_path, files=16, size=2 << 20)  # 32 MiB
+        before = tx_bytes(bed.bridge)
+        done = push(members, scan(src))
+        egress = tx_bytes(bed.bridge) - before
+        assert done.ok, done.failed
+        assert len(done.chain) == 8
+        for i in range(8):
+            assert digests(tmp_path / f"dest-{i}") == digests(src)
+        size = done.size
+        assert done.bytes_sent == size
+        # what the head's interface sent: the set once, plus ssh's and the frames' overhead
+        assert egress <= 1.5 * size, (egress, size)
+        print(f"relay 8 nodes: {size} bytes, head egress {egress} ({egress / size:.2f}x)")
+        before = tx_bytes(bed.bridge)
+        again = push(members, scan(src))
+        assert again.ok and again.bytes_sent == 0
+        assert tx_bytes(bed.bridge) - before < 1 << 20
+    finally:
+        bed.close()
+
+
+@pytest.fixture(scope="module")
+def bare_bed() -> Iterator[tb.Testbed]:
+    b = tb.bring_up("bare-node testbed", tb.available() or bare.available(), lambda: tb.Testbed(
+        2, bare=BareOptions(nodes=tuple(BareNode(sudo="none", extra_users=((USER, "pw-a"),))
+                                        for _ in range(2)))))
+    try:
+        b.trust_host_keys()
+        for node in b.nodes:
+            hosts = b.root_exec(node, "sh", "-c", "cat > /etc/hosts", input=b.hosts_text)
+            assert hosts.returncode == 0, hosts.stderr
+        yield b
+    finally:
+        b.close()
+
+
+def test_cli_push_onto_bare_nodes_then_nothing_moves(bare_bed: tb.Testbed, tmp_path: Path,
+                                                      cli, monkeypatch) -> None:
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True,
+                   timeout=30)
+    home = f"/home/{USER}"
+    for node in bare_bed.nodes:
+        ok = bare_bed.root_exec(node, "sh", "-c", f"install -d -m 700 -o {USER} -g {USER} "
+                                f"{home}/.ssh && cat > {home}/.ssh/authorized_keys && chown "
+                                f"{USER}:{USER} {home}/.ssh/authorized_keys && chmod 600 "
+                                f"{home}/.ssh/authorized_keys",
+                                input=(tmp_path / "id_ed25519.pub").read_text())
+        assert ok.returncode == 0, ok.stderr
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("nodes:\n" + "".join(f"  - {{host: {n.name}, slots: 1}}\n"
+                                             for n in bare_bed.nodes)
+                       + "python: /usr/bin/python3\n"
+                       f"ssh: {{user: {USER}, identity_file: {key}, config_file: "
+                       f"{bare_bed.ssh_config}}}\n")
+    src = dataset(tmp_path, files=12, size=1 << 20)
+    dest = f"{home}/data"
+    code, out, err = cli("push", "--cluster", str(cluster), str(src), "--to", dest)
+    assert code == 0, err
+    for node in bare_bed.nodes:  # each node's own root: its own copy
+        assert digests(bare_bed.node_root(node) / dest.lstrip("/")) == digests(src)
+    code, out, err = cli("push", "--cluster", str(cluster), str(src), "--to", dest)
+    assert code == 0 and "; 0 bytes sent" in out, (out, err)
+    (src / "shard-1" / "part-001.bin").write_bytes(os.urandom(1000))
+    code, out, err = cli("push", "--cluster", str(cluster), str(src), "--to", dest)
+    assert code == 0 and "; 2000 bytes sent" in out, (out, err)
+    for node in bare_bed.nodes:
+        assert digests(bare_bed.node_root(node) / dest.lstrip("/")) == digests(src)
