@@ -20,7 +20,7 @@ failed=0
 say() { printf '%-26s %s\n' "$1" "$2"; }
 fail() { say "$1" "FAIL: $2"; failed=1; [ -f "$3" ] && tail -n 15 "$3" | sed 's/^/    /'; }
 PATHS="gpu-driver-health local-nproc doctor+nvml bench-nccl monitor metrics-dcgm"
-PATHS="$PATHS trainer-cuda-bf16 nccl-transport gpus-auto-busy slurm-gres"
+PATHS="$PATHS trainer-cuda-bf16 nccl-transport gpus-auto-busy slurm-gres checkpoint-cuda"
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     why="no NVIDIA GPU here (nvidia-smi not installed)"
@@ -214,4 +214,35 @@ line = next(x for x in sc.files["slurm.conf"].splitlines() if x.startswith("Node
 print(json.dumps({"nvml": facts["slurm"]["nvml"], "files": facts["slurm"]["gpu_files"],
                   "gres": sc.files.get("gres.conf", ""), "line": line}))
 '
+# ptcluster.checkpoint with CUDA tensors under NCCL: save (host copy, background DCP write),
+# wait, then load into zeroed parameters in place: equal, and still on the GPU
+cat >"$out/ckpt_gpu.py" <<'EOF'
+import os
+import torch
+import torch.distributed as dist
+import ptcluster.checkpoint as ckpt
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+model = torch.nn.Linear(512, 512).cuda()
+ckpt.save({"model": model.state_dict()}, 1, dir="ckpt-gpu")
+ckpt.wait()
+want = {k: v.clone() for k, v in model.state_dict().items()}
+with torch.no_grad():
+    for p in model.parameters():
+        p.zero_()
+step = ckpt.load({"model": model.state_dict()}, dir="ckpt-gpu")
+now = model.state_dict()
+ok = step == 1 and all(torch.equal(now[k], want[k]) and now[k].is_cuda for k in want)
+print(f"ckpt step={step} equal_on_gpu={ok}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+os._exit(0 if ok else 1)
+EOF
+(cd "$out" && "$PY" -m ptcluster run --nproc 1 --run-dir runs-ckpt ckpt_gpu.py) >"$out/ckpt.log" 2>&1
+code=$?
+if [ $code -eq 0 ] && grep -q "equal_on_gpu=True" "$out/ckpt.log"; then
+    say "checkpoint-cuda" "ok: $(grep -o 'ckpt step=.*' "$out/ckpt.log" | head -n 1)"
+else
+    fail "checkpoint-cuda" "exit $code" "$out/ckpt.log"
+fi
 exit $failed

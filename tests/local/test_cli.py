@@ -467,7 +467,7 @@ def test_gpu_check_skips_every_path_with_the_reason_without_a_gpu() -> None:
                                                    "doctor+nvml", "bench-nccl", "monitor",
                                                    "metrics-dcgm", "trainer-cuda-bf16",
                                                    "nccl-transport", "gpus-auto-busy",
-                                                   "slurm-gres"]
+                                                   "slurm-gres", "checkpoint-cuda"]
     assert all("skip: no NVIDIA GPU here" in line for line in lines), lines
 
 
