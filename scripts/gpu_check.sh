@@ -8,7 +8,9 @@ set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=$(command -v python3)
-PY=$(readlink -f "$PY")  # absolute: some paths run from a temporary directory
+# absolute (some paths run from a temporary directory), but not resolved: a venv's python is a
+# link to the base interpreter, and resolved it would run outside its venv (without torch)
+case "$PY" in /*) ;; *) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;; esac
 out=$(mktemp -d)
 holder=""
 cleanup() {
@@ -121,7 +123,7 @@ x = g[0]
 used, total, util = x["mem_used"] / 1e9, x["mem_total"] / 1e9, x["util"]
 power, temp = x.get("power_w"), x.get("temp_c")
 print(f"ok: {len(g)} GPU(s): util {util}%, {used:.1f}/{total:.0f} GB, {power} W, {temp} C")
-'' "$PY" -m ptcluster monitor --once --json
+' "$PY" -m ptcluster monitor --once --json
 
 # monitor --serve: every GPU under dcgm-exporter's names and labels, and the dashboard's GPU
 # panels answered by a real Prometheus where one is installed (scripts/test.sh installs it)
