@@ -192,6 +192,7 @@ else
     fail "gpus-auto-busy" "exit $code, $(grep -o 'cvd=.*' "$out/cvd.log" | head -n 1)" \
         "$out/cvd.log"
 fi
+kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null; holder=""  # GPU 0 free again
 # setup --slurm: this machine's facts as setup's node program reads them (NVML, /dev/nvidiaN)
 # make a gres.conf and the node's slurm.conf line with its GPUs (Slurm itself is not needed)
 check slurm-gres '
