@@ -144,13 +144,27 @@ else
     fail "trainer-cuda-bf16" "exit $code, ${final:-no final line}" "$out/train.log"
 fi
 
-# what NCCL chose (issue 46): the trainer's summary.json says the transport per node, read
-# from the files NCCL wrote in the guard's job directory; NCCL's INFO lines stay off the console
-summary=$(find "$out/runs" -name summary.json 2>/dev/null | head -n 1)
+# what NCCL chose (issue 46): the summary.json of a job that makes one NCCL collective (torch
+# starts NCCL at the first collective, and the trainer makes none at world size 1: its summary
+# had no `nccl` on one H200) says the transport per node, read from the files NCCL wrote in the
+# guard's job directory; NCCL's INFO lines stay off the console
+cat >"$out/nccl_job.py" <<'EOF'
+import os
+import torch
+import torch.distributed as dist
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+x = torch.ones(1024, device="cuda")
+dist.all_reduce(x)
+print(f"sum={x[0].item():.0f}", flush=True)
+dist.destroy_process_group()
+EOF
+(cd "$out" && "$PY" -m ptcluster run --run-dir runs-nccl nccl_job.py) >"$out/nccl.log" 2>&1
+summary=$(find "$out/runs-nccl" -name summary.json 2>/dev/null | head -n 1)
 if [ -z "$summary" ]; then
-    fail "nccl-transport" "no summary.json of the trainer's run" "$out/train.log"
-elif grep -q 'NCCL INFO' "$out/train.log"; then
-    fail "nccl-transport" "NCCL's INFO lines reached the console" "$out/train.log"
+    fail "nccl-transport" "no summary.json of the NCCL job" "$out/nccl.log"
+elif grep -q 'NCCL INFO' "$out/nccl.log"; then
+    fail "nccl-transport" "NCCL's INFO lines reached the console" "$out/nccl.log"
 elif "$PY" -c '
 import json, os, sys
 r = json.load(open(sys.argv[1]))
@@ -163,7 +177,7 @@ print(f"ok: {host}: {said}; HCAs here: {hcas or None}; run set {told}")
 ' "$summary" >"$out/nccl.line" 2>&1; then
     say "nccl-transport" "$(cat "$out/nccl.line")"
 else
-    fail "nccl-transport" "$(tail -n 1 "$out/nccl.line")" "$summary"
+    fail "nccl-transport" "$(tail -n 1 "$out/nccl.line")" "$out/nccl.log"
 fi
 
 # gpus: auto while another process holds GPU 0 (NVML shows it): with one GPU the job is

@@ -27,6 +27,8 @@ EXPECT: dict[str, dict[str, Any]] = {
     "socket-forced-dgx.log": {"transport": "Socket", "hca": None, "sockets": "enp225s0f1"},
     "roce-macvlan-pod.log": {"transport": "IB", "hca": "mlx5_4:1", "link": "RoCE",
                              "gid_index": None},
+    "h200-nccl-2.28-sockets.log": {"transport": "Socket", "network": "Socket", "hca": None,
+                                   "sockets": "eth0", "no_ib_device": True},
 }
 
 
