@@ -35,7 +35,8 @@ EXPECT: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("name", sorted(EXPECT))
 def test_recorded_logs(name: str) -> None:
     lines = (DATA / name).read_text().splitlines()
-    assert lines[0].startswith(("# source: https://", "# source: recorded by this project"))  # every log names where it comes from
+    # every log names where it comes from: a public report, or this project's own GPU run
+    assert lines[0].startswith(("# source: https://", "# source: recorded by this project"))
     said = parse(lines)
     for key, value in EXPECT[name].items():
         assert said[key] == value, (key, said)
