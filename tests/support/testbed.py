@@ -291,8 +291,7 @@ class Testbed:
                               zip(names, slots, strict=False)]
         if port:
             lines.append(f"master: {{port: {port}}}")
-        lines.append(f"ssh: {{config_file: {self.ssh_config}, "
-                     "options: {ServerAliveInterval: 2, ServerAliveCountMax: 3}}")
+        lines.append(f"ssh: {{config_file: {self.ssh_config}}}")
         if python:
             lines.append(f"python: {python}")
         if workdir:
