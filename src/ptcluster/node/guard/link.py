@@ -10,6 +10,7 @@ nor on the guard's own looks at the machine (``watch``, another thread).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -45,12 +46,19 @@ class StopRequest:
         self.time = 0.0
         self.signal = ""
         """The name of the signal that stopped the guard, when one did."""
+        self.wake_fd, self._wake_w = os.pipe()
+        """Readable once a stop is asked (for a ``select`` that waits on a process too)."""
+        os.set_blocking(self._wake_w, False)
 
     def request(self, reason: str, by_head: bool = False, signum: int = 0) -> None:
         if not self.event.is_set():
             self.reason, self.by_head, self.time = reason, by_head, time.time()
             self.signal = signal.Signals(signum).name if signum else ""
             self.event.set()
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:  # (full: a wake-up is there already)
+                pass
 
     def is_set(self) -> bool:
         return self.event.is_set()
