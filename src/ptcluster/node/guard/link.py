@@ -149,7 +149,9 @@ class HeadLink:
         while not finished.wait(max(0.0, due - time.monotonic())):
             # (the next beat one interval after this one was due, not after its work; a beat
             # more than an interval late starts the schedule anew rather than a burst)
-            due = max(due + every, time.monotonic())
+            due += every
+            if due <= time.monotonic():
+                due = time.monotonic() + every
             beat: dict[str, Any] = {"t": time.time()}
             if self.meter is not None and not self.stop.is_set():
                 try:
