@@ -51,6 +51,24 @@ class Head:
             time.sleep(0.05)
         raise AssertionError(f"no {text!r} after {timeout} s:\n" + self.output())
 
+    def err_line(self, text: str, timeout: float = 120.0) -> str:
+        """The first stderr line with ``text``, as soon as the head printed it (polled every
+        50 ms: a caller timing it is late by that much at most)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = next((line for line in list(self.err) if text in line), None)
+            if found is not None:
+                return found
+            if self.proc.poll() is not None:
+                time.sleep(0.2)
+                found = next((line for line in list(self.err) if text in line), None)
+                if found is not None:
+                    return found
+                raise AssertionError(f"exited {self.proc.returncode} before {text!r}:\n"
+                                     + self.output())
+            time.sleep(0.05)
+        raise AssertionError(f"no {text!r} on stderr after {timeout} s:\n" + self.output())
+
     def wait(self, timeout: float = 300.0) -> int:
         try:
             code = self.proc.wait(timeout=timeout)

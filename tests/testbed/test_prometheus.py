@@ -237,7 +237,7 @@ def test_a_cut_link_is_node_up_0_and_back_to_1(served, testbed) -> None:
         assert took < 15  # 3 samples of 1 s missed, +2 s, and a scrape or two
         # a down node keeps its up series, and has no figures that would look current
         assert victim.name not in values(prom.query("ptcluster_node_cpus"), "node")
-        # ssh gives up on the session (3 alive checks 2 s apart); the monitor then tries anew
+        # ssh gives up on the session (transport.SSH_DEFAULTS: 12 s); the monitor tries anew
         # every 5 s (each try fails after ssh's 5 s ConnectTimeout while the link is down)
         deadline = time.monotonic() + 30
         while sessions(monitor, victim.name) == before and time.monotonic() < deadline:

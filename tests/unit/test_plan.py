@@ -12,7 +12,7 @@ from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan, Target, plan_launch, rank_env, replan, restart_port
 from ptcluster.node import GUARD
 from ptcluster.remote.bootstrap import BOOTSTRAP, node_argv
-from ptcluster.remote.transport import LocalTransport, SshTransport
+from ptcluster.remote.transport import SSH_DEFAULTS, LocalTransport, SshTransport
 
 CLUSTER = """
 nodes:
@@ -127,6 +127,23 @@ def test_module_target_argv() -> None:
     assert dict(node.env)["GLOO_SOCKET_IFNAME"] == "lo"
 
 
+def test_a_lost_node_is_named_within_10_s_by_the_heads_rule_with_ssh_behind_it() -> None:
+    # The budget (RunOptions.node_silence): the head names a silent node within 10 s of its
+    # last byte; at every size a live node would have to miss SILENT_BEATS beats first; ssh's
+    # own keepalive gives up later than the head's rule ((CountMax + 1) x Interval).
+    from ptcluster.launch.options import SILENT_BEATS
+
+    opts = RunOptions()
+    assert opts.lost_within <= 10.0
+    for nodes in (1, 512, 1024, 4096):
+        assert opts.node_silence >= SILENT_BEATS * opts.heartbeat_for(nodes), nodes
+    keepalive = dict(SSH_DEFAULTS)
+    gives_up = int(keepalive["ServerAliveInterval"]) * (int(keepalive["ServerAliveCountMax"]) + 1)
+    assert opts.lost_within < gives_up
+    with pytest.raises(ValueError, match="node_silence"):
+        RunOptions(node_silence=3.0)
+
+
 def test_ssh_argv_batchmode_quoting_and_user_options_first() -> None:
     ssh = SshSpec(user="ubuntu", port=2222, identity_file="/k/id", config_file="/k/cfg",
                   options=(("ServerAliveInterval", "2"), ("ProxyJump", "bastion")))
@@ -136,7 +153,8 @@ def test_ssh_argv_batchmode_quoting_and_user_options_first() -> None:
     assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "ubuntu"
     opts = [argv[i + 1] for i, a in enumerate(argv) if a == "-o"]
     assert opts.index("ServerAliveInterval=2") < opts.index("BatchMode=yes")
-    assert "ServerAliveInterval=5" not in opts  # the user's value wins, ours is not added
+    ours = dict(SSH_DEFAULTS)["ServerAliveInterval"]
+    assert ours != "2" and f"ServerAliveInterval={ours}" not in opts  # the user's value wins
     assert "ProxyJump=bastion" in opts and "ConnectTimeout=10" in opts
     assert not any("StrictHostKeyChecking" in o for o in opts)
     assert argv[-3:-1] == ["--", "n1"]
@@ -190,15 +208,15 @@ def test_the_command_others_see_names_the_program_never_its_arguments(target: Ta
 def test_heartbeats_grow_longer_only_past_a_fixed_rate_for_the_head() -> None:
     # Up to BEATS_PER_SECOND nodes every node beats every heartbeat_interval; past that the
     # interval grows so that the head takes (and sends) at most that many heartbeats a second,
-    # and never over a fifth of the shorter of the two timeouts that give a side up.
+    # and never over a quarter of the shorter of the two timeouts that give a side up.
     from ptcluster.launch.options import BEATS_PER_SECOND
 
     opts = RunOptions()
     assert [opts.heartbeat_for(n) for n in (1, 8, BEATS_PER_SECOND)] == [1.0, 1.0, 1.0]
     assert opts.heartbeat_for(2 * BEATS_PER_SECOND) == 2.0
-    assert opts.heartbeat_for(100 * BEATS_PER_SECOND) == 3.0  # (15 s of the guard's / 5)
-    assert RunOptions(node_silence=10.0).heartbeat_for(10**6) == 2.0
-    assert RunOptions(heartbeat_interval=2.5).heartbeat_for(1) == 2.5
+    assert opts.heartbeat_for(100 * BEATS_PER_SECOND) == 2.0  # (8 s of the head's / 4)
+    assert RunOptions(node_silence=20.0).heartbeat_for(10**6) == 3.75  # (15 s of the guard's)
+    assert RunOptions(heartbeat_interval=2.5, node_silence=10.0).heartbeat_for(1) == 2.5
     text = "nodes:\n" + "".join(f"  - {{host: n{i}, slots: 8}}\n" for i in range(1024))
     plan = plan_launch(parse_cluster_text(text, "c.yaml"), Target(script="t.py"), port=29500,
                        job_id="J")
@@ -213,7 +231,7 @@ def test_guards_hold_their_output_longer_only_as_the_cluster_grows() -> None:
 
     opts = RunOptions()
     assert [opts.output_hold_for(n) for n in (1, 8, W, 2 * W)] == [1 / W, 8 / W, 1.0, 2.0]
-    assert opts.output_hold_for(4 * W) == 3.0  # (a 3 s heartbeat: its ceiling)
+    assert opts.output_hold_for(4 * W) == 2.0  # (a 2 s heartbeat: its ceiling)
     text = "nodes:\n" + "".join(f"  - {{host: n{i}, slots: 8}}\n" for i in range(2))
     plan = plan_launch(parse_cluster_text(text, "c.yaml"), Target(script="t.py"), port=29500,
                        job_id="J")

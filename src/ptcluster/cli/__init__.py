@@ -3,33 +3,17 @@
 from __future__ import annotations
 
 import errno
+import importlib
 import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from typing import NoReturn
 
 import click
 
 from ptcluster import __version__
-from ptcluster.cli import (
-    bench_cmd,
-    collect_cmd,
-    doctor_cmd,
-    env_cmd,
-    init_cmd,
-    kill_cmd,
-    monitor_cmd,
-    ps_cmd,
-    push_cmd,
-    run_cmd,
-    setup_cmd,
-    stacks_cmd,
-    submit_cmd,
-    sync_cmd,
-    venvs_cmd,
-)
 from ptcluster.cli.common import CliState
 from ptcluster.cli.console import clean
 from ptcluster.errors import PtclusterError
@@ -49,17 +33,46 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 """The commands in the order a user meets them, grouped: ``--help`` and the docs' command
 reference both list them so (click lists a group's commands alphabetically by default)."""
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run_cmd", "run"), "env": ("env_cmd", "env"), "init": ("init_cmd", "init"),
+    "doctor": ("doctor_cmd", "doctor"), "bench": ("bench_cmd", "bench"),
+    "monitor": ("monitor_cmd", "monitor"), "submit": ("submit_cmd", "submit_job"),
+    "setup": ("setup_cmd", "setup"), "sync": ("sync_cmd", "sync"),
+    "stacks": ("stacks_cmd", "stacks"), "ps": ("ps_cmd", "ps"), "kill": ("kill_cmd", "kill"),
+    "push": ("push_cmd", "push_cmd"), "collect": ("collect_cmd", "collect"),
+    "venvs": ("venvs_cmd", "venvs"),
+}
+"""Each command's module in ``ptcluster.cli`` and its name there. A command's module is imported
+when that command runs (or when the help lists them all), not for every command: ``run``
+imported ``monitor --serve``'s Prometheus client, ``setup``'s wheels and ``bench``'s sweeps
+before its first node started (~40 % of the head's start-up CPU: ``benchmarks/launch_overhead``)."""
 
 
 class SectionedGroup(click.Group):
-    """A group whose help lists its commands by :data:`SECTIONS`, not alphabetically."""
+    """A group whose help lists its commands by :data:`SECTIONS`, not alphabetically, and whose
+    commands are imported when first asked for (:data:`COMMANDS`)."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attr = COMMANDS[cmd_name]
+            cmd = getattr(importlib.import_module(f"ptcluster.cli.{module}"), attr)
+            assert cmd.name == cmd_name, (cmd.name, cmd_name)
+            self.add_command(cmd)
+        return super().get_command(ctx, cmd_name)
+
+    def load_all(self) -> MutableMapping[str, click.Command]:
+        """Every command, imported (the help, the docs' reference): ``self.commands``."""
+        for name in COMMANDS:
+            self.get_command(click.Context(self), name)
+        return self.commands
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         ordered = [name for _, names in SECTIONS for name in names]
         # a command missing from SECTIONS still shows (last), never silently hidden
-        return ordered + sorted(set(self.commands) - set(ordered))
+        return ordered + sorted((set(self.commands) | set(COMMANDS)) - set(ordered))
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self.load_all()
         limit = formatter.width - 6 - max(len(n) for n in self.commands)
         listed = set()
         for title, names in (*SECTIONS, ("Other", tuple(self.list_commands(ctx)))):
@@ -88,21 +101,11 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
     configure_logging(verbose, quiet)
 
 
-cli.add_command(run_cmd.run)
-cli.add_command(env_cmd.env)
-cli.add_command(init_cmd.init)
-cli.add_command(doctor_cmd.doctor)
-cli.add_command(bench_cmd.bench)
-cli.add_command(monitor_cmd.monitor)
-cli.add_command(submit_cmd.submit_job)
-cli.add_command(setup_cmd.setup)
-cli.add_command(collect_cmd.collect)
-cli.add_command(push_cmd.push_cmd, name="push")
-cli.add_command(sync_cmd.sync)
-cli.add_command(stacks_cmd.stacks)
-cli.add_command(ps_cmd.ps)
-cli.add_command(kill_cmd.kill)
-cli.add_command(venvs_cmd.venvs)
+def all_commands() -> MutableMapping[str, click.Command]:
+    """Every command of the app, imported (the docs' reference, the tests of every command)."""
+    assert isinstance(cli, SectionedGroup)
+    return cli.load_all()
+
 
 
 class _StderrHandler(logging.Handler):

@@ -89,7 +89,7 @@ def push_data(spec: ClusterSpec, data: tuple[DataSpec, ...], *, show: bool) -> C
     return with_data(spec, data)
 
 
-@click.command(help=__doc__ + "\n\nSRC goes to the same absolute path on every node, or to "
+@click.command("push", help=__doc__ + "\n\nSRC goes to the same absolute path on every node, or to "
                "--to. Files on a node that SRC does not have are kept (as rsync keeps them) "
                "unless --delete.")
 @cluster_option

@@ -48,8 +48,9 @@ def _cell(text: str) -> str:
 
 
 def _root() -> click.Group:
-    from ptcluster.cli import cli  # (imported here: cli/__init__ imports the commands)
+    from ptcluster.cli import all_commands, cli  # (here: cli/__init__ is the app's module)
 
+    all_commands()  # (each command's module is imported when first asked for)
     return cli
 
 

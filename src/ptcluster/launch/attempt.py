@@ -25,7 +25,7 @@ from ptcluster.control.protocol import Request
 from ptcluster.control.server import Ask, HeadDoor
 from ptcluster.errors import Problem
 from ptcluster.launch.lost import explain_losses
-from ptcluster.launch.options import RunOptions
+from ptcluster.launch.options import CHECK_EVERY, RunOptions
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import AttemptRecord, RunResult
 from ptcluster.launch.rundir import RunLogs
@@ -68,7 +68,7 @@ and is handled with it. At 1024 nodes the channels hand over ~2000 batches a sec
 wake-up for each (a thread switch and the interpreter lock handed back and forth) cost more
 than the batches; a few milliseconds more before a line is logged or a stop is sent cost
 nothing."""
-TICK_SECONDS = 0.2
+TICK_SECONDS = CHECK_EVERY
 """How often the checks over every node run (silence, hang, the teardown's escalation)."""
 FLUSH_SECONDS = 0.5
 """How often the logs are written (what a crash of the head could lose at most), on jobs of up

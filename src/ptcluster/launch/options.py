@@ -24,14 +24,39 @@ writes them at once (``node.guard.outbox``; 16 ms on 8 nodes, 2 s on 1024), or w
 heartbeat, whichever comes first."""
 
 
+SILENT_BEATS = 4
+"""The fewest heartbeats a side may miss before it gives the other up (``heartbeat_for``)."""
+CHECK_EVERY = 0.2
+"""Seconds between two runs of the head's checks over every node (silence, hangs, the
+teardown's steps: ``launch.attempt``'s loop)."""
+
+
 @dataclass(kw_only=True)
 class RunOptions:
     """Timing knobs of the runner (defaults suit real clusters and the testbed alike)."""
 
     ready_timeout: float = 60.0
     """Seconds for every node to connect and pass its checks before the launch is abandoned."""
-    node_silence: float = 20.0
-    """A node whose channel brings nothing (not even a heartbeat) for this long is lost."""
+    node_silence: float = 8.0
+    """A node whose channel brings nothing (not even a heartbeat) for this long is lost; the
+    head names it within ``lost_within`` of its last byte, so within 8.2 s of a cut link or a
+    power loss (before 2026-12-04: 20 s, after ssh's keepalive gave up at 20 s).
+
+    What it is made of: a guard beats every ``heartbeat_for(nodes)`` s (1 s up to 512 nodes,
+    2 s at 1024) on a fixed schedule, from a thread that does nothing but the beat and the
+    ranks' idle seconds it carries (``guard.link``: its other looks at /proc and at the
+    kernel's log, a ``journalctl`` that may take seconds, are another thread's), and any byte
+    of the node counts, output as well. So a live node is silent about one interval; 8 s is
+    8 missed beats (4 at 1024 nodes: ``SILENT_BEATS``, the ceiling in ``heartbeat_for``).
+
+    Why it does not fire on a live node under load: ranks that take every CPU, or a node
+    capped to 25 % of one CPU (the testbed's straggler), delay the beat thread by scheduler
+    periods (~0.1 s), not seconds; a head that falls behind its reading holds the channel
+    (``remote.hub``: a held channel counts as heard), and the head of 1024 nodes reads on one
+    thread at ~11 % of a core (``benchmarks/head_scale.py``); TCP resends a lost segment
+    within ~1.4 s (three tries from Linux's 200 ms minimum timeout). ssh's own keepalive
+    (``transport.SSH_DEFAULTS``: 12 s) stays behind this rule: a backstop, and what names a
+    dead node on the channels without heartbeats."""
     heartbeat_interval: float = wire.HEARTBEAT_EVERY
     """Seconds between two heartbeats each way, head and guard, on clusters of up to
     ``BEATS_PER_SECOND`` nodes (``heartbeat_for``: longer on larger ones)."""
@@ -74,11 +99,19 @@ class RunOptions:
     """The user vouches for the file (``--trust-cluster-file``): it may name another index,
     and a package without a wheel may be built from its source on the head."""
 
+    @property
+    def lost_within(self) -> float:
+        """The most seconds from a node's last byte (so from its cut, which came after it) to
+        the head naming it lost: ``node_silence``, then the next run of the checks."""
+        return self.node_silence + CHECK_EVERY
+
     def heartbeat_for(self, nodes: int) -> float:
         """The heartbeat interval of a job on ``nodes`` nodes: ``heartbeat_interval``, or
         longer where that would exceed ``BEATS_PER_SECOND`` (1024 nodes: 2 s), but not made
-        longer than a fifth of the time either side waits before it gives the other up."""
-        ceiling = min(self.guard_heartbeat_timeout, self.node_silence) / 5
+        longer than a quarter of the time either side waits before it gives the other up
+        (``SILENT_BEATS``: past 1024 nodes the head takes more beats a second rather than
+        naming a lost node later)."""
+        ceiling = min(self.guard_heartbeat_timeout, self.node_silence) / SILENT_BEATS
         return max(self.heartbeat_interval, min(nodes / BEATS_PER_SECOND, ceiling))
 
     def output_hold_for(self, nodes: int) -> float:
@@ -104,6 +137,9 @@ class RunOptions:
         if self.stop_deadline <= self.stop_grace + 2.0:
             raise ValueError("RunOptions.stop_deadline must exceed stop_grace by more than 2 s "
                              "(the guard's own teardown must fit before its channel is cut)")
+        if self.node_silence < SILENT_BEATS * self.heartbeat_interval:
+            raise ValueError(f"RunOptions.node_silence must be at least {SILENT_BEATS} "
+                             "heartbeat intervals")
         if self.guard_heartbeat_timeout <= 2 * self.heartbeat_interval:
             raise ValueError("RunOptions.guard_heartbeat_timeout must exceed two heartbeat "
                              "intervals")

@@ -43,6 +43,9 @@ than the reads; a write or a read a few milliseconds later costs nothing."""
 BACKLOG_POLL = 0.02
 """How often the channels held back by their consumer's ``backlog()`` are looked at again (one
 call of each distinct ``backlog`` per look, however many channels it holds)."""
+EXIT_POLL = PASS_SECONDS
+"""How often a process whose streams ended is looked at until it has exited (it closes them as
+it exits: it is gone within a look or two; at 20 ms, each job's end waited ~20-40 ms here)."""
 MAX_STDERR_LINE = 64 * 1024
 """A node's stderr line longer than this is handed over in pieces of this size (it is text for
 people, like a rank's output line: ``guard.rank_server.MAX_LINE``)."""
@@ -404,7 +407,7 @@ class Hub:
         if ERR not in link.open:
             return
         if link.proc.poll() is None and time.monotonic() < until:
-            self._at(time.monotonic() + 0.02, lambda: self._last_words(link, until))
+            self._at(time.monotonic() + EXIT_POLL, lambda: self._last_words(link, until))
             return
         for _ in range(64):  # what is in the pipe, then the end (<= 4 MiB)
             if ERR not in link.open or not self._read(link, ERR):
@@ -416,7 +419,7 @@ class Hub:
         code = link.proc.poll()
         if code is None:
             if time.monotonic() - link.reap_from < REAP_WAIT:
-                self._at(time.monotonic() + 0.02, lambda: self._reap(link))
+                self._at(time.monotonic() + EXIT_POLL, lambda: self._reap(link))
                 return
             link.channel.signal(signal.SIGKILL)  # streams closed but the process lingers
             code = link.proc.wait()

@@ -188,12 +188,12 @@ class Supervisor(JobState):
             told = {"master_port": self._master_port}
             actions.append(Status(f"rendezvous port {self._master_port} (auto: the first "
                                   f"free one on {self._plan.nodes[0].host})"))
+        for host in self._nodes:  # (the go first: the line for the user after it)
+            self._enter(host, NodeState.RUNNING)
+            actions.append(Send(host, wire.Kind.GO, told))
         actions.append(Status(f"all {len(self._nodes)} node(s) ready in "
                               f"{now - self._started_at:.2f} s; starting "
                               f"{self._plan.world_size} rank(s)"))
-        for host in self._nodes:
-            self._enter(host, NodeState.RUNNING)
-            actions.append(Send(host, wire.Kind.GO, told))
         return actions
 
     def _node_output(self, e: ev.AgentOutput | ev.Malformed | ev.RankOutput,

@@ -130,6 +130,7 @@ class Guard:
         self.link.write(hello("guard"))
         threading.Thread(target=self.link.read_head, daemon=True).start()
         threading.Thread(target=self.link.heartbeat, args=(self.finished,), daemon=True).start()
+        threading.Thread(target=self.link.watch, args=(self.finished,), daemon=True).start()
         try:
             self.tmp_parent = user_tmp()
             remove_stale(self.tmp_parent)  # what guards killed by SIGKILL left

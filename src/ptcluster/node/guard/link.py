@@ -3,12 +3,14 @@ and what it sends on its own schedule (heartbeats, ``timing``, ``stacks``), and 
 the head, a signal or a lost link sets.
 
 Standard library only; a part of the guard (shipped by ``remote.bootstrap``). The heartbeat runs
-on its own thread and never waits on output (STYLE 13): how fast the head reads decides nothing.
+on its own thread and never waits on output (STYLE 13): how fast the head reads decides nothing;
+nor on the guard's own looks at the machine (``watch``, another thread).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -44,12 +46,19 @@ class StopRequest:
         self.time = 0.0
         self.signal = ""
         """The name of the signal that stopped the guard, when one did."""
+        self.wake_fd, self._wake_w = os.pipe()
+        """Readable once a stop is asked (for a ``select`` that waits on a process too)."""
+        os.set_blocking(self._wake_w, False)
 
     def request(self, reason: str, by_head: bool = False, signum: int = 0) -> None:
         if not self.event.is_set():
             self.reason, self.by_head, self.time = reason, by_head, time.time()
             self.signal = signal.Signals(signum).name if signum else ""
             self.event.set()
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:  # (full: a wake-up is there already)
+                pass
 
     def is_set(self) -> bool:
         return self.event.is_set()
@@ -129,11 +138,20 @@ class HeadLink:
     # -- on its own schedule ------------------------------------------------------------------
     def heartbeat(self, finished: threading.Event) -> None:
         """Every ``heartbeat_every`` s until ``finished`` (also during the teardown: the guard is
-        still here); stops the job when the head has been silent ``heartbeat_timeout`` s."""
+        still here), on a fixed schedule: a beat with each rank's idle seconds and nothing else.
+        The beats are what the head counts as this node's life (``RunOptions.node_silence``),
+        so no work of the guard's own may make one late: the ranks' trees, the kernel's log (a
+        ``journalctl`` may take seconds) and ``timing`` are ``watch``'s, on a thread of their
+        own. Stops the job when the head has been silent ``heartbeat_timeout`` s."""
         timeout = float(self.cfg.get("heartbeat_timeout", HEARTBEAT_TIMEOUT))
         every = float(self.cfg.get("heartbeat_every", HEARTBEAT_EVERY))
-        next_timing = time.monotonic() + timing_every(every)
-        while not finished.wait(every):
+        due = time.monotonic() + every
+        while not finished.wait(max(0.0, due - time.monotonic())):
+            # (the next beat one interval after this one was due, not after its work; a beat
+            # more than an interval late starts the schedule anew rather than a burst)
+            due += every
+            if due <= time.monotonic():
+                due = time.monotonic() + every
             beat: dict[str, Any] = {"t": time.time()}
             if self.meter is not None and not self.stop.is_set():
                 try:
@@ -141,19 +159,30 @@ class HeadLink:
                 except Exception:  # noqa: BLE001 - progress is advice; the heartbeat is not
                     pass
             self.send(Kind.HB, beat)
-            if self.machine is not None and self.ranks is not None and not self.stop.is_set():
+            if not self.stop.is_set() and time.monotonic() - self.last_hb > timeout:
+                self.stop.request(f"no heartbeat from the head for {timeout:.0f} s")
+
+    def watch(self, finished: threading.Event) -> None:
+        """Every ``heartbeat_every`` s while ranks run, until ``finished``: the ranks' trees and
+        the kernel's log (``machine``: OOM kills, Xids, sent at once), and every
+        ``timing_every`` s the ``timing`` frame. Advice: however long a look takes, it delays
+        the next look, never a heartbeat."""
+        every = float(self.cfg.get("heartbeat_every", HEARTBEAT_EVERY))
+        next_timing = time.monotonic() + timing_every(every)
+        while not finished.wait(every):
+            if self.stop.is_set():
+                continue
+            if self.machine is not None and self.ranks is not None:
                 try:
                     self.machine.scan(dict(self.ranks.probes.pids))
                     for xid in self.machine.new_xids():
                         self.send(Kind.XID, xid)
                 except Exception:  # noqa: BLE001 - advice only
                     pass
-            if time.monotonic() >= next_timing and not self.stop.is_set() and \
+            if time.monotonic() >= next_timing and \
                     self.cfg["env"].get(TIMING_OFF_VAR) != "0":
                 next_timing = time.monotonic() + timing_every(every)
                 self.send_timing()
-            if not self.stop.is_set() and time.monotonic() - self.last_hb > timeout:
-                self.stop.request(f"no heartbeat from the head for {timeout:.0f} s")
 
     def send_timing(self) -> None:
         """Each running rank's main-thread figures since the last frame and the node's, for the

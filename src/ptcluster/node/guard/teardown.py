@@ -9,6 +9,7 @@ walking /proc from its own pid (``guard.proctree``).
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import time
@@ -16,16 +17,42 @@ import time
 from ptcluster.node.guard.link import StopRequest
 from ptcluster.node.guard.proctree import descendants, reap_others, signal_tree
 
+LOOK_EVERY = 0.1
+"""Seconds between two looks at a stop request (and at orphans to reap) while torchrun runs."""
+
 
 def wait_child(child: subprocess.Popen[bytes], stop: StopRequest) -> int | None:
-    """Until torchrun ends or a stop is asked; its exit status, or None if stopped."""
-    while True:
-        code = child.poll()
-        reap_others(child.pid)
-        if code is not None:
-            return code
-        if stop.wait(0.1):
-            return None
+    """Until torchrun ends or a stop is asked; its exit status, or None if stopped. Where the
+    kernel gives a pidfd (Linux 5.3, Python 3.9), torchrun's end wakes the guard at once, as a
+    stop does: a look every ``LOOK_EVERY`` s alone added 50 ms on average to every job's end."""
+    pidfd = _pidfd(child.pid)
+    try:
+        while True:
+            code = child.poll()
+            reap_others(child.pid)
+            if code is not None:
+                return code
+            if pidfd is None:
+                if stop.wait(LOOK_EVERY):
+                    return None
+                continue
+            if stop.is_set():
+                return None
+            select.select([pidfd, stop.wake_fd], [], [], LOOK_EVERY)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` ends, or None where there is none."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        return int(pidfd_open(pid))
+    except OSError:  # (an older kernel: ENOSYS; the child already reaped: ESRCH)
+        return None
 
 
 def teardown(child: subprocess.Popen[bytes] | None, grace: float) -> int | None:
