@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,31 +14,10 @@ import pytest
 from ptcluster.cluster import parse_cluster_text
 from ptcluster.doctor.checks import run_checks
 from ptcluster.doctor.collect import collect_facts
-from ptcluster.node import wire
 from ptcluster.remote.transport import LocalTransport, Transport
+from tests.support.hostile import HostileTransport
 
 GOOD = json.loads((Path(__file__).parent / "data" / "testbed_facts.json").read_text())
-HOSTILE = """\
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import wire
-sys.stdin.readline(); sys.stdin.readline()
-sys.stdout.buffer.write(wire.hello("facts") + wire.encode("ready", json.load(open(sys.argv[2]))))
-sys.stdout.flush()
-for line in sys.stdin:
-    if not line.startswith("hb"):
-        break
-"""
-
-
-@dataclass
-class HostileTransport(Transport):
-    host: str
-    facts: Path
-
-    def argv(self, node_argv: list[str]) -> list[str]:
-        return [sys.executable, "-I", "-c", HOSTILE, str(Path(wire.__file__).parent),
-                str(self.facts)]
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:
@@ -69,7 +46,7 @@ def test_a_node_with_malformed_facts_is_its_own_failure(facts: Any, words: str,
     (tmp_path / "facts.json").write_text(json.dumps(facts))
     spec = parse_cluster_text("nodes: [{host: evil}, {host: localhost}]\n", "c.yaml")
     transports: dict[str, Transport] = {"localhost": LocalTransport(),
-                                        "evil": HostileTransport("evil",
+                                        "evil": HostileTransport("evil", "facts", "ready",
                                                                  tmp_path / "facts.json")}
     reports = collect_facts(spec, transports, master_port=0, timeout=60)
     evil, good = reports["evil"], reports["localhost"]

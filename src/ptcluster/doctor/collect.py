@@ -15,8 +15,8 @@ from ptcluster.doctor.node_report import NodeReport, address_of, interface_of
 from ptcluster.errors import Problem
 from ptcluster.node import FACTS
 from ptcluster.node.wire import Kind
-from ptcluster.remote.doctor_replies import doctor_reply
 from ptcluster.remote.group import LATE_FIX, Group, Member, NodeResult
+from ptcluster.remote.node_replies import doctor_reply
 from ptcluster.remote.replies import BadReply
 from ptcluster.remote.transport import Transport
 
@@ -107,7 +107,7 @@ def _report(r: NodeResult, begun: float) -> NodeReport:
 
 
 def _refused(r: NodeResult) -> Problem | None:
-    """Why the head does not believe the node's facts (``remote.doctor_replies``), or None."""
+    """Why the head does not believe the node's facts (``remote.node_replies``), or None."""
     if Kind.READY not in r.answers:
         return None
     try:

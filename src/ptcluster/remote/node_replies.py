@@ -1,7 +1,8 @@
-"""The schema of the doctor's ``ready`` reply (``node.doctor_facts``), checked as it arrives
-(``doctor.collect``), beside :mod:`ptcluster.remote.replies` and built from its checks.
+"""The schemas of the doctor's, kill's and the probe's replies (``node.doctor_facts``,
+``node.kill``, ``node.probe``), checked as they arrive (``doctor.collect``, ``control.kill``,
+``launch.lost``), beside :mod:`ptcluster.remote.replies` and built from its checks.
 
-What the head reads by structure (the node's hostname, its clock, ports it listens on, its
+Doctor: what the head reads by structure (the node's hostname, its clock, ports it listens on, its
 interfaces and addresses, routes, the workdir and disk) is checked field by field; the rest of
 the reply (GPUs, torch, firewall, RDMA, health) is JSON whose every string is one bounded line
 of text or a bounded note, and whose lists and tables are bounded. A reply that fails is that
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ptcluster.remote.replies import (
+    LABEL,
     MAX_WORD,
     BadReply,
     Check,
@@ -98,3 +100,36 @@ def doctor_reply(reply: Any) -> dict[str, Any]:
         raise BadReply(exc.what.replace("the node's facts are", "the node's doctor facts are", 1),
                        "check that node (a node that sends this may be compromised)") from None
     return reply
+
+
+def _answer(schema: Check, what: str, answer: Any) -> dict[str, Any]:
+    try:
+        schema(what, answer)
+    except BadReply as exc:
+        raise BadReply(exc.what.replace("the node's facts are refused: ", "", 1),
+                       "check that node (a node that sends this may be compromised)") from None
+    return dict(answer)
+
+
+def _label(where: str, value: Any) -> None:
+    if not isinstance(value, str) or len(value) > LABEL:
+        raise _bad(where, value, f"text of at most {LABEL} characters")
+
+
+KILL = record({"found": boolean, "pid": optional(number(1, 2**31)), "user": optional(_label),
+               "note_error": optional(note), "signalled": optional(boolean),
+               "error": optional(note)})
+"""``node.kill``'s ``result`` (``end_job``)."""
+BOOT = record({"boot_id": optional(word), "uptime": optional(figure), "time": figure,
+               "guard_alive": optional(boolean), "kernel": optional(listing(note, 64))})
+"""``node.probe``'s ``boot`` (``answer``)."""
+
+
+def kill_answer(answer: Any) -> dict[str, Any]:
+    """A node's kill ``result`` checked. Raises :class:`BadReply`."""
+    return _answer(KILL, "kill's answer", answer)
+
+
+def boot_answer(answer: Any) -> dict[str, Any]:
+    """A node's probe ``boot`` answer checked. Raises :class:`BadReply`."""
+    return _answer(BOOT, "the probe's answer", answer)
