@@ -15,7 +15,7 @@ from ptcluster.control import kill
 from ptcluster.launch import lost
 from ptcluster.launch.plan import Target, plan_launch
 from ptcluster.launch.result import NodeOutcome
-from ptcluster.remote.transport import Transport
+from ptcluster.remote.transport import LocalTransport, Transport
 from tests.support.hostile import HostileTransport
 
 SPEC = parse_cluster_text("nodes: [{host: good}, {host: evil}]\n", "c.yaml")
@@ -64,3 +64,12 @@ def test_a_malformed_probe_answer_is_not_believed(evil: Any, tmp_path: Path) -> 
     assert set(answers["evil"] or {}) == {"malformed"}
     what, _, lines = lost.explain(nodes[1], answers["evil"], 1.0, "lost")
     assert "malformed answer" in what and not lines and len(what) < 400
+
+
+def test_the_real_probe_programs_answer_passes_the_check() -> None:
+    spec = parse_cluster_text("nodes: [{host: localhost}]\n", "c.yaml")
+    plan = plan_launch(spec, Target(script="x.py"), port=29500, job_id="j-1")
+    nodes = [NodeOutcome(host="localhost", node_rank=0, ready=True,
+                         facts={"boot_id": "another", "pid": 1, "time": 0.0})]
+    answer = lost.probe(nodes, plan, "j-1", {"localhost": LocalTransport()})["localhost"]
+    assert answer is not None and "malformed" not in answer and answer["boot_id"], answer
