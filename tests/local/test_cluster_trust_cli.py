@@ -162,3 +162,27 @@ def test_the_users_own_program_still_imports_as_python_would(tmp_path,
                               stdin=subprocess.DEVNULL)
         assert done.returncode == 0 and f"[localhost:0] {said}" in done.stdout, \
             done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_doctors_ranks_start_in_a_private_directory(tmp_path, console_script: Path) -> None:
+    """M3's last part: the all-reduce's ranks start in a private temporary directory, not the
+    current one, so a module planted there is not found even where '.' or '' stays on sys.path
+    (here: ``PYTHONPATH=.``, which Python keeps as given, and a ``sitecustomize.py`` that the
+    ranks' interpreters import at start). On 2094e8b the ranks imported it."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "sitecustomize.py").write_text(
+        "import os\nif 'RANK' in os.environ:\n"
+        f"    open(os.path.join({str(tmp_path)!r}, 'rank' + os.environ['RANK'] + '.ran'), "
+        "'w').write(os.getcwd())\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in (TRUST, "PTCLUSTER_CLUSTER") and not k.startswith("SLURM_")}
+    done = subprocess.run([str(console_script), "doctor", "--nproc", "2"], cwd=repo,
+                          env={**env, "XDG_STATE_HOME": str(tmp_path / "state"),
+                               "PYTHONPATH": "."},
+                          capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL)
+    assert sorted(p.name for p in tmp_path.glob("*.ran")) == [], done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all-reduce: localhost: 2 ranks over gloo: result verified" in done.stdout

@@ -23,6 +23,8 @@ from ptcluster.node import KILL
 from ptcluster.node.wire import Kind
 from ptcluster.remote.connect import transports
 from ptcluster.remote.group import Member, ask_all
+from ptcluster.remote.node_replies import kill_answer
+from ptcluster.remote.replies import BadReply
 
 ANSWER_TIMEOUT = 5.0
 """Seconds a head has to take the request (it answers at once; the stop goes on after)."""
@@ -103,6 +105,11 @@ def stop_through_guards(spec: ClusterSpec, job_id: str, signame: str, by: dict[s
         answer = node.answers.get(Kind.RESULT)
         if answer is None:
             failed[host] = "no answer" if node.problem is None else node.problem.what
+            continue
+        try:
+            answer = kill_answer(answer)
+        except BadReply as exc:
+            failed[host] = f"it sent a malformed answer: {exc.what}"
             continue
         if answer.get("signalled"):
             signalled.append(host)

@@ -16,6 +16,8 @@ from ptcluster.errors import Problem
 from ptcluster.node import FACTS
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import LATE_FIX, Group, Member, NodeResult
+from ptcluster.remote.node_replies import doctor_reply
+from ptcluster.remote.replies import BadReply
 from ptcluster.remote.transport import Transport
 
 RING_EXTRA = 2
@@ -53,7 +55,8 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
         # Connectivity, as the job would use it: every node to the master port (by the master's
         # name, as MASTER_ADDR is used), and to every peer's ephemeral port on its NCCL/Gloo
         # address.
-        facts = {h: r.answers[Kind.READY] for h, r in group.result.succeeded.items()}
+        facts = {h: r.answers[Kind.READY] for h, r in group.result.succeeded.items()
+                 if _refused(r) is None}
         waiting = []
         for node in spec.nodes:
             if node.host in facts and group.alive(node.host):
@@ -89,6 +92,11 @@ def _targets(spec: ClusterSpec, peers: list[NodeSpec],
 def _report(r: NodeResult, begun: float) -> NodeReport:
     """The doctor's report of one node from its outcome (``begun``: when the channels started)."""
     report = NodeReport(host=r.host, problem=r.problem, exit_code=r.exit_code, stderr=r.stderr)
+    refused = _refused(r)
+    if refused is not None:  # that node's failure (exit code None: "no answer" we believe)
+        report.problem = refused
+        report.exit_code = None
+        return report
     if Kind.READY in r.answers:
         report.facts = facts = r.answers[Kind.READY]
         came, at = r.came[Kind.READY]
@@ -96,3 +104,14 @@ def _report(r: NodeResult, begun: float) -> NodeReport:
         report.clock_offset = round(facts["time"] - at, 3)
     report.connects = r.answers.get(Kind.CONNECT, {}).get("results", [])
     return report
+
+
+def _refused(r: NodeResult) -> Problem | None:
+    """Why the head does not believe the node's facts (``remote.node_replies``), or None."""
+    if Kind.READY not in r.answers:
+        return None
+    try:
+        doctor_reply(r.answers[Kind.READY])
+    except BadReply as exc:
+        return Problem(None, exc.what, exc.fix)
+    return None

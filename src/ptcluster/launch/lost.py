@@ -24,6 +24,8 @@ from ptcluster.launch.result import Failure, FailureKind, NodeOutcome
 from ptcluster.node import PROBE
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import Group, Member
+from ptcluster.remote.node_replies import boot_answer
+from ptcluster.remote.replies import BadReply
 from ptcluster.remote.transport import Transport
 
 PROBE_TIMEOUT = 4.0
@@ -60,7 +62,18 @@ def probe(nodes: Sequence[NodeOutcome], plan: LaunchPlan, job_id: str,
         group.wait(Kind.BOOT, PROBE_TIMEOUT)
     finally:
         result = group.close(timeout=CLOSE_TIMEOUT)
-    return {h: r.answers.get(Kind.BOOT) for h, r in result.nodes.items()}
+    return {h: _checked(r.answers.get(Kind.BOOT)) for h, r in result.nodes.items()}
+
+
+def _checked(answer: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A probe's answer checked (``remote.node_replies``); a malformed one is kept only as
+    ``{"malformed": why}`` (the node's words are not believed)."""
+    if answer is None:
+        return None
+    try:
+        return boot_answer(answer)
+    except BadReply as exc:
+        return {"malformed": exc.what}
 
 
 def explain_losses(failures: Sequence[Failure], nodes: Sequence[NodeOutcome], plan: LaunchPlan,
@@ -100,6 +113,9 @@ def explain(node: NodeOutcome, answer: dict[str, Any] | None, lost_at: float,
         return (NO_ANSWER, "check its power and its network (a console, the BMC); "
                            "`ptcluster doctor` once it is back; with --max-restarts and "
                            "--min-nodes a restart goes on without it", [])
+    if "malformed" in answer:
+        return (f"answered the head's probe with a malformed answer ({answer['malformed']})",
+                "check that node (a node that sends this may be compromised)", [])
     before, now = facts.get("boot_id"), answer.get("boot_id")
     if before and now and before != now:
         booted = float(answer.get("time") or 0.0) - float(answer.get("uptime") or 0.0)

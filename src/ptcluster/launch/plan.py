@@ -114,7 +114,8 @@ class NodePlan:
         """Everything the node's guard is told (plus the runner's timing knobs): its config
         line, typed where both ends read it (``node.wire.GuardConfig``)."""
         target = {"script": self.target.script} if self.target.script else \
-            {"module": self.target.module} if self.target.module else {}
+            {"module": self.target.module} if self.target.module else \
+            {"cwd": wire.PRIVATE_CWD}
         return {
             "job_id": plan.job_id, "argv": list(self.argv), "env": dict(self.env),
             "workdir": self.workdir, "target": target,

@@ -133,6 +133,10 @@ it fits under this (``guard.progress.fit_stacks``); the rest are far smaller (se
 output is cut at 4000 characters, a rank's output line at 64 KiB)."""
 
 
+PRIVATE_CWD = "private"
+"""``GuardConfig.target["cwd"]`` of shipped code: its ranks start in a private directory."""
+
+
 class GuardConfig(TypedDict, total=False):
     """What the head tells a guard (its config line; ``launch.plan.NodePlan.guard_config``)."""
 
@@ -145,7 +149,9 @@ class GuardConfig(TypedDict, total=False):
     """Set where the node has no value of its own."""
     workdir: str
     target: dict[str, str]
-    """``{"script": PATH}`` or ``{"module": NAME}``, checked before the job starts."""
+    """``{"script": PATH}`` or ``{"module": NAME}``, checked before the job starts; or
+    ``{"cwd": PRIVATE_CWD}`` (shipped code: ptcluster's own rank programs), which starts in a
+    private directory of the guard's, removed with it (SECURITY-REVIEW M3)."""
     check_port: int | str | None
     """The master's rendezvous port to lease (``"auto"``: take a free one); None elsewhere."""
     head: str

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from ptcluster.errors import Problem
+from ptcluster.launch.result import Failure, FailureKind
 from ptcluster.node import wire
 
 
@@ -185,6 +186,9 @@ class Malformed:
     host: str
     line: str
     error: str
+    kind: str = ""
+    """The frame's kind when it is one the head reads (a malformed one is the node's failure);
+    "" for a line that is no frame of a known kind (shown as the node's line)."""
 
 
 @dataclass(frozen=True)
@@ -210,65 +214,121 @@ def decode(host: str, line: str) -> Event:
     try:
         if kind in (wire.Kind.OUT, wire.Kind.ERR):
             rank, _, text = payload.partition(" ")
-            return RankOutput(host, int(rank), "out" if kind == wire.Kind.OUT else "err", text)
+            return RankOutput(host, rank_key(rank), "out" if kind == wire.Kind.OUT else "err", text)
         if kind == wire.Kind.AGENT:
             return AgentOutput(host, payload)
         body = wire.control(payload)
         return _control(host, kind, body)
-    except (ValueError, KeyError, TypeError) as exc:
-        return Malformed(host, line, f"{type(exc).__name__}: {exc}")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        known = kind in KNOWN and not isinstance(exc, UnknownKind)
+        return Malformed(host, line[:MOST_TEXT], f"{type(exc).__name__}: {str(exc)[:200]}",
+                         kind if known else "")
+
+
+class UnknownKind(ValueError):
+    """A frame of a kind the head does not read."""
+
+
+KNOWN = frozenset(vars(wire.Kind)[k] for k in vars(wire.Kind) if k.isupper())
+"""Every frame kind of the wire protocol."""
+MOST_TEXT = 1 << 16
+"""Longest text field of a control frame the head keeps (a traceback's last lines)."""
+MOST_RANK = 1 << 24
+
+
+def bounded(value: Any, low: int, high: int, what: str) -> int:
+    """``value`` as an int in ``[low, high]`` (pure; a bool or a float is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{what} {str(value)[:40]!r} is not a whole number from {low} to {high}")
+    return value
+
+
+def rank_of(value: Any) -> int:
+    """A rank number: a JSON int in ``[0, MOST_RANK]``."""
+    return bounded(value, 0, MOST_RANK, "rank")
+
+
+def rank_key(text: str) -> int:
+    """A rank number written as text (a table's key, a text frame's field): ASCII digits."""
+    return rank_of(int(text) if text.isascii() and text.isdigit() and len(text) < 12 else None)
+
+
+def moment(value: Any, what: str = "t") -> float:
+    """A finite time or duration (an int or a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not -1e12 < value < 1e12:  # (NaN and inf fail too)
+        raise ValueError(f"{what} {str(value)[:40]!r} is not a finite number")
+    return float(value)
+
+
+def said(value: Any, what: str) -> str:
+    """A text field: a string of at most :data:`MOST_TEXT` characters (None: "")."""
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > MOST_TEXT:
+        raise ValueError(f"{what} is not text of at most {MOST_TEXT} characters")
+    return value
+
+
+def pid_of(value: Any) -> int:
+    return bounded(value, 1, 1 << 31, "pid")
 
 
 def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == wire.Kind.HB:
         idle = body.get("idle")
-        return Heartbeat(host, _opt_float(body.get("t")),
-                         None if idle is None else {int(r): float(s) for r, s in idle.items()})
+        return Heartbeat(host, _opt_float(body.get("t")), None if idle is None else
+                         {rank_key(r): moment(s, "idle") for r, s in idle.items()})
     if kind == wire.Kind.TIMING:
-        return Timing(host, {int(r): dict(v) for r, v in (body.get("ranks") or {}).items()},
+        return Timing(host, {rank_key(r): dict(v) for r, v in (body.get("ranks") or {}).items()},
                       dict(body.get("node") or {}))
     if kind == wire.Kind.STACKS:
         ident = body.get("id")
         return StacksReply(host, None if ident is None else int(ident),
-                           {int(r): dict(v) for r, v in (body.get("ranks") or {}).items()})
+                           {rank_key(r): dict(v) for r, v in (body.get("ranks") or {}).items()})
     if kind == wire.Kind.RERROR:
         num = body.get("errno")
-        return RankError(host, int(body["rank"]), float(body["t"]), str(body.get("text", "")),
-                         str(body.get("exc") or ""), None if num is None else int(num),
-                         str(body.get("filename") or ""),
+        return RankError(host, rank_of(body["rank"]), moment(body["t"]),
+                         said(body.get("text"), "text"), said(body.get("exc"), "exc"),
+                         None if num is None else bounded(num, 0, 1 << 16, "errno"),
+                         said(body.get("filename"), "filename"),
                          cast(wire.DiskFacts, body["disk"]) if body.get("disk") else None,
-                         str(body.get("usage") or ""))
+                         said(body.get("usage"), "usage"))
     if kind == wire.Kind.STOPPING:
         signal = str(body.get("signal") or "")
-        return GuardStopping(host, str(body.get("reason", "")), float(body["t"]), signal,
+        return GuardStopping(host, said(body.get("reason"), "reason"), moment(body["t"]), signal,
                              killed_by(str(body.get("killed_by") or "")) if signal else "")
     if kind == wire.Kind.RSTART:
-        return RankStart(host, int(body["rank"]), int(body["pid"]), float(body["t"]),
-                         str(body.get("python") or ""))
+        return RankStart(host, rank_of(body["rank"]), pid_of(body["pid"]), moment(body["t"]),
+                         said(body.get("python"), "python"))
     if kind == wire.Kind.REXIT:
         code = body.get("code")
-        return RankExit(host, int(body["rank"]), None if code is None else int(code),
-                        float(body["t"]), _opt_float(body.get("duration")),
+        return RankExit(host, rank_of(body["rank"]),
+                        None if code is None else bounded(code, -(1 << 31), 1 << 31, "code"),
+                        moment(body["t"]), _opt_float(body.get("duration")),
                         cast(wire.OomFacts, body["oom"]) if body.get("oom") else None,
                         tuple(cast(list[wire.XidFacts], body.get("xids") or [])))
     if kind == wire.Kind.XID:
         int(body["xid"])  # (a frame without its Xid is malformed)
         return GpuError(host, cast(wire.XidFacts, body))
     if kind == wire.Kind.RDATA:
-        return RankData(host, int(body.pop("rank")), body)
+        return RankData(host, rank_of(body.pop("rank")), body)
     if kind == wire.Kind.HELLO:
-        return Hello(host, int(body["v"]), int(body["pid"]), float(body["time"]))
+        return Hello(host, bounded(body["v"], 0, 1 << 16, "v"), pid_of(body["pid"]),
+                     moment(body["time"], "time"))
     if kind == wire.Kind.READY:
         return Ready(host, cast(wire.ReadyFacts, body))
     if kind == wire.Kind.ERROR:
-        said = Problem(host, str(body["problem"]), str(body.get("fix") or "") or None)
-        return GuardRefused(host, said, bool(body.get("busy")), bool(body.get("unhealthy")))
+        problem = Problem(host, said(body["problem"], "problem"),
+                          said(body.get("fix"), "fix") or None)
+        return GuardRefused(host, problem, bool(body.get("busy")), bool(body.get("unhealthy")))
     if kind == wire.Kind.STARTED:
-        return Started(host, int(body["pid"]))
+        return Started(host, pid_of(body["pid"]))
     if kind == wire.Kind.EXIT:
-        return GuardExit(host, int(body["code"]), str(body.get("reason", "")),
-                         str(body.get("error") or ""), nccl_chosen(body.get("nccl")))
-    raise ValueError(f"unknown frame kind {kind!r}")
+        return GuardExit(host, bounded(body["code"], -(1 << 31), 1 << 31, "code"),
+                         said(body.get("reason"), "reason"), said(body.get("error"), "error"),
+                         nccl_chosen(body.get("nccl")))
+    raise UnknownKind(f"unknown frame kind {kind!r}")
 
 
 _KILLER = re.compile(re.escape(wire.KILLED_BY)
@@ -308,4 +368,12 @@ def nccl_chosen(said: Any) -> dict[str, Any] | None:
 
 
 def _opt_float(value: Any) -> float | None:
-    return None if value is None else float(value)
+    return None if value is None else moment(value)
+
+
+def malformed(e: Malformed, at: float) -> Failure:
+    """The node's failure for a malformed frame of a kind the head reads (pure)."""
+    return Failure(host=e.host, rank=None, at=at, kind=FailureKind.GUARD,
+                   message=f"node {e.host} sent a malformed {e.kind} frame: {e.error}",
+                   fix="check that node: its guard does not send this (a node that does may "
+                       "be compromised, or run another ptcluster version)")

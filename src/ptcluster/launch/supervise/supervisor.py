@@ -199,10 +199,12 @@ class Supervisor(JobState):
     def _node_output(self, e: ev.AgentOutput | ev.Malformed | ev.RankOutput,
                      now: float) -> list[Action]:
         """The node's own lines (torchrun, ssh), and frames that are not what they should be
-        (the output of a rank the node does not run: rank lines take the runner's short path)."""
+        (a rank the node does not run; a malformed frame of a known kind: the node's failure)."""
         text = e.text if isinstance(e, ev.AgentOutput) else e.line \
             if isinstance(e, ev.Malformed) else f"(rank {e.rank}?) {e.text}"
-        return [NodeLine(e.host, text, show=not self.stopping)]
+        line: list[Action] = [NodeLine(e.host, text, show=not self.stopping)]
+        return line + (self._fail(ev.malformed(e, self.wall(now)), now)
+                       if isinstance(e, ev.Malformed) and e.kind else [])
 
     def _rank_data(self, e: ev.RankData, now: float) -> list[Action]:
         if e.data.get("kind") in PROGRESS_REPORTS:  # the job's life: ours; the rest: the caller's
@@ -434,7 +436,6 @@ class Supervisor(JobState):
         if self._phase is not Phase.DONE and not unfinished:
             self._phase = Phase.DONE
 
-    # -- lookups ------------------------------------------------------------------------------
     def _rank(self, host: str, rank: int) -> RankLife | None:
         """The rank's life, if ``host`` runs that rank (else a report that makes no sense)."""
         life = self._ranks.get(rank)
@@ -442,7 +443,6 @@ class Supervisor(JobState):
 
     def _corrected(self, host: str, node_time: float) -> float:
         return node_time - (self._nodes[host].clock_offset or 0.0)
-
 
 
 def _unhandled(event: NoReturn) -> NoReturn:

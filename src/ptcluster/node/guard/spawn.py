@@ -32,7 +32,7 @@ from ptcluster.node.rank_wire import (
     TORCHRUN_LOG_VAR,
 )
 from ptcluster.node.rdma import fallback_cause, read_rdma
-from ptcluster.node.wire import GuardConfig, Kind, ReadyFacts, encode_text
+from ptcluster.node.wire import PRIVATE_CWD, GuardConfig, Kind, ReadyFacts, encode_text
 
 PR_SET_PDEATHSIG = 1
 HANDED: dict[str, str] = dict(getattr(getattr(__spec__, "loader", None), "files", None) or {})
@@ -169,12 +169,23 @@ def agent_argv(argv: list[str], tmpdir: str) -> list[str]:
     return [argv[0], "-c", AGENT_BOOT, os.path.join(tmpdir, AGENT_FILE), *argv[3:]]
 
 
+def start_dir(cfg: GuardConfig, tmpdir: str) -> str:
+    """Where torchrun and its ranks start: the workdir; for shipped code (``PRIVATE_CWD``) a
+    new directory in the job's private ``tmpdir`` (removed with it), so that nothing in the
+    workdir (a cloned repository) is found through '' or '.' on ``sys.path``."""
+    if (cfg.get("target") or {}).get("cwd") != PRIVATE_CWD:
+        return cfg["workdir"]
+    path = os.path.join(tmpdir, "cwd")
+    os.mkdir(path, 0o700)
+    return path
+
+
 def start_torchrun(cfg: GuardConfig, env: dict[str, str],
                    tmpdir: str) -> subprocess.Popen[bytes]:
     """torchrun, its output (the agent's own: the ranks' comes through the rank server) on one
     pipe."""
     return subprocess.Popen(
-        agent_argv(node_python(cfg["argv"]), tmpdir), cwd=cfg["workdir"], env=env,
+        agent_argv(node_python(cfg["argv"]), tmpdir), cwd=start_dir(cfg, tmpdir), env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=child_setup(under_slurm()),
     )

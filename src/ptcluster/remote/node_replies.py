@@ -1,0 +1,135 @@
+"""The schemas of the doctor's, kill's and the probe's replies (``node.doctor_facts``,
+``node.kill``, ``node.probe``), checked as they arrive (``doctor.collect``, ``control.kill``,
+``launch.lost``), beside :mod:`ptcluster.remote.replies` and built from its checks.
+
+Doctor: what the head reads by structure (the node's hostname, its clock, ports it listens on, its
+interfaces and addresses, routes, the workdir and disk) is checked field by field; the rest of
+the reply (GPUs, torch, firewall, RDMA, health) is JSON whose every string is one bounded line
+of text or a bounded note, and whose lists and tables are bounded. A reply that fails is that
+node's failed ``reach`` check, named; the node's facts are never kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ptcluster.remote.replies import (
+    LABEL,
+    MAX_WORD,
+    BadReply,
+    Check,
+    _bad,
+    boolean,
+    figure,
+    hostname,
+    listing,
+    mapping,
+    number,
+    optional,
+    record,
+    word,
+)
+
+MOST_ITEMS = 4096
+"""Longest list, most keys of a table in a doctor's reply."""
+MOST_NOTE = 16 * MAX_WORD
+"""Longest text in a doctor's reply (a tool's error output)."""
+PORT = number(0, 65535)
+
+
+def note(where: str, value: Any) -> None:
+    if not isinstance(value, str) or len(value) > MOST_NOTE:
+        raise _bad(where, value, f"text of at most {MOST_NOTE} characters")
+
+
+def bounded(where: str, value: Any, depth: int = 0) -> None:
+    """Any JSON of at most 12 levels, its lists and tables at most :data:`MOST_ITEMS` long,
+    its strings notes."""
+    if depth > 12:
+        raise _bad(where, value, "JSON of at most 12 levels")
+    if isinstance(value, str):
+        note(where, value)
+    elif isinstance(value, (dict, list)):
+        if len(value) > MOST_ITEMS:
+            raise _bad(where, value, f"at most {MOST_ITEMS} items")
+        for k, v in (value.items() if isinstance(value, dict) else enumerate(value)):
+            if isinstance(k, str):
+                word(f"{where} key", k)
+            bounded(f"{where}.{k}", v, depth + 1)
+    elif isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
+        figure(where, value)
+    elif value is not None and not isinstance(value, bool):
+        raise _bad(where, value, "JSON")
+
+
+ADDRS = listing(word, 64)
+ROUTE = record({"addrs": ADDRS, "route_dev": optional(word)})
+FIELDS: dict[str, Check] = {
+    "time": figure, "hostname": hostname, "hostname_addrs": ADDRS,
+    "python": record({"executable": word, "version": word}),
+    "workdir": record({"path": word, "exists": boolean, "writable": boolean}),
+    "peers": mapping(ROUTE),
+    "master": optional(record({"addrs": ADDRS, "route_dev": optional(word),
+                               "interface": optional(word), "interface_error": optional(note)})),
+    "interfaces": listing(record({"name": word, "up": optional(boolean), "ipv4": ADDRS}),
+                          MOST_ITEMS),
+    "interfaces_error": optional(note),
+    "ephemeral_range": optional(listing(PORT, 2)),
+    "shm": optional(record({"free": number(0, 2**62), "total": number(0, 2**62)})),
+    "disk": optional(record({"free": number(0, 2**62), "total": number(0, 2**62)})),
+    "listening": record({"master": optional(PORT), "ephemeral": optional(PORT),
+                         "master_error": optional(note), "ephemeral_error": optional(note)}),
+}
+"""The keys the doctor reads by structure, each with its check; the others are
+:func:`bounded`."""
+REQUIRED = ("time", "hostname", "workdir", "interfaces", "listening")
+
+
+def doctor_reply(reply: Any) -> dict[str, Any]:
+    """The doctor's facts ``reply`` checked. Raises :class:`BadReply`."""
+    try:
+        if not isinstance(reply, dict) or len(reply) > 64:
+            raise _bad("the reply", reply, "a table of at most 64 keys")
+        for key in REQUIRED:
+            if key not in reply:
+                raise _bad(key, None, "there")
+        for key, value in reply.items():
+            word("a key", key)
+            FIELDS.get(key, bounded)(key, value)
+    except BadReply as exc:
+        raise BadReply(exc.what.replace("the node's facts are", "the node's doctor facts are", 1),
+                       "check that node (a node that sends this may be compromised)") from None
+    return reply
+
+
+def _answer(schema: Check, what: str, answer: Any) -> dict[str, Any]:
+    try:
+        schema(what, answer)
+    except BadReply as exc:
+        raise BadReply(exc.what.replace("the node's facts are refused: ", "", 1),
+                       "check that node (a node that sends this may be compromised)") from None
+    return dict(answer)
+
+
+def _label(where: str, value: Any) -> None:
+    if not isinstance(value, str) or len(value) > LABEL:
+        raise _bad(where, value, f"text of at most {LABEL} characters")
+
+
+KILL = record({"found": boolean, "pid": optional(number(1, 2**31)), "user": optional(_label),
+               "note_error": optional(note), "signalled": optional(boolean),
+               "error": optional(note)})
+"""``node.kill``'s ``result`` (``end_job``)."""
+BOOT = record({"boot_id": optional(word), "uptime": optional(figure), "time": figure,
+               "guard_alive": optional(boolean), "kernel": optional(listing(note, 64))})
+"""``node.probe``'s ``boot`` (``answer``)."""
+
+
+def kill_answer(answer: Any) -> dict[str, Any]:
+    """A node's kill ``result`` checked. Raises :class:`BadReply`."""
+    return _answer(KILL, "kill's answer", answer)
+
+
+def boot_answer(answer: Any) -> dict[str, Any]:
+    """A node's probe ``boot`` answer checked. Raises :class:`BadReply`."""
+    return _answer(BOOT, "the probe's answer", answer)
