@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import signal
 import socket
 import stat
@@ -284,7 +285,7 @@ def test_two_users_jobs_at_once_get_disjoint_gpus_own_ports_and_both_finish(
 def check_lease_dirs(bed: tb.Testbed, users: dict[str, User], jobs: dict[str, str]) -> None:
     """On every node: /run/lock is root's, mode 1777 (as boot made it: nothing of ptcluster's
     changed it or made a directory in it); every ``ptcluster-*`` file in it belongs to the user
-    its record names (records ``NAME.UID.json`` world-readable, lock files created by their
+    its record names (records ``NAME.UID.RAND.json`` world-readable, lock files created by their
     holders), and each job's leases are there."""
     for node in bed.nodes:
         d = bed.node_root(node) / "run/lock"
@@ -300,11 +301,13 @@ def check_lease_dirs(bed: tb.Testbed, users: dict[str, User], jobs: dict[str, st
             assert stat.S_ISREG(st.st_mode), entry
             assert st.st_uid in names, (node.name, entry, st.st_uid)
             if entry.endswith(".json"):
-                assert int(entry.rsplit(".", 2)[1]) == st.st_uid, entry
+                # NAME.UID.RAND.json (a lease's record, unpredictable: L1) or NAME.UID.json
+                named = re.fullmatch(r"(?P<name>.+?)\.(?P<uid>\d+)(?:\.[0-9a-f]+)?\.json", entry)
+                assert named is not None and int(named["uid"]) == st.st_uid, entry
                 assert stat.S_IMODE(st.st_mode) == 0o644, (entry, oct(st.st_mode))
                 record = json.loads((d / entry).read_text())
                 assert record["user"] == names[st.st_uid] == jobs[record["job_id"]], record
-                records[entry.rsplit(".", 2)[0]] = st.st_uid
+                records[named["name"]] = st.st_uid
         for entry in ours:
             if entry.endswith(".lock"):  # held now: made by the holder, whose record is beside
                 assert records[entry[:-len(".lock")]] == os.lstat(d / entry).st_uid, entry

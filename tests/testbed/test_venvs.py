@@ -28,6 +28,7 @@ from ptcluster.launch.api import prepare
 from ptcluster.launch.plan import Target
 from ptcluster.launch.result import RunResult
 from ptcluster.launch.runner import Runner
+from ptcluster.node.blobs import PART_PREFIX
 from ptcluster.remote.connect import transports
 from ptcluster.venvs import nodes
 from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
@@ -240,11 +241,12 @@ def test_full_disk_on_one_node_named_partial_removed_other_built(project: Projec
         shipped = ship_all(project, choose)
         problem = shipped.nodes[n0.name].problem
         assert problem is not None and problem.who == n0.name, shipped.nodes
-        assert problem.what.startswith(f"the disk is full at {store}/sha256/.part-"), problem
+        assert problem.what.startswith(f"the disk is full at {store}/sha256/{PART_PREFIX}"), \
+            problem
         assert " bytes free)" in problem.what and problem.fix and "--prune" in problem.fix
         left = project.bed.root_exec(n0, "sh", "-c", f"ls -A {store}/sha256; ls -A "
                                      f"/home/{USER}/.ptcluster/envs")
-        assert ".part-" not in left.stdout and ".build-" not in left.stdout, left.stdout
+        assert PART_PREFIX not in left.stdout and ".build-" not in left.stdout, left.stdout
         assert shipped.nodes[n1.name].state == BUILT  # the other node's work goes on
     finally:
         project.bed.root_exec(n0, "umount", store)
