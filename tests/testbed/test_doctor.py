@@ -153,8 +153,11 @@ def compute(report: dict) -> dict[str, dict]:
 
 
 def test_doctor_names_the_slow_node_and_only_it(testbed, tmp_path) -> None:
-    """One node capped to 25 % of a CPU (a cgroup quota around its sshd): the compute probe
-    names it, with its figure and the others' median; balanced, no node is named."""
+    """One node capped to 10 % of a CPU (a cgroup quota around its sshd): the compute probe
+    names it, with its figure and the others' median; balanced, no node is named. (At 25 % the
+    cap was within the others' own share on a loaded machine: 1.22x, no warning, in a CI run
+    beside other work; a cap well under any share the others get keeps the test about the
+    probe, not about the machine's load.)"""
     from tests.support.testbed import cpu_capped
 
     path = cluster(testbed, tmp_path, port=29593)
@@ -165,7 +168,7 @@ def test_doctor_names_the_slow_node_and_only_it(testbed, tmp_path) -> None:
     assert all(f["status"] == "ok" for f in balanced.values()), balanced
     assert len(report["allreduce"]["compute_s"]) == 4
     slow = testbed.nodes[2]
-    with cpu_capped(slow, 25):
+    with cpu_capped(slow, 10):
         code, report = doctor(path, tmp_path)
     assert code == 0, failures(report)  # a warning, not a failure
     found = compute(report)
