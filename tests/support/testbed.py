@@ -393,23 +393,32 @@ CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 def cpu_capped(node: Node, percent: int) -> Iterator[Path]:
     """Cap what ``node`` starts from now on to ``percent`` % of one CPU: its sshd goes into a
     cgroup v1 ``cpu`` group with that quota (per 100 ms period), so every session and job it
-    starts inherits it. Undone even on failure: every task back to the root group, the group
-    removed. Skips where the cpu controller is not mounted."""
+    starts inherits it (``cpu_quota``)."""
+    with cpu_quota(int(node.sshd_pidfile.read_text().strip()), percent,
+                   f"{os.getpid()}-{node.index}") as group:
+        yield group
+
+
+@contextlib.contextmanager
+def cpu_quota(pid: int, percent: int, name: str) -> Iterator[Path]:
+    """``pid`` (and what it starts from now on) in a cgroup v1 ``cpu`` group of ``percent`` %
+    of one CPU per 100 ms period. Undone even on failure: every task back to the root group,
+    the group removed. Skips where the cpu controller is not mounted."""
     if not (CPU_CGROUP / "tasks").exists():
         pytest.skip("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
-    group = CPU_CGROUP / f"ptcluster-test-{os.getpid()}-{node.index}"
+    group = CPU_CGROUP / f"ptcluster-test-{name}"
     group.mkdir()
     try:
         (group / "cpu.cfs_period_us").write_text("100000")
         (group / "cpu.cfs_quota_us").write_text(str(percent * 1000))
-        (group / "tasks").write_text(node.sshd_pidfile.read_text().strip())
+        (group / "tasks").write_text(str(pid))
         yield group
     finally:
         for _ in range(50):  # tasks may still be forking while we move them
             tasks = (group / "tasks").read_text().split()
-            for pid in tasks:
+            for task in tasks:
                 try:
-                    (CPU_CGROUP / "tasks").write_text(pid)
+                    (CPU_CGROUP / "tasks").write_text(task)
                 except OSError:
                     pass  # it ended meanwhile
             try:

@@ -15,7 +15,12 @@ from tests.support.head import only_run, run_head
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 JOB = Path(__file__).resolve().parents[1] / "programs" / "straggler_job.py"
-CAP_PERCENT = 25
+CAP_PERCENT = 10
+"""At 25 % a CI run named the rank at 1.8x with "why unknown" (its main thread slept while its
+own communication threads waited for the quota), and beside two busy loops it was named only
+after 1365 of 1540 steps: the ratio hovered at the threshold. At 10 %, beside the same two
+loops: 6.1x, named in time, its CPU named saturated. A cap well under any share the other ranks
+get keeps the test about the report, not about the machine's load."""
 WITHIN_SHARE = 0.5
 """The share of rank 0's steps (in its 30 s) before the first report. The report needs a full
 window (3 reports of 2 s from every rank, collectives completed in each, so the first is after

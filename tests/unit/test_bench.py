@@ -1,10 +1,9 @@
-"""`ptcluster bench` without a job: the nccl-tests formulas, its config, the plots, and the CLI on
-a recorded sweep."""
+"""`ptcluster bench` without a job: the nccl-tests formulas, its config, the plots' ticks, and the
+CLI on a recorded sweep (the plots themselves: ``tests/local/test_bench_plots.py``)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -19,14 +18,13 @@ from ptcluster.bench.formulas import (
 )
 from ptcluster.bench.plot import (
     number_label,
-    pairs_path,
     size_label,
     size_ticks,
     time_ticks,
-    write_plots,
 )
 from ptcluster.bench.sweep import BenchConfig, BenchResult, Row, worker_config
 from ptcluster.errors import UsageError
+from tests.support.sweeps import sweep_result
 
 
 @pytest.mark.parametrize("op,n,factor", [
@@ -202,53 +200,6 @@ def test_time_ticks_are_round_and_few() -> None:
     assert time_ticks(610, 790) == [700]
     assert [number_label(t) for t in (20, 1500, 10**6, 0.5)] == ["20", "1,500", "1,000,000",
                                                                  "0.5"]
-
-
-def sweep_result(pairs: bool) -> BenchResult:
-    rows = []
-    for op in OPS:
-        for e in range(3, 21):
-            size, seconds = 1 << e, 20e-6 + (1 << e) / 50e9
-            algbw, busbw = bandwidths(op, size, seconds, 8)
-            rows.append(Row(op=op, size=size, count=size // 4, type="float32", redop="sum",
-                            root=-1, time_us=seconds * 1e6, algbw=algbw, busbw=busbw, wrong=0))
-    hosts = ["node0", "node1", "node2"]
-    return BenchResult(world_size=8, backend="nccl", rows=rows, pairs=[
-        {"a": hosts[i], "b": hosts[j], "bytes": 16 << 20, "gbps": 10.0 * (i + j + 1)}
-        for i in range(3) for j in range(i + 1, 3)] if pairs else [])
-
-
-def assert_png(path, min_px: int) -> None:
-    import matplotlib.image
-
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
-    img = matplotlib.image.imread(path)
-    assert min(img.shape[:2]) >= min_px
-    assert img[..., :3].std() > 0.05  # something was drawn, not a blank canvas
-
-
-def test_plots_without_and_with_pairs(tmp_path) -> None:
-    written = write_plots(sweep_result(pairs=False), tmp_path / "b.png")
-    assert written == [tmp_path / "b.png"] and not (tmp_path / "b-pairs.png").exists()
-    assert_png(tmp_path / "b.png", 700)  # two panels, 10 x 8 in at 100 dpi
-    written = write_plots(sweep_result(pairs=True), tmp_path / "c.png")
-    assert written == [tmp_path / "c.png", tmp_path / "c-pairs.png"]
-    assert_png(tmp_path / "c.png", 700)
-    assert_png(tmp_path / "c-pairs.png", 400)
-    assert pairs_path("out/F") == Path("out/F-pairs.png")
-
-
-def test_plot_option_writes_the_pairs_heatmap_next_to_the_plot(cli, monkeypatch,
-                                                               tmp_path) -> None:
-    import ptcluster.cli.bench_cmd as bench_cmd
-
-    monkeypatch.setattr(bench_cmd, "run_bench", lambda spec, cfg, port=None: sweep_result(
-        pairs=cfg.pairs))
-    code, _, err = cli("bench", "--nproc", "2", "--pairs", "--plot", str(tmp_path / "F.png"))
-    assert code == 0, err
-    assert f"plot: {tmp_path / 'F.png'}" in err and f"plot: {tmp_path / 'F-pairs.png'}" in err
-    assert_png(tmp_path / "F-pairs.png", 400)
 
 
 def test_no_slowest_pair_from_fewer_than_three_pairs() -> None:

@@ -66,6 +66,12 @@ def test_every_rank_of_one_node_is_named_as_the_node() -> None:
     (0.10, {"mem_available": 0.05}, "n2 is short of memory (5% available)"),
     (0.10, {"gpu_util": 20.0}, "n2's GPU util is low (20%)"),
     (0.10, {"mem_available": 0.5, "gpu_util": 95.0}, "why unknown"),
+    # a CPU quota: the main thread slept through it (Linux 6.18 dequeues a throttled task)
+    (0.10, {"cpu_throttled": 0.9},
+     "n2's CPU is saturated (a CPU quota throttled its ranks in 90% of its periods)"),
+    (0.10, {"cpu_throttled": 0.1}, "why unknown"),
+    (0.40, {"cpu_throttled": 0.9},
+     "n2's CPU is saturated (its main thread waited 40% of the time for a CPU)"),
 ])
 def test_why_is_only_what_the_node_saw(starved, node, why) -> None:
     figures = {0: fig(0, 0.75), 1: fig(1, 0.75), 2: fig(2, 0.40, starved=starved)}

@@ -55,7 +55,7 @@ class Kind:
     TIMING = "timing"
     """Guard -> head, every ``timing_every`` s while ranks run: ``{t, ranks, node}``, per rank its
     main thread's ``{span, run, delay, collectives}`` since the last frame and the node's
-    ``{mem_available, gpu_util}`` (``node.guard.schedstat``; the head's
+    ``{mem_available, gpu_util, cpu_throttled}`` (``node.guard.schedstat``; the head's
     ``launch.supervise.straggler`` decides)."""
     XID = "xid"
     """Guard -> head, when the GPU driver wrote an Xid while ranks ran: its ``XidFacts``."""

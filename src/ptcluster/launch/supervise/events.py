@@ -64,7 +64,7 @@ class Heartbeat:
 class Timing:
     """A guard's straggler figures (``wire.Kind.TIMING``): per rank its main thread's ``{span, run,
     delay, collectives}`` since the guard's last frame; the node's ``{mem_available,
-    gpu_util}`` (``node.guard.schedstat``)."""
+    gpu_util, cpu_throttled}`` (``node.guard.schedstat``)."""
 
     host: str
     ranks: dict[int, dict[str, Any]]

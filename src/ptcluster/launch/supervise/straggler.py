@@ -61,6 +61,10 @@ FLOOR = 0.02
 CPU_STARVED = 0.25
 """A rank's main thread runnable without a CPU this share of its time, and half again the
 others' median: its node's CPU is saturated (a CPU quota counts the same)."""
+THROTTLED = 0.25
+"""A node whose ranks' CPU group was throttled in this share of its quota's periods (the
+guard's ``cpu_throttled``) has a saturated CPU, whatever its main thread's delay says
+(``node.guard.schedstat``: a throttled rank's main thread may sleep rather than wait)."""
 LOW_MEMORY = 0.10
 """A node with less than this share of its memory available is short of memory."""
 LOW_GPU = 50.0
@@ -239,9 +243,13 @@ def why(host: str, mine: list[RankFigures], usual: float, node: dict[str, Any]) 
     share of time waiting for a CPU)."""
     reasons = []
     starved = max(mine, key=lambda f: f.starved_share)
+    throttled = node.get("cpu_throttled")
     if starved.starved_share >= max(CPU_STARVED, 1.5 * usual):
         reasons.append(f"{host}'s CPU is saturated (its main thread waited "
                        f"{starved.starved_share:.0%} of the time for a CPU)")
+    elif isinstance(throttled, (int, float)) and throttled >= THROTTLED:
+        reasons.append(f"{host}'s CPU is saturated (a CPU quota throttled its ranks in "
+                       f"{throttled:.0%} of its periods)")
     mem = node.get("mem_available")
     if isinstance(mem, (int, float)) and mem < LOW_MEMORY:
         reasons.append(f"{host} is short of memory ({mem:.0%} available)")

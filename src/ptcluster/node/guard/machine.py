@@ -39,7 +39,7 @@ from ptcluster.node.gpu_errors import (
 )
 from ptcluster.node.guard.disk import FULL_ERRNOS, disk_facts
 from ptcluster.node.guard.proctree import children_map
-from ptcluster.node.guard.schedstat import meminfo
+from ptcluster.node.guard.schedstat import cgroup_mounts, meminfo
 from ptcluster.node.kernel_log import (
     LOG_JOURNAL,
     LOG_KMSG,
@@ -347,24 +347,6 @@ def vmstat_oom_kills() -> int | None:
     return None
 
 
-def cgroup_mounts() -> dict[str, str]:
-    """Where the memory controller's hierarchies are mounted: ``{"v1": PATH, "v2": PATH}``."""
-    found: dict[str, str] = {}
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) < 4:
-                    continue
-                if fields[2] == "cgroup2":
-                    found.setdefault("v2", fields[1])
-                elif fields[2] == "cgroup" and "memory" in fields[3].split(","):
-                    found.setdefault("v1", fields[1])
-    except OSError:
-        pass
-    return found
-
-
 def memory_group(pid: int) -> tuple[str, int] | None:
     """``pid``'s memory group: its OOM counter file and its limit (0: none or not readable)."""
     try:
@@ -372,7 +354,7 @@ def memory_group(pid: int) -> tuple[str, int] | None:
             lines = f.read().splitlines()
     except OSError:
         return None
-    mounts = cgroup_mounts()
+    mounts = cgroup_mounts("memory")
     for line in lines:
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if "memory" in controllers.split(",") and "v1" in mounts:

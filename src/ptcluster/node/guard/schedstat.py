@@ -14,10 +14,17 @@ loop under a 25 % quota waited 1.52 s in 2 s here). Plus the collectives the ran
 interval, where its stack probe reports the flight recorder's counters (already sent for the
 hang watch; None without them).
 
-Of the node: the share of memory available (``/proc/meminfo``) and, where NVML is importable, the
-mean GPU utilization (%).
+Of the node: the share of memory available (``/proc/meminfo``), where NVML is importable the
+mean GPU utilization (%), and where a CPU quota holds the ranks back, the share of its periods in
+which their CPU group was throttled (``cpu_throttled``: ``cpu.stat``'s ``nr_throttled`` over
+``nr_periods`` since the last look, the most of the ranks' groups). The main thread's ``delay``
+alone does not show a quota reliably: since Linux 6.18 a throttled task is taken off the run
+queue when it returns to user space (its wait is then sleep, not delay), and the main thread of
+a throttled rank also sleeps while its own communication threads wait for the quota (a CI run:
+the capped rank asleep 60 % of its window, its delay under the 25 % that names a saturated CPU).
 """
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -27,6 +34,10 @@ class SchedstatMeter:
     def __init__(self) -> None:
         self.last: dict[int, tuple[int, float, int, int, float]] = {}
         """rank -> (pid, sampled at, run ns, delay ns, completed collectives or -1)."""
+        self.groups: dict[str, tuple[int, int]] = {}
+        """The ranks' CPU groups' ``cpu.stat`` at the last look: path -> (periods, throttled)."""
+        self.throttled: float | None = None
+        """The share of periods throttled since the previous look (None: no quota seen)."""
         self.nvml: Any = None
         try:
             import pynvml
@@ -61,13 +72,33 @@ class SchedstatMeter:
         for rank in list(self.last):
             if rank not in pids:
                 del self.last[rank]
+        self.look_at_groups(pids.values())
         return out
+
+    def look_at_groups(self, pids: Iterable[int]) -> None:
+        """``throttled``: of the ranks' CPU groups, the highest share of periods throttled since
+        the previous look (a group with no period elapsed, or no quota, says nothing)."""
+        mounts = cgroup_mounts("cpu")
+        now: dict[str, tuple[int, int]] = {}
+        for pid in set(pids):
+            path = cpu_group(pid, mounts)
+            if path and path not in now:
+                got = cpu_stat(path)
+                if got is not None:
+                    now[path] = got
+        shares = [(throttled - self.groups[path][1]) / (periods - self.groups[path][0])
+                  for path, (periods, throttled) in now.items()
+                  if path in self.groups and periods > self.groups[path][0]]
+        self.groups = now
+        self.throttled = round(max(shares), 3) if shares else None
 
     def node(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         mem = meminfo()
         if mem.get("MemTotal") and "MemAvailable" in mem:
             out["mem_available"] = round(mem["MemAvailable"] / mem["MemTotal"], 3)
+        if self.throttled is not None:
+            out["cpu_throttled"] = self.throttled
         if self.nvml is not None:
             try:
                 nv = self.nvml
@@ -88,6 +119,60 @@ def main_thread_schedstat(pid: int) -> tuple[int, int] | None:
         return int(fields[0]), int(fields[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def cgroup_mounts(controller: str) -> dict[str, str]:
+    """Where ``controller`` ("cpu", "memory") is: ``{"v1": PATH}`` (a ``cgroup`` mount with it
+    among its options) and ``{"v2": PATH}`` (the unified hierarchy)."""
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 4:
+                    continue
+                if fields[2] == "cgroup2":
+                    found.setdefault("v2", fields[1])
+                elif fields[2] == "cgroup" and controller in fields[3].split(","):
+                    found.setdefault("v1", fields[1])
+    except OSError:
+        pass
+    return found
+
+
+def cpu_group(pid: int, mounts: dict[str, str]) -> str | None:
+    """The folder of ``pid``'s CPU group (v1's ``cpu`` controller first, else the unified
+    hierarchy's); None when it has none here."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if "cpu" in controllers.split(",") and "v1" in mounts:
+            return mounts["v1"] + path
+    for line in lines:
+        if line.startswith("0::") and "v2" in mounts:
+            return mounts["v2"] + line[3:]
+    return None
+
+
+def cpu_stat(folder: str) -> tuple[int, int] | None:
+    """A CPU group's ``(nr_periods, nr_throttled)`` (v1 and v2 both name them so); None where
+    it has no quota's figures."""
+    got: dict[str, int] = {}
+    try:
+        with open(folder + "/cpu.stat") as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key in ("nr_periods", "nr_throttled"):
+                    got[key] = int(value)
+    except (OSError, ValueError):
+        return None
+    if len(got) < 2:
+        return None
+    return got["nr_periods"], got["nr_throttled"]
 
 
 def meminfo() -> dict[str, int]:
