@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import signal
 
+from ptcluster.launch.result import Outcome
+
 OK = 0
 FAILED = 1
 USAGE = 2
@@ -32,3 +34,16 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
                  "preemption; `summary.json` says who in `ended_by`): torn down, never "
                  "restarted."),
 )
+
+BY_OUTCOME: dict[Outcome, int] = {
+    Outcome.SUCCEEDED: OK, Outcome.FAILED: FAILED, Outcome.HUNG: HUNG,
+    Outcome.NO_PROGRESS: NO_PROGRESS, Outcome.INTERRUPTED: INTERRUPTED,
+    Outcome.ENDED_OUTSIDE: TERMINATED}
+"""``run``'s exit code for each outcome (interrupted: 128 + the signal, where one came)."""
+
+
+def for_outcome(outcome: Outcome, signum: int | None = None) -> int:
+    """``run``'s exit code: ``BY_OUTCOME``'s, and 128 + the signal for one that stopped it."""
+    if outcome is Outcome.INTERRUPTED and signum:
+        return 128 + signum
+    return BY_OUTCOME[outcome]

@@ -120,6 +120,9 @@ def exit_codes_page() -> str:
 SUMMARY_FIELDS: dict[str, str] = {
     "job_id": "The job's id (also in the run directory's name, `ps` and `kill`).",
     "ok": "True when every rank of the last attempt exited 0.",
+    "outcome": "How the run ended, one word the exit code follows from: `succeeded`, `failed`, "
+               "`hung`, `no progress`, `interrupted` or `ended outside` (Slurm ended it).",
+    "signal": "The signal to the head that stopped the job (`SIGINT`, `SIGTERM`), else null.",
     "interrupted": "The job was stopped (Ctrl-C, SIGTERM, `ptcluster kill`, Slurm).",
     "gave_up": "Why no further attempt was made after a failed one (`--max-restarts`).",
     "no_progress": "The restarts gave up: an attempt saved no newer checkpoint (exit 3).",

@@ -168,13 +168,13 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
                     restarts=Restarts(policy, spec, target) if max_restarts else None,
                     ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total,
                     environment=None if built is None else built.to_json())
-    result, signum = _run_with_signals(runner)
+    result = _run_with_signals(runner)
     feed.close(timeout=5.0)
     if result.ended_by:  # Slurm's own doing comes first
         err.print(f"ptcluster: {result.ended_by}")
     if not hush or not result.ok:
         _print_summary(err, result)
-    sys.exit(exit_code(result, signum))
+    sys.exit(exit_code(result))
 
 
 def _environment_options(declared: EnvChoice | None) -> dict[str, Any]:
@@ -204,20 +204,9 @@ def line_sink(feed: ConsoleFeed, run_dir: Path) -> Callable[[str, int | None, st
     return on_line
 
 
-def exit_code(result: RunResult, signum: int | None) -> int:
-    """0 ok; 143 Slurm ended it (what Slurm sends, as if the head had got it too); 128+signal
-    interrupted; 3 restarts gave up (no progress); 4 a hang; 1 any other failure."""
-    if result.ok:
-        return exits.OK
-    if result.ended_by and not signum:
-        return exits.TERMINATED
-    if result.interrupted and (result.root_cause is None or signum):
-        return 128 + signum if signum else exits.INTERRUPTED
-    if result.no_progress:
-        return exits.NO_PROGRESS
-    if result.hung:
-        return exits.HUNG
-    return exits.FAILED
+def exit_code(result: RunResult) -> int:
+    """The run's exit code: its outcome's, by ``exits.for_outcome``."""
+    return exits.for_outcome(result.outcome, result.signum)
 
 
 def _preflight(spec: ClusterSpec, port: int, err: Console) -> None:
@@ -258,19 +247,18 @@ def _stdout_writer(run_dir: Path) -> Callable[[str], None]:
     return write_out
 
 
-def _run_with_signals(runner: Runner) -> tuple[RunResult, int | None]:
-    """Ctrl-C / SIGTERM end the job everywhere, in order, instead of killing the head."""
+def _run_with_signals(runner: Runner) -> RunResult:
+    """Ctrl-C / SIGTERM end the job everywhere, in order, instead of killing the head (the
+    first signal is the result's ``signum``)."""
     if threading.current_thread() is not threading.main_thread():
-        return runner.run(), None
-    got: list[int] = []
+        return runner.run()
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        got.append(signum)
-        runner.request_stop(f"{signal.Signals(signum).name} received")
+        runner.request_stop(f"{signal.Signals(signum).name} received", signum)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return runner.run(), (got[0] if got else None)
+        return runner.run()
     finally:
         for s, h in old.items():
             signal.signal(s, h)

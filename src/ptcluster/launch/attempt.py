@@ -126,10 +126,14 @@ class Stops:
 
     count: int = 0
     reason: str = ""
+    signum: int | None = None
+    """The first signal that asked (None: none did, or a thread asked)."""
 
-    def request(self, reason: str) -> None:
+    def request(self, reason: str, signum: int | None = None) -> None:
         self.reason = reason
         self.count += 1
+        if self.signum is None:
+            self.signum = signum
 
 
 @dataclass

@@ -152,6 +152,24 @@ class Failure:
         return str(self.problem)
 
 
+class Outcome(str, Enum):
+    """How a run ended, one word: the exit code follows from it by one table
+    (``cli.exits.for_outcome``), ``summary.json`` says it as ``outcome``."""
+
+    SUCCEEDED = "succeeded"
+    """Every rank of the last attempt exited 0."""
+    FAILED = "failed"
+    """A rank failed or a node was lost, and no restart followed (or restarts were spent)."""
+    HUNG = "hung"
+    """``--hang-timeout``: no rank made progress for that long."""
+    NO_PROGRESS = "no progress"
+    """The restarts gave up: an attempt saved no newer checkpoint."""
+    INTERRUPTED = "interrupted"
+    """Stopped by a signal to the head (Ctrl-C, SIGTERM) or ``ptcluster kill``."""
+    ENDED_OUTSIDE = "ended outside"
+    """Slurm ended it (scancel, the time limit, preemption, a requeue)."""
+
+
 @dataclass(kw_only=True)
 class RunResult:
     job_id: str
@@ -183,6 +201,24 @@ class RunResult:
     ended_by: str = ""
     """Who ended the job from outside, when someone did (Slurm: scancel, the time limit,
     preemption, a requeue): the job was stopped, it did not fail (``interrupted``)."""
+    signum: int | None = None
+    """The first signal the head got that stopped the job (SIGINT, SIGTERM), if one did."""
+
+    @property
+    def outcome(self) -> Outcome:
+        """The one word for how it ended: a signal to the head wins over what the teardown
+        made the ranks do; Slurm's end over a failure it caused."""
+        if self.ok:
+            return Outcome.SUCCEEDED
+        if self.ended_by and not self.signum:
+            return Outcome.ENDED_OUTSIDE
+        if self.interrupted and (self.root_cause is None or self.signum):
+            return Outcome.INTERRUPTED
+        if self.no_progress:
+            return Outcome.NO_PROGRESS
+        if self.hung:
+            return Outcome.HUNG
+        return Outcome.FAILED
 
     @property
     def hung(self) -> bool:
@@ -199,7 +235,9 @@ class RunResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "job_id": self.job_id, "ok": self.ok, "interrupted": self.interrupted,
+            "job_id": self.job_id, "ok": self.ok, "outcome": self.outcome.value,
+            "signal": None if self.signum is None else signal.Signals(self.signum).name,
+            "interrupted": self.interrupted,
             "gave_up": self.gave_up, "no_progress": self.no_progress, "ended_by": self.ended_by,
             "attempts": [a.to_json() for a in self.attempts],
             "duration_s": round(self.duration, 3), "console_dropped": self.console_dropped,

@@ -135,9 +135,10 @@ class Runner:
         """The supervisor of the attempt that runs (or ran last)."""
         return None if self.attempt is None else self.attempt.sup
 
-    def request_stop(self, reason: str = "interrupted") -> None:
-        """Thread- and signal-safe: ask the run to end everywhere (Ctrl-C, SIGTERM)."""
-        self.stops.request(reason)
+    def request_stop(self, reason: str = "interrupted", signum: int | None = None) -> None:
+        """Thread- and signal-safe: ask the run to end everywhere (Ctrl-C, SIGTERM: the
+        signal's number, for the result's outcome)."""
+        self.stops.request(reason, signum)
 
     def new_attempt(self) -> Attempt:
         """An attempt of the current plan (the next to run)."""
@@ -163,6 +164,7 @@ class Runner:
         result.log_errors = [f"{error} ({self.logs.lost.get(name, 0)} line(s) missing)"
                              for name, error in self.logs.errors.items()]
         result.environment = self.environment
+        result.signum = self.stops.signum
         self.layout.write_summary(result)
         return result
 
