@@ -1,5 +1,5 @@
 """L6: root writes the munge key into a directory the munge account owns. The real program
-setup runs (``setup.slurm.KEY_ARGV``) is run here as root on a stand-in for ``/etc/munge``
+setup runs (``setup.slurm_steps.KEY_ARGV``) is run here as root on a stand-in for ``/etc/munge``
 (owned by ``nobody``, who plays a compromised munge account and plants links at every name it
 can guess): the key lands, 0400 and the owner's, and no link is written through or
 ``chown``ed."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ptcluster.setup.slurm import KEY_ARGV
+from ptcluster.setup.slurm_steps import KEY_ARGV
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="root writes the key")
 KEY = bytes(range(256)) * 4

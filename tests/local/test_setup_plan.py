@@ -17,6 +17,7 @@ from ptcluster.node.guard.prechecks import node_python
 from ptcluster.remote.sync import project_files, remote_dir, tar_pipe
 from ptcluster.remote.transport import remote_command
 from ptcluster.setup import plan as P
+from ptcluster.setup import steps as S
 from ptcluster.setup.secret import Askpass, Secret, read_password_file
 from ptcluster.setup.torch_choice import GpuNode, choose_torch
 from ptcluster.setup.wheels import build_self_wheel
@@ -63,7 +64,7 @@ def test_torch_backend_override() -> None:
 
 
 # -- the plan -----------------------------------------------------------------------------------
-CF = P.ClusterFacts(pubkey="ssh-ed25519 AAAAkey head", torch=choose_torch("2.13.0", []),
+CF = S.ClusterFacts(pubkey="ssh-ed25519 AAAAkey head", torch=choose_torch("2.13.0", []),
                     self_version="0.1.0+gabc", python="3.11",
                     addrs={"n0": "10.0.0.1", "n1": "10.0.0.2", "n2": "10.0.0.3"},
                     hostnames={"n0": "node0", "n1": "node1", "n2": "node2"},
@@ -82,7 +83,7 @@ FRESH = {  # a fresh Ubuntu node, as node/setup_agent.py reports it
 }
 
 
-def converged(facts: dict, cf: P.ClusterFacts = CF) -> dict:
+def converged(facts: dict, cf: S.ClusterFacts = CF) -> dict:
     """``facts`` after every step of its plan ran."""
     done = copy.deepcopy(facts)
     done["key_authorized"] = True
@@ -100,13 +101,13 @@ def converged(facts: dict, cf: P.ClusterFacts = CF) -> dict:
     return done
 
 
-def by_name(steps: list[P.Step]) -> dict[str, P.Step]:
+def by_name(steps: list[S.Step]) -> dict[str, S.Step]:
     return {s.name: s for s in steps}
 
 
 def test_plan_of_a_fresh_node() -> None:
     steps = by_name(P.plan_node("n1", FRESH, CF))
-    assert [s for s in P.STEPS if steps[s].status == P.OK] == ["sudo", "os", "gpu driver"]
+    assert [s for s in P.STEPS if steps[s].status == S.OK] == ["sudo", "os", "gpu driver"]
     assert steps["apt packages"].actions[0].root
     assert "python3-venv" in steps["apt packages"].commands()[0]
     assert "rsync" not in steps["apt packages"].commands()[0]  # installed already
@@ -129,12 +130,12 @@ def test_plan_is_the_step_registry_in_order() -> None:
         assert [d.plan("n1", facts, CF) for d in P.STEP_DEFS] == steps
         # a step with no facts of its own for apply to re-read only reports: never a change
         assert [d.name for d, s in zip(P.STEP_DEFS, steps, strict=True)
-                if not d.sections and s.status == P.CHANGE] == []
+                if not d.sections and s.status == S.CHANGE] == []
 
 
 def test_plan_is_all_ok_once_converged() -> None:
     steps = P.plan_node("n1", converged(FRESH), CF)
-    assert [(s.name, s.status) for s in steps if s.status != P.OK] == []
+    assert [(s.name, s.status) for s in steps if s.status != S.OK] == []
     assert not P.pending(steps)
 
 
@@ -145,20 +146,20 @@ def test_plan_without_sudo_blocks_root_steps_with_admin_commands() -> None:
     steps = by_name(P.plan_node("n1", facts, CF))
     for name in ("sudo", "apt packages", "firewall", "/etc/hosts", "python venv", "wheels",
                  "torch + ptcluster"):
-        assert steps[name].status == P.BLOCKED, name
+        assert steps[name].status == S.BLOCKED, name
     assert steps["apt packages"].commands()[0].startswith("sudo env DEBIAN_FRONTEND")
     assert steps["firewall"].commands()  # what an admin can run
     # what needs no root still happens
     for name in ("ssh key", "env file", "workdir"):
-        assert steps[name].status == P.CHANGE, name
+        assert steps[name].status == S.CHANGE, name
 
 
 @pytest.mark.parametrize("change, step, status", [
-    ({"os": {"ID": "fedora", "ID_LIKE": "rhel", "PRETTY_NAME": "Fedora 40"}}, "os", P.BLOCKED),
-    ({"gpu": {"count": 2, "driver": None, "compute_capability": []}}, "gpu driver", P.BLOCKED),
-    ({"python": "3.12"}, "python venv", P.BLOCKED),
-    ({"firewall": {"kind": None, "active": False, "rules": []}}, "firewall", P.OK),
-    ({"firewall": {"kind": "ufw", "active": False, "rules": []}}, "firewall", P.OK),
+    ({"os": {"ID": "fedora", "ID_LIKE": "rhel", "PRETTY_NAME": "Fedora 40"}}, "os", S.BLOCKED),
+    ({"gpu": {"count": 2, "driver": None, "compute_capability": []}}, "gpu driver", S.BLOCKED),
+    ({"python": "3.12"}, "python venv", S.BLOCKED),
+    ({"firewall": {"kind": None, "active": False, "rules": []}}, "firewall", S.OK),
+    ({"firewall": {"kind": "ufw", "active": False, "rules": []}}, "firewall", S.OK),
 ])
 def test_plan_cases(change: dict, step: str, status: str) -> None:
     facts = {**converged(FRESH), **change}
@@ -169,7 +170,7 @@ def test_drift_is_a_change_again() -> None:
     facts = converged(FRESH)
     facts["env_file"] = None
     facts["firewall"]["rules"].remove("ufw allow from 10.0.0.3 proto tcp")
-    pending = [s for s in P.plan_node("n1", facts, CF) if s.status != P.OK]
+    pending = [s for s in P.plan_node("n1", facts, CF) if s.status != S.OK]
     assert [s.name for s in pending] == ["firewall", "env file"]
     assert pending[0].commands() == ["sudo ufw allow from 10.0.0.3 proto tcp"]
 
@@ -178,10 +179,10 @@ def test_wheels_copied_only_when_missing_or_different() -> None:
     facts = converged(FRESH)
     facts["venv"]["dists"]["ptcluster"] = "0.1.0+gold"
     facts["wheelhouse"] = {"torch.whl": "aa", "ptcluster-old.whl": "bb"}
-    cf = P.ClusterFacts(**{**CF.__dict__, "manifest": {"torch.whl": "aa", "ptc.whl": "cc"}})
+    cf = S.ClusterFacts(**{**CF.__dict__, "manifest": {"torch.whl": "aa", "ptc.whl": "cc"}})
     steps = by_name(P.plan_node("n1", facts, cf))
     assert steps["wheels"].actions[0].argv == ("ptc.whl",)
-    assert steps["torch + ptcluster"].status == P.CHANGE
+    assert steps["torch + ptcluster"].status == S.CHANGE
 
 
 @pytest.mark.parametrize("current, own, expect", [
@@ -389,8 +390,8 @@ def test_apply_replans_only_the_step_it_applies(monkeypatch, tmp_path: Path) -> 
 
     planned: list[str] = []
 
-    def counted(d: P.StepDef) -> P.StepDef:
-        def plan(host: str, facts: dict, cf: P.ClusterFacts) -> P.Step:
+    def counted(d: S.StepDef) -> S.StepDef:
+        def plan(host: str, facts: dict, cf: S.ClusterFacts) -> S.Step:
             planned.append(d.name)
             return d.plan(host, facts, cf)
         return replace(d, plan=plan)
@@ -410,13 +411,13 @@ def test_apply_replans_only_the_step_it_applies(monkeypatch, tmp_path: Path) -> 
     setup._wheels = (tmp_path, {"torch.whl": "aa"})  # the head's wheelhouse, prepared already
     setup.sessions["n1"] = Session()  # type: ignore[assignment]
     setup.outcomes["n1"].before = P.plan_node("n1", FRESH, CF)
-    acted: list[P.StepAction] = []
+    acted: list[S.StepAction] = []
     monkeypatch.setattr(setup, "_act", lambda node, session, a: (acted.append(a), (True, ""))[1])
     planned.clear()
     setup._apply(spec.nodes[0])
 
     pending = [d for d, s in zip(defs, setup.outcomes["n1"].before, strict=True)
-               if s.status != P.OK]
+               if s.status != S.OK]
     assert [d.name for d in pending] == [n for n in P.STEPS
                                          if n not in ("sudo", "os", "gpu driver")]
     # one plan per step applied; the wheels twice: again once the manifest is known
@@ -425,7 +426,7 @@ def test_apply_replans_only_the_step_it_applies(monkeypatch, tmp_path: Path) -> 
     assert asked[0] == ("facts", {"only": ["key"]})
     applied = setup.outcomes["n1"].applied
     assert [(n, r) for n, r, _ in applied] == [(d.name, "changed") for d in pending]
-    assert acted[3] == P.StepAction(("torch.whl",), kind="copy")  # the wheel the node lacks
+    assert acted[3] == S.StepAction(("torch.whl",), kind="copy")  # the wheel the node lacks
 
 
 @pytest.mark.parametrize("workdir, dest", [("~", "."), ("~/p", "p"), ("/srv/p", "/srv/p")])

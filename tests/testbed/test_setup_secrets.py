@@ -20,6 +20,7 @@ import pytest
 
 from ptcluster.cluster import parse_cluster_text
 from ptcluster.setup import plan as P
+from ptcluster.setup import steps as S
 from ptcluster.setup.apply import SetupOptions, run_setup
 from ptcluster.setup.report import NodeSetupOutcome
 from ptcluster.setup.secret import Secret
@@ -117,6 +118,6 @@ def test_sudos_refusals_are_told_apart_at_its_prompt(bed: tb.Testbed, tmp_path: 
                **setup(bed, tmp_path, [4], bare.PASSWORD, dry_run=True)}
     sudo = {i: {s.name: s for s in o.before}["sudo"] for i, o in outcome.items()}
     assert outcome[2].connection == outcome[4].connection == "key"
-    assert sudo[2].status == P.BLOCKED and sudo[2].why == "sudo refused the password"
-    assert sudo[4].status == P.BLOCKED
+    assert sudo[2].status == S.BLOCKED and sudo[2].why == "sudo refused the password"
+    assert sudo[4].status == S.BLOCKED
     assert sudo[4].why == f"{bare.USER} is not in the sudoers file", sudo[4].why

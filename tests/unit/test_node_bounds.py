@@ -15,6 +15,7 @@ from ptcluster.launch.supervise.actions import StacksAnswered
 from ptcluster.node import wire
 from ptcluster.node.guard.progress import fit_stacks
 from ptcluster.setup import plan as P
+from ptcluster.setup import steps as S
 from tests.local.test_setup_plan import CF, FRESH
 from tests.unit.test_supervisor import WALL, make, start
 
@@ -102,7 +103,7 @@ def test_a_node_that_reports_a_hostname_with_a_newline_writes_nothing_anywhere()
     assert P.hostname_problem(FRESH) is None
     assert P.cluster_hostnames(facts) == {"n0": "node0", "n1": "node1"}
     # and the /etc/hosts step never writes a name that is not a DNS name, wherever it came from
-    cf = P.ClusterFacts(**{**CF.__dict__, "hostnames": {"n0": "node0", "n1": "node1",
+    cf = S.ClusterFacts(**{**CF.__dict__, "hostnames": {"n0": "node0", "n1": "node1",
                                                          "n2": evil}})
     hosts = {s.name: s for s in P.plan_node("n1", FRESH, cf)}["/etc/hosts"]
     text = hosts.actions[0].input or ""

@@ -12,8 +12,9 @@ from typing import Any
 
 from ptcluster.cluster.model import SlurmSetupSpec
 from ptcluster.node.slurm_facts import estimate_hw, parse_slurmd_c
-from ptcluster.setup import plan as P
-from ptcluster.setup.slurm import SLURM_DEFS, gres_conf, slurm_cluster
+from ptcluster.setup import steps as S
+from ptcluster.setup.slurm import gres_conf, slurm_cluster
+from ptcluster.setup.slurm_steps import SLURM_DEFS
 from ptcluster.setup.torch_choice import TorchChoice
 
 RECORDED = {  # this machine's `slurm` facts (setup_facts.slurm_fact), munge key left out
@@ -91,15 +92,15 @@ def test_partitions_from_the_cluster_file() -> None:
     assert "SlurmctldHost=gpu-b(10.0.0.2)" in conf
 
 
-def cf_for(facts: dict[str, dict[str, Any]]) -> P.ClusterFacts:
-    return P.ClusterFacts(
+def cf_for(facts: dict[str, dict[str, Any]]) -> S.ClusterFacts:
+    return S.ClusterFacts(
         pubkey="ssh-ed25519 AAAA k", torch=TorchChoice("2.13.0", "cpu", "test"),
         self_version="0.1.0", python="3.11", addrs=ADDRS, hostnames={}, master_addr="10.0.0.1",
         master_port=29500,
         slurm=slurm_cluster(SlurmSetupSpec(controller="a"), dict(facts), ADDRS, KEY))
 
 
-def plan(host: str, facts: dict[str, Any], cf: P.ClusterFacts) -> dict[str, P.Step]:
+def plan(host: str, facts: dict[str, Any], cf: S.ClusterFacts) -> dict[str, S.Step]:
     return {d.name: d.plan(host, facts, cf) for d in SLURM_DEFS}
 
 
@@ -107,7 +108,7 @@ def test_the_munge_key_is_never_in_the_plan() -> None:
     facts = cluster_2_1_1()
     cf = cf_for(facts)
     steps = plan("b", facts["b"], cf)
-    assert steps["munge key"].status == P.CHANGE
+    assert steps["munge key"].status == S.CHANGE
     shown = json.dumps([s.to_json("b") for s in steps.values()]) + repr(cf) + repr(steps) + \
         "".join(a.display("b") for s in steps.values() for a in s.actions)
     assert base64.b64encode(KEY).decode() not in shown and KEY.hex() not in shown
@@ -127,12 +128,12 @@ def test_a_converged_node_plans_nothing_and_drift_is_a_change() -> None:
     b["mtimes"] = {k: 1000 for k in b["files"]}
     b["services"] = {s: {"enabled": True, "active": True, "since": 1000} for s in b["services"]}
     steps = plan("b", facts["b"], cf)
-    assert {n: s.status for n, s in steps.items()} == {n: P.OK for n in steps}
+    assert {n: s.status for n, s in steps.items()} == {n: S.OK for n in steps}
     assert steps["slurmctld"].why == "not here: a is the controller"
     b["mtimes"]["slurm.conf"] = 1001  # slurm.conf newer than the running slurmd
-    assert plan("b", facts["b"], cf)["slurmd"].status == P.CHANGE
+    assert plan("b", facts["b"], cf)["slurmd"].status == S.CHANGE
     b["munge_key"]["mode"] = "600"
-    assert plan("b", facts["b"], cf)["munge key"].status == P.CHANGE
+    assert plan("b", facts["b"], cf)["munge key"].status == S.CHANGE
 
 
 def test_files_wait_for_every_nodes_facts() -> None:
@@ -144,7 +145,7 @@ def test_files_wait_for_every_nodes_facts() -> None:
     from dataclasses import replace
 
     step = plan("a", cluster_2_1_1()["a"], replace(cf, slurm=sc))["slurm.conf"]
-    assert step.status == P.BLOCKED and "not every node answered" in step.why
+    assert step.status == S.BLOCKED and "not every node answered" in step.why
 
 
 def test_parse_slurmd_c_and_estimate_shape() -> None:

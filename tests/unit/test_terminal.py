@@ -105,12 +105,13 @@ def test_setup_shows_a_nodes_reasons_and_output_as_text(dry_run: bool) -> None:
     before, `[/red]` in them crashed setup's report (``setup_cmd.py:129`` in the review)."""
     from ptcluster.cli import setup_cmd
     from ptcluster.setup import plan as P
+    from ptcluster.setup import steps as S
     from ptcluster.setup.report import NodeSetupOutcome, SetupReport
 
-    step = P.Step(P.STEPS[0], P.BLOCKED, HOSTILE)
+    step = S.Step(P.STEPS[0], S.BLOCKED, HOSTILE)
     node = NodeSetupOutcome("n1", addr="10.0.0.1", connection="key", before=[step],
                             applied=[] if dry_run else [(P.STEPS[1], "failed", HOSTILE)])
-    report = SetupReport({"n1": node}, head=[P.Step("venv", P.BLOCKED, HOSTILE)], torch=None,
+    report = SetupReport({"n1": node}, head=[S.Step("venv", S.BLOCKED, HOSTILE)], torch=None,
                          dry_run=dry_run)
     out = written(lambda c: setup_cmd.render(c, report))
     assert_harmless(out)

@@ -20,17 +20,18 @@ from ptcluster.cli.common import SECONDS, cluster_option, load_spec, quiet
 from ptcluster.cli.console import terminal
 from ptcluster.errors import UsageError
 from ptcluster.setup import plan as P
+from ptcluster.setup import steps as S
 from ptcluster.setup.apply import SetupOptions, run_setup
 from ptcluster.setup.report import SetupReport
 from ptcluster.setup.secret import Secret, read_password_file
 from ptcluster.setup.torch_choice import VARIANT
 from ptcluster.setup.wheels import DEFAULT_WHEELHOUSE
 
-STYLE = {P.OK: ("ok", "green"), P.CHANGE: ("change", "yellow"), P.BLOCKED: ("blocked", "bold red")}
+STYLE = {S.OK: ("ok", "green"), S.CHANGE: ("change", "yellow"), S.BLOCKED: ("blocked", "bold red")}
 """How each step's status is shown: (word, Rich style)."""
 
 
-def mark(status: str) -> Text:
+def mark(status: S.Status) -> Text:
     return Text(*STYLE[status])
 
 
@@ -120,7 +121,7 @@ def render(console: Console, report: SetupReport) -> None:
     table of the end state, then the problems with their fixes. What nodes say (step reasons,
     command output) is text, never markup."""
     for step in report.head:
-        if step.status != P.OK:
+        if step.status != S.OK:
             console.print(Text.assemble("head: ", mark(step.status), f" {step.name}: {step.why}"))
             for cmd in step.commands("head"):
                 console.print(f"      $ {cmd}", markup=False)
@@ -144,9 +145,9 @@ def _render_plans(console: Console, report: SetupReport) -> None:
                           f"{escape(str(n.problem))}", markup=True)
         for s in n.before:
             console.print(Text.assemble("  ", mark(s.status), f" {s.name}: {s.why}"))
-            for cmd in s.commands(n.host) if s.status != P.OK else []:
+            for cmd in s.commands(n.host) if s.status != S.OK else []:
                 console.print(f"      $ {cmd}", markup=False)
-            for text in s.files() if s.status != P.OK else []:
+            for text in s.files() if s.status != S.OK else []:
                 console.print("\n".join("        | " + line for line in text.splitlines()),
                               markup=False)
     pending = sum(P.pending(n.before) for n in report.nodes.values() if not n.problem)
@@ -174,7 +175,7 @@ def _render_applied(console: Console, report: SetupReport) -> None:
                 cells.append(Text("FAILED", style="bold red"))
             elif name not in final:
                 cells.append(Text("-", style="dim"))
-            elif (host, name) in changed and final[name].status == P.OK:
+            elif (host, name) in changed and final[name].status == S.OK:
                 cells.append(Text("changed", style="cyan"))
             else:
                 cells.append(mark(final[name].status))
@@ -189,7 +190,7 @@ def _render_applied(console: Console, report: SetupReport) -> None:
                 console.print(Text.assemble("  ", ("FAILED", "bold red"),
                                             f" {host}: {name}: {d.strip()[-500:]}"))
         for step in n.final:
-            if step.status == P.BLOCKED:
+            if step.status == S.BLOCKED:
                 console.print(Text.assemble("  ", mark(step.status),
                                             f" {host}: {step.name}: {step.why}"))
                 for cmd in step.commands(host):

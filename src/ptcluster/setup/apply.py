@@ -32,6 +32,7 @@ from ptcluster.remote.sync import tar_pipe
 from ptcluster.remote.transport import SshTransport, remote_command, ssh_argv
 from ptcluster.setup import plan as P
 from ptcluster.setup import slurm_apply
+from ptcluster.setup import steps as S
 from ptcluster.setup.login import (
     NodeFailure,
     NodeSession,
@@ -125,7 +126,7 @@ class Setup:
             return self._askpass
 
     # -- head ----------------------------------------------------------------------------------
-    def head_key(self) -> tuple[list[P.Step], str]:
+    def head_key(self) -> tuple[list[S.Step], str]:
         """The head's key step(s) and the public key the nodes get."""
         paths = {n.ssh.identity_file or "~/.ssh/id_ed25519" for n in self.spec.nodes}
         steps, pubkey = [], ""
@@ -135,21 +136,21 @@ class Setup:
             argv = ("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
                     f"ptcluster@{socket.gethostname()}", "-f", str(path))
             if path.exists() and pub.exists():
-                steps.append(P.Step("head key", P.OK, str(path)))
+                steps.append(S.Step("head key", S.OK, str(path)))
             elif path.exists():
-                steps.append(P.Step("head key", P.BLOCKED, f"{path} exists without {pub.name}: "
-                                    "never overwritten", (P.StepAction(("ssh-keygen", "-y", "-f",
+                steps.append(S.Step("head key", S.BLOCKED, f"{path} exists without {pub.name}: "
+                                    "never overwritten", (S.StepAction(("ssh-keygen", "-y", "-f",
                                                                         str(path))),)))
                 continue
             elif self.opts.dry_run:
-                steps.append(P.Step("head key", P.CHANGE, f"no key at {path}",
-                                    (P.StepAction(argv),)))
+                steps.append(S.Step("head key", S.CHANGE, f"no key at {path}",
+                                    (S.StepAction(argv),)))
                 pubkey = pubkey or "ssh-ed25519 <the new key> ptcluster"
                 continue
             else:
                 path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 subprocess.run(list(argv), check=True, capture_output=True, timeout=30)
-                steps.append(P.Step("head key", P.OK, f"{path} (created)"))
+                steps.append(S.Step("head key", S.OK, f"{path} (created)"))
             pubkey = pubkey or pub.read_text().strip()
         return steps, pubkey
 
@@ -308,7 +309,7 @@ class Setup:
         # the interface is the route to the master's address as the head resolves it: the
         # master's name may resolve on the nodes only once the /etc/hosts step ran
         master = self.targets[self.spec.nodes[0].host][0]
-        return {"pubkey": self.pubkey, "venv": P.VENV, "wheelhouse": P.WHEELHOUSE,
+        return {"pubkey": self.pubkey, "venv": P.VENV, "wheelhouse": S.WHEELHOUSE,
                 "env_file": P.ENV_FILE, "packages": list(P.PACKAGES), "master_addr": master,
                 "workdir": node.workdir}
 
@@ -324,9 +325,9 @@ class Setup:
         return choose_torch(version, gpus, self.opts.torch_backend)
 
     def _cluster_facts(self, facts: dict[str, dict[str, Any]],
-                       torch: TorchChoice) -> P.ClusterFacts:
+                       torch: TorchChoice) -> S.ClusterFacts:
         master_addr = self.spec.master.addr
-        return P.ClusterFacts(
+        return S.ClusterFacts(
             pubkey=self.pubkey, torch=torch, self_version=self_version(),
             python=f"{sys.version_info[0]}.{sys.version_info[1]}",
             addrs={h: o.addr for h, o in self.outcomes.items() if o.addr},
@@ -344,7 +345,7 @@ class Setup:
         facts = dict(self._facts[node.host] or {})
         before = {s.name: s for s in outcome.before}
         for d in P.step_defs(self.cluster):
-            if d.phase != phase or (phase == 1 and before[d.name].status == P.OK):
+            if d.phase != phase or (phase == 1 and before[d.name].status == S.OK):
                 continue
             if d.sections:  # the step's own facts, read again right now
                 only = list(d.sections)
@@ -352,12 +353,12 @@ class Setup:
                                                        self.opts.timeout * 3), only))
             cluster = self.cluster
             step = d.plan(node.host, facts, cluster)  # this step alone, from those facts
-            if d.wheelhouse and step.status == P.CHANGE:
+            if d.wheelhouse and step.status == S.CHANGE:
                 step = d.plan(node.host, facts, self._with_manifest(cluster))
-            if step.status == P.OK:
+            if step.status == S.OK:
                 outcome.applied.append((d.name, "skipped", "already done"))
                 continue
-            if step.status == P.BLOCKED:
+            if step.status == S.BLOCKED:
                 outcome.applied.append((d.name, "blocked", step.why))
                 continue
             self.on_event(node.host, f"{d.name}: {step.why}")
@@ -373,7 +374,7 @@ class Setup:
                 outcome.seconds[d.name] = time.monotonic() - begun
                 self.on_event(node.host, f"{d.name}: done ({outcome.seconds[d.name]:.1f} s)")
 
-    def _with_manifest(self, cluster: P.ClusterFacts) -> P.ClusterFacts:
+    def _with_manifest(self, cluster: S.ClusterFacts) -> S.ClusterFacts:
         """``cluster`` with the head's wheelhouse manifest, the wheelhouse prepared first (once,
         for every node)."""
         with self._wheels_lock:
@@ -394,7 +395,7 @@ class Setup:
         self.cluster = replace(self.cluster, manifest=self._wheels[1])
         return replace(cluster, manifest=self._wheels[1])
 
-    def _act(self, node: NodeSpec, session: NodeSession, action: P.StepAction) -> tuple[bool, str]:
+    def _act(self, node: NodeSpec, session: NodeSession, action: S.StepAction) -> tuple[bool, str]:
         if action.kind == "copy":
             return self._copy(node, list(action.argv))
         argv = list(action.argv)
@@ -408,8 +409,8 @@ class Setup:
     def _copy(self, node: NodeSpec, names: list[str]) -> tuple[bool, str]:
         assert self._wheels is not None
         folder = self._wheels[0]
-        remote = remote_command(["sh", "-c", f"mkdir -p {P.WHEELHOUSE} && tar -C "
-                                 f"{P.WHEELHOUSE} -xf -"])
+        remote = remote_command(["sh", "-c", f"mkdir -p {S.WHEELHOUSE} && tar -C "
+                                 f"{S.WHEELHOUSE} -xf -"])
         ssh = ssh_argv(node.host, self.ssh[node.host]) + [remote]
         listing = "\0".join(names).encode() + b"\0"
         proc = tar_pipe(folder, listing, ssh, timeout=3600)  # the same pipe as `sync`

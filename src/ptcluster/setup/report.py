@@ -8,6 +8,7 @@ from typing import Any
 
 from ptcluster.errors import Problem
 from ptcluster.setup import plan as P
+from ptcluster.setup import steps as S
 from ptcluster.setup.torch_choice import TorchChoice
 
 
@@ -19,9 +20,9 @@ class NodeSetupOutcome:
     addr: str = ""
     connection: str = ""
     """How the head got in: ``key``, ``password``, or why it could not."""
-    before: list[P.Step] = field(default_factory=list)
+    before: list[S.Step] = field(default_factory=list)
     """The plan from the first facts."""
-    after: list[P.Step] = field(default_factory=list)
+    after: list[S.Step] = field(default_factory=list)
     """The plan from the facts after apply (empty in a dry run)."""
     applied: list[tuple[str, str, str]] = field(default_factory=list)
     """(step, changed | failed | skipped, detail) for every step apply looked at."""
@@ -31,7 +32,7 @@ class NodeSetupOutcome:
     """Where the time went: ``facts``, each applied step, ``confirm``."""
 
     @property
-    def final(self) -> list[P.Step]:
+    def final(self) -> list[S.Step]:
         return self.after or self.before
 
     @property
@@ -52,7 +53,7 @@ class NodeSetupOutcome:
 @dataclass
 class SetupReport:
     nodes: dict[str, NodeSetupOutcome]
-    head: list[P.Step]
+    head: list[S.Step]
     torch: TorchChoice | None
     dry_run: bool
     duration: float = 0.0

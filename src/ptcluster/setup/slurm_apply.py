@@ -17,6 +17,7 @@ from ptcluster.cluster.model import NodeSpec
 from ptcluster.node.wire import Kind
 from ptcluster.remote import replies
 from ptcluster.setup import plan as P
+from ptcluster.setup import steps as S
 from ptcluster.setup.slurm import SlurmCluster, head_munge_key, node_name, slurm_cluster
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def cluster_wide(setup: Setup) -> None:
 
 def _run(setup: Setup, host: str, argv: list[str], timeout: float) -> tuple[bool, str]:
     node = next(n for n in setup.spec.nodes if n.host == host)
-    return setup._act(node, setup.sessions[host], P.StepAction(tuple(argv), root=True,
+    return setup._act(node, setup.sessions[host], S.StepAction(tuple(argv), root=True,
                                                               timeout=timeout))
 
 
@@ -171,7 +172,7 @@ def trainer_job(setup: Setup, ctl: str, n: int) -> dict[str, Any]:
     submit = [P.VENV_PYTHON, "-m", "ptcluster", "submit", "--nodes", str(n), "--nproc", "1",
               "--run-dir", PROOF_DIR, "--job-name", "ptcluster-setup-trainer", "--",
               "-m", "ptcluster.examples.mnist", "--epochs", "1"]
-    ok, text = setup._act(node, session, P.StepAction(
+    ok, text = setup._act(node, session, S.StepAction(
         ("sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", node.workdir or "~/", *submit),
         timeout=120))
     job = text.strip().splitlines()[-1] if ok and text.strip() else ""
@@ -189,7 +190,7 @@ def trainer_job(setup: Setup, ctl: str, n: int) -> dict[str, Any]:
         time.sleep(2.0)
     out["state"] = fields.get("JobState", "unknown")
     # (the trainer's own line, wherever it is: the log ends with every rank's summary)
-    _, log = setup._act(node, session, P.StepAction(("grep", "-a", "final epochs=",
+    _, log = setup._act(node, session, S.StepAction(("grep", "-a", "final epochs=",
                                                      fields.get("StdOut", "/dev/null"))))
     final = [line for line in log.splitlines() if "final epochs=" in line]
     out["final"] = final[-1].strip() if final else None
