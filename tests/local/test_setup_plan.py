@@ -347,7 +347,8 @@ def test_setup_closes_a_session_it_gave_up_on() -> None:
     # session is kept: its ssh and node program must still be ended with the others
     from ptcluster.cluster import parse_cluster_text
     from ptcluster.remote.transport import LocalTransport
-    from ptcluster.setup.apply import Setup, SetupOptions
+    from ptcluster.setup.apply import Setup
+    from ptcluster.setup.options import SetupOptions
 
     spec = parse_cluster_text("nodes: [{host: n1}]\n", "c.yaml")
     setup = Setup(spec, SetupOptions(dry_run=True), password=lambda: None)
@@ -364,7 +365,8 @@ def test_the_real_node_programs_facts_pass_the_heads_check() -> None:
     from ptcluster.cluster import parse_cluster_text
     from ptcluster.node.wire import Kind
     from ptcluster.remote.transport import LocalTransport
-    from ptcluster.setup.apply import Setup, SetupOptions
+    from ptcluster.setup.apply import Setup
+    from ptcluster.setup.options import SetupOptions
 
     spec = parse_cluster_text("nodes: [{host: n1}]\n", "c.yaml")
     setup = Setup(spec, SetupOptions(dry_run=True), password=lambda: None)
@@ -386,7 +388,8 @@ def test_apply_replans_only_the_step_it_applies(monkeypatch, tmp_path: Path) -> 
     from dataclasses import replace
 
     from ptcluster.cluster import parse_cluster_text
-    from ptcluster.setup.apply import Setup, SetupOptions
+    from ptcluster.setup.apply import Setup
+    from ptcluster.setup.options import SetupOptions
 
     planned: list[str] = []
 
@@ -407,14 +410,14 @@ def test_apply_replans_only_the_step_it_applies(monkeypatch, tmp_path: Path) -> 
 
     spec = parse_cluster_text("nodes: [{host: n1}]\n", "c.yaml")
     setup = Setup(spec, SetupOptions(), password=lambda: None)
-    setup.cluster, setup._facts["n1"] = CF, FRESH
+    setup.cluster, setup.facts["n1"] = CF, FRESH
     setup._wheels = (tmp_path, {"torch.whl": "aa"})  # the head's wheelhouse, prepared already
     setup.sessions["n1"] = Session()  # type: ignore[assignment]
     setup.outcomes["n1"].before = P.plan_node("n1", FRESH, CF)
     acted: list[S.StepAction] = []
     monkeypatch.setattr(setup, "_act", lambda node, session, a: (acted.append(a), (True, ""))[1])
     planned.clear()
-    setup._apply(spec.nodes[0])
+    setup.apply_phase(spec.nodes[0])
 
     pending = [d for d, s in zip(defs, setup.outcomes["n1"].before, strict=True)
                if s.status != S.OK]

@@ -21,7 +21,8 @@ import pytest
 from ptcluster.cluster import parse_cluster_text
 from ptcluster.setup import plan as P
 from ptcluster.setup import steps as S
-from ptcluster.setup.apply import SetupOptions, run_setup
+from ptcluster.setup.apply import run_setup
+from ptcluster.setup.options import SetupOptions
 from ptcluster.setup.report import NodeSetupOutcome
 from ptcluster.setup.secret import Secret
 from tests.support import bare

@@ -1,10 +1,14 @@
-"""The layout stays readable: no module over ``MAX_MODULE`` lines, no function over
-``MAX_FUNCTION``, and no import circle between ptcluster's modules (imports that run when a module
-loads; those under ``TYPE_CHECKING`` or inside a function do not count). Read from the source."""
+"""The layout stays readable: no module over ``MAX_MODULE`` lines of code (statements: never a
+docstring, a comment or a blank line, so that none has to go to meet it), no function over
+``MAX_FUNCTION`` lines, and no import circle between ptcluster's modules, counting every import --
+those under ``TYPE_CHECKING`` and those inside a function too (a circle hidden there is still a
+circle in the design) -- but the allow-listed pair below. Read from the source."""
 
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 import ptcluster
@@ -12,6 +16,12 @@ import ptcluster
 SRC = Path(ptcluster.__file__).parent
 MAX_MODULE = 450
 MAX_FUNCTION = 60
+ALLOWED_CIRCLES = [
+    # the reactor and its handle: the hub (one I/O thread for every channel of the process)
+    # calls back into the channels it serves, typed under TYPE_CHECKING only; a channel
+    # registers with the hub. One concern in two modules, each readable alone.
+    ["ptcluster.remote.channel", "ptcluster.remote.hub", "ptcluster.remote.channel"],
+]
 
 
 def module_name(path: Path) -> str:
@@ -22,31 +32,37 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
 
 
-def load_time_imports(tree: ast.Module, name: str) -> set[str]:
-    """The ptcluster modules ``name`` imports when it loads."""
+def code_lines(text: str) -> int:
+    """Lines that hold code: a token other than a comment, outside every string statement
+    (docstrings, attribute docstrings)."""
+    docs: set[int] = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str) and node.end_lineno:
+            docs.update(range(node.lineno, node.end_lineno + 1))
+    lines: set[int] = set()
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENDMARKER}
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type not in skip:
+            lines.update(range(tok.start[0], tok.end[0] + 1))
+    return len(lines - docs)
+
+
+def imports(tree: ast.Module, name: str) -> set[str]:
+    """Every ptcluster module ``name`` imports, wherever the import is (at load, under
+    ``TYPE_CHECKING``, in a function)."""
     found: set[str] = set()
-
-    def visit(body: list[ast.stmt]) -> None:
-        for node in body:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                visit(node.orelse)
-                continue
-            if isinstance(node, (ast.If, ast.Try)):
-                visit(node.body)
-                visit(getattr(node, "orelse", []))
-                for handler in getattr(node, "handlers", []):
-                    visit(handler.body)
-            elif isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name in MODULES)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for alias in node.names:
-                    sub = f"{node.module}.{alias.name}"
-                    if sub in MODULES:
-                        found.add(sub)
-                    elif node.module in MODULES:
-                        found.add(node.module)
-
-    visit(tree.body)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in MODULES)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                if sub in MODULES:
+                    found.add(sub)
+                elif node.module in MODULES:
+                    found.add(node.module)
     found.discard(name)
     return found
 
@@ -68,9 +84,29 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_module_is_too_long() -> None:
-    long = {name: n for name, p in MODULES.items()
-            if (n := p.read_text().count("\n")) > MAX_MODULE}
-    assert not long, f"modules over {MAX_MODULE} lines (one concern each?): {long}"
+    long = {name: n for name, p in MODULES.items() if (n := code_lines(p.read_text())) > MAX_MODULE}
+    assert not long, f"modules over {MAX_MODULE} lines of code (one concern each?): {long}"
+
+
+SAMPLE = '''"""A module
+
+its docstring."""
+
+# a comment
+X = 1
+"""X's docstring."""
+
+
+def f(a,
+      b):  # trailing
+    """f's docstring."""
+    return (a +
+            b)
+'''
+
+
+def test_code_lines_count_statements_only() -> None:
+    assert code_lines(SAMPLE) == 5  # X = 1; def f(a, / b):; return (a + / b)
 
 
 def test_no_function_is_too_long() -> None:
@@ -82,9 +118,8 @@ def test_no_function_is_too_long() -> None:
 
 
 def test_no_import_circle() -> None:
-    graph = {name: load_time_imports(ast.parse(p.read_text()), name)
-             for name, p in MODULES.items()}
-    assert import_circles(graph) == []
+    graph = {name: imports(ast.parse(p.read_text()), name) for name, p in MODULES.items()}
+    assert import_circles(graph) == ALLOWED_CIRCLES
 
 
 def test_the_circle_finder_finds_circles_and_only_them() -> None:
@@ -93,4 +128,5 @@ def test_the_circle_finder_finds_circles_and_only_them() -> None:
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                      "    from ptcluster.launch import plan\nfrom ptcluster.node import wire\n"
                      "def f():\n    from ptcluster import errors\n")
-    assert load_time_imports(tree, "x") == {"ptcluster.node.wire"}
+    assert imports(tree, "x") == {"ptcluster.launch.plan", "ptcluster.node.wire",
+                                  "ptcluster.errors"}

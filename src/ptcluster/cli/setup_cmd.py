@@ -21,7 +21,8 @@ from ptcluster.cli.console import terminal
 from ptcluster.errors import UsageError
 from ptcluster.setup import plan as P
 from ptcluster.setup import steps as S
-from ptcluster.setup.apply import SetupOptions, run_setup
+from ptcluster.setup.apply import run_setup
+from ptcluster.setup.options import SetupOptions
 from ptcluster.setup.report import SetupReport
 from ptcluster.setup.secret import Secret, read_password_file
 from ptcluster.setup.torch_choice import VARIANT

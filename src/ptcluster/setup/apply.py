@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from ptcluster.remote.transport import SshTransport, remote_command, ssh_argv
 from ptcluster.setup import plan as P
 from ptcluster.setup import slurm_apply
 from ptcluster.setup import steps as S
+from ptcluster.setup.executor import Event
 from ptcluster.setup.login import (
     NodeFailure,
     NodeSession,
@@ -42,38 +43,20 @@ from ptcluster.setup.login import (
     ssh_target,
     with_options,
 )
+from ptcluster.setup.options import SetupOptions
 from ptcluster.setup.report import NodeSetupOutcome, SetupReport
 from ptcluster.setup.secret import Askpass, Secret
 from ptcluster.setup.torch_choice import GpuNode, TorchChoice, choose_torch
-from ptcluster.setup.wheels import DEFAULT_WHEELHOUSE, prepare_wheelhouse, self_version
+from ptcluster.setup.wheels import prepare_wheelhouse, self_version
 
 log = logging.getLogger(__name__)
-Event = Callable[[str, str], None]
 NODE_PYTHON = "python3"
 """The setup program runs on the node's system Python (Debian/Ubuntu always have python3)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class SetupOptions:
-    dry_run: bool = False
-    """Facts and plan only: nothing changes on any node."""
-    accept_new_host_keys: bool = False
-    """Trust a node's host key the first time it is seen (ssh's accept-new); never a changed one."""
-    torch_backend: str = "auto"
-    """``auto`` (from the nodes' GPUs and drivers), ``cpu`` or ``cuXYZ``."""
-    wheelhouse: str = DEFAULT_WHEELHOUSE
-    """Where the head keeps the wheels it downloads for the nodes."""
-    timeout: float = 60.0
-    """Seconds for a node to answer (connect, facts); commands have their own (long) limits."""
-    slurm: bool = False
-    """``--slurm``: make the nodes a Slurm cluster (as the cluster file's ``slurm:`` does)."""
-    slurm_proof: str = "trainer"
-    """``srun`` (sinfo idle, ``srun -N<all>``) or ``trainer`` (that, then the reference trainer
-    through ``ptcluster submit``)."""
-
-
 class Setup:
-    """One ``ptcluster setup`` run over a cluster."""
+    """One ``ptcluster setup`` run over a cluster (``setup.executor.Executor`` is what a phase
+    defined elsewhere may use of it)."""
 
     def __init__(self, spec: ClusterSpec, opts: SetupOptions, *,
                  password: Callable[[], Secret | None], on_event: Event | None = None,
@@ -82,7 +65,8 @@ class Setup:
         self.only = only
         """--node: apply on these hosts only (facts still come from every node: the firewall
         rules and /etc/hosts name all of them)."""
-        self._facts: dict[str, dict[str, Any] | None] = {n.host: None for n in spec.nodes}
+        self.facts: dict[str, dict[str, Any] | None] = {n.host: None for n in spec.nodes}
+        """host -> its facts as last read (None: not reached)."""
         self.opts = opts
         self._password_source = password
         self._password: Secret | None = known_password
@@ -108,6 +92,22 @@ class Setup:
         self.slurm_removed: dict[str, list[Any]] = {}
         """Nodes gone from the cluster file: ``removed`` (drained, out of slurm.conf) and
         ``draining`` (drained, still running jobs: kept in slurm.conf)."""
+        self.pubkey = ""
+        """The public key the nodes get (``head_key``)."""
+        self.targets: dict[str, tuple[str, int]] = {}
+        """host -> (address, port) as ssh reaches it (``ssh -G``)."""
+        self._cluster: S.ClusterFacts | None = None
+
+    @property
+    def cluster(self) -> S.ClusterFacts:
+        """What every node's plan depends on beyond its own facts (read once every node
+        answered, in ``run``)."""
+        assert self._cluster is not None, "the cluster's facts are made in run()"
+        return self._cluster
+
+    @cluster.setter
+    def cluster(self, value: S.ClusterFacts) -> None:
+        self._cluster = value
 
     # -- password ------------------------------------------------------------------------------
     def password(self) -> Secret | None:
@@ -157,25 +157,24 @@ class Setup:
     # -- phases --------------------------------------------------------------------------------
     def run(self) -> SetupReport:
         begun = time.monotonic()
-        head, pubkey = self.head_key()
-        self.pubkey = pubkey
+        head, self.pubkey = self.head_key()
         with ThreadPoolExecutor(max_workers=16) as pool:  # ssh -G: local, ~20 ms each
             self.targets = dict(zip([n.host for n in self.spec.nodes],
                                     pool.map(ssh_target, self.spec.nodes), strict=True))
         for host, (addr, _) in self.targets.items():
             self.outcomes[host].addr = addr
         try:
-            self._parallel(self._connect_and_facts)
-            facts = {h: o for h, o in self._facts.items() if o is not None}
+            self.each(self._connect_and_facts, "connect_and_facts")
+            facts = {h: o for h, o in self.facts.items() if o is not None}
             torch = self._choose_torch(facts)
             self.cluster = self._cluster_facts(facts, torch)
             for host, f in facts.items():
                 self.outcomes[host].before = P.plan_node(host, f, self.cluster)
             if not self.opts.dry_run:
-                self._parallel(self._apply, selected=True)
+                self.each(self.apply_phase, selected=True)
                 if self.slurm is not None:
                     slurm_apply.cluster_wide(self)
-                self._parallel(self._confirm, selected=True)
+                self.each(self._confirm, "confirm", selected=True)
                 if self.slurm is not None:
                     self.slurm_report = slurm_apply.verify(self)
         except BaseException:
@@ -199,8 +198,9 @@ class Setup:
         for session in sessions:
             session.channel.close(deadline)
 
-    def _parallel(self, work: Callable[[NodeSpec], None], selected: bool = False,
-                  hosts: set[str] | None = None) -> None:
+    # -- the executor (``setup.executor.Executor``) ------------------------------------------
+    def each(self, work: Callable[[NodeSpec], None], label: str | None = None, *,
+             selected: bool = False, hosts: set[str] | None = None) -> None:
         def guarded(node: NodeSpec) -> None:
             outcome = self.outcomes[node.host]
             if outcome.problem:
@@ -208,8 +208,8 @@ class Setup:
             begun = time.monotonic()
             try:
                 work(node)
-                if not work.__name__.startswith("_apply"):
-                    outcome.seconds[work.__name__.strip("_")] = time.monotonic() - begun
+                if label is not None:
+                    outcome.seconds[label] = time.monotonic() - begun
             except NodeFailure as exc:
                 outcome.problem = exc.problem
                 self.on_event(node.host, f"failed: {exc.problem.what}")
@@ -226,6 +226,20 @@ class Setup:
             t.start()
         for t in threads:
             t.join()
+
+    def reached(self, host: str) -> bool:
+        return host in self.sessions
+
+    def refresh(self, host: str, sections: list[str]) -> None:
+        reply = self.sessions[host].ask(Kind.FACTS, {"only": sections},
+                                        self.opts.timeout * 3)  # (checked: replies)
+        facts = self.facts[host]
+        if facts is not None:  # those sections alone: never the hostname checked at connect
+            facts.update(replies.fresh(reply, sections))
+
+    def act(self, host: str, action: S.StepAction) -> tuple[bool, str]:
+        node = next(n for n in self.spec.nodes if n.host == host)
+        return self._act(node, self.sessions[host], action)
 
     def _connect_and_facts(self, node: NodeSpec) -> None:
         outcome = self.outcomes[node.host]
@@ -257,7 +271,7 @@ class Setup:
         refused = P.hostname_problem(facts)
         if refused is not None:
             raise NodeFailure(refused.what, refused.fix or "")
-        self._facts[node.host] = facts
+        self.facts[node.host] = facts
         self.on_event(node.host, f"facts ({outcome.connection})")
 
     def sections(self) -> list[str]:
@@ -337,12 +351,12 @@ class Setup:
             slurm=None if self.slurm is None else slurm_apply.cluster_slurm(self))
 
     # -- apply ---------------------------------------------------------------------------------
-    def _apply(self, node: NodeSpec, phase: int = 1) -> None:
+    def apply_phase(self, node: NodeSpec, phase: int = 1) -> None:
         """Phase 1: each step whose first plan was a change, planned again from its fresh
         facts; phase 2 (``StepDef.phase``, after phase 1 on every node): each such step."""
         outcome = self.outcomes[node.host]
         session = self.sessions[node.host]
-        facts = dict(self._facts[node.host] or {})
+        facts = dict(self.facts[node.host] or {})
         before = {s.name: s for s in outcome.before}
         for d in P.step_defs(self.cluster):
             if d.phase != phase or (phase == 1 and before[d.name].status == S.OK):

@@ -11,17 +11,13 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ptcluster.cluster.model import NodeSpec
-from ptcluster.node.wire import Kind
-from ptcluster.remote import replies
 from ptcluster.setup import plan as P
 from ptcluster.setup import steps as S
+from ptcluster.setup.executor import Executor
 from ptcluster.setup.slurm import SlurmCluster, head_munge_key, node_name, slurm_cluster
-
-if TYPE_CHECKING:
-    from ptcluster.setup.apply import Setup
 
 TRAINER_WAIT = 900.0
 """Seconds for the trainer's job to end (one epoch: ~10 s here, on 3 CPU nodes)."""
@@ -32,13 +28,13 @@ IDLE_WAIT = 90.0
 CHECK_JOB = "ptcluster-setup-check"
 
 
-def cluster_slurm(setup: Setup, keep: tuple[str, ...] = ()) -> SlurmCluster:
+def cluster_slurm(setup: Executor, keep: tuple[str, ...] = ()) -> SlurmCluster:
     """The cluster's Slurm from the facts at hand; the head's munge key made now unless this
     is a dry run (which changes nothing, the head included)."""
     assert setup.slurm is not None
     _, key = head_munge_key(setup.slurm.controller, create=not setup.opts.dry_run)
     addrs = {h: o.addr for h, o in setup.outcomes.items()}
-    return slurm_cluster(setup.slurm, dict(setup._facts), addrs, key, keep)
+    return slurm_cluster(setup.slurm, dict(setup.facts), addrs, key, keep)
 
 
 def conf_nodes(conf: str | None) -> dict[str, str]:
@@ -51,17 +47,17 @@ def conf_nodes(conf: str | None) -> dict[str, str]:
     return out
 
 
-def drain_removed(setup: Setup) -> tuple[str, ...]:
+def drain_removed(setup: Executor) -> tuple[str, ...]:
     """Nodes in the controller's slurm.conf but no longer in the cluster file: drained (their
     jobs finish, no new one starts there); those still running a job keep their line in
     slurm.conf until a later run (the lines returned), the others leave it now."""
     assert setup.slurm is not None
     ctl = setup.slurm.controller
-    facts = setup._facts.get(ctl)
-    if facts is None or ctl not in setup.sessions:
+    facts = setup.facts.get(ctl)
+    if facts is None or not setup.reached(ctl):
         return ()
     old = conf_nodes(facts["slurm"]["files"].get("slurm.conf"))
-    now = {node_name(f) for f in setup._facts.values() if f is not None}
+    now = {node_name(f) for f in setup.facts.values() if f is not None}
     keep: list[str] = []
     said = setup.slurm_removed
     for name in [n for n in old if n not in now]:
@@ -80,52 +76,44 @@ def drain_removed(setup: Setup) -> tuple[str, ...]:
     return tuple(keep)
 
 
-def cluster_wide(setup: Setup) -> None:
+def cluster_wide(setup: Executor) -> None:
     """Phase 2 on every node (the controller first); ``scontrol reconfigure`` when a node's
     files changed."""
     assert setup.slurm is not None
     ctl = setup.slurm.controller
 
     def refresh(node: NodeSpec) -> None:
-        only = ["slurm"]
-        reply = setup.sessions[node.host].ask(Kind.FACTS, {"only": only},
-                                              setup.opts.timeout * 3)  # (checked: replies)
-        facts = setup._facts[node.host]
-        if facts is not None:  # the slurm section alone: never the hostname checked at connect
-            facts.update(replies.fresh(reply, only))
+        setup.refresh(node.host, ["slurm"])
 
-    setup._parallel(refresh)
+    setup.each(refresh, "refresh")
     setup.cluster = replace(setup.cluster, slurm=cluster_slurm(setup, drain_removed(setup)))
 
     def phase2(node: NodeSpec) -> None:
-        setup._apply(node, phase=2)
+        setup.apply_phase(node, 2)
 
-    phase2.__name__ = "_apply_cluster_wide"
-    setup._parallel(phase2, selected=True, hosts={ctl})
-    setup._parallel(phase2, selected=True, hosts={h for h in setup.outcomes if h != ctl})
+    setup.each(phase2, selected=True, hosts={ctl})
+    setup.each(phase2, selected=True, hosts={h for h in setup.outcomes if h != ctl})
     changed = any(s == "slurm.conf" and r == "changed" for o in setup.outcomes.values()
                   for s, r, _ in o.applied)
-    if changed and ctl in setup.sessions and setup.outcomes[ctl].problem is None:
+    if changed and setup.reached(ctl) and setup.outcomes[ctl].problem is None:
         ok, out = _run(setup, ctl, ["scontrol", "reconfigure"], 60)
         setup.on_event(ctl, "scontrol reconfigure: " + ("done" if ok else f"FAILED {out}"))
 
 
-def _run(setup: Setup, host: str, argv: list[str], timeout: float) -> tuple[bool, str]:
-    node = next(n for n in setup.spec.nodes if n.host == host)
-    return setup._act(node, setup.sessions[host], S.StepAction(tuple(argv), root=True,
-                                                              timeout=timeout))
+def _run(setup: Executor, host: str, argv: list[str], timeout: float) -> tuple[bool, str]:
+    return setup.act(host, S.StepAction(tuple(argv), root=True, timeout=timeout))
 
 
-def verify(setup: Setup) -> dict[str, Any]:
+def verify(setup: Executor) -> dict[str, Any]:
     """``sinfo`` until every node is idle, then ``srun -N<all>`` on them: ``{ok, sinfo, job_id,
     ran_on, problem, seconds}``."""
     assert setup.slurm is not None
     begun = time.monotonic()
     ctl = setup.slurm.controller
-    names = {node_name(f) for f in setup._facts.values() if f is not None}
+    names = {node_name(f) for f in setup.facts.values() if f is not None}
     out: dict[str, Any] = {"ok": False, "controller": ctl, "nodes": sorted(names),
                            **setup.slurm_removed}
-    if ctl not in setup.sessions or setup.outcomes[ctl].problem is not None or \
+    if not setup.reached(ctl) or setup.outcomes[ctl].problem is not None or \
             len(names) != len(setup.spec.nodes):
         out["problem"] = "not every node was reached: no job was tried"
         return out
@@ -164,15 +152,14 @@ def verify(setup: Setup) -> dict[str, Any]:
     return out
 
 
-def trainer_job(setup: Setup, ctl: str, n: int) -> dict[str, Any]:
+def trainer_job(setup: Executor, ctl: str, n: int) -> dict[str, Any]:
     """``ptcluster submit --nodes n`` of the reference trainer (one epoch), waited for:
     ``{ok, job_id, state, final, problem}``."""
     node = next(x for x in setup.spec.nodes if x.host == ctl)
-    session = setup.sessions[ctl]
     submit = [P.VENV_PYTHON, "-m", "ptcluster", "submit", "--nodes", str(n), "--nproc", "1",
               "--run-dir", PROOF_DIR, "--job-name", "ptcluster-setup-trainer", "--",
               "-m", "ptcluster.examples.mnist", "--epochs", "1"]
-    ok, text = setup._act(node, session, S.StepAction(
+    ok, text = setup.act(ctl, S.StepAction(
         ("sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", node.workdir or "~/", *submit),
         timeout=120))
     job = text.strip().splitlines()[-1] if ok and text.strip() else ""
@@ -190,7 +177,7 @@ def trainer_job(setup: Setup, ctl: str, n: int) -> dict[str, Any]:
         time.sleep(2.0)
     out["state"] = fields.get("JobState", "unknown")
     # (the trainer's own line, wherever it is: the log ends with every rank's summary)
-    _, log = setup._act(node, session, S.StepAction(("grep", "-a", "final epochs=",
+    _, log = setup.act(ctl, S.StepAction(("grep", "-a", "final epochs=",
                                                      fields.get("StdOut", "/dev/null"))))
     final = [line for line in log.splitlines() if "final epochs=" in line]
     out["final"] = final[-1].strip() if final else None

@@ -13,7 +13,16 @@ import shlex
 from typing import Any
 
 from ptcluster.setup.slurm import FILES, SlurmCluster
-from ptcluster.setup.steps import BLOCKED, CHANGE, OK, ClusterFacts, Step, StepAction, StepDef
+from ptcluster.setup.steps import (
+    BLOCKED,
+    CHANGE,
+    OK,
+    ClusterFacts,
+    PlanFn,
+    Step,
+    StepAction,
+    StepDef,
+)
 
 
 def _wanted(host: str, sc: SlurmCluster) -> list[str]:
@@ -124,15 +133,14 @@ def _slurmd(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
     return _service("slurmd", host, facts, tuple(FILES))
 
 
-def _needs_files(plan: Any) -> Any:
-    """A cluster-wide step blocked until every node's Slurm facts are in (``cf.slurm``)."""
+def _needs_files(name: str, plan: PlanFn) -> PlanFn:
+    """Step ``name``, blocked until every node's Slurm facts are in (``cf.slurm``)."""
     def step(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
         if cf.slurm is None or not cf.slurm.files or "slurm" not in facts:
-            return Step(plan.__name__.strip("_"), BLOCKED, (cf.slurm and cf.slurm.why) or
+            return Step(name, BLOCKED, (cf.slurm and cf.slurm.why) or
                         "not every node answered: the cluster's Slurm files need the facts "
                         "of all of them")
-        return plan(host, facts, cf)  # type: ignore[no-any-return]
-    step.__name__ = plan.__name__
+        return plan(host, facts, cf)
     return step
 
 
@@ -140,9 +148,9 @@ SLURM_DEFS: tuple[StepDef, ...] = (
     StepDef("slurm packages", ("slurm",), _packages),
     StepDef("munge key", ("slurm",), _munge_key),
     StepDef("munge", ("slurm",), _munge),
-    StepDef("slurm.conf", ("slurm",), _needs_files(_files), phase=2),
-    StepDef("slurmctld", ("slurm",), _needs_files(_slurmctld), phase=2),
-    StepDef("slurmd", ("slurm",), _needs_files(_slurmd), phase=2),
+    StepDef("slurm.conf", ("slurm",), _needs_files("slurm.conf", _files), phase=2),
+    StepDef("slurmctld", ("slurm",), _needs_files("slurmctld", _slurmctld), phase=2),
+    StepDef("slurmd", ("slurm",), _needs_files("slurmd", _slurmd), phase=2),
 )
 """After setup's own steps, in this order; phase 2 once every node's phase 1 is done (the files
 need every node's ``slurmd -C``), the controller first (slurmctld up before the slurmds)."""

@@ -119,6 +119,10 @@ class ClusterFacts:
     """``setup --slurm``: the cluster's Slurm (``setup.slurm``); None: no Slurm steps."""
 
 
+PlanFn = Callable[[str, dict[str, Any], ClusterFacts], Step]
+"""How a step is planned: ``(host, the node's facts, the cluster's) -> Step``, pure."""
+
+
 @dataclass(frozen=True)
 class StepDef:
     """One setup step, declared once: its name, the facts it needs, the function that plans it
@@ -129,7 +133,7 @@ class StepDef:
     sections: tuple[str, ...]
     """The node's fact sections (``facts {"only": [...]}``) apply reads again right before it acts
     on this step; none for a step that only reports (never a change)."""
-    plan: Callable[[str, dict[str, Any], ClusterFacts], Step]
+    plan: PlanFn
     """``(host, the node's facts, the cluster's) -> Step``: pure."""
     wheelhouse: bool = False
     """Its commands name wheels of the head's wheelhouse: when the step is a change, apply
