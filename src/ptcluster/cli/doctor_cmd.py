@@ -22,7 +22,7 @@ from ptcluster.cli.common import (
     spec_for_our_ranks,
 )
 from ptcluster.cli.console import terminal
-from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN, Finding
+from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN, Finding, Status
 from ptcluster.doctor.diagnose import DoctorReport, diagnose
 from ptcluster.errors import Problem
 from ptcluster.venvs.runenv import chooser
@@ -32,7 +32,7 @@ STYLE = {OK: ("ok", "green"), WARN: ("warn", "yellow"), FAIL: ("FAIL", "bold red
 """How each status is shown: (word, Rich style)."""
 
 
-def mark(status: str) -> Text:
+def mark(status: Status) -> Text:
     return Text(*STYLE[status])
 
 
@@ -109,7 +109,7 @@ def render(console: Console, report: DoctorReport, hosts: list[str], *,
     console.print(Text.assemble(verdict, f" ({report.duration:.1f} s)"))
 
 
-def _table(checks: list[str], cells: dict[tuple[str, str], str], hosts: list[str]) -> Table:
+def _table(checks: list[str], cells: dict[tuple[str, str], Status], hosts: list[str]) -> Table:
     table = Table(title="ptcluster doctor", title_justify="left")
     table.add_column("check")
     for host in hosts:
@@ -119,7 +119,8 @@ def _table(checks: list[str], cells: dict[tuple[str, str], str], hosts: list[str
     return table
 
 
-def _counts(checks: list[str], cells: dict[tuple[str, str], str], hosts: list[str]) -> Table:
+def _counts(checks: list[str], cells: dict[tuple[str, str], Status],
+            hosts: list[str]) -> Table:
     """One row per check: how many nodes passed, warned, failed, were skipped, and the first
     nodes that did not pass."""
     table = Table(title=f"ptcluster doctor: {len(hosts)} nodes", title_justify="left")

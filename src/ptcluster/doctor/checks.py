@@ -11,13 +11,30 @@ import statistics
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, Reach
 from ptcluster.doctor.node_report import NodeReport, ProblemKind, address_of, interface_of
 from ptcluster.errors import Problem
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+
+class Status(str, Enum):
+    """A finding's status (a ``str`` enum: the table and ``--json`` show the value)."""
+
+    OK = "ok"
+    WARN = "warn"
+    """Worth knowing; doctor still passes."""
+    FAIL = "fail"
+    """A job would fail or hang: doctor exits 1."""
+    SKIP = "skip"
+    """Not checked (the node was not probed)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+OK, WARN, FAIL, SKIP = Status.OK, Status.WARN, Status.FAIL, Status.SKIP
 GIB = 1 << 30
 
 # Oldest Linux driver that runs a CUDA major version (NVIDIA's CUDA compatibility guide, "minor
@@ -29,7 +46,7 @@ MIN_DRIVER = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580, 65, 6)}
 class Finding:
     check: str
     host: str
-    status: str
+    status: Status
     detail: str
     fix: str | None = None
 
