@@ -202,6 +202,9 @@ class RunResult:
             "job_id": self.job_id, "ok": self.ok, "interrupted": self.interrupted,
             "gave_up": self.gave_up, "no_progress": self.no_progress, "ended_by": self.ended_by,
             "attempts": [a.to_json() for a in self.attempts],
+            "spares": [{"after_attempt": a.number, "node": node, "spare": spare,
+                        "why": a.dropped_why.get(node, "")}
+                       for a in self.attempts for node, spare in a.replaced.items()],
             "duration_s": round(self.duration, 3), "console_dropped": self.console_dropped,
             "log_errors": self.log_errors,
             "root_cause": None if self.root_cause is None else _failure_json(self.root_cause),
@@ -262,6 +265,9 @@ class AttemptRecord:
     """Nodes left out of the next attempt (lost, unhealthy, or failed twice)."""
     dropped_why: dict[str, str] = field(default_factory=dict)
     """Why each node of ``dropped`` was left out."""
+    replaced: dict[str, str] = field(default_factory=dict)
+    """Nodes of ``dropped`` whose place a spare takes in the next attempt: node -> spare
+    (``spares:`` of the cluster file)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.number, "hosts": self.hosts, "world_size": self.world_size,
@@ -271,7 +277,8 @@ class AttemptRecord:
                 "checkpoint_paths": self.checkpoint_paths,
                 "downtime_s": None if self.downtime is None else round(self.downtime, 3),
                 "started_at": self.started_at, "ended_at": self.ended_at,
-                "dropped": self.dropped, "dropped_why": self.dropped_why}
+                "dropped": self.dropped, "dropped_why": self.dropped_why,
+                "replaced": self.replaced}
 
 
 def _failure_json(f: Failure) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from ptcluster.launch.port import free_port
 from ptcluster.launch.result import AttemptRecord, FailureKind, RunResult
 from ptcluster.launch.rundir import RunDir, RunLogs, log_files_budget
 from ptcluster.launch.stacks.collector import StackCollector
-from ptcluster.launch.supervise.restart import RestartPolicy, decide
+from ptcluster.launch.supervise.restart import Decision, RestartPolicy, decide
 from ptcluster.launch.supervise.supervisor import Supervisor
 from ptcluster.remote.transport import Transport
 
@@ -56,6 +56,19 @@ class Restarts:
         return replan(self.spec, self.target, job_id=first.job_id, attempt=attempt,
                       hosts=hosts, addresses=addresses, port=port,
                       max_restarts=self.policy.max_restarts)
+
+
+def _size_change(before: LaunchPlan, after: LaunchPlan, decision: Decision) -> str:
+    """After the world size of a restart that put spares in: whether it stayed, and, when not,
+    whose slots differ (a spare runs with its own ``slots``)."""
+    if not decision.replace:
+        return ""
+    if after.world_size == before.world_size:
+        return " (the same: the spares' slots match)"
+    slots = {n.host: n.nproc for n in before.nodes + after.nodes}
+    differ = ", ".join(f"{spare} has {slots[spare]} slot(s), {node} had {slots[node]}"
+                       for node, spare in decision.replace if slots[spare] != slots[node])
+    return f" (was {before.world_size}: {differ or 'nodes were left out'})"
 
 
 class Notes:
@@ -219,19 +232,30 @@ class Runner:
             result.ended_by = self.ended_by() or ""
         decision = decide(None if self.restarts is None else self.restarts.policy,
                           attempts, result.failures, result.interrupted, view.cut_off,
-                          ended_by=result.ended_by, stop_requested=self.stops.count > 0)
+                          ended_by=result.ended_by, stop_requested=self.stops.count > 0,
+                          spares=self._spares_left(attempts))
         record.dropped, record.dropped_why = list(decision.drop), dict(decision.why)
+        record.replaced = dict(decision.replace)
         result.interrupted = result.interrupted or decision.stopped
         if not decision.restart or self.restarts is None:
             result.gave_up, result.no_progress = decision.reason, decision.no_progress
             return False
-        hosts = tuple(n.host for n in self.plan.nodes if n.host not in decision.drop)
+        hosts = tuple(n.host for n in self.plan.nodes if n.host not in decision.drop) + \
+            tuple(spare for _, spare in decision.replace)
+        before = self.plan
         self.plan = self.restarts.next_plan(self._first, len(attempts), hosts, self._addresses)
         self.notes(f"{decision.reason}: attempt {len(attempts)} on {len(hosts)} node(s), world "
-                   f"size {self.plan.world_size}, rendezvous port "
-                   f"{self.plan.master_port or 'auto'}")
+                   f"size {self.plan.world_size}{_size_change(before, self.plan, decision)}, "
+                   f"rendezvous port {self.plan.master_port or 'auto'}")
         self.layout.write_plan(self.plan, self.opts)
         return True
+
+    def _spares_left(self, attempts: list[AttemptRecord]) -> tuple[str, ...]:
+        """The cluster file's spares that no attempt ran on yet, in file order."""
+        if self.restarts is None:
+            return ()
+        ran = {h for a in attempts for h in a.hosts}
+        return tuple(s.host for s in self.restarts.spec.spares if s.host not in ran)
 
     # -- the control socket -------------------------------------------------------------------
     def _open_control(self) -> ControlServer | None:

@@ -155,7 +155,7 @@ def sample_once(spec: ClusterSpec, transports: dict[str, Transport], timeout: fl
     """Every node's first sample (its sampler started once: ``ps``), and for each node that
     has none within ``timeout`` s, why."""
     members = [Member(n.host, transports[n.host], n.python, {"interval": interval})
-               for n in spec.nodes]
+               for n in spec.machines]
     result = ask_all(members, SAMPLER, Kind.SAMPLE, timeout,
                      late=Problem(None, f"no sample within {timeout:.0f} s"))
     samples: dict[str, dict[str, Any]] = {}

@@ -20,6 +20,13 @@ pytorch#108158.) The rules, in order:
   than the step it started from — it would only fail the same way again (exit 3). An attempt
   whose cause was a node that is now dropped is exempt: the next one runs on other hardware.
   A job that never reports checkpoints gets plain ``max_restarts`` restarts.
+- spares (``spares:`` of the cluster file): each dropped node, in rank order, has its place
+  taken by the next spare that has not run yet (``Decision.replace``), which counts toward
+  ``min_nodes`` as the node did; the spare runs with its own slots. Its health gate and start
+  are the next attempt's, as for every node: a spare refused there, unreachable or lost
+  before any rank started failed to join (``failed_join``): it is dropped like a node, the
+  next spare (or the shrink rule) applies, and that attempt is not counted as a restart
+  (each spare fails to join once at most, so this ends).
 """
 
 from __future__ import annotations
@@ -60,6 +67,8 @@ class Decision:
     """Nodes left out from now on."""
     why: tuple[tuple[str, str], ...] = ()
     """(node, why it is left out) for each of ``drop``."""
+    replace: tuple[tuple[str, str], ...] = ()
+    """(node, spare) for each node of ``drop`` whose place a spare takes."""
     no_progress: bool = False
     stopped: bool = False
     """The job was stopped, it did not fail (ended from outside, or a stop request after the
@@ -68,12 +77,14 @@ class Decision:
 
 def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
            failures: Sequence[Failure], interrupted: bool, cut_off: Sequence[str] = (), *,
-           ended_by: str = "", stop_requested: bool = False) -> Decision:
+           ended_by: str = "", stop_requested: bool = False,
+           spares: Sequence[str] = ()) -> Decision:
     """After ``attempts[-1]`` ended: restart or not. ``policy``: None when no restarts were
     asked for; ``failures``: all of the attempt's failures; ``interrupted``: it was stopped by
     a request while it ran; ``cut_off``: nodes given up on at the stop deadline, whose ranks may
     still run; ``ended_by``: who ended it from outside, if anyone did; ``stop_requested``: a
-    stop was asked for (also after the attempt had ended)."""
+    stop was asked for (also after the attempt had ended); ``spares``: the spares that have not
+    run yet, in file order."""
     last = attempts[-1]
     if last.ok:
         return Decision(False, "")
@@ -92,19 +103,22 @@ def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
     blamed = Counter(a.cause.host for a in attempts
                      if a.cause is not None and a.cause.host in hosts)
     twice = {h for h, n in blamed.items() if n >= 2} - lost
-    if len(hosts) - len(lost | twice) < policy.min_nodes:
+    free = [s for s in spares if s not in hosts]
+    if len(hosts) - len(lost | twice) + min(len(free), len(lost | twice)) < policy.min_nodes:
         twice = set()  # a node that failed twice is kept rather than end the job
     drop = tuple(h for h in hosts if h in lost | twice)
     why = tuple((h, _why(h, failures, twice)) for h in drop)
-    left = len(hosts) - len(drop)
-    used = len(attempts) - 1
+    replace = tuple(zip(drop, free, strict=False))  # (fewer spares than drops: the rest shrink)
+    left = len(hosts) - len(drop) + len(replace)
+    used = sum(not failed_join(attempts, i) for i in range(1, len(attempts)))
     if used >= policy.max_restarts:
         return Decision(False, f"no restarts left ({used} of {policy.max_restarts} used)", drop,
                         why=why)
     if left < policy.min_nodes:
         said = ", ".join(f"{h} ({w})" for h, w in why)
-        return Decision(False, f"only {left} node(s) would remain after dropping {said}; "
-                               f"--min-nodes is {policy.min_nodes}", drop, why=why)
+        none = "; no spare left" if spares or any(a.replaced for a in attempts) else ""
+        return Decision(False, f"only {left} node(s) would remain after dropping {said}"
+                               f"{none}; --min-nodes is {policy.min_nodes}", drop, why=why)
     reports = any(a.checkpoint is not None or a.resumed_from is not None for a in attempts)
     cause_dropped = last.cause is not None and last.cause.host in drop \
         and last.cause.kind in NODE_LOSS
@@ -117,8 +131,32 @@ def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
     if stop_requested:  # Ctrl-C after the attempt had ended
         return Decision(False, "stopped by the user: not restarted", drop, stopped=True,
                         why=why)
-    kept = f" without {', '.join(f'{h} ({w})' for h, w in why)}" if drop else ""
-    return Decision(True, f"restart {used + 1} of {policy.max_restarts}{kept}", drop, why=why)
+    return Decision(True, _going_on(attempts, policy, used, why, dict(replace)), drop, why=why,
+                    replace=replace)
+
+
+def failed_join(attempts: Sequence[AttemptRecord], i: int) -> bool:
+    """Attempt ``i`` failed only because a spare that joined it did not come up: before any
+    rank started, its root cause was a node loss (refused by its health gate, unreachable,
+    lost) of a spare that the attempt before it put in a node's place. Not counted as a
+    restart."""
+    a = attempts[i]
+    joined = set(attempts[i - 1].replaced.values()) if i > 0 else set()
+    return (not a.ok and a.ranks_started_at is None and a.cause is not None
+            and a.cause.host in joined and a.cause.kind in NODE_LOSS)
+
+
+def _going_on(attempts: Sequence[AttemptRecord], policy: RestartPolicy, used: int,
+              why: tuple[tuple[str, str], ...], replace: dict[str, str]) -> str:
+    """The restart's reason: which restart, which spare takes whose place, who is left out."""
+    swapped = [f"spare {replace[h]} replaces {h} ({w})" for h, w in why if h in replace]
+    out = [f"{h} ({w})" for h, w in why if h not in replace]
+    said = (": " + "; ".join(swapped) if swapped else "") + \
+        (f"{';' if swapped else ''} without {', '.join(out)}" if out else "")
+    last = attempts[-1]
+    again = f"spare {last.cause.host} failed to join, not counted as a restart; " \
+        if last.cause is not None and failed_join(attempts, len(attempts) - 1) else ""
+    return f"{again}restart {used + 1} of {policy.max_restarts}{said}"
 
 
 def _why(host: str, failures: Sequence[Failure], twice: set[str]) -> str:
