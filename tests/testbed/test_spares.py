@@ -3,13 +3,18 @@ checkpoints), and 2 spares. A node's link is cut during the reference trainer's 
 attempt runs on a spare (which gets the checkpoint over the process group from a node that has
 it), the rendezvous moves when the lost node hosted it, a spare that cannot be reached when it
 should join is dropped (not counted as a restart) and the next spare joins, and with two nodes
-lost and one spare the shrink rule takes the other. ``doctor`` checks a spare as a node (its
+lost and one spare the shrink rule takes the other; a spare refused by its health gate is
+passed over like one that cannot be reached. ``doctor`` checks a spare as a node (its
 all-reduce too); ``ps`` lists it, idle. The rule's details: ``tests/unit/test_spares.py``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +22,7 @@ import pytest
 from tests.support.head import Head, job_id_when_started, only_run, rank_fields, run_head
 from tests.support.procs import job_processes
 from tests.support.testbed import next_port
+from tests.testbed.test_run import RANKS
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 TRAIN = ["-m", "ptcluster.examples.mnist", "--no-download", "--dataset", "digits",
@@ -162,3 +168,56 @@ def test_doctor_checks_a_spare_as_a_node_and_ps_lists_it_idle(testbed, tmp_path)
     listing = json.loads("\n".join(head.lines))
     assert code == 0, head.output()
     assert listing["spares"] == [{"host": n[3], "slots": 1, "reachable": True, "jobs": []}]
+
+
+@contextlib.contextmanager
+def full_workdir(testbed, i: int, path: Path) -> Iterator[Path]:
+    """``path`` as node ``i`` sees it: a 16 MiB tmpfs filled to the last block (its health gate
+    refuses it), mounted in the node's own mount namespace (its sshd's)."""
+    path.mkdir()
+    inside = ["nsenter", "-t", testbed.nodes[i].sshd_pidfile.read_text().strip(), "-m"]
+    subprocess.run([*inside, "sh", "-c", f"mount -t tmpfs -o size=16m tmpfs {path} && "
+                    f"cat > {path}/ranks.py && (dd if=/dev/zero of={path}/filler bs=64k "
+                    "2>/dev/null; true)"], input=RANKS, text=True, check=True, timeout=30)
+    try:
+        yield path
+    finally:
+        subprocess.run([*inside, "umount", "-l", str(path)], check=False, timeout=30)
+
+
+def test_a_spare_refused_by_its_health_gate_is_passed_over(testbed, tmp_path,
+                                                            no_leftovers) -> None:
+    """node 2 and the first spare have full workdir disks: node 2 is refused at the start, the
+    first spare when it joins (not counted), the second spare runs the job: world size 3."""
+    n = [x.name for x in testbed.nodes]
+    (tmp_path / "ranks.py").write_text(RANKS)
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chmod(out, 0o777)
+    with full_workdir(testbed, 2, tmp_path / "full2") as full2, \
+            full_workdir(testbed, 3, tmp_path / "full3") as full3:
+        lines = ["nodes:"] + [f"  - {{host: {n[i]}, slots: 1{w}}}" for i, w in
+                              ((0, ""), (1, ""), (2, f", workdir: {full2}"))]
+        lines += ["spares:", f"  - {{host: {n[3]}, slots: 1, workdir: {full3}}}",
+                  f"  - {{host: {n[4]}, slots: 1}}", f"master: {{port: {next_port()}}}",
+                  f"ssh: {{config_file: {testbed.ssh_config}}}", f"python: {sys.executable}",
+                  f"workdir: {tmp_path}"]
+        (tmp_path / "cluster.yaml").write_text("\n".join(lines) + "\n")
+        code, head = run_head(["run", "--cluster", "cluster.yaml", "--run-dir", "runs",
+                               "--max-restarts", "1", "ranks.py", str(out)],
+                              cwd=tmp_path, timeout=240)
+        no_leftovers.append(only_run(tmp_path / "runs")[0])
+    assert code == 0, head.output()
+    _, s = only_run(tmp_path / "runs")
+    first, joining, last = s["attempts"]
+    assert (first["cause"]["host"], first["cause"]["kind"]) == (n[2], "unhealthy"), first
+    assert first["replaced"] == {n[2]: n[3]}, first
+    assert (joining["cause"]["host"], joining["cause"]["kind"]) == (n[3], "unhealthy")
+    assert joining["dropped_why"][n[3]].startswith("unhealthy: its workdir disk is nearly full")
+    assert joining["replaced"] == {n[3]: n[4]}, joining
+    assert last["ok"] and last["hosts"] == [n[0], n[1], n[4]] and last["world_size"] == 3
+    err = "\n".join(head.err)
+    assert f"spare {n[3]} failed to join, not counted as a restart; restart 1 of 1: spare " \
+           f"{n[4]} replaces {n[3]} (unhealthy: its workdir disk is nearly full" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["rank0.json", "rank1.json", "rank2.json"]
+    assert json.loads((out / "rank2.json").read_text())["host"] == n[4]
