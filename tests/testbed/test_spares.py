@@ -4,7 +4,8 @@ attempt runs on a spare (which gets the checkpoint over the process group from a
 it), the rendezvous moves when the lost node hosted it, a spare that cannot be reached when it
 should join is dropped (not counted as a restart) and the next spare joins, and with two nodes
 lost and one spare the shrink rule takes the other; a spare refused by its health gate is
-passed over like one that cannot be reached. ``doctor`` checks a spare as a node (its
+passed over like one that cannot be reached. Without spares, a lost node that answers again
+is taken back at the next restart. ``doctor`` checks a spare as a node (its
 all-reduce too); ``ps`` lists it, idle. The rule's details: ``tests/unit/test_spares.py``."""
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -221,3 +224,68 @@ def test_a_spare_refused_by_its_health_gate_is_passed_over(testbed, tmp_path,
            f"{n[4]} replaces {n[3]} (unhealthy: its workdir disk is nearly full" in err, err
     assert sorted(p.name for p in out.iterdir()) == ["rank0.json", "rank1.json", "rank2.json"]
     assert json.loads((out / "rank2.json").read_text())["host"] == n[4]
+
+
+def rank_pid(testbed, job_id: str, node) -> int | None:
+    """A rank of ``job_id`` on ``node`` (a process with the job's id and a LOCAL_RANK)."""
+    for pid, _ in job_processes(job_id):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                ranked = b"\0LOCAL_RANK=" in b"\0" + f.read()
+        except OSError:
+            continue
+        if ranked and testbed.node_of_pid(pid) is node:
+            return pid
+    return None
+
+
+def test_a_lost_node_that_answers_again_is_taken_back_at_the_next_restart(
+        testbed, tmp_path, no_leftovers) -> None:
+    """No spare: node 2 is cut, the job goes on without it (--min-nodes 2); its link comes
+    back and its guard of then ends; a rank of node 0 is killed: the next attempt takes node 2
+    back, the job ends at full size (world size 4), one model on every rank."""
+    n = [x.name for x in testbed.nodes]
+    path = cluster(testbed, tmp_path, (2, 1, 1), ())
+    runs = tmp_path / "runs"
+    train = [a if a != "20" else "40" for a in TRAIN]
+    head = Head(["run", "--cluster", str(path), "--run-dir", str(runs), "--max-restarts", "2",
+                 "--min-nodes", "2", *train], cwd=tmp_path)
+    victim = testbed.nodes[2]
+    try:
+        job_id = job_id_when_started(runs)
+        no_leftovers.append(job_id)
+        head.wait_for("epoch 3/40", timeout=120)
+        testbed.cut_link(victim)
+        head.err_line(f"restart 1 of 2 without {n[2]}", timeout=120)
+        testbed.restore_link(victim)
+        since = len(head.lines)  # attempt 1 makes progress (saves checkpoints) first
+        deadline = time.monotonic() + 120
+        while sum("epoch " in line for line in head.lines[since:]) < 2:
+            assert time.monotonic() < deadline and head.proc.poll() is None, head.output()
+            time.sleep(0.2)
+        deadline = time.monotonic() + 90  # its guard ends itself (no head for 15 s)
+        while any(testbed.node_of_pid(p) is victim for p, _ in job_processes(job_id)):
+            assert time.monotonic() < deadline, job_processes(job_id)
+            time.sleep(0.5)
+        deadline = time.monotonic() + 90
+        while (pid := rank_pid(testbed, job_id, testbed.nodes[0])) is None:
+            assert time.monotonic() < deadline and head.proc.poll() is None, head.output()
+            time.sleep(0.2)
+        os.kill(pid, signal.SIGKILL)
+        code = head.wait(timeout=300)
+        left = [p for p, _ in job_processes(job_id, wait=30)]
+    finally:
+        testbed.restore_link(victim)
+        if head.proc.poll() is None:
+            head.kill()
+    assert code == 0, head.output()
+    assert left == [], left
+    _, s = only_run(runs)
+    first, second, third = s["attempts"]
+    assert first["dropped"] == [n[2]] and second["hosts"] == [n[0], n[1]], (first, second)
+    assert second["cause"]["host"] == n[0] and second["readmitted"] == [n[2]], second
+    assert third["ok"] and third["hosts"] == n[:3] and third["world_size"] == 4, third
+    err = "\n".join(head.err)
+    assert f"restart 2 of 2: {n[2]} answers again: taken back" in err, err
+    assert f"world size 4 (was 3: {n[2]} taken back)" in err, err
+    one_model(head, 4)

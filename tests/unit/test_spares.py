@@ -66,10 +66,11 @@ def test_a_spare_needs_trust_for_what_a_node_needs_it_for(tmp_path) -> None:
 
 
 def attempt(number: int, hosts: list[str], cause: Failure | None = None, *, started: bool = True,
-            replaced: dict[str, str] | None = None) -> AttemptRecord:
+            replaced: dict[str, str] | None = None,
+            readmitted: list[str] | None = None) -> AttemptRecord:
     return AttemptRecord(number=number, hosts=hosts, world_size=len(hosts), master_port=1,
                          started_at=0.0, cause=cause, ranks_started_at=1.0 if started else None,
-                         replaced=replaced or {})
+                         replaced=replaced or {}, readmitted=readmitted or [])
 
 
 def lost(host: str, kind: FailureKind = FailureKind.LOST) -> Failure:
@@ -176,3 +177,80 @@ def test_summary_says_which_spare_replaced_which_node_and_why() -> None:
     body = result.to_json()
     assert body["spares"] == [{"after_attempt": 0, "node": "n2", "spare": "s1", "why": "lost"}]
     assert body["attempts"][0]["replaced"] == {"n2": "s1"}
+
+
+# -- re-admission at the next restart (issue 45, item 2, without --readmit) ------------------
+
+def test_a_node_that_answers_again_is_taken_back_at_the_next_restart() -> None:
+    """n3 was lost (the job shrank to 2 nodes); a rank fails later; n3 answers again: the
+    next attempt has it back, the job at full size; never more than the file's 3 nodes."""
+    first = attempt(0, ["n1", "n2", "n3"], lost("n3"))
+    rank = Failure(host="n1", rank=0, message="exit 1")
+    second = attempt(1, ["n1", "n2"], rank)
+    policy = RestartPolicy(max_restarts=3, min_nodes=2)
+    d = decide(policy, [first, second], [rank], False, returned=("n3",), size=3)
+    assert d.restart and d.readmit == ("n3",) and d.drop == () and d.replace == ()
+    assert d.reason == "restart 2 of 3: n3 answers again: taken back"
+    # a lost node's place goes to the returned node first, then to a spare
+    f = lost("n2")
+    second = attempt(1, ["n1", "n2"], f)
+    d = decide(policy, [first, second], [f], False, spares=("s1",), returned=("n3",), size=3)
+    assert d.readmit == ("n3",) and d.replace == (("n2", "s1"),), d
+    # with --min-nodes 2 and no spare, the returned node keeps the job going
+    d = decide(policy, [first, second], [f], False, returned=("n3",), size=3)
+    assert d.restart and d.readmit == ("n3",) and d.drop == ("n2",), d
+
+
+def test_while_a_spare_holds_its_place_a_returned_node_waits_as_a_spare() -> None:
+    first = attempt(0, ["n1", "n2", "n3"], lost("n3"), replaced={"n3": "s1"})
+    rank = Failure(host="n1", rank=0, message="exit 1")
+    second = attempt(1, ["n1", "n2", "s1"], rank)
+    d = decide(RestartPolicy(max_restarts=3), [first, second], [rank], False,
+               returned=("n3",), size=3)
+    assert d.restart and d.readmit == () and "n3" not in d.reason  # the job never grows past 3
+    # the spare is lost later: the returned node takes the place
+    f = lost("s1")
+    second = attempt(1, ["n1", "n2", "s1"], f)
+    d = decide(RestartPolicy(max_restarts=3), [first, second], [f], False,
+               spares=("s2",), returned=("n3",), size=3)
+    assert d.readmit == ("n3",) and d.drop == ("s1",) and d.replace == (), d
+
+
+def test_a_node_that_failed_twice_is_not_taken_back_and_the_console_says_so() -> None:
+    first = attempt(0, ["n1", "n2", "n3"], lost("n3"))
+    second = attempt(1, ["n1", "n2", "n3"], lost("n3"))  # taken back once, lost again
+    rank = Failure(host="n1", rank=0, message="exit 1")
+    third = attempt(2, ["n1", "n2"], rank)
+    d = decide(RestartPolicy(max_restarts=3, min_nodes=2), [first, second, third], [rank],
+               False, returned=("n3",), size=3)
+    assert d.restart and d.readmit == ()
+    assert d.reason == "restart 3 of 3: n3 answers again but failed twice: not taken back"
+
+
+def test_a_returned_node_that_fails_to_join_is_not_counted_and_goes_again() -> None:
+    first = attempt(0, ["n1", "n2", "n3"], lost("n3"))
+    rank = Failure(host="n1", rank=0, message="exit 1")
+    second = attempt(1, ["n1", "n2"], rank, readmitted=["n3"])
+    refused = lost("n3", FailureKind.UNHEALTHY)
+    third = attempt(2, ["n1", "n2", "n3"], refused, started=False)
+    assert failed_join([first, second, third], 2)
+    d = decide(RestartPolicy(max_restarts=2, min_nodes=2), [first, second, third], [refused],
+               False, size=3)
+    assert d.restart and d.drop == ("n3",), d
+    assert d.reason.startswith("n3, taken back, failed to join, not counted as a restart; "
+                               "restart 2 of 2 without n3 (unhealthy: "), d.reason
+
+
+def test_the_next_attempts_hosts_are_the_files_nodes_then_the_spares() -> None:
+    from ptcluster.launch.runner import _next_hosts
+    from ptcluster.launch.supervise.restart import Decision
+
+    spec = parse_cluster_text(CLUSTER, "c.yaml")
+    now = replan(spec, Target(module="m"), job_id="J", attempt=1, hosts=("n2", "n3", "s1"),
+                 addresses={}, port=1, max_restarts=3)  # n1 was lost, s1 took its place
+    d = Decision(True, "", drop=("n3",), readmit=("n1",), replace=(("n3", "s2"),))
+    hosts = _next_hosts(now, spec.nodes, d)
+    assert hosts == ("n1", "n2", "s1", "s2")
+    plan = replan(spec, Target(module="m"), job_id="J", attempt=2, hosts=hosts, addresses={},
+                  port=2, max_restarts=3)
+    assert plan.master_addr == "n1" and plan.world_size == 2 + 1 + 1 + 2  # n1 back: its place

@@ -265,6 +265,8 @@ class AttemptRecord:
     """Nodes left out of the next attempt (lost, unhealthy, or failed twice)."""
     dropped_why: dict[str, str] = field(default_factory=dict)
     """Why each node of ``dropped`` was left out."""
+    readmitted: list[str] = field(default_factory=list)
+    """Nodes lost in an earlier attempt that answer again, taken back into the next attempt."""
     replaced: dict[str, str] = field(default_factory=dict)
     """Nodes of ``dropped`` whose place a spare takes in the next attempt: node -> spare
     (``spares:`` of the cluster file)."""
@@ -278,7 +280,7 @@ class AttemptRecord:
                 "downtime_s": None if self.downtime is None else round(self.downtime, 3),
                 "started_at": self.started_at, "ended_at": self.ended_at,
                 "dropped": self.dropped, "dropped_why": self.dropped_why,
-                "replaced": self.replaced}
+                "replaced": self.replaced, "readmitted": self.readmitted}
 
 
 def _failure_json(f: Failure) -> dict[str, Any]:

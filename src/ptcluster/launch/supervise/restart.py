@@ -69,6 +69,8 @@ class Decision:
     """(node, why it is left out) for each of ``drop``."""
     replace: tuple[tuple[str, str], ...] = ()
     """(node, spare) for each node of ``drop`` whose place a spare takes."""
+    readmit: tuple[str, ...] = ()
+    """Nodes lost earlier that answer again, taken back into the next attempt."""
     no_progress: bool = False
     stopped: bool = False
     """The job was stopped, it did not fail (ended from outside, or a stop request after the
@@ -78,13 +80,16 @@ class Decision:
 def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
            failures: Sequence[Failure], interrupted: bool, cut_off: Sequence[str] = (), *,
            ended_by: str = "", stop_requested: bool = False,
-           spares: Sequence[str] = ()) -> Decision:
+           spares: Sequence[str] = (), returned: Sequence[str] = (),
+           size: int = 0) -> Decision:
     """After ``attempts[-1]`` ended: restart or not. ``policy``: None when no restarts were
     asked for; ``failures``: all of the attempt's failures; ``interrupted``: it was stopped by
     a request while it ran; ``cut_off``: nodes given up on at the stop deadline, whose ranks may
     still run; ``ended_by``: who ended it from outside, if anyone did; ``stop_requested``: a
     stop was asked for (also after the attempt had ended); ``spares``: the spares that have not
-    run yet, in file order."""
+    run yet, in file order; ``returned``: nodes of the file lost earlier that answer again now
+    (``lost.answering_again``); ``size``: the cluster file's number of nodes, which a job never
+    grows past."""
     last = attempts[-1]
     if last.ok:
         return Decision(False, "")
@@ -97,19 +102,9 @@ def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
         return Decision(False, "stopped by the user: not restarted")
     if policy.max_restarts == 0:
         return Decision(False, "")
-    hosts = last.hosts
-    lost = {f.host for f in failures if f.kind in NODE_LOSS and f.host in hosts} | \
-        {h for h in cut_off if h in hosts}
-    blamed = Counter(a.cause.host for a in attempts
-                     if a.cause is not None and a.cause.host in hosts)
-    twice = {h for h, n in blamed.items() if n >= 2} - lost
-    free = [s for s in spares if s not in hosts]
-    if len(hosts) - len(lost | twice) + min(len(free), len(lost | twice)) < policy.min_nodes:
-        twice = set()  # a node that failed twice is kept rather than end the job
-    drop = tuple(h for h in hosts if h in lost | twice)
-    why = tuple((h, _why(h, failures, twice)) for h in drop)
-    replace = tuple(zip(drop, free, strict=False))  # (fewer spares than drops: the rest shrink)
-    left = len(hosts) - len(drop) + len(replace)
+    drop, why, replace, readmit, not_back = _places(policy, attempts, failures, cut_off,
+                                                    spares, returned, size)
+    left = len(last.hosts) - len(drop) + len(replace) + len(readmit)
     used = sum(not failed_join(attempts, i) for i in range(1, len(attempts)))
     if used >= policy.max_restarts:
         return Decision(False, f"no restarts left ({used} of {policy.max_restarts} used)", drop,
@@ -131,8 +126,37 @@ def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
     if stop_requested:  # Ctrl-C after the attempt had ended
         return Decision(False, "stopped by the user: not restarted", drop, stopped=True,
                         why=why)
-    return Decision(True, _going_on(attempts, policy, used, why, dict(replace)), drop, why=why,
-                    replace=replace)
+    return Decision(True, _going_on(attempts, policy, used, why, dict(replace), readmit,
+                                    not_back), drop, why=why, replace=replace, readmit=readmit)
+
+
+def _places(policy: RestartPolicy, attempts: Sequence[AttemptRecord],
+            failures: Sequence[Failure], cut_off: Sequence[str], spares: Sequence[str],
+            returned: Sequence[str], size: int) -> tuple[
+                tuple[str, ...], tuple[tuple[str, str], ...], tuple[tuple[str, str], ...],
+                tuple[str, ...], tuple[str, ...]]:
+    """Who leaves and who fills the places of the next attempt: (drop, why, replace, readmit,
+    not taken back). Lost, refused and twice-failed nodes leave; nodes lost earlier that
+    answer again are taken back first (never past ``size`` places, the cluster file's nodes;
+    not one that failed twice), then spares take the dropped nodes' places."""
+    hosts = attempts[-1].hosts
+    lost = {f.host for f in failures if f.kind in NODE_LOSS and f.host in hosts} | \
+        {h for h in cut_off if h in hosts}
+    strikes = Counter(a.cause.host for a in attempts if a.cause is not None)
+    twice = {h for h in hosts if strikes[h] >= 2} - lost
+    back = [h for h in returned if h not in hosts and strikes[h] < 2]
+    free = [s for s in spares if s not in hosts]
+    room = max(size, len(hosts)) - len(hosts)  # places left empty by earlier drops
+    if len(hosts) - len(lost | twice) + min(len(back) + len(free), room + len(lost | twice)) \
+            < policy.min_nodes:
+        twice = set()  # a node that failed twice is kept rather than end the job
+    drop = tuple(h for h in hosts if h in lost | twice)
+    readmit = tuple(back[:room + len(drop)])
+    # (nodes taken back fill the places empty before, then the dropped ones'; spares the rest;
+    # what is left after them shrinks the job)
+    replace = tuple(zip(drop[max(0, len(readmit) - room):], free, strict=False))
+    return (drop, tuple((h, _why(h, failures, twice)) for h in drop), replace, readmit,
+            tuple(h for h in returned if h not in hosts and strikes[h] >= 2))
 
 
 def failed_join(attempts: Sequence[AttemptRecord], i: int) -> bool:
@@ -141,21 +165,29 @@ def failed_join(attempts: Sequence[AttemptRecord], i: int) -> bool:
     lost) of a spare that the attempt before it put in a node's place. Not counted as a
     restart."""
     a = attempts[i]
-    joined = set(attempts[i - 1].replaced.values()) if i > 0 else set()
+    joined = set(attempts[i - 1].replaced.values()) | set(attempts[i - 1].readmitted) \
+        if i > 0 else set()
     return (not a.ok and a.ranks_started_at is None and a.cause is not None
             and a.cause.host in joined and a.cause.kind in NODE_LOSS)
 
 
 def _going_on(attempts: Sequence[AttemptRecord], policy: RestartPolicy, used: int,
-              why: tuple[tuple[str, str], ...], replace: dict[str, str]) -> str:
-    """The restart's reason: which restart, which spare takes whose place, who is left out."""
+              why: tuple[tuple[str, str], ...], replace: dict[str, str],
+              readmit: tuple[str, ...], not_back: tuple[str, ...]) -> str:
+    """The restart's reason: which restart, which spare takes whose place, who is left out,
+    who is taken back."""
     swapped = [f"spare {replace[h]} replaces {h} ({w})" for h, w in why if h in replace]
+    swapped += [f"{h} answers again: taken back" for h in readmit]
+    swapped += [f"{h} answers again but failed twice: not taken back" for h in not_back]
     out = [f"{h} ({w})" for h, w in why if h not in replace]
     said = (": " + "; ".join(swapped) if swapped else "") + \
         (f"{';' if swapped else ''} without {', '.join(out)}" if out else "")
     last = attempts[-1]
-    again = f"spare {last.cause.host} failed to join, not counted as a restart; " \
-        if last.cause is not None and failed_join(attempts, len(attempts) - 1) else ""
+    again = ""
+    if last.cause is not None and failed_join(attempts, len(attempts) - 1):
+        h = last.cause.host
+        who = f"{h}, taken back," if h in attempts[-2].readmitted else f"spare {h}"
+        again = f"{who} failed to join, not counted as a restart; "
     return f"{again}restart {used + 1} of {policy.max_restarts}{said}"
 
 
