@@ -107,8 +107,10 @@ KEYS: tuple[Key, ...] = (
             "--max-restarts` restarts the job after a node was lost or refused by its health "
             "gate, the first spare left takes that node's place with its own `slots` (its "
             "ranks after the remaining nodes'); a spare that fails to join is dropped and the "
-            "next one (or `--min-nodes`) applies. `doctor` checks spares as nodes, `ps` shows "
-            "them; an idle spare holds no lease. A machine is a node or a spare, not both."),
+            "next one (or `--min-nodes`) applies. `setup`, `sync`, `data:` and the project's "
+            "environment reach spares as nodes, `doctor` checks them as nodes (all-reduce "
+            "too), `ps` shows them; an idle spare runs nothing and holds no lease. A machine "
+            "is a node or a spare, not both."),
     *(Key(path=f"spares[].{k.name}", type=k.type, default=k.default, example=k.example,
           doc=k.doc.replace("This node's", "This spare's").replace("the node", "the spare"))
       for k in _NODE_ENTRY),

@@ -32,7 +32,7 @@ from ptcluster.launch.port import free_port
 from ptcluster.launch.result import AttemptRecord, FailureKind, NodeOutcome, RunResult
 from ptcluster.launch.rundir import RunDir, RunLogs, log_files_budget
 from ptcluster.launch.stacks.collector import StackCollector
-from ptcluster.launch.supervise.restart import Decision, RestartPolicy, decide
+from ptcluster.launch.supervise.restart import Decision, RestartPolicy, decide, restarts_used
 from ptcluster.launch.supervise.supervisor import Supervisor
 from ptcluster.remote.transport import Transport
 
@@ -246,7 +246,7 @@ class Runner:
             result.ended_by = killed_by
         elif not record.ok and self.ended_by is not None:
             result.ended_by = self.ended_by() or ""
-        back = self._answering_again(record, result)
+        back = self._answering_again(attempts, result)
         file_nodes = () if self.restarts is None else self.restarts.spec.nodes
         ours = {n.host for n in file_nodes}
         decision = decide(None if self.restarts is None else self.restarts.policy,
@@ -273,12 +273,14 @@ class Runner:
         self.layout.write_plan(self.plan, self.opts)
         return True
 
-    def _answering_again(self, record: AttemptRecord, result: RunResult) -> list[str]:
+    def _answering_again(self, attempts: list[AttemptRecord], result: RunResult) -> list[str]:
         """The nodes (and spares) dropped after earlier attempts that answer again now, their
         guard of then gone (``lost.answering_again``): only after a failure that may be
-        restarted, and only when some are away."""
+        restarted (a restart left), and only when some are away."""
+        record = attempts[-1]
         if self.restarts is None or record.ok or result.interrupted or result.ended_by or \
-                self.stops.count or not self._away:
+                self.stops.count or not self._away or \
+                restarts_used(attempts) >= self.restarts.policy.max_restarts:
             return []
         python = {n.host: n.python for n in self.restarts.spec.machines}
         away = [n for h, n in self._away.items() if h not in record.hosts and h in python]

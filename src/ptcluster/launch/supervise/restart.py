@@ -105,7 +105,7 @@ def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
     drop, why, replace, readmit, not_back = _places(policy, attempts, failures, cut_off,
                                                     spares, returned, size)
     left = len(last.hosts) - len(drop) + len(replace) + len(readmit)
-    used = sum(not failed_join(attempts, i) for i in range(1, len(attempts)))
+    used = restarts_used(attempts)
     if used >= policy.max_restarts:
         return Decision(False, f"no restarts left ({used} of {policy.max_restarts} used)", drop,
                         why=why)
@@ -157,6 +157,12 @@ def _places(policy: RestartPolicy, attempts: Sequence[AttemptRecord],
     replace = tuple(zip(drop[max(0, len(readmit) - room):], free, strict=False))
     return (drop, tuple((h, _why(h, failures, twice)) for h in drop), replace, readmit,
             tuple(h for h in returned if h not in hosts and strikes[h] >= 2))
+
+
+def restarts_used(attempts: Sequence[AttemptRecord]) -> int:
+    """The restarts the attempts so far used: every attempt after the first, but those that
+    failed only because a node joining them did not come up (``failed_join``)."""
+    return sum(not failed_join(attempts, i) for i in range(1, len(attempts)))
 
 
 def failed_join(attempts: Sequence[AttemptRecord], i: int) -> bool:
