@@ -32,7 +32,13 @@ from ptcluster.launch.port import free_port
 from ptcluster.launch.result import AttemptRecord, FailureKind, NodeOutcome, RunResult
 from ptcluster.launch.rundir import RunDir, RunLogs, log_files_budget
 from ptcluster.launch.stacks.collector import StackCollector
-from ptcluster.launch.supervise.restart import Decision, RestartPolicy, decide, restarts_used
+from ptcluster.launch.supervise.restart import (
+    GONE,
+    Decision,
+    RestartPolicy,
+    decide,
+    restarts_used,
+)
 from ptcluster.launch.supervise.supervisor import Supervisor
 from ptcluster.remote.transport import Transport
 
@@ -154,8 +160,9 @@ class Runner:
         self.attempt: Attempt | None = None
         """The attempt that runs (or ran last)."""
         self._away: dict[str, NodeOutcome] = {}
-        """The nodes dropped after an attempt, each with its outcome there (its guard's pid,
-        its boot): asked at a later restart whether they answer again."""
+        """The nodes dropped after an attempt because they were lost (``restart.GONE``, cut
+        off), each with its outcome there (its guard's pid, its boot): asked at a later
+        restart whether they answer again."""
         self._addresses: dict[str, str] = {}
         """Each node's address as its guard last reported it (where a new master is reached)."""
 
@@ -257,7 +264,9 @@ class Runner:
                           returned=[h for h in back if h in ours], size=len(file_nodes))
         record.dropped, record.dropped_why = list(decision.drop), dict(decision.why)
         record.replaced, record.readmitted = dict(decision.replace), list(decision.readmit)
-        self._away.update((n.host, n) for n in result.nodes if n.host in decision.drop)
+        gone = {f.host for f in result.failures if f.kind in GONE} | set(view.cut_off)
+        self._away.update((n.host, n) for n in result.nodes
+                          if n.host in decision.drop and n.host in gone)
         result.interrupted = result.interrupted or decision.stopped
         if not decision.restart or self.restarts is None:
             result.gave_up, result.no_progress = decision.reason, decision.no_progress

@@ -40,6 +40,10 @@ from ptcluster.launch.result import AttemptRecord, Failure, FailureKind
 NODE_LOSS = (FailureKind.LOST, FailureKind.START, FailureKind.UNHEALTHY)
 """Failure kinds that mean the node itself is gone or unusable: it is left out of the next
 attempt."""
+GONE = (FailureKind.LOST, FailureKind.START)
+"""Of those, a node that stopped answering (or never did): one that answers again later may be
+taken back (``returned``). One its health gate refused is not: it never stopped answering,
+and only its gate (the next attempt's) could say it is well again."""
 
 
 @dataclass(frozen=True, kw_only=True)
