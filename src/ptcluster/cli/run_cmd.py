@@ -97,7 +97,8 @@ def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
               "nodes that remain; the job resumes from its last checkpoint).")
 @click.option("--min-nodes", type=click.IntRange(min=1), default=None,
               help="With --max-restarts: fewest nodes a restart may run on (default: all of "
-              "them, i.e. a lost node ends the job).")
+              "them, i.e. a lost node ends the job unless a spare of the cluster file's "
+              "spares: takes its place).")
 @click.option("--hang-timeout", type=SECONDS, metavar="S", help="When no rank makes progress "
               "for S seconds, print every rank's stack (the straggler first) and end the job "
               "(exit 4).")
