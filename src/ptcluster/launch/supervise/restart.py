@@ -26,7 +26,13 @@ pytorch#108158.) The rules, in order:
   are the next attempt's, as for every node: a spare refused there, unreachable or lost
   before any rank started failed to join (``failed_join``): it is dropped like a node, the
   next spare (or the shrink rule) applies, and that attempt is not counted as a restart
-  (each spare fails to join once at most, so this ends).
+  (each spare fails to join once at most, so this ends);
+- re-admission (issue 45 item 2, at the next restart): a node dropped because it was lost
+  (``GONE``) that answers again, its guard of then gone (``returned``), is taken back first,
+  into a place the job lost, never past the file's ``size`` nodes (while a spare holds the
+  place, it waits as a spare); not one that was the cause of two attempts (said in the
+  reason). One taken back that fails to join is dropped again and not counted; that failure
+  is a strike of its own, so it is tried at most twice.
 """
 
 from __future__ import annotations
