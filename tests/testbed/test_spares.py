@@ -136,6 +136,7 @@ def test_a_spare_that_cannot_join_is_dropped_and_the_next_spare_joins(
     assert joining["replaced"] == {n[3]: n[4]}, joining
     assert last["ok"] and last["hosts"] == [n[0], n[1], n[4]] and last["world_size"] == 5
     assert [(x["node"], x["spare"]) for x in s["spares"]] == [(n[2], n[3]), (n[3], n[4])]
+    assert s["spares"][1]["why"] in ("could not start", "lost"), s["spares"]  # (unreachable)
     assert f"spare {n[3]} failed to join, not counted as a restart; restart 1 of 1: spare " \
            f"{n[4]} replaces {n[3]}" in err, err
     assert f"world size 5 (was 4: {n[4]} has 2 slot(s), {n[3]} had 1)" in err, err

@@ -124,7 +124,10 @@ def test_a_spare_that_fails_to_join_is_dropped_and_not_counted_as_a_restart() ->
         d = decide(POLICY, [first, second], [s1], False, spares=("s2",))
         assert d.restart and d.drop == ("s1",) and d.replace == (("s1", "s2"),), d
         assert d.reason.startswith("spare s1 failed to join, not counted as a restart; "
-                                   "restart 1 of 1: spare s2 replaces s1"), d.reason
+                                   "restart 1 of 1: spare s2 replaces s1 ("), d.reason
+        assert d.reason.endswith("(could not start)" if kind is FailureKind.START else
+                                 "(unhealthy: stopped answering)" if kind is
+                                 FailureKind.UNHEALTHY else "(lost)"), d.reason
     # no spare left: the shrink rule (here --min-nodes 3: the job ends, saying why)
     s1 = lost("s1", FailureKind.START)
     second = attempt(1, ["n1", "n3", "s1"], s1, started=False)
@@ -132,7 +135,7 @@ def test_a_spare_that_fails_to_join_is_dropped_and_not_counted_as_a_restart() ->
     assert not d.restart and "no spare left; --min-nodes is 3" in d.reason
     d = decide(RestartPolicy(max_restarts=1, min_nodes=2), [first, second], [s1], False)
     assert d.restart and d.reason == "spare s1 failed to join, not counted as a restart; " \
-                                     "restart 1 of 1 without s1 (lost)"
+                                     "restart 1 of 1 without s1 (could not start)"
 
 
 def test_a_spare_that_ran_and_was_lost_counts_as_a_restart() -> None:

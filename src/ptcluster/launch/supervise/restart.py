@@ -208,12 +208,16 @@ def _going_on(attempts: Sequence[AttemptRecord], policy: RestartPolicy, used: in
 
 
 def _why(host: str, failures: Sequence[Failure], twice: set[str]) -> str:
-    """Why ``host`` is left out: unhealthy (what its gate found), lost, or failed twice."""
+    """Why ``host`` is left out: unhealthy (what its gate found), could not start, lost, or
+    failed twice."""
     if host in twice:
         return "failed twice"
     for f in failures:
         if f.host == host and f.kind is FailureKind.UNHEALTHY:
             return f"unhealthy: {f.message}"
+    if any(f.host == host and f.kind is FailureKind.START for f in failures) and \
+            not any(f.host == host and f.kind is FailureKind.LOST for f in failures):
+        return "could not start"  # (unreachable, not ready in time: a spare that cannot join)
     return "lost"
 
 
