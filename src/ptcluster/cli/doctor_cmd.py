@@ -55,13 +55,18 @@ def doctor(cluster: str | None, nproc: int | None, port: int | None, skip_allred
         trusted=declared.trusted)[0]
     if not skip_allreduce:
         spec = spec_for_our_ranks(spec, "doctor")
+    spares = [s.host for s in spec.spares]  # checked as nodes: a restart may run on one
+    spec = spec.spares_as_nodes()
     report = diagnose(spec, port=port, skip_allreduce=skip_allreduce,
                       allreduce_timeout=timeout, probe_timeout=timeout, environment=choose)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+        click.echo(json.dumps({**report.to_json(), "spares": spares}, indent=2))
     else:
         console = terminal(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
         render(console, report, [n.host for n in spec.nodes], details=not quiet())
+        if spares:
+            console.print(f"spares (checked as nodes, in the all-reduce too): "
+                          f"{', '.join(spares)}", markup=False)
     sys.exit(0 if report.ok else 1)
 
 

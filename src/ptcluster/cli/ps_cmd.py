@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 import click
 from rich.table import Table
@@ -12,6 +13,7 @@ from rich.text import Text
 
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec
 from ptcluster.cli.console import terminal
+from ptcluster.cluster.model import ClusterSpec
 from ptcluster.monitor.jobs import JobRow, job_rows
 from ptcluster.monitor.watch import sample_once
 from ptcluster.node.guard.gpus import spans
@@ -33,9 +35,10 @@ def ps(cluster: str | None, as_json: bool, all_users: bool, timeout: float) -> N
             for host, s in samples.items()}
     rows = [r for r in job_rows(seen) if all_users or r.mine]
     unknown = unknown_holders(seen)
+    spares = spare_rows(spec, job_rows(seen), missing)
     if as_json:
-        click.echo(json.dumps({"jobs": [r.to_json() for r in rows], "unreachable": missing,
-                               "unknown_holders": unknown}, indent=2))
+        click.echo(json.dumps({"jobs": [r.to_json() for r in rows], "spares": spares,
+                               "unreachable": missing, "unknown_holders": unknown}, indent=2))
     else:
         console = terminal(width=None if sys.stdout.isatty() else 160)
         if rows:
@@ -43,6 +46,11 @@ def ps(cluster: str | None, as_json: bool, all_users: bool, timeout: float) -> N
         else:
             console.print("no ptcluster job" + ("" if all_users else " of yours (--all-users: "
                                                  "everyone's)") + " on these nodes")
+        for spare in spares:
+            console.print(f"spare {spare['host']}: " + (
+                "unreachable" if not spare["reachable"] else
+                f"in job {', '.join(spare['jobs'])}" if spare["jobs"] else "idle"),
+                markup=False)
         for held in unknown:
             console.print(Text(f"{held['node']}: {held['resource']} held by an unknown holder "
                                "(no record of who; another user may have put something at "
@@ -51,6 +59,15 @@ def ps(cluster: str | None, as_json: bool, all_users: bool, timeout: float) -> N
             console.print(Text(f"{host}: not listed: {why}", style="yellow"))
     if missing:
         sys.exit(1)
+
+
+def spare_rows(spec: ClusterSpec, rows: list[JobRow],
+               missing: dict[str, str]) -> list[dict[str, Any]]:
+    """The cluster file's spares (``spares:``): each with whether it answered and the jobs
+    (anyone's) that run on it now: none while it is idle, the job whose lost node's place it
+    took after a restart."""
+    return [{"host": s.host, "slots": s.slots, "reachable": s.host not in missing,
+             "jobs": [r.job_id for r in rows if s.host in r.nodes]} for s in spec.spares]
 
 
 def unknown_holders(seen: dict[str, tuple[str, str, list[dict]]]) -> list[dict[str, str]]:

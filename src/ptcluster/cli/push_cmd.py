@@ -26,7 +26,7 @@ from ptcluster.remote.group import Member
 
 def nodes_of(spec: ClusterSpec, dest: str) -> list[Member]:
     reach = transports(spec)
-    return members_for([Member(n.host, reach[n.host], n.python, {}) for n in spec.nodes], dest)
+    return members_for([Member(n.host, reach[n.host], n.python, {}) for n in spec.machines], dest)
 
 
 class Shown:
@@ -64,7 +64,7 @@ def run_push(spec: ClusterSpec, src: Path, dest: str, *, delete: bool, show: boo
     err = terminal(stderr=True, soft_wrap=True)
     if show:
         err.print(f"ptcluster: push: {listing.src} ({len(listing.files)} file(s), "
-                  f"{listing.size / 1e6:.1f} MB) to {dest} on {len(spec.nodes)} node(s)")
+                  f"{listing.size / 1e6:.1f} MB) to {dest} on {len(spec.machines)} node(s)")
     members = nodes_of(spec, dest)
     if not show:
         return push(members, listing, delete=delete, relay=relay)

@@ -129,7 +129,11 @@ SUMMARY_FIELDS: dict[str, str] = {
     "ended_by": "Who ended the job from outside (Slurm's scancel, time limit, preemption; "
                 "`ptcluster kill`).",
     "attempts": "Every attempt in order: hosts, world size, master port, cause, step resumed "
-                "from, newest checkpoint, downtime, nodes dropped and why.",
+                "from, newest checkpoint, downtime, nodes dropped and why, the spare that "
+                "takes each one's place (`replaced`: node to spare), the nodes lost earlier that "
+                "answered again and were taken back into the next attempt (`readmitted`).",
+    "spares": "Each spare that took a node's place (`spares:` of the cluster file): after "
+              "which attempt, the node, the spare, and why the node was left out.",
     "duration_s": "Seconds from start to the end of the teardown.",
     "console_dropped": "Lines the console skipped because it could not keep up (all are in the "
                        "logs).",

@@ -97,7 +97,8 @@ def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
               "nodes that remain; the job resumes from its last checkpoint).")
 @click.option("--min-nodes", type=click.IntRange(min=1), default=None,
               help="With --max-restarts: fewest nodes a restart may run on (default: all of "
-              "them, i.e. a lost node ends the job).")
+              "them, i.e. a lost node ends the job unless a spare of the cluster file's "
+              "spares: takes its place).")
 @click.option("--hang-timeout", type=SECONDS, metavar="S", help="When no rank makes progress "
               "for S seconds, print every rank's stack (the straggler first) and end the job "
               "(exit 4).")
@@ -161,6 +162,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     hush = quiet()
     if not hush:
         _print_plan(err, plan, run_dir)
+        _print_spares(err, spec, max_restarts)
     feed = ConsoleFeed(_stdout_writer(run_dir), _fd_writer(2, dim=err.is_terminal))
     runner = Runner(plan, transports(spec), run_dir, on_line=line_sink(feed, run_dir),
                     on_status=None if hush else lambda text: feed.note(f"ptcluster: {text}"),
@@ -290,6 +292,15 @@ def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
     console.print(f"  logs: {run_dir}/")
 
 
+def _print_spares(console: Console, spec: ClusterSpec, max_restarts: int) -> None:
+    """The cluster file's spares, idle until a restart needs one (only with --max-restarts)."""
+    if not spec.spares:
+        return
+    said = ", ".join(f"{s.host} ({s.slots} slot(s))" for s in spec.spares)
+    console.print(f"  spares: {said}" + ("" if max_restarts else
+                                         ": unused without --max-restarts"), markup=False)
+
+
 def _print_attempts(console: Console, result: RunResult) -> None:
     """One line per attempt of a restarted job: cause, downtime, where it resumed."""
     if len(result.attempts) < 2:
@@ -305,6 +316,7 @@ def _print_attempts(console: Console, result: RunResult) -> None:
             extra.append(f"downtime {a.downtime:.1f} s")
         if a.dropped:
             extra.append(f"dropped {', '.join(a.dropped)}")
+        extra += [f"spare {spare} in {node}'s place" for node, spare in a.replaced.items()]
         console.print(f"  attempt {a.number}: world size {a.world_size} on {len(a.hosts)} "
                       f"node(s): {cause}" + (f" ({'; '.join(extra)})" if extra else ""),
                       markup=False)

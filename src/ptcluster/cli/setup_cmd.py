@@ -74,6 +74,7 @@ def setup(cluster: str | None, dry_run: bool, check: bool, as_json: bool,
     if torch_backend != "auto" and not VARIANT.match(torch_backend):
         raise UsageError(f"--torch-backend {torch_backend!r} is not auto, cpu or cuXYZ",
                          "pass e.g. --torch-backend cu128")
+    spec = spec.spares_as_nodes()  # a spare is set up as a node: a restart may run on it
     hosts = [n.host for n in spec.nodes]
     for host in nodes:
         if host not in hosts:

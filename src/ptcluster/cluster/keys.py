@@ -79,11 +79,7 @@ _PER_NODE = (
      "see only them (`CUDA_VISIBLE_DEVICES`)."),
 )
 
-KEYS: tuple[Key, ...] = (
-    Key(path="nodes", type="list of mappings (or `host:slots` strings)", default="required",
-        example="nodes: [{host: 10.0.0.1, slots: 2}, node2:1]",
-        doc="The machines, in rank order: the first node hosts the rendezvous and gets the "
-            "first ranks."),
+_NODE_ENTRY: tuple[Key, ...] = (
     Key(path="nodes[].host", type="hostname or IP address", default="required",
         example="host: 192.168.1.10",
         doc="How the head reaches the node (and the default master address). Each machine "
@@ -96,6 +92,31 @@ KEYS: tuple[Key, ...] = (
     Key(path="nodes[].ssh", type="mapping (the keys of `ssh`)", default="the cluster-wide `ssh`",
         example="ssh: {user: admin, port: 2222}",
         doc="This node's ssh settings, merged over the cluster-wide `ssh` key by key."),
+)
+"""The keys of one ``nodes:`` entry (a ``spares:`` entry takes the same)."""
+
+KEYS: tuple[Key, ...] = (
+    Key(path="nodes", type="list of mappings (or `host:slots` strings)", default="required",
+        example="nodes: [{host: 10.0.0.1, slots: 2}, node2:1]",
+        doc="The machines, in rank order: the first node hosts the rendezvous and gets the "
+            "first ranks."),
+    *_NODE_ENTRY,
+    Key(path="spares", type="list of mappings (or `host:slots` strings), like `nodes`",
+        default="none", example="spares: [{host: node5, slots: 2}]",
+        doc="Hot spares: machines that run no rank while the job is whole. When `run "
+            "--max-restarts` restarts the job after a node was lost or refused by its health "
+            "gate, the first spare left takes that node's place with its own `slots` (its "
+            "ranks after the remaining nodes'); a spare that fails to join is dropped and the "
+            "next one (or `--min-nodes`) applies. `setup`, `sync`, `data:` and the project's "
+            "environment reach spares as nodes, `doctor` checks them as nodes (all-reduce "
+            "too), `ps` shows them; an idle spare runs nothing and holds no lease. A machine "
+            "is a node or a spare, not both."),
+    *(Key(path=f"spares[].{k.name}", type=k.type, default=k.default, example=k.example,
+          doc=k.doc.replace("This node's", "This spare's").replace("the node", "the spare"))
+      for k in _NODE_ENTRY),
+    *(Key(path=f"spares[].ssh.{name}", type=type_, default=f"the cluster-wide `ssh.{name}`",
+          example=example, doc=f"This spare's own `ssh.{name}`.")
+      for name, type_, _default, example, _doc in _SSH),
     Key(path="master", type="mapping", default="the first node, port 29500",
         example="master: {addr: 192.168.1.10, port: auto}",
         doc="Where the rendezvous runs (always on the first node)."),

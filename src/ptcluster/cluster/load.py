@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ SSH_KEYS = keys_at("ssh")
 DATA_KEYS = keys_at("data[]")
 _DATA_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 assert keys_at("nodes[].ssh") == SSH_KEYS, "a node's ssh takes the cluster-wide ssh's keys"
+assert keys_at("spares[]") == NODE_KEYS, "a spare takes the keys of a node"
 
 CLUSTER_ENV_VAR = "PTCLUSTER_CLUSTER"
 DEFAULT_CLUSTER_FILE = "cluster.yaml"
@@ -115,41 +117,65 @@ def spec_from_data(data: Any, source: str, trusted: bool = False,
     env = r.env(top.get("env"), "env")
     gpus = _gpus(r, top["gpus"], "gpus") if "gpus" in top else None
 
-    nodes: list[NodeSpec] = []
-    seen: dict[str, int] = {}
-    for i, raw in enumerate(raw_nodes):
-        path = f"nodes[{i}]"
-        if isinstance(raw, str):
-            host, slots = _host_slots(r, raw, path)
-            raw = {"host": host, "slots": slots}
-        node = r.mapping(raw, path, NODE_KEYS)
-        if "host" not in node:
-            raise r.fail(f"{path}.host", "is missing", "add `host: NAME` to this node")
-        host = r.host(node["host"], f"{path}.host")
-        if host.lower() in seen:
-            raise r.fail(f"{path}.host",
-                         f"duplicate host {host!r} (also nodes[{seen[host.lower()]}])",
-                         "list every machine once and give it more slots instead")
-        seen[host.lower()] = i
-        nodes.append(NodeSpec(
-            host=host,
-            slots=r.slots(node.get("slots", 1), f"{path}.slots"),
-            interface=r.interface(node["interface"], f"{path}.interface")
-            if "interface" in node else interface,
-            python=_python(r, node["python"], f"{path}.python",
-                           "the interpreter path on this node") if "python" in node else python,
-            workdir=r.text(node["workdir"], f"{path}.workdir", "a directory on this node")
-            if "workdir" in node else workdir,
-            ssh=ssh.merged(_ssh(r, node["ssh"], f"{path}.ssh")) if "ssh" in node else ssh,
-            gpus=_gpus(r, node["gpus"], f"{path}.gpus") if "gpus" in node else gpus,
-        ))
-        if isinstance(nodes[-1].gpus, tuple) and len(nodes[-1].gpus) < nodes[-1].slots:
-            raise r.fail(f"{path}.gpus", f"lists {len(nodes[-1].gpus)} GPU(s) for "
-                         f"{nodes[-1].slots} slot(s)",
-                         "list at least one GPU per slot, or use gpus: auto")
+    base = NodeSpec(host="", interface=interface, python=python, workdir=workdir, ssh=ssh,
+                    gpus=gpus)
+    nodes = _machines(r, raw_nodes, "nodes", base, {})
+    spares = _spares(r, top.get("spares"), base, {n.host.lower(): f"nodes[{i}]"
+                                                   for i, n in enumerate(nodes)})
     return ClusterSpec(nodes=tuple(nodes), master=_master(r, top.get("master"), nodes),
                        backend=backend, env=env, source=source, **_environment(r, top),
+                       spares=spares,
                        slurm=_slurm(r, top["slurm"], nodes) if "slurm" in top else None)
+
+
+def _machines(r: Reader, raw: list[Any], key: str, base: NodeSpec,
+              seen: dict[str, str]) -> list[NodeSpec]:
+    """The entries of ``nodes:`` (or ``spares:``): each machine once (``seen``: the hosts
+    already named, lower-cased, with where), every per-node key over the cluster-wide
+    ``base``."""
+    out: list[NodeSpec] = []
+    for i, item in enumerate(raw):
+        path = f"{key}[{i}]"
+        if isinstance(item, str):
+            host, slots = _host_slots(r, item, path)
+            item = {"host": host, "slots": slots}
+        node = r.mapping(item, path, NODE_KEYS)
+        if "host" not in node:
+            raise r.fail(f"{path}.host", "is missing", f"add `host: NAME` to this {key[:-1]}")
+        host = r.host(node["host"], f"{path}.host")
+        if host.lower() in seen:
+            raise r.fail(f"{path}.host", f"duplicate host {host!r} (also {seen[host.lower()]})",
+                         "list every machine once (as a node or as a spare, not both); give "
+                         "a node more slots instead")
+        seen[host.lower()] = path
+        out.append(replace(
+            base, host=host, slots=r.slots(node.get("slots", 1), f"{path}.slots"),
+            interface=r.interface(node["interface"], f"{path}.interface")
+            if "interface" in node else base.interface,
+            python=_python(r, node["python"], f"{path}.python",
+                           "the interpreter path on this node") if "python" in node
+            else base.python,
+            workdir=r.text(node["workdir"], f"{path}.workdir", "a directory on this node")
+            if "workdir" in node else base.workdir,
+            ssh=base.ssh.merged(_ssh(r, node["ssh"], f"{path}.ssh")) if "ssh" in node
+            else base.ssh,
+            gpus=_gpus(r, node["gpus"], f"{path}.gpus") if "gpus" in node else base.gpus))
+        gpus = out[-1].gpus
+        if isinstance(gpus, tuple) and len(gpus) < out[-1].slots:
+            raise r.fail(f"{path}.gpus", f"lists {len(gpus)} GPU(s) for {out[-1].slots} "
+                         "slot(s)", "list at least one GPU per slot, or use gpus: auto")
+    return out
+
+
+def _spares(r: Reader, value: Any, base: NodeSpec, seen: dict[str, str]) -> tuple[NodeSpec, ...]:
+    """``spares:``: machines shaped like ``nodes:`` entries that run no rank until a restart
+    puts one in a lost or refused node's place (``launch.supervise.restart``)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise r.fail("spares", f"must be a list of machines like `nodes:`, got {value!r}",
+                     "e.g. spares: [{host: node5, slots: 2}]")
+    return tuple(_machines(r, value, "spares", base, seen))
 
 
 def _environment(r: Reader, top: dict[str, Any]) -> dict[str, Any]:

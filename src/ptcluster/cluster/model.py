@@ -6,7 +6,7 @@ rank ranges) are properties, never stored twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 BACKENDS = ("auto", "nccl", "gloo")
@@ -150,11 +150,26 @@ class ClusterSpec:
     paths, from the cluster file's folder)."""
     data: tuple[DataSpec, ...] = ()
     """``data:``: folders ``run`` pushes to every node before launch (``ptcluster.push``)."""
+    spares: tuple[NodeSpec, ...] = ()
+    """``spares:``: machines that run no rank; a restart puts one in the place of a node that
+    was lost or refused (``launch.supervise.restart``). Never one of ``nodes``."""
 
     def __post_init__(self) -> None:
         assert self.nodes, "a cluster has at least one node"
         assert self.backend in BACKENDS, self.backend
         assert not (self.local and self.slurm_job), "the local cluster is not an allocation"
+        assert not {n.host for n in self.nodes} & {s.host for s in self.spares}, \
+            "a machine is a node or a spare, not both"
+
+    @property
+    def machines(self) -> tuple[NodeSpec, ...]:
+        """The nodes, then the spares: every machine the head may reach for this cluster."""
+        return self.nodes + self.spares
+
+    def spares_as_nodes(self) -> ClusterSpec:
+        """This cluster with its spares as its last nodes (``doctor`` checks a spare as a node,
+        its all-reduce included)."""
+        return replace(self, nodes=self.machines, spares=())
 
     @property
     def reach(self) -> Reach:

@@ -27,6 +27,8 @@ the user's choice.
 ``data:`` pushes folders of this machine to the hosts the file names (a cloned repository's
 file could name ``~/.ssh`` and a host of its author's): refused until the user vouches for the
 file (``data_risk``); ``push SRC`` and ``run --data`` on the command line are the user's own.
+A ``spares:`` entry is read as a ``nodes:`` entry is (its ``python:`` and ``ssh`` by the same
+rules): a spare is a node that waits.
 ``env:`` is not refused: it reaches the ranks of ``run``, jobs on the nodes the file describes,
 and ``run`` runs the project's own code there by design (a cloned repository's ``train.py`` is
 as much its author's code as its cluster file). ``doctor``'s and ``bench``'s ranks run

@@ -96,7 +96,7 @@ def stop_through_guards(spec: ClusterSpec, job_id: str, signame: str, by: dict[s
     ``kill`` program finds it by its lease), waiting up to ``timeout`` s for every node."""
     reach = transports(spec)
     config = {"job_id": job_id, "signal": signame, "by": by}
-    result = ask_all([Member(n.host, reach[n.host], n.python, config) for n in spec.nodes],
+    result = ask_all([Member(n.host, reach[n.host], n.python, config) for n in spec.machines],
                      KILL, Kind.RESULT, timeout)
     signalled: list[str] = []
     refused: dict[str, str] = {}

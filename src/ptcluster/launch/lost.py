@@ -47,10 +47,11 @@ def lost_nodes(failures: Sequence[Failure], nodes: Sequence[NodeOutcome]) -> lis
             if h in by_host and by_host[h].ready and by_host[h].guard_exit is None]
 
 
-def probe(nodes: Sequence[NodeOutcome], plan: LaunchPlan, job_id: str,
+def probe(nodes: Sequence[NodeOutcome], plan: LaunchPlan | Mapping[str, str], job_id: str,
           transports: Mapping[str, Transport]) -> dict[str, dict[str, Any] | None]:
-    """Each node's ``boot`` answer, None for a node that gave none in time."""
-    python = {n.host: n.python for n in plan.nodes}
+    """Each node's ``boot`` answer, None for a node that gave none in time (``plan``: the
+    plan the nodes ran in, or each node's interpreter)."""
+    python = {n.host: n.python for n in plan.nodes} if isinstance(plan, LaunchPlan) else plan
     members = [Member(n.host, transports[n.host], python[n.host],
                       {"job_id": job_id, "guard_pid": n.facts.get("pid"),
                        "boot_id": n.facts.get("boot_id")})
@@ -91,6 +92,19 @@ def explain_losses(failures: Sequence[Failure], nodes: Sequence[NodeOutcome], pl
             if failure.host == node.host and failure.kind is FailureKind.LOST and \
                     failure.rank is None:
                 reword(failure, node, answer)
+
+
+def answering_again(nodes: Sequence[NodeOutcome], python: Mapping[str, str], job_id: str,
+                    transports: Mapping[str, Transport]) -> list[str]:
+    """The nodes lost earlier in the run (each with its outcome from the attempt that lost it)
+    that answer the probe now, well-formed, and whose guard of that attempt no longer runs
+    there (its ranks are gone with it): what a restart may take back (``restart.decide``'s
+    ``returned``). The probe costs at most ``PROBE_BOUND`` s, only when there are such nodes."""
+    if not nodes:
+        return []
+    answers = probe(nodes, python, job_id, transports)
+    return [n.host for n in nodes if (a := answers.get(n.host)) is not None
+            and "malformed" not in a and not a.get("guard_alive")]
 
 
 def reword(failure: Failure, node: NodeOutcome, answer: dict[str, Any] | None) -> None:

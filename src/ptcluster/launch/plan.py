@@ -231,20 +231,24 @@ def restart_port(first: int, attempt: int) -> int:
 def replan(spec: ClusterSpec, target: Target, *, job_id: str, attempt: int,
            hosts: tuple[str, ...], addresses: dict[str, str], port: int,
            max_restarts: int) -> LaunchPlan:
-    """The plan of restart ``attempt``: the same job over the nodes that remain (``hosts``;
-    ranks renumbered in file order) on ``port``, node rank 0 hosting the rendezvous. When the
+    """The plan of restart ``attempt``: the same job over the nodes that remain (``hosts``, in
+    their order: the remaining nodes in file order, then the spares that take lost nodes'
+    places; ranks renumbered) on ``port``, node rank 0 hosting the rendezvous. When the
     master's node was dropped, the next node in the file takes over, at its ``host``; or, when
     the cluster file gave the master an address of its own (a fabric address, while ``host`` is
     how the head reaches it), at the address that node's guard reported on its interface
     (``addresses``: the one it chose to reach the old master, the same network), or at its
     host when it reported none (an interface list or prefix in the cluster file names no one
     address)."""
-    nodes = tuple(n for n in spec.nodes if n.host in hosts)
+    machine = {n.host: n for n in spec.machines}
+    nodes = tuple(machine[h] for h in hosts)
     master = spec.master
     if nodes[0].host != spec.nodes[0].host:
         own = spec.master.addr != spec.nodes[0].host and addresses.get(nodes[0].host)
         master = replace(master, addr=own or nodes[0].host)
-    return plan_launch(replace(spec, nodes=nodes, master=master), target, port=port,
+    spares = tuple(s for s in spec.spares if s.host not in hosts)
+    return plan_launch(replace(spec, nodes=nodes, master=master, spares=spares), target,
+                       port=port,
                        job_id=job_id, attempt=attempt, max_restarts=max_restarts)
 
 

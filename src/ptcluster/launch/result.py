@@ -240,6 +240,9 @@ class RunResult:
             "interrupted": self.interrupted,
             "gave_up": self.gave_up, "no_progress": self.no_progress, "ended_by": self.ended_by,
             "attempts": [a.to_json() for a in self.attempts],
+            "spares": [{"after_attempt": a.number, "node": node, "spare": spare,
+                        "why": a.dropped_why.get(node, "")}
+                       for a in self.attempts for node, spare in a.replaced.items()],
             "duration_s": round(self.duration, 3), "console_dropped": self.console_dropped,
             "log_errors": self.log_errors,
             "root_cause": None if self.root_cause is None else _failure_json(self.root_cause),
@@ -300,6 +303,11 @@ class AttemptRecord:
     """Nodes left out of the next attempt (lost, unhealthy, or failed twice)."""
     dropped_why: dict[str, str] = field(default_factory=dict)
     """Why each node of ``dropped`` was left out."""
+    readmitted: list[str] = field(default_factory=list)
+    """Nodes lost in an earlier attempt that answer again, taken back into the next attempt."""
+    replaced: dict[str, str] = field(default_factory=dict)
+    """Nodes of ``dropped`` whose place a spare takes in the next attempt: node -> spare
+    (``spares:`` of the cluster file)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.number, "hosts": self.hosts, "world_size": self.world_size,
@@ -309,7 +317,8 @@ class AttemptRecord:
                 "checkpoint_paths": self.checkpoint_paths,
                 "downtime_s": None if self.downtime is None else round(self.downtime, 3),
                 "started_at": self.started_at, "ended_at": self.ended_at,
-                "dropped": self.dropped, "dropped_why": self.dropped_why}
+                "dropped": self.dropped, "dropped_why": self.dropped_why,
+                "replaced": self.replaced, "readmitted": self.readmitted}
 
 
 def _failure_json(f: Failure) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ptcluster.cluster.model import ClusterSpec
+from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.control.server import ControlServer, HeadDoor
 from ptcluster.launch.attempt import (
     ANY_ATTEMPT,
@@ -25,13 +25,20 @@ from ptcluster.launch.attempt import (
     StatusSink,
     Stops,
 )
+from ptcluster.launch.lost import answering_again
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan, Target, replan, restart_port
 from ptcluster.launch.port import free_port
-from ptcluster.launch.result import AttemptRecord, FailureKind, RunResult
+from ptcluster.launch.result import AttemptRecord, FailureKind, NodeOutcome, RunResult
 from ptcluster.launch.rundir import RunDir, RunLogs, log_files_budget
 from ptcluster.launch.stacks.collector import StackCollector
-from ptcluster.launch.supervise.restart import RestartPolicy, decide
+from ptcluster.launch.supervise.restart import (
+    GONE,
+    Decision,
+    RestartPolicy,
+    decide,
+    restarts_used,
+)
 from ptcluster.launch.supervise.supervisor import Supervisor
 from ptcluster.remote.transport import Transport
 
@@ -56,6 +63,31 @@ class Restarts:
         return replan(self.spec, self.target, job_id=first.job_id, attempt=attempt,
                       hosts=hosts, addresses=addresses, port=port,
                       max_restarts=self.policy.max_restarts)
+
+
+def _next_hosts(plan: LaunchPlan, file_nodes: tuple[NodeSpec, ...],
+                decision: Decision) -> tuple[str, ...]:
+    """The next attempt's hosts in rank order: the file's nodes that go on or are taken back,
+    in file order; then the spares that go on; then the spares that take places now."""
+    going_on = [n.host for n in plan.nodes if n.host not in decision.drop]
+    ours = {n.host for n in file_nodes}
+    nodes = [n.host for n in file_nodes if n.host in going_on or n.host in decision.readmit]
+    return tuple(nodes + [h for h in going_on if h not in ours] +
+                 [spare for _, spare in decision.replace])
+
+
+def _size_change(before: LaunchPlan, after: LaunchPlan, decision: Decision) -> str:
+    """After the world size of a restart that put spares in: whether it stayed, and, when not,
+    whose slots differ (a spare runs with its own ``slots``)."""
+    if not decision.replace and not decision.readmit:
+        return ""
+    if after.world_size == before.world_size:
+        return " (the same" + (": the spares' slots match)" if decision.replace else ")")
+    slots = {n.host: n.nproc for n in before.nodes + after.nodes}
+    differ = [f"{spare} has {slots[spare]} slot(s), {node} had {slots[node]}"
+              for node, spare in decision.replace if slots[spare] != slots[node]]
+    differ += [f"{h} taken back" for h in decision.readmit]
+    return f" (was {before.world_size}: {', '.join(differ) or 'nodes were left out'})"
 
 
 class Notes:
@@ -127,6 +159,10 @@ class Runner:
         self.logs, self.events = self.ctx.logs, self.ctx.events
         self.attempt: Attempt | None = None
         """The attempt that runs (or ran last)."""
+        self._away: dict[str, NodeOutcome] = {}
+        """The nodes dropped after an attempt because they were lost (``restart.GONE``, cut
+        off), each with its outcome there (its guard's pid, its boot): asked at a later
+        restart whether they answer again."""
         self._addresses: dict[str, str] = {}
         """Each node's address as its guard last reported it (where a new master is reached)."""
 
@@ -219,21 +255,54 @@ class Runner:
             result.ended_by = killed_by
         elif not record.ok and self.ended_by is not None:
             result.ended_by = self.ended_by() or ""
+        back = self._answering_again(attempts, result)
+        file_nodes = () if self.restarts is None else self.restarts.spec.nodes
+        ours = {n.host for n in file_nodes}
         decision = decide(None if self.restarts is None else self.restarts.policy,
                           attempts, result.failures, result.interrupted, view.cut_off,
-                          ended_by=result.ended_by, stop_requested=self.stops.count > 0)
+                          ended_by=result.ended_by, stop_requested=self.stops.count > 0,
+                          spares=self._spares_left(attempts) + tuple(
+                              h for h in back if h not in ours),  # (a spare back: a spare)
+                          returned=[h for h in back if h in ours], size=len(file_nodes))
         record.dropped, record.dropped_why = list(decision.drop), dict(decision.why)
+        record.replaced, record.readmitted = dict(decision.replace), list(decision.readmit)
+        gone = {f.host for f in result.failures if f.kind in GONE} | set(view.cut_off)
+        self._away.update((n.host, n) for n in result.nodes
+                          if n.host in decision.drop and n.host in gone)
         result.interrupted = result.interrupted or decision.stopped
         if not decision.restart or self.restarts is None:
             result.gave_up, result.no_progress = decision.reason, decision.no_progress
             return False
-        hosts = tuple(n.host for n in self.plan.nodes if n.host not in decision.drop)
+        for host in (*decision.readmit, *(spare for _, spare in decision.replace)):
+            self._away.pop(host, None)
+        hosts = _next_hosts(self.plan, file_nodes, decision)
+        before = self.plan
         self.plan = self.restarts.next_plan(self._first, len(attempts), hosts, self._addresses)
         self.notes(f"{decision.reason}: attempt {len(attempts)} on {len(hosts)} node(s), world "
-                   f"size {self.plan.world_size}, rendezvous port "
-                   f"{self.plan.master_port or 'auto'}")
+                   f"size {self.plan.world_size}{_size_change(before, self.plan, decision)}, "
+                   f"rendezvous port {self.plan.master_port or 'auto'}")
         self.layout.write_plan(self.plan, self.opts)
         return True
+
+    def _answering_again(self, attempts: list[AttemptRecord], result: RunResult) -> list[str]:
+        """The nodes (and spares) dropped after earlier attempts that answer again now, their
+        guard of then gone (``lost.answering_again``): only after a failure that may be
+        restarted (a restart left), and only when some are away."""
+        record = attempts[-1]
+        if self.restarts is None or record.ok or result.interrupted or result.ended_by or \
+                self.stops.count or not self._away or \
+                restarts_used(attempts) >= self.restarts.policy.max_restarts:
+            return []
+        python = {n.host: n.python for n in self.restarts.spec.machines}
+        away = [n for h, n in self._away.items() if h not in record.hosts and h in python]
+        return answering_again(away, python, self.plan.job_id, self.ctx.transports)
+
+    def _spares_left(self, attempts: list[AttemptRecord]) -> tuple[str, ...]:
+        """The cluster file's spares that no attempt ran on yet, in file order."""
+        if self.restarts is None:
+            return ()
+        ran = {h for a in attempts for h in a.hosts}
+        return tuple(s.host for s in self.restarts.spec.spares if s.host not in ran)
 
     # -- the control socket -------------------------------------------------------------------
     def _open_control(self) -> ControlServer | None:

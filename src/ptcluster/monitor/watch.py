@@ -36,22 +36,23 @@ class NodeView:
 
 
 class Monitor:
-    """One sampler channel per node; use as a context manager (or call ``close``)."""
+    """One sampler channel per node (and spare: a job may run on one after a restart); use as a
+    context manager (or call ``close``)."""
 
     def __init__(self, spec: ClusterSpec, transports: dict[str, Transport],
                  interval: float = 2.0) -> None:
         self.spec = spec
         self.transports = transports
         self.interval = interval
-        self.nodes = {n.host: n for n in spec.nodes}
-        self.views = {n.host: NodeView(host=n.host) for n in spec.nodes}
+        self.nodes = {n.host: n for n in spec.machines}
+        self.views = {n.host: NodeView(host=n.host) for n in spec.machines}
         self.lock = threading.Lock()
         self.gone: dict[str, float] = {}
         """host -> when (monotonic) its session ended or could not start: ``reopen`` tries it
         again."""
-        self._session = {n.host: 0 for n in spec.nodes}
+        self._session = {n.host: 0 for n in spec.machines}
         """host -> the number of its current session (a late word of an ended one is dropped)."""
-        self.channels = start_all([self._channel(n.host) for n in spec.nodes],
+        self.channels = start_all([self._channel(n.host) for n in spec.machines],
                                   self._could_not_start)
 
     def _channel(self, host: str) -> NodeChannel:
@@ -155,7 +156,7 @@ def sample_once(spec: ClusterSpec, transports: dict[str, Transport], timeout: fl
     """Every node's first sample (its sampler started once: ``ps``), and for each node that
     has none within ``timeout`` s, why."""
     members = [Member(n.host, transports[n.host], n.python, {"interval": interval})
-               for n in spec.nodes]
+               for n in spec.machines]
     result = ask_all(members, SAMPLER, Kind.SAMPLE, timeout,
                      late=Problem(None, f"no sample within {timeout:.0f} s"))
     samples: dict[str, dict[str, Any]] = {}

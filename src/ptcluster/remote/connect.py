@@ -23,7 +23,8 @@ def transport(spec: ClusterSpec, node: NodeSpec) -> Transport:
 
 
 def transports(spec: ClusterSpec) -> dict[str, Transport]:
-    return {node.host: transport(spec, node) for node in spec.nodes}
+    """Every machine's transport: the nodes' and the spares' (a restart may run on one)."""
+    return {node.host: transport(spec, node) for node in spec.machines}
 
 
 def outside_stop(spec: ClusterSpec) -> Callable[[], str | None] | None:

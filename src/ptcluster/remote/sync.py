@@ -213,10 +213,10 @@ def tar_pipe(root: Path, listing: bytes, receiver: list[str],
 
 def sync_project(spec: ClusterSpec, root: Path | None = None,
                  on_done: Callable[[SyncResult], None] | None = None) -> list[SyncResult]:
-    """Sync ``root`` (default: the current directory) to every node, in parallel."""
+    """Sync ``root`` (default: the current directory) to every node and spare, in parallel."""
     root = (root or Path.cwd()).resolve()
     files = project_files(root)
-    results = {n.host: SyncResult(host=n.host) for n in spec.nodes}
+    results = {n.host: SyncResult(host=n.host) for n in spec.machines}
 
     def one(node: NodeSpec) -> None:
         try:
@@ -227,12 +227,12 @@ def sync_project(spec: ClusterSpec, root: Path | None = None,
         if on_done is not None:
             on_done(results[node.host])
 
-    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in spec.nodes]
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in spec.machines]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return [results[n.host] for n in spec.nodes]
+    return [results[n.host] for n in spec.machines]
 
 
 def _rsync_host(host: str) -> str:

@@ -24,7 +24,7 @@ TIMEOUT = 300.0
 def members(spec: ClusterSpec, root: str = NODE_ROOT) -> list[Member]:
     """Every node of ``spec``, its ``venvs`` program to run on its ``python:``."""
     reach = transports(spec)
-    return [Member(n.host, reach[n.host], n.python, {"root": root}) for n in spec.nodes]
+    return [Member(n.host, reach[n.host], n.python, {"root": root}) for n in spec.machines]
 
 
 @dataclass

@@ -81,9 +81,9 @@ def use_environment(spec: ClusterSpec, choose: Choose, locate: Locate, *, source
     if not shipped.ok:
         raise EnvironmentFailed([n.problem for n in shipped.failed.values()
                                  if n.problem is not None])
-    nodes = tuple(replace(n, python=shipped.nodes[n.host].python or n.python)
-                  for n in spec.nodes)
-    return Environment(replace(spec, nodes=nodes), shipped, source)
+    nodes, spares = (tuple(replace(n, python=shipped.nodes[n.host].python or n.python)
+                           for n in machines) for machines in (spec.nodes, spec.spares))
+    return Environment(replace(spec, nodes=nodes, spares=spares), shipped, source)
 
 
 def findings(spec: ClusterSpec, choose: Choose, root: str = NODE_ROOT) -> list[Problem]:

@@ -20,6 +20,19 @@ pytorch#108158.) The rules, in order:
   than the step it started from — it would only fail the same way again (exit 3). An attempt
   whose cause was a node that is now dropped is exempt: the next one runs on other hardware.
   A job that never reports checkpoints gets plain ``max_restarts`` restarts.
+- spares (``spares:`` of the cluster file): each dropped node, in rank order, has its place
+  taken by the next spare that has not run yet (``Decision.replace``), which counts toward
+  ``min_nodes`` as the node did; the spare runs with its own slots. Its health gate and start
+  are the next attempt's, as for every node: a spare refused there, unreachable or lost
+  before any rank started failed to join (``failed_join``): it is dropped like a node, the
+  next spare (or the shrink rule) applies, and that attempt is not counted as a restart
+  (each spare fails to join once at most, so this ends);
+- re-admission (issue 45 item 2, at the next restart): a node dropped because it was lost
+  (``GONE``) that answers again, its guard of then gone (``returned``), is taken back first,
+  into a place the job lost, never past the file's ``size`` nodes (while a spare holds the
+  place, it waits as a spare); not one that was the cause of two attempts (said in the
+  reason). One taken back that fails to join is dropped again and not counted; that failure
+  is a strike of its own, so it is tried at most twice.
 """
 
 from __future__ import annotations
@@ -33,6 +46,10 @@ from ptcluster.launch.result import AttemptRecord, Failure, FailureKind
 NODE_LOSS = (FailureKind.LOST, FailureKind.START, FailureKind.UNHEALTHY)
 """Failure kinds that mean the node itself is gone or unusable: it is left out of the next
 attempt."""
+GONE = (FailureKind.LOST, FailureKind.START)
+"""Of those, a node that stopped answering (or never did): one that answers again later may be
+taken back (``returned``). One its health gate refused is not: it never stopped answering,
+and only its gate (the next attempt's) could say it is well again."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +77,10 @@ class Decision:
     """Nodes left out from now on."""
     why: tuple[tuple[str, str], ...] = ()
     """(node, why it is left out) for each of ``drop``."""
+    replace: tuple[tuple[str, str], ...] = ()
+    """(node, spare) for each node of ``drop`` whose place a spare takes."""
+    readmit: tuple[str, ...] = ()
+    """Nodes lost earlier that answer again, taken back into the next attempt."""
     no_progress: bool = False
     stopped: bool = False
     """The job was stopped, it did not fail (ended from outside, or a stop request after the
@@ -68,12 +89,17 @@ class Decision:
 
 def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
            failures: Sequence[Failure], interrupted: bool, cut_off: Sequence[str] = (), *,
-           ended_by: str = "", stop_requested: bool = False) -> Decision:
+           ended_by: str = "", stop_requested: bool = False,
+           spares: Sequence[str] = (), returned: Sequence[str] = (),
+           size: int = 0) -> Decision:
     """After ``attempts[-1]`` ended: restart or not. ``policy``: None when no restarts were
     asked for; ``failures``: all of the attempt's failures; ``interrupted``: it was stopped by
     a request while it ran; ``cut_off``: nodes given up on at the stop deadline, whose ranks may
     still run; ``ended_by``: who ended it from outside, if anyone did; ``stop_requested``: a
-    stop was asked for (also after the attempt had ended)."""
+    stop was asked for (also after the attempt had ended); ``spares``: the spares that have not
+    run yet, in file order; ``returned``: nodes of the file lost earlier that answer again now
+    (``lost.answering_again``); ``size``: the cluster file's number of nodes, which a job never
+    grows past."""
     last = attempts[-1]
     if last.ok:
         return Decision(False, "")
@@ -86,25 +112,18 @@ def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
         return Decision(False, "stopped by the user: not restarted")
     if policy.max_restarts == 0:
         return Decision(False, "")
-    hosts = last.hosts
-    lost = {f.host for f in failures if f.kind in NODE_LOSS and f.host in hosts} | \
-        {h for h in cut_off if h in hosts}
-    blamed = Counter(a.cause.host for a in attempts
-                     if a.cause is not None and a.cause.host in hosts)
-    twice = {h for h, n in blamed.items() if n >= 2} - lost
-    if len(hosts) - len(lost | twice) < policy.min_nodes:
-        twice = set()  # a node that failed twice is kept rather than end the job
-    drop = tuple(h for h in hosts if h in lost | twice)
-    why = tuple((h, _why(h, failures, twice)) for h in drop)
-    left = len(hosts) - len(drop)
-    used = len(attempts) - 1
+    drop, why, replace, readmit, not_back = _places(policy, attempts, failures, cut_off,
+                                                    spares, returned, size)
+    left = len(last.hosts) - len(drop) + len(replace) + len(readmit)
+    used = restarts_used(attempts)
     if used >= policy.max_restarts:
         return Decision(False, f"no restarts left ({used} of {policy.max_restarts} used)", drop,
                         why=why)
     if left < policy.min_nodes:
         said = ", ".join(f"{h} ({w})" for h, w in why)
-        return Decision(False, f"only {left} node(s) would remain after dropping {said}; "
-                               f"--min-nodes is {policy.min_nodes}", drop, why=why)
+        none = "; no spare left" if spares or any(a.replaced for a in attempts) else ""
+        return Decision(False, f"only {left} node(s) would remain after dropping {said}"
+                               f"{none}; --min-nodes is {policy.min_nodes}", drop, why=why)
     reports = any(a.checkpoint is not None or a.resumed_from is not None for a in attempts)
     cause_dropped = last.cause is not None and last.cause.host in drop \
         and last.cause.kind in NODE_LOSS
@@ -117,17 +136,88 @@ def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
     if stop_requested:  # Ctrl-C after the attempt had ended
         return Decision(False, "stopped by the user: not restarted", drop, stopped=True,
                         why=why)
-    kept = f" without {', '.join(f'{h} ({w})' for h, w in why)}" if drop else ""
-    return Decision(True, f"restart {used + 1} of {policy.max_restarts}{kept}", drop, why=why)
+    return Decision(True, _going_on(attempts, policy, used, why, dict(replace), readmit,
+                                    not_back), drop, why=why, replace=replace, readmit=readmit)
+
+
+def _places(policy: RestartPolicy, attempts: Sequence[AttemptRecord],
+            failures: Sequence[Failure], cut_off: Sequence[str], spares: Sequence[str],
+            returned: Sequence[str], size: int) -> tuple[
+                tuple[str, ...], tuple[tuple[str, str], ...], tuple[tuple[str, str], ...],
+                tuple[str, ...], tuple[str, ...]]:
+    """Who leaves and who fills the places of the next attempt: (drop, why, replace, readmit,
+    not taken back). Lost, refused and twice-failed nodes leave; nodes lost earlier that
+    answer again are taken back first (never past ``size`` places, the cluster file's nodes;
+    not one that failed twice), then spares take the dropped nodes' places."""
+    hosts = attempts[-1].hosts
+    lost = {f.host for f in failures if f.kind in NODE_LOSS and f.host in hosts} | \
+        {h for h in cut_off if h in hosts}
+    strikes = Counter(a.cause.host for a in attempts if a.cause is not None)
+    twice = {h for h in hosts if strikes[h] >= 2} - lost
+    back = [h for h in returned if h not in hosts and strikes[h] < 2]
+    free = [s for s in spares if s not in hosts]
+    room = max(size, len(hosts)) - len(hosts)  # places left empty by earlier drops
+    if len(hosts) - len(lost | twice) + min(len(back) + len(free), room + len(lost | twice)) \
+            < policy.min_nodes:
+        twice = set()  # a node that failed twice is kept rather than end the job
+    drop = tuple(h for h in hosts if h in lost | twice)
+    readmit = tuple(back[:room + len(drop)])
+    # (nodes taken back fill the places empty before, then the dropped ones'; spares the rest;
+    # what is left after them shrinks the job)
+    replace = tuple(zip(drop[max(0, len(readmit) - room):], free, strict=False))
+    return (drop, tuple((h, _why(h, failures, twice)) for h in drop), replace, readmit,
+            tuple(h for h in returned if h not in hosts and strikes[h] >= 2))
+
+
+def restarts_used(attempts: Sequence[AttemptRecord]) -> int:
+    """The restarts the attempts so far used: every attempt after the first, but those that
+    failed only because a node joining them did not come up (``failed_join``)."""
+    return sum(not failed_join(attempts, i) for i in range(1, len(attempts)))
+
+
+def failed_join(attempts: Sequence[AttemptRecord], i: int) -> bool:
+    """Attempt ``i`` failed only because a spare that joined it did not come up: before any
+    rank started, its root cause was a node loss (refused by its health gate, unreachable,
+    lost) of a spare that the attempt before it put in a node's place. Not counted as a
+    restart."""
+    a = attempts[i]
+    joined = set(attempts[i - 1].replaced.values()) | set(attempts[i - 1].readmitted) \
+        if i > 0 else set()
+    return (not a.ok and a.ranks_started_at is None and a.cause is not None
+            and a.cause.host in joined and a.cause.kind in NODE_LOSS)
+
+
+def _going_on(attempts: Sequence[AttemptRecord], policy: RestartPolicy, used: int,
+              why: tuple[tuple[str, str], ...], replace: dict[str, str],
+              readmit: tuple[str, ...], not_back: tuple[str, ...]) -> str:
+    """The restart's reason: which restart, which spare takes whose place, who is left out,
+    who is taken back."""
+    swapped = [f"spare {replace[h]} replaces {h} ({w})" for h, w in why if h in replace]
+    swapped += [f"{h} answers again: taken back" for h in readmit]
+    swapped += [f"{h} answers again but failed twice: not taken back" for h in not_back]
+    out = [f"{h} ({w})" for h, w in why if h not in replace]
+    said = (": " + "; ".join(swapped) if swapped else "") + \
+        (f"{';' if swapped else ''} without {', '.join(out)}" if out else "")
+    last = attempts[-1]
+    again = ""
+    if last.cause is not None and failed_join(attempts, len(attempts) - 1):
+        h = last.cause.host
+        who = f"{h}, taken back," if h in attempts[-2].readmitted else f"spare {h}"
+        again = f"{who} failed to join, not counted as a restart; "
+    return f"{again}restart {used + 1} of {policy.max_restarts}{said}"
 
 
 def _why(host: str, failures: Sequence[Failure], twice: set[str]) -> str:
-    """Why ``host`` is left out: unhealthy (what its gate found), lost, or failed twice."""
+    """Why ``host`` is left out: unhealthy (what its gate found), could not start, lost, or
+    failed twice."""
     if host in twice:
         return "failed twice"
     for f in failures:
         if f.host == host and f.kind is FailureKind.UNHEALTHY:
             return f"unhealthy: {f.message}"
+    if any(f.host == host and f.kind is FailureKind.START for f in failures) and \
+            not any(f.host == host and f.kind is FailureKind.LOST for f in failures):
+        return "could not start"  # (unreachable, not ready in time: a spare that cannot join)
     return "lost"
 
 
