@@ -1,4 +1,5 @@
-"""Benchmark collectives on every rank, nccl-tests style (sizes, algbw, busbw, #wrong)."""
+"""Benchmark collectives on every rank, nccl-tests style (sizes, algbw, busbw, #wrong); with
+--predict, a job's step time at 1..N nodes from a brief run of it on the first node."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.markup import escape
 from rich.text import Text
 
 from ptcluster.bench.formulas import DTYPES, OPS, parse_size, sizes
+from ptcluster.bench.probe import PredictConfig
 from ptcluster.bench.sweep import BenchConfig, BenchResult, run_bench
 from ptcluster.cli.common import (
     NPROC,
@@ -24,6 +27,7 @@ from ptcluster.cli.common import (
     spec_for_our_ranks,
 )
 from ptcluster.cli.console import say, terminal
+from ptcluster.cli.predict_view import job_target, run_prediction
 from ptcluster.errors import UsageError
 
 
@@ -46,7 +50,8 @@ class ByteSize(click.ParamType):
 SIZE = ByteSize()
 
 
-@click.command(help=__doc__)
+@click.command(help=__doc__ + "\n\nWith --predict, everything after -- is the job, as `ptcluster "
+               "run` takes it: -m MODULE or SCRIPT, then its arguments.")
 @cluster_option
 @click.option("--nproc", type=NPROC, help="Processes on the local cluster.")
 @click.option("--port", type=PORT, help="Rendezvous port.")
@@ -82,11 +87,40 @@ SIZE = ByteSize()
               help="Exit 1 when the average busbw (GB/s) is lower.")
 @click.option("--timeout", type=SECONDS, default=600.0, show_default=True,
               help="Seconds for the whole sweep.")
-def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, minbytes: int,
-          maxbytes: int, stepfactor: int, stepbytes: int | None, iters: int, warmup: int,
-          check: int, dtype: str, pairs: bool, pair_size: int, as_json: bool,
-          json_file: str | None, plot_file: str | None, min_busbw: float | None,
-          timeout: float) -> None:
+@click.option("--predict", is_flag=True, help="Run the job after -- briefly on the first node, "
+              "measure its step time and DDP gradient buckets, time the all-reduce at those "
+              "sizes on the cluster, and predict its step time, samples/s and scaling "
+              "efficiency at 1..N nodes (-n/-w default to 5/1 here).")
+@click.option("--steps", type=click.IntRange(1), default=30, show_default=True,
+              help="With --predict: measured optimizer steps of the brief run (then it is "
+              "ended).")
+@click.option("--warmup-steps", type=click.IntRange(1), default=5, show_default=True,
+              help="With --predict: steps before the measured ones.")
+@click.option("--batch", type=click.IntRange(1), help="With --predict: samples per rank per "
+              "step (default: the first dimension of the model's input).")
+@click.argument("job", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def bench(ctx: click.Context, cluster: str | None, nproc: int | None, port: int | None,
+          op: str, minbytes: int, maxbytes: int, stepfactor: int, stepbytes: int | None,
+          iters: int, warmup: int, check: int, dtype: str, pairs: bool, pair_size: int,
+          as_json: bool, json_file: str | None, plot_file: str | None, min_busbw: float | None,
+          timeout: float, predict: bool, steps: int, warmup_steps: int, batch: int | None,
+          job: tuple[str, ...]) -> None:
+    if job and not predict:
+        raise UsageError(f"unexpected argument {job[0]!r}", "a job after -- is for --predict: "
+                         "ptcluster bench --predict -- -m MODULE")
+    if predict:
+        if ctx.get_parameter_source("iters") is ParameterSource.DEFAULT:
+            iters = 5
+        if ctx.get_parameter_source("warmup") is ParameterSource.DEFAULT:
+            warmup = 1
+        sweep = BenchConfig(ops=("all_reduce",), sizes=(8,), iters=iters, warmup=warmup,
+                            check=check, dtype=dtype, timeout=timeout)
+        run_prediction(load_spec(cluster, nproc), job_target(job), sweep,
+                       PredictConfig(warmup=warmup_steps, steps=steps, batch=batch,
+                                     timeout=timeout),
+                       port=port, as_json=as_json, json_file=json_file, plot_file=plot_file)
+        return
     spec = spec_for_our_ranks(load_spec(cluster, nproc), "bench")
     cfg = BenchConfig(
         ops=OPS if op == "all" else (op,),

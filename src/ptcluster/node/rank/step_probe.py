@@ -1,0 +1,155 @@
+"""``bench --predict``'s measurement inside a user's rank (stdlib at import; torch once armed).
+
+The shim arms it in the rank's process when ``PREDICT_VAR`` is set (JSON: ``warmup``, ``steps``),
+before the user's program runs; the program is not changed. Through public torch hooks only:
+
+* a step ends when an optimizer's ``step()`` returns (``register_optimizer_step_post_hook``:
+  every ``torch.optim.Optimizer``, also under a ``GradScaler``); the first optimizer that steps
+  is the one counted;
+* the DDP buckets: every ``DistributedDataParallel`` built afterwards gets a comm hook
+  (``register_comm_hook``) that notes each bucket's bytes and the moment it is ready, then
+  all-reduces it as DDP's default hook does (``default_hooks.allreduce_hook``), and notes when
+  that all-reduce is done. Measured after ``warmup`` steps: DDP rebuilds its buckets in the
+  order of the first backward;
+* without DDP (a one-rank run that does not wrap its model): the buckets DDP would make of the
+  optimizer's parameters (reverse order, 1 MiB first, then 25 MiB: DDP's defaults), ready when
+  their last gradient is (``register_post_accumulate_grad_hook``);
+* samples per step: the first dimension of the first tensor of the first module call of the
+  step (DDP's forward, or the model's).
+
+After ``warmup + steps`` steps, rank 0 sends one ``predict`` record and every rank ends with
+exit 0 at the same step (DDP keeps ranks in step; no collective is pending after ``step()``).
+"""
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+FIRST_BUCKET = 1 << 20
+"""DDP's first bucket cap (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)."""
+BUCKET_CAP = 25 << 20
+"""DDP's ``bucket_cap_mb`` default (25 MiB)."""
+
+
+class Probe:
+    """Per-step timings of one rank; ``send`` gets the record (rank 0's guard socket)."""
+
+    def __init__(self, warmup: int, steps: int, send: Any) -> None:
+        self.warmup, self.steps, self.send = warmup, steps, send
+        self.done = 0
+        self.optimizer: object = None
+        self.t0 = time.perf_counter()
+        self.batch = 0
+        self.ddp = False
+        self.buckets: list[list[float]] = []  # [bytes, ready_s, done_s] of this step
+        self.params: list[Any] = []  # no DDP: (param, bucket index) order
+        self.measured: list[dict[str, Any]] = []
+
+    # -- the hooks ---------------------------------------------------------------------------
+    def forward_pre(self, module: object, args: tuple[Any, ...]) -> None:
+        if self.batch:
+            return
+        for arg in args:
+            shape = getattr(arg, "shape", None)
+            if shape is not None and len(shape) > 0:
+                self.batch = int(shape[0])
+                return
+
+    def comm_hook(self, state: Any, bucket: Any) -> Any:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        self.ddp = True
+        buf = bucket.buffer()
+        entry = [float(buf.numel() * buf.element_size()), time.perf_counter() - self.t0, 0.0]
+        self.buckets.append(entry)
+        fut = allreduce_hook(state, bucket)
+
+        def finished(f: Any) -> Any:
+            entry[2] = time.perf_counter() - self.t0
+            return f.value()
+
+        return fut.then(finished)
+
+    def after_step(self, optimizer: object, args: object, kwargs: object) -> None:
+        if self.optimizer is None:
+            self.optimizer = optimizer
+        if optimizer is not self.optimizer:
+            return
+        now = time.perf_counter()
+        self.done += 1
+        if self.done == 1 and not self.ddp:
+            self._watch_params(optimizer)
+        if self.done > self.warmup:
+            buckets = self.buckets if self.ddp else self._param_buckets()
+            self.measured.append({"step_s": now - self.t0, "batch": self.batch,
+                                  "buckets": [[int(b), r, d] for b, r, d in buckets],
+                                  "ddp": self.ddp})
+        if self.done >= self.warmup + self.steps:
+            self._finish()
+        self.buckets = []
+        self.batch = 0
+        self.t0 = time.perf_counter()
+
+    # -- no DDP: DDP's buckets, emulated -------------------------------------------------------
+    def _watch_params(self, optimizer: Any) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]
+                  if p.requires_grad]
+        cap, size, index = FIRST_BUCKET, 0, 0
+        ready: dict[int, float] = {}
+        for p in reversed(params):  # DDP buckets the parameters in reverse order
+            self.params.append((p, index))
+            size += p.numel() * p.element_size()
+            if size >= cap:
+                index, size, cap = index + 1, 0, BUCKET_CAP
+        for p, i in self.params:
+            p.register_post_accumulate_grad_hook(
+                lambda _p, i=i: ready.__setitem__(i, time.perf_counter() - self.t0))
+        self._ready = ready
+
+    def _param_buckets(self) -> list[list[float]]:
+        sizes: dict[int, int] = {}
+        for p, i in self.params:
+            if p.grad is not None:
+                sizes[i] = sizes.get(i, 0) + p.numel() * p.element_size()
+        out = [[float(sizes[i]), self._ready.get(i, 0.0), self._ready.get(i, 0.0)]
+               for i in sorted(sizes)]
+        self._ready.clear()
+        return out
+
+    def _finish(self) -> None:
+        if int(os.environ.get("RANK", "0")) == 0:
+            self.send({"kind": "predict", "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                       "steps": self.measured})
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(0)
+
+
+def install(config: str, send: Any) -> Probe:
+    """Arm the hooks in this process (torch imported here); the probe."""
+    import torch
+    from torch.nn.modules.module import register_module_forward_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    cfg = json.loads(config)
+    probe = Probe(int(cfg["warmup"]), int(cfg["steps"]), send)
+    register_optimizer_step_post_hook(probe.after_step)
+    register_module_forward_pre_hook(probe.forward_pre)
+    ddp = torch.nn.parallel.DistributedDataParallel
+    built = ddp.__init__
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+        # (no annotations: DDP refuses a hook annotated with other types than its own)
+        return probe.comm_hook(state, bucket)
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        built(self, *args, **kwargs)
+        self.register_comm_hook(self.process_group, hook)
+
+    ddp.__init__ = init  # type: ignore[method-assign]
+    return probe
