@@ -3,7 +3,7 @@ the cluster's measured all-reduce bus bandwidth. Pure: no processes, no network.
 
 The model, per step of a rank:
 
-* **compute** (forward, backward, optimizer, data): the one-node run's mean step time less the
+* **compute** (forward, backward, optimizer, data): the one-node run's median step time less the
   part of its own all-reduce that backward did not hide (measured: from the last bucket ready
   to its all-reduce done). It stays the same at every node count: the per-rank batch is kept;
 * **all-reduce** of bucket *b* on *n* ranks: ``bytes_b x 2(n-1)/n / busbw(bytes_b)``, the ring's
@@ -50,9 +50,9 @@ class Measured:
     """The one-node run, reduced to what the model needs."""
 
     step_s: float
-    """Mean seconds per step."""
+    """Median seconds per step (a step with an evaluation or a checkpoint in it aside)."""
     exposed_s: float
-    """Mean seconds of the one-node all-reduce that backward did not hide (0 on one rank)."""
+    """Median seconds of the one-node all-reduce that backward did not hide (0 on one rank)."""
     batch: int
     """Samples per rank per step."""
     ranks: int
@@ -98,11 +98,11 @@ def measured_from(steps: Sequence[dict[str, Any]], world_size: int,
                     for i, b in enumerate(last))
     exposed = [max(0.0, max((b[2] for b in s["buckets"]), default=0.0) -
                    max((b[1] for b in s["buckets"]), default=0.0)) for s in steps]
-    step_s = statistics.fmean(s["step_s"] for s in steps)
+    step_s = statistics.median(s["step_s"] for s in steps)
     seen = batch or statistics.mode(int(s["batch"]) for s in steps)  # (an evaluation's aside)
     if seen < 1:
         raise ValueError("the probe saw no batch: pass --batch")
-    return Measured(step_s=step_s, exposed_s=min(statistics.fmean(exposed), 0.9 * step_s),
+    return Measured(step_s=step_s, exposed_s=min(statistics.median(exposed), 0.9 * step_s),
                     batch=seen, ranks=world_size, buckets=buckets,
                     ddp=all(s.get("ddp", True) for s in steps))
 
