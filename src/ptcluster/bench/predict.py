@@ -3,7 +3,8 @@ the cluster's measured all-reduce bus bandwidth. Pure: no processes, no network.
 
 The model, per step of a rank:
 
-* **compute** (forward, backward, optimizer, data): the one-node run's median step time less the
+* **compute** (forward, backward, optimizer, data): the one-node run's mean step time (steps
+  with an evaluation in them aside) less the
   part of its own all-reduce that backward did not hide (measured: from the last bucket ready
   to its all-reduce done). It stays the same at every node count: the per-rank batch is kept;
 * **all-reduce** of bucket *b* on *n* ranks: ``bytes_b x 2(n-1)/n / busbw(bytes_b)``, the ring's
@@ -50,7 +51,7 @@ class Measured:
     """The one-node run, reduced to what the model needs."""
 
     step_s: float
-    """Median seconds per step (a step with an evaluation or a checkpoint in it aside)."""
+    """Mean seconds per step (those with an evaluation in them aside)."""
     exposed_s: float
     """Median seconds of the one-node all-reduce that backward did not hide (0 on one rank)."""
     batch: int
@@ -88,8 +89,9 @@ def measured_from(steps: Sequence[dict[str, Any]], world_size: int,
                   batch: int | None = None) -> Measured:
     """The probe's ``predict`` record (``node.rank.step_probe``): per measured step its
     seconds, batch and ``[bytes, ready_s, done_s]`` per bucket. Bucket sizes and order from the
-    last step (DDP's rebuilt ones), ready times the median over steps, the batch the one most
-    steps saw (a step with an evaluation in it sees another); ``batch`` overrides it."""
+    last step (DDP's rebuilt ones), ready times the median over steps, the step time the mean
+    over the steps without an evaluation, the batch the one most steps saw; ``batch`` overrides
+    it."""
     if not steps:
         raise ValueError("no measured step")
     last = steps[-1]["buckets"]
@@ -98,7 +100,8 @@ def measured_from(steps: Sequence[dict[str, Any]], world_size: int,
                     for i, b in enumerate(last))
     exposed = [max(0.0, max((b[2] for b in s["buckets"]), default=0.0) -
                    max((b[1] for b in s["buckets"]), default=0.0)) for s in steps]
-    step_s = statistics.median(s["step_s"] for s in steps)
+    train = [s for s in steps if not s.get("eval")] or list(steps)
+    step_s = statistics.fmean(s["step_s"] for s in train)
     seen = batch or statistics.mode(int(s["batch"]) for s in steps)  # (an evaluation's aside)
     if seen < 1:
         raise ValueError("the probe saw no batch: pass --batch")
@@ -218,15 +221,17 @@ def link_for(m: Measured, slots: Sequence[int], busbw: BusBw,
 
 def verdict(m: Measured, rows: Sequence[Row], slots: Sequence[int],
             busbw: BusBw | None) -> list[str]:
-    """Plain sentences: every node count predicted slower than the one before it, and what link
-    speed would make all the nodes pay off (``PAYS_OFF`` efficiency)."""
+    """Plain sentences: every node count predicted slower than a smaller one (the fastest of
+    those named), and what link speed would make all the nodes pay off (``PAYS_OFF``
+    efficiency)."""
     out: list[str] = []
     mb = m.grad_bytes / 1e6
-    for prev, row in zip(rows, rows[1:], strict=False):
-        if row.samples_per_s < prev.samples_per_s:
+    for k, row in enumerate(rows[1:], start=1):
+        best = max(rows[:k], key=lambda r: r.samples_per_s)  # the best with fewer nodes
+        if row.samples_per_s < best.samples_per_s:
             out.append(
-                f"{row.nodes} nodes are predicted slower than {prev.nodes}: "
-                f"{row.samples_per_s:.1f} samples/s against {prev.samples_per_s:.1f}. Each step "
+                f"{row.nodes} nodes are predicted slower than {best.nodes}: "
+                f"{row.samples_per_s:.1f} samples/s against {best.samples_per_s:.1f}. Each step "
                 f"all-reduces {mb:.2f} MB of gradients, {row.allreduce_s:.3f} s on "
                 f"{row.ranks} ranks, {row.exposed_s:.3f} s of it not hidden behind backward, "
                 f"against {m.compute_s:.3f} s of compute.")

@@ -19,7 +19,7 @@ from ptcluster.launch.api import run_target
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import Target
 from ptcluster.launch.result import Failure
-from ptcluster.node.rank_wire import PREDICT_VAR
+from ptcluster.node.rank_wire import PREDICT_VAR, THREADS_DEFAULT, THREADS_VAR
 
 MAX_SWEEP_SIZES = 8
 """Most distinct sizes the sweep times: past this many bucket sizes, a geometric ladder from the
@@ -86,9 +86,14 @@ def sweep_sizes(buckets: list[int]) -> tuple[int, ...]:
 def probe_job(spec: ClusterSpec, target: Target, cfg: PredictConfig,
               port: int | None) -> tuple[Measured | None, Failure | None, list[str]]:
     """The brief run on the first node: its measurement, or why there is none (and the run's
-    last lines)."""
-    one = replace(spec, nodes=spec.nodes[:1], env=spec.env + (
-        (PREDICT_VAR, json.dumps({"warmup": cfg.warmup, "steps": cfg.steps})),))
+    last lines). Its ranks get ``OMP_NUM_THREADS=1`` when the whole cluster has several ranks
+    and ``env:`` sets none, as that job's ranks will (a one-rank job's default is every core)."""
+    env = [*spec.env, (PREDICT_VAR, json.dumps({"warmup": cfg.warmup, "steps": cfg.steps}))]
+    if spec.world_size > 1 and THREADS_VAR not in dict(spec.env):
+        # the threads the ranks of the job on several nodes get (``plan.threads_default``),
+        # not the every-core default of a one-rank job: the compute measured is theirs
+        env.append((THREADS_VAR, THREADS_DEFAULT))
+    one = replace(spec, nodes=spec.nodes[:1], env=tuple(env))
     records: list[dict[str, Any]] = []
     tail: deque[str] = deque(maxlen=TAIL_LINES)
 

@@ -15,7 +15,8 @@ before the user's program runs; the program is not changed. Through public torch
   optimizer's parameters (reverse order, 1 MiB first, then 25 MiB: DDP's defaults), ready when
   their last gradient is (``register_post_accumulate_grad_hook``);
 * samples per step: the first dimension of the first tensor of the first module call of the
-  step (DDP's forward, or the model's).
+  step (DDP's forward, or the model's). A step in which a module ran without autograd (an
+  evaluation between epochs) is marked ``eval``: the head leaves it out of the step time.
 
 After ``warmup + steps`` steps, rank 0 sends one ``predict`` record and every rank ends with
 exit 0 at the same step (DDP keeps ranks in step; no collective is pending after ``step()``).
@@ -34,14 +35,17 @@ BUCKET_CAP = 25 << 20
 
 
 class Probe:
-    """Per-step timings of one rank; ``send`` gets the record (rank 0's guard socket)."""
+    """Per-step timings of one rank; ``send`` gets the record (rank 0's guard socket);
+    ``grad_enabled``: torch's ``is_grad_enabled``."""
 
-    def __init__(self, warmup: int, steps: int, send: Any) -> None:
+    def __init__(self, warmup: int, steps: int, send: Any, grad_enabled: Any) -> None:
         self.warmup, self.steps, self.send = warmup, steps, send
+        self._grad_enabled = grad_enabled
         self.done = 0
         self.optimizer: object = None
         self.t0 = time.perf_counter()
         self.batch = 0
+        self.evaluated = False
         self.ddp = False
         self.buckets: list[list[float]] = []  # [bytes, ready_s, done_s] of this step
         self.params: list[Any] = []  # no DDP: (param, bucket index) order
@@ -49,6 +53,8 @@ class Probe:
 
     # -- the hooks ---------------------------------------------------------------------------
     def forward_pre(self, module: object, args: tuple[Any, ...]) -> None:
+        if not self.evaluated and not self._grad_enabled():
+            self.evaluated = True
         if self.batch:
             return
         for arg in args:
@@ -84,12 +90,14 @@ class Probe:
         if self.done > self.warmup:
             buckets = self.buckets if self.ddp else self._param_buckets()
             self.measured.append({"step_s": now - self.t0, "batch": self.batch,
+                                  "eval": self.evaluated,
                                   "buckets": [[int(b), r, d] for b, r, d in buckets],
                                   "ddp": self.ddp})
         if self.done >= self.warmup + self.steps:
             self._finish()
         self.buckets = []
         self.batch = 0
+        self.evaluated = False
         self.t0 = time.perf_counter()
 
     # -- no DDP: DDP's buckets, emulated -------------------------------------------------------
@@ -137,7 +145,7 @@ def install(config: str, send: Any) -> Probe:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     cfg = json.loads(config)
-    probe = Probe(int(cfg["warmup"]), int(cfg["steps"]), send)
+    probe = Probe(int(cfg["warmup"]), int(cfg["steps"]), send, torch.is_grad_enabled)
     register_optimizer_step_post_hook(probe.after_step)
     register_module_forward_pre_hook(probe.forward_pre)
     ddp = torch.nn.parallel.DistributedDataParallel
