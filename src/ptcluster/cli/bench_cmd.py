@@ -77,16 +77,19 @@ SIZE = ByteSize()
 @click.option("--pair-size", type=SIZE, default="16M", show_default=True,
               help="Message size of each node pair's sendrecv (with --pairs).")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the result as JSON instead of the table (stdout: data only).")
+              help="Print the result as JSON instead of the table (stdout: data only; with "
+              "--predict: {rows, sweep, ...}).")
 @click.option("-o", "--json-out", "json_file", metavar="FILE",
               help="Also write the result as JSON to FILE.")
 @click.option("--plot", "plot_file", metavar="FILE.png",
               help="PNG of busbw and time against size, one line per op; with --pairs also "
-              "FILE-pairs.png, the node-pair bandwidth heatmap (needs the plot extra).")
+              "FILE-pairs.png, the node-pair bandwidth heatmap; with --predict the predicted "
+              "step time and efficiency per node count (needs the plot extra).")
 @click.option("--min-busbw", type=FiniteFloat(min=0),
               help="Exit 1 when the average busbw (GB/s) is lower.")
 @click.option("--timeout", type=SECONDS, default=600.0, show_default=True,
-              help="Seconds for the whole sweep.")
+              help="Seconds for the whole sweep (with --predict: for the brief run, and for "
+              "the sweep).")
 @click.option("--predict", is_flag=True, help="Run the job after -- briefly on the first node, "
               "measure its step time and DDP gradient buckets, time the all-reduce at those "
               "sizes on the cluster, and predict its step time, samples/s and scaling "
@@ -98,7 +101,7 @@ SIZE = ByteSize()
               help="With --predict: steps before the measured ones.")
 @click.option("--batch", type=click.IntRange(1), help="With --predict: samples per rank per "
               "step (default: the first dimension of the model's input).")
-@click.argument("job", nargs=-1, type=click.UNPROCESSED)
+@click.argument("job", nargs=-1, type=click.UNPROCESSED, metavar="[-- JOB...]")
 @click.pass_context
 def bench(ctx: click.Context, cluster: str | None, nproc: int | None, port: int | None,
           op: str, minbytes: int, maxbytes: int, stepfactor: int, stepbytes: int | None,
