@@ -18,6 +18,10 @@ before the user's program runs; the program is not changed. Through public torch
   step (DDP's forward, or the model's). A step in which a module ran without autograd (an
   evaluation between epochs) is marked ``eval``: the head leaves it out of the step time.
 
+On a GPU every step ends with ``torch.cuda.synchronize()`` (one sync a step: the step time is
+the GPU's, not the launch queue's); the buckets' ready and done moments are still taken on the
+CPU, when backward queued them: on a GPU the overlap they show is an upper bound.
+
 After ``warmup + steps`` steps, rank 0 sends one ``predict`` record and every rank ends with
 exit 0 at the same step (DDP keeps ranks in step; no collective is pending after ``step()``).
 """
@@ -36,11 +40,13 @@ BUCKET_CAP = 25 << 20
 
 class Probe:
     """Per-step timings of one rank; ``send`` gets the record (rank 0's guard socket);
-    ``grad_enabled``: torch's ``is_grad_enabled``."""
+    ``grad_enabled``: torch's ``is_grad_enabled``; ``sync``: waits for the GPU's queued work."""
 
-    def __init__(self, warmup: int, steps: int, send: Any, grad_enabled: Any) -> None:
+    def __init__(self, warmup: int, steps: int, send: Any, grad_enabled: Any,
+                 sync: Any = None) -> None:
         self.warmup, self.steps, self.send = warmup, steps, send
         self._grad_enabled = grad_enabled
+        self._sync = sync
         self.done = 0
         self.optimizer: object = None
         self.t0 = time.perf_counter()
@@ -83,6 +89,8 @@ class Probe:
             self.optimizer = optimizer
         if optimizer is not self.optimizer:
             return
+        if self._sync is not None:
+            self._sync()  # a GPU step ends when its kernels do, not when they were queued
         now = time.perf_counter()
         self.done += 1
         if self.done == 1 and not self.ddp:
@@ -145,7 +153,11 @@ def install(config: str, send: Any) -> Probe:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     cfg = json.loads(config)
-    probe = Probe(int(cfg["warmup"]), int(cfg["steps"]), send, torch.is_grad_enabled)
+    def sync() -> None:
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    probe = Probe(int(cfg["warmup"]), int(cfg["steps"]), send, torch.is_grad_enabled, sync)
     register_optimizer_step_post_hook(probe.after_step)
     register_module_forward_pre_hook(probe.forward_pre)
     ddp = torch.nn.parallel.DistributedDataParallel
