@@ -18,19 +18,21 @@ from tests.support.head import run_head
 ROOT = Path(__file__).resolve().parents[2]
 
 PROBED = textwrap.dedent("""
-    import json, os, sys
+    import json, os, sys, time
     import torch
     import torch.distributed as dist
     from torch import nn
     from ptcluster.node.rank.step_probe import install
-    install(json.dumps({"warmup": 2, "steps": 3}), lambda body: print(json.dumps(body)))
+    install(json.dumps({"warmup": 2, "steps": 3, "min_s": float(sys.argv[3])}),
+            lambda body: print(json.dumps(body)))
     net = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
     if sys.argv[1] == "ddp":
         dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0,
                                 world_size=1)
         net = nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    for _ in range(100):
+    for _ in range(1000):
+        time.sleep(0.02)
         loss = net(torch.randn(24, 784)).sum()
         opt.zero_grad()
         loss.backward()
@@ -41,12 +43,12 @@ PROBED = textwrap.dedent("""
 
 @pytest.mark.parametrize("mode", ["plain", "ddp"])
 def test_the_probe_measures_buckets_batch_and_ends_the_program(mode: str, tmp_path) -> None:
-    out = subprocess.run([sys.executable, "-c", PROBED, mode, str(tmp_path / "store")],
+    out = subprocess.run([sys.executable, "-c", PROBED, mode, str(tmp_path / "store"), "0"],
                          capture_output=True, text=True, timeout=120,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert len(lines) == 1, lines  # the record, then the end: step 5 of 100
+    assert len(lines) == 1, lines  # the record, then the end: step 5 of 1000
     record = json.loads(lines[0])
     assert record["kind"] == "predict" and record["world_size"] == 1
     steps = record["steps"]
@@ -59,6 +61,19 @@ def test_the_probe_measures_buckets_batch_and_ends_the_program(mode: str, tmp_pa
         assert len(step["buckets"]) == 1
         (nbytes, ready, done), = step["buckets"]
         assert 0 < ready <= done <= step["step_s"]
+
+
+def test_short_steps_are_measured_for_min_s_and_sent_twice(tmp_path) -> None:
+    out = subprocess.run([sys.executable, "-c", PROBED, "plain", str(tmp_path / "s"), "5"],
+                         capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr
+    first, last = (json.loads(line) for line in out.stdout.splitlines())
+    assert len(first["steps"]) == 3  # sent at warmup + steps, in case the job ends
+    assert sum(s["step_s"] for s in last["steps"]) >= 5  # then until min_s is measured
+    assert len(last["steps"]) > 3
+    assert last["steps"][-1]["buckets"]  # the last steps keep their buckets,
+    assert all(s["buckets"] is None for s in last["steps"][:-20])  # the others only times
 
 
 @pytest.mark.slow

@@ -88,18 +88,21 @@ class Measured:
 def measured_from(steps: Sequence[dict[str, Any]], world_size: int,
                   batch: int | None = None) -> Measured:
     """The probe's ``predict`` record (``node.rank.step_probe``): per measured step its
-    seconds, batch and ``[bytes, ready_s, done_s]`` per bucket. Bucket sizes and order from the
+    seconds, batch and ``[bytes, ready_s, done_s]`` per bucket (None in all but the last
+    steps: ``step_probe.KEEP_BUCKETS``). Bucket sizes and order from the
     last step (DDP's rebuilt ones), ready times the median over steps, the step time the mean
     over the steps without an evaluation, the batch the one most steps saw; ``batch`` overrides
     it."""
     if not steps:
         raise ValueError("no measured step")
-    last = steps[-1]["buckets"]
-    same = [s["buckets"] for s in steps if len(s["buckets"]) == len(last)]
+    last = steps[-1]["buckets"] or []
+    with_buckets = [s["buckets"] for s in steps if s.get("buckets") is not None]
+    same = [b for b in with_buckets if len(b) == len(last)]
     buckets = tuple(Bucket(nbytes=int(b[0]), ready_s=statistics.median(s[i][1] for s in same))
                     for i, b in enumerate(last))
-    exposed = [max(0.0, max((b[2] for b in s["buckets"]), default=0.0) -
-                   max((b[1] for b in s["buckets"]), default=0.0)) for s in steps]
+    exposed = [max(0.0, max((b[2] for b in s), default=0.0) - max((b[1] for b in s),
+                                                                  default=0.0))
+               for s in with_buckets] or [0.0]
     train = [s for s in steps if not s.get("eval")] or list(steps)
     step_s = statistics.fmean(s["step_s"] for s in train)
     seen = batch or statistics.mode(int(s["batch"]) for s in steps)  # (an evaluation's aside)

@@ -33,7 +33,9 @@ class PredictConfig:
     warmup: int = 5
     """Steps run before the measured ones (DDP rebuilds its buckets after the first)."""
     steps: int = 30
-    """Measured steps; the job is ended after them."""
+    """Measured steps at least; the job is ended after them (and after ``min_s``)."""
+    min_s: float = 3.0
+    """Measured seconds at least: more steps are run when ``steps`` were quicker."""
     batch: int | None = None
     """Samples per rank per step; None: the first dimension of the first input the model's
     forward sees."""
@@ -41,6 +43,8 @@ class PredictConfig:
     """Seconds for the brief run (start, warm-up and measured steps)."""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.min_s < math.inf:
+            raise ValueError(f"min_s must be a finite number of seconds >= 0; got {self.min_s}")
         if self.warmup < 1 or self.steps < 1:
             raise ValueError(f"warmup and steps must be >= 1; got {self.warmup}, {self.steps}")
         if self.batch is not None and self.batch < 1:
@@ -88,7 +92,8 @@ def probe_job(spec: ClusterSpec, target: Target, cfg: PredictConfig,
     """The brief run on the first node: its measurement, or why there is none (and the run's
     last lines). Its ranks get ``OMP_NUM_THREADS=1`` when the whole cluster has several ranks
     and ``env:`` sets none, as that job's ranks will (a one-rank job's default is every core)."""
-    env = [*spec.env, (PREDICT_VAR, json.dumps({"warmup": cfg.warmup, "steps": cfg.steps}))]
+    env = [*spec.env, (PREDICT_VAR, json.dumps({"warmup": cfg.warmup, "steps": cfg.steps,
+                                     "min_s": cfg.min_s}))]
     if spec.world_size > 1 and THREADS_VAR not in dict(spec.env):
         # the threads the ranks of the job on several nodes get (``plan.threads_default``),
         # not the every-core default of a one-rank job: the compute measured is theirs

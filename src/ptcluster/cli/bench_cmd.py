@@ -95,8 +95,11 @@ SIZE = ByteSize()
               "sizes on the cluster, and predict its step time, samples/s and scaling "
               "efficiency at 1..N nodes (-n/-w default to 5/1 here).")
 @click.option("--steps", type=click.IntRange(1), default=30, show_default=True,
-              help="With --predict: measured optimizer steps of the brief run (then it is "
-              "ended).")
+              help="With --predict: measured optimizer steps of the brief run, at least (then "
+              "it is ended).")
+@click.option("--measure-seconds", type=FiniteFloat(min=0), default=3.0, show_default=True,
+              help="With --predict: measure for this long at least (more steps when --steps "
+              "took less).")
 @click.option("--warmup-steps", type=click.IntRange(1), default=5, show_default=True,
               help="With --predict: steps before the measured ones.")
 @click.option("--batch", type=click.IntRange(1), help="With --predict: samples per rank per "
@@ -107,7 +110,8 @@ def bench(ctx: click.Context, cluster: str | None, nproc: int | None, port: int 
           op: str, minbytes: int, maxbytes: int, stepfactor: int, stepbytes: int | None,
           iters: int, warmup: int, check: int, dtype: str, pairs: bool, pair_size: int,
           as_json: bool, json_file: str | None, plot_file: str | None, min_busbw: float | None,
-          timeout: float, predict: bool, steps: int, warmup_steps: int, batch: int | None,
+          timeout: float, predict: bool, steps: int, measure_seconds: float,
+          warmup_steps: int, batch: int | None,
           job: tuple[str, ...]) -> None:
     if job and not predict:
         raise UsageError(f"unexpected argument {job[0]!r}", "a job after -- is for --predict: "
@@ -121,7 +125,7 @@ def bench(ctx: click.Context, cluster: str | None, nproc: int | None, port: int 
                             check=check, dtype=dtype, timeout=timeout)
         run_prediction(load_spec(cluster, nproc), job_target(job), sweep,
                        PredictConfig(warmup=warmup_steps, steps=steps, batch=batch,
-                                     timeout=timeout),
+                                     min_s=measure_seconds, timeout=timeout),
                        port=port, as_json=as_json, json_file=json_file, plot_file=plot_file)
         return
     spec = spec_for_our_ranks(load_spec(cluster, nproc), "bench")

@@ -22,8 +22,11 @@ On a GPU every step ends with ``torch.cuda.synchronize()`` (one sync a step: the
 the GPU's, not the launch queue's); the buckets' ready and done moments are still taken on the
 CPU, when backward queued them: on a GPU the overlap they show is an upper bound.
 
-After ``warmup + steps`` steps, rank 0 sends one ``predict`` record and every rank ends with
-exit 0 at the same step (DDP keeps ranks in step; no collective is pending after ``step()``).
+After ``warmup + steps`` steps rank 0 sends a ``predict`` record; while the measured steps took
+less than ``min_s``, rank 0 says how many more should make it (one ``broadcast_object_list``
+between two steps, again after those), and at the end it sends the record again (the head keeps
+the last: a job that ends by itself meanwhile still has the first). Every rank ends with exit 0
+at the same step (DDP keeps ranks in step; no collective is pending after ``step()``).
 """
 
 import json
@@ -36,15 +39,24 @@ FIRST_BUCKET = 1 << 20
 """DDP's first bucket cap (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)."""
 BUCKET_CAP = 25 << 20
 """DDP's ``bucket_cap_mb`` default (25 MiB)."""
+MAX_STEPS = 5000
+"""Most measured steps (however short they are)."""
+KEEP_BUCKETS = 20
+"""The record keeps the buckets of this many last steps (the others: their times only)."""
 
 
 class Probe:
     """Per-step timings of one rank; ``send`` gets the record (rank 0's guard socket);
-    ``grad_enabled``: torch's ``is_grad_enabled``; ``sync``: waits for the GPU's queued work."""
+    ``grad_enabled``: torch's ``is_grad_enabled``; ``sync``: waits for the GPU's queued work;
+    ``broadcast``: rank 0's list to every rank (None: one rank, nothing to agree)."""
 
     def __init__(self, warmup: int, steps: int, send: Any, grad_enabled: Any,
-                 sync: Any = None) -> None:
+                 sync: Any = None, min_s: float = 0.0, broadcast: Any = None) -> None:
         self.warmup, self.steps, self.send = warmup, steps, send
+        self.min_s = min_s
+        self.check_at = warmup + steps
+        self.extra = False
+        self._broadcast = broadcast
         self._grad_enabled = grad_enabled
         self._sync = sync
         self.done = 0
@@ -101,8 +113,14 @@ class Probe:
                                   "eval": self.evaluated,
                                   "buckets": [[int(b), r, d] for b, r, d in buckets],
                                   "ddp": self.ddp})
-        if self.done >= self.warmup + self.steps:
-            self._finish()
+        if self.done == self.warmup + self.steps:
+            self._send()  # the minimum, in case the job ends before the extra steps
+        if self.done == self.check_at:
+            more = self._agree(self._extra_steps())  # until min_s is measured: an estimate,
+            if more == 0:  # checked again when it is done
+                self._finish()
+            self.check_at += more
+            self.extra = True
         self.buckets = []
         self.batch = 0
         self.evaluated = False
@@ -134,10 +152,35 @@ class Probe:
         self._ready.clear()
         return out
 
-    def _finish(self) -> None:
+    def _extra_steps(self) -> int:
+        """Steps to add so that the measured ones last ``min_s`` (a CPU quota's period is
+        100 ms: a window of a few short steps would catch a throttled stretch, or none)."""
+        train = [m["step_s"] for m in self.measured if not m["eval"]] or [1.0]
+        elapsed = sum(m["step_s"] for m in self.measured)
+        mean = sum(train[-self.steps:]) / len(train[-self.steps:])  # the latest: warmed up
+        if elapsed >= self.min_s or mean <= 0 or len(self.measured) >= MAX_STEPS:
+            return 0
+        return min(MAX_STEPS - len(self.measured), int((self.min_s - elapsed) / mean) + 1)
+
+    def _agree(self, extra: int) -> int:
+        """Rank 0's ``extra`` on every rank (one broadcast, between two steps: outside the
+        timed ones), so that every rank ends at the same step."""
+        if self._broadcast is None:
+            return extra
+        box = [extra]
+        self._broadcast(box)
+        return int(box[0])
+
+    def _send(self) -> None:
         if int(os.environ.get("RANK", "0")) == 0:
+            for old in self.measured[:-KEEP_BUCKETS]:
+                old["buckets"] = None  # the last steps' buckets are enough, and a record small
             self.send({"kind": "predict", "world_size": int(os.environ.get("WORLD_SIZE", "1")),
                        "steps": self.measured})
+
+    def _finish(self) -> None:
+        if self.extra:
+            self._send()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -157,7 +200,14 @@ def install(config: str, send: Any) -> Probe:
         if torch.cuda.is_initialized():
             torch.cuda.synchronize()
 
-    probe = Probe(int(cfg["warmup"]), int(cfg["steps"]), send, torch.is_grad_enabled, sync)
+    def broadcast(box: list[int]) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(box, src=0)
+
+    probe = Probe(int(cfg["warmup"]), int(cfg["steps"]), send, torch.is_grad_enabled, sync,
+                  float(cfg.get("min_s", 0.0)), broadcast)
     register_optimizer_step_post_hook(probe.after_step)
     register_module_forward_pre_hook(probe.forward_pre)
     ddp = torch.nn.parallel.DistributedDataParallel
