@@ -175,3 +175,20 @@ def test_the_job_after_the_double_dash() -> None:
     for bad in ((), ("-m",), ("--epochs", "1")):
         with pytest.raises(UsageError):
             job_target(bad)
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--predict", "--pairs", "--", "-m", "x"], "--pairs has no meaning with --predict"),
+    (["--predict", "-e", "1M", "--", "-m", "x"], "--maxbytes has no meaning with --predict"),
+    (["--predict"], "--predict needs the job"),
+    (["-m", "x"], "No such option"),
+    (["--", "-m", "x"], "a job after -- is for --predict"),
+])
+def test_bench_refuses_what_predict_cannot_use(args: list[str], says: str) -> None:
+    from click.testing import CliRunner
+
+    from ptcluster.cli import cli
+
+    result = CliRunner().invoke(cli, ["bench", *args])
+    assert result.exit_code != 0
+    assert says in result.output + str(result.exception), result.output

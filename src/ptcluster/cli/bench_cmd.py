@@ -117,6 +117,12 @@ def bench(ctx: click.Context, cluster: str | None, nproc: int | None, port: int 
         raise UsageError(f"unexpected argument {job[0]!r}", "a job after -- is for --predict: "
                          "ptcluster bench --predict -- -m MODULE")
     if predict:
+        for name in ("op", "minbytes", "maxbytes", "stepfactor", "stepbytes", "pairs",
+                     "pair_size", "min_busbw"):
+            if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+                raise UsageError(f"--{name.replace('_', '-')} has no meaning with --predict",
+                                 "--predict times the all-reduce at the job's own bucket sizes; "
+                                 "leave it out")
         if ctx.get_parameter_source("iters") is ParameterSource.DEFAULT:
             iters = 5
         if ctx.get_parameter_source("warmup") is ParameterSource.DEFAULT:
