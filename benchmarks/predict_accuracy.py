@@ -4,8 +4,7 @@ CPU share (so compute does not grow with the node count on this 2-core machine).
 reference trainer (0.4 MB of gradient) and ``tests/support/biggrad.py`` (21 MB): the prediction
 made once on the 3-node cluster, then the job measured at 1, 2 and 3 nodes (a few seconds of
 steps each). The machine's other load shows most in the one-node (compute-bound) rows. Prints
-predicted
-and measured samples/s, their error, whether "N nodes slower than N-1" was said where the
+predicted and measured samples/s, their error, whether "N nodes slower than N-1" was said where the
 measurement shows it (over ``SLOWER`` apart), the worst error, and the time --predict took.
 
     .venv/bin/python benchmarks/predict_accuracy.py [--rates 100mbit,1gbit] [--cpu 50]
