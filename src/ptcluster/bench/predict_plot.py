@@ -35,7 +35,8 @@ def plot_prediction(rows: Sequence[Row], title: str) -> Figure:
     eff_ax.set_ylim(0, max(105, max(100 * r.efficiency for r in rows) + 5))
     eff_ax.set_ylabel("scaling efficiency (%)")
     eff_ax.set_title("Samples/s per rank against one node")
-    eff_ax.set_xticks(nodes, [f"{r.nodes}\n({r.ranks} ranks)" for r in rows])
+    eff_ax.set_xticks(nodes, [f"{r.nodes}\n({r.ranks} rank{'s' if r.ranks > 1 else ''})"
+                              for r in rows])
     eff_ax.set_xlabel("nodes")
     for ax in (step_ax, eff_ax):
         ax.grid(True, alpha=0.35)

@@ -59,8 +59,8 @@ def run_prediction(spec: ClusterSpec, target: Target, sweep: BenchConfig, cfg: P
         from ptcluster.bench.predict_plot import write_prediction_plot
 
         m = result.measured
-        title = (f"ptcluster bench --predict: {target.describe()}" + (
-            "" if m is None else f", {m.grad_bytes / 1e6:.2f} MB of gradients per step"))
+        title = (f"ptcluster bench --predict\n{target.describe(width=70)}" + (
+            "" if m is None else f", {m.grad_bytes / 1e6:.2f} MB of gradients a step"))
         path = write_prediction_plot(result.rows, plot_file, title)
         if not quiet():
             err.print(f"[dim]plot: {escape(str(path))}[/dim]", markup=True)
