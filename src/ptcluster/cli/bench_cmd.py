@@ -117,12 +117,7 @@ def bench(ctx: click.Context, cluster: str | None, nproc: int | None, port: int 
         raise UsageError(f"unexpected argument {job[0]!r}", "a job after -- is for --predict: "
                          "ptcluster bench --predict -- -m MODULE")
     if predict:
-        for name in ("op", "minbytes", "maxbytes", "stepfactor", "stepbytes", "pairs",
-                     "pair_size", "min_busbw"):
-            if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
-                raise UsageError(f"--{name.replace('_', '-')} has no meaning with --predict",
-                                 "--predict times the all-reduce at the job's own bucket sizes; "
-                                 "leave it out")
+        refuse_sweep_options(ctx)
         if ctx.get_parameter_source("iters") is ParameterSource.DEFAULT:
             iters = 5
         if ctx.get_parameter_source("warmup") is ParameterSource.DEFAULT:
@@ -167,6 +162,16 @@ def bench(ctx: click.Context, cluster: str | None, nproc: int | None, port: int 
         err.print(f"[red]average bus bandwidth {result.avg_busbw:.3f} GB/s is below "
                   f"--min-busbw {min_busbw:g}[/red]", markup=True)
         sys.exit(1)
+
+
+def refuse_sweep_options(ctx: click.Context) -> None:
+    """The sweep's own sizes, ops and pairs have no meaning with --predict: refused if given."""
+    for name in ("op", "minbytes", "maxbytes", "stepfactor", "stepbytes", "pairs",
+                 "pair_size", "min_busbw"):
+        if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+            raise UsageError(f"--{name.replace('_', '-')} has no meaning with --predict",
+                             "--predict times the all-reduce at the job's own bucket sizes; "
+                             "leave it out")
 
 
 def render(result: BenchResult, cfg: BenchConfig) -> str:

@@ -48,13 +48,12 @@ def run_prediction(spec: ClusterSpec, target: Target, sweep: BenchConfig, cfg: P
                        f"all-reduce at its bucket sizes on {len(spec.nodes)} node(s)",
                        style="dim"))
     result = run_predict(spec, spec_for_our_ranks(spec, "bench"), target, cfg, sweep, port=port)
-    data = json.dumps(result.to_json(), indent=2)
     if as_json:
-        click.echo(data)
+        click.echo(json.dumps(result.to_json(), indent=2))
     elif result.rows:
         say(render(result))
     if json_file:
-        Path(json_file).write_text(data + "\n")
+        Path(json_file).write_text(json.dumps(result.to_json(), indent=2) + "\n")
     if plot_file and result.rows:
         from ptcluster.bench.predict_plot import write_prediction_plot
 
