@@ -21,7 +21,7 @@ trap cleanup EXIT
 failed=0
 say() { printf '%-26s %s\n' "$1" "$2"; }
 fail() { say "$1" "FAIL: $2"; failed=1; [ -f "$3" ] && tail -n 15 "$3" | sed 's/^/    /'; }
-PATHS="gpu-driver-health local-nproc doctor+nvml bench-nccl monitor metrics-dcgm"
+PATHS="gpu-driver-health local-nproc doctor+nvml bench-nccl bench-predict monitor metrics-dcgm"
 PATHS="$PATHS trainer-cuda-bf16 nccl-transport gpus-auto-busy slurm-gres checkpoint-cuda"
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
@@ -111,6 +111,21 @@ best = max((float(x.get("busbw") or 0) for x in rows), default=0.0)
 assert rows and wrong == 0 and r.get("backend") == "nccl", (len(rows), wrong, r.get("backend"))
 print(f"ok: {len(rows)} sizes x ops over NCCL, 0 wrong, best busbw {best:.1f} GB/s")
 ' "$PY" -m ptcluster bench --op all -e 1G --json
+
+# bench --predict: the reference trainer on CUDA (DDP over NCCL with 2+ GPUs), its buckets and
+# batch read by the rank-side probe, ended after 5+10 steps
+check bench-predict '
+import json, sys
+r = json.load(open(sys.argv[1])); n = int(sys.argv[2])
+(row,) = r["rows"]; m = r["measured"]
+assert row["ranks"] == n and m["batch"] == 64 and m["grad_bytes"] == 407080, (row, m)
+assert m["ddp"] is (n > 1) and row["step_s"] > 0, (row, m)
+ms, sps, probe = row["step_s"] * 1000, row["samples_per_s"], r["seconds"]["probe"]
+k = len(m["buckets"])
+print(f"ok: {n} rank(s), {ms:.2f} ms a step, {sps:.0f} samples/s, {k} bucket(s), brief run "
+      f"{probe:.1f} s")
+' "$PY" -m ptcluster bench --predict --json --steps 10 -- -m ptcluster.examples.mnist \
+    --dataset digits --no-download --checkpoint-dir "$out/predict-ckpt"
 
 # monitor: one sample with every GPU's figures
 check monitor '

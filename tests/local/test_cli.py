@@ -464,7 +464,8 @@ def test_gpu_check_skips_every_path_with_the_reason_without_a_gpu() -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     assert [line.split()[0] for line in lines] == ["gpu-driver-health", "local-nproc",
-                                                   "doctor+nvml", "bench-nccl", "monitor",
+                                                   "doctor+nvml", "bench-nccl",
+                                                   "bench-predict", "monitor",
                                                    "metrics-dcgm", "trainer-cuda-bf16",
                                                    "nccl-transport", "gpus-auto-busy",
                                                    "slurm-gres", "checkpoint-cuda"]

@@ -104,7 +104,8 @@ def test_the_check_finds_a_forbidden_import() -> None:
     assert {"ptcluster.node.guard.rank_server", "ptcluster.node.guard.outbox",
             "ptcluster.node.rank_wire", "ptcluster.node.wire"} <= set(closure(GUARD.module))
     assert set(closure("ptcluster.node.rank.shim")) == {
-        "ptcluster.node.rank.shim", "ptcluster.node.rank_wire", "ptcluster.node.rank.stack_probe"}
+        "ptcluster.node.rank.shim", "ptcluster.node.rank_wire", "ptcluster.node.rank.stack_probe",
+        "ptcluster.node.rank.step_probe"}
 
 
 def test_every_module_of_the_node_package_is_shipped() -> None:

@@ -455,3 +455,25 @@ def bring_up(what: str, why_not: str | None, make: Callable[[], B]) -> B:
         if in_ci:
             pytest.fail(f"the {what} did not start: {exc}")
         pytest.skip(f"the {what} did not start: {exc}")
+
+
+@contextlib.contextmanager
+def shaped(bed: Testbed, rate: str) -> Iterator[None]:
+    """Every node's link limited to ``rate`` (tc's units: ``100mbit``, ``1gbit``) both ways: a
+    ``tbf`` qdisc on its host-side veth (traffic to the node) and on its ``veth0`` (from it).
+    No netem here; tbf works on veths. Every qdisc added is removed, also on failure."""
+    bits = int(float(rate.rstrip("abcdefghijklmnopqrstuvwxyz")) * {
+        "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[rate.lstrip("0123456789.")])
+    burst = max(32 << 10, bits // 8 // 100)  # at least 10 ms of the rate
+    added: list[tuple[str, ...]] = []
+    try:
+        for node in bed.nodes:
+            for prefix, dev in (((), node.veth_host),
+                                (("ip", "netns", "exec", node.netns), "veth0")):
+                added.append((*prefix, "tc", "qdisc", "del", "dev", dev, "root"))
+                _run(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                     "burst", str(burst), "latency", "100ms")
+        yield
+    finally:
+        for argv in added:
+            _run(*argv, check=False)

@@ -1,4 +1,5 @@
-"""Benchmark collectives on every rank, nccl-tests style (sizes, algbw, busbw, #wrong)."""
+"""Benchmark collectives on every rank, nccl-tests style (sizes, algbw, busbw, #wrong); with
+--predict, a job's step time at 1..N nodes from a brief run of it on the first node."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.markup import escape
 from rich.text import Text
 
 from ptcluster.bench.formulas import DTYPES, OPS, parse_size, sizes
+from ptcluster.bench.probe import PredictConfig
 from ptcluster.bench.sweep import BenchConfig, BenchResult, run_bench
 from ptcluster.cli.common import (
     NPROC,
@@ -24,6 +27,7 @@ from ptcluster.cli.common import (
     spec_for_our_ranks,
 )
 from ptcluster.cli.console import say, terminal
+from ptcluster.cli.predict_view import job_target, run_prediction
 from ptcluster.errors import UsageError
 
 
@@ -46,7 +50,8 @@ class ByteSize(click.ParamType):
 SIZE = ByteSize()
 
 
-@click.command(help=__doc__)
+@click.command(help=__doc__ + "\n\nWith --predict, everything after -- is the job, as `ptcluster "
+               "run` takes it: -m MODULE or SCRIPT, then its arguments.")
 @cluster_option
 @click.option("--nproc", type=NPROC, help="Processes on the local cluster.")
 @click.option("--port", type=PORT, help="Rendezvous port.")
@@ -72,21 +77,58 @@ SIZE = ByteSize()
 @click.option("--pair-size", type=SIZE, default="16M", show_default=True,
               help="Message size of each node pair's sendrecv (with --pairs).")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the result as JSON instead of the table (stdout: data only).")
+              help="Print the result as JSON instead of the table (stdout: data only; with "
+              "--predict: {rows, sweep, ...}).")
 @click.option("-o", "--json-out", "json_file", metavar="FILE",
               help="Also write the result as JSON to FILE.")
 @click.option("--plot", "plot_file", metavar="FILE.png",
               help="PNG of busbw and time against size, one line per op; with --pairs also "
-              "FILE-pairs.png, the node-pair bandwidth heatmap (needs the plot extra).")
+              "FILE-pairs.png, the node-pair bandwidth heatmap; with --predict the predicted "
+              "step time and efficiency per node count (needs the plot extra).")
 @click.option("--min-busbw", type=FiniteFloat(min=0),
               help="Exit 1 when the average busbw (GB/s) is lower.")
 @click.option("--timeout", type=SECONDS, default=600.0, show_default=True,
-              help="Seconds for the whole sweep.")
-def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, minbytes: int,
-          maxbytes: int, stepfactor: int, stepbytes: int | None, iters: int, warmup: int,
-          check: int, dtype: str, pairs: bool, pair_size: int, as_json: bool,
-          json_file: str | None, plot_file: str | None, min_busbw: float | None,
-          timeout: float) -> None:
+              help="Seconds for the whole sweep (with --predict: for the brief run, and for "
+              "the sweep).")
+@click.option("--predict", is_flag=True, help="Run the job after -- briefly on the first node, "
+              "measure its step time and DDP gradient buckets, time the all-reduce at those "
+              "sizes on the cluster, and predict its step time, samples/s and scaling "
+              "efficiency at 1..N nodes (-n/-w default to 5/1 here).")
+@click.option("--steps", type=click.IntRange(1), default=30, show_default=True,
+              help="With --predict: measured optimizer steps of the brief run, at least (then "
+              "it is ended).")
+@click.option("--measure-seconds", type=FiniteFloat(min=0), default=3.0, show_default=True,
+              help="With --predict: measure for this long at least (more steps when --steps "
+              "took less).")
+@click.option("--warmup-steps", type=click.IntRange(1), default=5, show_default=True,
+              help="With --predict: steps before the measured ones.")
+@click.option("--batch", type=click.IntRange(1), help="With --predict: samples per rank per "
+              "step (default: the first dimension of the model's input).")
+@click.argument("job", nargs=-1, type=click.UNPROCESSED, metavar="[-- JOB...]")
+@click.pass_context
+def bench(ctx: click.Context, cluster: str | None, nproc: int | None, port: int | None,
+          op: str, minbytes: int, maxbytes: int, stepfactor: int, stepbytes: int | None,
+          iters: int, warmup: int, check: int, dtype: str, pairs: bool, pair_size: int,
+          as_json: bool, json_file: str | None, plot_file: str | None, min_busbw: float | None,
+          timeout: float, predict: bool, steps: int, measure_seconds: float,
+          warmup_steps: int, batch: int | None,
+          job: tuple[str, ...]) -> None:
+    if job and not predict:
+        raise UsageError(f"unexpected argument {job[0]!r}", "a job after -- is for --predict: "
+                         "ptcluster bench --predict -- -m MODULE")
+    if predict:
+        refuse_sweep_options(ctx)
+        if ctx.get_parameter_source("iters") is ParameterSource.DEFAULT:
+            iters = 5
+        if ctx.get_parameter_source("warmup") is ParameterSource.DEFAULT:
+            warmup = 1
+        sweep = BenchConfig(ops=("all_reduce",), sizes=(8,), iters=iters, warmup=warmup,
+                            check=check, dtype=dtype, timeout=timeout)
+        run_prediction(load_spec(cluster, nproc), job_target(job), sweep,
+                       PredictConfig(warmup=warmup_steps, steps=steps, batch=batch,
+                                     min_s=measure_seconds, timeout=timeout),
+                       port=port, as_json=as_json, json_file=json_file, plot_file=plot_file)
+        return
     spec = spec_for_our_ranks(load_spec(cluster, nproc), "bench")
     cfg = BenchConfig(
         ops=OPS if op == "all" else (op,),
@@ -120,6 +162,16 @@ def bench(cluster: str | None, nproc: int | None, port: int | None, op: str, min
         err.print(f"[red]average bus bandwidth {result.avg_busbw:.3f} GB/s is below "
                   f"--min-busbw {min_busbw:g}[/red]", markup=True)
         sys.exit(1)
+
+
+def refuse_sweep_options(ctx: click.Context) -> None:
+    """The sweep's own sizes, ops and pairs have no meaning with --predict: refused if given."""
+    for name in ("op", "minbytes", "maxbytes", "stepfactor", "stepbytes", "pairs",
+                 "pair_size", "min_busbw"):
+        if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+            raise UsageError(f"--{name.replace('_', '-')} has no meaning with --predict",
+                             "--predict times the all-reduce at the job's own bucket sizes; "
+                             "leave it out")
 
 
 def render(result: BenchResult, cfg: BenchConfig) -> str:

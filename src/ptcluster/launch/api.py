@@ -31,9 +31,18 @@ def run_rank_program(spec: ClusterSpec, program: Program, args: tuple[str, ...],
     """Ship a rank program (packed with its modules) to every rank as ``-c`` code and run it
     through the launcher, its records going to ``on_data``. The run's logs are kept in a
     temporary directory when it fails (the result names it), removed when it succeeds."""
-    code = pack_source(program)
-    plan = prepare(spec, Target(code=code, args=args), port=port)
-    tmp = Path(tempfile.mkdtemp(prefix=f"ptcluster-{program.name}-"))
+    return run_target(spec, Target(code=pack_source(program), args=args), program.name,
+                      port=port, options=options, on_data=on_data, on_line=on_line)
+
+
+def run_target(spec: ClusterSpec, target: Target, label: str, *, port: int | None,
+               options: RunOptions, on_data: DataSink,
+               on_line: LineSink | None = None) -> RunResult:
+    """Run ``target`` through the launcher (a shipped program's code, or a user's job for
+    ``bench --predict``), its records going to ``on_data``; logs kept in a temporary directory
+    (``ptcluster-LABEL-*``) when it fails, removed when it succeeds."""
+    plan = prepare(spec, target, port=port)
+    tmp = Path(tempfile.mkdtemp(prefix=f"ptcluster-{label}-"))
     result = Runner(plan, transports(spec), tmp / plan.job_id, on_line=on_line, on_data=on_data,
                     options=options, ended_by=outside_stop(spec)).run()
     if result.ok:

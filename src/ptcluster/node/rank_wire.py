@@ -69,6 +69,9 @@ means the same under a bare torchrun (the reference trainer does)."""
 ELASTIC_VARS = ((ATTEMPT_VAR, RESTART_COUNT_VAR), (MAX_RESTARTS_VAR, "TORCHELASTIC_MAX_RESTARTS"))
 """(ours, torch's): torchrun sets its own restart count (always 0: ptcluster restarts the whole
 job, not torchrun); the shim overwrites torch's with ours, as torch's elastic scripts expect."""
+PREDICT_VAR = "PTCLUSTER_PREDICT"
+"""Set only by ``bench --predict`` for its brief run: JSON (``warmup``, ``steps``) that arms
+the step probe in every rank (``node.rank.step_probe``), which ends the job after those steps."""
 BACKEND_VAR = "PTCLUSTER_BACKEND"
 """The cluster file's ``backend``: ``nccl``, ``gloo``, or ``auto`` (NCCL where the rank has a GPU,
 else gloo; ``node.rank.api.init_distributed``)."""

@@ -30,6 +30,7 @@ import time
 from types import TracebackType
 
 from ptcluster.node.rank.stack_probe import install as install_probe
+from ptcluster.node.rank.step_probe import install as install_step_probe
 from ptcluster.node.rank_wire import (
     CTL,
     DATA,
@@ -38,6 +39,7 @@ from ptcluster.node.rank_wire import (
     ERROR,
     EXIT,
     OUT,
+    PREDICT_VAR,
     REPORT,
     RETURNED,
     SHIM_BOOT,
@@ -137,6 +139,8 @@ def run_in_process(argv: list[str]) -> None:
     exception leaves it, tell the guard when and what, then let it end the process as usual;
     when it returns (or exits 0), say so too: the rest is the interpreter's shutdown."""
     _install_probe()
+    if os.environ.get(PREDICT_VAR):  # bench --predict: its step probe, before the program
+        install_step_probe(os.environ[PREDICT_VAR], lambda body: _report(REPORT, body))
     try:
         # (SHIM_BOOT took "" off sys.path: the user's program gets its
         # own first entry back, as python gives it; ptcluster's own -c programs none)

@@ -1,0 +1,104 @@
+"""`bench --predict` on this machine: the rank-side step probe in a real torch process (with and
+without DDP), the whole command on the local cluster, and its plot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ptcluster.bench.predict import Bucket, BusBw, Measured, predict
+from ptcluster.examples.mnist.train import model as mnist_model
+from tests.support.head import run_head
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBED = textwrap.dedent("""
+    import json, os, sys, time
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from ptcluster.node.rank.step_probe import install
+    install(json.dumps({"warmup": 2, "steps": 3, "min_s": float(sys.argv[3])}),
+            lambda body: print(json.dumps(body)))
+    net = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+    if sys.argv[1] == "ddp":
+        dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0,
+                                world_size=1)
+        net = nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(1000):
+        time.sleep(0.02)
+        loss = net(torch.randn(24, 784)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print("the probe did not end the program")
+""")
+
+
+@pytest.mark.parametrize("mode", ["plain", "ddp"])
+def test_the_probe_measures_buckets_batch_and_ends_the_program(mode: str, tmp_path) -> None:
+    out = subprocess.run([sys.executable, "-c", PROBED, mode, str(tmp_path / "store"), "0"],
+                         capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1, lines  # the record, then the end: step 5 of 1000
+    record = json.loads(lines[0])
+    assert record["kind"] == "predict" and record["world_size"] == 1
+    steps = record["steps"]
+    assert len(steps) == 3
+    grad = sum(p.numel() * 4 for p in mnist_model().parameters())
+    for step in steps:
+        assert step["batch"] == 24
+        assert step["ddp"] is (mode == "ddp")
+        assert sum(b[0] for b in step["buckets"]) == grad  # 407,080 B: one bucket (< 1 MiB)
+        assert len(step["buckets"]) == 1
+        (nbytes, ready, done), = step["buckets"]
+        assert 0 < ready <= done <= step["step_s"]
+
+
+def test_short_steps_are_measured_for_min_s_and_sent_twice(tmp_path) -> None:
+    out = subprocess.run([sys.executable, "-c", PROBED, "plain", str(tmp_path / "s"), "5"],
+                         capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr
+    first, last = (json.loads(line) for line in out.stdout.splitlines())
+    assert len(first["steps"]) == 3  # sent at warmup + steps, in case the job ends
+    assert sum(s["step_s"] for s in last["steps"]) >= 5  # then until min_s is measured
+    assert len(last["steps"]) > 3
+    assert last["steps"][-1]["buckets"]  # the last steps keep their buckets,
+    assert all(s["buckets"] is None for s in last["steps"][:-20])  # the others only times
+
+
+@pytest.mark.slow
+def test_predict_on_the_local_cluster(tmp_path) -> None:
+    code, head = run_head(["bench", "--nproc", "2", "--predict", "--json", "--steps", "5",
+                           "--plot", str(tmp_path / "p.png"), "--",
+                           "-m", "ptcluster.examples.mnist", "--dataset", "digits",
+                           "--no-download"], tmp_path, timeout=240)
+    assert code == 0, "\n".join(head.err)
+    out = json.loads("\n".join(head.lines))
+    (row,) = out["rows"]  # the local cluster is one node
+    assert row["nodes"] == 1 and row["ranks"] == 2 and row["efficiency"] == 1.0
+    assert out["measured"]["batch"] == 64  # the trainer's default per-rank batch
+    assert out["measured"]["ddp"] is True and out["measured"]["grad_bytes"] == 407_080
+    assert out["sweep"] is None
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_the_plot_is_a_png(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    from ptcluster.bench.predict_plot import write_prediction_plot
+
+    m = Measured(step_s=0.1, exposed_s=0.0, batch=8, ranks=1, buckets=(Bucket(21 << 20, 0.08),))
+    path = write_prediction_plot(predict(m, [1, 1, 1], BusBw(((1, 0.0125),))),
+                                 tmp_path / "p.png", "test")
+    assert matplotlib.image.imread(path).shape[0] > 100
