@@ -30,7 +30,10 @@ HOG = textwrap.dedent("""
     with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
         f.write(str(os.getpid()))
     print(f"pid {os.getpid()} in the group", flush=True)
-    time.sleep(2.5)  # the guard collects the rank's tree on each heartbeat
+    # the guard notes a rank's memory group when it looks at its tree (each heartbeat, 1 s): a
+    # rank killed in a group it moved to since the last look is counted on the node only (a CI
+    # run beside other work, 2.5 s here: group_kills 0). Five looks' time.
+    time.sleep(5.0)
     hog = []
     while True:
         hog.append(bytearray(8 << 20))
@@ -48,7 +51,7 @@ WORKER_HOG = textwrap.dedent("""
             with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
             print(f"worker pid {os.getpid()} in the group", flush=True)
-            time.sleep(2.5)
+            time.sleep(5.0)  # (as HOG's)
             hog = []
             while True:
                 hog.append(bytearray(8 << 20))
