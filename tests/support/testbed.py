@@ -428,6 +428,22 @@ def cpu_quota(pid: int, percent: int, name: str) -> Iterator[Path]:
                 time.sleep(0.1)
 
 
+@contextlib.contextmanager
+def full_workdir(node: Node, path: Path, script: str) -> Iterator[Path]:
+    """``path`` as ``node`` sees it: a 16 MiB tmpfs holding ``script`` as ``ranks.py``, filled
+    to the last block (its health gate refuses it), mounted in the node's own mount namespace
+    (its sshd's: what its sessions see). Unmounted even on failure."""
+    path.mkdir()
+    inside = ["nsenter", "-t", node.sshd_pidfile.read_text().strip(), "-m"]
+    subprocess.run([*inside, "sh", "-c", f"mount -t tmpfs -o size=16m tmpfs {path} && "
+                    f"cat > {path}/ranks.py && (dd if=/dev/zero of={path}/filler bs=64k "
+                    "2>/dev/null; true)"], input=script, text=True, check=True, timeout=30)
+    try:
+        yield path
+    finally:
+        subprocess.run([*inside, "umount", "-l", str(path)], check=False, timeout=30)
+
+
 _PORTS = itertools.count(29600)
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from tests.support.head import run_head
-from tests.support.testbed import next_port
+from tests.support.testbed import full_workdir, next_port
 from tests.testbed.test_run import RANKS
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
@@ -26,19 +25,9 @@ def job_dir(tmp_path):
 
 @pytest.fixture
 def full_dir(testbed, tmp_path):
-    """Node 2's workdir: a 16 MiB tmpfs with the job's script on it, filled to the last block.
-    Mounted inside the node's own mount namespace (its sshd's: what its sessions see)."""
-    mnt = tmp_path / "full"
-    mnt.mkdir()
-    sshd = testbed.nodes[2].sshd_pidfile.read_text().strip()
-    inside = ["nsenter", "-t", sshd, "-m"]
-    subprocess.run([*inside, "sh", "-c", f"mount -t tmpfs -o size=16m tmpfs {mnt} && "
-                    f"cat > {mnt}/ranks.py && (dd if=/dev/zero of={mnt}/filler bs=64k "
-                    "2>/dev/null; true)"], input=RANKS, text=True, check=True, timeout=30)
-    try:
+    """Node 2's workdir: full, with the job's script on it (``full_workdir``)."""
+    with full_workdir(testbed.nodes[2], tmp_path / "full", RANKS) as mnt:
         yield mnt
-    finally:
-        subprocess.run([*inside, "umount", "-l", str(mnt)], check=False, timeout=30)
 
 
 def test_a_full_node_is_left_out_and_the_job_goes_on_without_it(testbed, job_dir, full_dir,

@@ -10,21 +10,18 @@ all-reduce too); ``ps`` lists it, idle. The rule's details: ``tests/unit/test_sp
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.head import Head, job_id_when_started, only_run, rank_fields, run_head
 from tests.support.procs import job_processes
-from tests.support.testbed import next_port
+from tests.support.testbed import full_workdir, next_port
 from tests.testbed.test_run import RANKS
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
@@ -174,21 +171,6 @@ def test_doctor_checks_a_spare_as_a_node_and_ps_lists_it_idle(testbed, tmp_path)
     assert listing["spares"] == [{"host": n[3], "slots": 1, "reachable": True, "jobs": []}]
 
 
-@contextlib.contextmanager
-def full_workdir(testbed, i: int, path: Path) -> Iterator[Path]:
-    """``path`` as node ``i`` sees it: a 16 MiB tmpfs filled to the last block (its health gate
-    refuses it), mounted in the node's own mount namespace (its sshd's)."""
-    path.mkdir()
-    inside = ["nsenter", "-t", testbed.nodes[i].sshd_pidfile.read_text().strip(), "-m"]
-    subprocess.run([*inside, "sh", "-c", f"mount -t tmpfs -o size=16m tmpfs {path} && "
-                    f"cat > {path}/ranks.py && (dd if=/dev/zero of={path}/filler bs=64k "
-                    "2>/dev/null; true)"], input=RANKS, text=True, check=True, timeout=30)
-    try:
-        yield path
-    finally:
-        subprocess.run([*inside, "umount", "-l", str(path)], check=False, timeout=30)
-
-
 def test_a_spare_refused_by_its_health_gate_is_passed_over(testbed, tmp_path,
                                                             no_leftovers) -> None:
     """node 2 and the first spare have full workdir disks: node 2 is refused at the start, the
@@ -198,8 +180,8 @@ def test_a_spare_refused_by_its_health_gate_is_passed_over(testbed, tmp_path,
     out = tmp_path / "out"
     out.mkdir()
     os.chmod(out, 0o777)
-    with full_workdir(testbed, 2, tmp_path / "full2") as full2, \
-            full_workdir(testbed, 3, tmp_path / "full3") as full3:
+    with full_workdir(testbed.nodes[2], tmp_path / "full2", RANKS) as full2, \
+            full_workdir(testbed.nodes[3], tmp_path / "full3", RANKS) as full3:
         lines = ["nodes:"] + [f"  - {{host: {n[i]}, slots: 1{w}}}" for i, w in
                               ((0, ""), (1, ""), (2, f", workdir: {full2}"))]
         lines += ["spares:", f"  - {{host: {n[3]}, slots: 1, workdir: {full3}}}",
