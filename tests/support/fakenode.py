@@ -18,7 +18,8 @@ Knobs, from the environment (the head's, inherited): ``FAKE_RATE`` lines/s per r
 ``FAKE_SECONDS`` the job's length (5), ``FAKE_HOLD`` seconds to hold output instead of the
 config's ``output_hold`` (0: a write per line, as guards wrote before ``node.guard.outbox``),
 ``FAKE_FAIL`` ``HOST:SECONDS`` (that node's rank fails with exit 1 after SECONDS),
-``FAKE_EVENTS`` a file each node appends ``HOST KIND TIME`` to (its failure, the stop it was
+``FAKE_READY`` ``HOST:FILE`` (that node's ``ready`` facts are the JSON in FILE: a hostile
+guard), ``FAKE_EVENTS`` a file each node appends ``HOST KIND TIME`` to (its failure, the stop it was
 told) for timing a teardown across nodes; ``FAKE_SCHED=idle`` starts each fake node in the
 head's session (its own process group) under ``SCHED_IDLE``, so it gets a CPU only when the
 head does not want one. Real nodes are other machines. Here, each fake in its
@@ -88,8 +89,7 @@ class FakeNode:
 
     def run(self, stdin: int, buf: bytes) -> int:
         self.send(wire.hello("guard"))
-        self.send(wire.encode("ready", {"hostname": self.host, "pid": os.getpid(),
-                                        "time": time.time(), "subreaper": True}))
+        self.send(wire.encode("ready", self.ready()))
         sel = selectors.DefaultSelector()
         sel.register(stdin, selectors.EVENT_READ)
         went, stop = None, ""
@@ -159,6 +159,14 @@ class FakeNode:
                 self.send(self.timing())
                 next_timing += every
             self.box.flush_due()
+
+    def ready(self) -> Any:
+        """A guard's ready facts (``guard.prechecks.precheck``'s keys), or ``FAKE_READY``'s."""
+        host, _, path = os.environ.get("FAKE_READY", "").partition(":")
+        if host == self.host:
+            return json.loads(Path(path).read_text())
+        return {"hostname": self.host, "pid": os.getpid(), "python": sys.executable,
+                "time": time.time(), "workdir": os.getcwd(), "subreaper": True}
 
     def go(self) -> None:
         self.send(wire.encode("started", {"pid": os.getpid()}))

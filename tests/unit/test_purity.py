@@ -34,7 +34,8 @@ import ptcluster
 CORE = "ptcluster.launch.supervise"
 PURE_STDLIB = frozenset({
     "__future__", "abc", "bisect", "collections", "dataclasses", "enum", "functools", "heapq",
-    "itertools", "json", "math", "operator", "re", "shlex", "signal", "statistics", "string",
+    "ipaddress", "itertools", "json", "math", "operator", "re", "shlex", "signal", "statistics",
+    "string",
     "textwrap", "types", "typing",
 })
 """Standard-library modules (and their submodules) that compute only: no files, sockets,
@@ -48,6 +49,7 @@ BOUNDARY = frozenset({
     "ptcluster.launch.result",   # RankRecord, NodeOutcome, Failure...: what the core fills in
     "ptcluster.node.wire",       # the head<->guard frames: Kind, VERSION, ReadyFacts, decoding
     "ptcluster.node.rank_wire",  # the rank<->guard records: the progress report kinds
+    "ptcluster.remote.guard_replies",  # the schemas of the guard's frames' tables
     "ptcluster.errors",          # Problem: how a failure or a refusal is said
 })
 """The ptcluster modules outside the core that a core module may import from."""

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from ptcluster.errors import Problem
 from ptcluster.launch.result import Failure, FailureKind
 from ptcluster.node import wire
+from ptcluster.remote import guard_replies
 
 
 @dataclass(frozen=True)
@@ -280,8 +281,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         return Heartbeat(host, _opt_float(body.get("t")), None if idle is None else
                          {rank_key(r): moment(s, "idle") for r, s in idle.items()})
     if kind == wire.Kind.TIMING:
-        return Timing(host, {rank_key(r): dict(v) for r, v in (body.get("ranks") or {}).items()},
-                      dict(body.get("node") or {}))
+        ranks, node = guard_replies.timing(body.get("ranks") or {}, body.get("node") or {})
+        return Timing(host, {rank_key(r): dict(v) for r, v in ranks.items()}, dict(node))
     if kind == wire.Kind.STACKS:
         ident = body.get("id")
         return StacksReply(host, None if ident is None else int(ident),
@@ -292,7 +293,7 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
                          said(body.get("text"), "text"), said(body.get("exc"), "exc"),
                          None if num is None else bounded(num, 0, 1 << 16, "errno"),
                          said(body.get("filename"), "filename"),
-                         cast(wire.DiskFacts, body["disk"]) if body.get("disk") else None,
+                         guard_replies.disk_facts(body["disk"]) if body.get("disk") else None,
                          said(body.get("usage"), "usage"))
     if kind == wire.Kind.STOPPING:
         signal = str(body.get("signal") or "")
@@ -306,18 +307,17 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         return RankExit(host, rank_of(body["rank"]),
                         None if code is None else bounded(code, -(1 << 31), 1 << 31, "code"),
                         moment(body["t"]), _opt_float(body.get("duration")),
-                        cast(wire.OomFacts, body["oom"]) if body.get("oom") else None,
-                        tuple(cast(list[wire.XidFacts], body.get("xids") or [])))
+                        guard_replies.oom_facts(body["oom"]) if body.get("oom") else None,
+                        guard_replies.xids(body.get("xids") or []))
     if kind == wire.Kind.XID:
-        int(body["xid"])  # (a frame without its Xid is malformed)
-        return GpuError(host, cast(wire.XidFacts, body))
+        return GpuError(host, guard_replies.xid_facts(body))
     if kind == wire.Kind.RDATA:
         return RankData(host, rank_of(body.pop("rank")), body)
     if kind == wire.Kind.HELLO:
         return Hello(host, bounded(body["v"], 0, 1 << 16, "v"), pid_of(body["pid"]),
                      moment(body["time"], "time"))
     if kind == wire.Kind.READY:
-        return Ready(host, cast(wire.ReadyFacts, body))
+        return Ready(host, guard_replies.ready_facts(body))
     if kind == wire.Kind.ERROR:
         problem = Problem(host, said(body["problem"], "problem"),
                           said(body.get("fix"), "fix") or None)
