@@ -164,6 +164,7 @@ class Guard:
             self.pump_thread.join(timeout=2.0)
         if self.link.ranks is not None:
             self.link.ranks.close(EXIT_WAIT)  # every rank's last lines and exit before ours
+        self.link.last_look()
         said.update(nccl_said(self.tmpdir, self.env))  # what NCCL chose, from its own log
         self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time(), **said})
         if self.link.machine is not None:

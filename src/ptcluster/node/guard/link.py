@@ -210,6 +210,19 @@ class HeadLink:
         except Exception:  # noqa: BLE001 - advice only: never the guard's end
             return
 
+    def last_look(self) -> None:
+        """The kernel's log once more when every rank has ended, before the guard's ``exit``:
+        an Xid the driver wrote in the ranks' last moments is said (the watch looks once a
+        heartbeat, and a rank that exits 0 carries none)."""
+        if self.machine is None:
+            return
+        try:
+            self.machine.look()
+            for xid in self.machine.new_xids():
+                self.send(Kind.XID, xid)
+        except Exception:  # noqa: BLE001 - advice only: never the guard's end
+            return
+
     def recorder_on(self) -> bool:
         """Whether the ranks' flight recorder is on (``TORCH_FR_BUFFER_SIZE`` in their env)."""
         try:

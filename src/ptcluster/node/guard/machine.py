@@ -307,11 +307,15 @@ class MachineWatch:
             out, self.unsent = self.unsent, []
         return out
 
+    def look(self) -> None:
+        """The kernel's log now, not at the next heartbeat: a rank's exit, the last one's."""
+        if self.log:
+            self.read_log()
+
     def xids_of(self, rank: int) -> list[dict[str, Any]]:
         """A failed rank's Xids: those the driver blamed on a process of its tree, and those of
         the job's GPUs that named no process of another rank."""
-        if self.log:
-            self.read_log()
+        self.look()
         with self.lock:
             tree = self.trees.get(rank, set())
             return [x for x in self.xids if x["pid"] in tree or
