@@ -12,6 +12,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ptcluster.node.records import lease_of, rank_count
+
 
 @dataclass
 class JobRow:
@@ -69,11 +71,10 @@ def job_rows(nodes: dict[str, tuple[str, str, list[dict[str, Any]]]]) -> list[Jo
                                          started=float(r.get("since") or 0))
             row.started = min(row.started, float(r.get("since") or row.started))
             row.mine = row.mine or row.user == me
-            kind, _, value = resource.partition("-")
+            kind, value = lease_of(r)
             if kind == "job" and node not in row.nodes:
                 row.nodes.append(node)
-                first, last = (list(r.get("ranks") or []) + [0, -1])[:2]
-                row.ranks += max(int(last) - int(first) + 1, 0)
+                row.ranks += rank_count(r)
             elif kind == "gpu" and value.isdigit():
                 row.gpus.setdefault(node, []).append(int(value))
             elif kind == "port" and value.isdigit():

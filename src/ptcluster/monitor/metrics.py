@@ -42,6 +42,7 @@ from ptcluster.errors import PtclusterError
 from ptcluster.monitor.httpd import MetricsServer
 from ptcluster.monitor.jobs import job_rows
 from ptcluster.monitor.watch import NodeView
+from ptcluster.node.records import lease_of, rank_count
 
 MIB = 1024 * 1024
 GPU_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
@@ -163,11 +164,8 @@ def lease_families(views: list[NodeView], now: float, stale: float) -> list[Metr
     per_node: dict[tuple[str, str], int] = {}  # (job, hostname) -> its ranks there
     for name, _, records in nodes.values():
         for r in records:
-            if isinstance(r, dict) and r.get("node") == name \
-                    and str(r.get("resource", "")).startswith("job"):
-                first, last = (list(r.get("ranks") or []) + [0, -1])[:2]
-                if isinstance(first, int) and isinstance(last, int):
-                    per_node[(str(r.get("job_id")), name)] = max(last - first + 1, 0)
+            if isinstance(r, dict) and r.get("node") == name and lease_of(r)[0] == "job":
+                per_node[(str(r.get("job_id")), name)] = rank_count(r)
     for row in job_rows(nodes):
         info.add_metric([row.job_id, row.user, row.head, row.state], 1.0)
         started.add_metric([row.job_id], row.started)

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+from typing import Any
 
 from ptcluster.node.safefile import create_new, read_regular
 
@@ -115,6 +116,24 @@ def well_formed(record: object) -> bool:
             and (ranks is None or (isinstance(ranks, list) and len(ranks) == 2 and all(
                 isinstance(r, int) and not isinstance(r, bool) and abs(r) < 2 ** 31
                 for r in ranks))))
+
+
+def lease_of(record: dict[str, Any]) -> tuple[str, str]:
+    """What a lease record holds, read one way for every reader (the sampler, ``ps``, the
+    monitor, the metrics): ``("job", "")``, ``("gpu", "3")``, ``("port", "29500")``; a
+    kind not named here is returned as it is, for the reader to skip."""
+    kind, _, value = str(record.get("resource") or "").partition("-")
+    return kind, value
+
+
+def rank_count(record: dict[str, Any]) -> int:
+    """The ranks a job lease's ``ranks`` (``[first, last]``) says it runs on its node (0 when
+    it says none, or says it in another shape)."""
+    ranks = record.get("ranks")
+    if not isinstance(ranks, list) or len(ranks) != 2 or not all(
+            isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+        return 0
+    return max(ranks[1] - ranks[0] + 1, 0)
 
 
 def _key(key: object) -> bool:

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from ptcluster.node.leases import held_all, user_name
-from ptcluster.node.records import MAX_LEASES
+from ptcluster.node.records import MAX_LEASES, lease_of, rank_count
 from ptcluster.node.wire import MAX_FRAME, Kind, encode, hello
 
 
@@ -133,10 +133,9 @@ def jobs(leased: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             continue
         job = found.setdefault(str(r["job_id"]), {"user": r.get("user"), "ranks": 0,
                                                   "gpus": []})
-        kind, _, value = str(r.get("resource", "")).partition("-")
+        kind, value = lease_of(r)
         if kind == "job":
-            first, last = (list(r.get("ranks") or []) + [0, -1])[:2]
-            job["ranks"] = max(int(last) - int(first) + 1, 0)
+            job["ranks"] = rank_count(r)
         elif kind == "gpu" and value.isdigit():
             job["gpus"] = sorted([*job["gpus"], int(value)])
     return found
