@@ -61,6 +61,27 @@ WORKER_HOG = textwrap.dedent("""
 """)
 
 
+FLASH_HOG = textwrap.dedent("""
+    import os
+    from torch.utils.data import DataLoader, Dataset
+
+    class Hog(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")  # (the kernel's victim in the group: this one, not torch's)
+            print(f"worker pid {os.getpid()}", flush=True)
+            hog = []
+            while True:
+                hog.append(bytearray(8 << 20))
+
+    for _ in DataLoader(Hog(), num_workers=1):
+        pass
+""")
+
+
 def _needs_root_and_memory_v1() -> None:
     if os.getuid() != 0 or not (MEMORY_V1 / "cgroup.procs").exists():
         pytest.skip("needs root and the cgroup v1 memory controller (TESTBED.md)")
@@ -270,7 +291,7 @@ def test_an_oom_kill_or_xid_forged_in_a_groups_name_is_not_read() -> None:
     assert watch.xids == []
     assert watch.kills == [{"pid": 23793, "comm": "a) b", "rss": 4 * 1024,
                             "constraint": "CONSTRAINT_MEMCG", "memcg": "/u/Killed process 1 "
-                            "(init) x"}]
+                            "(init) x", "task_memcg": "/u", "uid": 0}]
 
 
 def test_kernel_oom_lines_are_read_by_pid() -> None:
@@ -295,6 +316,70 @@ def test_kernel_oom_lines_are_read_by_pid() -> None:
         watch.close()
     assert watch.kills == [
         {"pid": 23793, "comm": "leaker", "rss": (506500 + 1268) * 1024,
-         "constraint": "CONSTRAINT_MEMCG", "memcg": "/leaker"},
-        {"pid": 352226, "comm": "pt_main_thread", "rss": 15904644 * 1024},
+         "constraint": "CONSTRAINT_MEMCG", "memcg": "/leaker", "task_memcg": "/leaker",
+         "uid": 0},
+        {"pid": 352226, "comm": "pt_main_thread", "rss": 15904644 * 1024, "uid": 1000},
     ]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_between_two_looks_is_tied_to_its_rank_by_group(tmp_path,
+                                                                        memory_group) -> None:
+    """A DataLoader worker the OOM killer ends before any look of the guard's saw it (issue 45
+    item 5): the whole job runs in a memory group of its own (the head started in it), the
+    worker fills it at once. The kernel's record still names the worker's user and group,
+    which are the rank's: the rank's end is named as the worker's OOM kill, and said to be
+    less sure when no look saw it."""
+    (memory_group / "memory.limit_in_bytes").write_text(str(1 << 30))
+    (tmp_path / "flash.py").write_text(FLASH_HOG)
+    run = subprocess.run(["sh", "-c", f'echo $$ > {memory_group}/cgroup.procs && exec "$@"',
+                          "sh", sys.executable, "-m", "ptcluster", "run", "--nproc", "1",
+                          "--run-dir", "runs", "flash.py"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=180)
+    assert run.returncode == 1, run.stdout + run.stderr
+    worker = _said_pid(run.stdout.splitlines(), r"worker pid (\d+)")
+    rc = _root_cause(tmp_path / "runs")
+    assert rc["kind"] == "oom", rc
+    (victim,) = rc["facts"]["oom"]["victims"]
+    assert victim["pid"] == worker and not victim["main"] and victim["tied"] in ("tree", "group")
+    whose = "probably its DataLoader worker" if victim["tied"] == "group" else \
+        "its DataLoader worker"
+    assert rc["message"].startswith(f"killed by the kernel's out-of-memory killer ({whose}, "
+                                    f"pid {worker}, "), rc["message"]
+    print("tied by", victim["tied"])  # (which way this run went: -s shows it)
+
+
+@pytest.mark.parametrize("uid_shift, group, in_other_tree, tied", [
+    (0, "/job", False, True),
+    (1, "/job", False, False),  # another user's process
+    (0, "/other", False, False),  # another memory group
+    (0, "/job", True, False),  # a process another rank's tree had
+])
+def test_a_victim_no_look_saw_is_tied_by_user_and_group(uid_shift, group, in_other_tree,
+                                                        tied) -> None:
+    """The kernel's own two lines for a victim (mm/oom_kill.c's format, recorded), read by the
+    guard's watch for a rank whose memory group is ``/job``: tied only when the record's user
+    and task group are the rank's, and no rank's tree had the pid."""
+    from ptcluster.node.guard.machine import MachineWatch
+    from ptcluster.node.guard.schedstat import cgroup_mounts
+
+    mount = cgroup_mounts("memory").get("v1") or cgroup_mounts("memory").get("v2")
+    if mount is None:
+        pytest.skip("no memory controller mounted")
+    watch = MachineWatch()
+    try:
+        watch.groups[0] = {"file": f"{mount}/job/memory.oom_control", "base": 0, "limit": 0}
+        watch.trees = {0: {10}, 1: {11, 4242} if in_other_tree else {11}}
+        uid = os.getuid() + uid_shift
+        watch.parse(f"oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,"
+                    f"mems_allowed=0,oom_memcg={group},task_memcg={group},task=pt_data_worker,"
+                    f"pid=4242,uid={uid}")
+        watch.parse("Memory cgroup out of memory: Killed process 4242 (pt_data_worker) "
+                    "total-vm:2097152kB, anon-rss:1048576kB, file-rss:0kB, shmem-rss:0kB, "
+                    f"UID:{uid} pgtables:2100kB oom_score_adj:1000")
+        got = watch.tied_by_group(0)
+    finally:
+        watch.close()
+    assert got == ([{"pid": 4242, "comm": "pt_data_worker", "rss": 1 << 30,
+                     "constraint": "CONSTRAINT_MEMCG", "memcg": group, "main": False,
+                     "tied": "group"}] if tied else [])

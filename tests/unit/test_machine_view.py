@@ -45,6 +45,19 @@ def test_the_rank_itself_killed_in_its_memory_group() -> None:
     assert "raise the limit" in named.fix
 
 
+def test_a_victim_tied_by_group_is_said_probable_and_only_for_a_worker_death() -> None:
+    """No look of the guard's saw the process (issue 45 item 5): named as the rank's, said to
+    be less sure, and only when the rank's own end says a process of its died."""
+    tied = {**VICTIM, "tied": "group", "constraint": "CONSTRAINT_MEMCG", "memcg": "/job"}
+    named = oom_named("n2", 1, {**NODE, "victims": [tied]}, WORKER.strip())
+    assert named is not None and named.message.startswith(
+        "killed by the kernel's out-of-memory killer (probably its DataLoader worker, pid "
+        "4242, pt_main_thread: it lived between two of the guard's looks, tied to the rank by "
+        "its user and memory group in the kernel's record")
+    assert oom_named("n2", 1, {**NODE, "victims": [tied]}, "ValueError: bad") is None
+    assert oom_named("n2", -9, {**NODE, "victims": [tied]}, "") is not None
+
+
 def test_a_log_that_names_none_of_its_processes_is_not_its_oom() -> None:
     assert oom_named("n1", -9, {**NODE, "victims": []}, "") is None
 

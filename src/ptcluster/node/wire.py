@@ -226,6 +226,10 @@ class OomVictim(TypedDict, total=False):
     """The memory group whose limit was hit (for ``CONSTRAINT_MEMCG``)."""
     main: bool
     """It was the rank's program itself (not one of its children: a DataLoader worker)."""
+    tied: str
+    """How it was tied to the rank: ``tree`` (the guard saw it among the rank's processes) or
+    ``group`` (no look saw it: the same user and the rank's memory group, by the kernel's
+    record; less sure)."""
 
 
 class OomFacts(TypedDict, total=False):

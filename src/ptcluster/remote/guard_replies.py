@@ -100,7 +100,8 @@ READY = record({
 """A guard's ``ready`` facts (``guard.prechecks.precheck``); ``torchrun_pid`` is the head's
 own (from the ``started`` frame), never the node's."""
 VICTIM = record({"pid": PID, "comm": note, "rss": optional(BYTES), "constraint": optional(word),
-                 "memcg": optional(word), "main": optional(boolean)})
+                 "memcg": optional(word), "main": optional(boolean),
+                 "tied": optional(one_of("tree", "group"))})
 OOM = record({
     "node_kills": COUNT, "group_kills": optional(COUNT), "group": optional(word),
     "group_limit": optional(BYTES), "log": word, "victims": listing(VICTIM, MOST_VICTIMS),

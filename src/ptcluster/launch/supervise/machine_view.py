@@ -49,6 +49,9 @@ def oom_named(host: str, code: int | None, oom: wire.OomFacts, raised: str) -> N
     (the log was read and names none of its processes, or only a count rose and the rank's end
     does not look like a kill: its own exception says otherwise)."""
     victims = oom.get("victims") or []
+    if code not in (None, -signal.SIGKILL) and not _worker_died(raised):
+        # tied by group alone: only when the rank's end says a process of its own died
+        victims = [v for v in victims if v.get("tied") != "group"]
     oomd = oom.get("oomd")
     if oomd:
         return Named(f"killed by systemd-oomd, which ended the whole control group "
@@ -86,6 +89,9 @@ def _victims_said(host: str, code: int | None, victims: list[wire.OomVictim],
     whose = "" if main else ("its DataLoader worker, " if _worker_died(raised) else
                              "a process of its tree, ")
     said = f"{whose}pid {first.get('pid')}, {first.get('comm') or '?'}"
+    if first.get("tied") == "group":  # (no look saw it: how sure, said)
+        said = (f"probably {said}: it lived between two of the guard's looks, tied to the rank "
+                "by its user and memory group in the kernel's record")
     if first.get("rss"):
         said += f", {size(first.get('rss', 0))} resident"
     more = f" and {len(victims) - 1} more of its processes" if len(victims) > 1 else ""

@@ -62,6 +62,7 @@ anon-rss:…kB, file-rss:…kB, shmem-rss:…kB, UID:…``; older kernels ``Kill
 the start of the record only (a control group's name in another line is free text: review M2);
 the name is the longest before what follows it (a ``comm`` may hold ``)``)."""
 RSS = re.compile(r"(anon|file|shmem)-rss:(\d+)kB")
+UID = re.compile(r"UID:(\d+)")
 JOURNAL_EVERY = 5.0
 """Seconds between two reads of the journal for Xids while ranks run (a ``journalctl`` each;
 ``/dev/kmsg`` is read on every heartbeat: a read of what is new costs nothing)."""
@@ -220,8 +221,8 @@ class MachineWatch:
             self.read_log()
             with self.lock:
                 tree = self.trees.get(rank, set())
-                mine = [{**k, "main": k["pid"] == self.roots.get(rank)} for k in self.kills
-                        if k["pid"] in tree]
+                mine = [victim(k, "tree", k["pid"] == self.roots.get(rank))
+                        for k in self.kills if k["pid"] in tree] or self.tied_by_group(rank)
                 told = len(self.kills)
             if mine or told >= counted or counted <= self.waited:
                 return mine[:4]
@@ -229,6 +230,22 @@ class MachineWatch:
                 self.waited = counted  # waited once for these: the next rank does not
                 return mine[:4]
             time.sleep(0.05)
+
+    def tied_by_group(self, rank: int) -> list[dict[str, Any]]:
+        """Victims no look saw in any rank's tree (a process that lived less than a heartbeat:
+        a DataLoader worker killed as it started), tied to ``rank`` by what the kernel's record
+        still holds: the same user as the guard's and the rank's own memory group (under
+        ``lock``). Less sure than a tree (``tied: group``): a process of the same user in the
+        same group that was not the rank's would be named too; never the root group (the whole
+        node's)."""
+        group = self.groups.get(rank)
+        if group is None:
+            return []
+        where = group_path(os.path.dirname(group["file"]))
+        seen = set().union(*self.trees.values()) if self.trees else set()
+        return [victim(k, "group", False) for k in self.kills
+                if k["pid"] not in seen and k.get("uid") == os.getuid()
+                and where not in ("", "/") and k.get("task_memcg") == where]
 
     def read_log(self) -> None:
         """The kernel's lines written since the job started (or since the last read)."""
@@ -251,14 +268,17 @@ class MachineWatch:
             said = dict(kv.partition("=")[::2] for kv in line.split("oom-kill:", 1)[1].split(","))
             if said.get("pid", "").isdigit():
                 self.pending[int(said["pid"])] = {"constraint": said.get("constraint", ""),
-                                                  "memcg": said.get("oom_memcg", "")}
+                                                  "memcg": said.get("oom_memcg", ""),
+                                                  "task_memcg": said.get("task_memcg", "")}
             return
         m = KILLED.match(line)
         if m is None:
             return
         pid = int(m.group(1))
         rss = sum(int(kb) for _, kb in RSS.findall(m.group(3))) * 1024
-        kill = {"pid": pid, "comm": m.group(2), "rss": rss, **self.pending.pop(pid, {})}
+        uid = UID.search(m.group(3))
+        kill = {"pid": pid, "comm": m.group(2), "rss": rss, **self.pending.pop(pid, {}),
+                "uid": int(uid.group(1)) if uid else None}
         if kill not in self.kills:
             self.kills.append(kill)
 
@@ -349,6 +369,23 @@ def vmstat_oom_kills() -> int | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def victim(kill: dict[str, Any], tied: str, main: bool) -> dict[str, Any]:
+    """A kill as the rank's exit says it (``wire.OomVictim``): how it was tied to the rank."""
+    keys = ("pid", "comm", "rss", "constraint", "memcg")
+    return {**{k: kill[k] for k in keys if k in kill}, "main": main, "tied": tied}
+
+
+def group_path(folder: str) -> str:
+    """A memory group's folder as the kernel's records name it (``task_memcg=/a/b``): its path
+    below the controller's mount; "" when it is under none."""
+    for mount in cgroup_mounts("memory").values():
+        if folder == mount:
+            return "/"
+        if folder.startswith(mount.rstrip("/") + "/"):
+            return folder[len(mount.rstrip("/")):]
+    return ""
 
 
 def memory_group(pid: int) -> tuple[str, int] | None:
