@@ -132,7 +132,7 @@ def gpu_families(views: list[NodeView], now: float, stale: float) -> list[Metric
             i = int(g["index"])
             labels = [str(i), str(g.get("uuid") or ""), f"nvidia{i}", str(g.get("name") or ""),
                       hostname]
-            values = {**g, "mem_free": g["mem_total"] - g["mem_used"]}
+            values: dict[str, Any] = {**g, "mem_free": g["mem_total"] - g["mem_used"]}
             for fam, (_, _, key, scale) in zip(fams, DCGM, strict=True):
                 if isinstance(values.get(key), (int, float)):
                     fam.add_metric(labels, float(values[key]) * scale)

@@ -18,7 +18,7 @@ from ptcluster.cluster.model import ClusterSpec
 from ptcluster.control.protocol import ask, running_jobs, straggler_request
 from ptcluster.errors import Problem, PtclusterError
 from ptcluster.node import SAMPLER
-from ptcluster.node.wire import Kind, control, split
+from ptcluster.node.wire import Kind, Sample, control, split
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.group import Member, NodeResult, Why, ask_all
 from ptcluster.remote.replies import BadReply, sample_reply
@@ -28,7 +28,7 @@ from ptcluster.remote.transport import Transport, explain_channel_failure
 @dataclass
 class NodeView:
     host: str
-    sample: dict[str, Any] | None = None
+    sample: Sample | None = None
     error: str | None = None
     updated: float | None = None
     refused: int = 0
@@ -152,14 +152,14 @@ def unreachable(why: Why, said: Problem | None) -> str:
 
 
 def sample_once(spec: ClusterSpec, transports: dict[str, Transport], timeout: float,
-                interval: float = 0.2) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+                interval: float = 0.2) -> tuple[dict[str, Sample], dict[str, str]]:
     """Every node's first sample (its sampler started once: ``ps``), and for each node that
     has none within ``timeout`` s, why."""
     members = [Member(n.host, transports[n.host], n.python, {"interval": interval})
                for n in spec.machines]
     result = ask_all(members, SAMPLER, Kind.SAMPLE, timeout,
                      late=Problem(None, f"no sample within {timeout:.0f} s"))
-    samples: dict[str, dict[str, Any]] = {}
+    samples: dict[str, Sample] = {}
     why = {h: _why_not(r) for h, r in result.failed.items()}
     for host, r in result.succeeded.items():
         try:

@@ -20,7 +20,7 @@ from typing import Any
 
 from ptcluster.node.leases import held_all, user_name
 from ptcluster.node.records import MAX_LEASES, lease_of, rank_count
-from ptcluster.node.wire import MAX_FRAME, Kind, encode, hello
+from ptcluster.node.wire import MAX_FRAME, GpuSample, JobSample, Kind, Sample, encode, hello
 
 
 class Cpu:
@@ -90,7 +90,7 @@ class Gpus:
         except Exception as exc:  # noqa: BLE001 - NVMLError: no driver / no GPU
             self.error = str(exc) or type(exc).__name__
 
-    def sample(self) -> list[dict[str, Any]]:
+    def sample(self) -> list[GpuSample]:
         if self.nvml is None:
             return []
         nv = self.nvml
@@ -99,13 +99,14 @@ class Gpus:
             h = nv.nvmlDeviceGetHandleByIndex(i)
             util = nv.nvmlDeviceGetUtilizationRates(h)
             mem = nv.nvmlDeviceGetMemoryInfo(h)
-            gpu: dict[str, Any] = {"index": i, "name": _text(nv.nvmlDeviceGetName(h)),
-                                   "util": util.gpu, "mem_used": mem.used,
-                                   "mem_total": mem.total}
+            gpu: GpuSample = {"index": i, "name": _text(nv.nvmlDeviceGetName(h)),
+                              "util": util.gpu, "mem_used": mem.used, "mem_total": mem.total,
+                              "uuid": None, "power_w": None, "power_limit_w": None,
+                              "temp_c": None}
             try:  # (dcgm-exporter's UUID label: `monitor --serve`)
                 gpu["uuid"] = _text(nv.nvmlDeviceGetUUID(h))
             except Exception:  # noqa: BLE001
-                gpu["uuid"] = None
+                pass
             try:
                 gpu["power_w"] = nv.nvmlDeviceGetPowerUsage(h) / 1000
                 gpu["power_limit_w"] = nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000
@@ -123,11 +124,11 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def jobs(leased: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def jobs(leased: list[dict[str, Any]]) -> dict[str, JobSample]:
     """Every ptcluster job on this node, any user's, from the leases its guard holds here:
     job id -> user, ranks, GPUs. (Not from /proc/*/environ, which shows only one's own.)"""
     here = socket.gethostname()
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, JobSample] = {}
     for r in leased:
         if r.get("node") != here or not r.get("job_id"):
             continue
@@ -141,7 +142,7 @@ def jobs(leased: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def fitted(sample: dict[str, Any], limit: int) -> bytes:
+def fitted(sample: Sample, limit: int) -> bytes:
     """``sample``'s frame, at most ``limit`` bytes: the head closes a channel whose frame is
     longer (``wire.MAX_FRAME``), and other users' lease records (thousands, each up to 32
     texts) could make it so. The lease records are halved until it fits (the jobs counted
@@ -149,7 +150,7 @@ def fitted(sample: dict[str, Any], limit: int) -> bytes:
     frame = encode(Kind.SAMPLE, sample)
     while len(frame) > limit and sample["leases"]:
         kept = sample["leases"][:len(sample["leases"]) // 2]
-        sample = {**sample, "leases": kept, "jobs": jobs(kept)}
+        sample = Sample(**{**sample, "leases": kept, "jobs": jobs(kept)})
         frame = encode(Kind.SAMPLE, sample)
     return frame
 
@@ -174,7 +175,7 @@ def main() -> int:
         rx, tx = net_bytes()
         dt = max(now - last_t, 1e-6)
         leased = held_all(unknown=True)[:MAX_LEASES]
-        sample = {
+        sample: Sample = {
             "hostname": socket.gethostname(), "time": time.time(),
             "cpu_percent": cpu.percent(), "cpus": os.cpu_count(), "mem": cpu.memory(),
             "net": {"rx_bps": (rx - last_net[0]) / dt, "tx_bps": (tx - last_net[1]) / dt},

@@ -345,3 +345,47 @@ def control(payload: str) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"control frame payload is not an object: {payload[:80]!r}")
     return value
+
+
+class GpuSample(TypedDict):
+    """One GPU in a sample (``node.sampler``'s ``Gpus.sample``)."""
+
+    index: int
+    name: str
+    uuid: str | None
+    util: float
+    mem_used: int
+    mem_total: int
+    """Bytes."""
+    power_w: float | None
+    power_limit_w: float | None
+    temp_c: float | None
+
+
+class JobSample(TypedDict):
+    """A ptcluster job on the node, any user's, from its leases (``node.sampler.jobs``)."""
+
+    user: str | None
+    ranks: int
+    gpus: list[int]
+
+
+class Sample(TypedDict):
+    """What a node's sampler sends every interval (``monitor``, ``ps``, ``monitor --serve``),
+    as the head keeps it once checked (``remote.replies.sample_reply``: every key there)."""
+
+    hostname: str
+    time: float
+    cpu_percent: float
+    cpus: int | None
+    mem: dict[str, int]
+    """``{used, total}`` bytes."""
+    net: dict[str, float]
+    """``{rx_bps, tx_bps}``: bytes a second over the interval."""
+    gpus: list[GpuSample]
+    gpu_error: str | None
+    leases: list[dict[str, Any]]
+    """The lease records held on the node (``node.records``; bad ones dropped)."""
+    jobs: dict[str, JobSample]
+    user: str
+    """The user the sampler runs as."""

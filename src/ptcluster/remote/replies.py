@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from ptcluster.cluster.validate import is_dns_name
 from ptcluster.node.records import MAX_LEASES, MOST_KEYS, MOST_TEXT
 from ptcluster.node.setup_facts import sections
 from ptcluster.node.slurm_facts import HW_KEYS, SERVICES, SLURM_FILES, SLURM_PACKAGES
+from ptcluster.node.wire import Sample
 
 GPU_FILE = re.compile(r"/dev/nvidia\d{1,4}")
 """A GPU's device file in ``gres.conf`` (``re.fullmatch``: a trailing newline does not pass)."""
@@ -309,7 +310,7 @@ SAMPLE: dict[str, Check] = {
 """Every key of a sample and its check (all are sent; a key not named here is dropped)."""
 
 
-def sample_reply(sample: Any) -> dict[str, Any]:
+def sample_reply(sample: Any) -> Sample:
     """A sampler's ``sample`` checked, with the keys of :data:`SAMPLE` only. Raises
     :class:`BadReply`."""
     try:
@@ -325,4 +326,4 @@ def sample_reply(sample: Any) -> dict[str, Any]:
         raise BadReply(exc.what.replace("the node's facts are", "the node's sample is", 1),
                        "check that node's sampler (a node that sends this may be "
                        "compromised)") from None
-    return {key: sample[key] for key in SAMPLE}
+    return cast(Sample, {key: sample[key] for key in SAMPLE})
