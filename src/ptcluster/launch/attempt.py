@@ -27,6 +27,7 @@ from ptcluster.errors import Problem
 from ptcluster.launch.lost import explain_losses
 from ptcluster.launch.options import CHECK_EVERY, RunOptions
 from ptcluster.launch.plan import LaunchPlan
+from ptcluster.launch.readmit_watch import NodeBack
 from ptcluster.launch.result import AttemptRecord, RunResult
 from ptcluster.launch.rundir import RunLogs
 from ptcluster.launch.stacks.collector import StackCollector
@@ -220,6 +221,8 @@ class Attempt:
         explain_losses(view.failures, view.nodes, plan, self.ctx.transports)  # (<= PROBE_BOUND)
         result = self._result(view, time.monotonic() - run_t0)
         record.ok, record.cause = result.ok, result.root_cause
+        result.planned = view.planned
+        record.end, record.planned = result.outcome.value, result.planned
         record.ended_at = time.time()
         record.checkpoint, record.resumed_from = view.checkpoint, view.resumed_from
         record.checkpoint_paths = view.checkpoint_paths
@@ -303,6 +306,8 @@ class Attempt:
         try:
             if isinstance(payload, Ask):
                 self._answer(sup, payload)
+            elif isinstance(payload, NodeBack):
+                self._apply(sup.node_back(payload.host, payload.refused, time.monotonic()))
             elif isinstance(payload, list):
                 self._frames(sup, host, payload)
             else:
