@@ -223,6 +223,7 @@ class Attempt:
         record.ok, record.cause = result.ok, result.root_cause
         result.planned = view.planned
         record.end, record.planned = result.outcome.value, result.planned
+        record.planned_at = view.planned_at
         record.ended_at = time.time()
         record.checkpoint, record.resumed_from = view.checkpoint, view.resumed_from
         record.checkpoint_paths = view.checkpoint_paths
@@ -231,6 +232,8 @@ class Attempt:
         previous = before[-1] if before else None
         if previous is not None and previous.cause is not None and start is not None:
             record.downtime = start - previous.cause.at
+        elif previous is not None and previous.planned_at is not None and start is not None:
+            record.downtime = start - previous.planned_at  # (a planned restart's own cost)
         return view, result, record
 
     # -- starting -----------------------------------------------------------------------------

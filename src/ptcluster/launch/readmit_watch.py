@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ptcluster.launch.lost import probe
+from ptcluster.launch.lost import PROBE_BOUND, probe
 from ptcluster.launch.result import NodeOutcome
 from ptcluster.remote.transport import Transport
 
@@ -71,12 +71,15 @@ class ReturnWatch:
         return self
 
     def stop(self) -> None:
+        """End the watch; waits for a look under way (at most ``lost.PROBE_BOUND`` s), so that
+        no probe of it outlives the run."""
         self._stopped.set()
-        self._thread.join(timeout=10.0)
+        self._thread.join(timeout=2 * PROBE_BOUND)
 
     def _run(self) -> None:
         while not self._stopped.wait(self._every):
-            left = [n for n in self._w.away if self._said.get(n.host) not in ("", "twice")]
+            left = [n for n in self._w.away  # (a refused one may become fit: asked again)
+                    if self._said.get(n.host) not in ("", "twice", "spare")]
             if not left:
                 return
             try:

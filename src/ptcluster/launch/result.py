@@ -306,7 +306,8 @@ class AttemptRecord:
     """Per node, where the job saved its last checkpoint there (the next attempt's health gate
     checks that disk)."""
     downtime: float | None = None
-    """Seconds from the previous attempt's failure to this attempt's first rank start."""
+    """Seconds from the previous attempt's failure (or its planned restart's stop) to this
+    attempt's first rank start."""
     dropped: list[str] = field(default_factory=list)
     """Nodes left out of the next attempt (lost, unhealthy, or failed twice)."""
     dropped_why: dict[str, str] = field(default_factory=dict)
@@ -321,6 +322,8 @@ class AttemptRecord:
     back, ``run --readmit``)."""
     planned: int | None = None
     """The checkpoint step every rank saved at which a planned restart stopped it."""
+    planned_at: float | None = None
+    """When that stop began (head wall clock): the next attempt's downtime counts from it."""
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.number, "hosts": self.hosts, "world_size": self.world_size,

@@ -69,6 +69,8 @@ class Readmissions:
         """Each node seen back and fit, with the common step then (-1: none yet)."""
         self.step: int | None = None
         """The step of the planned restart once it is due (the attempt then stops)."""
+        self.at: float | None = None
+        """When it became due (head wall clock): the start of its downtime."""
 
     @property
     def waiting(self) -> tuple[str, ...]:
@@ -83,13 +85,13 @@ class Readmissions:
         self._after[host] = -1 if common is None else common
         return True
 
-    def due(self, common: int | None) -> int | None:
+    def due(self, common: int | None, at: float = 0.0) -> int | None:
         """The step to restart at, when ``common`` (the newest step every rank saved) is newer
-        than it was when the first waiting node came back; None: not yet. Once due, it stays
-        the step."""
+        than it was when the first waiting node came back; None: not yet. Once due (``at``:
+        now), it stays the step."""
         if self.step is None and self._after and common is not None and \
                 common > min(self._after.values()):
-            self.step = common
+            self.step, self.at = common, at
         return self.step
 
 

@@ -330,6 +330,11 @@ class JobState:
         return self._readmit.step
 
     @property
+    def planned_at(self) -> float | None:
+        """When the planned restart began stopping the job (head wall clock), or None."""
+        return self._readmit.at
+
+    @property
     def readmit(self) -> tuple[str, ...]:
         """The nodes the planned restart takes back (seen back and fit), in that order."""
         return self._readmit.waiting if self._readmit.step is not None else ()

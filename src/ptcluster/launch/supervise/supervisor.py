@@ -128,7 +128,7 @@ class Supervisor(JobState):
         """A planned restart that the newest checkpoint every rank saved makes due: stop."""
         if self._phase is not Phase.RUNNING or self._readmit.step is not None:
             return []
-        step = self._readmit.due(self._reports.common_step(self._nodes))
+        step = self._readmit.due(self._reports.common_step(self._nodes), self.wall(now))
         if step is None:
             return []
         return self._stop_all(said_back(self._readmit.waiting, step), now)
