@@ -322,3 +322,41 @@ def test_with_readmit_a_node_back_rejoins_at_the_next_checkpoint_every_rank_save
            "taken back" in err, err
     assert f"world size 4 (was 3: {n[2]} taken back)" in err, err
     one_model(head, 4)
+
+
+def test_with_readmit_a_node_back_while_a_spare_holds_its_place_waits_as_a_spare(
+        testbed, tmp_path, no_leftovers) -> None:
+    """``run --readmit`` with a spare: node 2 is cut, the spare takes its place (world size
+    4); node 2's link comes back: it is said to wait as a spare, no planned restart follows
+    (the job never grows past the cluster file's 3 nodes), the job ends on the spare."""
+    n = [x.name for x in testbed.nodes]
+    path = cluster(testbed, tmp_path, (2, 1, 1), (1,))
+    runs = tmp_path / "runs"
+    train = [a if a != "20" else "40" for a in TRAIN]  # (time for its guard of then to end)
+    head = Head(["run", "--cluster", str(path), "--run-dir", str(runs), "--max-restarts", "1",
+                 "--readmit", *train], cwd=tmp_path)
+    victim = testbed.nodes[2]
+    try:
+        job_id = job_id_when_started(runs)
+        no_leftovers.append(job_id)
+        head.wait_for("epoch 3/40", timeout=120)
+        testbed.cut_link(victim)
+        head.err_line(f"restart 1 of 1: spare {n[3]} replaces {n[2]}", timeout=120)
+        testbed.restore_link(victim)
+        head.err_line(f"{n[2]} answers again but a spare holds its place: it waits as a spare",
+                      timeout=120)
+        code = head.wait(timeout=300)
+        left = [p for p, _ in job_processes(job_id, wait=30)]
+    finally:
+        testbed.restore_link(victim)
+        if head.proc.poll() is None:
+            head.kill()
+    assert code == 0, head.output()
+    assert left == [], left
+    _, s = only_run(runs)
+    first, second = s["attempts"]
+    assert first["replaced"] == {n[2]: n[3]}, first
+    assert second["ok"] and second["hosts"] == [n[0], n[1], n[3]], second
+    assert second["world_size"] == 4 and second["planned_step"] is None, second
+    assert "planned restart" not in "\n".join(head.err), head.output()
+    one_model(head, 4)
