@@ -145,3 +145,10 @@ def test_the_probe_answers_with_the_health_gate_when_asked(tmp_path) -> None:
     refused = boot_answer(answer({"job_id": "J", "health": {"workdir": str(tmp_path),
                                                              "slots": 1 << 30}}))
     assert "memory" in refused["unfit"]["what"], refused
+
+
+def test_readmit_without_restarts_is_bad_usage(cli, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("run", "--nproc", "1", "--readmit", "-m", "json.tool")
+    assert code == 2, err
+    assert "--readmit takes back nodes that a restart dropped" in err and "--max-restarts" in err
