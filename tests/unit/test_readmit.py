@@ -5,6 +5,8 @@ watch's verdicts and the probe's health answer. The testbed runs it:
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from ptcluster.cli.exits import BY_OUTCOME, FAILED
@@ -36,8 +38,23 @@ def test_reports_keep_each_ranks_steps() -> None:
     r = CheckpointReports()
     for host, rank, s in [("a", 0, 4), ("b", 2, 4), ("a", 0, 8), ("a", 0, 12), ("b", 2, 8)]:
         r.add(host, rank, s)
-    assert r.common_step(["a", "b"]) == 8 and r.common_step(["a"]) == 12
-    assert r.common_step(["a", "b", "c"]) is None  # c never reported
+    assert r.common_step(2) == 8
+    assert r.common_step(3) is None  # a third node never reported
+
+
+def test_the_kept_step_is_the_rules_step_whatever_the_order() -> None:
+    """The reports kept as they come (``CheckpointReports``) give ``common_step``'s answer
+    after every report, for reports in any order, from ranks that start reporting late."""
+    rng = random.Random(45)
+    for _ in range(200):
+        ranks = {"a": [0, 1], "b": [2], "c": [3, 4]}
+        kept, seen = CheckpointReports(), {h: {} for h in ranks}
+        for _ in range(rng.randrange(1, 40)):
+            host = rng.choice(sorted(ranks))
+            rank, step = rng.choice(ranks[host]), 4 * rng.randrange(1, 8)
+            kept.add(host, rank, step)
+            seen[host].setdefault(rank, set()).add(step)
+            assert kept.common_step(3) == common_step(seen), seen
 
 
 def test_the_planned_restart_waits_for_the_next_common_checkpoint() -> None:

@@ -119,16 +119,17 @@ class Supervisor(JobState):
         if refused:
             return [Status(f"{host} answers again but {refused}")]
         if self._phase in (Phase.STOPPING, Phase.DONE) or \
-                not self._readmit.back(host, self._reports.common_step(self._nodes)):
+                not self._readmit.back(host, self._reports.common_step(len(self._nodes))):
             return []
         return [Status(f"{host} answers again and passed its health gate: a planned restart "
                        "at the next checkpoint every rank saved takes it back (--readmit)")]
 
     def _readmit_due(self, now: float) -> list[Action]:
         """A planned restart that the newest checkpoint every rank saved makes due: stop."""
-        if self._phase is not Phase.RUNNING or self._readmit.step is not None:
+        if self._phase is not Phase.RUNNING or self._readmit.step is not None or \
+                not self._readmit.waiting:
             return []
-        step = self._readmit.due(self._reports.common_step(self._nodes), self.wall(now))
+        step = self._readmit.due(self._reports.common_step(len(self._nodes)), self.wall(now))
         if step is None:
             return []
         return self._stop_all(said_back(self._readmit.waiting, step), now)
