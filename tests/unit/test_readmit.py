@@ -169,3 +169,24 @@ def test_readmit_without_restarts_is_bad_usage(cli, tmp_path, monkeypatch) -> No
     code, _, err = cli("run", "--nproc", "1", "--readmit", "-m", "json.tool")
     assert code == 2, err
     assert "--readmit takes back nodes that a restart dropped" in err and "--max-restarts" in err
+
+
+def test_the_console_summary_names_the_planned_restart() -> None:
+    import io
+
+    from rich.console import Console
+
+    from ptcluster.cli.run_cmd import _print_attempts
+
+    lost = Failure(host="n3", rank=None, kind=FailureKind.LOST, message="stopped answering")
+    attempts = [record(0, ["n1", "n2", "n3"], lost), record(1, ["n1", "n2"], planned=12,
+                                                             readmitted=["n3"]),
+                record(2, ["n1", "n2", "n3"])]
+    attempts[2].ok = True
+    out = io.StringIO()
+    _print_attempts(Console(file=out, width=200), RunResult(
+        job_id="J", run_dir=None, ranks=[], nodes=[], failures=[],  # type: ignore[arg-type]
+        interrupted=False, duration=1.0, attempts=attempts))
+    lines = out.getvalue().splitlines()
+    assert lines[1] == "  attempt 1: world size 2 on 2 node(s): planned restart at step 12 " \
+                       "(n3 taken back)", lines
