@@ -272,3 +272,91 @@ def test_a_lost_node_that_answers_again_is_taken_back_at_the_next_restart(
     assert f"restart 2 of 2: {n[2]} answers again: taken back" in err, err
     assert f"world size 4 (was 3: {n[2]} taken back)" in err, err
     one_model(head, 4)
+
+
+def test_with_readmit_a_node_back_rejoins_at_the_next_checkpoint_every_rank_saved(
+        testbed, tmp_path, no_leftovers) -> None:
+    """``run --readmit``, no spare: node 2 is cut, the job goes on without it (--min-nodes 2);
+    its link comes back: once its guard of then has ended and its health gate passes, a
+    planned restart at the next checkpoint every rank saved takes it back, without a failure
+    and not counted as a restart (--max-restarts 1 was spent on the loss). The job ends at
+    full size (world size 4), one model on every rank, no process left."""
+    n = [x.name for x in testbed.nodes]
+    path = cluster(testbed, tmp_path, (2, 1, 1), ())
+    runs = tmp_path / "runs"
+    train = [a if a != "20" else "40" for a in TRAIN]
+    head = Head(["run", "--cluster", str(path), "--run-dir", str(runs), "--max-restarts", "1",
+                 "--min-nodes", "2", "--readmit", *train], cwd=tmp_path)
+    victim = testbed.nodes[2]
+    try:
+        job_id = job_id_when_started(runs)
+        no_leftovers.append(job_id)
+        head.wait_for("epoch 3/40", timeout=120)
+        testbed.cut_link(victim)
+        head.err_line(f"restart 1 of 1 without {n[2]}", timeout=120)
+        testbed.restore_link(victim)
+        head.err_line(f"{n[2]} answers again and passed its health gate", timeout=120)
+        code = head.wait(timeout=300)
+        left = [p for p, _ in job_processes(job_id, wait=30)]
+    finally:
+        testbed.restore_link(victim)
+        if head.proc.poll() is None:
+            head.kill()
+    assert code == 0, head.output()
+    assert left == [], left
+    _, s = only_run(runs)
+    first, second, third = s["attempts"]
+    assert first["dropped"] == [n[2]] and second["hosts"] == [n[0], n[1]], (first, second)
+    assert second["end"] == "planned restart" and second["cause"] is None, second
+    step = second["planned_step"]
+    assert step is not None and step > (second["resumed_from"] or 0), second
+    assert second["readmitted"] == [n[2]], second
+    assert third["ok"] and third["end"] == "succeeded", third
+    assert third["hosts"] == n[:3] and third["world_size"] == 4, third
+    assert third["resumed_from"] >= step, (second, third)  # (a save after the stop: newer)
+    assert third["downtime_s"] is not None, third  # (the planned restart's own cost)
+    err = "\n".join(head.err)
+    assert f"{n[2]} is back: a planned restart at step {step} (the checkpoint every rank " \
+           "saved) takes it back" in err, err
+    assert f"planned restart at step {step} (--readmit, not counted as a restart): {n[2]} " \
+           "taken back" in err, err
+    assert f"world size 4 (was 3: {n[2]} taken back)" in err, err
+    one_model(head, 4)
+
+
+def test_with_readmit_a_node_back_while_a_spare_holds_its_place_waits_as_a_spare(
+        testbed, tmp_path, no_leftovers) -> None:
+    """``run --readmit`` with a spare: node 2 is cut, the spare takes its place (world size
+    4); node 2's link comes back: it is said to wait as a spare, no planned restart follows
+    (the job never grows past the cluster file's 3 nodes), the job ends on the spare."""
+    n = [x.name for x in testbed.nodes]
+    path = cluster(testbed, tmp_path, (2, 1, 1), (1,))
+    runs = tmp_path / "runs"
+    train = [a if a != "20" else "40" for a in TRAIN]  # (time for its guard of then to end)
+    head = Head(["run", "--cluster", str(path), "--run-dir", str(runs), "--max-restarts", "1",
+                 "--readmit", *train], cwd=tmp_path)
+    victim = testbed.nodes[2]
+    try:
+        job_id = job_id_when_started(runs)
+        no_leftovers.append(job_id)
+        head.wait_for("epoch 3/40", timeout=120)
+        testbed.cut_link(victim)
+        head.err_line(f"restart 1 of 1: spare {n[3]} replaces {n[2]}", timeout=120)
+        testbed.restore_link(victim)
+        head.err_line(f"{n[2]} answers again but a spare holds its place: it waits as a spare",
+                      timeout=120)
+        code = head.wait(timeout=300)
+        left = [p for p, _ in job_processes(job_id, wait=30)]
+    finally:
+        testbed.restore_link(victim)
+        if head.proc.poll() is None:
+            head.kill()
+    assert code == 0, head.output()
+    assert left == [], left
+    _, s = only_run(runs)
+    first, second = s["attempts"]
+    assert first["replaced"] == {n[2]: n[3]}, first
+    assert second["ok"] and second["hosts"] == [n[0], n[1], n[3]], second
+    assert second["world_size"] == 4 and second["planned_step"] is None, second
+    assert "planned restart" not in "\n".join(head.err), head.output()
+    one_model(head, 4)

@@ -38,8 +38,10 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
 BY_OUTCOME: dict[Outcome, int] = {
     Outcome.SUCCEEDED: OK, Outcome.FAILED: FAILED, Outcome.HUNG: HUNG,
     Outcome.NO_PROGRESS: NO_PROGRESS, Outcome.INTERRUPTED: INTERRUPTED,
-    Outcome.ENDED_OUTSIDE: TERMINATED}
-"""``run``'s exit code for each outcome (interrupted: 128 + the signal, where one came)."""
+    Outcome.ENDED_OUTSIDE: TERMINATED, Outcome.PLANNED_RESTART: FAILED}
+"""``run``'s exit code for each outcome (interrupted: 128 + the signal, where one came). A
+planned restart (``run --readmit``) ends an attempt, never a run: the attempt that takes the
+node back always follows; were it missing, the job did not finish (1)."""
 
 
 def for_outcome(outcome: Outcome, signum: int | None = None) -> int:

@@ -131,7 +131,9 @@ SUMMARY_FIELDS: dict[str, str] = {
     "attempts": "Every attempt in order: hosts, world size, master port, cause, step resumed "
                 "from, newest checkpoint, downtime, nodes dropped and why, the spare that "
                 "takes each one's place (`replaced`: node to spare), the nodes lost earlier that "
-                "answered again and were taken back into the next attempt (`readmitted`).",
+                "answered again and were taken back into the next attempt (`readmitted`); how "
+                "each ended (`end`, in `outcome`'s words: `planned restart` for one stopped by "
+                "`run --readmit` at `planned_step`, the checkpoint every rank saved).",
     "spares": "Each spare that took a node's place (`spares:` of the cluster file): after "
               "which attempt, the node, the spare, and why the node was left out.",
     "duration_s": "Seconds from start to the end of the teardown.",

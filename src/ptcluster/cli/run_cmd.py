@@ -99,6 +99,10 @@ def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
               help="With --max-restarts: fewest nodes a restart may run on (default: all of "
               "them, i.e. a lost node ends the job unless a spare of the cluster file's "
               "spares: takes its place).")
+@click.option("--readmit", is_flag=True, help="With --max-restarts: a node lost earlier that "
+              "answers again and passes its health gate is taken back by a planned restart at "
+              "the next checkpoint every rank saved (ptcluster.checkpoint_saved), not counted "
+              "as a restart (without it: at the next failure's restart).")
 @click.option("--hang-timeout", type=SECONDS, metavar="S", help="When no rank makes progress "
               "for S seconds, print every rank's stack (the straggler first) and end the job "
               "(exit 4).")
@@ -126,7 +130,7 @@ def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
         runs_dir: str | None, preflight: bool, sync_first: bool, max_restarts: int,
-        min_nodes: int | None, hang_timeout: float | None, wait: bool,
+        min_nodes: int | None, readmit: bool, hang_timeout: float | None, wait: bool,
         wait_timeout: float | None, straggler_threshold: float, no_leases: bool,
         local_rank_arg: str | None, requirements: str | None, find_links: tuple[str, ...],
         refresh: bool, data: tuple[str, ...], args: tuple[str, ...]) -> None:
@@ -141,6 +145,9 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     if min_nodes is not None and min_nodes > len(spec.nodes):
         raise UsageError(f"--min-nodes {min_nodes} exceeds the {len(spec.nodes)} node(s) of the "
                          "cluster", f"pass --min-nodes {len(spec.nodes)} or less")
+    if readmit and not max_restarts:
+        raise UsageError("--readmit takes back nodes that a restart dropped, and there are no "
+                         "restarts", "add --max-restarts N (e.g. --max-restarts 3 --readmit)")
     policy = RestartPolicy(max_restarts=max_restarts,
                            min_nodes=len(spec.nodes) if min_nodes is None else min_nodes)
     err = terminal(stderr=True, soft_wrap=True)
@@ -148,7 +155,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         sys.exit(1)
     options = RunOptions(hang_timeout=hang_timeout, wait=(
         wait_timeout or math.inf) if wait or wait_timeout else None,
-        straggler_threshold=straggler_threshold, leases=not no_leases,
+        straggler_threshold=straggler_threshold, leases=not no_leases, readmit=readmit,
         **_environment_options(declared))
     built = None
     if options.requirements is not None:  # before the plan: the ranks' interpreter is its
@@ -306,7 +313,9 @@ def _print_attempts(console: Console, result: RunResult) -> None:
     if len(result.attempts) < 2:
         return
     for a in result.attempts:
-        cause = "ok" if a.ok else ("stopped" if a.cause is None else a.cause.headline())
+        cause = "ok" if a.ok else f"planned restart at step {a.planned}" \
+            if a.planned is not None and a.cause is None else \
+            ("stopped" if a.cause is None else a.cause.headline())
         extra = []
         if a.resumed_from is not None:
             extra.append(f"resumed from step {a.resumed_from}")
@@ -317,6 +326,7 @@ def _print_attempts(console: Console, result: RunResult) -> None:
         if a.dropped:
             extra.append(f"dropped {', '.join(a.dropped)}")
         extra += [f"spare {spare} in {node}'s place" for node, spare in a.replaced.items()]
+        extra += [f"{h} taken back" for h in a.readmitted]
         console.print(f"  attempt {a.number}: world size {a.world_size} on {len(a.hosts)} "
                       f"node(s): {cause}" + (f" ({'; '.join(extra)})" if extra else ""),
                       markup=False)

@@ -27,6 +27,7 @@ from ptcluster.errors import Problem
 from ptcluster.launch.lost import explain_losses
 from ptcluster.launch.options import CHECK_EVERY, RunOptions
 from ptcluster.launch.plan import LaunchPlan
+from ptcluster.launch.readmit_watch import NodeBack
 from ptcluster.launch.result import AttemptRecord, RunResult
 from ptcluster.launch.rundir import RunLogs
 from ptcluster.launch.stacks.collector import StackCollector
@@ -220,6 +221,9 @@ class Attempt:
         explain_losses(view.failures, view.nodes, plan, self.ctx.transports)  # (<= PROBE_BOUND)
         result = self._result(view, time.monotonic() - run_t0)
         record.ok, record.cause = result.ok, result.root_cause
+        result.planned = view.planned
+        record.end, record.planned = result.outcome.value, result.planned
+        record.planned_at = view.planned_at
         record.ended_at = time.time()
         record.checkpoint, record.resumed_from = view.checkpoint, view.resumed_from
         record.checkpoint_paths = view.checkpoint_paths
@@ -228,6 +232,8 @@ class Attempt:
         previous = before[-1] if before else None
         if previous is not None and previous.cause is not None and start is not None:
             record.downtime = start - previous.cause.at
+        elif previous is not None and previous.planned_at is not None and start is not None:
+            record.downtime = start - previous.planned_at  # (a planned restart's own cost)
         return view, result, record
 
     # -- starting -----------------------------------------------------------------------------
@@ -303,6 +309,8 @@ class Attempt:
         try:
             if isinstance(payload, Ask):
                 self._answer(sup, payload)
+            elif isinstance(payload, NodeBack):
+                self._apply(sup.node_back(payload.host, payload.refused, time.monotonic()))
             elif isinstance(payload, list):
                 self._frames(sup, host, payload)
             else:

@@ -48,13 +48,16 @@ def lost_nodes(failures: Sequence[Failure], nodes: Sequence[NodeOutcome]) -> lis
 
 
 def probe(nodes: Sequence[NodeOutcome], plan: LaunchPlan | Mapping[str, str], job_id: str,
-          transports: Mapping[str, Transport]) -> dict[str, dict[str, Any] | None]:
+          transports: Mapping[str, Transport],
+          health: Mapping[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any] | None]:
     """Each node's ``boot`` answer, None for a node that gave none in time (``plan``: the
-    plan the nodes ran in, or each node's interpreter)."""
+    plan the nodes ran in, or each node's interpreter; ``health``: per node, the context of
+    its health gate, whose verdict the answer then carries as ``unfit``)."""
     python = {n.host: n.python for n in plan.nodes} if isinstance(plan, LaunchPlan) else plan
     members = [Member(n.host, transports[n.host], python[n.host],
                       {"job_id": job_id, "guard_pid": n.facts.get("pid"),
-                       "boot_id": n.facts.get("boot_id")})
+                       "boot_id": n.facts.get("boot_id"),
+                       **({"health": health[n.host]} if health and n.host in health else {})})
                for n in nodes if n.host in transports and n.host in python]
     if not members:
         return {}

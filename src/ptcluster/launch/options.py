@@ -80,6 +80,10 @@ class RunOptions:
     """False (``run --no-leases``, unsafe): no node leases this job's GPUs, port or id, so other
     jobs are not kept off them and ``ps``/``kill`` do not see it; True: a node whose lease
     directory is missing or not root's refuses the job."""
+    readmit: bool = False
+    """``run --readmit``: a node lost in an earlier attempt that answers again, fit, is taken
+    back by a planned restart at the next checkpoint every rank saved (not only at the next
+    failure's restart): ``launch.readmit_watch``, ``supervise.readmit``."""
     straggler_threshold: float = DEFAULT_THRESHOLD
     """A rank (or node) whose busy share (1 - the share of time its main thread sleeps) is this
     many times the other ranks' median, while they wait for it, is named the straggler

@@ -11,7 +11,7 @@ import shlex
 import socket
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.node import wire
@@ -130,6 +130,17 @@ class NodePlan:
             "output_hold": opts.output_hold_for(len(plan.nodes)),
             "env_defaults": threads_default(plan), "leases": opts.leases,
         }
+
+
+def health_context(node: NodePlan, checkpoint: str | None = None) -> dict[str, Any]:
+    """The context of ``node.health.health`` for ``node`` as its guard would give it (the
+    workdir, slots, backend, GPUs chosen; ``checkpoint``: where it saved last): what a probe
+    of a lost node asks its health gate with (``run --readmit``)."""
+    env = dict(node.env)
+    return {"workdir": node.workdir, "slots": node.nproc,
+            "checkpoints": [checkpoint] if checkpoint else [],
+            "backend": env.get(BACKEND_VAR),
+            "chosen": isinstance(node.gpus, tuple) or "CUDA_VISIBLE_DEVICES" in env}
 
 
 AUTO_PORT = 0

@@ -168,6 +168,10 @@ class Outcome(str, Enum):
     """Stopped by a signal to the head (Ctrl-C, SIGTERM) or ``ptcluster kill``."""
     ENDED_OUTSIDE = "ended outside"
     """Slurm ended it (scancel, the time limit, preemption, a requeue)."""
+    PLANNED_RESTART = "planned restart"
+    """An attempt the head stopped at a checkpoint every rank saved, to take back a node that
+    answers again (``run --readmit``): not a failure, and always followed by the attempt that
+    takes the node back (so a whole run never ends with it)."""
 
 
 @dataclass(kw_only=True)
@@ -203,6 +207,8 @@ class RunResult:
     preemption, a requeue): the job was stopped, it did not fail (``interrupted``)."""
     signum: int | None = None
     """The first signal the head got that stopped the job (SIGINT, SIGTERM), if one did."""
+    planned: int | None = None
+    """The step of the planned restart that stopped the attempt (``run --readmit``)."""
 
     @property
     def outcome(self) -> Outcome:
@@ -214,6 +220,8 @@ class RunResult:
             return Outcome.ENDED_OUTSIDE
         if self.interrupted and (self.root_cause is None or self.signum):
             return Outcome.INTERRUPTED
+        if self.planned is not None and self.root_cause is None:
+            return Outcome.PLANNED_RESTART
         if self.no_progress:
             return Outcome.NO_PROGRESS
         if self.hung:
@@ -298,7 +306,8 @@ class AttemptRecord:
     """Per node, where the job saved its last checkpoint there (the next attempt's health gate
     checks that disk)."""
     downtime: float | None = None
-    """Seconds from the previous attempt's failure to this attempt's first rank start."""
+    """Seconds from the previous attempt's failure (or its planned restart's stop) to this
+    attempt's first rank start."""
     dropped: list[str] = field(default_factory=list)
     """Nodes left out of the next attempt (lost, unhealthy, or failed twice)."""
     dropped_why: dict[str, str] = field(default_factory=dict)
@@ -308,10 +317,18 @@ class AttemptRecord:
     replaced: dict[str, str] = field(default_factory=dict)
     """Nodes of ``dropped`` whose place a spare takes in the next attempt: node -> spare
     (``spares:`` of the cluster file)."""
+    end: str = ""
+    """How it ended, in ``Outcome``'s words (``planned restart``: stopped to take a node
+    back, ``run --readmit``)."""
+    planned: int | None = None
+    """The checkpoint step every rank saved at which a planned restart stopped it."""
+    planned_at: float | None = None
+    """When that stop began (head wall clock): the next attempt's downtime counts from it."""
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.number, "hosts": self.hosts, "world_size": self.world_size,
-                "master_port": self.master_port, "ok": self.ok,
+                "master_port": self.master_port, "ok": self.ok, "end": self.end,
+                "planned_step": self.planned,
                 "cause": None if self.cause is None else _failure_json(self.cause),
                 "resumed_from": self.resumed_from, "checkpoint": self.checkpoint,
                 "checkpoint_paths": self.checkpoint_paths,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,9 @@ from ptcluster.launch.attempt import (
 )
 from ptcluster.launch.lost import answering_again
 from ptcluster.launch.options import RunOptions
-from ptcluster.launch.plan import LaunchPlan, Target, replan, restart_port
+from ptcluster.launch.plan import LaunchPlan, Target, health_context, replan, restart_port
 from ptcluster.launch.port import free_port
+from ptcluster.launch.readmit_watch import ReturnWatch, Watched
 from ptcluster.launch.result import AttemptRecord, FailureKind, NodeOutcome, RunResult
 from ptcluster.launch.rundir import RunDir, RunLogs, log_files_budget
 from ptcluster.launch.stacks.collector import StackCollector
@@ -209,11 +211,15 @@ class Runner:
         while True:
             if self.opts.wait is not None:  # its notes only if it is not tried again
                 self.notes.hold()
+            watch = self._watch_returns(attempts)
             try:
                 view, result, record = self.new_attempt().run(attempts, t0)
             except BaseException:
                 self.notes.drop()
                 raise
+            finally:
+                if watch is not None:
+                    watch.stop()
             if self._may_wait(result, time.monotonic() - waiting_since):
                 self.notes.drop()
                 said = self._wait(result, said)
@@ -255,7 +261,9 @@ class Runner:
             result.ended_by = killed_by
         elif not record.ok and self.ended_by is not None:
             result.ended_by = self.ended_by() or ""
-        back = self._answering_again(attempts, result)
+        record.end = result.outcome.value
+        back = list(view.readmit) if record.planned is not None else \
+            self._answering_again(attempts, result)
         file_nodes = () if self.restarts is None else self.restarts.spec.nodes
         ours = {n.host for n in file_nodes}
         decision = decide(None if self.restarts is None else self.restarts.policy,
@@ -296,6 +304,28 @@ class Runner:
         python = {n.host: n.python for n in self.restarts.spec.machines}
         away = [n for h, n in self._away.items() if h not in record.hosts and h in python]
         return answering_again(away, python, self.plan.job_id, self.ctx.transports)
+
+    def _watch_returns(self, attempts: list[AttemptRecord]) -> ReturnWatch | None:
+        """``run --readmit``: while the next attempt runs, look for the nodes of the cluster
+        file lost earlier (``launch.readmit_watch``); None when there is nothing to watch."""
+        if not self.opts.readmit or self.restarts is None:
+            return None
+        python = {n.host: n.python for n in self.restarts.spec.nodes}
+        away = [n for h, n in self._away.items() if h in python and h not in
+                {p.host for p in self.plan.nodes}]
+        if not away:
+            return None
+        first = {p.host: p for p in self._first.nodes}
+        saved = {h: p for a in attempts for h, p in a.checkpoint_paths.items()}
+        strikes = Counter(a.cause.host for a in attempts if a.cause is not None)
+        attempt, put = self.plan.attempt, self.events.put
+        watched = Watched(
+            away=away, python=python, job_id=self.plan.job_id, transports=self.ctx.transports,
+            health={n.host: health_context(first[n.host], saved.get(n.host))
+                    for n in away if n.host in first},
+            twice=frozenset(h for h in python if strikes[h] >= 2),
+            room=max(0, len(python) - len(self.plan.nodes)))
+        return ReturnWatch(watched, lambda back: put((attempt, back.host, back))).start()
 
     def _spares_left(self, attempts: list[AttemptRecord]) -> tuple[str, ...]:
         """The cluster file's spares that no attempt ran on yet, in file order."""

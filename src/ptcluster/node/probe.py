@@ -4,9 +4,12 @@ Standard library only (shipped like the others). It answers one frame and ends: 
 (its boot id and uptime: another boot id than its guard reported at ready means it rebooted),
 whether the job's guard still runs here (by its pid, checked to be that job's guard), and after a
 reboot the previous boot's last kernel lines where the journal keeps them and lets us read them
-(``journalctl -k -b -1``: root or group ``adm``/``systemd-journal``), bounded in time.
+(``journalctl -k -b -1``: root or group ``adm``/``systemd-journal``), bounded in time. Given
+``health`` (``run --readmit``: a node that answers again is taken back only when fit), also the
+health gate's refusal (``unfit``: None when the node would pass the gate a guard runs).
 
-  stdin  line 2  JSON config: {"job_id", "guard_pid", "boot_id"} (the latter two from ready)
+  stdin  line 2  JSON config: {"job_id", "guard_pid", "boot_id", "health"} (the middle two
+                 from ready; ``health``: the gate's context, ``node.health.health``)
   stdout         frames of ``node.wire``: ``hello``, then ``boot {json}``
 """
 
@@ -18,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-from ptcluster.node.health import boot
+from ptcluster.node.health import boot, health, unfit
 from ptcluster.node.wire import Kind, encode, hello
 
 KERNEL_LINES = 8
@@ -60,6 +63,8 @@ def answer(cfg: dict[str, Any]) -> dict[str, Any]:
     before = cfg.get("boot_id")
     if before and now.get("boot_id") and before != now["boot_id"]:
         out["kernel"] = previous_kernel()
+    if isinstance(cfg.get("health"), dict):
+        out["unfit"] = unfit(health(cfg["health"]))
     return out
 
 

@@ -121,8 +121,9 @@ KILL = record({"found": boolean, "pid": optional(number(1, 2**31)), "user": opti
                "error": optional(note)})
 """``node.kill``'s ``result`` (``end_job``)."""
 BOOT = record({"boot_id": optional(word), "uptime": optional(figure), "time": figure,
-               "guard_alive": optional(boolean), "kernel": optional(listing(note, 64))})
-"""``node.probe``'s ``boot`` (``answer``)."""
+               "guard_alive": optional(boolean), "kernel": optional(listing(note, 64)),
+               "unfit": optional(record({"what": note, "fix": note}))})
+"""``node.probe``'s ``boot`` (``answer``; ``unfit``: its health gate's refusal, when asked)."""
 
 
 def kill_answer(answer: Any) -> dict[str, Any]:

@@ -33,6 +33,10 @@ pytorch#108158.) The rules, in order:
   place, it waits as a spare); not one that was the cause of two attempts (said in the
   reason). One taken back that fails to join is dropped again and not counted; that failure
   is a strike of its own, so it is tried at most twice.
+- a planned restart (``run --readmit``, ``supervise.readmit``): an attempt the head stopped at
+  a checkpoint every rank saved to take back nodes that answer again (``returned``) is always
+  followed by one that takes them back, into the places the job lost; it is not a failure, not
+  counted against ``max_restarts`` and not judged by the no-progress rule.
 """
 
 from __future__ import annotations
@@ -112,6 +116,8 @@ def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
         return Decision(False, "stopped by the user: not restarted")
     if policy.max_restarts == 0:
         return Decision(False, "")
+    if planned(last):
+        return _planned(attempts, returned, size, stop_requested)
     drop, why, replace, readmit, not_back = _places(policy, attempts, failures, cut_off,
                                                     spares, returned, size)
     left = len(last.hosts) - len(drop) + len(replace) + len(readmit)
@@ -169,10 +175,32 @@ def _places(policy: RestartPolicy, attempts: Sequence[AttemptRecord],
             tuple(h for h in returned if h not in hosts and strikes[h] >= 2))
 
 
+def planned(attempt: AttemptRecord) -> bool:
+    """``attempt`` was stopped by a planned restart (``run --readmit``), nothing failed."""
+    return attempt.planned is not None and attempt.cause is None and not attempt.ok
+
+
+def _planned(attempts: Sequence[AttemptRecord], returned: Sequence[str], size: int,
+             stop_requested: bool) -> Decision:
+    """After a planned restart: the next attempt takes ``returned`` back (those that fit in
+    the places the job lost; not one that failed twice); a stop asked meanwhile wins."""
+    last = attempts[-1]
+    if stop_requested:
+        return Decision(False, "stopped by the user: not restarted", stopped=True)
+    strikes = Counter(a.cause.host for a in attempts if a.cause is not None)
+    room = max(0, size - len(last.hosts))
+    back = tuple(h for h in returned if h not in last.hosts and strikes[h] < 2)[:room]
+    said = ", ".join(back) or "no node"
+    return Decision(True, f"planned restart at step {last.planned} (--readmit, not counted "
+                          f"as a restart): {said} taken back", readmit=back)
+
+
 def restarts_used(attempts: Sequence[AttemptRecord]) -> int:
     """The restarts the attempts so far used: every attempt after the first, but those that
-    failed only because a node joining them did not come up (``failed_join``)."""
-    return sum(not failed_join(attempts, i) for i in range(1, len(attempts)))
+    failed only because a node joining them did not come up (``failed_join``) and those that
+    follow a planned restart (``planned``)."""
+    return sum(not failed_join(attempts, i) and not planned(attempts[i - 1])
+               for i in range(1, len(attempts)))
 
 
 def failed_join(attempts: Sequence[AttemptRecord], i: int) -> bool:

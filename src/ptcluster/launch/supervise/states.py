@@ -21,6 +21,7 @@ from ptcluster.launch.result import Failure, NodeOutcome, RankRecord
 from ptcluster.launch.supervise.actions import Action, Send, SignalChannel, Status
 from ptcluster.launch.supervise.hang import HangWatch
 from ptcluster.launch.supervise.known import VERSIONS, order_failures
+from ptcluster.launch.supervise.readmit import CheckpointReports, Readmissions
 from ptcluster.launch.supervise.straggler import StragglerWatch
 from ptcluster.launch.supervise.verdict import Raised, judge_rank
 from ptcluster.node import wire
@@ -253,6 +254,10 @@ class JobState:
         self._checkpoint_paths: dict[str, str] = {}
         """Per node: where the job said it saved its last checkpoint there."""
         self._resumed_from: int | None = None
+        self._reports = CheckpointReports()
+        """Every rank's checkpoint steps (the step every rank saved: ``run --readmit``)."""
+        self._readmit = Readmissions()
+        """The nodes back to be taken back by a planned restart, and its step once due."""
         self._first_rank_start: float | None = None
         self._master_port = plan.master_port
         beat = opts.heartbeat_for(len(plan.nodes))
@@ -318,6 +323,21 @@ class JobState:
     def checkpoint_paths(self) -> dict[str, str]:
         """Per node, where its last checkpoint was saved (when the job said: ``path``)."""
         return dict(self._checkpoint_paths)
+
+    @property
+    def planned(self) -> int | None:
+        """The step of the planned restart that stopped the job (``run --readmit``), or None."""
+        return self._readmit.step
+
+    @property
+    def planned_at(self) -> float | None:
+        """When the planned restart began stopping the job (head wall clock), or None."""
+        return self._readmit.at
+
+    @property
+    def readmit(self) -> tuple[str, ...]:
+        """The nodes the planned restart takes back (seen back and fit), in that order."""
+        return self._readmit.waiting if self._readmit.step is not None else ()
 
     @property
     def resumed_from(self) -> int | None:

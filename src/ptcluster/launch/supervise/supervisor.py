@@ -37,6 +37,7 @@ from ptcluster.launch.supervise.actions import (
 )
 from ptcluster.launch.supervise.known import VERSIONS, match_agent, versions_differ
 from ptcluster.launch.supervise.machine_view import xid_said
+from ptcluster.launch.supervise.readmit import said_back
 from ptcluster.launch.supervise.states import (
     FINAL,
     Escalation,
@@ -109,6 +110,29 @@ class Supervisor(JobState):
         for life in self._life.values():
             actions += life.hurry(now)
         return actions
+
+    def node_back(self, host: str, refused: str, now: float) -> list[Action]:
+        """``run --readmit``: ``host``, lost in an earlier attempt, answers again; unless
+        ``refused`` says why not (its health gate, two strikes, a spare in its place), a
+        planned restart at the next checkpoint every rank saves takes it back
+        (``supervise.readmit``)."""
+        if refused:
+            return [Status(f"{host} answers again but {refused}")]
+        if self._phase in (Phase.STOPPING, Phase.DONE) or \
+                not self._readmit.back(host, self._reports.common_step(len(self._nodes))):
+            return []
+        return [Status(f"{host} answers again and passed its health gate: a planned restart "
+                       "at the next checkpoint every rank saved takes it back (--readmit)")]
+
+    def _readmit_due(self, now: float) -> list[Action]:
+        """A planned restart that the newest checkpoint every rank saved makes due: stop."""
+        if self._phase is not Phase.RUNNING or self._readmit.step is not None or \
+                not self._readmit.waiting:
+            return []
+        step = self._readmit.due(self._reports.common_step(len(self._nodes)), self.wall(now))
+        if step is None:
+            return []
+        return self._stop_all(said_back(self._readmit.waiting, step), now)
 
     # -- events -------------------------------------------------------------------------------
     def _dispatch(self, e: ev.Event, now: float) -> list[Action]:
@@ -244,6 +268,8 @@ class Supervisor(JobState):
             self._checkpoint = step if self._checkpoint is None else max(self._checkpoint, step)
             if isinstance(e.data.get("path"), str) and e.data["path"].startswith("/"):
                 self._checkpoint_paths[e.host] = e.data["path"]
+            self._reports.add(e.host, e.rank, step)
+            return self._readmit_due(now)
         elif e.data.get("kind") == RESUMED:
             self._resumed_from = step if self._resumed_from is None else min(self._resumed_from,
                                                                            step)
