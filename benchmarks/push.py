@@ -6,12 +6,13 @@ cores and disk; each node its own folder, as the namespaces share the file syste
   channels, ssh and all), against the set's size; at 8 nodes the relay runs (goal <= 1.5x);
 - wall time at 3 nodes (by default relayed: ``push.relay.RELAY_MIN``; and with
   ``--no-relay``: the head sends to each node) against one `rsync -a` of the same set to one
-  node over ssh (goal <= 2x);
+  node over ssh (goal <= 2x), the two alternated ``--rounds`` times and their medians compared
+  (other work on the machine moves either by a factor of two from one run to the next);
 - a second push of the unchanged set: the bytes the head sent (goal < 1 MiB).
 
 Needs root (the testbed).
 
-    .venv/bin/python benchmarks/push.py [--mb 512] [--files 256]
+    .venv/bin/python benchmarks/push.py [--mb 512] [--files 256] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,10 +61,26 @@ def once(bed: tb.Testbed, work: Path, n: int, src: Path,
     return first, took, egress, second, again
 
 
+def rsync(bed: tb.Testbed, src: Path, work: Path) -> float:
+    """Seconds for one `rsync -a` of ``src`` to the first node (its copy removed after)."""
+    t0 = time.perf_counter()
+    subprocess.run(["rsync", "-a", "-e", f"ssh -F {bed.ssh_config}", f"{src}/",
+                    f"{bed.nodes[0].name}:{work}/rsync/"], check=True, capture_output=True,
+                   timeout=1200)
+    took = time.perf_counter() - t0
+    shutil.rmtree(work / "rsync")
+    return took
+
+
+def _each(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=512)
     ap.add_argument("--files", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="push-", dir="/var/tmp") as tmp, \
             tb.Testbed(8) as bed:
@@ -74,22 +92,20 @@ def main() -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(os.urandom(per))
         size = per * args.files
-        node = bed.nodes[0]
-        t0 = time.perf_counter()
-        subprocess.run(["rsync", "-a", "-e", f"ssh -F {bed.ssh_config}", f"{src}/",
-                        f"{node.name}:{work}/rsync/"], check=True, capture_output=True,
-                       timeout=1200)
-        rsync_s = time.perf_counter() - t0
-        shutil.rmtree(work / "rsync")
-        three = once(bed, work, 3, src)
+        rsyncs, threes = [], []
+        for _ in range(max(args.rounds, 1)):  # (alternated: the same load for both)
+            rsyncs.append(rsync(bed, src, work))
+            three = once(bed, work, 3, src)
+            threes.append(three[1])
+        rsync_s, three_s = statistics.median(rsyncs), statistics.median(threes)
         three_direct = once(bed, work, 3, src, relay=False)
         eight = once(bed, work, 8, src)
     show([
         ("set", f"{size / 2**20:.0f} MiB in {args.files} files"),
-        ("one rsync -a to one node", f"{rsync_s:.2f} s"),
-        ("push to 3 nodes (default)", f"{three[1]:.2f} s, head egress {three[2] / size:.2f}x, "
-         f"chain of {len(three[0].chain)}"),
-        ("ratio push 3 nodes / one rsync (goal <= 2.0)", f"{three[1] / rsync_s:.2f}"),
+        ("one rsync -a to one node", f"{rsync_s:.2f} s median of {_each(rsyncs)}"),
+        ("push to 3 nodes (default)", f"{three_s:.2f} s median of {_each(threes)}, head egress "
+         f"{three[2] / size:.2f}x, chain of {len(three[0].chain)}"),
+        ("ratio push 3 nodes / one rsync (goal <= 2.0)", f"{three_s / rsync_s:.2f} (medians)"),
         ("push to 3 nodes, --no-relay", f"{three_direct[1]:.2f} s, head egress "
          f"{three_direct[2] / size:.2f}x; ratio to one rsync {three_direct[1] / rsync_s:.2f}"),
         ("push to 8 nodes (relay)", f"{eight[1]:.2f} s, chain of {len(eight[0].chain)}"),
