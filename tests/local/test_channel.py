@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from ptcluster.node import GUARD
+from ptcluster.node.wire import encode
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport
 
@@ -110,6 +111,33 @@ def test_a_channel_whose_streams_end_together_ends_cleanly(caplog) -> None:
     close_all(started, timeout=20)
     assert len(closed) == 40 and all(c == (0, ["bye"]) for c in closed), closed[:3]
     assert not [r for r in caplog.records if "failed" in r.getMessage()], caplog.text[-2000:]
+
+
+def test_megabytes_of_raw_bytes_and_frames_reach_the_node_whole_and_in_order() -> None:
+    # The hub writes a pipe's worth at a time while the pipe takes it, and does not rest
+    # between passes while more is queued (a file on its way): every byte once, in the order
+    # queued, then the input's end. A slow reader (the node's dd) keeps the pipe full.
+    import hashlib
+
+    from ptcluster.node.wire import Kind
+
+    got: list[str] = []
+    closed = threading.Event()
+    t = Shell("n0", "dd bs=4096 status=none | sha256sum")
+    channel = NodeChannel(t, "python3", GUARD, {}, on_frames=got.extend,
+                          on_closed=lambda code, err: closed.set())
+    channel.start()
+    expected = hashlib.sha256(channel.first)
+    for i in range(24):
+        block = os.urandom((1 << 20) + i)  # (not a multiple of the pipe's size)
+        channel.send_raw(block)
+        channel.send(Kind.HB)
+        expected.update(block + encode(Kind.HB))
+        while channel.queued > 4 << 20:
+            time.sleep(0.001)
+    channel.close_input()
+    assert closed.wait(60.0), "the node's input never ended"
+    assert [line.split()[0] for line in got if line.strip()] == [expected.hexdigest()]
 
 
 def test_a_channel_closed_before_its_turn_is_never_started() -> None:

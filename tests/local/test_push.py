@@ -232,6 +232,34 @@ def test_relay_head_sends_each_byte_once_every_node_verified(tmp_path: Path) -> 
     assert {n.state for n in again.nodes.values()} == {UP_TO_DATE}
 
 
+def test_bytes_that_are_not_the_listed_digest_are_refused_on_every_node(tmp_path: Path) -> None:
+    # 3 nodes relay by default. A file of several MiB (many chunks, streamed without a rest)
+    # changed after the head hashed it: every node refuses it (no file under its name, no temp
+    # file left), names it, and takes the rest; the head's resend after the chain refuses too.
+    src = dataset(tmp_path, files=5, size=300_000)
+    big = src / "shard-0" / "big.bin"
+    big.write_bytes(os.urandom(6 << 20))
+    listing = scan(src)
+    with open(big, "r+b") as f:  # one byte of the fourth MiB, the size kept
+        f.seek(3 << 20)
+        byte = f.read(1)
+        f.seek(3 << 20)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    nodes = relay_members(tmp_path, 3)
+    done = push(nodes, listing)
+    assert done.chain == ["n1", "n2", "n3"]
+    assert set(done.failed) == {"n1", "n2", "n3"}
+    for host, node in done.nodes.items():
+        assert node.problem is not None and node.problem.who == host
+        assert "shard-0/big.bin" in node.problem.what and "arrived with sha256" in \
+            node.problem.what, node.problem.what
+        dest = tmp_path / f"dest-{host}" / "data"
+        assert not (dest / "shard-0" / "big.bin").exists()
+        assert not list(dest.rglob(".ptcluster-part-*"))
+        want = {p: d for p, d in digests(src).items() if p != "shard-0/big.bin"}
+        assert digests(dest) == want
+
+
 def test_relay_a_middle_node_lost_the_rest_get_it_from_the_head(tmp_path: Path) -> None:
     src = dataset(tmp_path, files=4, size=2_000_000)
     dying = tmp_path / "dying-python"  # n3's agent killed (SIGXFSZ) past its first MiB

@@ -100,7 +100,7 @@ def push_data(spec: ClusterSpec, data: tuple[DataSpec, ...], *, show: bool) -> C
               "SRC does not have.")
 @click.option("--relay/--no-relay", default=None, help="The nodes pass the files on to each "
               "other over the cluster network (a chain), so this machine sends each byte once "
-              "(default: from 4 nodes).")
+              "(default: from 3 nodes).")
 def push_cmd(cluster: str | None, src: Path, dest: str | None, delete: bool,
              relay: bool | None) -> None:
     spec = load_spec(cluster)

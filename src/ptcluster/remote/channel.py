@@ -35,8 +35,10 @@ from ptcluster.remote.transport import Transport, explain_start_failure
 
 log = logging.getLogger(__name__)
 STDERR_TAIL = 40
-PENDING_MAX = 256 << 10
-"""Bytes the hub takes from a channel's queue per write event at most."""
+PENDING_MAX = 64 << 10
+"""Bytes the hub takes from a channel's queue per write at most: a pipe's default capacity
+(it writes again while the pipe takes all; at 256 KiB, a 64 KiB pipe had each byte of a file
+copied four times)."""
 
 
 class NodeChannel:
@@ -158,8 +160,8 @@ class NodeChannel:
         """The first :data:`PENDING_MAX` bytes queued for the node, and whether its input is to
         end after them (the hub asks again while more is queued: a large queue, a wheel on its
         way, is not copied whole for every 64 KiB the pipe takes)."""
-        with self._lock:
-            return bytes(self._out[:PENDING_MAX]), self._eof_asked and \
+        with self._lock, memoryview(self._out) as queued:  # (one copy, not a slice's two)
+            return bytes(queued[:PENDING_MAX]), self._eof_asked and \
                 len(self._out) <= PENDING_MAX
 
     def written(self, count: int) -> bool:
