@@ -102,8 +102,9 @@ class NodeChannel:
 
     def send_raw(self, data: bytes) -> None:
         """Queue raw bytes for the node (never blocks): what a frame announced (a wheel after
-        its ``blob`` frame). Queue in pieces and watch ``queued``: the hub copies what is
-        queued on every write."""
+        its ``blob`` frame). Queue in pieces and watch ``queued``: what is queued stays in the
+        head's memory until the pipe takes it (the hub copies at most :data:`PENDING_MAX` of it
+        per write)."""
         self._queue(data)
 
     @property
