@@ -22,12 +22,12 @@ from ptcluster.cli.console import terminal
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.errors import some
 from ptcluster.launch.options import RunOptions
-from ptcluster.launch.plan import LaunchPlan, Target, plan_launch
-from ptcluster.launch.runner import Reship, Reshipped
+from ptcluster.launch.plan import Target
+from ptcluster.launch.runner import Reship
 from ptcluster.node.venv_store import KEEP_DEFAULT, MAX_BYTES_DEFAULT
 from ptcluster.venvs import nodes
 from ptcluster.venvs.known import KnownNodes
-from ptcluster.venvs.runenv import Environment, chooser, use_environment, with_environment
+from ptcluster.venvs.runenv import Environment, chooser, reship, use_environment
 from ptcluster.venvs.ship import SENDING, Progress
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -78,14 +78,9 @@ def build_environment(spec: ClusterSpec, opts: RunOptions, err: Console, *,
 def reshipper(spec: ClusterSpec, opts: RunOptions, err: Console, *, show: bool,
               target: Target, max_restarts: int) -> Reship:
     """``run``'s ``Runner.reship`` after a launch without asking (``build_environment``'s
-    ``remembered``): the environment shipped and built on ``spec``'s nodes as on a first run,
-    and the same job's plan on ``spec`` with it."""
-    def reship(plan: LaunchPlan) -> Reshipped:
-        built = build_environment(spec, opts, err, show=show, remembered=False)
-        again = with_environment(spec, built.shipped)
-        return Reshipped(plan_launch(again, target, port=plan.master_port, job_id=plan.job_id,
-                                     max_restarts=max_restarts), again, built.to_json())
-    return reship
+    ``remembered``): the environment shipped and built as on a first run (``runenv.reship``)."""
+    return reship(spec, lambda: build_environment(spec, opts, err, show=show, remembered=False),
+                  target, max_restarts=max_restarts)
 
 
 class ProgressLine:

@@ -14,13 +14,15 @@ that could not get it ends the run before any rank.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, ProjectEnv
 from ptcluster.errors import Problem, PtclusterError, some
+from ptcluster.launch.plan import LaunchPlan, Target, plan_launch
+from ptcluster.launch.runner import Reship, Reshipped
 from ptcluster.node.venv_store import env_python
 from ptcluster.venvs.known import KnownNodes
 from ptcluster.venvs.nodes import check, members
@@ -157,6 +159,19 @@ def with_environment(spec: ClusterSpec, shipped: ShipResult, root: str = NODE_RO
                            if n.host in shipped.nodes else n for n in machines)
                      for machines in (spec.nodes, spec.spares))
     return replace(spec, nodes=nodes, spares=spares)
+
+
+def reship(spec: ClusterSpec, build: Callable[[], Environment], target: Target, *,
+           max_restarts: int = 0, root: str = NODE_ROOT) -> Reship:
+    """The runner's ``reship`` for a launch without asking (``expect``): ``build`` ships and
+    builds the environment on ``spec``'s nodes (``use_environment`` without ``known``: the one
+    path), and the same job's plan (its id, its port) is made on ``spec`` with what it built."""
+    def again(plan: LaunchPlan) -> Reshipped:
+        built = build()
+        shipped = with_environment(spec, built.shipped, root)
+        return Reshipped(plan_launch(shipped, target, port=plan.master_port, job_id=plan.job_id,
+                                     max_restarts=max_restarts), shipped, built.to_json())
+    return again
 
 
 def findings(spec: ClusterSpec, choose: Choose, root: str = NODE_ROOT) -> list[Problem]:
