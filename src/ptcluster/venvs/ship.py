@@ -64,7 +64,8 @@ class NodeEnv:
     digest: str = ""
     """The environment's key on this node (one per distinct platform)."""
     python: str | None = None
-    """The environment's interpreter there (absolute): the ranks' interpreter."""
+    """The environment's interpreter there: the ranks' interpreter (absolute as the node said
+    it; ``~/``-relative where the head launched without asking, ``runenv.expect``)."""
     wheels_sent: int = 0
     bytes_sent: int = 0
     seconds: float = 0.0
