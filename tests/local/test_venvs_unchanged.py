@@ -120,3 +120,7 @@ def test_a_removed_environment_is_named_by_the_guard_then_shipped(project: Proje
     assert node_of(summary)["state"] == BUILT and node_of(summary)["wheels_sent"] == 0
     assert project.ranks_said() == f"1.0 {env_dir / 'bin' / 'python'}"
     assert len(summary["attempts"]) == 1 and summary["failures"] == []
+
+    code, err, summary = project.run()  # what the reship found is remembered: at once again
+    assert code == 0, err
+    assert project.ships == 2 and node_of(summary)["checked_by"] == GUARD

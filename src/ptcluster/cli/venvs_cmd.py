@@ -58,21 +58,23 @@ def build_environment(spec: ClusterSpec, opts: RunOptions, err: Console, *,
                       show: bool, remembered: bool = True) -> Environment:
     """Resolve, ship and build before the plan: on a terminal a live line (bytes sent, each
     node's state), then each node's outcome; elsewhere one line per node (stderr). With
-    ``remembered``, nothing is asked of the nodes where the head remembers each having the
-    environment (``venvs.known``; their guards check it, :func:`reshipper` follows up)."""
+    ``remembered`` (and no ``--refresh``), nothing is asked of the nodes where the head
+    remembers each having the environment (``venvs.known``; their guards check it,
+    :func:`reshipper` follows up); what a ship finds is remembered either way."""
     assert opts.requirements is not None
     choose, locate = chooser(Path(opts.requirements),
                              find_links=tuple(Path(p) for p in opts.find_links),
                              refresh=opts.refresh, trusted=opts.requirements_trusted)
-    known = KnownNodes() if remembered and not opts.refresh else None
+    known, ask = KnownNodes(), not remembered or opts.refresh
     if not show:
-        return use_environment(spec, choose, locate, source=str(opts.requirements), known=known)
+        return use_environment(spec, choose, locate, source=str(opts.requirements), known=known,
+                               ask=ask)
     shown = ProgressLine(err, [n.host for n in spec.nodes])
     with Live(console=err, auto_refresh=False, transient=True) if err.is_terminal else \
             contextlib.nullcontext() as live:
         shown.live = live
         return use_environment(spec, choose, locate, source=str(opts.requirements),
-                               on_event=shown, known=known)
+                               on_event=shown, known=known, ask=ask)
 
 
 def reshipper(spec: ClusterSpec, opts: RunOptions, err: Console, *, show: bool,

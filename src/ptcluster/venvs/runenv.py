@@ -104,15 +104,15 @@ def chooser(requirements: Path, *, find_links: Sequence[Path] = (), refresh: boo
 
 def use_environment(spec: ClusterSpec, choose: Choose, locate: Locate, *, source: str,
                     root: str = NODE_ROOT, on_event: Event | None = None,
-                    known: KnownNodes | None = None) -> Environment:
+                    known: KnownNodes | None = None, ask: bool = False) -> Environment:
     """The spec whose ranks run in the project's environment on every node. With ``known``
-    (``run``): where the head remembers every node having the digest wanted now, nothing is
-    asked (``expected``: each node's guard checks it before any rank starts; the runner's
-    ``reship`` is this again without ``known``). Else shipped and built on every node
-    (remembered in ``known``). Raises :class:`EnvironmentFailed` naming each node that could
+    (``run``) and not ``ask``: where the head remembers every node having the digest wanted
+    now, nothing is asked (``expected``: each node's guard checks it before any rank starts;
+    the runner's ``reship`` is this again with ``ask``). Else shipped and built on every node
+    (and remembered in ``known``). Raises :class:`EnvironmentFailed` naming each node that could
     not get it (the others keep theirs), or what resolving raised (a ``UsageError``: nothing
     sent)."""
-    if known is not None:
+    if known is not None and not ask:
         expected = expect(spec, choose, known, root)
         if expected is not None:
             for host in expected.nodes:
