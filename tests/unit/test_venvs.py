@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -182,6 +183,13 @@ def test_the_guard_refuses_a_missing_or_incomplete_environment_by_name(tmp_path)
     with pytest.raises(GuardError) as refused:
         project_environment(cfg)
     assert refused.value.environment == "changed" and MANIFEST in refused.value.problem
-    (tmp_path / "envs" / digest / MANIFEST).write_text(json.dumps({"files": {}}))
+    manifest = tmp_path / "envs" / digest / MANIFEST
+    manifest.write_text(json.dumps({"files": {}, "resolved": {"platform": {"python": "2.7"}}}))
+    with pytest.raises(GuardError) as refused:  # (this node's python: changed since)
+        project_environment(cfg)
+    assert refused.value.environment == "changed" and "made for Python 2.7" in \
+        refused.value.problem
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    manifest.write_text(json.dumps({"files": {}, "resolved": {"platform": {"python": here}}}))
     assert project_environment(cfg) == str(site)
     assert (tmp_path / "envs" / f".used-{digest}").exists()  # its last use, for --prune

@@ -90,7 +90,7 @@ def project_environment(cfg: GuardConfig) -> str:
         return ""
     root, digest = os.path.expanduser(str(env["root"])), str(env["digest"])
     env_dir = os.path.join(root, "envs", digest)
-    state, why = env_state(env_dir)
+    state, why = env_state(env_dir, f"{sys.version_info[0]}.{sys.version_info[1]}")
     if state != "ok":
         raise GuardError(f"the project's environment {digest[:12]} is {state} on this node"
                          + (f" ({why})" if why else ""),
