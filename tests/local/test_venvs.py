@@ -183,7 +183,7 @@ def test_run_ranks_in_the_environment(tmp_path, wheels, no_leftovers) -> None:
     used = use_environment(spec, lambda p: env, wheels.locate, source="requirements.txt",
                            root=root)
     python = str(Path(root) / "envs" / env.digest / "bin" / "python")
-    assert [n.python for n in used.spec.nodes] == [python]
+    assert [n.rank_python for n in used.spec.nodes] == [python]
     script = tmp_path / "job.py"
     out = tmp_path / "out"
     out.mkdir()

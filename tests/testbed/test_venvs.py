@@ -31,8 +31,9 @@ from ptcluster.launch.runner import Runner
 from ptcluster.node.blobs import PART_PREFIX
 from ptcluster.remote.connect import transports
 from ptcluster.venvs import nodes
+from ptcluster.venvs.known import KnownNodes
 from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
-from ptcluster.venvs.runenv import use_environment
+from ptcluster.venvs.runenv import reship, use_environment
 from ptcluster.venvs.ship import BUILT, REBUILT, UP_TO_DATE, ShipResult, ship
 from tests.support import bare
 from tests.support import testbed as tb
@@ -250,6 +251,44 @@ def test_full_disk_on_one_node_named_partial_removed_other_built(project: Projec
         assert shipped.nodes[n1.name].state == BUILT  # the other node's work goes on
     finally:
         project.bed.root_exec(n0, "umount", store)
+
+
+def test_unchanged_launches_at_once_and_a_removed_one_is_shipped_on_one_node(
+        project: Project, tmp_path: Path) -> None:
+    """Over ssh, 2 nodes: with the head's records, an unchanged environment is launched without
+    a ship session (each guard checks it); removed from one node, that node's guard names it
+    (no rank starts anywhere), the head ships it there (0 wheels: its store has them), and the
+    same job runs on both in it."""
+    a, b = project.wheel("tinya", "4.0"), project.wheel("tinyb", "4.0")
+    choose = project.choose(a, b)
+    known = KnownNodes(tmp_path / "known")
+    first = use_environment(project.spec, choose, project.locate, source="r.txt", known=known)
+    assert not first.expected and {n.state for n in first.shipped.nodes.values()} == {BUILT}
+    (digest,) = first.shipped.envs
+    again = use_environment(project.spec, choose, project.locate, source="r.txt", known=known)
+    assert again.expected and again.shipped.facts == {}  # nothing asked of the nodes
+    n1 = project.bed.nodes[1]
+    gone = project.bed.root_exec(n1, "rm", "-rf", f"/home/{USER}/.ptcluster/envs/{digest}")
+    assert gone.returncode == 0, gone.stderr
+    target = Target(script="job.py")
+    plan = prepare(again.spec, target)
+    lines: list[str] = []
+    notes: list[str] = []
+    result = Runner(plan, transports(again.spec), tmp_path / "run", environment=again.to_json(),
+                    on_line=lambda host, rank, text: lines.append(text), on_status=notes.append,
+                    reship=reship(project.spec, lambda: use_environment(
+                        project.spec, choose, project.locate, source="r.txt"), target)).run()
+    assert result.ok, (result.failures, notes, lines[-20:])
+    assert f"the project's environment is not ready on {n1.name}: shipping it, then launching " \
+        "again" in notes, notes
+    python = f"/home/{USER}/.ptcluster/envs/{digest}/bin/python"
+    said = sorted(line for line in lines if line.startswith("VENV "))
+    assert said == [f"VENV rank={r} tinya=4.0 tinyb=4.0 sum=2 python={python}" for r in (0, 1)]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    nodes_said = summary["environment"]["nodes"]
+    assert nodes_said[n1.name]["state"] == BUILT and nodes_said[n1.name]["wheels_sent"] == 0
+    assert nodes_said[project.bed.nodes[0].name]["state"] == UP_TO_DATE
+    assert len(summary["attempts"]) == 1 and summary["job_id"] == plan.job_id
 
 
 def ship_all(project: Project, choose: object) -> ShipResult:

@@ -213,6 +213,10 @@ def test_options_are_validated() -> None:
     ('rdata {"rank":0,"kind":"row","x":1}', ev.RankData("n", 0, {"kind": "row", "x": 1})),
     ('hello {"v":2,"program":"guard","pid":7,"time":1.5}', ev.Hello("n", 2, 7, 1.5)),
     ('error {"problem":"p","fix":"f"}', ev.GuardRefused("n", Problem("n", "p", "f"))),
+    ('error {"problem":"p","fix":"f","environment":"missing"}',
+     ev.GuardRefused("n", Problem("n", "p", "f"), environment="missing")),
+    ('error {"problem":"p","fix":"f","environment":""}', ev.GuardRefused("n", Problem("n", "p",
+                                                                                     "f"))),
     ('exit {"code":0,"reason":"job ended"}', ev.GuardExit("n", 0, "job ended")),
     ("hb {}", ev.Heartbeat("n")),
     ("hb", ev.Heartbeat("n")),
@@ -228,7 +232,9 @@ def test_decode_recorded_frames(line: str, expected: ev.Event) -> None:
 
 
 @pytest.mark.parametrize("line", ["o x text", "rexit {not json", 'rexit {"code": 1}', "zz {}",
-                                  "exit []", "\x1ePTCG ready {}"])
+                                  "exit []", "\x1ePTCG ready {}",
+                                  'error {"problem":"p","environment":"gone"}',
+                                  'error {"problem":"p","environment":1}'])
 def test_bad_frames_become_malformed_never_an_exception(line: str) -> None:
     assert isinstance(ev.decode("n", line), ev.Malformed)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -124,3 +125,71 @@ def test_progress_not_on_a_terminal_is_one_line_per_node() -> None:
         "ptcluster: environment: n2: environment up to date",
         "ptcluster: environment: n1: 2 wheels (0.0 MB) sent; environment built in 1.0 s"]
     assert shown.states == {"n1": "built", "n2": "up to date"}
+
+
+def test_an_unchanged_environment_is_expected_from_what_the_head_remembers(tmp_path) -> None:
+    """``run``'s launch without asking: every node remembered with the digest wanted now is
+    given it (ranks on its python, the guard told to check it); one node unknown, or known
+    without that digest (a changed lock), and the head asks every node first (None)."""
+    from ptcluster.cluster.load import load_cluster_file
+    from ptcluster.launch.api import prepare
+    from ptcluster.launch.options import RunOptions
+    from ptcluster.launch.plan import Target
+    from ptcluster.venvs.known import KnownNodes
+    from ptcluster.venvs.runenv import GUARD, Environment, expect, with_environment
+
+    (tmp_path / "c.yaml").write_text("nodes: [{host: a}, {host: b}]\npython: /opt/py/bin/python\n")
+    spec = load_cluster_file(tmp_path / "c.yaml")
+    known = KnownNodes(tmp_path / "known")
+    want, other = resolved(), resolved(python="3.12")
+    facts = {"python": "3.11", "machine": "x86_64", "glibc": "2.36", "torch": "", "free": 1}
+    assert expect(spec, lambda p: want, known) is None  # nothing remembered: ask first
+    known.put(spec.nodes[0], "~/.ptcluster", facts, want.digest)
+    known.put(spec.nodes[1], "~/.ptcluster", facts, other.digest)
+    assert expect(spec, lambda p: want, known) is None  # b never had it
+    known.put(spec.nodes[1], "~/.ptcluster", facts, want.digest)
+    assert known.get(spec.nodes[1], "~/.ptcluster").digests == (want.digest, other.digest)
+    assert expect(spec, lambda p: want, known, root="/elsewhere") is None  # another root
+    got = expect(spec, lambda p: want, known)
+    assert got is not None and set(got.nodes) == {"a", "b"} and got.envs == {want.digest: want}
+    used = with_environment(spec, got)
+    python = f"~/.ptcluster/envs/{want.digest}/bin/python"
+    assert [(n.python, n.rank_python) for n in used.nodes] == [("/opt/py/bin/python", python)] * 2
+    assert Environment(used, got, "req.txt").expected
+    assert Environment(used, got, "req.txt").to_json()["nodes"]["a"]["checked_by"] == GUARD
+    plan = prepare(used, Target(script="train.py"))
+    cfg = plan.nodes[1].guard_config(plan, RunOptions())
+    assert cfg["environment"] == {"digest": want.digest, "root": "~/.ptcluster"}
+    assert plan.nodes[1].python == "/opt/py/bin/python"  # the guard's: the environment's base
+    assert cfg["argv"][0] == python and cfg["argv"][cfg["argv"].index("--no-python") + 1] == python
+
+
+def test_the_guard_refuses_a_missing_or_incomplete_environment_by_name(tmp_path) -> None:
+    """Before anything is leased: a missing environment, or one without the manifest its build
+    writes last (a folder that is not a complete build), is ``error {environment}``; a
+    complete one gives its site-packages (where ``-m`` modules are looked for too)."""
+    from ptcluster.node.guard.prechecks import project_environment
+    from ptcluster.node.guard.refusal import GuardError
+    from ptcluster.node.venv_store import MANIFEST
+
+    digest = "d" * 64
+    cfg = {"environment": {"digest": digest, "root": str(tmp_path)}}
+    assert project_environment({}) == ""
+    with pytest.raises(GuardError) as refused:
+        project_environment(cfg)
+    assert refused.value.environment == "missing" and digest[:12] in refused.value.problem
+    site = tmp_path / "envs" / digest / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    with pytest.raises(GuardError) as refused:
+        project_environment(cfg)
+    assert refused.value.environment == "changed" and MANIFEST in refused.value.problem
+    manifest = tmp_path / "envs" / digest / MANIFEST
+    manifest.write_text(json.dumps({"files": {}, "resolved": {"platform": {"python": "2.7"}}}))
+    with pytest.raises(GuardError) as refused:  # (this node's python: changed since)
+        project_environment(cfg)
+    assert refused.value.environment == "changed" and "made for Python 2.7" in \
+        refused.value.problem
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    manifest.write_text(json.dumps({"files": {}, "resolved": {"platform": {"python": here}}}))
+    assert project_environment(cfg) == str(site)
+    assert (tmp_path / "envs" / f".used-{digest}").exists()  # its last use, for --prune

@@ -34,7 +34,7 @@ from ptcluster.cli.console import ConsoleFeed, clean, terminal
 from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.push_cmd import push_data
 from ptcluster.cli.sync_cmd import run_sync
-from ptcluster.cli.venvs_cmd import build_environment
+from ptcluster.cli.venvs_cmd import build_environment, reshipper
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
@@ -159,7 +159,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         **_environment_options(declared))
     built = None
     if options.requirements is not None:  # before the plan: the ranks' interpreter is its
-        built = build_environment(spec, options, err, show=not quiet())
+        built = build_environment(spec, options, err, show=not quiet())  # (or expected)
         spec = built.spec
     spec = push_data(spec, pushed, show=not quiet())
     plan = prepare(spec, target, port=port, max_restarts=max_restarts)
@@ -176,7 +176,10 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
                     options=options,
                     restarts=Restarts(policy, spec, target) if max_restarts else None,
                     ended_by=outside_stop(spec), console_dropped=lambda: feed.dropped_total,
-                    environment=None if built is None else built.to_json())
+                    environment=None if built is None else built.to_json(),
+                    reship=reshipper(spec, options, err, show=not hush, target=target,
+                                     max_restarts=max_restarts)
+                    if built is not None and built.expected else None)
     result = _run_with_signals(runner)
     feed.close(timeout=5.0)
     if result.ended_by:  # Slurm's own doing comes first

@@ -22,9 +22,12 @@ from ptcluster.cli.console import terminal
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.errors import some
 from ptcluster.launch.options import RunOptions
+from ptcluster.launch.plan import Target
+from ptcluster.launch.runner import Reship
 from ptcluster.node.venv_store import KEEP_DEFAULT, MAX_BYTES_DEFAULT
 from ptcluster.venvs import nodes
-from ptcluster.venvs.runenv import Environment, chooser, use_environment
+from ptcluster.venvs.known import KnownNodes
+from ptcluster.venvs.runenv import Environment, chooser, reship, use_environment
 from ptcluster.venvs.ship import SENDING, Progress
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -52,21 +55,34 @@ def declared(spec: ClusterSpec, requirements: str | None, find_links: tuple[str,
 
 
 def build_environment(spec: ClusterSpec, opts: RunOptions, err: Console, *,
-                      show: bool) -> Environment:
+                      show: bool, remembered: bool = True) -> Environment:
     """Resolve, ship and build before the plan: on a terminal a live line (bytes sent, each
-    node's state), then each node's outcome; elsewhere one line per node (stderr)."""
+    node's state), then each node's outcome; elsewhere one line per node (stderr). With
+    ``remembered`` (and no ``--refresh``), nothing is asked of the nodes where the head
+    remembers each having the environment (``venvs.known``; their guards check it,
+    :func:`reshipper` follows up); what a ship finds is remembered either way."""
     assert opts.requirements is not None
     choose, locate = chooser(Path(opts.requirements),
                              find_links=tuple(Path(p) for p in opts.find_links),
                              refresh=opts.refresh, trusted=opts.requirements_trusted)
+    known, ask = KnownNodes(), not remembered or opts.refresh
     if not show:
-        return use_environment(spec, choose, locate, source=str(opts.requirements))
+        return use_environment(spec, choose, locate, source=str(opts.requirements), known=known,
+                               ask=ask)
     shown = ProgressLine(err, [n.host for n in spec.nodes])
     with Live(console=err, auto_refresh=False, transient=True) if err.is_terminal else \
             contextlib.nullcontext() as live:
         shown.live = live
         return use_environment(spec, choose, locate, source=str(opts.requirements),
-                               on_event=shown)
+                               on_event=shown, known=known, ask=ask)
+
+
+def reshipper(spec: ClusterSpec, opts: RunOptions, err: Console, *, show: bool,
+              target: Target, max_restarts: int) -> Reship:
+    """``run``'s ``Runner.reship`` after a launch without asking (``build_environment``'s
+    ``remembered``): the environment shipped and built as on a first run (``runenv.reship``)."""
+    return reship(spec, lambda: build_environment(spec, opts, err, show=show, remembered=False),
+                  target, max_restarts=max_restarts)
 
 
 class ProgressLine:

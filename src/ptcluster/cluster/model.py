@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from ptcluster.node.venv_store import env_python
+
 BACKENDS = ("auto", "nccl", "gloo")
 DEFAULT_MASTER_PORT = 29500
 AUTO_PYTHON = "auto"
@@ -17,6 +19,15 @@ AUTO_PYTHON = "auto"
 SETUP_VENV = "~/.ptcluster/venv"
 """Where ``ptcluster setup`` makes each node's Python environment."""
 SETUP_PYTHON = SETUP_VENV + "/bin/python"
+
+
+@dataclass(frozen=True)
+class ProjectEnv:
+    """A node's project environment: its key and the user's ptcluster directory that holds it
+    (``node.venv_store``'s layout; ``~`` expanded on the node)."""
+
+    digest: str
+    root: str = "~/.ptcluster"
 
 
 class Reach(str, Enum):
@@ -86,6 +97,18 @@ class NodeSpec:
     slurm_node: str | None = None
     """Slurm's NodeName when the node is part of a Slurm allocation (started with ``srun``,
     not ssh); ``host`` is then its NodeAddr."""
+    environment: ProjectEnv | None = None
+    """The project's environment this node's ranks run in (``requirements:``; set by
+    ``venvs.runenv``, never by the file): ``python`` is then its base, the guard's
+    interpreter, and :attr:`rank_python` the environment's."""
+
+    @property
+    def rank_python(self) -> str:
+        """The ranks' (and torchrun's) interpreter: the project environment's, else
+        ``python``."""
+        if self.environment is None:
+            return self.python
+        return env_python(self.environment.root, self.environment.digest)
 
 
 @dataclass(frozen=True, kw_only=True)

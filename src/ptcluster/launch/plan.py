@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ptcluster.cluster.model import ClusterSpec, NodeSpec
+from ptcluster.cluster.model import ClusterSpec, NodeSpec, ProjectEnv
 from ptcluster.node import wire
 from ptcluster.node.rank_wire import (
     ATTEMPT_VAR,
@@ -105,6 +105,9 @@ class NodePlan:
     target: Target
     gpus: tuple[int, ...] | str | None = None
     """``gpus:`` of the cluster file: None (auto where the node has GPUs), "auto", or indices."""
+    environment: ProjectEnv | None = None
+    """The project's environment ``argv`` runs in (``python`` is its base: the guard's), which
+    the guard checks before anything starts."""
 
     @property
     def ranks(self) -> range:
@@ -129,6 +132,8 @@ class NodePlan:
             "heartbeat_every": opts.heartbeat_for(len(plan.nodes)),
             "output_hold": opts.output_hold_for(len(plan.nodes)),
             "env_defaults": threads_default(plan), "leases": opts.leases,
+            **({"environment": {"digest": self.environment.digest,
+                                "root": self.environment.root}} if self.environment else {}),
         }
 
 
@@ -182,7 +187,7 @@ def new_job_id() -> str:
 def torchrun_argv(spec: ClusterSpec, node: NodeSpec, node_rank: int, port: int,
                   target: Target) -> list[str]:
     return [
-        node.python, "-m", "torch.distributed.run",
+        node.rank_python, "-m", "torch.distributed.run",
         "--nnodes", str(len(spec.nodes)),
         "--node-rank", str(node_rank),
         "--nproc-per-node", str(node.slots),
@@ -190,7 +195,7 @@ def torchrun_argv(spec: ClusterSpec, node: NodeSpec, node_rank: int, port: int,
         "--master-port", str(port),
         "--max-restarts", "0",
         # No --tee/--redirects: every rank's output reaches the guard through the shim.
-        "--no-python", node.python, "-u", "-c", SHIM_BOOT,
+        "--no-python", node.rank_python, "-u", "-c", SHIM_BOOT,
         *target.argv(),
     ]
 
@@ -222,7 +227,7 @@ def plan_launch(spec: ClusterSpec, target: Target, *, port: int, job_id: str, at
             argv=tuple(torchrun_argv(spec, node, i, port, target)),
             env=tuple(node_env(spec, node, job_id, attempt, max_restarts)),
             is_master=i == 0,  # static rendezvous: node rank 0 hosts the store
-            target=target, gpus=node.gpus,
+            target=target, gpus=node.gpus, environment=node.environment,
         ))
     return LaunchPlan(job_id=job_id, master_addr=spec.master.addr, master_port=port,
                       world_size=spec.world_size, backend=spec.backend, nodes=tuple(nodes),

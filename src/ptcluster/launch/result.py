@@ -109,6 +109,9 @@ class FailureKind(str, Enum):
     UNHEALTHY = "unhealthy"
     """A node refused by its health gate (``node.health``): too few GPUs, a nearly full disk,
     too little memory. A restart leaves it out, like a lost node."""
+    ENVIRONMENT = "environment"
+    """A node refused because the project's environment the head expected is missing or
+    changed there: the runner ships and builds it, then launches again (once)."""
 
     def __str__(self) -> str:
         return self.value

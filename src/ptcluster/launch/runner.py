@@ -10,7 +10,7 @@ import queue
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,22 @@ class Restarts:
         return replan(self.spec, self.target, job_id=first.job_id, attempt=attempt,
                       hosts=hosts, addresses=addresses, port=port,
                       max_restarts=self.policy.max_restarts)
+
+
+@dataclass(frozen=True)
+class Reshipped:
+    """The project's environment shipped and built after a guard found it missing or changed
+    (``venvs.runenv``): the same job's plan on the spec that has it, and ``summary.json``'s
+    ``environment``."""
+
+    plan: LaunchPlan
+    spec: ClusterSpec
+    environment: dict[str, Any]
+
+
+Reship = Callable[[LaunchPlan], Reshipped]
+"""Ships and builds the environment where a guard refused for it (``PtclusterError`` when a
+node cannot get it): the plan to launch instead of ``LaunchPlan``."""
 
 
 def _next_hosts(plan: LaunchPlan, file_nodes: tuple[NodeSpec, ...],
@@ -134,16 +150,20 @@ class Runner:
                  restarts: Restarts | None = None,
                  ended_by: Callable[[], str | None] | None = None,
                  console_dropped: Callable[[], int] | None = None,
-                 environment: dict[str, Any] | None = None) -> None:
+                 environment: dict[str, Any] | None = None,
+                 reship: Reship | None = None) -> None:
         self.plan = self._first = plan
         self.restarts = restarts
         self.ended_by = ended_by
         """After a failed attempt: who ended it from outside, if anyone did (Slurm's scancel,
         time limit, preemption): then it is not the job's failure, and never restarted."""
         self.console_dropped = console_dropped
+        """How many of the lines given to ``on_line`` its console skipped (for the summary)."""
         self.environment = environment
         """``summary.json``'s ``environment`` (``venvs.runenv``), None without one."""
-        """How many of the lines given to ``on_line`` its console skipped (for the summary)."""
+        self.reship = reship
+        """Where the first attempt launched without asking whether the nodes have the project's
+        environment: what ships it when a guard says they do not (once)."""
         self.run_dir = run_dir
         self.layout = RunDir(run_dir)
         self.opts = options or RunOptions()
@@ -209,7 +229,7 @@ class Runner:
     def _attempts(self, attempts: list[AttemptRecord], t0: float) -> RunResult:
         waiting_since, said = time.monotonic(), ""
         while True:
-            if self.opts.wait is not None:  # its notes only if it is not tried again
+            if self.opts.wait is not None or self.reship is not None:  # (notes: if not again)
                 self.notes.hold()
             watch = self._watch_returns(attempts)
             try:
@@ -220,6 +240,10 @@ class Runner:
             finally:
                 if watch is not None:
                     watch.stop()
+            if self._may_reship(result):
+                self.notes.drop()
+                self._reship(result)
+                continue
             if self._may_wait(result, time.monotonic() - waiting_since):
                 self.notes.drop()
                 said = self._wait(result, said)
@@ -238,6 +262,27 @@ class Runner:
                 and not self.stops.count and bool(result.failures)
                 and all(f.kind is FailureKind.BUSY for f in result.failures)
                 and all(r.started_at is None for r in result.ranks))
+
+    def _may_reship(self, result: RunResult) -> bool:
+        """The attempt was refused only because the project's environment the head expected
+        is missing or changed on some nodes (their guards said so), no rank started, and it was
+        not shipped yet."""
+        return (self.reship is not None and not self.stops.count and bool(result.failures)
+                and all(f.kind is FailureKind.ENVIRONMENT for f in result.failures)
+                and all(r.started_at is None for r in result.ranks))
+
+    def _reship(self, result: RunResult) -> None:
+        """Ship and build the environment (``Reship``), then the same job on its plan."""
+        assert self.reship is not None
+        hosts = sorted({f.host for f in result.failures})
+        self.notes(f"the project's environment is not ready on {', '.join(hosts)}: "
+                   "shipping it, then launching again")
+        got, self.reship = self.reship(self.plan), None
+        self.plan = self._first = got.plan
+        self.environment = got.environment
+        if self.restarts is not None:
+            self.restarts = replace(self.restarts, spec=got.spec)
+        self.layout.write_plan(self.plan, self.opts)
 
     def _wait(self, result: RunResult, said: str) -> str:
         """Say who holds what the job asks for (once, and again when that changes), wait a

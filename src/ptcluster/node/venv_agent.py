@@ -47,15 +47,14 @@ from ptcluster.node.venv_store import (
     GRACE,
     LOCK_PREFIX,
     MANIFEST,
-    cheap_check,
     disk_problem,
     dist_version,
+    env_state,
     full_check,
     listing,
     manifest_files,
     mark_used,
     prune,
-    read_manifest,
     site_packages,
     uses,
 )
@@ -85,13 +84,8 @@ class Node:
         return os.path.join(self.envs, digest)
 
     def env_state(self, digest: str) -> tuple[str, str]:
-        """("ok" | "missing" | "changed", why)."""
-        env = self.env_dir(digest)
-        if not os.path.isdir(env):
-            return "missing", ""
-        manifest = read_manifest(env)
-        why = cheap_check(env, manifest) if manifest is not None else f"no {MANIFEST}"
-        return ("changed", why) if why else ("ok", "")
+        """("ok" | "missing" | "changed", why): ``venv_store.env_state``."""
+        return env_state(self.env_dir(digest))
 
     def platform(self) -> dict:
         """What the head resolves for: this interpreter's version, the machine, glibc's; and

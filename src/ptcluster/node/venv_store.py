@@ -92,6 +92,27 @@ def cheap_check(env_dir: str, manifest: dict) -> str:
     return ""
 
 
+def env_state(env_dir: str, python: str = "") -> tuple[str, str]:
+    """("ok" | "missing" | "changed", why) of the environment at ``env_dir``: complete (its
+    manifest, written last before the rename into place) and unchanged by the cheap check.
+    The ``venvs`` agent's ``have`` and the guard's check before any rank starts say the same.
+    ``python`` ("X.Y"): the version its base must have (the guard's: the head chose the digest
+    from what it remembered of the node, whose ``python:`` may have changed since)."""
+    if not os.path.isdir(env_dir):
+        return "missing", ""
+    manifest = read_manifest(env_dir)
+    why = cheap_check(env_dir, manifest) if manifest is not None else f"no {MANIFEST}"
+    made = ((manifest or {}).get("resolved") or {}).get("platform", {}).get("python")
+    if not why and python and made != python:
+        why = f"made for Python {made}, this node's python: is {python}"
+    return ("changed", why) if why else ("ok", "")
+
+
+def env_python(root: str, digest: str) -> str:
+    """An environment's interpreter under ``root`` (``~`` kept: expanded on the node)."""
+    return os.path.join(root, "envs", digest, "bin", "python")
+
+
 def read_manifest(env_dir: str) -> dict | None:
     got = read_record(os.path.join(env_dir, MANIFEST), limit=64 << 20, owners=(os.getuid(),))
     return got[0] if got is not None and isinstance(got[0], dict) else None

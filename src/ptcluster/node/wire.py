@@ -32,7 +32,8 @@ class Kind:
     STOP = "stop"
     """Head -> node: stop what you do and end (the guard tears its job down)."""
     ERROR = "error"
-    """Node -> head: the program refused, ``{problem, fix, busy}``."""
+    """Node -> head: the program refused, ``{problem, fix, busy}`` (a guard's also
+    ``unhealthy``, ``environment``: one of :data:`ENV_NOT_READY` or "")."""
     EXIT = "exit"
     """Node -> head, last: ``{code, reason}``; the guard's with ``error`` when torchrun itself
     failed (what its ``@record`` wrote: ``TYPE: TEXT``)."""
@@ -133,6 +134,10 @@ it fits under this (``guard.progress.fit_stacks``); the rest are far smaller (se
 output is cut at 4000 characters, a rank's output line at 64 KiB)."""
 
 
+ENV_NOT_READY = ("missing", "changed")
+"""A guard's ``error {environment}``: the project's environment the head expected is not there,
+or fails the cheap check (``venv_store.env_state``'s words): the head ships and builds it."""
+
 PRIVATE_CWD = "private"
 """``GuardConfig.target["cwd"]`` of shipped code: its ranks start in a private directory."""
 
@@ -169,6 +174,9 @@ class GuardConfig(TypedDict, total=False):
     output_hold: float
     """Seconds the guard may hold its ranks' output to write it in one go (``guard.outbox``)."""
     leases: bool
+    environment: dict[str, str]
+    """``{digest, root}``: the project's environment the ranks run in (argv's interpreter is
+    its python), checked by the guard before anything starts; absent without one."""
     checkpoints: list[str]
     """Where the job saved its last checkpoint on this node in an earlier attempt: the health
     gate checks that disk as it does the workdir's."""

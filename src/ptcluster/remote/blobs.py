@@ -3,7 +3,8 @@
 Each file goes raw on a node's channel after its ``blob`` frame (the one transport every
 connector has: ssh, srun, local; base64 in JSON would send a third more), a megabyte at a time,
 at most ``WINDOW`` bytes queued per node (a whole file is never held in a node's queue: the
-head's memory stays bounded however large the file), round-robin over the nodes from the caller's one thread.
+head's memory stays bounded however large the file), round-robin over the nodes from the
+caller's one thread.
 The project's environment (``venvs.ship``) sends wheels so and ``ptcluster push`` data files.
 """
 

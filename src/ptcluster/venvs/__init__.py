@@ -10,6 +10,7 @@ built only with trust); ``tools`` the uv wheel that travels with the environment
 says a node platform in each tool's words; ``resolve`` puts them together, cached by the file's
 content; ``choice`` picks the file a command uses. Then ``ship`` and ``nodes`` send the
 missing wheels and build the environment on every node (the node side is ``node.venv_agent``),
-and ``runenv`` is ``run``'s and doctor's use of it. Named for the command ``ptcluster venvs``;
-``ptcluster env`` stays the variables ranks get.
+and ``runenv`` is ``run``'s and doctor's use of it (``known``: what the head remembers of each
+node, so that an unchanged environment is launched without asking first). Named for the command
+``ptcluster venvs``; ``ptcluster env`` stays the variables ranks get.
 """

@@ -11,7 +11,7 @@ with ``ptcluster push``), from this one thread. The library only yields events
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,8 @@ class NodeEnv:
     digest: str = ""
     """The environment's key on this node (one per distinct platform)."""
     python: str | None = None
-    """The environment's interpreter there (absolute): the ranks' interpreter."""
+    """The environment's interpreter there: the ranks' interpreter (absolute as the node said
+    it; ``~/``-relative where the head launched without asking, ``runenv.expect``)."""
     wheels_sent: int = 0
     bytes_sent: int = 0
     seconds: float = 0.0
@@ -78,6 +79,9 @@ class ShipResult:
     nodes: dict[str, NodeEnv]
     envs: dict[str, ResolvedEnv]
     """Every environment resolved, by digest."""
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each answering node's ``facts`` (its platform, the torch and ptcluster beneath):
+    what the head remembers to launch the next time without asking (``venvs.known``)."""
 
     @property
     def failed(self) -> dict[str, NodeEnv]:
@@ -170,7 +174,9 @@ def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
             out[host] = NodeEnv(host, FAILED, problem=problem,
                                 bytes_sent=node.bytes_sent if node else 0)
             say(Progress(host, FAILED, f"failed: {problem.what}", final=True))
-    return ShipResult({m.host: out[m.host] for m in members}, envs)
+    facts = {h: dict(r.answers[Kind.FACTS]) for h, r in result.nodes.items()
+             if r.answers.get(Kind.FACTS) is not None}
+    return ShipResult({m.host: out[m.host] for m in members}, envs, facts)
 
 
 def _resolve(group: Group, choose: Choose) -> dict[str, ResolvedEnv]:

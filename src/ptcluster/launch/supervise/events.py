@@ -42,6 +42,9 @@ class GuardRefused:
     """Only because another job holds what this one asks for (it may wait for it)."""
     unhealthy: bool = False
     """By the node's health gate (``node.health``): a restart leaves the node out."""
+    environment: str = ""
+    """``missing`` or ``changed`` (``wire.ENV_NOT_READY``): only because the project's
+    environment the head expected is not ready there (the runner ships it and tries again)."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +274,16 @@ def said(value: Any, what: str) -> str:
     return value
 
 
+def env_not_ready(value: Any) -> str:
+    """A guard's ``error {environment}``: "" (none) or one of ``wire.ENV_NOT_READY``."""
+    if value in (None, ""):
+        return ""
+    if value not in wire.ENV_NOT_READY:
+        raise ValueError(f"environment {str(value)[:40]!r} is not one of "
+                         f"{', '.join(wire.ENV_NOT_READY)}")
+    return str(value)
+
+
 def pid_of(value: Any) -> int:
     return bounded(value, 1, 1 << 31, "pid")
 
@@ -321,7 +334,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == wire.Kind.ERROR:
         problem = Problem(host, said(body["problem"], "problem"),
                           said(body.get("fix"), "fix") or None)
-        return GuardRefused(host, problem, bool(body.get("busy")), bool(body.get("unhealthy")))
+        return GuardRefused(host, problem, bool(body.get("busy")), bool(body.get("unhealthy")),
+                            env_not_ready(body.get("environment")))
     if kind == wire.Kind.STARTED:
         return Started(host, pid_of(body["pid"]))
     if kind == wire.Kind.EXIT:

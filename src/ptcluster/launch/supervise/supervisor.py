@@ -242,7 +242,8 @@ class Supervisor(JobState):
     def _guard_refused(self, e: ev.GuardRefused, now: float) -> list[Action]:
         return self._fail(Failure(host=e.host, rank=None, message=e.problem.what, fix=e.problem.fix,
                                   kind=FailureKind.BUSY if e.busy else FailureKind.UNHEALTHY
-                                  if e.unhealthy else FailureKind.GUARD,
+                                  if e.unhealthy else FailureKind.ENVIRONMENT
+                                  if e.environment else FailureKind.GUARD,
                                   at=self.wall(now)), now)
 
     def _rank_start(self, e: ev.RankStart, now: float) -> list[Action]:

@@ -138,7 +138,7 @@ class Guard:
             self.env_use = mark_env_use(self.cfg["argv"][0], self.cfg["job_id"])
         except GuardError as exc:
             self.send(Kind.ERROR, {"problem": exc.problem, "fix": exc.fix, "busy": exc.busy,
-                                   "unhealthy": exc.unhealthy})
+                                   "unhealthy": exc.unhealthy, "environment": exc.environment})
             return 2
         self.send(Kind.READY, facts)
         while not self.link.go.wait(0.1):

@@ -27,6 +27,7 @@ from ptcluster.node.netif import AUTO_PORTS, address_on, route_interface
 from ptcluster.node.rank_wire import AGENT_FILE, BACKEND_VAR, SHIM_FILE
 from ptcluster.node.rdma import rdma_env, read_rdma
 from ptcluster.node.records import valid_job_id
+from ptcluster.node.venv_store import env_state, mark_used, site_packages
 from ptcluster.node.wire import GuardConfig, ReadyFacts
 
 
@@ -53,7 +54,8 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
         raise GuardError(f"workdir {workdir} does not exist on this node",
                          "create it, or set workdir: to a directory present on every node")
     cfg["workdir"] = facts["workdir"] = workdir
-    check_target(cfg.get("target") or {}, workdir)
+    site = project_environment(cfg)
+    check_target(cfg.get("target") or {}, workdir, site)
     health_gate(cfg, workdir)
     owner = {"job_id": cfg.get("job_id"), "head": cfg.get("head"),
              "command": cfg.get("command"), "ranks": cfg.get("ranks")}
@@ -74,6 +76,31 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
     facts["rdma"] = rdma_env(read_rdma())
     facts.update(versions())
     return facts
+
+
+def project_environment(cfg: GuardConfig) -> str:
+    """The project's environment the head expects the ranks to run in (``environment``:
+    ``{digest, root}``; the head launched without asking the node first), checked complete and
+    unchanged (``venv_store.env_state``, the ``venvs`` agent's own check) before anything is
+    leased: its site-packages, "" without one. Missing or changed: refused with
+    ``environment`` set, a reply the head answers by shipping and building it, then launching
+    again; never a rank started in it."""
+    env = cfg.get("environment")
+    if not env:
+        return ""
+    root, digest = os.path.expanduser(str(env["root"])), str(env["digest"])
+    env_dir = os.path.join(root, "envs", digest)
+    state, why = env_state(env_dir, f"{sys.version_info[0]}.{sys.version_info[1]}")
+    if state != "ok":
+        raise GuardError(f"the project's environment {digest[:12]} is {state} on this node"
+                         + (f" ({why})" if why else ""),
+                         "run again with the same requirements: ptcluster ships and builds "
+                         "it before any rank starts", environment=state)
+    try:
+        mark_used(root, digest)  # its last use, for `ptcluster venvs --prune`
+    except OSError:
+        pass
+    return site_packages(env_dir)
 
 
 def health_gate(cfg: GuardConfig, workdir: str) -> None:
@@ -155,8 +182,10 @@ def node_python(argv: list[str]) -> list[str]:
     return out
 
 
-def check_target(target: dict[str, Any], workdir: str) -> None:
-    """Refuse before launch a script or module that is not there (what `python` would find)."""
+def check_target(target: dict[str, Any], workdir: str, site: str = "") -> None:
+    """Refuse before launch a script or module that is not there (what `python` would find;
+    ``site``: the project environment's site-packages, which the ranks' interpreter sees and
+    this guard's, its base, does not)."""
     script = target.get("script")
     if script:
         path = os.path.join(workdir, os.path.expanduser(script))
@@ -165,7 +194,7 @@ def check_target(target: dict[str, Any], workdir: str) -> None:
                              "copy the project to every node (a shared filesystem, or "
                              "`ptcluster sync`), or check the path")
     module = target.get("module")
-    if module and not module_present(module, workdir):
+    if module and not module_present(module, workdir, site):
         raise GuardError(f"module {module} not found by {sys.executable} on this node "
                          f"(workdir {workdir})",
                          "install it into that interpreter on every node, or run from the "
@@ -186,20 +215,22 @@ def _find_spec(top: str) -> Any:
     return None
 
 
-def module_present(name: str, workdir: str) -> bool:
+def module_present(name: str, workdir: str, site: str = "") -> bool:
     """Whether ``python -m name`` run in ``workdir`` would find it, without importing it.
 
     The top-level package is looked up like the interpreter would (installed, editable or in
     the workdir); submodules are looked for in its directories. Only a definite miss is False.
     """
     top, *rest = name.split(".")
-    sys.path.insert(0, workdir)
+    added = [workdir, *([site] if site else [])]
+    sys.path[0:0] = added
     try:
         spec = _find_spec(top)
     except (ImportError, ValueError):
         spec = None
     finally:
-        sys.path.remove(workdir)
+        for path in added:
+            sys.path.remove(path)
     if spec is None:
         return False
     dirs = list(spec.submodule_search_locations or [])

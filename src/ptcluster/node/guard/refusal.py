@@ -1,5 +1,6 @@
-"""The guard's refusal (``GuardError``, sent to the head as ``error {problem, fix, busy}``: the
-head's ``GuardRefused``), raised by its prechecks and its choice of GPUs.
+"""The guard's refusal (``GuardError``, sent to the head as ``error {problem, fix, busy,
+unhealthy, environment}``: the head's ``GuardRefused``), raised by its prechecks and its choice
+of GPUs.
 
 Its ``problem`` and ``fix`` are plain strings, not ``ptcluster.errors.Problem``: this module is
 shipped (it cannot import the head's package), and the frame is JSON anyway. The head makes the
@@ -17,7 +18,7 @@ class GuardError(Exception):
     """The guard refuses: what is wrong on this node, and the fix."""
 
     def __init__(self, problem: str, fix: str, busy: bool = False,
-                 unhealthy: bool = False) -> None:
+                 unhealthy: bool = False, environment: str = "") -> None:
         super().__init__(problem)
         self.problem = problem
         self.fix = fix
@@ -25,6 +26,10 @@ class GuardError(Exception):
         """Refused only because another job holds what this one asks for (it may wait)."""
         self.unhealthy = unhealthy
         """Refused by the health gate (``node.health``): a restart leaves the node out."""
+        self.environment = environment
+        """``missing`` or ``changed``: the project's environment the head expected is not
+        ready here (``prechecks.project_environment``): the head ships and builds it, then
+        launches again."""
 
 
 UNLEASED_FIX = (f"have root make {LEASE_DIR} what Debian and Ubuntu make it at every boot, a "
