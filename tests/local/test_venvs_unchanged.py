@@ -124,3 +124,22 @@ def test_a_removed_environment_is_named_by_the_guard_then_shipped(project: Proje
     code, err, summary = project.run()  # what the reship found is remembered: at once again
     assert code == 0, err
     assert project.ships == 2 and node_of(summary)["checked_by"] == GUARD
+
+
+def test_a_node_whose_torch_changed_since_the_head_looked_is_shipped_and_checked_again(
+        project: Project) -> None:
+    """The head launches without asking when it remembers the node with this digest; it
+    checked the lock's torch against the torch it remembers. When setup has changed the node's
+    torch since (here: the record says another one), the guard says changed and the head ships,
+    which checks the lock against the node's torch as it is now."""
+    code, err, _ = project.run()
+    assert code == 0, err
+    (record,) = (project.home / ".cache" / "ptcluster" / "nodes").glob("*.json")
+    remembered = json.loads(record.read_text())
+    record.write_text(json.dumps({**remembered, "torch": "0.0.1"}))
+    (project.out / "0").unlink()
+    code, err, summary = project.run()
+    assert code == 0, err
+    assert "the project's environment is not ready on localhost: shipping it" in err, err
+    assert project.ships == 2 and node_of(summary)["checked_by"] == SHIP
+    assert json.loads(record.read_text())["torch"] == remembered["torch"]  # (as it is now)

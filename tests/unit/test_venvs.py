@@ -142,7 +142,8 @@ def test_an_unchanged_environment_is_expected_from_what_the_head_remembers(tmp_p
     spec = load_cluster_file(tmp_path / "c.yaml")
     known = KnownNodes(tmp_path / "known")
     want, other = resolved(), resolved(python="3.12")
-    facts = {"python": "3.11", "machine": "x86_64", "glibc": "2.36", "torch": "", "free": 1}
+    facts = {"python": "3.11", "machine": "x86_64", "glibc": "2.36", "torch": "2.13.0+cpu",
+             "free": 1}
     assert expect(spec, lambda p: want, known) is None  # nothing remembered: ask first
     known.put(spec.nodes[0], "~/.ptcluster", facts, want.digest)
     known.put(spec.nodes[1], "~/.ptcluster", facts, other.digest)
@@ -159,7 +160,8 @@ def test_an_unchanged_environment_is_expected_from_what_the_head_remembers(tmp_p
     assert Environment(used, got, "req.txt").to_json()["nodes"]["a"]["checked_by"] == GUARD
     plan = prepare(used, Target(script="train.py"))
     cfg = plan.nodes[1].guard_config(plan, RunOptions())
-    assert cfg["environment"] == {"digest": want.digest, "root": "~/.ptcluster"}
+    assert cfg["environment"] == {"digest": want.digest, "root": "~/.ptcluster",
+                                  "torch": "2.13.0+cpu"}  # (the guard checks it is still so)
     assert plan.nodes[1].python == "/opt/py/bin/python"  # the guard's: the environment's base
     assert cfg["argv"][0] == python and cfg["argv"][cfg["argv"].index("--no-python") + 1] == python
 
@@ -193,3 +195,12 @@ def test_the_guard_refuses_a_missing_or_incomplete_environment_by_name(tmp_path)
     manifest.write_text(json.dumps({"files": {}, "resolved": {"platform": {"python": here}}}))
     assert project_environment(cfg) == str(site)
     assert (tmp_path / "envs" / f".used-{digest}").exists()  # its last use, for --prune
+    # launched without asking: the torch the head checked the lock against must still be the
+    # node's (setup may have changed it since): else changed, and the head ships (and checks)
+    with pytest.raises(GuardError) as refused:
+        project_environment({"environment": {**cfg["environment"], "torch": "0.0.1"}})
+    assert refused.value.environment == "changed" and "torch 0.0.1" in refused.value.problem
+    from ptcluster.node.guard.prechecks import versions
+    same = versions().get("torch", "")
+    assert project_environment({"environment": {**cfg["environment"], "torch": same}}) == \
+        str(site)

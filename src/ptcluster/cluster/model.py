@@ -28,6 +28,10 @@ class ProjectEnv:
 
     digest: str
     root: str = "~/.ptcluster"
+    torch: str = ""
+    """The torch the head checked the environment's lock against (what it remembers of the
+    node, ``venvs.known``): the guard refuses to start ranks beside another one (a launch
+    without asking the node first); "" when the head just shipped it (checked then)."""
 
 
 class Reach(str, Enum):

@@ -133,7 +133,8 @@ class NodePlan:
             "output_hold": opts.output_hold_for(len(plan.nodes)),
             "env_defaults": threads_default(plan), "leases": opts.leases,
             **({"environment": {"digest": self.environment.digest,
-                                "root": self.environment.root}} if self.environment else {}),
+                                "root": self.environment.root,
+                                "torch": self.environment.torch}} if self.environment else {}),
         }
 
 

@@ -175,7 +175,7 @@ class GuardConfig(TypedDict, total=False):
     """Seconds the guard may hold its ranks' output to write it in one go (``guard.outbox``)."""
     leases: bool
     environment: dict[str, str]
-    """``{digest, root}``: the project's environment the ranks run in (argv's interpreter is
+    """``{digest, root, torch}``: the project's environment the ranks run in (argv's interpreter is
     its python), checked by the guard before anything starts; absent without one."""
     checkpoints: list[str]
     """Where the job saved its last checkpoint on this node in an earlier attempt: the health

@@ -147,7 +147,8 @@ def expect(spec: ClusterSpec, choose: Choose, known: KnownNodes,
             return None
         envs[env.digest] = env
         nodes[node.host] = NodeEnv(node.host, UP_TO_DATE, env.digest,
-                                   python=env_python(root, env.digest), why=EXPECTED)
+                                   python=env_python(root, env.digest), why=EXPECTED,
+                                   torch=seen.torch)
     return ShipResult(nodes, envs)
 
 
@@ -155,7 +156,8 @@ def with_environment(spec: ClusterSpec, shipped: ShipResult, root: str = NODE_RO
         -> ClusterSpec:
     """``spec`` with every node's ranks in its environment (``NodeSpec.environment``: the
     guard keeps running on ``python:``, the environment's base)."""
-    nodes, spares = (tuple(replace(n, environment=ProjectEnv(shipped.nodes[n.host].digest, root))
+    nodes, spares = (tuple(replace(n, environment=ProjectEnv(
+        shipped.nodes[n.host].digest, root, shipped.nodes[n.host].torch))
                            if n.host in shipped.nodes else n for n in machines)
                      for machines in (spec.nodes, spec.spares))
     return replace(spec, nodes=nodes, spares=spares)

@@ -72,6 +72,10 @@ class NodeEnv:
     """The node's build time (0 when none)."""
     why: str = ""
     problem: Problem | None = None
+    torch: str = ""
+    """Where the head launched without asking (``runenv.expect``): the torch it remembers of
+    the node, which the lock was checked against and the guard checks again ("" after a ship:
+    checked then)."""
 
 
 @dataclass(frozen=True)

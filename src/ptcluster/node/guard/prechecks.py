@@ -91,6 +91,10 @@ def project_environment(cfg: GuardConfig) -> str:
     root, digest = os.path.expanduser(str(env["root"])), str(env["digest"])
     env_dir = os.path.join(root, "envs", digest)
     state, why = env_state(env_dir, f"{sys.version_info[0]}.{sys.version_info[1]}")
+    have, want = versions().get("torch", ""), str(env.get("torch") or "")
+    if state == "ok" and want and have != want:  # (setup changed torch since the head looked)
+        state, why = "changed", (f"the head checked the requirements against torch {want}; this "
+                                 f"node now has torch {have or 'none'}")
     if state != "ok":
         raise GuardError(f"the project's environment {digest[:12]} is {state} on this node"
                          + (f" ({why})" if why else ""),
