@@ -25,15 +25,9 @@ MEMORY_V1 = Path("/sys/fs/cgroup/memory")
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-HOG = textwrap.dedent("""
-    import os, sys, time
-    with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
-        f.write(str(os.getpid()))
-    print(f"pid {os.getpid()} in the group", flush=True)
-    # the guard notes a rank's memory group when it looks at its tree (each heartbeat, 1 s): a
-    # rank killed in a group it moved to since the last look is counted on the node only (a CI
-    # run beside other work, 2.5 s here: group_kills 0). Five looks' time.
-    time.sleep(5.0)
+GROUP_HOG = textwrap.dedent("""
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")  # (the group's victim: this rank, not the head, guard or torchrun)
     hog = []
     while True:
         hog.append(bytearray(8 << 20))
@@ -51,7 +45,9 @@ WORKER_HOG = textwrap.dedent("""
             with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
             print(f"worker pid {os.getpid()} in the group", flush=True)
-            time.sleep(5.0)  # (as HOG's)
+            # a worker moved into a group is counted there from the guard's next look at
+            # its tree (each heartbeat, 1 s): five looks' time before it allocates
+            time.sleep(5.0)
             hog = []
             while True:
                 hog.append(bytearray(8 << 20))
@@ -123,16 +119,29 @@ def _said_pid(lines: list[str], pattern: str) -> int:
     raise AssertionError(f"no {pattern!r} in {lines[-20:]}")
 
 
+def _in_group(memory_group: Path, args: list[str], cwd: Path,
+              env: dict[str, str] | None = None, user: tuple[str, ...] = ()
+              ) -> subprocess.CompletedProcess[str]:
+    """``ptcluster ARGS`` with the whole job in ``memory_group`` (the head moves itself in
+    first): the rank is in the group from its start, and the guard counts the group from the
+    rank's start record, never from a look that must fall between a move and the kill."""
+    return subprocess.run([*user, "sh", "-c", f'echo $$ > {memory_group}/cgroup.procs && '
+                           'exec "$@"', "sh", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=180)
+
+
 @pytest.mark.slow
 def test_a_rank_killed_by_the_oom_killer_is_named_from_the_kernel_log(
         tmp_path, memory_group, no_leftovers) -> None:
-    (tmp_path / "hog.py").write_text(HOG)
-    code, head = run_head(["run", "--nproc", "1", "--run-dir", "runs", "hog.py",
-                           str(memory_group)], cwd=tmp_path, timeout=120)
+    (memory_group / "memory.limit_in_bytes").write_text(str(1 << 30))
+    (tmp_path / "hog.py").write_text("import os\nprint(f'pid {os.getpid()} in the group', "
+                                     "flush=True)\n" + GROUP_HOG)
+    run = _in_group(memory_group, [sys.executable, "-m", "ptcluster", "run", "--nproc", "1",
+                                   "--run-dir", "runs", "hog.py"], tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    pid = _said_pid(run.stdout.splitlines(), r"\] pid (\d+) in the group")
     job_id, _ = only_run(tmp_path / "runs")
     no_leftovers.append(job_id)
-    assert code == 1, head.output()
-    pid = _said_pid(head.lines, r"\] pid (\d+) in the group")
     rc = _root_cause(tmp_path / "runs")
     assert rc["kind"] == "oom" and rc["rank"] == 0 and rc["exit_code"] == -9
     (victim,) = rc["facts"]["oom"]["victims"]
@@ -141,10 +150,10 @@ def test_a_rank_killed_by_the_oom_killer_is_named_from_the_kernel_log(
     assert rc["facts"]["oom"]["log"] == "/dev/kmsg" and rc["facts"]["oom"]["group_kills"] == 1
     assert rc["message"].startswith(f"killed by the kernel's out-of-memory killer (pid {pid}, "
                                     "python, ")
-    assert f"its memory group /{memory_group.name} is limited to 64.0 MiB)" in rc["message"]
+    assert f"its memory group /{memory_group.name} is limited to 1.0 GiB)" in rc["message"]
     assert any(line.startswith("Root cause (first observed failure): rank 0 on localhost: "
                                "killed by the kernel's out-of-memory killer") for line in
-               head.err), head.output()
+               run.stderr.splitlines()), run.stderr
 
 
 @pytest.mark.slow
@@ -169,12 +178,17 @@ def _as_nobody(tmp_path: Path, memory_group: Path, nobody: list[str]) -> None:
     if subprocess.run([*nobody, "/usr/bin/python3", "-c", "import torch, ptcluster.cli"],
                       cwd="/", env=env, capture_output=True, timeout=60).returncode:
         pytest.skip("nobody cannot run this checkout's ptcluster with /usr/bin/python3")
-    (tmp_path / "hog.py").write_text(HOG)
+    # The whole job starts in the group (the head moves itself in, then runs ptcluster): the
+    # rank is in it from its start, so the guard counts its group from the rank's start record,
+    # never from a look that must come between a move and the kill (a CI run: group_kills 0
+    # after a 5 s wait). The hog makes itself the group's victim.
+    (memory_group / "memory.limit_in_bytes").write_text(str(1 << 30))
+    (tmp_path / "hog.py").write_text(GROUP_HOG)
     os.chown(tmp_path, 65534, 65534)
-    os.chown(memory_group / "cgroup.procs", 65534, 65534)  # the rank moves itself in
-    run = subprocess.run([*nobody, "/usr/bin/python3", "-m", "ptcluster", "run", "--nproc", "1",
-                          "--run-dir", "runs", "hog.py", str(memory_group)], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=120)
+    os.chown(memory_group / "cgroup.procs", 65534, 65534)
+    run = _in_group(memory_group, ["/usr/bin/python3", "-m", "ptcluster", "run", "--nproc",
+                                   "1", "--run-dir", "runs", "hog.py"], tmp_path, env,
+                    tuple(nobody))
     assert run.returncode == 1, run.stdout + run.stderr
     rc = _root_cause(tmp_path / "runs")
     assert rc["kind"] == "oom" and rc["exit_code"] == -9
@@ -184,7 +198,7 @@ def _as_nobody(tmp_path: Path, memory_group: Path, nobody: list[str]) -> None:
     assert rc["message"].startswith("killed by SIGKILL, and the kernel's out-of-memory killer "
                                     "ran on localhost while it did (the node's OOM-kill count "
                                     "rose by")
-    assert "its memory group's by 1, a group limited to 64.0 MiB); the kernel's log is not " \
+    assert "its memory group's by 1, a group limited to 1.0 GiB); the kernel's log is not " \
            "readable here to name its victim" in rc["message"]
     assert "`sudo dmesg | grep -i 'killed process'` on localhost" in rc["fix"]
     assert "the kernel's out-of-memory killer ran on localhost" in run.stderr
