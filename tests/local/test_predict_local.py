@@ -24,20 +24,23 @@ PROBED = textwrap.dedent("""
     from torch import nn
     from ptcluster.node.rank.step_probe import install
     install(json.dumps({"warmup": 2, "steps": 3, "min_s": float(sys.argv[3])}),
-            lambda body: print(json.dumps(body)))
+            lambda body: print(json.dumps(body), flush=True))
     net = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
     if sys.argv[1] == "ddp":
         dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0,
                                 world_size=1)
         net = nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    for _ in range(1000):
+    for _ in range(int(sys.argv[4]) if len(sys.argv) > 4 else 1000):
         time.sleep(0.02)
         loss = net(torch.randn(24, 784)).sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
     print("the probe did not end the program")
+    if sys.argv[5:] == ["os._exit"]:  # as ptcluster.end_rank leaves: no atexit runs
+        sys.stdout.flush()
+        os._exit(0)
 """)
 
 
@@ -74,6 +77,24 @@ def test_short_steps_are_measured_for_min_s_and_sent_twice(tmp_path) -> None:
     assert len(last["steps"]) > 3
     assert last["steps"][-1]["buckets"]  # the last steps keep their buckets,
     assert all(s["buckets"] is None for s in last["steps"][:-20])  # the others only times
+
+
+@pytest.mark.parametrize("leaving", ["return", "os._exit"])
+def test_a_job_that_ends_before_min_s_sends_every_step_it_measured(leaving: str,
+                                                                   tmp_path) -> None:
+    # (the first record holds the first 3 steps only: on a node under a CPU quota they may
+    # all fall in one period's unthrottled part; bench_predict_accuracy's 1-node mnist row
+    # was 4x too fast from it)
+    out = subprocess.run([sys.executable, "-c", PROBED, "plain", str(tmp_path / "s"), "60", "12",
+                          leaving],
+                         capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr
+    first, said, last = out.stdout.splitlines()  # the last record at the interpreter's exit
+    assert said == "the probe did not end the program"
+    first, last = json.loads(first), json.loads(last)
+    assert len(first["steps"]) == 3
+    assert len(last["steps"]) == 10  # steps 3..12 of the job: every one after the warm-up
 
 
 @pytest.mark.slow

@@ -97,8 +97,8 @@ def test_an_unchanged_environment_is_launched_without_asking(project: Project) -
     code, err, summary = project.run()
     assert code == 0, err
     assert project.ships == 1  # no session asked the node anything before the launch
-    assert node_of(summary) | {"python": ""} == {
-        "digest": digest, "state": UP_TO_DATE, "python": "", "checked_by": GUARD,
+    assert node_of(summary) == {  # python: as its rank saw it, not ~/-relative
+        "digest": digest, "state": UP_TO_DATE, "python": python, "checked_by": GUARD,
         "wheels_sent": 0, "bytes_sent": 0, "build_s": 0.0}
     assert summary["environment"]["python"] == {"0": python}
     assert project.ranks_said() == f"1.0 {python}"

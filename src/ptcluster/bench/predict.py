@@ -62,6 +62,8 @@ class Measured:
     """DDP's buckets in the order they are all-reduced."""
     ddp: bool = True
     """Whether the buckets are DDP's own (else emulated: the run had no DDP)."""
+    steps: int = 0
+    """How many training steps ``step_s`` is the mean of (0: not said)."""
 
     def __post_init__(self) -> None:
         if not self.step_s > 0 or not math.isfinite(self.step_s):
@@ -82,7 +84,7 @@ class Measured:
     def to_json(self) -> dict[str, Any]:
         return {"step_s": self.step_s, "exposed_s": self.exposed_s, "batch": self.batch,
                 "ranks": self.ranks, "grad_bytes": self.grad_bytes, "ddp": self.ddp,
-                "buckets": [asdict(b) for b in self.buckets]}
+                "steps": self.steps, "buckets": [asdict(b) for b in self.buckets]}
 
 
 def measured_from(steps: Sequence[dict[str, Any]], world_size: int,
@@ -110,7 +112,7 @@ def measured_from(steps: Sequence[dict[str, Any]], world_size: int,
         raise ValueError("the probe saw no batch: pass --batch")
     return Measured(step_s=step_s, exposed_s=min(statistics.median(exposed), 0.9 * step_s),
                     batch=seen, ranks=world_size, buckets=buckets,
-                    ddp=all(s.get("ddp", True) for s in steps))
+                    ddp=all(s.get("ddp", True) for s in steps), steps=len(train))
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,8 @@ def run_prediction(spec: ClusterSpec, target: Target, sweep: BenchConfig, cfg: P
 def render(result: Prediction) -> str:
     m = result.measured
     assert m is not None
-    out = [f"# measured on one node: {m.ranks} rank(s), {m.step_s * 1000:.2f} ms per step "
+    over = f" (mean of {m.steps} steps)" if m.steps else ""
+    out = [f"# measured on one node: {m.ranks} rank(s), {m.step_s * 1000:.2f} ms per step{over} "
            f"({m.compute_s * 1000:.2f} ms compute), {m.batch} samples per rank and step, "
            f"{m.grad_bytes / 1e6:.3f} MB of gradients in {len(m.buckets)} bucket(s)"
            f"{'' if m.ddp else ' (no DDP in the one-node run: DDP default buckets assumed)'}; "

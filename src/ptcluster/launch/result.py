@@ -244,6 +244,16 @@ class RunResult:
         return (not self.failures and not self.interrupted
                 and all(r.exit_code == 0 for r in self.ranks))
 
+    def _environment_json(self) -> dict[str, Any]:
+        """``environment`` with each rank's interpreter (``python``), and each node's own where
+        its ranks reported it: absolute as the node sees it, also when the head launched
+        without asking the node (its record then only knows ``~/.ptcluster/envs/…``)."""
+        env = dict(self.environment or {})
+        seen = {r.host: r.python for r in self.ranks if r.python}
+        env["nodes"] = {h: {**n, "python": seen.get(h) or n.get("python", "")}
+                        for h, n in (env.get("nodes") or {}).items()}
+        return {**env, "python": {str(r.rank): r.python for r in self.ranks if r.python}}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id, "ok": self.ok, "outcome": self.outcome.value,
@@ -261,8 +271,7 @@ class RunResult:
             "hang_report": None if self.hang_report is None else self.hang_report.to_json(),
             "straggler": self.straggler,
             "nccl": {n.host: n.nccl for n in self.nodes if n.nccl is not None},
-            **({"environment": {**self.environment, "python": {
-                str(r.rank): r.python for r in self.ranks if r.python}}}
+            **({"environment": self._environment_json()}
                if self.environment is not None else {}),
             "ranks": [{"rank": r.rank, "host": r.host, "local_rank": r.local_rank,
                        "exit_code": r.exit_code, "status": r.status, "duration_s": r.duration,

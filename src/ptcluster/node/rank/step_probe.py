@@ -25,15 +25,18 @@ CPU, when backward queued them: on a GPU the overlap they show is an upper bound
 After ``warmup + steps`` steps rank 0 sends a ``predict`` record; while the measured steps took
 less than ``min_s``, rank 0 says how many more should make it (one ``broadcast_object_list``
 between two steps, again after those), and at the end it sends the record again (the head keeps
-the last: a job that ends by itself meanwhile still has the first). Every rank ends with exit 0
-at the same step (DDP keeps ranks in step; no collective is pending after ``step()``).
+the last). A job that ends by itself meanwhile sends what it measured when its interpreter
+exits (``atexit``, and before ``os._exit``: ``ptcluster.end_rank`` leaves by it). Every rank
+ends with exit 0 at the same step (DDP keeps ranks in step; no collective is pending after
+``step()``).
 """
 
+import atexit
 import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 FIRST_BUCKET = 1 << 20
 """DDP's first bucket cap (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)."""
@@ -68,6 +71,8 @@ class Probe:
         self.buckets: list[list[float]] = []  # [bytes, ready_s, done_s] of this step
         self.params: list[Any] = []  # no DDP: (param, bucket index) order
         self.measured: list[dict[str, Any]] = []
+        self.sent = 0
+        """How many measured steps the last record held."""
 
     # -- the hooks ---------------------------------------------------------------------------
     def forward_pre(self, module: object, args: tuple[Any, ...]) -> None:
@@ -171,7 +176,16 @@ class Probe:
         self._broadcast(box)
         return int(box[0])
 
+    def at_exit(self) -> None:
+        """The program ends by itself (its interpreter's exit) before ``min_s`` was measured:
+        the steps measured since the last record are sent, so that the head's figure is the
+        mean of every step the job ran, not of the first ``steps`` (on a node under a CPU
+        quota those may all fall in one period's unthrottled part: 3-4x too fast)."""
+        if len(self.measured) > self.sent:
+            self._send()
+
     def _send(self) -> None:
+        self.sent = len(self.measured)
         if int(os.environ.get("RANK", "0")) == 0:
             for old in self.measured[:-KEEP_BUCKETS]:
                 old["buckets"] = None  # the last steps' buckets are enough, and a record small
@@ -209,6 +223,14 @@ def install(config: str, send: Any) -> Probe:
     probe = Probe(int(cfg["warmup"]), int(cfg["steps"]), send, torch.is_grad_enabled, sync,
                   float(cfg.get("min_s", 0.0)), broadcast)
     register_optimizer_step_post_hook(probe.after_step)
+    atexit.register(probe.at_exit)
+    leave = os._exit
+
+    def _exit(status: int) -> NoReturn:  # a program that ends by os._exit runs no atexit
+        probe.at_exit()  # (ptcluster.end_rank does: gloo's teardown can abort a rank)
+        leave(status)
+
+    os._exit = _exit
     register_module_forward_pre_hook(probe.forward_pre)
     ddp = torch.nn.parallel.DistributedDataParallel
     built = ddp.__init__
