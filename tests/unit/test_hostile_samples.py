@@ -95,3 +95,22 @@ def test_a_node_believes_no_record_with_a_text_longer_than_a_label() -> None:
     assert well_formed(record)
     assert not well_formed({**record, "command": "c" * (LABEL + 1)})
     assert not well_formed({**record, "other": "o" * (LABEL + 1)})
+
+
+@pytest.mark.parametrize("record", [
+    {"resource": "gpu-0", "node": "n0", "unknown": True},  # a planted lock entry: shown as held
+    {"resource": "gpu-0", "node": "n0", "unknown": True, "user": "x"},
+    {"resource": "gpu-0", "node": 5, "unknown": True},
+    {k: v for k, v in GOOD["leases"][0].items() if k != "pid"},  # (the head took this before)
+    {**GOOD["leases"][0], "since": -1},
+    {**GOOD["leases"][0], "job_id": "../x"},
+    GOOD["leases"][1]])
+def test_the_head_takes_exactly_the_lease_records_a_node_believes(record: dict) -> None:
+    """One rule for both sides (``records.sampled``): what the sampler may send and what the
+    head keeps of a sample can no longer drift apart."""
+    from ptcluster.node.records import sampled
+
+    kept = sample_reply({**GOOD, "leases": [record]})["leases"]
+    assert kept == ([record] if sampled(record) else [])
+    assert sampled(record) is (record in (GOOD["leases"][1],
+                                          {"resource": "gpu-0", "node": "n0", "unknown": True}))

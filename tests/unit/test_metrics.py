@@ -18,7 +18,8 @@ GIB = 1 << 30
 
 
 def lease(job: str, node: str, resource: str, ranks: list[int] | None = None) -> dict:
-    return {"job_id": job, "user": "ann", "head": "h0", "command": "python train.py --lr 3e-4",
+    return {"pid": 4242, "uid": 1000,
+            "job_id": job, "user": "ann", "head": "h0", "command": "python train.py --lr 3e-4",
             "since": NOW - 60, "node": node, "resource": resource, "ranks": ranks or [0, 0]}
 
 

@@ -118,6 +118,22 @@ def well_formed(record: object) -> bool:
                 for r in ranks))))
 
 
+UNKNOWN_KEYS = frozenset({"resource", "node", "unknown"})
+"""A held lease with no record believed (``leases.held_all(unknown=True)``): only these."""
+
+
+def sampled(record: object) -> bool:
+    """Whether ``record`` is a lease as a sampler sends it and the head takes it in a sample
+    (``remote.replies.sample_reply``): one rule for both sides. A :func:`well_formed` record,
+    or a lease held with no record believed (a planted lock entry): ``{resource, node,
+    unknown: true}``, its texts of at most :data:`MOST_TEXT`."""
+    if isinstance(record, dict) and record.get("unknown") is True:
+        return set(record) == UNKNOWN_KEYS and all(
+            isinstance(record[k], str) and len(record[k]) <= MOST_TEXT
+            for k in ("resource", "node"))
+    return well_formed(record)
+
+
 def lease_of(record: dict[str, Any]) -> tuple[str, str]:
     """What a lease record holds, read one way for every reader (the sampler, ``ps``, the
     monitor, the metrics): ``("job", "")``, ``("gpu", "3")``, ``("port", "29500")``; a

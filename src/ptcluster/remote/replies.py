@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ptcluster.cluster.validate import is_dns_name
-from ptcluster.node.records import MAX_LEASES, MOST_KEYS, MOST_TEXT
+from ptcluster.node.records import MAX_LEASES, MOST_TEXT, sampled
 from ptcluster.node.setup_facts import sections
 from ptcluster.node.slurm_facts import HW_KEYS, SERVICES, SLURM_FILES, SLURM_PACKAGES
 from ptcluster.node.wire import Sample
@@ -264,25 +264,11 @@ def shown(where: str, value: Any) -> None:
         raise _bad(where, value, f"text of at most {LABEL} characters")
 
 
-def lease_value(where: str, value: Any) -> None:
-    """A lease record's value: text, a number, true/false, null or ``[first, last]``."""
-    if isinstance(value, list):
-        listing(number(-2**31, 2**31), 2)(where, value)
-    elif isinstance(value, str):
-        shown(where, value)
-    elif value is not None and not isinstance(value, bool):
-        figure(where, value)
-
-
-LEASE = table_of(lease_value, MOST_KEYS)
-
-
-def _passes(check: Check, value: Any) -> bool:
-    try:
-        check("", value)
-    except BadReply:
-        return False
-    return True
+def lease(where: str, value: Any) -> None:
+    """A lease record in a sample: the node's own rule (``records.sampled``), not a second
+    one here."""
+    if not sampled(value):
+        raise _bad(where, value, "a lease record as a node keeps it")
 
 
 def gpu_sample(where: str, value: Any) -> None:
@@ -301,7 +287,7 @@ SAMPLE: dict[str, Check] = {
     "mem": record({"used": number(0, 2**62), "total": number(0, 2**62)}),
     "net": record({"rx_bps": figure, "tx_bps": figure}),
     "gpus": listing(gpu_sample, MAX_SAMPLE_GPUS), "gpu_error": optional(note),
-    "leases": listing(LEASE, MAX_LEASES),
+    "leases": listing(lease, MAX_LEASES),
     "jobs": table_of(record({"user": optional(shown), "ranks": number(0, 2**31),
                              "gpus": listing(number(0, MAX_SAMPLE_GPUS - 1), MAX_SAMPLE_GPUS)}),
                      MAX_LEASES),
@@ -317,7 +303,7 @@ def sample_reply(sample: Any) -> Sample:
         if not isinstance(sample, dict):
             raise _bad("the sample", sample, "a table")
         if isinstance(sample.get("leases"), list):  # (a bad record is dropped, not the sample)
-            sample = {**sample, "leases": [r for r in sample["leases"] if _passes(LEASE, r)]}
+            sample = {**sample, "leases": [r for r in sample["leases"] if sampled(r)]}
         for key, check in SAMPLE.items():
             if key not in sample:
                 raise _bad(key, None, "there")
