@@ -61,7 +61,9 @@ def test_a_malformed_probe_answer_is_not_believed(evil: Any, tmp_path: Path) -> 
              for i, h in enumerate(("good", "evil"))]
     answers = lost.probe(nodes, plan, "j-1", _nodes(tmp_path, "boot", "probe", GOOD_BOOT, evil))
     assert answers["good"] == GOOD_BOOT
-    assert set(answers["evil"] or {}) == {"malformed"}
+    assert isinstance(answers["evil"], lost.Unbelieved)
+    assert lost.after_loss(answers["evil"]) == {"answered": True,
+                                                 "malformed": answers["evil"].why}
     what, _, lines = lost.explain(nodes[1], answers["evil"], 1.0, "lost")
     assert "malformed answer" in what and not lines and len(what) < 400
 
@@ -72,4 +74,4 @@ def test_the_real_probe_programs_answer_passes_the_check() -> None:
     nodes = [NodeOutcome(host="localhost", node_rank=0, ready=True,
                          facts={"boot_id": "another", "pid": 1, "time": 0.0})]
     answer = lost.probe(nodes, plan, "j-1", {"localhost": LocalTransport()})["localhost"]
-    assert answer is not None and "malformed" not in answer and answer["boot_id"], answer
+    assert lost.back(answer) is not None and answer["boot_id"], answer

@@ -190,3 +190,18 @@ def test_the_console_summary_names_the_planned_restart() -> None:
     lines = out.getvalue().splitlines()
     assert lines[1] == "  attempt 1: world size 2 on 2 node(s): planned restart at step 12 " \
                        "(n3 taken back)", lines
+
+
+@pytest.mark.parametrize("schema, written", [
+    ("KILL", "ptcluster.node.kill:KillAnswer"), ("BOOT", "ptcluster.node.probe:BootAnswer")])
+def test_each_answer_is_checked_by_the_keys_its_writer_declares(schema: str, written: str):
+    """The head's check of kill's and the probe's answers (``remote.node_replies``) names
+    exactly the keys of the TypedDict beside the node code that writes them: a key added on
+    one side only fails here, not as every node's "malformed answer" in a run."""
+    import importlib
+
+    from ptcluster.remote import node_replies
+
+    module, name = written.split(":")
+    declared = getattr(importlib.import_module(module), name).__annotations__
+    assert set(getattr(node_replies, schema).fields) == set(declared)

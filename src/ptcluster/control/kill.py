@@ -102,17 +102,17 @@ def stop_through_guards(spec: ClusterSpec, job_id: str, signame: str, by: dict[s
     refused: dict[str, str] = {}
     failed: dict[str, str] = {}
     for host, node in result.nodes.items():
-        answer = node.answers.get(Kind.RESULT)
-        if answer is None:
+        said = node.answers.get(Kind.RESULT)
+        if said is None:
             failed[host] = "no answer" if node.problem is None else node.problem.what
             continue
         try:
-            answer = kill_answer(answer)
+            answer = kill_answer(said)
         except BadReply as exc:
             failed[host] = f"it sent a malformed answer: {exc.what}"
             continue
         if answer.get("signalled"):
             signalled.append(host)
         if answer.get("error"):
-            (refused if answer.get("found") else failed)[host] = str(answer["error"])
+            (refused if answer.get("found") else failed)[host] = answer.get("error") or ""
     return GuardsStop(signalled, refused, failed)

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, FailureKind, NodeOutcome
 from ptcluster.node import PROBE
+from ptcluster.node.probe import BootAnswer
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import Group, Member
 from ptcluster.remote.node_replies import boot_answer
@@ -37,6 +39,34 @@ PROBE_BOUND = PROBE_TIMEOUT + 2 * CLOSE_TIMEOUT
 NO_ANSWER = "does not answer (powered off, or its network is down)"
 
 
+@dataclass(frozen=True)
+class Unbelieved:
+    """A probe's answer that failed its check (``remote.node_replies.BOOT``): only why is
+    kept, never the node's words."""
+
+    why: str
+
+
+Probed = BootAnswer | Unbelieved | None
+"""A lost node's answer to the probe: checked, refused, or none in time."""
+
+
+def after_loss(answer: Probed) -> dict[str, Any]:
+    """``summary.json``'s ``after_loss`` of a node (its keys as they always were: ``answered``,
+    then the answer's own, or ``malformed``)."""
+    if isinstance(answer, Unbelieved):
+        return {"answered": True, "malformed": answer.why}
+    return {"answered": answer is not None, **(answer or {})}
+
+
+def back(answer: Probed) -> BootAnswer | None:
+    """A believed answer of a node whose guard of then no longer runs (its ranks are gone with
+    it): one a restart may take back, given its health."""
+    if answer is None or isinstance(answer, Unbelieved) or answer.get("guard_alive"):
+        return None
+    return answer
+
+
 def lost_nodes(failures: Sequence[Failure], nodes: Sequence[NodeOutcome]) -> list[NodeOutcome]:
     """The nodes worth asking: lost (kind ``lost``, not a rank's failure) after they were ready,
     without an exit of their guard's own (a guard that said why it ended needs no probe)."""
@@ -49,7 +79,7 @@ def lost_nodes(failures: Sequence[Failure], nodes: Sequence[NodeOutcome]) -> lis
 
 def probe(nodes: Sequence[NodeOutcome], plan: LaunchPlan | Mapping[str, str], job_id: str,
           transports: Mapping[str, Transport],
-          health: Mapping[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any] | None]:
+          health: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Probed]:
     """Each node's ``boot`` answer, None for a node that gave none in time (``plan``: the
     plan the nodes ran in, or each node's interpreter; ``health``: per node, the context of
     its health gate, whose verdict the answer then carries as ``unfit``)."""
@@ -69,15 +99,15 @@ def probe(nodes: Sequence[NodeOutcome], plan: LaunchPlan | Mapping[str, str], jo
     return {h: _checked(r.answers.get(Kind.BOOT)) for h, r in result.nodes.items()}
 
 
-def _checked(answer: dict[str, Any] | None) -> dict[str, Any] | None:
+def _checked(answer: dict[str, Any] | None) -> Probed:
     """A probe's answer checked (``remote.node_replies``); a malformed one is kept only as
-    ``{"malformed": why}`` (the node's words are not believed)."""
+    why (the node's words are not believed)."""
     if answer is None:
         return None
     try:
         return boot_answer(answer)
     except BadReply as exc:
-        return {"malformed": exc.what}
+        return Unbelieved(exc.what)
 
 
 def explain_losses(failures: Sequence[Failure], nodes: Sequence[NodeOutcome], plan: LaunchPlan,
@@ -90,7 +120,7 @@ def explain_losses(failures: Sequence[Failure], nodes: Sequence[NodeOutcome], pl
     answers = probe(lost, plan, plan.job_id, transports)
     for node in lost:
         answer = answers.get(node.host)
-        node.after_loss = {"answered": answer is not None, **(answer or {})}
+        node.after_loss = after_loss(answer)
         for failure in failures:
             if failure.host == node.host and failure.kind is FailureKind.LOST and \
                     failure.rank is None:
@@ -106,11 +136,10 @@ def answering_again(nodes: Sequence[NodeOutcome], python: Mapping[str, str], job
     if not nodes:
         return []
     answers = probe(nodes, python, job_id, transports)
-    return [n.host for n in nodes if (a := answers.get(n.host)) is not None
-            and "malformed" not in a and not a.get("guard_alive")]
+    return [n.host for n in nodes if back(answers.get(n.host)) is not None]
 
 
-def reword(failure: Failure, node: NodeOutcome, answer: dict[str, Any] | None) -> None:
+def reword(failure: Failure, node: NodeOutcome, answer: Probed) -> None:
     """``failure`` (a loss of ``node``) said again with what the probe found: pure."""
     what, fix, lines = explain(node, answer, failure.at, failure.message)
     # (the same boot's words carry the loss already: said once)
@@ -120,7 +149,7 @@ def reword(failure: Failure, node: NodeOutcome, answer: dict[str, Any] | None) -
         failure.last_lines = [*failure.last_lines, *lines]
 
 
-def explain(node: NodeOutcome, answer: dict[str, Any] | None, lost_at: float,
+def explain(node: NodeOutcome, answer: Probed, lost_at: float,
             detail: str) -> tuple[str, str, list[str]]:
     """(what became of ``node``, the fix, kernel lines to show) from the probe's ``answer`` and
     its ready facts; ``lost_at``: when it was lost (head clock); ``detail``: what the head knew
@@ -130,8 +159,8 @@ def explain(node: NodeOutcome, answer: dict[str, Any] | None, lost_at: float,
         return (NO_ANSWER, "check its power and its network (a console, the BMC); "
                            "`ptcluster doctor` once it is back; with --max-restarts and "
                            "--min-nodes a restart goes on without it", [])
-    if "malformed" in answer:
-        return (f"answered the head's probe with a malformed answer ({answer['malformed']})",
+    if isinstance(answer, Unbelieved):
+        return (f"answered the head's probe with a malformed answer ({answer.why})",
                 "check that node (a node that sends this may be compromised)", [])
     before, now = facts.get("boot_id"), answer.get("boot_id")
     if before and now and before != now:

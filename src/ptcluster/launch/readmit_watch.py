@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ptcluster.launch.lost import PROBE_BOUND, probe
+from ptcluster.launch.lost import PROBE_BOUND, back, probe
 from ptcluster.launch.result import NodeOutcome
+from ptcluster.node.health import Unfit
 from ptcluster.remote.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -89,12 +90,11 @@ class ReturnWatch:
                 log.debug("probing the lost nodes failed", exc_info=True)
                 continue
             for node in left:
-                answer = answers.get(node.host)
-                if answer is None or "malformed" in answer or answer.get("guard_alive"):
-                    continue
-                self._verdict(node.host, answer.get("unfit"))
+                answer = back(answers.get(node.host))
+                if answer is not None:
+                    self._verdict(node.host, answer.get("unfit"))
 
-    def _verdict(self, host: str, unfit: dict[str, str] | None) -> None:
+    def _verdict(self, host: str, unfit: Unfit | None) -> None:
         """Say (post) what becomes of ``host``, once per verdict."""
         if host in self._w.twice:
             refused, key = "failed twice in this run: it is not taken back", "twice"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 from ptcluster.node.accel import gpus
 from ptcluster.node.gpu_errors import (
@@ -341,7 +341,14 @@ def health(ctx: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def unfit(findings: list[dict[str, Any]]) -> dict[str, Any] | None:
+class Unfit(TypedDict):
+    """The health gate's refusal: every failed check's what and fix, each joined by "; "."""
+
+    what: str
+    fix: str
+
+
+def unfit(findings: list[dict[str, Any]]) -> Unfit | None:
     """The refusal the findings call for: every failed check's what and fix together; None when
     the node is fit."""
     bad = [f for f in findings if not f["ok"]]

@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 import time
+from typing import TypedDict
 
 from ptcluster.node.leases import RECORD_MODE, held_all, kill_note
 from ptcluster.node.records import unlink, valid_job_id, write_record
@@ -62,7 +63,23 @@ def _signal(pid: int, uid: int, job_id: str, signum: int) -> bool:
             os.close(pidfd)
 
 
-def end_job(job_id: str, signame: str, by: dict) -> dict:
+class KillAnswer(TypedDict, total=False):
+    """:func:`end_job`'s ``result`` frame, checked by the head as it arrives
+    (``remote.node_replies.KILL``: the same keys)."""
+
+    found: bool
+    """Whether this node runs a guard of the job (its lease names one that is)."""
+    pid: int
+    user: str | None
+    """The guard's and its user's (the lease record's)."""
+    note_error: str
+    """Why the note of who asked could not be written (the signal is sent all the same)."""
+    signalled: bool
+    error: str
+    """Why it was not signalled (not a job id, another user's, ended meanwhile)."""
+
+
+def end_job(job_id: str, signame: str, by: dict) -> KillAnswer:
     if not valid_job_id(job_id):  # (kill's note is named by it, in the shared lease dir)
         return {"found": False, "error": f"{job_id[:80]!r} is not a job id"}
     here = socket.gethostname()  # (a lock directory may be shared with other nodes)
@@ -72,7 +89,7 @@ def end_job(job_id: str, signame: str, by: dict) -> dict:
     if not guards:
         return {"found": False}
     record = guards[0]
-    out = {"found": True, "pid": record["pid"], "user": record.get("user")}
+    out: KillAnswer = {"found": True, "pid": record["pid"], "user": record.get("user")}
     try:  # the note first: the guard reads it when the signal arrives
         write_record(kill_note(job_id, uid=os.getuid()), {**by, "t": time.time()}, RECORD_MODE)
     except OSError as exc:

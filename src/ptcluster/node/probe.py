@@ -19,9 +19,9 @@ import json
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, TypedDict
 
-from ptcluster.node.health import boot, health, unfit
+from ptcluster.node.health import Unfit, boot, health, unfit
 from ptcluster.node.wire import Kind, encode, hello
 
 KERNEL_LINES = 8
@@ -55,9 +55,27 @@ def previous_kernel() -> list[str]:
     return [line[:300] for line in out.stdout.splitlines()[-KERNEL_LINES:]]
 
 
-def answer(cfg: dict[str, Any]) -> dict[str, Any]:
+class BootAnswer(TypedDict, total=False):
+    """The probe's ``boot`` frame (:func:`answer`), checked by the head as it arrives
+    (``remote.node_replies.BOOT``: the same keys)."""
+
+    boot_id: str | None
+    """This boot's id (``/proc/sys/kernel/random/boot_id``)."""
+    uptime: float | None
+    time: float
+    """The node's clock when it answered."""
+    guard_alive: bool | None
+    """Whether the job's guard still runs here (None: the head named no guard)."""
+    kernel: list[str]
+    """After a reboot: the previous boot's last kernel lines (only then)."""
+    unfit: Unfit | None
+    """Only when the head sent the gate's context: its refusal, None when fit."""
+
+
+def answer(cfg: dict[str, Any]) -> BootAnswer:
     now = boot()
-    out: dict[str, Any] = {**now, "time": time.time()}
+    out: BootAnswer = {"boot_id": now.get("boot_id"), "uptime": now.get("uptime"),
+                       "time": time.time()}
     pid = cfg.get("guard_pid")
     out["guard_alive"] = guard_runs(int(pid), str(cfg.get("job_id"))) if pid else None
     before = cfg.get("boot_id")

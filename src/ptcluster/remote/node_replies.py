@@ -11,8 +11,10 @@ node's failed ``reach`` check, named; the node's facts are never kept.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+from ptcluster.node.kill import KillAnswer
+from ptcluster.node.probe import BootAnswer
 from ptcluster.remote.replies import (
     LABEL,
     MAX_WORD,
@@ -126,11 +128,11 @@ BOOT = record({"boot_id": optional(word), "uptime": optional(figure), "time": fi
 """``node.probe``'s ``boot`` (``answer``; ``unfit``: its health gate's refusal, when asked)."""
 
 
-def kill_answer(answer: Any) -> dict[str, Any]:
+def kill_answer(answer: Any) -> KillAnswer:
     """A node's kill ``result`` checked. Raises :class:`BadReply`."""
-    return _answer(KILL, "kill's answer", answer)
+    return cast(KillAnswer, _answer(KILL, "kill's answer", answer))
 
 
-def boot_answer(answer: Any) -> dict[str, Any]:
+def boot_answer(answer: Any) -> BootAnswer:
     """A node's probe ``boot`` answer checked. Raises :class:`BadReply`."""
-    return _answer(BOOT, "the probe's answer", answer)
+    return cast(BootAnswer, _answer(BOOT, "the probe's answer", answer))

@@ -120,14 +120,23 @@ def mapping(values: Check, keys: tuple[str, ...] | None = None) -> Check:
     return check
 
 
-def record(fields: dict[str, Check]) -> Check:
-    """A dict with these keys (each checked; a missing key counts as None), and no other."""
-    def check(where: str, value: Any) -> None:
-        if not isinstance(value, dict) or not set(value) <= set(fields):
-            raise _bad(where, value, "a table of " + ", ".join(fields))
-        for k, field in fields.items():
+class Record:
+    """A check of a dict with these keys (each checked; a missing key counts as None), and no
+    other; ``fields`` says which (a test compares them with the writer's TypedDict)."""
+
+    def __init__(self, fields: dict[str, Check]) -> None:
+        self.fields = fields
+
+    def __call__(self, where: str, value: Any) -> None:
+        if not isinstance(value, dict) or not set(value) <= set(self.fields):
+            raise _bad(where, value, "a table of " + ", ".join(self.fields))
+        for k, field in self.fields.items():
             field(f"{where}.{k}", value.get(k))
-    return check
+
+
+def record(fields: dict[str, Check]) -> Record:
+    """:class:`Record` of ``fields``."""
+    return Record(fields)
 
 
 def listing(items: Check, most: int) -> Check:
