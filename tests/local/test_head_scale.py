@@ -43,7 +43,7 @@ HEAD = textwrap.dedent("""
                              timeout=5.0)
             except Exception:  # (no socket yet)
                 continue
-            if len(answer.get("straggler", {}).get("ranks", [])) == len(plan.nodes) * 8:
+            if len((answer.get("straggler") or {}).get("ranks", [])) == len(plan.nodes) * 8:
                 asked.update(answer)  # (the first answer with every rank's full window)
                 return
 

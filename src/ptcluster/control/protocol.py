@@ -19,10 +19,11 @@ import stat
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from ptcluster.errors import PtclusterError
 from ptcluster.launch.rundir import RunDir
+from ptcluster.launch.supervise.straggler import Report
 from ptcluster.node import safefile
 
 
@@ -57,6 +58,31 @@ def stacks_request() -> dict[str, Any]:
 
 def straggler_request() -> dict[str, Any]:
     return {CMD: Request.STRAGGLER}
+
+
+class JobFacts(TypedDict, total=False):
+    """The running attempt (none before the first starts)."""
+
+    attempt: int
+    world_size: int
+    nodes: int
+
+
+class StragglerAnswer(TypedDict, total=False):
+    """A head's answer to ``Request.STRAGGLER`` (``control.server.HeadDoor.straggler``)."""
+
+    ok: bool
+    straggler: Report | None
+    """None before the loop built any figures."""
+    job: JobFacts
+    error: str
+    """Why not (``ok`` false)."""
+
+
+def ask_straggler(run_dir: Path, timeout: float) -> StragglerAnswer:
+    """The straggler figures of the head running in ``run_dir`` (``ask``'s checks: its own
+    head, which built the answer from these types)."""
+    return cast(StragglerAnswer, ask(run_dir, straggler_request(), timeout=timeout))
 
 
 def kill_request(job_id: str, signame: str, by: dict[str, str]) -> dict[str, Any]:

@@ -20,17 +20,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ptcluster.control import registry as heads
 from ptcluster.control.protocol import (
     KILL_SIGNALS,
+    JobFacts,
     Request,
+    StragglerAnswer,
     at_short_path,
     kind_of,
     peer_uid,
 )
 from ptcluster.launch.rundir import RunDir
+from ptcluster.launch.supervise.straggler import Report
 from ptcluster.node.wire import KILLED_BY
 
 log = logging.getLogger(__name__)
@@ -142,11 +145,11 @@ class HeadDoor:
         self.stop = stop
         self.looping = False
         """Whether the loop runs (and answers an ``Ask``)."""
-        self.figures: tuple[int, dict[str, Any]] = (-1, {})
+        self.figures: tuple[int, Report | None] = (-1, None)
         """(the straggler watch's version, its figures) as last built by the loop."""
         self.killed_by = ""
         """Who ended the job through the control socket (``ptcluster kill``), if anyone did."""
-        self.job: dict[str, int] = {}
+        self.job: JobFacts = {}
         """The running attempt's ``{attempt, world_size, nodes}`` (set by the loop as each
         attempt starts), answered beside the straggler figures (``monitor --serve``)."""
 
@@ -157,7 +160,7 @@ class HeadDoor:
         if kind == Request.KILL:
             return self._kill(request)
         if kind == Request.STRAGGLER:
-            return self.straggler()
+            return cast(dict[str, Any], self.straggler())
         return {"ok": False, "error": f"unknown request {kind[:40]!r}"}
 
     def stacks(self, timeout: float = STACKS_SECONDS) -> dict[str, Any]:
@@ -166,14 +169,15 @@ class HeadDoor:
         answer = self._ask(Request.STACKS, timeout)
         if not answer.get("ok", True):
             return answer
-        return {**answer, "straggler": self.straggler().get("straggler", {})}
+        return {**answer, "straggler": self.straggler().get("straggler")}
 
-    def straggler(self) -> dict[str, Any]:
+    def straggler(self) -> StragglerAnswer:
         """The straggler report's current figures. From the loop while it runs (built when
         asked: those of 8192 ranks take ~80 ms), else at once, as the last loop left them."""
         if not self.looping:
-            return {"ok": True, "straggler": self.figures[1], "job": dict(self.job)}
-        return {**self._ask(Request.STRAGGLER, ASK_SECONDS), "job": dict(self.job)}
+            return {"ok": True, "straggler": self.figures[1], "job": JobFacts(**self.job)}
+        answer = cast(StragglerAnswer, self._ask(Request.STRAGGLER, ASK_SECONDS))
+        return {**answer, "job": JobFacts(**self.job)}
 
     def _ask(self, what: str, timeout: float) -> dict[str, Any]:
         """The loop's answer to ``what``, built there from its own state."""

@@ -45,6 +45,7 @@ from ptcluster.launch.supervise.actions import (
     Status,
 )
 from ptcluster.launch.supervise.states import Phase
+from ptcluster.launch.supervise.straggler import Report
 from ptcluster.launch.supervise.supervisor import Supervisor
 from ptcluster.node import GUARD
 from ptcluster.node.wire import Kind
@@ -328,7 +329,7 @@ class Attempt:
         else:
             self._collect(sup, "asked by `ptcluster stacks`", ask.reply)
 
-    def _straggler_now(self, sup: Supervisor) -> dict[str, Any]:
+    def _straggler_now(self, sup: Supervisor) -> Report | None:
         """The report's figures, built again only when reports came since the last time."""
         door = self.ctx.door
         if door.figures[0] != sup.straggler_version:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptcluster.errors import Problem
+from ptcluster.launch.supervise.straggler import Report
 
 if TYPE_CHECKING:
     from ptcluster.launch.stacks.report import StackReport
@@ -199,7 +200,7 @@ class RunResult:
     """The restart rule gave up because an attempt saved no newer checkpoint (exit 3)."""
     hang_report: StackReport | None = None
     """Every rank's stacks when the job was found hung (``StackReport.to_json``)."""
-    straggler: dict[str, Any] | None = None
+    straggler: Report | None = None
     """The straggler report of the last attempt: every rank's wait share (window and whole
     attempt), the current straggler and the history of changes (``StragglerWatch.to_json``)."""
     environment: dict[str, Any] | None = None

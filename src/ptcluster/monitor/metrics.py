@@ -37,7 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ptcluster.control import registry as heads
-from ptcluster.control.protocol import ask, straggler_request
+from ptcluster.control.protocol import StragglerAnswer, ask_straggler
 from ptcluster.errors import PtclusterError
 from ptcluster.monitor.httpd import MetricsServer
 from ptcluster.monitor.jobs import job_rows
@@ -179,7 +179,7 @@ def lease_families(views: list[NodeView], now: float, stale: float) -> list[Metr
     return [info, started, ranks, gpus, gpu]
 
 
-def head_families(answers: dict[str, dict[str, Any]]) -> list[Metric]:
+def head_families(answers: dict[str, StragglerAnswer]) -> list[Metric]:
     """The job's own figures, from its head's answer (``job_id`` -> the head's ``straggler``
     answer: ``control.protocol.Request.STRAGGLER``)."""
     job = ["job_id"]
@@ -203,26 +203,27 @@ def head_families(answers: dict[str, dict[str, Any]]) -> list[Metric]:
     done = CounterMetricFamily("ptcluster_job_rank_collectives", "Collectives the rank "
                                "completed this attempt (torch's flight recorder).", labels=rank)
     for job_id, answer in sorted(answers.items()):
-        facts = answer.get("job") or {}
-        if isinstance(facts.get("attempt"), int):
+        facts = answer.get("job", {})  # (none before the first attempt starts)
+        if "attempt" in facts:
             attempt.add_metric([job_id], facts["attempt"])
             restarts.add_metric([job_id], facts["attempt"])
-        for fam, key in ((world, "world_size"), (nodes, "nodes")):
-            if isinstance(facts.get(key), int):
-                fam.add_metric([job_id], facts[key])
-        figures = answer.get("straggler") or {}
-        trace = figures.get("trace") or [{}]
-        ratios = trace[-1].get("ratios") or {}
-        named = set(((figures.get("current") or {}).get("ranks")) or [])
-        for r in figures.get("ranks") or []:
-            labels = [job_id, str(r.get("rank")), str(r.get("host") or "")]
-            if isinstance(r.get("wait_share"), (int, float)):
-                wait.add_metric(labels, r["wait_share"])
-            late.add_metric(labels, 1.0 if r.get("rank") in named else 0.0)
-            if str(r.get("rank")) in ratios:
-                ratio.add_metric(labels, float(ratios[str(r.get("rank"))]))
-            if isinstance(r.get("collectives_job"), int):
-                done.add_metric(labels, r["collectives_job"])
+        if "world_size" in facts:
+            world.add_metric([job_id], facts["world_size"])
+        if "nodes" in facts:
+            nodes.add_metric([job_id], facts["nodes"])
+        figures = answer.get("straggler")
+        if figures is None:
+            continue
+        ratios = figures["trace"][-1]["ratios"] if figures["trace"] else {}
+        current = figures["current"]
+        named = set(current["ranks"]) if current is not None else set()
+        for r in figures["ranks"]:
+            labels = [job_id, str(r["rank"]), r["host"]]
+            wait.add_metric(labels, r["wait_share"])
+            late.add_metric(labels, 1.0 if r["rank"] in named else 0.0)
+            if str(r["rank"]) in ratios:
+                ratio.add_metric(labels, ratios[str(r["rank"])])
+            done.add_metric(labels, r["collectives_job"])
     return [attempt, world, nodes, restarts, wait, ratio, late, done]
 
 
@@ -234,7 +235,7 @@ class HeadPoller:
 
     interval: float = 2.0
     timeout: float = 5.0
-    latest: dict[str, dict[str, Any]] = field(default_factory=dict)
+    latest: dict[str, StragglerAnswer] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> HeadPoller:
@@ -244,12 +245,12 @@ class HeadPoller:
     def stop(self) -> None:
         self._stop.set()
 
-    def poll(self) -> dict[str, dict[str, Any]]:
+    def poll(self) -> dict[str, StragglerAnswer]:
         """One round: every running head's answer (a head that does not answer is left out)."""
-        found: dict[str, dict[str, Any]] = {}
+        found: dict[str, StragglerAnswer] = {}
         for entry in heads.running_here():
             try:
-                answer = ask(entry.run_dir, straggler_request(), timeout=self.timeout)
+                answer = ask_straggler(entry.run_dir, timeout=self.timeout)
             except (PtclusterError, OSError, ValueError):
                 continue
             if answer.get("ok"):
@@ -268,7 +269,7 @@ class Exporter(Collector):
     ``updated`` is on."""
 
     def __init__(self, snapshot: Callable[[], list[NodeView]],
-                 answers: Callable[[], dict[str, dict[str, Any]]], stale: float,
+                 answers: Callable[[], dict[str, StragglerAnswer]], stale: float,
                  clock: Callable[[], float] = time.time) -> None:
         self.snapshot, self.answers, self.stale, self.clock = snapshot, answers, stale, clock
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec
-from ptcluster.control.protocol import ask, running_jobs, straggler_request
+from ptcluster.control.protocol import ask_straggler, running_jobs
 from ptcluster.errors import Problem, PtclusterError
 from ptcluster.node import SAMPLER
 from ptcluster.node.wire import Kind, Sample, control, split
@@ -178,11 +178,11 @@ def job_straggler(runs: Path) -> dict[str, Any] | None:
     on its control socket: every rank's wait share, the straggler), None without one."""
     for run_dir in running_jobs(runs)[:1]:
         try:
-            answer = ask(run_dir, straggler_request(), timeout=5.0)
+            answer = ask_straggler(run_dir, timeout=5.0)
         except (PtclusterError, OSError, ValueError):
             return None
         figures = answer.get("straggler") if answer.get("ok") else None
-        if not isinstance(figures, dict):
+        if figures is None:
             return None
         return {"run_dir": str(run_dir), **{k: v for k, v in figures.items() if k != "trace"}}
     return None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, cast
+from typing import cast
 
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan
@@ -22,7 +22,7 @@ from ptcluster.launch.supervise.actions import Action, Send, SignalChannel, Stat
 from ptcluster.launch.supervise.hang import HangWatch
 from ptcluster.launch.supervise.known import VERSIONS, order_failures
 from ptcluster.launch.supervise.readmit import CheckpointReports, Readmissions
-from ptcluster.launch.supervise.straggler import StragglerWatch
+from ptcluster.launch.supervise.straggler import Report, StragglerWatch
 from ptcluster.launch.supervise.verdict import Raised, judge_rank
 from ptcluster.node import wire
 
@@ -379,7 +379,7 @@ class JobState:
         """Counts the timing reports taken: ``straggler_figures`` changes only with it."""
         return self._straggler.version
 
-    def straggler_figures(self) -> dict[str, Any]:
+    def straggler_figures(self) -> Report:
         """The straggler report's current figures (``StragglerWatch.to_json``: built anew, for
         8192 ranks ~80 ms)."""
         return self._straggler.to_json()

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 DEFAULT_THRESHOLD = 1.5
 """Busy-share ratio (the straggler's / the other ranks' median) from which a rank is named.
@@ -78,6 +78,56 @@ larger ones only the ratios from ``release`` up, those that can name or keep a s
 each of 9216 units every evaluation was most of its time."""
 
 
+class RankJson(TypedDict):
+    """One rank's row of the report (``RankFigures.to_json`` and the whole attempt's)."""
+
+    rank: int
+    host: str
+    wait_share: float
+    starved_share: float
+    window_s: float
+    collectives: int | None
+    wait_share_job: float | None
+    """Over the whole attempt (None before any report)."""
+    collectives_job: int
+
+
+class VerdictJson(TypedDict):
+    """``Straggler.to_json``: the straggler named."""
+
+    ranks: list[int]
+    host: str
+    whole_node: bool
+    ratio: float
+    others_wait_share: float
+    wait_per_collective_s: float | None
+    why: str
+
+
+class TraceJson(TypedDict):
+    """One evaluation: when, and each rank's ratio (by rank, as text)."""
+
+    at: float
+    ratios: dict[str, float]
+
+
+class Report(TypedDict):
+    """``StragglerWatch.to_json``: what ``summary.json``'s ``straggler`` holds, the control
+    socket answers (``Request.STRAGGLER``) and ``monitor``, ``stacks --json`` and the metrics
+    read."""
+
+    threshold: float
+    release: float
+    ranks: list[RankJson]
+    nodes: dict[str, dict[str, Any]]
+    current: VerdictJson | None
+    peak: dict[str, Any] | None
+    history: list[dict[str, Any]]
+    """Each change of verdict: ``at``, ``line`` and the verdict's keys (``ranks: []``,
+    ``host: None`` when one was released)."""
+    trace: list[TraceJson]
+
+
 @dataclass(frozen=True)
 class RankFigures:
     """One rank over the window (seconds summed over its reports)."""
@@ -107,10 +157,13 @@ class RankFigures:
                            min(1.0, self.delay / span) if span > 0 else 0.0)
         object.__setattr__(self, "busy", 1.0 - wait)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, share_job: float | None = None, collectives_job: int = 0) -> RankJson:
+        """This window's row, with the whole attempt's figures (``wait_share_job``,
+        ``collectives_job``)."""
         return {"rank": self.rank, "host": self.host, "wait_share": round(self.wait_share, 3),
                 "starved_share": round(self.starved_share, 3), "window_s": round(self.span, 1),
-                "collectives": self.collectives}
+                "collectives": self.collectives, "wait_share_job": share_job,
+                "collectives_job": collectives_job}
 
 
 @dataclass(frozen=True)
@@ -140,7 +193,7 @@ class Straggler:
         return (f"{self.who} is the straggler: the other ranks wait {waits} for it (its steps "
                 f"take {self.ratio:.1f}x the median); {self.why}")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> VerdictJson:
         return {"ranks": list(self.ranks), "host": self.host, "whole_node": self.whole_node,
                 "ratio": self.ratio, "others_wait_share": self.others_wait_share,
                 "wait_per_collective_s": self.wait_per_collective, "why": self.why}
@@ -279,7 +332,7 @@ class StragglerWatch:
     peak: dict[str, Any] | None = None
     """The highest ratio any rank or node reached in an evaluation, named or not (past
     ``TRACE_RANKS`` ranks: only from the release ratio up)."""
-    trace: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_TRACE))
+    trace: deque[TraceJson] = field(default_factory=lambda: deque(maxlen=MAX_TRACE))
     """Per evaluation: when, and each rank's ratio (for ``benchmarks/straggler_threshold``; past
     ``TRACE_RANKS`` ranks only those from the release ratio up)."""
     version: int = 0
@@ -388,13 +441,12 @@ class StragglerWatch:
         self.history.append({"at": at, **verdict.to_json(), "line": line})
         return line
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> Report:
         """The current figures: every rank's window, the verdict, the history."""
         ranks = []
         for rank, f in sorted(self.figures().items()):
             span, waited, done = self.totals.get(rank, [0.0, 0.0, 0.0])
-            ranks.append({**f.to_json(), "wait_share_job": round(waited / span, 3)
-                          if span > 0 else None, "collectives_job": int(done)})
+            ranks.append(f.to_json(round(waited / span, 3) if span > 0 else None, int(done)))
         return {"threshold": self.threshold, "release": round(self.release, 3),
                 "ranks": ranks, "nodes": dict(self.nodes),
                 "current": None if self.current is None else self.current.to_json(),
