@@ -53,7 +53,7 @@ check() {
     fi
 }
 
-# the local cluster: one rank per GPU by default (the head counts its GPUs with node.accel)
+# the local cluster: one rank per GPU by default (the head counts its GPUs with node.facts.accel)
 check local-nproc '
 import json, sys
 (node,) = json.load(open(sys.argv[1])); n = int(sys.argv[2])
@@ -62,7 +62,7 @@ print(f"ok: {n} ranks by default")
 ' "$PY" -m ptcluster env --json
 
 # doctor: facts through NVML (ctypes), every check, and the all-reduce over NCCL
-# The health gate's GPU driver facts (node.gpu_errors): NVML's counters and PCI addresses on a
+# The health gate's GPU driver facts (node.facts.gpu_errors): NVML's counters and PCI addresses on a
 # real GPU, checked against nvidia-smi's own; the gate's finding as the guard would give it.
 check gpu-driver-health '
 import json, sys
@@ -78,8 +78,8 @@ print(f"ok: {n} GPU(s) by PCI address; GPU 0: uncorrectable ECC {ecc}, remap pen
       f"PCIe (width, max, gen, max) {pcie}, slowdowns {slow}; gate ok={ok}: {what}")
 ' "$PY" -c '
 import json, subprocess
-from ptcluster.node.gpu_errors import gpu_indices, nvml_state, smi_indices
-from ptcluster.node.health import check_gpu_driver
+from ptcluster.node.facts.gpu_errors import gpu_indices, nvml_state, smi_indices
+from ptcluster.node.facts.health import check_gpu_driver
 smi = subprocess.run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
                      capture_output=True, text=True).stdout
 found = check_gpu_driver({"slots": 1, "workdir": "."})
@@ -234,7 +234,7 @@ print(f"ok: gres.conf {gres!r}; {len(files)} /dev/nvidiaN; {line}")
 ' "$PY" -c '
 import json, os
 from ptcluster.cluster.model import SlurmSetupSpec
-from ptcluster.node import setup_facts as F
+from ptcluster.node.facts import setup_facts as F
 from ptcluster.setup.slurm import slurm_cluster
 class Host:
     cfg, sudo_mode, ran = {}, None, {}

@@ -22,7 +22,8 @@ from ptcluster.doctor.checks import run_checks
 from ptcluster.doctor.node_report import NodeReport, ProblemKind
 from ptcluster.errors import Problem
 from ptcluster.node import FACTS as PROBE_PROGRAM
-from ptcluster.node import IMPORTER, accel
+from ptcluster.node import IMPORTER
+from ptcluster.node.facts import accel
 from ptcluster.remote.bootstrap import module_source, shipped
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "testbed_facts.json").read_text())

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from ptcluster.node.facts.health import health, unfit
+from ptcluster.node.facts.kernel_log import TEST_USER_LINES
 from ptcluster.node.guard.machine import MachineWatch
-from ptcluster.node.health import health, unfit
-from ptcluster.node.kernel_log import TEST_USER_LINES
 from tests.support.head import only_run, run_head
 from tests.support.nvml import H100, RecordedNvml
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from ptcluster.node import leases
 from ptcluster.node.guard.prechecks import lease_job
 from ptcluster.node.guard.refusal import GuardError
+from ptcluster.node.sharing import leases
 from tests.local.test_sharing import HOLD, NOBODY, OWNER, SRC, as_nobody, shared_dir
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0 or not os.path.exists("/usr/bin/setpriv"),
@@ -62,7 +62,7 @@ def test_a_record_name_cannot_be_planted_first(lease_dir: Path) -> None:
     made = as_nobody(plant, str(lease_dir), f"{name}.4242.json")  # (sticky: 4242 cannot
     # rename its record over nobody's file)
     assert isinstance(made, subprocess.CompletedProcess) and made.returncode == 0, made
-    take = ("import json, os, sys; from ptcluster.node import leases; "
+    take = ("import json, os, sys; from ptcluster.node.sharing import leases; "
             "leases.LEASE_DIR = sys.argv[1]; held = leases.take('gpu-0', {'job_id': 'J9'}); "
             "print(json.dumps([held.info_path, leases.holder('gpu-0')]))")
     done = subprocess.run(["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups",

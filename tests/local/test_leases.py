@@ -1,4 +1,4 @@
-"""Leases on a node's resources (node/leases.py) and the master's rendezvous port
+"""Leases on a node's resources (node/sharing/leases.py) and the master's rendezvous port
 (node.guard.prechecks.lease_master_port): real flocks in a private directory, real processes, real
 sockets. The jobs that use them are in tests/testbed/test_run.py."""
 
@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from ptcluster.monitor.jobs import job_rows
-from ptcluster.node import leases, sampler
+from ptcluster.node import sampler
 from ptcluster.node.guard import gpus
 from ptcluster.node.guard.prechecks import lease_master_port
 from ptcluster.node.guard.refusal import GuardError
+from ptcluster.node.sharing import leases
 
 
 @pytest.fixture
@@ -57,7 +58,8 @@ def test_a_lease_is_exclusive_says_who_and_is_released(lease_dir) -> None:
 
 def holder_process(lease_dir: Path, resource: str) -> subprocess.Popen[str]:
     """A real process that holds ``resource`` until it is killed (it says when it does)."""
-    code = ("import sys, time; sys.path[:0] = sys.argv[3:]; from ptcluster.node import leases; "
+    code = ("import sys, time; sys.path[:0] = sys.argv[3:]; "
+            "from ptcluster.node.sharing import leases; "
             "leases.LEASE_DIR = sys.argv[1]; held = leases.take(sys.argv[2], {}); "
             "print('held', flush=True); time.sleep(60)")
     return subprocess.Popen([sys.executable, "-c", code, str(lease_dir), resource, *sys.path],
@@ -301,12 +303,14 @@ def test_kill_by_another_user_is_refused_by_the_kernel_and_by_the_owner_works(tm
         pytest.skip("no setpriv here (util-linux)")
     shared = Path(tempfile.mkdtemp(dir="/tmp", prefix="ptc-leases-"))
     os.chmod(shared, 0o1777)
-    hold = ("import sys, time; sys.path[:0] = [sys.argv[2]]; from ptcluster.node import leases; "
+    hold = ("import sys, time; sys.path[:0] = [sys.argv[2]]; "
+            "from ptcluster.node.sharing import leases; "
             "leases.LEASE_DIR = sys.argv[1]; held = leases.take('job-J9', {'job_id': 'J9'}); "
             "print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(shared), str(src), "guard", "J9"],
                               stdout=subprocess.PIPE, text=True)  # (a guard's last words)
-    ask = ("import json, sys; from ptcluster.node import kill, leases; "
+    ask = ("import json, sys; from ptcluster.node import kill; "
+           "from ptcluster.node.sharing import leases; "
            "leases.LEASE_DIR = sys.argv[1]; "
            "print(json.dumps(kill.end_job('J9', 'TERM', {'host': 'h9', 'user': sys.argv[2]})))")
     try:
@@ -444,7 +448,7 @@ def test_a_holder_with_umask_077_still_leaves_its_lease_readable_by_everyone(lea
 def test_records_are_written_whole_and_read_only_from_regular_files(tmp_path) -> None:
     """The one record directory code (leases, the heads' registry): a planted link is replaced,
     never followed; a planted FIFO is not waited on; the mode holds whatever the umask."""
-    from ptcluster.node import records
+    from ptcluster.node.sharing import records
 
     target = tmp_path / "elsewhere"
     target.write_text("keep")

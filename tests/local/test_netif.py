@@ -1,6 +1,7 @@
-"""The node's addresses (``node.netif``): ``ip -j`` where iproute2 has it, and on an iproute2 older
-than 4.13 (no ``-j``) the guard still finds its interface's address from ``ip -o -4``. That
-iproute2 cannot run here: an ``ip`` that answers as it does stands in for it, first on PATH."""
+"""The node's addresses (``node.facts.netif``): ``ip -j`` where iproute2 has it, and on an
+iproute2 older than 4.13 (no ``-j``) the guard still finds its interface's address from
+``ip -o -4``. That iproute2 cannot run here: an ``ip`` that answers as it does stands in for it,
+first on PATH."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import stat
 
 import pytest
 
-from ptcluster.node import netif
+from ptcluster.node.facts import netif
 
 ONELINE = """1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
 2: eth0@if7    inet 10.9.0.2/24 brd 10.9.0.255 scope global eth0\\       valid_lft forever

@@ -495,7 +495,7 @@ def test_setup_node_program_starts_nothing_once_stopped() -> None:
     """After the head's stop (or EOF) no command starts, and one started in that moment ends."""
     import time
 
-    from ptcluster.node.setup_facts import Commands
+    from ptcluster.node.facts.setup_facts import Commands
 
     commands = Commands()
     assert commands.run(["true"]) == (0, "")
@@ -510,7 +510,7 @@ def test_venv_facts_read_without_a_second_interpreter_match_the_interpreters(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A venv of the very Python that runs the setup program is read from its files (no second
     interpreter start, ~60 ms of a node's CPU), and says what its own interpreter would."""
-    from ptcluster.node import setup_facts as node
+    from ptcluster.node.facts import setup_facts as node
 
     # the interpreter asked inherits this env: a PYTHONPATH (a checkout's src) would show it a
     # ptcluster that the venv's files do not have
@@ -560,8 +560,8 @@ def test_venv_facts_read_without_a_second_interpreter_match_the_interpreters(
 ])
 def test_the_password_is_checked_once_with_ufws_rules(monkeypatch, answers, mode, rules,
                                                       calls) -> None:
-    from ptcluster.node import firewall, setup_facts
     from ptcluster.node import setup_agent as node
+    from ptcluster.node.facts import firewall, setup_facts
 
     ran: list[list[str]] = []
     replies = iter(answers)
@@ -595,7 +595,7 @@ def test_the_password_is_checked_once_with_ufws_rules(monkeypatch, answers, mode
 def test_every_fact_section_a_step_asks_for_is_one_fact_of_the_table() -> None:
     """The node's fact functions are keyed by the names the steps use (pyinfra's facts): a step
     that asks for a section the node does not know would re-check nothing before it acts."""
-    from ptcluster.node import setup_facts
+    from ptcluster.node.facts import setup_facts
 
     asked = {s for d in P.STEP_DEFS for s in d.sections}
     assert asked <= set(setup_facts.SECTIONS), asked - set(setup_facts.SECTIONS)
@@ -605,9 +605,9 @@ def test_every_fact_section_a_step_asks_for_is_one_fact_of_the_table() -> None:
 
 
 def test_one_firewall_model_for_setup_and_the_doctor(monkeypatch) -> None:
-    """node/firewall.py: the manager, whether it is on and our rules (as root), and the rule
+    """node/facts/firewall.py: the manager, whether it is on and our rules (as root), and the rule
     counts the doctor adds; without root the rules are None and said why."""
-    from ptcluster.node import firewall
+    from ptcluster.node.facts import firewall
 
     def run(argv: list[str]) -> tuple[int, str]:
         return {"nft": (0, "table inet f {\n chain input {\n  tcp dport 29500 drop\n"

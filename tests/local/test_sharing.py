@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 import ptcluster
-from ptcluster.node import kill, leases, sampler
+from ptcluster.node import kill, sampler
+from ptcluster.node.sharing import leases
 
 SRC = Path(ptcluster.__file__).resolve().parents[1]
 """The ptcluster under test (the processes started here import it too)."""
@@ -242,7 +243,8 @@ def test_the_cleanup_removes_only_its_own_dead_guards_dirs_and_never_waits(tmp_p
 
 
 # -- the lease directory ------------------------------------------------------------------------
-HOLD = ("import sys, time; from ptcluster.node import leases; leases.LEASE_DIR = sys.argv[1]; "
+HOLD = ("import sys, time; from ptcluster.node.sharing import leases; "
+        "leases.LEASE_DIR = sys.argv[1]; "
         "held = leases.take(sys.argv[2], {'job_id': 'J7', 'ranks': [0, 1]}); "
         "print('held' if held else 'busy', flush=True); time.sleep(60)")
 
@@ -349,7 +351,7 @@ def test_fifos_and_links_in_the_lease_directory_never_block(lease_dir, guard_of_
     assert isinstance(made, subprocess.CompletedProcess) and made.returncode == 0, made
     probe = textwrap.dedent("""
         import json, sys
-        from ptcluster.node import leases
+        from ptcluster.node.sharing import leases
         leases.LEASE_DIR = sys.argv[1]
         out = {"held": [r["pid"] for r in leases.held_all()],
                "notes": leases.read_kill_notes("J7")}
@@ -380,7 +382,7 @@ PLANT_LOCKS = textwrap.dedent("""
 """)
 TAKE_PAST_THEM = textwrap.dedent("""
     import json, sys
-    from ptcluster.node import leases
+    from ptcluster.node.sharing import leases
     from ptcluster.node.guard import gpus
     from ptcluster.node.guard.prechecks import lease_master_port
     leases.LEASE_DIR = sys.argv[1]
@@ -460,7 +462,8 @@ def test_a_user_cannot_make_the_lease_directory_and_root_makes_it_roots(tmp_path
     every later job); root's guard makes it, root's, 1777."""
     parent = shared_dir("ptc-sharing-run-")
     try:
-        code = ("import sys; from ptcluster.node import leases; leases.LEASE_DIR = sys.argv[1]\n"
+        code = ("import sys; from ptcluster.node.sharing import leases\n"
+                "leases.LEASE_DIR = sys.argv[1]\n"
                 "try:\n    leases.Leasing()\nexcept OSError as exc:\n    print('refused', exc)\n"
                 "else:\n    print('leased')")
         said = as_nobody(code, str(parent / "ptcluster"))

@@ -29,7 +29,7 @@ HOSTILE = f"{LINK} [/red] [link=https://x]y[/link]"
 SGR = re.compile(r"\x1b\[[0-9;]*m")
 HOLD = """\
 import sys
-from ptcluster.node import leases
+from ptcluster.node.sharing import leases
 lease = leases.take(sys.argv[1], {"job_id": sys.argv[2], "command": sys.argv[3],
                                   "head": sys.argv[3]})
 print("held" if lease else "not held", flush=True)

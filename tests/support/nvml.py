@@ -1,5 +1,5 @@
 """NVML as a GPU answers it, for the tests of the GPU paths on a machine without one: return
-codes, results written through the pointers NVML is given (``node.gpu_errors``)."""
+codes, results written through the pointers NVML is given (``node.facts.gpu_errors``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The GPU driver's word (``node.gpu_errors``), the health gate's check of it
-(``node.health.check_gpu_driver``, ``gpu_warnings``) and how the head words an Xid
+"""The GPU driver's word (``node.facts.gpu_errors``), the health gate's check of it
+(``node.facts.health.check_gpu_driver``, ``gpu_warnings``) and how the head words an Xid
 (``launch.supervise.machine_view``, ``verdict``): on the driver's own line formats (quoted in
 ../shared/research/machine-view.md from leptonai/gpud's test data) and on NVML answers recorded
 in NVML's calling convention (there is no GPU here; ``scripts/gpu_check.sh`` asks a real one)."""
@@ -15,7 +15,7 @@ from ptcluster.launch.supervise.events import GpuError, RankExit, decode
 from ptcluster.launch.supervise.machine_view import xid_named, xid_said
 from ptcluster.launch.supervise.verdict import Raised, judge_rank
 from ptcluster.node import wire
-from ptcluster.node.gpu_errors import (
+from ptcluster.node.facts.gpu_errors import (
     NvmlXids,
     describe_xid,
     gpu_indices,
@@ -26,7 +26,7 @@ from ptcluster.node.gpu_errors import (
     smi_indices,
     xids_in,
 )
-from ptcluster.node.health import check_gpu_driver, gpu_warnings
+from ptcluster.node.facts.health import check_gpu_driver, gpu_warnings
 from tests.support.nvml import H100, RecordedNvml
 
 LINES = {
@@ -271,7 +271,7 @@ def test_kmsg_records_of_user_space_are_not_the_kernels(monkeypatch) -> None:
     facility kern (PRI >> 3 == 0) is read; the tests' own lines (user, 1) only when asked."""
     import socket
 
-    from ptcluster.node import kernel_log
+    from ptcluster.node.facts import kernel_log
 
     def records() -> list[tuple[float, str]]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

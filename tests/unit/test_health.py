@@ -1,4 +1,4 @@
-"""The health gate (``node.health``), the doctor's view of it, the restart rule that leaves an
+"""The health gate (``node.facts.health``), the doctor's view of it, the restart rule that leaves an
 unhealthy node out, and the words for a lost node (``launch.lost``): pure parts, on given facts."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ptcluster.doctor.node_report import NodeReport
 from ptcluster.launch.lost import NO_ANSWER, explain, lost_nodes, reword, span
 from ptcluster.launch.result import AttemptRecord, Failure, FailureKind, NodeOutcome
 from ptcluster.launch.supervise.restart import RestartPolicy, decide
-from ptcluster.node.health import (
+from ptcluster.node.facts.health import (
     GIB,
     check_checkpoint_disk,
     check_disk,

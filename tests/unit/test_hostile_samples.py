@@ -76,7 +76,7 @@ def test_every_label_of_a_sample_is_bounded() -> None:
 def test_a_bad_lease_record_is_dropped_and_the_sample_stands(path: str, value: object) -> None:
     """Lease records are other users' words (any user writes one): a bad one costs only
     itself, never the node's sample; and a node believes none that the head would drop."""
-    from ptcluster.node.records import well_formed
+    from ptcluster.node.sharing.records import well_formed
 
     bad = bent(path, value)
     assert not well_formed({"pid": 10, "uid": 0, **bad["leases"][0]})
@@ -90,7 +90,7 @@ def test_what_the_node_adds_is_dropped_and_what_it_leaves_out_is_refused() -> No
 
 
 def test_a_node_believes_no_record_with_a_text_longer_than_a_label() -> None:
-    from ptcluster.node.records import well_formed
+    from ptcluster.node.sharing.records import well_formed
     record = {"pid": 10, "uid": 1000, "since": NOW, "job_id": "j1", "command": "c" * LABEL}
     assert well_formed(record)
     assert not well_formed({**record, "command": "c" * (LABEL + 1)})
@@ -108,7 +108,7 @@ def test_a_node_believes_no_record_with_a_text_longer_than_a_label() -> None:
 def test_the_head_takes_exactly_the_lease_records_a_node_believes(record: dict) -> None:
     """One rule for both sides (``records.sampled``): what the sampler may send and what the
     head keeps of a sample can no longer drift apart."""
-    from ptcluster.node.records import sampled
+    from ptcluster.node.sharing.records import sampled
 
     kept = sample_reply({**GOOD, "leases": [record]})["leases"]
     assert kept == ([record] if sampled(record) else [])

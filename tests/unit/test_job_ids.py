@@ -1,7 +1,7 @@
 """L5: a job id becomes a file's name on every node (a lease, a kill note, a guard's temp dir)
-and on the head (a run directory, a registry entry). One check (``node.records.valid_job_id``)
-holds it everywhere: an id copied from another user's record, ``../../../../etc/x``, is
-refused before it names anything."""
+and on the head (a run directory, a registry entry). One check
+(``node.sharing.records.valid_job_id``) holds it everywhere: an id copied from another user's
+record, ``../../../../etc/x``, is refused before it names anything."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import pytest
 
 from ptcluster.control import registry
 from ptcluster.launch.rundir import run_dir_for
-from ptcluster.node import kill, leases
+from ptcluster.node import kill
 from ptcluster.node.guard.prechecks import lease_job
 from ptcluster.node.guard.refusal import GuardError
-from ptcluster.node.records import valid_job_id
+from ptcluster.node.sharing import leases
+from ptcluster.node.sharing.records import valid_job_id
 
 BAD = ["../../x", "../../../../etc/x", ".hidden", "a/b", "job\n", "", "x" * 129, "a b"]
 

@@ -134,7 +134,7 @@ OOMD_LINES = [
 
 
 def test_systemd_oomds_kills_are_read_from_its_lines() -> None:
-    from ptcluster.node.kernel_log import oomd_lines, within
+    from ptcluster.node.facts.kernel_log import oomd_lines, within
 
     kills = oomd_lines(OOMD_LINES)
     assert [cg for cg, _ in kills] == [

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ptcluster.node.nccl_log import DEBUG_SUBSYS, merge, parse, read_dir
+from ptcluster.node.facts.nccl_log import DEBUG_SUBSYS, merge, parse, read_dir
 
 DATA = Path(__file__).parent / "data" / "nccl"
 EXPECT: dict[str, dict[str, Any]] = {

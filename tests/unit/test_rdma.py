@@ -13,7 +13,7 @@ import pytest
 from ptcluster.cluster.model import ClusterSpec, MasterSpec, NodeSpec
 from ptcluster.doctor.node_report import NodeReport
 from ptcluster.doctor.rdma_checks import check_rdma
-from ptcluster.node.rdma import configured, link_local, rdma_env, read_rdma, recommend
+from ptcluster.node.facts.rdma import configured, link_local, rdma_env, read_rdma, recommend
 
 CASES = json.loads((Path(__file__).parent / "data" / "rdma" / "cases.json").read_text())["cases"]
 ZERO = ":".join(["0000"] * 8)

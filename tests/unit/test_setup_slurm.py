@@ -1,6 +1,6 @@
 """``setup --slurm``'s files and steps, from node facts: the ``slurm`` section as this machine's
 node program read it (recorded below: Debian 12, slurmd 22.05's ``slurmd -C``), with the GPUs
-of a 2+1+1 cluster in the shape ``node.accel.gpus`` reports NVML's answers (no GPU machine was
+of a 2+1+1 cluster in the shape ``node.facts.accel.gpus`` reports NVML's answers (no GPU machine was
 at hand to record them: the shape is the reader's own)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from ptcluster.cluster.model import SlurmSetupSpec
-from ptcluster.node.slurm_facts import estimate_hw, parse_slurmd_c
+from ptcluster.node.facts.slurm_facts import estimate_hw, parse_slurmd_c
 from ptcluster.setup import steps as S
 from ptcluster.setup.slurm import gres_conf, slurm_cluster
 from ptcluster.setup.slurm_steps import SLURM_DEFS

@@ -16,7 +16,7 @@ from ptcluster.cluster.load import DEFAULT_CLUSTER_FILE
 from ptcluster.cluster.slurm import allocation_from_env, describe, slurm_cluster
 from ptcluster.cluster.trust import TRUST_ENV_VAR, TRUST_FLAG, TRUST_IT
 from ptcluster.errors import UsageError
-from ptcluster.node import accel
+from ptcluster.node.facts import accel
 from ptcluster.remote.slurm import run_scontrol
 from ptcluster.venvs.choice import EnvChoice, env_choice
 from ptcluster.venvs.resolve import precheck
@@ -116,7 +116,7 @@ def _trust(ctx: click.Context, param: click.Parameter, value: bool) -> None:
 
 def local_gpu_count() -> int:
     """GPUs on this machine, without importing torch: the one GPU discovery the nodes use too
-    (``node.accel.gpus``: NVML, else nvidia-smi); 0 when none."""
+    (``node.facts.accel.gpus``: NVML, else nvidia-smi); 0 when none."""
     return int(accel.gpus()["count"])
 
 

@@ -14,7 +14,7 @@ from ptcluster.cli.common import SECONDS, cluster_option, load_spec
 from ptcluster.cli.console import say
 from ptcluster.control.kill import GuardsStop, HeadStop, stop_through_guards, stop_through_head
 from ptcluster.errors import UsageError
-from ptcluster.node.records import valid_job_id
+from ptcluster.node.sharing.records import valid_job_id
 
 
 @click.command(help=__doc__)

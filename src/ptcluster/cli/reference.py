@@ -272,7 +272,7 @@ def _value(tree: ast.AST, node: ast.expr | None, depth: int = 0) -> str | None:
         return _value(tree, set_to[0], depth + 1) if len(set_to) == 1 else None
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
             and node.func.id == "xid_fix" and node.args:
-        from ptcluster.node import gpu_errors
+        from ptcluster.node.facts import gpu_errors
 
         action = node.args[0]
         if isinstance(action, ast.Name) and action.id.startswith("ACT_"):
@@ -365,12 +365,12 @@ def node_problems() -> list[tuple[str, str]]:
 
 
 def health_refusals() -> list[tuple[str, str, str]]:
-    """(check, what, fix) for every reason the health gate refuses a node (``node.health``:
+    """(check, what, fix) for every reason the health gate refuses a node (``node.facts.health``:
     doctor's ``health`` row, and ``run``'s refusal before any rank starts): its ``finding(check,
     False, what, fix)`` calls, and where one says many things at once, each ``(what, fix)`` it
     gathered."""
 
-    from ptcluster.node import health
+    from ptcluster.node.facts import health
 
     rows = []
     for func in (getattr(health, n) for n in sorted(vars(health))
@@ -397,12 +397,12 @@ def health_refusals() -> list[tuple[str, str, str]]:
 
 def doctor_checks_page() -> str:
     from ptcluster.doctor.checks import FAST_CHECKS
-    from ptcluster.node.gpu_errors import XID_ACTIONS
+    from ptcluster.node.facts.gpu_errors import XID_ACTIONS
 
     lines = ["# doctor's checks and their fixes", "",
              "Every check `ptcluster doctor` (and `run --preflight`) makes, and every warning "
              "or failure it reports with its fix, read from the code that reports them "
-             "(`ptcluster/doctor/`, `remote/transport.py`, `node/health.py`; `…` is a value "
+             "(`ptcluster/doctor/`, `remote/transport.py`, `node/facts/health.py`; `…` is a value "
              "filled in at run time). After them doctor runs the compute probe and a real "
              "all-reduce over every rank.", "",
              "| check | what it verifies |", "| --- | --- |"]

@@ -24,7 +24,7 @@ from typing import Any, TypedDict, cast
 from ptcluster.errors import PtclusterError
 from ptcluster.launch.rundir import RunDir
 from ptcluster.launch.supervise.straggler import Report
-from ptcluster.node import safefile
+from ptcluster.node.sharing import safefile
 
 
 class Request:

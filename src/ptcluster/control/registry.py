@@ -13,9 +13,9 @@ Why it is safe: the directory is the user's own and nobody else's to write (owne
 0700, checked on every open: anything else is refused and ``kill`` goes through the guards); its
 two last parts are opened without following symlinks, and each entry is opened ``O_NOFOLLOW``,
 must be a regular file of this user's, is written under a new name (``O_EXCL``, 0600) and renamed
-over (``node.records``: the records the node's leases keep too). Root reads root's own registry
-only: root ends another user's job through the guards (a socket path another user chose is never
-connected to as root).
+over (``node.sharing.records``: the records the node's leases keep too). Root reads root's own
+registry only: root ends another user's job through the guards (a socket path another user chose
+is never connected to as root).
 
 An entry outlives a head killed by SIGKILL: ``kill`` takes a dead socket for "not here" (and
 removes the entry), and a new head removes the entries of this machine's dead heads.
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ptcluster.node.records import alive, read_record, unlink, valid_job_id, write_record
+from ptcluster.node.sharing.records import alive, read_record, unlink, valid_job_id, write_record
 
 _SUFFIX = ".json"
 

@@ -406,7 +406,7 @@ def check_firewall(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fin
             parts.append(f"nft {fw['nft_rules']} rule(s), {fw.get('nft_drop', 0)} drop/reject")
         if "iptables_rules" in fw:
             parts.append(f"iptables {fw['iptables_rules']} rule(s)")
-        if fw.get("kind"):  # the firewall's model (node/firewall.py, setup's too)
+        if fw.get("kind"):  # the firewall's model (node/facts/firewall.py, setup's too)
             parts.append(f"{fw['kind']} {'active' if fw.get('active') else 'inactive'}")
         return Finding("firewall", node.host, OK, "; ".join(parts) or "no firewall tool found")
     return per_node(spec, probes, "firewall", one)

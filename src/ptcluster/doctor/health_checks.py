@@ -1,7 +1,7 @@
 """The health gate in ``doctor``: the same checks the guard refuses a node by before any rank
-starts (``node.health``: too few GPUs for the slots, a nearly full workdir disk, too little
+starts (``node.facts.health``: too few GPUs for the slots, a nearly full workdir disk, too little
 memory available, the GPU driver's fatal Xids, ECC and row remapping), read on the node by the
-facts program and shown here; and what it only warns of (``node.health.gpu_warnings``: a PCIe
+facts program and shown here; and what it only warns of (``node.facts.health.gpu_warnings``: a PCIe
 link below its width, slowdowns, Xids 63 and 92). Pure, like every check.
 """
 

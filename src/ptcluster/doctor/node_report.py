@@ -62,7 +62,7 @@ class NodeReport:
 
 def interface_of(node: NodeSpec, facts: dict[str, Any], master_addr: str) -> str | None:
     """The interface NCCL/Gloo will use on this node: configured, else what the node's facts program
-    decided with the guard's own rule (``node.netif.route_interface``)."""
+    decided with the guard's own rule (``node.facts.netif.route_interface``)."""
     if node.interface:
         return node.interface
     return (facts.get("master") or {}).get("interface") or None

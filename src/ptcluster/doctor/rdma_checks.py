@@ -1,6 +1,6 @@
 """RDMA truth: what keeps NCCL off InfiniBand or RoCE, or makes it fail there.
 
-Pure functions of every node's ``rdma`` facts (``node.rdma.read_rdma``: the HCAs in
+Pure functions of every node's ``rdma`` facts (``node.facts.rdma.read_rdma``: the HCAs in
 ``/sys/class/infiniband``, their ports, GIDs and netdevs) and the cluster file's ``env:``. A node
 without RDMA devices gets no finding. What is judged, each a failure seen in public reports:
 
@@ -14,7 +14,7 @@ without RDMA devices gets no finding. What is judged, each a failure seen in pub
 * the routable GID at different indexes across nodes or HCAs (one value cannot fit: nccl#890);
 * ACTIVE ports of different link layers (InfiniBand and Ethernet) in one job.
 
-The values ``run`` sets (``node.rdma.recommend``) are shown on every node's ok row.
+The values ``run`` sets (``node.facts.rdma.recommend``) are shown on every node's ok row.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN, Finding, per_node
 from ptcluster.doctor.node_report import NodeReport
-from ptcluster.node.rdma import ETHERNET, active_ports, best_gid, link_local, recommend, shown
+from ptcluster.node.facts.rdma import ETHERNET, active_ports, best_gid, link_local, recommend, shown
 
 NAME = "rdma"
 

@@ -139,7 +139,7 @@ class NodePlan:
 
 
 def health_context(node: NodePlan, checkpoint: str | None = None) -> dict[str, Any]:
-    """The context of ``node.health.health`` for ``node`` as its guard would give it (the
+    """The context of ``node.facts.health.health`` for ``node`` as its guard would give it (the
     workdir, slots, backend, GPUs chosen; ``checkpoint``: where it saved last): what a probe
     of a lost node asks its health gate with (``run --readmit``)."""
     env = dict(node.env)
@@ -307,7 +307,7 @@ def rank_env_at_launch(plan: LaunchPlan, node: NodePlan) -> list[tuple[str, str]
 
 
 NCCL_AT_LAUNCH = (
-    ("NCCL_IB_HCA", "the node's ACTIVE RDMA ports, where it has HCAs (node.rdma)"),
+    ("NCCL_IB_HCA", "the node's ACTIVE RDMA ports, where it has HCAs (node.facts.rdma)"),
     ("NCCL_IB_GID_INDEX", "the node's routable RoCE v2 GID, where it has RoCE HCAs"),
     ("NCCL_DEBUG", "INFO on a GPU node (and NCCL_DEBUG_SUBSYS, NCCL_DEBUG_FILE: a file per rank "
      "in the job's directory, read for what NCCL chose), unless env: sets them"))

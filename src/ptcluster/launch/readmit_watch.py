@@ -20,7 +20,7 @@ from typing import Any
 
 from ptcluster.launch.lost import PROBE_BOUND, back, probe
 from ptcluster.launch.result import NodeOutcome
-from ptcluster.node.health import Unfit
+from ptcluster.node.facts.health import Unfit
 from ptcluster.remote.transport import Transport
 
 log = logging.getLogger(__name__)

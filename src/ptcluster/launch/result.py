@@ -108,7 +108,7 @@ class FailureKind(str, Enum):
     GPU = "gpu"
     """A rank failed after the GPU driver reported an Xid for its process or its GPU."""
     UNHEALTHY = "unhealthy"
-    """A node refused by its health gate (``node.health``): too few GPUs, a nearly full disk,
+    """A node refused by its health gate (``node.facts.health``): too few GPUs, a nearly full disk,
     too little memory. A restart leaves it out, like a lost node."""
     ENVIRONMENT = "environment"
     """A node refused because the project's environment the head expected is missing or

@@ -5,7 +5,7 @@ current directory) may be somewhere shared: it is made new, mode 0700, in a pare
 ours and that no one else can change (else the run is refused: whoever can write the parent
 can swap the run directory for theirs), and every file
 in it is opened through a descriptor of the directory, checked to be ours and changed by no
-one else, without following a link (``node.safefile``): new files ``O_EXCL``, rewritten ones
+one else, without following a link (``node.sharing.safefile``): new files ``O_EXCL``, rewritten ones
 renamed into place.
 
 ``RunLogs`` writes each rank's lines to ``rankN.log`` and each node's own lines (torchrun's
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ptcluster.errors import PtclusterError
-from ptcluster.node import safefile
-from ptcluster.node.records import valid_job_id
+from ptcluster.node.sharing import safefile
+from ptcluster.node.sharing.records import valid_job_id
 
 if TYPE_CHECKING:  # (types only: the control socket's clients read names here, nothing more)
     from ptcluster.launch.options import RunOptions

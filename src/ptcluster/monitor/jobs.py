@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ptcluster.node.records import lease_of, rank_count
+from ptcluster.node.sharing.records import lease_of, rank_count
 
 
 @dataclass

@@ -42,7 +42,7 @@ from ptcluster.errors import PtclusterError
 from ptcluster.monitor.httpd import MetricsServer
 from ptcluster.monitor.jobs import job_rows
 from ptcluster.monitor.watch import NodeView
-from ptcluster.node.records import lease_of, rank_count
+from ptcluster.node.sharing.records import lease_of, rank_count
 
 MIB = 1024 * 1024
 GPU_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]

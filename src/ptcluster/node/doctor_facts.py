@@ -30,11 +30,11 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.accel import gpus, sh, torch_facts
-from ptcluster.node.firewall import firewall_state, rule_counts
-from ptcluster.node.health import gpu_warnings, health
-from ptcluster.node.netif import AUTO_PORTS, interfaces, route_dev, route_interface
-from ptcluster.node.rdma import read_rdma
+from ptcluster.node.facts.accel import gpus, sh, torch_facts
+from ptcluster.node.facts.firewall import firewall_state, rule_counts
+from ptcluster.node.facts.health import gpu_warnings, health
+from ptcluster.node.facts.netif import AUTO_PORTS, interfaces, route_dev, route_interface
+from ptcluster.node.facts.rdma import read_rdma
 from ptcluster.node.wire import Kind, control, encode, hello, split
 
 
@@ -52,7 +52,7 @@ def resolve(name: str) -> list[str]:
 
 
 def firewall() -> dict[str, Any]:
-    """The firewall's model (``node.firewall``: setup's, read as root only when this is root)
+    """The firewall's model (``node.facts.firewall``: setup's, read as root only when this is root)
     and the rule counts of nftables and iptables."""
     def run(argv: list[str]) -> tuple[int, str]:
         return sh(*argv)
@@ -83,7 +83,7 @@ def collect(cfg: dict[str, Any]) -> dict[str, Any]:
     master = cfg.get("master_addr")
     if master:
         addrs = resolve(master)
-        iface, why = route_interface(master)  # the guard's own rule (node/netif.py)
+        iface, why = route_interface(master)  # the guard's own rule (node/facts/netif.py)
         facts["master"] = {"addrs": addrs,
                            "route_dev": route_dev(addrs[0])[0] or None if addrs else None,
                            "interface": iface, "interface_error": why}
@@ -99,7 +99,7 @@ def collect(cfg: dict[str, Any]) -> dict[str, Any]:
             facts[key] = {"free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
         except OSError:
             facts[key] = None
-    ctx = {  # the guard's gate (node.health), on the facts read above
+    ctx = {  # the guard's gate (node.facts.health), on the facts read above
         "workdir": workdir, "slots": cfg.get("slots"), "backend": cfg.get("backend"),
         "chosen": cfg.get("gpus_chosen") or "CUDA_VISIBLE_DEVICES" in os.environ,
         "gpu_count": int(facts["gpus"].get("count") or 0),

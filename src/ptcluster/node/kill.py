@@ -23,8 +23,8 @@ import sys
 import time
 from typing import TypedDict
 
-from ptcluster.node.leases import RECORD_MODE, held_all, kill_note
-from ptcluster.node.records import unlink, valid_job_id, write_record
+from ptcluster.node.sharing.leases import RECORD_MODE, held_all, kill_note
+from ptcluster.node.sharing.records import unlink, valid_job_id, write_record
 from ptcluster.node.wire import Kind, encode, hello
 
 

@@ -9,7 +9,7 @@ reboot the previous boot's last kernel lines where the journal keeps them and le
 health gate's refusal (``unfit``: None when the node would pass the gate a guard runs).
 
   stdin  line 2  JSON config: {"job_id", "guard_pid", "boot_id", "health"} (the middle two
-                 from ready; ``health``: the gate's context, ``node.health.health``)
+                 from ready; ``health``: the gate's context, ``node.facts.health.health``)
   stdout         frames of ``node.wire``: ``hello``, then ``boot {json}``
 """
 
@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any, TypedDict
 
-from ptcluster.node.health import Unfit, boot, health, unfit
+from ptcluster.node.facts.health import Unfit, boot, health, unfit
 from ptcluster.node.wire import Kind, encode, hello
 
 KERNEL_LINES = 8

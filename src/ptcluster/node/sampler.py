@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.leases import held_all, user_name
-from ptcluster.node.records import MAX_LEASES, lease_of, rank_count
+from ptcluster.node.sharing.leases import held_all, user_name
+from ptcluster.node.sharing.records import MAX_LEASES, lease_of, rank_count
 from ptcluster.node.wire import MAX_FRAME, GpuSample, JobSample, Kind, Sample, encode, hello
 
 

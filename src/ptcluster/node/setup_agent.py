@@ -14,7 +14,7 @@ The password never reaches a command line, an environment, a file or a frame sen
 written to ``sudo -S``'s stdin and scrubbed from any output returned.
 
 The facts themselves, one function per section, and the command runner are
-``node.setup_facts``; this module is the program: its loop, sudo, and the steps' commands.
+``node.facts.setup_facts``; this module is the program: its loop, sudo, and the steps' commands.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import sys
 import threading
 from typing import Any
 
-from ptcluster.node.firewall import UFW_ADDED, ufw_enabled
-from ptcluster.node.setup_facts import (
+from ptcluster.node.facts.firewall import UFW_ADDED, ufw_enabled
+from ptcluster.node.facts.setup_facts import (
     COMMANDS,
     NO_ROOT,
     SECTIONS,

@@ -40,7 +40,7 @@ import zipfile
 from typing import BinaryIO
 
 from ptcluster.node.blobs import free_bytes, receive
-from ptcluster.node.safefile import remove_tree
+from ptcluster.node.sharing.safefile import remove_tree
 from ptcluster.node.venv_store import (
     BUILD_PREFIX,
     FULL_FIX,

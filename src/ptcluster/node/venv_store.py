@@ -23,8 +23,8 @@ import re
 import time
 
 from ptcluster.node.blobs import full_problem
-from ptcluster.node.records import alive, read_record
-from ptcluster.node.safefile import remove_tree
+from ptcluster.node.sharing.records import alive, read_record
+from ptcluster.node.sharing.safefile import remove_tree
 
 MANIFEST = "ptcluster-env.json"
 SKIP_DIRS = ("__pycache__",)

@@ -115,8 +115,8 @@ class Kind:
 
 
 KILLED_BY = "ended by `ptcluster kill` from {host} ({user})"
-"""A guard's ``stopping`` ``killed_by``: who left the kill note it found (``node.leases``: only the
-job's user or root may leave one); the head accepts nothing else there
+"""A guard's ``stopping`` ``killed_by``: who left the kill note it found (``node.sharing.leases``:
+only the job's user or root may leave one); the head accepts nothing else there
 (``launch.supervise.events``)."""
 RANK_FRAMES = {"start": Kind.RSTART, "exit": Kind.REXIT, "error": Kind.RERROR,
                "data": Kind.RDATA}
@@ -209,7 +209,7 @@ class ReadyFacts(TypedDict, total=False):
     """Added by the head from the ``started`` frame."""
     rdma: dict[str, str]
     """``NCCL_IB_HCA`` / ``NCCL_IB_GID_INDEX`` as this node's RDMA devices call for them
-    (``node.rdma.rdma_env``); the ranks get each one ``env:`` and the node leave unset."""
+    (``node.facts.rdma.rdma_env``); the ranks get each one ``env:`` and the node leave unset."""
     torch: str
     nccl: str
     """The versions of torch and of NCCL's wheel in the node's python (absent: not installed);
@@ -264,8 +264,9 @@ class OomFacts(TypedDict, total=False):
 
 
 class XidFacts(TypedDict, total=False):
-    """One Xid the NVIDIA driver wrote while a job ran (``guard.machine``, ``node.gpu_errors``):
-    in a ``xid`` frame, and in a failed rank's ``rexit`` (``xids``) when it was its own."""
+    """One Xid the NVIDIA driver wrote while a job ran (``guard.machine``,
+    ``node.facts.gpu_errors``): in a ``xid`` frame, and in a failed rank's ``rexit`` (``xids``)
+    when it was its own."""
 
     pci: str
     """The GPU's PCI address (``0000:3b:00``); ``gpu``: its index (absent: not known)."""
@@ -393,7 +394,7 @@ class Sample(TypedDict):
     gpus: list[GpuSample]
     gpu_error: str | None
     leases: list[dict[str, Any]]
-    """The lease records held on the node (``node.records``; bad ones dropped)."""
+    """The lease records held on the node (``node.sharing.records``; bad ones dropped)."""
     jobs: dict[str, JobSample]
     user: str
     """The user the sampler runs as."""

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from ptcluster.cluster.validate import is_dns_name
 from ptcluster.node import wire
-from ptcluster.node.gpu_errors import ACT_HARDWARE, ACT_JOB, ACT_REBOOT, ACT_RESET, ACT_WATCH
+from ptcluster.node.facts.gpu_errors import ACT_HARDWARE, ACT_JOB, ACT_REBOOT, ACT_RESET, ACT_WATCH
 from ptcluster.remote.node_replies import note
 from ptcluster.remote.replies import (
     LABEL,

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ptcluster.cluster.validate import is_dns_name
-from ptcluster.node.records import MAX_LEASES, MOST_TEXT, sampled
-from ptcluster.node.setup_facts import sections
-from ptcluster.node.slurm_facts import HW_KEYS, SERVICES, SLURM_FILES, SLURM_PACKAGES
+from ptcluster.node.facts.setup_facts import sections
+from ptcluster.node.facts.slurm_facts import HW_KEYS, SERVICES, SLURM_FILES, SLURM_PACKAGES
+from ptcluster.node.sharing.records import MAX_LEASES, MOST_TEXT, sampled
 from ptcluster.node.wire import Sample
 
 GPU_FILE = re.compile(r"/dev/nvidia\d{1,4}")
@@ -44,7 +44,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "workdir": ("workdir",), "env": ("env_file", "interface", "interface_why"),
     "slurm": ("slurm",),
 }
-"""The reply keys of each section (``node.setup_facts.SECTIONS``)."""
+"""The reply keys of each section (``node.facts.setup_facts.SECTIONS``)."""
 
 
 class BadReply(ValueError):

@@ -1,7 +1,7 @@
 """``ptcluster setup --slurm``: what the nodes' Slurm is made of -- the cluster-wide files
 (``slurm.conf`` the same on every node, a ``gres.conf`` where there are GPUs, a ``cgroup.conf``
 where Slurm's cgroup plugins can run) and the one munge key -- each a pure function of every
-node's facts (``node/slurm_facts.py``: ``slurmd -C`` read once slurmd is installed). The steps
+node's facts (``node/facts/slurm_facts.py``: ``slurmd -C`` read once slurmd is installed). The steps
 that install and write them: ``setup.slurm_steps``; the cluster-wide phase and the proof:
 ``setup.slurm_apply``.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ptcluster.cluster.model import SlurmSetupSpec
-from ptcluster.node.slurm_facts import HW_KEYS
+from ptcluster.node.facts.slurm_facts import HW_KEYS
 from ptcluster.remote import replies
 
 SLURM_DIR = "~/.ptcluster/slurm"

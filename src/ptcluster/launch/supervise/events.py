@@ -41,7 +41,7 @@ class GuardRefused:
     busy: bool = False
     """Only because another job holds what this one asks for (it may wait for it)."""
     unhealthy: bool = False
-    """By the node's health gate (``node.health``): a restart leaves the node out."""
+    """By the node's health gate (``node.facts.health``): a restart leaves the node out."""
     environment: str = ""
     """``missing`` or ``changed`` (``wire.ENV_NOT_READY``): only because the project's
     environment the head expected is not ready there (the runner ships it and tries again)."""
@@ -181,8 +181,8 @@ class GuardExit:
     error: str = ""
     """What ended torchrun itself, ``TYPE: TEXT`` (its error file), when the guard has it."""
     nccl: dict[str, Any] | None = None
-    """What NCCL chose on the node, read from its own log (``node.nccl_log``): transport, HCAs,
-    GID index; and the likely cause when it used sockets though the node has HCAs."""
+    """What NCCL chose on the node, read from its own log (``node.facts.nccl_log``): transport,
+    HCAs, GID index; and the likely cause when it used sockets though the node has HCAs."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ pytorch#108158.) The rules, in order:
   restarted;
 - at most ``max_restarts`` restarts;
 - nodes that were lost (silent, channel closed, could not start, or not ended by the stop
-  deadline: their ranks may still run) or refused by their health gate (``node.health``: too
+  deadline: their ranks may still run) or refused by their health gate (``node.facts.health``: too
   few GPUs, a nearly full disk, too little memory) are dropped (when fewer than
   ``min_nodes`` would remain, the job gives up), and so is a node whose rank or guard was the
   root cause of two attempts, while ``min_nodes`` remain without it;

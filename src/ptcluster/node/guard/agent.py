@@ -65,9 +65,9 @@ from ptcluster.node.guard.spawn import (
 )
 from ptcluster.node.guard.teardown import teardown, wait_child
 from ptcluster.node.guard.tmpdirs import job_dir, remove_stale, user_tmp
-from ptcluster.node.leases import Lease, read_kill_notes
-from ptcluster.node.records import unlink, write_record
-from ptcluster.node.safefile import remove_tree
+from ptcluster.node.sharing.leases import Lease, read_kill_notes
+from ptcluster.node.sharing.records import unlink, write_record
+from ptcluster.node.sharing.safefile import remove_tree
 from ptcluster.node.wire import (
     KILLED_BY,
     STOP_GRACE,

@@ -15,9 +15,9 @@ import os
 import pwd
 from typing import Any
 
-from ptcluster.node.accel import compute_processes, gpus
+from ptcluster.node.facts.accel import compute_processes, gpus
 from ptcluster.node.guard.refusal import GuardError, unleasable
-from ptcluster.node.leases import Lease, Leasing, describe
+from ptcluster.node.sharing.leases import Lease, Leasing, describe
 
 VIRTUAL_GPUS = 1024
 """How far ``auto`` looks on a node without GPUs (indices only: nothing there to run out of)."""

@@ -13,7 +13,7 @@ systemd-journal, wheel). A kill is the rank's only when its victim's pid was one
 never by name (torch's processes are all called ``pt_main_thread``). The rank's ``rexit`` frame
 carries what was found (``wire.OomFacts``); the head words it.
 
-GPU errors. The same log carries the NVIDIA driver's Xids (``node.gpu_errors``). The guard
+GPU errors. The same log carries the NVIDIA driver's Xids (``node.facts.gpu_errors``). The guard
 reads it on every heartbeat while ranks run (``/dev/kmsg``: only what is new; ``journalctl``:
 every ``JOURNAL_EVERY`` s; where neither is readable, NVML's Xid events, which name no process,
 on a thread of their own), names each Xid's GPU (its PCI address -> index, NVML or nvidia-smi)
@@ -30,17 +30,14 @@ import threading
 import time
 from typing import Any
 
-from ptcluster.node.gpu_errors import (
+from ptcluster.node.facts.gpu_errors import (
     NvmlXids,
     describe_xid,
     gpu_indices,
     parse_xid,
     xid_fix,
 )
-from ptcluster.node.guard.disk import FULL_ERRNOS, disk_facts
-from ptcluster.node.guard.proctree import children_map
-from ptcluster.node.guard.schedstat import cgroup_mounts, meminfo
-from ptcluster.node.kernel_log import (
+from ptcluster.node.facts.kernel_log import (
     LOG_JOURNAL,
     LOG_KMSG,
     boot_wall,
@@ -51,6 +48,9 @@ from ptcluster.node.kernel_log import (
     read_kmsg,
     within,
 )
+from ptcluster.node.guard.disk import FULL_ERRNOS, disk_facts
+from ptcluster.node.guard.proctree import children_map
+from ptcluster.node.guard.schedstat import cgroup_mounts, meminfo
 
 LOG_WAIT = 1.0
 """Seconds the guard waits at most for the kernel's account of a kill it counted (the line is

@@ -14,6 +14,9 @@ import time
 from collections.abc import Collection
 from typing import Any
 
+from ptcluster.node.facts.health import boot, health, unfit
+from ptcluster.node.facts.netif import AUTO_PORTS, address_on, route_interface
+from ptcluster.node.facts.rdma import rdma_env, read_rdma
 from ptcluster.node.guard.gpus import claim
 from ptcluster.node.guard.proctree import listdir, set_subreaper
 from ptcluster.node.guard.refusal import (
@@ -21,12 +24,9 @@ from ptcluster.node.guard.refusal import (
     unleasable,
     untrusted_lease_dir,
 )
-from ptcluster.node.health import boot, health, unfit
-from ptcluster.node.leases import NO_LEASES, Lease, Leasing, describe
-from ptcluster.node.netif import AUTO_PORTS, address_on, route_interface
 from ptcluster.node.rank_wire import AGENT_FILE, BACKEND_VAR, SHIM_FILE
-from ptcluster.node.rdma import rdma_env, read_rdma
-from ptcluster.node.records import valid_job_id
+from ptcluster.node.sharing.leases import NO_LEASES, Lease, Leasing, describe
+from ptcluster.node.sharing.records import valid_job_id
 from ptcluster.node.venv_store import env_state, mark_used, site_packages
 from ptcluster.node.wire import GuardConfig, ReadyFacts
 
@@ -108,7 +108,7 @@ def project_environment(cfg: GuardConfig) -> str:
 
 
 def health_gate(cfg: GuardConfig, workdir: str) -> None:
-    """Refuse a node unfit for the job's ranks (``node.health``: too few GPUs, a nearly full
+    """Refuse a node unfit for the job's ranks (``node.facts.health``: too few GPUs, a nearly full
     workdir disk, too little memory), before anything is leased or started."""
     env = {**os.environ, **cfg["env"]}
     refusal = unfit(health({"workdir": workdir, "slots": cfg.get("slots"),

@@ -11,7 +11,7 @@ Standard library only; a part of the guard (shipped by ``remote.bootstrap``).
 
 from __future__ import annotations
 
-from ptcluster.node.leases import LEASE_DIR
+from ptcluster.node.sharing.leases import LEASE_DIR
 
 
 class GuardError(Exception):
@@ -25,7 +25,7 @@ class GuardError(Exception):
         self.busy = busy
         """Refused only because another job holds what this one asks for (it may wait)."""
         self.unhealthy = unhealthy
-        """Refused by the health gate (``node.health``): a restart leaves the node out."""
+        """Refused by the health gate (``node.facts.health``): a restart leaves the node out."""
         self.environment = environment
         """``missing`` or ``changed``: the project's environment the head expected is not
         ready here (``prechecks.project_environment``): the head ships and builds it, then

@@ -14,10 +14,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ptcluster.node.facts.nccl_log import DEBUG_FILE, DEBUG_SUBSYS, IB, read_dir
+from ptcluster.node.facts.rdma import fallback_cause, read_rdma
 from ptcluster.node.guard.outbox import Outbox
 from ptcluster.node.guard.prechecks import node_python
 from ptcluster.node.guard.proctree import libc_prctl
-from ptcluster.node.nccl_log import DEBUG_FILE, DEBUG_SUBSYS, IB, read_dir
 from ptcluster.node.rank_wire import (
     ACCELERATE_CPU,
     AGENT_BOOT,
@@ -31,7 +32,6 @@ from ptcluster.node.rank_wire import (
     SOCK_VAR,
     TORCHRUN_LOG_VAR,
 )
-from ptcluster.node.rdma import fallback_cause, read_rdma
 from ptcluster.node.wire import PRIVATE_CWD, GuardConfig, Kind, ReadyFacts, encode_text
 
 PR_SET_PDEATHSIG = 1
@@ -112,7 +112,7 @@ lines go to a file per rank in the job's directory (the console stays as it was)
 
 
 def nccl_said(tmpdir: str, env: dict[str, str]) -> dict[str, Any]:
-    """What NCCL chose on this node (``node.nccl_log``: the transport, HCAs, GID index), from
+    """What NCCL chose on this node (``node.facts.nccl_log``: the transport, HCAs, GID index), from
     the files its ranks wrote; with the likely cause when it used sockets though the node has
     HCAs. ``{}`` when NCCL wrote nothing here."""
     found = read_dir(tmpdir) if env.get("NCCL_DEBUG_FILE", "").startswith(tmpdir) else None

@@ -9,8 +9,8 @@ directory of this user's with mode 700 (made, or checked where it exists: a real
 ours, closed to others); the cleanup of the directories SIGKILLed guards leave walks only
 that parent, reads each pid file as a
 regular file of ours (capped: never a link, never a FIFO waited on) and removes through
-descriptors (``node.safefile``). Nothing outside the parent, nothing of another user's, is ever
-looked at, let alone removed.
+descriptors (``node.sharing.safefile``). Nothing outside the parent, nothing of another user's,
+is ever looked at, let alone removed.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import tempfile
 
 from ptcluster.node.guard.proctree import listdir
 from ptcluster.node.guard.refusal import GuardError
-from ptcluster.node.records import alive
-from ptcluster.node.safefile import create_new, private_dir, read_regular, remove_tree
+from ptcluster.node.sharing.records import alive
+from ptcluster.node.sharing.safefile import create_new, private_dir, read_regular, remove_tree
 
 PID_FILE = "guard.pid"
 """In each job's directory: the pid of the guard that made it (gone: the directory is stale)."""

@@ -29,7 +29,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from ptcluster.node.accel import load_nvml
+from ptcluster.node.facts.accel import load_nvml
 
 XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{1,8}(?::[0-9a-fA-F]{1,2}){1,2})"
                       r"(?:\.[0-7])?\): (\d+),\s*(.*)")

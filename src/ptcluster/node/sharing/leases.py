@@ -20,7 +20,7 @@ process has opened but not yet locked is safe because a lease counts only when t
 is still the one at the path (checked after the lock is taken, else taken again), the usual rule
 for lock files that get unlinked.
 
-Every file here is opened through ``node.safefile``: no link followed, no FIFO waited on, a
+Every file here is opened through ``node.sharing.safefile``: no link followed, no FIFO waited on, a
 regular file or nothing. A lock file is opened as it is first (another user's leftover one too:
 read-only, which is all a ``flock`` needs) and made only with ``O_EXCL`` when there is none, so
 ``fs.protected_regular`` (which refuses ``O_CREAT`` on another user's file in a sticky
@@ -44,7 +44,7 @@ import socket
 import stat
 import time
 
-from ptcluster.node.records import (
+from ptcluster.node.sharing.records import (
     MOST_TEXT,
     _number,
     alive,
@@ -53,7 +53,7 @@ from ptcluster.node.records import (
     well_formed,
     write_record,
 )
-from ptcluster.node.safefile import create_new, open_regular
+from ptcluster.node.sharing.safefile import create_new, open_regular
 
 LEASE_DIR = "/run/lock"
 PREFIX = "ptcluster-"

@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ptcluster.node.accel import NVML_LIB, gpus, pci_gpu_count
-from ptcluster.node.firewall import firewall_state
-from ptcluster.node.netif import route_interface
-from ptcluster.node.slurm_facts import slurm_facts
+from ptcluster.node.facts.accel import NVML_LIB, gpus, pci_gpu_count
+from ptcluster.node.facts.firewall import firewall_state
+from ptcluster.node.facts.netif import route_interface
+from ptcluster.node.facts.slurm_facts import slurm_facts
 
 C_ENV = {"LC_ALL": "C", "LANG": "C"}
 """Commands whose words we look at run in the C locale."""
@@ -249,7 +249,8 @@ def env_fact(host: FactHost) -> dict[str, Any]:
 
 
 def slurm_fact(host: FactHost) -> dict[str, Any]:
-    """``setup --slurm``'s facts (``node.slurm_facts``); the munge key's digest read as root."""
+    """``setup --slurm``'s facts (``node.facts.slurm_facts``); the munge key's digest read as
+    root."""
     def as_root(argv: list[str]) -> tuple[int, str]:
         code, out = host.root_run(argv)
         return code, host.scrub(out)

@@ -1,5 +1,5 @@
 """A directory of small JSON records, each naming a live process: how they are written, read,
-removed and told stale, for the node's lease records (``node.leases``, in a shared sticky
+removed and told stale, for the node's lease records (``node.sharing.leases``, in a shared sticky
 directory every user writes in) and the head's registry of running heads (``control.registry``,
 a directory of the user's own).
 
@@ -17,7 +17,7 @@ import os
 import re
 from typing import Any
 
-from ptcluster.node.safefile import create_new, read_regular
+from ptcluster.node.sharing.safefile import create_new, read_regular
 
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """What a job id is, everywhere one becomes a path (a lease's or a kill note's name, a run

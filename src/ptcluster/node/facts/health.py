@@ -4,7 +4,7 @@ one function, ``health``, for both.
 
 Each check is one small function of facts read here -> ``None`` (fine) or a finding ``{"check",
 "ok", "what", "fix"}``; ``CHECKS`` lists them in order. The last is the GPU driver's own word
-(``node.gpu_errors``): a fatal Xid since the driver loaded, uncorrectable ECC errors, row
+(``node.facts.gpu_errors``): a fatal Xid since the driver loaded, uncorrectable ECC errors, row
 remapping pending or failed, retired pages pending. ``gpu_warnings`` are what doctor shows
 besides (a PCIe link below its width or generation under load, slowdowns, Xids 63 and 92).
 
@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from ptcluster.node.accel import gpus
-from ptcluster.node.gpu_errors import (
+from ptcluster.node.facts.accel import gpus
+from ptcluster.node.facts.gpu_errors import (
     ACT_HARDWARE,
     ACT_RESET,
     WARN_XIDS,
@@ -33,7 +33,7 @@ from ptcluster.node.gpu_errors import (
     xid_fix,
     xids_in,
 )
-from ptcluster.node.kernel_log import boot_wall, kernel_since_boot
+from ptcluster.node.facts.kernel_log import boot_wall, kernel_since_boot
 
 GIB = 1 << 30
 DISK_MIN_FREE = GIB
