@@ -145,13 +145,16 @@ def check_nodes(slurm, infos: dict[int, dict], dest: str, data: Path) -> None:
 def test_submit_builds_the_cluster_files_environment_and_pushes_its_data_on_every_node(
         clean, tmp_path) -> None:
     """`ptcluster submit` of a project whose ./cluster.yaml has `requirements:`,
-    `find_links:` and `data:` (no nodes: they are Slurm's): inside the job, run resolves the
-    wheel offline, ships it to every node over its srun step, each node builds the environment
-    on its own disk, the data goes to every node's scratch, and every rank imports the wheel
-    and reads the data by PTCLUSTER_DATA_DSET."""
+    `find_links:` and `data:` (no nodes: they are Slurm's), vouched for by its path: inside the
+    job, run resolves the wheel offline, ships it to every node over its srun step, each node
+    builds the environment on its own disk, the data goes to every node's scratch, and every
+    rank imports the wheel and reads the data by PTCLUSTER_DATA_DSET."""
     slurm = clean
     made = project(tmp_path)
     dest = f"{slurm.scratch}/dset"
+    # a requirements file that names where to find wheels needs the file's trust, vouched for
+    # by its path (sbatch passes the variable on to the job)
+    (tmp_path / "requirements.txt").write_text("-f wheels\ntinyslurm==1.2.3\n")
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(f"requirements: requirements.txt\nfind_links: [wheels]\n"
                        f"data:\n  - {{name: dset, src: dset, dest: {dest}}}\n")

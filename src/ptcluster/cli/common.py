@@ -103,7 +103,9 @@ def environment(spec: ClusterSpec, requirements: str | None, find_links: tuple[s
     """The command's declared environment (None: none), checked as far as the head can
     without fetching anything (``venvs.resolve.precheck``): bad input is exit 2 before any
     node is touched."""
-    choice = env_choice(spec, requirements, find_links, refresh, trusted(spec.source))
+    vouched = trusted(spec.source) or (  # (in an allocation: the file whose keys apply)
+        spec.slurm_job is not None and trusted(find_cluster_file(None)))
+    choice = env_choice(spec, requirements, find_links, refresh, vouched)
     if choice is not None:
         precheck(choice.requirements, None, choice.find_links, choice.trusted)
     return choice
