@@ -140,6 +140,53 @@ def test_megabytes_of_raw_bytes_and_frames_reach_the_node_whole_and_in_order() -
     assert [line.split()[0] for line in got if line.strip()] == [expected.hexdigest()]
 
 
+NODE_READS_BLOBS = """
+import hashlib, json, sys
+inp = sys.stdin.buffer
+inp.read(FIRST)
+beats, blobs = 0, []
+for line in iter(inp.readline, b""):
+    kind, _, body = line.partition(b" ")
+    if kind == b"hb":
+        beats += 1
+    elif kind == b"blob":
+        msg = json.loads(body)
+        blobs.append(hashlib.sha256(inp.read(msg["size"])).hexdigest() == msg["sha256"])
+    else:
+        blobs.append(line[:40])
+print(beats, *blobs, flush=True)
+"""
+
+
+def test_a_heartbeat_never_lands_inside_the_raw_bytes_a_frame_announced() -> None:
+    # A channel with heartbeats (the environment's ship) whose wheel goes in pieces while the
+    # pipe drains between them: the beats wait until the announced bytes are all queued.
+    import hashlib
+    import sys
+
+    from ptcluster.node.wire import Kind
+
+    got: list[str] = []
+    closed = threading.Event()
+    t = Shell("n0", "")
+    channel = NodeChannel(t, "python3", GUARD, {}, on_frames=got.extend, heartbeat=0.005,
+                          on_closed=lambda code, err: closed.set())
+    t.script = f"{sys.executable} -c '{NODE_READS_BLOBS.replace('FIRST', str(len(channel.first)))}'"
+    channel.start()
+    for _ in range(3):
+        data = os.urandom(256 << 10)
+        channel.send(Kind.BLOB, {"sha256": hashlib.sha256(data).hexdigest(),
+                                 "size": len(data)}, raw=len(data))
+        for i in range(0, len(data), 16 << 10):
+            channel.send_raw(data[i:i + (16 << 10)])
+            time.sleep(0.002)  # the queue drains: a beat is due meanwhile
+        time.sleep(0.05)
+    channel.close_input()
+    assert closed.wait(60.0), "the node's input never ended"
+    beats, *blobs = [line for line in got if line.strip()][0].split()
+    assert blobs == ["True"] * 3 and int(beats) > 0, got
+
+
 def test_a_channel_closed_before_its_turn_is_never_started() -> None:
     # A job that ends while its last nodes wait for their turn (a failure early in a launch of
     # hundreds): those nodes must not be started afterwards, for nothing (their guard would take

@@ -34,7 +34,7 @@ from ptcluster.venvs import nodes
 from ptcluster.venvs.known import KnownNodes
 from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
 from ptcluster.venvs.runenv import reship, use_environment
-from ptcluster.venvs.ship import BUILT, REBUILT, UP_TO_DATE, ShipResult, ship
+from ptcluster.venvs.ship import BUILT, FAILED, REBUILT, UP_TO_DATE, ShipResult, ship
 from tests.support import bare
 from tests.support import testbed as tb
 from tests.support.bare import BareNode, BareOptions
@@ -293,3 +293,73 @@ def test_unchanged_launches_at_once_and_a_removed_one_is_shipped_on_one_node(
 
 def ship_all(project: Project, choose: object) -> ShipResult:
     return ship(nodes.members(project.spec), choose, project.locate)  # type: ignore[arg-type]
+
+
+def test_a_node_cut_off_mid_build_is_named_and_its_build_ends_there(project: Project) -> None:
+    """Issue 42's node lost during the build, over ssh: n1's link is cut while its build holds
+    (a uv stand-in that sleeps while ~/.ptcluster/hold exists). The head names n1 (ssh's
+    keepalive ends the channel); on n1, which sees silence and never EOF (its sshd keeps the
+    session), the node program stops the build, removes its folder and ends, the build's
+    process with it; the digest is never in place there."""
+    from tests.local.test_venvs_lost import HELD_UV
+    from tests.support.wheels import slow_tool_wheel
+
+    n1 = project.bed.nodes[1]
+    tool = slow_tool_wheel(project.root / "wheels", HELD_UV.replace("REAL_UV", "false"))
+    project.paths[tool.sha256] = project.root / "wheels" / tool.filename
+    package = project.wheel("tinyheld", "1.0")
+    digests: list[str] = []
+
+    def choose(platform: Platform) -> ResolvedEnv:
+        env = ResolvedEnv("requirements.txt", "requirements", platform, (package,), (tool,))
+        digests.append(env.digest)
+        return env
+
+    home = f"/home/{USER}/.ptcluster"
+    held = project.bed.root_exec(n1, "sh", "-c", f"install -d -m 700 -o {USER} {home} && "
+                                 f"touch {home}/hold && chown {USER} {home}/hold")
+    assert held.returncode == 0, held.stderr
+    (member,) = [m for m in nodes.members(project.spec) if m.host == n1.name]
+    got: list[ShipResult] = []
+    shipping = threading.Thread(target=lambda: got.append(ship([member], choose,
+                                                              project.locate)), daemon=True)
+    shipping.start()
+    try:
+        deadline = time.monotonic() + 120
+        while project.bed.root_exec(n1, "sh", "-c", f"ls {home}/envs/.build-*/pid").returncode:
+            assert time.monotonic() < deadline and shipping.is_alive(), "the build never held"
+            time.sleep(0.2)
+        project.bed.cut_link(n1)
+        shipping.join(90)
+        assert got, "the head did not give up on the cut node"
+        lost = got[0].nodes[n1.name]
+        assert lost.state == FAILED and lost.problem is not None and \
+            lost.problem.who == n1.name, lost
+        deadline = time.monotonic() + 60
+        while (left := _users_processes(n1)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, f"still on {n1.name} after the head went silent: {left}"
+        envs = project.bed.root_exec(n1, "ls", "-A", f"{home}/envs").stdout.split()
+        assert not [e for e in envs if e.startswith(".build-")], envs
+        assert digests[0] not in envs, envs  # (its lock file stays: .lock-DIGEST)
+    finally:
+        project.bed.restore_link(n1)
+        project.bed.root_exec(n1, "rm", "-f", f"{home}/hold")
+        for pid, _ in _users_processes(n1):
+            os.kill(pid, 9)  # (this test's own leftovers, whatever happened above)
+
+
+def _users_processes(node: tb.Node) -> list[tuple[int, str]]:
+    """The processes of the node's user in ``node`` other than sshd's (its session ends only
+    when TCP gives up on the cut link)."""
+    out = []
+    for pid in node.pids():
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        uid = int(status.split("\nUid:")[1].split()[0])
+        if uid != 0 and comm != "sshd":
+            out.append((pid, comm))
+    return out

@@ -229,3 +229,29 @@ def test_how_the_head_reaches_the_nodes_is_one_derived_value() -> None:
     assert isinstance(transports(ssh)["n1"], SshTransport)
     assert isinstance(transports(alloc)["n1"], SrunTransport)
     assert all(isinstance(t, LocalTransport) for t in transports(local).values())
+
+
+def test_project_keys_are_read_without_nodes(tmp_path) -> None:
+    """Inside a Slurm allocation only a cluster file's project keys apply (the nodes are
+    Slurm's): a file with no ``nodes:`` gives them, paths from the file's folder, and the trust
+    rule of ``data:`` holds as in a full file."""
+    from ptcluster.cluster.load import load_project_keys
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text("requirements: req.txt\nfind_links: [wheels]\n"
+                    "data: [{name: train, src: data/train, dest: /scratch/train}]\n")
+    keys = load_project_keys(str(path), trusted=True)
+    assert keys["requirements"] == str(tmp_path / "req.txt")
+    assert keys["find_links"] == (str(tmp_path / "wheels"),)
+    (entry,) = keys["data"]
+    assert (entry.name, entry.src, entry.dest) == ("TRAIN", str(tmp_path / "data/train"),
+                                                    "/scratch/train")
+    with pytest.raises(SpecError, match="data:.*trust"):
+        load_project_keys(str(path), trusted=False)
+    path.write_text("nodes: [{host: n1}]\nrequirement: req.txt\n")
+    with pytest.raises(SpecError, match="requirement"):
+        load_project_keys(str(path), trusted=True)
+    path.write_text("nodes: [{host: n1}]\n")
+    assert load_project_keys(str(path)) == {"requirements": None, "find_links": (), "data": ()}
+    path.write_text("")
+    assert load_project_keys(str(path)) == {}

@@ -12,7 +12,7 @@ import click
 
 from ptcluster.cli.console import say
 from ptcluster.cluster import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
-from ptcluster.cluster.load import DEFAULT_CLUSTER_FILE
+from ptcluster.cluster.load import DEFAULT_CLUSTER_FILE, load_project_keys
 from ptcluster.cluster.slurm import allocation_from_env, describe, slurm_cluster
 from ptcluster.cluster.trust import TRUST_ENV_VAR, TRUST_FLAG, TRUST_IT
 from ptcluster.errors import UsageError
@@ -103,7 +103,9 @@ def environment(spec: ClusterSpec, requirements: str | None, find_links: tuple[s
     """The command's declared environment (None: none), checked as far as the head can
     without fetching anything (``venvs.resolve.precheck``): bad input is exit 2 before any
     node is touched."""
-    choice = env_choice(spec, requirements, find_links, refresh, trusted(spec.source))
+    vouched = trusted(spec.source) or (  # (in an allocation: the file whose keys apply)
+        spec.slurm_job is not None and trusted(find_cluster_file(None)))
+    choice = env_choice(spec, requirements, find_links, refresh, vouched)
     if choice is not None:
         precheck(choice.requirements, None, choice.find_links, choice.trusted)
     return choice
@@ -134,7 +136,7 @@ def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
             spec = slurm_cluster(alloc, nproc, scontrol=run_scontrol)
             if not quiet():
                 say(describe(spec), err=True)
-            return spec
+            return _project_keys(spec)
     path = find_cluster_file(cluster)
     if path is None:
         if nproc is not None and nproc < 1:  # run's --nproc is a plain int
@@ -151,6 +153,20 @@ def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
         where = "the current directory" if path == DEFAULT_CLUSTER_FILE else "$PTCLUSTER_CLUSTER"
         say(f"ptcluster: using the cluster file {path} (from {where})", err=True)
     return load_cluster_file(path, trusted=trusted(str(path)))
+
+
+def _project_keys(spec: ClusterSpec) -> ClusterSpec:
+    """Inside an allocation the nodes are Slurm's, but a cluster file found (./cluster.yaml,
+    $PTCLUSTER_CLUSTER: in an ``sbatch`` job, the submit's) still says what the project needs:
+    its ``requirements:``, ``find_links:`` and ``data:`` apply, with its trust rule."""
+    path = find_cluster_file(None)
+    if path is None:
+        return spec
+    keys = {k: v for k, v in load_project_keys(path, trusted(path)).items() if v}
+    if keys and not quiet():
+        say(f"ptcluster: {', '.join(f'{k}:' for k in keys)} from the cluster file {path} (its "
+            "nodes are not used inside the allocation)", err=True)
+    return replace(spec, **keys)
 
 
 def trusted(path: str | None = None) -> bool:

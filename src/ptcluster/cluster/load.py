@@ -78,18 +78,34 @@ def parse_cluster_text(text: str, source: str, trusted: bool = False,
     (the user vouched for the file), settings that would run a program on this machine or
     weaken ssh's host-key checks are refused, and so is a ``python:`` inside ``code_dir`` (the
     file's own directory) (``cluster.trust``)."""
+    data = _yaml(text, source)
+    if data is None:
+        raise SpecError(source, "", "the file is empty",
+                        "describe at least `nodes:`; `ptcluster init --hosts h1:2,h2:2` writes one")
+    return spec_from_data(data, source, trusted, code_dir)
+
+
+def _yaml(text: str, source: str) -> Any:
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         line = f"line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SpecError(source, line, f"YAML syntax error: {problem}",
                         "fix the YAML at that line (indentation, a missing ':' or quote)") from None
+
+
+def load_project_keys(path: str, trusted: bool = False) -> dict[str, Any]:
+    """``requirements:``, ``find_links:`` and ``data:`` of the cluster file at ``path`` (as
+    ClusterSpec's fields, checked as :func:`load_cluster_file` checks them; every other key
+    must be a known one and is not used). Inside a Slurm allocation the nodes are Slurm's,
+    and a file kept for Slurm need not list any: ``nodes:`` is not required here."""
+    data = _yaml(_read(path, "cluster file"), path)
     if data is None:
-        raise SpecError(source, "", "the file is empty",
-                        "describe at least `nodes:`; `ptcluster init --hosts h1:2,h2:2` writes one")
-    return spec_from_data(data, source, trusted, code_dir)
+        return {}
+    r = Reader(path, trusted, os.path.dirname(os.path.abspath(path)))
+    return _environment(r, r.mapping(data, "", TOP_KEYS))
 
 
 def spec_from_data(data: Any, source: str, trusted: bool = False,

@@ -5,7 +5,8 @@ Shipped like every node program (``remote.bootstrap``) and run by the node's ``p
 venv, whose torch and ptcluster the environment sees beneath its own packages). Standard library
 only. Where things live: ``node.venv_store``.
 
-  stdin  line 2   JSON config: ``{root}`` (default ``~/.ptcluster``)
+  stdin  line 2   JSON config: ``{root, silence}`` (root default ``~/.ptcluster``; silence:
+                  seconds without a byte from the head after which it ends as at ``stop``)
   stdout          after ``hello``: ``facts {python, machine, glibc, free}`` (what to resolve for)
                   ``have {digest, wheels: [sha256]}`` -> ``have {missing, env, why, python,
                   machine, glibc, free, path}``
@@ -25,6 +26,7 @@ connection; base64 in JSON would send a third more.
 
 import errno
 import fcntl
+import glob
 import json
 import os
 import platform
@@ -37,9 +39,11 @@ import sys
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from typing import BinaryIO
 
 from ptcluster.node.blobs import free_bytes, receive
+from ptcluster.node.guard.proctree import libc_prctl
 from ptcluster.node.sharing.safefile import remove_tree
 from ptcluster.node.venv_store import (
     BUILD_PREFIX,
@@ -60,6 +64,7 @@ from ptcluster.node.venv_store import (
 )
 from ptcluster.node.wire import Kind, control, encode, hello, split
 
+PR_SET_PDEATHSIG = 1
 LAYER = "_ptcluster_layer.pth"
 """The file in an environment's site-packages that appends setup's venv's site-packages (torch,
 ptcluster) after its own: the project's packages first, torch and ptcluster beneath."""
@@ -78,6 +83,11 @@ class Node:
         self.proc: subprocess.Popen | None = None
         self.building: str | None = None
         self.cancelled = False
+        self.heard = time.monotonic()
+        """When a byte last came from the head (a line, a block of a wheel)."""
+
+    def hear(self, _block: bytes = b"") -> None:
+        self.heard = time.monotonic()
 
     # -- have ---------------------------------------------------------------------------------
     def env_dir(self, digest: str) -> str:
@@ -113,7 +123,7 @@ class Node:
         step), stored as ``store/sha256/HEX`` when their digest is ``sha256``."""
         sha = str(msg["sha256"])
         problem = receive(stdin, sha, int(msg["size"]), os.path.join(self.store, sha),
-                          FULL_FIX)
+                          FULL_FIX, tee=self.hear)
         if problem is None:
             self.failed.pop(sha, None)
         else:
@@ -133,6 +143,8 @@ class Node:
                        os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another job's build of it: wait for it
+            for left in glob.glob(os.path.join(self.envs, f"{BUILD_PREFIX}{digest}-*")):
+                remove_tree(left)  # a build whose program was killed (its lock is ours now)
             state, why = self.env_state(digest)
             built = state != "ok"
             if built:
@@ -235,7 +247,7 @@ class Node:
                 return 130, "stopped"
             self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env,
-                                         start_new_session=True)
+                                         preexec_fn=dies_with_us())
         out, _ = self.proc.communicate()
         with self.lock:
             code, self.proc = self.proc.returncode, None
@@ -279,6 +291,34 @@ class Node:
         if tmp is not None:
             remove_tree(tmp)
             remove_tree(tmp + ".links")
+
+
+def dies_with_us() -> Callable[[], None]:
+    """What a build's command does between fork and exec: its own session (``cancel`` kills its
+    whole group), and death with this program even on SIGKILL (a node lost mid-build, its
+    program killed: no uv left running into a folder no one will use)."""
+    prctl, parent = libc_prctl(), os.getpid()  # resolved here: the child stays minimal
+
+    def setup() -> None:
+        os.setsid()
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # this program died before the line above
+            os._exit(1)
+
+    return setup
+
+
+def watch_head(node: Node, silence: float) -> None:
+    """End this program once the head has been silent ``silence`` s (it sends a heartbeat every
+    second): a link cut mid-build shows here as silence, never as EOF (the node's sshd keeps
+    the session for as long as TCP does), and the head has named this node lost by then. The
+    build is stopped and its folder removed, as when the head is interrupted."""
+    while True:
+        time.sleep(min(1.0, silence / 4))
+        if time.monotonic() - node.heard > silence:
+            node.cancel()
+            os._exit(0)
 
 
 def base_python() -> str:
@@ -370,8 +410,12 @@ def main() -> None:
 
     thread = threading.Thread(target=worker, daemon=True)
     thread.start()
+    if cfg.get("silence"):
+        threading.Thread(target=watch_head, args=(node, float(cfg["silence"])),
+                         daemon=True).start()
     try:
         for raw in iter(stdin.readline, b""):
+            node.hear()
             kind, payload = split(raw.decode().rstrip("\n"))
             if kind == Kind.BYE:
                 with ready:

@@ -97,7 +97,7 @@ def _fill(group: Group, host: str, state: Outgoing) -> tuple[bool, bool]:
                 return False, moved
             blob = state.blobs.popleft()
             state.current, state.left = open(blob.path, "rb"), blob.size
-            group.send(host, Kind.BLOB, blob.frame)
+            group.send(host, Kind.BLOB, blob.frame, raw=blob.size)
             state.count += 1
             state.done.append(blob)
         want = min(CHUNK, state.left)

@@ -75,6 +75,8 @@ class NodeChannel:
         self._closed = threading.Event()
         self._lock = threading.Lock()  # the outgoing buffer: send() may come from any thread
         self._out = bytearray()
+        self._raw_owed = 0
+        """Raw bytes a frame announced that are not queued yet: no heartbeat may come between."""
         self._eof_asked = False
         self._hub: Hub | None = None
         self._window: Fanout | None = None
@@ -96,8 +98,11 @@ class NodeChannel:
         self._hub = hub()
         self._hub.add(self)
 
-    def send(self, kind: str, payload: dict[str, Any] | None = None) -> None:
-        """Queue a frame for the node (never blocks)."""
+    def send(self, kind: str, payload: dict[str, Any] | None = None, *, raw: int = 0) -> None:
+        """Queue a frame for the node (never blocks); ``raw``: the bytes it announces, which
+        :meth:`send_raw` queues next (no heartbeat is queued until they all are)."""
+        with self._lock:
+            self._raw_owed += raw
         self._queue(encode(kind, payload))
 
     def send_raw(self, data: bytes) -> None:
@@ -105,6 +110,8 @@ class NodeChannel:
         its ``blob`` frame). Queue in pieces and watch ``queued``: what is queued stays in the
         head's memory until the pipe takes it (the hub copies at most :data:`PENDING_MAX` of it
         per write)."""
+        with self._lock:
+            self._raw_owed = max(0, self._raw_owed - len(data))
         self._queue(data)
 
     @property
@@ -174,10 +181,11 @@ class NodeChannel:
 
     def push(self, data: bytes, *, closing_too: bool = False) -> bool:
         """Queue ``data`` from the hub's own thread (a heartbeat: it writes itself), unless the
-        input is to end (``closing_too``: even then); True when nothing was queued before it
-        (a write is due now, else one is pending already)."""
+        input is to end (``closing_too``: even then) or raw bytes are owed (the heartbeat would
+        land inside them: it is skipped); True when nothing was queued before it (a write is
+        due now, else one is pending already)."""
         with self._lock:
-            if self._eof_asked and not closing_too:
+            if (self._eof_asked and not closing_too) or self._raw_owed:
                 return False
             was_empty = not self._out
             self._out += data

@@ -104,14 +104,17 @@ class Group:
     callbacks queue what happened and ``wait``/``close`` apply it."""
 
     def __init__(self, members: Sequence[Member], program: Program, *, answer: str,
-                 kinds: Iterable[str] = ()) -> None:
+                 kinds: Iterable[str] = (), heartbeat: float | None = None) -> None:
+        """``heartbeat``: seconds between the head's heartbeats to each node (None: none; a
+        program that ends when the head is silent asks for them)."""
         self._kinds = {answer, *kinds}
         self._events: queue.Queue[_Event] = queue.Queue()
         self._python = {m.host: m.python for m in members}
         self.result = GroupResult(answer, {m.host: NodeResult(m.host) for m in members})
         channels = [NodeChannel(m.transport, m.python, program, m.config,
                                 on_frames=partial(self._frames, m.host),
-                                on_closed=partial(self._closed, m.host)) for m in members]
+                                on_closed=partial(self._closed, m.host),
+                                heartbeat=heartbeat) for m in members]
         self.channels = {c.host: c for c in start_all(channels, self._not_started)}
         """The channels started (or waiting for their turn in the window), by host."""
         self.begun = time.monotonic()
@@ -139,8 +142,9 @@ class Group:
         self._events.put((channel.host, _Ev.NOT_STARTED, said, time.monotonic(), time.time()))
 
     # -- the caller's thread ------------------------------------------------------------------
-    def send(self, host: str, kind: str, payload: dict[str, Any] | None = None) -> None:
-        self.channels[host].send(kind, payload)
+    def send(self, host: str, kind: str, payload: dict[str, Any] | None = None, *,
+             raw: int = 0) -> None:
+        self.channels[host].send(kind, payload, raw=raw)
 
     def alive(self, host: str) -> bool:
         """``host`` was started and its channel has not ended."""

@@ -11,13 +11,13 @@ with ``ptcluster push``), from this one thread. The library only yields events
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ptcluster.errors import Problem
 from ptcluster.node import VENVS
-from ptcluster.node.wire import Kind
+from ptcluster.node.wire import HEARTBEAT_EVERY, HEARTBEAT_TIMEOUT, Kind
 from ptcluster.remote.blobs import Blob, Outgoing, stream
 from ptcluster.remote.group import Group, Member
 from ptcluster.venvs.resolve import check_torch
@@ -143,7 +143,11 @@ def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
     node named with its problem, the others' work kept. Raises what ``choose`` raises (every
     channel closed first, nothing sent)."""
     say = on_event or (lambda progress: None)
-    group = Group(members, VENVS, answer=Kind.BUILD, kinds=(Kind.FACTS, Kind.HAVE))
+    # heartbeats: a node whose link is cut mid-build sees no EOF (its sshd keeps the session
+    # for as long as TCP does); the program ends itself after HEARTBEAT_TIMEOUT s of silence
+    members = [replace(m, config={"silence": HEARTBEAT_TIMEOUT, **m.config}) for m in members]
+    group = Group(members, VENVS, answer=Kind.BUILD, kinds=(Kind.FACTS, Kind.HAVE),
+                  heartbeat=HEARTBEAT_EVERY)
     out: dict[str, NodeEnv] = {}
     envs: dict[str, ResolvedEnv] = {}
     finished = False
