@@ -284,8 +284,8 @@ def test_quiet_doctor_keeps_table_failures_and_verdict(cli, monkeypatch) -> None
     from ptcluster.doctor.diagnose import DoctorReport
 
     report = DoctorReport(findings=[
-        Finding("versions", "localhost", OK, "torch 2.13 everywhere"),
-        Finding("disk", "localhost", FAIL, "1 GB free", "free some space")], probes={})
+        Finding.plain("versions", "localhost", OK, "torch 2.13 everywhere"),
+        Finding.plain("disk", "localhost", FAIL, "1 GB free", "free some space")], probes={})
     monkeypatch.setattr(doctor_cmd, "diagnose", lambda *a, **k: report)
     code, loud, _ = cli("doctor", "--nproc", "1")
     assert code == 1 and "torch 2.13 everywhere" in loud and "free some space" in loud

@@ -240,7 +240,7 @@ class Supervisor(JobState):
         return []
 
     def _guard_refused(self, e: ev.GuardRefused, now: float) -> list[Action]:
-        return self._fail(Failure(host=e.host, rank=None, message=e.problem.what, fix=e.problem.fix,
+        return self._fail(Failure(host=e.host, rank=None, problem=e.problem,
                                   kind=FailureKind.BUSY if e.busy else FailureKind.UNHEALTHY
                                   if e.unhealthy else FailureKind.ENVIRONMENT
                                   if e.environment else FailureKind.GUARD,
