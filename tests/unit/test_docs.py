@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from ptcluster.cli import SECTIONS, all_commands, cli
-from ptcluster.cli import reference as ref
 from ptcluster.cli.exits import EXIT_CODES
 from ptcluster.cluster.keys import KEYS, keys_at
 from ptcluster.cluster.load import spec_from_data
+from scripts import docs_reference as ref
 from tests.support.docblocks import SHELL, blocks, user_pages
 
 
@@ -89,7 +89,8 @@ def test_a_cluster_file_made_of_every_documented_example_loads() -> None:
 def test_summary_json_fields_are_all_described() -> None:
     fields = set(ref.sample_summary())
     assert fields == set(ref.SUMMARY_FIELDS), (
-        "summary.json has fields without a description in cli/reference.py (or the reverse): "
+        "summary.json has fields without a description in scripts/docs_reference.py (or the "
+        "reverse): "
         f"{sorted(fields ^ set(ref.SUMMARY_FIELDS))}")
     assert all(text.strip() for text in ref.SUMMARY_FIELDS.values())
 

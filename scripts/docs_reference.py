@@ -3,16 +3,19 @@
 Each page is rendered from the table the program itself uses: the commands and options from the
 click app (what ``--help`` prints), the cluster-file keys from ``cluster.keys`` (what the loader
 accepts), the exit codes from ``cli.exits``, ``summary.json``'s fields from a real
-``RunResult.to_json`` (a field without a description below fails the docs test), and the known
-failures from ``launch.supervise.known``. ``docs/hooks.py`` adds them to the site at every
-``mkdocs build`` (pyinfra generates its operations reference the same way).
+``RunResult.to_json`` (a field without a description below fails the docs test), the known
+failures from ``launch.supervise.known``, and what doctor, the health gate, the guard and the
+node channel report from their tables of declared problems (``node.problems``). Objects are
+read, never a function's body. ``scripts/docs_hooks.py`` adds them to the site at every
+``mkdocs build`` (pyinfra generates its operations reference the same way, from
+``scripts/generate_*.py``). It lives with the docs build: it is not a command.
 """
 
 from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +23,6 @@ import click
 
 from ptcluster.cli.exits import EXIT_CODES
 from ptcluster.node.problems import Declared
-
-PAGES = {
-    "reference/commands.md": "commands_page",
-    "reference/cluster-file.md": "cluster_file_page",
-    "reference/exit-codes.md": "exit_codes_page",
-    "reference/summary-json.md": "summary_page",
-    "reference/rank-environment.md": "rank_env_page",
-    "troubleshooting/known-failures.md": "known_failures_page",
-    "troubleshooting/doctor-checks.md": "doctor_checks_page",
-}
-"""Generated page (path under docs/) -> the function of this module that renders it."""
-
 
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 
@@ -144,7 +135,11 @@ SUMMARY_FIELDS: dict[str, str] = {
                   "miss.",
     "root_cause": "The failure that happened first (on corrected clocks): host, rank, kind "
                   "(`rank`, `lost`, `hang`, `oom`, `gpu`, `disk`, `unhealthy`, …), message, "
-                  "fix, the known failure it is, exit code, last lines, what the node saw.",
+                  "fix, the known failure it is, exit code, last lines, what the node saw; "
+                  "for a declared problem (a guard's refusal, the health gate's, a node that "
+                  "could not be reached) its `code` (`guard.port-in-use`, `health.memory-low`, "
+                  "`node.ssh-key-refused`: [doctor's checks](../troubleshooting/doctor-checks.md) "
+                  "lists them) and the values its message was filled with (`fields`).",
     "failures": "Every failure in the order it happened, in the root cause's shape.",
     "hang_report": "Every rank's stacks when `--hang-timeout` found a hang, the straggler "
                    "first.",
@@ -188,8 +183,7 @@ def known_failures_page() -> str:
 
 def render(path: str) -> str:
     """The generated page at ``path`` (a key of :data:`PAGES`)."""
-    text: str = globals()[PAGES[path]]()
-    return text
+    return PAGES[path]()
 
 
 def rank_env_page() -> str:
@@ -297,3 +291,15 @@ def doctor_checks_page() -> str:
     lines += problem_rows(GUARD)
     lines.append("")
     return "\n".join(lines)
+
+
+PAGES: dict[str, Callable[[], str]] = {
+    "reference/commands.md": commands_page,
+    "reference/cluster-file.md": cluster_file_page,
+    "reference/exit-codes.md": exit_codes_page,
+    "reference/summary-json.md": summary_page,
+    "reference/rank-environment.md": rank_env_page,
+    "troubleshooting/known-failures.md": known_failures_page,
+    "troubleshooting/doctor-checks.md": doctor_checks_page,
+}
+"""Generated page (path under docs/) -> the function that renders it."""
