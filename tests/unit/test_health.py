@@ -74,7 +74,8 @@ def test_the_gate_joins_every_failed_check() -> None:
     refusal = unfit(found)
     assert refusal is not None
     assert refusal["what"].count("; ") == 2 and refusal["fix"].count("; ") == 2
-    assert refusal["code"] == "health.gpus-fewer"  # (the first reason's)
+    assert refusal["code"] == "health.gpus-fewer"  # (the first reason's, and its fields)
+    assert refusal["fields"] == {"count": "1", "slots": "2", "why": ""}
     assert unfit([f for f in found if f["ok"]]) is None
 
 

@@ -415,10 +415,11 @@ def health(ctx: dict[str, Any]) -> list[dict[str, Any]]:
 
 def unfit(findings: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The refusal the findings call for: every failed check's what and fix together, and the
-    first one's ``code`` (the refusal's: ``health.*``); None when the node is fit."""
+    first one's ``code`` and ``fields`` (the refusal's: ``health.*``); None when the node is
+    fit."""
     bad = [f for f in findings if not f["ok"]]
     if not bad:
         return None
     return {"what": "; ".join(f["what"] for f in bad),
             "fix": "; ".join(dict.fromkeys(f["fix"] for f in bad if f["fix"])),
-            "code": bad[0]["code"]}
+            "code": bad[0]["code"], "fields": bad[0].get("fields") or {}}
