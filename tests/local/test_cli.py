@@ -450,10 +450,10 @@ def test_a_channel_without_descriptors_is_not_a_missing_program() -> None:
     from ptcluster.remote.transport import explain_start_failure
 
     said = explain_start_failure("ssh", OSError(errno.EMFILE, "Too many open files"))
-    assert "too many open files" in said.what and "OpenSSH" not in (said.fix or "")
-    assert "ulimit -n" in (said.fix or "")
+    assert said.code == "node.too-many-open-files" and said.fields["program"] == "'ssh'"
+    assert said.fix and said.fields["limit"].endswith(" hard")
     said = explain_start_failure("ssh", FileNotFoundError(errno.ENOENT, "No such file"))
-    assert "OpenSSH" in (said.fix or "")
+    assert (said.code, said.fields["error"]) == ("node.no-ssh-client", "No such file")
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine: the script "
