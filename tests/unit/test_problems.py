@@ -150,3 +150,16 @@ def test_the_source_check_sees_a_wrong_field() -> None:
     assert isinstance(call.func, ast.Attribute)
     entry = _entry(call.func.value, {"F": F})
     assert entry is SHM_SMALL and {k.arg for k in call.keywords} != entry.fields
+
+
+def test_a_known_failure_has_a_code_of_its_name() -> None:
+    """The known rank failures keep their table (``known.py``: matched, not raised); a failure
+    that is one says ``known.NAME`` as its code, beside ``known``."""
+    from ptcluster.launch.result import Failure
+    from ptcluster.launch.supervise.known import TABLE as KNOWN
+    from ptcluster.node.problems import CODE
+
+    assert all(CODE.match(f"known.{k.name}") for k in KNOWN)
+    failure = Failure(host="n1", rank=0, message="boom", known=KNOWN[0].name)
+    assert failure.code == f"known.{KNOWN[0].name}"
+    assert Failure(host="n1", rank=0, message="boom").code is None

@@ -178,8 +178,9 @@ class Failure:
 
     @property
     def code(self) -> str | None:
-        """The declared problem it is (``guard.*``, ``health.*``, ``node.*``); None otherwise."""
-        return self.problem.code
+        """The declared problem it is (``guard.*``, ``health.*``, ``node.*``), or the known
+        failure it is (``known.NAME``: ``launch.supervise.known``'s table); None otherwise."""
+        return self.problem.code or (f"known.{self.known}" if self.known else None)
 
     def headline(self) -> str:
         return str(self.problem)
