@@ -482,3 +482,21 @@ def test_the_testbed_scripts_help_says_whole_sentences() -> None:
     assert description == "Bring up the multi-host testbed by hand (root).", proc.stdout
     assert 'N namespace "nodes", each with its own address' in proc.stdout
     assert "run --trust-cluster-file --cluster testbed-cluster.yaml" in proc.stdout
+
+
+def test_doctor_json_gives_each_problem_its_code_and_fields(cli, tmp_path) -> None:
+    """A node whose sshd does not listen: doctor --json names the channel's diagnosis by its
+    code (the finding's and the node's), with the last line ssh printed as its field."""
+    import json
+
+    path = tmp_path / "c.yaml"
+    path.write_text("nodes:\n  - {host: 127.0.0.1, ssh: {port: 1}}\n")
+    code, out, err = cli("doctor", "--cluster", str(path), "--skip-allreduce", "--json",
+                         "--timeout", "20")
+    assert code == 1, err
+    report = json.loads(out)
+    (ssh,) = [f for f in report["findings"] if f["check"] == "ssh"]
+    assert (ssh["status"], ssh["code"]) == ("fail", "node.ssh-unreachable"), ssh
+    assert "port 1" in ssh["fields"]["detail"] and ssh["fix"], ssh
+    assert report["nodes"]["127.0.0.1"]["code"] == "node.ssh-unreachable"
+    assert {f["code"] for f in report["findings"] if f["status"] == "skip"} == {None}

@@ -47,6 +47,7 @@ class DoctorReport:
             "allreduce": self.allreduce,
             "nodes": {h: {"ok": p.ok, "ssh_s": p.ssh_s, "clock_offset_s": p.clock_offset,
                           "problem": None if p.problem is None else p.problem.what,
+                          "code": None if p.problem is None else p.problem.code,
                           "facts": p.facts, "connects": p.connects}
                       for h, p in self.probes.items()},
         }
