@@ -1,8 +1,9 @@
 """MkDocs hooks (``hooks:`` in mkdocs.yml): add the generated pages at every build.
 
-The reference pages come from the code (``ptcluster.cli.reference``), and the design pages are
-ARCHITECTURE.md and SECURITY.md from the repository's root, so neither is ever a stale copy in
-``docs/``. ``File.generated`` (MkDocs >= 1.6) adds a page that exists only in the build.
+The reference pages come from the code (``scripts/docs_reference.py``, beside this file), and
+the design pages are ARCHITECTURE.md and SECURITY.md from the repository's root, so neither is
+ever a stale copy in ``docs/``. ``File.generated`` (MkDocs >= 1.6) adds a page that exists only
+in the build.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 # this checkout's code, not whatever ptcluster the venv has installed
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "scripts"))
 
+import docs_reference as reference  # noqa: E402
 from mkdocs.structure.files import File, Files  # noqa: E402
-
-from ptcluster.cli import reference  # noqa: E402
 
 COPIED = {"design/architecture.md": "ARCHITECTURE.md", "design/security.md": "SECURITY.md"}
 """Pages that are a file of the repository's root, as it is."""

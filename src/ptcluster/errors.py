@@ -7,21 +7,43 @@ and keeps its traceback.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+from ptcluster.node.problems import Declared
 
 
 class PtclusterError(Exception):
-    """Root of the errors a user can cause. ``exit_code`` is what the CLI exits with."""
+    """Root of the errors a user can cause. ``exit_code`` is what the CLI exits with.
+
+    It embeds one :class:`Problem` (``problem``; who None: the command itself); ``message``
+    and ``fix`` are its what and fix."""
 
     exit_code = 1
 
-    def __init__(self, message: str, fix: str | None = None) -> None:
-        self.message = message
-        self.fix = fix
+    def __init__(self, message: str, fix: str | None = None, code: str | None = None) -> None:
+        self.problem = Problem(None, message, fix, code)
         super().__init__(self.__str__())
 
+    @classmethod
+    def of(cls, entry: Declared, **values: object) -> PtclusterError:
+        """The error a declared problem is, its fields filled in by name."""
+        what, fix = entry.texts(**values)
+        return cls(what, fix, entry.code)
+
+    @property
+    def message(self) -> str:
+        return self.problem.what
+
+    @property
+    def fix(self) -> str | None:
+        return self.problem.fix
+
+    @property
+    def code(self) -> str | None:
+        return self.problem.code
+
     def __str__(self) -> str:
-        return str(Problem(None, self.message, self.fix))
+        return str(self.problem)
 
 
 class UsageError(PtclusterError):
@@ -33,13 +55,14 @@ class UsageError(PtclusterError):
 class SpecError(UsageError):
     """A bad cluster file, hostfile or ``--hosts`` value.
 
-    ``source`` is the file (or ``--hosts``), ``path`` the key path inside it (``nodes[1].slots``).
+    ``source`` is the file (or ``--hosts``), ``path`` the key path inside it (``nodes[1].slots``),
+    ``detail`` what is wrong there (its ``problem``'s what is all three together).
     """
 
     def __init__(self, source: str, path: str, problem: str, fix: str | None = None) -> None:
         self.source = source
         self.path = path
-        self.problem = problem
+        self.detail = problem
         where = f"{source}: {path}" if path else source
         super().__init__(f"{where}: {problem}", fix)
 
@@ -49,6 +72,7 @@ class Problem:
     """One problem as every report says it: who (a node, a rank on a node; None: the command
     itself), what went wrong, and the fix (None: no fix to offer).
 
+    A declared one carries its ``code`` (``node.problems``: a table of them for each kind).
     Every failure, finding and refusal the user sees goes through this one type (torch elastic's
     ``ProcessFailure`` idea), so the console, ``summary.json``, doctor and setup say it the same
     way: ``str()`` is the one rendering. Pure (no I/O): the launch core may hold one.
@@ -57,6 +81,24 @@ class Problem:
     who: str | None
     what: str
     fix: str | None = None
+    code: str | None = None
+    """The declared problem this is (``node.problems``: ``doctor.shm-small``); None for one
+    said in words only."""
+    values: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    """The named values its entry's text was filled with (``(("total", "0.06"),)``): what
+    ``summary.json``, ``doctor --json`` and tests read, never the sentence."""
+
+    @classmethod
+    def of(cls, entry: Declared, who: str | None, /, **values: object) -> Problem:
+        """The problem ``entry`` declares, said by ``who``, its fields filled in by name
+        (``TypeError`` for a field missing or one too many)."""
+        what, fix = entry.texts(**values)
+        return cls(who, what, fix, entry.code, tuple((k, str(v)) for k, v in values.items()))
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """``values`` as a table."""
+        return dict(self.values)
 
     def by(self, who: str | None) -> Problem:
         """The same problem said by ``who``: a part that knows only what went wrong leaves who

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ptcluster.cluster import parse_cluster_text
-from ptcluster.doctor.checks import run_checks
+from ptcluster.doctor.checks import Finding, run_checks
 from ptcluster.doctor.node_report import NodeReport, ProblemKind
 from ptcluster.errors import Problem
 from ptcluster.node import FACTS as PROBE_PROGRAM
@@ -35,11 +35,11 @@ def probes_from(recorded: dict[str, Any]) -> dict[str, NodeReport]:
                          clock_offset=r["clock_offset"]) for h, r in recorded.items()}
 
 
-def fails(spec_text: str, mutate: Callable[[dict], None]) -> dict[tuple[str, str], str]:
+def fails(spec_text: str, mutate: Callable[[dict], None]) -> dict[tuple[str, str], Finding]:
     data = copy.deepcopy(RECORDED)
     mutate(data)
     spec = parse_cluster_text(spec_text, "c.yaml")
-    return {(f.check, f.host): f.line() for f in run_checks(spec, probes_from(data))
+    return {(f.check, f.host): f for f in run_checks(spec, probes_from(data))
             if f.status in ("fail", "warn")}
 
 
@@ -86,98 +86,127 @@ def _failed_connect(host: str, label: str) -> Callable[[dict], None]:
 
 
 CASES = [
-    # (id, cluster text, mutation, expected (check, host), words in the message)
+    # (id, cluster text, mutation, expected (check, host), its code, some of its fields)
     ("torch-version", CLUSTER, _set("node2.facts.torch.version", "2.5.1+cpu"),
-     ("versions", "node2"), "torch 2.5.1+cpu (others: 2.13.0+cpu)"),
+     ("versions", "node2"), "doctor.versions-differ",
+     {"diffs": "torch 2.5.1+cpu (others: 2.13.0+cpu)"}),
     ("python-version", CLUSTER, _set("node1.facts.python.version", "3.10.12"),
-     ("versions", "node1"), "python 3.10.12"),
+     ("versions", "node1"), "doctor.versions-differ",
+     {"diffs": "python 3.10.12 (others: 3.11.7)"}),
     ("torch-missing", CLUSTER,
      _set("node1.facts.torch", {"ok": False, "version": None, "unknown": {},
                                 "error": "torch is not installed for /usr/bin/python3"}),
-     ("versions", "node1"), "torch not found with"),
+     ("versions", "node1"), "doctor.torch-missing",
+     {"error": "torch is not installed for /usr/bin/python3"}),
     ("torch-version-unknown", CLUSTER,
      lambda d: d["node1"]["facts"]["torch"].update(
          version=None, unknown={"torch": "no package metadata, and no __version__"}),
-     ("versions", "node1"), "could not tell torch (no package metadata"),
+     ("versions", "node1"), "doctor.versions-unknown",
+     {"told": "torch (no package metadata, and no __version__)"}),
     ("nccl-version", CLUSTER,
      _both(_gpu("550.54.15", 2), _set("node2.facts.torch.nccl", "2.18.1")),
-     ("versions", "node2"), "nccl 2.18.1 (others: 2.21.5)"),
+     ("versions", "node2"), "doctor.versions-differ",
+     {"diffs": "nccl 2.18.1 (others: 2.21.5)"}),
     ("nccl-unknown", CLUSTER,
      _both(_gpu("550.54.15", 2), lambda d: d["node2"]["facts"]["torch"].update(
          nccl=None, unknown={"nccl": "no nvidia-nccl-* package and no libnccl.so.X.Y file"})),
-     ("versions", "node2"), "could not tell nccl (no nvidia-nccl-* package"),
-    ("driver-old", CLUSTER, _gpu("470.82.01", 2), ("gpus", "node0"),
-     "too old for torch's CUDA 12.4"),
+     ("versions", "node2"), "doctor.versions-unknown",
+     {"told": "nccl (no nvidia-nccl-* package and no libnccl.so.X.Y file)"}),
+    ("driver-old", CLUSTER, _gpu("470.82.01", 2), ("gpus", "node0"), "doctor.driver-too-old",
+     {"driver": "470.82.01", "cuda": "12.4", "need": "525.60.13"}),
     ("driver-old-cuda13", CLUSTER, _gpu("575.57.08", 2, cuda="13.0"), ("gpus", "node0"),
-     "driver 575.57.08 is too old for torch's CUDA 13.0 (needs >= 580.65.06)"),
+     "doctor.driver-too-old",
+     {"driver": "575.57.08", "cuda": "13.0", "need": "580.65.06"}),
     ("driver-behind-unlisted-cuda", CLUSTER, _gpu("580.82.07", 2, "14.0", cuda_driver="13.0"),
-     ("gpus", "node1"), "runs CUDA up to 13.0, torch is built for CUDA 14.0"),
+     ("gpus", "node1"), "doctor.driver-cuda-older",
+     {"cuda": "14.0", "cuda_driver": "13.0"}),
     ("cpu-torch-on-gpus", CLUSTER,
      _both(_gpu("580.82.07", 2, cuda="13.0"),
            lambda d: d["node1"]["facts"]["torch"].update(version="2.13.0+cpu", cuda=None,
                                                          nccl=None)),
-     ("gpus", "node1"), "2 GPU(s) but torch 2.13.0+cpu is a CPU build"),
+     ("gpus", "node1"), "doctor.torch-cpu-build",
+     {"count": "2", "version": "2.13.0+cpu"}),
     ("nvml-broken", CLUSTER,
      _set("node2.facts.gpus.error", "nvmlInit: Driver/library version mismatch"),
-     ("gpus", "node2"), "no GPU found (nvmlInit: Driver/library version mismatch)"),
+     ("gpus", "node2"), "doctor.no-gpu-found",
+     {"error": "nvmlInit: Driver/library version mismatch"}),
     ("gpus-fewer-than-slots", CLUSTER, _gpu("550.54.15", 1), ("gpus", "node0"),
-     "1 GPU(s) for 2 slots"),
-    ("gpus-more-than-slots", CLUSTER, _gpu("550.54.15", 4), ("gpus", "node1"), "4 GPUs, only 1"),
+     "doctor.gpus-fewer-than-slots",
+     {"count": "1", "slots": "2"}),
+    ("gpus-more-than-slots", CLUSTER, _gpu("550.54.15", 4), ("gpus", "node1"), "doctor.gpus-unused",
+     {"count": "4", "slots": "1"}),
     ("nccl-without-gpu", CLUSTER + "backend: nccl\n", lambda d: None, ("gpus", "node0"),
-     "no NVIDIA GPU, but backend: nccl"),
+     "doctor.nccl-without-gpu",
+     {"why": ""}),
     ("interface-missing", "nodes: [{host: node0, slots: 2}, {host: node1, interface: eth9}, "
-     "{host: node2}]\n", lambda d: None, ("interface", "node1"),
-     "interface eth9 not found (has: lo, veth0)"),
+     "{host: node2}]\n", lambda d: None, ("interface", "node1"), "doctor.interface-missing",
+     {"interface": "eth9", "names": "lo, veth0", "choices": "veth0"}),
     ("interfaces-unlisted", CLUSTER,
      lambda d: d["node1"]["facts"].update(
          interfaces=[], interfaces_error="`ip -j addr show` failed: ip: not installed"),
-     ("interface", "node1"),
-     "could not list interfaces: `ip -j addr show` failed: ip: not installed"),
+     ("interface", "node1"), "doctor.interfaces-unlisted",
+     {"error": "`ip -j addr show` failed: ip: not installed"}),
     ("interface-down", CLUSTER, lambda d: d["node2"]["facts"]["interfaces"][1].update(up=False),
-     ("interface", "node2"), "veth0 is down"),
+     ("interface", "node2"), "doctor.interface-down",
+     {"interface": "veth0"}),
     ("interface-no-ipv4", CLUSTER, lambda d: d["node1"]["facts"]["interfaces"][1].update(ipv4=[]),
-     ("interface", "node1"), "has no IPv4"),
+     ("interface", "node1"), "doctor.interface-no-ipv4",
+     {"interface": "veth0"}),
     ("wrong-route", CLUSTER, _set("node1.facts.peers.node2.route_dev", "docker0"),
-     ("interface", "node1"), "node2 via docker0, not veth0. Fix: set interface: docker0"),
+     ("interface", "node1"), "doctor.routes-elsewhere",
+     {"routes": "node2 via docker0", "interface": "veth0", "other": "docker0"}),
     ("other-subnet", CLUSTER,
      lambda d: d["node2"]["facts"]["interfaces"][1].update(ipv4=["192.168.5.2/24"]),
-     ("interface", "node2"), "not in node0's subnet"),
+     ("interface", "node2"), "doctor.other-subnet",
+     {"address": "192.168.5.2/24", "first": "node0", "network": "10.9.0.0/24"}),
     ("hostname-loopback", CLUSTER, _set("node1.facts.hostname_addrs", ["127.0.1.1"]),
-     ("hostname", "node1"), "resolves to 127.0.1.1 (loopback)"),
+     ("hostname", "node1"), "doctor.hostname-loopback",
+     {"loopback": "127.0.1.1", "address": "10.9.0.12"}),
     ("master-unresolved", CLUSTER, _set("node2.facts.master.addrs", []),
-     ("hostname", "node2"), "cannot resolve the master address node0"),
+     ("hostname", "node2"), "doctor.master-unresolved",
+     {"master": "node0"}),
     ("peer-resolves-elsewhere", CLUSTER, _set("node0.facts.peers.node1.addrs", ["10.9.0.99"]),
-     ("hostname", "node0"), "node1 -> 10.9.0.99 (its interface has 10.9.0.12)"),
+     ("hostname", "node0"), "doctor.peers-resolve-apart",
+     {"peers": "node1 -> 10.9.0.99 (its interface has 10.9.0.12)"}),
     ("master-port-taken", CLUSTER,
      _set("node0.facts.listening", {"master": None, "ephemeral": 40000,
                                     "master_error": "Address already in use"}),
-     ("master port", "node0"), "already in use"),
+     ("master port", "node0"), "doctor.master-port-in-use",
+     {"error": "Address already in use"}),
     ("master-port-unreachable", CLUSTER, _failed_connect("node2", "master"),
-     ("master port", "node2"), "cannot connect to the master node0:29500 (Connection timed out)"),
+     ("master port", "node2"), "doctor.master-port-unreachable",
+     {"master": "node0", "port": "29500", "error": "Connection timed out"}),
     ("master-port-ephemeral", "nodes: [{host: node0}, {host: node1}]\nmaster: {port: 40000}\n",
      lambda d: [c.update(port=40000) for h in d for c in d[h]["connects"]
                 if c["label"] == "master"], ("master port", "node0"),
-     "inside ip_local_port_range"),
+     "doctor.master-port-ephemeral",
+     {"port": "40000", "low": "32768", "high": "60999"}),
     ("ephemeral-blocked", CLUSTER, _failed_connect("node0", "peer:node2"), ("ports", "node0"),
-     "cannot reach node2 on 10.9.0.13"),
+     "doctor.peer-port-unreachable",
+     {"peer": "node2", "host": "10.9.0.13", "more": ""}),
     ("workdir-missing", CLUSTER, _set("node1.facts.workdir.exists", False),
-     ("workdir", "node1"), "does not exist"),
+     ("workdir", "node1"), "doctor.workdir-missing",
+     {"path": "/work/main"}),
     ("shm-small", CLUSTER, _set("node2.facts.shm", {"free": 1 << 26, "total": 1 << 26}),
-     ("resources", "node2"),
-     "shared memory (/dev/shm) only 0.06 GiB in all, 79 GiB free on the workdir's disk"),
+     ("resources", "node2"), "doctor.shm-small",
+     {"total": "0.06"}),
     ("disk-low", CLUSTER, _set("node0.facts.disk", {"free": 1 << 30, "total": 1 << 40}),
-     ("resources", "node0"), "only 1.0 GiB free on the workdir's disk"),
-    ("clock-skew", CLUSTER, _set("node1.clock_offset", 3.5), ("clock", "node1"), "+3.5 s"),
+     ("resources", "node0"), "doctor.workdir-disk-low",
+     {"free": "1.0"}),
+    ("clock-skew", CLUSTER, _set("node1.clock_offset", 3.5), ("clock", "node1"),
+     "doctor.clock-skew",
+     {"offset": "+3.5"}),
 ]
 
 
-@pytest.mark.parametrize("text,mutate,where,words", [c[1:] for c in CASES],
+@pytest.mark.parametrize("text,mutate,where,code,fields", [c[1:] for c in CASES],
                          ids=[c[0] for c in CASES])
-def test_each_fault_is_named_on_its_node(text, mutate, where, words) -> None:
+def test_each_fault_is_named_on_its_node(text, mutate, where, code, fields) -> None:
     found = fails(text, mutate)
     assert where in found, found
-    assert words in found[where], found[where]
-    assert "Fix:" in found[where]
+    assert found[where].code == code, found[where]
+    assert fields.items() <= found[where].fields.items(), found[where].fields
+    assert found[where].fix
 
 
 def test_unreached_node_skips_its_checks_and_fails_ssh() -> None:
@@ -202,17 +231,19 @@ def test_the_reach_row_says_how_the_node_was_reached(slurm_job, words) -> None:
 
 
 def test_gpu_facts_of_a_healthy_gpu_cluster_pass() -> None:
-    assert fails(CLUSTER, _gpu("580.82.07", 2, cuda="13.0", cuda_driver="13.0")) == {
-        ("gpus", "node1"): "node1: 2 GPUs, only 1 used (slots). Fix: set slots: 2 to use them all",
-        ("gpus", "node2"): "node2: 2 GPUs, only 1 used (slots). Fix: set slots: 2 to use them all"}
+    found = fails(CLUSTER, _gpu("580.82.07", 2, cuda="13.0", cuda_driver="13.0"))
+    assert {where: (f.code, f.fields) for where, f in found.items()} == {
+        ("gpus", h): ("doctor.gpus-unused", {"count": "2", "slots": "1"})
+        for h in ("node1", "node2")}
+    assert found[("gpus", "node1")].line() == (  # (the one rendering: who: what. Fix: how)
+        "node1: 2 GPUs, only 1 used (slots). Fix: set slots: 2 to use them all")
 
 
 def test_unlisted_interfaces_are_not_reported_as_missing() -> None:
     found = fails("nodes: [{host: node0}, {host: node1, interface: veth0}]\n",
                   lambda d: d["node1"]["facts"].update(
                       interfaces=[], interfaces_error="`ip -j addr show` output does not parse"))
-    assert "not found" not in found[("interface", "node1")]
-    assert "could not list interfaces" in found[("interface", "node1")]
+    assert found[("interface", "node1")].code == "doctor.interfaces-unlisted"
 
 
 @pytest.mark.parametrize("exit_code,kind,ssh,python", [
@@ -515,7 +546,8 @@ def test_compute_probe_names_the_node_slower_than_the_others(per_rank, named) ->
     assert set(found) == {"n1", "n2", "n3"}
     assert {h for h, f in found.items() if f.status == "warn"} == named
     for host in named:
-        assert found[host].detail.startswith("slow node: probe ") and found[host].fix
+        assert found[host].code == "doctor.slow-node" and found[host].fix
+        assert set(found[host].fields) == {"seconds", "ratio", "median"}
     assert compute_findings(spec, [0.1]) == []  # not one figure per rank: nothing to say
 
 

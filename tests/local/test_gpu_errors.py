@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ptcluster.node.facts.gpu_errors import ACT_HARDWARE, xid_fix
 from ptcluster.node.facts.health import health, unfit
 from ptcluster.node.facts.kernel_log import TEST_USER_LINES
 from ptcluster.node.guard.machine import MachineWatch
@@ -119,11 +120,11 @@ def test_a_fatal_xid_before_the_launch_keeps_the_node_out(tmp_path: Path, kernel
     refusal = unfit(found)
     assert refusal is not None
     (driver,) = [f for f in found if f["check"] == "gpu-driver"]
-    assert not driver["ok"]
-    assert driver["what"].startswith("the GPU at PCI 0000:3b:00 had Xid 79 (the GPU has fallen "
-                                     "off the bus) at "), driver
-    assert driver["what"].endswith("and the driver has not been reloaded since")
-    assert "reboot the node; if it happens again" in refusal["fix"]
+    assert not driver["ok"] and driver["code"] == "health.xid-fatal"
+    assert {k: driver["fields"][k] for k in ("name", "xid")} == {
+        "name": "the GPU at PCI 0000:3b:00", "xid": "79"}, driver
+    assert driver["fields"]["action"] == xid_fix(ACT_HARDWARE, None)
+    assert driver["fix"] in refusal["fix"]
     # a gloo job on a node without GPUs is not asked; after a driver load, it is history
     assert [f["check"] for f in health({"workdir": str(tmp_path), "slots": 1})] == \
         ["disk", "memory"]

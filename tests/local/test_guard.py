@@ -290,10 +290,14 @@ def test_gpus_asked_for_are_checked_and_a_refusal_names_who_holds_them() -> None
 
     assert gpus._candidates("auto", 2, 4) == ([0, 1, 2, 3], 2)
     assert gpus._candidates([3, 1], 8, 4) == ([3, 1], 2)
-    with pytest.raises(GuardError, match="names GPU 5-6, which this node does not have"):
+    with pytest.raises(GuardError) as info:
         gpus._candidates([0, 5, 6], 3, 4)
+    assert (info.value.code, info.value.fields["missing"]) == ("guard.gpu-not-there", "5-6")
     refusal = gpus._refusal(2, 1, {"job J (alice)": [0, 1]}, {"alice"}, 4)
-    assert refusal.busy and refusal.problem == \
-        "2 GPU(s) asked for, 1 free: GPUs 0-1 are in use by job J (alice)"
+    assert refusal.busy and refusal.code == "guard.gpus-busy"
+    assert refusal.fields == {"need": "2", "free": "1", "held": "GPUs 0-1 are in use by job J "
+                              "(alice)", "other": ", choose other GPUs (gpus: [2, 3])",
+                              "ask": ", or ask alice"}
+    # (the one rendering, kept once: the table's fix with those values)
     assert refusal.fix == "wait for them (run --wait), choose other GPUs (gpus: [2, 3]), " \
                           "or ask alice"

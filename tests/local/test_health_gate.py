@@ -53,11 +53,12 @@ def test_a_full_workdir_disk_is_refused_before_any_rank_starts(tmp_path, full_tm
     no_leftovers.append(job_id)
     err = "\n".join(head.err)
     assert code == 1, head.output()
-    assert "Root cause (first observed failure): localhost: its workdir disk is nearly full: " \
-           f"0 MiB of 16 MiB free on the filesystem of {full_tmpfs}" in err, head.output()
-    assert "Fix: free space there" in err
     cause = summary["root_cause"]
-    assert cause["kind"] == "unhealthy" and cause["message"].startswith(
-        "its workdir disk is nearly full: 0 MiB of 16 MiB free"), cause
+    assert (cause["kind"], cause["code"]) == ("unhealthy", "health.workdir-disk-full"), cause
+    assert cause["fields"]["path"] == str(full_tmpfs) and cause["fields"]["free"] == "0 MiB"
+    # the console says it once, as the one rendering (who: what. Fix: how), and its code
+    assert f"Root cause (first observed failure): localhost: {cause['message']}. " \
+           f"Fix: {cause['fix']}" in err, head.output()
+    assert "  code health.workdir-disk-full" in head.err
     assert all(r["status"] == "not started" for r in summary["ranks"])
     assert "started" not in head.lines

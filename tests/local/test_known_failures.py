@@ -71,6 +71,7 @@ def assert_known(head: Head, summary: dict, name: str, rank: int | None = None) 
     known = BY_NAME[name]
     rc = summary["root_cause"]
     assert (rc["known"], rc["fix"], rc["meaning"]) == (name, known.fix, known.meaning), rc
+    assert rc["code"] == f"known.{name}", rc
     if rank is not None:
         assert rc["rank"] == rank, rc
     line = next(x for x in head.err if x.startswith("Root cause (first observed failure):"))

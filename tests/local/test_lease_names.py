@@ -41,8 +41,8 @@ def test_a_job_lease_another_user_holds_is_busy_not_already_running(lease_dir: P
         assert squatter.stdout is not None and squatter.stdout.readline().strip() == "held"
         with pytest.raises(GuardError) as info:
             lease_job(dict(OWNER), leases.Leasing(str(lease_dir)))
-        assert info.value.busy and "already runs" not in info.value.problem, info.value.problem
-        assert "nobody" in info.value.problem, info.value.problem
+        assert info.value.busy and info.value.code == "guard.job-lease-held", info.value.problem
+        assert "nobody" in info.value.fields["holder"], info.value.fields
         mine = lease_job({**OWNER, "job_id": "J8"}, leases.Leasing(str(lease_dir)))
         with pytest.raises(GuardError, match="already runs") as again:
             lease_job({**OWNER, "job_id": "J8"}, leases.Leasing(str(lease_dir)))

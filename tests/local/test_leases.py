@@ -21,7 +21,7 @@ from ptcluster.monitor.jobs import job_rows
 from ptcluster.node import sampler
 from ptcluster.node.guard import gpus
 from ptcluster.node.guard.prechecks import lease_master_port
-from ptcluster.node.guard.refusal import GuardError
+from ptcluster.node.guard.refusal import UNLEASED_FIX, GuardError
 from ptcluster.node.sharing import leases
 
 
@@ -109,9 +109,10 @@ def test_a_fixed_port_held_by_another_job_is_refused_naming_it(lease_dir) -> Non
     try:
         with pytest.raises(GuardError) as info:
             lease_master_port(port, {**OWNER, "job_id": "second"})
-        assert f"master port {port} is in use on this node by job 20261201-0930-ab12 (" in \
-            info.value.problem and "python train.py" in info.value.problem
-        assert "master.port: auto" in info.value.fix
+        assert (info.value.code, info.value.fields["port"]) == ("guard.port-leased", str(port))
+        holder = info.value.fields["holder"]
+        assert holder.startswith("job 20261201-0930-ab12 (") and "python train.py" in holder
+        assert info.value.busy and info.value.fix
     finally:
         lease.release()
 
@@ -203,10 +204,13 @@ def test_a_gpu_with_a_process_outside_ptcluster_is_skipped_and_named(lease_dir,
         assert f"skipped 0: pid {os.getpid()} (root, 31 GiB)" in chosen["why"], chosen
         with pytest.raises(GuardError) as info:
             gpus.claim("auto", 3, OWNER, {})
-        assert "3 GPU(s) asked for, 1 free" in info.value.problem
-        assert f"GPU 0 is in use by pid {os.getpid()} (root, 31 GiB)" in info.value.problem
-        with pytest.raises(GuardError, match="names GPU 7, which this node does not have"):
+        assert info.value.code == "guard.gpus-busy"
+        assert (info.value.fields["need"], info.value.fields["free"]) == ("3", "1")
+        assert f"GPU 0 is in use by pid {os.getpid()} (root, 31 GiB)" in \
+            info.value.fields["held"]
+        with pytest.raises(GuardError) as info:
             gpus.claim([3, 7], 2, OWNER, {})
+        assert (info.value.code, info.value.fields["missing"]) == ("guard.gpu-not-there", "7")
     finally:
         for lease in held:
             lease.release()
@@ -351,9 +355,8 @@ def test_a_job_runs_unleased_only_when_its_user_opted_out(tmp_path, monkeypatch)
         leases.Leasing()
     with pytest.raises(GuardError) as info:
         job_leasing({})
-    assert "no lease directory to trust: " in info.value.problem and not info.value.busy
-    assert "have root make /run/lock " in info.value.fix and "`run --no-leases`" in \
-        info.value.fix and "unsafe" in info.value.fix
+    assert info.value.code == "guard.lease-dir-untrusted" and not info.value.busy
+    assert info.value.fix == UNLEASED_FIX
     leasing = job_leasing({"leases": False})
     assert leasing.off == leases.NO_LEASES and "unsafe" in leasing.off
     chosen, held = gpus.claim([0], 1, OWNER, {}, leasing)

@@ -228,18 +228,22 @@ def test_root_cause_shows_the_traceback(tmp_path, no_leftovers) -> None:
                for line in head.err), head.output()
 
 
-@pytest.mark.parametrize("target, words", [
-    (["missing.py"], "script missing.py not found"),
-    (["-m", "no_such_module_xyz.sub"], "module no_such_module_xyz.sub not found"),
+@pytest.mark.parametrize("target, problem, fields", [
+    (["missing.py"], "guard.script-missing", {"script": "missing.py"}),
+    (["-m", "no_such_module_xyz.sub"], "guard.module-missing",
+     {"module": "no_such_module_xyz.sub"}),
 ])
-def test_missing_target_refused_before_any_rank_starts(tmp_path, target, words,
+def test_missing_target_refused_before_any_rank_starts(tmp_path, target, problem, fields,
                                                        no_leftovers) -> None:
     code, head = run_head(["run", "--nproc", "2", "--run-dir", "runs", *target], cwd=tmp_path)
     job_id, summary = only_run(tmp_path / "runs")
     no_leftovers.append(job_id)
     assert code == 1, head.output()
     err = "\n".join(head.err)
-    assert f"Root cause (first observed failure): localhost: {words}" in err and "Fix:" in err
+    cause = summary["root_cause"]
+    assert cause["code"] == problem and fields.items() <= cause["fields"].items(), cause
+    assert f"Root cause (first observed failure): localhost: {cause['message']}" in err
+    assert f"  code {problem}" in head.err and "Fix:" in err
     assert all(r["status"] == "not started" for r in summary["ranks"])
     assert "Traceback" not in err and not head.lines
 

@@ -40,6 +40,12 @@ def failures(report: dict) -> dict[tuple[str, str], str]:
             for f in report["findings"] if f["status"] == "fail"}
 
 
+def coded(report: dict) -> dict[tuple[str, str], tuple[str, dict]]:
+    """Every failure's code and fields, by (check, host): ``doctor --json``'s."""
+    return {(f["check"], f["host"]): (f["code"], f["fields"])
+            for f in report["findings"] if f["status"] == "fail"}
+
+
 def test_healthy_testbed_passes_with_verified_allreduce(testbed, tmp_path) -> None:
     code, report = doctor(cluster(testbed, tmp_path), tmp_path)
     assert code == 0, failures(report)
@@ -65,10 +71,9 @@ def test_wrong_interface_on_one_node(testbed, tmp_path) -> None:
              f"  - {{host: {n[2].name}}}\n")
     code, report = doctor(cluster(testbed, tmp_path, nodes), tmp_path, "--skip-allreduce")
     assert code == 1
-    fails = failures(report)
-    assert list(fails) == [("interface", n[1].name)]
-    assert "interface eth9 not found (has: lo, veth0)" in fails[("interface", n[1].name)]
-    assert "set interface: to one of veth0" in fails[("interface", n[1].name)]
+    assert coded(report) == {("interface", n[1].name): (
+        "doctor.interface-missing", {"interface": "eth9", "names": "lo, veth0",
+                                     "choices": "veth0"})}, failures(report)
 
 
 def test_hostname_mapped_to_loopback(testbed, tmp_path) -> None:
@@ -128,11 +133,9 @@ def test_unreachable_node(testbed, tmp_path) -> None:
     nodes = f"nodes:\n  - {{host: {n[0].name}}}\n  - {{host: {testbed.unused_addr}}}\n"
     code, report = doctor(cluster(testbed, tmp_path, nodes), tmp_path, "--skip-allreduce")
     assert code == 1
-    fails = failures(report)
+    fails = coded(report)
     # ssh's own verdict (its connect timeout), not our probe's 60 s "no answer" deadline
-    assert "no answer within the timeout" not in fails[("ssh", testbed.unused_addr)]
-    assert "cannot reach the node over ssh" in fails[("ssh", testbed.unused_addr)]
-    assert "cannot reach the node over ssh" in fails[("ssh", testbed.unused_addr)]
+    assert fails[("ssh", testbed.unused_addr)][0] == "node.ssh-unreachable", failures(report)
     assert not any(host == n[0].name for _, host in fails)
 
 
@@ -175,8 +178,8 @@ def test_doctor_names_the_slow_node_and_only_it(testbed, tmp_path) -> None:
     assert code == 0, failures(report)  # a warning, not a failure
     found = compute(report)
     assert found[slow.name]["status"] == "warn", found
-    assert found[slow.name]["detail"].startswith("slow node: probe ")
-    assert "the other nodes' median" in found[slow.name]["detail"]
+    assert found[slow.name]["code"] == "doctor.slow-node", found
+    assert float(found[slow.name]["fields"]["ratio"]) > 1.8
     assert all(found[n.name]["status"] == "ok" for n in testbed.nodes if n is not slow), found
 
 

@@ -51,11 +51,11 @@ def test_a_full_node_is_left_out_and_the_job_goes_on_without_it(testbed, job_dir
     assert code == 0, head.output()
     first, second = summary["attempts"]
     assert first["cause"]["kind"] == "unhealthy" and first["cause"]["host"] == sick.name
-    assert first["cause"]["message"].startswith("its workdir disk is nearly full: 0 MiB of "
-                                                "16 MiB free"), first
+    assert first["cause"]["code"] == "health.workdir-disk-full", first
+    assert (first["cause"]["fields"]["free"], first["cause"]["fields"]["total"]) == (
+        "0 MiB", "16 MiB"), first
     assert first["dropped"] == [sick.name]
-    assert first["dropped_why"][sick.name].startswith("unhealthy: its workdir disk is nearly "
-                                                      "full"), first
+    assert first["dropped_why"][sick.name] == f"unhealthy: {first['cause']['message']}", first
     assert sick.name not in second["hosts"] and second["ok"] and second["world_size"] == 2
     assert f"restart 1 of 1 without {sick.name} (unhealthy: its workdir disk is nearly full" \
         in err, head.output()

@@ -40,14 +40,17 @@ def test_disk_is_nearly_full_below_1_gib_and_5_percent(free, total, ok) -> None:
     found = check_disk({"workdir": "/w", "disk": (free, total)})
     assert found["ok"] is ok, found
     if not ok:
-        assert found["what"].startswith("its workdir disk is nearly full: ")
-        assert "on the filesystem of /w" in found["what"] and found["fix"]
+        assert found["code"] == "health.workdir-disk-full" and found["fields"]["path"] == "/w"
+        assert found["fix"]
 
 
 def test_memory_needs_256_mib_per_rank() -> None:
     assert check_memory({"slots": 4, "memory": (1 * GIB, 16 * GIB)})["ok"]
     low = check_memory({"slots": 4, "memory": (900 * MIB, 16 * GIB)})
-    assert not low["ok"]
+    assert not low["ok"] and low["code"] == "health.memory-low"
+    assert low["fields"] == {"available": "900 MiB", "total": "16.0 GiB", "slots": "4",
+                             "need": "1.0 GiB", "each": "256 MiB"}
+    # one rendering kept: the table's text, filled in
     assert low["what"] == ("too little memory available: 900 MiB of 16.0 GiB memory available, "
                            "4 rank(s) need at least 1.0 GiB (256 MiB each)")
 
@@ -71,6 +74,8 @@ def test_the_gate_joins_every_failed_check() -> None:
     refusal = unfit(found)
     assert refusal is not None
     assert refusal["what"].count("; ") == 2 and refusal["fix"].count("; ") == 2
+    assert refusal["code"] == "health.gpus-fewer"  # (the first reason's, and its fields)
+    assert refusal["fields"] == {"count": "1", "slots": "2", "why": ""}
     assert unfit([f for f in found if f["ok"]]) is None
 
 
@@ -89,8 +94,9 @@ def test_doctor_shows_the_gate_as_the_guard_would_refuse() -> None:
               "b": NodeReport(host="b", facts={"health": bad})}
     a, b = check_health(spec2(), probes)
     assert (a.status, b.status) == (OK, FAIL)
-    assert b.detail.startswith("run would refuse it: its workdir disk is nearly full: 0 MiB of ")
-    assert b.fix and "free space there" in b.fix
+    assert (b.code, b.fields["free"], b.fields["path"]) == ("health.workdir-disk-full", "0 MiB",
+                                                            "/w")
+    assert b.fix and b.fields["floor"] in b.fix
 
 
 def test_a_restart_leaves_an_unhealthy_node_out_and_says_why() -> None:
@@ -161,17 +167,17 @@ def test_a_restart_checks_the_disk_of_the_last_checkpoint() -> None:
     full = check_checkpoint_disk({"workdir": "/w", "checkpoints": ["/ck/run1"],
                                   "checkpoint_disk": (0, 3 * MIB), "checkpoint_size": 0})
     assert full is not None and not full["ok"]
-    assert full["what"] == ("its checkpoint disk is nearly full: 0 MiB of 3.0 MiB free on the "
-                            "filesystem of /ck/run1")
-    assert "save checkpoints to a filesystem with more room" in full["fix"]
+    assert full["code"] == "health.checkpoint-disk-full"
+    assert full["fields"] == {"free": "0 MiB", "total": "3.0 MiB", "path": "/ck/run1",
+                              "floor": "1.0 GiB", "share": "5%"}
     assert check_checkpoint_disk({"workdir": "/w", "checkpoints": ["/ck"],
                                   "checkpoint_disk": (2 * GIB, 9 * GIB)})["ok"]
     # 20 % free, but less than another checkpoint as large as the last needs
     small = check_checkpoint_disk({"workdir": "/w", "checkpoints": ["/ck"],
                                    "checkpoint_disk": (600 << 10, 3 * MIB),
                                    "checkpoint_size": 1200 << 10})
-    assert not small["ok"] and small["what"] == (
-        "its checkpoint disk has no room for another checkpoint: 0.6 MiB of 3.0 MiB free on the "
-        "filesystem of /ck, its largest checkpoint file is 1.2 MiB")
+    assert not small["ok"] and small["code"] == "health.checkpoint-no-room"
+    assert small["fields"] == {"free": "0.6 MiB", "total": "3.0 MiB", "path": "/ck",
+                               "largest": "1.2 MiB"}
     # no checkpoint said (a first attempt, or a job that does not say where): not asked
     assert check_checkpoint_disk({"workdir": "/w"}) is None

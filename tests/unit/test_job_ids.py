@@ -33,8 +33,9 @@ def test_an_id_that_is_a_path_is_refused_everywhere(job_id: str, tmp_path, monke
     assert not leases.well_formed({"pid": 1, "uid": 0, "since": 1.0, "job_id": job_id})
     with pytest.raises(ValueError, match="is not a job id"):
         run_dir_for(job_id, tmp_path)
-    with pytest.raises(GuardError):
+    with pytest.raises(GuardError) as info:
         lease_job({"job_id": job_id}, leases.Leasing(off="test"))
+    assert info.value.code == "guard.not-a-job-id" and not info.value.busy
 
 
 @pytest.mark.parametrize("job_id", ["../../x", "../../../../etc/x", "a/b"])

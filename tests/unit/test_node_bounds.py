@@ -118,5 +118,5 @@ def test_a_channel_closed_for_a_frame_too_long_says_so() -> None:
     from ptcluster.remote.transport import explain_channel_failure
 
     said = explain_channel_failure(["Warning: Permanently added 'n1'", TOO_LONG], -9, "python3")
-    assert said.what.startswith("frame too long: the node sent a line of more than 4 MiB")
-    assert said.fix and "compromised node" in said.fix
+    assert said.code == "node.frame-too-long" and said.fix
+    assert said.fields["detail"].startswith("the node sent a line of more than 4 MiB")

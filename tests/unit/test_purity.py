@@ -51,6 +51,7 @@ BOUNDARY = frozenset({
     "ptcluster.node.rank_wire",  # the rank<->guard records: the progress report kinds
     "ptcluster.remote.guard_replies",  # the schemas of the guard's frames' tables
     "ptcluster.errors",          # Problem: how a failure or a refusal is said
+    "ptcluster.node.problems",   # CODE: what a declared problem's code looks like
 })
 """The ptcluster modules outside the core that a core module may import from."""
 IMPURE_METHODS = {

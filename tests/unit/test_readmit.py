@@ -161,7 +161,8 @@ def test_the_probe_answers_with_the_health_gate_when_asked(tmp_path) -> None:
     assert fit["unfit"] is None
     refused = boot_answer(answer({"job_id": "J", "health": {"workdir": str(tmp_path),
                                                              "slots": 1 << 30}}))
-    assert "memory" in refused["unfit"]["what"], refused
+    assert refused["unfit"]["code"] == "health.memory-low", refused
+    assert refused["unfit"]["fields"]["slots"] == str(1 << 30)
 
 
 def test_readmit_without_restarts_is_bad_usage(cli, tmp_path, monkeypatch) -> None:

@@ -75,14 +75,14 @@ def test_the_closing_table_of_a_hang_names_the_hung_rank_apart_from_the_stopped_
 
 def test_doctor_on_40_nodes_counts_per_check_and_says_each_thing_once() -> None:
     hosts = [f"n{i:02d}" for i in range(40)]
-    findings = [Finding("ssh", h, OK, "BatchMode ssh ok") for h in hosts]
-    findings += [Finding("interface", h, OK, f"eth0 (detected) 10.0.0.{i}/24")
+    findings = [Finding.plain("ssh", h, OK, "BatchMode ssh ok") for h in hosts]
+    findings += [Finding.plain("interface", h, OK, f"eth0 (detected) 10.0.0.{i}/24")
                  for i, h in enumerate(hosts)]
-    findings += [Finding("ports", h, FAIL if i < 38 else OK,
+    findings += [Finding.plain("ports", h, FAIL if i < 38 else OK,
                          "10.0.0.1:41000 refused" if i < 38 else "reached",
                          "allow TCP between cluster nodes" if i < 38 else None)
                  for i, h in enumerate(hosts)]
-    findings.append(Finding("clock", "n07", WARN, "clock 2.1 s from the median", "run NTP"))
+    findings.append(Finding.plain("clock", "n07", WARN, "clock 2.1 s from the median", "run NTP"))
     out = written(lambda c: doctor_cmd.render(
         c, DoctorReport(findings=findings, probes={}, duration=1.0), hosts))
     lines = out.splitlines()
@@ -100,8 +100,8 @@ def test_doctor_on_40_nodes_counts_per_check_and_says_each_thing_once() -> None:
 
 
 def test_doctor_on_three_nodes_keeps_a_column_per_node() -> None:
-    findings = [Finding("ssh", h, OK, "ok") for h in ("a", "b", "c")]
-    findings.append(Finding("ports", "b", FAIL, "refused", "open it"))
+    findings = [Finding.plain("ssh", h, OK, "ok") for h in ("a", "b", "c")]
+    findings.append(Finding.plain("ports", "b", FAIL, "refused", "open it"))
     out = written(lambda c: doctor_cmd.render(
         c, DoctorReport(findings=findings, probes={}, duration=1.0), ["a", "b", "c"]))
     assert "┃ check ┃ a" in out and "  FAIL ports: b: refused. Fix: open it" in out

@@ -83,14 +83,15 @@ def test_srun_refusing_the_step_is_explained() -> None:
     said = explain_channel_failure(
         ["srun: error: Unable to confirm allocation for job 999: Invalid job id specified"], 1,
         "/venv/bin/python")
-    assert said.what.startswith("Slurm could not run the node's step (srun: error: Unable")
-    assert said.who is None and "squeue -j" in (said.fix or "")
+    assert said.code == "node.srun-refused" and said.who is None and said.fix
+    assert said.fields["detail"].startswith("srun: error: Unable to confirm allocation")
     said = explain_channel_failure(["srun: error: sl0: task 0: Exited with exit code 1"],
                                    1, "/venv/bin/python")
-    assert not said.what.startswith("Slurm could not")
+    assert said.code == "node.command-failed"  # a task's own exit: not Slurm's refusal
     said = explain_start_failure("srun", FileNotFoundError(2, "No such file"))
-    assert said.what == "cannot start 'srun' here: No such file" and "Slurm's clients" in (
-        said.fix or "")
+    assert (said.code, said.fields) == ("node.no-srun", {"program": "'srun'",
+                                                         "error": "No such file"})
+    assert said.what == "cannot start 'srun' here: No such file"  # (one rendering kept)
 
 
 def test_outside_an_allocation_nothing_changes() -> None:

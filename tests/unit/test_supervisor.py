@@ -180,7 +180,8 @@ def test_lost_channel_before_ready_is_explained() -> None:
     sup.on_event(ev.ChannelClosed("b", 255, err,
                                   cause=explain_channel_failure(err, 255, "python3")), 1.0)
     (failure,) = sup.failures
-    assert "ssh refused the key" in failure.message and "ssh-copy-id" in (failure.fix or "")
+    assert (failure.code, failure.problem.fields) == ("node.ssh-key-refused", {"detail": err[0]})
+    assert failure.message.startswith("cannot start the job: ") and failure.fix
     sup = make()
     sup.on_event(ev.ChannelClosed("b", 255, err), 1.0)
     (failure,) = sup.failures

@@ -73,9 +73,9 @@ def test_doctor_shows_a_nodes_text_as_text() -> None:
     """A GPU name, an OS name, a path: what a node said, in every place doctor shows it
     (before: `[/red]` crashed doctor and `run --preflight` with a MarkupError)."""
     report = DoctorReport(findings=[
-        Finding("gpu", "n1", FAIL, f"GPU {HOSTILE}", f"fix {HOSTILE}"),
-        Finding("versions", "n1", OK, f"torch {HOSTILE}"),
-        Finding("disk", "n1", WARN, HOSTILE)], probes={}, duration=1.0)
+        Finding.plain("gpu", "n1", FAIL, f"GPU {HOSTILE}", f"fix {HOSTILE}"),
+        Finding.plain("versions", "n1", OK, f"torch {HOSTILE}"),
+        Finding.plain("disk", "n1", WARN, HOSTILE)], probes={}, duration=1.0)
     out = written(lambda c: doctor_cmd.render(c, report, ["n1"]))
     assert_harmless(out)
     assert out.count("click") == 4 and "1 check(s) failed" in out

@@ -76,6 +76,8 @@ status and the first ones that did not pass."""
 LINES_PER_CHECK = {OK: 3, WARN: 10, FAIL: 10}
 """On a cluster past ``NODE_COLUMNS``: the lines shown per check and status (the same words on
 many nodes are one line with how many); ``doctor --json`` has every one."""
+WORST = (FAIL, WARN, OK, SKIP)
+"""A table cell's status, of several findings of one check on one node: the first here."""
 DETAILS = ("interface", "versions", "all-reduce", "master port", "compute", "environment")
 """The checks whose passing lines are worth reading."""
 
@@ -89,7 +91,10 @@ def render(console: Console, report: DoctorReport, hosts: list[str], *,
     for f in report.findings:
         if f.check not in checks and f.check != "all-reduce":
             checks.append(f.check)
-    cells = {(f.host, f.check): f.status for f in report.findings}
+    cells: dict[tuple[str, str], Status] = {}
+    for f in report.findings:  # a check with several findings on a node: its worst
+        if WORST.index(f.status) < WORST.index(cells.get((f.host, f.check), SKIP)):
+            cells[(f.host, f.check)] = f.status
     console.print(_table(checks, cells, hosts) if len(hosts) <= NODE_COLUMNS else
                   _counts(checks, cells, hosts))
     wide = len(hosts) > NODE_COLUMNS

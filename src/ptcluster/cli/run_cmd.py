@@ -344,6 +344,8 @@ def _print_summary(console: Console, result: RunResult) -> None:
         title = "What the nodes saw first:" if result.ended_by else \
             "Root cause (first observed failure):"
         console.print(Text(title, style="bold red"), rc.headline())
+        if rc.problem.code:  # a declared problem's code (a known failure's line names its own)
+            console.print(f"  code {rc.problem.code}", markup=False)
         if rc.known:
             console.print(f"  known failure {rc.known}: {rc.meaning}", markup=False)
         # (stopped from outside: what a node said on its way down is in its log, not news)

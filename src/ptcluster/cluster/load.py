@@ -397,7 +397,7 @@ def parse_hostfile_text(text: str, source: str) -> ClusterSpec:
     try:
         return spec_from_data({"nodes": nodes}, source)
     except SpecError as exc:  # report hostfile lines, not synthetic key paths
-        raise SpecError(source, "", exc.problem, exc.fix) from None
+        raise SpecError(source, "", exc.detail, exc.fix) from None
 
 
 def _read(path: str | os.PathLike[str], what: str) -> str:

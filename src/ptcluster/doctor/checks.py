@@ -10,31 +10,14 @@ import ipaddress
 import statistics
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, Reach
+from ptcluster.doctor import findings as F
+from ptcluster.doctor.findings import FAIL, OK, SKIP, WARN, Finding, Status
 from ptcluster.doctor.node_report import NodeReport, ProblemKind, address_of, interface_of
-from ptcluster.errors import Problem
 
-
-class Status(str, Enum):
-    """A finding's status (a ``str`` enum: the table and ``--json`` show the value)."""
-
-    OK = "ok"
-    WARN = "warn"
-    """Worth knowing; doctor still passes."""
-    FAIL = "fail"
-    """A job would fail or hang: doctor exits 1."""
-    SKIP = "skip"
-    """Not checked (the node was not probed)."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-OK, WARN, FAIL, SKIP = Status.OK, Status.WARN, Status.FAIL, Status.SKIP
+__all__ = ["FAIL", "OK", "SKIP", "WARN", "Finding", "Status", "per_node", "run_checks"]
 GIB = 1 << 30
 
 # Oldest Linux driver that runs a CUDA major version (NVIDIA's CUDA compatibility guide, "minor
@@ -42,39 +25,22 @@ GIB = 1 << 30
 MIN_DRIVER = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580, 65, 6)}
 
 
-@dataclass(frozen=True)
-class Finding:
-    check: str
-    host: str
-    status: Status
-    detail: str
-    fix: str | None = None
-
-    @property
-    def problem(self) -> Problem:
-        """This finding as the one :class:`Problem` (who: host, what: ``detail``, its fix)."""
-        return Problem(self.host, self.detail, self.fix)
-
-    def line(self) -> str:
-        return str(self.problem)
-
-
 Check = Callable[[ClusterSpec, dict[str, NodeReport]], list[Finding]]
 
 
 def per_node(spec: ClusterSpec, probes: dict[str, NodeReport], name: str,
-             fn: Callable[[NodeSpec, dict[str, Any]], Finding | None]) -> list[Finding]:
-    """Check ``name`` on every node by its own facts (``fn`` -> a finding or none); a node
-    that was not probed is a skip. The shape of every single-node check."""
+             fn: Callable[[NodeSpec, dict[str, Any]], Finding | list[Finding] | None],
+             ) -> list[Finding]:
+    """Check ``name`` on every node by its own facts (``fn`` -> a finding, several, or none);
+    a node that was not probed is a skip. The shape of every single-node check."""
     out = []
     for node in spec.nodes:
         facts = probes[node.host].facts
         if facts is None:
-            out.append(Finding(name, node.host, SKIP, "no facts (node not probed)"))
+            out.append(Finding.plain(name, node.host, SKIP, "no facts (node not probed)"))
             continue
         found = fn(node, facts)
-        if found is not None:
-            out.append(found)
+        out.extend([] if found is None else [found] if isinstance(found, Finding) else found)
     return out
 
 
@@ -85,12 +51,12 @@ def check_ssh(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]
         how = {Reach.LOCAL: "local", Reach.SSH: "BatchMode ssh",
                Reach.SRUN: f"srun step in job {spec.slurm_job}"}[spec.reach]
         if p.ok:
-            out.append(Finding("ssh", node.host, OK, f"{how} ok, facts in {p.ssh_s:.2f} s"))
+            out.append(Finding.plain("ssh", node.host, OK, f"{how} ok, facts in {p.ssh_s:.2f} s"))
         elif p.kind is ProblemKind.PYTHON:
-            out.append(Finding("ssh", node.host, OK, f"{how} ok (the command failed)"))
+            out.append(Finding.plain("ssh", node.host, OK, f"{how} ok (the command failed)"))
         else:
-            said = p.problem or Problem(None, "no answer")
-            out.append(Finding("ssh", node.host, FAIL, said.what, said.fix))
+            out.append(F.NO_ANSWER.of(p.problem.by(node.host)) if p.problem
+                       else F.NO_ANSWER.at(node.host))
     return out
 
 
@@ -99,13 +65,13 @@ def check_python(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Findi
     for node in spec.nodes:
         p = probes[node.host]
         if p.ok and p.facts is not None:
-            out.append(Finding("python", node.host, OK,
+            out.append(Finding.plain("python", node.host, OK,
                                f"{node.python} (Python {p.facts['python']['version']})"))
         elif p.kind is ProblemKind.PYTHON:
-            said = p.problem or Problem(None, "python failed")
-            out.append(Finding("python", node.host, FAIL, said.what, said.fix))
+            out.append(F.PYTHON_FAILED.of(p.problem.by(node.host)) if p.problem
+                       else F.PYTHON_FAILED.at(node.host))
         else:
-            out.append(Finding("python", node.host, SKIP, "node not reached"))
+            out.append(Finding.plain("python", node.host, SKIP, "node not reached"))
     return out
 
 
@@ -113,12 +79,10 @@ def check_workdir(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Find
     def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
         wd = facts["workdir"]
         if not wd["exists"]:
-            return Finding("workdir", node.host, FAIL, f"workdir {wd['path']} does not exist",
-                           "create it (or share it) on this node, or set workdir:")
+            return F.WORKDIR_MISSING.at(node.host, path=wd["path"])
         if not wd["writable"]:
-            return Finding("workdir", node.host, WARN, f"workdir {wd['path']} is not writable",
-                           "checkpoints and logs written there will fail; fix its permissions")
-        return Finding("workdir", node.host, OK, wd["path"])
+            return F.WORKDIR_READONLY.at(node.host, path=wd["path"])
+        return Finding.plain("workdir", node.host, OK, wd["path"])
     return per_node(spec, probes, "workdir", one)
 
 
@@ -151,30 +115,22 @@ def check_versions(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fin
     def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
         t = facts.get("torch") or {}
         if not t.get("ok"):
-            return Finding("versions", node.host, FAIL,
-                           f"torch not found with {node.python}: {t.get('error')}",
-                           "install the same torch build as on the other nodes into that python")
+            return F.TORCH_MISSING.at(node.host, python=node.python, error=t.get("error"))
         unknown = {k: why for k, why in (t.get("unknown") or {}).items() if k in VERSION_KEYS}
         mine = _versions(facts)
         diffs = [f"{k} {mine[k]} (others: {majority[k]})" for k in VERSION_KEYS
                  if k not in unknown and mine[k] != majority[k]]
         if diffs:
-            return Finding("versions", node.host, FAIL, "differs from the cluster: " +
-                           ", ".join(diffs),
-                           "install identical Python/torch builds on every node "
-                           "(mismatched NCCL versions hang or crash collectives)")
+            return F.VERSIONS_DIFFER.at(node.host, diffs=", ".join(diffs))
         if unknown:
             told = "; ".join(f"{k} ({why})" for k, why in unknown.items())
-            return Finding("versions", node.host, WARN, f"could not tell {told}",
-                           f"compare by hand: {node.python} -c 'import torch; "
-                           "print(torch.__version__, torch.version.cuda, "
-                           "torch.cuda.nccl.version())'")
+            return F.VERSIONS_UNKNOWN.at(node.host, told=told, python=node.python)
         text = f"torch {mine['torch']}" + (f", CUDA {mine['cuda']}" if mine["cuda"] else ", CPU")
         if mine["nccl"]:
             text += f", NCCL {mine['nccl']}"
         if t.get("cudnn"):
             text += f", cuDNN {t['cudnn']}"
-        return Finding("versions", node.host, OK, text + f", Python {mine['python']}")
+        return Finding.plain("versions", node.host, OK, text + f", Python {mine['python']}")
     return per_node(spec, probes, "versions", one)
 
 
@@ -195,46 +151,31 @@ def check_gpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding
         if count == 0:
             why = f" ({g['error']})" if g.get("error") else ""
             if spec.backend == "nccl":
-                return Finding("gpus", node.host, FAIL, f"no NVIDIA GPU{why}, but backend: nccl",
-                               "use backend: auto or gloo on CPU-only nodes")
+                return F.NCCL_WITHOUT_GPU.at(node.host, why=why)
             if why:
-                return Finding("gpus", node.host, WARN, f"no GPU found{why}",
-                               "check the NVIDIA driver (nvidia-smi); on a CPU-only node, "
-                               "ignore this")
-            return Finding("gpus", node.host, OK, "no GPU: gloo on CPU")
+                return F.NO_GPU_FOUND.at(node.host, error=g["error"])
+            return Finding.plain("gpus", node.host, OK, "no GPU: gloo on CPU")
         cuda = t.get("cuda")
         if cuda and g.get("driver"):
             major = _parse_version(cuda)[0]
             need = MIN_DRIVER.get(major)
             if need and _parse_version(g["driver"]) < need:
-                return Finding("gpus", node.host, FAIL,
-                               f"driver {g['driver']} is too old for torch's CUDA {cuda} "
-                               f"(needs >= {need[0]}.{need[1]:02d}.{need[2]:02d})",
-                               "upgrade the NVIDIA driver, or install a torch build for an "
-                               "older CUDA")
+                return F.DRIVER_TOO_OLD.at(node.host, driver=g["driver"], cuda=cuda,
+                                           need=f"{need[0]}.{need[1]:02d}.{need[2]:02d}")
             if need is None and g.get("cuda_driver") and \
                     _parse_version(g["cuda_driver"])[0] < major:
-                return Finding("gpus", node.host, FAIL,
-                               f"driver {g['driver']} runs CUDA up to {g['cuda_driver']}, "
-                               f"torch is built for CUDA {cuda}",
-                               "upgrade the NVIDIA driver, or install a torch build for an "
-                               "older CUDA")
+                return F.DRIVER_CUDA_OLDER.at(node.host, driver=g["driver"], cuda=cuda,
+                                              cuda_driver=g["cuda_driver"])
         if t.get("ok") and cuda is None and "cuda" not in (t.get("unknown") or {}):
-            return Finding("gpus", node.host, FAIL,
-                           f"{count} GPU(s) but torch {t.get('version')} is a CPU build",
-                           "install a CUDA build of torch that matches the driver")
+            return F.TORCH_CPU_BUILD.at(node.host, count=count, version=t.get("version"))
         if count < node.slots and spec.backend != "gloo":
-            return Finding("gpus", node.host, FAIL, f"{count} GPU(s) for {node.slots} slots",
-                           f"set slots: {count} for this node")
+            return F.GPUS_FEWER.at(node.host, count=count, slots=node.slots)
         if count > node.slots:
-            return Finding("gpus", node.host, WARN,
-                           f"{count} GPUs, only {node.slots} used (slots)",
-                           f"set slots: {count} to use them all")
+            return F.GPUS_UNUSED.at(node.host, count=count, slots=node.slots)
         if g.get("error"):
-            return Finding("gpus", node.host, WARN,
-                           f"{count} GPU(s) found, then the query failed: {g['error']}",
-                           "check the NVIDIA driver (nvidia-smi -q)")
-        return Finding("gpus", node.host, OK, f"{count} x {g['names'][0]}, driver {g['driver']}")
+            return F.GPU_QUERY_FAILED.at(node.host, count=count, error=g["error"])
+        return Finding.plain("gpus", node.host, OK,
+                             f"{count} x {g['names'][0]}, driver {g['driver']}")
     return per_node(spec, probes, "gpus", one)
 
 
@@ -245,57 +186,44 @@ def check_interface(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fi
     for node in spec.nodes:
         facts = probes[node.host].facts
         if facts is None:
-            out.append(Finding("interface", node.host, SKIP, "no facts"))
+            out.append(Finding.plain("interface", node.host, SKIP, "no facts"))
             continue
         if facts.get("interfaces_error"):
-            out.append(Finding("interface", node.host, FAIL,
-                               f"could not list interfaces: {facts['interfaces_error']}",
-                               "install iproute2 with JSON output on this node (doctor reads "
-                               "`ip -j addr show`)"))
+            out.append(F.INTERFACES_UNLISTED.at(node.host, error=facts["interfaces_error"]))
             continue
         names = [i["name"] for i in facts["interfaces"]]
         iface = interface_of(node, facts, spec.master.addr)
         entry = next((i for i in facts["interfaces"] if i["name"] == iface), None)
         if entry is None:
             if node.interface:
-                out.append(Finding("interface", node.host, FAIL,
-                                   f"interface {node.interface} not found (has: "
-                                   f"{', '.join(names)})",
-                                   "set interface: to one of "
-                                   f"{', '.join(n for n in names if n != 'lo')} for this node"))
+                out.append(F.INTERFACE_MISSING.at(
+                    node.host, interface=node.interface, names=", ".join(names),
+                    choices=", ".join(n for n in names if n != "lo")))
             else:
-                out.append(Finding("interface", node.host, FAIL,
-                                   f"no route to the master {spec.master.addr}",
-                                   "check the master address resolves and is routable here"))
+                out.append(F.NO_ROUTE_TO_MASTER.at(node.host, master=spec.master.addr))
             continue
         if not entry["up"]:
-            out.append(Finding("interface", node.host, FAIL, f"interface {iface} is down",
-                               f"bring it up (ip link set {iface} up) or choose another"))
+            out.append(F.INTERFACE_DOWN.at(node.host, interface=iface))
             continue
         if not entry["ipv4"]:
-            out.append(Finding("interface", node.host, FAIL, f"interface {iface} has no IPv4 "
-                               "address", "give it an address on the cluster subnet"))
+            out.append(F.INTERFACE_NO_IPV4.at(node.host, interface=iface))
             continue
         nets[node.host] = ipaddress.ip_interface(entry["ipv4"][0])
         wrong = [(peer, info["route_dev"]) for peer, info in facts["peers"].items()
                  if info.get("route_dev") not in (None, iface, "lo")]
         if wrong and not spec.local:
-            out.append(Finding("interface", node.host, FAIL,
-                               f"traffic to {', '.join(f'{p} via {d}' for p, d in wrong)}, "
-                               f"not {iface}",
-                               f"set interface: {wrong[0][1]} for this node, or "
-                               "fix the routes so peers are reached through one interface"))
+            out.append(F.ROUTES_ELSEWHERE.at(
+                node.host, routes=", ".join(f"{p} via {d}" for p, d in wrong), interface=iface,
+                other=wrong[0][1]))
             continue
         how = "set" if node.interface else "detected"
-        out.append(Finding("interface", node.host, OK, f"{iface} ({how}) {entry['ipv4'][0]}"))
+        out.append(Finding.plain("interface", node.host, OK, f"{iface} ({how}) {entry['ipv4'][0]}"))
     if len(nets) > 1:
         first_host, first = next(iter(nets.items()))
         apart = {host: addr for host, addr in nets.items() if addr.ip not in first.network}
         out = [f for f in out if not (f.host in apart and f.status == OK)]  # (one pass)
-        out += [Finding("interface", host, WARN,
-                        f"{addr} is not in {first_host}'s subnet {first.network}",
-                        "put all nodes' interfaces on one subnet, or check the interface "
-                        "choice") for host, addr in apart.items()]
+        out += [F.OTHER_SUBNET.at(host, address=addr, first=first_host, network=first.network)
+                for host, addr in apart.items()]
     return out
 
 
@@ -310,26 +238,21 @@ def check_hostname(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fin
     def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
         loop = [a for a in facts["hostname_addrs"] if a.startswith("127.")]
         if loop and not spec.local:
-            return Finding("hostname", node.host, FAIL,
-                           f"hostname {facts['hostname']} resolves to {loop[0]} (loopback): "
-                           "gloo binds there and peers cannot connect",
-                           f"in /etc/hosts map {facts['hostname']} to "
-                           f"{iface_addr.get(node.host) or 'its cluster address'}, not {loop[0]}")
+            return F.HOSTNAME_LOOPBACK.at(
+                node.host, hostname=facts["hostname"], loopback=loop[0],
+                address=iface_addr.get(node.host) or "its cluster address")
         bad = []
         master = facts.get("master") or {}
         if not master.get("addrs"):
-            return Finding("hostname", node.host, FAIL,
-                           f"cannot resolve the master address {spec.master.addr}",
-                           "add it to /etc/hosts or DNS on this node, or use an IP address")
+            return F.MASTER_UNRESOLVED.at(node.host, master=spec.master.addr)
         for peer, info in facts["peers"].items():
             want = iface_addr.get(peer)
             if info["addrs"] and want and want not in info["addrs"] and \
                     not any(a.startswith("127.") for a in info["addrs"]):
                 bad.append(f"{peer} -> {info['addrs'][0]} (its interface has {want})")
         if bad:
-            return Finding("hostname", node.host, WARN, "resolves " + "; ".join(bad),
-                           "make /etc/hosts or DNS agree on every node")
-        return Finding("hostname", node.host, OK, f"{facts['hostname']} -> "
+            return F.PEERS_RESOLVE_APART.at(node.host, peers="; ".join(bad))
+        return Finding.plain("hostname", node.host, OK, f"{facts['hostname']} -> "
                        f"{', '.join(facts['hostname_addrs']) or 'unresolved'}")
     return per_node(spec, probes, "hostname", one)
 
@@ -340,36 +263,28 @@ def check_master_port(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[
     out = []
     listening = (mfacts or {}).get("listening", {})
     if mfacts is not None and listening.get("master") is None:
-        return [Finding("master port", master.host, FAIL,
-                        f"master port is already in use on the master "
-                        f"({listening.get('master_error')})",
-                        "set master.port: auto (every job takes a free port), or pass --port "
-                        "with a free port")]
+        return [F.MASTER_PORT_IN_USE.at(master.host, error=listening.get("master_error"))]
     for node in spec.nodes:
         p = probes[node.host]
         if not p.ok or mfacts is None:
-            out.append(Finding("master port", node.host, SKIP, "not probed"))
+            out.append(Finding.plain("master port", node.host, SKIP, "not probed"))
             continue
         res = next((c for c in p.connects if c["label"] == "master"), None)
         if res is None:
-            out.append(Finding("master port", node.host, SKIP, "not tested"))
+            out.append(Finding.plain("master port", node.host, SKIP, "not tested"))
         elif res["error"]:
-            out.append(Finding("master port", node.host, FAIL,
-                               f"cannot connect to the master {spec.master.addr}:{res['port']} "
-                               f"({res['error']})",
-                               f"open TCP port {res['port']} on the master to the cluster subnet "
-                               "(firewall), or pick another port"))
+            out.append(F.MASTER_PORT_UNREACHABLE.at(node.host, master=spec.master.addr,
+                                                    port=res["port"], error=res["error"]))
         else:
             text = f"{spec.master.addr}:{res['port']} reachable ({res['ms']:.0f} ms)"
             rng = mfacts.get("ephemeral_range")
             if node.host == master.host and rng and rng[0] <= res["port"] <= rng[1] \
                     and not spec.local:  # the local cluster picks a free port itself
-                out.append(Finding("master port", node.host, WARN,
-                                   f"{text}, but inside ip_local_port_range {rng[0]}-{rng[1]}: "
-                                   "an outgoing connection may take it first",
-                                   "choose a master port below the ephemeral range"))
+                out.append(F.MASTER_PORT_EPHEMERAL.at(
+                    node.host, master=spec.master.addr, port=res["port"], ms=f"{res['ms']:.0f}",
+                    low=rng[0], high=rng[1]))
             else:
-                out.append(Finding("master port", node.host, OK, text))
+                out.append(Finding.plain("master port", node.host, OK, text))
     return out
 
 
@@ -379,22 +294,19 @@ def check_ports(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Findin
     for node in spec.nodes:
         p = probes[node.host]
         if not p.ok:
-            out.append(Finding("ports", node.host, SKIP, "not probed"))
+            out.append(Finding.plain("ports", node.host, SKIP, "not probed"))
             continue
         peers = [c for c in p.connects if c["label"].startswith("peer:")]
         failed = [c for c in peers if c["error"]]
         if failed:
             c = failed[0]
-            out.append(Finding("ports", node.host, FAIL,
-                               f"cannot reach {c['label'][5:]} on {c['host']}:{c['port']} "
-                               f"({c['error']})" + (f" and {len(failed) - 1} more"
-                                                    if len(failed) > 1 else ""),
-                               "allow TCP between cluster nodes on all ports (NCCL and Gloo use "
-                               "ephemeral ports), at least from the cluster subnet"))
+            out.append(F.PEER_PORT_UNREACHABLE.at(
+                node.host, peer=c["label"][5:], host=c["host"], port=c["port"], error=c["error"],
+                more=f" and {len(failed) - 1} more" if len(failed) > 1 else ""))
         elif peers:
-            out.append(Finding("ports", node.host, OK, f"{len(peers)} peer(s) reachable"))
+            out.append(Finding.plain("ports", node.host, OK, f"{len(peers)} peer(s) reachable"))
         else:
-            out.append(Finding("ports", node.host, OK, "single node"))
+            out.append(Finding.plain("ports", node.host, OK, "single node"))
     return out
 
 
@@ -408,28 +320,26 @@ def check_firewall(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fin
             parts.append(f"iptables {fw['iptables_rules']} rule(s)")
         if fw.get("kind"):  # the firewall's model (node/facts/firewall.py, setup's too)
             parts.append(f"{fw['kind']} {'active' if fw.get('active') else 'inactive'}")
-        return Finding("firewall", node.host, OK, "; ".join(parts) or "no firewall tool found")
+        return Finding.plain("firewall", node.host, OK,
+                             "; ".join(parts) or "no firewall tool found")
     return per_node(spec, probes, "firewall", one)
 
 
 def check_resources(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
-    """/dev/shm (DataLoader workers and NCCL use it) and free disk in workdir."""
-    def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
+    """/dev/shm (DataLoader workers and NCCL use it) and free disk in workdir: a warning for
+    each that is short, else one line of both."""
+    def one(node: NodeSpec, facts: dict[str, Any]) -> list[Finding]:
         shm, disk = facts.get("shm"), facts.get("disk")
-        notes = []
-        status = OK
-        fix = None
+        notes, short = [], []
         if shm is not None and shm["total"] < GIB:
-            status, fix = WARN, "enlarge /dev/shm (docker: --shm-size=8g; or remount tmpfs)"
-            notes.append(f"shared memory (/dev/shm) only {shm['total'] / GIB:.2f} GiB in all")
+            short.append(F.SHM_SMALL.at(node.host, total=f"{shm['total'] / GIB:.2f}"))
         elif shm is not None:
             notes.append(f"shared memory (/dev/shm) {shm['total'] / GIB:.1f} GiB in all")
         if disk is not None and disk["free"] < 5 * GIB:
-            status, fix = WARN, fix or "free disk space in workdir for checkpoints and logs"
-            notes.append(f"only {disk['free'] / GIB:.1f} GiB free on the workdir's disk")
+            short.append(F.WORKDIR_DISK_LOW.at(node.host, free=f"{disk['free'] / GIB:.1f}"))
         elif disk is not None:
             notes.append(f"{disk['free'] / GIB:.0f} GiB free on the workdir's disk")
-        return Finding("resources", node.host, status, ", ".join(notes), fix)
+        return short or [Finding.plain("resources", node.host, OK, ", ".join(notes))]
     return per_node(spec, probes, "resources", one)
 
 
@@ -442,14 +352,11 @@ def check_clock(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Findin
     for node in spec.nodes:
         off = offsets.get(node.host)
         if off is None:
-            out.append(Finding("clock", node.host, SKIP, "not probed"))
+            out.append(Finding.plain("clock", node.host, SKIP, "not probed"))
         elif abs(off - mid) > 1.0:
-            out.append(Finding("clock", node.host, WARN,
-                               f"clock {off - mid:+.1f} s from the cluster's median",
-                               "run NTP (chrony/systemd-timesyncd): skewed clocks scramble "
-                               "logs and timeouts"))
+            out.append(F.CLOCK_SKEW.at(node.host, offset=f"{off - mid:+.1f}"))
         else:
-            out.append(Finding("clock", node.host, OK, f"{off - mid:+.2f} s"))
+            out.append(Finding.plain("clock", node.host, OK, f"{off - mid:+.2f} s"))
     return out
 
 

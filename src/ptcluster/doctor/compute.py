@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from statistics import median
 
 from ptcluster.cluster.model import ClusterSpec
-from ptcluster.doctor.checks import OK, WARN, Finding
+from ptcluster.doctor.findings import OK, SLOW, Finding
 
 SLOW_NODE = 1.8
 """A node this many times slower than the others' median is named. Measured on the 3-node
@@ -36,18 +36,15 @@ def compute_findings(spec: ClusterSpec, per_rank: Sequence[float]) -> list[Findi
     for host, t in times.items():
         others = [v for h, v in times.items() if h != host]
         if not others:
-            out.append(Finding("compute", host, OK, f"probe {t:.3f} s (one node: nothing to "
+            out.append(Finding.plain("compute", host, OK, f"probe {t:.3f} s (one node: nothing to "
                                                     "compare with)"))
             continue
         ref = median(others)
         ratio = t / ref if ref > 0 else 1.0
-        detail = f"probe {t:.3f} s, {ratio:.2f}x the other nodes' median ({ref:.3f} s)"
         if ratio > SLOW_NODE:
-            out.append(Finding(
-                "compute", host, WARN, f"slow node: {detail}",
-                "every rank of a job waits for this node at each collective: look for a CPU "
-                "quota or a busy CPU (top), a throttled or busy GPU (nvidia-smi -q -d "
-                "PERFORMANCE, CLOCK), or another job on it"))
+            out.append(SLOW.at(host, seconds=f"{t:.3f}", ratio=f"{ratio:.2f}",
+                                    median=f"{ref:.3f}"))
         else:
-            out.append(Finding("compute", host, OK, detail))
+            out.append(Finding.plain("compute", host, OK, f"probe {t:.3f} s, {ratio:.2f}x the "
+                                     f"other nodes' median ({ref:.3f} s)"))
     return out

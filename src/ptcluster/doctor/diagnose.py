@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec
+from ptcluster.doctor import findings as F
 from ptcluster.doctor.checks import FAIL, OK, SKIP, Finding, run_checks
 from ptcluster.doctor.collect import collect_facts
 from ptcluster.doctor.compute import compute_findings
@@ -42,10 +43,11 @@ class DoctorReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok, "duration_s": round(self.duration, 3),
-            "findings": [f.__dict__ for f in self.findings],
+            "findings": [f.to_json() for f in self.findings],
             "allreduce": self.allreduce,
             "nodes": {h: {"ok": p.ok, "ssh_s": p.ssh_s, "clock_offset_s": p.clock_offset,
                           "problem": None if p.problem is None else p.problem.what,
+                          "code": None if p.problem is None else p.problem.code,
                           "facts": p.facts, "connects": p.connects}
                       for h, p in self.probes.items()},
         }
@@ -55,9 +57,9 @@ def check_environment(spec: ClusterSpec, choose: Choose) -> list[Finding]:
     """``environment``: every node's project environment against the one resolved for it, by
     every file's hash (``venvs.runenv.findings``): node, package and both versions."""
     problems = environment_problems(spec, choose)
-    out = [Finding("environment", str(p.who), FAIL, p.what, p.fix) for p in problems]
+    out = [F.ENVIRONMENT_DIFFERS.of(p) for p in problems]
     bad = {p.who for p in problems}
-    return out + [Finding("environment", n.host, OK, "matches the lock, file by file")
+    return out + [Finding.plain("environment", n.host, OK, "matches the lock, file by file")
                   for n in spec.nodes if n.host not in bad]
 
 
@@ -91,7 +93,7 @@ def diagnose(spec: ClusterSpec, *, port: int | None = None, skip_allreduce: bool
             if result is not None:
                 report.findings += compute_findings(spec, result.get("compute_s") or [])
         else:
-            report.findings.append(Finding("all-reduce", spec.nodes[0].host, SKIP,
+            report.findings.append(Finding.plain("all-reduce", spec.nodes[0].host, SKIP,
                                            "skipped: fix the failures above first"))
     report.duration = time.monotonic() - t0
     return report
@@ -112,19 +114,14 @@ def run_allreduce(spec: ClusterSpec, port: int | None,
     host = spec.nodes[0].host
     if result.ok and captured:
         data = captured[-1]
-        return data, Finding("all-reduce", host, OK,
+        return data, Finding.plain("all-reduce", host, OK,
                              f"{data['world_size']} ranks over {data['backend']}: result "
                              f"verified, {data['bytes'] >> 20} MiB in {data['time_ms']:.1f} ms "
                              f"(busbw {data['busbw_gbps']:.2f} GB/s)")
     rc = result.root_cause
     failed_data = captured[-1] if captured else None
     if failed_data and failed_data.get("wrong"):
-        return failed_data, Finding("all-reduce", host, FAIL,
-                                    f"{failed_data['wrong']} wrong elements in the all-reduce "
-                                    "result", "check GPUs/NICs for faults (dmesg, "
-                                    "nvidia-smi -q) and that NCCL versions match")
+        return failed_data, F.ALLREDUCE_WRONG.at(host, wrong=failed_data["wrong"])
     detail = rc.headline() if rc else "the all-reduce did not finish"
-    return failed_data, Finding("all-reduce", rc.host if rc else host, FAIL,
-                         f"all-reduce failed: {detail}",
-                         f"see the failures above and the logs in {result.run_dir}; run with "
-                         "NCCL_DEBUG=INFO in env: for details")
+    return failed_data, F.ALLREDUCE_FAILED.at(rc.host if rc else host, detail=detail,
+                                              run_dir=result.run_dir)

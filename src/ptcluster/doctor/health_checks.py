@@ -10,34 +10,40 @@ from __future__ import annotations
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
-from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN, Finding, per_node
+from ptcluster.doctor.checks import OK, SKIP, Finding, per_node
+from ptcluster.doctor.findings import GPU_WORN, HEALTH_REFUSED
 from ptcluster.doctor.node_report import NodeReport
+from ptcluster.errors import Problem
 
 
 def check_health(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
-    """One finding per node: a fail naming what the guard would refuse it for (with the fix),
-    else what each check found."""
-    def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
+    """A fail for each thing the guard would refuse the node for, by its own code
+    (``health.*``, with its fix); else one line of what each check found."""
+    def one(node: NodeSpec, facts: dict[str, Any]) -> list[Finding]:
         found = facts.get("health")
         if not isinstance(found, list):
-            return Finding("health", node.host, SKIP, "not checked (an older node program)")
+            return [Finding.plain("health", node.host, SKIP,
+                                  "not checked (an older node program)")]
         bad = [f for f in found if not f.get("ok")]
         if bad:
-            return Finding("health", node.host, FAIL,
-                           "run would refuse it: " + "; ".join(str(f["what"]) for f in bad),
-                           "; ".join(str(f["fix"]) for f in bad if f.get("fix")) or None)
-        return Finding("health", node.host, OK, "; ".join(str(f["what"]) for f in found))
+            return [HEALTH_REFUSED.of(said(node.host, f)) for f in bad]
+        return [Finding.plain("health", node.host, OK, "; ".join(str(f["what"]) for f in found))]
     return per_node(spec, probes, "health", one)
 
 
 def check_gpu_warnings(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
-    """A warning per node whose GPUs work but wear or run slow (none for a node without)."""
+    """A warning for each way a node's GPUs wear or run slow (``health.*``: none for a node
+    without GPUs, or whose GPUs are fine)."""
     out = []
     for node in spec.nodes:
         report = probes.get(node.host)
-        said = report.facts.get("gpu_warnings") if report is not None and report.facts else None
-        if said:
-            out.append(Finding("gpu-health", node.host, WARN, "; ".join(map(str, said)),
-                               "see `nvidia-smi -q` on it; a GPU whose link or clocks stay "
-                               "low needs its slot, cooling or power looked at"))
+        warned = report.facts.get("gpu_warnings") if report is not None and report.facts else None
+        out += [GPU_WORN.of(said(node.host, w)) for w in warned or ()]
     return out
+
+
+def said(host: str, found: dict[str, Any]) -> Problem:
+    """A node's health finding (``{what, fix, code, fields}``) as the one Problem."""
+    fields = found.get("fields") or {}
+    return Problem(host, str(found["what"]), found.get("fix") or None, found.get("code"),
+                   tuple((str(k), str(v)) for k, v in fields.items()))

@@ -24,7 +24,8 @@ from collections import Counter
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
-from ptcluster.doctor.checks import FAIL, OK, SKIP, WARN, Finding, per_node
+from ptcluster.doctor import findings as F
+from ptcluster.doctor.checks import OK, SKIP, Finding, per_node
 from ptcluster.doctor.node_report import NodeReport
 from ptcluster.node.facts.rdma import ETHERNET, active_ports, best_gid, link_local, recommend, shown
 
@@ -93,43 +94,25 @@ def judge_node(spec: ClusterSpec, node: NodeSpec, facts: dict[str, Any]) -> Find
     if not active:
         ports = ", ".join(f"{d['name']}:{p['port']} {p['state']} ({p['phys_state']})"
                           for d in devices for p in d["ports"])
-        return Finding("rdma", node.host, FAIL,
-                       f"RDMA devices but no ACTIVE port ({ports}): NCCL will use TCP sockets",
-                       "connect the port and check the link (`ibstat`; InfiniBand needs a "
-                       "subnet manager, e.g. opensm; RoCE needs its netdev up), or set "
-                       "NCCL_IB_DISABLE: 1 in env: to use sockets knowingly")
+        return F.RDMA_NO_ACTIVE_PORT.at(node.host, ports=ports)
     down = _down_chosen(devices, env["NCCL_IB_HCA"]) if env.get("NCCL_IB_HCA") else []
     if down:
-        return Finding("rdma", node.host, FAIL,
-                       f"NCCL_IB_HCA in env: names {', '.join(down)}, not ACTIVE",
-                       "name an ACTIVE HCA port in NCCL_IB_HCA, or leave it out of env: "
-                       "(run then sets this node's ACTIVE ports)")
+        return F.RDMA_HCA_NOT_ACTIVE.at(node.host, down=", ".join(down))
     no_gid = [f"{name}:{p['port']}" for name, p in active
               if p["link_layer"] == ETHERNET and best_gid(p) is None]
     if no_gid:
-        return Finding("rdma", node.host, FAIL,
-                       f"{', '.join(no_gid)}: only link-local (fe80::) GIDs for RoCE v2, "
-                       "which are not routed: RDMA traffic times out",
-                       "give the HCA's netdev an IP address on the cluster's RDMA network "
-                       "(the kernel adds its RoCE v2 GID), then run doctor again")
+        return F.RDMA_LINK_LOCAL_GID.at(node.host, ports=", ".join(no_gid))
     pinned = env.get("NCCL_IB_GID_INDEX")
     wrong = _wrong_index(devices, pinned) if pinned else []
     if wrong:
-        return Finding("rdma", node.host, FAIL,
-                       f"NCCL_IB_GID_INDEX {pinned} (env:) does not fit: {'; '.join(wrong)}",
-                       "leave NCCL_IB_GID_INDEX out of env: (run sets each node's own), or "
-                       "make the nodes' GID tables alike (show_gids)")
+        return F.RDMA_GID_INDEX_WRONG.at(node.host, index=pinned, wrong="; ".join(wrong))
     said = recommend(devices)
     if len(set(said["gid_indexes"].values())) > 1:
         shown = ", ".join(f"{k} {v}" for k, v in said["gid_indexes"].items())
-        return Finding("rdma", node.host, WARN,
-                       f"the routable RoCE v2 GID has different indexes on this node's HCAs "
-                       f"({shown}); NCCL takes one NCCL_IB_GID_INDEX for all",
-                       "give every RDMA netdev its addresses in the same order, or name in "
-                       "NCCL_IB_HCA only the HCAs that share one index")
+        return F.RDMA_GID_INDEX_DIFFERS.at(node.host, indexes=shown)
     told = [f"{k}={json.dumps(v)}" for k, v in (("NCCL_IB_HCA", said["hca"]),
                                     ("NCCL_IB_GID_INDEX", said["gid_index"])) if v is not None]
-    return Finding("rdma", node.host, OK, f"{_summary(devices)}; run sets {', '.join(told)} "
+    return Finding.plain("rdma", node.host, OK, f"{_summary(devices)}; run sets {', '.join(told)} "
                    "(unless env: does)")
 
 
@@ -147,19 +130,11 @@ def judge_across(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Findi
     out = []
     if len(set(layers.values())) > 1:
         common = Counter(layers.values()).most_common(1)[0][0]
-        out += [Finding("rdma", host, FAIL,
-                        f"its RDMA ports are {layer}, other nodes' {common}: NCCL cannot "
-                        "connect InfiniBand to Ethernet (RoCE)",
-                        "run the job on nodes of one fabric, or name one fabric's HCAs in "
-                        "NCCL_IB_HCA")
+        out += [F.RDMA_LINK_LAYERS_DIFFER.at(host, layer=layer, common=common)
                 for host, layer in layers.items() if layer != common]
     if len(set(indexes.values())) > 1 and "NCCL_IB_GID_INDEX" not in dict(spec.env):
         common_index = Counter(indexes.values()).most_common(1)[0][0]
-        out += [Finding("rdma", host, WARN,
-                        f"its routable RoCE v2 GID is index {index}, other nodes' "
-                        f"{common_index}: one NCCL_IB_GID_INDEX for all would fail here",
-                        "keep NCCL_IB_GID_INDEX out of env: and /etc/nccl.conf (run sets each "
-                        "node's own), or make the nodes' GID tables alike")
+        out += [F.RDMA_GID_INDEX_ACROSS.at(host, index=index, common=common_index)
                 for host, index in indexes.items() if index != common_index]
     return out
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
-from ptcluster.doctor.checks import FAIL, OK, WARN, Finding, per_node
+from ptcluster.doctor import findings as F
+from ptcluster.doctor.checks import OK, Finding, per_node
 from ptcluster.doctor.node_report import NodeReport
 from ptcluster.node.guard.gpus import spans
 
@@ -26,16 +27,11 @@ def check_slurm_cpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[F
         asked = int(slurm["cpus_on_node"]) if str(slurm.get("cpus_on_node")).isdigit() else None
         where = f"CPUs {spans(slurm['affinity'])}"
         if usable < node.slots:
-            return Finding("slurm cpus", node.host, FAIL,
-                           f"{node.slots} ranks may use only {usable} CPU(s) ({where})",
-                           "ask Slurm for at least one CPU per rank (--cpus-per-task or "
-                           "--exclusive), and do not bind the step (--cpu-bind=none)")
+            return F.SLURM_TOO_FEW_CPUS.at(node.host, slots=node.slots, usable=usable,
+                                           where=where)
         if asked is not None and usable < asked:
-            return Finding("slurm cpus", node.host, WARN,
-                           f"the ranks may use {usable} of the {asked} CPUs the job has here "
-                           f"({where}): a binding plugin narrowed the step",
-                           "check TaskPlugin / --cpu-bind; every rank shares these CPUs")
-        return Finding("slurm cpus", node.host, OK,
+            return F.SLURM_CPUS_NARROWED.at(node.host, usable=usable, asked=asked, where=where)
+        return Finding.plain("slurm cpus", node.host, OK,
                        f"{usable} CPU(s) for {node.slots} rank(s) ({where}"
                        + (f"; the job has {asked} here)" if asked is not None else ")"))
     return per_node(spec, probes, "slurm cpus", one)
@@ -51,15 +47,12 @@ def check_slurm_gpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[F
         cvd = slurm.get("cuda_visible_devices")
         visible = present if cvd is None else len([d for d in cvd.split(",") if d.strip()])
         if present == 0 and not cvd:
-            return Finding("slurm gpus", node.host, OK, "no GPU on this node: CPU ranks")
+            return Finding.plain("slurm gpus", node.host, OK, "no GPU on this node: CPU ranks")
         shown = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "no CUDA_VISIBLE_DEVICES"
         if visible < node.slots and spec.backend != "gloo":
-            return Finding("slurm gpus", node.host, FAIL,
-                           f"{node.slots} ranks see {visible} GPU(s) ({shown}; "
-                           f"{present} on the node)",
-                           "ask for --gpus-per-node (not --gpus-per-task, which hides the peers' "
-                           "GPUs), or run fewer ranks (--nproc)")
-        return Finding("slurm gpus", node.host, OK,
+            return F.SLURM_GPUS_HIDDEN.at(node.host, slots=node.slots, visible=visible,
+                                          shown=shown, present=present)
+        return Finding.plain("slurm gpus", node.host, OK,
                        f"{visible} GPU(s) visible to {node.slots} rank(s) ({shown})")
     return per_node(spec, probes, "slurm gpus", one)
 

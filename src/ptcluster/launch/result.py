@@ -5,7 +5,7 @@ Outputs only: the runner's knobs are ``launch.options``."""
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,28 +118,43 @@ class FailureKind(str, Enum):
         return self.value
 
 
-@dataclass(kw_only=True)
+@dataclass(init=False)
 class Failure:
-    """One thing that went wrong; the earliest (on a corrected clock) is the root cause."""
+    """One thing that went wrong; the earliest (on a corrected clock) is the root cause.
+
+    What went wrong is its one :class:`Problem` (``problem``: who, the rank or node; what; the
+    fix; the code of a declared one and its fields); ``message`` and ``fix`` are its what and
+    fix, and setting them sets the problem's."""
 
     host: str
     rank: int | None
-    message: str
-    kind: FailureKind = FailureKind.RANK
-    fix: str | None = None
-    exit_code: int | None = None
-    at: float = 0.0
+    problem: Problem
+    kind: FailureKind
+    exit_code: int | None
+    at: float
     """When it happened, head clock (for a rank: its node's time, corrected)."""
-    last_lines: list[str] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)
+    last_lines: list[str]
+    facts: dict[str, Any]
     """What the node saw of it (``oom``: the kernel's kills, ``disk``: the full filesystem)."""
-    known: str | None = None
+    known: str | None
     """The known failure it is, by name (``launch.supervise.known``; ``fix`` is its fix)."""
-    meaning: str | None = None
+    meaning: str | None
     """What that known failure means."""
 
-    def __post_init__(self) -> None:
-        self.kind = FailureKind(self.kind)  # a kind's name ("lost") is taken, an unknown one not
+    def __init__(self, *, host: str, rank: int | None, message: str = "",
+                 kind: FailureKind | str = FailureKind.RANK, fix: str | None = None,
+                 exit_code: int | None = None, at: float = 0.0,
+                 last_lines: list[str] | None = None, facts: dict[str, Any] | None = None,
+                 known: str | None = None, meaning: str | None = None,
+                 problem: Problem | None = None) -> None:
+        """``message`` and ``fix`` in words, or the ``problem`` itself (its who is replaced by
+        this failure's: the rank on its node, or the node)."""
+        self.host, self.rank = host, rank
+        self.kind = FailureKind(kind)  # a kind's name ("lost") is taken, an unknown one not
+        self.problem = (problem or Problem(None, message, fix)).by(self.who)
+        self.exit_code, self.at, self.known, self.meaning = exit_code, at, known, meaning
+        self.last_lines = [] if last_lines is None else last_lines
+        self.facts = {} if facts is None else facts
 
     @property
     def who(self) -> str:
@@ -147,10 +162,26 @@ class Failure:
         return f"rank {self.rank} on {self.host}" if self.rank is not None else self.host
 
     @property
-    def problem(self) -> Problem:
-        """This failure as the one :class:`Problem` (``message`` is its what): what the console
-        and the docs say; ``summary.json`` keeps the fields (``failure_json``)."""
-        return Problem(self.who, self.message, self.fix)
+    def message(self) -> str:
+        return self.problem.what
+
+    @message.setter
+    def message(self, what: str) -> None:
+        self.problem = replace(self.problem, what=what)
+
+    @property
+    def fix(self) -> str | None:
+        return self.problem.fix
+
+    @fix.setter
+    def fix(self, fix: str | None) -> None:
+        self.problem = replace(self.problem, fix=fix)
+
+    @property
+    def code(self) -> str | None:
+        """The declared problem it is (``guard.*``, ``health.*``, ``node.*``), or the known
+        failure it is (``known.NAME``: ``launch.supervise.known``'s table); None otherwise."""
+        return self.problem.code or (f"known.{self.known}" if self.known else None)
 
     def headline(self) -> str:
         return str(self.problem)
@@ -354,7 +385,8 @@ class AttemptRecord:
 def _failure_json(f: Failure) -> dict[str, Any]:
     return {"host": f.host, "rank": f.rank, "kind": f.kind.value, "message": f.message,
             "fix": f.fix, "known": f.known, "meaning": f.meaning, "exit_code": f.exit_code,
-            "at": f.at, "last_lines": f.last_lines, "facts": f.facts}
+            "at": f.at, "last_lines": f.last_lines, "facts": f.facts, "code": f.code,
+            "fields": f.problem.fields}
 
 
 def signame(num: int) -> str:

@@ -124,7 +124,8 @@ KILL = record({"found": boolean, "pid": optional(number(1, 2**31)), "user": opti
 """``node.kill``'s ``result`` (``end_job``)."""
 BOOT = record({"boot_id": optional(word), "uptime": optional(figure), "time": figure,
                "guard_alive": optional(boolean), "kernel": optional(listing(note, 64)),
-               "unfit": optional(record({"what": note, "fix": note}))})
+               "unfit": optional(record({"what": note, "fix": note, "code": optional(word),
+                                         "fields": optional(bounded)}))})
 """``node.probe``'s ``boot`` (``answer``; ``unfit``: its health gate's refusal, when asked)."""
 
 

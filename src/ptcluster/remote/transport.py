@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ptcluster.cluster.model import AUTO_PYTHON, SETUP_PYTHON, SshSpec
 from ptcluster.errors import Problem
+from ptcluster.remote import diagnoses as D
 
 # Defaults a user's `ssh.options` may override (ssh keeps the first value it sees, so the
 # user's options come first on the command line). The keepalive: after ServerAliveInterval s
@@ -137,20 +138,13 @@ def control_dir() -> str | None:
 
 def explain_start_failure(program: str, exc: OSError) -> Problem:
     """The problem (who: None, the caller's node) when the local process of a channel (ssh, or
-    a local python) cannot be started at all."""
-    what = f"cannot start {program!r} here: {exc.strerror or exc}"
+    a local python) cannot be started at all (``diagnoses.START``)."""
     if exc.errno in (errno.EMFILE, errno.ENFILE):  # not a missing program: no descriptors left
-        return Problem(None, f"cannot start {program!r} here: too many open files (the head's "
-                       f"limit is {_open_files_limit()})",
-                       "raise the open-files limit (ulimit -n; the hard limit: /etc/security/"
-                       "limits.conf), or run on fewer nodes")
-    name = os.path.basename(program)
-    if name == "ssh":
-        return Problem(None, what, "install the OpenSSH client (apt-get install openssh-client)")
-    if name == "srun":
-        return Problem(None, what, "run ptcluster where Slurm's clients are installed, or pass "
-                       "--cluster outside an allocation")
-    return Problem(None, what, "set python: to an interpreter that exists")
+        return Problem.of(D.TOO_MANY_FILES, None, program=repr(program),
+                          limit=_open_files_limit())
+    entry = {"ssh": D.NO_SSH, "srun": D.NO_SRUN}.get(os.path.basename(program),
+                                                     D.NO_LOCAL_PYTHON)
+    return Problem.of(entry, None, program=repr(program), error=exc.strerror or exc)
 
 
 def _open_files_limit() -> str:
@@ -171,38 +165,27 @@ def explain_channel_failure(stderr: list[str], exit_code: int | None,
     lines = [line for line in stderr if line.strip()]
     detail = lines[-1] if lines else f"exit status {exit_code}"
     low = detail.lower()
-    if detail.startswith("ptcluster: frame too long"):  # (hub.TOO_LONG: the head closed it)
-        return Problem(None, detail.removeprefix("ptcluster: "),
-                       "check the node: its ptcluster programs never send such a line, so "
-                       "something else speaks on its channel (a login script's output, or a "
-                       "compromised node)")
+    if detail.startswith(FRAME_PREFIX):  # (hub.TOO_LONG: the head closed it)
+        return Problem.of(D.FRAME_TOO_LONG, None, detail=detail.removeprefix(FRAME_PREFIX))
     if exit_code in (126, 127) and python == AUTO_PYTHON:
-        return Problem(None, f"no python: neither {SETUP_PYTHON} (made by `ptcluster setup`) nor "
-                       f"the head's {sys.executable} is there ({detail})",
-                       "run `ptcluster setup`, or set python: to an interpreter that exists there")
+        return Problem.of(D.NO_PYTHON_AUTO, None, setup_python=SETUP_PYTHON,
+                          head_python=sys.executable, detail=detail)
     srun = [line for line in lines  # not "srun: error: sl0: task 0: Exited with exit code 1"
             if line.startswith("srun: error:") and ": task " not in line]
     if srun:  # Slurm refused or lost the step (remote/slurm.py)
-        return Problem(None, f"Slurm could not run the node's step ({srun[0]})",
-                       "check that the allocation still runs (squeue -j $SLURM_JOB_ID); outside "
-                       "one, unset SLURM_JOB_ID or pass --cluster")
+        return Problem.of(D.SRUN_REFUSED, None, detail=srun[0])
     if exit_code in (126, 127) or ("no such file" in low and python in detail):
-        return Problem(None, f"python not found or not executable at {python} ({detail})",
-                       "set python: (cluster-wide or for this node) to an interpreter that exists "
-                       "there")
-    if "permission denied" in low or "publickey" in low:
-        return Problem(None, f"ssh refused the key ({detail})",
-                       "install your key on the node: ssh-copy-id, or `ptcluster setup`")
-    if "host key" in low:
-        return Problem(None, f"host key not trusted ({detail})",
-                       "ssh to the node once by hand and check the fingerprint (we never turn "
-                       "host-key checking off)")
-    if "could not resolve" in low or "name or service not known" in low:
-        return Problem(None, f"cannot resolve the host ({detail})",
-                       "fix the host name or use its IP address")
-    if "timed out" in low or "no route" in low or "refused" in low or "unreachable" in low:
-        return Problem(None, f"cannot reach the node over ssh ({detail})",
-                       "check the node is up, the address is right and sshd runs (port 22 or "
-                       "ssh.port)")
-    return Problem(None, f"the node's command failed ({detail})",
-                   "run `ptcluster doctor` for details")
+        return Problem.of(D.PYTHON_NOT_FOUND, None, python=python, detail=detail)
+    for entry, words in SSH_WORDS:
+        if any(w in low for w in words):
+            return Problem.of(entry, None, detail=detail)
+    return Problem.of(D.COMMAND_FAILED, None, detail=detail)
+
+
+FRAME_PREFIX = "ptcluster: frame too long: "
+"""How the hub's close reason for an overlong line starts (``hub.TOO_LONG``)."""
+SSH_WORDS = ((D.KEY_REFUSED, ("permission denied", "publickey")),
+             (D.HOST_KEY, ("host key",)),
+             (D.UNRESOLVED, ("could not resolve", "name or service not known")),
+             (D.UNREACHABLE, ("timed out", "no route", "refused", "unreachable")))
+"""ssh's own last words (lower case) -> its diagnosis, the first that fits."""

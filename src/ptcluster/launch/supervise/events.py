@@ -13,6 +13,7 @@ from typing import Any
 from ptcluster.errors import Problem
 from ptcluster.launch.result import Failure, FailureKind
 from ptcluster.node import wire
+from ptcluster.node.problems import CODE
 from ptcluster.remote import guard_replies
 
 
@@ -274,6 +275,24 @@ def said(value: Any, what: str) -> str:
     return value
 
 
+def code_of(value: Any) -> str | None:
+    """A declared problem's code as a node sends it (``guard.port-in-use``); None for none."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not CODE.match(value):
+        raise ValueError(f"code {str(value)[:40]!r} is not a problem's code")
+    return value
+
+
+def values_of(value: Any) -> tuple[tuple[str, str], ...]:
+    """The named values a node filled its refusal's text with: a table of short strings."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or len(value) > 16:
+        raise ValueError("fields are not a table of at most 16")
+    return tuple((said(k, "field"), said(v, "field")) for k, v in value.items())
+
+
 def env_not_ready(value: Any) -> str:
     """A guard's ``error {environment}``: "" (none) or one of ``wire.ENV_NOT_READY``."""
     if value in (None, ""):
@@ -333,7 +352,8 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         return Ready(host, guard_replies.ready_facts(body))
     if kind == wire.Kind.ERROR:
         problem = Problem(host, said(body["problem"], "problem"),
-                          said(body.get("fix"), "fix") or None)
+                          said(body.get("fix"), "fix") or None, code_of(body.get("code")),
+                          values_of(body.get("fields")))
         return GuardRefused(host, problem, bool(body.get("busy")), bool(body.get("unhealthy")),
                             env_not_ready(body.get("environment")))
     if kind == wire.Kind.STARTED:

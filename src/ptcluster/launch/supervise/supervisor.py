@@ -240,7 +240,7 @@ class Supervisor(JobState):
         return []
 
     def _guard_refused(self, e: ev.GuardRefused, now: float) -> list[Action]:
-        return self._fail(Failure(host=e.host, rank=None, message=e.problem.what, fix=e.problem.fix,
+        return self._fail(Failure(host=e.host, rank=None, problem=e.problem,
                                   kind=FailureKind.BUSY if e.busy else FailureKind.UNHEALTHY
                                   if e.unhealthy else FailureKind.ENVIRONMENT
                                   if e.environment else FailureKind.GUARD,
@@ -367,10 +367,9 @@ class Supervisor(JobState):
         else:
             # (what the channel's own words mean is the connector's to say: the event's cause)
             cause = e.cause or Problem(None, detail, "see the node log in the run directory")
-            failure = Failure(host=e.host, rank=None,
-                              message=f"cannot start the job: {cause.what}",
-                              kind=FailureKind.START, fix=cause.fix, exit_code=e.exit_code,
-                              last_lines=err, at=self.wall(now))
+            failure = Failure(host=e.host, rank=None, problem=replace(  # (its code stays)
+                cause, what=f"cannot start the job: {cause.what}"), kind=FailureKind.START,
+                exit_code=e.exit_code, last_lines=err, at=self.wall(now))
         return self._fail(failure, now)
 
     # -- checks -------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 one function, ``health``, for both.
 
 Each check is one small function of facts read here -> ``None`` (fine) or a finding ``{"check",
-"ok", "what", "fix"}``; ``CHECKS`` lists them in order. The last is the GPU driver's own word
+"ok", "what", "fix", "code"}`` (several, where one check finds many things); ``CHECKS`` lists
+them in order. What it refuses is declared in ``REFUSALS`` (``health.*`` codes:
+``node.problems``), what doctor only warns of in ``WARNINGS``. The last is the GPU driver's own word
 (``node.facts.gpu_errors``): a fatal Xid since the driver loaded, uncorrectable ECC errors, row
 remapping pending or failed, retired pages pending. ``gpu_warnings`` are what doctor shows
 besides (a PCIe link below its width or generation under load, slowdowns, Xids 63 and 92).
@@ -26,6 +28,7 @@ from ptcluster.node.facts.gpu_errors import (
     ACT_HARDWARE,
     ACT_RESET,
     WARN_XIDS,
+    XID_ACTIONS,
     describe_xid,
     gpu_indices,
     nvml_state,
@@ -34,6 +37,7 @@ from ptcluster.node.facts.gpu_errors import (
     xids_in,
 )
 from ptcluster.node.facts.kernel_log import boot_wall, kernel_since_boot
+from ptcluster.node.problems import Declared
 
 GIB = 1 << 30
 DISK_MIN_FREE = GIB
@@ -53,6 +57,70 @@ MEM_PER_RANK = 256 << 20
 starts: a Python process that imports torch holds ~300 MiB before any data; below 256 MiB each
 the out-of-memory killer takes a rank at import or at its first batch."""
 BACKEND_NCCL = "nccl"
+
+GPUS_FEWER = Declared(
+    "health.gpus-fewer", "fewer GPUs than slots",
+    "fewer GPUs than slots: {count} GPU(s) for {slots} slot(s){why}",
+    "see `nvidia-smi` and the kernel log on it (a GPU that fell off the bus needs a reset or a "
+    "reboot), or set slots: to its GPU count")
+WORKDIR_DISK_FULL = Declared(
+    "health.workdir-disk-full", "the workdir's disk is nearly full",
+    "its workdir disk is nearly full: {free} of {total} free on the filesystem of {path}",
+    "free space there (old checkpoints, logs), or set workdir: to a filesystem with more room "
+    "(refused below {floor} and {share} free)")
+CHECKPOINT_DISK_FULL = Declared(
+    "health.checkpoint-disk-full", "the checkpoints' disk is nearly full",
+    "its checkpoint disk is nearly full: {free} of {total} free on the filesystem of {path}",
+    "free space there (old checkpoints, logs), or save checkpoints to a filesystem with more "
+    "room (refused below {floor} and {share} free)")
+CHECKPOINT_NO_ROOM = Declared(
+    "health.checkpoint-no-room", "no room for another checkpoint",
+    "its checkpoint disk has no room for another checkpoint: {free} of {total} free on the "
+    "filesystem of {path}, its largest checkpoint file is {largest}",
+    "free space there (old checkpoints), or save checkpoints to a filesystem with more room")
+MEMORY_LOW = Declared(
+    "health.memory-low", "too little memory available",
+    "too little memory available: {available} of {total} memory available, {slots} rank(s) "
+    "need at least {need} ({each} each)",
+    "end what holds the memory there (`ps aux --sort=-rss | head` on it), or give the node "
+    "fewer slots")
+XID_FATAL = Declared(
+    "health.xid-fatal", "a fatal Xid since the driver loaded",
+    "{name} had Xid {xid} ({meaning}) at {at}, and the driver has not been reloaded since",
+    "{action} (NVIDIA's action for Xid {xid})")
+ECC_UNCORRECTED = Declared(
+    "health.ecc-uncorrected", "uncorrectable ECC errors",
+    "{name} has {count} uncorrectable ECC error(s) since the driver loaded",
+    XID_ACTIONS[ACT_RESET])
+REMAP_FAILED = Declared("health.remap-failed", "a memory row's remapping failed",
+                        "{name}: remapping a memory row failed", XID_ACTIONS[ACT_HARDWARE])
+REMAP_PENDING = Declared("health.remap-pending", "a memory row remapping pending",
+                         "{name} has a memory row remapping pending", XID_ACTIONS[ACT_RESET])
+RETIRE_PENDING = Declared("health.retire-pending", "retired memory pages pending",
+                          "{name} has retired memory pages pending", XID_ACTIONS[ACT_RESET])
+REFUSALS = (GPUS_FEWER, WORKDIR_DISK_FULL, CHECKPOINT_DISK_FULL, CHECKPOINT_NO_ROOM, MEMORY_LOW,
+            XID_FATAL, ECC_UNCORRECTED, REMAP_FAILED, REMAP_PENDING, RETIRE_PENDING)
+"""What the health gate refuses a node for: ``run`` before any rank starts (a guard's
+refusal, ``unhealthy``), doctor's ``health`` row. Each finding names its entry's code."""
+
+PCIE_NARROW = Declared(
+    "health.pcie-narrow", "a PCIe link below its width",
+    "{name}: PCIe link x{width} of x{max_width} (a slot, riser or cable below its width)",
+    "reseat the GPU or its riser and cable, or move it to a slot of its full width")
+PCIE_SLOW = Declared(
+    "health.pcie-slow", "a PCIe link below its generation while busy",
+    "{name}: PCIe gen {gen} of {max_gen} while busy",
+    "check the slot's and the BIOS's PCIe settings (`nvidia-smi -q -d PERFORMANCE` on it)")
+GPU_SLOWDOWN = Declared(
+    "health.gpu-slowdown", "a GPU slows itself down",
+    "{name}: {reasons} (check cooling and power)",
+    "check its cooling and power (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER` on it)")
+XID_WEAR = Declared(
+    "health.xid-wear", "a GPU's memory wears (Xid 63, 92)",
+    "{name}: Xid {xid} at {at} ({meaning})",
+    "watch it (`nvidia-smi -q -d ECC,ROW_REMAPPER`); reset the GPU at the next chance")
+WARNINGS = (PCIE_NARROW, PCIE_SLOW, GPU_SLOWDOWN, XID_WEAR)
+"""What doctor warns of on a GPU that works (``gpu-health``), never refused."""
 
 
 def boot() -> dict[str, Any]:
@@ -105,7 +173,23 @@ def size(n: float) -> str:
 
 
 def finding(check: str, ok: bool, what: str, fix: str | None = None) -> dict[str, Any]:
-    return {"check": check, "ok": ok, "what": what, "fix": fix}
+    """What a check found that is fine (no code: ``ok`` True), in words."""
+    return {"check": check, "ok": ok, "what": what, "fix": fix, "code": None}
+
+
+def refused(check: str, entry: Declared, **values: object) -> dict[str, Any]:
+    """A check's refusal, said by its entry (``REFUSALS``), with its code and the values it
+    was said with (``fields``)."""
+    what, fix = entry.texts(**values)
+    return {"check": check, "ok": False, "what": what, "fix": fix, "code": entry.code,
+            "fields": {k: str(v) for k, v in values.items()}}
+
+
+def warned(entry: Declared, **values: object) -> dict[str, Any]:
+    """A GPU's warning (``WARNINGS``): ``{code, what, fix, fields}``."""
+    what, fix = entry.texts(**values)
+    return {"code": entry.code, "what": what, "fix": fix,
+            "fields": {k: str(v) for k, v in values.items()}}
 
 
 def check_disk(ctx: dict[str, Any]) -> dict[str, Any]:
@@ -126,12 +210,8 @@ def check_checkpoint_disk(ctx: dict[str, Any]) -> dict[str, Any] | None:
         space = ctx["checkpoint_disk"] if "checkpoint_disk" in ctx else disk_space(there)
         largest = ctx["checkpoint_size"] if "checkpoint_size" in ctx else largest_file(there)
         if space is not None and largest and space[0] < CHECKPOINT_ROOM * largest:
-            return finding("checkpoint-disk", False,
-                           f"its checkpoint disk has no room for another checkpoint: "
-                           f"{size(space[0])} of {size(space[1])} free on the filesystem of "
-                           f"{path}, its largest checkpoint file is {size(largest)}",
-                           "free space there (old checkpoints), or save checkpoints to a "
-                           "filesystem with more room")
+            return refused("checkpoint-disk", CHECKPOINT_NO_ROOM, free=size(space[0]),
+                           total=size(space[1]), path=path, largest=size(largest))
         if "checkpoint_disk" not in ctx and same_filesystem(there, ctx["workdir"]):
             continue  # (nearly full: the workdir's check says it)
         found = disk_finding("checkpoint-disk", "checkpoint", path, space)
@@ -175,11 +255,9 @@ def disk_finding(check: str, role: str, path: str,
     free, total = space
     what = f"{size(free)} of {size(total)} free on the filesystem of {path}"
     if free < DISK_MIN_FREE and free < DISK_MIN_SHARE * total:
-        return finding(check, False, f"its {role} disk is nearly full: {what}",
-                       f"free space there (old checkpoints, logs), or "
-                       f"{'set workdir:' if role == 'workdir' else 'save checkpoints'} to a "
-                       f"filesystem with more room (refused below {size(DISK_MIN_FREE)} and "
-                       f"{DISK_MIN_SHARE:.0%} free)")
+        return refused(check, WORKDIR_DISK_FULL if role == "workdir" else CHECKPOINT_DISK_FULL,
+                       free=size(free), total=size(total), path=path,
+                       floor=size(DISK_MIN_FREE), share=f"{DISK_MIN_SHARE:.0%}")
     return finding(check, True, what)
 
 
@@ -193,11 +271,8 @@ def check_memory(ctx: dict[str, Any]) -> dict[str, Any]:
     need = MEM_PER_RANK * slots
     what = f"{size(available)} of {size(total)} memory available"
     if available < need:
-        return finding("memory", False,
-                       f"too little memory available: {what}, {slots} rank(s) need at least "
-                       f"{size(need)} ({size(MEM_PER_RANK)} each)",
-                       "end what holds the memory there (`ps aux --sort=-rss | head` on it), "
-                       "or give the node fewer slots")
+        return refused("memory", MEMORY_LOW, available=size(available), total=size(total),
+                       slots=slots, need=size(need), each=size(MEM_PER_RANK))
     return finding("memory", True, what)
 
 
@@ -214,9 +289,7 @@ def check_gpu_count(ctx: dict[str, Any]) -> dict[str, Any] | None:
     what = f"{count} GPU(s) for {slots} slot(s)"
     if count < slots:
         why = " with backend nccl" if count == 0 else ""
-        return finding("gpus", False, f"fewer GPUs than slots: {what}{why}",
-                        "see `nvidia-smi` and the kernel log on it (a GPU that fell off the bus "
-                        "needs a reset or a reboot), or set slots: to its GPU count")
+        return refused("gpus", GPUS_FEWER, count=count, slots=slots, why=why)
     return finding("gpus", True, what)
 
 
@@ -259,47 +332,48 @@ def driver_facts(ctx: dict[str, Any]) -> dict[str, Any]:
             "pci": ctx["gpu_pci"], "boot_wall": ctx["boot_wall"]}
 
 
-def check_gpu_driver(ctx: dict[str, Any]) -> dict[str, Any] | None:
+def check_gpu_driver(ctx: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The GPU driver's word, where the job uses GPUs: a fatal Xid since the driver last
     loaded, uncorrectable ECC errors since, a row remapping pending or failed, retired pages
-    pending: each refuses the node, with NVIDIA's action for it."""
+    pending: each refuses the node (one finding each), with NVIDIA's action for it; else one
+    finding that says what was read."""
     if not uses_gpus(ctx):
         return None
     facts = driver_facts(ctx)
-    bad: list[tuple[str, str]] = []
+    bad: list[dict[str, Any]] = []
     for xid in open_fatal(facts["xids"]):
         index = facts["pci"].get(xid["pci"])
         said = describe_xid(xid["xid"], xid["text"])
-        bad.append((f"{gpu_name(index, xid['pci'])} had Xid {xid['xid']} ({said['meaning']}) "
-                    f"at {when(xid['at'], facts['boot_wall'])}, and the driver has not been "
-                    "reloaded since", xid_fix(said["action"], index)))
+        bad.append(refused("gpu-driver", XID_FATAL, name=gpu_name(index, xid["pci"]),
+                           xid=xid["xid"], meaning=said["meaning"],
+                           at=when(xid["at"], facts["boot_wall"]),
+                           action=xid_fix(said["action"], index)))
     for state in facts["state"]:
         name = gpu_name(state["index"], state.get("pci", "?"))
-        reset = xid_fix(ACT_RESET, state["index"])
+        gpu = "N" if state["index"] is None else state["index"]
         if state.get("ecc_uncorrected"):
-            bad.append((f"{name} has {state['ecc_uncorrected']} uncorrectable ECC error(s) "
-                        "since the driver loaded", reset))
+            bad.append(refused("gpu-driver", ECC_UNCORRECTED, name=name, gpu=gpu,
+                               count=state["ecc_uncorrected"]))
         if state.get("remap_failed"):
-            bad.append((f"{name}: remapping a memory row failed",
-                        xid_fix(ACT_HARDWARE, state["index"])))
+            bad.append(refused("gpu-driver", REMAP_FAILED, name=name))
         elif state.get("remap_pending"):
-            bad.append((f"{name} has a memory row remapping pending", reset))
+            bad.append(refused("gpu-driver", REMAP_PENDING, name=name, gpu=gpu))
         if state.get("retire_pending"):
-            bad.append((f"{name} has retired memory pages pending", reset))
+            bad.append(refused("gpu-driver", RETIRE_PENDING, name=name, gpu=gpu))
     if bad:
-        return finding("gpu-driver", False, "; ".join(what for what, _ in bad),
-                       "; ".join(dict.fromkeys(fix for _, fix in bad)))
+        return bad
     if not facts["source"]:
-        return finding("gpu-driver", True, "Xids not checked: the kernel log is not readable "
-                       "here (root, or a member of group adm where journald runs)")
-    return finding("gpu-driver", True, f"no fatal Xid since the driver loaded "
-                   f"({facts['source']}); NVML: " +
-                   ("no error counted" if facts["state"] else "not answering"))
+        return [finding("gpu-driver", True, "Xids not checked: the kernel log is not readable "
+                        "here (root, or a member of group adm where journald runs)")]
+    return [finding("gpu-driver", True, f"no fatal Xid since the driver loaded "
+                    f"({facts['source']}); NVML: " +
+                    ("no error counted" if facts["state"] else "not answering"))]
 
 
-def gpu_warnings(ctx: dict[str, Any]) -> list[str]:
-    """What doctor warns of, not refused: a PCIe link below its width (or, while the GPU is
-    busy, its generation: it drops at idle to save power), slowdowns, Xids 63 and 92."""
+def gpu_warnings(ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    """What doctor warns of, not refused (``WARNINGS``, each ``{code, what, fix}``): a PCIe
+    link below its width (or, while the GPU is busy, its generation: it drops at idle to save
+    power), slowdowns, Xids 63 and 92."""
     facts = driver_facts(ctx)
     out = []
     for state in facts["state"]:
@@ -307,52 +381,55 @@ def gpu_warnings(ctx: dict[str, Any]) -> list[str]:
         if "pcie" in state:
             width, max_width, gen, max_gen = state["pcie"]
             if width < max_width:
-                out.append(f"{name}: PCIe link x{width} of x{max_width} (a slot, riser or "
-                           "cable below its width)")
+                out.append(warned(PCIE_NARROW, name=name, width=width, max_width=max_width))
             elif gen < max_gen and state.get("util", 0) > 0:
-                out.append(f"{name}: PCIe gen {gen} of {max_gen} while busy")
+                out.append(warned(PCIE_SLOW, name=name, gen=gen, max_gen=max_gen))
         if state.get("slowdowns"):
-            out.append(f"{name}: {', '.join(state['slowdowns'])} (check cooling and power)")
+            out.append(warned(GPU_SLOWDOWN, name=name, reasons=", ".join(state["slowdowns"])))
     for xid in facts["xids"]:
         if xid["xid"] in WARN_XIDS and not xid["stale"]:
             index = facts["pci"].get(xid["pci"])
-            out.append(f"{gpu_name(index, xid['pci'])}: Xid {xid['xid']} at "
-                       f"{when(xid['at'], facts['boot_wall'])} "
-                       f"({describe_xid(xid['xid'])['meaning']})")
+            out.append(warned(XID_WEAR, name=gpu_name(index, xid["pci"]), xid=xid["xid"],
+                              at=when(xid["at"], facts["boot_wall"]),
+                              meaning=describe_xid(xid["xid"])["meaning"]))
     return out
 
 
-Check = Callable[[dict[str, Any]], "dict[str, Any] | None"]
+Check = Callable[[dict[str, Any]], "dict[str, Any] | list[dict[str, Any]] | None"]
 CHECKS: list[Check] = [check_gpu_count, check_disk, check_checkpoint_disk, check_memory,
                        check_gpu_driver]
 """The health gate, in order: each takes the context ``health`` is given (its facts may be given
 there too: ``disk``, ``memory``, ``gpu_count``, ``kernel``, ``gpu_state``, for a test) and
-returns a finding or None (not asked here)."""
+returns a finding, several (one per reason), or None (not asked here)."""
 
 
 def health(ctx: dict[str, Any]) -> list[dict[str, Any]]:
     """Every check's finding on this node. ``ctx``: ``workdir`` (this node's path), ``slots``,
     ``backend`` (the cluster file's), ``chosen`` (GPUs named already: not counted)."""
-    out = []
+    out: list[dict[str, Any]] = []
     for check in CHECKS:
         found = check(ctx)
-        if found is not None:
-            out.append(found)
+        out.extend([] if found is None else [found] if isinstance(found, dict) else found)
     return out
 
 
 class Unfit(TypedDict):
-    """The health gate's refusal: every failed check's what and fix, each joined by "; "."""
+    """The health gate's refusal: every failed check's what and fix, each joined by "; ", and
+    the first one's code and fields."""
 
     what: str
     fix: str
+    code: str
+    fields: dict[str, Any]
 
 
 def unfit(findings: list[dict[str, Any]]) -> Unfit | None:
-    """The refusal the findings call for: every failed check's what and fix together; None when
-    the node is fit."""
+    """The refusal the findings call for: every failed check's what and fix together, and the
+    first one's ``code`` and ``fields`` (the refusal's: ``health.*``); None when the node is
+    fit."""
     bad = [f for f in findings if not f["ok"]]
     if not bad:
         return None
     return {"what": "; ".join(f["what"] for f in bad),
-            "fix": "; ".join(f["fix"] for f in bad if f["fix"])}
+            "fix": "; ".join(dict.fromkeys(f["fix"] for f in bad if f["fix"])),
+            "code": bad[0]["code"], "fields": bad[0].get("fields") or {}}

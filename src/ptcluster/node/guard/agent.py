@@ -137,8 +137,7 @@ class Guard:
             facts = precheck(self.cfg, HANDED, self.leases)
             self.env_use = mark_env_use(self.cfg["argv"][0], self.cfg["job_id"])
         except GuardError as exc:
-            self.send(Kind.ERROR, {"problem": exc.problem, "fix": exc.fix, "busy": exc.busy,
-                                   "unhealthy": exc.unhealthy, "environment": exc.environment})
+            self.send(Kind.ERROR, exc.frame())
             return 2
         self.send(Kind.READY, facts)
         while not self.link.go.wait(0.1):

@@ -16,7 +16,7 @@ import pwd
 from typing import Any
 
 from ptcluster.node.facts.accel import compute_processes, gpus
-from ptcluster.node.guard.refusal import GuardError, unleasable
+from ptcluster.node.guard.refusal import GPU_NOT_THERE, GPUS_BUSY, GuardError, refuse, unleasable
 from ptcluster.node.sharing.leases import Lease, Leasing, describe
 
 VIRTUAL_GPUS = 1024
@@ -88,9 +88,8 @@ def _candidates(want: list[int] | str | None, slots: int, count: int) -> tuple[l
         return pool, slots
     missing = [i for i in want if i not in pool]
     if missing:
-        raise GuardError(f"gpus: {want} names GPU {spans(missing)}, which this node does "
-                         f"not have (it has {count}: {spans(pool) or 'none'})",
-                         "list this node's GPUs in gpus:, or use gpus: auto")
+        raise refuse(GPU_NOT_THERE, want=want, missing=spans(missing), count=count,
+                     have=spans(pool) or "none")
     return list(want), len(want)
 
 
@@ -152,5 +151,4 @@ def _refusal(need: int, free: int, taken: dict[str, list[int]], users: set[str],
     other = f", choose other GPUs (gpus: [{', '.join(map(str, left[:need]))}])" \
         if count and len(left) >= need else ""
     ask = f", or ask {', '.join(sorted(users))}" if users else ""
-    return GuardError(f"{need} GPU(s) asked for, {free} free: {what}",
-                      f"wait for them (run --wait){other}{ask}", busy=True)
+    return refuse(GPUS_BUSY, busy=True, need=need, free=free, held=what, other=other, ask=ask)

@@ -17,10 +17,12 @@ from typing import Any
 from ptcluster.node.facts.health import boot, health, unfit
 from ptcluster.node.facts.netif import AUTO_PORTS, address_on, route_interface
 from ptcluster.node.facts.rdma import rdma_env, read_rdma
+from ptcluster.node.guard import refusal as R
 from ptcluster.node.guard.gpus import claim
 from ptcluster.node.guard.proctree import listdir, set_subreaper
 from ptcluster.node.guard.refusal import (
     GuardError,
+    refuse,
     unleasable,
     untrusted_lease_dir,
 )
@@ -36,8 +38,7 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
     ``held``, as each is taken); ``GuardError`` names what is not. ``cfg["workdir"]`` becomes
     the node's own path (``~`` expanded)."""
     if not {SHIM_FILE, AGENT_FILE} <= set(handed):  # run from its file, not as shipped
-        raise GuardError("this guard was started without the rank programs it hands on",
-                         "start it through the head (remote.bootstrap packs it)")
+        raise refuse(R.NO_RANK_PROGRAMS)
     facts: ReadyFacts = {"hostname": socket.gethostname(), "pid": os.getpid(),
                          "python": sys.executable, "time": time.time()}
     node_boot = boot()  # (after a loss, the head tells a reboot by it)
@@ -51,8 +52,7 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
         facts["subreaper_error"] = str(exc)
     workdir = os.path.expanduser(cfg["workdir"])
     if not os.path.isdir(workdir):
-        raise GuardError(f"workdir {workdir} does not exist on this node",
-                         "create it, or set workdir: to a directory present on every node")
+        raise refuse(R.WORKDIR_MISSING, workdir=workdir)
     cfg["workdir"] = facts["workdir"] = workdir
     site = project_environment(cfg)
     check_target(cfg.get("target") or {}, workdir, site)
@@ -96,10 +96,8 @@ def project_environment(cfg: GuardConfig) -> str:
         state, why = "changed", (f"the head checked the requirements against torch {want}; this "
                                  f"node now has torch {have or 'none'}")
     if state != "ok":
-        raise GuardError(f"the project's environment {digest[:12]} is {state} on this node"
-                         + (f" ({why})" if why else ""),
-                         "run again with the same requirements: ptcluster ships and builds "
-                         "it before any rank starts", environment=state)
+        raise refuse(R.ENVIRONMENT_NOT_READY, environment=state, digest=digest[:12],
+                     state=state, why=f" ({why})" if why else "")
     try:
         mark_used(root, digest)  # its last use, for `ptcluster venvs --prune`
     except OSError:
@@ -117,7 +115,8 @@ def health_gate(cfg: GuardConfig, workdir: str) -> None:
                             "chosen": isinstance(cfg.get("gpus"), list)
                             or "CUDA_VISIBLE_DEVICES" in env}))
     if refusal is not None:
-        raise GuardError(refusal["what"], refusal["fix"], unhealthy=True)
+        raise GuardError(refusal["what"], refusal["fix"], unhealthy=True, code=refusal["code"],
+                         fields=refusal["fields"])
 
 
 def job_leasing(cfg: GuardConfig) -> Leasing:
@@ -194,15 +193,10 @@ def check_target(target: dict[str, Any], workdir: str, site: str = "") -> None:
     if script:
         path = os.path.join(workdir, os.path.expanduser(script))
         if not os.path.isfile(path):
-            raise GuardError(f"script {script} not found in {workdir} on this node",
-                             "copy the project to every node (a shared filesystem, or "
-                             "`ptcluster sync`), or check the path")
+            raise refuse(R.SCRIPT_MISSING, script=script, workdir=workdir)
     module = target.get("module")
     if module and not module_present(module, workdir, site):
-        raise GuardError(f"module {module} not found by {sys.executable} on this node "
-                         f"(workdir {workdir})",
-                         "install it into that interpreter on every node, or run from the "
-                         "directory that contains it")
+        raise refuse(R.MODULE_MISSING, module=module, python=sys.executable, workdir=workdir)
 
 
 def _find_spec(top: str) -> Any:
@@ -261,9 +255,7 @@ def module_present(name: str, workdir: str, site: str = "") -> bool:
 def check_port_free(port: int) -> None:
     why = port_in_use(port)
     if why:
-        raise GuardError(f"master port {port} is already in use on this node ({why})",
-                         "set master.port: auto (every job takes a free port), or pass --port "
-                         "with a free port")
+        raise refuse(R.PORT_IN_USE, port=port, why=why)
 
 
 def port_in_use(port: int) -> str | None:
@@ -283,8 +275,7 @@ def lease_job(owner: dict[str, Any], leasing: Leasing) -> Lease:
     """The job's own lease on this node (``job-ID``): its record is what ``ptcluster ps`` lists
     and ``ptcluster kill`` signals (the guard's pid), on every node of the job."""
     if not valid_job_id(owner.get("job_id")):  # (it names files in the shared lease dir)
-        raise GuardError(f"{str(owner.get('job_id'))[:80]!r} is not a job id",
-                         "start the job with ptcluster run (it makes the id)")
+        raise refuse(R.NOT_A_JOB_ID, job_id=repr(str(owner.get("job_id"))[:80]))
     try:
         lease = leasing.take(f"job-{owner['job_id']}", owner)
     except OSError as exc:
@@ -292,12 +283,9 @@ def lease_job(owner: dict[str, Any], leasing: Leasing) -> Lease:
     if lease is None:
         held = leasing.holder(f"job-{owner['job_id']}") or {}
         if held.get("uid") == os.getuid():
-            raise GuardError(f"job {owner['job_id']} already runs on this node",
-                             "start the job once (a job id is the head's, per run)")
+            raise refuse(R.JOB_RUNS, job_id=owner["job_id"])
         # (job ids are public: another user may hold this one's lease; L1)
-        raise GuardError(f"job {owner['job_id']}'s lease on this node is held by "
-                         f"{describe(held)}", "wait for it to end (run --wait), or start the "
-                         "job again: a new run gets a new job id", busy=True)
+        raise refuse(R.JOB_LEASE_HELD, busy=True, job_id=owner["job_id"], holder=describe(held))
     return lease
 
 
@@ -319,17 +307,13 @@ def lease_master_port(port: int | str, owner: dict[str, Any],
                 if port_in_use(p) is None:
                     return p, lease
                 lease.release()
-            raise GuardError(f"no free port in {AUTO_PORTS.start}-{AUTO_PORTS.stop - 1} on "
-                             "this node for the rendezvous",
-                             "end some jobs, or set master.port to a free port")
+            raise refuse(R.NO_FREE_PORT, low=AUTO_PORTS.start, high=AUTO_PORTS.stop - 1)
         lease = leasing.take(f"port-{int(port)}", owner)
     except OSError as exc:
         raise unleasable("the rendezvous port ", exc) from None
     if lease is None:
-        raise GuardError(f"master port {port} is in use on this node by "
-                         f"{describe(leasing.holder(f'port-{int(port)}') or {})}",
-                         "set master.port: auto (every job takes a free port), or wait for "
-                         "that job to end (run --wait)", busy=True)
+        raise refuse(R.PORT_LEASED, busy=True, port=port,
+                     holder=describe(leasing.holder(f"port-{int(port)}") or {}))
     try:
         check_port_free(int(port))
     except GuardError:

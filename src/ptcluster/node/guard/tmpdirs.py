@@ -20,7 +20,7 @@ import stat
 import tempfile
 
 from ptcluster.node.guard.proctree import listdir
-from ptcluster.node.guard.refusal import GuardError
+from ptcluster.node.guard.refusal import TMP_UNUSABLE, refuse
 from ptcluster.node.sharing.records import alive
 from ptcluster.node.sharing.safefile import create_new, private_dir, read_regular, remove_tree
 
@@ -36,9 +36,7 @@ def user_tmp() -> str:
     try:
         return private_dir(path)
     except OSError as exc:
-        raise GuardError(f"the guard's temp directory cannot be used: {exc.strerror or exc}",
-                         f"remove {path} (its owner or root can): a directory of this name "
-                         "must be yours alone, mode 700") from None
+        raise refuse(TMP_UNUSABLE, error=exc.strerror or exc, path=path) from None
 
 
 def runtime_dir() -> str | None:

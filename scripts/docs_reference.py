@@ -3,34 +3,26 @@
 Each page is rendered from the table the program itself uses: the commands and options from the
 click app (what ``--help`` prints), the cluster-file keys from ``cluster.keys`` (what the loader
 accepts), the exit codes from ``cli.exits``, ``summary.json``'s fields from a real
-``RunResult.to_json`` (a field without a description below fails the docs test), and the known
-failures from ``launch.supervise.known``. ``docs/hooks.py`` adds them to the site at every
-``mkdocs build`` (pyinfra generates its operations reference the same way).
+``RunResult.to_json`` (a field without a description below fails the docs test), the known
+failures from ``launch.supervise.known``, and what doctor, the health gate, the guard and the
+node channel report from their tables of declared problems (``node.problems``). Objects are
+read, never a function's body. ``scripts/docs_hooks.py`` adds them to the site at every
+``mkdocs build`` (pyinfra generates its operations reference the same way, from
+``scripts/generate_*.py``). It lives with the docs build: it is not a command.
 """
 
 from __future__ import annotations
 
-import ast
 import re
-import textwrap
+import string
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from ptcluster.cli.exits import EXIT_CODES
-
-PAGES = {
-    "reference/commands.md": "commands_page",
-    "reference/cluster-file.md": "cluster_file_page",
-    "reference/exit-codes.md": "exit_codes_page",
-    "reference/summary-json.md": "summary_page",
-    "reference/rank-environment.md": "rank_env_page",
-    "troubleshooting/known-failures.md": "known_failures_page",
-    "troubleshooting/doctor-checks.md": "doctor_checks_page",
-}
-"""Generated page (path under docs/) -> the function of this module that renders it."""
-
+from ptcluster.node.problems import Declared
 
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 
@@ -143,7 +135,11 @@ SUMMARY_FIELDS: dict[str, str] = {
                   "miss.",
     "root_cause": "The failure that happened first (on corrected clocks): host, rank, kind "
                   "(`rank`, `lost`, `hang`, `oom`, `gpu`, `disk`, `unhealthy`, …), message, "
-                  "fix, the known failure it is, exit code, last lines, what the node saw.",
+                  "fix, the known failure it is, exit code, last lines, what the node saw; "
+                  "for a declared problem (a guard's refusal, the health gate's, a node that "
+                  "could not be reached) its `code` (`guard.port-in-use`, `health.memory-low`, "
+                  "`node.ssh-key-refused`: [doctor's checks](../troubleshooting/doctor-checks.md) "
+                  "lists them) and the values its message was filled with (`fields`).",
     "failures": "Every failure in the order it happened, in the root cause's shape.",
     "hang_report": "Every rank's stacks when `--hang-timeout` found a hang, the straggler "
                    "first.",
@@ -187,8 +183,7 @@ def known_failures_page() -> str:
 
 def render(path: str) -> str:
     """The generated page at ``path`` (a key of :data:`PAGES`)."""
-    text: str = globals()[PAGES[path]]()
-    return text
+    return PAGES[path]()
 
 
 def rank_env_page() -> str:
@@ -228,208 +223,83 @@ def rank_env_page() -> str:
     return "\n".join(lines)
 
 
-def _literal(node: ast.expr | None) -> str | None:
-    """A string argument as written, ``…`` where an f-string puts a value; None otherwise."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.JoinedStr):
-        return "".join(str(v.value) if isinstance(v, ast.Constant) else "…"
-                       for v in node.values)
-    return None
+def template(text: str) -> str:
+    """A declared text as the page shows it: each ``{field}`` as ‹field› (a value filled in when
+    the problem is found)."""
+    return "".join(lit + (f"‹{name}›" if name else "")
+                   for lit, name, _, _ in string.Formatter().parse(text))
 
 
-def _source(func: Any) -> ast.Module:
-    """``func``'s own source, parsed."""
-    import inspect
-
-    return ast.parse(textwrap.dedent(inspect.getsource(func)))
-
-
-def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
-    return [c for c in ast.walk(tree) if isinstance(c, ast.Call) and (
-        (isinstance(c.func, ast.Name) and c.func.id == name)
-        or (isinstance(c.func, ast.Attribute) and c.func.attr == name))]
-
-
-def _arg(call: ast.Call, at: int, key: str) -> ast.expr | None:
-    if len(call.args) > at:
-        return call.args[at]
-    return next((k.value for k in call.keywords if k.arg == key), None)
-
-
-def _value(tree: ast.AST, node: ast.expr | None, depth: int = 0) -> str | None:
-    """The text ``node`` stands for, as written: a string (``…`` for an f-string's values), a
-    name set once to one in ``tree``, ``x or "default"``, or NVIDIA's fix for an Xid action
-    (``xid_fix(ACT_RESET, …)``); None when it is computed."""
-    if _literal(node) is not None or node is None or depth > 3:
-        return _literal(node)
-    if isinstance(node, ast.BoolOp):
-        return _value(tree, node.values[-1], depth + 1)
-    if isinstance(node, ast.Name):
-        set_to = [a.value for a in ast.walk(tree) if isinstance(a, ast.Assign)
-                  and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)
-                  and a.targets[0].id == node.id]
-        return _value(tree, set_to[0], depth + 1) if len(set_to) == 1 else None
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-            and node.func.id == "xid_fix" and node.args:
-        from ptcluster.node.facts import gpu_errors
-
-        action = node.args[0]
-        if isinstance(action, ast.Name) and action.id.startswith("ACT_"):
-            return gpu_errors.XID_ACTIONS[getattr(gpu_errors, action.id)].format(gpu="N")
-        return "the action NVIDIA gives the Xid (below)"
-    return None
-
-
-def _assigned(tree: ast.AST, name: str) -> list[tuple[str, str | None]]:
-    """Every string ``name`` is set to in ``tree`` (``fix = "…"``, ``status, fix = WARN,
-    "…"``), each with the text the next statement of its block says (the finding's note)."""
-    out = []
-    for block in (n for n in ast.walk(tree) if isinstance(getattr(n, "body", None), list)):
-        body = block.body  # type: ignore[attr-defined]
-        for i, stmt in enumerate(body):
-            if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
-                continue
-            target, value = stmt.targets[0], stmt.value
-            pairs = (list(zip(target.elts, value.elts, strict=False))
-                     if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
-                     else [(target, value)])
-            for t, v in pairs:
-                if isinstance(t, ast.Name) and t.id == name and _value(tree, v):
-                    note = next((_literal(c.args[0]) for s in body[i + 1:i + 2]
-                                 for c in _calls(s, "append") if c.args), None)
-                    out.append((_value(tree, v) or "", note))
-    return out
-
-
-def _said(func: Any, ctor: str, what_at: int, fix_at: int) -> list[tuple[str, str]]:
-    """(what, fix) of every ``ctor(...)`` call in ``func``'s source whose fix is written there:
-    a string, or a name set to strings in the function (``…``: a value filled in at run time)."""
-
-    tree = _source(func)
-    rows = []
-    for call in _calls(tree, ctor):
-        what, fix = _value(tree, _arg(call, what_at, "what")), _arg(call, fix_at, "fix")
-        if _value(tree, fix):
-            rows.append((what or "…", _value(tree, fix) or ""))
-        elif isinstance(fix, ast.Name):
-            rows += [(note or what or "…", text) for text, note in _assigned(tree, fix.id)]
-    return rows
-
-
-def doctor_functions() -> list[Any]:
-    """Every function of the doctor that makes findings, in the order doctor runs them."""
-    from ptcluster.doctor import compute, diagnose, health_checks, rdma_checks, slurm_checks
-    from ptcluster.doctor.checks import FAST_CHECKS
-
-    return [*FAST_CHECKS, health_checks.check_health, health_checks.check_gpu_warnings,
-            rdma_checks.judge_node, rdma_checks.judge_across, diagnose.run_allreduce,
-            compute.compute_findings, slurm_checks.slurm_checks]
-
-
-def doctor_findings() -> list[tuple[str, str, str, str, str]]:
-    """(check, its docstring, status, what, fix) for every warning and failure a doctor check
-    can report with its own fix, read from the checks' source (``Finding(...)`` calls, and the
-    names their fix is set through): what doctor prints is what the page says."""
-    import inspect
-
-    rows = []
-    for check in doctor_functions():
-        doc = " ".join((inspect.getdoc(check) or "").split("\n\n")[0].split())
-        tree = _source(check)
-        for call in _calls(tree, "Finding"):
-            if len(call.args) < 3:
-                continue
-            status = call.args[2].id if isinstance(call.args[2], ast.Name) else ""
-            if status not in ("WARN", "FAIL", "status"):
-                continue
-            name, fix = _literal(call.args[0]), _arg(call, 4, "fix")
-            what = _literal(_arg(call, 3, "what"))
-            if not name:
-                continue
-            if _literal(fix):
-                rows.append((name, doc, status.lower(), what or "…", _literal(fix) or ""))
-            elif isinstance(fix, ast.Name):
-                rows += [(name, doc, "warn" if status == "status" else status.lower(),
-                          note or what or "…", text) for text, note in _assigned(tree, fix.id)]
-    return rows
-
-
-def node_problems() -> list[tuple[str, str]]:
-    """(what, fix) when doctor (or any command) cannot reach a node or start its Python: the
-    channel's own diagnosis of ssh's, Slurm's and the shell's last words."""
-    from ptcluster.remote import transport
-
-    return (_said(transport.explain_channel_failure, "Problem", 1, 2)
-            + _said(transport.explain_start_failure, "Problem", 1, 2))
-
-
-def health_refusals() -> list[tuple[str, str, str]]:
-    """(check, what, fix) for every reason the health gate refuses a node (``node.facts.health``:
-    doctor's ``health`` row, and ``run``'s refusal before any rank starts): its ``finding(check,
-    False, what, fix)`` calls, and where one says many things at once, each ``(what, fix)`` it
-    gathered."""
-
-    from ptcluster.node.facts import health
-
-    rows = []
-    for func in (getattr(health, n) for n in sorted(vars(health))
-                 if n.startswith(("check_", "disk_"))):
-        if getattr(func, "__module__", "") != health.__name__:
-            continue
-        tree = _source(func)
-        for call in _calls(tree, "finding"):
-            ok = _arg(call, 1, "ok")
-            if not (isinstance(ok, ast.Constant) and ok.value is False):
-                continue
-            check = _literal(call.args[0]) or "disk, checkpoint-disk"
-            what, fix = _value(tree, _arg(call, 2, "what")), _value(tree, _arg(call, 3, "fix"))
-            if what:
-                rows.append((check, what, fix or "…"))
-                continue
-            for gathered in _calls(tree, "append"):
-                pair = gathered.args[0] if gathered.args else None
-                if isinstance(pair, ast.Tuple) and len(pair.elts) == 2:
-                    rows.append((check, _value(tree, pair.elts[0]) or "…",
-                                 _value(tree, pair.elts[1]) or "…"))
-    return rows
+def problem_rows(entries: Iterable[Declared], *first: str) -> list[str]:
+    """One table row per declared problem: ``first`` cells (each entry's, by attribute), its
+    code, its title, what it says and the fix."""
+    return [f"| {' | '.join(str(getattr(e, a)) for a in first)}"
+            f"{' | ' if first else ''}`{e.code}` | {_cell(e.title)} | "
+            f"{_cell(template(e.what))} | {_cell(template(e.fix))} |" for e in entries]
 
 
 def doctor_checks_page() -> str:
     from ptcluster.doctor.checks import FAST_CHECKS
+    from ptcluster.doctor.findings import TABLE
     from ptcluster.node.facts.gpu_errors import XID_ACTIONS
+    from ptcluster.node.facts.health import REFUSALS, WARNINGS
+    from ptcluster.node.guard.refusal import TABLE as GUARD
+    from ptcluster.remote.diagnoses import TABLE as NODE
 
     lines = ["# doctor's checks and their fixes", "",
              "Every check `ptcluster doctor` (and `run --preflight`) makes, and every warning "
-             "or failure it reports with its fix, read from the code that reports them "
-             "(`ptcluster/doctor/`, `remote/transport.py`, `node/facts/health.py`; `…` is a value "
-             "filled in at run time). After them doctor runs the compute probe and a real "
-             "all-reduce over every rank.", "",
+             "or failure it reports with its fix, generated from the tables they are declared "
+             "in (`ptcluster/doctor/findings.py`, `remote/diagnoses.py`, `node/facts/health.py`, "
+             "`node/guard/refusal.py`). Each has a code, which `doctor --json` and "
+             "`summary.json` give (`code`, and the values its text was filled with: "
+             "`fields`); ‹name› is such a value. After the checks doctor runs the compute "
+             "probe and a real all-reduce over every rank.", "",
              "| check | what it verifies |", "| --- | --- |"]
     for check in FAST_CHECKS:
         name = check.__name__.removeprefix("check_").replace("_", " ")
         what = (check.__doc__ or "").split("\n\n")[0] or "see the fixes below"
         lines.append(f"| {name} | {_cell(what)} |")
-    lines += ["", "## What it reports, and the fix", "", "| check | status | what | fix |",
-              "| --- | --- | --- | --- |"]
-    lines += [f"| {name} | {status} | {_cell(what)} | {_cell(fix)} |"
-              for name, _, status, what, fix in doctor_findings()]
+    lines += ["", "## What it reports, and the fix", "",
+              "| check | status | code | problem | what | fix |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    lines += problem_rows(TABLE, "check", "status")
     lines += ["", "## A node it cannot reach, or whose Python does not start (ssh, python)", "",
               "doctor's `ssh` or `python` row fails with one of these (so does any command "
               "whose node program dies before it says anything: the last line ssh, Slurm or "
-              "the shell printed decides which):", "", "| what | fix |", "| --- | --- |"]
-    lines += [f"| {_cell(what)} | {_cell(fix)} |" for what, fix in node_problems()]
+              "the shell printed decides which, and is ‹detail›):", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(NODE)
     lines += ["", "## What the health gate refuses a node for (health)", "",
               "The same checks `run` makes on every node before any rank starts (a restart "
-              "leaves such a node out); doctor's `health` row fails with every one that "
-              "failed, and all their fixes:", "", "| check | what | fix |",
-              "| --- | --- | --- |"]
-    lines += [f"| {check} | {_cell(what)} | {_cell(fix)} |"
-              for check, what, fix in health_refusals()]
+              "leaves such a node out; `summary.json`'s failure has the first one's code); "
+              "doctor's `health` row fails with each:", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(REFUSALS)
+    lines += ["", "What doctor warns of on GPUs that work (`gpu-health`), never refused:", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(WARNINGS)
     lines += ["", "A GPU's Xid is refused or answered by the action NVIDIA's catalog gives it "
               "([why a job died](../guides/why-a-job-died.md)):", "", "| action | fix |",
               "| --- | --- |"]
     lines += [f"| {action} | {_cell(text.format(gpu='N'))} |"
               for action, text in XID_ACTIONS.items()]
+    lines += ["", "## What a node's guard refuses a job for (run)", "",
+              "Before any rank starts, each node's guard checks what the job needs there; a "
+              "refusal ends the attempt with the node named (`summary.json`: its failure's "
+              "`code`, kind `guard`, `busy` where another job holds what it asks for):", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(GUARD)
     lines.append("")
     return "\n".join(lines)
+
+
+PAGES: dict[str, Callable[[], str]] = {
+    "reference/commands.md": commands_page,
+    "reference/cluster-file.md": cluster_file_page,
+    "reference/exit-codes.md": exit_codes_page,
+    "reference/summary-json.md": summary_page,
+    "reference/rank-environment.md": rank_env_page,
+    "troubleshooting/known-failures.md": known_failures_page,
+    "troubleshooting/doctor-checks.md": doctor_checks_page,
+}
+"""Generated page (path under docs/) -> the function that renders it."""
