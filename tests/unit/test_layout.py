@@ -130,3 +130,30 @@ def test_the_circle_finder_finds_circles_and_only_them() -> None:
                      "def f():\n    from ptcluster import errors\n")
     assert imports(tree, "x") == {"ptcluster.launch.plan", "ptcluster.node.wire",
                                   "ptcluster.errors"}
+
+
+SENTENCE_ASSERTS = 267
+"""Assertions in tests that match a sentence (2026-12-07, after problems got codes): the count
+may only fall. Issue 41's goal is 40: a test asserts a problem's code and fields, and a few
+rendering tests keep the words."""
+
+
+def sentence_asserts(tests: Path) -> int:
+    """Asserts comparing a text of 12+ characters with a space in it by ``in``/``not in``."""
+    count = 0
+    for path in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assert):
+                count += sum(1 for c in ast.walk(node.test) if isinstance(c, ast.Compare)
+                             and isinstance(c.left, ast.Constant)
+                             and isinstance(c.left.value, str) and len(c.left.value) >= 12
+                             and " " in c.left.value
+                             and any(isinstance(op, (ast.In, ast.NotIn)) for op in c.ops))
+    return count
+
+
+def test_sentence_assertions_do_not_grow() -> None:
+    found = sentence_asserts(Path(__file__).resolve().parents[1])
+    assert found <= SENTENCE_ASSERTS, (
+        f"{found} assertions match a sentence (at most {SENTENCE_ASSERTS}): assert the "
+        "problem's code and fields (errors.Problem) instead")
