@@ -252,10 +252,12 @@ def _idx_files(folder: Path) -> None:
 
 def test_setups_proof_ran_the_reference_trainer_on_all_nodes(bed, work) -> None:
     """The report of setup from nothing: the reference trainer through ``ptcluster submit``,
-    one epoch on the 3 nodes, completed; its log (on the controller) says so."""
+    one epoch on the 3 nodes, completed; its run's summary.json says so (the proof reads no
+    line the trainer prints), and its log (on the controller) too."""
     trainer = work["report"]["slurm"]["trainer"]  # type: ignore[index]
     assert trainer["ok"] and trainer["state"] == "COMPLETED", trainer
-    assert "world_size=3" in trainer["final"] and "final epochs=1" in trainer["final"]
+    assert trainer["outcome"] == "succeeded" and trainer["world_size"] == 3, trainer
+    assert len(trainer["nodes"]) == 3, trainer
     log = bed.sh(bed.nodes[0], f"cat {trainer['log']}").stdout
     assert f"ptcluster submit: job {trainer['job_id']}" in log
     said = [line.strip() for line in log.splitlines() if "dataset=" in line][:1]
@@ -288,7 +290,7 @@ def test_a_fourth_node_joins(bed, work) -> None:
     report = json.loads(proc.stdout)
     FIGURES["4th node added (s)"] = round(took, 1)
     assert report["slurm"]["ok"] and len(report["slurm"]["ran_on"]) == 4, report["slurm"]
-    assert "world_size=4" in report["slurm"]["trainer"]["final"]  # the trainer on all 4
+    assert report["slurm"]["trainer"]["world_size"] == 4  # the trainer on all 4 (its summary)
     confs = {bed.sh(n, "sha256sum /etc/slurm/slurm.conf").stdout.split()[0] for n in bed.nodes}
     assert len(confs) == 1
     sinfo = bed.sh(bed.nodes[3], "sinfo -h -N -o '%N %t'").stdout

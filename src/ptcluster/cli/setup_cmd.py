@@ -8,7 +8,6 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
 
 import click
 from rich.console import Console
@@ -23,7 +22,7 @@ from ptcluster.setup import plan as P
 from ptcluster.setup import steps as S
 from ptcluster.setup.apply import run_setup
 from ptcluster.setup.options import SetupOptions
-from ptcluster.setup.report import SetupReport
+from ptcluster.setup.report import SetupReport, SlurmProof
 from ptcluster.setup.secret import Secret, read_password_file
 from ptcluster.setup.torch_choice import VARIANT
 from ptcluster.setup.wheels import DEFAULT_WHEELHOUSE
@@ -206,7 +205,7 @@ def _render_applied(console: Console, report: SetupReport) -> None:
         "" if n_changed else " (nothing to do)") + f" ({report.duration:.1f} s)"))
 
 
-def _render_slurm(console: Console, said: dict[str, Any]) -> None:
+def _render_slurm(console: Console, said: SlurmProof) -> None:
     """``--slurm``'s proof: sinfo, and the job that ran on every node (or why not)."""
     if said.get("ok"):
         ran_on = [str(h) for h in said.get("ran_on") or []]
@@ -215,10 +214,11 @@ def _render_slurm(console: Console, said: dict[str, Any]) -> None:
                                     f"{len(ran_on)}) ran on {', '.join(ran_on)}"))
     else:
         console.print(Text.assemble(("slurm: FAILED ", "bold red"), str(said.get("problem"))))
-    trainer = said.get("trainer") or {}
-    if trainer.get("ok"):
-        console.print(f"      the reference trainer (ptcluster submit): job {trainer['job_id']} "
-                      f"{trainer['state']}: {trainer['final']}", markup=False)
+    trainer = said.get("trainer")
+    if trainer is not None and trainer.get("ok"):
+        console.print(f"      the reference trainer (ptcluster submit): job "
+                      f"{trainer.get('job_id')} {trainer.get('state')}: {trainer.get('final')}",
+                      markup=False)
     for name in said.get("removed") or []:
         console.print(f"      {name}: gone from the cluster file: drained, out of slurm.conf",
                       markup=False)

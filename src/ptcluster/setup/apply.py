@@ -44,7 +44,7 @@ from ptcluster.setup.login import (
     with_options,
 )
 from ptcluster.setup.options import SetupOptions
-from ptcluster.setup.report import NodeSetupOutcome, SetupReport
+from ptcluster.setup.report import NodeSetupOutcome, SetupReport, SlurmProof
 from ptcluster.setup.secret import Askpass, Secret
 from ptcluster.setup.torch_choice import GpuNode, TorchChoice, choose_torch
 from ptcluster.setup.wheels import prepare_wheelhouse, self_version
@@ -88,7 +88,7 @@ class Setup:
         self.slurm = spec.slurm or (SlurmSetupSpec(controller=spec.nodes[0].host)
                                     if opts.slurm else None)
         """What Slurm the nodes get (``setup.slurm``); None: none."""
-        self.slurm_report: dict[str, Any] | None = None
+        self.slurm_report: SlurmProof | None = None
         self.slurm_removed: dict[str, list[Any]] = {}
         """Nodes gone from the cluster file: ``removed`` (drained, out of slurm.conf) and
         ``draining`` (drained, still running jobs: kept in slurm.conf)."""

@@ -4,12 +4,51 @@ and the whole report, as the CLI renders it and as JSON."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ptcluster.errors import Problem
 from ptcluster.setup import plan as P
 from ptcluster.setup import steps as S
 from ptcluster.setup.torch_choice import TorchChoice
+
+
+class TrainerProof(TypedDict, total=False):
+    """The reference trainer's job (``--slurm-proof trainer``), read from Slurm and from the
+    run's own ``summary.json`` (never from the trainer's printed lines)."""
+
+    ok: bool
+    job_id: str | None
+    state: str
+    """Slurm's ``JobState``."""
+    log: str | None
+    """Slurm's log of the job on the controller."""
+    outcome: str | None
+    """The run's ``outcome`` (``summary.json``): ``succeeded`` when it proves anything."""
+    world_size: int
+    nodes: list[str]
+    """The hosts its ranks ran on."""
+    final: str
+    """One line for the report: what the summary says."""
+    problem: str
+
+
+class SlurmProof(TypedDict, total=False):
+    """``setup --slurm``'s proof (``verify``): every node idle, one ``srun`` on all of them,
+    and the trainer; ``removed``/``draining``: nodes gone from the cluster file."""
+
+    ok: bool
+    controller: str
+    nodes: list[str]
+    sinfo: str
+    idle_s: float
+    job_id: str | None
+    ran_on: list[str]
+    seconds: float
+    trainer: TrainerProof
+    problem: str
+    removed: list[str]
+    draining: list[dict[str, Any]]
+
 
 
 @dataclass
@@ -59,7 +98,7 @@ class SetupReport:
     duration: float = 0.0
     wheelhouse_s: float | None = None
     """Seconds the head spent preparing its wheelhouse (None: not needed)."""
-    slurm: dict[str, Any] | None = None
+    slurm: SlurmProof | None = None
     """``--slurm``'s proof (``setup.slurm_apply.verify``): sinfo, the job; None: not asked."""
 
     @property

@@ -8,6 +8,7 @@ the controller by the login user with the venv setup made; the report gives both
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import replace
@@ -17,6 +18,7 @@ from ptcluster.cluster.model import NodeSpec
 from ptcluster.setup import plan as P
 from ptcluster.setup import steps as S
 from ptcluster.setup.executor import Executor
+from ptcluster.setup.report import SlurmProof, TrainerProof
 from ptcluster.setup.slurm import SlurmCluster, head_munge_key, node_name, slurm_cluster
 
 TRAINER_WAIT = 900.0
@@ -104,15 +106,31 @@ def _run(setup: Executor, host: str, argv: list[str], timeout: float) -> tuple[b
     return setup.act(host, S.StepAction(tuple(argv), root=True, timeout=timeout))
 
 
-def verify(setup: Executor) -> dict[str, Any]:
+def _summary(setup: Executor, ctl: str, log: str | None) -> dict[str, Any]:
+    """The ``summary.json`` of the last ``ptcluster run`` in the submit directory that holds
+    Slurm's ``log`` (its run directories are named by time: the last one is the newest); {}
+    when there is none or it does not parse."""
+    if not log or "/" not in log:
+        return {}
+    ok, text = setup.act(ctl, S.StepAction((
+        "sh", "-c", 'f=; for s in "$1"/*/summary.json; do f=$s; done; cat "$f"', "sh",
+        log.rsplit("/", 1)[0])))
+    try:
+        said = json.loads(text) if ok else {}
+    except ValueError:
+        return {}
+    return said if isinstance(said, dict) else {}
+
+
+def verify(setup: Executor) -> SlurmProof:
     """``sinfo`` until every node is idle, then ``srun -N<all>`` on them: ``{ok, sinfo, job_id,
     ran_on, problem, seconds}``."""
     assert setup.slurm is not None
     begun = time.monotonic()
     ctl = setup.slurm.controller
     names = {node_name(f) for f in setup.facts.values() if f is not None}
-    out: dict[str, Any] = {"ok": False, "controller": ctl, "nodes": sorted(names),
-                           **setup.slurm_removed}
+    out: SlurmProof = {"ok": False, "controller": ctl, "nodes": sorted(names),
+                       **setup.slurm_removed}  # type: ignore[typeddict-item]
     if not setup.reached(ctl) or setup.outcomes[ctl].problem is not None or \
             len(names) != len(setup.spec.nodes):
         out["problem"] = "not every node was reached: no job was tried"
@@ -136,8 +154,9 @@ def verify(setup: Executor) -> dict[str, Any]:
                     120)
     lines = [m.groups() for m in re.finditer(r"^ptcluster-check (\d+) (\S+)$", text, re.M)]
     ran_on = sorted({h for _, h in lines})
-    out.update(job_id=lines[0][0] if lines else None, ran_on=ran_on,
-               seconds=round(time.monotonic() - begun, 1))
+    out["job_id"] = lines[0][0] if lines else None
+    out["ran_on"] = ran_on
+    out["seconds"] = round(time.monotonic() - begun, 1)
     if not ok or set(ran_on) != names:
         out["problem"] = f"srun -N{len(names)} did not run on every node: {text.strip()[-500:]}"
         return out
@@ -152,9 +171,10 @@ def verify(setup: Executor) -> dict[str, Any]:
     return out
 
 
-def trainer_job(setup: Executor, ctl: str, n: int) -> dict[str, Any]:
-    """``ptcluster submit --nodes n`` of the reference trainer (one epoch), waited for:
-    ``{ok, job_id, state, final, problem}``."""
+def trainer_job(setup: Executor, ctl: str, n: int) -> TrainerProof:
+    """``ptcluster submit --nodes n`` of the reference trainer (one epoch), waited for, and
+    its run's ``summary.json`` read: proven when Slurm says COMPLETED and the summary says
+    succeeded with one rank on each of the ``n`` nodes."""
     node = next(x for x in setup.spec.nodes if x.host == ctl)
     submit = [P.VENV_PYTHON, "-m", "ptcluster", "submit", "--nodes", str(n), "--nproc", "1",
               "--run-dir", PROOF_DIR, "--job-name", "ptcluster-setup-trainer", "--",
@@ -163,7 +183,7 @@ def trainer_job(setup: Executor, ctl: str, n: int) -> dict[str, Any]:
         ("sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", node.workdir or "~/", *submit),
         timeout=120))
     job = text.strip().splitlines()[-1] if ok and text.strip() else ""
-    out: dict[str, Any] = {"ok": False, "job_id": job if job.isdigit() else None}
+    out: TrainerProof = {"ok": False, "job_id": job if job.isdigit() else None}
     if not job.isdigit():
         out["problem"] = f"ptcluster submit of the reference trainer failed: {text[-500:]}"
         return out
@@ -176,17 +196,19 @@ def trainer_job(setup: Executor, ctl: str, n: int) -> dict[str, Any]:
             break
         time.sleep(2.0)
     out["state"] = fields.get("JobState", "unknown")
-    # (the trainer's own line, wherever it is: the log ends with every rank's summary)
-    _, log = setup.act(ctl, S.StepAction(("grep", "-a", "final epochs=",
-                                                     fields.get("StdOut", "/dev/null"))))
-    final = [line for line in log.splitlines() if "final epochs=" in line]
-    out["final"] = final[-1].strip() if final else None
     out["log"] = fields.get("StdOut")
-    if out["state"] != "COMPLETED" or not final:
-        out["problem"] = (f"the reference trainer's job {job} ended {out['state']} "
-                          f"(its log: {out['log']} on {ctl}); on nodes without network, put "
-                          "the MNIST files in the workdir's data/ on every node, or pass "
-                          "--slurm-proof srun")
+    said = _summary(setup, ctl, out["log"])
+    hosts = sorted({str(r.get("host")) for r in said.get("ranks") or []})
+    out["outcome"] = said.get("outcome")
+    out["world_size"] = len(said.get("ranks") or [])
+    out["nodes"] = hosts
+    out["final"] = (f"{said.get('outcome')} on {out['world_size']} rank(s) of {len(hosts)} "
+                    "node(s) (its summary.json)")
+    if out["state"] != "COMPLETED" or said.get("outcome") != "succeeded" or len(hosts) != n:
+        out["problem"] = (f"the reference trainer's job {job} ended {out['state']}, its run "
+                          f"{out['final']} (its log: {out['log']} on {ctl}); on nodes without "
+                          "network, put the MNIST files in the workdir's data/ on every node, "
+                          "or pass --slurm-proof srun")
         return out
     out["ok"] = True
     setup.on_event(ctl, f"slurm: the reference trainer's job {job} completed on {n} node(s)")
