@@ -35,7 +35,7 @@ from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.push_cmd import push_data
 from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.cli.venvs_cmd import build_environment, reshipper
-from ptcluster.cluster.model import ClusterSpec
+from ptcluster.cluster.model import WARM_IDLE, ClusterSpec
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
 from ptcluster.launch.api import prepare
@@ -126,6 +126,11 @@ def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
               "SRC to every node first (to DEST, default the same absolute path; only what a "
               "node lacks); ranks get PTCLUSTER_DATA_<NAME> (NAME: SRC's folder name) and the "
               "first also PTCLUSTER_DATA. Repeatable; after the cluster file's data: entries.")
+@click.option("--warm/--cold", "warm", default=None, help="Start the ranks from warm "
+              "interpreters: a pool of yours on each node that has imported torch (and the "
+              "cluster file's warm_imports) forks them, with the output and exit code of a cold "
+              "start; it stays for the next run until idle for the cluster file's `warm:` "
+              "seconds (600). Default: the cluster file's `warm:`.")
 @environment_options
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
@@ -133,7 +138,8 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         min_nodes: int | None, readmit: bool, hang_timeout: float | None, wait: bool,
         wait_timeout: float | None, straggler_threshold: float, no_leases: bool,
         local_rank_arg: str | None, requirements: str | None, find_links: tuple[str, ...],
-        refresh: bool, data: tuple[str, ...], args: tuple[str, ...]) -> None:
+        refresh: bool, data: tuple[str, ...], warm: bool | None,
+        args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
@@ -156,7 +162,8 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     options = RunOptions(hang_timeout=hang_timeout, wait=(
         wait_timeout or math.inf) if wait or wait_timeout else None,
         straggler_threshold=straggler_threshold, leases=not no_leases, readmit=readmit,
-        **_environment_options(declared))
+        warm=spec.warm if warm is None else (spec.warm or WARM_IDLE) if warm else None,
+        warm_imports=spec.warm_imports, **_environment_options(declared))
     built = None
     if options.requirements is not None:  # before the plan: the ranks' interpreter is its
         built = build_environment(spec, options, err, show=not quiet())  # (or expected)

@@ -19,6 +19,7 @@ from ptcluster.cluster.model import (
     AUTO_PYTHON,
     BACKENDS,
     DEFAULT_MASTER_PORT,
+    WARM_IDLE,
     ClusterSpec,
     DataSpec,
     MasterSpec,
@@ -184,7 +185,27 @@ def _environment(r: Reader, top: dict[str, Any]) -> dict[str, Any]:
     return {"requirements": _here(r, r.text(top["requirements"], "requirements", what))
             if "requirements" in top else None,
             "find_links": _find_links(r, top.get("find_links")),
-            "data": _data(r, top["data"]) if "data" in top else ()}
+            "data": _data(r, top["data"]) if "data" in top else (),
+            **_warm(r, top)}
+
+
+MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _warm(r: Reader, top: dict[str, Any]) -> dict[str, Any]:
+    """``warm:`` (true, false or the idle seconds) and ``warm_imports:``."""
+    value, warm = top.get("warm", False), None
+    if value is True:
+        warm = WARM_IDLE
+    elif value is not False:
+        warm = float(r.integer(value, "warm", 1, 604800, "use true, false or the pool's idle "
+                               "timeout in seconds, e.g. warm: 900"))
+    names = top.get("warm_imports", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) and MODULE.fullmatch(n)
+                                              for n in names):
+        raise r.fail("warm_imports", f"must be a list of module names, got {names!r}",
+                     "e.g. warm_imports: [numpy, transformers]")
+    return {"warm": warm, "warm_imports": tuple(names)}
 
 
 def _data(r: Reader, value: Any) -> tuple[DataSpec, ...]:
