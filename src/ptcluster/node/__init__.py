@@ -51,6 +51,8 @@ TORCHRUN_AGENT = Program("torchrun", _N + "rank.torchrun_agent", RANK)
 """torchrun on every node, run by the guard: the rendezvous store outlives the exit barrier."""
 WARM_POOL = Program("warm-pool", _N + "warm.pool", RANK)
 """``run --warm``: this user's pool of interpreters with torch imported, started by a guard."""
+WARM = Program("warm", _N + "warm.pools")
+"""This user's warm pools on a node: listed, or ended (``ptcluster warm stop``)."""
 GUARD = Program("guard", _N + "guard.agent", hands=(SHIM, TORCHRUN_AGENT, WARM_POOL))
 """Run's node agent: owns one node's part of a job."""
 FACTS = Program("facts", _N + "doctor_facts")
@@ -76,4 +78,4 @@ CKPT_LIST = Program("ckpt-list", _N + "ckpt_list")
 """``ptcluster collect``'s node program: what the node holds of a checkpoint directory."""
 
 PROGRAMS = (GUARD, SHIM, TORCHRUN_AGENT, WARM_POOL, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE,
-            ALLREDUCE, BENCH_WORKER, VENVS, PUSH, CKPT_LIST)
+            ALLREDUCE, BENCH_WORKER, VENVS, PUSH, CKPT_LIST, WARM)

@@ -401,3 +401,5 @@ class Sample(TypedDict):
     jobs: dict[str, JobSample]
     user: str
     """The user the sampler runs as."""
+    pools: list[dict[str, Any]]
+    """That user's warm pools on the node (``node.warm.pools.listed``)."""
