@@ -131,6 +131,10 @@ def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
               "cluster file's warm_imports) forks them, with the output and exit code of a cold "
               "start; it stays for the next run until idle for the cluster file's `warm:` "
               "seconds (600). Default: the cluster file's `warm:`.")
+@click.option("--warm-idle", "warm_idle", type=click.FloatRange(min=1, max=604800),
+              default=None, metavar="SECONDS", help="With warm interpreters (implies --warm): "
+              "the pools end after this many idle seconds (default: the cluster file's `warm:`, "
+              "else 600).")
 @environment_options
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
@@ -138,7 +142,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         min_nodes: int | None, readmit: bool, hang_timeout: float | None, wait: bool,
         wait_timeout: float | None, straggler_threshold: float, no_leases: bool,
         local_rank_arg: str | None, requirements: str | None, find_links: tuple[str, ...],
-        refresh: bool, data: tuple[str, ...], warm: bool | None,
+        refresh: bool, data: tuple[str, ...], warm: bool | None, warm_idle: float | None,
         args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
@@ -162,7 +166,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     options = RunOptions(hang_timeout=hang_timeout, wait=(
         wait_timeout or math.inf) if wait or wait_timeout else None,
         straggler_threshold=straggler_threshold, leases=not no_leases, readmit=readmit,
-        warm=spec.warm if warm is None else (spec.warm or WARM_IDLE) if warm else None,
+        warm=warm_seconds(spec.warm, warm, warm_idle),
         warm_imports=spec.warm_imports, **_environment_options(declared))
     built = None
     if options.requirements is not None:  # before the plan: the ranks' interpreter is its
@@ -307,6 +311,16 @@ def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
                       f"{node.ranks.stop - 1}  interface {node.interface or 'auto'}  "
                       f"workdir {node.workdir}")
     console.print(f"  logs: {run_dir}/")
+
+
+def warm_seconds(key: float | None, flag: bool | None, idle: float | None) -> float | None:
+    """The warm pools' idle timeout for this run (None: cold): ``--warm-idle``, else the
+    cluster file's ``warm:`` (or 600) where ``--warm`` or ``warm:`` asks; ``--cold`` wins."""
+    if flag is False:
+        return None
+    if idle is not None:
+        return idle
+    return key if flag is None else key or WARM_IDLE
 
 
 def _print_spares(console: Console, spec: ClusterSpec, max_restarts: int) -> None:

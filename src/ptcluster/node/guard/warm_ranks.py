@@ -46,6 +46,8 @@ from ptcluster.node.warm.protocol import FORK, PID, REFUSED, STATUS, receive, se
 LOCAL_RANK_MACRO = "${local_rank}"
 SIGNALS_VAR, SIGNALS_DEFAULT = "TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 """torchrun puts its ``--signals-to-handle`` (this default) into its own environment."""
+FORK_WITHIN = 60.0
+"""Seconds the pool has to answer a fork (it takes milliseconds; a stopped pool never does)."""
 MONITOR_INTERVAL = 0.1
 """torchrun's ``--monitor-interval`` default: how soon after a worker's failure it stops the
 others (a rank that ends within it ends as it would)."""
@@ -179,6 +181,7 @@ class WarmRanks:
         streams = [_connect(self.server, rank, role) for role in (OUT, ERR)]
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         null = os.open(os.devnull, os.O_RDONLY)
+        conn.settimeout(FORK_WITHIN)  # (a pool stopped or hung: this rank starts no other way)
         try:
             conn.connect(self.sock)
             send(conn, request, [null, *(s.fileno() if s else null for s in streams)])
@@ -199,6 +202,7 @@ class WarmRanks:
                 raise WarmError(str(why))
             self.lost(rank, f"the warm pool did not start this rank: {why}")
             return
+        conn.settimeout(None)
         one = Pooled(rank, conn, _connect(self.server, rank, CTL), int(reply["pid"]), fds[0])
         _record(one.ctl, START, {"pid": one.pid, "shim_pid": one.pid, "t": one.started,
                                  "streams": 2, "local_rank": int(request["env"]["LOCAL_RANK"]),
