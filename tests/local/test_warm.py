@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -98,6 +99,13 @@ def left_behind(runtime: Path, wait: float = 0.0) -> list[tuple[int, str]]:
         time.sleep(0.1)
 
 
+def odd_process() -> None:
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    os.umask(0o077)
+    soft, hard = resource.getrlimit(resource.RLIMIT_MSGQUEUE)  # (a limit the head keeps)
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (soft // 2, hard))
+
+
 def pools(runtime_env: dict[str, str], cwd: Path) -> list[dict]:
     out = subprocess.run([sys.executable, "-m", "ptcluster", "ps", "--json"], cwd=cwd,
                          env={**os.environ, **runtime_env}, capture_output=True, text=True,
@@ -113,6 +121,13 @@ def test_a_warm_rank_sees_what_a_cold_one_sees(node) -> None:
     folder, env = node
     (folder / "show.py").write_text(SHOW)
     args = [*warm_run(), "show.py", "x", "--y=1"]
+    # the pool is started by a run whose process differs (an ignored signal, a umask, a
+    # limit): what a later run's ranks get is that run's, not the pool's
+    odd = subprocess.run([sys.executable, "-m", "ptcluster", *args], cwd=folder,
+                         env={**os.environ, **env}, capture_output=True, text=True, timeout=300,
+                         preexec_fn=odd_process)
+    assert odd.returncode == 1 and "] umask 0o77" in odd.stdout, odd.stderr
+    assert "(14, '1')" in odd.stdout  # SIGALRM ignored, in both ranks
     cold_rc, cold = run_head(["run", "--nproc", "2", *args[5:]], folder, env=env)
     warm_rc, warm = run_head(args, folder, env=env)
     assert "no warm pool" not in "\n".join(warm.err), warm.err
