@@ -166,8 +166,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     options = RunOptions(hang_timeout=hang_timeout, wait=(
         wait_timeout or math.inf) if wait or wait_timeout else None,
         straggler_threshold=straggler_threshold, leases=not no_leases, readmit=readmit,
-        warm=warm_seconds(spec.warm, warm, warm_idle),
-        warm_imports=spec.warm_imports, **_environment_options(declared))
+        **_environment_options(declared), **warm_options(spec, warm, warm_idle))
     built = None
     if options.requirements is not None:  # before the plan: the ranks' interpreter is its
         built = build_environment(spec, options, err, show=not quiet())  # (or expected)
@@ -311,6 +310,11 @@ def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
                       f"{node.ranks.stop - 1}  interface {node.interface or 'auto'}  "
                       f"workdir {node.workdir}")
     console.print(f"  logs: {run_dir}/")
+
+
+def warm_options(spec: ClusterSpec, flag: bool | None, idle: float | None) -> dict[str, Any]:
+    """``RunOptions``' warm fields: ``--warm``/``--cold``, ``--warm-idle``, the cluster file's."""
+    return {"warm": warm_seconds(spec.warm, flag, idle), "warm_imports": spec.warm_imports}
 
 
 def warm_seconds(key: float | None, flag: bool | None, idle: float | None) -> float | None:

@@ -323,6 +323,7 @@ def sample_reply(sample: Any) -> Sample:
     try:
         if not isinstance(sample, dict):
             raise _bad("the sample", sample, "a table")
+        sample = {"pools": [], **sample}  # (a sampler that lists no pools: a fake node's)
         if isinstance(sample.get("leases"), list):  # (a bad record is dropped, not the sample)
             sample = {**sample, "leases": [r for r in sample["leases"] if _passes(LEASE, r)]}
         for key, check in SAMPLE.items():

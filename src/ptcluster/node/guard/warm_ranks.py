@@ -27,13 +27,13 @@ from ptcluster.node.guard.proctree import descendants
 from ptcluster.node.guard.warm_pool import WarmError
 from ptcluster.node.rank.shim import CHILD_FLAG, FORWARDED
 from ptcluster.node.rank_wire import (
-    ATTEMPT_VAR,
+    AGENT_ERROR_VAR,
     CTL,
     DATA,
+    ELASTIC_VARS,
     ERR,
     ERROR,
     EXIT,
-    MAX_RESTARTS_VAR,
     OUT,
     START,
     THREADS_VAR,
@@ -78,11 +78,10 @@ def elastic_env(base: dict[str, str], opts: dict[str, Any], local_rank: int, ran
         "WORLD_SIZE": str(world), "GROUP_WORLD_SIZE": str(opts["nnodes"]),
         "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": opts["master_addr"],
         "MASTER_PORT": str(opts["master_port"]),
-        "TORCHELASTIC_RESTART_COUNT": base.get(ATTEMPT_VAR, "0"),
-        "TORCHELASTIC_MAX_RESTARTS": base.get(MAX_RESTARTS_VAR, "0"),
         "TORCHELASTIC_RUN_ID": RUN_ID, "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        "LOCAL_RANK": str(local_rank), "TORCHELASTIC_ERROR_FILE": error_file,
+        "LOCAL_RANK": str(local_rank), AGENT_ERROR_VAR: error_file,
+        **{theirs: base.get(ours, "0") for ours, theirs in ELASTIC_VARS},  # (the shim's map)
     })
     env[SIGNALS_VAR] = SIGNALS_DEFAULT  # (torchrun sets it in its own environment: launcher/api.py)
     return env
