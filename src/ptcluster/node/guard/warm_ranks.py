@@ -25,15 +25,16 @@ from typing import Any
 
 from ptcluster.node.guard.proctree import descendants
 from ptcluster.node.guard.warm_pool import WarmError
-from ptcluster.node.rank.shim import CHILD_FLAG, FORWARDED
 from ptcluster.node.rank_wire import (
     AGENT_ERROR_VAR,
+    CHILD_FLAG,
     CTL,
     DATA,
     ELASTIC_VARS,
     ERR,
     ERROR,
     EXIT,
+    FORWARDED,
     OUT,
     START,
     THREADS_VAR,
