@@ -314,6 +314,9 @@ def main() -> None:
     os.close(null)
     got = pool.serve()
     if got is None:
+        said = path[:-len(".sock")] + ".log"
+        if os.path.exists(said) and not os.path.getsize(said):
+            os.unlink(said)  # (one with the pool's own trouble in it stays, to be read)
         os._exit(0)  # (torch's exit handlers: nothing of theirs to do in a pool)
     request, fds, go, parent = got
     become(request, fds, go, parent, sys_path, main_keys)
