@@ -71,7 +71,7 @@ def test_a_pool_is_another_for_any_difference_torch_loads_with() -> None:
                     {"LANG": "C"}):
         assert key({**ENV, **changed}) != first, changed
     for changes in ({"python": "/py2"}, {"digest": "e"}, {"torch": "2.14"},
-                    {"imports": ["numpy", "scipy"]}):
+                    {"imports": ["numpy", "scipy"]}, {"place": "net:2"}):
         assert key(**changes) != first, changes
 
 

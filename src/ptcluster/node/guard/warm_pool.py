@@ -22,6 +22,7 @@ from ptcluster.node.warm.protocol import (
     POOL_FILE,
     READY,
     WARM_DIR,
+    namespaces,
     paths,
     pool_env,
     pool_key,
@@ -45,7 +46,7 @@ def pool_socket(cfg: GuardConfig, env: dict[str, str], python: str, tmpdir: str,
     job_names = [k for k in (cfg.get("env") or {}) if not k.startswith("PTCLUSTER_")]
     name, _ = pool_key(python, str(environment.get("digest") or ""),
                        str(environment.get("torch") or ""), list(warm.get("imports") or []),
-                       env, job_names)
+                       env, job_names, namespaces())
     try:
         folder = private_dir(os.path.join(user_tmp(), WARM_DIR))
     except OSError as exc:

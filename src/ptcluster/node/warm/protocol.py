@@ -59,12 +59,27 @@ def pool_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def pool_key(python: str, digest: str, torch: str, imports: list[str],
-             env: dict[str, str], job_names: list[str]) -> tuple[str, dict[str, object]]:
-    """(the pool's name, the facts it is keyed by): any difference, another pool."""
+             env: dict[str, str], job_names: list[str],
+             place: str = "") -> tuple[str, dict[str, object]]:
+    """(the pool's name, the facts it is keyed by): any difference, another pool. ``place``:
+    the namespaces the ranks run in (:func:`namespaces`)."""
     facts: dict[str, object] = {"python": python, "digest": digest, "torch": torch,
-                                "imports": list(imports), "env": key_env(env, job_names)}
+                                "imports": list(imports), "env": key_env(env, job_names),
+                                "place": place}
     text = json.dumps(facts, sort_keys=True).encode()
     return hashlib.sha256(text).hexdigest()[:20], facts
+
+
+def namespaces() -> str:
+    """This process's network, mount, pid and UTS namespaces: a pool forks ranks only into its
+    own (containers, or the testbed's nodes, may share a /tmp and so a pools' folder)."""
+    found = []
+    for kind in ("net", "mnt", "pid", "uts"):
+        try:
+            found.append(f"{kind}:{os.stat(f'/proc/self/ns/{kind}').st_ino}")
+        except OSError:
+            found.append(f"{kind}:?")
+    return ",".join(found)
 
 
 def paths(folder: str, name: str) -> dict[str, str]:
