@@ -30,7 +30,17 @@ from typing import Any
 
 from ptcluster.node.rank_wire import SHIM_BOOT
 from ptcluster.node.warm.become import become
-from ptcluster.node.warm.protocol import FORK, PID, READY, REFUSED, STATUS, peer_uid, receive, send
+from ptcluster.node.warm.protocol import (
+    FORK,
+    PID,
+    READY,
+    REFUSED,
+    STATUS,
+    namespaces,
+    peer_uid,
+    receive,
+    send,
+)
 
 PR_SET_CHILD_SUBREAPER = 36
 LOOK_EVERY = 1.0
@@ -293,7 +303,7 @@ def start(path: str, idle: float, imports: list[str]) -> Pool:
         print("error " + f"{type(exc).__name__}: {exc}"[:500], flush=True)
         os._exit(1)
     pool.facts = {"python": sys.executable, "torch": str(torch.__version__),
-                  "started": time.time(), "imports": imports}
+                  "started": time.time(), "imports": imports, "place": namespaces()}
     pool.write_record()
     os.chdir("/")
     print(READY + " " + json.dumps({"pid": os.getpid(), "torch": str(torch.__version__)}),

@@ -23,7 +23,7 @@ from typing import Any
 
 from ptcluster.node.guard.tmpdirs import runtime_dir
 from ptcluster.node.records import read_record
-from ptcluster.node.warm.protocol import POOL_BOOT, WARM_DIR
+from ptcluster.node.warm.protocol import POOL_BOOT, WARM_DIR, namespaces
 from ptcluster.node.wire import Kind, encode, hello
 
 STOP_WAIT = 5.0
@@ -63,7 +63,7 @@ def rss(pid: int) -> int:
 def listed() -> list[dict[str, Any]]:
     """Every live pool of this user's here: pid, memory, idle since (None: ranks run), its
     running ranks, idle timeout, torch, python, started; what dead ones left is removed."""
-    where, out = folder(), []
+    where, out, here = folder(), [], namespaces()
     try:
         names = sorted(os.listdir(where))
     except OSError:
@@ -74,6 +74,8 @@ def listed() -> list[dict[str, Any]]:
         path = os.path.join(where, name)
         got = read_record(path, owners=(os.getuid(),))
         record = got[0] if got is not None else None
+        if isinstance(record, dict) and record.get("place") != here:
+            continue  # another node's (a /tmp shared across namespaces): its own to list
         pid = record.get("pid") if isinstance(record, dict) else None
         if not isinstance(pid, int) or not is_pool(pid):
             for stale in (path, path[:-len(".json")] + ".sock"):
