@@ -32,6 +32,7 @@ from ptcluster.node import (
     rank_wire,
     wire,
 )
+from ptcluster.node.warm.protocol import POOL_FILE
 from ptcluster.remote.bootstrap import (
     BOOTSTRAP,
     PACKAGE,
@@ -138,11 +139,11 @@ def test_the_guard_finds_a_users_module_as_the_ranks_will_not_its_own_copy() -> 
     assert found == [True, True, False, True]
 
 
-def test_the_guard_hands_its_ranks_the_shim_and_torchruns_agent() -> None:
+def test_the_guard_hands_its_ranks_the_shim_torchruns_agent_and_the_warm_pool() -> None:
     handed = as_the_guard("from ptcluster.node.guard.spawn import HANDED\n"
                           "print(json.dumps(HANDED))\n")
     assert isinstance(handed, dict)
-    assert set(handed) == {rank_wire.SHIM_FILE, rank_wire.AGENT_FILE}
+    assert set(handed) == {rank_wire.SHIM_FILE, rank_wire.AGENT_FILE, POOL_FILE}
     assert handed == hands(GUARD) and repr(handed) in pack_source(GUARD)
     assert handed[rank_wire.SHIM_FILE] == pack_source(SHIM)
     for name, source in handed.items():

@@ -19,7 +19,8 @@ from ptcluster.monitor.watch import NodeView, receive
 from ptcluster.remote.replies import LABEL, MAX_LEASES, BadReply, sample_reply
 from tests.unit.test_metrics import NOW, lease, sample
 
-GOOD = sample("n0", 2, [lease("j1", "n0", "job-j1", [0, 1]), lease("j1", "n0", "gpu-0")])
+GOOD = {**sample("n0", 2, [lease("j1", "n0", "job-j1", [0, 1]), lease("j1", "n0", "gpu-0")]),
+        "pools": []}
 
 
 def bent(path: str, value: Any) -> dict[str, Any]:

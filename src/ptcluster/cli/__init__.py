@@ -27,7 +27,7 @@ _NO_ARGS_IS_HELP: tuple[type[click.UsageError], ...] = tuple(
 
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Set up", ("init", "setup", "doctor")),
-    ("Run", ("run", "ps", "kill", "stacks", "sync", "push", "collect", "submit")),
+    ("Run", ("run", "ps", "kill", "warm", "stacks", "sync", "push", "collect", "submit")),
     ("Observe", ("monitor", "bench")),
     ("Inspect", ("env", "venvs")),
 )
@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "setup": ("setup_cmd", "setup"), "sync": ("sync_cmd", "sync"),
     "stacks": ("stacks_cmd", "stacks"), "ps": ("ps_cmd", "ps"), "kill": ("kill_cmd", "kill"),
     "push": ("push_cmd", "push_cmd"), "collect": ("collect_cmd", "collect"),
-    "venvs": ("venvs_cmd", "venvs"),
+    "venvs": ("venvs_cmd", "venvs"), "warm": ("warm_cmd", "warm"),
 }
 """Each command's module in ``ptcluster.cli`` and its name there. A command's module is imported
 when that command runs (or when the help lists them all), not for every command: ``run``

@@ -36,9 +36,11 @@ def ps(cluster: str | None, as_json: bool, all_users: bool, timeout: float) -> N
     rows = [r for r in job_rows(seen) if all_users or r.mine]
     unknown = unknown_holders(seen)
     spares = spare_rows(spec, job_rows(seen), missing)
+    pools = pool_rows(samples)
     if as_json:
         click.echo(json.dumps({"jobs": [r.to_json() for r in rows], "spares": spares,
-                               "unreachable": missing, "unknown_holders": unknown}, indent=2))
+                               "pools": pools, "unreachable": missing,
+                               "unknown_holders": unknown}, indent=2))
     else:
         console = terminal(width=None if sys.stdout.isatty() else 160)
         if rows:
@@ -51,6 +53,8 @@ def ps(cluster: str | None, as_json: bool, all_users: bool, timeout: float) -> N
                 "unreachable" if not spare["reachable"] else
                 f"in job {', '.join(spare['jobs'])}" if spare["jobs"] else "idle"),
                 markup=False)
+        for pool in pools:
+            console.print(pool_line(pool), markup=False)
         for held in unknown:
             console.print(Text(f"{held['node']}: {held['resource']} held by an unknown holder "
                                "(no record of who; another user may have put something at "
@@ -68,6 +72,22 @@ def spare_rows(spec: ClusterSpec, rows: list[JobRow],
     took after a restart."""
     return [{"host": s.host, "slots": s.slots, "reachable": s.host not in missing,
              "jobs": [r.job_id for r in rows if s.host in r.nodes]} for s in spec.spares]
+
+
+def pool_rows(samples: dict[str, Any]) -> list[dict[str, Any]]:
+    """Your warm pools (``run --warm``), every node's: owner, node, pid, memory, idle since
+    (None: ranks of it run now), its idle timeout, its torch and interpreter."""
+    return [{"node": host, "owner": str(s.get("user") or ""), **pool}
+            for host, s in samples.items() for pool in s.get("pools") or []]
+
+
+def pool_line(pool: dict[str, Any]) -> str:
+    idle = pool.get("idle_since")
+    state = f"{pool['ranks']} rank(s) running" if idle is None else \
+        "idle since " + time.strftime("%H:%M:%S", time.localtime(idle)) + \
+        (f", ends after {pool['idle']:.0f} s idle" if pool.get("idle") else "")
+    return (f"warm pool on {pool['node']}: {pool['owner']}, pid {pool['pid']}, "
+            f"{pool['rss'] / 2**20:.0f} MiB, torch {pool['torch']}, {state}")
 
 
 def unknown_holders(seen: dict[str, tuple[str, str, list[dict]]]) -> list[dict[str, str]]:

@@ -35,7 +35,7 @@ from ptcluster.cli.doctor_cmd import render
 from ptcluster.cli.push_cmd import push_data
 from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.cli.venvs_cmd import build_environment, reshipper
-from ptcluster.cluster.model import ClusterSpec
+from ptcluster.cluster.model import WARM_IDLE, ClusterSpec
 from ptcluster.doctor.diagnose import preflight as run_preflight
 from ptcluster.errors import UsageError
 from ptcluster.launch.api import prepare
@@ -126,6 +126,15 @@ def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
               "SRC to every node first (to DEST, default the same absolute path; only what a "
               "node lacks); ranks get PTCLUSTER_DATA_<NAME> (NAME: SRC's folder name) and the "
               "first also PTCLUSTER_DATA. Repeatable; after the cluster file's data: entries.")
+@click.option("--warm/--cold", "warm", default=None, help="Start the ranks from warm "
+              "interpreters: a pool of yours on each node that has imported torch (and the "
+              "cluster file's warm_imports) forks them, with the output and exit code of a cold "
+              "start; it stays for the next run until idle for the cluster file's `warm:` "
+              "seconds (600). Default: the cluster file's `warm:`.")
+@click.option("--warm-idle", "warm_idle", type=click.FloatRange(min=1, max=604800),
+              default=None, metavar="SECONDS", help="With warm interpreters (implies --warm): "
+              "the pools end after this many idle seconds (default: the cluster file's `warm:`, "
+              "else 600).")
 @environment_options
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(cluster: str | None, nproc: int | None, port: int | None, module: str | None,
@@ -133,7 +142,8 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         min_nodes: int | None, readmit: bool, hang_timeout: float | None, wait: bool,
         wait_timeout: float | None, straggler_threshold: float, no_leases: bool,
         local_rank_arg: str | None, requirements: str | None, find_links: tuple[str, ...],
-        refresh: bool, data: tuple[str, ...], args: tuple[str, ...]) -> None:
+        refresh: bool, data: tuple[str, ...], warm: bool | None, warm_idle: float | None,
+        args: tuple[str, ...]) -> None:
     if module is None and not args:
         raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
                          "ptcluster run -m ptcluster.examples.mnist")
@@ -156,7 +166,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     options = RunOptions(hang_timeout=hang_timeout, wait=(
         wait_timeout or math.inf) if wait or wait_timeout else None,
         straggler_threshold=straggler_threshold, leases=not no_leases, readmit=readmit,
-        **_environment_options(declared))
+        **_environment_options(declared), **warm_options(spec, warm, warm_idle))
     built = None
     if options.requirements is not None:  # before the plan: the ranks' interpreter is its
         built = build_environment(spec, options, err, show=not quiet())  # (or expected)
@@ -300,6 +310,21 @@ def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
                       f"{node.ranks.stop - 1}  interface {node.interface or 'auto'}  "
                       f"workdir {node.workdir}")
     console.print(f"  logs: {run_dir}/")
+
+
+def warm_options(spec: ClusterSpec, flag: bool | None, idle: float | None) -> dict[str, Any]:
+    """``RunOptions``' warm fields: ``--warm``/``--cold``, ``--warm-idle``, the cluster file's."""
+    return {"warm": warm_seconds(spec.warm, flag, idle), "warm_imports": spec.warm_imports}
+
+
+def warm_seconds(key: float | None, flag: bool | None, idle: float | None) -> float | None:
+    """The warm pools' idle timeout for this run (None: cold): ``--warm-idle``, else the
+    cluster file's ``warm:`` (or 600) where ``--warm`` or ``warm:`` asks; ``--cold`` wins."""
+    if flag is False:
+        return None
+    if idle is not None:
+        return idle
+    return key if flag is None else key or WARM_IDLE
 
 
 def _print_spares(console: Console, spec: ClusterSpec, max_restarts: int) -> None:

@@ -136,6 +136,17 @@ KEYS: tuple[Key, ...] = (
     Key(path="env", type="mapping of name to string", default="none", example="env: {NCCL_DEBUG: "
         "WARN}", doc="Variables every rank gets. Nothing else of the head's environment is "
                      "shipped."),
+    Key(path="warm", type="`true`, `false` or seconds (1-604800)", default="false",
+        example="warm: 900",
+        doc="Ranks start from warm interpreters, as with `run --warm`: each node keeps a pool "
+            "of yours that has imported torch (and `warm_imports`), so a re-run, even of an "
+            "edited script, skips the interpreter's start and `import torch`, with the output "
+            "and exit code of a cold run. A number is the pool's idle timeout in seconds "
+            "(`true`: 600); `ptcluster warm stop` ends pools sooner."),
+    Key(path="warm_imports", type="list of module names", default="none (torch only)",
+        example="warm_imports: [numpy, transformers]",
+        doc="Modules a warm pool imports besides torch (installed libraries, never your "
+            "project's code: an edit must take effect). Part of the pool's key."),
     Key(path="requirements", type="path", default="none (the ranks run in setup's interpreter)",
         example="requirements: uv.lock",
         doc="The project's own Python environment: a `uv.lock`, a `pylock.toml`, a "

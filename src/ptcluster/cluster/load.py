@@ -19,6 +19,7 @@ from ptcluster.cluster.model import (
     AUTO_PYTHON,
     BACKENDS,
     DEFAULT_MASTER_PORT,
+    WARM_IDLE,
     ClusterSpec,
     DataSpec,
     MasterSpec,
@@ -96,6 +97,10 @@ def _yaml(text: str, source: str) -> Any:
                         "fix the YAML at that line (indentation, a missing ':' or quote)") from None
 
 
+PROJECT_KEYS = ("requirements", "find_links", "data")
+"""What a cluster file found inside a Slurm allocation gives (:func:`load_project_keys`)."""
+
+
 def load_project_keys(path: str, trusted: bool = False) -> dict[str, Any]:
     """``requirements:``, ``find_links:`` and ``data:`` of the cluster file at ``path`` (as
     ClusterSpec's fields, checked as :func:`load_cluster_file` checks them; every other key
@@ -105,7 +110,8 @@ def load_project_keys(path: str, trusted: bool = False) -> dict[str, Any]:
     if data is None:
         return {}
     r = Reader(path, trusted, os.path.dirname(os.path.abspath(path)))
-    return _environment(r, r.mapping(data, "", TOP_KEYS))
+    said = _environment(r, r.mapping(data, "", TOP_KEYS))
+    return {k: said[k] for k in PROJECT_KEYS}  # (warm pools are not used under Slurm)
 
 
 def spec_from_data(data: Any, source: str, trusted: bool = False,
@@ -200,7 +206,27 @@ def _environment(r: Reader, top: dict[str, Any]) -> dict[str, Any]:
     return {"requirements": _here(r, r.text(top["requirements"], "requirements", what))
             if "requirements" in top else None,
             "find_links": _find_links(r, top.get("find_links")),
-            "data": _data(r, top["data"]) if "data" in top else ()}
+            "data": _data(r, top["data"]) if "data" in top else (),
+            **_warm(r, top)}
+
+
+MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _warm(r: Reader, top: dict[str, Any]) -> dict[str, Any]:
+    """``warm:`` (true, false or the idle seconds) and ``warm_imports:``."""
+    value, warm = top.get("warm", False), None
+    if value is True:
+        warm = WARM_IDLE
+    elif value is not False:
+        warm = float(r.integer(value, "warm", 1, 604800, "use true, false or the pool's idle "
+                               "timeout in seconds, e.g. warm: 900"))
+    names = top.get("warm_imports", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) and MODULE.fullmatch(n)
+                                              for n in names):
+        raise r.fail("warm_imports", f"must be a list of module names, got {names!r}",
+                     "e.g. warm_imports: [numpy, transformers]")
+    return {"warm": warm, "warm_imports": tuple(names)}
 
 
 def _data(r: Reader, value: Any) -> tuple[DataSpec, ...]:

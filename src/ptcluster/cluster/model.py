@@ -21,6 +21,9 @@ SETUP_VENV = "~/.ptcluster/venv"
 SETUP_PYTHON = SETUP_VENV + "/bin/python"
 
 
+WARM_IDLE = 600.0
+"""Seconds a warm pool lives without a rank or a request (``warm: true``, ``run --warm``)."""
+
 @dataclass(frozen=True)
 class ProjectEnv:
     """A node's project environment: its key and the user's ptcluster directory that holds it
@@ -177,6 +180,11 @@ class ClusterSpec:
     paths, from the cluster file's folder)."""
     data: tuple[DataSpec, ...] = ()
     """``data:``: folders ``run`` pushes to every node before launch (``ptcluster.push``)."""
+    warm: float | None = None
+    """``warm:``: the idle timeout (seconds) of the warm pools ``run`` takes its ranks from;
+    None: ranks start cold unless ``run --warm``."""
+    warm_imports: tuple[str, ...] = ()
+    """``warm_imports:``: what a warm pool imports besides torch."""
     spares: tuple[NodeSpec, ...] = ()
     """``spares:``: machines that run no rank; a restart puts one in the place of a node that
     was lost or refused (``launch.supervise.restart``). Never one of ``nodes``."""

@@ -84,6 +84,11 @@ class RunOptions:
     """``run --readmit``: a node lost in an earlier attempt that answers again, fit, is taken
     back by a planned restart at the next checkpoint every rank saved (not only at the next
     failure's restart): ``launch.readmit_watch``, ``supervise.readmit``."""
+    warm: float | None = None
+    """``run --warm`` (or ``warm:``): ranks come from this user's warm pool on each node, which
+    ends after this many idle seconds (``node.guard.warm_ranks``); None: torchrun starts them."""
+    warm_imports: tuple[str, ...] = ()
+    """``warm_imports:``: what a warm pool imports besides torch (part of its key)."""
     straggler_threshold: float = DEFAULT_THRESHOLD
     """A rank (or node) whose busy share (1 - the share of time its main thread sleeps) is this
     many times the other ranks' median, while they wait for it, is named the straggler

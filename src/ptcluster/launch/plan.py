@@ -132,6 +132,8 @@ class NodePlan:
             "heartbeat_every": opts.heartbeat_for(len(plan.nodes)),
             "output_hold": opts.output_hold_for(len(plan.nodes)),
             "env_defaults": threads_default(plan), "leases": opts.leases,
+            **({"warm": {"idle": opts.warm, "imports": list(opts.warm_imports),
+                         "world": plan.world_size}} if opts.warm else {}),
             **({"environment": {"digest": self.environment.digest,
                                 "root": self.environment.root,
                                 "torch": self.environment.torch}} if self.environment else {}),

@@ -49,7 +49,11 @@ SHIM = Program("shim", _N + "rank.shim", RANK)
 stack probe it installs in the rank's process (stacks on request, collectives' progress)."""
 TORCHRUN_AGENT = Program("torchrun", _N + "rank.torchrun_agent", RANK)
 """torchrun on every node, run by the guard: the rendezvous store outlives the exit barrier."""
-GUARD = Program("guard", _N + "guard.agent", hands=(SHIM, TORCHRUN_AGENT))
+WARM_POOL = Program("warm-pool", _N + "warm.pool", RANK)
+"""``run --warm``: this user's pool of interpreters with torch imported, started by a guard."""
+WARM = Program("warm", _N + "warm.pools")
+"""This user's warm pools on a node: listed, or ended (``ptcluster warm stop``)."""
+GUARD = Program("guard", _N + "guard.agent", hands=(SHIM, TORCHRUN_AGENT, WARM_POOL))
 """Run's node agent: owns one node's part of a job."""
 FACTS = Program("facts", _N + "doctor_facts")
 """The doctor's node program: the node's facts, then its port and peer tests."""
@@ -73,5 +77,5 @@ PUSH = Program("push", _N + "data_agent")
 CKPT_LIST = Program("ckpt-list", _N + "ckpt_list")
 """``ptcluster collect``'s node program: what the node holds of a checkpoint directory."""
 
-PROGRAMS = (GUARD, SHIM, TORCHRUN_AGENT, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE, ALLREDUCE,
-            BENCH_WORKER, VENVS, PUSH, CKPT_LIST)
+PROGRAMS = (GUARD, SHIM, TORCHRUN_AGENT, WARM_POOL, FACTS, SAMPLER, SETUP_AGENT, KILL, PROBE,
+            ALLREDUCE, BENCH_WORKER, VENVS, PUSH, CKPT_LIST, WARM)

@@ -45,6 +45,12 @@ SHIM_BOOT = (NO_DOT + f"f=open(os.environ[{SHIM_VAR!r}]);s=f.read();f.close();"
 """The code torchrun runs for every rank (``-c``): the shim, from the file the guard wrote (it
 puts back what the user's program expects, as python would: ``node.rank.shim.run_in_process``;
 a user's own ``PYTHONPATH`` stays)."""
+CHILD_FLAG = "--ptcluster-child"
+"""``SHIM_BOOT --ptcluster-child TARGET...``: the shim's child part, which runs the target (the
+shim starts it so; a warm pool's rank runs it the same way: ``node.warm.pool``)."""
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+             signal.SIGUSR2)
+"""What the shim forwards to its child (so a cold rank starts with them at their default)."""
 SHIM_FILE, AGENT_FILE = "shim.py", "torchrun_agent.py"
 """The shim's name in that dir (the packer names a handed program by its module's file; the
 stack probe travels in it), and that of torchrun's agent program

@@ -20,6 +20,7 @@ from typing import Any
 
 from ptcluster.node.sharing.leases import held_all, user_name
 from ptcluster.node.sharing.records import MAX_LEASES, lease_of, rank_count
+from ptcluster.node.warm.pools import listed
 from ptcluster.node.wire import MAX_FRAME, GpuSample, JobSample, Kind, Sample, encode, hello
 
 
@@ -180,7 +181,7 @@ def main() -> int:
             "cpu_percent": cpu.percent(), "cpus": os.cpu_count(), "mem": cpu.memory(),
             "net": {"rx_bps": (rx - last_net[0]) / dt, "tx_bps": (tx - last_net[1]) / dt},
             "gpus": gpus.sample(), "gpu_error": gpus.error, "leases": leased,
-            "jobs": jobs(leased), "user": user_name(),
+            "jobs": jobs(leased), "user": user_name(), "pools": listed(),
         }
         last_net, last_t = (rx, tx), now
         try:

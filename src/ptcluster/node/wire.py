@@ -177,6 +177,10 @@ class GuardConfig(TypedDict, total=False):
     environment: dict[str, str]
     """``{digest, root, torch}``: the project's environment the ranks run in (argv's interpreter is
     its python), checked by the guard before anything starts; absent without one."""
+    warm: dict[str, Any]
+    """``run --warm``: ``{idle, imports, world}`` (the pool's idle seconds, ``warm_imports``, the
+    job's world size): the ranks come from this user's warm pool (``node.guard.warm_ranks``);
+    absent: torchrun starts them."""
     checkpoints: list[str]
     """Where the job saved its last checkpoint on this node in an earlier attempt: the health
     gate checks that disk as it does the workdir's."""
@@ -398,3 +402,5 @@ class Sample(TypedDict):
     jobs: dict[str, JobSample]
     user: str
     """The user the sampler runs as."""
+    pools: list[dict[str, Any]]
+    """That user's warm pools on the node (``node.warm.pools.listed``)."""

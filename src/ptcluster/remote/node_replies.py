@@ -17,7 +17,9 @@ from ptcluster.node.kill import KillAnswer
 from ptcluster.node.probe import BootAnswer
 from ptcluster.remote.replies import (
     LABEL,
+    MAX_POOLS,
     MAX_WORD,
+    POOL,
     BadReply,
     Check,
     _bad,
@@ -127,6 +129,16 @@ BOOT = record({"boot_id": optional(word), "uptime": optional(figure), "time": fi
                "unfit": optional(record({"what": note, "fix": note, "code": optional(word),
                                          "fields": optional(bounded)}))})
 """``node.probe``'s ``boot`` (``answer``; ``unfit``: its health gate's refusal, when asked)."""
+
+
+WARM = record({"pools": listing(POOL, MAX_POOLS), "stopped": listing(record({
+    "pid": number(1, 2**31), "gone": boolean, "ranks": number(0, 2**31)}), MAX_POOLS)})
+"""``node.warm.pools``' ``result`` (``warm stop``: what became of each pool)."""
+
+
+def warm_answer(answer: Any) -> dict[str, Any]:
+    """A node's ``warm`` result checked. Raises :class:`BadReply`."""
+    return _answer(WARM, "warm's answer", answer)
 
 
 def kill_answer(answer: Any) -> KillAnswer:

@@ -290,6 +290,12 @@ GPU_SAMPLE = record({
     "index": number(0, MAX_SAMPLE_GPUS - 1), "name": label, "uuid": optional(label),
     "util": figure, "mem_used": number(0, 2**62), "mem_total": number(0, 2**62),
     "power_w": optional(figure), "power_limit_w": optional(figure), "temp_c": optional(figure)})
+POOL = record({
+    "pid": number(1, 2**31), "rss": number(0, 2**62), "idle_since": optional(figure),
+    "ranks": number(0, 2**31), "idle": optional(figure), "torch": label, "python": note,
+    "started": optional(figure)})
+"""One warm pool of the sampler's user (``node.warm.pools.listed``)."""
+MAX_POOLS = 64
 SAMPLE: dict[str, Check] = {
     "hostname": label, "time": figure, "cpu_percent": figure,
     "cpus": optional(number(1, 1 << 20)),
@@ -301,6 +307,7 @@ SAMPLE: dict[str, Check] = {
                              "gpus": listing(number(0, MAX_SAMPLE_GPUS - 1), MAX_SAMPLE_GPUS)}),
                      MAX_LEASES),
     "user": label,
+    "pools": listing(POOL, MAX_POOLS),
 }
 """Every key of a sample and its check (all are sent; a key not named here is dropped)."""
 
@@ -311,6 +318,7 @@ def sample_reply(sample: Any) -> Sample:
     try:
         if not isinstance(sample, dict):
             raise _bad("the sample", sample, "a table")
+        sample = {"pools": [], **sample}  # (a sampler that lists no pools: a fake node's)
         if isinstance(sample.get("leases"), list):  # (a bad record is dropped, not the sample)
             sample = {**sample, "leases": [r for r in sample["leases"] if sampled(r)]}
         for key, check in SAMPLE.items():

@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -49,7 +48,7 @@ from typing import cast
 
 from ptcluster.node.guard.link import HeadLink, StopRequest
 from ptcluster.node.guard.machine import MachineWatch
-from ptcluster.node.guard.prechecks import precheck
+from ptcluster.node.guard.prechecks import node_python, precheck
 from ptcluster.node.guard.progress import ProgressMeter
 from ptcluster.node.guard.rank_server import EXIT_WAIT, RankServer
 from ptcluster.node.guard.refusal import GuardError
@@ -59,12 +58,15 @@ from ptcluster.node.guard.spawn import (
     nccl_said,
     pump_agent,
     rank_env,
+    start_dir,
     start_torchrun,
     under_slurm,
     use_port,
 )
-from ptcluster.node.guard.teardown import teardown, wait_child
+from ptcluster.node.guard.teardown import Child, teardown, wait_child
 from ptcluster.node.guard.tmpdirs import job_dir, remove_stale, user_tmp
+from ptcluster.node.guard.warm_pool import WarmError, pool_socket
+from ptcluster.node.guard.warm_ranks import WarmRanks
 from ptcluster.node.sharing.leases import Lease, read_kill_notes
 from ptcluster.node.sharing.records import unlink, write_record
 from ptcluster.node.sharing.safefile import remove_tree
@@ -74,6 +76,7 @@ from ptcluster.node.wire import (
     GuardConfig,
     Kind,
     ReadyFacts,
+    encode_text,
     hello,
 )
 
@@ -87,7 +90,8 @@ class Guard:
         self.link = HeadLink(cfg, self.stop)
         self.out = self.link.out
         self.finished = threading.Event()
-        self.child: subprocess.Popen[bytes] | None = None
+        self.child: Child | None = None
+        """torchrun's process, or the ranks of a warm pool (``run --warm``)."""
         self.tmp_parent = ""
         """This user's parent of job directories (``guard.tmpdirs``), checked at the start."""
         self.tmpdir = ""
@@ -122,9 +126,31 @@ class Guard:
         self.link.meter = ProgressMeter(ranks.probes)
         self.link.ranks = ranks
         self.env = rank_env(self.cfg, facts, self.tmpdir, ranks.path)
-        self.child = start_torchrun(self.cfg, self.env, self.tmpdir)
+        if self.cfg.get("warm"):
+            self.child = self.start_warm(ranks.path)
+        if self.child is None:
+            torchrun = start_torchrun(self.cfg, self.env, self.tmpdir)
+            self.child = torchrun
+            self.pump_thread = pump_agent(torchrun.stdout, self.out)
         self.send(Kind.STARTED, {"pid": self.child.pid})
-        self.pump_thread = pump_agent(self.child.stdout, self.out)
+
+    def start_warm(self, server: str) -> WarmRanks | None:
+        """The ranks from this user's warm pool (``run --warm``); None, said on the console,
+        where there is none to be had: they start cold."""
+        why = "not under Slurm (a step's processes are its own)" if under_slurm() else ""
+        python = node_python(self.cfg["argv"])[0]
+        try:
+            if not why:
+                ranks = WarmRanks(pool_socket(self.cfg, self.env, python, self.tmpdir,
+                                              self.stop), server)
+                ranks.start(dict(self.cfg), self.env, start_dir(self.cfg, self.tmpdir),
+                            self.tmpdir)
+                return ranks
+        except (WarmError, OSError) as exc:
+            why = str(exc)
+        self.out.later(encode_text(Kind.AGENT, None, f"ptcluster: no warm pool for this "
+                                   f"node's ranks ({why}): they start cold".encode()))
+        return None
 
     def run(self) -> int:
         self.link.write(hello("guard"))

@@ -17,9 +17,11 @@ def libc_prctl() -> Any:
         return None
 
 
-def set_subreaper() -> None:
+def set_subreaper(on: bool = True) -> None:
+    """The guard adopts what its job's processes orphan (``on``); off only while it starts a
+    warm pool that must not be its own (``guard.warm_pool``)."""
     prctl = libc_prctl()
-    if prctl is None or prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if prctl is None or prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 

@@ -176,7 +176,8 @@ def start_dir(cfg: GuardConfig, tmpdir: str) -> str:
     if (cfg.get("target") or {}).get("cwd") != PRIVATE_CWD:
         return cfg["workdir"]
     path = os.path.join(tmpdir, "cwd")
-    os.mkdir(path, 0o700)
+    if not os.path.isdir(path):  # (a warm start that fell back cold made it already)
+        os.mkdir(path, 0o700)
     return path
 
 

@@ -13,6 +13,7 @@ import select
 import signal
 import subprocess
 import time
+from typing import Protocol
 
 from ptcluster.node.guard.link import StopRequest
 from ptcluster.node.guard.proctree import descendants, reap_others, signal_tree
@@ -21,11 +22,23 @@ LOOK_EVERY = 0.1
 """Seconds between two looks at a stop request (and at orphans to reap) while torchrun runs."""
 
 
-def wait_child(child: subprocess.Popen[bytes], stop: StopRequest) -> int | None:
+class Child(Protocol):
+    """What the guard starts its ranks through: torchrun's ``Popen``, or the ranks of a warm
+    pool (``guard.warm_ranks.WarmRanks``: ``kill_all`` too, and a ``wake_fd``)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+def wait_child(child: Child, stop: StopRequest) -> int | None:
     """Until torchrun ends or a stop is asked; its exit status, or None if stopped. Where the
     kernel gives a pidfd (Linux 5.3, Python 3.9), torchrun's end wakes the guard at once, as a
     stop does: a look every ``LOOK_EVERY`` s alone added 50 ms on average to every job's end."""
-    pidfd = _pidfd(child.pid)
+    pidfd = _pidfd(child.pid) if isinstance(child, subprocess.Popen) else \
+        getattr(child, "wake_fd", None)
     try:
         while True:
             code = child.poll()
@@ -40,7 +53,7 @@ def wait_child(child: subprocess.Popen[bytes], stop: StopRequest) -> int | None:
                 return None
             select.select([pidfd, stop.wake_fd], [], [], LOOK_EVERY)
     finally:
-        if pidfd is not None:
+        if pidfd is not None and isinstance(child, subprocess.Popen):
             os.close(pidfd)
 
 
@@ -55,8 +68,9 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def teardown(child: subprocess.Popen[bytes] | None, grace: float) -> int | None:
-    """SIGTERM torchrun (it forwards to its workers), then SIGKILL what is left."""
+def teardown(child: Child | None, grace: float) -> int | None:
+    """SIGTERM torchrun (it forwards to its workers), then SIGKILL what is left: the guard's
+    tree, and a warm pool's ranks of this guard (not its descendants: their ``kill_all``)."""
     if child is None:
         return None
     if child.poll() is None:
@@ -68,8 +82,10 @@ def teardown(child: subprocess.Popen[bytes] | None, grace: float) -> int | None:
         while child.poll() is None and time.monotonic() < deadline:
             reap_others(child.pid)
             time.sleep(0.05)
+    kill_all = getattr(child, "kill_all", None)
     for _ in range(50):
-        if not descendants(os.getpid()):
+        pooled = bool(kill_all()) if kill_all is not None else False
+        if not descendants(os.getpid()) and not pooled:
             break
         signal_tree(os.getpid(), signal.SIGKILL)
         reap_others(child.pid)

@@ -32,12 +32,14 @@ from types import TracebackType
 from ptcluster.node.rank.stack_probe import install as install_probe
 from ptcluster.node.rank.step_probe import install as install_step_probe
 from ptcluster.node.rank_wire import (
+    CHILD_FLAG,
     CTL,
     DATA,
     ELASTIC_VARS,
     ERR,
     ERROR,
     EXIT,
+    FORWARDED,
     OUT,
     PREDICT_VAR,
     REPORT,
@@ -50,10 +52,7 @@ from ptcluster.node.rank_wire import (
     encode_record,
 )
 
-CHILD_FLAG = "--ptcluster-child"
 PR_SET_PDEATHSIG = 1
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-             signal.SIGUSR2)
 
 
 def _connect(path: str, rank: int, role: str) -> socket.socket | None:

@@ -1,0 +1,118 @@
+"""The guard's way to a warm pool (``run --warm``): its key, and the pool itself, started where
+none of that key runs (ARCHITECTURE.md, "The warm path").
+
+Standard library only; a part of the guard (shipped by ``remote.bootstrap``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import socket
+import subprocess
+import time
+
+from ptcluster.node.guard.link import StopRequest
+from ptcluster.node.guard.proctree import set_subreaper
+from ptcluster.node.guard.tmpdirs import user_tmp
+from ptcluster.node.sharing.safefile import private_dir
+from ptcluster.node.warm.protocol import (
+    POOL_BOOT,
+    POOL_FILE,
+    READY,
+    WARM_DIR,
+    namespaces,
+    paths,
+    pool_env,
+    pool_key,
+)
+from ptcluster.node.wire import GuardConfig
+
+START_WITHIN = 300.0
+"""Seconds a new pool has to import torch and its ``warm_imports`` and say it is ready."""
+
+
+class WarmError(Exception):
+    """No pool for this guard's ranks: why (the guard starts them cold and says so)."""
+
+
+def pool_socket(cfg: GuardConfig, env: dict[str, str], python: str, tmpdir: str,
+                stop: StopRequest) -> str:
+    """The socket of this user's pool for the ranks' key on this node: a live one, or one
+    started now (under the key's lock: two guards start one pool)."""
+    warm = cfg.get("warm") or {}
+    environment = cfg.get("environment") or {}
+    job_names = [k for k in (cfg.get("env") or {}) if not k.startswith("PTCLUSTER_")]
+    name, _ = pool_key(python, str(environment.get("digest") or ""),
+                       str(environment.get("torch") or ""), list(warm.get("imports") or []),
+                       env, job_names, namespaces())
+    try:
+        folder = private_dir(os.path.join(user_tmp(), WARM_DIR))
+    except OSError as exc:
+        raise WarmError(f"its folder: {exc.strerror or exc}") from None
+    files = paths(folder, name)
+    lock = os.open(files["lock"], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if answers(files["sock"]):
+            return files["sock"]
+        for stale in (files["sock"], files["record"]):
+            if os.path.lexists(stale):
+                os.unlink(stale)
+        start_pool(python, files["sock"], float(warm["idle"]),
+                   list(warm.get("imports") or []), pool_env(env),
+                   os.path.join(tmpdir, POOL_FILE), stop)
+        return files["sock"]
+    finally:
+        os.close(lock)
+
+
+def answers(path: str) -> bool:
+    """Whether a pool listens at ``path`` (a connection it takes, then drops: no request)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return True
+
+
+def start_pool(python: str, sock: str, idle: float, imports: list[str], env: dict[str, str],
+               program: str, stop: StopRequest) -> None:
+    """A pool out of this guard's tree: its first process exits at once, while the guard is no
+    subreaper (no rank of it runs yet), so init adopts the pool; then its ``ready`` line."""
+    set_subreaper(False)
+    try:
+        proc = subprocess.Popen(
+            [python, "-u", "-c", POOL_BOOT, program, sock, str(idle), *imports], env=env,
+            cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        proc.wait()
+    finally:
+        set_subreaper(True)
+    assert proc.stdout is not None
+    said = read_ready(proc.stdout.fileno(), stop)
+    proc.stdout.close()
+    if not said.startswith(READY + " "):
+        raise WarmError(said or "the pool ended before it was ready")
+
+
+def read_ready(fd: int, stop: StopRequest) -> str:
+    """The pool's ``ready``/``error`` line (what it printed before, as context for an error)."""
+    data, deadline = b"", time.monotonic() + START_WITHIN
+    while time.monotonic() < deadline and not stop.is_set():
+        if not select.select([fd], [], [], 0.2)[0]:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+        for line in data.decode(errors="replace").splitlines():
+            if line.startswith((READY + " ", "error ")) and data.endswith(b"\n"):
+                return line if line.startswith(READY) else \
+                    "the pool could not start: " + line[6:]
+    tail = data.decode(errors="replace").strip().splitlines()[-3:]
+    return " | ".join(tail)[-500:] if tail else ""

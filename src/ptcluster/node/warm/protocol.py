@@ -1,0 +1,140 @@
+"""The guard<->pool boundary: a pool's key, its files, and the messages on its socket.
+
+Standard library only; shipped with both ends (the guard, the pool program it hands on) and with
+``pools`` (``ps``, ``warm stop``). ARCHITECTURE.md ("The warm path") says how it fits.
+
+A pool lives in ``warm/`` of the guard's private per-user directory (``guard.tmpdirs``), named
+by its key: ``pool-KEY.sock`` (its socket), ``pool-KEY.json`` (its record: pid, key facts,
+started, idle since), ``pool-KEY.lock`` (held by a guard while it starts one), ``pool-KEY.log``
+(what the pool itself wrote after it was ready). A message is 4 bytes of length (big endian),
+then that much JSON; descriptors travel with a message's first bytes (``SCM_RIGHTS``).
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import json
+import os
+import socket
+import struct
+from typing import Any
+
+WARM_DIR = "warm"
+"""The pools' folder in the user's private temp directory of the guards."""
+KEY_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "LD_", "MALLOC_", "PYTHON", "LC_", "TORCH_")
+KEY_NAMES = ("LANG", "LANGUAGE")
+"""What C libraries and Python read while torch loads: part of a pool's key, as the rank has them
+(with the job's ``env:``), and in the pool's environment."""
+JOB_PREFIXES = ("PTCLUSTER_", "MASTER_", "TORCHELASTIC_", "PET_", "SSH_")
+"""Variables of one job or one connection, never part of a pool's environment or key."""
+POOL_BOOT = ("import sys,os;sys.path[:]=[p for p in sys.path if p not in('','.')];"
+             "p=sys.argv.pop(1);f=open(p);s=f.read();f.close();"
+             "exec(compile(s,'ptcluster-pool','exec'))")
+"""``python -u -c POOL_BOOT FILE SOCKET IDLE [MODULE...]``: the pool program from the file the
+guard wrote (its path taken off ``sys.argv`` first), as ``rank_wire.SHIM_BOOT`` runs the shim."""
+POOL_FILE = "pool.py"
+"""The pool program's name among the guard's handed files (named after its module)."""
+READY = "ready"
+FORK, PID, STATUS, REFUSED = "fork", "pid", "status", "refused"
+"""Message kinds (``kind`` of the JSON): the guard's ``fork``; the pool's ``pid`` (with the
+rank's pidfd), its ``status`` (the wait status as ``Popen.returncode`` gives it) and ``refused``
+(``why``)."""
+MAX_MESSAGE = 4 << 20
+"""A message's largest size (a rank's environment and argv)."""
+
+
+def key_env(env: dict[str, str], job_names: list[str]) -> dict[str, str]:
+    """The part of a rank's environment that is in the pool's key: the variables read while
+    torch loads, and those of the job's ``env:`` (``job_names``)."""
+    return {k: v for k, v in env.items()
+            if (k.startswith(KEY_PREFIXES) or k in KEY_NAMES or k in job_names)
+            and not k.startswith(JOB_PREFIXES)}
+
+
+def pool_env(env: dict[str, str]) -> dict[str, str]:
+    """The pool's own environment: the rank's, less what belongs to one job or connection."""
+    return {k: v for k, v in env.items() if not k.startswith(JOB_PREFIXES)
+            and k not in ("NCCL_DEBUG_FILE", "CUDA_VISIBLE_DEVICES")}
+
+
+def pool_key(python: str, digest: str, torch: str, imports: list[str],
+             env: dict[str, str], job_names: list[str],
+             place: str = "") -> tuple[str, dict[str, object]]:
+    """(the pool's name, the facts it is keyed by): any difference, another pool. ``place``:
+    the namespaces the ranks run in (:func:`namespaces`)."""
+    facts: dict[str, object] = {"python": python, "digest": digest, "torch": torch,
+                                "imports": list(imports), "env": key_env(env, job_names),
+                                "place": place}
+    text = json.dumps(facts, sort_keys=True).encode()
+    return hashlib.sha256(text).hexdigest()[:20], facts
+
+
+def namespaces() -> str:
+    """This process's network, mount, pid and UTS namespaces: a pool forks ranks only into its
+    own (containers, or the testbed's nodes, may share a /tmp and so a pools' folder)."""
+    found = []
+    for kind in ("net", "mnt", "pid", "uts"):
+        try:
+            found.append(f"{kind}:{os.stat(f'/proc/self/ns/{kind}').st_ino}")
+        except OSError:
+            found.append(f"{kind}:?")
+    return ",".join(found)
+
+
+def paths(folder: str, name: str) -> dict[str, str]:
+    """The files of pool ``name`` in ``folder``: sock, record, lock, log."""
+    base = os.path.join(folder, "pool-" + name)
+    return {"sock": base + ".sock", "record": base + ".json", "lock": base + ".lock",
+            "log": base + ".log"}
+
+
+def send(sock: socket.socket, message: dict[str, object], fds: list[int] | None = None) -> None:
+    """One message, with ``fds`` (SCM_RIGHTS) on its first bytes."""
+    data = json.dumps(message).encode()
+    data = struct.pack(">I", len(data)) + data
+    if fds:
+        sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                      array.array("i", fds))])
+        data = data[sent:]
+    if data:
+        sock.sendall(data)
+
+
+def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """One message and the descriptors that came with it; (None, fds) at EOF or on a message
+    that is not one (its descriptors are still the caller's to close). Reads no byte past the
+    message (the pool's ``pid`` and ``status`` may come back to back)."""
+    fds: list[int] = []
+    head = _exactly(sock, 4, fds)
+    size = struct.unpack(">I", head)[0] if len(head) == 4 else MAX_MESSAGE + 1
+    body = _exactly(sock, size, fds) if size <= MAX_MESSAGE else b""
+    if len(body) != size:
+        return None, fds
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None, fds
+    return (value if isinstance(value, dict) else None), fds
+
+
+def _exactly(sock: socket.socket, size: int, fds: list[int]) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk, anc, _, _ = sock.recvmsg(min(size - len(data), 1 << 20),
+                                        socket.CMSG_SPACE(16 * 4))
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(raw[:len(raw) - len(raw) % got.itemsize])
+                fds += list(got)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a unix socket (``SO_PEERCRED``)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])

@@ -1,0 +1,117 @@
+"""``run --warm``, pure parts: the cluster file's ``warm:`` and ``warm_imports:``, the idle
+timeout a run takes, a pool's key, and the rank variables the guard sets for pooled ranks
+against torch's own source (``LocalElasticAgent._start_workers``)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from ptcluster.cli.run_cmd import warm_seconds
+from ptcluster.cluster.load import parse_cluster_text
+from ptcluster.errors import SpecError
+from ptcluster.node.guard.warm_ranks import elastic_env, torchrun_options
+from ptcluster.node.warm.protocol import pool_key
+
+BASE = "nodes: [{host: n1, slots: 2}]\n"
+
+
+@pytest.mark.parametrize(("text", "idle", "imports"), [
+    ("", None, ()),
+    ("warm: false\n", None, ()),
+    ("warm: true\n", 600.0, ()),
+    ("warm: 900\nwarm_imports: [numpy, transformers.models]\n", 900.0,
+     ("numpy", "transformers.models")),
+])
+def test_warm_keys(text: str, idle: float | None, imports: tuple[str, ...]) -> None:
+    spec = parse_cluster_text(BASE + text, "c.yaml")
+    assert (spec.warm, spec.warm_imports) == (idle, imports)
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("warm: 0\n", "warm: must be between 1 and 604800"),
+    ("warm: fast\n", "warm: must be an integer"),
+    ("warm_imports: numpy\n", "warm_imports: must be a list of module names"),
+    ("warm_imports: [\"os; rm -rf\"]\n", "warm_imports: must be a list of module names"),
+])
+def test_bad_warm_keys_are_named(text: str, said: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_cluster_text(BASE + text, "c.yaml")
+    assert said in str(err.value)
+
+
+@pytest.mark.parametrize(("key", "flag", "idle", "want"), [
+    (None, None, None, None), (None, True, None, 600.0), (900.0, None, None, 900.0),
+    (900.0, False, None, None), (None, None, 5.0, 5.0), (900.0, True, 5.0, 5.0),
+    (None, False, 5.0, None),
+])
+def test_the_idle_timeout_of_a_run(key, flag, idle, want) -> None:
+    assert warm_seconds(key, flag, idle) == want
+
+
+ENV = {"OMP_NUM_THREADS": "4", "PATH": "/bin", "MASTER_PORT": "1", "PTCLUSTER_JOB_ID": "j1",
+       "SSH_CONNECTION": "a b", "HOME": "/root"}
+
+
+def key(env: dict[str, str] = ENV, **changes) -> str:
+    args = {"python": "/py", "digest": "d", "torch": "2.13", "imports": ["numpy"], "env": env,
+            "job_names": ["MY_VAR"], **changes}
+    return pool_key(**args)[0]
+
+
+def test_a_pool_is_another_for_any_difference_torch_loads_with() -> None:
+    first = key()
+    assert key({**ENV, "MASTER_PORT": "2", "PTCLUSTER_JOB_ID": "j2", "SSH_CONNECTION": "c",
+                "HOME": "/home/x"}) == first  # one job's, one connection's: the same pool
+    for changed in ({"OMP_NUM_THREADS": "8"}, {"LD_PRELOAD": "/x.so"}, {"PYTHONPATH": "/p"},
+                    {"MKL_NUM_THREADS": "2"}, {"PYTHONHASHSEED": "0"}, {"MY_VAR": "1"},
+                    {"LANG": "C"}):
+        assert key({**ENV, **changed}) != first, changed
+    for changes in ({"python": "/py2"}, {"digest": "e"}, {"torch": "2.14"},
+                    {"imports": ["numpy", "scipy"]}, {"place": "net:2"}):
+        assert key(**changes) != first, changes
+
+
+ARGV = ["/py", "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "1",
+        "--nproc-per-node", "3", "--master-addr", "10.0.0.1", "--master-port", "29500",
+        "--max-restarts", "0", "--no-python", "/py", "-u", "-c", "BOOT", "train.py",
+        "--local-rank=${local_rank}", "--nproc", "3"]
+
+
+def test_the_node_and_the_program_from_the_plans_torchrun_command() -> None:
+    assert torchrun_options(ARGV) == {
+        "nnodes": 2, "node_rank": 1, "nproc": 3, "master_addr": "10.0.0.1",
+        "master_port": "29500", "target": ["train.py", "--local-rank=${local_rank}", "--nproc",
+                                           "3"]}
+
+
+def torch_worker_keys() -> set[str]:
+    """The keys of the ``worker_env`` dict torch's local agent builds for every worker (its
+    source, as installed), with ``LOCAL_RANK`` (``_set_local_rank_env``)."""
+    spec = importlib.util.find_spec("torch")
+    assert spec is not None and spec.origin is not None
+    path = Path(spec.origin).parent / "distributed/elastic/agent/server/local_elastic_agent.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "worker_env"
+                                                for t in node.targets) \
+                and isinstance(node.value, ast.Dict):
+            return {k.value for k in node.value.keys if isinstance(k, ast.Constant)} | \
+                {"LOCAL_RANK"}
+    raise AssertionError("no worker_env in torch's agent")
+
+
+def test_a_pooled_rank_gets_every_variable_torchrun_sets() -> None:
+    env = elastic_env({"PTCLUSTER_ATTEMPT": "2", "PTCLUSTER_MAX_RESTARTS": "3"},
+                      torchrun_options(ARGV), 1, 5, 7, "/tmp/e.json")
+    assert torch_worker_keys() <= set(env)
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE",
+                                "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR",
+                                "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                                "TORCHELASTIC_MAX_RESTARTS", "OMP_NUM_THREADS")} == {
+        "RANK": "5", "LOCAL_RANK": "1", "GROUP_RANK": "1", "ROLE_RANK": "5", "WORLD_SIZE": "7",
+        "LOCAL_WORLD_SIZE": "3", "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "2",
+        "TORCHELASTIC_MAX_RESTARTS": "3", "OMP_NUM_THREADS": "1"}
