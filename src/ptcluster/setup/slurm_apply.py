@@ -106,17 +106,26 @@ def _run(setup: Executor, host: str, argv: list[str], timeout: float) -> tuple[b
     return setup.act(host, S.StepAction(tuple(argv), root=True, timeout=timeout))
 
 
+SUMMARY_OF = ("import glob, json, sys\n"
+              "runs = sorted(glob.glob(sys.argv[1] + '/*/summary.json'))\n"
+              "s = json.load(open(runs[-1])) if runs else {}\n"
+              "print(json.dumps({'outcome': s.get('outcome'), 'ranks': [{'host': r.get('host')}"
+              " for r in s.get('ranks') or []]}))")
+"""Run on the controller with the venv's python: what the proof needs of the newest run's
+``summary.json`` in a submit directory (the run directories are named by time), in a few
+hundred bytes (an action's output is capped at 4,000 characters; a summary is longer)."""
+
+
 def _summary(setup: Executor, ctl: str, log: str | None) -> dict[str, Any]:
-    """The ``summary.json`` of the last ``ptcluster run`` in the submit directory that holds
-    Slurm's ``log`` (its run directories are named by time: the last one is the newest); {}
-    when there is none or it does not parse."""
+    """``outcome`` and ``ranks`` (their hosts) of the last ``ptcluster run``'s ``summary.json``
+    in the submit directory that holds Slurm's ``log``; {} when there is none or it does not
+    parse."""
     if not log or "/" not in log:
         return {}
-    ok, text = setup.act(ctl, S.StepAction((
-        "sh", "-c", 'f=; for s in "$1"/*/summary.json; do f=$s; done; cat "$f"', "sh",
-        log.rsplit("/", 1)[0])))
+    ok, text = setup.act(ctl, S.StepAction((P.VENV_PYTHON, "-c", SUMMARY_OF,
+                                            log.rsplit("/", 1)[0])))
     try:
-        said = json.loads(text) if ok else {}
+        said = json.loads(text.strip().splitlines()[-1]) if ok and text.strip() else {}
     except ValueError:
         return {}
     return said if isinstance(said, dict) else {}
