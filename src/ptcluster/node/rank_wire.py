@@ -162,6 +162,25 @@ def connect(path: str, rank: int, role: str) -> socket.socket:
     return s
 
 
+def connect_or_none(path: str, rank: int, role: str) -> socket.socket | None:
+    """:func:`connect`, or None where the guard cannot be reached (the caller goes on without
+    it: a rank is never stopped by its reports)."""
+    try:
+        return connect(path, rank, role)
+    except OSError:
+        return None
+
+
+def send_record(sock: socket.socket | None, kind: str, body: dict[str, object]) -> None:
+    """One record on ``sock`` (None: nowhere); a guard gone meanwhile is not an error here."""
+    if sock is None:
+        return
+    try:
+        sock.sendall(encode_record(kind, body))
+    except OSError:
+        pass
+
+
 def header(line: bytes) -> tuple[int, str]:
     """``(rank, role)`` of a connection's first line. Raises ``ValueError``."""
     try:

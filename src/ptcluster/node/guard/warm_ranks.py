@@ -38,8 +38,8 @@ from ptcluster.node.rank_wire import (
     OUT,
     START,
     THREADS_VAR,
-    connect,
-    encode_record,
+    connect_or_none,
+    send_record,
 )
 from ptcluster.node.warm.pool import kill_session
 from ptcluster.node.warm.protocol import FORK, PID, REFUSED, STATUS, receive, send
@@ -178,7 +178,7 @@ class WarmRanks:
 
     def fork(self, rank: int, request: dict[str, Any], first: bool) -> None:
         """One rank: its streams to the pool; its ``ctl`` (the shim parent's) once it runs."""
-        streams = [_connect(self.server, rank, role) for role in (OUT, ERR)]
+        streams = [connect_or_none(self.server, rank, role) for role in (OUT, ERR)]
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         null = os.open(os.devnull, os.O_RDONLY)
         conn.settimeout(FORK_WITHIN)  # (a pool stopped or hung: this rank starts no other way)
@@ -203,8 +203,8 @@ class WarmRanks:
             self.lost(rank, f"the warm pool did not start this rank: {why}")
             return
         conn.settimeout(None)
-        one = Pooled(rank, conn, _connect(self.server, rank, CTL), int(reply["pid"]), fds[0])
-        _record(one.ctl, START, {"pid": one.pid, "shim_pid": one.pid, "t": one.started,
+        one = Pooled(rank, conn, connect_or_none(self.server, rank, CTL), int(reply["pid"]), fds[0])
+        send_record(one.ctl, START, {"pid": one.pid, "shim_pid": one.pid, "t": one.started,
                                  "streams": 2, "local_rank": int(request["env"]["LOCAL_RANK"]),
                                  "python": sys.executable})
         with self.lock:
@@ -213,11 +213,11 @@ class WarmRanks:
 
     def lost(self, rank: int, text: str) -> None:
         """A rank the pool failed: its error and exit records, as a rank's own would be."""
-        data = _connect(self.server, rank, DATA)
-        _record(data, ERROR, {"t": time.time(), "exc": "WarmPoolLost", "text": text[:300]})
+        data = connect_or_none(self.server, rank, DATA)
+        send_record(data, ERROR, {"t": time.time(), "exc": "WarmPoolLost", "text": text[:300]})
         if data is not None:
             data.close()
-        one = Pooled(rank, socket.socket(), _connect(self.server, rank, CTL), 0, -1)
+        one = Pooled(rank, socket.socket(), connect_or_none(self.server, rank, CTL), 0, -1)
         self.finish(one, -signal.SIGKILL)
         with self.lock:
             self.ranks.append(one)
@@ -240,8 +240,8 @@ class WarmRanks:
                     self.lost_under(one)
 
     def lost_under(self, one: Pooled) -> None:
-        data = _connect(self.server, one.rank, DATA)
-        _record(data, ERROR, {"t": time.time(), "exc": "WarmPoolLost",
+        data = connect_or_none(self.server, one.rank, DATA)
+        send_record(data, ERROR, {"t": time.time(), "exc": "WarmPoolLost",
                               "text": "the warm pool on this node ended while this rank ran "
                                       "(killed?): the rank died with it"})
         if data is not None:
@@ -251,7 +251,8 @@ class WarmRanks:
 
     def finish(self, one: Pooled, code: int) -> None:
         end = time.time()
-        _record(one.ctl, EXIT, {"code": code, "t": end, "duration": round(end - one.started, 3)})
+        send_record(one.ctl, EXIT, {"code": code, "t": end,
+                                    "duration": round(end - one.started, 3)})
         if one.ctl is not None:
             one.ctl.close()
         one.conn.close()
@@ -314,17 +315,4 @@ def _pidfd_signal(pidfd: int, sig: int) -> bool:
     return True
 
 
-def _connect(path: str, rank: int, role: str) -> socket.socket | None:
-    try:
-        return connect(path, rank, role)
-    except OSError:
-        return None
 
-
-def _record(sock: socket.socket | None, kind: str, body: dict[str, object]) -> None:
-    if sock is None:
-        return
-    try:
-        sock.sendall(encode_record(kind, body))
-    except OSError:
-        pass

@@ -23,7 +23,6 @@ import ctypes
 import os
 import runpy
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -48,27 +47,13 @@ from ptcluster.node.rank_wire import (
     SHIM_VAR,
     SOCK_VAR,
     START,
-    connect,
-    encode_record,
+    connect_or_none,
+    send_record,
 )
 
 PR_SET_PDEATHSIG = 1
 
 
-def _connect(path: str, rank: int, role: str) -> socket.socket | None:
-    try:
-        return connect(path, rank, role)
-    except OSError:
-        return None
-
-
-def _send(ctl: socket.socket | None, kind: str, body: dict[str, object]) -> None:
-    if ctl is None:
-        return
-    try:
-        ctl.sendall(encode_record(kind, body))
-    except OSError:
-        pass
 
 
 def _prctl() -> object:
@@ -85,9 +70,9 @@ def run_target(argv: list[str]) -> int:
     if callable(prctl):
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with torchrun
     path = os.environ.get(SOCK_VAR, "")
-    ctl = _connect(path, rank, CTL) if path else None
-    out = _connect(path, rank, OUT) if ctl else None
-    err = _connect(path, rank, ERR) if ctl else None
+    ctl = connect_or_none(path, rank, CTL) if path else None
+    out = connect_or_none(path, rank, OUT) if ctl else None
+    err = connect_or_none(path, rank, ERR) if ctl else None
     parent = os.getpid()
     # torchrun sets its own restart count (always 0: ptcluster restarts the whole job); a rank
     # sees the job's attempt instead, as torch's elastic scripts expect it.
@@ -112,7 +97,7 @@ def run_target(argv: list[str]) -> int:
     for s in (out, err):
         if s is not None:
             s.close()  # the target holds them now: EOF comes when it (and its children) end
-    _send(ctl, START, {"pid": child.pid, "shim_pid": parent, "t": start,
+    send_record(ctl, START, {"pid": child.pid, "shim_pid": parent, "t": start,
                          "streams": int(out is not None) + int(err is not None),
                          "local_rank": int(os.environ.get("LOCAL_RANK", "-1")),
                          "python": sys.executable})
@@ -127,7 +112,7 @@ def run_target(argv: list[str]) -> int:
         signal.signal(sig, forward)
     code = child.wait()
     end = time.time()
-    _send(ctl, EXIT, {"code": code, "t": end, "duration": round(end - start, 3)})
+    send_record(ctl, EXIT, {"code": code, "t": end, "duration": round(end - start, 3)})
     if ctl is not None:
         ctl.close()
     return code
@@ -247,8 +232,8 @@ def _report(kind: str, body: dict[str, object]) -> None:
     """One record to the guard on a connection of its own (the child has no ``ctl``)."""
     rank = int(os.environ.get("RANK", "-1"))
     path = os.environ.get(SOCK_VAR, "")
-    s = _connect(path, rank, DATA) if path else None
-    _send(s, kind, body)
+    s = connect_or_none(path, rank, DATA) if path else None
+    send_record(s, kind, body)
     if s is not None:
         s.close()
 
