@@ -246,8 +246,8 @@ def test_help_lists_the_commands_grouped_in_the_order_a_user_meets_them(cli) -> 
                         "Commands (inspect):"]
     listed = [line.split()[0] for line in out.split("Commands (set up):")[1].splitlines()
               if line.startswith("  ")]
-    assert listed == ["init", "setup", "doctor", "run", "ps", "kill", "stacks", "sync", "push",
-                      "collect", "submit", "monitor", "bench", "env", "venvs"]
+    assert listed == ["init", "setup", "doctor", "run", "ps", "kill", "warm", "stacks", "sync",
+                      "push", "collect", "submit", "monitor", "bench", "env", "venvs"]
 
 
 def test_help_and_version_exit_0(cli) -> None:
