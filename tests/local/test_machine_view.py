@@ -397,3 +397,27 @@ def test_a_victim_no_look_saw_is_tied_by_user_and_group(uid_shift, group, in_oth
     assert got == ([{"pid": 4242, "comm": "pt_data_worker", "rss": 1 << 30,
                      "constraint": "CONSTRAINT_MEMCG", "memcg": group, "main": False,
                      "tied": "group"}] if tied else [])
+
+
+def test_a_rank_gone_before_the_guard_saw_it_counts_from_the_guards_own_group() -> None:
+    """A rank killed in its first moments, before its start record reached the guard: its
+    memory group is the one it was started in (the guard's, inherited), counted from the
+    watch's start, not from when the guard looked (then the kill was in the base: the CI
+    suite's ``group_kills 0``). A rank seen alive in that group counts from there too."""
+    from ptcluster.node.guard.machine import MachineWatch, memory_group
+
+    watch = MachineWatch()
+    own = memory_group(os.getpid())
+    if own is None or watch.inherited is None:
+        pytest.skip("no memory group readable here")
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # (its /proc entry is gone: nothing to read its group from)
+    watch.started(0, gone.pid, 0)
+    assert watch.groups[0] == watch.inherited and watch.groups[0]["file"] == own[0]
+    alive = subprocess.Popen(["sleep", "5"])
+    try:
+        watch.started(1, alive.pid, 0)
+        assert watch.groups[1]["base"] == watch.inherited["base"]
+    finally:
+        alive.kill()
+        alive.wait()

@@ -76,6 +76,14 @@ class MachineWatch:
         driver's library, only where the kernel's log is not readable)."""
         self.lock = threading.Lock()
         self.node_base = vmstat_oom_kills()
+        own = memory_group(os.getpid())
+        count = group_oom_kills(own[0]) if own is not None else None
+        self.inherited: dict[str, Any] | None = None if own is None or count is None else \
+            {"file": own[0], "base": count, "limit": own[1]}
+        """The guard's own memory group and its count now, before any rank exists: what a rank
+        inherits unless it moves. A rank first seen in it counts from here, not from when its
+        start record came (a rank killed in its first moments, before the guard looked, had
+        its kill counted in the base: ``group_kills`` 0 on a loaded CI machine)."""
         self.since = time.time()
         self.kmsg = open_kmsg(at_end=True)
         self.log = LOG_KMSG if self.kmsg is not None else \
@@ -155,12 +163,17 @@ class MachineWatch:
             with self.lock:
                 self.unified[rank] = unified
         found = memory_group(pid)
-        if found is None:
-            return
-        path, limit = found
         with self.lock:
             known = self.groups.get(rank)
-            if known is None or known["file"] != path:
+            if found is None:  # (gone already: it was where it started, the guard's group)
+                if known is None and self.inherited is not None:
+                    self.groups[rank] = dict(self.inherited)
+                return
+            path, limit = found
+            if known is None and self.inherited is not None \
+                    and self.inherited["file"] == path:
+                self.groups[rank] = dict(self.inherited)
+            elif known is None or known["file"] != path:
                 count = group_oom_kills(path)
                 if count is not None:
                     self.groups[rank] = {"file": path, "base": count, "limit": limit}
