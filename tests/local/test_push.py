@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ptcluster.push.scan import scan
-from ptcluster.push.send import FAILED, PUSHED, UP_TO_DATE, Progress, push
+from ptcluster.push.send import FAILED, PUSHED, UP_TO_DATE, Progress, PushResult, push
 from ptcluster.remote.group import Member
 from ptcluster.remote.transport import LocalTransport
 
@@ -293,3 +293,91 @@ def test_relay_listener_refuses_a_stranger_and_a_wrong_secret(tmp_path: Path) ->
     assert conn.recv(1) == b"x"  # type: ignore[attr-defined]
     for c in (wrong, right, conn):
         c.close()  # type: ignore[attr-defined]
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pid_python(tmp: Path, host: str) -> str:
+    """An interpreter for ``host``'s node program that leaves the program's pid in
+    ``tmp/pid-HOST`` (``exec``: the same process)."""
+    wrapper = tmp / f"python-{host}"
+    wrapper.write_text(f"#!/bin/sh\necho $$ > {tmp / f'pid-{host}'}\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def _held(folder: Path, starts: float = 60.0) -> None:
+    """Wait until a file is on its way into ``folder`` (its temp name is there)."""
+    deadline = time.monotonic() + starts
+    while not list(folder.rglob(".ptcluster-part-*")):
+        assert time.monotonic() < deadline, f"no file began to arrive in {folder}"
+        time.sleep(0.005)
+
+
+def silent_head(tmp: str) -> None:
+    """The head of the next test, in a process of its own: pushes ``tmp/src`` to n1, whose
+    program gives up after 3 s of silence from the head."""
+    root = Path(tmp)
+    (member,) = members(root, "n1", python=pid_python(root, "n1"))
+    member.config["silence"] = 3.0
+    push([member], scan(root / "src"))
+
+
+def test_a_push_whose_head_goes_silent_ends_without_eof(tmp_path: Path) -> None:
+    """A link cut mid-push: the node sees silence, never EOF (its sshd keeps the session). n1's
+    program is held (SIGSTOP) in the middle of a file and the head stopped (its pipes open, as
+    behind a cut link); once n1 goes on it ends by itself after the silence, its temp file
+    removed, the file never in place under its name."""
+    dataset(tmp_path, files=1, size=200_000_000)
+    head = subprocess.Popen([sys.executable, "-c", "import sys; from tests.local.test_push "
+                             "import silent_head; silent_head(sys.argv[1])", str(tmp_path)],
+                            cwd=REPO, start_new_session=True)
+    dest = tmp_path / "dest-n1" / "data"
+    agent = 0
+    try:
+        _held(dest)
+        agent = int((tmp_path / "pid-n1").read_text())
+        os.kill(agent, signal.SIGSTOP)
+        os.kill(head.pid, signal.SIGSTOP)  # silent, its pipes open
+        os.kill(agent, signal.SIGCONT)
+        deadline = time.monotonic() + 20
+        while _alive(agent) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = _alive(agent)
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(10)
+        if agent and _alive(agent):  # (this test's own leftover, whatever happened above)
+            os.kill(agent, signal.SIGKILL)
+    assert not left, "n1's program still runs after 20 s of the head's silence"
+    assert not list(dest.rglob(".ptcluster-part-*"))
+    assert not (dest / "shard-0" / "part-000.bin").exists()
+
+
+def test_a_stalled_relay_is_not_taken_for_a_silent_head(tmp_path: Path) -> None:
+    """The heartbeats raise no false alarm: n3, the chain's last node, is held (SIGSTOP) for
+    8 s in the middle of the set, while n1 and n2 give up after 3 s of silence from the head.
+    n2 waits on its send to n3 and n1 on its send to n2 (the head on its write to n1), yet
+    neither takes that for a silent head: the push completes on all three once n3 goes on."""
+    src = dataset(tmp_path, files=3, size=16_000_000)
+    nodes = relay_members(tmp_path, 3, python={"n3": pid_python(tmp_path, "n3")})
+    for node in nodes:
+        node.config["silence"] = 60.0 if node.host == "n3" else 3.0
+    got: list[PushResult] = []
+    pushing = threading.Thread(target=lambda: got.append(push(nodes, scan(src))), daemon=True)
+    pushing.start()
+    _held(tmp_path / "dest-n3" / "data")
+    agent = int((tmp_path / "pid-n3").read_text())
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        time.sleep(8.0)  # (the hold itself: more than twice the others' silence)
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    pushing.join(120)
+    assert got, "the push did not end"
+    assert got[0].ok, got[0].failed
+    assert got[0].chain == ["n1", "n2", "n3"]
+    for host in ("n1", "n2", "n3"):
+        assert digests(tmp_path / f"dest-{host}" / "data") == digests(src), host

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +18,7 @@ import pytest
 
 from ptcluster.cluster.load import load_cluster_file
 from ptcluster.push.scan import scan
-from ptcluster.push.send import push
+from ptcluster.push.send import PushResult, push
 from ptcluster.remote.connect import transports
 from ptcluster.remote.group import Member
 from tests.support import bare
@@ -45,33 +48,109 @@ def tx_bytes(dev: str) -> int:
     return int(Path(f"/sys/class/net/{dev}/statistics/tx_bytes").read_text())
 
 
-def test_relay_on_8_nodes_head_egress_about_once(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def relay_bed() -> Iterator[tb.Testbed]:
     bed = tb.bring_up("multi-node testbed", tb.available(), lambda: tb.Testbed(8))
     try:
-        spec = load_cluster_file(bed.write_cluster(tmp_path, [1] * 8), trusted=True)
-        reach = transports(spec)
-        # the namespaces share this machine's files: each node its own folder
-        members = [Member(n.host, reach[n.host], sys.executable,
-                          {"dest": str(tmp_path / f"dest-{i}")}) for i, n in enumerate(spec.nodes)]
-        src = dataset(tmp_path, files=16, size=2 << 20)  # 32 MiB
-        before = tx_bytes(bed.bridge)
-        done = push(members, scan(src))
-        egress = tx_bytes(bed.bridge) - before
-        assert done.ok, done.failed
-        assert len(done.chain) == 8
-        for i in range(8):
-            assert digests(tmp_path / f"dest-{i}") == digests(src)
-        size = done.size
-        assert done.bytes_sent == size
-        # what the head's interface sent: the set once, plus ssh's and the frames' overhead
-        assert egress <= 1.5 * size, (egress, size)
-        print(f"relay 8 nodes: {size} bytes, head egress {egress} ({egress / size:.2f}x)")
-        before = tx_bytes(bed.bridge)
-        again = push(members, scan(src))
-        assert again.ok and again.bytes_sent == 0
-        assert tx_bytes(bed.bridge) - before < 1 << 20
+        yield bed
     finally:
         bed.close()
+
+
+def relay_members(bed: tb.Testbed, tmp_path: Path) -> list[Member]:
+    spec = load_cluster_file(bed.write_cluster(tmp_path, [1] * 8), trusted=True)
+    reach = transports(spec)
+    # the namespaces share this machine's files: each node its own folder
+    return [Member(n.host, reach[n.host], sys.executable, {"dest": str(tmp_path / f"dest-{i}")})
+            for i, n in enumerate(spec.nodes)]
+
+
+def test_relay_on_8_nodes_head_egress_about_once(relay_bed: tb.Testbed, tmp_path: Path) -> None:
+    bed = relay_bed
+    members = relay_members(bed, tmp_path)
+    src = dataset(tmp_path, files=16, size=2 << 20)  # 32 MiB
+    before = tx_bytes(bed.bridge)
+    done = push(members, scan(src))
+    egress = tx_bytes(bed.bridge) - before
+    assert done.ok, done.failed
+    assert len(done.chain) == 8
+    for i in range(8):
+        assert digests(tmp_path / f"dest-{i}") == digests(src)
+    size = done.size
+    assert done.bytes_sent == size
+    # what the head's interface sent: the set once, plus ssh's and the frames' overhead
+    assert egress <= 1.5 * size, (egress, size)
+    print(f"relay 8 nodes: {size} bytes, head egress {egress} ({egress / size:.2f}x)")
+    before = tx_bytes(bed.bridge)
+    again = push(members, scan(src))
+    assert again.ok and again.bytes_sent == 0
+    assert tx_bytes(bed.bridge) - before < 1 << 20
+
+
+def test_relay_a_node_cut_off_mid_push(relay_bed: tb.Testbed, tmp_path: Path) -> None:
+    """A middle node of the chain loses its link in the middle of a file (held by SIGSTOP
+    until its link is down, so that the set cannot have passed it): no FIN reaches its
+    neighbours. The node after it hears nothing and the one before it cannot send: the kernel's
+    probes (``node.data_relay``) drop the cut peer for both, the head names the node (ssh's
+    keepalive) and sends the nodes after it what they lack itself, and every other node has
+    the set; on the cut node, which sees silence and never EOF, the program ends itself and
+    removes its temp file."""
+    bed = relay_bed
+    cut = bed.nodes[3]
+    members = relay_members(bed, tmp_path)
+    src = dataset(tmp_path, files=8, size=8 << 20)  # 64 MiB
+    got: list[PushResult] = []
+    pushing = threading.Thread(target=lambda: got.append(push(members, scan(src))), daemon=True)
+    pushing.start()
+    agents: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "dest-3").rglob(".ptcluster-part-*")):
+            assert time.monotonic() < deadline and pushing.is_alive(), "no file reached node 3"
+            time.sleep(0.005)
+        agents = [p for p in cut.pids() if _comm(p).startswith("python")]
+        assert agents, "no node program on node 3"
+        for pid in agents:
+            os.kill(pid, signal.SIGSTOP)
+        bed.cut_link(cut)
+        cut_at = time.monotonic()
+        for pid in agents:
+            os.kill(pid, signal.SIGCONT)
+        pushing.join(180)  # (without the kernel's probes: 600 s, the relay's stream timeout)
+        assert got, "the push did not end"
+        done = got[0]
+        print(f"node 3 cut: the push ended {time.monotonic() - cut_at:.1f} s after")
+        assert set(done.failed) == {cut.name}, done.failed
+        assert done.chain == [m.host for m in members]
+        for i in range(8):
+            if i != 3:
+                assert digests(tmp_path / f"dest-{i}") == digests(src), i
+        assert done.bytes_sent > done.size  # (the nodes after the cut: from the head)
+        deadline = time.monotonic() + 60
+        while [p for p in agents if _alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not [p for p in agents if _alive(p)], "the cut node's program did not end"
+        print(f"node 3's program ended by {time.monotonic() - cut_at:.1f} s after the cut")
+        assert not list((tmp_path / "dest-3").rglob(".ptcluster-part-*"))
+    finally:
+        bed.restore_link(cut)
+        for pid in agents:
+            if _alive(pid):  # (this test's own leftovers, whatever happened above)
+                os.kill(pid, signal.SIGKILL)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@ content), the missing ones received, every file's digest reported.
 
 Standard library only; shipped like every node program (``remote.bootstrap``).
 
-  stdin  line 2   JSON config: ``{dest}`` (the folder on this node; made if missing)
+  stdin  line 2   JSON config: ``{dest, silence}`` (the folder on this node, made if missing;
+                  silence: seconds without a byte from the head after which it ends)
   stdout          ``hello``, then answers:
                   ``have {files: [{path, size, sha256}]}`` -> ``have {ok, missing, free,
                   addr}`` (addr: where ssh reached this node, for the relay)
@@ -14,6 +15,14 @@ Standard library only; shipped like every node program (``remote.bootstrap``).
                   relay (``node.data_relay``): ``relay {bind, secret, peer}`` -> ``relay
                   {port}``: the files come from the upstream node instead; ``link {addr, port,
                   secret}`` -> ``link {ok}``: each file received is passed on to that node
+                  ``hb``: the head's heartbeat (every second while it waits)
+
+A head whose link is cut sends no EOF (this node's sshd keeps the session for as long as TCP
+does): the program ends itself after ``silence`` s without a byte from it, its temp files
+removed. Its answers are worked out on a thread of their own while the head is read on (a
+``have`` may hash a whole copy; a ``stored`` waits for the upstream node's last file, the
+relay's own links being watched by the kernel, ``node.data_relay``), so a node that works or
+waits still hears the head.
 
 The node keeps a manifest (``DEST/.ptcluster-data.json``: per file its size, mtime and
 sha256): a file whose size and mtime are the manifest's is not read again (rsync's quick check),
@@ -23,9 +32,11 @@ any other is hashed. Files under DEST that the head does not have are kept unles
 import hashlib
 import json
 import os
+import queue
 import socket
 import sys
 import threading
+import time
 from typing import BinaryIO
 
 from ptcluster.node.blobs import (
@@ -70,6 +81,14 @@ class Dest:
         self.wanted: list[str] = []
         self.downstream: socket.socket | None = None
         self.upstream: threading.Thread | None = None
+        self.heard = time.monotonic()
+        """When a byte last came from the head (a line, a block of a file)."""
+        self.forwarding = False
+        """A block of the head's on its way to the next node (the head is not read meanwhile:
+        a next node whose link is cut holds it ``data_relay.PEER_LOST`` s at most)."""
+
+    def hear(self) -> None:
+        self.heard = time.monotonic()
 
     def have(self, msg: dict) -> dict:
         files = msg["files"]
@@ -100,6 +119,11 @@ class Dest:
         except OSError as exc:
             return {"problem": f"{self.dest} is not writable here: {exc.strerror or exc}",
                     "fix": "push to a folder this user may write (--to), or make that one so"}
+        self.remove_parts()
+        return None
+
+    def remove_parts(self) -> None:
+        """Every temp file under DEST (an earlier push's, or this one's as it ends)."""
         for top, _dirs, names in os.walk(self.dest):
             for name in names:
                 if name.startswith(PART_PREFIX):
@@ -107,7 +131,6 @@ class Dest:
                         os.unlink(os.path.join(top, name))
                     except OSError:
                         pass
-        return None
 
     def load(self) -> dict[str, dict]:
         try:
@@ -149,7 +172,19 @@ class Dest:
         self.manifest[path] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
         return sha
 
-    def receive(self, stdin: BinaryIO, msg: dict) -> None:
+    def receive(self, stdin: BinaryIO, msg: dict, from_head: bool = True) -> None:
+        """One file, from the head (``from_head``: each block heard) or the upstream node."""
+
+        def tee(block: bytes) -> None:
+            if not from_head:
+                self.forward(block)
+                return
+            self.hear()
+            self.forwarding = True
+            self.forward(block)
+            self.forwarding = False
+            self.hear()
+
         path, sha = str(msg["path"]), str(msg["sha256"])
         final = os.path.join(self.dest, path) if inside(path) else os.path.join(self.dest, ".")
         try:
@@ -158,8 +193,7 @@ class Dest:
             pass  # (the file's open fails then, and says why)
         if self.downstream is not None:
             self.forward(encode(Kind.BLOB, msg))
-        problem = receive(stdin, sha, int(msg["size"]), final, FULL_FIX, 0o644,
-                          None if self.downstream is None else self.forward)
+        problem = receive(stdin, sha, int(msg["size"]), final, FULL_FIX, 0o644, tee)
         if problem is not None:
             self.failed[path] = problem
             return
@@ -201,7 +235,7 @@ class Dest:
                         for raw in iter(stream.readline, b""):
                             kind, payload = split(raw.decode().rstrip("\n"))
                             if kind == Kind.BLOB:
-                                self.receive(stream, control(payload))
+                                self.receive(stream, control(payload), from_head=False)
                     except (OSError, EOFError, ValueError):
                         pass  # (upstream gone: what is missing is sent by the head)
             self.end_downstream()
@@ -244,29 +278,56 @@ class Dest:
         return gone
 
 
+def watch_head(node: Dest, silence: float) -> None:
+    """End this program once the head has been silent ``silence`` s (it sends a heartbeat every
+    second): a link cut mid-push shows here as silence, never as EOF. This push's temp files go
+    with it (a file on its way is never left half-written under its name)."""
+    while True:
+        time.sleep(min(1.0, silence / 4))
+        if time.monotonic() - node.heard > silence and not node.forwarding:
+            node.end_downstream()
+            node.remove_parts()
+            os._exit(0)
+
+
 def main() -> None:
     stdin = sys.stdin.buffer
     cfg = json.loads(stdin.readline())
     out = sys.stdout.buffer
+    writing = threading.Lock()
+
+    def answer(kind: str, said: dict) -> None:
+        with writing:
+            out.write(encode(kind, said))
+            out.flush()
+
     node = Dest(str(cfg["dest"]))
-    out.write(hello("push"))
-    out.flush()
+    with writing:
+        out.write(hello("push"))
+        out.flush()
+    if cfg.get("silence"):
+        threading.Thread(target=watch_head, args=(node, float(cfg["silence"])),
+                         daemon=True).start()
+    asked: queue.Queue[tuple[str, dict]] = queue.Queue()
+
+    def work() -> None:  # (one request at a time, in order: the head waits for each answer)
+        while True:
+            kind, msg = asked.get()
+            answer(kind, node.have(msg) if kind == Kind.HAVE else node.relay(msg)
+                   if kind == Kind.RELAY else node.link(msg) if kind == Kind.LINK
+                   else node.stored(msg))
+
+    threading.Thread(target=work, daemon=True).start()
     try:
         for raw in iter(stdin.readline, b""):
+            node.hear()
             kind, payload = split(raw.decode().rstrip("\n"))
             if kind in (Kind.BYE, Kind.STOP):
                 break
-            if kind == Kind.HB:
-                continue
-            msg = control(payload)
             if kind == Kind.BLOB:
-                node.receive(stdin, msg)
-                continue
-            answer = node.have(msg) if kind == Kind.HAVE else node.relay(msg) \
-                if kind == Kind.RELAY else node.link(msg) if kind == Kind.LINK \
-                else node.stored(msg)
-            out.write(encode(kind, answer))
-            out.flush()
+                node.receive(stdin, control(payload))
+            elif kind != Kind.HB:
+                asked.put((kind, control(payload)))
     except EOFError:
         pass  # the head was interrupted (Ctrl-C) or is gone: the file on its way was removed
     os._exit(0)

@@ -6,6 +6,14 @@ connection: from the upstream peer's address, that first sends this push's secre
 push, told each node over the head's own channel), compared with ``hmac.compare_digest`` before
 any other byte is read; anything else is closed and the listener waits on. Standard library
 only; a part of the push program (``node.data_agent``).
+
+A peer whose link is cut sends no FIN: without more, the node after it would wait
+``STREAM_TIMEOUT`` on its socket and the one before it would block in a send. Both ends of a
+relay connection ask the kernel instead (``keep_alive``): after ``PROBE_IDLE`` s without a
+packet it sends probes, which the peer's kernel answers however long its program waits on its
+own upstream (a healthy relay is never taken for a lost one), and ``TCP_USER_TIMEOUT`` ends
+the connection once probes or sent data went unacknowledged ``PEER_LOST`` s: a cut peer is
+dropped in about that long (tcp(7)), and the head sends what it lacks itself.
 """
 
 import hmac
@@ -16,7 +24,23 @@ ACCEPT_TIMEOUT = 120.0
 """Seconds a listener waits for its upstream peer."""
 SECRET_TIMEOUT = 10.0
 STREAM_TIMEOUT = 600.0
-"""Seconds without a byte from the upstream peer after which it counts as gone."""
+"""Seconds without a byte from the upstream peer (its link up: its kernel answers) after which
+it counts as gone."""
+PROBE_IDLE = 3
+"""Seconds without a packet after which the kernel asks the peer (then every ``PROBE_EVERY``)."""
+PROBE_EVERY = 2
+PEER_LOST = 12
+"""Seconds of unanswered probes or unacknowledged data after which the peer counts as lost."""
+
+
+def keep_alive(conn: socket.socket) -> None:
+    """The kernel's watch of the peer's link on ``conn`` (Linux's options; elsewhere none)."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", PROBE_IDLE), ("TCP_KEEPINTVL", PROBE_EVERY),
+                        ("TCP_KEEPCNT", PEER_LOST // PROBE_EVERY),
+                        ("TCP_USER_TIMEOUT", PEER_LOST * 1000)):
+        if hasattr(socket, name):
+            conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def _read_exact(conn: socket.socket, size: int) -> bytes | None:
@@ -53,6 +77,7 @@ class Listener:
                 except OSError:
                     said = None
                 if said is not None and hmac.compare_digest(said, self.secret):
+                    keep_alive(conn)
                     conn.settimeout(STREAM_TIMEOUT)
                     return conn
                 self.refused += 1
@@ -67,6 +92,7 @@ class Listener:
 def connect(addr: str, port: int, secret: str) -> socket.socket:
     """The connection to the next node, this push's secret said first."""
     conn = socket.create_connection((addr, port), timeout=SECRET_TIMEOUT)
+    keep_alive(conn)
     conn.sendall(secret.encode())
     conn.settimeout(STREAM_TIMEOUT)
     return conn

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ptcluster.errors import Problem
 from ptcluster.node import PUSH
-from ptcluster.node.wire import Kind
+from ptcluster.node.wire import HEARTBEAT_EVERY, HEARTBEAT_TIMEOUT, Kind
 from ptcluster.push.relay import RELAY_MIN, address, link
 from ptcluster.push.scan import Listing
 from ptcluster.remote.blobs import Blob, Outgoing, stream
@@ -95,7 +95,11 @@ def push(members: Sequence[Member], listing: Listing, *, delete: bool = False,
     sends each once; a node the chain failed gets what it lacks from the head afterwards."""
     say = on_event or (lambda progress: None)
     begun = time.monotonic()
-    group = Group(members, PUSH, answer=Kind.STORED, kinds=(Kind.HAVE, Kind.RELAY, Kind.LINK))
+    # heartbeats: a node whose link is cut mid-push sees no EOF; its program ends itself after
+    # HEARTBEAT_TIMEOUT s of silence (``node.data_agent``)
+    members = [replace(m, config={"silence": HEARTBEAT_TIMEOUT, **m.config}) for m in members]
+    group = Group(members, PUSH, answer=Kind.STORED, kinds=(Kind.HAVE, Kind.RELAY, Kind.LINK),
+                  heartbeat=HEARTBEAT_EVERY)
     out: dict[str, NodePush] = {}
     sent: dict[str, list[int]] = {}
     finished = False
