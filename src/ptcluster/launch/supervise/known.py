@@ -171,8 +171,9 @@ TABLE: tuple[Known, ...] = (
           meaning="the script imports a module this node's python cannot find: the project's "
                   "own code not copied there, or a package not installed in that python",
           fix="`ptcluster run --sync ...` copies the project to every node's workdir first; "
-              "install a missing package in every node's python (`python:` of the cluster "
-              "file)"),
+              "a missing package: list it in the project's requirements (`run --requirements "
+              "FILE`, or `requirements:` in the cluster file), and every node builds it into "
+              "the job's environment before a rank starts"),
     Known(name="local-rank-arg-underscore", title="the script wants --local_rank",
           when=(Match(types=("SystemExit",), usage=("arguments are required", "--local_rank")),),
           meaning="the script was written for `python -m torch.distributed.launch`, which "
