@@ -5,7 +5,9 @@ it), the rendezvous moves when the lost node hosted it, a spare that cannot be r
 should join is dropped (not counted as a restart) and the next spare joins, and with two nodes
 lost and one spare the shrink rule takes the other; a spare refused by its health gate is
 passed over like one that cannot be reached. Without spares, a lost node that answers again
-is taken back at the next restart. ``doctor`` checks a spare as a node (its
+is taken back at the next restart, and with ``--readmit`` at the next checkpoint; either way the
+final parameters equal those of the same training unbroken (max abs difference <= 1e-5: the
+world size changed on the way). ``doctor`` checks a spare as a node (its
 all-reduce too); ``ps`` lists it, idle. The rule's details: ``tests/unit/test_spares.py``."""
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.support.head import Head, job_id_when_started, only_run, rank_fields, run_head
 from tests.support.procs import job_processes
@@ -85,6 +88,33 @@ def run_and_cut(testbed, root: Path, no_leftovers: list[str], path: Path, victim
     assert left == [], left
     _, summary = only_run(runs)
     return head, summary, "\n".join(head.err)
+
+
+TRAIN_40 = [a if a != "20" else "40" for a in TRAIN]
+FINAL_40 = "checkpoint-39.pt"
+"""The trainer's file after its last (40th) epoch."""
+
+
+@pytest.fixture(scope="module")
+def unbroken(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """TRAIN_40 run without a failure, on 2 local ranks of 64 (the global batch of 4 ranks of
+    32: the trainer keeps it in every world size): the folder of its final checkpoint."""
+    root = tmp_path_factory.mktemp("unbroken")
+    code, head = run_head(["run", "--nproc", "2", *[a if a != "32" else "64" for a in TRAIN_40]],
+                          cwd=root)
+    assert code == 0, head.output()
+    return root / "checkpoints"
+
+
+def as_unbroken(workdir: Path, unbroken: Path) -> None:
+    """The job's final parameters (``workdir``'s checkpoint) equal the unbroken run's within
+    float rounding: its world size changed on the way (4, 3, 4 ranks against 2)."""
+    want = torch.load(unbroken / FINAL_40, weights_only=False)
+    got = torch.load(workdir / "checkpoints" / FINAL_40, weights_only=False)
+    assert got["global_batch"] == want["global_batch"] == 128, (got["global_batch"],
+                                                               want["global_batch"])
+    worst = max((got["model"][k] - t).abs().max().item() for k, t in want["model"].items())
+    assert worst <= 1e-5, worst
 
 
 def one_model(head: Head, world: int) -> dict[int, dict[str, str]]:
@@ -223,14 +253,14 @@ def rank_pid(testbed, job_id: str, node) -> int | None:
 
 
 def test_a_lost_node_that_answers_again_is_taken_back_at_the_next_restart(
-        testbed, tmp_path, no_leftovers) -> None:
+        testbed, tmp_path, no_leftovers, unbroken) -> None:
     """No spare: node 2 is cut, the job goes on without it (--min-nodes 2); its link comes
     back and its guard of then ends; a rank of node 0 is killed: the next attempt takes node 2
     back, the job ends at full size (world size 4), one model on every rank."""
     n = [x.name for x in testbed.nodes]
     path = cluster(testbed, tmp_path, (2, 1, 1), ())
     runs = tmp_path / "runs"
-    train = [a if a != "20" else "40" for a in TRAIN]
+    train = TRAIN_40
     head = Head(["run", "--cluster", str(path), "--run-dir", str(runs), "--max-restarts", "2",
                  "--min-nodes", "2", *train], cwd=tmp_path)
     victim = testbed.nodes[2]
@@ -272,10 +302,11 @@ def test_a_lost_node_that_answers_again_is_taken_back_at_the_next_restart(
     assert f"restart 2 of 2: {n[2]} answers again: taken back" in err, err
     assert f"world size 4 (was 3: {n[2]} taken back)" in err, err
     one_model(head, 4)
+    as_unbroken(tmp_path / "w0", unbroken)
 
 
 def test_with_readmit_a_node_back_rejoins_at_the_next_checkpoint_every_rank_saved(
-        testbed, tmp_path, no_leftovers) -> None:
+        testbed, tmp_path, no_leftovers, unbroken) -> None:
     """``run --readmit``, no spare: node 2 is cut, the job goes on without it (--min-nodes 2);
     its link comes back: once its guard of then has ended and its health gate passes, a
     planned restart at the next checkpoint every rank saved takes it back, without a failure
@@ -284,7 +315,7 @@ def test_with_readmit_a_node_back_rejoins_at_the_next_checkpoint_every_rank_save
     n = [x.name for x in testbed.nodes]
     path = cluster(testbed, tmp_path, (2, 1, 1), ())
     runs = tmp_path / "runs"
-    train = [a if a != "20" else "40" for a in TRAIN]
+    train = TRAIN_40
     head = Head(["run", "--cluster", str(path), "--run-dir", str(runs), "--max-restarts", "1",
                  "--min-nodes", "2", "--readmit", *train], cwd=tmp_path)
     victim = testbed.nodes[2]
@@ -322,6 +353,7 @@ def test_with_readmit_a_node_back_rejoins_at_the_next_checkpoint_every_rank_save
            "taken back" in err, err
     assert f"world size 4 (was 3: {n[2]} taken back)" in err, err
     one_model(head, 4)
+    as_unbroken(tmp_path / "w0", unbroken)
 
 
 def test_with_readmit_a_node_back_while_a_spare_holds_its_place_waits_as_a_spare(
