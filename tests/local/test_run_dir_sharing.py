@@ -23,8 +23,8 @@ from ptcluster.errors import PtclusterError
 from ptcluster.launch.api import prepare
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import Target
-from ptcluster.launch.rundir import RunDir, RunLogs, write_private
 from ptcluster.monitor.watch import job_straggler
+from ptcluster.rundir import RunDir, RunLogs, write_private
 
 NOBODY = 65534
 SECRET_ENV = ("API_TOKEN", "s3cret-6b1f")

@@ -10,7 +10,7 @@ import click
 from ptcluster.cli.console import terminal
 from ptcluster.control.protocol import ask, running_jobs, stacks_request
 from ptcluster.errors import UsageError
-from ptcluster.launch.rundir import DEFAULT_RUNS_DIR, RunDir
+from ptcluster.rundir import DEFAULT_RUNS_DIR, RunDir
 
 
 @click.command(help=__doc__)

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from ptcluster.errors import PtclusterError
-from ptcluster.launch.rundir import RunDir
 from ptcluster.launch.supervise.straggler import Report
 from ptcluster.node.sharing import safefile
+from ptcluster.rundir import RunDir
 
 
 class Request:

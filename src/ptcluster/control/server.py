@@ -32,9 +32,9 @@ from ptcluster.control.protocol import (
     kind_of,
     peer_uid,
 )
-from ptcluster.launch.rundir import RunDir
 from ptcluster.launch.supervise.straggler import Report
 from ptcluster.node.wire import KILLED_BY
+from ptcluster.rundir import RunDir
 
 log = logging.getLogger(__name__)
 Handler = Callable[[dict[str, Any]], dict[str, Any]]

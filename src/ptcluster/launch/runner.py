@@ -32,7 +32,6 @@ from ptcluster.launch.plan import LaunchPlan, Target, health_context, replan, re
 from ptcluster.launch.port import free_port
 from ptcluster.launch.readmit_watch import ReturnWatch, Watched
 from ptcluster.launch.result import AttemptRecord, FailureKind, NodeOutcome, RunResult
-from ptcluster.launch.rundir import RunDir, RunLogs, log_files_budget
 from ptcluster.launch.stacks.collector import StackCollector
 from ptcluster.launch.supervise.restart import (
     GONE,
@@ -43,6 +42,7 @@ from ptcluster.launch.supervise.restart import (
 )
 from ptcluster.launch.supervise.supervisor import Supervisor
 from ptcluster.remote.transport import Transport
+from ptcluster.rundir import RunDir, RunLogs, log_files_budget
 
 __all__ = ["DataSink", "LineSink", "Restarts", "Runner"]
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptcluster.launch.rundir import RunDir, write_private
 from ptcluster.launch.stacks.report import StackReport, build_report
 from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.actions import HANG
+from ptcluster.rundir import RunDir, write_private
 
 STACKS_WAIT = 10.0
 """Seconds a collection waits for every node's answer (a guard needs <= 2.5 s, plus <= 6 s
