@@ -29,6 +29,7 @@ from ptcluster.launch.options import CHECK_EVERY, RunOptions
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.readmit_watch import NodeBack
 from ptcluster.launch.result import AttemptRecord, RunResult
+from ptcluster.launch.runlogs import RunLogs
 from ptcluster.launch.stacks.collector import StackCollector
 from ptcluster.launch.stacks.report import StackReport
 from ptcluster.launch.supervise import events as ev
@@ -50,7 +51,6 @@ from ptcluster.node import GUARD
 from ptcluster.node.wire import Kind
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.transport import Transport, explain_channel_failure
-from ptcluster.rundir import RunLogs
 
 log = logging.getLogger(__name__)
 
