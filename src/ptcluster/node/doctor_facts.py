@@ -32,7 +32,8 @@ from typing import Any
 
 from ptcluster.node.facts.accel import gpus, sh, torch_facts
 from ptcluster.node.facts.firewall import firewall_state, rule_counts
-from ptcluster.node.facts.health import gpu_warnings, health
+from ptcluster.node.facts.health import gpu_warnings, judge
+from ptcluster.node.facts.health_facts import read_health
 from ptcluster.node.facts.netif import AUTO_PORTS, interfaces, route_dev, route_interface
 from ptcluster.node.facts.rdma import read_rdma
 from ptcluster.node.wire import Kind, control, encode, hello, split
@@ -104,8 +105,9 @@ def collect(cfg: dict[str, Any]) -> dict[str, Any]:
         "chosen": cfg.get("gpus_chosen") or "CUDA_VISIBLE_DEVICES" in os.environ,
         "gpu_count": int(facts["gpus"].get("count") or 0),
         **({"disk": (facts["disk"]["free"], facts["disk"]["total"])} if facts["disk"] else {})}
-    facts["health"] = health(ctx)
-    facts["gpu_warnings"] = gpu_warnings(ctx) if ctx["gpu_count"] else []
+    health = read_health(ctx)
+    facts["health"] = judge(health)
+    facts["gpu_warnings"] = gpu_warnings(health) if ctx["gpu_count"] else []
     facts["torch"] = torch_facts() if cfg.get("torch", True) else None
     facts["slurm"] = slurm_facts()
     facts["time"] = time.time()  # last: the head compares it with its clock on arrival
