@@ -23,7 +23,7 @@ from ptcluster.control import registry as heads
 from ptcluster.control.kill import stop_through_head
 from ptcluster.control.protocol import ask
 from ptcluster.control.server import ControlServer
-from ptcluster.launch.rundir import RunDir
+from ptcluster.rundir import RunDir
 from tests.support.head import Head, job_id_when_started, only_run
 from tests.support.procs import job_processes
 

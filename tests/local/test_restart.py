@@ -280,7 +280,8 @@ def test_the_notes_of_a_wait_s_retried_tries_are_held_by_every_part(tmp_path) ->
 def test_a_run_directory_s_files_are_named_by_its_layout(tmp_path) -> None:
     """The names users, scripts and the other commands read (README, `stacks`, `kill`): one
     RunDir names them, and the logs are written where it says."""
-    from ptcluster.launch.rundir import RunDir, RunLogs
+    from ptcluster.launch.runlogs import RunLogs
+    from ptcluster.rundir import RunDir
 
     layout = RunDir(tmp_path)
     assert [p.name for p in (layout.rank_log(3), layout.plan_file(), layout.plan_file(2),
@@ -299,7 +300,7 @@ def test_a_run_directory_s_files_are_named_by_its_layout(tmp_path) -> None:
 
 
 def test_the_logs_of_a_restart_go_on_in_the_same_files_after_a_banner(tmp_path) -> None:
-    from ptcluster.launch.rundir import RunLogs
+    from ptcluster.launch.runlogs import RunLogs
 
     logs = RunLogs(tmp_path, max_open=1)  # (a pool of one: every file reopened in turn)
     for rank in (0, 1):

@@ -22,9 +22,10 @@ from ptcluster.control.protocol import ControlError, alive, ask, running_jobs
 from ptcluster.errors import PtclusterError
 from ptcluster.launch.api import prepare
 from ptcluster.launch.options import RunOptions
-from ptcluster.launch.plan import Target
-from ptcluster.launch.rundir import RunDir, RunLogs, write_private
+from ptcluster.launch.plan import Target, plan_json
+from ptcluster.launch.runlogs import RunLogs
 from ptcluster.monitor.watch import job_straggler
+from ptcluster.rundir import RunDir, write_private
 
 NOBODY = 65534
 SECRET_ENV = ("API_TOKEN", "s3cret-6b1f")
@@ -63,7 +64,7 @@ def _write_run(run_dir: Path) -> list[str]:
     said: list[str] = []
     plan = _plan()
     layout = RunDir(run_dir)
-    for step in (lambda: layout.create(plan, RunOptions()),
+    for step in (lambda: layout.create(0, plan_json(plan, RunOptions())),
                  lambda: write_private(layout.summary, json.dumps({"env": dict([SECRET_ENV])})),
                  lambda: write_private(layout.stacks_report("hang-stacks")[0], "stack\n")):
         try:
@@ -122,7 +123,7 @@ def test_a_run_dir_swapped_by_the_owner_of_the_runs_dir_is_not_written_through(s
     run = runs / "20261202-000000-fedcba"
     plan = _plan()
     with pytest.raises(PtclusterError, match="belongs to uid 65534"):
-        RunDir(run).create(plan, RunOptions())
+        RunDir(run).create(0, plan_json(plan, RunOptions()))
     assert not run.exists()
     # the swap itself, where the old code had made the directory: everything after is refused
     os.mkdir(run)

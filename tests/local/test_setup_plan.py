@@ -274,7 +274,7 @@ def test_the_wheel_download_says_where_it_comes_from() -> None:
 
 
 def test_sync_lists_what_git_would_track(tmp_path: Path) -> None:
-    from ptcluster.launch.rundir import IGNORE_ALL, runs_parent
+    from ptcluster.rundir import IGNORE_ALL, runs_parent
 
     (tmp_path / "sub").mkdir()
     for name in ("a.py", "sub/b.txt", "skip.log", "sub/c.py"):

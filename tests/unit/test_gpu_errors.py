@@ -30,6 +30,8 @@ from ptcluster.node.facts.gpu_errors import (
     xids_in,
 )
 from ptcluster.node.facts.health import check_gpu_driver, gpu_warnings
+from ptcluster.node.facts.health_facts import HealthFacts
+from tests.support.health import driver, facts
 from tests.support.nvml import H100, RecordedNvml
 
 LINES = {
@@ -101,10 +103,9 @@ def test_a_driver_load_clears_the_fatal_xids_before_it() -> None:
 
 
 def ctx(records: list[tuple[float, str]], state: list[dict[str, Any]] | None = None,
-        **more: Any) -> dict[str, Any]:
-    return {"slots": 1, "gpu_count": 2, "kernel": (records, "/dev/kmsg"),
-            "gpu_state": state or [], "gpu_pci": {"0000:05:00": 1, "0000:cb:00": 0},
-            "boot_wall": 0.0, **more}
+        **more: Any) -> HealthFacts:
+    """A node of two GPUs, its driver's word recorded (``records``, NVML's ``state``)."""
+    return facts(**{"gpu_count": 2, "driver": driver(records, state), **more})
 
 
 def test_a_fatal_xid_since_the_driver_loaded_refuses_the_node() -> None:
@@ -125,7 +126,7 @@ def test_an_application_xid_or_an_old_one_lets_it_in() -> None:
     # a CPU job on a node without GPUs is not asked
     assert check_gpu_driver(ctx([(1.0, LINES[79])], gpu_count=0)) is None
     # a log nobody may read: said, not refused
-    (unread,) = check_gpu_driver({**ctx([]), "kernel": ([], "")}) or []
+    (unread,) = check_gpu_driver(facts(gpu_count=2, driver=driver([], source=""))) or []
     assert unread["ok"] and unread["code"] is None
 
 
@@ -180,8 +181,8 @@ def test_nvml_state_from_recorded_answers() -> None:
          "slowdowns": ["hardware thermal slowdown"]},
     ]
     assert gpu_indices(RecordedNvml([H100, sick])) == {"0000:18:00": 0, "0000:2a:00": 1}
-    found = check_gpu_driver({"slots": 2, "gpu_count": 2, "kernel": ([], "/dev/kmsg"),
-                              "gpu_state": state, "boot_wall": 0.0})
+    found = check_gpu_driver(facts(slots=2, gpu_count=2, driver=driver(
+        [], state, pci={s["pci"]: s["index"] for s in state})))
     assert [(f["code"], f["fields"].get("count")) for f in found or []] == [
         ("health.ecc-uncorrected", "3"), ("health.remap-pending", None)]
 

@@ -20,13 +20,10 @@ from ptcluster.node.facts.health import (
     check_disk,
     check_gpu_count,
     check_memory,
-    health,
+    judge,
     unfit,
 )
-
-MIB = 1 << 20
-NO_DRIVER = {"kernel": ([], ""), "gpu_state": [], "gpu_pci": {}, "boot_wall": 0.0}
-"""The GPU driver's facts of a node whose driver said nothing (and whose log is not read)."""
+from tests.support.health import MIB, NO_DRIVER, checkpoint, facts
 
 
 @pytest.mark.parametrize("free, total, ok", [
@@ -37,7 +34,7 @@ NO_DRIVER = {"kernel": ([], ""), "gpu_state": [], "gpu_pci": {}, "boot_wall": 0.
     (200 * GIB, 20_000 * GIB, True),    # 1 % of a large disk is plenty
 ])
 def test_disk_is_nearly_full_below_1_gib_and_5_percent(free, total, ok) -> None:
-    found = check_disk({"workdir": "/w", "disk": (free, total)})
+    found = check_disk(facts(disk=(free, total)))
     assert found["ok"] is ok, found
     if not ok:
         assert found["code"] == "health.workdir-disk-full" and found["fields"]["path"] == "/w"
@@ -45,8 +42,8 @@ def test_disk_is_nearly_full_below_1_gib_and_5_percent(free, total, ok) -> None:
 
 
 def test_memory_needs_256_mib_per_rank() -> None:
-    assert check_memory({"slots": 4, "memory": (1 * GIB, 16 * GIB)})["ok"]
-    low = check_memory({"slots": 4, "memory": (900 * MIB, 16 * GIB)})
+    assert check_memory(facts(slots=4, memory=(1 * GIB, 16 * GIB)))["ok"]
+    low = check_memory(facts(slots=4, memory=(900 * MIB, 16 * GIB)))
     assert not low["ok"] and low["code"] == "health.memory-low"
     assert low["fields"] == {"available": "900 MiB", "total": "16.0 GiB", "slots": "4",
                              "need": "1.0 GiB", "each": "256 MiB"}
@@ -55,21 +52,21 @@ def test_memory_needs_256_mib_per_rank() -> None:
                            "4 rank(s) need at least 1.0 GiB (256 MiB each)")
 
 
-@pytest.mark.parametrize("ctx, ok", [
+@pytest.mark.parametrize("given, ok", [
     ({"slots": 8, "gpu_count": 7}, False),                     # a GPU fell off the bus
     ({"slots": 8, "gpu_count": 8}, True),
     ({"slots": 2, "gpu_count": 0}, None),                      # a CPU node: not asked
     ({"slots": 2, "gpu_count": 0, "backend": "nccl"}, False),  # NCCL asked, no GPU left
     ({"slots": 8, "gpu_count": 2, "chosen": True}, None),      # gpus: named, or Slurm's
 ])
-def test_gpu_count_against_slots(ctx, ok) -> None:
-    found = check_gpu_count(ctx)
+def test_gpu_count_against_slots(given, ok) -> None:
+    found = check_gpu_count(facts(**given))
     assert (None if found is None else found["ok"]) is ok, found
 
 
 def test_the_gate_joins_every_failed_check() -> None:
-    found = health({"workdir": "/w", "slots": 2, "gpu_count": 1, "disk": (0, 16 * MIB),
-                    "memory": (100 * MIB, GIB), **NO_DRIVER})
+    found = judge(facts(slots=2, gpu_count=1, disk=(0, 16 * MIB), memory=(100 * MIB, GIB),
+                        driver=NO_DRIVER))
     assert [f["check"] for f in found] == ["gpus", "disk", "memory", "gpu-driver"]
     refusal = unfit(found)
     assert refusal is not None
@@ -86,10 +83,8 @@ def spec2() -> ClusterSpec:
 
 
 def test_doctor_shows_the_gate_as_the_guard_would_refuse() -> None:
-    bad = health({"workdir": "/w", "slots": 1, "gpu_count": 0, "disk": (0, 16 * MIB),
-                  "memory": (GIB, 2 * GIB)})
-    good = health({"workdir": "/w", "slots": 1, "gpu_count": 0, "disk": (8 * GIB, 9 * GIB),
-                   "memory": (GIB, 2 * GIB)})
+    bad = judge(facts(disk=(0, 16 * MIB), memory=(GIB, 2 * GIB)))
+    good = judge(facts(disk=(8 * GIB, 9 * GIB), memory=(GIB, 2 * GIB)))
     probes = {"a": NodeReport(host="a", facts={"health": good}),
               "b": NodeReport(host="b", facts={"health": bad})}
     a, b = check_health(spec2(), probes)
@@ -164,20 +159,20 @@ def test_spans() -> None:
 
 
 def test_a_restart_checks_the_disk_of_the_last_checkpoint() -> None:
-    full = check_checkpoint_disk({"workdir": "/w", "checkpoints": ["/ck/run1"],
-                                  "checkpoint_disk": (0, 3 * MIB), "checkpoint_size": 0})
+    full = check_checkpoint_disk(facts(checkpoints=[checkpoint("/ck/run1", (0, 3 * MIB))]))
     assert full is not None and not full["ok"]
     assert full["code"] == "health.checkpoint-disk-full"
     assert full["fields"] == {"free": "0 MiB", "total": "3.0 MiB", "path": "/ck/run1",
                               "floor": "1.0 GiB", "share": "5%"}
-    assert check_checkpoint_disk({"workdir": "/w", "checkpoints": ["/ck"],
-                                  "checkpoint_disk": (2 * GIB, 9 * GIB)})["ok"]
+    assert check_checkpoint_disk(facts(checkpoints=[checkpoint("/ck", (2 * GIB, 9 * GIB))]))["ok"]
     # 20 % free, but less than another checkpoint as large as the last needs
-    small = check_checkpoint_disk({"workdir": "/w", "checkpoints": ["/ck"],
-                                   "checkpoint_disk": (600 << 10, 3 * MIB),
-                                   "checkpoint_size": 1200 << 10})
+    small = check_checkpoint_disk(facts(checkpoints=[
+        checkpoint("/ck", (600 << 10, 3 * MIB), largest=1200 << 10)]))
     assert not small["ok"] and small["code"] == "health.checkpoint-no-room"
     assert small["fields"] == {"free": "0.6 MiB", "total": "3.0 MiB", "path": "/ck",
                                "largest": "1.2 MiB"}
     # no checkpoint said (a first attempt, or a job that does not say where): not asked
-    assert check_checkpoint_disk({"workdir": "/w"}) is None
+    assert check_checkpoint_disk(facts()) is None
+    # on the workdir's filesystem, nearly full is the workdir's to say
+    assert check_checkpoint_disk(facts(checkpoints=[
+        checkpoint("/w/ck", (0, 3 * MIB), beside_workdir=True)])) is None

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from ptcluster.control import registry
-from ptcluster.launch.rundir import run_dir_for
 from ptcluster.node import kill
 from ptcluster.node.guard.prechecks import lease_job
 from ptcluster.node.guard.refusal import GuardError
 from ptcluster.node.sharing import leases
 from ptcluster.node.sharing.records import valid_job_id
+from ptcluster.rundir import run_dir_for
 
 BAD = ["../../x", "../../../../etc/x", ".hidden", "a/b", "job\n", "", "x" * 129, "a b"]
 

@@ -206,3 +206,26 @@ def test_each_answer_is_checked_by_the_keys_its_writer_declares(schema: str, wri
     module, name = written.split(":")
     declared = getattr(importlib.import_module(module), name).__annotations__
     assert set(getattr(node_replies, schema).fields) == set(declared)
+
+
+def test_the_doctors_sections_are_checked_by_the_keys_their_writer_declares() -> None:
+    """The same for the doctor's facts (``node.doctor_facts.DoctorFacts``): every key the head
+    checks by structure is one the node declares, and each section it checks field by field
+    has exactly the keys of its TypedDict."""
+    from typing import get_type_hints
+
+    from ptcluster.node import doctor_facts as written
+    from ptcluster.remote import node_replies
+
+    def keys(typed: type) -> set[str]:
+        return set(typed.__required_keys__ | typed.__optional_keys__)  # type: ignore[attr-defined]
+
+    assert set(node_replies.FIELDS) <= keys(written.DoctorFacts)
+    hints = get_type_hints(written.DoctorFacts)
+    declared = {"python": written.PythonFacts, "workdir": written.WorkdirFacts,
+                "peers": written.Route, "master": written.MasterRoute, "shm": written.Space,
+                "disk": written.Space, "listening": written.Listening}
+    assert set(node_replies.SECTIONS) == set(declared)
+    for section, typed in declared.items():
+        assert typed.__name__ in str(hints[section]), section
+        assert set(node_replies.SECTIONS[section].fields) == keys(typed), section

@@ -109,3 +109,16 @@ def test_a_kept_line_of_the_old_slurm_conf_is_words_alone() -> None:
     sc = slurm_cluster(SlurmSetupSpec(controller="a"), dict(cluster_2_1_1()), ADDRS, KEY,
                        ("NodeName=old Prolog=/home/m/x\rX",))
     assert sc.files == {} and "a kept line" in sc.why
+
+
+def test_the_setup_facts_checked_are_the_keys_their_writer_declares() -> None:
+    """The head's keys of setup's facts replies (``remote.replies``: the node's identity and
+    each section's) are exactly ``node.facts.setup_facts.SetupFacts``'s: a key renamed on one
+    side fails here (and mypy fails its readers), not as every node's refused reply."""
+    from ptcluster.node.facts.setup_facts import SECTIONS, SetupFacts
+
+    declared = SetupFacts.__required_keys__ | SetupFacts.__optional_keys__
+    checked = set(replies.IDENTITY) | {k for keys in replies.SECTION_KEYS.values() for k in keys}
+    assert checked == declared
+    assert set(replies.SECTION_KEYS) == set(SECTIONS)
+    assert set(replies.FIELDS) <= declared

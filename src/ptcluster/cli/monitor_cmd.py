@@ -24,10 +24,10 @@ from rich.text import Text
 
 from ptcluster.cli.common import SECONDS, FiniteFloat, cluster_option, load_spec
 from ptcluster.cli.console import say, terminal
-from ptcluster.launch.rundir import DEFAULT_RUNS_DIR
 from ptcluster.monitor import httpd, metrics
 from ptcluster.monitor.watch import Monitor, NodeView, job_straggler, node_waits
 from ptcluster.remote.connect import transports
+from ptcluster.rundir import DEFAULT_RUNS_DIR
 
 GB = 1e9
 

@@ -43,12 +43,12 @@ from ptcluster.launch.nccl_report import nccl_lines
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LOCAL_RANK_ARGS, LaunchPlan, Target
 from ptcluster.launch.result import RankRecord, RunResult
-from ptcluster.launch.rundir import RunDir, run_dir_for
 from ptcluster.launch.runner import Restarts, Runner
 from ptcluster.launch.supervise.restart import RestartPolicy
 from ptcluster.launch.supervise.straggler import DEFAULT_THRESHOLD
 from ptcluster.push.entries import entries as data_entries
 from ptcluster.remote.connect import outside_stop, transports
+from ptcluster.rundir import RunDir, run_dir_for
 from ptcluster.venvs.choice import EnvChoice
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 
 from ptcluster.cli.console import terminal
-from ptcluster.control.protocol import ask, running_jobs, stacks_request
+from ptcluster.control.protocol import ask_stacks, running_jobs
 from ptcluster.errors import UsageError
-from ptcluster.launch.rundir import DEFAULT_RUNS_DIR, RunDir
+from ptcluster.rundir import DEFAULT_RUNS_DIR, RunDir
 
 
 @click.command(help=__doc__)
@@ -21,7 +21,7 @@ from ptcluster.launch.rundir import DEFAULT_RUNS_DIR, RunDir
 @click.option("--brief", is_flag=True, help="Only the straggler and the groups, no stacks.")
 def stacks(run: str | None, runs_dir: str | None, as_json: bool, brief: bool) -> None:
     run_dir = find_run(run, Path(runs_dir or DEFAULT_RUNS_DIR))
-    answer = ask(run_dir, stacks_request())
+    answer = ask_stacks(run_dir)
     if not answer.get("ok"):
         raise UsageError(f"{run_dir}: no stacks: {answer.get('error', 'unknown error')}",
                          "try again while the job runs")

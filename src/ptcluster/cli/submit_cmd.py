@@ -9,7 +9,7 @@ import click
 
 from ptcluster.cli.common import NPROC, quiet
 from ptcluster.cli.console import say
-from ptcluster.launch.rundir import DEFAULT_RUNS_DIR, write_private
+from ptcluster.rundir import DEFAULT_RUNS_DIR, write_private
 from ptcluster.submit.sbatch import (
     JOB_ID_FILE,
     SubmitConfig,

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from ptcluster.errors import PtclusterError
-from ptcluster.launch.rundir import RunDir
 from ptcluster.launch.supervise.straggler import Report
 from ptcluster.node.sharing import safefile
+from ptcluster.rundir import RunDir
 
 
 class Request:
@@ -77,6 +77,33 @@ class StragglerAnswer(TypedDict, total=False):
     job: JobFacts
     error: str
     """Why not (``ok`` false)."""
+
+
+class StacksAnswer(TypedDict, total=False):
+    """A head's answer to ``Request.STACKS``: the loop's collection
+    (``launch.stacks.collector.StackCollector.finish``) with the straggler figures
+    (``control.server.HeadDoor.stacks``)."""
+
+    ok: bool
+    report: dict[str, Any]
+    """``StackReport.to_json()``: every rank's stacks, grouped."""
+    lines: list[str]
+    """The report as the terminal shows it."""
+    saved: str
+    """Where its text was saved (the run directory's ``stacks-*.txt``)."""
+    straggler: Report | None
+    error: str
+    """Why not (``ok`` false)."""
+
+
+Answer = StacksAnswer | StragglerAnswer
+"""What the head's loop answers an ``Ask`` with (``control.server``)."""
+
+
+def ask_stacks(run_dir: Path, timeout: float = 30.0) -> StacksAnswer:
+    """Every rank's stacks from the head running in ``run_dir`` (``ask``'s checks: its own
+    head, which built the answer from these types)."""
+    return cast(StacksAnswer, ask(run_dir, stacks_request(), timeout=timeout))
 
 
 def ask_straggler(run_dir: Path, timeout: float) -> StragglerAnswer:

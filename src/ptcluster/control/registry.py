@@ -26,12 +26,12 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ptcluster.node.sharing.records import alive, read_record, unlink, valid_job_id, write_record
+from ptcluster.node.sharing.safefile import unsafe_dir
 
 _SUFFIX = ".json"
 
@@ -62,7 +62,7 @@ def directory() -> Path:
 
 def register(job_id: str, run_dir: Path) -> None:
     """Say that this process is ``job_id``'s head, running in ``run_dir``. OSError when the
-    registry cannot be made or is not this user's alone (``unsafe`` says why)."""
+    registry cannot be made or is not this user's alone (``safefile.unsafe_dir`` says why)."""
     if not valid_job_id(job_id):
         raise OSError(errno.EINVAL, f"job id {job_id[:40]!r} cannot name a registry entry")
     record = {"job_id": job_id, "run_dir": str(Path(run_dir).absolute()),
@@ -148,22 +148,13 @@ def _open_dir(create: bool) -> int:
                           dir_fd=fd)
             os.close(fd)
             fd = sub
-        why = unsafe(os.fstat(fd))
+        why = unsafe_dir(os.fstat(fd), others=0o077)
         if why:
             raise OSError(errno.EPERM, f"{path} {why}")
         return fd
     except BaseException:
         os.close(fd)
         raise
-
-
-def unsafe(st: os.stat_result) -> str:
-    """Why a registry directory with this status is not to be trusted ("" when it is)."""
-    if st.st_uid != os.getuid():
-        return f"belongs to uid {st.st_uid}, not to uid {os.getuid()}"
-    if st.st_mode & 0o077:
-        return f"is open to others (mode {stat.S_IMODE(st.st_mode):o}; it must be 700)"
-    return ""
 
 
 def _read(fd: int, name: str) -> HeadEntry | None:

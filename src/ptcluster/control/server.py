@@ -25,16 +25,18 @@ from typing import Any, cast
 from ptcluster.control import registry as heads
 from ptcluster.control.protocol import (
     KILL_SIGNALS,
+    Answer,
     JobFacts,
     Request,
+    StacksAnswer,
     StragglerAnswer,
     at_short_path,
     kind_of,
     peer_uid,
 )
-from ptcluster.launch.rundir import RunDir
 from ptcluster.launch.supervise.straggler import Report
 from ptcluster.node.wire import KILLED_BY
+from ptcluster.rundir import RunDir
 
 log = logging.getLogger(__name__)
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -126,7 +128,7 @@ class Ask:
     answer on ``reply`` (unless the asker gave up, at ``until``, monotonic clock)."""
 
     what: str
-    reply: queue.Queue[dict[str, Any]]
+    reply: queue.Queue[Answer]
     until: float
 
 
@@ -156,17 +158,17 @@ class HeadDoor:
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
         kind = kind_of(request)
         if kind == Request.STACKS:
-            return self.stacks()
+            return cast(dict[str, Any], self.stacks())
         if kind == Request.KILL:
             return self._kill(request)
         if kind == Request.STRAGGLER:
             return cast(dict[str, Any], self.straggler())
         return {"ok": False, "error": f"unknown request {kind[:40]!r}"}
 
-    def stacks(self, timeout: float = STACKS_SECONDS) -> dict[str, Any]:
+    def stacks(self, timeout: float = STACKS_SECONDS) -> StacksAnswer:
         """Every rank's stacks, collected by the loop (the job goes on), and the straggler
         report's figures."""
-        answer = self._ask(Request.STACKS, timeout)
+        answer = cast(StacksAnswer, self._ask(Request.STACKS, timeout))
         if not answer.get("ok", True):
             return answer
         return {**answer, "straggler": self.straggler().get("straggler")}
@@ -179,9 +181,9 @@ class HeadDoor:
         answer = cast(StragglerAnswer, self._ask(Request.STRAGGLER, ASK_SECONDS))
         return {**answer, "job": JobFacts(**self.job)}
 
-    def _ask(self, what: str, timeout: float) -> dict[str, Any]:
+    def _ask(self, what: str, timeout: float) -> Answer:
         """The loop's answer to ``what``, built there from its own state."""
-        reply: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=1)
+        reply: queue.Queue[Answer] = queue.Queue(maxsize=1)
         self.post(Ask(what, reply, time.monotonic() + timeout))
         try:
             return reply.get(timeout=timeout)

@@ -10,12 +10,12 @@ import ipaddress
 import statistics
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, Reach
 from ptcluster.doctor import findings as F
 from ptcluster.doctor.findings import FAIL, OK, SKIP, WARN, Finding, Status
 from ptcluster.doctor.node_report import NodeReport, ProblemKind, address_of, interface_of
+from ptcluster.node.doctor_facts import DoctorFacts
 
 __all__ = ["FAIL", "OK", "SKIP", "WARN", "Finding", "Status", "per_node", "run_checks"]
 GIB = 1 << 30
@@ -29,7 +29,7 @@ Check = Callable[[ClusterSpec, dict[str, NodeReport]], list[Finding]]
 
 
 def per_node(spec: ClusterSpec, probes: dict[str, NodeReport], name: str,
-             fn: Callable[[NodeSpec, dict[str, Any]], Finding | list[Finding] | None],
+             fn: Callable[[NodeSpec, DoctorFacts], Finding | list[Finding] | None],
              ) -> list[Finding]:
     """Check ``name`` on every node by its own facts (``fn`` -> a finding, several, or none);
     a node that was not probed is a skip. The shape of every single-node check."""
@@ -76,7 +76,7 @@ def check_python(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Findi
 
 
 def check_workdir(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
-    def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
+    def one(node: NodeSpec, facts: DoctorFacts) -> Finding:
         wd = facts["workdir"]
         if not wd["exists"]:
             return F.WORKDIR_MISSING.at(node.host, path=wd["path"])
@@ -90,7 +90,7 @@ VERSION_KEYS = ("python", "torch", "cuda", "nccl")
 """What must be identical on every node (cuDNN is reported, not compared)."""
 
 
-def _versions(facts: dict[str, Any]) -> dict[str, str | None]:
+def _versions(facts: DoctorFacts) -> dict[str, str | None]:
     t = facts.get("torch") or {}
     return {"python": facts["python"]["version"], "torch": t.get("version"),
             "cuda": t.get("cuda"), "nccl": t.get("nccl")}
@@ -112,7 +112,7 @@ def check_versions(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fin
                 known[key][value] += 1
     majority = {key: c.most_common(1)[0][0] if c else None for key, c in known.items()}
 
-    def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
+    def one(node: NodeSpec, facts: DoctorFacts) -> Finding:
         t = facts.get("torch") or {}
         if not t.get("ok"):
             return F.TORCH_MISSING.at(node.host, python=node.python, error=t.get("error"))
@@ -144,7 +144,7 @@ def _parse_version(text: str) -> tuple[int, ...]:
 
 def check_gpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     """Driver new enough for torch's CUDA; GPU count >= slots when GPUs are to be used."""
-    def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
+    def one(node: NodeSpec, facts: DoctorFacts) -> Finding:
         g = facts["gpus"]
         t = facts.get("torch") or {}
         count = g["count"]
@@ -235,15 +235,15 @@ def check_hostname(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fin
         if facts:
             iface_addr[node.host] = address_of(interface_of(node, facts, spec.master.addr), facts)
 
-    def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
+    def one(node: NodeSpec, facts: DoctorFacts) -> Finding:
         loop = [a for a in facts["hostname_addrs"] if a.startswith("127.")]
         if loop and not spec.local:
             return F.HOSTNAME_LOOPBACK.at(
                 node.host, hostname=facts["hostname"], loopback=loop[0],
                 address=iface_addr.get(node.host) or "its cluster address")
         bad = []
-        master = facts.get("master") or {}
-        if not master.get("addrs"):
+        master = facts.get("master")
+        if not master or not master["addrs"]:
             return F.MASTER_UNRESOLVED.at(node.host, master=spec.master.addr)
         for peer, info in facts["peers"].items():
             want = iface_addr.get(peer)
@@ -311,7 +311,7 @@ def check_ports(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Findin
 
 
 def check_firewall(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
-    def one(node: NodeSpec, facts: dict[str, Any]) -> Finding:
+    def one(node: NodeSpec, facts: DoctorFacts) -> Finding:
         fw = facts["firewall"]
         parts = []
         if "nft_rules" in fw:
@@ -328,7 +328,7 @@ def check_firewall(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fin
 def check_resources(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     """/dev/shm (DataLoader workers and NCCL use it) and free disk in workdir: a warning for
     each that is short, else one line of both."""
-    def one(node: NodeSpec, facts: dict[str, Any]) -> list[Finding]:
+    def one(node: NodeSpec, facts: DoctorFacts) -> list[Finding]:
         shm, disk = facts.get("shm"), facts.get("disk")
         notes, short = [], []
         if shm is not None and shm["total"] < GIB:

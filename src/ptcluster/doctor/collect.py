@@ -8,12 +8,13 @@ node that fails: every node gets a :class:`NodeReport`.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.doctor.node_report import NodeReport, address_of, interface_of
 from ptcluster.errors import Problem
 from ptcluster.node import FACTS
+from ptcluster.node.doctor_facts import DoctorFacts
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import LATE_FIX, Group, Member, NodeResult
 from ptcluster.remote.node_replies import doctor_reply
@@ -55,7 +56,7 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
         # Connectivity, as the job would use it: every node to the master port (by the master's
         # name, as MASTER_ADDR is used), and to every peer's ephemeral port on its NCCL/Gloo
         # address.
-        facts = {h: r.answers[Kind.READY] for h, r in group.result.succeeded.items()
+        facts = {h: _facts(r) for h, r in group.result.succeeded.items()
                  if _refused(r) is None}
         waiting = []
         for node in spec.nodes:
@@ -71,7 +72,7 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
 
 
 def _targets(spec: ClusterSpec, peers: list[NodeSpec],
-             facts: dict[str, dict[str, Any]]) -> list[list[Any]]:
+             facts: dict[str, DoctorFacts]) -> list[list[Any]]:
     """What one node connects to: the master port, and each of its ``peers``' ephemeral
     listener on the address NCCL/Gloo would use there (``facts``: the nodes that answered)."""
     targets: list[list[Any]] = []
@@ -98,12 +99,17 @@ def _report(r: NodeResult, begun: float) -> NodeReport:
         report.exit_code = None
         return report
     if Kind.READY in r.answers:
-        report.facts = facts = r.answers[Kind.READY]
+        report.facts = facts = _facts(r)
         came, at = r.came[Kind.READY]
         report.ssh_s = round(came - begun, 3)
         report.clock_offset = round(facts["time"] - at, 3)
     report.connects = r.answers.get(Kind.CONNECT, {}).get("results", [])
     return report
+
+
+def _facts(r: NodeResult) -> DoctorFacts:
+    """The node's facts, as ``_refused`` checked them (``remote.node_replies.doctor_reply``)."""
+    return cast(DoctorFacts, r.answers[Kind.READY])
 
 
 def _refused(r: NodeResult) -> Problem | None:

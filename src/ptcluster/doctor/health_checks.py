@@ -14,12 +14,13 @@ from ptcluster.doctor.checks import OK, SKIP, Finding, per_node
 from ptcluster.doctor.findings import GPU_WORN, HEALTH_REFUSED
 from ptcluster.doctor.node_report import NodeReport
 from ptcluster.errors import Problem
+from ptcluster.node.doctor_facts import DoctorFacts
 
 
 def check_health(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     """A fail for each thing the guard would refuse the node for, by its own code
     (``health.*``, with its fix); else one line of what each check found."""
-    def one(node: NodeSpec, facts: dict[str, Any]) -> list[Finding]:
+    def one(node: NodeSpec, facts: DoctorFacts) -> list[Finding]:
         found = facts.get("health")
         if not isinstance(found, list):
             return [Finding.plain("health", node.host, SKIP,

@@ -11,6 +11,7 @@ from typing import Any
 
 from ptcluster.cluster.model import NodeSpec
 from ptcluster.errors import Problem
+from ptcluster.node.doctor_facts import DoctorFacts
 
 
 class ProblemKind(str, Enum):
@@ -29,7 +30,8 @@ class ProblemKind(str, Enum):
 @dataclass(kw_only=True)
 class NodeReport:
     host: str
-    facts: dict[str, Any] | None = None
+    facts: DoctorFacts | None = None
+    """The node's doctor facts, checked as they arrived (``remote.node_replies``)."""
     problem: Problem | None = None
     """Why there are no facts (ssh refused, python missing, timed out...): who None, the node
     is ``host``."""
@@ -60,15 +62,16 @@ class NodeReport:
         return ProblemKind.COMMAND
 
 
-def interface_of(node: NodeSpec, facts: dict[str, Any], master_addr: str) -> str | None:
+def interface_of(node: NodeSpec, facts: DoctorFacts, master_addr: str) -> str | None:
     """The interface NCCL/Gloo will use on this node: configured, else what the node's facts program
     decided with the guard's own rule (``node.facts.netif.route_interface``)."""
     if node.interface:
         return node.interface
-    return (facts.get("master") or {}).get("interface") or None
+    master = facts.get("master")
+    return master.get("interface") or None if master else None
 
 
-def address_of(iface: str | None, facts: dict[str, Any]) -> str | None:
+def address_of(iface: str | None, facts: DoctorFacts) -> str | None:
     for entry in facts.get("interfaces", []):
         if entry["name"] == iface and entry["ipv4"]:
             return str(entry["ipv4"][0].split("/")[0])

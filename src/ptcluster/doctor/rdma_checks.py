@@ -27,6 +27,7 @@ from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.doctor import findings as F
 from ptcluster.doctor.checks import OK, SKIP, Finding, per_node
 from ptcluster.doctor.node_report import NodeReport
+from ptcluster.node.doctor_facts import DoctorFacts
 from ptcluster.node.facts.rdma import ETHERNET, active_ports, best_gid, link_local, recommend, shown
 
 NAME = "rdma"
@@ -84,7 +85,7 @@ def _summary(devices: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def judge_node(spec: ClusterSpec, node: NodeSpec, facts: dict[str, Any]) -> Finding | None:
+def judge_node(spec: ClusterSpec, node: NodeSpec, facts: DoctorFacts) -> Finding | None:
     """One node's RDMA devices by themselves (and the cluster file's ``env:``)."""
     devices = facts.get("rdma")
     if not devices:  # no RDMA stack, or an older node program: nothing to judge

@@ -8,24 +8,25 @@ Pure functions of the probe's ``slurm`` facts, which it collects inside the same
 
 from __future__ import annotations
 
-from typing import Any
-
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.doctor import findings as F
 from ptcluster.doctor.checks import OK, Finding, per_node
 from ptcluster.doctor.node_report import NodeReport
+from ptcluster.node.doctor_facts import DoctorFacts
 from ptcluster.node.guard.gpus import spans
 
 
 def check_slurm_cpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     """sched_getaffinity of the step against the CPUs the job has on the node and the slots."""
-    def one(node: NodeSpec, facts: dict[str, Any]) -> Finding | None:
+    def one(node: NodeSpec, facts: DoctorFacts) -> Finding | None:
         slurm = facts.get("slurm")
-        if not slurm or slurm.get("affinity") is None:
+        affinity = slurm.get("affinity") if slurm else None
+        if not slurm or affinity is None:
             return None
-        usable = len(slurm["affinity"])
-        asked = int(slurm["cpus_on_node"]) if str(slurm.get("cpus_on_node")).isdigit() else None
-        where = f"CPUs {spans(slurm['affinity'])}"
+        usable = len(affinity)
+        cpus = slurm.get("cpus_on_node")
+        asked = int(cpus) if cpus is not None and cpus.isdigit() else None
+        where = f"CPUs {spans(affinity)}"
         if usable < node.slots:
             return F.SLURM_TOO_FEW_CPUS.at(node.host, slots=node.slots, usable=usable,
                                            where=where)
@@ -39,7 +40,7 @@ def check_slurm_cpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[F
 
 def check_slurm_gpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding]:
     """GPUs the ranks can see (CUDA_VISIBLE_DEVICES of the step) against the slots."""
-    def one(node: NodeSpec, facts: dict[str, Any]) -> Finding | None:
+    def one(node: NodeSpec, facts: DoctorFacts) -> Finding | None:
         slurm = facts.get("slurm")
         if not slurm:
             return None

@@ -3,8 +3,9 @@
 ``options`` (the knobs) and ``plan`` (pure: per node its argv, env and guard config; a
 restart's plan) are the inputs; ``api`` the library's entry points (``prepare``,
 ``run_rank_program``); ``runner`` runs every attempt (``--wait``, restarts), ``attempt`` one
-of them (the event loop); ``rundir`` the run directory's layout and logs; ``result`` the
-outputs. ``supervise/`` is the pure decision core, ``stacks/`` the stacks reports.
+of them (the event loop); ``runlogs`` the run directory's logs (its layout:
+``ptcluster.rundir``); ``result`` the outputs. ``supervise/`` is the pure decision core,
+``stacks/`` the stacks reports.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptcluster.control.protocol import Request
+from ptcluster.control.protocol import Answer, Request
 from ptcluster.control.server import Ask, HeadDoor
 from ptcluster.errors import Problem
 from ptcluster.launch.lost import explain_losses
@@ -29,7 +29,7 @@ from ptcluster.launch.options import CHECK_EVERY, RunOptions
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.readmit_watch import NodeBack
 from ptcluster.launch.result import AttemptRecord, RunResult
-from ptcluster.launch.rundir import RunLogs
+from ptcluster.launch.runlogs import RunLogs
 from ptcluster.launch.stacks.collector import StackCollector
 from ptcluster.launch.stacks.report import StackReport
 from ptcluster.launch.supervise import events as ev
@@ -402,7 +402,7 @@ class Attempt:
 
     # -- stacks -------------------------------------------------------------------------------
     def _collect(self, view: Supervisor, purpose: str,
-                 waiter: queue.Queue[dict[str, Any]] | None = None) -> None:
+                 waiter: queue.Queue[Answer] | None = None) -> None:
         """Ask every node that runs ranks for their stacks (answers: ``StacksAnswered``)."""
         hosts = {h for h in view.askable if h in self.channels}
         if view.phase is not Phase.RUNNING or not hosts:

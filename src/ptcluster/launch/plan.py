@@ -10,7 +10,7 @@ import secrets
 import shlex
 import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, ProjectEnv
@@ -167,6 +167,20 @@ class LaunchPlan:
     nodes: tuple[NodePlan, ...]
     attempt: int = 0
     """0 for the first attempt; a restart's plan counts up (``PTCLUSTER_ATTEMPT``)."""
+
+
+def plan_json(plan: LaunchPlan, opts: RunOptions) -> dict[str, Any]:
+    """The plan as shipped, what the run directory's ``plan.json`` holds: per node, the guard's
+    whole config (configuration only: the code travels in the guard's program)."""
+    data: dict[str, Any] = {k: v for k, v in asdict(plan).items() if k != "nodes"}
+    data["options"] = asdict(opts)
+    data["nodes"] = []
+    for node in plan.nodes:
+        cfg = node.guard_config(plan, opts)
+        data["nodes"].append({"host": node.host, "node_rank": node.node_rank,
+                              "ranks": [node.ranks.start, node.ranks.stop - 1],
+                              "python": node.python, "guard": cfg})
+    return data
 
 
 def threads_default(plan: LaunchPlan) -> dict[str, str]:

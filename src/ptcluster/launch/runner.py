@@ -28,11 +28,18 @@ from ptcluster.launch.attempt import (
 )
 from ptcluster.launch.lost import answering_again
 from ptcluster.launch.options import RunOptions
-from ptcluster.launch.plan import LaunchPlan, Target, health_context, replan, restart_port
+from ptcluster.launch.plan import (
+    LaunchPlan,
+    Target,
+    health_context,
+    plan_json,
+    replan,
+    restart_port,
+)
 from ptcluster.launch.port import free_port
 from ptcluster.launch.readmit_watch import ReturnWatch, Watched
 from ptcluster.launch.result import AttemptRecord, FailureKind, NodeOutcome, RunResult
-from ptcluster.launch.rundir import RunDir, RunLogs, log_files_budget
+from ptcluster.launch.runlogs import RunLogs, log_files_budget
 from ptcluster.launch.stacks.collector import StackCollector
 from ptcluster.launch.supervise.restart import (
     GONE,
@@ -43,6 +50,7 @@ from ptcluster.launch.supervise.restart import (
 )
 from ptcluster.launch.supervise.supervisor import Supervisor
 from ptcluster.remote.transport import Transport
+from ptcluster.rundir import RunDir
 
 __all__ = ["DataSink", "LineSink", "Restarts", "Runner"]
 
@@ -208,7 +216,7 @@ class Runner:
         result, with the record of each attempt."""
         t0 = time.monotonic()
         self.logs.max_open = log_files_budget(len(self.plan.nodes))
-        self.layout.create(self.plan, self.opts)
+        self.layout.create(self.plan.attempt, plan_json(self.plan, self.opts))
         attempts: list[AttemptRecord] = []
         control = self._open_control()  # one for the job: `stacks` reaches the running attempt
         try:
@@ -223,7 +231,7 @@ class Runner:
                              for name, error in self.logs.errors.items()]
         result.environment = self.environment
         result.signum = self.stops.signum
-        self.layout.write_summary(result)
+        self.layout.write_summary(result.to_json())
         return result
 
     def _attempts(self, attempts: list[AttemptRecord], t0: float) -> RunResult:
@@ -282,7 +290,7 @@ class Runner:
         self.environment = got.environment
         if self.restarts is not None:
             self.restarts = replace(self.restarts, spec=got.spec)
-        self.layout.write_plan(self.plan, self.opts)
+        self.layout.write_plan(self.plan.attempt, plan_json(self.plan, self.opts))
 
     def _wait(self, result: RunResult, said: str) -> str:
         """Say who holds what the job asks for (once, and again when that changes), wait a
@@ -334,7 +342,7 @@ class Runner:
         self.notes(f"{decision.reason}: attempt {len(attempts)} on {len(hosts)} node(s), world "
                    f"size {self.plan.world_size}{_size_change(before, self.plan, decision)}, "
                    f"rendezvous port {self.plan.master_port or 'auto'}")
-        self.layout.write_plan(self.plan, self.opts)
+        self.layout.write_plan(self.plan.attempt, plan_json(self.plan, self.opts))
         return True
 
     def _answering_again(self, attempts: list[AttemptRecord], result: RunResult) -> list[str]:

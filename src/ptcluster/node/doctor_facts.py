@@ -28,14 +28,102 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from ptcluster.node.facts.accel import gpus, sh, torch_facts
 from ptcluster.node.facts.firewall import firewall_state, rule_counts
-from ptcluster.node.facts.health import gpu_warnings, health
+from ptcluster.node.facts.health import gpu_warnings, judge
+from ptcluster.node.facts.health_facts import read_health
 from ptcluster.node.facts.netif import AUTO_PORTS, interfaces, route_dev, route_interface
 from ptcluster.node.facts.rdma import read_rdma
 from ptcluster.node.wire import Kind, control, encode, hello, split
+
+
+class PythonFacts(TypedDict):
+    executable: str
+    version: str
+
+
+class WorkdirFacts(TypedDict):
+    path: str
+    """The node's (``~`` expanded there)."""
+    exists: bool
+    writable: bool
+
+
+class Route(TypedDict):
+    """How this node reaches a name: its addresses and the interface of the route to the
+    first (None: no route, or no address)."""
+
+    addrs: list[str]
+    route_dev: str | None
+
+
+class MasterRoute(Route):
+    interface: str | None
+    """The interface the guard would give NCCL and Gloo (``netif.route_interface``)."""
+    interface_error: str | None
+
+
+class Space(TypedDict):
+    """Bytes free to a user and in all of a filesystem."""
+
+    free: int
+    total: int
+
+
+class Listening(TypedDict, total=False):
+    """The ports this node listens on for the doctor's connect test."""
+
+    master: int | None
+    ephemeral: int | None
+    master_error: str | None
+    ephemeral_error: str
+
+
+class SlurmStep(TypedDict, total=False):
+    """What an srun step may use (``slurm_facts``; a reader takes none of it for granted: the
+    head checks the section only as bounded JSON)."""
+
+    affinity: list[int] | None
+    cpus_on_node: str | None
+    cuda_visible_devices: str | None
+    gpus_on_node: str | None
+    node: str | None
+
+
+class DoctorFacts(TypedDict, total=False):
+    """The ``ready`` frame of the doctor's facts program: ``collect``'s and ``listening``.
+    The head checks it as it arrives (``remote.node_replies.doctor_reply``) and reads it as
+    this (``doctor.node_report.NodeReport.facts``): a key renamed here is mypy's error there."""
+
+    time: float
+    """The node's clock when the facts were done (the head's clock offset)."""
+    hostname: str
+    hostname_addrs: list[str]
+    python: PythonFacts
+    workdir: WorkdirFacts
+    peers: dict[str, Route]
+    master: MasterRoute
+    """Only where the config names ``master_addr``."""
+    firewall: dict[str, Any]
+    gpus: dict[str, Any]
+    """``facts.accel.gpus``."""
+    rdma: list[dict[str, Any]]
+    interfaces: list[dict[str, Any]]
+    """``facts.netif.interfaces``: ``[{name, up, ipv4}]``."""
+    interfaces_error: str | None
+    ephemeral_range: list[int] | None
+    shm: Space | None
+    disk: Space | None
+    """The workdir's filesystem."""
+    health: list[dict[str, Any]]
+    """The health gate's findings (``facts.health.judge``)."""
+    gpu_warnings: list[dict[str, Any]]
+    torch: dict[str, Any] | None
+    """``facts.accel.torch_facts`` (None: not asked)."""
+    slurm: SlurmStep | None
+    listening: Listening
 
 
 def resolve(name: str) -> list[str]:
@@ -60,10 +148,10 @@ def firewall() -> dict[str, Any]:
     return {**firewall_state(run, run if os.geteuid() == 0 else None), **rule_counts(run)}
 
 
-def collect(cfg: dict[str, Any]) -> dict[str, Any]:
+def collect(cfg: dict[str, Any]) -> DoctorFacts:
     workdir = os.path.expanduser(cfg["workdir"])  # `~` is the node's home, as for the guard
     hostname = socket.gethostname()
-    facts: dict[str, Any] = {
+    facts: DoctorFacts = {
         "time": time.time(),
         "hostname": hostname,
         "hostname_addrs": resolve(hostname),
@@ -93,26 +181,30 @@ def collect(cfg: dict[str, Any]) -> dict[str, Any]:
         facts["ephemeral_range"] = [int(lo), int(hi)]
     except (OSError, ValueError):
         facts["ephemeral_range"] = None
-    for key, path in (("shm", "/dev/shm"), ("disk", workdir)):
-        try:
-            st = os.statvfs(path)
-            facts[key] = {"free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
-        except OSError:
-            facts[key] = None
+    facts["shm"], facts["disk"] = space("/dev/shm"), space(workdir)
     ctx = {  # the guard's gate (node.facts.health), on the facts read above
         "workdir": workdir, "slots": cfg.get("slots"), "backend": cfg.get("backend"),
         "chosen": cfg.get("gpus_chosen") or "CUDA_VISIBLE_DEVICES" in os.environ,
         "gpu_count": int(facts["gpus"].get("count") or 0),
-        **({"disk": (facts["disk"]["free"], facts["disk"]["total"])} if facts["disk"] else {})}
-    facts["health"] = health(ctx)
-    facts["gpu_warnings"] = gpu_warnings(ctx) if ctx["gpu_count"] else []
+        **({"disk": (disk["free"], disk["total"])} if (disk := facts["disk"]) else {})}
+    health = read_health(ctx)
+    facts["health"] = judge(health)
+    facts["gpu_warnings"] = gpu_warnings(health) if ctx["gpu_count"] else []
     facts["torch"] = torch_facts() if cfg.get("torch", True) else None
     facts["slurm"] = slurm_facts()
     facts["time"] = time.time()  # last: the head compares it with its clock on arrival
     return facts
 
 
-def slurm_facts() -> dict[str, Any] | None:
+def space(path: str) -> Space | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return {"free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
+
+
+def slurm_facts() -> SlurmStep | None:
     """Under an srun step (how ptcluster reaches an allocation's nodes): what the step may use.
     The ranks are the guard's children in the same kind of step, so they inherit the same."""
     if "SLURM_STEP_ID" not in os.environ:
@@ -179,7 +271,7 @@ def main() -> int:
     cfg = json.loads(sys.stdin.readline())
     emit(hello("facts"))
     facts = collect(cfg)
-    listening: dict[str, Any] = {"master": None, "ephemeral": None, "master_error": None}
+    listening: Listening = {"master": None, "ephemeral": None, "master_error": None}
     listeners = []
     for port in AUTO_PORTS if cfg.get("master_port") == "auto" else [cfg.get("master_port")]:
         if not port:

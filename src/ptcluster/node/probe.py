@@ -21,7 +21,8 @@ import sys
 import time
 from typing import Any, TypedDict
 
-from ptcluster.node.facts.health import Unfit, boot, health, unfit
+from ptcluster.node.facts.health import Unfit, health, unfit
+from ptcluster.node.facts.health_facts import boot
 from ptcluster.node.wire import Kind, encode, hello
 
 KERNEL_LINES = 8

@@ -32,6 +32,8 @@ from ptcluster.node.facts.setup_facts import (
     COMMANDS,
     NO_ROOT,
     SECTIONS,
+    SetupFacts,
+    Sudo,
     login_name,
     run,
     sections,
@@ -44,13 +46,13 @@ class Node:
         self.cfg = cfg
         self.password: str | None = None
         self.sudo_mode: str | None = None
-        self.sudo_facts: dict[str, Any] | None = None
+        self.sudo_facts: Sudo | None = None
         self.ran: dict[tuple[str, ...], tuple[int, str]] = {}
         """What the password's check ran as root besides ``true`` (see ``sudo``), kept for
         the fact that needs it in the same ``facts`` call."""
 
     # -- sudo ---------------------------------------------------------------------------------
-    def sudo(self, check: tuple[str, ...] = ("true",)) -> dict[str, Any]:
+    def sudo(self, check: tuple[str, ...] = ("true",)) -> Sudo:
         """root | nopasswd | password | needs-password | wrong-password | none (+ why).
 
         The password is checked by running ``check`` as root: a command whose output a fact
@@ -100,10 +102,10 @@ class Node:
         return text
 
     # -- facts --------------------------------------------------------------------------------
-    def facts(self, only: list[str] | None) -> dict[str, Any]:
+    def facts(self, only: list[str] | None) -> SetupFacts:
         """The sections ``only`` names (``setup_facts.sections``), and who and where this is."""
         names = sections(only)
-        out: dict[str, Any] = {"user": login_name(), "uid": os.geteuid(),
+        out: SetupFacts = {"user": login_name(), "uid": os.geteuid(),
                                "home": os.path.expanduser("~"), "hostname": os.uname()[1],
                                "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
                                "python_path": sys.executable}
@@ -142,7 +144,7 @@ def main() -> None:
     out = sys.stdout.buffer
     node = Node(cfg)
 
-    def send(kind: str, payload: dict[str, Any]) -> None:
+    def send(kind: str, payload: object) -> None:
         out.write(encode(kind, payload))
         out.flush()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from ptcluster.node.doctor_facts import DoctorFacts
 from ptcluster.node.kill import KillAnswer
 from ptcluster.node.probe import BootAnswer
 from ptcluster.remote.replies import (
@@ -68,29 +69,34 @@ def bounded(where: str, value: Any, depth: int = 0) -> None:
 
 ADDRS = listing(word, 64)
 ROUTE = record({"addrs": ADDRS, "route_dev": optional(word)})
+MASTER = record({"addrs": ADDRS, "route_dev": optional(word), "interface": optional(word),
+                 "interface_error": optional(note)})
+PYTHON = record({"executable": word, "version": word})
+WORKDIR = record({"path": word, "exists": boolean, "writable": boolean})
+SPACE = record({"free": number(0, 2**62), "total": number(0, 2**62)})
+LISTENING = record({"master": optional(PORT), "ephemeral": optional(PORT),
+                    "master_error": optional(note), "ephemeral_error": optional(note)})
+SECTIONS = {"python": PYTHON, "workdir": WORKDIR, "peers": ROUTE, "master": MASTER,
+            "shm": SPACE, "disk": SPACE, "listening": LISTENING}
+"""The doctor's sections checked field by field (``node.doctor_facts``: each the keys of its
+TypedDict there, ``tests/unit/test_readmit.py`` compares them)."""
 FIELDS: dict[str, Check] = {
     "time": figure, "hostname": hostname, "hostname_addrs": ADDRS,
-    "python": record({"executable": word, "version": word}),
-    "workdir": record({"path": word, "exists": boolean, "writable": boolean}),
-    "peers": mapping(ROUTE),
-    "master": optional(record({"addrs": ADDRS, "route_dev": optional(word),
-                               "interface": optional(word), "interface_error": optional(note)})),
+    "python": PYTHON, "workdir": WORKDIR, "peers": mapping(ROUTE), "master": optional(MASTER),
     "interfaces": listing(record({"name": word, "up": optional(boolean), "ipv4": ADDRS}),
                           MOST_ITEMS),
     "interfaces_error": optional(note),
     "ephemeral_range": optional(listing(PORT, 2)),
-    "shm": optional(record({"free": number(0, 2**62), "total": number(0, 2**62)})),
-    "disk": optional(record({"free": number(0, 2**62), "total": number(0, 2**62)})),
-    "listening": record({"master": optional(PORT), "ephemeral": optional(PORT),
-                         "master_error": optional(note), "ephemeral_error": optional(note)}),
+    "shm": optional(SPACE), "disk": optional(SPACE), "listening": LISTENING,
 }
 """The keys the doctor reads by structure, each with its check; the others are
-:func:`bounded`."""
+:func:`bounded` (every one a key of ``node.doctor_facts.DoctorFacts``)."""
 REQUIRED = ("time", "hostname", "workdir", "interfaces", "listening")
 
 
-def doctor_reply(reply: Any) -> dict[str, Any]:
-    """The doctor's facts ``reply`` checked. Raises :class:`BadReply`."""
+def doctor_reply(reply: Any) -> DoctorFacts:
+    """The doctor's facts ``reply`` checked (``node.doctor_facts.DoctorFacts``). Raises
+    :class:`BadReply`."""
     try:
         if not isinstance(reply, dict) or len(reply) > 64:
             raise _bad("the reply", reply, "a table of at most 64 keys")
@@ -103,7 +109,7 @@ def doctor_reply(reply: Any) -> dict[str, Any]:
     except BadReply as exc:
         raise BadReply(exc.what.replace("the node's facts are", "the node's doctor facts are", 1),
                        "check that node (a node that sends this may be compromised)") from None
-    return reply
+    return cast(DoctorFacts, reply)
 
 
 def _answer(schema: Check, what: str, answer: Any) -> dict[str, Any]:

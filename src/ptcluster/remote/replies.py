@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ptcluster.cluster.validate import is_dns_name
-from ptcluster.node.facts.setup_facts import sections
+from ptcluster.node.facts.setup_facts import SetupFacts, sections
 from ptcluster.node.facts.slurm_facts import HW_KEYS, SERVICES, SLURM_FILES, SLURM_PACKAGES
 from ptcluster.node.sharing.records import MAX_LEASES, MOST_TEXT, sampled
 from ptcluster.node.wire import Sample
@@ -201,7 +201,7 @@ FIELDS: dict[str, Check] = {
 """Each key's check; any other key of an asked section is ``loose``."""
 
 
-def facts_reply(reply: dict[str, Any], only: list[str] | None) -> dict[str, Any]:
+def facts_reply(reply: dict[str, Any], only: list[str] | None) -> SetupFacts:
     """``reply`` checked, with the keys of every section ``only`` asked for (and the node's
     identity); anything else dropped. Raises :class:`BadReply`."""
     if not isinstance(reply, dict):
@@ -215,15 +215,15 @@ def facts_reply(reply: dict[str, Any], only: list[str] | None) -> dict[str, Any]
             continue  # (a section may say nothing: workdir without one)
         FIELDS.get(key, loose)(key, reply[key])
         out[key] = reply[key]
-    return out
+    return cast(SetupFacts, out)
 
 
-def fresh(reply: dict[str, Any], only: list[str] | None) -> dict[str, Any]:
+def fresh(reply: SetupFacts, only: list[str] | None) -> SetupFacts:
     """Of a checked reply, the sections ``only`` names: what a later ask may replace in facts
     the head holds, and sudo's state (read with every ask); never the identity checked at
     connect, never a key it did not ask for."""
     keys = {"sudo", *(k for name in sections(only) for k in SECTION_KEYS.get(name, ()))}
-    return {k: v for k, v in reply.items() if k in keys}
+    return cast(SetupFacts, {k: v for k, v in reply.items() if k in keys})
 
 
 # The sampler's samples (``node.sampler``), as ``monitor`` and ``ps`` receive them: every

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import os
 import shlex
-import stat
 import subprocess
 import sys
 from abc import ABC, abstractmethod
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 
 from ptcluster.cluster.model import AUTO_PYTHON, SETUP_PYTHON, SshSpec
 from ptcluster.errors import Problem
+from ptcluster.node.sharing.safefile import private_dir
 from ptcluster.remote import diagnoses as D
 
 # Defaults a user's `ssh.options` may override (ssh keeps the first value it sees, so the
@@ -125,15 +125,11 @@ def control_dir() -> str | None:
     (a socket there is a logged-in session to a node; ``%C``, a hash, keeps the path short);
     None (no reuse: every command connects anew) where it cannot be made so."""
     base = os.environ.get("XDG_RUNTIME_DIR") or os.path.expanduser("~/.cache")
-    path = os.path.join(base, "ptcluster-ssh")
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
+        os.makedirs(base, exist_ok=True)
+        return private_dir(os.path.join(base, "ptcluster-ssh"))
     except OSError:
         return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        return None
-    return path
 
 
 def explain_start_failure(program: str, exc: OSError) -> Problem:

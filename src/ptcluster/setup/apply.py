@@ -25,6 +25,7 @@ from typing import Any
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, SlurmSetupSpec, SshSpec
 from ptcluster.errors import Problem
 from ptcluster.node import SETUP_AGENT as SETUP
+from ptcluster.node.facts.setup_facts import SetupFacts
 from ptcluster.node.wire import Kind
 from ptcluster.remote import replies
 from ptcluster.remote.channel import NodeChannel
@@ -38,6 +39,7 @@ from ptcluster.setup.login import (
     NodeFailure,
     NodeSession,
     PasswordSsh,
+    ask_facts,
     key_refusal,
     password_ssh,
     ssh_target,
@@ -65,7 +67,7 @@ class Setup:
         self.only = only
         """--node: apply on these hosts only (facts still come from every node: the firewall
         rules and /etc/hosts name all of them)."""
-        self.facts: dict[str, dict[str, Any] | None] = {n.host: None for n in spec.nodes}
+        self.facts: dict[str, SetupFacts | None] = {n.host: None for n in spec.nodes}
         """host -> its facts as last read (None: not reached)."""
         self.opts = opts
         self._password_source = password
@@ -231,7 +233,7 @@ class Setup:
         return host in self.sessions
 
     def refresh(self, host: str, sections: list[str]) -> None:
-        reply = self.sessions[host].ask(Kind.FACTS, {"only": sections},
+        reply = ask_facts(self.sessions[host], sections,
                                         self.opts.timeout * 3)  # (checked: replies)
         facts = self.facts[host]
         if facts is not None:  # those sections alone: never the hostname checked at connect
@@ -252,7 +254,7 @@ class Setup:
         # the key first (BatchMode: never a prompt); the password only when the key is refused
         session = self._open(node, SshTransport(host=node.host, ssh=ssh))
         try:
-            first = session.ask(Kind.FACTS, {"only": ["sudo"]}, self.opts.timeout * 3)
+            first = ask_facts(session, ["sudo"], self.opts.timeout * 3)
             outcome.connection = "key"
         except NodeFailure:
             if session.closed is None:
@@ -267,7 +269,7 @@ class Setup:
             secret = self.password()
             if secret is not None:
                 session.channel.send(Kind.SUDO, {"password": secret.reveal()})
-        facts = session.ask(Kind.FACTS, {"only": self.sections()}, self.opts.timeout * 3)
+        facts = ask_facts(session, self.sections(), self.opts.timeout * 3)
         refused = P.hostname_problem(facts)
         if refused is not None:
             raise NodeFailure(refused.what, refused.fix or "")
@@ -279,7 +281,7 @@ class Setup:
         return ["all", "slurm"] if self.slurm is not None else ["all"]
 
     def _password_login(self, node: NodeSpec, refused_key: NodeSession, addr: str,
-                        port: int) -> tuple[NodeSession, dict[str, Any]]:
+                        port: int) -> tuple[NodeSession, SetupFacts]:
         """The key was refused (``refused_key`` closed): log in with the password, through
         ssh's askpass; the session and its first answer (its sudo facts)."""
         assert refused_key.closed is not None
@@ -295,7 +297,7 @@ class Setup:
         pw.askpass = askpass
         session = self._open(node, pw)
         try:
-            first = session.ask(Kind.FACTS, {"only": ["sudo"]}, self.opts.timeout)
+            first = ask_facts(session, ["sudo"], self.opts.timeout)
         except NodeFailure as exc:
             tail = "\n".join(session.closed[1] if session.closed else []).lower()
             if "permission denied" in tail:
@@ -327,7 +329,7 @@ class Setup:
                 "env_file": P.ENV_FILE, "packages": list(P.PACKAGES), "master_addr": master,
                 "workdir": node.workdir}
 
-    def _choose_torch(self, facts: dict[str, dict[str, Any]]) -> TorchChoice:
+    def _choose_torch(self, facts: dict[str, SetupFacts]) -> TorchChoice:
         try:
             import importlib.metadata
 
@@ -338,7 +340,7 @@ class Setup:
                         tuple(f["gpu"]["compute_capability"])) for h, f in facts.items()]
         return choose_torch(version, gpus, self.opts.torch_backend)
 
-    def _cluster_facts(self, facts: dict[str, dict[str, Any]],
+    def _cluster_facts(self, facts: dict[str, SetupFacts],
                        torch: TorchChoice) -> S.ClusterFacts:
         master_addr = self.spec.master.addr
         return S.ClusterFacts(
@@ -356,14 +358,14 @@ class Setup:
         facts; phase 2 (``StepDef.phase``, after phase 1 on every node): each such step."""
         outcome = self.outcomes[node.host]
         session = self.sessions[node.host]
-        facts = dict(self.facts[node.host] or {})
+        facts = (self.facts[node.host] or SetupFacts()).copy()
         before = {s.name: s for s in outcome.before}
         for d in P.step_defs(self.cluster):
             if d.phase != phase or (phase == 1 and before[d.name].status == S.OK):
                 continue
             if d.sections:  # the step's own facts, read again right now
                 only = list(d.sections)
-                facts.update(replies.fresh(session.ask(Kind.FACTS, {"only": only},
+                facts.update(replies.fresh(ask_facts(session, only,
                                                        self.opts.timeout * 3), only))
             cluster = self.cluster
             step = d.plan(node.host, facts, cluster)  # this step alone, from those facts
@@ -439,10 +441,10 @@ class Setup:
             outcome.after = outcome.before  # nothing was done: the first facts still hold
             return
         session = self.sessions[node.host]
-        facts = session.ask(Kind.FACTS, {"only": self.sections()}, self.opts.timeout * 3)
+        facts = ask_facts(session, self.sections(), self.opts.timeout * 3)
         outcome.after = P.plan_node(node.host, facts, self.cluster)
         if P.pending(outcome.after) and self.cluster.manifest is not None:
-            facts.update(replies.fresh(session.ask(Kind.FACTS, {"only": ["wheels"]},
+            facts.update(replies.fresh(ask_facts(session, ["wheels"],
                                                    self.opts.timeout * 3), ["wheels"]))
             outcome.after = P.plan_node(node.host, facts, self.cluster)
         self.on_event(node.host, "converged" if not P.pending(outcome.after) else

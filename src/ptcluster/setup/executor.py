@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, SlurmSetupSpec
+from ptcluster.node.facts.setup_facts import SetupFacts
 from ptcluster.setup.options import SetupOptions
 from ptcluster.setup.report import NodeSetupOutcome
 from ptcluster.setup.steps import ClusterFacts, StepAction
@@ -27,7 +28,7 @@ class Executor(Protocol):
     """What Slurm the nodes get; None: none."""
     outcomes: dict[str, NodeSetupOutcome]
     """host -> what happened there so far (``problem`` set: the node is out of the run)."""
-    facts: dict[str, dict[str, Any] | None]
+    facts: dict[str, SetupFacts | None]
     """host -> its facts as last read (None: not reached)."""
     slurm_removed: dict[str, list[Any]]
     """Nodes gone from the cluster file: ``removed`` and ``draining`` (``slurm_apply``)."""

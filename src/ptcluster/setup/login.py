@@ -8,10 +8,11 @@ import queue
 import socket
 import subprocess
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from ptcluster.cluster.model import NodeSpec, SshSpec
 from ptcluster.errors import Problem
+from ptcluster.node.facts.setup_facts import SetupFacts
 from ptcluster.node.wire import Kind, control, split
 from ptcluster.remote.channel import NodeChannel
 from ptcluster.remote.replies import BadReply, facts_reply
@@ -56,7 +57,7 @@ class NodeSession:
             raise NodeFailure(f"the node sent a bad frame ({value})", "report this bug")
         if kind == Kind.FACTS:  # checked here, before any part of setup reads it
             try:
-                return facts_reply(value, payload.get("only"))
+                return cast(dict[str, Any], facts_reply(value, payload.get("only")))
             except BadReply as exc:
                 raise NodeFailure(exc.what, exc.fix) from None
         return dict(value)
@@ -148,3 +149,9 @@ def host_fingerprint(addr: str, port: int) -> str:
         return f"(could not read it: {exc})"
     return "; ".join(" ".join(line.split()[1:2] + line.split()[-1:])
                      for line in fp.stdout.splitlines()) or "(no key offered)"
+
+
+def ask_facts(session: NodeSession, only: list[str], timeout: float) -> SetupFacts:
+    """The facts sections ``only`` names, as ``session`` checked them on arrival
+    (``remote.replies.facts_reply``)."""
+    return cast(SetupFacts, session.ask(Kind.FACTS, {"only": only}, timeout))

@@ -10,11 +10,11 @@ when its own fact still says it is needed.
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
 from ptcluster.cluster.model import SETUP_PYTHON, SETUP_VENV
 from ptcluster.cluster.validate import is_dns_name
 from ptcluster.errors import Problem
+from ptcluster.node.facts.setup_facts import SetupFacts
 from ptcluster.setup.slurm_steps import SLURM_DEFS
 from ptcluster.setup.steps import (
     BLOCKED,
@@ -37,7 +37,7 @@ NO_TORCH = Problem(None, "no torch build fits")
 """The torch steps' block when the choice says no more (it always does: ``TorchChoice``)."""
 
 
-def hostname_problem(facts: dict[str, Any]) -> Problem | None:
+def hostname_problem(facts: SetupFacts) -> Problem | None:
     """Why setup refuses a node whose reported hostname is not a DNS name (a node's word goes
     into every node's ``/etc/hosts``, as root: a newline in it would add lines there)."""
     name = facts.get("hostname")
@@ -49,12 +49,12 @@ def hostname_problem(facts: dict[str, Any]) -> Problem | None:
                    "set-hostname NAME)")
 
 
-def cluster_hostnames(facts: dict[str, dict[str, Any]]) -> dict[str, str]:
+def cluster_hostnames(facts: dict[str, SetupFacts]) -> dict[str, str]:
     """host -> the hostname the node reported, for the nodes whose name is a DNS name."""
     return {h: f["hostname"] for h, f in facts.items() if hostname_problem(f) is None}
 
 
-def plan_node(host: str, facts: dict[str, Any], cf: ClusterFacts) -> list[Step]:
+def plan_node(host: str, facts: SetupFacts, cf: ClusterFacts) -> list[Step]:
     """Every step for one node, in ``step_defs`` order, from its facts (``node/setup_agent.py``
     reads them) and the cluster's."""
     return [d.plan(host, facts, cf) for d in step_defs(cf)]
@@ -67,7 +67,7 @@ def step_defs(cf: ClusterFacts | None) -> tuple[StepDef, ...]:
     return STEP_DEFS + SLURM_DEFS
 
 
-def _root_ok(facts: dict[str, Any]) -> bool:
+def _root_ok(facts: SetupFacts) -> bool:
     return bool(facts["sudo"]["mode"] in ("root", "nopasswd", "password"))
 
 
@@ -77,21 +77,21 @@ SUDO_WHY = {"root": "logged in as root", "nopasswd": "sudo without a password",
             "wrong-password": "sudo refused the password"}
 
 
-def _sudo_why(facts: dict[str, Any]) -> str:
+def _sudo_why(facts: SetupFacts) -> str:
     return SUDO_WHY.get(facts["sudo"]["mode"], facts["sudo"].get("why") or "no sudo")
 
 
-def _debian(facts: dict[str, Any]) -> bool:
+def _debian(facts: SetupFacts) -> bool:
     os_ = facts["os"]
     family = {os_.get("ID", "")} | set(os_.get("ID_LIKE", "").split())
     return bool(family & {"debian", "ubuntu"})
 
 
-def _missing_packages(facts: dict[str, Any]) -> list[str]:
+def _missing_packages(facts: SetupFacts) -> list[str]:
     return [p for p, ok in facts["packages"].items() if not ok]
 
 
-def _ssh_key(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _ssh_key(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     if facts.get("key_authorized"):
         return Step("ssh key", OK, "the head's key is authorized")
     return Step("ssh key", CHANGE, "the head's key is not in ~/.ssh/authorized_keys", (
@@ -99,19 +99,19 @@ def _ssh_key(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
                    input=cf.pubkey.strip() + "\n"),))
 
 
-def _sudo(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _sudo(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     return Step("sudo", OK if _root_ok(facts) else BLOCKED, _sudo_why(facts))
 
 
-def _os(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _os(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     os_ = facts["os"]
     if _debian(facts):
-        return Step("os", OK, os_.get("PRETTY_NAME") or os_.get("ID"))
+        return Step("os", OK, os_.get("PRETTY_NAME") or os_.get("ID") or "")
     return Step("os", BLOCKED, f"{os_.get('PRETTY_NAME') or 'unknown OS'}: setup knows Debian "
                 "and Ubuntu only (apt); prepare this node by hand")
 
 
-def _gpu_driver(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _gpu_driver(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     gpu = facts["gpu"]
     if gpu["count"] and not gpu["driver"]:
         return Step("gpu driver", BLOCKED, f"{gpu['count']} NVIDIA GPU(s) but no driver: "
@@ -121,7 +121,7 @@ def _gpu_driver(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
                 if gpu["count"] else "no NVIDIA GPU")
 
 
-def _apt_packages(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _apt_packages(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     missing = _missing_packages(facts)
     if not missing:
         return Step("apt packages", OK, "installed: " + ", ".join(facts["packages"]))
@@ -133,7 +133,7 @@ def _apt_packages(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
                       ", ".join(missing), (apt,), _sudo_why(facts) if debian else "not apt")
 
 
-def _python_venv(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _python_venv(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     venv, node_py = facts["venv"], facts["python"]
     if node_py != cf.python:
         return Step("python venv", BLOCKED, f"the node's python3 is {node_py}, the head's is "
@@ -153,7 +153,7 @@ def _wanted(cf: ClusterFacts) -> dict[str, str]:
 
 
 
-def _install_case(host: str, facts: dict[str, Any], cf: ClusterFacts) -> str:
+def _install_case(host: str, facts: SetupFacts, cf: ClusterFacts) -> str:
     """What ``wheels`` and ``torch + ptcluster`` share: ``no torch`` (no build fits),
     ``installed`` (the venv has what they would bring), ``no venv`` (it cannot be made) or
     ``install``."""
@@ -166,7 +166,7 @@ def _install_case(host: str, facts: dict[str, Any], cf: ClusterFacts) -> str:
     return "no venv" if venv.status == BLOCKED else "install"
 
 
-def _wheels(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _wheels(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     case = _install_case(host, facts, cf)
     if case == "no torch":
         return Step("wheels", BLOCKED, (cf.torch.problem or NO_TORCH).what)
@@ -186,7 +186,7 @@ def _wheels(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
                 (StepAction(lacking, kind="copy"),))
 
 
-def _torch(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _torch(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     case, want = _install_case(host, facts, cf), _wanted(cf)
     dists = facts["venv"].get("dists") or {}
     if case == "no torch":
@@ -203,7 +203,7 @@ def _torch(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
                 f"{want['torch']} ({cf.torch.why}), ptcluster {want['ptcluster']}", (pip,))
 
 
-def _env_file(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _env_file(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     text = env_file_text(host, facts, cf)
     if facts.get("env_file") == text:
         return Step("env file", OK, ENV_FILE)
@@ -213,10 +213,10 @@ def _env_file(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
                     f"mv {ENV_FILE}.tmp {ENV_FILE}"), input=text),))
 
 
-def _workdir(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
-    workdir = facts.get("workdir") or {}
-    if workdir.get("exists", True):
-        return Step("workdir", OK, workdir.get("path", ""))
+def _workdir(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
+    workdir = facts.get("workdir")
+    if not workdir or workdir.get("exists", True):
+        return Step("workdir", OK, workdir.get("path", "") if workdir else "")
     return Step("workdir", CHANGE, f"{workdir['path']} does not exist", (
         StepAction(("mkdir", "-p", "--", workdir["path"])),))
 
@@ -229,7 +229,7 @@ def _root_step(name: str, can: bool, why: str, actions: tuple[StepAction, ...],
                 "commands below", actions)
 
 
-def _firewall(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _firewall(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     fw = facts["firewall"]
     if not fw["kind"] or not fw["active"]:
         return Step("firewall", OK, "no active firewall" + (f" ({fw['kind']} inactive)"
@@ -289,7 +289,7 @@ def hosts_with_block(current: str, entries: list[tuple[str, list[str]]], own: st
     return "\n".join([*out, "", *block]) + "\n"
 
 
-def _hosts(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _hosts(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     entries = []
     for h, addr in cf.addrs.items():
         # (a name a node reported is checked at its facts, ``hostname_problem``; again here)
@@ -314,7 +314,7 @@ def _hosts(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
         StepAction(("sh", "-c", script), root=True, input=want),), "no sudo")
 
 
-def env_file_text(host: str, facts: dict[str, Any], cf: ClusterFacts) -> str:
+def env_file_text(host: str, facts: SetupFacts, cf: ClusterFacts) -> str:
     iface = cf.interfaces.get(host) or facts.get("interface")
     pairs = [("MASTER_ADDR", cf.master_addr), ("MASTER_PORT", str(cf.master_port))]
     if iface:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ptcluster.cluster.model import SlurmSetupSpec
+from ptcluster.node.facts.setup_facts import SetupFacts
 from ptcluster.node.facts.slurm_facts import HW_KEYS
 from ptcluster.remote import replies
 
@@ -74,12 +75,12 @@ def head_munge_key(controller: str, create: bool) -> tuple[Path, bytes | None]:
         return path, None
 
 
-def node_name(facts: dict[str, Any]) -> str:
+def node_name(facts: SetupFacts) -> str:
     """Slurm's name of a node: its short hostname (how slurmd finds its own line)."""
     return str(facts["hostname"]).split(".")[0]
 
 
-def plugins(facts: dict[str, dict[str, Any]]) -> tuple[dict[str, str], str]:
+def plugins(facts: dict[str, SetupFacts]) -> tuple[dict[str, str], str]:
     """Proctrack/Task/JobAcctGather by what every node supports: Slurm's cgroup plugins where
     every node has cgroup v2, Linux's /proc elsewhere (a cluster has one slurm.conf)."""
     v1 = sorted(h for h, f in facts.items() if f["slurm"]["cgroup"] != "v2")
@@ -93,11 +94,11 @@ def plugins(facts: dict[str, dict[str, Any]]) -> tuple[dict[str, str], str]:
             "binding or memory limits)")
 
 
-def gpu_count(facts: dict[str, Any]) -> int:
+def gpu_count(facts: SetupFacts) -> int:
     return int(gpu_count_raw(facts))
 
 
-def gres_conf(facts: dict[str, dict[str, Any]]) -> str | None:
+def gres_conf(facts: dict[str, SetupFacts]) -> str | None:
     """gres.conf for every node with GPUs (None: no GPU anywhere): ``AutoDetect=nvml`` where
     the node has NVML, its ``/dev/nvidiaN`` files where not."""
     lines = ["# Written by `ptcluster setup --slurm`: the same on every node."]
@@ -114,7 +115,7 @@ def gres_conf(facts: dict[str, dict[str, Any]]) -> str | None:
     return "\n".join(lines) + "\n" if len(lines) > 1 else None
 
 
-def slurm_conf(spec: SlurmSetupSpec, facts: dict[str, dict[str, Any]],
+def slurm_conf(spec: SlurmSetupSpec, facts: dict[str, SetupFacts],
                addrs: dict[str, str], keep: tuple[str, ...] = ()) -> tuple[str, str]:
     """slurm.conf from the nodes' facts (hosts in file order) and why its plugins; ``keep``:
     ``NodeName=`` lines of removed nodes still running jobs (drained)."""
@@ -163,7 +164,7 @@ CGROUP_CONF = ("# Written by `ptcluster setup --slurm`: Slurm's cgroup plugins o
                "ConstrainRAMSpace=yes\n")
 
 
-def slurm_cluster(spec: SlurmSetupSpec, facts: dict[str, dict[str, Any] | None],
+def slurm_cluster(spec: SlurmSetupSpec, facts: dict[str, SetupFacts | None],
                   addrs: dict[str, str], key: bytes | None,
                   keep: tuple[str, ...] = ()) -> SlurmCluster:
     """The cluster's Slurm from the facts of every node (``facts``: every node of the file,
@@ -196,7 +197,7 @@ _KEPT = re.compile(r"NodeName=[A-Za-z0-9][A-Za-z0-9.-]*( [A-Za-z]+=[A-Za-z0-9_.,
 """A removed node's line kept from the old slurm.conf (``slurm_apply.conf_nodes``): words alone."""
 
 
-def unsafe_facts(facts: dict[str, Any]) -> str | None:
+def unsafe_facts(facts: SetupFacts) -> str | None:
     """Why a node's facts may not go into the files root writes on every node (None: they
     may): each value written there is checked where it is written, whatever checked it before
     (``remote.replies``): the name a DNS name, the hardware whole numbers, ``/dev/nvidiaN``."""
@@ -213,5 +214,5 @@ def unsafe_facts(facts: dict[str, Any]) -> str | None:
     return None
 
 
-def gpu_count_raw(facts: dict[str, Any]) -> Any:
+def gpu_count_raw(facts: SetupFacts) -> Any:
     return facts.get("gpu", {}).get("count") or 0

@@ -10,8 +10,8 @@ slurmd running with them: a daemon older than its files is restarted.
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
+from ptcluster.node.facts.setup_facts import SetupFacts
 from ptcluster.setup.slurm import FILES, SlurmCluster
 from ptcluster.setup.steps import (
     BLOCKED,
@@ -29,7 +29,7 @@ def _wanted(host: str, sc: SlurmCluster) -> list[str]:
     return ["munge", "slurmd", "slurm-client"] + (["slurmctld"] if host == sc.controller else [])
 
 
-def _packages(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _packages(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     sc, have = cf.slurm, facts["slurm"]["packages"]
     assert sc is not None
     missing = [p for p in _wanted(host, sc) if not have.get(p)]
@@ -70,7 +70,7 @@ no ``chown``. ``python3 -I``: nothing from the working directory or the environm
 KEY_ARGV = ("python3", "-I", "-c", KEY_PROGRAM, "/etc/munge", "munge")
 
 
-def _munge_key(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _munge_key(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     sc, key = cf.slurm, facts["slurm"]["munge_key"]
     assert sc is not None
     if key is None:
@@ -86,7 +86,7 @@ def _munge_key(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
                            StepAction(("systemctl", "restart", "munge"), root=True)))
 
 
-def _service(name: str, host: str, facts: dict[str, Any], files: tuple[str, ...]) -> Step:
+def _service(name: str, host: str, facts: SetupFacts, files: tuple[str, ...]) -> Step:
     """``name`` enabled and running, started after every one of ``files`` last changed."""
     svc = facts["slurm"]["services"][name]
     mtimes = [facts["slurm"]["mtimes"].get(f) for f in files]
@@ -100,11 +100,11 @@ def _service(name: str, host: str, facts: dict[str, Any], files: tuple[str, ...]
                                                 f"systemctl restart {name}"), root=True),))
 
 
-def _munge(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _munge(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     return _service("munge", host, facts, ())
 
 
-def _files(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _files(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     sc = cf.slurm
     assert sc is not None
     have = facts["slurm"]["files"]
@@ -122,20 +122,20 @@ def _files(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
     return Step("slurm.conf", CHANGE, f"{'; '.join(why)}; {sc.why}", tuple(actions))
 
 
-def _slurmctld(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _slurmctld(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     assert cf.slurm is not None
     if host != cf.slurm.controller:
         return Step("slurmctld", OK, f"not here: {cf.slurm.controller} is the controller")
     return _service("slurmctld", host, facts, tuple(FILES))
 
 
-def _slurmd(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+def _slurmd(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     return _service("slurmd", host, facts, tuple(FILES))
 
 
 def _needs_files(name: str, plan: PlanFn) -> PlanFn:
     """Step ``name``, blocked until every node's Slurm facts are in (``cf.slurm``)."""
-    def step(host: str, facts: dict[str, Any], cf: ClusterFacts) -> Step:
+    def step(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
         if cf.slurm is None or not cf.slurm.files or "slurm" not in facts:
             return Step(name, BLOCKED, (cf.slurm and cf.slurm.why) or
                         "not every node answered: the cluster's Slurm files need the facts "

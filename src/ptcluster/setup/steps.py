@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ptcluster.node.facts.setup_facts import SetupFacts
 from ptcluster.setup.slurm import SlurmCluster
 from ptcluster.setup.torch_choice import TorchChoice
 
@@ -119,7 +120,7 @@ class ClusterFacts:
     """``setup --slurm``: the cluster's Slurm (``setup.slurm``); None: no Slurm steps."""
 
 
-PlanFn = Callable[[str, dict[str, Any], ClusterFacts], Step]
+PlanFn = Callable[[str, SetupFacts, ClusterFacts], Step]
 """How a step is planned: ``(host, the node's facts, the cluster's) -> Step``, pure."""
 
 

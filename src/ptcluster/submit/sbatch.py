@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ptcluster.errors import PtclusterError, UsageError
-from ptcluster.launch.rundir import RunDirError, make_private, write_private
+from ptcluster.rundir import RunDirError, make_private, write_private
 
 SCRIPT_FILE = "job.sbatch"
 SLURM_LOG_FILE = "slurm-%j.out"
@@ -33,7 +33,7 @@ JOB_ID_FILE = "job_id"
 """The Slurm job id, written by ``ptcluster submit`` once it is known.
 
 These three are a submit directory's own files, beside the run directories its ``ptcluster run``
-makes in it (``launch.rundir.RunDir``)."""
+makes in it (``ptcluster.rundir.RunDir``)."""
 SIGNAL_LEAD = 120
 """Seconds of warning before the end: ``--signal=USR2@SIGNAL_LEAD``."""
 _TIME = re.compile(r"\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}")
@@ -153,7 +153,7 @@ def _sbatch_opt(key: str, value: str | None) -> str:
 
 def write_script(cfg: SubmitConfig) -> Path:
     """The submit directory, new and ours alone (0700) in a parent of ours no one else can
-    change (as a run directory: ``launch.rundir``), with the script in it (sbatch reads it)."""
+    change (as a run directory: ``ptcluster.rundir``), with the script in it (sbatch reads it)."""
     path = cfg.run_dir / SCRIPT_FILE
     try:
         make_private(cfg.run_dir)

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptcluster.launch.rundir import RunDir, write_private
+from ptcluster.control.protocol import Answer, StacksAnswer
 from ptcluster.launch.stacks.report import StackReport, build_report
 from ptcluster.launch.supervise import events as ev
 from ptcluster.launch.supervise.actions import HANG
+from ptcluster.rundir import RunDir, write_private
 
 STACKS_WAIT = 10.0
 """Seconds a collection waits for every node's answer (a guard needs <= 2.5 s, plus <= 6 s
@@ -33,7 +34,7 @@ class _Collection:
     hosts: set[str]
     deadline: float
     replies: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
-    waiters: list[queue.Queue[dict[str, Any]]] = field(default_factory=list)
+    waiters: list[queue.Queue[Answer]] = field(default_factory=list)
 
 
 class StackCollector:
@@ -46,7 +47,7 @@ class StackCollector:
 
     def start(self, purpose: str, reason: str, hosts: set[str],
               send: Callable[[str, dict[str, Any]], None],
-              waiter: queue.Queue[dict[str, Any]] | None = None) -> None:
+              waiter: queue.Queue[Answer] | None = None) -> None:
         """Ask ``hosts`` (``send(host, payload)`` sends the ``stacks`` frame); no host: the
         report (an empty one) is made at the next ``finish``."""
         self._last += 1
@@ -80,16 +81,18 @@ class StackCollector:
                 write_private(as_json, json.dumps(data, indent=2))
             except OSError as exc:
                 self.on_status(f"the stacks report could not be saved in {self.run_dir}: {exc}")
+            answer: StacksAnswer = {"ok": True, "report": data, "lines": report.lines(),
+                                    "saved": str(saved)}
             for waiter in c.waiters:
-                waiter.put({"ok": True, "report": data, "lines": report.lines(),
-                            "saved": str(saved)})
+                waiter.put(answer)
             done.append((c.purpose, report))
         return done
 
     def abandon(self) -> None:
         """The job ended: whoever still waits gets an answer."""
+        ended: StacksAnswer = {"ok": False, "error": "the job ended before every node answered"}
         for collection in self.pending.values():
             for waiter in collection.waiters:
-                waiter.put({"ok": False, "error": "the job ended before every node answered"})
+                waiter.put(ended)
         self.pending.clear()
 

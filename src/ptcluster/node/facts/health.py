@@ -1,42 +1,40 @@
 """Is this node fit to run a job's ranks? The health gate the guard runs before any rank starts
 (and before every restart: each attempt starts a new guard), and that ``ptcluster doctor`` shows:
-one function, ``health``, for both.
+one function, ``health``, for both: ``judge`` of the facts ``node.facts.health_facts`` reads.
 
-Each check is one small function of facts read here -> ``None`` (fine) or a finding ``{"check",
-"ok", "what", "fix", "code"}`` (several, where one check finds many things); ``CHECKS`` lists
-them in order. What it refuses is declared in ``REFUSALS`` (``health.*`` codes:
-``node.problems``), what doctor only warns of in ``WARNINGS``. The last is the GPU driver's own word
+``judge`` is pure (no I/O: a test gives it recorded facts, ``HealthFacts``). Each check is one
+small function of the facts -> ``None`` (not asked) or a finding ``{"check", "ok", "what",
+"fix", "code"}`` (several, where one check finds many things); ``CHECKS`` lists them in order.
+What it refuses is declared in ``REFUSALS`` (``health.*`` codes: ``node.problems``), what
+doctor only warns of in ``WARNINGS``. The last is the GPU driver's own word
 (``node.facts.gpu_errors``): a fatal Xid since the driver loaded, uncorrectable ECC errors, row
 remapping pending or failed, retired pages pending. ``gpu_warnings`` are what doctor shows
 besides (a PCIe link below its width or generation under load, slowdowns, Xids 63 and 92).
 
-Also the node's boot (``boot``: its boot id and uptime), which the guard reports at ready so
-that the head can tell, after losing the node, whether it rebooted.
-
-Standard library only; a part of the guard and of the doctor's facts program.
+Standard library only; a part of the guard, of the doctor's facts program and of the probe.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from ptcluster.node.facts.accel import gpus
 from ptcluster.node.facts.gpu_errors import (
     ACT_HARDWARE,
     ACT_RESET,
     WARN_XIDS,
     XID_ACTIONS,
     describe_xid,
-    gpu_indices,
-    nvml_state,
     open_fatal,
     xid_fix,
     xids_in,
 )
-from ptcluster.node.facts.kernel_log import boot_wall, kernel_since_boot
+from ptcluster.node.facts.health_facts import (
+    HealthFacts,
+    read_health,
+    uses_gpus,
+)
 from ptcluster.node.problems import Declared
 
 GIB = 1 << 30
@@ -50,13 +48,10 @@ DISK_MIN_SHARE = 0.05
 CHECKPOINT_ROOM = 1.2
 """A checkpoint disk needs room for another checkpoint this many times the largest file there
 (a save writes a new file beside the last one before it removes an older one)."""
-LARGEST_OF = 1000
-"""Entries of a checkpoint folder looked at for its largest file."""
 MEM_PER_RANK = 256 << 20
 """Memory the kernel must have available (``MemAvailable``) per rank of the node before it
 starts: a Python process that imports torch holds ~300 MiB before any data; below 256 MiB each
 the out-of-memory killer takes a rank at import or at its first batch."""
-BACKEND_NCCL = "nccl"
 
 GPUS_FEWER = Declared(
     "health.gpus-fewer", "fewer GPUs than slots",
@@ -123,48 +118,6 @@ WARNINGS = (PCIE_NARROW, PCIE_SLOW, GPU_SLOWDOWN, XID_WEAR)
 """What doctor warns of on a GPU that works (``gpu-health``), never refused."""
 
 
-def boot() -> dict[str, Any]:
-    """``{"boot_id", "uptime"}`` of this node (either missing where unreadable): a new boot id
-    after a loss means the node rebooted."""
-    out: dict[str, Any] = {}
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            out["boot_id"] = f.read().strip()
-    except OSError:
-        pass
-    try:
-        with open("/proc/uptime") as f:
-            out["uptime"] = float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        pass
-    return out
-
-
-def disk_space(path: str) -> tuple[int, int] | None:
-    """(bytes free to a user, bytes in all) of the filesystem of ``path``; None if unknown."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-
-
-def memory() -> tuple[int, int] | None:
-    """(MemAvailable, MemTotal) in bytes from ``/proc/meminfo``; None if unknown."""
-    found: dict[str, int] = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key in ("MemAvailable", "MemTotal"):
-                    found[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    if len(found) < 2:
-        return None
-    return found["MemAvailable"], found["MemTotal"]
-
-
 def size(n: float) -> str:
     """Bytes as a person reads them: ``1.4 GiB``, ``312 MiB``, ``0.6 MiB``."""
     if n >= GIB:
@@ -192,60 +145,28 @@ def warned(entry: Declared, **values: object) -> dict[str, Any]:
             "fields": {k: str(v) for k, v in values.items()}}
 
 
-def check_disk(ctx: dict[str, Any]) -> dict[str, Any]:
+def check_disk(facts: HealthFacts) -> dict[str, Any]:
     """The workdir's filesystem: nearly full (``DISK_MIN_FREE``) is refused."""
-    path = ctx["workdir"]
-    return disk_finding("disk", "workdir", path,
-                        ctx["disk"] if "disk" in ctx else disk_space(path))
+    return disk_finding("disk", "workdir", facts["workdir"], facts["disk"])
 
 
-def check_checkpoint_disk(ctx: dict[str, Any]) -> dict[str, Any] | None:
+def check_checkpoint_disk(facts: HealthFacts) -> dict[str, Any] | None:
     """Where the job saved its last checkpoint on this node (a restart: ``checkpoints``): too
     little room for another checkpoint as large as the largest there
     (``CHECKPOINT_ROOM`` times it), or nearly full as a workdir, is refused. A restart would
     otherwise fail the same way at its first save."""
     found = None
-    for path in ctx.get("checkpoints") or []:
-        there = existing(path)
-        space = ctx["checkpoint_disk"] if "checkpoint_disk" in ctx else disk_space(there)
-        largest = ctx["checkpoint_size"] if "checkpoint_size" in ctx else largest_file(there)
+    for ck in facts["checkpoints"]:
+        space, largest = ck["space"], ck["largest"]
         if space is not None and largest and space[0] < CHECKPOINT_ROOM * largest:
             return refused("checkpoint-disk", CHECKPOINT_NO_ROOM, free=size(space[0]),
-                           total=size(space[1]), path=path, largest=size(largest))
-        if "checkpoint_disk" not in ctx and same_filesystem(there, ctx["workdir"]):
+                           total=size(space[1]), path=ck["path"], largest=size(largest))
+        if ck["beside_workdir"]:
             continue  # (nearly full: the workdir's check says it)
-        found = disk_finding("checkpoint-disk", "checkpoint", path, space)
+        found = disk_finding("checkpoint-disk", "checkpoint", ck["path"], space)
         if not found["ok"]:
             return found
     return found
-
-
-def largest_file(path: str) -> int:
-    """The size of ``path`` (a file), or of the largest file in it (a folder; its first
-    ``LARGEST_OF`` entries); 0 when there is none."""
-    try:
-        if not os.path.isdir(path):
-            return os.stat(path).st_size
-        with os.scandir(path) as entries:
-            sizes = [e.stat(follow_symlinks=False).st_size for _, e in zip(
-                range(LARGEST_OF), entries, strict=False) if e.is_file(follow_symlinks=False)]
-    except OSError:
-        return 0
-    return max(sizes, default=0)
-
-
-def same_filesystem(a: str, b: str) -> bool:
-    try:
-        return os.stat(a).st_dev == os.stat(b).st_dev
-    except OSError:
-        return False
-
-
-def existing(path: str) -> str:
-    """``path``, or its nearest folder that exists (a checkpoint folder may be gone)."""
-    while path and not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    return path
 
 
 def disk_finding(check: str, role: str, path: str,
@@ -261,13 +182,13 @@ def disk_finding(check: str, role: str, path: str,
     return finding(check, True, what)
 
 
-def check_memory(ctx: dict[str, Any]) -> dict[str, Any]:
+def check_memory(facts: HealthFacts) -> dict[str, Any]:
     """Memory available for the node's ranks: below ``MEM_PER_RANK`` each is refused."""
-    mem = ctx["memory"] if "memory" in ctx else memory()
+    mem = facts["memory"]
     if mem is None:
         return finding("memory", True, "available memory unknown (no /proc/meminfo)")
     available, total = mem
-    slots = max(1, int(ctx.get("slots") or 1))
+    slots = facts["slots"]
     need = MEM_PER_RANK * slots
     what = f"{size(available)} of {size(total)} memory available"
     if available < need:
@@ -276,32 +197,18 @@ def check_memory(ctx: dict[str, Any]) -> dict[str, Any]:
     return finding("memory", True, what)
 
 
-def check_gpu_count(ctx: dict[str, Any]) -> dict[str, Any] | None:
+def check_gpu_count(facts: HealthFacts) -> dict[str, Any] | None:
     """Fewer GPUs than the node's slots, when the job uses GPUs there (the node has some, or the
     cluster file asks for NCCL). Not asked when the GPUs are chosen already (an explicit
     ``gpus:`` list, or ``CUDA_VISIBLE_DEVICES`` set by Slurm or the user)."""
-    if ctx.get("chosen"):
-        return None
-    slots = max(1, int(ctx.get("slots") or 1))
-    count = gpu_count(ctx)
-    if not uses_gpus(ctx):
+    count, slots = facts["gpu_count"], facts["slots"]
+    if facts["chosen"] or not uses_gpus(count, facts["backend"]):
         return None
     what = f"{count} GPU(s) for {slots} slot(s)"
     if count < slots:
         why = " with backend nccl" if count == 0 else ""
         return refused("gpus", GPUS_FEWER, count=count, slots=slots, why=why)
     return finding("gpus", True, what)
-
-
-def gpu_count(ctx: dict[str, Any]) -> int:
-    if "gpu_count" not in ctx:
-        ctx["gpu_count"] = int(gpus().get("count") or 0)
-    return int(ctx["gpu_count"])
-
-
-def uses_gpus(ctx: dict[str, Any]) -> bool:
-    """The job uses this node's GPUs: it has some, or the cluster file asks for NCCL."""
-    return gpu_count(ctx) > 0 or ctx.get("backend") == BACKEND_NCCL
 
 
 def gpu_name(index: int | None, pci: str) -> str:
@@ -315,40 +222,23 @@ def when(seconds_since_boot: float, boot_wall: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(boot_wall + seconds_since_boot))
 
 
-def driver_facts(ctx: dict[str, Any]) -> dict[str, Any]:
-    """What ``check_gpu_driver`` and ``gpu_warnings`` read, once per context (a test gives
-    them: ``kernel`` (records, source), ``gpu_state``, ``gpu_pci``, ``boot_wall``)."""
-    if "kernel" not in ctx:
-        ctx["kernel"] = kernel_since_boot()
-    if "gpu_state" not in ctx:
-        ctx["gpu_state"] = nvml_state()
-    if "gpu_pci" not in ctx:
-        ctx["gpu_pci"] = {s["pci"]: s["index"] for s in ctx["gpu_state"] if s.get("pci")} \
-            or gpu_indices()
-    if "boot_wall" not in ctx:
-        ctx["boot_wall"] = boot_wall()
-    records, source = ctx["kernel"]
-    return {"xids": xids_in(records), "source": source, "state": ctx["gpu_state"],
-            "pci": ctx["gpu_pci"], "boot_wall": ctx["boot_wall"]}
-
-
-def check_gpu_driver(ctx: dict[str, Any]) -> list[dict[str, Any]] | None:
+def check_gpu_driver(facts: HealthFacts) -> list[dict[str, Any]] | None:
     """The GPU driver's word, where the job uses GPUs: a fatal Xid since the driver last
     loaded, uncorrectable ECC errors since, a row remapping pending or failed, retired pages
     pending: each refuses the node (one finding each), with NVIDIA's action for it; else one
     finding that says what was read."""
-    if not uses_gpus(ctx):
+    drv = facts["driver"]
+    if drv is None or not uses_gpus(facts["gpu_count"], facts["backend"]):
         return None
-    facts = driver_facts(ctx)
     bad: list[dict[str, Any]] = []
-    for xid in open_fatal(facts["xids"]):
-        index = facts["pci"].get(xid["pci"])
+    for xid in open_fatal(xids_in(drv["kernel"])):
+        index = drv["pci"].get(xid["pci"])
         said = describe_xid(xid["xid"], xid["text"])
         bad.append(refused("gpu-driver", XID_FATAL, name=gpu_name(index, xid["pci"]),
                            xid=xid["xid"], meaning=said["meaning"],
-                           at=when(xid["at"], facts["boot_wall"]),
+                           at=when(xid["at"], drv["boot_wall"]),
                            action=xid_fix(said["action"], index)))
-    for state in facts["state"]:
+    for state in drv["state"]:
         name = gpu_name(state["index"], state.get("pci", "?"))
         gpu = "N" if state["index"] is None else state["index"]
         if state.get("ecc_uncorrected"):
@@ -362,21 +252,23 @@ def check_gpu_driver(ctx: dict[str, Any]) -> list[dict[str, Any]] | None:
             bad.append(refused("gpu-driver", RETIRE_PENDING, name=name, gpu=gpu))
     if bad:
         return bad
-    if not facts["source"]:
+    if not drv["source"]:
         return [finding("gpu-driver", True, "Xids not checked: the kernel log is not readable "
                         "here (root, or a member of group adm where journald runs)")]
     return [finding("gpu-driver", True, f"no fatal Xid since the driver loaded "
-                    f"({facts['source']}); NVML: " +
-                    ("no error counted" if facts["state"] else "not answering"))]
+                    f"({drv['source']}); NVML: " +
+                    ("no error counted" if drv["state"] else "not answering"))]
 
 
-def gpu_warnings(ctx: dict[str, Any]) -> list[dict[str, Any]]:
+def gpu_warnings(facts: HealthFacts) -> list[dict[str, Any]]:
     """What doctor warns of, not refused (``WARNINGS``, each ``{code, what, fix}``): a PCIe
     link below its width (or, while the GPU is busy, its generation: it drops at idle to save
-    power), slowdowns, Xids 63 and 92."""
-    facts = driver_facts(ctx)
-    out = []
-    for state in facts["state"]:
+    power), slowdowns, Xids 63 and 92; none where the driver was not read."""
+    drv = facts["driver"]
+    out: list[dict[str, Any]] = []
+    if drv is None:
+        return out
+    for state in drv["state"]:
         name = gpu_name(state["index"], state.get("pci", "?"))
         if "pcie" in state:
             width, max_width, gen, max_gen = state["pcie"]
@@ -386,31 +278,36 @@ def gpu_warnings(ctx: dict[str, Any]) -> list[dict[str, Any]]:
                 out.append(warned(PCIE_SLOW, name=name, gen=gen, max_gen=max_gen))
         if state.get("slowdowns"):
             out.append(warned(GPU_SLOWDOWN, name=name, reasons=", ".join(state["slowdowns"])))
-    for xid in facts["xids"]:
+    for xid in xids_in(drv["kernel"]):
         if xid["xid"] in WARN_XIDS and not xid["stale"]:
-            index = facts["pci"].get(xid["pci"])
+            index = drv["pci"].get(xid["pci"])
             out.append(warned(XID_WEAR, name=gpu_name(index, xid["pci"]), xid=xid["xid"],
-                              at=when(xid["at"], facts["boot_wall"]),
+                              at=when(xid["at"], drv["boot_wall"]),
                               meaning=describe_xid(xid["xid"])["meaning"]))
     return out
 
 
-Check = Callable[[dict[str, Any]], "dict[str, Any] | list[dict[str, Any]] | None"]
+Check = Callable[[HealthFacts], "dict[str, Any] | list[dict[str, Any]] | None"]
 CHECKS: list[Check] = [check_gpu_count, check_disk, check_checkpoint_disk, check_memory,
                        check_gpu_driver]
-"""The health gate, in order: each takes the context ``health`` is given (its facts may be given
-there too: ``disk``, ``memory``, ``gpu_count``, ``kernel``, ``gpu_state``, for a test) and
-returns a finding, several (one per reason), or None (not asked here)."""
+"""The health gate, in order: each takes the node's facts and returns a finding, several (one
+per reason), or None (not asked here)."""
+
+
+def judge(facts: HealthFacts) -> list[dict[str, Any]]:
+    """Every check's finding on these facts: pure (no I/O), the gate's whole judgement."""
+    out: list[dict[str, Any]] = []
+    for check in CHECKS:
+        found = check(facts)
+        out.extend([] if found is None else [found] if isinstance(found, dict) else found)
+    return out
 
 
 def health(ctx: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every check's finding on this node. ``ctx``: ``workdir`` (this node's path), ``slots``,
-    ``backend`` (the cluster file's), ``chosen`` (GPUs named already: not counted)."""
-    out: list[dict[str, Any]] = []
-    for check in CHECKS:
-        found = check(ctx)
-        out.extend([] if found is None else [found] if isinstance(found, dict) else found)
-    return out
+    """The gate on this node: ``judge`` of what ``read_health`` reads. ``ctx``: ``workdir``
+    (this node's path), ``slots``, ``backend`` (the cluster file's), ``chosen`` (GPUs named
+    already: not counted), ``checkpoints``."""
+    return judge(read_health(ctx))
 
 
 class Unfit(TypedDict):

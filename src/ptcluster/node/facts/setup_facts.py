@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from ptcluster.node.facts.accel import NVML_LIB, gpus, pci_gpu_count
 from ptcluster.node.facts.firewall import firewall_state
@@ -196,26 +196,79 @@ class FactHost(Protocol):
     def scrub(self, text: str) -> str: ...
 
 
-Fact = Callable[[FactHost], dict[str, Any]]
+class Sudo(TypedDict, total=False):
+    """How this node's user becomes root (``setup_agent.Node.sudo``)."""
+
+    mode: str
+    """root | nopasswd | password | needs-password | wrong-password | none."""
+    why: str | None
 
 
-def key_fact(host: FactHost) -> dict[str, Any]:
+class Workdir(TypedDict):
+    path: str
+    """The node's (``~`` expanded there)."""
+    exists: bool
+
+
+class SetupFacts(TypedDict, total=False):
+    """A node's answer to setup's ``facts`` ask: who and where it is (every answer) and the
+    sections asked for (``SECTIONS``; each fact returns its keys). The head checks it as it
+    arrives (``remote.replies.facts_reply``) and reads it as this (``setup.plan``,
+    ``setup.slurm``, ``setup.apply``): a key renamed here is mypy's error there."""
+
+    user: str
+    uid: int
+    home: str
+    hostname: str
+    python: str
+    """``MAJOR.MINOR`` of the interpreter setup's agent runs on."""
+    python_path: str
+    sudo: Sudo
+    key_authorized: bool
+    """``key``: the head's public key is in ``authorized_keys``."""
+    packages: dict[str, bool]
+    """``apt``: each package asked for, installed or not."""
+    venv: dict[str, Any]
+    """``venv``: ``{exists, ok, python, dists}`` or ``{exists, ok: False, why}``."""
+    os: dict[str, Any]
+    """``os``: ``/etc/os-release``'s ID, ID_LIKE, VERSION_ID, PRETTY_NAME."""
+    gpu: dict[str, Any]
+    """``os``: ``{count, driver, ...}``."""
+    firewall: dict[str, Any]
+    """``firewall``: ``node.facts.firewall.firewall_state``."""
+    wheelhouse: dict[str, str]
+    """``wheels``: file name -> sha256."""
+    hosts: str | None
+    """``hosts``: ``/etc/hosts``."""
+    workdir: Workdir
+    env_file: str | None
+    interface: str | None
+    interface_why: str
+    """``env``: the env file's text, the interface to the master (or why unknown)."""
+    slurm: dict[str, Any]
+    """``slurm``: ``node.facts.slurm_facts.slurm_facts``."""
+
+
+Fact = Callable[[FactHost], SetupFacts]
+
+
+def key_fact(host: FactHost) -> SetupFacts:
     return {"key_authorized": _has_key(host.cfg["pubkey"])}
 
 
-def apt_fact(host: FactHost) -> dict[str, Any]:
+def apt_fact(host: FactHost) -> SetupFacts:
     return {"packages": _installed(host.cfg["packages"])}
 
 
-def venv_fact(host: FactHost) -> dict[str, Any]:
+def venv_fact(host: FactHost) -> SetupFacts:
     return {"venv": _venv(os.path.expanduser(host.cfg["venv"]))}
 
 
-def os_fact(host: FactHost) -> dict[str, Any]:
+def os_fact(host: FactHost) -> SetupFacts:
     return {"os": _os_release(), "gpu": _gpu()}
 
 
-def firewall_fact(host: FactHost) -> dict[str, Any]:
+def firewall_fact(host: FactHost) -> SetupFacts:
     def as_root(argv: list[str]) -> tuple[int, str]:
         if tuple(argv) in host.ran:  # sudo's check of the password ran it (setup_agent.sudo)
             return host.ran.pop(tuple(argv))
@@ -226,29 +279,29 @@ def firewall_fact(host: FactHost) -> dict[str, Any]:
     return {"firewall": firewall_state(run, as_root if root_ok else None)}
 
 
-def wheels_fact(host: FactHost) -> dict[str, Any]:
+def wheels_fact(host: FactHost) -> SetupFacts:
     return {"wheelhouse": _hashes(os.path.expanduser(host.cfg["wheelhouse"]),
                                   host.cfg.get("hash_only"))}
 
 
-def hosts_fact(host: FactHost) -> dict[str, Any]:
+def hosts_fact(host: FactHost) -> SetupFacts:
     return {"hosts": _read("/etc/hosts")}
 
 
-def workdir_fact(host: FactHost) -> dict[str, Any]:
+def workdir_fact(host: FactHost) -> SetupFacts:
     if not host.cfg.get("workdir"):
         return {}
     path = os.path.expanduser(host.cfg["workdir"])
     return {"workdir": {"path": path, "exists": os.path.isdir(path)}}
 
 
-def env_fact(host: FactHost) -> dict[str, Any]:
+def env_fact(host: FactHost) -> SetupFacts:
     iface, why = route_interface(host.cfg["master_addr"])
     return {"env_file": _read(os.path.expanduser(host.cfg["env_file"])),
             "interface": iface or None, "interface_why": why}
 
 
-def slurm_fact(host: FactHost) -> dict[str, Any]:
+def slurm_fact(host: FactHost) -> SetupFacts:
     """``setup --slurm``'s facts (``node.facts.slurm_facts``); the munge key's digest read as
     root."""
     def as_root(argv: list[str]) -> tuple[int, str]:
@@ -263,7 +316,7 @@ def slurm_fact(host: FactHost) -> dict[str, Any]:
     except (ImportError, OSError):
         nvml = False
     root_ok = host.sudo_mode in ("root", "nopasswd", "password")
-    return slurm_facts(run, as_root if root_ok else None, nvml)
+    return {"slurm": slurm_facts(run, as_root if root_ok else None, nvml)["slurm"]}
 
 
 SECTIONS: dict[str, Fact] = {

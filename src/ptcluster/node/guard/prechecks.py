@@ -14,7 +14,8 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from ptcluster.node.facts.health import boot, health, unfit
+from ptcluster.node.facts.health import health, unfit
+from ptcluster.node.facts.health_facts import boot
 from ptcluster.node.facts.netif import AUTO_PORTS, address_on, route_interface
 from ptcluster.node.facts.rdma import rdma_env, read_rdma
 from ptcluster.node.guard import refusal as R

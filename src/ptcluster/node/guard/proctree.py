@@ -5,6 +5,7 @@ Standard library only; shipped with the guard (shipped by ``remote.bootstrap``).
 
 import ctypes
 import os
+import threading
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -50,6 +51,37 @@ def children_map() -> dict[int, list[int]]:
         if state != "Z":
             children.setdefault(ppid, []).append(pid)
     return children
+
+
+class RankTrees:
+    """Every pid each rank's tree had (the shim, its program, their children: a process the
+    kernel killed is gone when we look), kept while the job runs; shared by the machine's
+    watches (``guard.machine``), each under ``lock``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.roots: dict[int, int] = {}
+        """Per rank: its program's pid."""
+        self.trees: dict[int, set[int]] = {}
+        """Per rank: every pid its tree had."""
+
+    def started(self, rank: int, pid: int, shim_pid: int) -> None:
+        """A rank's program started (its pid, its shim's)."""
+        with self.lock:
+            self.trees.setdefault(rank, set()).update(p for p in (pid, shim_pid) if p > 0)
+            self.roots[rank] = pid
+
+    def scan(self, roots: dict[int, int]) -> None:
+        """Each rank's tree now (``roots``: rank -> its program's pid), added to what it had."""
+        children = children_map()
+        for rank, root in roots.items():
+            tree, todo = [root], [root]
+            while todo:
+                kids = children.get(todo.pop(), [])
+                tree += kids
+                todo += kids
+            with self.lock:
+                self.trees.setdefault(rank, set()).update(tree)
 
 
 def descendants(root: int) -> list[int]:

@@ -16,13 +16,18 @@ is ever looked at, let alone removed.
 from __future__ import annotations
 
 import os
-import stat
 import tempfile
 
 from ptcluster.node.guard.proctree import listdir
 from ptcluster.node.guard.refusal import TMP_UNUSABLE, refuse
 from ptcluster.node.sharing.records import alive
-from ptcluster.node.sharing.safefile import create_new, private_dir, read_regular, remove_tree
+from ptcluster.node.sharing.safefile import (
+    create_new,
+    private_dir,
+    read_regular,
+    remove_tree,
+    unsafe_dir,
+)
 
 PID_FILE = "guard.pid"
 """In each job's directory: the pid of the guard that made it (gone: the directory is stale)."""
@@ -47,9 +52,7 @@ def runtime_dir() -> str | None:
         st = os.lstat(path) if path.startswith("/") else None
     except OSError:
         return None
-    ok = st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() \
-        and not st.st_mode & 0o077
-    return path if ok else None
+    return path if st is not None and not unsafe_dir(st, others=0o077) else None
 
 
 def remove_stale(parent: str) -> None:

@@ -90,16 +90,21 @@ def create_new(path: str, mode: int, dir_fd: int | None = None,
         raise
 
 
-def unsafe_dir(st: os.stat_result, uid: int | None = None) -> str:
-    """Why a directory with this (``lstat``) status is not one only ``uid`` (default: ours) can
-    change ("" when it is)."""
+def unsafe_dir(st: os.stat_result, uid: int | None = None, others: int = 0o022) -> str:
+    """Why a directory with this status (``lstat``'s, or ``fstat``'s of a descriptor opened
+    without following a link) is not one of ``uid``'s (default: ours) that grants others none of
+    the ``others`` bits ("" when it is): **the private-directory check**, the one every caller
+    uses (the heads registry, ssh's socket directory, the guard's temp dirs). ``others``: 0o022,
+    others may look but not change (a run directory, a control socket's); 0o077, no access at
+    all (mode 700: the message says so)."""
     uid = os.getuid() if uid is None else uid
     if not stat.S_ISDIR(st.st_mode):
         return "is not a directory"
     if st.st_uid != uid:
         return f"belongs to uid {st.st_uid}, not to uid {uid}"
-    if st.st_mode & 0o022:
-        return f"is open to others (mode {stat.S_IMODE(st.st_mode):o})"
+    if st.st_mode & others:
+        must = "" if others == 0o022 else f"; it must be {0o777 & ~others:o}"
+        return f"is open to others (mode {stat.S_IMODE(st.st_mode):o}{must})"
     return ""
 
 
@@ -112,9 +117,7 @@ def private_dir(path: str, mode: int = 0o700) -> str:
         os.chmod(path, mode)  # (mkdir's mode passed through the umask)
     except FileExistsError:
         pass
-    st = os.lstat(path)
-    why = unsafe_dir(st) or (f"is open to others (mode {stat.S_IMODE(st.st_mode):o}; it must be "
-                             f"{mode:o})" if st.st_mode & 0o077 & ~mode else "")
+    why = unsafe_dir(os.lstat(path), others=0o077 & ~mode | 0o022)
     if why:
         raise OSError(errno.EPERM, f"{path} {why}")
     return path
@@ -129,9 +132,7 @@ def open_dir(path: str, others: int = 0o077, follow: bool = False,
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     fd = os.open(path, flags)
     try:
-        st = os.fstat(fd)
-        why = unsafe_dir(st, uid) or (f"is open to others (mode {stat.S_IMODE(st.st_mode):o})"
-                                      if st.st_mode & others else "")
+        why = unsafe_dir(os.fstat(fd), uid, others | 0o022)
         if why:
             raise OSError(errno.EPERM, f"{path} {why}")
         return fd
