@@ -1,0 +1,156 @@
+"""A job's own warm pool on this node (``--max-restarts``, issue 45): started by the first
+attempt's guard once its ranks run, held by each attempt's guard in turn, from which the next
+attempt's ranks are forked (ARCHITECTURE.md, "The warm path": restarts).
+
+Standard library only; a part of the guard (shipped by ``remote.bootstrap``). The pool is this
+guard's child (``PR_SET_PDEATHSIG``: it dies with it, SIGKILL included) until the guard hands it
+on (``keep``: restarts are left, and the job did not end well or by the head's going); a guard
+that holds a pool it did not start holds its ``own`` connection, whose end (the guard's, however
+it ends) ends the pool. The forks themselves are ``run --warm``'s (``guard.warm_ranks``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+
+from ptcluster.node.guard.warm_pool import WarmError, pool_files, pool_process, ready
+from ptcluster.node.rank_wire import ATTEMPT_VAR, MAX_RESTARTS_VAR
+from ptcluster.node.warm.protocol import (
+    KEEP,
+    KEPT,
+    OWN,
+    OWNED,
+    POOL_FILE,
+    pool_env,
+    receive,
+    send,
+)
+from ptcluster.node.wire import GuardConfig
+
+ANSWER_WITHIN = 5.0
+"""Seconds the pool has to answer ``own`` or ``keep`` (it takes milliseconds)."""
+READY_WAIT = 5.0
+"""At the guard's end with restarts left: how long it waits for a pool still importing (the
+job failed early) before it hands it on, else ends it: the next attempt starts cold then."""
+
+
+class JobPool:
+    """This job's pool on this node, as one guard holds it: ``claim`` the one a former attempt
+    kept, or ``start`` one (in the background: the ranks start meanwhile); ``end`` hands it on
+    or ends it."""
+
+    def __init__(self, cfg: GuardConfig, env: dict[str, str], python: str) -> None:
+        self.files = pool_files(cfg, env, python)
+        self.owner: socket.socket | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        """The pool, where this guard started it (its child)."""
+        self.thread: threading.Thread | None = None
+        self.give_up = threading.Event()
+        self.failed = ""
+
+    @property
+    def pid(self) -> int:
+        """The pool's pid where it is this guard's child (the teardown spares it), else 0."""
+        return self.proc.pid if self.proc is not None else 0
+
+    def claim(self) -> str:
+        """The socket of the pool a former attempt kept, held by this guard now; WarmError
+        where there is none (or it refuses)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(ANSWER_WITHIN)
+        try:
+            sock.connect(self.files["sock"])
+            send(sock, {"kind": OWN})
+            reply, fds = receive(sock)
+        except OSError as exc:
+            sock.close()
+            raise WarmError("none was kept by the last attempt" if isinstance(
+                exc, (FileNotFoundError, ConnectionRefusedError)) else str(exc)) from None
+        for fd in fds:
+            os.close(fd)
+        if reply is None or reply.get("kind") != OWNED:
+            sock.close()
+            raise WarmError(str((reply or {}).get("why") or "it did not answer"))
+        sock.settimeout(None)
+        self.owner = sock
+        return self.files["sock"]
+
+    def start(self, cfg: GuardConfig, env: dict[str, str], python: str, tmpdir: str) -> None:
+        """The pool, this guard's child at ``JOB_POOL_NICE``, started in a thread: held once
+        ready (the next attempt's ranks come from it)."""
+        warm = cfg.get("warm") or {}
+        for stale in (self.files["sock"], self.files["record"]):
+            if os.path.lexists(stale):
+                os.unlink(stale)
+        self.proc = pool_process(python, self.files["sock"], float(warm["idle"]), os.getpid(),
+                                 list(warm.get("imports") or []), pool_env(env),
+                                 os.path.join(tmpdir, POOL_FILE))
+        self.thread = threading.Thread(target=self._ready, daemon=True, name="job-pool")
+        self.thread.start()
+
+    def _ready(self) -> None:
+        assert self.proc is not None
+        try:
+            ready(self.proc, self.give_up)
+            self.claim()
+        except (WarmError, OSError) as exc:
+            self.failed = str(exc)
+            self.kill()
+
+    def end(self, keep: bool) -> None:
+        """Hand the pool on to the next attempt's guard (``keep``), or end it; either way this
+        guard holds it no longer."""
+        if keep and self.thread is not None:
+            self.thread.join(READY_WAIT)
+        self.give_up.set()
+        if self.thread is not None:
+            self.thread.join(ANSWER_WITHIN)
+        kept = keep and self.owner is not None and self._keep()
+        if self.owner is not None:
+            self.owner.close()  # (not kept: the pool ends, with whatever it forked)
+            self.owner = None
+        if not kept:
+            self.kill()
+
+    def _keep(self) -> bool:
+        assert self.owner is not None
+        try:
+            self.owner.settimeout(ANSWER_WITHIN)
+            send(self.owner, {"kind": KEEP})
+            reply, fds = receive(self.owner)
+        except OSError:
+            return False
+        for fd in fds:
+            os.close(fd)
+        return reply is not None and reply.get("kind") == KEPT
+
+    def kill(self) -> None:
+        """Where the pool is this guard's child: SIGKILL, then reaped."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.send_signal(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(ANSWER_WITHIN)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def attempt_of(cfg: GuardConfig, name: str = ATTEMPT_VAR) -> int:
+    """This attempt's number (0: the first), or ``name``'s value of the plan's environment."""
+    try:
+        return int((cfg.get("env") or {}).get(name, "0"))
+    except ValueError:
+        return 0
+
+
+def restarts_left(cfg: GuardConfig) -> bool:
+    """Whether another attempt may follow this one (``PTCLUSTER_ATTEMPT`` below
+    ``PTCLUSTER_MAX_RESTARTS``)."""
+    return attempt_of(cfg) < attempt_of(cfg, MAX_RESTARTS_VAR)

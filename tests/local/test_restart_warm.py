@@ -1,0 +1,118 @@
+"""A restart's ranks from the job's own warm pool (``run --max-restarts``, issue 45 item 3;
+``node/guard/job_pool.py``), on this machine, real processes: the second attempt's ranks are
+forked from the pool the first attempt's guard started and see what cold ones see; the pool
+ends with the job, and with a guard killed by SIGKILL; ``--cold`` starts none."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.local.test_warm import SHOW, left_behind, pools, rank_lines
+from tests.support.head import Head, only_run, run_head
+
+pytestmark = pytest.mark.slow
+
+WAIT_FOR_POOL = textwrap.dedent("""
+    import glob, json, os, sys, time
+    def job_pool():
+        folder = os.path.join(os.environ["XDG_RUNTIME_DIR"], f"ptcluster-{os.getuid()}", "warm")
+        for path in glob.glob(folder + "/pool-*.json"):
+            try:
+                with open(path) as f:
+                    if json.load(f).get("job"):
+                        return True
+            except (OSError, ValueError):
+                pass
+        return False
+    if os.environ["PTCLUSTER_ATTEMPT"] == "0":
+        while not job_pool():  # (the pool says it is ready once it listens)
+            time.sleep(0.1)
+        {first}
+        sys.exit(1)
+""")
+FAILS_ONCE = WAIT_FOR_POOL.replace("{first}", "pass") + SHOW.replace("sys.exit(3)", "sys.exit(0)")
+"""Attempt 0 fails once the job's pool is ready; attempt 1 prints what a rank sees."""
+HANGS = WAIT_FOR_POOL.replace("{first}", "print('up', flush=True); time.sleep(600)")
+"""Attempt 0 waits for the pool, then says ``up`` and sleeps; attempt 1 ends well."""
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    """A project folder, this test's own runtime directory (its pools' folder); after the test
+    no process of it left (no ``warm stop``: a job's pool must end by itself)."""
+    runtime = Path(tempfile.mkdtemp(prefix="pr", dir="/tmp"))
+    try:
+        yield tmp_path, {"XDG_RUNTIME_DIR": str(runtime)}
+    finally:
+        left = left_behind(runtime, wait=15.0)
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert not left, f"processes left behind: {left}"
+
+
+def test_a_restart_forks_its_ranks_from_the_jobs_pool_as_a_cold_start_would(node) -> None:
+    folder, env = node
+    (folder / "job.py").write_text(FAILS_ONCE)
+    runs = {}
+    for mode in ("warm", "cold"):
+        args = ["run", "--nproc", "2", "--max-restarts", "1", "--run-dir", f"runs-{mode}",
+                *(["--cold"] if mode == "cold" else []), "job.py", "x", "--y=1"]
+        if mode == "cold":  # (attempt 0 waits for a job's pool, which --cold never starts)
+            (folder / "job.py").write_text(FAILS_ONCE.replace("while not job_pool()",
+                                                              "while False"))
+        rc, head = run_head(args, folder, env=env)
+        assert rc == 0, (mode, head.err)
+        runs[mode] = head, only_run(folder / f"runs-{mode}")[1]
+        assert not left_behind(Path(env["XDG_RUNTIME_DIR"]), wait=5.0), mode
+    (warm, warm_summary), (cold, cold_summary) = runs["warm"], runs["cold"]
+    assert [a["warm"] for a in warm_summary["attempts"]] == [{"localhost": False},
+                                                             {"localhost": True}]
+    assert [a["warm"] for a in cold_summary["attempts"]] == [{"localhost": False}] * 2
+    assert warm_summary["nodes"][0]["warm"] is True
+    cold_lines, warm_lines = rank_lines(cold), rank_lines(warm)
+    assert len(cold_lines) > 40 and any("env RANK=1" in line for line in cold_lines), cold.err
+    differ = [(c, w) for c, w in zip(cold_lines, warm_lines, strict=True) if c != w]
+    # what ARCHITECTURE.md says a warm rank can tell: no agent store serves it
+    assert differ == [(f"[localhost:{r}] agent store True", f"[localhost:{r}] agent store False")
+                      for r in (0, 1)]
+    assert "no warm pool" not in "\n".join(warm.err), warm.err
+    assert pools(env, folder) == []
+
+
+def test_a_guard_killed_with_sigkill_leaves_no_pool(node) -> None:
+    folder, env = node
+    (folder / "job.py").write_text(HANGS)
+    head = Head(["run", "--nproc", "2", "--max-restarts", "1", "job.py"], folder, env=env)
+    try:
+        head.wait_for("] up")
+        (pool,) = pools(env, folder)
+        with open(f"/proc/{pool['pid']}/stat") as f:
+            guard = int(f.read().rsplit(")", 1)[1].split()[1])  # (the pool is its child)
+        os.kill(guard, signal.SIGKILL)
+        assert gone(pool["pid"]), "the job's pool outlived its guard"
+        head.wait(120)
+    finally:
+        if head.proc.poll() is None:
+            head.kill()
+    assert pools(env, folder) == []
+
+
+def gone(pid: int, within: float = 15.0) -> bool:
+    """Whether ``pid`` ends (or is a zombie) within ``within`` s."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
