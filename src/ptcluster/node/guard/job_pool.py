@@ -129,17 +129,21 @@ class JobPool:
         return reply is not None and reply.get("kind") == KEPT
 
     def kill(self) -> None:
-        """Where the pool is this guard's child: SIGKILL, then reaped."""
+        """Where the pool is this guard's child: its end (at once where it is not held: its
+        files go with it), SIGKILL if it is still there after ``ANSWER_WITHIN``, reaped."""
         if self.proc is None:
             return
         try:
-            self.proc.send_signal(signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(ANSWER_WITHIN)
+            self.proc.wait(ANSWER_WITHIN if self.owner is None and self.thread is not None
+                           and not self.thread.is_alive() and not self.failed else 0)
         except subprocess.TimeoutExpired:
             pass
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            for path in (self.files["sock"], self.files["record"]):
+                if os.path.lexists(path):
+                    os.unlink(path)
 
 
 def attempt_of(cfg: GuardConfig, name: str = ATTEMPT_VAR) -> int:
