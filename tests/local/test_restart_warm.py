@@ -40,6 +40,8 @@ WAIT_FOR_POOL = textwrap.dedent("""
 """)
 FAILS_ONCE = WAIT_FOR_POOL.replace("{first}", "pass") + SHOW.replace("sys.exit(3)", "sys.exit(0)")
 """Attempt 0 fails once the job's pool is ready; attempt 1 prints what a rank sees."""
+VANISHES = WAIT_FOR_POOL.replace("{first}", "os.unlink(sys.argv[0])")
+"""Attempt 0 removes its script once the pool is ready and fails: attempt 1's guard refuses."""
 HANGS = WAIT_FOR_POOL.replace("{first}", "print('up', flush=True); time.sleep(600)")
 """Attempt 0 waits for the pool, then says ``up`` and sleeps; attempt 1 ends well."""
 
@@ -82,6 +84,19 @@ def test_a_restart_forks_its_ranks_from_the_jobs_pool_as_a_cold_start_would(node
     # what ARCHITECTURE.md says a warm rank can tell: no agent store serves it
     assert differ == [(f"[localhost:{r}] agent store True", f"[localhost:{r}] agent store False")
                       for r in (0, 1)]
+    assert pools(env, folder) == []
+
+
+def test_a_restart_refused_by_its_guard_ends_the_pool_the_last_attempt_kept(node) -> None:
+    folder, env = node
+    (folder / "job.py").write_text(VANISHES)
+    rc, head = run_head(["run", "--nproc", "2", "--max-restarts", "1", "--run-dir", "runs",
+                         "job.py"], folder, env=env)
+    summary = only_run(folder / "runs")[1]
+    assert rc != 0 and len(summary["attempts"]) == 2, head.err
+    assert summary["attempts"][1]["cause"]["code"].startswith("guard."), summary["attempts"]
+    # (the pool waits JOB_POOL_WITHIN = 60 s for a guard that never comes, but for let_go)
+    assert not left_behind(Path(env["XDG_RUNTIME_DIR"]), wait=10.0)
     assert pools(env, folder) == []
 
 

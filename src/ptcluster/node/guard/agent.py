@@ -47,7 +47,7 @@ import traceback
 from collections.abc import Callable
 from typing import cast
 
-from ptcluster.node.guard.job_pool import JobPool, attempt_of, restarts_left
+from ptcluster.node.guard.job_pool import JobPool, attempt_of, let_go, restarts_left
 from ptcluster.node.guard.link import HeadLink, StopRequest
 from ptcluster.node.guard.machine import MachineWatch
 from ptcluster.node.guard.prechecks import node_python, precheck
@@ -188,6 +188,8 @@ class Guard:
             self.env_use = mark_env_use(self.cfg["argv"][0], self.cfg["job_id"])
         except GuardError as exc:
             self.send(Kind.ERROR, exc.frame())
+            if (self.cfg.get("warm") or {}).get("job"):
+                let_go(self.cfg)  # (its former attempt's pool: no rank of this one here)
             return 2
         self.send(Kind.READY, facts)
         while not self.link.go.wait(0.1):

@@ -17,14 +17,23 @@ import socket
 import subprocess
 import threading
 
-from ptcluster.node.guard.warm_pool import WarmError, pool_files, pool_process, ready
+from ptcluster.node.guard.warm_pool import (
+    WarmError,
+    job_mark,
+    pool_files,
+    pool_process,
+    ready,
+)
 from ptcluster.node.rank_wire import ATTEMPT_VAR, MAX_RESTARTS_VAR
+from ptcluster.node.sharing.records import read_record
+from ptcluster.node.warm.pools import folder
 from ptcluster.node.warm.protocol import (
     KEEP,
     KEPT,
     OWN,
     OWNED,
     POOL_FILE,
+    namespaces,
     pool_env,
     receive,
     send,
@@ -45,6 +54,7 @@ class JobPool:
 
     def __init__(self, cfg: GuardConfig, env: dict[str, str], python: str) -> None:
         self.files = pool_files(cfg, env, python)
+        self.mark = job_mark(cfg)
         self.owner: socket.socket | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         """The pool, where this guard started it (its child)."""
@@ -60,23 +70,7 @@ class JobPool:
     def claim(self) -> str:
         """The socket of the pool a former attempt kept, held by this guard now; WarmError
         where there is none (or it refuses)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(ANSWER_WITHIN)
-        try:
-            sock.connect(self.files["sock"])
-            send(sock, {"kind": OWN})
-            reply, fds = receive(sock)
-        except OSError as exc:
-            sock.close()
-            raise WarmError("none was kept by the last attempt" if isinstance(
-                exc, (FileNotFoundError, ConnectionRefusedError)) else str(exc)) from None
-        for fd in fds:
-            os.close(fd)
-        if reply is None or reply.get("kind") != OWNED:
-            sock.close()
-            raise WarmError(str((reply or {}).get("why") or "it did not answer"))
-        sock.settimeout(None)
-        self.owner = sock
+        self.owner = own(self.files["sock"], self.mark)
         return self.files["sock"]
 
     def start(self, cfg: GuardConfig, env: dict[str, str], python: str, tmpdir: str) -> None:
@@ -144,6 +138,47 @@ class JobPool:
             for path in (self.files["sock"], self.files["record"]):
                 if os.path.lexists(path):
                     os.unlink(path)
+
+
+def own(path: str, mark: str) -> socket.socket:
+    """The ``own`` connection to the job's pool at ``path`` (``mark``: the job and node, in
+    its record); WarmError where none answers or it refuses."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(ANSWER_WITHIN)
+    try:
+        sock.connect(path)
+        send(sock, {"kind": OWN, "job": mark})
+        reply, fds = receive(sock)
+    except OSError as exc:
+        sock.close()
+        raise WarmError("none was kept by the last attempt" if isinstance(
+            exc, (FileNotFoundError, ConnectionRefusedError)) else str(exc)) from None
+    for fd in fds:
+        os.close(fd)
+    if reply is None or reply.get("kind") != OWNED:
+        sock.close()
+        raise WarmError(str((reply or {}).get("why") or "it did not answer"))
+    sock.settimeout(None)
+    return sock
+
+
+def let_go(cfg: GuardConfig) -> None:
+    """The pool a former attempt of this job kept on this node (its record's ``job``), ended
+    now: this guard refused, so no rank of this attempt comes from it here."""
+    mark, where = job_mark(cfg), folder()
+    try:
+        names = [n for n in os.listdir(where) if n.startswith("pool-") and n.endswith(".json")]
+    except OSError:
+        return
+    for name in names:
+        got = read_record(os.path.join(where, name), owners=(os.getuid(),))
+        record = got[0] if got is not None else None
+        if isinstance(record, dict) and record.get("job") == mark and \
+                record.get("place") == namespaces():
+            try:
+                own(os.path.join(where, name[:-len(".json")] + ".sock"), mark).close()
+            except WarmError:
+                pass
 
 
 def attempt_of(cfg: GuardConfig, name: str = ATTEMPT_VAR) -> int:

@@ -44,7 +44,7 @@ def pool_files(cfg: GuardConfig, env: dict[str, str], python: str) -> dict[str, 
     warm = cfg.get("warm") or {}
     environment = cfg.get("environment") or {}
     job_names = [k for k in (cfg.get("env") or {}) if not k.startswith("PTCLUSTER_")]
-    job = f",job:{cfg['job_id']}@{warm['job']}" if warm.get("job") else ""
+    job = ",job:" + job_mark(cfg) if warm.get("job") else ""
     name, _ = pool_key(python, str(environment.get("digest") or ""),
                        str(environment.get("torch") or ""), list(warm.get("imports") or []),
                        env, job_names, namespaces() + job)
@@ -53,6 +53,11 @@ def pool_files(cfg: GuardConfig, env: dict[str, str], python: str) -> dict[str, 
     except OSError as exc:
         raise WarmError(f"its folder: {exc.strerror or exc}") from None
     return paths(folder, name)
+
+
+def job_mark(cfg: GuardConfig) -> str:
+    """The job and node a job's pool is for (``JOB@HOST``: in its key and its record)."""
+    return f"{cfg['job_id']}@{(cfg.get('warm') or {}).get('job')}"
 
 
 def pool_socket(cfg: GuardConfig, env: dict[str, str], python: str, tmpdir: str,

@@ -160,7 +160,7 @@ class Pool:
             conn.close()
             return None
         if message is not None and message.get("kind") == OWN and not fds:
-            self.own(conn)
+            self.own(conn, str(message.get("job") or "")[:300])
             return None
         if message is None or message.get("kind") != FORK or len(fds) != 3:
             close_all(fds)
@@ -204,8 +204,9 @@ class Pool:
         self.write_record()
         return None
 
-    def own(self, conn: socket.socket) -> None:
-        """A guard of the job holds this pool now (one at a time)."""
+    def own(self, conn: socket.socket, job: str) -> None:
+        """A guard of the job (``job``: its id and node) holds this pool now (one at a
+        time)."""
         try:
             send(conn, {"kind": REFUSED, "why": "another guard holds it"} if self.owner
                  else {"kind": OWNED})
@@ -218,6 +219,9 @@ class Pool:
         conn.setblocking(True)
         self.owner = conn
         self.sel.register(conn, selectors.EVENT_READ, "owner")
+        if job and self.facts.get("job") != job:
+            self.facts["job"] = job
+            self.write_record()
 
     def owner_said(self) -> None:
         """``keep`` (the pool waits its idle seconds for the next attempt's guard, no longer
