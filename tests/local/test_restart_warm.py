@@ -118,6 +118,22 @@ def test_a_guard_killed_with_sigkill_leaves_no_pool(node) -> None:
     assert pools(env, folder) == []
 
 
+def test_a_stop_by_the_user_ends_the_pool_at_once(node) -> None:
+    """Ctrl-C: no attempt follows, so no guard keeps the pool for one (``stop``'s ``final``)."""
+    folder, env = node
+    (folder / "job.py").write_text(HANGS)
+    head = Head(["run", "--nproc", "2", "--max-restarts", "1", "job.py"], folder, env=env)
+    try:
+        head.wait_for("] up")
+        (pool,) = pools(env, folder)
+        head.proc.send_signal(signal.SIGINT)
+        assert head.wait(120) != 0
+    finally:
+        if head.proc.poll() is None:
+            head.kill()
+    assert gone(pool["pid"], within=5.0), "the pool waits for an attempt that never comes"
+
+
 def gone(pid: int, within: float = 15.0) -> bool:
     """Whether ``pid`` ends (or is a zombie) within ``within`` s."""
     deadline = time.monotonic() + within
