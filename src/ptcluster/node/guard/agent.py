@@ -199,6 +199,7 @@ class Guard:
         self.start(facts)
         assert self.child is not None
         code = wait_child(self.child, self.stop)
+        ended = self.stop.time if code is None else time.time()
         if code is None:
             if not self.stop.by_head:
                 self.say_stopping()
@@ -214,7 +215,8 @@ class Guard:
             code = -9
         if self.job_pool is not None:  # (before the exit frame: the next attempt may claim it)
             self.job_pool.end(keep=restarts_left(self.cfg) and (
-                code != 0 if reason == "job ended" else self.stop.by_head and not self.stop.final))
+                code != 0 if reason == "job ended" else self.stop.by_head and not self.stop.final),
+                since=ended)
         if self.pump_thread is not None:
             self.pump_thread.join(timeout=2.0)
         if self.link.ranks is not None:

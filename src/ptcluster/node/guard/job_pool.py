@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 
 from ptcluster.node.guard.warm_pool import (
     WarmError,
@@ -43,8 +44,10 @@ from ptcluster.node.wire import GuardConfig
 ANSWER_WITHIN = 5.0
 """Seconds the pool has to answer ``own`` or ``keep`` (it takes milliseconds)."""
 READY_WAIT = 5.0
-"""At the guard's end with restarts left: how long it waits for a pool still importing (the
-job failed early) before it hands it on, else ends it: the next attempt starts cold then."""
+"""At the guard's end with restarts left: how long after the job's end (its ranks', or the
+head's stop) it waits for a pool still importing (the job failed early) before it hands it on,
+else ends it: the next attempt starts cold then. Within the head's stop deadline (8 s) with
+room for the exit frame."""
 
 
 class JobPool:
@@ -95,11 +98,12 @@ class JobPool:
             self.failed = str(exc)
             self.kill()
 
-    def end(self, keep: bool) -> None:
-        """Hand the pool on to the next attempt's guard (``keep``), or end it; either way this
-        guard holds it no longer."""
+    def end(self, keep: bool, since: float = 0.0) -> None:
+        """Hand the pool on to the next attempt's guard (``keep``; a pool still importing
+        waited for until ``READY_WAIT`` after ``since``, the job's end), or end it; either way
+        this guard holds it no longer."""
         if keep and self.thread is not None:
-            self.thread.join(READY_WAIT)
+            self.thread.join(max(0.0, since + READY_WAIT - time.time()))
         self.give_up.set()
         if self.thread is not None:
             self.thread.join(ANSWER_WITHIN)
