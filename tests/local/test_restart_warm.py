@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.local.test_warm import SHOW, left_behind, pools, rank_lines
-from tests.support.head import Head, only_run, run_head
+from tests.support.head import Head, job_id_when_started, only_run, run_head
 
 pytestmark = pytest.mark.slow
 
@@ -100,15 +100,21 @@ def test_a_restart_refused_by_its_guard_ends_the_pool_the_last_attempt_kept(node
     assert pools(env, folder) == []
 
 
-def test_a_guard_killed_with_sigkill_leaves_no_pool(node) -> None:
+@pytest.mark.parametrize("attempt", [0, 1], ids=["its-parent", "its-holder"])
+def test_a_guard_killed_with_sigkill_leaves_no_pool(node, attempt: int) -> None:
+    """Attempt 0's guard started the pool (its child: PDEATHSIG); attempt 1's holds the pool
+    attempt 0 kept, and its ranks come from it (the pool's end of its ``own`` connection)."""
     folder, env = node
-    (folder / "job.py").write_text(HANGS)
-    head = Head(["run", "--nproc", "2", "--max-restarts", "1", "job.py"], folder, env=env)
+    (folder / "job.py").write_text(HANGS if attempt == 0 else WAIT_FOR_POOL.replace(
+        "{first}", "pass") + "print('up', flush=True); time.sleep(600)\n")
+    runs = folder / "runs"
+    head = Head(["run", "--nproc", "2", "--max-restarts", "1", "--run-dir", str(runs),
+                 "job.py"], folder, env=env)
     try:
+        job_id = job_id_when_started(runs)
         head.wait_for("] up")
         (pool,) = pools(env, folder)
-        with open(f"/proc/{pool['pid']}/stat") as f:
-            guard = int(f.read().rsplit(")", 1)[1].split()[1])  # (the pool is its child)
+        (guard,) = guards(job_id)
         os.kill(guard, signal.SIGKILL)
         assert gone(pool["pid"]), "the job's pool outlived its guard"
         head.wait(120)
@@ -116,6 +122,20 @@ def test_a_guard_killed_with_sigkill_leaves_no_pool(node) -> None:
         if head.proc.poll() is None:
             head.kill()
     assert pools(env, folder) == []
+
+
+def guards(job_id: str) -> list[int]:
+    """The live guards of job ``job_id`` on this machine (``... guard JOB_ID``)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if args[-3:] == [b"guard", job_id.encode(), b""]:  # (NUL-terminated)
+            found.append(int(entry))
+    return found
 
 
 def test_a_stop_by_the_user_ends_the_pool_at_once(node) -> None:
