@@ -5,6 +5,7 @@ ends with the job, and with a guard killed by SIGKILL; ``--cold`` starts none.""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ptcluster.node.sharing.leases import LEASE_DIR
 from tests.local.test_warm import SHOW, left_behind, pools, rank_lines
 from tests.support.head import Head, job_id_when_started, only_run, run_head
 
@@ -114,6 +116,7 @@ def test_a_guard_killed_with_sigkill_leaves_no_pool(node, attempt: int) -> None:
         job_id = job_id_when_started(runs)
         head.wait_for("] up")
         (pool,) = pools(env, folder)
+        assert inet_sockets(pool["pid"]) == [] and not holds_a_lease(pool["pid"])
         (guard,) = guards(job_id)
         os.kill(guard, signal.SIGKILL)
         assert gone(pool["pid"]), "the job's pool outlived its guard"
@@ -122,6 +125,34 @@ def test_a_guard_killed_with_sigkill_leaves_no_pool(node, attempt: int) -> None:
         if head.proc.poll() is None:
             head.kill()
     assert pools(env, folder) == []
+
+
+def inet_sockets(pid: int) -> list[str]:
+    """The TCP and UDP sockets (listening or not) among ``pid``'s descriptors."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            inodes.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    found = []
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for line in f.read().splitlines()[1:]:
+                if f"socket:[{line.split()[9]}]" in inodes:
+                    found.append(f"{table} {line.split()[1]}")
+    return found
+
+
+def holds_a_lease(pid: int) -> bool:
+    """Whether a lease file (``node.sharing.leases``: ``/run/lock/ptcluster-*``) names ``pid``."""
+    for path in Path(LEASE_DIR).glob("ptcluster-*.json"):
+        try:
+            if json.loads(path.read_text()).get("pid") == pid:
+                return True
+        except (OSError, ValueError):  # (one that went while we read)
+            pass
+    return False
 
 
 def guards(job_id: str) -> list[int]:
