@@ -125,7 +125,9 @@ SUMMARY_FIELDS: dict[str, str] = {
                 "takes each one's place (`replaced`: node to spare), the nodes lost earlier that "
                 "answered again and were taken back into the next attempt (`readmitted`); how "
                 "each ended (`end`, in `outcome`'s words: `planned restart` for one stopped by "
-                "`run --readmit` at `planned_step`, the checkpoint every rank saved).",
+                "`run --readmit` at `planned_step`, the checkpoint every rank saved); per node, "
+                "whether its ranks were forked from a warm pool (`warm`: `run --warm`, or the "
+                "job's own pool on a restart) or started cold by torchrun.",
     "spares": "Each spare that took a node's place (`spares:` of the cluster file): after "
               "which attempt, the node, the spare, and why the node was left out.",
     "duration_s": "Seconds from start to the end of the teardown.",

@@ -55,6 +55,9 @@ def test_a_lost_node_is_dropped_and_the_job_resumes_on_the_others(
     # The ranks were renumbered over the two nodes left: 2+1 or 1+1.
     assert second["world_size"] == (2 if victim_index == 0 else 3), second
     assert second["ok"] and second["resumed_from"] >= 2 * 11, second  # after epoch 2 at least
+    # the restart's ranks were forked from each remaining node's warm pool of the job
+    assert (first["warm"], second["warm"]) == ({n: False for n in first["hosts"]},
+                                               {n: True for n in second["hosts"]}), second
     # Nothing saved was lost: it resumed from the newest checkpoint the job reported.
     assert second["resumed_from"] == first["checkpoint"], (first, second)
     ranks = rank_fields(head.lines)

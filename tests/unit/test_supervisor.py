@@ -124,6 +124,18 @@ def test_torchrun_failure_without_a_rank_failure_is_reported() -> None:
     assert sends(actions, "stop") == ["a", "b"]
 
 
+def test_only_the_users_stop_tells_the_guards_that_no_attempt_follows() -> None:
+    """``final``: a guard ends the job's warm pool at once rather than keep it for a restart."""
+    failed, stopped = make(), make()
+    start(failed)
+    start(stopped)
+    after_failure = failed.on_event(ev.GuardExit("b", 1, "job ended"), 4.0)
+    by_user = stopped.request_stop("SIGINT received", 2.0)
+    told = [a.payload for a in after_failure if isinstance(a, Send) and a.kind == "stop"]
+    assert len(told) == 2 and not any("final" in payload for payload in told)
+    assert [a.payload.get("final") for a in by_user if isinstance(a, Send)] == [True, True]
+
+
 def test_escalation_takes_each_step_once_per_node_and_says_so() -> None:
     sup = make(stop_deadline=8.0)
     start(sup)

@@ -130,7 +130,9 @@ def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
               "interpreters: a pool of yours on each node that has imported torch (and the "
               "cluster file's warm_imports) forks them, with the output and exit code of a cold "
               "start; it stays for the next run until idle for the cluster file's `warm:` "
-              "seconds (600). Default: the cluster file's `warm:`.")
+              "seconds (600). Default: the cluster file's `warm:`. With --max-restarts and "
+              "without --warm, a restart's ranks come from a pool of the job's own (ended with "
+              "the job); --cold: never from a pool.")
 @click.option("--warm-idle", "warm_idle", type=click.FloatRange(min=1, max=604800),
               default=None, metavar="SECONDS", help="With warm interpreters (implies --warm): "
               "the pools end after this many idle seconds (default: the cluster file's `warm:`, "
@@ -314,7 +316,8 @@ def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
 
 def warm_options(spec: ClusterSpec, flag: bool | None, idle: float | None) -> dict[str, Any]:
     """``RunOptions``' warm fields: ``--warm``/``--cold``, ``--warm-idle``, the cluster file's."""
-    return {"warm": warm_seconds(spec.warm, flag, idle), "warm_imports": spec.warm_imports}
+    return {"warm": warm_seconds(spec.warm, flag, idle), "warm_imports": spec.warm_imports,
+            "restart_pool": flag is not False}
 
 
 def warm_seconds(key: float | None, flag: bool | None, idle: float | None) -> float | None:

@@ -230,6 +230,7 @@ class Attempt:
         record.checkpoint_paths = view.checkpoint_paths
         record.master_port = view.master_port
         record.ranks_started_at = start = view.first_rank_start
+        record.warm = {n.host: n.facts["warm"] for n in result.nodes if "warm" in n.facts}
         previous = before[-1] if before else None
         if previous is not None and previous.cause is not None and start is not None:
             record.downtime = start - previous.cause.at

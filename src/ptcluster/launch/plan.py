@@ -119,7 +119,7 @@ class NodePlan:
         target = {"script": self.target.script} if self.target.script else \
             {"module": self.target.module} if self.target.module else \
             {"cwd": wire.PRIVATE_CWD}
-        return {
+        config: wire.GuardConfig = {
             "job_id": plan.job_id, "argv": list(self.argv), "env": dict(self.env),
             "workdir": self.workdir, "target": target,
             "check_port": (plan.master_port or "auto") if self.is_master else None,
@@ -132,12 +132,25 @@ class NodePlan:
             "heartbeat_every": opts.heartbeat_for(len(plan.nodes)),
             "output_hold": opts.output_hold_for(len(plan.nodes)),
             "env_defaults": threads_default(plan), "leases": opts.leases,
-            **({"warm": {"idle": opts.warm, "imports": list(opts.warm_imports),
-                         "world": plan.world_size}} if opts.warm else {}),
             **({"environment": {"digest": self.environment.digest,
                                 "root": self.environment.root,
                                 "torch": self.environment.torch}} if self.environment else {}),
         }
+        warm = self.warm_config(plan, opts)
+        if warm is not None:
+            config["warm"] = warm
+        return config
+
+    def warm_config(self, plan: LaunchPlan, opts: RunOptions) -> dict[str, Any] | None:
+        """``GuardConfig.warm``: this user's pool (``run --warm``), or the job's own pool on
+        the node when restarts may follow (``--max-restarts``; not ``--cold``), or None."""
+        if opts.warm:
+            return {"idle": opts.warm, "imports": list(opts.warm_imports),
+                    "world": plan.world_size}
+        if not opts.restart_pool or int(dict(self.env).get(MAX_RESTARTS_VAR, "0")) <= 0:
+            return None
+        return {"idle": wire.JOB_POOL_WITHIN, "imports": list(opts.warm_imports),
+                "world": plan.world_size, "job": self.host}
 
 
 def health_context(node: NodePlan, checkpoint: str | None = None) -> dict[str, Any]:

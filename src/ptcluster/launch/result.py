@@ -316,6 +316,7 @@ class RunResult:
                        "clock_offset_s": n.clock_offset,
                        "address": n.facts.get("address"),
                        "torchrun_pid": n.facts.get("torchrun_pid"),
+                       "warm": n.facts.get("warm"),
                        "torch": n.facts.get("torch"), "nccl": n.facts.get("nccl"),
                        "rdma": n.facts.get("rdma"),
                        "guard_exit": n.guard_exit, "reason": n.reason,
@@ -368,6 +369,9 @@ class AttemptRecord:
     """The checkpoint step every rank saved at which a planned restart stopped it."""
     planned_at: float | None = None
     """When that stop began (head wall clock): the next attempt's downtime counts from it."""
+    warm: dict[str, bool] = field(default_factory=dict)
+    """Per node that started its ranks: whether they were forked from a warm pool (``run
+    --warm``, or the job's own pool on a restart), not started cold by torchrun."""
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.number, "hosts": self.hosts, "world_size": self.world_size,
@@ -379,7 +383,7 @@ class AttemptRecord:
                 "downtime_s": None if self.downtime is None else round(self.downtime, 3),
                 "started_at": self.started_at, "ended_at": self.ended_at,
                 "dropped": self.dropped, "dropped_why": self.dropped_why,
-                "replaced": self.replaced, "readmitted": self.readmitted}
+                "replaced": self.replaced, "readmitted": self.readmitted, "warm": self.warm}
 
 
 def _failure_json(f: Failure) -> dict[str, Any]:

@@ -142,6 +142,11 @@ PRIVATE_CWD = "private"
 """``GuardConfig.target["cwd"]`` of shipped code: its ranks start in a private directory."""
 
 
+JOB_POOL_WITHIN = 60.0
+"""Seconds a job's warm pool (``--max-restarts``) waits for the next attempt's guard after the
+guard that held it ended with restarts left (``GuardConfig.warm``)."""
+
+
 class GuardConfig(TypedDict, total=False):
     """What the head tells a guard (its config line; ``launch.plan.NodePlan.guard_config``)."""
 
@@ -180,7 +185,9 @@ class GuardConfig(TypedDict, total=False):
     warm: dict[str, Any]
     """``run --warm``: ``{idle, imports, world}`` (the pool's idle seconds, ``warm_imports``, the
     job's world size): the ranks come from this user's warm pool (``node.guard.warm_ranks``);
-    absent: torchrun starts them."""
+    with ``job`` (the node's host; ``--max-restarts`` without ``--warm``): from the job's own
+    pool on the node, the guard's child, when one is ready (``node.guard.job_pool``), ``idle``
+    the seconds it waits for the next attempt's guard; absent: torchrun starts them."""
     checkpoints: list[str]
     """Where the job saved its last checkpoint on this node in an earlier attempt: the health
     gate checks that disk as it does the workdir's."""
@@ -211,6 +218,8 @@ class ReadyFacts(TypedDict, total=False):
     """This node's address on ``interface``: where peers reach it."""
     torchrun_pid: int
     """Added by the head from the ``started`` frame."""
+    warm: bool
+    """Added by the head from the ``started`` frame: the node's ranks came from a warm pool."""
     rdma: dict[str, str]
     """``NCCL_IB_HCA`` / ``NCCL_IB_GID_INDEX`` as this node's RDMA devices call for them
     (``node.facts.rdma.rdma_env``); the ranks get each one ``env:`` and the node leave unset."""

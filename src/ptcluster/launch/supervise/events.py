@@ -54,6 +54,9 @@ class Started:
 
     host: str
     pid: int
+    warm: bool = False
+    """Its ranks were forked from a warm pool (``run --warm``, or the job's own pool on a
+    restart), not started by torchrun."""
 
 
 @dataclass(frozen=True)
@@ -357,7 +360,7 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
         return GuardRefused(host, problem, bool(body.get("busy")), bool(body.get("unhealthy")),
                             env_not_ready(body.get("environment")))
     if kind == wire.Kind.STARTED:
-        return Started(host, pid_of(body["pid"]))
+        return Started(host, pid_of(body["pid"]), body.get("warm") is True)
     if kind == wire.Kind.EXIT:
         return GuardExit(host, bounded(body["code"], -(1 << 31), 1 << 31, "code"),
                          said(body.get("reason"), "reason"), said(body.get("error"), "error"),

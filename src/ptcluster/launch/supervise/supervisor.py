@@ -101,7 +101,7 @@ class Supervisor(JobState):
         self._stop.requests += 1
         if self._stop.requests == 1:
             if self._phase is not Phase.STOPPING:
-                return self._stop_all(reason, now)
+                return self._stop_all(reason, now, final=True)
             return [Status(f"{reason}: the job is already being stopped everywhere")]
         if self._stop.requests > 2:
             return []
@@ -237,6 +237,7 @@ class Supervisor(JobState):
 
     def _started(self, e: ev.Started, now: float) -> list[Action]:
         self._life[e.host].facts["torchrun_pid"] = e.pid
+        self._life[e.host].facts["warm"] = e.warm
         return []
 
     def _guard_refused(self, e: ev.GuardRefused, now: float) -> list[Action]:
@@ -444,12 +445,15 @@ class Supervisor(JobState):
             return []
         return self._stop_all(failure.headline(), now)
 
-    def _stop_all(self, reason: str, now: float) -> list[Action]:
+    def _stop_all(self, reason: str, now: float, final: bool = False) -> list[Action]:
+        """Every node told to stop (``final``: the user's stop, never followed by a restart:
+        a guard ends the job's warm pool at once)."""
         self._phase, self._stop.since = Phase.STOPPING, now
         actions: list[Action] = [Status(f"stopping the job on every node: {reason}")]
+        said = {"reason": reason, **({"final": True} if final else {})}
         for host, life in self._life.items():  # (not one that is stopping by itself)
             if life.stop_at is None and self._enter(host, NodeState.STOPPING, self.wall(now)):
-                actions.append(Send(host, wire.Kind.STOP, {"reason": reason}))
+                actions.append(Send(host, wire.Kind.STOP, said))
         return actions
 
     def _enter(self, host: str, state: NodeState, at: float | None = None) -> bool:

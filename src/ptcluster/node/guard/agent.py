@@ -44,8 +44,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import cast
 
+from ptcluster.node.guard.job_pool import JobPool, attempt_of, let_go, restarts_left
 from ptcluster.node.guard.link import HeadLink, StopRequest
 from ptcluster.node.guard.machine import MachineWatch
 from ptcluster.node.guard.prechecks import node_python, precheck
@@ -98,6 +100,8 @@ class Guard:
         self.env: dict[str, str] = {}
         """Its ranks' environment (torchrun's), once started."""
         self.pump_thread: threading.Thread | None = None
+        self.job_pool: JobPool | None = None
+        """The job's own warm pool here (``--max-restarts``), while this guard holds it."""
         self.env_use = ""
         """This job's use record of the project's environment it runs in ("": none)."""
         self.leases: list[Lease] = []
@@ -126,23 +130,43 @@ class Guard:
         self.link.meter = ProgressMeter(ranks.probes)
         self.link.ranks = ranks
         self.env = rank_env(self.cfg, facts, self.tmpdir, ranks.path)
-        if self.cfg.get("warm"):
-            self.child = self.start_warm(ranks.path)
+        python = node_python(self.cfg["argv"])[0]
+        warm = self.cfg.get("warm") or {}
+        if warm.get("job"):
+            self.child = self.start_job_pool(ranks.path, python)
+        elif warm:
+            self.child = self.start_warm(ranks.path, lambda: pool_socket(
+                self.cfg, self.env, python, self.tmpdir, self.stop))
         if self.child is None:
             torchrun = start_torchrun(self.cfg, self.env, self.tmpdir)
             self.child = torchrun
             self.pump_thread = pump_agent(torchrun.stdout, self.out)
-        self.send(Kind.STARTED, {"pid": self.child.pid})
+        self.send(Kind.STARTED, {"pid": self.child.pid, "warm": isinstance(self.child,
+                                                                            WarmRanks)})
+        pool = self.job_pool
+        if pool is not None and pool.owner is None and restarts_left(self.cfg):
+            pool.start(self.cfg, self.env, python, self.tmpdir)  # (for the next attempt)
 
-    def start_warm(self, server: str) -> WarmRanks | None:
-        """The ranks from this user's warm pool (``run --warm``); None, said on the console,
-        where there is none to be had: they start cold."""
+    def start_job_pool(self, server: str, python: str) -> WarmRanks | None:
+        """A restart's ranks from the pool of the job a former attempt's guard kept here
+        (``guard.job_pool``); None (said on the console on a restart): they start cold."""
+        if under_slurm():
+            return None
+        try:
+            self.job_pool = JobPool(self.cfg, self.env, python)
+        except WarmError:
+            return None
+        if not attempt_of(self.cfg):
+            return None  # (the first attempt: its guard starts the pool once its ranks run)
+        return self.start_warm(server, self.job_pool.claim)
+
+    def start_warm(self, server: str, pool: Callable[[], str]) -> WarmRanks | None:
+        """The ranks from the warm pool at ``pool()`` (this user's, ``run --warm``, or the
+        job's own); None, said on the console, where there is none to be had: cold."""
         why = "not under Slurm (a step's processes are its own)" if under_slurm() else ""
-        python = node_python(self.cfg["argv"])[0]
         try:
             if not why:
-                ranks = WarmRanks(pool_socket(self.cfg, self.env, python, self.tmpdir,
-                                              self.stop), server)
+                ranks = WarmRanks(pool(), server)
                 ranks.start(dict(self.cfg), self.env, start_dir(self.cfg, self.tmpdir),
                             self.tmpdir)
                 return ranks
@@ -164,6 +188,8 @@ class Guard:
             self.env_use = mark_env_use(self.cfg["argv"][0], self.cfg["job_id"])
         except GuardError as exc:
             self.send(Kind.ERROR, exc.frame())
+            if (self.cfg.get("warm") or {}).get("job"):
+                let_go(self.cfg)  # (its former attempt's pool: no rank of this one here)
             return 2
         self.send(Kind.READY, facts)
         while not self.link.go.wait(0.1):
@@ -173,18 +199,24 @@ class Guard:
         self.start(facts)
         assert self.child is not None
         code = wait_child(self.child, self.stop)
+        ended = self.stop.time if code is None else time.time()
         if code is None:
             if not self.stop.by_head:
                 self.say_stopping()
-            code = teardown(self.child, grace=float(self.cfg.get("grace", STOP_GRACE)))
+            code = teardown(self.child, grace=float(self.cfg.get("grace", STOP_GRACE)),
+                            spare=self.pool_pid)
             reason = self.stop.reason
         else:
             reason = "job ended"
-            teardown(self.child, grace=1.0)  # workers that outlived torchrun, if any
+            teardown(self.child, grace=1.0, spare=self.pool_pid)  # what outlived torchrun
         # torchrun's own failure (its rendezvous), as its @record wrote it
         said = {"error": agent_error(self.tmpdir)} if code and reason == "job ended" else {}
         if code is None:
             code = -9
+        if self.job_pool is not None:  # (before the exit frame: the next attempt may claim it)
+            self.job_pool.end(keep=restarts_left(self.cfg) and (
+                code != 0 if reason == "job ended" else self.stop.by_head and not self.stop.final),
+                since=ended)
         if self.pump_thread is not None:
             self.pump_thread.join(timeout=2.0)
         if self.link.ranks is not None:
@@ -196,6 +228,11 @@ class Guard:
             self.link.machine.close()
         remove_tree(self.tmpdir)
         return code if code >= 0 else 128 - code
+
+    @property
+    def pool_pid(self) -> int:
+        """The job's warm pool where it is this guard's child, else 0."""
+        return self.job_pool.pid if self.job_pool is not None else 0
 
     def say_stopping(self) -> None:
         """Tell the head why the job is being torn down when it was not the head that asked
@@ -243,6 +280,8 @@ def main() -> int:
                                 "fix": "report this bug with the node's details: "
                                 + traceback.format_exc(limit=-3).replace("\n", " | ")})
         teardown(guard.child, grace=1.0)
+        if guard.job_pool is not None:
+            guard.job_pool.end(keep=False)
         remove_tree(guard.tmpdir)
         return 70
     finally:

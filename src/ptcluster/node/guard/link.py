@@ -46,6 +46,8 @@ class StopRequest:
         self.time = 0.0
         self.signal = ""
         """The name of the signal that stopped the guard, when one did."""
+        self.final = False
+        """The head's stop says that no attempt follows (the user's stop: ``final``)."""
         self.wake_fd, self._wake_w = os.pipe()
         """Readable once a stop is asked (for a ``select`` that waits on a process too)."""
         os.set_blocking(self._wake_w, False)
@@ -129,9 +131,11 @@ class HeadLink:
                 threading.Thread(target=self.send_stacks, args=(payload,), daemon=True).start()
             elif kind == Kind.STOP:
                 try:
-                    reason = json.loads(payload).get("reason") or ""
+                    told = json.loads(payload)
+                    reason, final = told.get("reason") or "", told.get("final") is True
                 except (ValueError, AttributeError):
-                    reason = ""
+                    reason, final = "", False
+                self.stop.final = self.stop.final or final
                 self.stop.request(f"stopped by the head{': ' + reason if reason else ''}",
                                   by_head=True)
 

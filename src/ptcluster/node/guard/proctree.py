@@ -84,19 +84,20 @@ class RankTrees:
                 self.trees.setdefault(rank, set()).update(tree)
 
 
-def descendants(root: int) -> list[int]:
-    """Live (non-zombie) processes below ``root``."""
+def descendants(root: int, spare: int = 0) -> list[int]:
+    """Live (non-zombie) processes below ``root``, but ``spare`` and what is below it."""
     children = children_map()
     out, todo = [], [root]
     while todo:
         for pid in children.get(todo.pop(), []):
-            out.append(pid)
-            todo.append(pid)
+            if pid != spare:
+                out.append(pid)
+                todo.append(pid)
     return out
 
 
-def signal_tree(root: int, sig: int) -> None:
-    for pid in descendants(root):
+def signal_tree(root: int, sig: int, spare: int = 0) -> None:
+    for pid in descendants(root, spare):
         try:
             os.kill(pid, sig)
         except ProcessLookupError:

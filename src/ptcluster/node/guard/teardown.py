@@ -68,9 +68,11 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def teardown(child: Child | None, grace: float) -> int | None:
+def teardown(child: Child | None, grace: float, spare: int = 0) -> int | None:
     """SIGTERM torchrun (it forwards to its workers), then SIGKILL what is left: the guard's
-    tree, and a warm pool's ranks of this guard (not its descendants: their ``kill_all``)."""
+    tree, and a warm pool's ranks of this guard (not its descendants: their ``kill_all``);
+    but ``spare``, the job's warm pool (the guard's child that forked none of its ranks:
+    ``guard.job_pool``), which the guard ends or hands on itself."""
     if child is None:
         return None
     if child.poll() is None:
@@ -85,9 +87,9 @@ def teardown(child: Child | None, grace: float) -> int | None:
     kill_all = getattr(child, "kill_all", None)
     for _ in range(50):
         pooled = bool(kill_all()) if kill_all is not None else False
-        if not descendants(os.getpid()) and not pooled:
+        if not descendants(os.getpid(), spare) and not pooled:
             break
-        signal_tree(os.getpid(), signal.SIGKILL)
+        signal_tree(os.getpid(), signal.SIGKILL, spare)
         reap_others(child.pid)
         time.sleep(0.05)
     return child.poll()

@@ -11,6 +11,7 @@ import os
 import select
 import socket
 import subprocess
+import threading
 import time
 
 from ptcluster.node.guard.link import StopRequest
@@ -37,21 +38,34 @@ class WarmError(Exception):
     """No pool for this guard's ranks: why (the guard starts them cold and says so)."""
 
 
+def pool_files(cfg: GuardConfig, env: dict[str, str], python: str) -> dict[str, str]:
+    """The files (``warm.protocol.paths``) of the pool for the ranks' key on this node: this
+    user's, or the job's own on this node (``warm["job"]``: its id and host in the key)."""
+    warm = cfg.get("warm") or {}
+    environment = cfg.get("environment") or {}
+    job_names = [k for k in (cfg.get("env") or {}) if not k.startswith("PTCLUSTER_")]
+    job = ",job:" + job_mark(cfg) if warm.get("job") else ""
+    name, _ = pool_key(python, str(environment.get("digest") or ""),
+                       str(environment.get("torch") or ""), list(warm.get("imports") or []),
+                       env, job_names, namespaces() + job)
+    try:
+        folder = private_dir(os.path.join(user_tmp(), WARM_DIR))
+    except OSError as exc:
+        raise WarmError(f"its folder: {exc.strerror or exc}") from None
+    return paths(folder, name)
+
+
+def job_mark(cfg: GuardConfig) -> str:
+    """The job and node a job's pool is for (``JOB@HOST``: in its key and its record)."""
+    return f"{cfg['job_id']}@{(cfg.get('warm') or {}).get('job')}"
+
+
 def pool_socket(cfg: GuardConfig, env: dict[str, str], python: str, tmpdir: str,
                 stop: StopRequest) -> str:
     """The socket of this user's pool for the ranks' key on this node: a live one, or one
     started now (under the key's lock: two guards start one pool)."""
     warm = cfg.get("warm") or {}
-    environment = cfg.get("environment") or {}
-    job_names = [k for k in (cfg.get("env") or {}) if not k.startswith("PTCLUSTER_")]
-    name, _ = pool_key(python, str(environment.get("digest") or ""),
-                       str(environment.get("torch") or ""), list(warm.get("imports") or []),
-                       env, job_names, namespaces())
-    try:
-        folder = private_dir(os.path.join(user_tmp(), WARM_DIR))
-    except OSError as exc:
-        raise WarmError(f"its folder: {exc.strerror or exc}") from None
-    files = paths(folder, name)
+    files = pool_files(cfg, env, python)
     lock = os.open(files["lock"], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -86,13 +100,25 @@ def start_pool(python: str, sock: str, idle: float, imports: list[str], env: dic
     subreaper (no rank of it runs yet), so init adopts the pool; then its ``ready`` line."""
     set_subreaper(False)
     try:
-        proc = subprocess.Popen(
-            [python, "-u", "-c", POOL_BOOT, program, sock, str(idle), *imports], env=env,
-            cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True)
+        proc = pool_process(python, sock, idle, 0, imports, env, program)
         proc.wait()
     finally:
         set_subreaper(True)
+    ready(proc, stop)
+
+
+def pool_process(python: str, sock: str, idle: float, owner: int, imports: list[str],
+                 env: dict[str, str], program: str) -> subprocess.Popen[bytes]:
+    """The pool program started (``warm.pool``; ``owner``: 0, or the guard's pid for a job's
+    pool, which stays its child), in a session of its own."""
+    return subprocess.Popen(
+        [python, "-u", "-c", POOL_BOOT, program, sock, str(idle), str(owner), *imports],
+        env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def ready(proc: subprocess.Popen[bytes], stop: StopRequest | threading.Event) -> None:
+    """Its ``ready`` line read; else WarmError (what it said)."""
     assert proc.stdout is not None
     said = read_ready(proc.stdout.fileno(), stop)
     proc.stdout.close()
@@ -100,7 +126,7 @@ def start_pool(python: str, sock: str, idle: float, imports: list[str], env: dic
         raise WarmError(said or "the pool ended before it was ready")
 
 
-def read_ready(fd: int, stop: StopRequest) -> str:
+def read_ready(fd: int, stop: StopRequest | threading.Event) -> str:
     """The pool's ``ready``/``error`` line (what it printed before, as context for an error)."""
     data, deadline = b"", time.monotonic() + START_WITHIN
     while time.monotonic() < deadline and not stop.is_set():

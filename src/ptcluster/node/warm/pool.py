@@ -2,9 +2,13 @@
 forking ranks for this user's guards on this node (``run --warm``; ARCHITECTURE.md, "The warm
 path").
 
-Run by a guard as ``python -u -c POOL_BOOT FILE SOCKET IDLE [MODULE...]`` (``warm.protocol``)
-with the rank environment less the job's variables. It forks once at its start (the guard waits
-for the first process, so the pool is not the guard's descendant), imports, listens on
+Run by a guard as ``python -u -c POOL_BOOT FILE SOCKET IDLE OWNER [MODULE...]``
+(``warm.protocol``) with the rank environment less the job's variables. A user's pool (``OWNER``
+0) forks once at its start (the guard waits for the first process, so the pool is not the
+guard's descendant); a job's pool (``--max-restarts``: ``OWNER`` the guard's pid) stays the
+guard's child, dies with it (``PR_SET_PDEATHSIG``) and imports at low priority in a thread of
+its own (the main thread, whose priority its ranks inherit, keeps the guard's), then lives as
+long as a guard of its job holds it (``warm.protocol.OWN``). It imports, listens on
 ``SOCKET`` and says ``ready {pid, torch}`` (or ``error TEXT``) on its stdout; then, single
 threaded, on one selector: a ``fork`` request (only from its own uid: ``SO_PEERCRED``) forks a
 rank (``warm.become``; moved into the guard's control groups before it may run), answered with
@@ -25,13 +29,19 @@ import selectors
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
 from ptcluster.node.rank_wire import SHIM_BOOT
-from ptcluster.node.warm.become import become
+from ptcluster.node.warm.become import PR_SET_PDEATHSIG, become, die_with
 from ptcluster.node.warm.protocol import (
     FORK,
+    JOB_POOL_NICE,
+    KEEP,
+    KEPT,
+    OWN,
+    OWNED,
     PID,
     READY,
     REFUSED,
@@ -65,6 +75,8 @@ class Pool:
         self.stopping = False
         self.wake_r, self.wake_w = os.pipe()
         self.facts: dict[str, Any] = {}
+        self.owner: socket.socket | None = None
+        """A job's pool: the connection of the guard that holds it (``warm.protocol.OWN``)."""
 
     def listen(self) -> None:
         old = os.umask(0o177)  # (the folder is 0700 already; the socket too)
@@ -107,7 +119,8 @@ class Pool:
     def serve(self) -> tuple[dict[str, Any], list[int], int, int] | None:
         """Until the pool ends (None), or in a forked rank: its request, fds, go pipe, parent."""
         while self.ranks or not self.stopping:
-            if not self.ranks and time.monotonic() - self.last >= self.idle:
+            if not self.ranks and self.owner is None and \
+                    time.monotonic() - self.last >= self.idle:
                 break
             for key, _ in self.sel.select(LOOK_EVERY):
                 got = self.event(key.data, key.fileobj)
@@ -126,6 +139,8 @@ class Pool:
             os.read(self.wake_r, 64)
             self.stopping = True
             self.unlisten()
+        elif what == "owner":
+            self.owner_said()
         elif isinstance(what, Rank) and obj is what.conn:  # the guard's end closed: its rank ends
             self.sel.unregister(what.conn)
             what.orphaned = True
@@ -143,6 +158,9 @@ class Pool:
             message, fds = receive(conn)
         except OSError:
             conn.close()
+            return None
+        if message is not None and message.get("kind") == OWN and not fds:
+            self.own(conn, str(message.get("job") or "")[:300])
             return None
         if message is None or message.get("kind") != FORK or len(fds) != 3:
             close_all(fds)
@@ -186,11 +204,56 @@ class Pool:
         self.write_record()
         return None
 
+    def own(self, conn: socket.socket, job: str) -> None:
+        """A guard of the job (``job``: its id and node) holds this pool now (one at a
+        time)."""
+        try:
+            send(conn, {"kind": REFUSED, "why": "another guard holds it"} if self.owner
+                 else {"kind": OWNED})
+        except OSError:
+            conn.close()
+            return
+        if self.owner is not None:
+            conn.close()
+            return
+        conn.setblocking(True)
+        self.owner = conn
+        self.sel.register(conn, selectors.EVENT_READ, "owner")
+        if job and self.facts.get("job") != job:
+            self.facts["job"] = job
+            self.write_record()
+
+    def owner_said(self) -> None:
+        """``keep`` (the pool waits its idle seconds for the next attempt's guard, no longer
+        its parent's to die with), or the end of the owner's connection: the pool's end."""
+        assert self.owner is not None
+        try:
+            message, fds = receive(self.owner)
+        except OSError:
+            message, fds = None, []
+        close_all(fds)
+        kept = message is not None and message.get("kind") == KEEP
+        if kept:
+            ctypes_prctl(PR_SET_PDEATHSIG, 0)
+            try:
+                send(self.owner, {"kind": KEPT})
+            except OSError:
+                kept = False
+        self.sel.unregister(self.owner)
+        self.owner.close()
+        self.owner = None
+        self.last = time.monotonic()
+        if not kept:  # its guard ended the job (or died): so does the pool, with what it forked
+            self.stopping = True
+            self.unlisten()
+            for rank in self.ranks.values():
+                kill_session(rank.pid)
+
     def forget(self, conn: socket.socket) -> None:
         """In a forked rank: the pool's descriptors closed through their objects (none of them
         may close a number the rank's program reuses later)."""
         self.sel.close()
-        for sock in [self.listener, conn, *(r.conn for r in self.ranks.values())]:
+        for sock in [self.listener, conn, self.owner, *(r.conn for r in self.ranks.values())]:
             if sock is not None:
                 sock.close()
         for fd in [self.wake_r, self.wake_w, *(r.pidfd for r in self.ranks.values())]:
@@ -282,28 +345,60 @@ def close_all(fds: list[int]) -> None:
             pass
 
 
-def start(path: str, idle: float, imports: list[str]) -> Pool:
-    """Out of the starting guard's tree, torch and ``imports`` loaded, listening; else a line
-    ``error TEXT`` on stdout and exit 1."""
-    if os.fork() > 0:
-        os._exit(0)
+def ctypes_prctl(option: int, value: int) -> None:
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def load(imports: list[str], nice: int) -> Any:
+    """torch (returned) and ``imports``; with ``nice``, in a thread of that priority (a
+    thread's own on Linux: the main thread, and so every rank forked later, keeps its own)."""
+    got: list[Any] = []
+
+    def run() -> None:
+        try:
+            if nice:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            got.append(importlib.import_module("torch"))
+            for name in imports:
+                importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
+            got[:] = [exc]
+
+    if not nice:
+        run()
+    else:
+        thread = threading.Thread(target=run, name="pool-imports")
+        thread.start()
+        thread.join()
+    if not got or isinstance(got[0], BaseException):
+        raise got[0] if got else RuntimeError("the imports ended without a result")
+    return got[0]
+
+
+def start(path: str, idle: float, imports: list[str], owner: int = 0) -> Pool:
+    """Out of the starting guard's tree (``owner`` 0), or its child that dies with it (a job's
+    pool: ``owner`` its pid); torch and ``imports`` loaded, listening; else a line ``error
+    TEXT`` on stdout and exit 1."""
+    if owner:
+        die_with(owner)
+    elif os.fork() > 0:
+        os._exit(0)
+    ctypes_prctl(PR_SET_CHILD_SUBREAPER, 1)
     pool = Pool(path, idle)
     try:
-        torch = importlib.import_module("torch")
-        for name in imports:
-            importlib.import_module(name)
+        torch = load(imports, JOB_POOL_NICE if owner else 0)
         pool.listen()
     except BaseException as exc:  # noqa: BLE001 - said to the guard, which starts cold
         print("error " + f"{type(exc).__name__}: {exc}"[:500], flush=True)
         os._exit(1)
     pool.facts = {"python": sys.executable, "torch": str(torch.__version__),
-                  "started": time.time(), "imports": imports, "place": namespaces()}
+                  "started": time.time(), "imports": imports, "place": namespaces(),
+                  **({"job": True} if owner else {})}
     pool.write_record()
     os.chdir("/")
     print(READY + " " + json.dumps({"pid": os.getpid(), "torch": str(torch.__version__)}),
@@ -312,10 +407,10 @@ def start(path: str, idle: float, imports: list[str]) -> Pool:
 
 
 def main() -> None:
-    path, idle, imports = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+    path, idle, owner, imports = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
     main_keys = {k for k in sys.modules["__main__"].__dict__ if k.startswith("__")}
     sys_path = list(sys.path)
-    pool = start(path, idle, imports)
+    pool = start(path, idle, imports, owner)
     log = os.open(path[:-len(".sock")] + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     null = os.open(os.devnull, os.O_RDWR)
     for fd, to in ((0, null), (1, null), (2, log)):

@@ -40,6 +40,13 @@ FORK, PID, STATUS, REFUSED = "fork", "pid", "status", "refused"
 """Message kinds (``kind`` of the JSON): the guard's ``fork``; the pool's ``pid`` (with the
 rank's pidfd), its ``status`` (the wait status as ``Popen.returncode`` gives it) and ``refused``
 (``why``)."""
+OWN, OWNED, KEEP, KEPT = "own", "owned", "keep", "kept"
+"""A job's pool (``--max-restarts``): the guard that holds it sends ``own`` on a connection it
+keeps for its life (``owned``, or ``refused`` where another guard holds it); that connection's
+end ends the pool, unless its guard sent ``keep`` first (answered ``kept``): then the pool waits
+its idle seconds for the next attempt's guard."""
+JOB_POOL_NICE = 10
+"""The nice value of a job's pool while it imports (the first attempt's ranks run meanwhile)."""
 MAX_MESSAGE = 4 << 20
 """A message's largest size (a rank's environment and argv)."""
 
