@@ -177,8 +177,13 @@ def summary_page() -> str:
 
 def known_failures_page() -> str:
     from ptcluster.launch.supervise.known import as_markdown
+    from ptcluster.launch.supervise.verdict import TABLE as RUN
 
-    return as_markdown()
+    lines = ["", "## A node or the job failed (run)", "",
+             "What `run` says when a node, not a rank, failed or the job as a whole did "
+             "(`summary.json`: the failure's `code` and `fields`):", "",
+             "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    return as_markdown().rstrip("\n") + "\n" + "\n".join(lines + problem_rows(RUN)) + "\n"
 
 
 def render(path: str) -> str:

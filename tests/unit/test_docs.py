@@ -153,9 +153,11 @@ def test_a_table_cell_escapes_pipes_outside_code_spans_only() -> None:
 
 def test_the_known_failures_page_is_the_table() -> None:
     from ptcluster.launch.supervise.known import TABLE
+    from ptcluster.launch.supervise.verdict import TABLE as RUN
 
     page = ref.render("troubleshooting/known-failures.md")
     assert all(f"(`{k.name}`)" in page for k in TABLE)
+    assert all(f"| `{e.code}` | {ref._cell(e.title)} |" in page for e in RUN)
 
 
 def test_every_shell_block_runs_or_says_why_not() -> None:

@@ -16,13 +16,15 @@ import pytest
 import ptcluster
 from ptcluster.doctor.findings import SHM_SMALL, TABLE, Finding
 from ptcluster.errors import Problem, PtclusterError
+from ptcluster.launch.supervise.verdict import TABLE as RUN
 from ptcluster.node.facts.health import REFUSALS, WARNINGS
 from ptcluster.node.guard.refusal import TABLE as GUARD
 from ptcluster.node.guard.refusal import GuardError, refuse
 from ptcluster.node.problems import Declared, lint, placeholders
 from ptcluster.remote.diagnoses import TABLE as NODE
 
-TABLES = {"doctor": TABLE, "node": NODE, "health": REFUSALS + WARNINGS, "guard": GUARD}
+TABLES = {"doctor": TABLE, "node": NODE, "health": REFUSALS + WARNINGS, "guard": GUARD,
+          "run": RUN}
 EVERY = [e for entries in TABLES.values() for e in entries]
 SRC = Path(ptcluster.__file__).parent
 
