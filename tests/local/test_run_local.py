@@ -95,7 +95,7 @@ def test_failing_rank_exit_1_root_cause_first(tmp_path, no_leftovers) -> None:
     assert rc["rank"] == 1 and rc["exit_code"] == 3 and rc["host"] == "localhost"
     assert "about to fail" in rc["last_lines"]
     text = "\n".join(head.err)
-    assert "Root cause (first observed failure): rank 1 on localhost: exited with code 3" in text
+    assert f"Root cause (first observed failure): rank 1 on localhost: {rc['message']}" in text
     assert summary["ranks"][1]["status"] == "exit 3"
 
 
@@ -190,7 +190,8 @@ def test_rank_killed_by_a_signal_is_named(tmp_path, no_leftovers) -> None:
     no_leftovers.append(job_id)
     assert code == 1, head.output()
     assert summary["root_cause"]["rank"] == 1 and summary["root_cause"]["exit_code"] == -9
-    assert "rank 1 on localhost: killed by SIGKILL" in "\n".join(head.err)
+    assert summary["root_cause"]["kind"] == "rank"
+    assert f"rank 1 on localhost: {summary['root_cause']['message']}" in "\n".join(head.err)
     assert "returned" not in summary["root_cause"]["message"]
     assert summary["ranks"][0]["status"] == "stopped (job teardown)"
 
