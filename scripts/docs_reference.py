@@ -181,7 +181,8 @@ def known_failures_page() -> str:
 
     lines = ["", "## A node or the job failed (run)", "",
              "What `run` says when a node, not a rank, failed or the job as a whole did "
-             "(`summary.json`: the failure's `code` and `fields`):", "",
+             "(`summary.json`: the failure's `code` and `fields`), or when the head cannot "
+             "start the job at all (its one error line):", "",
              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     return as_markdown().rstrip("\n") + "\n" + "\n".join(lines + problem_rows(RUN)) + "\n"
 

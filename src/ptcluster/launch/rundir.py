@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ptcluster.errors import PtclusterError
+from ptcluster.node.problems import Declared
 from ptcluster.node.sharing import safefile
 from ptcluster.node.sharing.records import valid_job_id
 
@@ -59,6 +60,14 @@ MIN_LOG_FILES = 8
 MAX_LOG_FILES = 1 << 16
 
 
+OPEN_FILES_LIMIT = Declared(
+    "run.open-files-limit", "too few open files for the head's channels",
+    "a job on {nodes} nodes needs {need} open files on this machine ({per_node} per node for "
+    "its channel, {rest} for the rest), and the limit here is {soft}",
+    "raise it: `ulimit -n {need}` (up to the hard limit, `ulimit -Hn`; above that, as root: "
+    "`nofile` in /etc/security/limits.conf, or LimitNOFILE= for a service)")
+
+
 def log_files_budget(nodes: int) -> int:
     """How many log files the head may keep open for a job of ``nodes`` nodes, within its
     soft open-file limit (``ptcluster`` raised it to the hard one at start); raises
@@ -69,12 +78,9 @@ def log_files_budget(nodes: int) -> int:
     spare = soft - PIPES_PER_NODE * nodes - HEAD_RESERVE
     if spare < MIN_LOG_FILES:
         need = PIPES_PER_NODE * nodes + HEAD_RESERVE + MIN_LOG_FILES
-        raise DescriptorLimitError(
-            f"a job on {nodes} nodes needs {need} open files on this machine "
-            f"({PIPES_PER_NODE} per node for its channel, {HEAD_RESERVE + MIN_LOG_FILES} "
-            f"for the rest), and the limit here is {soft}",
-            f"raise it: `ulimit -n {need}` (up to the hard limit, `ulimit -Hn`; above that, "
-            f"as root: `nofile` in /etc/security/limits.conf, or LimitNOFILE= for a service)")
+        raise DescriptorLimitError.of(OPEN_FILES_LIMIT, nodes=nodes, need=need,
+                                      per_node=PIPES_PER_NODE,
+                                      rest=HEAD_RESERVE + MIN_LOG_FILES, soft=soft)
     return min(MAX_LOG_FILES, spare)
 
 
