@@ -251,6 +251,7 @@ def doctor_checks_page() -> str:
     from ptcluster.node.facts.health import REFUSALS, WARNINGS
     from ptcluster.node.guard.refusal import TABLE as GUARD
     from ptcluster.remote.diagnoses import TABLE as NODE
+    from ptcluster.venvs.problems import TABLE as VENVS
 
     lines = ["# doctor's checks and their fixes", "",
              "Every check `ptcluster doctor` (and `run --preflight`) makes, and every warning "
@@ -295,6 +296,11 @@ def doctor_checks_page() -> str:
               "`code`, kind `guard`, `busy` where another job holds what it asks for):", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines += problem_rows(GUARD)
+    lines += ["", "## What the project's environment is refused for (venvs)", "",
+              "`run`, `venvs` and doctor's `environment` row refuse a requirements file, or a "
+              "node, with one of these:", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(VENVS)
     lines.append("")
     return "\n".join(lines)
 

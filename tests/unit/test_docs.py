@@ -130,8 +130,9 @@ def declared() -> list:
     from ptcluster.node.facts.health import REFUSALS, WARNINGS
     from ptcluster.node.guard.refusal import TABLE as GUARD
     from ptcluster.remote.diagnoses import TABLE as NODE
+    from ptcluster.venvs.problems import TABLE as VENVS
 
-    return [*TABLE, *NODE, *REFUSALS, *WARNINGS, *GUARD]
+    return [*TABLE, *NODE, *REFUSALS, *WARNINGS, *GUARD, *VENVS]
 
 
 def test_the_docs_generator_reads_tables_not_code() -> None:

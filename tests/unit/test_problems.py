@@ -22,9 +22,10 @@ from ptcluster.node.guard.refusal import TABLE as GUARD
 from ptcluster.node.guard.refusal import GuardError, refuse
 from ptcluster.node.problems import Declared, lint, placeholders
 from ptcluster.remote.diagnoses import TABLE as NODE
+from ptcluster.venvs.problems import TABLE as VENVS
 
 TABLES = {"doctor": TABLE, "node": NODE, "health": REFUSALS + WARNINGS, "guard": GUARD,
-          "run": RUN}
+          "run": RUN, "venvs": VENVS}
 EVERY = [e for entries in TABLES.values() for e in entries]
 SRC = Path(ptcluster.__file__).parent
 
@@ -102,7 +103,8 @@ def _entry(node: ast.expr, names: dict[str, object]) -> Declared | None:
     return found if isinstance(found, Declared) else None
 
 
-TABLE_MODULES = ("findings", "diagnoses", "refusal", "facts.health", "Declared(")
+TABLE_MODULES = ("findings", "diagnoses", "refusal", "facts.health", "venvs.problems",
+                 "Declared(")
 """What a module that says a declared problem names: a table's module, or its own entries."""
 
 
