@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ptcluster.errors import Problem, some
+from ptcluster.launch.nccl_report import ON_SOCKETS
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, FailureKind, RankRecord, signame
 from ptcluster.launch.rundir import OPEN_FILES_LIMIT
@@ -65,10 +66,11 @@ TORCHRUN_EXITED = Declared(
     "torchrun exited with code {code} ({error})",
     "see the node log in the run directory")
 TABLE = (NOT_READY, TIMED_OUT, GUARD_STOPPED, GUARD_SIGNALLED, NODE_SILENT, HUNG,
-         MASTER_ELSEWHERE, TORCHRUN_EXITED, MALFORMED_FRAME, OPEN_FILES_LIMIT)
+         MASTER_ELSEWHERE, TORCHRUN_EXITED, MALFORMED_FRAME, OPEN_FILES_LIMIT, ON_SOCKETS)
 """What ``run`` declares (``run.*`` codes): the failures of nodes and of the job the supervisor
-words, and the head's own refusal to start (``rundir``'s); a rank's own failure is the rank's
-words, or a known failure (``known.py``)."""
+words, the head's own refusal to start (``rundir``'s) and its warning of NCCL on sockets
+(``nccl_report``'s); a rank's own failure is the rank's words, or a known failure
+(``known.py``)."""
 
 
 @dataclass(frozen=True)
