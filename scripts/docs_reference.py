@@ -102,9 +102,14 @@ def cluster_file_page() -> str:
 
 
 def exit_codes_page() -> str:
+    from ptcluster.cli.problems import TABLE as CLI
+
     lines = ["# Exit codes", "", "What every `ptcluster` command exits with "
              "(`ptcluster/cli/exits.py`).", "", "| code | meaning |", "| --- | --- |"]
     lines += [f"| {code} | {_cell(meaning)} |" for code, meaning in EXIT_CODES]
+    lines += ["", "## What the command line refuses (exit 2)", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(CLI)
     lines.append("")
     return "\n".join(lines)
 

@@ -116,16 +116,18 @@ def test_init_hostfile(cli, tmp_path) -> None:
 
 def test_run_usage_errors(cli, tmp_path, monkeypatch) -> None:
     code, _, err = cli("run")
-    assert code == 2 and "nothing to run" in err
+    assert code == 2 and cli.problem.code == "cli.nothing-to-run", err
     f = tmp_path / "c.yaml"
     f.write_text("nodes: [{host: a}]\n")
     code, _, err = cli("run", "--cluster", str(f), "--nproc", "2", "x.py")
     assert code == 2 and "slots" in err
+    assert cli.problem.fields == {"path": str(f), "otherwise": ""}  # given: that file alone
     # found, not given: the way to a run on this machine alone too
     (tmp_path / "cluster.yaml").write_text("nodes: [{host: a}]\n")
     monkeypatch.chdir(tmp_path)
     code, _, err = cli("run", "--nproc", "2", "x.py")
-    assert code == 2 and "run where no ./cluster.yaml is" in err, err
+    assert code == 2 and cli.problem.code == "cli.nproc-not-local", err
+    assert cli.problem.fields["path"] == "cluster.yaml" and cli.problem.fields["otherwise"]
     code, _, err = cli("run", "--cluster", str(tmp_path / "missing.yaml"), "x.py")
     assert code == 2 and "not found" in err
 

@@ -461,7 +461,7 @@ def test_setup_usage_errors(cli, tmp_path: Path) -> None:
         assert code == 2, (args, out, err)
         assert words in err and err.count("error:") == 1 and "Traceback" not in err
     code, _, err = cli("setup")  # no cluster file: the local cluster has nothing to set up
-    assert code == 2 and "no cluster file" in err
+    assert code == 2 and cli.problem.code == "cli.setup-without-cluster", err
 
 
 # -- the node program, run here as a node would run it ------------------------------------------

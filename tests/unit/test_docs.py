@@ -135,6 +135,13 @@ def declared() -> list:
     return [*TABLE, *NODE, *REFUSALS, *WARNINGS, *GUARD, *VENVS]
 
 
+def test_the_command_lines_refusals_are_on_the_exit_codes_page() -> None:
+    from ptcluster.cli.problems import TABLE as CLI
+
+    page = ref.render("reference/exit-codes.md")
+    assert all(f"| `{e.code}` | {ref._cell(e.title)} |" in page for e in CLI)
+
+
 def test_the_docs_generator_reads_tables_not_code() -> None:
     """The reference is rendered from objects (tables, the click app, docstrings), never by
     parsing a function's body: a refactor of a check cannot change its docs."""

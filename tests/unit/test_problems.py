@@ -14,6 +14,7 @@ from types import ModuleType
 import pytest
 
 import ptcluster
+from ptcluster.cli.problems import TABLE as CLI
 from ptcluster.doctor.findings import SHM_SMALL, TABLE, Finding
 from ptcluster.errors import Problem, PtclusterError
 from ptcluster.launch.supervise.verdict import TABLE as RUN
@@ -25,7 +26,7 @@ from ptcluster.remote.diagnoses import TABLE as NODE
 from ptcluster.venvs.problems import TABLE as VENVS
 
 TABLES = {"doctor": TABLE, "node": NODE, "health": REFUSALS + WARNINGS, "guard": GUARD,
-          "run": RUN, "venvs": VENVS}
+          "run": RUN, "venvs": VENVS, "cli": CLI}
 EVERY = [e for entries in TABLES.values() for e in entries]
 SRC = Path(ptcluster.__file__).parent
 
@@ -104,7 +105,7 @@ def _entry(node: ast.expr, names: dict[str, object]) -> Declared | None:
 
 
 TABLE_MODULES = ("findings", "diagnoses", "refusal", "facts.health", "venvs.problems",
-                 "Declared(")
+                 "cli.problems", "Declared(")
 """What a module that says a declared problem names: a table's module, or its own entries."""
 
 
