@@ -103,6 +103,8 @@ def cluster_file_page() -> str:
 
 def exit_codes_page() -> str:
     from ptcluster.cli.problems import TABLE as CLI
+    from ptcluster.remote.slurm import TABLE as SLURM
+    from ptcluster.submit.sbatch import TABLE as SUBMIT
 
     lines = ["# Exit codes", "", "What every `ptcluster` command exits with "
              "(`ptcluster/cli/exits.py`).", "", "| code | meaning |", "| --- | --- |"]
@@ -110,6 +112,9 @@ def exit_codes_page() -> str:
     lines += ["", "## What the command line refuses (exit 2)", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines += problem_rows(CLI)
+    lines += ["", "## What submit and a run inside a Slurm allocation refuse (exit 2)", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(SUBMIT + SLURM)
     lines.append("")
     return "\n".join(lines)
 

@@ -16,4 +16,4 @@ def test_cluster_option_wins_inside_an_allocation(cli, tmp_path, monkeypatch) ->
     monkeypatch.chdir(tmp_path)
     (tmp_path / "cluster.yaml").write_text("nodes:\n  - {host: 10.0.0.1, slots: 2}\n")
     code, out, err = cli("env")  # inside the allocation: Slurm, not ./cluster.yaml
-    assert code == 2 and "SLURM_JOB_ID is set but scontrol is not installed here" in err
+    assert code == 2 and cli.problem.code == "slurm.no-scontrol", err

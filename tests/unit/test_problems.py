@@ -23,10 +23,12 @@ from ptcluster.node.guard.refusal import TABLE as GUARD
 from ptcluster.node.guard.refusal import GuardError, refuse
 from ptcluster.node.problems import Declared, lint, placeholders
 from ptcluster.remote.diagnoses import TABLE as NODE
+from ptcluster.remote.slurm import TABLE as SLURM
+from ptcluster.submit.sbatch import TABLE as SUBMIT
 from ptcluster.venvs.problems import TABLE as VENVS
 
 TABLES = {"doctor": TABLE, "node": NODE, "health": REFUSALS + WARNINGS, "guard": GUARD,
-          "run": RUN, "venvs": VENVS, "cli": CLI}
+          "run": RUN, "venvs": VENVS, "cli": CLI, "submit": SUBMIT, "slurm": SLURM}
 EVERY = [e for entries in TABLES.values() for e in entries]
 SRC = Path(ptcluster.__file__).parent
 

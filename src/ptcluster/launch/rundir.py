@@ -68,6 +68,16 @@ OPEN_FILES_LIMIT = Declared(
     "`nofile` in /etc/security/limits.conf, or LimitNOFILE= for a service)")
 
 
+RUN_DIR_EXISTS = Declared(
+    "run.run-dir-exists", "the run directory exists already",
+    "the run directory {path} exists already (not made by this run)",
+    "pass --run-dir with a directory of yours")
+RUN_DIR_UNWRITABLE = Declared(
+    "run.run-dir-unwritable", "the run directory cannot be written",
+    "cannot write the run directory {path}: {error}",
+    "pass --run-dir with a directory of yours that others cannot write")
+
+
 def log_files_budget(nodes: int) -> int:
     """How many log files the head may keep open for a job of ``nodes`` nodes, within its
     soft open-file limit (``ptcluster`` raised it to the hard one at start); raises
@@ -140,13 +150,10 @@ class RunDir:
             make_private(self.path)
             self.write_plan(plan, opts)
         except FileExistsError:
-            raise RunDirError(f"the run directory {self.path} exists already (not made by this "
-                              "run)", "pass --run-dir with a directory of yours") from None
+            raise RunDirError.of(RUN_DIR_EXISTS, path=self.path) from None
         except OSError as exc:
-            raise RunDirError(f"cannot write the run directory {self.path}: "
-                              f"{exc.strerror or exc}",
-                              "pass --run-dir with a directory of yours that others cannot "
-                              "write") from None
+            raise RunDirError.of(RUN_DIR_UNWRITABLE, path=self.path,
+                                 error=exc.strerror or exc) from None
 
     def write_plan(self, plan: LaunchPlan, opts: RunOptions) -> None:
         """``plan_json`` of ``plan`` (an attempt's own file)."""

@@ -17,7 +17,7 @@ from ptcluster.errors import Problem, some
 from ptcluster.launch.nccl_report import ON_SOCKETS
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, FailureKind, RankRecord, signame
-from ptcluster.launch.rundir import OPEN_FILES_LIMIT
+from ptcluster.launch.rundir import OPEN_FILES_LIMIT, RUN_DIR_EXISTS, RUN_DIR_UNWRITABLE
 from ptcluster.launch.supervise.events import MALFORMED_FRAME
 from ptcluster.launch.supervise.known import Known, RankReport, match_rank
 from ptcluster.launch.supervise.machine_view import disk_named, oom_named, xid_named
@@ -66,7 +66,8 @@ TORCHRUN_EXITED = Declared(
     "torchrun exited with code {code} ({error})",
     "see the node log in the run directory")
 TABLE = (NOT_READY, TIMED_OUT, GUARD_STOPPED, GUARD_SIGNALLED, NODE_SILENT, HUNG,
-         MASTER_ELSEWHERE, TORCHRUN_EXITED, MALFORMED_FRAME, OPEN_FILES_LIMIT, ON_SOCKETS)
+         MASTER_ELSEWHERE, TORCHRUN_EXITED, MALFORMED_FRAME, OPEN_FILES_LIMIT, RUN_DIR_EXISTS,
+         RUN_DIR_UNWRITABLE, ON_SOCKETS)
 """What ``run`` declares (``run.*`` codes): the failures of nodes and of the job the supervisor
 words, the head's own refusal to start (``rundir``'s) and its warning of NCCL on sockets
 (``nccl_report``'s); a rank's own failure is the rank's words, or a known failure
