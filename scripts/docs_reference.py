@@ -102,6 +102,7 @@ def cluster_file_page() -> str:
 
 
 def exit_codes_page() -> str:
+    from ptcluster.checkpoint.collect import TABLE as CHECKPOINT
     from ptcluster.cli.problems import TABLE as CLI
     from ptcluster.remote.slurm import TABLE as SLURM
     from ptcluster.submit.sbatch import TABLE as SUBMIT
@@ -115,6 +116,9 @@ def exit_codes_page() -> str:
     lines += ["", "## What submit and a run inside a Slurm allocation refuse (exit 2)", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines += problem_rows(SUBMIT + SLURM)
+    lines += ["", "## What collect refuses (exit 1)", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(CHECKPOINT)
     lines.append("")
     return "\n".join(lines)
 

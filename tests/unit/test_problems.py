@@ -14,6 +14,7 @@ from types import ModuleType
 import pytest
 
 import ptcluster
+from ptcluster.checkpoint.collect import TABLE as CHECKPOINT
 from ptcluster.cli.problems import TABLE as CLI
 from ptcluster.doctor.findings import SHM_SMALL, TABLE, Finding
 from ptcluster.errors import Problem, PtclusterError
@@ -28,7 +29,8 @@ from ptcluster.submit.sbatch import TABLE as SUBMIT
 from ptcluster.venvs.problems import TABLE as VENVS
 
 TABLES = {"doctor": TABLE, "node": NODE, "health": REFUSALS + WARNINGS, "guard": GUARD,
-          "run": RUN, "venvs": VENVS, "cli": CLI, "submit": SUBMIT, "slurm": SLURM}
+          "run": RUN, "venvs": VENVS, "cli": CLI, "submit": SUBMIT, "slurm": SLURM,
+          "checkpoint": CHECKPOINT}
 EVERY = [e for entries in TABLES.values() for e in entries]
 SRC = Path(ptcluster.__file__).parent
 
