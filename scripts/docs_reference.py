@@ -104,6 +104,7 @@ def cluster_file_page() -> str:
 def exit_codes_page() -> str:
     from ptcluster.checkpoint.collect import TABLE as CHECKPOINT
     from ptcluster.cli.problems import TABLE as CLI
+    from ptcluster.push.scan import TABLE as PUSH
     from ptcluster.remote.slurm import TABLE as SLURM
     from ptcluster.submit.sbatch import TABLE as SUBMIT
 
@@ -113,9 +114,9 @@ def exit_codes_page() -> str:
     lines += ["", "## What the command line refuses (exit 2)", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines += problem_rows(CLI)
-    lines += ["", "## What submit and a run inside a Slurm allocation refuse (exit 2)", "",
+    lines += ["", "## What submit, a run inside a Slurm allocation and push refuse (exit 2)", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
-    lines += problem_rows(SUBMIT + SLURM)
+    lines += problem_rows(SUBMIT + SLURM + PUSH)
     lines += ["", "## What collect refuses (exit 1)", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines += problem_rows(CHECKPOINT)

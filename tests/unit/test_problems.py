@@ -23,6 +23,7 @@ from ptcluster.node.facts.health import REFUSALS, WARNINGS
 from ptcluster.node.guard.refusal import TABLE as GUARD
 from ptcluster.node.guard.refusal import GuardError, refuse
 from ptcluster.node.problems import Declared, lint, placeholders
+from ptcluster.push.scan import TABLE as PUSH
 from ptcluster.remote.diagnoses import TABLE as NODE
 from ptcluster.remote.slurm import TABLE as SLURM
 from ptcluster.submit.sbatch import TABLE as SUBMIT
@@ -30,7 +31,7 @@ from ptcluster.venvs.problems import TABLE as VENVS
 
 TABLES = {"doctor": TABLE, "node": NODE, "health": REFUSALS + WARNINGS, "guard": GUARD,
           "run": RUN, "venvs": VENVS, "cli": CLI, "submit": SUBMIT, "slurm": SLURM,
-          "checkpoint": CHECKPOINT}
+          "checkpoint": CHECKPOINT, "push": PUSH}
 EVERY = [e for entries in TABLES.values() for e in entries]
 SRC = Path(ptcluster.__file__).parent
 
