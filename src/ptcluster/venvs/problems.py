@@ -39,5 +39,9 @@ MACHINE_DIFFERS = Declared(
     "venvs.machine-differs", "a node's machine is not the environment's",
     "its machine is {have}, the environment is resolved for {want}",
     "resolve for every node's platform")
+NOTHING_DECLARED = Declared(
+    "venvs.nothing-declared", "an environment's option without an environment",
+    "{flag} applies to a declared environment, and there is none",
+    "give --requirements FILE, or set `requirements:` in the cluster file")
 TABLE = (NOT_A_REQUIREMENTS_FILE, TORCH_DIFFERS, PTCLUSTER_DIFFERS, PYTHON_EXCLUDED,
-         PYTHON_DIFFERS, MACHINE_DIFFERS)
+         PYTHON_DIFFERS, MACHINE_DIFFERS, NOTHING_DECLARED)
