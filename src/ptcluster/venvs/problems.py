@@ -6,6 +6,7 @@ Raised by entry (``UsageError.of(TORCH_DIFFERS, ...)``, ``Problem.of(PYTHON_DIFF
 
 from __future__ import annotations
 
+from ptcluster.cluster.trust import TRUST_IT
 from ptcluster.node.problems import Declared
 
 FOUR_KINDS = "a uv.lock, a pylock.toml (PEP 751), a requirements*.txt or a pyproject.toml"
@@ -43,5 +44,27 @@ NOTHING_DECLARED = Declared(
     "venvs.nothing-declared", "an environment's option without an environment",
     "{flag} applies to a declared environment, and there is none",
     "give --requirements FILE, or set `requirements:` in the cluster file")
+NO_WHEEL = ("{source}: {name} {version} has no wheel for the nodes' platform ({platform})"
+            "{links}")
+"""What every refusal to build a package says first (``links``: `` in`` the --find-links
+folders, or nothing)."""
+BUILD_UNTRUSTED = Declared(
+    "venvs.build-untrusted", "no wheel, and building one would run a file's code",
+    NO_WHEEL + "; building it from its source runs its code on this machine",
+    f"{TRUST_IT}, and have a compiler here; or give a folder with its wheel with --find-links")
+BUILD_ELSEWHERE = Declared(
+    "venvs.build-elsewhere", "no wheel, and this machine cannot build one for the nodes",
+    NO_WHEEL + "; this machine (Python {here}, {machine}) cannot build one for the nodes",
+    "build the wheel on a node and give its folder with --find-links")
+BUILD_NO_COMPILER = Declared(
+    "venvs.build-no-compiler", "no wheel, and no C compiler to build one",
+    NO_WHEEL + ", and there is no C compiler here to build it",
+    "install one (apt-get install build-essential), or give a folder with its wheel with "
+    "--find-links")
+BUILD_FAILED = Declared(
+    "venvs.build-failed", "no wheel, and pip could not build one",
+    NO_WHEEL + ", and pip could not build it here: {tail}",
+    "give a folder with its wheel with --find-links")
 TABLE = (NOT_A_REQUIREMENTS_FILE, TORCH_DIFFERS, PTCLUSTER_DIFFERS, PYTHON_EXCLUDED,
-         PYTHON_DIFFERS, MACHINE_DIFFERS, NOTHING_DECLARED)
+         PYTHON_DIFFERS, MACHINE_DIFFERS, NOTHING_DECLARED, BUILD_UNTRUSTED, BUILD_ELSEWHERE,
+         BUILD_NO_COMPILER, BUILD_FAILED)
