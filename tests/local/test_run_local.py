@@ -249,15 +249,16 @@ def test_missing_target_refused_before_any_rank_starts(tmp_path, target, problem
     assert "Traceback" not in err and not head.lines
 
 
-def test_unwritable_run_dir_is_one_error_line(tmp_path) -> None:
+def test_unwritable_run_dir_is_one_error_line(tmp_path, cli, monkeypatch) -> None:
     (tmp_path / "sleep.py").write_text(SLEEP_SCRIPT)
-    code, head = run_head(["run", "--nproc", "2", "--run-dir", "/proc/nope", "sleep.py"],
-                          cwd=tmp_path, timeout=60)
-    assert code == 1, head.output()
-    errors = [line for line in head.err if line.startswith("error:")]
-    assert len(errors) == 1 and "cannot write the run directory" in errors[0], head.output()
-    assert "Fix: pass --run-dir" in errors[0] and "Traceback" not in "\n".join(head.err)
-    assert not head.lines
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PTCLUSTER_CLUSTER", raising=False)
+    code, out, err = cli("run", "--nproc", "2", "--run-dir", "/proc/nope", "sleep.py")
+    assert code == 1, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Fix:" in errors[0] and "Traceback" not in err, err
+    assert cli.problem.code == "run.run-dir-unwritable"
+    assert cli.problem.fields["path"].startswith("/proc/nope/") and not out
 
 
 FLOOD_SCRIPT = textwrap.dedent("""
