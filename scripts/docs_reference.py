@@ -102,9 +102,24 @@ def cluster_file_page() -> str:
 
 
 def exit_codes_page() -> str:
+    from ptcluster.checkpoint.collect import TABLE as CHECKPOINT
+    from ptcluster.cli.problems import TABLE as CLI
+    from ptcluster.push.scan import TABLE as PUSH
+    from ptcluster.remote.slurm import TABLE as SLURM
+    from ptcluster.submit.sbatch import TABLE as SUBMIT
+
     lines = ["# Exit codes", "", "What every `ptcluster` command exits with "
              "(`ptcluster/cli/exits.py`).", "", "| code | meaning |", "| --- | --- |"]
     lines += [f"| {code} | {_cell(meaning)} |" for code, meaning in EXIT_CODES]
+    lines += ["", "## What the command line refuses (exit 2)", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(CLI)
+    lines += ["", "## What submit, a run inside a Slurm allocation and push refuse (exit 2)", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(SUBMIT + SLURM + PUSH)
+    lines += ["", "## What collect refuses (exit 1)", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(CHECKPOINT)
     lines.append("")
     return "\n".join(lines)
 
@@ -178,9 +193,15 @@ def summary_page() -> str:
 
 
 def known_failures_page() -> str:
+    from ptcluster.launch.problems import TABLE as RUN
     from ptcluster.launch.supervise.known import as_markdown
 
-    return as_markdown()
+    lines = ["", "## A node or the job failed (run)", "",
+             "What `run` says when a node, not a rank, failed or the job as a whole did "
+             "(`summary.json`: the failure's `code` and `fields`), or when the head cannot "
+             "start the job at all (its one error line):", "",
+             "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    return as_markdown().rstrip("\n") + "\n" + "\n".join(lines + problem_rows(RUN)) + "\n"
 
 
 def render(path: str) -> str:
@@ -247,6 +268,7 @@ def doctor_checks_page() -> str:
     from ptcluster.node.facts.health import REFUSALS, WARNINGS
     from ptcluster.node.guard.refusal import TABLE as GUARD
     from ptcluster.remote.diagnoses import TABLE as NODE
+    from ptcluster.venvs.problems import TABLE as VENVS
 
     lines = ["# doctor's checks and their fixes", "",
              "Every check `ptcluster doctor` (and `run --preflight`) makes, and every warning "
@@ -291,6 +313,11 @@ def doctor_checks_page() -> str:
               "`code`, kind `guard`, `busy` where another job holds what it asks for):", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines += problem_rows(GUARD)
+    lines += ["", "## What the project's environment is refused for (venvs)", "",
+              "`run`, `venvs` and doctor's `environment` row refuse a requirements file, or a "
+              "node, with one of these:", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(VENVS)
     lines.append("")
     return "\n".join(lines)
 

@@ -17,7 +17,9 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     """In-process CLI through the real entry point, ``ptcluster.cli.main`` (what the console
     script calls): returns (exit_code, stdout, stderr) as a user would see them.
 
-    stdin is ``input`` (default: empty, and not a terminal).
+    stdin is ``input`` (default: empty, and not a terminal). After a call, ``cli.problem`` is
+    the problem the command ended with (its ``PtclusterError``'s: the code and fields a test
+    asserts), None when it ended without one.
     """
     from ptcluster.cli import main
 
@@ -29,8 +31,11 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
         out, err = capsys.readouterr()
         code = exited.value.code
         assert code is None or isinstance(code, int), f"exit code {code!r}"
+        cause = exited.value.__cause__
+        invoke.problem = getattr(cause, "problem", None)  # type: ignore[attr-defined]
         return code or 0, out, err
 
+    invoke.problem = None  # type: ignore[attr-defined]
     return invoke
 
 

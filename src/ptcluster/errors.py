@@ -26,9 +26,12 @@ class PtclusterError(Exception):
 
     @classmethod
     def of(cls, entry: Declared, **values: object) -> PtclusterError:
-        """The error a declared problem is, its fields filled in by name."""
+        """The error a declared problem is, its fields filled in by name (``problem.fields``
+        keeps them)."""
         what, fix = entry.texts(**values)
-        return cls(what, fix, entry.code)
+        err = cls(what, fix, entry.code)
+        err.problem = Problem.of(entry, None, **values)
+        return err
 
     @property
     def message(self) -> str:

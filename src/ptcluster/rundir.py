@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ptcluster.errors import PtclusterError
+from ptcluster.node.problems import Declared
 from ptcluster.node.sharing import safefile
 from ptcluster.node.sharing.records import valid_job_id
 
@@ -34,6 +35,16 @@ DEFAULT_RUNS_DIR = "ptcluster-runs"
 
 class RunDirError(PtclusterError):
     """The run directory cannot be created or written (checked before anything starts)."""
+
+
+RUN_DIR_EXISTS = Declared(
+    "run.run-dir-exists", "the run directory exists already",
+    "the run directory {path} exists already (not made by this run)",
+    "pass --run-dir with a directory of yours")
+RUN_DIR_UNWRITABLE = Declared(
+    "run.run-dir-unwritable", "the run directory cannot be written",
+    "cannot write the run directory {path}: {error}",
+    "pass --run-dir with a directory of yours that others cannot write")
 
 
 @dataclass(frozen=True)
@@ -93,13 +104,10 @@ class RunDir:
             make_private(self.path)
             self.write_plan(attempt, plan)
         except FileExistsError:
-            raise RunDirError(f"the run directory {self.path} exists already (not made by this "
-                              "run)", "pass --run-dir with a directory of yours") from None
+            raise RunDirError.of(RUN_DIR_EXISTS, path=self.path) from None
         except OSError as exc:
-            raise RunDirError(f"cannot write the run directory {self.path}: "
-                              f"{exc.strerror or exc}",
-                              "pass --run-dir with a directory of yours that others cannot "
-                              "write") from None
+            raise RunDirError.of(RUN_DIR_UNWRITABLE, path=self.path,
+                                 error=exc.strerror or exc) from None
 
     def write_plan(self, attempt: int, plan: dict[str, Any]) -> None:
         """An attempt's plan as shipped (``launch.plan.plan_json``), its own file."""

@@ -233,7 +233,8 @@ def test_collect_through_the_cli_on_the_local_cluster(trained: Path, tmp_path: P
     for name, tensor in final(trained / "out.pt")["params"].items():
         assert torch.equal(state["app"]["model"][name], tensor), name
     code, out, err = cli("collect", str(tmp_path / "nothing"), "--to", str(tmp_path / "x"))
-    assert code == 1 and "no node holds a complete checkpoint" in err
+    assert code == 1 and cli.problem.code == "checkpoint.nothing-to-collect", err
+    assert cli.problem.fields["dir"] == str(tmp_path / "nothing")
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="mounts a small tmpfs as a node's disk")

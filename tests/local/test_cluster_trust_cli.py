@@ -5,6 +5,7 @@ ssh: on the old code the ProxyCommand ran."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -132,13 +133,13 @@ def test_doctors_ranks_and_torchruns_agent_import_nothing_from_the_repository(
                                                              name="torch"))
     env = {k: v for k, v in os.environ.items()
            if k not in (TRUST, "PTCLUSTER_CLUSTER", "PYTHONPATH") and not k.startswith("SLURM_")}
-    done = subprocess.run([str(console_script), "doctor", "--nproc", "2"], cwd=repo,
+    done = subprocess.run([str(console_script), "doctor", "--nproc", "2", "--json"], cwd=repo,
                           env={**env, "XDG_STATE_HOME": str(tmp_path / "state")},
                           capture_output=True, text=True, timeout=240,
                           stdin=subprocess.DEVNULL)
     assert sorted(p.name for p in tmp_path.glob("*.ran")) == [], done.stdout + done.stderr
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "all-reduce: localhost: 2 ranks over gloo: result verified" in done.stdout
+    assert allreduce_verified(done.stdout, 2)
 
 
 @pytest.mark.slow
@@ -178,11 +179,21 @@ def test_doctors_ranks_start_in_a_private_directory(tmp_path, console_script: Pa
         "'w').write(os.getcwd())\n")
     env = {k: v for k, v in os.environ.items()
            if k not in (TRUST, "PTCLUSTER_CLUSTER") and not k.startswith("SLURM_")}
-    done = subprocess.run([str(console_script), "doctor", "--nproc", "2"], cwd=repo,
+    done = subprocess.run([str(console_script), "doctor", "--nproc", "2", "--json"], cwd=repo,
                           env={**env, "XDG_STATE_HOME": str(tmp_path / "state"),
                                "PYTHONPATH": "."},
                           capture_output=True, text=True, timeout=240,
                           stdin=subprocess.DEVNULL)
     assert sorted(p.name for p in tmp_path.glob("*.ran")) == [], done.stdout + done.stderr
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "all-reduce: localhost: 2 ranks over gloo: result verified" in done.stdout
+    assert allreduce_verified(done.stdout, 2)
+
+
+def allreduce_verified(doctor_json: str, ranks: int) -> bool:
+    """``doctor --json`` says the all-reduce ran on ``ranks`` ranks over gloo and its result
+    was right (its finding ok, no element wrong)."""
+    report = json.loads(doctor_json)
+    said = report["allreduce"]
+    found = [f["status"] for f in report["findings"] if f["check"] == "all-reduce"]
+    return (said["world_size"], said["backend"], said["wrong"], found) == (
+        ranks, "gloo", 0, ["ok"])

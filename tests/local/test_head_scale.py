@@ -59,7 +59,9 @@ HEAD = textwrap.dedent("""
         asked["after"] = {"asked_a_loop": runner.events.qsize() != queued,
                           "ranks": len(after["straggler"].get("ranks", []))}
     except Exception as exc:
-        print(json.dumps({"error": str(exc), "fix": getattr(exc, "fix", "")}))
+        said = getattr(exc, "problem", None)
+        print(json.dumps({"error": str(exc), "code": getattr(said, "code", None),
+                          "fields": getattr(said, "fields", {})}))
         sys.exit(0)
     done.set()
     print(json.dumps({"ok": result.ok, "exits": {r.rank: r.exit_code for r in result.ranks},
@@ -106,8 +108,8 @@ def test_64_nodes_under_a_low_descriptor_limit_every_exit_and_line_arrives(tmp_p
 
 def test_a_limit_too_low_for_the_nodes_fails_before_anything_starts(tmp_path) -> None:
     out = run_head(tmp_path, 64, 200)
-    assert "needs 264 open files" in out["error"] and "the limit here is 200" in out["error"]
-    assert "ulimit -n 264" in out["fix"]
+    assert (out["code"], out["fields"]) == ("run.open-files-limit", {
+        "nodes": "64", "need": "264", "per_node": "3", "rest": "72", "soft": "200"}), out
     assert out["events"] == []  # no fake node was started
     assert not (tmp_path / "run").exists()
 

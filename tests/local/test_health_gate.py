@@ -59,6 +59,6 @@ def test_a_full_workdir_disk_is_refused_before_any_rank_starts(tmp_path, full_tm
     # the console says it once, as the one rendering (who: what. Fix: how), and its code
     assert f"Root cause (first observed failure): localhost: {cause['message']}. " \
            f"Fix: {cause['fix']}" in err, head.output()
-    assert "  code health.workdir-disk-full" in head.err
+    assert f"  code {cause['code']}" in head.err
     assert all(r["status"] == "not started" for r in summary["ranks"])
     assert "started" not in head.lines

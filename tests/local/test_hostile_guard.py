@@ -34,8 +34,9 @@ def test_a_guard_that_forges_its_ready_facts_is_that_nodes_failure(
                     options=RunOptions(ready_timeout=60.0)).run()
     assert not result.ok
     first = result.failures[0]
-    assert first.host == "f1" and "malformed ready frame" in first.message, result.failures
-    assert words in first.message
+    assert (first.host, first.code) == ("f1", "run.malformed-frame"), result.failures
+    assert (first.problem.fields["host"], first.problem.fields["kind"]) == ("f1", "ready")
+    assert words in first.problem.fields["error"]
     assert all(r.started_at is None for r in result.ranks)  # (stopped before `go`)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     node = next(n for n in summary["nodes"] if n["host"] == "f1")

@@ -123,7 +123,8 @@ def test_cli_bad_input(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PTCLUSTER_CLUSTER", raising=False)
     code, out, err = cli("push", str(tmp_path / "nothing-here"), "--to", str(tmp_path / "d"))
-    assert code == 2 and "nothing-here does not exist" in err, err
+    assert code == 2 and cli.problem.code == "push.src-missing", err
+    assert cli.problem.fields == {"src": str(tmp_path / "nothing-here")}
     src = dataset(tmp_path, files=2)
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")

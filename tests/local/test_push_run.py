@@ -39,9 +39,12 @@ def test_run_data_pushes_then_ranks_read_it(tmp_path: Path, no_leftovers) -> Non
     assert any("localhost: 1 file(s)" in line for line in head.err), head.output()
 
 
-def test_run_data_missing_src_starts_nothing(tmp_path: Path) -> None:
+def test_run_data_missing_src_starts_nothing(tmp_path: Path, cli, monkeypatch) -> None:
     (tmp_path / "reads.py").write_text(READS)
-    code, head = run_head(["run", "--nproc", "2", "--run-dir", "runs", "--data",
-                           str(tmp_path / "absent"), "reads.py", str(tmp_path)], cwd=tmp_path)
-    assert code == 2 and any("absent does not exist" in line for line in head.err), head.output()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PTCLUSTER_CLUSTER", raising=False)
+    code, _, err = cli("run", "--nproc", "2", "--run-dir", "runs", "--data",
+                       str(tmp_path / "absent"), "reads.py", str(tmp_path))
+    assert code == 2 and cli.problem.code == "push.src-missing", err
+    assert cli.problem.fields == {"src": str(tmp_path / "absent")}
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

@@ -223,5 +223,6 @@ def test_run_refuses_a_runs_dir_others_can_write(shared, cli, monkeypatch) -> No
     monkeypatch.chdir(base)
     code, out, err = cli("run", "--nproc", "1", "--run-dir", str(base), "t.py")
     assert code == 1 and "never" not in out, out + err
-    assert "is open to others (mode 1777)" in err and "Fix: pass --run-dir" in err, err
+    assert cli.problem.code == "run.run-dir-unwritable", err
+    assert "1777" in cli.problem.fields["error"] and "Fix:" in err  # (the parent's mode)
     assert [p.name for p in base.iterdir()] == ["t.py"]

@@ -95,7 +95,7 @@ def test_failing_rank_exit_1_root_cause_first(tmp_path, no_leftovers) -> None:
     assert rc["rank"] == 1 and rc["exit_code"] == 3 and rc["host"] == "localhost"
     assert "about to fail" in rc["last_lines"]
     text = "\n".join(head.err)
-    assert "Root cause (first observed failure): rank 1 on localhost: exited with code 3" in text
+    assert f"Root cause (first observed failure): rank 1 on localhost: {rc['message']}" in text
     assert summary["ranks"][1]["status"] == "exit 3"
 
 
@@ -190,7 +190,8 @@ def test_rank_killed_by_a_signal_is_named(tmp_path, no_leftovers) -> None:
     no_leftovers.append(job_id)
     assert code == 1, head.output()
     assert summary["root_cause"]["rank"] == 1 and summary["root_cause"]["exit_code"] == -9
-    assert "rank 1 on localhost: killed by SIGKILL" in "\n".join(head.err)
+    assert summary["root_cause"]["kind"] == "rank"
+    assert f"rank 1 on localhost: {summary['root_cause']['message']}" in "\n".join(head.err)
     assert "returned" not in summary["root_cause"]["message"]
     assert summary["ranks"][0]["status"] == "stopped (job teardown)"
 
@@ -248,15 +249,16 @@ def test_missing_target_refused_before_any_rank_starts(tmp_path, target, problem
     assert "Traceback" not in err and not head.lines
 
 
-def test_unwritable_run_dir_is_one_error_line(tmp_path) -> None:
+def test_unwritable_run_dir_is_one_error_line(tmp_path, cli, monkeypatch) -> None:
     (tmp_path / "sleep.py").write_text(SLEEP_SCRIPT)
-    code, head = run_head(["run", "--nproc", "2", "--run-dir", "/proc/nope", "sleep.py"],
-                          cwd=tmp_path, timeout=60)
-    assert code == 1, head.output()
-    errors = [line for line in head.err if line.startswith("error:")]
-    assert len(errors) == 1 and "cannot write the run directory" in errors[0], head.output()
-    assert "Fix: pass --run-dir" in errors[0] and "Traceback" not in "\n".join(head.err)
-    assert not head.lines
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PTCLUSTER_CLUSTER", raising=False)
+    code, out, err = cli("run", "--nproc", "2", "--run-dir", "/proc/nope", "sleep.py")
+    assert code == 1, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Fix:" in errors[0] and "Traceback" not in err, err
+    assert cli.problem.code == "run.run-dir-unwritable"
+    assert cli.problem.fields["path"].startswith("/proc/nope/") and not out
 
 
 FLOOD_SCRIPT = textwrap.dedent("""

@@ -184,7 +184,8 @@ def test_packed_program_compiles_and_says_hello(program: Program) -> None:
     assert kind == "hello" and wire.control(payload)["v"] == wire.VERSION
     if program is GUARD:  # a missing workdir is refused before anything starts
         kind, payload = wire.split(proc.stdout.decode().splitlines()[1])
-        assert kind == "error" and "does not exist" in wire.control(payload)["problem"]
+        said = wire.control(payload)
+        assert kind == "error" and said["code"] == "guard.workdir-missing", said
 
 
 @pytest.mark.no_job

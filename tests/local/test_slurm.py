@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tests.local.test_cli import exported
+
 
 def test_cluster_option_wins_inside_an_allocation(cli, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "55")
@@ -10,8 +12,8 @@ def test_cluster_option_wins_inside_an_allocation(cli, tmp_path, monkeypatch) ->
     (tmp_path / "c.yaml").write_text("nodes:\n  - {host: 10.0.0.1, slots: 2}\n")
     code, out, err = cli("env", "--cluster", str(tmp_path / "c.yaml"))
     assert code == 0, err
-    assert "using Slurm" not in err and "export MASTER_ADDR=10.0.0.1" in out
+    assert "using Slurm" not in err and exported(out)["MASTER_ADDR"] == "10.0.0.1"
     monkeypatch.chdir(tmp_path)
     (tmp_path / "cluster.yaml").write_text("nodes:\n  - {host: 10.0.0.1, slots: 2}\n")
     code, out, err = cli("env")  # inside the allocation: Slurm, not ./cluster.yaml
-    assert code == 2 and "SLURM_JOB_ID is set but scontrol is not installed here" in err
+    assert code == 2 and cli.problem.code == "slurm.no-scontrol", err

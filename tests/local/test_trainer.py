@@ -225,10 +225,9 @@ def test_resume_continues_at_the_right_epoch(plain, capsys) -> None:
     capsys.readouterr()
     assert train_main(["--epochs", "4", "--dataset", "digits", "--resume"]) == 0
     out = capsys.readouterr().out
-    assert "resumed from" in out and "continuing at epoch 3" in out
+    assert "start_epoch=2" in out  # resumed: epoch 3 (index 2) is the first it runs
     assert "epoch 1/4" not in out and "epoch 2/4" not in out
     assert "epoch 3/4" in out and "epoch 4/4" in out
-    assert "start_epoch=2" in out
     # model, optimizer and RNG state all came back: the same result as never stopping
     assert digest(out) == uninterrupted
     assert torch.load(plain / "checkpoints" / "checkpoint-3.pt")["epoch"] == 3
@@ -238,7 +237,7 @@ def test_resume_continues_at_the_right_epoch(plain, capsys) -> None:
 def test_resume_without_checkpoints_starts_fresh(plain, capsys) -> None:
     assert train_main(["--epochs", "1", "--dataset", "digits", "--resume"]) == 0
     out = capsys.readouterr().out
-    assert "starting fresh" in out and "start_epoch=0" in out and "epoch 1/1" in out
+    assert "start_epoch=0" in out and "epoch 1/1" in out
 
 
 def test_resume_refuses_a_checkpoint_of_another_data_set(plain) -> None:

@@ -150,7 +150,8 @@ def test_wrong_python_refused_before_a_byte(tmp_path, wheels) -> None:
     env = resolved({a: wheels.locate(a)}, None, python="3.2")
     got = ship(local_nodes(tmp_path, "n1"), lambda p: env, wheels.locate)
     problem = got.nodes["n1"].problem
-    assert problem is not None and "resolved for Python 3.2" in problem.what
+    assert problem is not None and problem.code == "venvs.python-differs"
+    assert problem.fields["want"] == "3.2"
     assert got.bytes_sent == 0
 
 

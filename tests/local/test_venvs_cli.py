@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ptcluster.cluster import load_cluster_file
 from ptcluster.venvs.platforms import head_platform
@@ -111,7 +112,8 @@ def test_find_links_without_requirements_is_refused(cli, monkeypatch: MP,
     monkeypatch.chdir(tmp_path)
     (tmp_path / "cluster.yaml").write_text(UNREACHABLE)
     code, _, err = cli("env", "--find-links", str(tmp_path))
-    assert code == 2 and "there is none" in err
+    assert code == 2 and cli.problem.code == "venvs.nothing-declared", err
+    assert cli.problem.fields == {"flag": "--find-links"}
 
 
 def test_init_writes_the_key_for_the_projects_file(cli, monkeypatch: MP, project: Path) -> None:
@@ -120,7 +122,8 @@ def test_init_writes_the_key_for_the_projects_file(cli, monkeypatch: MP, project
     (project / "conf").mkdir()
     code, _, err = cli("init", "--hosts", "a:1", "-o", "conf/cluster.yaml")
     assert code == 0, err
-    assert 'requirements: "../uv.lock"' in (project / "conf/cluster.yaml").read_text()
+    written = yaml.safe_load((project / "conf/cluster.yaml").read_text())
+    assert written["requirements"] == "../uv.lock"  # relative to the cluster file
     spec = load_cluster_file(project / "conf/cluster.yaml")
     assert spec.requirements is not None
     assert Path(spec.requirements).resolve() == (project / "uv.lock").resolve()

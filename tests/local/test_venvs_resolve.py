@@ -146,9 +146,10 @@ def test_no_wheel_for_the_platform_names_package_and_platform(tmp_path: Path,
     with pytest.raises(UsageError) as exc:
         resolve(req, HERE, find_links=[links], refresh=False, store=WheelStore(tmp_path / "s"),
                 trusted=False)
-    said = str(exc.value)
-    assert "nativeonly 1.0 has no wheel" in said and str(HERE) in said
-    assert "runs its code on this machine" in said and "--trust-cluster-file" in said
+    said = exc.value.problem
+    assert said.code == "venvs.build-untrusted" and "--trust-cluster-file" in str(said.fix)
+    assert (said.fields["name"], said.fields["version"]) == ("nativeonly", "1.0")
+    assert said.fields["platform"] == str(HERE)
 
 
 def test_a_package_that_does_not_exist_is_named(tmp_path: Path, links: Path) -> None:
@@ -179,12 +180,15 @@ def test_a_trusted_sdist_only_package_needs_a_compiler_and_the_nodes_platform(
     req = tmp_path / "requirements.txt"
     req.write_text(f"nativeonly==1.0 --hash=sha256:{'1' * 64}\n")
     other = Platform(HERE.python, "aarch64" if HERE.machine != "aarch64" else "x86_64", "2.36")
-    with pytest.raises(UsageError, match="cannot build one for the nodes"):
+    with pytest.raises(UsageError) as exc:
         resolve(req, other, find_links=[links], refresh=False, store=WheelStore(tmp_path / "s"),
                 trusted=True)
+    assert exc.value.code == "venvs.build-elsewhere"
+    assert exc.value.problem.fields["machine"] == HERE.machine
     empty = tmp_path / "bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))  # no cc, no gcc
-    with pytest.raises(UsageError, match="there is no C compiler here"):
+    with pytest.raises(UsageError) as exc:
         resolve(req, HERE, find_links=[links], refresh=False, store=WheelStore(tmp_path / "s"),
                 trusted=True)
+    assert exc.value.code == "venvs.build-no-compiler"

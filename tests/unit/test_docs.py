@@ -130,8 +130,21 @@ def declared() -> list:
     from ptcluster.node.facts.health import REFUSALS, WARNINGS
     from ptcluster.node.guard.refusal import TABLE as GUARD
     from ptcluster.remote.diagnoses import TABLE as NODE
+    from ptcluster.venvs.problems import TABLE as VENVS
 
-    return [*TABLE, *NODE, *REFUSALS, *WARNINGS, *GUARD]
+    return [*TABLE, *NODE, *REFUSALS, *WARNINGS, *GUARD, *VENVS]
+
+
+def test_the_command_lines_refusals_are_on_the_exit_codes_page() -> None:
+    from ptcluster.checkpoint.collect import TABLE as CHECKPOINT
+    from ptcluster.cli.problems import TABLE as CLI
+    from ptcluster.push.scan import TABLE as PUSH
+    from ptcluster.remote.slurm import TABLE as SLURM
+    from ptcluster.submit.sbatch import TABLE as SUBMIT
+
+    page = ref.render("reference/exit-codes.md")
+    assert all(f"| `{e.code}` | {ref._cell(e.title)} |" in page
+               for e in CLI + SUBMIT + SLURM + CHECKPOINT + PUSH)
 
 
 def test_the_docs_generator_reads_tables_not_code() -> None:
@@ -152,10 +165,12 @@ def test_a_table_cell_escapes_pipes_outside_code_spans_only() -> None:
 
 
 def test_the_known_failures_page_is_the_table() -> None:
+    from ptcluster.launch.problems import TABLE as RUN
     from ptcluster.launch.supervise.known import TABLE
 
     page = ref.render("troubleshooting/known-failures.md")
     assert all(f"(`{k.name}`)" in page for k in TABLE)
+    assert all(f"| `{e.code}` | {ref._cell(e.title)} |" in page for e in RUN)
 
 
 def test_every_shell_block_runs_or_says_why_not() -> None:

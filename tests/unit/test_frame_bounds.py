@@ -103,7 +103,8 @@ def test_an_out_of_bounds_frame_is_that_nodes_failure(kind: str, body: dict) -> 
     sup.on_event(event, 2.0)
     failure = sup.failures[0]
     assert failure.host == "a" and failure.kind is FailureKind.GUARD
-    assert f"node a sent a malformed {kind} frame" in failure.message
+    assert failure.code == "run.malformed-frame"
+    assert (failure.problem.fields["host"], failure.problem.fields["kind"]) == ("a", kind)
     assert sup.phase is Phase.STOPPING
 
 

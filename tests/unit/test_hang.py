@@ -67,7 +67,8 @@ def test_supervisor_collects_stacks_once_then_ends_the_job_as_a_hang() -> None:
     (failure,) = sup.failures
     assert failure.kind == "hang" and failure.rank == 2 and failure.host == "b"
     assert failure.at == pytest.approx(WALL + 8.0 - 5.0)  # when the last progress was
-    assert "no rank made progress for 5 s; straggler rank 2 on b" in failure.message
+    assert failure.code == "run.hung" and failure.problem.fields == {
+        "timeout": "5", "headline": "straggler rank 2 on b: in load_batch at data.py:40"}
     # the teardown stops every rank; the closing table still says which one hung
     for rank, host in ((0, "a"), (1, "a"), (2, "b")):
         sup.on_event(ev.RankExit(host, rank, -15, WALL + 10.5, 9.0), 10.5)

@@ -42,4 +42,5 @@ def test_an_id_that_is_a_path_is_refused_everywhere(job_id: str, tmp_path, monke
 def test_kill_of_an_id_that_is_a_path_is_a_usage_error(cli, job_id: str) -> None:
     code, out, err = cli("kill", job_id)
     assert code == 2, (out, err)
-    assert "is not a job id" in err and "Fix:" in err and out == ""
+    assert cli.problem.code == "cli.not-a-job-id" and "Fix:" in err and out == ""
+    assert cli.problem.fields == {"job_id": repr(job_id)}

@@ -130,9 +130,8 @@ def test_a_node_with_hcas_on_sockets_is_a_warning_naming_it() -> None:
     lines, warnings = nccl_lines([ib, sock, plain, NodeOutcome(host="d", node_rank=3)])
     assert lines == ["a: NCCL over IB (RoCE) mlx5_0:1, GID index 3",
                      "b: NCCL over TCP sockets (eth0)", "c: NCCL over TCP sockets (ens3)"]
-    assert [w.who for w in warnings] == ["b"]
-    assert "likely no HCA port is ACTIVE (mlx5_0:1 DOWN)" in warnings[0].what
-    assert warnings[0].fix and "ptcluster doctor" in warnings[0].fix
+    assert [(w.who, w.code) for w in warnings] == [("b", "run.nccl-on-sockets")]
+    assert warnings[0].fields == {"hcas": "mlx5_0", "cause": sock.nccl["cause"]}
 
 
 def test_what_a_guard_said_of_nccl_reaches_the_node_and_summary() -> None:

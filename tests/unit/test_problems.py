@@ -14,15 +14,24 @@ from types import ModuleType
 import pytest
 
 import ptcluster
+from ptcluster.checkpoint.collect import TABLE as CHECKPOINT
+from ptcluster.cli.problems import TABLE as CLI
 from ptcluster.doctor.findings import SHM_SMALL, TABLE, Finding
 from ptcluster.errors import Problem, PtclusterError
+from ptcluster.launch.problems import TABLE as RUN
 from ptcluster.node.facts.health import REFUSALS, WARNINGS
 from ptcluster.node.guard.refusal import TABLE as GUARD
 from ptcluster.node.guard.refusal import GuardError, refuse
 from ptcluster.node.problems import Declared, lint, placeholders
+from ptcluster.push.scan import TABLE as PUSH
 from ptcluster.remote.diagnoses import TABLE as NODE
+from ptcluster.remote.slurm import TABLE as SLURM
+from ptcluster.submit.sbatch import TABLE as SUBMIT
+from ptcluster.venvs.problems import TABLE as VENVS
 
-TABLES = {"doctor": TABLE, "node": NODE, "health": REFUSALS + WARNINGS, "guard": GUARD}
+TABLES = {"doctor": TABLE, "node": NODE, "health": REFUSALS + WARNINGS, "guard": GUARD,
+          "run": RUN, "venvs": VENVS, "cli": CLI, "submit": SUBMIT, "slurm": SLURM,
+          "checkpoint": CHECKPOINT, "push": PUSH}
 EVERY = [e for entries in TABLES.values() for e in entries]
 SRC = Path(ptcluster.__file__).parent
 
@@ -100,7 +109,8 @@ def _entry(node: ast.expr, names: dict[str, object]) -> Declared | None:
     return found if isinstance(found, Declared) else None
 
 
-TABLE_MODULES = ("findings", "diagnoses", "refusal", "facts.health", "Declared(")
+TABLE_MODULES = ("findings", "diagnoses", "refusal", "facts.health", "venvs.problems",
+                 "cli.problems", "Declared(")
 """What a module that says a declared problem names: a table's module, or its own entries."""
 
 

@@ -30,9 +30,11 @@ def test_data_entries_of_a_trusted_file() -> None:
 def test_data_of_a_file_not_vouched_for_is_refused() -> None:
     with pytest.raises(SpecError) as refused:
         parse_cluster_text(FILE, "c.yaml", code_dir="/proj")
-    said = str(refused.value)
-    assert "c.yaml: data:" in said and "sends folders of this machine" in said
-    assert "--trust-cluster-file" in said
+    from ptcluster.cluster.trust import data_risk
+
+    said = refused.value
+    assert (said.source, said.path, said.detail) == ("c.yaml", "data", data_risk())
+    assert "--trust-cluster-file" in str(said.fix)
 
 
 @pytest.mark.parametrize("entry, words", [

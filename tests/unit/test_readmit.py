@@ -169,7 +169,7 @@ def test_readmit_without_restarts_is_bad_usage(cli, tmp_path, monkeypatch) -> No
     monkeypatch.chdir(tmp_path)
     code, _, err = cli("run", "--nproc", "1", "--readmit", "-m", "json.tool")
     assert code == 2, err
-    assert "--readmit takes back nodes that a restart dropped" in err and "--max-restarts" in err
+    assert cli.problem.code == "cli.readmit-without-restarts" and "--max-restarts" in err
 
 
 def test_the_console_summary_names_the_planned_restart() -> None:

@@ -59,16 +59,26 @@ def test_gres_conf_of_a_2_1_1_cluster() -> None:
     assert gres_conf({"x": node("cpu", 0, nvml=False)}) is None
 
 
+def stanzas(conf: str) -> dict[str, dict[str, str]]:
+    """slurm.conf's node and partition lines as Slurm reads them: each line's first key=value
+    (``NodeName=gpu-a``) to all of its key=values."""
+    return {line.split()[0]: dict(kv.split("=", 1) for kv in line.split())
+            for line in conf.splitlines() if line.startswith(("NodeName=", "PartitionName="))}
+
+
 def test_slurm_conf_of_a_2_1_1_cluster() -> None:
     sc = slurm_cluster(SlurmSetupSpec(controller="a"), dict(cluster_2_1_1()), ADDRS, KEY)
     conf = sc.files["slurm.conf"]
     lines = conf.splitlines()
     assert "SlurmctldHost=gpu-a(10.0.0.1)" in lines and "GresTypes=gpu" in lines
-    assert ("NodeName=gpu-a NodeAddr=10.0.0.1 CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 "
-            "ThreadsPerCore=1 RealMemory=24105 Gres=gpu:2 State=UNKNOWN") in lines
-    assert any(line.startswith("NodeName=gpu-c ") and "Gres=gpu:1" in line for line in lines)
-    assert "PartitionName=main Nodes=gpu-a,gpu-b,gpu-c Default=YES MaxTime=INFINITE State=UP" \
-        in lines
+    said = stanzas(conf)
+    assert said["NodeName=gpu-a"] == {
+        "NodeName": "gpu-a", "NodeAddr": "10.0.0.1", "CPUs": "2", "Boards": "1",
+        "SocketsPerBoard": "1", "CoresPerSocket": "2", "ThreadsPerCore": "1",
+        "RealMemory": "24105", "Gres": "gpu:2", "State": "UNKNOWN"}
+    assert said["NodeName=gpu-c"]["Gres"] == "gpu:1"
+    assert said["PartitionName=main"] == {"PartitionName": "main", "Nodes": "gpu-a,gpu-b,gpu-c",
+                                          "Default": "YES", "MaxTime": "INFINITE", "State": "UP"}
     assert "ProctrackType=proctrack/linuxproc" in lines and "cgroup.conf" not in sc.files
     assert "gres.conf" in sc.files
 
@@ -87,8 +97,11 @@ def test_cgroup_plugins_only_where_every_node_has_cgroup_v2() -> None:
 def test_partitions_from_the_cluster_file() -> None:
     spec = SlurmSetupSpec(controller="b", partitions=(("big", ("a",)), ("all", ("a", "b", "c"))))
     conf = slurm_cluster(spec, dict(cluster_2_1_1()), ADDRS, KEY).files["slurm.conf"]
-    assert "PartitionName=big Nodes=gpu-a Default=YES MaxTime=INFINITE State=UP" in conf
-    assert "PartitionName=all Nodes=gpu-a,gpu-b,gpu-c MaxTime=INFINITE State=UP" in conf
+    said = stanzas(conf)
+    assert said["PartitionName=big"] == {"PartitionName": "big", "Nodes": "gpu-a",
+                                         "Default": "YES", "MaxTime": "INFINITE", "State": "UP"}
+    assert said["PartitionName=all"] == {"PartitionName": "all", "Nodes": "gpu-a,gpu-b,gpu-c",
+                                         "MaxTime": "INFINITE", "State": "UP"}
     assert "SlurmctldHost=gpu-b(10.0.0.2)" in conf
 
 

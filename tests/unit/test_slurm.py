@@ -131,7 +131,8 @@ def test_submit_dry_run_prints_the_script_and_writes_nothing(cli, tmp_path, monk
         f"exec {PY} -m ptcluster run --run-dir {run_dir} -m ptcluster.examples.mnist "
         "--epochs 3 --resume")
     code, out, err = cli("submit", "--time", "soon", "--dry-run", "--", "x.py")
-    assert code == 2 and "--time 'soon' is not a Slurm time" in err
+    assert code == 2 and cli.problem.code == "submit.not-a-time", err
+    assert cli.problem.fields == {"time": "'soon'"}
 
 
 @pytest.mark.parametrize("name", ["proj\ntouch PWNED #", "proj\rx", "proj\x1bx"])
@@ -148,7 +149,9 @@ def test_submit_refuses_a_workdir_with_a_line_break_and_writes_no_script(
         assert code == 2, (out, err)
         assert "#SBATCH" not in out and "touch" not in out
         (line,) = [x for x in err.splitlines() if x.strip()]
-        assert "working directory" in line and "control character" in line and "Fix:" in line
+        assert cli.problem.code == "submit.control-character" and "Fix:" in line, line
+        assert cli.problem.fields["what"] == "the working directory"
+        assert cli.problem.fields["value"] == repr(str(workdir))
         assert not (workdir / "ptcluster-runs").exists()
     monkeypatch.chdir(tmp_path)
     code, out, err = cli("submit", "--dry-run", "--", "x.py", "a\nb")

@@ -63,11 +63,11 @@ def test_platform_refusals_name_both_and_the_fix() -> None:
     ok = {"python": "3.11", "machine": "x86_64"}
     assert platform_problem("n1", resolved(), ok) is None
     p = platform_problem("n1", resolved(), {**ok, "python": "3.10"})
-    assert p is not None and p.who == "n1"
-    assert p.what == "its Python is 3.10, the environment (req.txt) is resolved for Python 3.11"
-    assert p.fix is not None and "python: to a Python 3.11" in p.fix
+    assert p is not None and p.who == "n1" and p.code == "venvs.python-differs"
+    assert p.fields == {"have": "3.10", "source": "req.txt", "want": "3.11"}
     p = platform_problem("n1", resolved(), {**ok, "machine": "aarch64"})
-    assert p is not None and "aarch64" in p.what and "x86_64" in p.what
+    assert p is not None and p.code == "venvs.machine-differs"
+    assert p.fields == {"have": "aarch64", "want": "x86_64"}
 
 
 def test_digest_depends_on_platform_and_pins() -> None:
@@ -189,8 +189,9 @@ def test_the_guard_refuses_a_missing_or_incomplete_environment_by_name(tmp_path)
     manifest.write_text(json.dumps({"files": {}, "resolved": {"platform": {"python": "2.7"}}}))
     with pytest.raises(GuardError) as refused:  # (this node's python: changed since)
         project_environment(cfg)
-    assert refused.value.environment == "changed" and "made for Python 2.7" in \
-        refused.value.problem
+    assert refused.value.environment == "changed"
+    assert refused.value.code == "guard.environment-not-ready"
+    assert refused.value.fields["state"] == "changed" and "2.7" in refused.value.fields["why"]
     here = f"{sys.version_info[0]}.{sys.version_info[1]}"
     manifest.write_text(json.dumps({"files": {}, "resolved": {"platform": {"python": here}}}))
     assert project_environment(cfg) == str(site)

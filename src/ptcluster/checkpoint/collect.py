@@ -23,6 +23,7 @@ from ptcluster.checkpoint import layout
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.errors import Problem, PtclusterError
 from ptcluster.node import CKPT_LIST
+from ptcluster.node.problems import Declared
 from ptcluster.node.wire import Kind
 from ptcluster.remote.connect import transport
 from ptcluster.remote.group import Member, ask_all
@@ -46,19 +47,28 @@ class Collected:
     """Nodes that did not answer (the checkpoint was complete without them)."""
 
 
+NO_NODE_ANSWERED = Declared(
+    "checkpoint.no-node-answered", "no node answered collect", "no node answered ({said})",
+    "check the nodes with `ptcluster doctor`")
+NOTHING_TO_COLLECT = Declared(
+    "checkpoint.nothing-to-collect", "no complete checkpoint to collect",
+    "nothing to collect from {dir}: {why}",
+    "check DIR is the dir the job passed to save (relative to the workdir) and that a save "
+    "completed (`ptcluster.checkpoint.wait`)")
+TABLE = (NO_NODE_ANSWERED, NOTHING_TO_COLLECT)
+"""What ``collect`` refuses (``checkpoint.*`` codes)."""
+
+
 def collect(spec: ClusterSpec, dir: str, dest: Path, step: int | None = None,
             on_file: Callable[[str, str, int], None] | None = None) -> Collected:
     """Gather the checkpoint into ``dest``; ``on_file(host, name, size)`` after each file.
     Raises ``PtclusterError`` when no node holds a complete one (or ``step``)."""
     hosts, listings, roots, unreachable = _ask(spec, dir)
     if not hosts:
-        raise PtclusterError(f"no node answered ({'; '.join(map(str, unreachable))})",
-                             "check the nodes with `ptcluster doctor`")
+        raise PtclusterError.of(NO_NODE_ANSWERED, said="; ".join(map(str, unreachable)))
     choice, why = layout.choose(listings, step)
     if choice is None:
-        raise PtclusterError(f"nothing to collect from {dir}: {why}",
-                             "check DIR is the dir the job passed to save (relative to the "
-                             "workdir) and that a save completed (`ptcluster.checkpoint.wait`)")
+        raise PtclusterError.of(NOTHING_TO_COLLECT, dir=dir, why=why)
     files = choice.manifest.files()
     for name in files:
         if name != os.path.basename(name) or name in ("", ".", ".."):

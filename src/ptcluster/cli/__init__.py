@@ -132,7 +132,9 @@ def configure_logging(verbose: int, quiet: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point (the console script's): every expected error becomes one red line
-    ``error: WHAT. Fix: HOW`` and its exit code; the traceback only with -v."""
+    ``error: WHAT. Fix: HOW`` and its exit code; the traceback only with -v. The exit is
+    raised from that error (``SystemExit.__cause__``: its problem, with its code, for a
+    caller in this process)."""
     state = CliState()
     raise_open_files_limit()
     code = _dispatch(list(sys.argv[1:] if argv is None else argv), state)
@@ -140,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         sys.stdout.flush()
     except BrokenPipeError:
         code = _stdout_gone()
-    sys.exit(code)
+    raise SystemExit(code) from state.error
 
 
 def raise_open_files_limit() -> tuple[int, int]:
@@ -172,6 +174,7 @@ def _dispatch(args: list[str], state: CliState) -> int:
     except BrokenPipeError:
         return _stdout_gone()
     except PtclusterError as exc:
+        state.error = exc
         _report(exc, state, exc.message, exc.fix)
         return exc.exit_code
     except click.exceptions.Abort:  # Ctrl-C at a prompt, or EOF on it

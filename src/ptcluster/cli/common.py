@@ -11,11 +11,12 @@ from typing import Any, TypeVar
 import click
 
 from ptcluster.cli.console import say
+from ptcluster.cli.problems import NPROC_NOT_LOCAL
 from ptcluster.cluster import ClusterSpec, find_cluster_file, load_cluster_file, local_cluster
 from ptcluster.cluster.load import DEFAULT_CLUSTER_FILE, load_project_keys
 from ptcluster.cluster.slurm import allocation_from_env, describe, slurm_cluster
 from ptcluster.cluster.trust import TRUST_ENV_VAR, TRUST_FLAG, TRUST_IT
-from ptcluster.errors import UsageError
+from ptcluster.errors import PtclusterError, UsageError
 from ptcluster.node.facts import accel
 from ptcluster.remote.slurm import run_scontrol
 from ptcluster.venvs.choice import EnvChoice, env_choice
@@ -35,6 +36,8 @@ class CliState:
     trust_cluster_file: bool = False
     """--trust-cluster-file: the cluster file is the user's own; it may set what runs code
     on this machine (``cluster.trust``)."""
+    error: PtclusterError | None = None
+    """The error the command ended with (``main`` exits from it)."""
 
 
 def state() -> CliState:
@@ -143,12 +146,11 @@ def load_spec(cluster: str | None, nproc: int | None = None) -> ClusterSpec:
             raise UsageError("--nproc must be >= 1", "pass --nproc 1 or more")
         return local_cluster(nproc or default_nproc())
     if nproc is not None:
-        found = "" if cluster else (
+        otherwise = "" if cluster else (
             f"; or, to run on this machine alone, run where no ./{DEFAULT_CLUSTER_FILE} is"
             if path == DEFAULT_CLUSTER_FILE else "; or, to run on this machine alone, unset "
             "$PTCLUSTER_CLUSTER")
-        raise UsageError(f"--nproc applies to the local cluster only, but {path} is in use",
-                         f"set slots: per node in {path}{found}")
+        raise UsageError.of(NPROC_NOT_LOCAL, path=path, otherwise=otherwise)
     if cluster is None and not quiet():  # (found, not given: say which, as for Slurm above)
         where = "the current directory" if path == DEFAULT_CLUSTER_FILE else "$PTCLUSTER_CLUSTER"
         say(f"ptcluster: using the cluster file {path} (from {where})", err=True)

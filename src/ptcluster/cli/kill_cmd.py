@@ -12,6 +12,7 @@ import click
 
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec
 from ptcluster.cli.console import say
+from ptcluster.cli.problems import NOT_A_JOB_ID
 from ptcluster.control.kill import GuardsStop, HeadStop, stop_through_guards, stop_through_head
 from ptcluster.errors import UsageError
 from ptcluster.node.sharing.records import valid_job_id
@@ -29,8 +30,7 @@ from ptcluster.node.sharing.records import valid_job_id
               help="Seconds to wait for every node (or for the head to end the job).")
 def kill(cluster: str | None, job_id: str, signame: str, timeout: float) -> None:
     if not valid_job_id(job_id):  # (it becomes a file's name on every node)
-        raise UsageError(f"{job_id[:80]!r} is not a job id",
-                         "give the id `ptcluster ps` shows (letters, digits, '.', '_', '-')")
+        raise UsageError.of(NOT_A_JOB_ID, job_id=repr(job_id[:80]))
     by = {"host": socket.gethostname(), "user": getpass.getuser()}
     head = stop_through_head(job_id, signame, by, wait=timeout)
     if head.taken:

@@ -32,6 +32,7 @@ from ptcluster.cli.common import (
 )
 from ptcluster.cli.console import ConsoleFeed, clean, terminal
 from ptcluster.cli.doctor_cmd import render
+from ptcluster.cli.problems import NOTHING_TO_RUN, READMIT_WITHOUT_RESTARTS
 from ptcluster.cli.push_cmd import push_data
 from ptcluster.cli.sync_cmd import run_sync
 from ptcluster.cli.venvs_cmd import build_environment, reshipper
@@ -147,8 +148,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         refresh: bool, data: tuple[str, ...], warm: bool | None, warm_idle: float | None,
         args: tuple[str, ...]) -> None:
     if module is None and not args:
-        raise UsageError("nothing to run", "give a SCRIPT or -m MODULE, e.g. "
-                         "ptcluster run -m ptcluster.examples.mnist")
+        raise UsageError.of(NOTHING_TO_RUN)
     target = Target(module=module, args=args, local_rank_arg=local_rank_arg) if module else \
         Target(script=args[0], args=args[1:], local_rank_arg=local_rank_arg)
     spec = load_spec(cluster, nproc)
@@ -158,8 +158,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
         raise UsageError(f"--min-nodes {min_nodes} exceeds the {len(spec.nodes)} node(s) of the "
                          "cluster", f"pass --min-nodes {len(spec.nodes)} or less")
     if readmit and not max_restarts:
-        raise UsageError("--readmit takes back nodes that a restart dropped, and there are no "
-                         "restarts", "add --max-restarts N (e.g. --max-restarts 3 --readmit)")
+        raise UsageError.of(READMIT_WITHOUT_RESTARTS)
     policy = RestartPolicy(max_restarts=max_restarts,
                            min_nodes=len(spec.nodes) if min_nodes is None else min_nodes)
     err = terminal(stderr=True, soft_wrap=True)

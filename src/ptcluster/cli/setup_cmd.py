@@ -17,6 +17,7 @@ from rich.text import Text
 
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec, quiet
 from ptcluster.cli.console import terminal
+from ptcluster.cli.problems import SETUP_WITHOUT_CLUSTER
 from ptcluster.errors import UsageError
 from ptcluster.setup import plan as P
 from ptcluster.setup import steps as S
@@ -68,8 +69,7 @@ def setup(cluster: str | None, dry_run: bool, check: bool, as_json: bool,
           slurm_proof: str) -> None:
     spec = load_spec(cluster)
     if spec.local:
-        raise UsageError("setup prepares remote nodes, and no cluster file is in use",
-                         "pass --cluster FILE (write one with `ptcluster init --hosts ...`)")
+        raise UsageError.of(SETUP_WITHOUT_CLUSTER)
     if torch_backend != "auto" and not VARIANT.match(torch_backend):
         raise UsageError(f"--torch-backend {torch_backend!r} is not auto, cpu or cuXYZ",
                          "pass e.g. --torch-backend cu128")

@@ -11,9 +11,13 @@ from collections.abc import Iterable
 
 from ptcluster.errors import Problem
 from ptcluster.launch.result import NodeOutcome
+from ptcluster.node.problems import Declared
 
-FALLBACK_FIX = ("run `ptcluster doctor` (its rdma row says what keeps the HCAs out and how to "
-                "fix it); until then this job's traffic between nodes goes over TCP")
+ON_SOCKETS = Declared(
+    "run.nccl-on-sockets", "NCCL fell back to TCP sockets on a node with RDMA devices",
+    "NCCL used TCP sockets though the node has RDMA devices ({hcas}): likely {cause}",
+    "run `ptcluster doctor` (its rdma row says what keeps the HCAs out and how to fix it); "
+    "until then this job's traffic between nodes goes over TCP")
 
 
 def nccl_lines(nodes: Iterable[NodeOutcome]) -> tuple[list[str], list[Problem]]:
@@ -35,8 +39,7 @@ def nccl_lines(nodes: Iterable[NodeOutcome]) -> tuple[list[str], list[Problem]]:
             text = f"NCCL over {transport}"
         lines.append(f"{node.host}: {text}")
         if said.get("hcas") and "Socket" in transport:
-            warnings.append(Problem(
-                node.host, f"NCCL used TCP sockets though the node has RDMA devices "
-                f"({', '.join(map(str, said['hcas']))}): likely {said.get('cause') or '?'}",
-                FALLBACK_FIX))
+            warnings.append(Problem.of(ON_SOCKETS, node.host,
+                                       hcas=", ".join(map(str, said["hcas"])),
+                                       cause=said.get("cause") or "?"))
     return lines, warnings

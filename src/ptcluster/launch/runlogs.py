@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ptcluster.errors import PtclusterError
+from ptcluster.node.problems import Declared
 from ptcluster.node.sharing import safefile
 from ptcluster.rundir import RunDir
 
@@ -32,6 +33,12 @@ HEAD_RESERVE = 64
 selector, run files, the stacks collector, a library's own)."""
 MIN_LOG_FILES = 8
 MAX_LOG_FILES = 1 << 16
+OPEN_FILES_LIMIT = Declared(
+    "run.open-files-limit", "too few open files for the head's channels",
+    "a job on {nodes} nodes needs {need} open files on this machine ({per_node} per node for "
+    "its channel, {rest} for the rest), and the limit here is {soft}",
+    "raise it: `ulimit -n {need}` (up to the hard limit, `ulimit -Hn`; above that, as root: "
+    "`nofile` in /etc/security/limits.conf, or LimitNOFILE= for a service)")
 
 
 def log_files_budget(nodes: int) -> int:
@@ -44,12 +51,9 @@ def log_files_budget(nodes: int) -> int:
     spare = soft - PIPES_PER_NODE * nodes - HEAD_RESERVE
     if spare < MIN_LOG_FILES:
         need = PIPES_PER_NODE * nodes + HEAD_RESERVE + MIN_LOG_FILES
-        raise DescriptorLimitError(
-            f"a job on {nodes} nodes needs {need} open files on this machine "
-            f"({PIPES_PER_NODE} per node for its channel, {HEAD_RESERVE + MIN_LOG_FILES} "
-            f"for the rest), and the limit here is {soft}",
-            f"raise it: `ulimit -n {need}` (up to the hard limit, `ulimit -Hn`; above that, "
-            f"as root: `nofile` in /etc/security/limits.conf, or LimitNOFILE= for a service)")
+        raise DescriptorLimitError.of(OPEN_FILES_LIMIT, nodes=nodes, need=need,
+                                      per_node=PIPES_PER_NODE,
+                                      rest=HEAD_RESERVE + MIN_LOG_FILES, soft=soft)
     return min(MAX_LOG_FILES, spare)
 
 

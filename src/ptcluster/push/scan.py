@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ptcluster.errors import UsageError
+from ptcluster.node.problems import Declared
 
 CHUNK = 1 << 20
 
@@ -39,14 +40,24 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+SRC_MISSING = Declared("push.src-missing", "the folder to push does not exist",
+                       "push: {src} does not exist", "name the folder to push (SRC)")
+SRC_NOT_A_FOLDER = Declared("push.src-not-a-folder", "the folder to push is not a folder",
+                            "push: {src} is not a folder", "name the folder to push (SRC)")
+SRC_UNREADABLE = Declared("push.src-unreadable", "a file to push cannot be read",
+                          "push: cannot read {path}: {error}",
+                          "make it readable by this user, or leave it out of SRC")
+TABLE = (SRC_MISSING, SRC_NOT_A_FOLDER, SRC_UNREADABLE)
+"""What ``push`` (and ``run --data``) refuses in SRC (``push.*`` codes)."""
+
+
 def scan(src: Path) -> Listing:
     """Every regular file below ``src`` (a symlink to a file: its target's content; a
     symlinked folder is not entered), hashed. Raises ``UsageError`` (exit 2) naming SRC when it is
     missing or not a folder, or the first file or folder it cannot read."""
     src = src.expanduser().absolute()
     if not src.is_dir():
-        what = "is not a folder" if src.exists() else "does not exist"
-        raise UsageError(f"push: {src} {what}", "name the folder to push (SRC)")
+        raise UsageError.of(SRC_NOT_A_FOLDER if src.exists() else SRC_MISSING, src=src)
     files = []
 
     def refuse(exc: OSError) -> None:
@@ -63,7 +74,6 @@ def scan(src: Path) -> Listing:
                 files.append(DataFile(path.relative_to(src).as_posix(), st.st_size,
                                       st.st_mtime_ns, _sha256(path)))
     except OSError as exc:
-        raise UsageError(f"push: cannot read {exc.filename or src}: "
-                             f"{exc.strerror or exc}",
-                             "make it readable by this user, or leave it out of SRC") from exc
+        raise UsageError.of(SRC_UNREADABLE, path=exc.filename or src,
+                            error=exc.strerror or exc) from exc
     return Listing(src, tuple(files))

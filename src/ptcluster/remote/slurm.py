@@ -29,7 +29,15 @@ import subprocess
 from dataclasses import dataclass
 
 from ptcluster.cluster.slurm import Runner, SlurmError
+from ptcluster.node.problems import Declared
 from ptcluster.remote.transport import Transport
+
+NO_SCONTROL = Declared(
+    "slurm.no-scontrol", "in an allocation without Slurm's clients",
+    "SLURM_JOB_ID is set but scontrol is not installed here",
+    "run ptcluster on a node with the Slurm clients, or pass --cluster")
+TABLE = (NO_SCONTROL,)
+"""What asking Slurm about the allocation refuses (``slurm.*`` codes)."""
 
 EXPORTED = ("HOME", "PATH", "USER", "LOGNAME", "LANG", "LC_ALL", "SHELL", "TMPDIR")
 """What the node program gets of the head's environment (plus Slurm's ``SLURM_*``)."""
@@ -72,9 +80,7 @@ def run_scontrol(argv: list[str], timeout: float = 30.0) -> str:
         proc = subprocess.run(["scontrol", *argv], capture_output=True, text=True,
                               timeout=timeout)
     except FileNotFoundError:
-        raise SlurmError("SLURM_JOB_ID is set but scontrol is not installed here",
-                         "run ptcluster on a node with the Slurm clients, or pass --cluster"
-                         ) from None
+        raise SlurmError.of(NO_SCONTROL) from None
     except subprocess.TimeoutExpired:
         raise SlurmError(f"scontrol {' '.join(argv)} did not answer in {timeout:.0f} s",
                          "check that slurmctld is up (scontrol ping)") from None

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ptcluster.errors import PtclusterError, UsageError
+from ptcluster.node.problems import Declared
 from ptcluster.rundir import RunDirError, make_private, write_private
 
 SCRIPT_FILE = "job.sbatch"
@@ -41,6 +42,17 @@ _WORD = re.compile(r"[A-Za-z0-9_.,+-]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """A line break ends a ``#SBATCH`` line (and makes the rest a line of the script) whatever the
 quoting: no control character goes into the script at all."""
+
+NOT_A_TIME = Declared(
+    "submit.not-a-time", "--time is not a Slurm time", "--time {time} is not a Slurm time",
+    "use MM, HH:MM:SS or D-HH:MM, e.g. --time 2:00:00")
+CONTROL_CHARACTER = Declared(
+    "submit.control-character", "a value of the batch script holds a control character",
+    "{what} {value} holds a control character (a line break ends a line of the batch script)",
+    "use names without line breaks or control characters (rename the folder and cd into it, "
+    "or pass --run-dir elsewhere)")
+TABLE = (NOT_A_TIME, CONTROL_CHARACTER)
+"""What ``submit`` refuses (``submit.*`` codes) before it writes a script."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,8 +92,7 @@ class SubmitConfig:
         if self.nproc is not None and self.nproc < 1:
             raise UsageError("--nproc must be >= 1", "pass --nproc 1 or more")
         if self.time_limit is not None and not _TIME.fullmatch(self.time_limit):
-            raise UsageError(f"--time {self.time_limit!r} is not a Slurm time",
-                             "use MM, HH:MM:SS or D-HH:MM, e.g. --time 2:00:00")
+            raise UsageError.of(NOT_A_TIME, time=repr(self.time_limit))
         for name, value in (("--partition", self.partition), ("--job-name", self.job_name)):
             if value is not None and not _WORD.fullmatch(value):
                 raise UsageError(f"{name} {value!r} has characters Slurm does not take",
@@ -98,10 +109,7 @@ def _refuse_control(values: list[tuple[str, str]]) -> None:
     character (a line break above all) would start a line of its own, run as the user."""
     for what, value in values:
         if _CONTROL.search(value):
-            raise UsageError(f"{what} {value!r} holds a control character (a line break ends a "
-                             "line of the batch script)",
-                             "use names without line breaks or control characters (rename "
-                             "the folder and cd into it, or pass --run-dir elsewhere)")
+            raise UsageError.of(CONTROL_CHARACTER, what=what, value=repr(value))
 
 
 def new_run_dir(base: Path) -> Path:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.errors import UsageError
+from ptcluster.venvs.problems import NOTHING_DECLARED
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,6 @@ def env_choice(spec: ClusterSpec, requirements: str | None, find_links: Sequence
     if path is None:
         if find_links or refresh:
             flag = "--find-links" if find_links else "--refresh"
-            raise UsageError(f"{flag} applies to a declared environment, and there is none",
-                             "give --requirements FILE, or set `requirements:` in the cluster "
-                             "file")
+            raise UsageError.of(NOTHING_DECLARED, flag=flag)
         return None
     return EnvChoice(requirements=path, find_links=folders, refresh=refresh, trusted=trusted)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ptcluster.errors import UsageError
 from ptcluster.venvs.lockfiles import read_lock
-from ptcluster.venvs.pins import FOUR_KINDS, Declared
+from ptcluster.venvs.pins import Declared
+from ptcluster.venvs.problems import NOT_A_REQUIREMENTS_FILE
 from ptcluster.venvs.reqfile import read_pyproject, read_requirements
 from ptcluster.venvs.resolved import Platform
 
@@ -24,8 +25,7 @@ def kind_of(path: Path) -> str:
         return "pyproject"
     if name.endswith((".txt", ".in")) and "requirements" in name:
         return "requirements"
-    raise UsageError(f"{path}: not a file ptcluster reads an environment from",
-                     f"give {FOUR_KINDS}")
+    raise UsageError.of(NOT_A_REQUIREMENTS_FILE, path=path)
 
 
 def read_declared(path: Path, platform: Platform | None) -> Declared:

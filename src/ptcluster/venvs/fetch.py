@@ -26,10 +26,15 @@ from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from ptcluster.cluster.trust import TRUST_IT
 from ptcluster.errors import PtclusterError, UsageError
 from ptcluster.venvs.pins import Pin
 from ptcluster.venvs.platforms import best_file, pip_platform_args
+from ptcluster.venvs.problems import (
+    BUILD_ELSEWHERE,
+    BUILD_FAILED,
+    BUILD_NO_COMPILER,
+    BUILD_UNTRUSTED,
+)
 from ptcluster.venvs.resolved import Platform, Wheel, normalize
 from ptcluster.venvs.store import WheelStore, file_sha256
 
@@ -151,21 +156,15 @@ def _download(pins: Sequence[Pin], platform: Platform, store: WheelStore, source
 def _build(pin: Pin, platform: Platform, store: WheelStore, find_links: Sequence[Path],
            trusted: bool, source: str) -> Wheel:
     """``pin`` built from its sdist on this machine, where that is allowed and can work."""
-    where = f"{source}: {pin.name} {pin.version} has no wheel for the nodes' platform " \
-            f"({platform})" + (f" in {', '.join(map(str, find_links))}" if find_links else "")
+    where = {"source": source, "name": pin.name, "version": pin.version, "platform": platform,
+             "links": f" in {', '.join(map(str, find_links))}" if find_links else ""}
     if not trusted:
-        raise UsageError(f"{where}; building it from its source runs its code on this machine",
-                         f"{TRUST_IT}, and have a compiler here; or give a folder with its "
-                         "wheel with --find-links")
+        raise UsageError.of(BUILD_UNTRUSTED, **where)
     here = f"{sys.version_info[0]}.{sys.version_info[1]}"
     if (here, host.machine()) != (platform.python, platform.machine):
-        raise UsageError(f"{where}; this machine (Python {here}, {host.machine()}) cannot build "
-                         "one for the nodes", "build the wheel on a node and give its folder "
-                         "with --find-links")
+        raise UsageError.of(BUILD_ELSEWHERE, **where, here=here, machine=host.machine())
     if not (shutil.which("cc") or shutil.which("gcc")):
-        raise UsageError(f"{where}, and there is no C compiler here to build it",
-                         "install one (apt-get install build-essential), or give a folder "
-                         "with its wheel with --find-links")
+        raise UsageError.of(BUILD_NO_COMPILER, **where)
     links = [a for d in find_links for a in ("--no-index", "--find-links", str(d))]
     with tempfile.TemporaryDirectory(prefix="ptcluster-build-") as tmp:
         proc = _pip([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check",
@@ -174,7 +173,6 @@ def _build(pin: Pin, platform: Platform, store: WheelStore, find_links: Sequence
         built = _candidates(pin, [Path(tmp)])
         if proc.returncode != 0 or not built:
             tail = " / ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
-            raise PtclusterError(f"{where}, and pip could not build it here: {tail}",
-                                 "give a folder with its wheel with --find-links")
+            raise PtclusterError.of(BUILD_FAILED, **where, tail=tail)
         os.chmod(built[0], 0o644)
         return store.add(built[0])

@@ -17,8 +17,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10: the same parser, as the tomli package
     import tomli as tomllib
 
-FOUR_KINDS = "a uv.lock, a pylock.toml (PEP 751), a requirements*.txt or a pyproject.toml"
-
 
 @dataclass(frozen=True)
 class LockedFile:

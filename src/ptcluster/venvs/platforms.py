@@ -9,6 +9,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from ptcluster.errors import UsageError
+from ptcluster.venvs.problems import PYTHON_EXCLUDED
 from ptcluster.venvs.resolved import Platform
 
 MACHINES = ("x86_64", "aarch64")
@@ -136,7 +137,5 @@ def check_python(requires: str, platform: Platform | None, source: str) -> None:
         raise UsageError(f"{source}: requires-python {requires!r} is not a version range",
                          "fix it, e.g. >=3.10") from None
     if not any(allowed.contains(f"{platform.python}.{patch}") for patch in (0, 99)):
-        raise UsageError(f"{source}: allows Python {requires}, but the nodes have Python "
-                         f"{platform.python}", "lock for the nodes' Python (requires-python "
-                         f"that includes {platform.python}), or give the nodes that Python "
-                         "with `ptcluster setup`")
+        raise UsageError.of(PYTHON_EXCLUDED, source=source, requires=requires,
+                            python=platform.python)

@@ -33,6 +33,7 @@ from ptcluster.venvs.fetch import obtain
 from ptcluster.venvs.lockfiles import marker_holds
 from ptcluster.venvs.pins import Declared, Pin
 from ptcluster.venvs.platforms import marker_env, uv_platform
+from ptcluster.venvs.problems import PTCLUSTER_DIFFERS, TORCH_DIFFERS
 from ptcluster.venvs.reqfile import read_requirements
 from ptcluster.venvs.resolved import SETUP_OWNS, Platform, ResolvedEnv, normalize, setup_owns
 from ptcluster.venvs.store import WheelStore
@@ -196,13 +197,9 @@ def check_torch(pins: Iterable[tuple[str, str]], node_torch: str,
     own. So for ptcluster, when ``node_ptcluster`` is given (a node's ``0.1.0+g1a2b3c4d``)."""
     for name, version in pins:
         if name == "torch" and not _same(version, node_torch):
-            raise UsageError(f"the requirements pin torch {version}, but the nodes have torch "
-                             f"{node_torch} (setup's, which the environment uses)",
-                             f"install torch {version} on this machine and run `ptcluster "
-                             f"setup` (it gives the nodes the head's torch version); or pin "
-                             f"torch=={node_torch.split('+')[0]}")
+            raise UsageError.of(TORCH_DIFFERS, version=version, node_torch=node_torch,
+                                node_release=node_torch.split("+")[0])
         if name == "ptcluster" and node_ptcluster and not _same(version, node_ptcluster):
-            raise UsageError(f"the requirements pin ptcluster {version}, but the nodes have "
-                             f"ptcluster {node_ptcluster} (setup's)",
-                             f"run `ptcluster setup` from a head with ptcluster {version}; or "
-                             f"pin ptcluster=={node_ptcluster.split('+')[0]}")
+            raise UsageError.of(PTCLUSTER_DIFFERS, version=version,
+                                node_ptcluster=node_ptcluster,
+                                node_release=node_ptcluster.split("+")[0])

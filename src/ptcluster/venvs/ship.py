@@ -20,6 +20,7 @@ from ptcluster.node import VENVS
 from ptcluster.node.wire import HEARTBEAT_EVERY, HEARTBEAT_TIMEOUT, Kind
 from ptcluster.remote.blobs import Blob, Outgoing, stream
 from ptcluster.remote.group import Group, Member
+from ptcluster.venvs.problems import MACHINE_DIFFERS, PYTHON_DIFFERS
 from ptcluster.venvs.resolve import check_torch
 from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
 
@@ -125,13 +126,10 @@ def platform_problem(host: str, env: ResolvedEnv, have: dict[str, Any]) -> Probl
     """A node whose interpreter or machine is not the environment's: refused before a byte."""
     want = env.platform
     if have.get("python") != want.python:
-        return Problem(host, f"its Python is {have.get('python')}, the environment "
-                       f"({env.source}) is resolved for Python {want.python}",
-                       f"set python: to a Python {want.python} on this node, or resolve "
-                       "for its version")
+        return Problem.of(PYTHON_DIFFERS, host, have=have.get("python"), source=env.source,
+                          want=want.python)
     if have.get("machine") != want.machine:
-        return Problem(host, f"its machine is {have.get('machine')}, the environment is "
-                       f"resolved for {want.machine}", "resolve for every node's platform")
+        return Problem.of(MACHINE_DIFFERS, host, have=have.get("machine"), want=want.machine)
     return None
 
 

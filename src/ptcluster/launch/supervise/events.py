@@ -13,7 +13,7 @@ from typing import Any
 from ptcluster.errors import Problem
 from ptcluster.launch.result import Failure, FailureKind
 from ptcluster.node import wire
-from ptcluster.node.problems import CODE
+from ptcluster.node.problems import CODE, Declared
 from ptcluster.remote import guard_replies
 
 
@@ -408,9 +408,15 @@ def _opt_float(value: Any) -> float | None:
     return None if value is None else moment(value)
 
 
+MALFORMED_FRAME = Declared(
+    "run.malformed-frame", "a node sent a malformed frame",
+    "node {host} sent a malformed {kind} frame: {error}",
+    "check that node: its guard does not send this (a node that does may be compromised, or "
+    "run another ptcluster version)")
+
+
 def malformed(e: Malformed, at: float) -> Failure:
     """The node's failure for a malformed frame of a kind the head reads (pure)."""
     return Failure(host=e.host, rank=None, at=at, kind=FailureKind.GUARD,
-                   message=f"node {e.host} sent a malformed {e.kind} frame: {e.error}",
-                   fix="check that node: its guard does not send this (a node that does may "
-                       "be compromised, or run another ptcluster version)")
+                   problem=Problem.of(MALFORMED_FRAME, None, host=e.host, kind=e.kind,
+                                      error=e.error))

@@ -47,6 +47,7 @@ from ptcluster.launch.supervise.states import (
     RankLife,
 )
 from ptcluster.launch.supervise.verdict import (
+    TORCHRUN_EXITED,
     Raised,
     guard_stopped,
     hung,
@@ -344,8 +345,8 @@ class Supervisor(JobState):
         if any(f.host == e.host and f.rank is not None for f in self._failures):
             return []  # its failed rank is the news, torchrun's exit the consequence
         failure = Failure(host=e.host, rank=None, exit_code=e.code, at=self.wall(now),
-                          kind=FailureKind.NODE,
-                          message=f"torchrun exited with code {e.code} ({e.error or e.reason})")
+                          kind=FailureKind.NODE, problem=Problem.of(
+                              TORCHRUN_EXITED, None, code=e.code, error=e.error or e.reason))
         known = match_agent(e.error)
         if known is not None:
             failure.known, failure.meaning, failure.fix = known.name, known.meaning, known.fix

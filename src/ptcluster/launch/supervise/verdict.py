@@ -13,12 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ptcluster.errors import some
+from ptcluster.errors import Problem, some
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, FailureKind, RankRecord, signame
+from ptcluster.launch.supervise.events import MALFORMED_FRAME
 from ptcluster.launch.supervise.known import Known, RankReport, match_rank
 from ptcluster.launch.supervise.machine_view import disk_named, oom_named, xid_named
 from ptcluster.node import wire
+from ptcluster.node.problems import Declared
 
 CRASH_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS)
 """How a process's own code dies: after its program returned, that is a library's teardown."""
@@ -26,6 +28,47 @@ SHUTDOWN_FIX = ("a library crashed while Python tore the process down: with gloo
                 "freed during interpreter finalization can abort it (pytorch PR 179291). End "
                 "the script with dist.destroy_process_group(), then flush and os._exit(code), "
                 "as `python -m ptcluster.examples.mnist` does")
+
+NOT_READY = Declared(
+    "run.not-ready", "a node was not ready in time", "not ready after {timeout} s",
+    "check that the node is reachable and not overloaded (`ptcluster doctor`)")
+TIMED_OUT = Declared(
+    "run.timed-out", "the job's deadline passed",
+    "timed out after {deadline} s; ranks still running: {ranks}",
+    "a collective hung or a rank is stuck: check the ports and interface findings of "
+    "`ptcluster doctor`")
+GUARD_STOPPED = Declared(
+    "run.guard-stopped", "a node's guard ended the job on its own",
+    "its guard ended the job on its own: {reason}",
+    "see the node log; a guard that no longer hears the head means the network or the head "
+    "stalled")
+GUARD_SIGNALLED = Declared(
+    "run.guard-signalled", "a node's guard was signalled",
+    "its guard ended the job on its own: {reason}",
+    "something on that node signalled it (a scheduler's cancel or time limit, an "
+    "administrator, a shutdown): see the node log")
+NODE_SILENT = Declared(
+    "run.node-silent", "a node fell silent",
+    "node lost: nothing heard for {silent} s (link down or node dead)",
+    "check the node's network and power; `ptcluster doctor`")
+HUNG = Declared(
+    "run.hung", "no rank made progress", "hang: no rank made progress for {timeout} s; {headline}",
+    "see the stacks report in the run directory (the straggler first)")
+MASTER_ELSEWHERE = Declared(
+    "run.master-elsewhere", "the rendezvous address is another node's",
+    "the rendezvous address {addr} is {node}'s {what}, but the rendezvous runs on the first "
+    "node (node rank 0: {first})",
+    "set master.addr to {first}'s address, or move {node} to the top of `nodes`")
+TORCHRUN_EXITED = Declared(
+    "run.torchrun-exited", "torchrun failed on a node",
+    "torchrun exited with code {code} ({error})",
+    "see the node log in the run directory")
+TABLE = (NOT_READY, TIMED_OUT, GUARD_STOPPED, GUARD_SIGNALLED, NODE_SILENT, HUNG,
+         MASTER_ELSEWHERE, TORCHRUN_EXITED, MALFORMED_FRAME)
+"""What ``run`` declares (``run.*`` codes): the failures of nodes and of the job the supervisor
+words, the head's own refusal to start (``rundir``'s) and its warning of NCCL on sockets
+(``nccl_report``'s); a rank's own failure is the rank's words, or a known failure
+(``known.py``)."""
 
 
 @dataclass(frozen=True)
@@ -111,8 +154,7 @@ def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
 
 def not_ready(hosts: Sequence[str], timeout: float, at: float) -> Failure:
     return Failure(host=some(list(hosts)), rank=None, kind=FailureKind.START, at=at,
-                   message=f"not ready after {timeout:.0f} s",
-                   fix="check that the node is reachable and not overloaded (`ptcluster doctor`)")
+                   problem=Problem.of(NOT_READY, None, timeout=f"{timeout:.0f}"))
 
 
 def timed_out(running: Sequence[RankRecord], first_host: str, deadline: float | None,
@@ -120,31 +162,25 @@ def timed_out(running: Sequence[RankRecord], first_host: str, deadline: float | 
     hosts = sorted({r.host for r in running}) or [first_host]
     ranks = some([str(r.rank) for r in running], 8) or "none"
     return Failure(host=some(hosts), rank=None, at=at, kind=FailureKind.TIMEOUT,
-                   message=f"timed out after {deadline or 0:.0f} s; ranks still running: {ranks}",
-                   fix="a collective hung or a rank is stuck: check the ports and interface "
-                       "findings of `ptcluster doctor`")
+                   problem=Problem.of(TIMED_OUT, None, deadline=f"{deadline or 0:.0f}",
+                                      ranks=ranks))
 
 
 def guard_stopped(host: str, reason: str, signalled: bool, at: float) -> Failure:
     """The node's guard ended the job on its own (signalled, or the head unheard)."""
-    fix = ("something on that node signalled it (a scheduler's cancel or time limit, an "
-           "administrator, a shutdown): see the node log") if signalled else \
-        "see the node log; a guard that no longer hears the head means the network or " \
-        "the head stalled"
+    entry = GUARD_SIGNALLED if signalled else GUARD_STOPPED
     return Failure(host=host, rank=None, at=at, kind=FailureKind.LOST,
-                   message=f"its guard ended the job on its own: {reason}", fix=fix)
+                   problem=Problem.of(entry, None, reason=reason))
 
 
 def node_silent(host: str, silent: float, at: float) -> Failure:
     return Failure(host=host, rank=None, at=at, kind=FailureKind.LOST,
-                   message=f"node lost: nothing heard for {silent:.0f} s (link down or node dead)",
-                   fix="check the node's network and power; `ptcluster doctor`")
+                   problem=Problem.of(NODE_SILENT, None, silent=f"{silent:.0f}"))
 
 
 def hung(host: str, rank: int | None, headline: str, timeout: float, at: float) -> Failure:
     return Failure(host=host, rank=rank, kind=FailureKind.HANG, at=at,
-                   message=f"hang: no rank made progress for {timeout:.0f} s; {headline}",
-                   fix="see the stacks report in the run directory (the straggler first)")
+                   problem=Problem.of(HUNG, None, timeout=f"{timeout:.0f}", headline=headline))
 
 
 def master_elsewhere(plan: LaunchPlan, facts: Mapping[str, wire.ReadyFacts],
@@ -158,13 +194,10 @@ def master_elsewhere(plan: LaunchPlan, facts: Mapping[str, wire.ReadyFacts],
         said = facts[node.host]
         for what, value in (("address", said.get("address")), ("hostname", said.get("hostname"))):
             if str(value or "").lower() == addr:
-                return Failure(
-                    host=first, rank=None, kind=FailureKind.GUARD, at=at,
-                    message=f"the rendezvous address {plan.master_addr} is {node.host}'s "
-                            f"{what}, but the rendezvous runs on the first node (node rank "
-                            f"0: {first})",
-                    fix=f"set master.addr to {first}'s address, or move {node.host} to the "
-                        "top of `nodes`")
+                return Failure(host=first, rank=None, kind=FailureKind.GUARD, at=at,
+                               problem=Problem.of(MASTER_ELSEWHERE, None,
+                                                  addr=plan.master_addr, node=node.host,
+                                                  what=what, first=first))
     return None
 
 
