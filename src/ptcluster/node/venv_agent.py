@@ -10,8 +10,10 @@ only. Where things live: ``node.venv_store``.
   stdout          after ``hello``: ``facts {python, machine, glibc, free}`` (what to resolve for)
                   ``have {digest, wheels: [sha256]}`` -> ``have {missing, env, why, python,
                   machine, glibc, free, path}``
-                  ``blob {sha256, size}`` then exactly ``size`` raw bytes: stored under its
-                  sha256 once verified (nothing answered; a failure is kept for ``build``)
+                  ``blob {sha256, size, tool?, version?}`` then exactly ``size`` raw bytes:
+                  stored under its sha256 once verified (nothing answered; a failure is kept
+                  for ``build``); a ``tool`` ``uv`` is taken out of its wheel at once, on a
+                  thread, while the other wheels arrive (the head sends it first)
                   ``build {digest, resolved}`` -> ``build {ok, python, built, seconds,
                   problem, fix}``
                   ``check {digest, wheels}`` -> ``check {findings, python}``
@@ -85,6 +87,8 @@ class Node:
         self.cancelled = False
         self.heard = time.monotonic()
         """When a byte last came from the head (a line, a block of a wheel)."""
+        self.unpacking: dict[str, threading.Thread] = {}
+        """uv taken out of its wheel as soon as it is in, by the wheel's sha256 (``uv``)."""
 
     def hear(self, _block: bytes = b"") -> None:
         self.heard = time.monotonic()
@@ -126,8 +130,20 @@ class Node:
                           FULL_FIX, tee=self.hear)
         if problem is None:
             self.failed.pop(sha, None)
+            if msg.get("tool") == "uv" and sha not in self.unpacking:
+                tool = {"name": "uv", "version": str(msg.get("version")), "sha256": sha}
+                self.unpacking[sha] = threading.Thread(target=self.unpack, args=(tool,),
+                                                       daemon=True)
+                self.unpacking[sha].start()
         else:
             self.failed[sha] = problem
+
+    def unpack(self, tool: dict) -> None:
+        """uv out of its wheel ahead of the build (which does it itself if this failed)."""
+        try:
+            self.uv([tool])
+        except Exception:  # noqa: BLE001, S110 - the build tries again and says why
+            pass
 
     # -- build --------------------------------------------------------------------------------
     def build(self, msg: dict) -> dict:
@@ -208,13 +224,17 @@ class Node:
             for w in resolved["wheels"]:
                 os.link(os.path.join(self.store, w["sha256"]), os.path.join(links, w["filename"]))
             files = [os.path.join(links, w["filename"]) for w in resolved["wheels"]]
-            env = {**os.environ, "UV_CACHE_DIR": os.path.join(self.root, "uv-cache"),
+            # uv unpacks each wheel into a cache of this build's own and hard-links the
+            # files into the environment (one write of each, not a second copy); the cache
+            # is removed after, so the environment's files are its own: no other build or
+            # cache shares them (a file changed by hand changes nothing else)
+            env = {**os.environ, "UV_CACHE_DIR": tmp + ".cache",
                    "UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1"}
             if uv is not None:
                 steps = [[uv, "venv", "--quiet", "--relocatable", "--python", base, tmp]]
                 if files:
                     steps.append([uv, "pip", "install", "--quiet", "--offline", "--no-index",
-                                  "--no-deps", "--link-mode", "copy", "--python",
+                                  "--no-deps", "--link-mode", "hardlink", "--python",
                                   os.path.join(tmp, "bin", "python"), *files])
             else:
                 # pip only where uv cannot serve: no uv wheel for this node's platform came
@@ -231,6 +251,7 @@ class Node:
             write_layer(tmp)
         finally:
             remove_tree(links)
+            remove_tree(tmp + ".cache")
         return None
 
     def failure(self, tmp: str, argv: list, code: int, out: str) -> dict:
@@ -258,6 +279,9 @@ class Node:
         for w in tools:
             if w["name"] != "uv":
                 continue
+            early = self.unpacking.get(w["sha256"])
+            if early is not None and early is not threading.current_thread():
+                early.join()  # (taken out while the other wheels came: done, or failed)
             folder = os.path.join(self.root, "tools", f"uv-{w['version']}")
             path = os.path.join(folder, "uv")
             if os.access(path, os.X_OK):
@@ -291,6 +315,7 @@ class Node:
         if tmp is not None:
             remove_tree(tmp)
             remove_tree(tmp + ".links")
+            remove_tree(tmp + ".cache")
 
 
 def dies_with_us() -> Callable[[], None]:
