@@ -10,10 +10,8 @@ only. Where things live: ``node.venv_store``.
   stdout          after ``hello``: ``facts {python, machine, glibc, free}`` (what to resolve for)
                   ``have {digest, wheels: [sha256]}`` -> ``have {missing, env, why, python,
                   machine, glibc, free, path}``
-                  ``blob {sha256, size, tool?, version?}`` then exactly ``size`` raw bytes:
-                  stored under its sha256 once verified (nothing answered; a failure is kept
-                  for ``build``); a ``tool`` ``uv`` is taken out of its wheel at once, on a
-                  thread, while the other wheels arrive (the head sends it first)
+                  ``blob {sha256, size}`` then exactly ``size`` raw bytes: stored under its
+                  sha256 once verified (nothing answered; a failure is kept for ``build``)
                   ``build {digest, resolved}`` -> ``build {ok, python, built, seconds,
                   problem, fix}``
                   ``check {digest, wheels}`` -> ``check {findings, python}``
@@ -87,8 +85,6 @@ class Node:
         self.cancelled = False
         self.heard = time.monotonic()
         """When a byte last came from the head (a line, a block of a wheel)."""
-        self.unpacking: dict[str, threading.Thread] = {}
-        """uv taken out of its wheel as soon as it is in, by the wheel's sha256 (``uv``)."""
 
     def hear(self, _block: bytes = b"") -> None:
         self.heard = time.monotonic()
@@ -130,20 +126,8 @@ class Node:
                           FULL_FIX, tee=self.hear)
         if problem is None:
             self.failed.pop(sha, None)
-            if msg.get("tool") == "uv" and sha not in self.unpacking:
-                tool = {"name": "uv", "version": str(msg.get("version")), "sha256": sha}
-                self.unpacking[sha] = threading.Thread(target=self.unpack, args=(tool,),
-                                                       daemon=True)
-                self.unpacking[sha].start()
         else:
             self.failed[sha] = problem
-
-    def unpack(self, tool: dict) -> None:
-        """uv out of its wheel ahead of the build (which does it itself if this failed)."""
-        try:
-            self.uv([tool])
-        except Exception:  # noqa: BLE001, S110 - the build tries again and says why
-            pass
 
     # -- build --------------------------------------------------------------------------------
     def build(self, msg: dict) -> dict:
@@ -279,9 +263,6 @@ class Node:
         for w in tools:
             if w["name"] != "uv":
                 continue
-            early = self.unpacking.get(w["sha256"])
-            if early is not None and early is not threading.current_thread():
-                early.join()  # (taken out while the other wheels came: done, or failed)
             folder = os.path.join(self.root, "tools", f"uv-{w['version']}")
             path = os.path.join(folder, "uv")
             if os.access(path, os.X_OK):

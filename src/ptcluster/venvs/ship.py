@@ -4,10 +4,9 @@ wheels it lacks, build where the environment is missing or changed (``node.venv_
 One ``remote.group.Group`` of the ``venvs`` program: the same channels, window and per-node
 outcomes as doctor's. The wheels travel raw on each node's channel after a ``blob`` frame (the
 one way every connector has; each missing wheel once to each node; ``remote.blobs``, shared
-with ``ptcluster push``), from this one thread: uv first (the node takes it out of its wheel
-while the others arrive), and each node's ``build`` right behind its last wheel (its build
-starts as soon as its own wheels are in, not after every node's). The library only yields
-events (``on_event(host, text)``); ``cli/`` prints them.
+with ``ptcluster push``), from this one thread, and each node's ``build`` right behind its
+last wheel (its build starts as soon as its own wheels are in, not after every node's). The
+library only yields events (``on_event(host, text)``); ``cli/`` prints them.
 """
 
 from __future__ import annotations
@@ -231,11 +230,8 @@ def _plan(group: Group, by_host: dict[str, ResolvedEnv], out: dict[str, NodeEnv]
             say(Progress(host, UP_TO_DATE, "environment up to date", final=True))
         else:
             missing = [everything[s] for s in have["missing"] if s in everything]
-            tools = {w.sha256: {"tool": w.name, "version": w.version} for w in env.tools}
-            sending[host] = state = Outgoing.of([  # (the tools first: see the module's doc)
-                Blob(locate(w), w.size, {"sha256": w.sha256, "size": w.size,
-                                         **tools.get(w.sha256, {})})
-                for w in sorted(missing, key=lambda w: w.sha256 not in tools)])
+            sending[host] = state = Outgoing.of([
+                Blob(locate(w), w.size, {"sha256": w.sha256, "size": w.size}) for w in missing])
             why = f" ({have['why']})" if have["why"] else ""
             say(Progress(host, SENDING, f"environment {have['env']}{why}: {len(missing)} of "
                          f"{len(everything)} wheels to send", 0, state.total))
