@@ -85,6 +85,10 @@ def test_built_then_noop_then_one_package_then_changed_file_rebuilt(tmp_path, wh
                  "[0]) < sys.path.index(ptcluster.__path__[0].rsplit('/', 1)[0]))")
     assert got.split() == ["1.0", "2.0", python, "True"]
     assert not list((tmp_path / "root-n1" / "envs").glob(".build-*"))
+    # uv hard-links from a cache of the build's own, removed after: no file is shared (a file
+    # changed by hand, below, changes nothing another build would take)
+    installed = Path(python).parents[1] / "lib"
+    assert {f.stat().st_nlink for f in installed.glob("python*/site-packages/tiny*/*")} == {1}
     # each node: its wheels on their way, then built: one final event each
     assert [(p.host, p.state) for p in said if p.final] in (
         [("n1", BUILT), ("n2", BUILT)], [("n2", BUILT), ("n1", BUILT)])

@@ -208,13 +208,17 @@ class Node:
             for w in resolved["wheels"]:
                 os.link(os.path.join(self.store, w["sha256"]), os.path.join(links, w["filename"]))
             files = [os.path.join(links, w["filename"]) for w in resolved["wheels"]]
-            env = {**os.environ, "UV_CACHE_DIR": os.path.join(self.root, "uv-cache"),
+            # uv unpacks each wheel into a cache of this build's own and hard-links the
+            # files into the environment (one write of each, not a second copy); the cache
+            # is removed after, so the environment's files are its own: no other build or
+            # cache shares them (a file changed by hand changes nothing else)
+            env = {**os.environ, "UV_CACHE_DIR": tmp + ".cache",
                    "UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1"}
             if uv is not None:
                 steps = [[uv, "venv", "--quiet", "--relocatable", "--python", base, tmp]]
                 if files:
                     steps.append([uv, "pip", "install", "--quiet", "--offline", "--no-index",
-                                  "--no-deps", "--link-mode", "copy", "--python",
+                                  "--no-deps", "--link-mode", "hardlink", "--python",
                                   os.path.join(tmp, "bin", "python"), *files])
             else:
                 # pip only where uv cannot serve: no uv wheel for this node's platform came
@@ -231,6 +235,7 @@ class Node:
             write_layer(tmp)
         finally:
             remove_tree(links)
+            remove_tree(tmp + ".cache")
         return None
 
     def failure(self, tmp: str, argv: list, code: int, out: str) -> dict:
@@ -291,6 +296,7 @@ class Node:
         if tmp is not None:
             remove_tree(tmp)
             remove_tree(tmp + ".links")
+            remove_tree(tmp + ".cache")
 
 
 def dies_with_us() -> Callable[[], None]:

@@ -4,8 +4,9 @@ wheels it lacks, build where the environment is missing or changed (``node.venv_
 One ``remote.group.Group`` of the ``venvs`` program: the same channels, window and per-node
 outcomes as doctor's. The wheels travel raw on each node's channel after a ``blob`` frame (the
 one way every connector has; each missing wheel once to each node; ``remote.blobs``, shared
-with ``ptcluster push``), from this one thread. The library only yields events
-(``on_event(host, text)``); ``cli/`` prints them.
+with ``ptcluster push``), from this one thread, and each node's ``build`` right behind its
+last wheel (its build starts as soon as its own wheels are in, not after every node's). The
+library only yields events (``on_event(host, text)``); ``cli/`` prints them.
 """
 
 from __future__ import annotations
@@ -158,11 +159,16 @@ def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
                                          "wheels": [w.sha256 for w in (*env.wheels, *env.tools)]})
         group.wait(Kind.HAVE, have_timeout, hosts=list(by_host))
         sending = _plan(group, by_host, out, say, locate)
-        _stream(group, sending, say)
-        building = [h for h in sending if group.alive(h)]
-        for host in building:
+        building: list[str] = []
+
+        def build(host: str) -> None:  # (behind the node's wheels on its channel)
+            building.append(host)
             group.send(host, Kind.BUILD, {"digest": by_host[host].digest,
                                           "resolved": node_record(by_host[host])})
+        _stream(group, sending, say, build)
+        for host in sending:
+            if host not in building and group.alive(host):
+                build(host)
         group.wait(Kind.BUILD, build_timeout, hosts=building)
         for host in building:
             built = group.result.nodes[host].answers.get(Kind.BUILD)
@@ -252,9 +258,10 @@ def _line(node: NodeEnv) -> str:
         f" ({node.why})" if node.why else "")
 
 
-def _stream(group: Group, sending: dict[str, Outgoing], say: Event) -> None:
-    """Every node's missing wheels (``remote.blobs``); a node whose channel ended is dropped
-    (its outcome says why)."""
+def _stream(group: Group, sending: dict[str, Outgoing], say: Event,
+            build: Callable[[str], None]) -> None:
+    """Every node's missing wheels (``remote.blobs``), ``build(host)`` once a node's last byte
+    is queued; a node whose channel ended is dropped (its outcome says why)."""
 
     def tick(host: str, s: Outgoing) -> None:
         say(Progress(host, SENDING, f"{s.sent / 1e6:.1f} of {s.total / 1e6:.1f} MB sent",
@@ -263,5 +270,6 @@ def _stream(group: Group, sending: dict[str, Outgoing], say: Event) -> None:
     def finished(host: str, s: Outgoing) -> None:
         say(Progress(host, BUILDING, f"{s.count} wheels ({s.sent / 1e6:.1f} MB) sent; "
                      "building", s.sent, s.total))
+        build(host)
 
     stream(group, sending, tick=tick, finished=finished)
