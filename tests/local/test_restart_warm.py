@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -117,6 +119,13 @@ def test_a_guard_killed_with_sigkill_leaves_no_pool(node, attempt: int) -> None:
         head.wait_for("] up")
         (pool,) = pools(env, folder)
         assert inet_sockets(pool["pid"]) == [] and not holds_a_lease(pool["pid"])
+        # the job's, not the user's own: `ps` says whose restarts; `warm stop` leaves it
+        assert pool["job"] == f"{job_id}@localhost", pool
+        stop = subprocess.run([sys.executable, "-m", "ptcluster", "warm", "stop"], cwd=folder,
+                              env={**os.environ, **env}, capture_output=True, text=True,
+                              timeout=60)
+        assert stop.returncode == 0, stop
+        assert [p["pid"] for p in pools(env, folder)] == [pool["pid"]]
         (guard,) = guards(job_id)
         os.kill(guard, signal.SIGKILL)
         assert gone(pool["pid"]), "the job's pool outlived its guard"

@@ -86,8 +86,11 @@ def pool_line(pool: dict[str, Any]) -> str:
     state = f"{pool['ranks']} rank(s) running" if idle is None else \
         "idle since " + time.strftime("%H:%M:%S", time.localtime(idle)) + \
         (f", ends after {pool['idle']:.0f} s idle" if pool.get("idle") else "")
+    job = pool.get("job")
+    kept = "" if job is None else \
+        f", kept for the restarts of job {str(job).split('@')[0] or 'starting'}"
     return (f"warm pool on {pool['node']}: {pool['owner']}, pid {pool['pid']}, "
-            f"{pool['rss'] / 2**20:.0f} MiB, torch {pool['torch']}, {state}")
+            f"{pool['rss'] / 2**20:.0f} MiB, torch {pool['torch']}, {state}{kept}")
 
 
 def unknown_holders(seen: dict[str, tuple[str, str, list[dict]]]) -> list[dict[str, str]]:

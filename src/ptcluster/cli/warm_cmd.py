@@ -18,8 +18,8 @@ def warm() -> None:
 
 
 @warm.command(help="End your warm pools on every node (or on --node): an idle pool at once, "
-              "one whose ranks run takes no new rank and ends with them. `ptcluster ps` lists "
-              "them.")
+              "one whose ranks run takes no new rank and ends with them (a job's own pool, kept "
+              "for its restarts, ends with its job). `ptcluster ps` lists them.")
 @cluster_option
 @click.option("--node", "nodes", multiple=True, metavar="HOST",
               help="Only on this node (repeatable).")

@@ -293,8 +293,9 @@ GPU_SAMPLE = record({
 POOL = record({
     "pid": number(1, 2**31), "rss": number(0, 2**62), "idle_since": optional(figure),
     "ranks": number(0, 2**31), "idle": optional(figure), "torch": label, "python": note,
-    "started": optional(figure)})
-"""One warm pool of the sampler's user (``node.warm.pools.listed``)."""
+    "started": optional(figure), "job": optional(label)})
+"""One warm pool of the sampler's user (``node.warm.pools.listed``); ``job``: the job whose
+restarts it is kept for (None: the user's own, ``run --warm``)."""
 MAX_POOLS = 64
 SAMPLE: dict[str, Check] = {
     "hostname": label, "time": figure, "cpu_percent": figure,

@@ -89,8 +89,17 @@ def listed() -> list[dict[str, Any]]:
                     "ranks": _count(record.get("ranks")), "idle": _time(record.get("idle")),
                     "torch": str(record.get("torch") or "")[:64],
                     "python": str(record.get("python") or "")[:256],
-                    "started": _time(record.get("started"))})
+                    "started": _time(record.get("started")),
+                    "job": _job(record.get("job"))})
     return out
+
+
+def _job(value: object) -> str | None:
+    """The job a pool is kept for (``JOB@HOST``: its restarts' ranks come from it), None for a
+    user's own (``run --warm``)."""
+    if isinstance(value, str):
+        return value[:200]
+    return "" if value is True else None
 
 
 def _time(value: object) -> float | None:
@@ -104,8 +113,9 @@ def _count(value: object) -> int:
 
 def stop() -> list[dict[str, Any]]:
     """SIGTERM every pool of this user's here: an idle one ends at once, one whose ranks run
-    takes no new rank and ends with them; each with whether it is gone."""
-    pools = listed()
+    takes no new rank and ends with them; each with whether it is gone. A job's pool is not
+    the user's to end so (it ends with its job, and a restart's ranks come from it)."""
+    pools = [p for p in listed() if p["job"] is None]
     for pool in pools:
         try:
             os.kill(pool["pid"], signal.SIGTERM)
