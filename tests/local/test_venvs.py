@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -422,3 +424,42 @@ def test_a_lock_pinning_another_torch_is_refused_before_a_byte(tmp_path) -> None
                          "--find-links", "wheels", "train.py"], cwd=project, env=env,
                         capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.slow
+def test_prune_keeps_an_environment_a_warm_pool_forks_from(tmp_path, wheels, no_leftovers,
+                                                           monkeypatch) -> None:
+    """A warm pool (``run --warm``) whose interpreter is an environment's: prune keeps that
+    environment while the pool lives (its next ranks would import from it), and says why."""
+    from ptcluster.launch.options import RunOptions
+    from ptcluster.node.warm import pools
+
+    runtime = tempfile.mkdtemp(prefix="pr", dir="/tmp")  # (its pools' folder; a short path)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
+    env = wheels.env(wheels.make("tinya", "4.0"), uv=UV is not None)
+    root = str(tmp_path / "home" / ".ptcluster")
+    used = use_environment(local_cluster(1), lambda p: env, wheels.locate,
+                           source="requirements.txt", root=root)
+    script = tmp_path / "job.py"
+    script.write_text("import tinya\nprint(tinya.VERSION)\n")
+    plan = prepare(used.spec, Target(script=str(script)))
+    no_leftovers.append(plan.job_id)
+    try:
+        result = Runner(plan, transports(used.spec), tmp_path / "run",
+                        options=RunOptions(warm=60.0), environment=used.to_json()).run()
+        assert result.ok, result.failures
+        (pool,) = pools.listed()
+        assert pool["python"] == str(Path(root) / "envs" / env.digest / "bin" / "python")
+        member = Member("localhost", LocalTransport("localhost"), sys.executable,
+                        {"root": root})
+        pruned = nodes.prune([member], keep=0, max_bytes=0, grace=0)["localhost"].answer
+        assert [(e["digest"], e["why"]) for e in pruned["kept"]] == [
+            (env.digest, f"in use by warm pool {pool['pid']}")]
+        assert pruned["removed"] == []
+    finally:
+        pools.stop()
+        left = pools.listed()
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert left == []
+    pruned = nodes.prune([member], keep=0, max_bytes=0, grace=0)["localhost"].answer
+    assert [e["digest"] for e in pruned["removed"]] == [env.digest]

@@ -25,6 +25,7 @@ import time
 from ptcluster.node.blobs import full_problem
 from ptcluster.node.sharing.records import alive, read_record
 from ptcluster.node.sharing.safefile import remove_tree
+from ptcluster.node.warm import pools
 
 MANIFEST = "ptcluster-env.json"
 SKIP_DIRS = ("__pycache__",)
@@ -216,7 +217,9 @@ def full_check(env_dir: str, wheels: list[dict]) -> list[dict]:
 # -- listing and pruning ---------------------------------------------------------------------
 
 def uses(root: str) -> dict[str, list[str]]:
-    """``{digest: [job id, ...]}`` of the running jobs' use records (their pid alive)."""
+    """``{digest: [job id or "warm pool PID", ...]}``: the running jobs' use records (their pid
+    alive), and this user's warm pools whose interpreter is the environment's (a pool forks its
+    next ranks there: an environment gone under it would fail their imports)."""
     folder = os.path.join(root, "uses")
     out: dict[str, list[str]] = {}
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
@@ -224,6 +227,12 @@ def uses(root: str) -> dict[str, list[str]]:
         record = got[0] if got is not None else None
         if isinstance(record, dict) and alive(record.get("pid")):
             out.setdefault(str(record.get("digest")), []).append(str(record.get("job_id")))
+    envs = os.path.join(os.path.abspath(root), "envs") + os.sep
+    for pool in pools.listed():
+        python = os.path.abspath(pool["python"])
+        if python.startswith(envs):
+            out.setdefault(python[len(envs):].split(os.sep, 1)[0], []).append(
+                f"warm pool {pool['pid']}")
     return out
 
 
