@@ -267,3 +267,67 @@ def test_another_user_is_refused(node) -> None:
             path.chmod(0o700)
     assert out.stdout.startswith("answer None"), out  # closed without a fork
     assert sorted(left_behind(Path(env["XDG_RUNTIME_DIR"]))) == sorted(before)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (needs root)")
+def test_a_pool_whose_record_cannot_be_written_is_not_started() -> None:
+    """The node's disk full as a pool starts: it imports torch and listens, but cannot write
+    the record that ``ps``, ``warm stop`` and prune read. A pool no one could list or stop is not
+    kept: it says why on its ready line (its guard then starts the ranks cold, saying so) and
+    ends, and leaves nothing in the folder: no socket, no record, no empty temp file."""
+    import errno
+    import threading
+
+    from ptcluster.node import WARM_POOL
+    from ptcluster.node.guard.warm_pool import WarmError, pool_process, ready
+    from ptcluster.remote.bootstrap import pack_source
+
+    full = Path(tempfile.mkdtemp(prefix="pf", dir="/tmp"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=700", "pf", str(full)],
+                   check=True)
+    sock = full / "pool-k.sock"
+    try:
+        with open(full / "filler", "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"x" * 4096)
+            except OSError:
+                pass  # (the disk is full)
+        # the pool program packed and started as a guard starts it, its ready line read so
+        program = full.parent / f"{full.name}-pool.py"
+        program.write_text(pack_source(WARM_POOL))
+        try:
+            ready(pool_process(sys.executable, str(sock), 30.0, 0, [], dict(os.environ),
+                               str(program)), threading.Event())
+            said = ""
+        except WarmError as exc:
+            said = str(exc)
+        finally:
+            program.unlink()
+        deadline = time.monotonic() + 10
+        while (left := _with_arg(str(sock))) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        files = sorted(p.name for p in full.iterdir())
+    finally:
+        for pid in _with_arg(str(sock)):
+            os.kill(pid, signal.SIGKILL)  # (this test's own leftover, whatever happened above)
+        subprocess.run(["umount", "--lazy", str(full)], check=False)  # (one ending may hold it)
+        full.rmdir()
+    assert os.strerror(errno.ENOSPC) in said and str(full) in said, said
+    assert not left, f"the pool still runs: {left}"
+    assert files == ["filler"], files
+
+
+def _with_arg(arg: str) -> list[int]:
+    """The processes with ``arg`` among their command line's words."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if arg.encode() in argv:
+                out.append(int(entry))
+    return out

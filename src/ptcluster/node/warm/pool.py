@@ -91,7 +91,10 @@ class Pool:
         self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
         signal.signal(signal.SIGTERM, lambda *_: os.write(self.wake_w, b"t"))
 
-    def write_record(self) -> None:
+    def write_record(self, first: bool = False) -> None:
+        """The record ``ps``, ``warm stop`` and prune read; a later one that cannot be written
+        leaves the last in place; the ``first`` raises (a pool no one can list or stop is not
+        started: its guard's ranks start cold, saying why)."""
         idle = None if self.ranks else time.time() - (time.monotonic() - self.last)
         record = {**self.facts, "pid": os.getpid(), "idle_since": idle, "ranks": len(self.ranks),
                   "idle": self.idle}
@@ -101,8 +104,14 @@ class Pool:
             with os.fdopen(fd, "w") as f:
                 json.dump(record, f)
             os.rename(tmp, self.record)
-        except OSError:
-            pass
+        except OSError as exc:
+            try:
+                os.unlink(tmp)  # (a full disk: the empty file stays otherwise)
+            except OSError:
+                pass
+            if first:
+                raise OSError(f"its record cannot be written in "
+                              f"{os.path.dirname(self.record)}: {exc.strerror}") from None
 
     def unlisten(self) -> None:
         """No more requests: the socket and the record go (``ps`` no longer lists it)."""
@@ -393,13 +402,19 @@ def start(path: str, idle: float, imports: list[str], owner: int = 0) -> Pool:
     try:
         torch = load(imports, JOB_POOL_NICE if owner else 0)
         pool.listen()
+        pool.facts = {"python": sys.executable, "torch": str(torch.__version__),
+                      "started": time.time(), "imports": imports, "place": namespaces(),
+                      **({"job": True} if owner else {})}
+        pool.write_record(first=True)
     except BaseException as exc:  # noqa: BLE001 - said to the guard, which starts cold
+        if pool.listener is not None:  # (what it made: its socket, no record)
+            for made in (path, pool.record):
+                try:
+                    os.unlink(made)
+                except OSError:
+                    pass
         print("error " + f"{type(exc).__name__}: {exc}"[:500], flush=True)
         os._exit(1)
-    pool.facts = {"python": sys.executable, "torch": str(torch.__version__),
-                  "started": time.time(), "imports": imports, "place": namespaces(),
-                  **({"job": True} if owner else {})}
-    pool.write_record()
     os.chdir("/")
     print(READY + " " + json.dumps({"pid": os.getpid(), "torch": str(torch.__version__)}),
           flush=True)
