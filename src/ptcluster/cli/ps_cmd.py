@@ -88,7 +88,7 @@ def pool_line(pool: dict[str, Any]) -> str:
         (f", ends after {pool['idle']:.0f} s idle" if pool.get("idle") else "")
     job = pool.get("job")
     kept = "" if job is None else \
-        f", kept for the restarts of job {str(job).split('@')[0] or 'starting'}"
+        f", kept for the restarts of {'job ' + str(job).split('@')[0] if job else 'a job'}"
     return (f"warm pool on {pool['node']}: {pool['owner']}, pid {pool['pid']}, "
             f"{pool['rss'] / 2**20:.0f} MiB, torch {pool['torch']}, {state}{kept}")
 

@@ -19,10 +19,11 @@ Standard library only; shipped like every node program (``remote.bootstrap``).
 
 A head whose link is cut sends no EOF (this node's sshd keeps the session for as long as TCP
 does): the program ends itself after ``silence`` s without a byte from it, its temp files
-removed. Its answers are worked out on a thread of their own while the head is read on (a
-``have`` may hash a whole copy; a ``stored`` waits for the upstream node's last file, the
-relay's own links being watched by the kernel, ``node.data_relay``), so a node that works or
-waits still hears the head.
+removed. A silence counts only while the node waits for the head (``HeadStream``): never
+while it writes a file or passes a block on (a next node behind a cut holds that up to
+``data_relay.PEER_LOST`` s: the kernel watches the relay's own links, ``node.data_relay``), and
+the long answers (a ``have`` may hash a whole copy; a ``stored`` waits for the upstream node's
+last file) are worked out on a thread of their own while the head is read on.
 
 The node keeps a manifest (``DEST/.ptcluster-data.json``: per file its size, mtime and
 sha256): a file whose size and mtime are the manifest's is not read again (rsync's quick check),
@@ -37,6 +38,8 @@ import socket
 import sys
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from typing import BinaryIO
 
 from ptcluster.node.blobs import (
@@ -83,12 +86,9 @@ class Dest:
         self.upstream: threading.Thread | None = None
         self.heard = time.monotonic()
         """When a byte last came from the head (a line, a block of a file)."""
-        self.forwarding = False
-        """A block of the head's on its way to the next node (the head is not read meanwhile:
-        a next node whose link is cut holds it ``data_relay.PEER_LOST`` s at most)."""
-
-    def hear(self) -> None:
-        self.heard = time.monotonic()
+        self.waiting = False
+        """The main thread waits for the head's next bytes (``HeadStream``): only then is a
+        silence the head's (while it writes a file, hashes or passes a block on, it is ours)."""
 
     def have(self, msg: dict) -> dict:
         files = msg["files"]
@@ -172,19 +172,8 @@ class Dest:
         self.manifest[path] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
         return sha
 
-    def receive(self, stdin: BinaryIO, msg: dict, from_head: bool = True) -> None:
-        """One file, from the head (``from_head``: each block heard) or the upstream node."""
-
-        def tee(block: bytes) -> None:
-            if not from_head:
-                self.forward(block)
-                return
-            self.hear()
-            self.forwarding = True
-            self.forward(block)
-            self.forwarding = False
-            self.hear()
-
+    def receive(self, stdin: BinaryIO, msg: dict) -> None:
+        """One file, from the head or the upstream node, passed on as it comes in a relay."""
         path, sha = str(msg["path"]), str(msg["sha256"])
         final = os.path.join(self.dest, path) if inside(path) else os.path.join(self.dest, ".")
         try:
@@ -193,7 +182,7 @@ class Dest:
             pass  # (the file's open fails then, and says why)
         if self.downstream is not None:
             self.forward(encode(Kind.BLOB, msg))
-        problem = receive(stdin, sha, int(msg["size"]), final, FULL_FIX, 0o644, tee)
+        problem = receive(stdin, sha, int(msg["size"]), final, FULL_FIX, 0o644, self.forward)
         if problem is not None:
             self.failed[path] = problem
             return
@@ -235,7 +224,7 @@ class Dest:
                         for raw in iter(stream.readline, b""):
                             kind, payload = split(raw.decode().rstrip("\n"))
                             if kind == Kind.BLOB:
-                                self.receive(stream, control(payload), from_head=False)
+                                self.receive(stream, control(payload))
                     except (OSError, EOFError, ValueError):
                         pass  # (upstream gone: what is missing is sent by the head)
             self.end_downstream()
@@ -278,13 +267,35 @@ class Dest:
         return gone
 
 
+class HeadStream:
+    """This program's stdin, its reads marking when the node waits on the head and when a byte
+    came (``Dest.waiting``, ``Dest.heard``)."""
+
+    def __init__(self, raw: BinaryIO, node: Dest) -> None:
+        self.raw, self.node = raw, node
+
+    def _wait(self, read: Callable[[int], bytes], size: int) -> bytes:
+        self.node.waiting = True
+        try:
+            return read(size)
+        finally:
+            self.node.heard = time.monotonic()
+            self.node.waiting = False
+
+    def read(self, size: int = -1) -> bytes:
+        return self._wait(self.raw.read, size)
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._wait(self.raw.readline, size)
+
+
 def watch_head(node: Dest, silence: float) -> None:
     """End this program once the head has been silent ``silence`` s (it sends a heartbeat every
     second): a link cut mid-push shows here as silence, never as EOF. This push's temp files go
     with it (a file on its way is never left half-written under its name)."""
     while True:
         time.sleep(min(1.0, silence / 4))
-        if time.monotonic() - node.heard > silence and not node.forwarding:
+        if node.waiting and time.monotonic() - node.heard > silence:
             node.end_downstream()
             node.remove_parts()
             os._exit(0)
@@ -311,23 +322,29 @@ def main() -> None:
     asked: queue.Queue[tuple[str, dict]] = queue.Queue()
 
     def work() -> None:  # (one request at a time, in order: the head waits for each answer)
-        while True:
-            kind, msg = asked.get()
-            answer(kind, node.have(msg) if kind == Kind.HAVE else node.relay(msg)
-                   if kind == Kind.RELAY else node.link(msg) if kind == Kind.LINK
-                   else node.stored(msg))
+        try:
+            while True:
+                kind, msg = asked.get()
+                answer(kind, node.have(msg) if kind == Kind.HAVE else node.stored(msg))
+        except BaseException:  # noqa: BLE001 - a bug: the head sees this node end, and why
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
 
     threading.Thread(target=work, daemon=True).start()
+    head = HeadStream(stdin, node)
     try:
-        for raw in iter(stdin.readline, b""):
-            node.hear()
+        for raw in iter(head.readline, b""):
             kind, payload = split(raw.decode().rstrip("\n"))
             if kind in (Kind.BYE, Kind.STOP):
                 break
             if kind == Kind.BLOB:
-                node.receive(stdin, control(payload))
-            elif kind != Kind.HB:
+                node.receive(head, control(payload))  # type: ignore[arg-type]
+            elif kind in (Kind.HAVE, Kind.STORED):  # (long: hashing, the upstream's files)
                 asked.put((kind, control(payload)))
+            elif kind in (Kind.RELAY, Kind.LINK):  # (quick; before any file they concern)
+                msg = control(payload)
+                answer(kind, node.relay(msg) if kind == Kind.RELAY else node.link(msg))
     except EOFError:
         pass  # the head was interrupted (Ctrl-C) or is gone: the file on its way was removed
     os._exit(0)

@@ -150,11 +150,14 @@ class Node:
             if built:
                 running = uses(self.root).get(digest)
                 if state == "changed" and running:  # never removed under a running job
+                    users = ", ".join(r if r.startswith("warm pool") else f"job {r}"
+                                      for r in running)
                     return {"digest": digest, "ok": False,
                             "problem": f"its environment changed since the build ({why}) and "
-                            f"job {', '.join(running)} runs in it",
-                            "fix": "end that job (or wait for it), then run again: the "
-                            "environment is rebuilt then"}
+                            f"{users} runs in it",
+                            "fix": "end that job (or wait for it; a warm pool of yours: "
+                            "`ptcluster warm stop`), then run again: the environment is "
+                            "rebuilt then"}
                 if state == "changed":  # never used: put aside, removed, built anew
                     aside = os.path.join(self.envs, f"{BUILD_PREFIX}stale-{digest}-"
                                          f"{secrets.token_hex(4)}")

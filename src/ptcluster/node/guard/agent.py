@@ -145,7 +145,11 @@ class Guard:
                                                                             WarmRanks)})
         pool = self.job_pool
         if pool is not None and pool.owner is None and restarts_left(self.cfg):
-            pool.start(self.cfg, self.env, python, self.tmpdir)  # (for the next attempt)
+            try:
+                pool.start(self.cfg, self.env, python, self.tmpdir)  # (for the next attempt)
+            except OSError as exc:  # (optional: the next attempt's ranks then start cold)
+                self.out.later(encode_text(Kind.AGENT, None, "ptcluster: no warm pool for a "
+                                           f"restart here ({exc}): it would start cold".encode()))
 
     def start_job_pool(self, server: str, python: str) -> WarmRanks | None:
         """A restart's ranks from the pool of the job a former attempt's guard kept here
