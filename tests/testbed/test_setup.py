@@ -199,7 +199,10 @@ def test_setup_then_doctor_and_run_sync(bed: tb.Testbed, work: dict[str, Path]) 
             [sys.executable, "-m", "ptcluster", "setup", "--cluster", str(work["c3"]),
              "--accept-new-host-keys", "--password-file", str(work["pw"]), "--wheelhouse",
              str(work["root"] / "wh")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+            stdin=subprocess.DEVNULL, text=True, env=env, start_new_session=True,
+            # (as a terminal's Ctrl-C finds it: a test run started in the background has
+            # SIGINT ignored, and a child would inherit that)
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         assert first.stderr is not None
         seen = []
         for line in first.stderr:
