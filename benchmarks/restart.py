@@ -6,9 +6,9 @@ in a file, reported with ``ptcluster.checkpoint_saved``) every 10 steps; in atte
 SIGKILLs itself at step 25. The next attempt resumes from the file. Every step prints its wall
 time, so both figures are measured on the same clock. Runs alternate. Target: restart <= 1.3x.
 
-Each twice: with ``--warm-restarts``, where the restart's ranks are forked from the job's own
-warm pool (issue 45: <= 0.5x a fresh launch), and with ``--cold`` (no pool: torchrun starts every
-attempt's ranks, as without ``--warm-restarts``), side by side; the summary's ``warm`` of each
+Each twice: as by default, where the restart's ranks are forked from the job's own warm pool
+(issue 45: <= 0.5x a fresh launch), and with ``--cold`` (no pool: torchrun starts every
+attempt's ranks), side by side; the summary's ``warm`` of each
 attempt is checked.
 
     .venv/bin/python benchmarks/restart.py [--repeat 3]
@@ -57,7 +57,7 @@ def run(cwd: Path, kill: bool, cold: bool = False) -> tuple[float, int]:
     runs = cwd / "runs"
     before = set(runs.glob("*/summary.json"))
     argv = PTCLUSTER + ["run", "--nproc", "2", "--run-dir", "runs", "--max-restarts", "1",
-                        *(["--cold"] if cold else ["--warm-restarts"]), "job.py"] + (
+                        *(["--cold"] if cold else []), "job.py"] + (
                             ["kill"] if kill else [])
     t0 = time.time()
     proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300)

@@ -68,7 +68,7 @@ def test_a_restart_forks_its_ranks_from_the_jobs_pool_as_a_cold_start_would(node
     (folder / "job.py").write_text(FAILS_ONCE)
     runs = {}
     for mode in ("warm", "cold"):
-        args = ["run", "--nproc", "2", "--max-restarts", "1", "--warm-restarts",
+        args = ["run", "--nproc", "2", "--max-restarts", "1",
                 "--run-dir", f"runs-{mode}",
                 *(["--cold"] if mode == "cold" else []), "job.py", "x", "--y=1"]
         if mode == "cold":  # (attempt 0 waits for a job's pool, which --cold never starts)
@@ -95,7 +95,7 @@ def test_a_restart_forks_its_ranks_from_the_jobs_pool_as_a_cold_start_would(node
 def test_a_restart_refused_by_its_guard_ends_the_pool_the_last_attempt_kept(node) -> None:
     folder, env = node
     (folder / "job.py").write_text(VANISHES)
-    rc, head = run_head(["run", "--nproc", "2", "--max-restarts", "1", "--warm-restarts",
+    rc, head = run_head(["run", "--nproc", "2", "--max-restarts", "1",
                          "--run-dir", "runs",
                          "job.py"], folder, env=env)
     summary = only_run(folder / "runs")[1]
@@ -114,7 +114,7 @@ def test_a_guard_killed_with_sigkill_leaves_no_pool(node, attempt: int) -> None:
     (folder / "job.py").write_text(HANGS if attempt == 0 else WAIT_FOR_POOL.replace(
         "{first}", "pass") + "print('up', flush=True); time.sleep(600)\n")
     runs = folder / "runs"
-    head = Head(["run", "--nproc", "2", "--max-restarts", "1", "--warm-restarts",
+    head = Head(["run", "--nproc", "2", "--max-restarts", "1",
                  "--run-dir", str(runs),
                  "job.py"], folder, env=env)
     try:
@@ -185,7 +185,7 @@ def test_a_stop_by_the_user_ends_the_pool_at_once(node) -> None:
     """Ctrl-C: no attempt follows, so no guard keeps the pool for one (``stop``'s ``final``)."""
     folder, env = node
     (folder / "job.py").write_text(HANGS)
-    head = Head(["run", "--nproc", "2", "--max-restarts", "1", "--warm-restarts", "job.py"],
+    head = Head(["run", "--nproc", "2", "--max-restarts", "1", "job.py"],
                 folder, env=env)
     try:
         head.wait_for("] up")
@@ -210,3 +210,4 @@ def gone(pid: int, within: float = 15.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+

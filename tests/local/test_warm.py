@@ -165,6 +165,7 @@ def test_the_pool_ends_after_its_idle_timeout(node) -> None:
     assert left_behind(runtime), "no pool after a warm run"
     assert not left_behind(runtime, wait=20.0), "the pool outlived its idle timeout"
     assert pools(env, folder) == []
+    assert [p.name for p in runtime.rglob("pool-*")] == []  # (its lock file too)
 
 
 def test_warm_stop_ends_the_pool(node) -> None:
@@ -177,6 +178,7 @@ def test_warm_stop_ends_the_pool(node) -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "ended" in out.stdout, out
     assert not left_behind(Path(env["XDG_RUNTIME_DIR"]), wait=5.0)
+    assert [p.name for p in Path(env["XDG_RUNTIME_DIR"]).rglob("pool-*")] == []
 
 
 def test_without_warm_no_pool_starts(node) -> None:

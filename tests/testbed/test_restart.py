@@ -33,7 +33,7 @@ def test_a_lost_node_is_dropped_and_the_job_resumes_on_the_others(
         cluster.write_text(text)
     runs = tmp_path / "runs"
     head = Head(["run", "--cluster", str(cluster), "--run-dir", str(runs), "--max-restarts",
-                 "2", "--warm-restarts", "--min-nodes", "2", *TRAIN], cwd=tmp_path)
+                 "2", "--min-nodes", "2", *TRAIN], cwd=tmp_path)
     try:
         job_id = job_id_when_started(runs)
         no_leftovers.append(job_id)

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests.support.head import Head, job_id_when_started, only_run, rank_fields, run_head
-from tests.support.procs import job_processes
+from tests.support.procs import is_rank, job_processes
 from tests.support.testbed import full_workdir, next_port
 from tests.testbed.test_run import RANKS
 
@@ -240,14 +240,9 @@ def test_a_spare_refused_by_its_health_gate_is_passed_over(testbed, tmp_path,
 
 
 def rank_pid(testbed, job_id: str, node) -> int | None:
-    """A rank of ``job_id`` on ``node`` (a process with the job's id and a LOCAL_RANK)."""
+    """A rank of ``job_id`` on ``node`` (torchrun's or a warm pool's: ``procs.is_rank``)."""
     for pid, _ in job_processes(job_id):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                ranked = b"\0LOCAL_RANK=" in b"\0" + f.read()
-        except OSError:
-            continue
-        if ranked and testbed.node_of_pid(pid) is node:
+        if is_rank(pid) and testbed.node_of_pid(pid) is node:
             return pid
     return None
 
@@ -276,14 +271,15 @@ def test_a_lost_node_that_answers_again_is_taken_back_at_the_next_restart(
         while sum("epoch " in line for line in head.lines[since:]) < 2:
             assert time.monotonic() < deadline and head.proc.poll() is None, head.output()
             time.sleep(0.2)
+        while (pid := rank_pid(testbed, job_id, testbed.nodes[0])) is None:
+            assert time.monotonic() < deadline and head.proc.poll() is None, head.output()
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGSTOP)  # (attempt 1 held: a warm one ends in seconds)
         deadline = time.monotonic() + 90  # its guard ends itself (no head for 15 s)
         while any(testbed.node_of_pid(p) is victim for p, _ in job_processes(job_id)):
             assert time.monotonic() < deadline, job_processes(job_id)
             time.sleep(0.5)
-        deadline = time.monotonic() + 90
-        while (pid := rank_pid(testbed, job_id, testbed.nodes[0])) is None:
-            assert time.monotonic() < deadline and head.proc.poll() is None, head.output()
-            time.sleep(0.2)
+        assert head.proc.poll() is None, head.output()
         os.kill(pid, signal.SIGKILL)
         code = head.wait(timeout=300)
         left = [p for p, _ in job_processes(job_id, wait=30)]

@@ -257,18 +257,16 @@ def test_every_rank_of_a_job_gets_the_same_threads_whatever_its_node_holds() -> 
 
 
 def test_a_job_with_restarts_has_a_warm_pool_of_its_own_on_each_node_unless_cold() -> None:
-    """``--max-restarts --warm-restarts``: each guard is told to keep the job's pool (keyed by
-    the node's host); ``run --warm`` uses the user's pool instead; ``--cold``, no
-    ``--warm-restarts`` or no restarts: none."""
+    """``--max-restarts``: each guard is told to keep the job's pool (keyed by the node's
+    host); ``run --warm`` uses the user's pool instead; ``--cold`` or no restarts: none."""
     spec = parse_cluster_text(CLUSTER, "c.yaml")
     restarts = plan_launch(spec, Target(script="t.py"), port=29500, job_id="J", max_restarts=2)
     once = plan_launch(spec, Target(script="t.py"), port=29500, job_id="J")
-    opts = RunOptions(warm_imports=("numpy",), restart_pool=True)
+    opts = RunOptions(warm_imports=("numpy",))
     assert [n.guard_config(restarts, opts)["warm"] for n in restarts.nodes] == [
         {"idle": 60.0, "imports": ["numpy"], "world": restarts.world_size, "job": n.host}
         for n in restarts.nodes]
     assert "warm" not in once.nodes[0].guard_config(once, opts)
     assert "warm" not in restarts.nodes[0].guard_config(
         restarts, RunOptions(restart_pool=False))
-    assert "warm" not in restarts.nodes[0].guard_config(restarts, RunOptions())
     assert "job" not in restarts.nodes[0].guard_config(restarts, RunOptions(warm=30.0))["warm"]

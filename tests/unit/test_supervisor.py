@@ -502,3 +502,25 @@ def test_ready_notes_say_what_the_ready_facts_call_for(facts: wire.ReadyFacts,
     sup = make()
     said = [a.text for a in sup.on_event(ev.Ready("a", facts), 1.0) if isinstance(a, Status)]
     assert said == [n.replace("n: ", "a: ", 1) for n in notes]  # (the supervisor says them)
+
+
+@pytest.mark.parametrize("pools, warm", [
+    ({"a": True, "b": True}, True),
+    ({"a": True, "b": False}, False),  # (b's ranks cold: a's too, or they never meet)
+    ({"a": False, "b": False}, False),
+    ({}, None),  # (no warm ranks asked for: the go says nothing of them)
+])
+def test_the_go_says_warm_only_where_every_node_has_a_pool(pools, warm) -> None:
+    sup = make()
+    actions = []
+    for host in ("a", "b"):
+        actions += sup.on_event(ev.Hello(host, wire.VERSION, 10, WALL + 1.0), 1.0)
+        facts: wire.ReadyFacts = {"pool": pools[host]} if pools else {}
+        actions += sup.on_event(ev.Ready(host, facts), 1.0)
+    gos = [a for a in actions if isinstance(a, Send) and a.kind == "go"]
+    assert [g.host for g in gos] == ["a", "b"]
+    assert {(g.payload or {}).get("warm") for g in gos} == {warm}
+    said = [a.text for a in actions if isinstance(a, Status) and "no warm pool" in a.text]
+    assert len(said) == (1 if warm is False and any(pools.values()) else 0), said
+    if said:
+        assert said[0].startswith("every node's ranks start cold: b has no warm pool")

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ from ptcluster.cli.run_cmd import warm_seconds
 from ptcluster.cluster.load import parse_cluster_text
 from ptcluster.errors import SpecError
 from ptcluster.node.guard.warm_ranks import elastic_env, torchrun_options
-from ptcluster.node.warm.protocol import pool_key
+from ptcluster.node.warm.protocol import drop_key, hold_key, pool_key
 
 BASE = "nodes: [{host: n1, slots: 2}]\n"
 
@@ -115,3 +118,40 @@ def test_a_pooled_rank_gets_every_variable_torchrun_sets() -> None:
         "LOCAL_WORLD_SIZE": "3", "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1",
         "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "2",
         "TORCHELASTIC_MAX_RESTARTS": "3", "OMP_NUM_THREADS": "1"}
+
+
+def test_a_pools_end_removes_its_key_lock_but_never_under_a_guard_that_holds_it(tmp_path) -> None:
+    """``pool-KEY.lock`` goes with the pool's other files (no lock file per key left for ever);
+    a guard that waited on the lock of a file removed meanwhile takes the new file's, so two
+    guards never both start a pool of one key."""
+    lock, sock = str(tmp_path / "pool-k.lock"), str(tmp_path / "pool-k.sock")
+    open(sock, "w").close()
+    held = hold_key(lock)
+    drop_key(lock, [sock])  # (a guard holds it: it starts a pool whose files these are)
+    assert sorted(os.listdir(tmp_path)) == ["pool-k.lock", "pool-k.sock"]
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(hold_key(lock)))
+    waiter.start()  # (blocks on the held lock)
+    os.unlink(lock)  # (as drop_key would, had it held the lock first)
+    os.close(held)
+    waiter.join(10)
+    assert got and os.fstat(got[0]).st_ino == os.lstat(lock).st_ino  # the file now at the path
+    os.close(got[0])
+    drop_key(lock, [sock])
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_pool_imports_on_the_main_thread_what_its_low_priority_thread_cannot(
+        tmp_path, monkeypatch) -> None:
+    """A job's pool imports on a thread at nice 10; a ``warm_imports`` module that only the
+    main thread may import (it calls ``signal.signal``) is imported there after it."""
+    from ptcluster.node.warm.pool import load
+
+    (tmp_path / "mainonly_mod.py").write_text(
+        "import signal\nsignal.signal(signal.SIGUSR2, signal.getsignal(signal.SIGUSR2))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        torch = load(["mainonly_mod"], nice=10)
+        assert torch.__name__ == "torch" and "mainonly_mod" in sys.modules
+    finally:
+        sys.modules.pop("mainonly_mod", None)

@@ -132,11 +132,8 @@ def module_ends_options(args: list[str], valued: set[str]) -> list[str]:
               "cluster file's warm_imports) forks them, with the output and exit code of a cold "
               "start; it stays for the next run until idle for the cluster file's `warm:` "
               "seconds (600). Default: the cluster file's `warm:`. --cold: never from a pool.")
-@click.option("--warm-restarts", "warm_restarts", is_flag=True, help="With --max-restarts "
-              "(and without --warm): a restart's ranks come from a pool of the job's own on "
-              "each node (ended with the job). Off by default: an attempt where some nodes' "
-              "ranks come from a pool and others start cold (a spare joining, a node taken "
-              "back) does not rendezvous yet.")
+@click.option("--warm-restarts", "warm_restarts", is_flag=True, hidden=True,
+              help="The default with --max-restarts (kept for scripts that pass it).")
 @click.option("--warm-idle", "warm_idle", type=click.FloatRange(min=1, max=604800),
               default=None, metavar="SECONDS", help="With warm interpreters (implies --warm): "
               "the pools end after this many idle seconds (default: the cluster file's `warm:`, "
@@ -170,7 +167,7 @@ def run(cluster: str | None, nproc: int | None, port: int | None, module: str | 
     options = RunOptions(hang_timeout=hang_timeout, wait=(
         wait_timeout or math.inf) if wait or wait_timeout else None,
         straggler_threshold=straggler_threshold, leases=not no_leases, readmit=readmit,
-        **_environment_options(declared), **warm_options(spec, warm, warm_idle, warm_restarts))
+        **_environment_options(declared), **warm_options(spec, warm, warm_idle))
     built = None
     if options.requirements is not None:  # before the plan: the ranks' interpreter is its
         built = build_environment(spec, options, err, show=not quiet())  # (or expected)
@@ -316,12 +313,11 @@ def _print_plan(console: Console, plan: LaunchPlan, run_dir: object) -> None:
     console.print(f"  logs: {run_dir}/")
 
 
-def warm_options(spec: ClusterSpec, flag: bool | None, idle: float | None,
-                 restarts: bool = False) -> dict[str, Any]:
-    """``RunOptions``' warm fields: ``--warm``/``--cold``, ``--warm-idle``,
-    ``--warm-restarts``, the cluster file's."""
+def warm_options(spec: ClusterSpec, flag: bool | None, idle: float | None) -> dict[str, Any]:
+    """``RunOptions``' warm fields: ``--warm``/``--cold``, ``--warm-idle``, the cluster
+    file's; a restart's pool unless ``--cold``."""
     return {"warm": warm_seconds(spec.warm, flag, idle), "warm_imports": spec.warm_imports,
-            "restart_pool": restarts and flag is not False}
+            "restart_pool": flag is not False}
 
 
 def warm_seconds(key: float | None, flag: bool | None, idle: float | None) -> float | None:

@@ -89,13 +89,12 @@ class RunOptions:
     ends after this many idle seconds (``node.guard.warm_ranks``); None: torchrun starts them."""
     warm_imports: tuple[str, ...] = ()
     """``warm_imports:``: what a warm pool imports besides torch (part of its key)."""
-    restart_pool: bool = False
-    """``run --warm-restarts`` with ``--max-restarts`` (and not ``warm``): each node's guard
-    keeps a pool of the job's own (``node.guard.job_pool``), from which the next attempt's ranks
-    are forked; False (the default, or ``--cold``): torchrun starts every attempt's ranks. Not
-    the default: an attempt whose ranks are pooled on some nodes and cold on others (a spare
-    that joins, a node taken back: they have no pool) hangs in its rendezvous
-    (``tests/testbed/test_spares.py`` with it on)."""
+    restart_pool: bool = True
+    """With ``--max-restarts`` (and not ``warm``): each node's guard keeps a pool of the job's
+    own (``node.guard.job_pool``), from which the next attempt's ranks are forked where every
+    node of the attempt has one (the head's ``go``: a spare that joins, a node taken back have
+    none, and then every node's ranks start cold); False (``--cold``): torchrun starts every
+    attempt's ranks."""
     straggler_threshold: float = DEFAULT_THRESHOLD
     """A rank (or node) whose busy share (1 - the share of time its main thread sleeps) is this
     many times the other ranks' median, while they wait for it, is named the straggler

@@ -49,10 +49,17 @@ from ptcluster.launch.supervise.restart import (
     restarts_used,
 )
 from ptcluster.launch.supervise.supervisor import Supervisor
+from ptcluster.node import WARM
+from ptcluster.node.rank_wire import MAX_RESTARTS_VAR
+from ptcluster.node.wire import Kind
+from ptcluster.remote.group import Member, ask_all
 from ptcluster.remote.transport import Transport
 from ptcluster.rundir import RunDir
 
 __all__ = ["DataSink", "LineSink", "Restarts", "Runner"]
+
+KEPT_POOLS_WAIT = 10.0
+"""Seconds the nodes have to end the warm pools kept for a restart that does not follow."""
 
 
 @dataclass(frozen=True)
@@ -333,6 +340,7 @@ class Runner:
         result.interrupted = result.interrupted or decision.stopped
         if not decision.restart or self.restarts is None:
             result.gave_up, result.no_progress = decision.reason, decision.no_progress
+            self._end_kept_pools(record, gone)
             return False
         for host in (*decision.readmit, *(spare for _, spare in decision.replace)):
             self._away.pop(host, None)
@@ -344,6 +352,20 @@ class Runner:
                    f"rendezvous port {self.plan.master_port or 'auto'}")
         self.layout.write_plan(self.plan.attempt, plan_json(self.plan, self.opts))
         return True
+
+    def _end_kept_pools(self, record: AttemptRecord, gone: set[str]) -> None:
+        """The job's warm pools that the guards of a failed attempt kept for a restart the
+        runner then decided against (no progress, ended from outside, too few nodes): ended
+        now (``node.warm.pools``), not left waiting ``wire.JOB_POOL_WITHIN`` for a guard."""
+        left = int(dict(self.plan.nodes[0].env).get(MAX_RESTARTS_VAR, 0)) > self.plan.attempt
+        if record.ok or not left:
+            return  # (no guard kept one: it knows when no restart is left)
+        members = [Member(n.host, self.ctx.transports[n.host], n.python,
+                          {"stop": True, "job": self.plan.job_id}) for n in self.plan.nodes
+                   if n.host in record.hosts and n.host not in gone
+                   and "job" in (n.warm_config(self.plan, self.opts) or {})]
+        if members:
+            ask_all(members, WARM, Kind.RESULT, KEPT_POOLS_WAIT)
 
     def _answering_again(self, attempts: list[AttemptRecord], result: RunResult) -> list[str]:
         """The nodes (and spares) dropped after earlier attempts that answer again now, their

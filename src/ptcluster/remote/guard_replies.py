@@ -95,7 +95,7 @@ READY = record({
     "interface_source": optional(note), "address": optional(address),
     "rdma": optional(record({"NCCL_IB_HCA": optional(word), "NCCL_IB_GID_INDEX":
                              optional(digits)})),
-    "torch": optional(version), "nccl": optional(version),
+    "torch": optional(version), "nccl": optional(version), "pool": optional(boolean),
 })
 """A guard's ``ready`` facts (``guard.prechecks.precheck``); ``torchrun_pid`` is the head's
 own (from the ``started`` frame), never the node's."""

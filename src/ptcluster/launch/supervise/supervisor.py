@@ -206,13 +206,23 @@ class Supervisor(JobState):
         self._versions = versions_differ({h: life.facts for h, life in self._life.items()})
         actions: list[Action] = [] if self._versions is None else \
             [Status(f"the nodes' versions differ ({self._versions}): {VERSIONS.fix}")]
-        told = None
+        told: dict[str, object] | None = None
         if self._plan.master_port == AUTO_PORT:  # the port the master's guard leased
             master = self._life[self._plan.nodes[0].host].facts
             self._master_port = int(master.get("master_port") or 0)
             told = {"master_port": self._master_port}
             actions.append(Status(f"rendezvous port {self._master_port} (auto: the first "
                                   f"free one on {self._plan.nodes[0].host})"))
+        pools = {h: life.facts["pool"] for h, life in self._life.items() if "pool" in life.facts}
+        if pools:  # (warm ranks asked for: from the pools only where every node has one)
+            told = {**(told or {}), "warm": all(pools.values()) and len(pools) == len(self._life)}
+            cold = sorted(set(self._life) - {h for h, held in pools.items() if held})
+            if cold and len(cold) < len(self._life):
+                actions.append(Status(f"every node's ranks start cold: {', '.join(cold[:3])}"
+                                      f"{f' and {len(cold) - 3} more' if len(cold) > 3 else ''}"
+                                      f" {'has' if len(cold) == 1 else 'have'} no warm pool "
+                                      "(a job's ranks rendezvous one way: all pooled or all "
+                                      "torchrun's)"))
         for host in self._nodes:  # (the go first: the line for the user after it)
             self._enter(host, NodeState.RUNNING)
             actions.append(Send(host, wire.Kind.GO, told))

@@ -6,11 +6,14 @@ the channel's stdin (see ``remote.bootstrap``), so a node needs nothing but its 
 Protocol (frames of ``node.wire``, one per line):
   stdin   line 1 the packed modules (read by the bootstrap); line 2 the JSON config (the
           ``NodePlan``'s guard config: argv, env, workdir, job_id, checks, timing)
-          then ``hb`` (heartbeat), ``go`` (start the job), ``stop {reason}``, ``stacks {id,
+          then ``hb`` (heartbeat), ``go {master_port, warm}`` (start the job: on the port
+          the master's guard leased; its ranks from the warm pool found before ``ready``, where
+          every node has one), ``stop {reason}``, ``stacks {id,
           native}`` (every rank's stacks, see ``node.guard.progress``); EOF = head gone
-  stdout  ``hello``, ``ready {facts}`` or ``error {problem, fix}``, ``started {pid}``,
-          per rank ``rstart``/``rexit``/``rdata`` and its output as ``o``/``e`` text frames,
-          torchrun's own output as ``a`` frames (output held up to ``output_hold`` s of the
+  stdout  ``hello``, ``ready {facts}`` (``pool``: a warm pool held for the ranks) or ``error
+          {problem, fix}`` (also after ``go``: the pool lost, ``refusal.POOL_LOST``), ``started
+          {pid}``, per rank ``rstart``/``rexit``/``rdata`` and its output as ``o``/``e`` text
+          frames, torchrun's own output as ``a`` frames (output held up to ``output_hold`` s of the
           config, to write many lines at once: ``guard.outbox``), ``hb {t, idle}`` every
           ``heartbeat_every`` s of the config (``idle``: per rank, seconds since it last
           made progress), ``timing {t, ranks, node}`` with every second heartbeat (at least
@@ -44,16 +47,16 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from typing import cast
 
+from ptcluster.node.guard import refusal as R
 from ptcluster.node.guard.job_pool import JobPool, attempt_of, let_go, restarts_left
 from ptcluster.node.guard.link import HeadLink, StopRequest
 from ptcluster.node.guard.machine import MachineWatch
 from ptcluster.node.guard.prechecks import node_python, precheck
 from ptcluster.node.guard.progress import ProgressMeter
 from ptcluster.node.guard.rank_server import EXIT_WAIT, RankServer
-from ptcluster.node.guard.refusal import GuardError
+from ptcluster.node.guard.refusal import GuardError, refuse
 from ptcluster.node.guard.spawn import (
     HANDED,
     agent_error,
@@ -102,6 +105,8 @@ class Guard:
         self.pump_thread: threading.Thread | None = None
         self.job_pool: JobPool | None = None
         """The job's own warm pool here (``--max-restarts``), while this guard holds it."""
+        self.pool = ""
+        """The socket of the warm pool this node's ranks would come from ("": none)."""
         self.env_use = ""
         """This job's use record of the project's environment it runs in ("": none)."""
         self.leases: list[Lease] = []
@@ -119,24 +124,29 @@ class Guard:
         self.stop.request(reason, by_head, signum)
 
     def start(self, facts: ReadyFacts) -> None:
-        """torchrun, with its ranks' server and the progress meter the heartbeats read."""
+        """torchrun, with its ranks' server and the progress meter the heartbeats read; or the
+        ranks from the warm pool :meth:`find_pool` found, where the head's ``go`` says every
+        node's ranks come from one (``HeadLink.warm``)."""
         if self.link.master_port:
             use_port(self.cfg["argv"], self.link.master_port)
-        self.tmpdir = job_dir(self.tmp_parent, self.cfg["job_id"], HANDED)
         # the OOM counts before any rank starts; the GPUs the job holds, for the driver's Xids
         self.link.machine = MachineWatch(gpus=list((facts.get("gpus") or {}).get("indices")
                                                    or []))
-        ranks = RankServer(os.path.join(self.tmpdir, "g.sock"), self.out, self.link.machine)
+        ranks = RankServer(rank_socket(self.tmpdir), self.out, self.link.machine)
         self.link.meter = ProgressMeter(ranks.probes)
         self.link.ranks = ranks
-        self.env = rank_env(self.cfg, facts, self.tmpdir, ranks.path)
         python = node_python(self.cfg["argv"])[0]
-        warm = self.cfg.get("warm") or {}
-        if warm.get("job"):
-            self.child = self.start_job_pool(ranks.path, python)
-        elif warm:
-            self.child = self.start_warm(ranks.path, lambda: pool_socket(
-                self.cfg, self.env, python, self.tmpdir, self.stop))
+        if self.pool and self.link.warm:
+            try:
+                self.child = WarmRanks(self.pool, ranks.path)
+                self.child.start(dict(self.cfg), self.env, start_dir(self.cfg, self.tmpdir),
+                                 self.tmpdir)
+            except (WarmError, OSError) as exc:
+                if not self.whole_world:  # (the other nodes forked theirs: none to meet cold)
+                    raise refuse(R.POOL_LOST, why=str(exc)) from None
+                self.child = None
+                self.out.later(encode_text(Kind.AGENT, None, "ptcluster: no warm pool for this "
+                                           f"node's ranks ({exc}): they start cold".encode()))
         if self.child is None:
             torchrun = start_torchrun(self.cfg, self.env, self.tmpdir)
             self.child = torchrun
@@ -151,34 +161,40 @@ class Guard:
                 self.out.later(encode_text(Kind.AGENT, None, "ptcluster: no warm pool for a "
                                            f"restart here ({exc}): it would start cold".encode()))
 
-    def start_job_pool(self, server: str, python: str) -> WarmRanks | None:
-        """A restart's ranks from the pool of the job a former attempt's guard kept here
-        (``guard.job_pool``); None (said on the console on a restart): they start cold."""
-        if under_slurm():
-            return None
-        try:
-            self.job_pool = JobPool(self.cfg, self.env, python)
-        except WarmError:
-            return None
-        if not attempt_of(self.cfg):
-            return None  # (the first attempt: its guard starts the pool once its ranks run)
-        return self.start_warm(server, self.job_pool.claim)
+    def find_pool(self, facts: ReadyFacts) -> None:
+        """Before ``ready``: :meth:`held_pool`, said in the ready facts (``pool``) where the
+        job asks for warm ranks."""
+        self.pool = self.held_pool(facts)
+        if self.cfg.get("warm"):
+            facts["pool"] = bool(self.pool)
 
-    def start_warm(self, server: str, pool: Callable[[], str]) -> WarmRanks | None:
-        """The ranks from the warm pool at ``pool()`` (this user's, ``run --warm``, or the
-        job's own); None, said on the console, where there is none to be had: cold."""
-        why = "not under Slurm (a step's processes are its own)" if under_slurm() else ""
-        try:
-            if not why:
-                ranks = WarmRanks(pool(), server)
-                ranks.start(dict(self.cfg), self.env, start_dir(self.cfg, self.tmpdir),
-                            self.tmpdir)
-                return ranks
-        except (WarmError, OSError) as exc:
-            why = str(exc)
+    def held_pool(self, facts: ReadyFacts) -> str:
+        """Before ``ready``: the job's directory and its ranks' environment, and the socket of
+        the warm pool this node's ranks would come from ("": none, said on the console): the
+        job's own that a former attempt kept (``--max-restarts``), or this user's (``run
+        --warm``, started now where there is none). The ranks come from it only where every
+        node has one (the head's ``go``): pooled ranks and torchrun's rendezvous apart."""
+        self.tmpdir = job_dir(self.tmp_parent, self.cfg["job_id"], HANDED)
+        self.env = rank_env(self.cfg, facts, self.tmpdir, rank_socket(self.tmpdir))
+        warm = self.cfg.get("warm") or {}
+        if not warm:
+            return ""
+        python = node_python(self.cfg["argv"])[0]
+        if under_slurm():
+            why = "not under Slurm (a step's processes are its own)"
+        else:
+            try:
+                if not warm.get("job"):
+                    return pool_socket(self.cfg, self.env, python, self.tmpdir, self.stop)
+                self.job_pool = JobPool(self.cfg, self.env, python)
+                if not attempt_of(self.cfg):
+                    return ""  # (the first attempt: its guard starts the pool once ranks run)
+                return self.job_pool.claim()
+            except (WarmError, OSError) as exc:
+                why = str(exc)
         self.out.later(encode_text(Kind.AGENT, None, f"ptcluster: no warm pool for this "
-                                   f"node's ranks ({why}): they start cold".encode()))
-        return None
+                                   f"node's ranks ({why}): the job's ranks start cold".encode()))
+        return ""
 
     def run(self) -> int:
         self.link.write(hello("guard"))
@@ -195,12 +211,20 @@ class Guard:
             if (self.cfg.get("warm") or {}).get("job"):
                 let_go(self.cfg)  # (its former attempt's pool: no rank of this one here)
             return 2
+        self.find_pool(facts)
         self.send(Kind.READY, facts)
         while not self.link.go.wait(0.1):
             if self.stop.is_set():
                 self.send(Kind.EXIT, {"code": 0, "reason": self.stop.reason, "t": time.time()})
+                self.end_unstarted()
                 return 0
-        self.start(facts)
+        try:
+            self.start(facts)
+        except GuardError as exc:
+            self.send(Kind.ERROR, exc.frame())
+            teardown(self.child, grace=1.0, spare=self.pool_pid)
+            self.end_unstarted()
+            return 2
         assert self.child is not None
         code = wait_child(self.child, self.stop)
         ended = self.stop.time if code is None else time.time()
@@ -234,6 +258,24 @@ class Guard:
         return code if code >= 0 else 128 - code
 
     @property
+    def whole_world(self) -> bool:
+        """This node runs every rank of the job (its ranks may start cold without the others)."""
+        first, last = self.cfg["ranks"]
+        return last - first + 1 >= int((self.cfg.get("warm") or {}).get("world") or 0)
+
+    def end_unstarted(self) -> None:
+        """What a guard whose ranks never ran leaves: its job directory and the job's pool
+        (kept for the next attempt where the head stopped this one and restarts are left)."""
+        if self.job_pool is not None:
+            self.job_pool.end(keep=restarts_left(self.cfg) and self.stop.by_head
+                              and not self.stop.final, since=time.time())
+        if self.link.ranks is not None:
+            self.link.ranks.close(0.0)
+        if self.link.machine is not None:
+            self.link.machine.close()
+        remove_tree(self.tmpdir)
+
+    @property
     def pool_pid(self) -> int:
         """The job's warm pool where it is this guard's child, else 0."""
         return self.job_pool.pid if self.job_pool is not None else 0
@@ -248,6 +290,11 @@ class Guard:
                                            user=killed.get("user", "?"))
         self.send(Kind.STOPPING, {"reason": stop.reason, "t": stop.time, "signal": stop.signal,
                                   "killed_by": stop.reason if killed else ""})
+
+
+def rank_socket(tmpdir: str) -> str:
+    """The ranks' server's socket in the job's directory (its path is in their environment)."""
+    return os.path.join(tmpdir, "g.sock")
 
 
 def mark_env_use(python: str, job_id: str) -> str:

@@ -78,6 +78,8 @@ class HeadLink:
         self.out = Outbox(self.emit, float(cfg.get("output_hold", 0.0)))
         self.go = threading.Event()
         self.master_port: int | None = None
+        self.warm = False
+        """The head's ``go`` says every node's ranks come from a warm pool (its ``warm``)."""
         """The rendezvous port the master's guard chose (``master.port: auto``), told with
         ``go``."""
         self.last_hb = time.monotonic()
@@ -126,6 +128,7 @@ class HeadLink:
                     told = {}
                 if isinstance(told, dict) and told.get("master_port"):
                     self.master_port = int(told["master_port"])
+                self.warm = isinstance(told, dict) and told.get("warm") is True
                 self.go.set()
             elif kind == Kind.STACKS:
                 threading.Thread(target=self.send_stacks, args=(payload,), daemon=True).start()

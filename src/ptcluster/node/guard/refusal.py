@@ -125,11 +125,18 @@ LEASE_DIR_UNTRUSTED = Declared(
 LEASE_REFUSED = Declared(
     "guard.lease-refused", "a lease cannot be taken",
     "cannot lease {what}in " + LEASE_DIR + ": {error}", UNLEASED_FIX)
+POOL_LOST = Declared(
+    "guard.pool-lost", "the warm pool ended before it forked the node's ranks",
+    "this node's warm pool ended between its ready and the job's go ({why}); the other nodes' "
+    "ranks came from theirs, so this node's could not start cold beside them",
+    "nothing to do with --max-restarts: the next attempt starts every node's ranks cold; "
+    "otherwise run again (a pool is started where none answers)")
 TABLE = (NO_RANK_PROGRAMS, TMP_UNUSABLE, WORKDIR_MISSING, ENVIRONMENT_NOT_READY, SCRIPT_MISSING,
          MODULE_MISSING, NOT_A_JOB_ID, JOB_RUNS, JOB_LEASE_HELD, PORT_IN_USE, PORT_LEASED,
-         NO_FREE_PORT, GPU_NOT_THERE, GPUS_BUSY, LEASE_DIR_UNTRUSTED, LEASE_REFUSED)
-"""Every refusal of a guard before any rank starts but the health gate's (its own table,
-``node.facts.health.REFUSALS``, sent with ``unhealthy``)."""
+         NO_FREE_PORT, GPU_NOT_THERE, GPUS_BUSY, LEASE_DIR_UNTRUSTED, LEASE_REFUSED, POOL_LOST)
+"""Every refusal of a guard but the health gate's (its own table, ``node.facts.health.REFUSALS``,
+sent with ``unhealthy``): before any rank starts, and the warm pool lost as its ranks would
+start (``POOL_LOST``)."""
 
 
 def untrusted_lease_dir(exc: OSError) -> GuardError:

@@ -6,7 +6,6 @@ Standard library only; a part of the guard (shipped by ``remote.bootstrap``).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import select
 import socket
@@ -23,6 +22,7 @@ from ptcluster.node.warm.protocol import (
     POOL_FILE,
     READY,
     WARM_DIR,
+    hold_key,
     namespaces,
     paths,
     pool_env,
@@ -66,9 +66,8 @@ def pool_socket(cfg: GuardConfig, env: dict[str, str], python: str, tmpdir: str,
     started now (under the key's lock: two guards start one pool)."""
     warm = cfg.get("warm") or {}
     files = pool_files(cfg, env, python)
-    lock = os.open(files["lock"], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    lock = hold_key(files["lock"])
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
         if answers(files["sock"]):
             return files["sock"]
         for stale in (files["sock"], files["record"]):

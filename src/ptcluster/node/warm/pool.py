@@ -46,6 +46,7 @@ from ptcluster.node.warm.protocol import (
     READY,
     REFUSED,
     STATUS,
+    drop_key,
     namespaces,
     peer_uid,
     receive,
@@ -119,11 +120,7 @@ class Pool:
             self.sel.unregister(self.listener)
             self.listener.close()
             self.listener = None
-            for path in (self.path, self.record):
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+            drop_key(self.path[:-len(".sock")] + ".lock", (self.path, self.record))
 
     def serve(self) -> tuple[dict[str, Any], list[int], int, int] | None:
         """Until the pool ends (None), or in a forked rank: its request, fds, go pipe, parent."""
@@ -365,28 +362,29 @@ def ctypes_prctl(option: int, value: int) -> None:
 
 def load(imports: list[str], nice: int) -> Any:
     """torch (returned) and ``imports``; with ``nice``, in a thread of that priority (a
-    thread's own on Linux: the main thread, and so every rank forked later, keeps its own)."""
-    got: list[Any] = []
+    thread's own on Linux: the main thread, and so every rank forked later, keeps its own).
+    What the thread cannot import (a module that must be imported on the main thread: one that
+    calls ``signal.signal``) is imported on the main thread after it, at its own priority."""
+    failed: list[str] = []
 
     def run() -> None:
-        try:
-            if nice:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-            got.append(importlib.import_module("torch"))
-            for name in imports:
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        for name in ("torch", *imports):
+            try:
                 importlib.import_module(name)
-        except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
-            got[:] = [exc]
+            except BaseException:  # noqa: BLE001 - tried again on the main thread
+                failed.append(name)
 
     if not nice:
-        run()
+        failed.extend(("torch", *imports))
     else:
         thread = threading.Thread(target=run, name="pool-imports")
         thread.start()
         thread.join()
-    if not got or isinstance(got[0], BaseException):
-        raise got[0] if got else RuntimeError("the imports ended without a result")
-    return got[0]
+    for name in failed:
+        importlib.import_module(name)
+    return sys.modules["torch"]
 
 
 def start(path: str, idle: float, imports: list[str], owner: int = 0) -> Pool:

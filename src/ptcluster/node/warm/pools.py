@@ -7,7 +7,8 @@ private folder (``guard.tmpdirs.user_tmp``/``warm``); each is read as a regular 
 and its command line is the pool's boot), and removed with the pool's socket where its pid is
 gone (a pool killed by SIGKILL leaves them).
 
-  stdin  line 2  JSON config: {"stop": bool}
+  stdin  line 2  JSON config: {"stop": bool, "job": JOB_ID (only the pools kept for that job's
+                 restarts: its head decided none follows)}
   stdout         frames of ``node.wire``: ``hello``, then ``result {pools, stopped}``
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 
 from ptcluster.node.guard.tmpdirs import runtime_dir
 from ptcluster.node.sharing.records import read_record
-from ptcluster.node.warm.protocol import POOL_BOOT, WARM_DIR, namespaces
+from ptcluster.node.warm.protocol import POOL_BOOT, WARM_DIR, drop_key, namespaces
 from ptcluster.node.wire import Kind, encode, hello
 
 STOP_WAIT = 5.0
@@ -78,11 +79,8 @@ def listed() -> list[dict[str, Any]]:
             continue  # another node's (a /tmp shared across namespaces): its own to list
         pid = record.get("pid") if isinstance(record, dict) else None
         if not isinstance(pid, int) or not is_pool(pid):
-            for stale in (path, path[:-len(".json")] + ".sock"):
-                try:
-                    os.unlink(stale)
-                except OSError:
-                    pass
+            base = path[:-len(".json")]
+            drop_key(base + ".lock", (path, base + ".sock"))
             continue
         assert isinstance(record, dict)
         out.append({"pid": pid, "rss": rss(pid), "idle_since": _time(record.get("idle_since")),
@@ -111,11 +109,13 @@ def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def stop() -> list[dict[str, Any]]:
+def stop(job: str = "") -> list[dict[str, Any]]:
     """SIGTERM every pool of this user's here: an idle one ends at once, one whose ranks run
     takes no new rank and ends with them; each with whether it is gone. A job's pool is not
-    the user's to end so (it ends with its job, and a restart's ranks come from it)."""
-    pools = [p for p in listed() if p["job"] is None]
+    the user's to end so (it ends with its job, and a restart's ranks come from it); with
+    ``job``, only that job's pools (kept for a restart its head decided against)."""
+    pools = [p for p in listed() if (p["job"] or "").startswith(job + "@")] if job else \
+        [p for p in listed() if p["job"] is None]
     for pool in pools:
         try:
             os.kill(pool["pid"], signal.SIGTERM)
@@ -130,7 +130,7 @@ def stop() -> list[dict[str, Any]]:
 def main() -> int:
     cfg = json.loads(sys.stdin.readline() or "{}")
     sys.stdout.buffer.write(hello("warm"))
-    stopped = stop() if cfg.get("stop") else []
+    stopped = stop(str(cfg.get("job") or "")) if cfg.get("stop") else []
     sys.stdout.buffer.write(encode(Kind.RESULT, {"pools": [] if stopped else listed(),
                                                  "stopped": stopped}))
     sys.stdout.flush()

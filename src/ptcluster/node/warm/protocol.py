@@ -5,7 +5,8 @@ Standard library only; shipped with both ends (the guard, the pool program it ha
 
 A pool lives in ``warm/`` of the guard's private per-user directory (``guard.tmpdirs``), named
 by its key: ``pool-KEY.sock`` (its socket), ``pool-KEY.json`` (its record: pid, key facts,
-started, idle since), ``pool-KEY.lock`` (held by a guard while it starts one), ``pool-KEY.log``
+started, idle since), ``pool-KEY.lock`` (held by a guard while it starts one; removed, under
+it, with the pool's other files when the pool ends: ``hold_key``, ``drop_key``), ``pool-KEY.log``
 (what the pool itself wrote after it was ready). A message is 4 bytes of length (big endian),
 then that much JSON; descriptors travel with a message's first bytes (``SCM_RIGHTS``).
 """
@@ -13,11 +14,14 @@ then that much JSON; descriptors travel with a message's first bytes (``SCM_RIGH
 from __future__ import annotations
 
 import array
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import socket
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 WARM_DIR = "warm"
@@ -94,6 +98,58 @@ def paths(folder: str, name: str) -> dict[str, str]:
     base = os.path.join(folder, "pool-" + name)
     return {"sock": base + ".sock", "record": base + ".json", "lock": base + ".lock",
             "log": base + ".log"}
+
+
+LOCK_TRIES = 100
+"""Locks :func:`hold_key` takes on a file removed before it held it, before it gives up."""
+
+
+def hold_key(lock: str) -> int:
+    """The key's lock file held (``flock``), its descriptor: for a guard that starts a pool of
+    the key. A pool's end removes the file under the lock (:func:`drop_key`), so a lock taken
+    on a file no longer at ``lock`` holds nothing: dropped, and taken again on the new one."""
+    for _ in range(LOCK_TRIES):
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _same_file(fd, lock):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise OSError(errno.EAGAIN, f"{lock}: removed under each of {LOCK_TRIES} locks taken")
+
+
+def drop_key(lock: str, files: Sequence[str]) -> None:
+    """A pool's ``files`` that it leaves (its socket, its record) and the key's lock file,
+    removed under that lock; all left where a guard holds it: the guard starts a new pool of
+    this key, whose files those paths are then (it removes what is stale itself)."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if _same_file(fd, lock):
+            for path in (*files, lock):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+    except OSError:
+        pass  # (held: a guard starts a pool of this key)
+    finally:
+        os.close(fd)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        there = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
 
 
 def send(sock: socket.socket, message: dict[str, object], fds: list[int] | None = None) -> None:
