@@ -231,7 +231,10 @@ def test_the_head_words_an_xid() -> None:
     assert "the GPU at PCI 0000:05:00 on n2" in xid_said("n2", other)
     assert "in process 77 (nvidia-smi: not one of the job's)" in xid_said("n2", other)
     named = xid_named("n2", "exited with code 1", [XID79])
-    assert named is not None and named.kind == "gpu" and named.fix == XID79["fix"]
+    assert named is not None and named.kind == "gpu" and named.problem.code == "run.gpu-xid"
+    assert {k: named.problem.fields[k] for k in ("where", "xid", "fix")} == {
+        "where": "GPU 1 on n2", "xid": "79", "fix": XID79["fix"]}
+    assert named.fix.startswith(XID79["fix"])  # (NVIDIA's action, then where its catalog is)
 
 
 def test_a_rank_that_died_after_its_gpu_failed_is_named_by_the_xid() -> None:
