@@ -274,6 +274,7 @@ def doctor_checks_page() -> str:
     from ptcluster.node.facts.gpu_errors import XID_ACTIONS
     from ptcluster.node.facts.health import REFUSALS, WARNINGS
     from ptcluster.node.guard.refusal import TABLE as GUARD
+    from ptcluster.node.venv_problems import TABLE as DIFFERS
     from ptcluster.remote.diagnoses import TABLE as NODE
     from ptcluster.venvs.problems import TABLE as VENVS
 
@@ -325,6 +326,10 @@ def doctor_checks_page() -> str:
               "node, with one of these:", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines += problem_rows(VENVS)
+    lines += ["", "How a node's environment differs from its build (doctor's `environment` row "
+              "fails with each difference, file by file; `run` rebuilds such an environment):",
+              "", "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(DIFFERS)
     lines.append("")
     return "\n".join(lines)
 

@@ -45,6 +45,7 @@ from typing import BinaryIO
 from ptcluster.node.blobs import free_bytes, receive
 from ptcluster.node.guard.proctree import libc_prctl
 from ptcluster.node.sharing.safefile import remove_tree
+from ptcluster.node.venv_problems import NEVER_BUILT
 from ptcluster.node.venv_store import (
     BUILD_PREFIX,
     FULL_FIX,
@@ -380,7 +381,7 @@ def serve(node: Node, kind: str, msg: dict) -> tuple[str, dict]:
     if kind == Kind.CHECK:
         env = node.env_dir(msg["digest"])
         findings = full_check(env, msg.get("wheels", [])) if os.path.isdir(env) else \
-            [{"what": "the environment was never built here"}]
+            [NEVER_BUILT.sent()]
         return kind, {"digest": msg["digest"], "findings": findings,
                       "python": os.path.join(env, "bin", "python")}
     if kind == Kind.VENVS:

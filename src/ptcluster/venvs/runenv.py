@@ -184,7 +184,5 @@ def findings(spec: ClusterSpec, choose: Choose, root: str = NODE_ROOT) -> list[P
         if got.problem is not None:
             out.append(got.problem)
             continue
-        fix = (f"run `ptcluster run` (it rebuilds {host}'s environment), or remove "
-               f"{got.answer.get('python', 'it')} by hand")
-        out += [Problem(host, str(f["what"]), fix) for f in got.answer.get("findings", [])]
+        out += [Problem.received(host, f) for f in got.answer.get("findings", [])]
     return out
