@@ -274,7 +274,7 @@ def doctor_checks_page() -> str:
     from ptcluster.node.facts.gpu_errors import XID_ACTIONS
     from ptcluster.node.facts.health import REFUSALS, WARNINGS
     from ptcluster.node.guard.refusal import TABLE as GUARD
-    from ptcluster.node.venv_problems import TABLE as DIFFERS
+    from ptcluster.node.venv_problems import DIFFERENCES, NOT_BUILT
     from ptcluster.remote.diagnoses import TABLE as NODE
     from ptcluster.venvs.problems import TABLE as VENVS
 
@@ -329,7 +329,11 @@ def doctor_checks_page() -> str:
     lines += ["", "How a node's environment differs from its build (doctor's `environment` row "
               "fails with each difference, file by file; `run` rebuilds such an environment):",
               "", "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
-    lines += problem_rows(DIFFERS)
+    lines += problem_rows(DIFFERENCES)
+    lines += ["", "Why a node could not build the environment (`run` names the node and fails "
+              "before any rank starts):", "", "| code | problem | what | fix |",
+              "| --- | --- | --- | --- |"]
+    lines += problem_rows(NOT_BUILT)
     lines.append("")
     return "\n".join(lines)
 

@@ -1,8 +1,9 @@
-"""How a node's project environment differs from its build, declared (``venvs.*`` codes,
-``node.problems``): the full check's findings (``venv_store.full_check``, ``doctor``'s
-``environment`` check), each sent as ``Declared.sent`` (code, what, fix, fields) and said on
-the head by ``errors.Problem.received``. The head's own refusals of an environment are
-``venvs.problems``'s. Standard library only: a part of ``node.venv_agent``."""
+"""What a node says of its project environment, declared (``venvs.*`` codes, ``node.problems``):
+how it differs from its build (the full check's findings: ``venv_store.full_check``,
+``doctor``'s ``environment`` check) and why it could not be built (``venv_agent``'s ``build``
+answer). Each is sent as ``Declared.sent`` (code, what, fix, fields) and said on the head by
+``errors.Problem.received``. The head's own refusals of an environment are ``venvs.problems``'s.
+Standard library only: a part of ``node.venv_agent``."""
 
 from ptcluster.node.problems import Declared
 
@@ -36,5 +37,34 @@ FILE_CHANGED = Declared(
 FILE_ADDED = Declared(
     "venvs.file-added", "a file was added to the environment after its build",
     "{path} ({owner}) was added since the build", REBUILD)
-TABLE = (NEVER_BUILT, NO_MANIFEST, PACKAGE_MISSING, PACKAGE_DIFFERS, PACKAGE_EXTRA, FILE_MISSING,
-         LINK_CHANGED, FILE_CHANGED, FILE_ADDED)
+DIFFERENCES = (NEVER_BUILT, NO_MANIFEST, PACKAGE_MISSING, PACKAGE_DIFFERS, PACKAGE_EXTRA,
+               FILE_MISSING, LINK_CHANGED, FILE_CHANGED, FILE_ADDED)
+"""What the full check finds (``doctor``'s ``environment`` row)."""
+
+AGAIN = "run again"
+WHEEL_NOT_STORED = Declared(
+    "venvs.wheel-not-stored", "a wheel to build with is not in the node's store",
+    "wheel {filename} is not in this node's store", AGAIN)
+CHANGED_IN_USE = Declared(
+    "venvs.changed-in-use", "the environment changed, and a job runs in it",
+    "its environment changed since the build ({why}) and {users} runs in it",
+    "end that job (or wait for it; a warm pool of yours: `ptcluster warm stop`), then run "
+    "again: the environment is rebuilt then")
+BUILD_STOPPED = Declared(
+    "venvs.build-stopped", "the build was stopped (the head ended it)", "stopped", AGAIN)
+BUILD_UNWRITABLE = Declared(
+    "venvs.build-unwritable", "the environment's folder could not be written",
+    "building {path}: {error}", "check that file system")
+DISK_FULL = Declared(
+    "venvs.disk-full", "the disk is full where the environment is built",
+    "the disk is full at {path} ({free} bytes free): {error}",
+    "free space on that file system (`ptcluster venvs --prune` removes unused environments), "
+    "then run again")
+INSTALL_FAILED = Declared(
+    "venvs.install-failed", "uv or pip failed to make the environment",
+    "{tool} {step} failed: {last}",
+    "run `ptcluster doctor` on this node; the wheels may not suit its platform")
+NOT_BUILT = (WHEEL_NOT_STORED, CHANGED_IN_USE, BUILD_STOPPED, BUILD_UNWRITABLE, DISK_FULL,
+             INSTALL_FAILED)
+"""Why a node could not build the environment (its ``build`` answer: ``run``, ``env``)."""
+TABLE = DIFFERENCES + NOT_BUILT

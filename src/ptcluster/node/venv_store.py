@@ -23,7 +23,7 @@ import re
 import time
 
 from ptcluster.node import venv_problems as P
-from ptcluster.node.blobs import full_problem
+from ptcluster.node.blobs import free_bytes
 from ptcluster.node.sharing.records import alive, read_record
 from ptcluster.node.sharing.safefile import remove_tree
 from ptcluster.node.warm import pools
@@ -367,9 +367,10 @@ def dist_version(name: str) -> str:
         return ""
 
 
-FULL_FIX = ("free space on that file system (`ptcluster venvs --prune` removes unused "
-            "environments), then run again")
+FULL_FIX = P.DISK_FULL.fix
+"""What a wheel that did not arrive for a full disk says to do (``blobs.receive``)."""
 
 
 def disk_problem(path: str, exc: BaseException) -> dict:
-    return full_problem(path, exc, FULL_FIX)
+    """A build's full disk, as the ``build`` answer says it (``venvs.disk-full``)."""
+    return P.DISK_FULL.sent(path=path, free=free_bytes(os.path.dirname(path)), error=exc)
