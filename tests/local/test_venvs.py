@@ -140,6 +140,18 @@ def test_pip_where_no_uv_came_and_a_version_mismatch_found(tmp_path, wheels) -> 
         "env": str(env_dir.parent / other.digest)})], found
 
 
+def test_a_request_the_node_fails_on_is_answered_as_a_problem(tmp_path) -> None:
+    """The agent answers a request it fails on in one line, in the shape the head reads a
+    node's problem in (``Problem.received``): a check never passes for want of findings."""
+    from ptcluster.errors import Problem
+    from ptcluster.node.wire import Kind
+
+    (node,) = local_nodes(tmp_path, "n1")
+    answer = nodes.ask([node], Kind.CHECK, lambda host, platform: {})["n1"].answer  # no digest
+    assert answer["ok"] is False and "findings" not in answer, answer
+    assert Problem.received("n1", answer) == Problem("n1", "KeyError: 'digest'", "report this bug")
+
+
 def test_damaged_wheel_refused_partial_removed_other_node_kept(tmp_path, wheels) -> None:
     a = wheels.make("tinya", "1.0")
     env = wheels.env(a, uv=False)
