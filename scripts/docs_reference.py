@@ -195,13 +195,20 @@ def summary_page() -> str:
 def known_failures_page() -> str:
     from ptcluster.launch.problems import TABLE as RUN
     from ptcluster.launch.supervise.known import as_markdown
+    from ptcluster.launch.supervise.machine_view import TABLE as MACHINE
 
-    lines = ["", "## A node or the job failed (run)", "",
+    head = ["| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines = ["", "## What the machine saw of a rank's death (run)", "",
+             "What `run` says of a rank the kernel's out-of-memory killer or systemd-oomd "
+             "ended, that failed after the GPU driver reported an Xid, or whose filesystem was "
+             "full (`summary.json`: the failure's `kind` `oom`, `gpu` or `disk`, its `code`, "
+             "`fields` and `facts`):", "", *head, *problem_rows(MACHINE),
+             "", "## A node or the job failed (run)", "",
              "What `run` says when a node, not a rank, failed or the job as a whole did "
              "(`summary.json`: the failure's `code` and `fields`), or when the head cannot "
-             "start the job at all (its one error line):", "",
-             "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
-    return as_markdown().rstrip("\n") + "\n" + "\n".join(lines + problem_rows(RUN)) + "\n"
+             "start the job at all (its one error line):", "", *head,
+             *problem_rows(e for e in RUN if e not in MACHINE)]
+    return as_markdown().rstrip("\n") + "\n" + "\n".join(lines) + "\n"
 
 
 def render(path: str) -> str:
@@ -267,6 +274,7 @@ def doctor_checks_page() -> str:
     from ptcluster.node.facts.gpu_errors import XID_ACTIONS
     from ptcluster.node.facts.health import REFUSALS, WARNINGS
     from ptcluster.node.guard.refusal import TABLE as GUARD
+    from ptcluster.node.venv_problems import DIFFERENCES, NOT_BUILT
     from ptcluster.remote.diagnoses import TABLE as NODE
     from ptcluster.venvs.problems import TABLE as VENVS
 
@@ -318,6 +326,14 @@ def doctor_checks_page() -> str:
               "node, with one of these:", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines += problem_rows(VENVS)
+    lines += ["", "How a node's environment differs from its build (doctor's `environment` row "
+              "fails with each difference, file by file; `run` rebuilds such an environment):",
+              "", "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(DIFFERENCES)
+    lines += ["", "Why a node could not build the environment (`run` names the node and fails "
+              "before any rank starts):", "", "| code | problem | what | fix |",
+              "| --- | --- | --- | --- |"]
+    lines += problem_rows(NOT_BUILT)
     lines.append("")
     return "\n".join(lines)
 

@@ -8,6 +8,7 @@ and keeps its traceback.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ptcluster.node.problems import Declared
 
@@ -97,6 +98,14 @@ class Problem:
         (``TypeError`` for a field missing or one too many)."""
         what, fix = entry.texts(**values)
         return cls(who, what, fix, entry.code, tuple((k, str(v)) for k, v in values.items()))
+
+    @classmethod
+    def received(cls, who: str | None, sent: dict[str, Any]) -> Problem:
+        """A node's problem as its program sent it (``Declared.sent``: ``{what, fix, code,
+        fields}``; a code or fields missing: one said in words), said by ``who``."""
+        fields = sent.get("fields") or {}
+        return cls(who, str(sent["what"]), sent.get("fix") or None, sent.get("code"),
+                   tuple((str(k), str(v)) for k, v in fields.items()))
 
     @property
     def fields(self) -> dict[str, str]:

@@ -74,12 +74,12 @@ def test_a_rank_whose_gpu_fell_off_the_bus_is_named_by_the_xid(tmp_path: Path, k
     assert rc["kind"] == "gpu" and rc["rank"] == 0, rc
     (xid,) = rc["facts"]["xids"]
     assert (xid["xid"], xid["pci"], xid["rank"], xid["gpu"]) == (79, "0000:3b:00", 0, None)
-    assert rc["message"].startswith(
-        "exited with code 1 (RuntimeError: CUDA error: unspecified launch failure), after the "
-        "GPU at PCI 0000:3b:00 on localhost reported Xid 79 at "), rc["message"]
-    assert rc["message"].endswith(f"in rank 0's process {xid['pid']}: the GPU has fallen off "
-                                  "the bus")
-    assert rc["fix"].startswith("reboot the node; if it happens again")
+    assert rc["code"] == "run.gpu-xid", rc
+    assert {k: v for k, v in rc["fields"].items() if k not in ("at", "fix")} == {
+        "how": "exited with code 1 (RuntimeError: CUDA error: unspecified launch failure)",
+        "where": "the GPU at PCI 0000:3b:00 on localhost", "xid": "79", "more": "",
+        "whose": f", in rank 0's process {xid['pid']}", "meaning": "the GPU has fallen off the bus"}
+    assert rc["fields"]["fix"] == xid["fix"]  # (NVIDIA's action for it: "reboot the node; ...")
     # said as a warning too (while the job ran, or with the rank's exit, whichever came first)
     assert any(line.startswith("ptcluster: warning: the GPU at PCI 0000:3b:00 on localhost "
                                "reported Xid 79")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from ptcluster.launch.supervise.machine_view import size
 from tests.support.head import only_run, rank_fields, run_head
 
 MEMORY_V1 = Path("/sys/fs/cgroup/memory")
@@ -148,9 +149,10 @@ def test_a_rank_killed_by_the_oom_killer_is_named_from_the_kernel_log(
     assert victim["pid"] == pid and victim["main"] and victim["comm"] == "python"
     assert victim["constraint"] == "CONSTRAINT_MEMCG" and victim["rss"] > 32 << 20
     assert rc["facts"]["oom"]["log"] == "/dev/kmsg" and rc["facts"]["oom"]["group_kills"] == 1
-    assert rc["message"].startswith(f"killed by the kernel's out-of-memory killer (pid {pid}, "
-                                    "python, ")
-    assert f"its memory group /{memory_group.name} is limited to 1.0 GiB)" in rc["message"]
+    assert rc["code"] == "run.oom-killed-group", rc
+    assert {k: rc["fields"][k] for k in ("victim", "more", "room", "then")} == {
+        "victim": f"pid {pid}, python, {size(victim['rss'])} resident", "more": "",
+        "room": f"its memory group /{memory_group.name} is limited to 1.0 GiB", "then": ""}
     assert any(line.startswith("Root cause (first observed failure): rank 0 on localhost: "
                                "killed by the kernel's out-of-memory killer") for line in
                run.stderr.splitlines()), run.stderr
@@ -195,14 +197,14 @@ def _as_nobody(tmp_path: Path, memory_group: Path, nobody: list[str]) -> None:
     oom = rc["facts"]["oom"]
     assert oom["log"] == "" and oom["victims"] == [] and oom["group_kills"] == 1
     assert oom["node_kills"] >= 1
-    assert rc["message"].startswith("killed by SIGKILL, and the kernel's out-of-memory killer "
-                                    "ran on localhost while it did (the node's OOM-kill count "
-                                    "rose by")
     assert oom["group_limit"] == 1 << 30  # (the message's "a group limited to 1.0 GiB")
-    from ptcluster.launch.supervise.machine_view import LOG_HOW
-
-    assert LOG_HOW.format(host="localhost") in rc["fix"]  # how to read the log, on that node
-    assert "the kernel's out-of-memory killer ran on localhost" in run.stderr
+    assert rc["code"] == "run.oom-counted-group", rc  # (its fix: how to read the log there)
+    assert {k: rc["fields"][k] for k in ("how", "host")} == {
+        "how": "killed by SIGKILL", "host": "localhost"}
+    assert rc["fields"]["counts"] == (
+        f"the node's OOM-kill count rose by {oom['node_kills']}, its memory group's by 1, a "
+        "group limited to 1.0 GiB")
+    assert rc["message"] in run.stderr  # (the console says what summary.json says)
 
 
 @pytest.mark.slow
@@ -219,11 +221,11 @@ def test_a_dataloader_workers_oom_is_named_with_the_workers_pid(tmp_path, memory
     assert rc["kind"] == "oom" and rc["exit_code"] == 1, rc
     (victim,) = rc["facts"]["oom"]["victims"]
     assert victim["pid"] == worker and not victim["main"]
-    assert rc["message"].startswith("killed by the kernel's out-of-memory killer (its "
-                                    f"DataLoader worker, pid {worker}, ")
+    assert rc["code"] == "run.oom-killed-group", rc
+    assert rc["fields"]["victim"].startswith(f"its DataLoader worker, pid {worker}, "), rc
     # (torch says "is killed by signal: Killed" or "exited unexpectedly", as it notices)
-    assert f"the rank then exited with code 1 (RuntimeError: DataLoader worker (pid(s) {worker})" \
-           in rc["message"]
+    assert rc["fields"]["then"].startswith(
+        f"; the rank then exited with code 1 (RuntimeError: DataLoader worker (pid(s) {worker})")
 
 
 @pytest.fixture
@@ -264,9 +266,12 @@ def test_a_full_checkpoint_disk_is_named_and_resume_continues(tmp_path, tiny_tmp
     assert disk["mount"] == str(tiny_tmpfs) and disk["fstype"] == "tmpfs"
     assert disk["total"] == 3 << 20 and disk["free"] < 2 << 20
     assert disk["path"] == str(tiny_tmpfs / "checkpoint-2.pt")
-    assert rc["message"].startswith("OSError: [Errno 28] No space left on device: ")
-    assert f"the filesystem is full: {tiny_tmpfs} (tmpfs) on localhost now has " in rc["message"]
-    assert rc["message"].endswith(" free of 3.0 MiB")
+    assert rc["code"] == "run.disk-full", rc
+    fields = rc["fields"]
+    assert fields["raised"].startswith("OSError: [Errno 28] No space left on device: ")
+    assert {k: fields[k] for k in ("what", "mount", "fstype", "host", "free", "total")} == {
+        "what": "filesystem", "mount": str(tiny_tmpfs), "fstype": "tmpfs", "host": "localhost",
+        "free": size(disk["free"]), "total": "3.0 MiB"}
     # No partial file; the last good checkpoint is whole (torch loads it).
     assert sorted(p.name for p in tiny_tmpfs.iterdir()) == ["checkpoint-0.pt", "checkpoint-1.pt"]
     import torch
@@ -359,8 +364,8 @@ def test_a_worker_killed_between_two_looks_is_tied_to_its_rank_by_group(tmp_path
     assert victim["pid"] == worker and not victim["main"] and victim["tied"] in ("tree", "group")
     whose = "probably its DataLoader worker" if victim["tied"] == "group" else \
         "its DataLoader worker"
-    assert rc["message"].startswith(f"killed by the kernel's out-of-memory killer ({whose}, "
-                                    f"pid {worker}, "), rc["message"]
+    assert rc["code"] == "run.oom-killed-group", rc
+    assert rc["fields"]["victim"].startswith(f"{whose}, pid {worker}, "), rc
     print("tied by", victim["tied"])  # (which way this run went: -s shows it)
 
 

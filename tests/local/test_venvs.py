@@ -112,8 +112,10 @@ def test_built_then_noop_then_one_package_then_changed_file_rebuilt(tmp_path, wh
     (init,) = site.glob("python*/site-packages/tinya/__init__.py")
     init.write_text('VERSION = "hacked"\n')
     checked = nodes.check(members, lambda p: env)
-    what = [f["what"] for f in checked["n1"].answer["findings"]]
-    assert len(what) == 1 and "tinya/__init__.py of tinya 1.0 changed" in what[0], what
+    (found,) = checked["n1"].answer["findings"]  # the file, its package and both hashes
+    assert found["code"] == "venvs.file-changed" and found["fields"]["owner"] == "tinya 1.0"
+    assert found["fields"]["path"].endswith("site-packages/tinya/__init__.py"), found
+    assert found["fields"]["was"] != found["fields"]["now"]
     assert checked["n2"].answer["findings"] == []
     fourth = ship(members, lambda p: env, wheels.locate)
     assert fourth.nodes["n1"].state == REBUILT and "tinya/__init__.py" in fourth.nodes["n1"].why
@@ -132,8 +134,22 @@ def test_pip_where_no_uv_came_and_a_version_mismatch_found(tmp_path, wheels) -> 
     env_dir = Path(str(got.nodes["n1"].python)).parents[1]
     # the lock says 1.1 where 1.0 is installed: the check names the package and both versions
     (env_dir.parent / other.digest).symlink_to(env_dir)
-    what = [f["what"] for f in nodes.check([node], lambda p: other)["n1"].answer["findings"]]
-    assert what == ["package tinya differs: 1.0 here, 1.1 in the lock"], what
+    found = nodes.check([node], lambda p: other)["n1"].answer["findings"]
+    assert [(f["code"], f["fields"]) for f in found] == [("venvs.package-differs", {
+        "name": "tinya", "have": "1.0", "version": "1.1",
+        "env": str(env_dir.parent / other.digest)})], found
+
+
+def test_a_request_the_node_fails_on_is_answered_as_a_problem(tmp_path) -> None:
+    """The agent answers a request it fails on in one line, in the shape the head reads a
+    node's problem in (``Problem.received``): a check never passes for want of findings."""
+    from ptcluster.errors import Problem
+    from ptcluster.node.wire import Kind
+
+    (node,) = local_nodes(tmp_path, "n1")
+    answer = nodes.ask([node], Kind.CHECK, lambda host, platform: {})["n1"].answer  # no digest
+    assert answer["ok"] is False and "findings" not in answer, answer
+    assert Problem.received("n1", answer) == Problem("n1", "KeyError: 'digest'", "report this bug")
 
 
 def test_damaged_wheel_refused_partial_removed_other_node_kept(tmp_path, wheels) -> None:
@@ -326,8 +342,8 @@ def test_changed_under_a_running_job_refused_not_removed(tmp_path, wheels) -> No
     init.write_text('VERSION = "by hand"\n')
     again = ship(members, lambda p: env, wheels.locate)
     problem = again.nodes["n1"].problem
-    assert problem is not None and "job job7 runs in it" in problem.what, again.nodes
-    assert "tinya/__init__.py changed since the build" in problem.what
+    assert problem is not None and problem.code == "venvs.changed-in-use", again.nodes
+    assert problem.fields["users"] == "job job7" and "tinya/__init__.py" in problem.fields["why"]
     assert init.read_text() == 'VERSION = "by hand"\n'  # the running job's files stay
 
 

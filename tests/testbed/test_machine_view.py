@@ -74,9 +74,9 @@ def test_an_oom_kill_on_a_node_names_the_rank_node_pid_and_rss(testbed, tmp_path
     assert rc["kind"] == "oom" and rc["rank"] == 1 and rc["host"] == node, rc
     (victim,) = rc["facts"]["oom"]["victims"]
     assert victim["pid"] == pid and victim["main"] and victim["rss"] > 32 << 20
-    assert rc["message"].startswith(f"killed by the kernel's out-of-memory killer (pid {pid}, "
-                                    "python, ")
-    assert f"its memory group /{group.name} hit its limit" in rc["message"]
+    assert rc["code"] == "run.oom-killed-group", rc
+    assert rc["fields"]["victim"].startswith(f"pid {pid}, python, "), rc
+    assert rc["fields"]["room"] == f"its memory group /{group.name} hit its limit", rc
     assert any(line.startswith(f"Root cause (first observed failure): rank 1 on {node}: "
                                "killed by the kernel's out-of-memory killer") for line in
                head.err), head.output()

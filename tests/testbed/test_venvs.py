@@ -175,7 +175,9 @@ def test_run_in_it_then_noop_then_changed_file_found_and_rebuilt(project: Projec
     found = check_environment(project.spec, choose)  # doctor's environment check
     bad = [f for f in found if f.status == FAIL]
     assert len(bad) == 1 and bad[0].host == n1.name, found
-    assert "tinya/__init__.py of tinya 1.0 changed since the build" in bad[0].detail, bad
+    assert bad[0].problem.code == "venvs.file-changed", bad  # (its own code, its fields)
+    assert bad[0].problem.fields["owner"] == "tinya 1.0"
+    assert bad[0].problem.fields["path"].endswith("site-packages/tinya/__init__.py"), bad
     assert [f.status for f in found if f.host == project.bed.nodes[0].name] == [OK]
 
     third = use_environment(project.spec, choose, project.locate, source="requirements.txt")

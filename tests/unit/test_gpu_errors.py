@@ -227,11 +227,20 @@ def test_the_head_words_an_xid() -> None:
         "GPU 1 on n2 reported Xid 79 at 10:42:01, in rank 3's process 4242: the GPU has fallen "
         "off the bus; what to do: reboot the node; if it happens again, the GPU (or its slot, "
         "riser, NVLink) needs a hardware inspection")
-    other: wire.XidFacts = {**XID79, "rank": None, "pid": 77, "name": "nvidia-smi", "gpu": None}
-    assert "the GPU at PCI 0000:05:00 on n2" in xid_said("n2", other)
-    assert "in process 77 (nvidia-smi: not one of the job's)" in xid_said("n2", other)
+    other: wire.XidFacts = {**XID79, "rank": None, "pid": 77, "name": "nvidia-smi", "gpu": None,
+                            "clock": ""}
+    said = xid_named("n2", "exited with code 1", [other])
+    assert said is not None and said.problem.code == "run.gpu-xid"
+    assert {k: said.problem.fields[k] for k in ("where", "at", "whose")} == {
+        "where": "the GPU at PCI 0000:05:00 on n2", "at": "",
+        "whose": ", in process 77 (nvidia-smi: not one of the job's)"}
+    assert xid_said("n2", other).startswith(  # (the same words as a warning)
+        said.message.removeprefix("exited with code 1, after "))
     named = xid_named("n2", "exited with code 1", [XID79])
-    assert named is not None and named.kind == "gpu" and named.fix == XID79["fix"]
+    assert named is not None and named.kind == "gpu" and named.problem.code == "run.gpu-xid"
+    assert {k: named.problem.fields[k] for k in ("where", "xid", "fix")} == {
+        "where": "GPU 1 on n2", "xid": "79", "fix": XID79["fix"]}
+    assert named.fix.startswith(XID79["fix"])  # (NVIDIA's action, then where its catalog is)
 
 
 def test_a_rank_that_died_after_its_gpu_failed_is_named_by_the_xid() -> None:
@@ -240,9 +249,10 @@ def test_a_rank_that_died_after_its_gpu_failed_is_named_by_the_xid() -> None:
                     exc="RuntimeError")
     verdict = judge_rank(record, raised, False, None, None, [XID79])
     assert verdict is not None and str(verdict.kind) == "gpu"
-    assert verdict.message.startswith(
-        "exited with code 1 (RuntimeError: CUDA error: unspecified launch failure), after GPU 1 "
-        "on n2 reported Xid 79 at 10:42:01, in rank 3's process 4242")
+    assert verdict.declared is not None and verdict.declared.code == "run.gpu-xid"
+    assert verdict.declared.fields["how"] == \
+        "exited with code 1 (RuntimeError: CUDA error: unspecified launch failure)"
+    assert verdict.message == verdict.declared.what
     assert verdict.facts["xids"][0]["xid"] == 79
     # without an Xid it is the rank's own failure
     assert str(judge_rank(record, raised, False, None).kind) == "rank"

@@ -29,8 +29,9 @@ def test_a_dataloader_worker_killed_on_a_full_node() -> None:
     assert named.message.startswith(
         "killed by the kernel's out-of-memory killer (its DataLoader worker, pid 4242, "
         "pt_main_thread, 11.2 GiB resident; n2 had 307.2 MiB of 15.6 GiB available")
-    assert "the rank then exited with code 1 (RuntimeError: DataLoader worker" in named.message
-    assert "fewer ranks or DataLoader workers" in named.fix
+    assert named.problem.code == "run.oom-killed"
+    assert named.problem.fields["then"] == f"; the rank then exited with code 1 ({WORKER.strip()})"
+    assert named.problem.fields["host"] == "n2"  # (the node's memory: its fix names it)
     assert named.facts["oom"]["victims"][0]["pid"] == 4242
 
 
@@ -42,7 +43,7 @@ def test_the_rank_itself_killed_in_its_memory_group() -> None:
     assert named is not None
     assert named.message == ("killed by the kernel's out-of-memory killer (pid 4242, python, "
                              "76.9 MiB resident; its memory group /job is limited to 64.0 MiB)")
-    assert "raise the limit" in named.fix
+    assert named.problem.code == "run.oom-killed-group" and named.problem.fields["then"] == ""
 
 
 def test_a_victim_tied_by_group_is_said_probable_and_only_for_a_worker_death() -> None:
@@ -71,9 +72,10 @@ def test_where_the_log_is_unreadable_the_count_is_said(code, raised, named) -> N
     got = oom_named("n3", code, oom, raised)
     assert (got is not None) == named
     if got is not None:
-        assert "the node's OOM-kill count rose by 1, its memory group's by 1, a group limited " \
-               "to 64.0 MiB); the kernel's log is not readable here" in got.message
-        assert "sudo dmesg" in got.fix and "group adm" in got.fix and "raise the limit" in got.fix
+        assert got.problem.code == "run.oom-counted-group"
+        assert got.problem.fields["counts"] == ("the node's OOM-kill count rose by 1, its memory "
+                                                "group's by 1, a group limited to 64.0 MiB")
+        assert "sudo dmesg" in got.fix and "group adm" in got.fix
 
 
 def test_a_full_disk_names_the_filesystem_with_its_space() -> None:
@@ -81,14 +83,16 @@ def test_a_full_disk_names_the_filesystem_with_its_space() -> None:
             "free": 679936, "total": 3145728}
     text = "OSError: [Errno 28] No space left on device: 'ck/checkpoint-2.pt'"
     named = disk_named("n1", 28, disk, text)
-    assert named is not None and named.kind == "disk"
+    assert named is not None and named.kind == "disk" and named.problem.code == "run.disk-full"
     assert named.message == (f"{text}; the filesystem is full: /ck (tmpfs) on n1 now has "
                              "664.0 KiB free of 3.0 MiB")
     assert named.fix.startswith("free space on n1's /ck")
     assert disk_named("n1", 2, disk, "FileNotFoundError") is None
     unnamed = disk_named("n1", 122, {"full": [disk]}, "OSError: [Errno 122] Disk quota exceeded")
-    assert unnamed is not None and "the quota is full (nearly full on n1: /ck (tmpfs) " \
-        "664.0 KiB free of 3.0 MiB)" in unnamed.message
+    assert unnamed is not None and unnamed.problem.code == "run.disk-full-unnamed"
+    assert unnamed.problem.fields["what"] == "quota"
+    assert unnamed.problem.fields["where"] == \
+        "nearly full on n1: /ck (tmpfs) 664.0 KiB free of 3.0 MiB"
 
 
 def test_judge_rank_takes_the_machines_word_first() -> None:
@@ -104,7 +108,9 @@ def test_judge_rank_takes_the_machines_word_first() -> None:
                                      errno=28, disk={"mount": "/", "free": 0, "total": 1 << 30}),
                       False, None)
     assert full is not None and full.kind is FailureKind.DISK and full.at == 4.0
-    assert "/ (?) on n2 now has 0 B free of 1.0 GiB" in full.message
+    assert full.declared is not None and full.declared.code == "run.disk-full"
+    assert {k: full.declared.fields[k] for k in ("mount", "fstype", "host", "free", "total")} == \
+        {"mount": "/", "fstype": "?", "host": "n2", "free": "0 B", "total": "1.0 GiB"}
 
 
 @pytest.mark.parametrize(("line", "expected"), [

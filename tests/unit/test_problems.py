@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 from pathlib import Path
 from types import ModuleType
 
@@ -23,6 +24,8 @@ from ptcluster.node.facts.health import REFUSALS, WARNINGS
 from ptcluster.node.guard.refusal import TABLE as GUARD
 from ptcluster.node.guard.refusal import GuardError, refuse
 from ptcluster.node.problems import Declared, lint, placeholders
+from ptcluster.node.venv_problems import PACKAGE_DIFFERS
+from ptcluster.node.venv_problems import TABLE as NODE_VENVS
 from ptcluster.push.scan import TABLE as PUSH
 from ptcluster.remote.diagnoses import TABLE as NODE
 from ptcluster.remote.slurm import TABLE as SLURM
@@ -30,7 +33,7 @@ from ptcluster.submit.sbatch import TABLE as SUBMIT
 from ptcluster.venvs.problems import TABLE as VENVS
 
 TABLES = {"doctor": TABLE, "node": NODE, "health": REFUSALS + WARNINGS, "guard": GUARD,
-          "run": RUN, "venvs": VENVS, "cli": CLI, "submit": SUBMIT, "slurm": SLURM,
+          "run": RUN, "venvs": VENVS + NODE_VENVS, "cli": CLI, "submit": SUBMIT, "slurm": SLURM,
           "checkpoint": CHECKPOINT, "push": PUSH}
 EVERY = [e for entries in TABLES.values() for e in entries]
 SRC = Path(ptcluster.__file__).parent
@@ -80,7 +83,18 @@ def test_a_problem_a_finding_and_an_error_carry_the_code_and_fields() -> None:
     assert isinstance(refused, GuardError) and refused.frame()["code"] == GUARD[0].code
 
 
-SAYERS = {"at": None, "of": 0, "refuse": 0, "refused": 1, "warned": 0}
+def test_a_node_sends_a_declared_problem_and_the_head_reads_it() -> None:
+    sent = PACKAGE_DIFFERS.sent(name="tinya", have="1.0", version="1.1", env="/e")
+    got = Problem.received("n1", json.loads(json.dumps(sent)))  # (through the wire's JSON)
+    assert got == Problem.of(PACKAGE_DIFFERS, "n1", name="tinya", have="1.0", version="1.1",
+                             env="/e")
+    assert (got.code, got.fields) == ("venvs.package-differs", {
+        "name": "tinya", "have": "1.0", "version": "1.1", "env": "/e"})
+    words = Problem.received("n1", {"what": "in words"})  # (no code: said in words only)
+    assert (words.code, words.fix, words.fields) == (None, None, {})
+
+
+SAYERS = {"at": None, "of": 0, "refuse": 0, "refused": 1, "warned": 0, "sent": None}
 """Calls that say a declared problem: the method or function, and the position of the entry
 among its arguments (None: the method's object is the entry, ``SHM_SMALL.at(host, ...)``)."""
 
@@ -110,7 +124,7 @@ def _entry(node: ast.expr, names: dict[str, object]) -> Declared | None:
 
 
 TABLE_MODULES = ("findings", "diagnoses", "refusal", "facts.health", "venvs.problems",
-                 "cli.problems", "Declared(")
+                 "venv_problems", "cli.problems", "Declared(")
 """What a module that says a declared problem names: a table's module, or its own entries."""
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from ptcluster.errors import Problem
 from ptcluster.node.problems import Declared
+from ptcluster.node.venv_problems import REBUILD
 
 
 class Status(str, Enum):
@@ -247,9 +248,8 @@ SLURM_GPUS_HIDDEN = _d("slurm-gpus-hidden", "slurm gpus", FAIL, "the ranks see t
                        "GPUs), or run fewer ranks (--nproc)")
 ENVIRONMENT_DIFFERS = _d("environment-differs", "environment", FAIL,
                          "the project's environment differs",
-                         "{difference}",
-                         "run `ptcluster run` (it rebuilds {host}'s environment), or remove "
-                         "{python} by hand")
+                         "{difference} (each said by its own `venvs.*` code: see below)",
+                         REBUILD)
 RDMA_NO_ACTIVE_PORT = _d("rdma-no-active-port", "rdma", FAIL, "RDMA devices but no ACTIVE port",
                          "RDMA devices but no ACTIVE port ({ports}): NCCL will use TCP sockets",
                          "connect the port and check the link (`ibstat`; InfiniBand needs a "

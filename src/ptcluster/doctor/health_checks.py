@@ -7,8 +7,6 @@ link below its width, slowdowns, Xids 63 and 92). Pure, like every check.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.doctor.checks import OK, SKIP, Finding, per_node
 from ptcluster.doctor.findings import GPU_WORN, HEALTH_REFUSED
@@ -27,7 +25,7 @@ def check_health(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Findi
                                   "not checked (an older node program)")]
         bad = [f for f in found if not f.get("ok")]
         if bad:
-            return [HEALTH_REFUSED.of(said(node.host, f)) for f in bad]
+            return [HEALTH_REFUSED.of(Problem.received(node.host, f)) for f in bad]
         return [Finding.plain("health", node.host, OK, "; ".join(str(f["what"]) for f in found))]
     return per_node(spec, probes, "health", one)
 
@@ -39,12 +37,6 @@ def check_gpu_warnings(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list
     for node in spec.nodes:
         report = probes.get(node.host)
         warned = report.facts.get("gpu_warnings") if report is not None and report.facts else None
-        out += [GPU_WORN.of(said(node.host, w)) for w in warned or ()]
+        out += [GPU_WORN.of(Problem.received(node.host, w)) for w in warned or ()]
     return out
 
-
-def said(host: str, found: dict[str, Any]) -> Problem:
-    """A node's health finding (``{what, fix, code, fields}``) as the one Problem."""
-    fields = found.get("fields") or {}
-    return Problem(host, str(found["what"]), found.get("fix") or None, found.get("code"),
-                   tuple((str(k), str(v)) for k, v in fields.items()))

@@ -56,6 +56,13 @@ class Declared:
                             f"extra {sorted(given - self.fields)}")
         return self.what.format(**values), self.fix.format(**values)
 
+    def sent(self, **values: object) -> dict[str, object]:
+        """The problem as a node's program sends it: ``{code, what, fix, fields}`` (the values
+        as strings; ``errors.Problem.received`` reads it on the head)."""
+        what, fix = self.texts(**values)
+        return {"code": self.code, "what": what, "fix": fix,
+                "fields": {k: str(v) for k, v in values.items()}}
+
 
 def lint(entries: Iterable[Declared]) -> list[str]:
     """What is wrong with a table's entries (the unit test's check): a malformed or repeated

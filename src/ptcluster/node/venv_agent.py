@@ -12,8 +12,9 @@ only. Where things live: ``node.venv_store``.
                   machine, glibc, free, path}``
                   ``blob {sha256, size}`` then exactly ``size`` raw bytes: stored under its
                   sha256 once verified (nothing answered; a failure is kept for ``build``)
-                  ``build {digest, resolved}`` -> ``build {ok, python, built, seconds,
-                  problem, fix}``
+                  ``build {digest, resolved}`` -> ``build {ok, python, built, seconds}``, or
+                  ``{ok: false, what, fix, code, fields}`` (``venv_problems``; a wheel that did
+                  not arrive: ``blobs``' words, no code)
                   ``check {digest, wheels}`` -> ``check {findings, python}``
                   ``venvs {}`` -> ``venvs {envs}``; ``prune {keep, max_bytes}`` -> ``prune {...}``
                   ``bye``: end once what was asked is done; ``stop`` or EOF: end now (a build
@@ -45,6 +46,14 @@ from typing import BinaryIO
 from ptcluster.node.blobs import free_bytes, receive
 from ptcluster.node.guard.proctree import libc_prctl
 from ptcluster.node.sharing.safefile import remove_tree
+from ptcluster.node.venv_problems import (
+    BUILD_STOPPED,
+    BUILD_UNWRITABLE,
+    CHANGED_IN_USE,
+    INSTALL_FAILED,
+    NEVER_BUILT,
+    WHEEL_NOT_STORED,
+)
 from ptcluster.node.venv_store import (
     BUILD_PREFIX,
     FULL_FIX,
@@ -134,11 +143,13 @@ class Node:
         digest, resolved = msg["digest"], msg["resolved"]
         begun = time.monotonic()
         for w in [*resolved["wheels"], *resolved["tools"]]:
-            if w["sha256"] in self.failed:
-                return {"digest": digest, "ok": False, **self.failed[w["sha256"]]}
+            if w["sha256"] in self.failed:  # (blobs' words, shared with push: no code)
+                failed = self.failed[w["sha256"]]
+                return {"digest": digest, "ok": False, "what": failed["problem"],
+                        "fix": failed.get("fix")}
             if not os.path.isfile(os.path.join(self.store, w["sha256"])):
-                return {"digest": digest, "ok": False, "problem": f"wheel {w['filename']} is not "
-                        "in this node's store", "fix": "run again"}
+                return {"digest": digest, "ok": False,
+                        **WHEEL_NOT_STORED.sent(filename=w["filename"])}
         lock = os.open(os.path.join(self.envs, LOCK_PREFIX + digest),
                        os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -153,11 +164,7 @@ class Node:
                     users = ", ".join(r if r.startswith("warm pool") else f"job {r}"
                                       for r in running)
                     return {"digest": digest, "ok": False,
-                            "problem": f"its environment changed since the build ({why}) and "
-                            f"{users} runs in it",
-                            "fix": "end that job (or wait for it; a warm pool of yours: "
-                            "`ptcluster warm stop`), then run again: the environment is "
-                            "rebuilt then"}
+                            **CHANGED_IN_USE.sent(why=why, users=users)}
                 if state == "changed":  # never used: put aside, removed, built anew
                     aside = os.path.join(self.envs, f"{BUILD_PREFIX}stale-{digest}-"
                                          f"{secrets.token_hex(4)}")
@@ -175,11 +182,11 @@ class Node:
 
     def make(self, digest: str, resolved: dict) -> dict | None:
         """Build into ``.build-DIGEST-RAND`` and rename it into place; None when done, else
-        ``{problem, fix}`` (the partial folder removed)."""
+        the problem (``Declared.sent``; the partial folder removed)."""
         tmp = os.path.join(self.envs, f"{BUILD_PREFIX}{digest}-{secrets.token_hex(4)}")
         with self.lock:
             if self.cancelled:
-                return {"problem": "stopped", "fix": "run again"}
+                return BUILD_STOPPED.sent()
             self.building = tmp
         try:
             problem = self.install(tmp, resolved)
@@ -189,13 +196,13 @@ class Node:
                 write_manifest(tmp, digest, resolved)
                 with self.lock:
                     if self.cancelled:
-                        problem = {"problem": "stopped", "fix": "run again"}
+                        problem = BUILD_STOPPED.sent()
                     else:
                         os.rename(tmp, final)
                         self.building = None
         except OSError as exc:
             problem = disk_problem(tmp, exc) if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
-                else {"problem": f"building {tmp}: {exc}", "fix": "check that file system"}
+                else BUILD_UNWRITABLE.sent(path=tmp, error=exc)
         if problem is not None:
             with self.lock:
                 self.building = None
@@ -245,9 +252,7 @@ class Node:
         if "No space left" in out or "Disk quota" in out:
             return disk_problem(tmp, OSError(errno.ENOSPC, out.strip().splitlines()[-1]))
         last = out.strip().splitlines()[-1] if out.strip() else f"exit status {code}"
-        return {"problem": f"{os.path.basename(argv[0])} {argv[1]} failed: {last}",
-                "fix": "run `ptcluster doctor` on this node; the wheels may not suit its "
-                       "platform"}
+        return INSTALL_FAILED.sent(tool=os.path.basename(argv[0]), step=argv[1], last=last)
 
     def command(self, argv: list, env: dict) -> tuple[int, str]:
         with self.lock:
@@ -380,7 +385,7 @@ def serve(node: Node, kind: str, msg: dict) -> tuple[str, dict]:
     if kind == Kind.CHECK:
         env = node.env_dir(msg["digest"])
         findings = full_check(env, msg.get("wheels", [])) if os.path.isdir(env) else \
-            [{"what": "the environment was never built here"}]
+            [NEVER_BUILT.sent()]
         return kind, {"digest": msg["digest"], "findings": findings,
                       "python": os.path.join(env, "bin", "python")}
     if kind == Kind.VENVS:
@@ -412,7 +417,7 @@ def main() -> None:
             try:
                 answer_kind, answer = serve(node, kind, msg)
             except Exception as exc:  # noqa: BLE001 - one line to the head, never a hang
-                answer_kind, answer = kind, {"ok": False, "problem": f"{type(exc).__name__}: "
+                answer_kind, answer = kind, {"ok": False, "what": f"{type(exc).__name__}: "
                                              f"{exc}", "fix": "report this bug"}
             out.write(encode(answer_kind, answer))
             out.flush()

@@ -22,7 +22,8 @@ import os
 import re
 import time
 
-from ptcluster.node.blobs import full_problem
+from ptcluster.node import venv_problems as P
+from ptcluster.node.blobs import free_bytes
 from ptcluster.node.sharing.records import alive, read_record
 from ptcluster.node.sharing.safefile import remove_tree
 from ptcluster.node.warm import pools
@@ -167,32 +168,32 @@ def site_packages(env_dir: str) -> str:
     return os.path.join(lib, "python", "site-packages")
 
 
-def package_findings(site: str, wheels: list[dict]) -> list[dict]:
+def package_findings(env_dir: str, site: str, wheels: list[dict]) -> list[dict]:
     """Missing, extra and different packages against the resolved ``wheels``."""
     have = installed(site)
     want = {norm(w["name"]): w["version"] for w in wheels}
     out = []
     for name, version in sorted(want.items()):
         if name not in have:
-            out.append({"what": f"package {name} {version} is missing (the lock has {version}, "
-                        "the node none)"})
+            out.append(P.PACKAGE_MISSING.sent(name=name, version=version, env=env_dir))
         elif have[name][0] != version:
-            out.append({"what": f"package {name} differs: {have[name][0]} here, {version} in "
-                        "the lock"})
+            out.append(P.PACKAGE_DIFFERS.sent(name=name, have=have[name][0], version=version,
+                                              env=env_dir))
     for name, (version, _) in sorted(have.items()):
         if name not in want:
-            out.append({"what": f"package {name} {version} is extra (not in the lock)"})
+            out.append(P.PACKAGE_EXTRA.sent(name=name, version=version, env=env_dir))
     return out
 
 
 def full_check(env_dir: str, wheels: list[dict]) -> list[dict]:
     """Every difference between the environment and its build: packages, then files (hashes),
-    each ``{what}`` naming the package and both versions or hashes."""
+    each a declared problem (``venv_problems``: ``Declared.sent``) whose fields name the
+    package and both versions, or the file, its package and both hashes."""
     manifest = read_manifest(env_dir)
     if manifest is None:
-        return [{"what": f"{env_dir} has no readable {MANIFEST} (not a complete build)"}]
+        return [P.NO_MANIFEST.sent(env=env_dir)]
     site = site_packages(env_dir)
-    out = package_findings(site, wheels)
+    out = package_findings(env_dir, site, wheels)
     dists = installed(site)
     owner = owners(site, dists)
     now = walk_files(env_dir)
@@ -200,17 +201,18 @@ def full_check(env_dir: str, wheels: list[dict]) -> list[dict]:
     for rel, (size, _mtime, sha) in manifest.get("files", {}).items():
         who = owner.get(os.path.relpath(rel, site_rel), "the environment")
         if rel not in now:
-            out.append({"what": f"{rel} of {who} is missing"})
+            out.append(P.FILE_MISSING.sent(path=rel, owner=who, env=env_dir))
             continue
         got = file_entry(now[rel])
         if size == -1 and got[2] != sha:
-            out.append({"what": f"{rel} of {who} is a link to {got[2]}, {sha} at the build"})
+            out.append(P.LINK_CHANGED.sent(path=rel, owner=who, target=got[2], was=sha,
+                                           env=env_dir))
         elif size != -1 and got[2] != sha:
-            out.append({"what": f"{rel} of {who} changed since the build (sha256 {sha[:12]} "
-                        f"then, {got[2][:12]} now)"})
+            out.append(P.FILE_CHANGED.sent(path=rel, owner=who, was=sha[:12], now=got[2][:12],
+                                           env=env_dir))
     for rel in sorted(set(now) - set(manifest.get("files", {}))):
         who = owner.get(os.path.relpath(rel, site_rel), "no package")
-        out.append({"what": f"{rel} ({who}) was added since the build"})
+        out.append(P.FILE_ADDED.sent(path=rel, owner=who, env=env_dir))
     return out
 
 
@@ -365,9 +367,10 @@ def dist_version(name: str) -> str:
         return ""
 
 
-FULL_FIX = ("free space on that file system (`ptcluster venvs --prune` removes unused "
-            "environments), then run again")
+FULL_FIX = P.DISK_FULL.fix
+"""What a wheel that did not arrive for a full disk says to do (``blobs.receive``)."""
 
 
 def disk_problem(path: str, exc: BaseException) -> dict:
-    return full_problem(path, exc, FULL_FIX)
+    """A build's full disk, as the ``build`` answer says it (``venvs.disk-full``)."""
+    return P.DISK_FULL.sent(path=path, free=free_bytes(os.path.dirname(path)), error=exc)

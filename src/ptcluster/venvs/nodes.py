@@ -65,8 +65,9 @@ def ask(nodes: list[Member], kind: str,
 
 def check(nodes: list[Member], choose: Choose) -> dict[str, NodeAnswer]:
     """The full check on every node against the environment resolved for its platform:
-    ``answer["findings"]``, each ``{what}`` naming the package (and both versions) or the
-    file; ``answer["digest"]``."""
+    ``answer["findings"]``, each a declared problem as the node sent it (``node.venv_problems``:
+    ``{code, what, fix, fields}``, naming the package and both versions, or the file);
+    ``answer["digest"]``."""
     def payload(host: str, platform: Platform) -> dict[str, Any]:
         env = choose(platform)
         return {"digest": env.digest, "wheels": [{"name": w.name, "version": w.version}

@@ -183,8 +183,8 @@ def findings(spec: ClusterSpec, choose: Choose, root: str = NODE_ROOT) -> list[P
     for host, got in check(members(spec, root), choose).items():
         if got.problem is not None:
             out.append(got.problem)
-            continue
-        fix = (f"run `ptcluster run` (it rebuilds {host}'s environment), or remove "
-               f"{got.answer.get('python', 'it')} by hand")
-        out += [Problem(host, str(f["what"]), fix) for f in got.answer.get("findings", [])]
+        elif got.answer.get("ok") is False:  # the node's check itself failed (its words)
+            out.append(Problem.received(host, got.answer))
+        else:
+            out += [Problem.received(host, f) for f in got.answer.get("findings", [])]
     return out

@@ -239,8 +239,7 @@ def _plan(group: Group, by_host: dict[str, ResolvedEnv], out: dict[str, NodeEnv]
 def _built(host: str, digest: str, answer: dict[str, Any], sent: Outgoing) -> NodeEnv:
     if not answer.get("ok"):
         return NodeEnv(host, FAILED, digest, bytes_sent=sent.sent, wheels_sent=sent.count,
-                       problem=Problem(host, str(answer.get("problem")),
-                                       str(answer.get("fix") or "") or None))
+                       problem=Problem.received(host, answer))
     state = (REBUILT if answer.get("rebuilt_why") else BUILT) if answer.get("built") \
         else UP_TO_DATE
     return NodeEnv(host, state, digest, python=str(answer["python"]), wheels_sent=sent.count,

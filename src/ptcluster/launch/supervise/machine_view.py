@@ -1,8 +1,9 @@
-"""What the machine saw of a rank's death, in words: the kernel's OOM killer, the GPU driver's
-Xids, a full disk.
+"""What the machine saw of a rank's death, as declared problems (``TABLE``: ``run.*`` codes): the
+kernel's OOM killer or systemd-oomd, the GPU driver's Xids, a full disk.
 
 Pure: the guard's facts (``wire.OomFacts`` and ``wire.XidFacts`` in a rank's exit,
-``wire.DiskFacts`` in its error, ``node.guard.machine``) in, a message and its fix out.
+``wire.DiskFacts`` in its error, ``node.guard.machine``) in, a problem (its code and fields, and
+the message and fix they fill in) out.
 ``verdict.judge_rank`` asks; the supervisor words an Xid that no rank died of as a warning."""
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ptcluster.errors import Problem
 from ptcluster.launch.result import signame
 from ptcluster.node import wire
+from ptcluster.node.problems import Declared
 
 FULL_ERRNOS = (28, 122)
 """ENOSPC, EDQUOT: what a full filesystem (or quota) raises."""
@@ -24,15 +27,75 @@ LOG_HOW = ("To see the kernel's account: `sudo dmesg | grep -i 'killed process'`
            "`journalctl -k` there, for members of group adm where journald runs)")
 
 
+GROUP_FIX = ("the job needs more memory than its memory group allows: raise the limit (a "
+             "scheduler's --mem, the container's memory) or use less: fewer ranks or "
+             "DataLoader workers per node, a smaller batch or model")
+NODE_FIX = ("use less memory on {host}: fewer ranks or DataLoader workers per node, a smaller "
+            "batch or model, or a node with more memory; check what else runs there "
+            "(`ptcluster monitor`)")
+OOMD_FIX = ("; or run the job outside the slice systemd-oomd watches (its "
+            "ManagedOOMMemoryPressure=), or raise that slice's ManagedOOMMemoryPressureLimit=")
+OOMD = ("killed by systemd-oomd, which ended the whole control group {group} on {host} (due to "
+        "{why}); the kernel's own out-of-memory killer did not run")
+KILLED = "killed by the kernel's out-of-memory killer ({victim}{more}; {room}){then}"
+COUNTED = ("{how}, and the kernel's out-of-memory killer ran on {host} while it did ({counts}); "
+           "the kernel's log is not readable here to name its victim")
+OOMD_NODE = Declared("run.oomd-killed", "systemd-oomd ended the rank's control group", OOMD,
+                     NODE_FIX + OOMD_FIX)
+OOMD_GROUP = Declared("run.oomd-killed-group",
+                      "systemd-oomd ended the rank's control group (a limited memory group)",
+                      OOMD, GROUP_FIX + OOMD_FIX)
+OOM_NODE = Declared("run.oom-killed", "the kernel's out-of-memory killer killed the rank",
+                    KILLED, NODE_FIX)
+OOM_GROUP = Declared("run.oom-killed-group",
+                     "the kernel's out-of-memory killer killed the rank in its memory group",
+                     KILLED, GROUP_FIX)
+OOM_COUNTED = Declared("run.oom-counted",
+                       "the out-of-memory killer ran on the rank's node (its log unreadable)",
+                       COUNTED, NODE_FIX + ". " + LOG_HOW)
+OOM_COUNTED_GROUP = Declared(
+    "run.oom-counted-group",
+    "the out-of-memory killer ran in the rank's memory group (its log unreadable)",
+    COUNTED, GROUP_FIX + ". " + LOG_HOW)
+DISK_FULL = Declared(
+    "run.disk-full", "the rank's filesystem is full",
+    "{raised}; the {what} is full: {mount} ({fstype}) on {host} now has {free} free of {total}",
+    "free space on {host}'s {mount}, or write the files (the checkpoint directory) to a larger "
+    "filesystem; a checkpoint written to a temporary file and renamed (as the reference "
+    "trainer does) leaves the one saved before intact: resume from it (`--resume`)")
+DISK_FULL_UNNAMED = Declared(
+    "run.disk-full-unnamed", "a filesystem of the rank's is full (the error named no file)",
+    "{raised}; the {what} is full ({where})",
+    "free space on {host} (`df -h` there), or write to a larger filesystem")
+XID_SAID = "{where} reported Xid {xid}{at}{whose}: {meaning}"
+"""An Xid the GPU driver wrote, as the head says it (a warning, or a rank's cause)."""
+GPU_XID = Declared(
+    "run.gpu-xid", "the GPU driver reported an Xid before the rank failed",
+    "{how}, after " + XID_SAID + "{more}",
+    "{fix} (Xid {xid} in NVIDIA's catalog: docs.nvidia.com/deploy/xid-errors)")
+TABLE = (OOMD_NODE, OOMD_GROUP, OOM_NODE, OOM_GROUP, OOM_COUNTED, OOM_COUNTED_GROUP, DISK_FULL,
+         DISK_FULL_UNNAMED, GPU_XID)
+"""What the machine saw of a rank's death (``run.*`` codes: ``launch.problems`` gathers them
+with the supervisor's)."""
+
+
 @dataclass(frozen=True)
 class Named:
-    """A rank's end as the machine explains it."""
+    """A rank's end as the machine explains it: its declared problem (who None: the verdict's
+    caller names the rank), kind and the node's facts."""
 
-    message: str
-    fix: str
+    problem: Problem
     kind: str
     """A ``result.FailureKind`` value: ``oom``, ``gpu`` or ``disk``."""
     facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def message(self) -> str:
+        return self.problem.what
+
+    @property
+    def fix(self) -> str:
+        return self.problem.fix or ""
 
 
 def size(n: float) -> str:
@@ -52,20 +115,27 @@ def oom_named(host: str, code: int | None, oom: wire.OomFacts, raised: str) -> N
     if code not in (None, -signal.SIGKILL) and not _worker_died(raised):
         # tied by group alone: only when the rank's end says a process of its own died
         victims = [v for v in victims if v.get("tied") != "group"]
+    group = _group_limited(oom)
+    facts: dict[str, Any] = {"oom": dict(oom)}
     oomd = oom.get("oomd")
     if oomd:
-        return Named(f"killed by systemd-oomd, which ended the whole control group "
-                     f"{oomd.get('group') or '?'} on {host} (due to {oomd.get('why') or '?'}); "
-                     "the kernel's own out-of-memory killer did not run",
-                     f"{_fix(host, oom)}; or run the job outside the slice systemd-oomd "
-                     "watches (its ManagedOOMMemoryPressure=), or raise that slice's "
-                     "ManagedOOMMemoryPressureLimit=", "oom", {"oom": dict(oom)})
+        said = dict(group=oomd.get("group") or "?", why=oomd.get("why") or "?")
+        return Named(Problem.of(OOMD_GROUP, None, host=host, **said) if group else
+                     Problem.of(OOMD_NODE, None, host=host, **said), "oom", facts)
     how = ("killed by SIGKILL" if code == -signal.SIGKILL else
            "ended without an exit status" if code is None else
            f"killed by {signame(-code)}" if code < 0 else f"exited with code {code}")
+    if raised:
+        how += f" ({raised})"
     if victims:
-        return Named(_victims_said(host, code, victims, oom, raised, how), _fix(host, oom),
-                     "oom", {"oom": dict(oom)})
+        first = victims[0]
+        main = any(v.get("main") for v in victims)
+        victim = dict(victim=_victim_said(first, main, raised),
+                      more=f" and {len(victims) - 1} more of its processes" if len(victims) > 1
+                      else "", room=_room(host, oom, first),
+                      then="" if main else f"; the rank then {how}")
+        return Named(Problem.of(OOM_GROUP, None, **victim) if group else
+                     Problem.of(OOM_NODE, None, host=host, **victim), "oom", facts)
     if oom.get("log"):
         return None
     if code not in (None, -signal.SIGKILL) and not _worker_died(raised):
@@ -75,17 +145,11 @@ def oom_named(host: str, code: int | None, oom: wire.OomFacts, raised: str) -> N
         counts += f", its memory group's by {oom.get('group_kills')}"
         if oom.get("group_limit"):
             counts += f", a group limited to {size(oom.get('group_limit', 0))}"
-    message = (f"{how}{f' ({raised})' if raised else ''}, and the kernel's out-of-memory "
-               f"killer ran on {host} while it did ({counts}); the kernel's log is not "
-               "readable here to name its victim")
-    return Named(message, f"{_fix(host, oom)}. {LOG_HOW.format(host=host)}", "oom",
-                 {"oom": dict(oom)})
+    entry = OOM_COUNTED_GROUP if group else OOM_COUNTED
+    return Named(Problem.of(entry, None, how=how, host=host, counts=counts), "oom", facts)
 
 
-def _victims_said(host: str, code: int | None, victims: list[wire.OomVictim],
-                  oom: wire.OomFacts, raised: str, how: str) -> str:
-    first = victims[0]
-    main = [v for v in victims if v.get("main")]
+def _victim_said(first: wire.OomVictim, main: bool, raised: str) -> str:
     whose = "" if main else ("its DataLoader worker, " if _worker_died(raised) else
                              "a process of its tree, ")
     said = f"{whose}pid {first.get('pid')}, {first.get('comm') or '?'}"
@@ -94,12 +158,7 @@ def _victims_said(host: str, code: int | None, victims: list[wire.OomVictim],
                 "by its user and memory group in the kernel's record")
     if first.get("rss"):
         said += f", {size(first.get('rss', 0))} resident"
-    more = f" and {len(victims) - 1} more of its processes" if len(victims) > 1 else ""
-    room = _room(host, oom, first)
-    message = f"killed by the kernel's out-of-memory killer ({said}{more}; {room})"
-    if not main:
-        message += f"; the rank then {how}{f' ({raised})' if raised else ''}"
-    return message
+    return said
 
 
 def _worker_died(raised: str) -> bool:
@@ -119,16 +178,11 @@ def _room(host: str, oom: wire.OomFacts, victim: wire.OomVictim) -> str:
     return f"{host} ran out of memory"
 
 
-def _fix(host: str, oom: wire.OomFacts) -> str:
+def _group_limited(oom: wire.OomFacts) -> bool:
+    """The memory group's limit, not the node's memory, is what ran out (its fix)."""
     victims = oom.get("victims") or []
-    if any(v.get("constraint") == "CONSTRAINT_MEMCG" for v in victims) or \
-            (not victims and oom.get("group_kills") and oom.get("group_limit")):
-        return ("the job needs more memory than its memory group allows: raise the limit (a "
-                "scheduler's --mem, the container's memory) or use less: fewer ranks or "
-                "DataLoader workers per node, a smaller batch or model")
-    return (f"use less memory on {host}: fewer ranks or DataLoader workers per node, a smaller "
-            "batch or model, or a node with more memory; check what else runs there "
-            "(`ptcluster monitor`)")
+    return any(v.get("constraint") == "CONSTRAINT_MEMCG" for v in victims) or bool(
+        not victims and oom.get("group_kills") and oom.get("group_limit"))
 
 
 def disk_named(host: str, errno: int | None, disk: wire.DiskFacts | None,
@@ -138,38 +192,38 @@ def disk_named(host: str, errno: int | None, disk: wire.DiskFacts | None,
     if errno not in FULL_ERRNOS:
         return None
     what = "quota" if errno == 122 else "filesystem"
+    facts: dict[str, Any] = {"disk": dict(disk or {})}
     if disk and disk.get("mount"):
-        where = (f"{disk.get('mount')} ({disk.get('fstype') or '?'}) on {host} now has "
-                 f"{size(disk.get('free', 0))} free of {size(disk.get('total', 0))}")
-        message = f"{raised}; the {what} is full: {where}"
-        fix = (f"free space on {host}'s {disk.get('mount')}, or write the files (the "
-               "checkpoint directory) to a larger filesystem; a checkpoint written to a "
-               "temporary file and renamed (as the reference trainer does) leaves the one "
-               "saved before intact: resume from it (`--resume`)")
-    else:
-        full = (disk or {}).get("full") or []
-        named = ", ".join(f"{f.get('mount')} ({f.get('fstype') or '?'}) {size(f.get('free', 0))}"
-                          f" free of {size(f.get('total', 0))}" for f in full)
-        message = f"{raised}; the {what} is full" + (
-            f" (nearly full on {host}: {named})" if named else
-            " (the error named no file, and no filesystem of the node is nearly full now)")
-        fix = f"free space on {host} (`df -h` there), or write to a larger filesystem"
-    return Named(message, fix, "disk", {"disk": dict(disk or {})})
+        return Named(Problem.of(DISK_FULL, None, raised=raised, what=what, host=host,
+                                mount=disk.get("mount"), fstype=disk.get("fstype") or "?",
+                                free=size(disk.get("free", 0)),
+                                total=size(disk.get("total", 0))), "disk", facts)
+    full = (disk or {}).get("full") or []
+    named = ", ".join(f"{f.get('mount')} ({f.get('fstype') or '?'}) {size(f.get('free', 0))}"
+                      f" free of {size(f.get('total', 0))}" for f in full)
+    where = f"nearly full on {host}: {named}" if named else \
+        "the error named no file, and no filesystem of the node is nearly full now"
+    return Named(Problem.of(DISK_FULL_UNNAMED, None, raised=raised, what=what, where=where,
+                            host=host), "disk", facts)
 
 
-def xid_said(host: str, xid: wire.XidFacts) -> str:
-    """One Xid as a line: the GPU, the node, whose process, what it means, what to do."""
+def _xid_parts(host: str, xid: wire.XidFacts) -> dict[str, object]:
+    """The fields of ``XID_SAID``: the GPU, the node, whose process, what it means."""
     gpu = xid.get("gpu")
-    where = f"GPU {gpu} on {host}" if gpu is not None else \
-        f"the GPU at PCI {xid.get('pci') or '?'} on {host}"
-    at = xid.get("clock") or ""
     whose = ""
     if xid.get("rank") is not None:
         whose = f", in rank {xid.get('rank')}'s process {xid.get('pid')}"
     elif xid.get("pid"):
         whose = f", in process {xid.get('pid')} ({xid.get('name') or '?'}: not one of the job's)"
-    return (f"{where} reported Xid {xid.get('xid')}{f' at {at}' if at else ''}"
-            f"{whose}: {xid.get('meaning') or '?'}; what to do: {xid.get('fix') or '?'}")
+    return dict(where=f"GPU {gpu} on {host}" if gpu is not None else
+                f"the GPU at PCI {xid.get('pci') or '?'} on {host}",
+                xid=xid.get("xid"), at=f" at {xid.get('clock')}" if xid.get("clock") else "",
+                whose=whose, meaning=xid.get("meaning") or "?")
+
+
+def xid_said(host: str, xid: wire.XidFacts) -> str:
+    """One Xid as a line: the GPU, the node, whose process, what it means, what to do."""
+    return f"{XID_SAID.format(**_xid_parts(host, xid))}; what to do: {xid.get('fix') or '?'}"
 
 
 def xid_named(host: str, how: str, xids: Sequence[wire.XidFacts]) -> Named | None:
@@ -180,6 +234,7 @@ def xid_named(host: str, how: str, xids: Sequence[wire.XidFacts]) -> Named | Non
         return None
     first = next((x for x in xids if x.get("fatal")), xids[0])
     more = f" (and {len(xids) - 1} more Xid(s))" if len(xids) > 1 else ""
-    message = f"{how}, after {xid_said(host, first).split('; what to do: ')[0]}{more}"
-    return Named(message, first.get("fix") or "see NVIDIA's Xid catalog", "gpu",
-                 {"xids": [dict(x) for x in xids]})
+    return Named(Problem.of(GPU_XID, None, how=how, more=more,
+                            fix=first.get("fix") or "no action is known here for it",
+                            **_xid_parts(host, first)),
+                 "gpu", {"xids": [dict(x) for x in xids]})

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import cast
 
+from ptcluster.errors import Problem
 from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, NodeOutcome, RankRecord
@@ -213,7 +214,10 @@ class RankLife:
         else:  # the second report of the same failure: refine it
             news = None
         failure = self.failure
-        failure.at, failure.message, failure.fix = verdict.at, verdict.message, fix
+        failure.at = verdict.at
+        # a declared problem brings its code and fields; words alone, none
+        failure.problem = (verdict.declared or Problem(None, "")).by(failure.who)
+        failure.message, failure.fix = verdict.message, fix
         failure.kind, failure.facts, failure.exit_code = verdict.kind, verdict.facts, \
             record.exit_code
         failure.known, failure.meaning = (None, None) if known is None else \

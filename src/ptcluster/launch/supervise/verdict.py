@@ -108,6 +108,9 @@ class RankVerdict:
     kind: FailureKind = FailureKind.RANK
     facts: dict[str, Any] = field(default_factory=dict)
     """What the node saw of it (``Failure.facts``)."""
+    declared: Problem | None = None
+    """What the machine saw, as its declared problem (``machine_view``: its code and fields;
+    ``message`` and ``fix`` are its what and fix); None for the rank's own words."""
 
 
 def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
@@ -145,7 +148,8 @@ def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
         (disk_named(record.host, raised.errno, raised.disk, text) if raised else None)
     if named is not None:
         return RankVerdict(stopped=False, at=failed_at, message=named.message, fix=named.fix,
-                           kind=FailureKind(named.kind), facts=named.facts)
+                           kind=FailureKind(named.kind), facts=named.facts,
+                           declared=named.problem)
     known = None if raised is None else match_rank(raised.report())
     if known is not None:
         fix = known.fix

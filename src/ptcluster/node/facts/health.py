@@ -133,16 +133,12 @@ def finding(check: str, ok: bool, what: str, fix: str | None = None) -> dict[str
 def refused(check: str, entry: Declared, **values: object) -> dict[str, Any]:
     """A check's refusal, said by its entry (``REFUSALS``), with its code and the values it
     was said with (``fields``)."""
-    what, fix = entry.texts(**values)
-    return {"check": check, "ok": False, "what": what, "fix": fix, "code": entry.code,
-            "fields": {k: str(v) for k, v in values.items()}}
+    return {"check": check, "ok": False, **entry.sent(**values)}
 
 
 def warned(entry: Declared, **values: object) -> dict[str, Any]:
     """A GPU's warning (``WARNINGS``): ``{code, what, fix, fields}``."""
-    what, fix = entry.texts(**values)
-    return {"code": entry.code, "what": what, "fix": fix,
-            "fields": {k: str(v) for k, v in values.items()}}
+    return entry.sent(**values)
 
 
 def check_disk(facts: HealthFacts) -> dict[str, Any]:
