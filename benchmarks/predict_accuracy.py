@@ -7,7 +7,8 @@ steps each). The machine's other load shows most in the one-node (compute-bound)
 predicted and measured samples/s, their error, whether "N nodes slower than N-1" was said where the
 measurement shows it (over ``SLOWER`` apart), the worst error, and the time --predict took.
 
-    .venv/bin/python benchmarks/predict_accuracy.py [--rates 100mbit,1gbit] [--cpu 50]
+    .venv/bin/python benchmarks/predict_accuracy.py [--rates 100mbit,1gbit] [--jobs mnist,biggrad]
+        [--cpu 50]
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def measure(cluster: str, cwd: Path, job: list[str]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="100mbit,1gbit")
+    ap.add_argument("--jobs", default="mnist,biggrad", help="which of the jobs (one case: to look"
+                    " into it; the record is of both)")
     ap.add_argument("--cpu", type=int, default=50, help="each node's CPU cap, %% of one CPU")
     args = ap.parse_args()
     worst, missed, took_all = 0.0, [], []
@@ -87,6 +90,8 @@ def main() -> None:
         for rate in args.rates.split(","):
             with shaped(bed, rate):
                 for name, (probe_job, _) in jobs(rate, 3).items():
+                    if name not in args.jobs.split(","):
+                        continue
                     pred, took = predict(clusters[3], cwd, probe_job)
                     took_all.append(took)
                     measured = [measure(clusters[k], cwd, jobs(rate, k)[name][1])
