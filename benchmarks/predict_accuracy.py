@@ -5,9 +5,11 @@ reference trainer (0.4 MB of gradient) and ``tests/support/biggrad.py`` (21 MB):
 made once on the 3-node cluster, then the job measured at 1, 2 and 3 nodes (a few seconds of
 steps each). The machine's other load shows most in the one-node (compute-bound) rows. Prints
 predicted and measured samples/s, their error, whether "N nodes slower than N-1" was said where the
-measurement shows it (over ``SLOWER`` apart), the worst error, and the time --predict took.
+measurement shows it (over ``SLOWER`` apart), the worst error, and the time --predict took;
+beside each figure the machine's 1-minute load average when it was taken (``/proc/loadavg``).
 
-    .venv/bin/python benchmarks/predict_accuracy.py [--rates 100mbit,1gbit] [--cpu 50]
+    .venv/bin/python benchmarks/predict_accuracy.py [--rates 100mbit,1gbit] [--jobs mnist,biggrad]
+        [--cpu 50]
 """
 
 from __future__ import annotations
@@ -57,18 +59,26 @@ def predict(cluster: str, cwd: Path, job: list[str]) -> tuple[dict, float]:
     return json.loads(out.stdout), took
 
 
-def measure(cluster: str, cwd: Path, job: list[str]) -> float:
+def load() -> float:
+    """The machine's 1-minute load average now."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def measure(cluster: str, cwd: Path, job: list[str]) -> tuple[float, float]:
+    """The job's samples/s on ``cluster``, and the load average as it ended."""
     out = subprocess.run(PTCLUSTER + ["run", "--cluster", cluster, *job], cwd=cwd,
                          capture_output=True, text=True, timeout=900)
     found = re.findall(r"samples_per_s=([0-9.]+)", out.stdout + out.stderr)
     if out.returncode != 0 or not found:
         raise SystemExit(f"run failed ({out.returncode}): {(out.stdout + out.stderr)[-3000:]}")
-    return float(found[-1])
+    return float(found[-1]), load()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="100mbit,1gbit")
+    ap.add_argument("--jobs", default="mnist,biggrad", help="which of the jobs (one case: to look"
+                    " into it; the record is of both)")
     ap.add_argument("--cpu", type=int, default=50, help="each node's CPU cap, %% of one CPU")
     args = ap.parse_args()
     worst, missed, took_all = 0.0, [], []
@@ -83,24 +93,33 @@ def main() -> None:
                     for k in (1, 2, 3)}
         print(f"3 nodes x 1 rank, each capped to {args.cpu} % of a CPU; gloo")
         print(f"{'link':>8} {'job':>8} {'nodes':>5} {'predicted':>10} {'measured':>10} "
-              f"{'error':>7} {'bound':>8}  (samples/s)")
+              f"{'error':>7} {'bound':>8} {'load':>5}  (samples/s; load: of the measured run)")
         for rate in args.rates.split(","):
             with shaped(bed, rate):
                 for name, (probe_job, _) in jobs(rate, 3).items():
+                    if name not in args.jobs.split(","):
+                        continue
                     pred, took = predict(clusters[3], cwd, probe_job)
                     took_all.append(took)
+                    at = load()
                     measured = [measure(clusters[k], cwd, jobs(rate, k)[name][1])
                                 for k in (1, 2, 3)]
-                    for row, real in zip(pred["rows"], measured, strict=True):
+                    for row, (real, busy) in zip(pred["rows"], measured, strict=True):
                         err = row["samples_per_s"] / real - 1
                         worst = max(worst, abs(err))
                         print(f"{rate:>8} {name:>8} {row['nodes']:>5} "
                               f"{row['samples_per_s']:>10.1f} {real:>10.1f} {err:>+7.1%} "
-                              f"{row['bound']:>8}")
+                              f"{row['bound']:>8} {busy:>5.2f}")
+                    m = pred["measured"]
+                    sweep = ", ".join(f"{r['size'] / 1e6:.2f} MB {r['time_us'] / 1e3:.1f} ms "
+                                      f"({r['busbw'] * 8:.3g} Gbit/s)"
+                                      for r in pred["sweep"]["rows"])
+                    print(f"{'':>8} {name:>8} --predict (load {at:.2f}): {m['step_s'] * 1e3:.2f}"
+                          f" ms a step on one node ({m['steps']} steps), all-reduce on 3: {sweep}")
                     for k in (2, 3):
                         said = any(s.startswith(f"{k} nodes are predicted slower")
                                    for s in pred["verdict"])
-                        if measured[k - 1] < (1 - SLOWER) * measured[k - 2] and not said:
+                        if measured[k - 1][0] < (1 - SLOWER) * measured[k - 2][0] and not said:
                             missed.append(f"{rate} {name}: {k} nodes measured slower, not said")
                     print(f"{'':>8} {name:>8} --predict took {took:.1f} s; said: "
                           f"{' | '.join(pred['verdict'])}")

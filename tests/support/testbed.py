@@ -478,9 +478,12 @@ def shaped(bed: Testbed, rate: str) -> Iterator[None]:
     """Every node's link limited to ``rate`` (tc's units: ``100mbit``, ``1gbit``) both ways: a
     ``tbf`` qdisc on its host-side veth (traffic to the node) and on its ``veth0`` (from it).
     No netem here; tbf works on veths. Every qdisc added is removed, also on failure."""
-    bits = int(float(rate.rstrip("abcdefghijklmnopqrstuvwxyz")) * {
-        "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[rate.lstrip("0123456789.")])
-    burst = max(32 << 10, bits // 8 // 100)  # at least 10 ms of the rate
+    # a wire has no burst: tbf's bucket lets a message through at the veth's speed as long as
+    # the pause before it refilled the bucket. With 10 ms of the rate (1.25 MB at 1 Gbit/s),
+    # the reference trainer on 2 nodes all-reduced its 0.41 MB in ~2 ms a step, where 1 Gbit/s
+    # needs 3.3 ms. 64 KiB (0.5 ms at 1 Gbit/s, 5 ms at 100 Mbit/s) holds one GSO packet (tbf
+    # splits a packet bigger than its burst); 32 KiB gave the same figures
+    burst = 64 << 10
     added: list[tuple[str, ...]] = []
     try:
         for node in bed.nodes:

@@ -4,6 +4,7 @@ CLI on a recorded sweep (the plots themselves: ``tests/local/test_bench_plots.py
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -58,6 +59,7 @@ def test_the_worker_gets_the_heads_counts() -> None:
     assert dict(wc["plan"])["all_gather"] == [1, 128, 512]  # 8 B / (2 B x 4 ranks) = 1
     assert dict(wc["plan"])["all_reduce"] == [4, 512, 2048]
     assert wc["pairs"] == [] and wc["pair_count"] == 1 and wc["corrupt"] is False
+    assert wc["min_s"] == 0.0 and worker_config(replace(cfg, min_s=1.0), 4, [])["min_s"] == 1.0
     assert worker_config(BenchConfig(ops=OPS, sizes=(8,), pairs=True), 4, [[0, 2]])["pairs"] == [
         [0, 2]]
     one_rank = worker_config(BenchConfig(ops=("all_reduce", "sendrecv"), sizes=(8,)), 1, [])
@@ -72,7 +74,8 @@ def test_the_worker_gets_the_heads_counts() -> None:
     ("ops", ("all_reduce", "nope"), "ops must be one or more of all_reduce"),
     ("ops", (), "ops must be one or more"), ("timeout", 0.0, "timeout must be"),
     ("timeout", float("nan"), "timeout must be"), ("timeout", float("inf"), "timeout must be"),
-    ("dtype", "int8", "dtype must be one of"),
+    ("dtype", "int8", "dtype must be one of"), ("min_s", -1.0, "min_s must be"),
+    ("min_s", float("inf"), "min_s must be"), ("min_s", float("nan"), "min_s must be"),
 ])
 def test_bench_config_rejects_bad_values(field: str, value: object, message: str) -> None:
     kwargs: dict = {"ops": ("all_reduce",), "sizes": (8,), field: value}

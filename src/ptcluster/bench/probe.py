@@ -24,6 +24,11 @@ from ptcluster.node.rank_wire import PREDICT_VAR, THREADS_DEFAULT, THREADS_VAR
 MAX_SWEEP_SIZES = 8
 """Most distinct sizes the sweep times: past this many bucket sizes, a geometric ladder from the
 smallest to the largest (interpolated between)."""
+SWEEP_MIN_S = 1.0
+"""Seconds each bucket size's all-reduce is timed for at least (``PredictConfig.min_s`` when
+that is less): ten periods of a CPU quota. The sweep's few iterations of a small bucket last
+milliseconds: on the CPU-capped testbed the same 0.4 MB all-reduce timed 3.1 ms in one run (one
+period's unthrottled part) and 11.5 ms in the next (a throttled stretch)."""
 TAIL_LINES = 30
 """Lines of the brief run's output kept to show when it fails."""
 
@@ -141,7 +146,7 @@ def run_predict(spec: ClusterSpec, sweep_spec: ClusterSpec, target: Target, cfg:
         t1 = time.monotonic()
         out.sweep = run_bench(sweep_spec, replace(
             bench, ops=("all_reduce",), sizes=sweep_sizes([b.nbytes for b in m.buckets]),
-            pairs=False), port=port)
+            pairs=False, min_s=min(cfg.min_s, SWEEP_MIN_S)), port=port)
         out.sweep_s = time.monotonic() - t1
         if out.sweep.failure is not None:
             out.failure = out.sweep.failure

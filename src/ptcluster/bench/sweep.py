@@ -38,6 +38,9 @@ class BenchConfig:
     """Timed iterations per size; the time is their average."""
     warmup: int = 5
     """Untimed iterations before the timed ones."""
+    min_s: float = 0.0
+    """Seconds each size is timed for at least: when ``iters`` took less, as many iterations
+    as should last this long are timed instead (0: ``iters`` only)."""
     check: int = 1
     """Verified runs per size (0: no check)."""
     dtype: str = "float32"
@@ -62,6 +65,8 @@ class BenchConfig:
         for name, least in (("iters", 1), ("warmup", 0), ("check", 0), ("pair_size", 1)):
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}; got {getattr(self, name)}")
+        if not 0 <= self.min_s < math.inf:
+            raise ValueError(f"min_s must be a finite number of seconds >= 0; got {self.min_s}")
         if not 0 < self.timeout < math.inf:  # also rejects nan
             raise ValueError(f"timeout must be a finite number of seconds > 0; got "
                              f"{self.timeout}")
@@ -175,6 +180,7 @@ def worker_config(cfg: BenchConfig, nranks: int, pairs: list[list[int]]) -> dict
     """What every rank's worker gets (JSON, argv[1]): counts, not sizes, so the head's formulas
     are the only ones. ``pairs``: the [rank a, rank b] ping-pongs, when ``cfg.pairs``."""
     return {"plan": sweep_plan(cfg, nranks)[0], "iters": cfg.iters, "warmup": cfg.warmup,
+            "min_s": cfg.min_s,
             "check": cfg.check, "dtype": cfg.dtype, "timeout": cfg.timeout,
             "corrupt": cfg.corrupt, "pairs": pairs if cfg.pairs else [],
             "pair_count": pair_count(cfg)}

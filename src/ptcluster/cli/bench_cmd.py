@@ -99,7 +99,7 @@ SIZE = ByteSize()
               "it is ended).")
 @click.option("--measure-seconds", type=FiniteFloat(min=0), default=3.0, show_default=True,
               help="With --predict: measure for this long at least (more steps when --steps "
-              "took less).")
+              "took less); the sweep times each bucket size for this long too, 1 s at most.")
 @click.option("--warmup-steps", type=click.IntRange(1), default=5, show_default=True,
               help="With --predict: steps before the measured ones.")
 @click.option("--batch", type=click.IntRange(1), help="With --predict: samples per rank per "

@@ -5,11 +5,15 @@ argv[1] is a JSON config from the head (``sweep.worker_config``): per op, the el
 to run, computed on the head (``formulas.count_for``), so this file has no size formula.
 Rank 0 reports one record per result (``rank_setup.report``, never printed).
 Timing: warm-ups, then timed iterations between device synchronisations, the time averaged
-over ranks. Correctness: a separate pass whose inputs are small integers (exact in every float
-type), compared with the exact expected result; mismatches are summed over ranks.
+over ranks; with ``min_s`` (``bench --predict``), while those took less, as many more as make
+``min_s``, timed anew (a window of a few short collectives on a node under a CPU quota, whose
+period is 100 ms, catches a throttled stretch, or none). Correctness: a separate pass whose
+inputs are small integers (exact in every float type), compared with the exact expected
+result; mismatches are summed over ranks.
 """
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -20,6 +24,9 @@ import torch
 import torch.distributed as dist
 
 from ptcluster.node.rank.api import device_sync, end_rank, init_distributed, report
+
+MAX_ITERS = 100_000
+"""Most timed iterations of one size, however short they are (``min_s``)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,7 @@ def bench_count(me: Rank, cfg: dict[str, Any], op: str, count: int) -> tuple[flo
     def run() -> None:
         run_op(op, send, recv, prev, nxt)
 
-    seconds = time_op(me, run, cfg["warmup"], cfg["iters"])
+    seconds = time_op(me, run, cfg["warmup"], cfg["iters"], cfg.get("min_s", 0.0))
     wrong = sum(check(me, op, send, recv, count, run, cfg["corrupt"])
                 for _ in range(cfg["check"]))
     bad = torch.tensor([wrong], dtype=torch.int64, device=me.device)
@@ -76,11 +83,26 @@ def bench_count(me: Rank, cfg: dict[str, Any], op: str, count: int) -> tuple[flo
     return seconds, int(bad.item())
 
 
-def time_op(me: Rank, run: Callable[[], None], warmup: int, iters: int) -> float:
-    """Seconds per run: warm-ups, then ``iters`` runs between device syncs; mean over ranks."""
+def time_op(me: Rank, run: Callable[[], None], warmup: int, iters: int,
+            min_s: float = 0.0) -> float:
+    """Seconds per run: warm-ups, then ``iters`` runs between device syncs; mean over ranks.
+    When those took less than ``min_s``, the runs that should last ``min_s`` (the most any
+    rank asks for, so that every rank runs as many) are timed instead."""
     for _ in range(warmup):
         run()
-    me.sync()  # the warm-ups are queued on a GPU: wait for them before starting the clock
+    seconds = timed(me, run, iters)
+    if seconds * iters < min_s:
+        want = torch.tensor([min(MAX_ITERS, math.ceil(min_s / max(seconds, 1e-9)))],
+                            dtype=torch.int64, device=me.device)
+        dist.all_reduce(want, op=dist.ReduceOp.MAX)
+        seconds = timed(me, run, int(want.item()))
+    return seconds
+
+
+def timed(me: Rank, run: Callable[[], None], iters: int) -> float:
+    """Seconds per run of ``iters`` runs from a barrier, between device syncs; mean over
+    ranks."""
+    me.sync()  # queued work (the warm-ups on a GPU): waited for before starting the clock
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(iters):
