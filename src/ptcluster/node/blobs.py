@@ -100,6 +100,18 @@ def receive(stdin: BinaryIO, sha: str, size: int, final: str, full_fix: str,
     return problem
 
 
+def pass_on(stream: BinaryIO, size: int, tee: Callable[[bytes], None]) -> None:
+    """Exactly ``size`` bytes from ``stream``, each block to ``tee`` only (a file this node has
+    already, on its way down the relay): nothing written here. Raises EOFError when short."""
+    left = size
+    while left:
+        block = stream.read(min(CHUNK, left))
+        if not block:
+            raise EOFError
+        left -= len(block)
+        tee(block)
+
+
 class HeadStream:
     """A node program's stdin (the head's channel), its reads marking when the program waits on
     the head and when a byte came: only a silence while it waits is the head's (while it writes
