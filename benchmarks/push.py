@@ -4,7 +4,7 @@ cores and disk; each node its own folder, as the namespaces share the file syste
 
 - head egress: the bytes the head's bridge interface sent during the push (its counter: the
   channels, ssh and all), against the set's size; at 8 nodes the relay runs (goal <= 1.5x);
-- wall time at 3 nodes (by default relayed: ``push.relay.RELAY_MIN``; and with
+- wall time at 3 nodes (by default relayed: ``remote.relay.RELAY_MIN``; and with
   ``--no-relay``: the head sends to each node) against one `rsync -a` of the same set to one
   node over ssh (goal <= 2x), the two alternated ``--rounds`` times and their medians compared
   (other work on the machine moves either by a factor of two from one run to the next);

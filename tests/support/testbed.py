@@ -473,6 +473,30 @@ def bring_up(what: str, why_not: str | None, make: Callable[[], B]) -> B:
         pytest.skip(f"the {what} did not start: {exc}")
 
 
+def namespace_bed(n: int) -> Iterator[Testbed]:
+    """A module fixture's body: ``n`` namespace nodes (this machine's files; ``bring_up``'s
+    rules), closed after the module."""
+    bed = bring_up("multi-node testbed", available(), lambda: Testbed(n))
+    try:
+        yield bed
+    finally:
+        bed.close()
+
+
+def members(bed: Testbed, job_dir: Path, n: int, config: Callable[[int], dict]) -> list[Any]:
+    """The first ``n`` nodes as ``remote.group`` members running this interpreter, node ``i``'s
+    program config ``config(i)`` (the namespaces share this machine's files: each node a
+    folder of its own)."""
+    from ptcluster.cluster.load import load_cluster_file
+    from ptcluster.remote.connect import transports
+    from ptcluster.remote.group import Member
+
+    spec = load_cluster_file(bed.write_cluster(job_dir, [1] * n), trusted=True)
+    reach = transports(spec)
+    return [Member(node.host, reach[node.host], sys.executable, config(i))
+            for i, node in enumerate(spec.nodes)]
+
+
 @contextlib.contextmanager
 def shaped(bed: Testbed, rate: str) -> Iterator[None]:
     """Every node's link limited to ``rate`` (tc's units: ``100mbit``, ``1gbit``) both ways: a

@@ -4,22 +4,20 @@ file system, so nothing is shared by accident): digests on every node, a second 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from ptcluster.cluster.load import load_cluster_file
 from ptcluster.push.scan import scan
 from ptcluster.push.send import PushResult, push
-from ptcluster.remote.connect import transports
 from ptcluster.remote.group import Member
 from tests.support import bare
 from tests.support import testbed as tb
@@ -50,19 +48,11 @@ def tx_bytes(dev: str) -> int:
 
 @pytest.fixture(scope="module")
 def relay_bed() -> Iterator[tb.Testbed]:
-    bed = tb.bring_up("multi-node testbed", tb.available(), lambda: tb.Testbed(8))
-    try:
-        yield bed
-    finally:
-        bed.close()
+    yield from tb.namespace_bed(8)
 
 
 def relay_members(bed: tb.Testbed, tmp_path: Path) -> list[Member]:
-    spec = load_cluster_file(bed.write_cluster(tmp_path, [1] * 8), trusted=True)
-    reach = transports(spec)
-    # the namespaces share this machine's files: each node its own folder
-    return [Member(n.host, reach[n.host], sys.executable, {"dest": str(tmp_path / f"dest-{i}")})
-            for i, n in enumerate(spec.nodes)]
+    return tb.members(bed, tmp_path, 8, lambda i: {"dest": str(tmp_path / f"dest-{i}")})
 
 
 def test_relay_on_8_nodes_head_egress_about_once(relay_bed: tb.Testbed, tmp_path: Path) -> None:
@@ -102,20 +92,8 @@ def test_relay_a_node_cut_off_mid_push(relay_bed: tb.Testbed, tmp_path: Path) ->
     got: list[PushResult] = []
     pushing = threading.Thread(target=lambda: got.append(push(members, scan(src))), daemon=True)
     pushing.start()
-    agents: list[int] = []
-    try:
-        deadline = time.monotonic() + 120
-        while not list((tmp_path / "dest-3").rglob(".ptcluster-part-*")):
-            assert time.monotonic() < deadline and pushing.is_alive(), "no file reached node 3"
-            time.sleep(0.005)
-        agents = [p for p in cut.pids() if _comm(p).startswith("python")]
-        assert agents, "no node program on node 3"
-        for pid in agents:
-            os.kill(pid, signal.SIGSTOP)
-        bed.cut_link(cut)
+    with cut_mid_file(bed, cut, tmp_path / "dest-3", pushing.is_alive) as agents:
         cut_at = time.monotonic()
-        for pid in agents:
-            os.kill(pid, signal.SIGCONT)
         pushing.join(180)  # (without the kernel's probes: 600 s, the relay's stream timeout)
         assert got, "the push did not end"
         done = got[0]
@@ -126,17 +104,43 @@ def test_relay_a_node_cut_off_mid_push(relay_bed: tb.Testbed, tmp_path: Path) ->
             if i != 3:
                 assert digests(tmp_path / f"dest-{i}") == digests(src), i
         assert done.bytes_sent > done.size  # (the nodes after the cut: from the head)
-        deadline = time.monotonic() + 60
-        while [p for p in agents if _alive(p)] and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not [p for p in agents if _alive(p)], "the cut node's program did not end"
+        assert all_ended(agents, 60), "the cut node's program did not end"
         print(f"node 3's program ended by {time.monotonic() - cut_at:.1f} s after the cut")
         assert not list((tmp_path / "dest-3").rglob(".ptcluster-part-*"))
-    finally:
-        bed.restore_link(cut)
+
+
+@contextlib.contextmanager
+def cut_mid_file(bed: tb.Testbed, node: tb.Node, folder: Path,
+                 going: Callable[[], bool]) -> Iterator[list[int]]:
+    """``node``'s link cut once a file on its way to it shows in ``folder`` (a temp file), its
+    node programs held (SIGSTOP) until the link is down, so that no more of it can have passed
+    on: their pids. After: the link restored, any of them left killed."""
+    agents: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not list(folder.rglob(".ptcluster-part-*")):
+            assert time.monotonic() < deadline and going(), f"no file reached {node.name}"
+            time.sleep(0.005)
+        agents = [p for p in node.pids() if _comm(p).startswith("python")]
+        assert agents, f"no node program on {node.name}"
         for pid in agents:
-            if _alive(pid):  # (this test's own leftovers, whatever happened above)
+            os.kill(pid, signal.SIGSTOP)
+        bed.cut_link(node)
+        for pid in agents:
+            os.kill(pid, signal.SIGCONT)
+        yield agents
+    finally:
+        bed.restore_link(node)
+        for pid in agents:
+            if _alive(pid):  # (the test's own leftovers, whatever happened)
                 os.kill(pid, signal.SIGKILL)
+
+
+def all_ended(pids: list[int], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return not [p for p in pids if _alive(p)]
 
 
 def _comm(pid: int) -> str:

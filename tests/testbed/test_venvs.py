@@ -30,6 +30,7 @@ from ptcluster.launch.result import RunResult
 from ptcluster.launch.runner import Runner
 from ptcluster.node.blobs import PART_PREFIX
 from ptcluster.remote.connect import transports
+from ptcluster.remote.group import Member
 from ptcluster.venvs import nodes
 from ptcluster.venvs.known import KnownNodes
 from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
@@ -365,3 +366,84 @@ def _users_processes(node: tb.Node) -> list[tuple[int, str]]:
         if uid != 0 and comm != "sshd":
             out.append((pid, comm))
     return out
+
+
+@pytest.fixture(scope="module")
+def relay_bed() -> Iterator[tb.Testbed]:
+    """3 namespace nodes (this machine's files, each node its own ptcluster directory): the
+    relay's chain head -> n0 -> n1 -> n2 over their own links."""
+    if UV is None:
+        pytest.skip("no uv wheel at hand (PTC_UV_WHEEL)")
+    yield from tb.namespace_bed(3)
+
+
+def relay_members(bed: tb.Testbed, tmp: Path) -> list[Member]:
+    """The bed's 3 nodes, each its ptcluster directory in ``tmp`` (a folder for wheels too)."""
+    (tmp / "wheels").mkdir()
+    return tb.members(bed, tmp, 3, lambda i: {"root": str(tmp / f"root-{i}")})
+
+
+def test_relay_the_middle_node_cut_mid_ship_is_named_the_others_build(
+        relay_bed: tb.Testbed, tmp_path: Path) -> None:
+    """The wheels relay (3 nodes: the head sends each once, to the first); the middle node's
+    link is cut in the middle of a wheel (its program held by SIGSTOP until the link is down,
+    so that the set cannot have passed it). The head names it; the node after it, whose
+    upstream is gone (the kernel's probes: ``node.data_relay``), gets what it lacks from the
+    head and builds, as the first node does; the cut node's program ends itself (silence)."""
+    from tests.testbed.test_push import all_ended, cut_mid_file
+
+    bed = relay_bed
+    cut = bed.nodes[1]
+    members = relay_members(bed, tmp_path)
+    assert UV is not None
+    paths = {wheel_of(UV, "uv", UV.name.split("-")[1]).sha256: UV}
+    made = [wheel_of(make_wheel(tmp_path / "wheels", f"big{i}", "1.0", padding=16 << 20),
+                     f"big{i}", "1.0") for i in range(4)]  # 64 MiB
+    for w in made:
+        paths[w.sha256] = tmp_path / "wheels" / w.filename
+    env = resolved({w: paths[w.sha256] for w in made}, UV)
+    everything = sum(w.size for w in (*env.wheels, *env.tools))
+    got: list[ShipResult] = []
+    shipping = threading.Thread(target=lambda: got.append(ship(
+        members, lambda p: env, lambda w: paths[w.sha256])), daemon=True)
+    shipping.start()
+    with cut_mid_file(bed, cut, tmp_path / "root-1" / "store", shipping.is_alive) as agents:
+        cut_at = time.monotonic()
+        shipping.join(180)
+        assert got, "the ship did not end"
+        done = got[0]
+        print(f"middle node cut: the ship ended {time.monotonic() - cut_at:.1f} s after")
+        assert done.chain == [m.host for m in members]
+        assert set(done.failed) == {cut.name}, done.failed
+        lost = done.nodes[cut.name].problem
+        assert lost is not None and lost.who == cut.name
+        for m in (members[0], members[2]):
+            assert done.nodes[m.host].state == BUILT, done.nodes[m.host]
+            assert Path(str(done.nodes[m.host].python)).exists()
+        # the set once to the first node, then to the last what the cut left out
+        assert everything < done.bytes_sent <= 2 * everything, (done.bytes_sent, everything)
+        assert all_ended(agents, 60), "the cut node's program did not end"
+        assert not (tmp_path / "root-1" / "envs" / env.digest).exists()
+
+
+def test_relay_the_head_sends_each_wheel_once(relay_bed: tb.Testbed, tmp_path: Path) -> None:
+    """3 nodes that lack the environment: what the head's interface sent (its bridge's
+    counters) is the wheels once plus ssh's and the frames' overhead, not three times."""
+    from tests.testbed.test_push import tx_bytes
+
+    bed = relay_bed
+    members = relay_members(bed, tmp_path)
+    big = make_wheel(tmp_path / "wheels", "bigone", "1.0", padding=24 << 20)
+    env = resolved({wheel_of(big, "bigone", "1.0"): big}, UV)
+    assert UV is not None
+    paths = {w.sha256: big for w in env.wheels} | {w.sha256: UV for w in env.tools}
+    everything = sum(w.size for w in (*env.wheels, *env.tools))
+    before = tx_bytes(bed.bridge)
+    done = ship(members, lambda p: env, lambda w: paths[w.sha256])
+    egress = tx_bytes(bed.bridge) - before
+    assert done.ok, done.failed
+    assert done.chain == [m.host for m in members]
+    assert done.bytes_sent == everything  # what the head wrote on its channels: each once
+    assert egress <= 1.5 * everything, (egress, everything)
+    print(f"relay 3 nodes: {everything} bytes of wheels, head egress {egress} "
+          f"({egress / everything:.2f}x)")

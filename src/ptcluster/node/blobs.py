@@ -11,6 +11,7 @@ import errno
 import hashlib
 import os
 import secrets
+import time
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -97,3 +98,44 @@ def receive(stdin: BinaryIO, sha: str, size: int, final: str, full_fix: str,
     if left:
         raise EOFError
     return problem
+
+
+def pass_on(stream: BinaryIO, size: int, tee: Callable[[bytes], None]) -> None:
+    """Exactly ``size`` bytes from ``stream``, each block to ``tee`` only (a file this node has
+    already, on its way down the relay): nothing written here. Raises EOFError when short."""
+    left = size
+    while left:
+        block = stream.read(min(CHUNK, left))
+        if not block:
+            raise EOFError
+        left -= len(block)
+        tee(block)
+
+
+class HeadStream:
+    """A node program's stdin (the head's channel), its reads marking when the program waits on
+    the head and when a byte came: only a silence while it waits is the head's (while it writes
+    a file, hashes or passes a block on down the relay, the time is this node's)."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.heard = time.monotonic()
+        self.waiting = False
+
+    def _wait(self, read: Callable[[int], bytes], size: int) -> bytes:
+        self.waiting = True
+        try:
+            return read(size)
+        finally:
+            self.heard = time.monotonic()
+            self.waiting = False
+
+    def read(self, size: int = -1) -> bytes:
+        return self._wait(self.raw.read, size)
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._wait(self.raw.readline, size)
+
+    def silent(self, seconds: float) -> bool:
+        """The head has said nothing for ``seconds`` while this program waited on it."""
+        return self.waiting and time.monotonic() - self.heard > seconds

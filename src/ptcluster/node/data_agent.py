@@ -34,21 +34,14 @@ import hashlib
 import json
 import os
 import queue
-import socket
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from typing import BinaryIO
 
-from ptcluster.node.blobs import (
-    CHUNK,
-    PART_PREFIX,
-    free_bytes,
-    receive,
-)
-from ptcluster.node.data_relay import Listener, connect
+from ptcluster.node.blobs import CHUNK, PART_PREFIX, HeadStream, free_bytes, receive
+from ptcluster.node.data_relay import Relay, ssh_address
 from ptcluster.node.wire import Kind, control, encode, hello, split
 
 MANIFEST = ".ptcluster-data.json"
@@ -69,26 +62,14 @@ def sha256_of(path: str) -> str:
     return h.hexdigest()
 
 
-def ssh_address() -> str:
-    """This node's address on the network the head reached it on (ssh's ``SSH_CONNECTION``:
-    the relay's listener binds there); "" when not reached by ssh."""
-    said = os.environ.get("SSH_CONNECTION", "").split()
-    return said[2] if len(said) == 4 else ""
-
-
 class Dest:
     def __init__(self, dest: str) -> None:
         self.dest = os.path.abspath(os.path.expanduser(dest))
         self.manifest: dict[str, dict] = {}
         self.failed: dict[str, dict] = {}
         self.wanted: list[str] = []
-        self.downstream: socket.socket | None = None
-        self.upstream: threading.Thread | None = None
-        self.heard = time.monotonic()
-        """When a byte last came from the head (a line, a block of a file)."""
-        self.waiting = False
-        """The main thread waits for the head's next bytes (``HeadStream``): only then is a
-        silence the head's (while it writes a file, hashes or passes a block on, it is ours)."""
+        self.relay = Relay(self.receive)
+        """This node's place in the relay's chain (none: its files come from the head)."""
 
     def have(self, msg: dict) -> dict:
         files = msg["files"]
@@ -180,9 +161,9 @@ class Dest:
             os.makedirs(os.path.dirname(final), exist_ok=True)
         except OSError:
             pass  # (the file's open fails then, and says why)
-        if self.downstream is not None:
-            self.forward(encode(Kind.BLOB, msg))
-        problem = receive(stdin, sha, int(msg["size"]), final, FULL_FIX, 0o644, self.forward)
+        self.relay.announce(msg)
+        problem = receive(stdin, sha, int(msg["size"]), final, FULL_FIX, 0o644,
+                          self.relay.forward)
         if problem is not None:
             self.failed[path] = problem
             return
@@ -192,60 +173,8 @@ class Dest:
         st = os.stat(final)
         self.manifest[path] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
 
-    def forward(self, data: bytes) -> None:
-        """To the next node; a next node gone is dropped (the head sends it what it lacks)."""
-        if self.downstream is None:
-            return
-        try:
-            self.downstream.sendall(data)
-        except OSError:
-            self.end_downstream()
-
-    def end_downstream(self) -> None:
-        if self.downstream is not None:
-            try:
-                self.downstream.close()
-            except OSError:
-                pass
-            self.downstream = None
-
-    def relay(self, msg: dict) -> dict:
-        """Listen for the upstream node (its files come from it, on a thread of their own)."""
-        try:
-            listener = Listener(str(msg["bind"]), str(msg["secret"]), str(msg["peer"]))
-        except OSError as exc:
-            return {"problem": f"cannot listen on {msg['bind']}: {exc.strerror or exc}"}
-
-        def upstream() -> None:
-            conn = listener.accept()
-            if conn is not None:
-                with conn, conn.makefile("rb") as stream:
-                    try:
-                        for raw in iter(stream.readline, b""):
-                            kind, payload = split(raw.decode().rstrip("\n"))
-                            if kind == Kind.BLOB:
-                                self.receive(stream, control(payload))
-                    except (OSError, EOFError, ValueError):
-                        pass  # (upstream gone: what is missing is sent by the head)
-            self.end_downstream()
-
-        self.upstream = threading.Thread(target=upstream, daemon=True)
-        self.upstream.start()
-        return {"port": listener.port}
-
-    def link(self, msg: dict) -> dict:
-        try:
-            self.downstream = connect(str(msg["addr"]), int(msg["port"]), str(msg["secret"]))
-        except OSError as exc:
-            return {"ok": False, "problem": f"cannot reach {msg['addr']}:{msg['port']}: "
-                    f"{exc.strerror or exc}"}
-        return {"ok": True}
-
     def stored(self, msg: dict) -> dict:
-        if self.upstream is not None:  # the relay's files all in (or its upstream gone)
-            self.upstream.join()
-            self.upstream = None
-        self.end_downstream()
+        self.relay.finish()  # the relay's files all in (or its upstream gone)
         files = {p: self.digest(p) for p in self.wanted}
         deleted = self.delete() if msg.get("delete") else 0
         self.save()
@@ -267,36 +196,14 @@ class Dest:
         return gone
 
 
-class HeadStream:
-    """This program's stdin, its reads marking when the node waits on the head and when a byte
-    came (``Dest.waiting``, ``Dest.heard``)."""
-
-    def __init__(self, raw: BinaryIO, node: Dest) -> None:
-        self.raw, self.node = raw, node
-
-    def _wait(self, read: Callable[[int], bytes], size: int) -> bytes:
-        self.node.waiting = True
-        try:
-            return read(size)
-        finally:
-            self.node.heard = time.monotonic()
-            self.node.waiting = False
-
-    def read(self, size: int = -1) -> bytes:
-        return self._wait(self.raw.read, size)
-
-    def readline(self, size: int = -1) -> bytes:
-        return self._wait(self.raw.readline, size)
-
-
-def watch_head(node: Dest, silence: float) -> None:
+def watch_head(node: Dest, head: HeadStream, silence: float) -> None:
     """End this program once the head has been silent ``silence`` s (it sends a heartbeat every
     second): a link cut mid-push shows here as silence, never as EOF. This push's temp files go
     with it (a file on its way is never left half-written under its name)."""
     while True:
         time.sleep(min(1.0, silence / 4))
-        if node.waiting and time.monotonic() - node.heard > silence:
-            node.end_downstream()
+        if head.silent(silence):
+            node.relay.end_downstream()
             node.remove_parts()
             os._exit(0)
 
@@ -316,8 +223,9 @@ def main() -> None:
     with writing:
         out.write(hello("push"))
         out.flush()
+    head = HeadStream(stdin)
     if cfg.get("silence"):
-        threading.Thread(target=watch_head, args=(node, float(cfg["silence"])),
+        threading.Thread(target=watch_head, args=(node, head, float(cfg["silence"])),
                          daemon=True).start()
     asked: queue.Queue[tuple[str, dict]] = queue.Queue()
 
@@ -332,7 +240,6 @@ def main() -> None:
             os._exit(1)
 
     threading.Thread(target=work, daemon=True).start()
-    head = HeadStream(stdin, node)
     try:
         for raw in iter(head.readline, b""):
             kind, payload = split(raw.decode().rstrip("\n"))
@@ -344,7 +251,8 @@ def main() -> None:
                 asked.put((kind, control(payload)))
             elif kind in (Kind.RELAY, Kind.LINK):  # (quick; before any file they concern)
                 msg = control(payload)
-                answer(kind, node.relay(msg) if kind == Kind.RELAY else node.link(msg))
+                relay = node.relay
+                answer(kind, relay.listen(msg) if kind == Kind.RELAY else relay.link(msg))
     except EOFError:
         pass  # the head was interrupted (Ctrl-C) or is gone: the file on its way was removed
     os._exit(0)

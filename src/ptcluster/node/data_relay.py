@@ -1,11 +1,14 @@
-"""The relay of ``ptcluster push``: a node stores each file as it arrives and passes it on to
-the next node of a chain (head -> n1 -> n2 -> ...), so that the head sends each byte once.
+"""The relay of files sent by digest (``ptcluster push``'s data, the project's environment's
+wheels): a node stores each file as it arrives and passes it on to the next node of a chain
+(head -> n1 -> n2 -> ...), so that the head sends each byte once. :class:`Relay` is a node's
+place in the chain, the same in both programs (``node.data_agent``, ``node.venv_agent``); the
+head sets the chain up (``remote.blobs.link``).
 
 A listener binds to this node's cluster address only (the head says which) and accepts one
 connection: from the upstream peer's address, that first sends this push's secret (random, per
 push, told each node over the head's own channel), compared with ``hmac.compare_digest`` before
 any other byte is read; anything else is closed and the listener waits on. Standard library
-only; a part of the push program (``node.data_agent``).
+only; a part of the programs that use it.
 
 A peer whose link is cut sends no FIN: without more, the node after it would wait
 ``STREAM_TIMEOUT`` on its socket and the one before it would block in a send. Both ends of a
@@ -17,8 +20,14 @@ dropped in about that long (tcp(7)), and the head sends what it lacks itself.
 """
 
 import hmac
+import os
 import socket
+import threading
 import time
+from collections.abc import Callable
+from typing import BinaryIO
+
+from ptcluster.node.wire import Kind, control, encode, split
 
 ACCEPT_TIMEOUT = 120.0
 """Seconds a listener waits for its upstream peer."""
@@ -96,3 +105,90 @@ def connect(addr: str, port: int, secret: str) -> socket.socket:
     conn.sendall(secret.encode())
     conn.settimeout(STREAM_TIMEOUT)
     return conn
+
+
+def ssh_address() -> str:
+    """This node's address on the network the head reached it on (ssh's ``SSH_CONNECTION``:
+    the relay's listener binds there); "" when not reached by ssh."""
+    said = os.environ.get("SSH_CONNECTION", "").split()
+    return said[2] if len(said) == 4 else ""
+
+
+Receive = Callable[[BinaryIO, dict], None]
+"""Stores one file whose ``blob`` frame is given, reading exactly its bytes from the stream and
+passing each block on (``Relay.forward``); raises EOFError when the stream ends short."""
+
+
+class Relay:
+    """This node's place in a chain: its files from the node before it (read on a thread of
+    their own, ``listen``) or from the head, each passed on to the node after it (``link``) as
+    it comes. A node after it that is gone is dropped (the head sends it what it lacks); one
+    before it that is gone ends the upstream (the head sends this node what it lacks)."""
+
+    def __init__(self, receive: Receive) -> None:
+        self.receive = receive
+        self.downstream: socket.socket | None = None
+        self.upstream: threading.Thread | None = None
+
+    def listen(self, msg: dict) -> dict:
+        """``relay {bind, secret, peer}`` -> ``{port}``: the upstream node's files, on a thread."""
+        try:
+            listener = Listener(str(msg["bind"]), str(msg["secret"]), str(msg["peer"]))
+        except OSError as exc:
+            return {"problem": f"cannot listen on {msg['bind']}: {exc.strerror or exc}"}
+
+        def upstream() -> None:
+            conn = listener.accept()
+            if conn is not None:
+                with conn, conn.makefile("rb") as stream:
+                    try:
+                        for raw in iter(stream.readline, b""):
+                            kind, payload = split(raw.decode().rstrip("\n"))
+                            if kind == Kind.BLOB:
+                                self.receive(stream, control(payload))
+                    except (OSError, EOFError, ValueError):
+                        pass  # (upstream gone: what is missing is sent by the head)
+            self.end_downstream()
+
+        self.upstream = threading.Thread(target=upstream, daemon=True)
+        self.upstream.start()
+        return {"port": listener.port}
+
+    def link(self, msg: dict) -> dict:
+        """``link {addr, port, secret}`` -> ``{ok}``: every file received is passed on there."""
+        try:
+            self.downstream = connect(str(msg["addr"]), int(msg["port"]), str(msg["secret"]))
+        except OSError as exc:
+            return {"ok": False, "problem": f"cannot reach {msg['addr']}:{msg['port']}: "
+                    f"{exc.strerror or exc}"}
+        return {"ok": True}
+
+    def announce(self, msg: dict) -> None:
+        """A file's ``blob`` frame, to the next node ahead of its bytes."""
+        if self.downstream is not None:
+            self.forward(encode(Kind.BLOB, msg))
+
+    def forward(self, data: bytes) -> None:
+        """To the next node; a next node gone is dropped (the head sends it what it lacks)."""
+        if self.downstream is None:
+            return
+        try:
+            self.downstream.sendall(data)
+        except OSError:
+            self.end_downstream()
+
+    def end_downstream(self) -> None:
+        if self.downstream is not None:
+            try:
+                self.downstream.close()
+            except OSError:
+                pass
+            self.downstream = None
+
+    def finish(self) -> None:
+        """Every file of the chain in (or its upstream gone), the next node told so (EOF): what
+        this node has now is all the relay brings it."""
+        if self.upstream is not None:
+            self.upstream.join()
+            self.upstream = None
+        self.end_downstream()

@@ -9,20 +9,27 @@ only. Where things live: ``node.venv_store``.
                   seconds without a byte from the head after which it ends as at ``stop``)
   stdout          after ``hello``: ``facts {python, machine, glibc, free}`` (what to resolve for)
                   ``have {digest, wheels: [sha256]}`` -> ``have {missing, env, why, python,
-                  machine, glibc, free, path}``
+                  machine, glibc, free, path, addr}`` (addr: where ssh reached this node)
                   ``blob {sha256, size}`` then exactly ``size`` raw bytes: stored under its
                   sha256 once verified (nothing answered; a failure is kept for ``build``)
-                  ``build {digest, resolved}`` -> ``build {ok, python, built, seconds}``, or
-                  ``{ok: false, what, fix, code, fields}`` (``venv_problems``; a wheel that did
-                  not arrive: ``blobs``' words, no code)
+                  relay (``node.data_relay``, as push's): ``relay {bind, secret, peer}`` ->
+                  ``relay {port}``: the wheels come from the upstream node instead; ``link
+                  {addr, port, secret}`` -> ``link {ok}``: each wheel received is passed on
+                  ``build {digest, resolved}`` -> ``build {ok, python, built, seconds}`` (once
+                  the relay's wheels are all in), or ``{ok: false, what, fix, code, fields,
+                  lacking}`` (``venv_problems``; a wheel that did not arrive: ``blobs``' words,
+                  no code; lacking: a wheel is missing or did not arrive whole, which the head
+                  may send again)
                   ``check {digest, wheels}`` -> ``check {findings, python}``
                   ``venvs {}`` -> ``venvs {envs}``; ``prune {keep, max_bytes}`` -> ``prune {...}``
                   ``bye``: end once what was asked is done; ``stop`` or EOF: end now (a build
                   in progress is killed, its folder removed)
 
 Wheel bytes travel raw on the channel itself (after their ``blob`` line): the one transport every
-connector has (ssh, srun, local), each wheel once to each node that lacks it, and no second
-connection; base64 in JSON would send a third more.
+connector has (ssh, srun, local), each wheel once to each node that lacks it; base64 in JSON
+would send a third more. From 3 nodes the head sends each wheel once, to the first node of a
+chain, and each node passes it on to the next (``node.data_relay``: the relay of ``ptcluster
+push``); a wheel a node has already is passed on, not written again.
 """
 
 import errno
@@ -31,6 +38,7 @@ import glob
 import json
 import os
 import platform
+import queue
 import secrets
 import shutil
 import signal
@@ -43,7 +51,8 @@ import zipfile
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ptcluster.node.blobs import free_bytes, receive
+from ptcluster.node.blobs import HeadStream, free_bytes, pass_on, receive
+from ptcluster.node.data_relay import Relay, ssh_address
 from ptcluster.node.guard.proctree import libc_prctl
 from ptcluster.node.sharing.safefile import remove_tree
 from ptcluster.node.venv_problems import (
@@ -92,11 +101,8 @@ class Node:
         self.proc: subprocess.Popen | None = None
         self.building: str | None = None
         self.cancelled = False
-        self.heard = time.monotonic()
-        """When a byte last came from the head (a line, a block of a wheel)."""
-
-    def hear(self, _block: bytes = b"") -> None:
-        self.heard = time.monotonic()
+        self.relay = Relay(self.receive)
+        """This node's place in the relay's chain (none: its wheels come from the head)."""
 
     # -- have ---------------------------------------------------------------------------------
     def env_dir(self, digest: str) -> str:
@@ -124,15 +130,22 @@ class Node:
         missing = [s for s in msg.get("wheels", [])
                    if not os.path.isfile(os.path.join(self.store, s))]
         return {"digest": digest, "env": state, "why": why, "missing": missing,
-                **self.platform(), "path": os.path.join(self.env_dir(digest), "bin", "python")}
+                **self.platform(), "path": os.path.join(self.env_dir(digest), "bin", "python"),
+                "addr": ssh_address()}
 
     # -- blobs --------------------------------------------------------------------------------
-    def receive(self, stdin: BinaryIO, msg: dict) -> None:
-        """Exactly ``size`` bytes from ``stdin`` (always all of them: the channel stays in
-        step), stored as ``store/sha256/HEX`` when their digest is ``sha256``."""
-        sha = str(msg["sha256"])
-        problem = receive(stdin, sha, int(msg["size"]), os.path.join(self.store, sha),
-                          FULL_FIX, tee=self.hear)
+    def receive(self, stream: BinaryIO, msg: dict) -> None:
+        """Exactly ``size`` bytes from ``stream`` (the head's channel or the upstream node's;
+        always all of them: the stream stays in step), stored as ``store/sha256/HEX`` when
+        their digest is ``sha256``, each block passed on down the relay as it comes (a wheel
+        this node has already: passed on only)."""
+        sha, size = str(msg["sha256"]), int(msg["size"])
+        final = os.path.join(self.store, sha)
+        self.relay.announce(msg)
+        if os.path.isfile(final):
+            pass_on(stream, size, self.relay.forward)
+            return
+        problem = receive(stream, sha, size, final, FULL_FIX, tee=self.relay.forward)
         if problem is None:
             self.failed.pop(sha, None)
         else:
@@ -141,14 +154,15 @@ class Node:
     # -- build --------------------------------------------------------------------------------
     def build(self, msg: dict) -> dict:
         digest, resolved = msg["digest"], msg["resolved"]
+        self.relay.finish()  # (the relay's wheels all in, or its upstream gone)
         begun = time.monotonic()
         for w in [*resolved["wheels"], *resolved["tools"]]:
             if w["sha256"] in self.failed:  # (blobs' words, shared with push: no code)
                 failed = self.failed[w["sha256"]]
-                return {"digest": digest, "ok": False, "what": failed["problem"],
-                        "fix": failed.get("fix")}
+                return {"digest": digest, "ok": False, "lacking": True,
+                        "what": failed["problem"], "fix": failed.get("fix")}
             if not os.path.isfile(os.path.join(self.store, w["sha256"])):
-                return {"digest": digest, "ok": False,
+                return {"digest": digest, "ok": False, "lacking": True,
                         **WHEEL_NOT_STORED.sent(filename=w["filename"])}
         lock = os.open(os.path.join(self.envs, LOCK_PREFIX + digest),
                        os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -323,14 +337,14 @@ def dies_with_us() -> Callable[[], None]:
     return setup
 
 
-def watch_head(node: Node, silence: float) -> None:
+def watch_head(node: Node, head: HeadStream, silence: float) -> None:
     """End this program once the head has been silent ``silence`` s (it sends a heartbeat every
     second): a link cut mid-build shows here as silence, never as EOF (the node's sshd keeps
     the session for as long as TCP does), and the head has named this node lost by then. The
     build is stopped and its folder removed, as when the head is interrupted."""
     while True:
         time.sleep(min(1.0, silence / 4))
-        if time.monotonic() - node.heard > silence:
+        if head.silent(silence):
             node.cancel()
             os._exit(0)
 
@@ -399,42 +413,38 @@ def main() -> None:
     cfg = json.loads(stdin.readline())
     out = sys.stdout.buffer
     node = Node(cfg.get("root") or "~/.ptcluster")
+    writing = threading.Lock()
+
+    def answer(kind: str, said: dict) -> None:
+        with writing:
+            out.write(encode(kind, said))
+            out.flush()
+
     out.write(hello("venvs"))
-    out.write(encode(Kind.FACTS, node.platform()))  # (the head resolves for it meanwhile)
-    out.flush()
-    requests: list = []
-    ready = threading.Condition()
+    answer(Kind.FACTS, node.platform())  # (the head resolves for it meanwhile)
+    requests: queue.Queue[tuple[str, dict] | None] = queue.Queue()
 
     def worker() -> None:  # requests in order, off the reading thread: it sees EOF at once
-        while True:
-            with ready:
-                while not requests:
-                    ready.wait()
-                item = requests.pop(0)
-            if item is None:
-                return
+        while (item := requests.get()) is not None:
             kind, msg = item
             try:
-                answer_kind, answer = serve(node, kind, msg)
+                answer_kind, said = serve(node, kind, msg)
             except Exception as exc:  # noqa: BLE001 - one line to the head, never a hang
-                answer_kind, answer = kind, {"ok": False, "what": f"{type(exc).__name__}: "
+                answer_kind, said = kind, {"ok": False, "what": f"{type(exc).__name__}: "
                                              f"{exc}", "fix": "report this bug"}
-            out.write(encode(answer_kind, answer))
-            out.flush()
+            answer(answer_kind, said)
 
     thread = threading.Thread(target=worker, daemon=True)
     thread.start()
+    head = HeadStream(stdin)
     if cfg.get("silence"):
-        threading.Thread(target=watch_head, args=(node, float(cfg["silence"])),
+        threading.Thread(target=watch_head, args=(node, head, float(cfg["silence"])),
                          daemon=True).start()
     try:
-        for raw in iter(stdin.readline, b""):
-            node.hear()
+        for raw in iter(head.readline, b""):
             kind, payload = split(raw.decode().rstrip("\n"))
             if kind == Kind.BYE:
-                with ready:
-                    requests.append(None)
-                    ready.notify()
+                requests.put(None)
                 thread.join()
                 os._exit(0)
             if kind == Kind.STOP:
@@ -443,11 +453,12 @@ def main() -> None:
                 continue
             msg = control(payload)
             if kind == Kind.BLOB:
-                node.receive(stdin, msg)
+                node.receive(head, msg)  # type: ignore[arg-type]
+            elif kind in (Kind.RELAY, Kind.LINK):  # (quick; before any wheel they concern)
+                relay = node.relay
+                answer(kind, relay.listen(msg) if kind == Kind.RELAY else relay.link(msg))
             elif kind in (Kind.HAVE, Kind.BUILD, Kind.CHECK, Kind.VENVS, Kind.PRUNE):
-                with ready:
-                    requests.append((kind, msg))
-                    ready.notify()
+                requests.put((kind, msg))
     except EOFError:
         pass
     node.cancel()  # stop, or EOF: the head was interrupted (Ctrl-C) or is gone

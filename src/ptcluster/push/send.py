@@ -13,10 +13,10 @@ from typing import Any
 from ptcluster.errors import Problem
 from ptcluster.node import PUSH
 from ptcluster.node.wire import HEARTBEAT_EVERY, HEARTBEAT_TIMEOUT, Kind
-from ptcluster.push.relay import RELAY_MIN, address, link
 from ptcluster.push.scan import Listing
 from ptcluster.remote.blobs import Blob, Outgoing, stream
 from ptcluster.remote.group import Group, Member
+from ptcluster.remote.relay import address, relayed
 
 CHECKING, SENDING, VERIFYING = "checking", "sending", "verifying"
 UP_TO_DATE, PUSHED, FAILED = "up to date", "pushed", "failed"
@@ -91,8 +91,9 @@ def push(members: Sequence[Member], listing: Listing, *, delete: bool = False,
          relay: bool | None = None, on_event: Event | None = None) -> PushResult:
     """``listing``'s files onto every member (its ``config``: ``{"dest", "addr"}``): every
     node's outcome, a failed one named with its problem, the others' work done. ``relay``
-    (default: from ``RELAY_MIN`` nodes): the nodes pass the files on to each other, the head
-    sends each once; a node the chain failed gets what it lacks from the head afterwards."""
+    (default: from ``remote.relay.RELAY_MIN`` nodes): the nodes pass the files on to each
+    other, the head sends each once; a node the chain failed gets what it lacks from the head
+    afterwards."""
     say = on_event or (lambda progress: None)
     begun = time.monotonic()
     # heartbeats: a node whose link is cut mid-push sees no EOF; its program ends itself after
@@ -106,10 +107,7 @@ def push(members: Sequence[Member], listing: Listing, *, delete: bool = False,
     try:
         sending = _have(group, listing, out, say, list(group.channels))
         wanted = {h: (len(s.blobs), s.total) for h, s in sending.items()}
-        chain = link(group, members, [h for h in sending if group.alive(h)]) \
-            if (len(members) >= RELAY_MIN if relay is None else relay) else []
-        if chain:
-            sending = _union(chain, sending)
+        chain, sending = relayed(group, members, sending, relay)
         _send(group, sending, say)
         for host, state in sending.items():
             sent[host] = [state.count, state.sent]
@@ -146,17 +144,6 @@ def _have(group: Group, listing: Listing, out: dict[str, NodePush], say: Event,
         group.send(host, Kind.HAVE, {"files": files})
     group.wait(Kind.HAVE, HAVE_TIMEOUT + listing.size / HASH_RATE, hosts=hosts)
     return _plan(group, listing, out, say, hosts)
-
-
-def _union(chain: list[str], sending: dict[str, Outgoing]) -> dict[str, Outgoing]:
-    """The chain's first node gets every file any node of it lacks (in the listing's order);
-    the others get theirs from it."""
-    need = {b.frame["path"] for h in chain for b in sending[h].blobs}
-    every = {b.frame["path"]: b for h in chain for b in sending[h].blobs}
-    order = sorted(need)
-    out = {h: Outgoing.of([]) for h in sending}
-    out[chain[0]] = Outgoing.of([every[p] for p in order])
-    return out
 
 
 def _send(group: Group, sending: dict[str, Outgoing], say: Event) -> None:

@@ -3,14 +3,18 @@ wheels it lacks, build where the environment is missing or changed (``node.venv_
 
 One ``remote.group.Group`` of the ``venvs`` program: the same channels, window and per-node
 outcomes as doctor's. The wheels travel raw on each node's channel after a ``blob`` frame (the
-one way every connector has; each missing wheel once to each node; ``remote.blobs``, shared
-with ``ptcluster push``), from this one thread, and each node's ``build`` right behind its
-last wheel (its build starts as soon as its own wheels are in, not after every node's). The
-library only yields events (``on_event(host, text)``); ``cli/`` prints them.
+one way every connector has; ``remote.blobs``, shared with ``ptcluster push``), from this one
+thread, and each node's ``build`` right behind its last wheel (its build starts as soon as its
+own wheels are in, not after every node's). From ``remote.relay.RELAY_MIN`` nodes they relay
+as push's files do (``remote.relay``: head -> n1 -> n2 -> ..., the head sending each wheel
+once, to n1, each node storing it and passing it on); a node the chain failed (its upstream
+gone) gets what it still lacks from the head, then builds. Else each missing wheel goes once
+to each node. The library only yields events (``on_event(host, text)``); ``cli/`` prints them.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,6 +25,7 @@ from ptcluster.node import VENVS
 from ptcluster.node.wire import HEARTBEAT_EVERY, HEARTBEAT_TIMEOUT, Kind
 from ptcluster.remote.blobs import Blob, Outgoing, stream
 from ptcluster.remote.group import Group, Member
+from ptcluster.remote.relay import RELAY_MIN, address, relayed
 from ptcluster.venvs.problems import MACHINE_DIFFERS, PYTHON_DIFFERS
 from ptcluster.venvs.resolve import check_torch
 from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
@@ -69,7 +74,11 @@ class NodeEnv:
     """The environment's interpreter there: the ranks' interpreter (absolute as the node said
     it; ``~/``-relative where the head launched without asking, ``runenv.expect``)."""
     wheels_sent: int = 0
+    """By the head itself."""
     bytes_sent: int = 0
+    wheels: int = 0
+    """The wheels it lacked (sent by the head, or passed on by the node before it in the
+    relay)."""
     seconds: float = 0.0
     """The node's build time (0 when none)."""
     why: str = ""
@@ -102,8 +111,12 @@ class ShipResult:
         """The environment's digest (the nodes' platforms' digests joined, where several)."""
         return ",".join(sorted(self.envs))
 
+    chain: list[str] = field(default_factory=list)
+    """The relay's nodes in order (empty: the head sent each node its wheels)."""
+
     @property
     def bytes_sent(self) -> int:
+        """The head's egress of wheels: every byte it sent, to every node."""
         return sum(n.bytes_sent for n in self.nodes.values())
 
 
@@ -136,43 +149,44 @@ def platform_problem(host: str, env: ResolvedEnv, have: dict[str, Any]) -> Probl
 
 def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
          on_event: Event | None = None, have_timeout: float = HAVE_TIMEOUT,
-         build_timeout: float = BUILD_TIMEOUT) -> ShipResult:
+         build_timeout: float = BUILD_TIMEOUT, relay: bool | None = None) -> ShipResult:
     """The environment ``choose`` resolves for each node's platform, on every member (its
-    ``config``: ``{"root": ...}``, default :data:`NODE_ROOT`): every node's outcome, a failed
-    node named with its problem, the others' work kept. Raises what ``choose`` raises (every
-    channel closed first, nothing sent)."""
+    ``config``: ``{"root": ...}``, default :data:`NODE_ROOT`; ``"addr"``: where the other
+    nodes reach it, default as the head resolves its host): every node's outcome, a failed
+    node named with its problem, the others' work kept. ``relay`` (default: from
+    ``RELAY_MIN`` nodes): the nodes pass the wheels on to each other. Raises what ``choose``
+    raises (every channel closed first, nothing sent)."""
     say = on_event or (lambda progress: None)
     # heartbeats: a node whose link is cut mid-build sees no EOF (its sshd keeps the session
     # for as long as TCP does); the program ends itself after HEARTBEAT_TIMEOUT s of silence
-    members = [replace(m, config={"silence": HEARTBEAT_TIMEOUT, **m.config}) for m in members]
-    group = Group(members, VENVS, answer=Kind.BUILD, kinds=(Kind.FACTS, Kind.HAVE),
-                  heartbeat=HEARTBEAT_EVERY)
+    relaying = len(members) >= RELAY_MIN if relay is None else relay
+    members = [replace(m, config={"silence": HEARTBEAT_TIMEOUT, **(
+        {"addr": address(m.host)} if relaying else {}), **m.config}) for m in members]
+    group = Group(members, VENVS, answer=Kind.BUILD,
+                  kinds=(Kind.FACTS, Kind.HAVE, Kind.RELAY, Kind.LINK), heartbeat=HEARTBEAT_EVERY)
     out: dict[str, NodeEnv] = {}
     envs: dict[str, ResolvedEnv] = {}
+    chain: list[str] = []
     finished = False
     try:
         group.wait(Kind.FACTS, have_timeout)
         by_host = _resolve(group, choose)
         envs = {e.digest: e for e in by_host.values()}
-        for host, env in by_host.items():
-            group.send(host, Kind.HAVE, {"digest": env.digest,
-                                         "wheels": [w.sha256 for w in (*env.wheels, *env.tools)]})
-        group.wait(Kind.HAVE, have_timeout, hosts=list(by_host))
-        sending = _plan(group, by_host, out, say, locate)
-        building: list[str] = []
-
-        def build(host: str) -> None:  # (behind the node's wheels on its channel)
-            building.append(host)
-            group.send(host, Kind.BUILD, {"digest": by_host[host].digest,
-                                          "resolved": node_record(by_host[host])})
-        _stream(group, sending, say, build)
-        for host in sending:
-            if host not in building and group.alive(host):
-                build(host)
-        group.wait(Kind.BUILD, build_timeout, hosts=building)
-        for host in building:
-            built = group.result.nodes[host].answers.get(Kind.BUILD)
-            out[host] = _built(host, by_host[host].digest, built, sending[host]) \
+        sending = _have(group, by_host, list(by_host), out, say, locate, have_timeout)
+        wanted = {h: len(s.blobs) for h, s in sending.items()}
+        chain, sending = relayed(group, members, sending, relaying)
+        answers = _build(group, by_host, sending, say, build_timeout)
+        again = [h for h, a in answers.items() if chain and a and a.get("lacking")
+                 and group.alive(h)]
+        if again:  # (the chain failed them: the head sends each what it still lacks)
+            for host in again:
+                del answers[host]
+            more = _have(group, by_host, again, out, say, locate, have_timeout)
+            answers.update(_build(group, by_host, more, say, build_timeout))
+            answers.update({h: None for h in again if h not in out and h not in answers})
+            sending.update({h: _sum(sending[h], s) for h, s in more.items()})
+        for host, built in answers.items():
+            out[host] = _built(host, by_host[host].digest, built, sending[host], wanted[host]) \
                 if built is not None else NodeEnv(host, FAILED, bytes_sent=sending[host].sent)
             say(Progress(host, out[host].state, _line(out[host]), out[host].bytes_sent,
                          out[host].bytes_sent, final=True))
@@ -188,7 +202,45 @@ def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
             say(Progress(host, FAILED, f"failed: {problem.what}", final=True))
     facts = {h: dict(r.answers[Kind.FACTS]) for h, r in result.nodes.items()
              if r.answers.get(Kind.FACTS) is not None}
-    return ShipResult({m.host: out[m.host] for m in members}, envs, facts)
+    return ShipResult({m.host: out[m.host] for m in members}, envs, facts, chain)
+
+
+def _have(group: Group, by_host: dict[str, ResolvedEnv], hosts: list[str],
+          out: dict[str, NodeEnv], say: Event, locate: Locate,
+          timeout: float) -> dict[str, Outgoing]:
+    """Ask ``hosts`` what they have: what to send each (the up to date and the refused in
+    ``out``)."""
+    for host in hosts:
+        env = by_host[host]
+        group.result.nodes[host].answers.pop(Kind.HAVE, None)
+        group.send(host, Kind.HAVE, {"digest": env.digest,
+                                     "wheels": [w.sha256 for w in (*env.wheels, *env.tools)]})
+    group.wait(Kind.HAVE, timeout, hosts=hosts)
+    return _plan(group, {h: by_host[h] for h in hosts}, out, say, locate)
+
+
+def _build(group: Group, by_host: dict[str, ResolvedEnv], sending: dict[str, Outgoing],
+           say: Event, timeout: float) -> dict[str, dict[str, Any] | None]:
+    """``sending``'s wheels, each node's ``build`` behind its last one (a node the head sends
+    nothing, the relay's: behind every node's), and every node's answer (None: none)."""
+    building: list[str] = []
+
+    def build(host: str) -> None:
+        building.append(host)
+        group.result.nodes[host].answers.pop(Kind.BUILD, None)
+        group.send(host, Kind.BUILD, {"digest": by_host[host].digest,
+                                      "resolved": node_record(by_host[host])})
+    _stream(group, sending, say, build)
+    for host in sending:
+        if host not in building and group.alive(host):
+            build(host)
+    group.wait(Kind.BUILD, timeout, hosts=building)
+    return {h: group.result.nodes[h].answers.get(Kind.BUILD) for h in sending}
+
+
+def _sum(a: Outgoing, b: Outgoing) -> Outgoing:
+    """What went to a node in two rounds (the relay's, then the head's)."""
+    return Outgoing(deque(), a.total + b.total, a.sent + b.sent, a.count + b.count)
 
 
 def _resolve(group: Group, choose: Choose) -> dict[str, ResolvedEnv]:
@@ -236,21 +288,24 @@ def _plan(group: Group, by_host: dict[str, ResolvedEnv], out: dict[str, NodeEnv]
     return sending
 
 
-def _built(host: str, digest: str, answer: dict[str, Any], sent: Outgoing) -> NodeEnv:
+def _built(host: str, digest: str, answer: dict[str, Any], sent: Outgoing,
+           wanted: int) -> NodeEnv:
     if not answer.get("ok"):
         return NodeEnv(host, FAILED, digest, bytes_sent=sent.sent, wheels_sent=sent.count,
-                       problem=Problem.received(host, answer))
+                       wheels=wanted, problem=Problem.received(host, answer))
     state = (REBUILT if answer.get("rebuilt_why") else BUILT) if answer.get("built") \
         else UP_TO_DATE
     return NodeEnv(host, state, digest, python=str(answer["python"]), wheels_sent=sent.count,
-                   bytes_sent=sent.sent, seconds=float(answer.get("seconds") or 0),
+                   bytes_sent=sent.sent, wheels=wanted, seconds=float(answer.get("seconds") or 0),
                    why=str(answer.get("rebuilt_why") or ""))
 
 
 def _line(node: NodeEnv) -> str:
     if node.problem is not None:
         return f"failed: {node.problem.what}"
-    sent = f"{node.wheels_sent} wheels ({node.bytes_sent / 1e6:.1f} MB) sent"
+    relayed = "" if node.wheels_sent >= node.wheels else \
+        f" ({node.wheels - node.wheels_sent} passed on by another node)"
+    sent = f"{node.wheels_sent} wheels ({node.bytes_sent / 1e6:.1f} MB) sent{relayed}"
     if node.state == UP_TO_DATE:
         return f"{sent}; environment up to date (another build finished it)"
     return f"{sent}; environment {node.state} in {node.seconds:.1f} s" + (
