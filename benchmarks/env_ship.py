@@ -1,5 +1,7 @@
 """The project's environment on 3 bare nodes (issue 42's figures): a lock of >= 40 MB of wheels
-(made here: incompressible, 8 packages) plus the uv wheel that travels with it.
+(made here: incompressible, 8 packages of one big file each; or real ones, ``--wheels``: e.g.
+numpy, scipy, scikit-learn and their dependencies from setup's wheelhouse, thousands of files,
+whose install costs what a real project's does) plus the uv wheel that travels with it.
 
 - first: the environment step for all nodes (resolve stands in: the wheels are given), against
   one machine's own `uv pip install` from a local folder of the same wheels (a fresh uv cache,
@@ -13,7 +15,7 @@
 
 Needs root (the testbed) and a uv wheel (PTC_UV_WHEEL, or the testbed's cache).
 
-    .venv/bin/python benchmarks/env_ship.py [--repeat 5] [--mb 48]
+    .venv/bin/python benchmarks/env_ship.py [--repeat 5] [--mb 48] [--wheels WHEEL ...]
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--mb", type=int, default=48)
+    ap.add_argument("--wheels", nargs="*", type=Path, default=[], metavar="WHEEL",
+                    help="real wheels for the lock (for this machine's Python), not made ones")
     args = ap.parse_args()
     load_at_start = load()
     uv = uv_wheel()
@@ -118,7 +122,8 @@ def main() -> None:
             bed.root_exec(node, "sh", "-c", "cat > /etc/hosts", input=bed.hosts_text)
         project = Project(bed, Path(tmp))
         per = args.mb * 2**20 // 8
-        wheels = [project.wheel(f"pkg{i}", "1.0", padding=per) for i in range(8)]
+        wheels = [project.given(p) for p in args.wheels] or \
+            [project.wheel(f"pkg{i}", "1.0", padding=per) for i in range(8)]
         choose = memo(project.choose(*wheels))
         known = KnownNodes(Path(tmp) / "known")
         t0 = time.perf_counter()
@@ -160,7 +165,8 @@ def main() -> None:
         builds = {h: n.seconds for h, n in first.shipped.nodes.items()}
     show([
         ("load (1, 5, 15 min) at start, at end", f"{load_at_start}; {load()}"),
-        ("wheels", f"{len(env.wheels)} + uv, {wheel_bytes / 2**20:.1f} MiB"),
+        ("wheels", f"{len(env.wheels)} + uv, {wheel_bytes / 2**20:.1f} MiB ("
+         f"{', '.join(p.name.split('-')[0] for p in args.wheels) or 'made here'})"),
         ("first run, environment step, 3 nodes", f"{first_s:.2f} s (builds: " + ", ".join(
             f"{h} {s:.2f} s" for h, s in builds.items()) + ")"),
         ("one machine's own uv pip install", f"{one_uv:.2f} s (median of 3)"),

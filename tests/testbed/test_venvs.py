@@ -116,6 +116,13 @@ class Project:
         self.paths[w.sha256] = path
         return w
 
+    def given(self, path: Path) -> Wheel:
+        """A wheel made elsewhere (its name and version from its file name)."""
+        name, version = path.name.split("-")[:2]
+        w = wheel_of(path, name, version)
+        self.paths[w.sha256] = path
+        return w
+
     def choose(self, *wheels: Wheel) -> object:
         def choose(platform: Platform) -> ResolvedEnv:
             return resolved({w: self.paths[w.sha256] for w in wheels}, UV, python=platform.python)
