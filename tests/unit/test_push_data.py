@@ -60,3 +60,4 @@ def test_data_flags() -> None:
     for bad in ("=/d", "/x=", "/x=rel"):
         with pytest.raises(UsageError):
             from_flag(bad)
+

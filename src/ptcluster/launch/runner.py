@@ -358,8 +358,8 @@ class Runner:
         runner then decided against (no progress, ended from outside, too few nodes): ended
         now (``node.warm.pools``), not left waiting ``wire.JOB_POOL_WITHIN`` for a guard."""
         left = int(dict(self.plan.nodes[0].env).get(MAX_RESTARTS_VAR, 0)) > self.plan.attempt
-        if record.ok or not left:
-            return  # (no guard kept one: it knows when no restart is left)
+        if record.ok or not left or self.stops.count:
+            return  # (none kept: no restart was left, or the user's stop said final)
         members = [Member(n.host, self.ctx.transports[n.host], n.python,
                           {"stop": True, "job": self.plan.job_id}) for n in self.plan.nodes
                    if n.host in record.hosts and n.host not in gone

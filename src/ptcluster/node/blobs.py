@@ -44,8 +44,29 @@ def write_problem(path: str, exc: OSError, full_fix: str) -> dict:
 
 
 def part_name(final: str) -> str:
+    """``final``'s temp name while it arrives, naming this program's pid (a store that other
+    programs write into too: :func:`remove_parts` tells its own and the dead's apart)."""
     folder, name = os.path.split(final)
-    return os.path.join(folder, f"{PART_PREFIX}{name}-{secrets.token_hex(4)}")
+    return os.path.join(folder, f"{PART_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{name}")
+
+
+def remove_parts(folder: str, dead_too: bool = False) -> None:
+    """The temp files in ``folder`` of this program (as it ends), or of programs that no
+    longer run (``dead_too``: a program killed mid-file left them); never another live one's."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(PART_PREFIX):].split("-", 1)[0]
+        if not (name.startswith(PART_PREFIX) and pid.isdigit()):
+            continue
+        if int(pid) != os.getpid() and not (dead_too and not os.path.exists(f"/proc/{pid}")):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+        except OSError:
+            pass
 
 
 def receive(stdin: BinaryIO, sha: str, size: int, final: str, full_fix: str,

@@ -51,7 +51,7 @@ import zipfile
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ptcluster.node.blobs import HeadStream, free_bytes, pass_on, receive
+from ptcluster.node.blobs import HeadStream, free_bytes, pass_on, receive, remove_parts
 from ptcluster.node.data_relay import Relay, ssh_address
 from ptcluster.node.guard.proctree import libc_prctl
 from ptcluster.node.sharing.safefile import remove_tree
@@ -95,6 +95,7 @@ class Node:
         self.envs = os.path.join(self.root, "envs")
         for d in (self.root, self.store, self.envs, os.path.join(self.root, "uses")):
             os.makedirs(d, mode=0o700, exist_ok=True)
+        remove_parts(self.store, dead_too=True)  # (what a program killed mid-wheel left)
         self.failed: dict[str, dict] = {}
         """Wheels that did not arrive whole: sha256 -> {problem, fix}."""
         self.lock = threading.Lock()
@@ -346,6 +347,7 @@ def watch_head(node: Node, head: HeadStream, silence: float) -> None:
         time.sleep(min(1.0, silence / 4))
         if head.silent(silence):
             node.cancel()
+            remove_parts(node.store)  # (a wheel on its way: never left half-written)
             os._exit(0)
 
 
