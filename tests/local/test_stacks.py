@@ -196,11 +196,16 @@ def test_stacks_of_real_ranks_a_sleeping_one_and_one_holding_the_gil(rank_server
     start(0, SLEEPS)
     start(1, HOLDS_GIL)
     wait_ready(server, {0, 1})
-    time.sleep(0.5)
-    raw = server.probes.collect()
-    report = StackReport(ranks=[rank_stack(int(r), "n", v) for r, v in raw.items()])
-    where = {r.rank: r.where() for r in report.ranks}
-    assert where == {0: "in load_batch at <string>:3", 1: "in read_sensor at <string>:4"}
+    want = {0: "in load_batch at <string>:3", 1: "in read_sensor at <string>:4"}
+    deadline = time.monotonic() + 30  # (until both are in the call they stay in)
+    while True:
+        raw = server.probes.collect()
+        report = StackReport(ranks=[rank_stack(int(r), "n", v) for r, v in raw.items()])
+        where = {r.rank: r.where() for r in report.ranks}
+        if where == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert where == want
     # the sleeping rank's own thread answers; the one holding the GIL needs the signal
     assert (raw["0"]["how"], raw["1"]["how"]) == ("probe thread", "signal (faulthandler)")
     assert all(v["ms"] is not None and v["ms"] < 1000 for v in raw.values())
