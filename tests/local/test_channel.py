@@ -223,17 +223,15 @@ def test_the_heartbeats_of_many_channels_come_from_one_timer(tmp_path) -> None:
         deadline = time.monotonic() + 30
         while min(beats(i) for i in range(12)) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        h = hub()
-        assert {link.channel for link in h._beats.get(0.1, ())} == set(channels)
-        timers = [fn for _, _, fn in h._timers if getattr(fn, "args", None) == (0.1,)]
-        assert len(timers) == 1, timers
+        beating, timers = hub().beating(0.1)
+        assert beating == set(channels) and timers == 1, (beating, timers)
     finally:
         close_all(started, timeout=10)
     assert min(beats(i) for i in range(12)) >= 3, [beats(i) for i in range(12)]
     deadline = time.monotonic() + 10
-    while 0.1 in hub()._beats and time.monotonic() < deadline:
+    while hub().beating(0.1) != (set(), 0) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert 0.1 not in hub()._beats  # (and its timer is gone with the last channel)
+    assert hub().beating(0.1) == (set(), 0)  # (its timer gone with the last channel)
 
 
 def test_channels_held_by_one_backlog_are_looked_at_once_a_poll_and_freed_together() -> None:

@@ -229,6 +229,14 @@ class Hub:
             beating.add(link)
         self._write(link)
 
+    def beating(self, interval: float) -> tuple[set[NodeChannel], int]:
+        """The channels given a heartbeat every ``interval`` s, and the timers that wake the
+        hub for them (one, however many channels): what a test or a debugger may look at."""
+        links = set(self._beats.get(interval, ()))
+        timers = [fn for _, _, fn in list(self._timers)
+                  if isinstance(fn, partial) and fn.func == self._beat and fn.args == (interval,)]
+        return {link.channel for link in links}, len(timers)
+
     def _beat(self, interval: float) -> None:
         """A heartbeat to every channel of ``interval`` that still writes; the next in
         ``interval`` while any is left."""
