@@ -45,12 +45,12 @@ def test_the_closing_table_of_8192_ranks_names_the_failed_one_and_counts_the_res
              for r in range(8192)]
     ranks[17] = RankRecord(rank=17, host="n0002", local_rank=1, started_at=0.0, exit_code=1,
                            duration=12.5)
-    rows = run_cmd._rank_rows(RunResult(job_id="J", run_dir="d", ranks=ranks, duration=21.0,
+    rows = run_cmd.rank_rows(RunResult(job_id="J", run_dir="d", ranks=ranks, duration=21.0,
                                       nodes=[], failures=[], interrupted=False))
     assert rows == [("17", "n0002", "1", "exit 1", False, "12.5 s"),
                     ("8191 ranks", "1024 node(s)", "", "stopped (job teardown)", False,
                      "20.0 s .. 21.0 s")]
-    few = run_cmd._rank_rows(RunResult(job_id="J", run_dir="d", ranks=ranks[:32], nodes=[],
+    few = run_cmd.rank_rows(RunResult(job_id="J", run_dir="d", ranks=ranks[:32], nodes=[],
                                        failures=[], interrupted=False, duration=21.0))
     assert [row[0] for row in few] == [str(r) for r in range(32)]
 
@@ -62,7 +62,7 @@ def test_the_closing_table_of_a_hang_names_the_hung_rank_apart_from_the_stopped_
         ranks = [RankRecord(rank=r, host=f"n{r // 8:04d}", local_rank=r % 8, started_at=0.0,
                             exit_code=-15, stopped=True, duration=30.0, hung=r == 3)
                  for r in range(n)]
-        return run_cmd._rank_rows(RunResult(job_id="J", run_dir="d", ranks=ranks, nodes=[],
+        return run_cmd.rank_rows(RunResult(job_id="J", run_dir="d", ranks=ranks, nodes=[],
                                             failures=[], interrupted=False, duration=31.0))
 
     assert [row[3] for row in table(4)] == ["stopped (job teardown)"] * 3 + \

@@ -384,7 +384,7 @@ def _print_summary(console: Console, result: RunResult) -> None:
     table = Table(title=f"job {result.job_id} ({result.duration:.1f} s)", title_justify="left")
     for col in ("rank", "host", "local", "status", "duration"):
         table.add_column(col)
-    for rank, host, local, status, ok, took in _rank_rows(result):
+    for rank, host, local, status, ok, took in rank_rows(result):
         table.add_row(rank, host, local, Text(status, style="green" if ok else "red"), took)
     console.print(table)
     _print_nccl(console, result)
@@ -421,7 +421,7 @@ def _print_hang(console: Console, result: RunResult) -> None:
     console.print(f"  every rank's stack: {text}", markup=False)
 
 
-def _rank_rows(result: RunResult) -> list[tuple[str, str, str, str, bool, str]]:
+def rank_rows(result: RunResult) -> list[tuple[str, str, str, str, bool, str]]:
     """The closing table's rows (rank, host, local, status, ok, duration): one per rank up to
     ``RANKS_ONE_BY_ONE``; past it, one row for each status many ranks share, and the ranks of
     a status only a few have (the one that failed first among them) one by one."""
