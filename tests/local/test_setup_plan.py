@@ -359,9 +359,9 @@ def test_setup_closes_a_session_it_gave_up_on() -> None:
     spec = parse_cluster_text("nodes: [{host: n1}]\n", "c.yaml")
     setup = Setup(spec, SetupOptions(dry_run=True), password=lambda: None)
     setup.targets, setup.pubkey = {"n1": ("127.0.0.1", 22)}, ""
-    session = setup._open(spec.nodes[0], LocalTransport(host="n1"))  # the real node program
+    session = setup.open_session(spec.nodes[0], LocalTransport(host="n1"))  # the real node program
     assert session.channel.proc is not None and not session.channel.closed
-    setup._close_sessions("bye")
+    setup.close_sessions("bye")
     assert session.channel.closed and session.channel.proc.poll() is not None
 
 
@@ -377,12 +377,12 @@ def test_the_real_node_programs_facts_pass_the_heads_check() -> None:
     spec = parse_cluster_text("nodes: [{host: n1}]\n", "c.yaml")
     setup = Setup(spec, SetupOptions(dry_run=True), password=lambda: None)
     setup.targets, setup.pubkey = {"n1": ("127.0.0.1", 22)}, "ssh-ed25519 AAAAnot-there x"
-    session = setup._open(spec.nodes[0], LocalTransport(host="n1"))
+    session = setup.open_session(spec.nodes[0], LocalTransport(host="n1"))
     try:
         first = session.ask(Kind.FACTS, {"only": ["sudo"]}, 60)
         facts = session.ask(Kind.FACTS, {"only": ["all", "slurm"]}, 120)
     finally:
-        setup._close_sessions("bye")
+        setup.close_sessions("bye")
     assert set(first) == {"user", "uid", "home", "hostname", "python", "python_path", "sudo"}
     assert {"slurm", "gpu", "os", "hosts", "venv", "packages"} <= set(facts)
     assert facts["hostname"] == os.uname()[1]
@@ -417,7 +417,7 @@ def test_apply_replans_only_the_step_it_applies(monkeypatch, tmp_path: Path) -> 
     spec = parse_cluster_text("nodes: [{host: n1}]\n", "c.yaml")
     setup = Setup(spec, SetupOptions(), password=lambda: None)
     setup.cluster, setup.facts["n1"] = CF, FRESH
-    setup._wheels = (tmp_path, {"torch.whl": "aa"})  # the head's wheelhouse, prepared already
+    setup.use_wheelhouse(tmp_path, {"torch.whl": "aa"})  # the head's, prepared already
     setup.sessions["n1"] = Session()  # type: ignore[assignment]
     setup.outcomes["n1"].before = P.plan_node("n1", FRESH, CF)
     acted: list[S.StepAction] = []

@@ -181,17 +181,17 @@ class Setup:
                     self.slurm_report = slurm_apply.verify(self)
         except BaseException:
             # Ctrl-C (or a bug): the nodes end what they run now; every step can be re-run
-            self._close_sessions(Kind.STOP)
+            self.close_sessions(Kind.STOP)
             raise
         finally:
-            self._close_sessions(Kind.BYE)
+            self.close_sessions(Kind.BYE)
             if self._askpass is not None:
                 self._askpass.close()
         shown = {h: o for h, o in self.outcomes.items() if not self.only or h in self.only}
         return SetupReport(shown, head, torch, self.opts.dry_run, time.monotonic() - begun,
                            self._wheels_s, self.slurm_report)
 
-    def _close_sessions(self, how: str) -> None:
+    def close_sessions(self, how: str) -> None:
         deadline = time.monotonic() + 5
         with self._opened_lock:  # node threads may still be adding to it
             sessions = list(self._opened)
@@ -252,7 +252,7 @@ class Setup:
         self.ssh[node.host] = ssh
         self.on_event(node.host, "connecting")
         # the key first (BatchMode: never a prompt); the password only when the key is refused
-        session = self._open(node, SshTransport(host=node.host, ssh=ssh))
+        session = self.open_session(node, SshTransport(host=node.host, ssh=ssh))
         try:
             first = ask_facts(session, ["sudo"], self.opts.timeout * 3)
             outcome.connection = "key"
@@ -295,7 +295,7 @@ class Setup:
                               "pass --password-file FILE (mode 600)") from None
         pw = PasswordSsh(host=node.host, ssh=password_ssh(self.ssh[node.host]))
         pw.askpass = askpass
-        session = self._open(node, pw)
+        session = self.open_session(node, pw)
         try:
             first = ask_facts(session, ["sudo"], self.opts.timeout)
         except NodeFailure as exc:
@@ -307,7 +307,7 @@ class Setup:
             raise exc from None
         return session, first
 
-    def _open(self, node: NodeSpec, transport: SshTransport) -> NodeSession:
+    def open_session(self, node: NodeSpec, transport: SshTransport) -> NodeSession:
         channel = NodeChannel(transport, NODE_PYTHON, SETUP, self._node_config(node),
                               on_frames=lambda lines: None, on_closed=lambda code, err: None,
                               tag="setup")
@@ -389,6 +389,12 @@ class Setup:
                 outcome.applied.append((d.name, "changed", step.why))
                 outcome.seconds[d.name] = time.monotonic() - begun
                 self.on_event(node.host, f"{d.name}: done ({outcome.seconds[d.name]:.1f} s)")
+
+    def use_wheelhouse(self, folder: Path, manifest: dict[str, str]) -> None:
+        """The head's wheelhouse, prepared already (its folder and manifest: file -> sha256):
+        not prepared again for the nodes' torch step."""
+        with self._wheels_lock:
+            self._wheels = (folder, manifest)
 
     def _with_manifest(self, cluster: S.ClusterFacts) -> S.ClusterFacts:
         """``cluster`` with the head's wheelhouse manifest, the wheelhouse prepared first (once,
