@@ -32,6 +32,10 @@ from ptcluster.node.wire import GuardConfig
 
 START_WITHIN = 300.0
 """Seconds a new pool has to import torch and its ``warm_imports`` and say it is ready."""
+BEFORE_READY = 40.0
+"""Seconds a guard waits for a new pool of ``run --warm`` before it says ``ready`` (below the
+head's ready timeout, 60 s by default): one still importing then is left to start, for the
+next run; this run's ranks start cold."""
 
 
 class WarmError(Exception):
@@ -75,7 +79,7 @@ def pool_socket(cfg: GuardConfig, env: dict[str, str], python: str, tmpdir: str,
                 os.unlink(stale)
         start_pool(python, files["sock"], float(warm["idle"]),
                    list(warm.get("imports") or []), pool_env(env),
-                   os.path.join(tmpdir, POOL_FILE), stop)
+                   os.path.join(tmpdir, POOL_FILE), stop, BEFORE_READY)
         return files["sock"]
     finally:
         os.close(lock)
@@ -94,16 +98,17 @@ def answers(path: str) -> bool:
 
 
 def start_pool(python: str, sock: str, idle: float, imports: list[str], env: dict[str, str],
-               program: str, stop: StopRequest) -> None:
+               program: str, stop: StopRequest, within: float = START_WITHIN) -> None:
     """A pool out of this guard's tree: its first process exits at once, while the guard is no
-    subreaper (no rank of it runs yet), so init adopts the pool; then its ``ready`` line."""
+    subreaper (no rank of it runs yet), so init adopts the pool; then its ``ready`` line, for
+    ``within`` s (a pool still importing then goes on: WarmError, this guard's ranks cold)."""
     set_subreaper(False)
     try:
         proc = pool_process(python, sock, idle, 0, imports, env, program)
         proc.wait()
     finally:
         set_subreaper(True)
-    ready(proc, stop)
+    ready(proc, stop, within)
 
 
 def pool_process(python: str, sock: str, idle: float, owner: int, imports: list[str],
@@ -116,18 +121,25 @@ def pool_process(python: str, sock: str, idle: float, owner: int, imports: list[
         stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def ready(proc: subprocess.Popen[bytes], stop: StopRequest | threading.Event) -> None:
-    """Its ``ready`` line read; else WarmError (what it said)."""
+def ready(proc: subprocess.Popen[bytes], stop: StopRequest | threading.Event,
+          within: float = START_WITHIN) -> None:
+    """Its ``ready`` line read within ``within`` s; else WarmError (what it said)."""
     assert proc.stdout is not None
-    said = read_ready(proc.stdout.fileno(), stop)
+    deadline = time.monotonic() + within
+    said = read_ready(proc.stdout.fileno(), stop, deadline)
     proc.stdout.close()
-    if not said.startswith(READY + " "):
-        raise WarmError(said or "the pool ended before it was ready")
+    if said.startswith(READY + " "):
+        return
+    if time.monotonic() >= deadline and within < START_WITHIN:
+        raise WarmError(f"a pool is starting, still importing after {within:.0f} s: the next "
+                        "run's ranks come from it")
+    raise WarmError(said or "the pool ended before it was ready")
 
 
-def read_ready(fd: int, stop: StopRequest | threading.Event) -> str:
-    """The pool's ``ready``/``error`` line (what it printed before, as context for an error)."""
-    data, deadline = b"", time.monotonic() + START_WITHIN
+def read_ready(fd: int, stop: StopRequest | threading.Event, deadline: float) -> str:
+    """The pool's ``ready``/``error`` line (what it printed before, as context for an error),
+    read until ``deadline`` (monotonic)."""
+    data = b""
     while time.monotonic() < deadline and not stop.is_set():
         if not select.select([fd], [], [], 0.2)[0]:
             continue
