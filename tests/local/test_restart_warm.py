@@ -15,6 +15,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -211,3 +212,42 @@ def gone(pid: int, within: float = 15.0) -> bool:
         time.sleep(0.1)
     return False
 
+
+
+def test_a_pool_that_fails_at_its_fork_beside_forked_ranks_is_launched_again_all_cold(
+        tmp_path) -> None:
+    """A node whose warm pool cannot fork its ranks after the other nodes' have forked theirs
+    refuses (``guard.pool-lost``: pooled and cold ranks never meet); the runner launches the
+    same attempt again with every node's ranks cold, not counted as a restart, with or
+    without --max-restarts. The runner's own loop, its attempts told apart by what they see."""
+    from ptcluster.cluster import parse_cluster_text
+    from ptcluster.errors import Problem
+    from ptcluster.launch.plan import Target, plan_launch
+    from ptcluster.launch.result import AttemptRecord, Failure, FailureKind, RunResult
+    from ptcluster.launch.runner import Runner
+    from ptcluster.node.guard.refusal import POOL_LOST
+
+    plan = plan_launch(parse_cluster_text("nodes:\n  - {host: a, slots: 1}\n  - {host: b, "
+                                          "slots: 1}\n", "c.yaml"),
+                       Target(script="t.py"), port=29500, job_id="J")
+    notes: list[str] = []
+    runner = Runner(plan, {}, tmp_path / "run", on_status=notes.append)
+    pooled: list[bool] = []
+
+    class Try:
+        def run(self, before, t0):
+            pooled.append(runner.ctx.opts.pooled)
+            lost = len(pooled) == 1
+            failures = [Failure(host="b", rank=None, kind=FailureKind.GUARD,
+                                problem=Problem.of(POOL_LOST, "b", why="refused"))] \
+                if lost else []
+            result = RunResult(job_id="J", run_dir=tmp_path, ranks=[], nodes=[],
+                               failures=failures, interrupted=False, duration=0.0)
+            record = AttemptRecord(number=0, hosts=["a", "b"], world_size=2,
+                                   master_port=29500, started_at=0.0, ok=not lost)
+            return SimpleNamespace(killed_by="", cut_off=[]), result, record
+
+    runner.new_attempt = Try  # type: ignore[method-assign]
+    result = runner._attempts([], 0.0)
+    assert pooled == [True, False] and result.ok and len(result.attempts) == 1, notes
+    assert any(n.startswith("b: its warm pool failed at the fork") for n in notes), notes

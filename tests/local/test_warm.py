@@ -339,28 +339,37 @@ def test_a_pool_still_importing_when_its_guard_must_say_ready_goes_on_for_the_ne
         tmp_path) -> None:
     """``run --warm``'s guard waits for a new pool only so long before its ``ready`` (the
     head's ready timeout): a pool whose imports take longer is left to start (this run cold)
-    and then serves: its socket answers, its ready line gone nowhere (its guard's pipe closed)."""
+    and then serves: its socket answers, its ready line gone nowhere (its guard's pipe closed).
+    While it imports it holds its key's lock (inherited from its guard): no second pool of the
+    key starts meanwhile; once it listens, the lock is free."""
     import threading
 
     from ptcluster.node import WARM_POOL
     from ptcluster.node.guard.warm_pool import WarmError, answers, pool_process, ready
+    from ptcluster.node.warm.protocol import hold_key
     from ptcluster.remote.bootstrap import pack_source
 
     (tmp_path / "slow_import_mod.py").write_text("import time\ntime.sleep(4)\n")
     sock = Path(tempfile.mkdtemp(prefix="ps", dir="/tmp")) / "pool-k.sock"
+    lock_path = str(sock.parent / "pool-k.lock")
     program = tmp_path / "pool.py"
     program.write_text(pack_source(WARM_POOL))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    lock = hold_key(lock_path, 1.0)
     try:
         with pytest.raises(WarmError, match="still importing after 1 s"):
             ready(pool_process(sys.executable, str(sock), 30.0, 0, ["slow_import_mod"], env,
-                               str(program)), threading.Event(), within=1.0)
+                               str(program), lock), threading.Event(), within=1.0)
+        os.close(lock)
+        with pytest.raises(BlockingIOError):  # (the pool holds it while it imports)
+            os.close(hold_key(lock_path, 0.3))
         log = sock.parent / "pool-k.log"  # (made once the ready line is behind it: it serves)
         deadline = time.monotonic() + 30
         while not log.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert log.exists() and answers(str(sock)), \
             "the pool did not go on after its guard stopped waiting"
+        os.close(hold_key(lock_path, 5.0))  # (free once it listens)
     finally:
         for pid in _with_arg(str(sock)):
             os.kill(pid, signal.SIGKILL)  # (the pool this test started)

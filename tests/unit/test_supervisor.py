@@ -524,3 +524,15 @@ def test_the_go_says_warm_only_where_every_node_has_a_pool(pools, warm) -> None:
     assert len(said) == (1 if warm is False and any(pools.values()) else 0), said
     if said:
         assert said[0].startswith("every node's ranks start cold: b has no warm pool")
+
+
+def test_after_a_pool_failed_at_its_fork_the_go_says_cold_though_every_node_has_one() -> None:
+    sup = Supervisor(plan_launch(parse_cluster_text(CLUSTER, "c.yaml"), Target(script="t.py"),
+                                 port=29500, job_id="J"),
+                     RunOptions(pooled=False), now=0.0, wall_offset=WALL)
+    actions = []
+    for host in ("a", "b"):
+        actions += sup.on_event(ev.Hello(host, wire.VERSION, 10, WALL + 1.0), 1.0)
+        actions += sup.on_event(ev.Ready(host, {"pool": True}), 1.0)
+    gos = [a for a in actions if isinstance(a, Send) and a.kind == "go"]
+    assert [(g.host, (g.payload or {}).get("warm")) for g in gos] == [("a", False), ("b", False)]

@@ -126,11 +126,13 @@ def test_a_pools_end_removes_its_key_lock_but_never_under_a_guard_that_holds_it(
     guards never both start a pool of one key."""
     lock, sock = str(tmp_path / "pool-k.lock"), str(tmp_path / "pool-k.sock")
     open(sock, "w").close()
-    held = hold_key(lock)
+    held = hold_key(lock, 1.0)
     drop_key(lock, [sock])  # (a guard holds it: it starts a pool whose files these are)
     assert sorted(os.listdir(tmp_path)) == ["pool-k.lock", "pool-k.sock"]
+    with pytest.raises(BlockingIOError):  # (held meanwhile: a pool of the key still imports)
+        hold_key(lock, 0.2)
     got: list[int] = []
-    waiter = threading.Thread(target=lambda: got.append(hold_key(lock)))
+    waiter = threading.Thread(target=lambda: got.append(hold_key(lock, 10.0)))
     waiter.start()  # (blocks on the held lock)
     os.unlink(lock)  # (as drop_key would, had it held the lock first)
     os.close(held)

@@ -95,6 +95,10 @@ class RunOptions:
     node of the attempt has one (the head's ``go``: a spare that joins, a node taken back have
     none, and then every node's ranks start cold); False (``--cold``): torchrun starts every
     attempt's ranks."""
+    pooled: bool = True
+    """The ranks may come from the nodes' warm pools (where every node of an attempt has one);
+    the runner sets False for the rest of the run once a node's pool failed at its fork after
+    the others' had forked (``guard.pool-lost``): that attempt is launched again, all cold."""
     straggler_threshold: float = DEFAULT_THRESHOLD
     """A rank (or node) whose busy share (1 - the share of time its main thread sleeps) is this
     many times the other ranks' median, while they wait for it, is named the straggler

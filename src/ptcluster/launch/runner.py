@@ -50,6 +50,7 @@ from ptcluster.launch.supervise.restart import (
 )
 from ptcluster.launch.supervise.supervisor import Supervisor
 from ptcluster.node import WARM
+from ptcluster.node.guard.refusal import POOL_LOST
 from ptcluster.node.rank_wire import MAX_RESTARTS_VAR
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import Member, ask_all
@@ -259,6 +260,14 @@ class Runner:
                 self.notes.drop()
                 self._reship(result)
                 continue
+            if self._may_go_cold(result, record):
+                self.notes.release()
+                self.notes(f"{', '.join(sorted({f.host for f in result.failures}))}: its warm "
+                           "pool failed at the fork after the other nodes' had forked: "
+                           "launching again with every node's ranks cold (not counted as a "
+                           "restart)")
+                self.opts = self.ctx.opts = replace(self.opts, pooled=False)
+                continue
             if self._may_wait(result, time.monotonic() - waiting_since):
                 self.notes.drop()
                 said = self._wait(result, said)
@@ -285,6 +294,14 @@ class Runner:
         return (self.reship is not None and not self.stops.count and bool(result.failures)
                 and all(f.kind is FailureKind.ENVIRONMENT for f in result.failures)
                 and all(r.started_at is None for r in result.ranks))
+
+    def _may_go_cold(self, result: RunResult, record: AttemptRecord) -> bool:
+        """The attempt failed only because a node's warm pool could not fork its ranks after
+        the others' had (``guard.pool-lost``: pooled and cold ranks never meet, so no rank
+        got past its rendezvous; nothing saved), and its ranks still may come from pools."""
+        return (self.opts.pooled and not self.stops.count and bool(result.failures)
+                and all(f.code == POOL_LOST.code for f in result.failures)
+                and record.checkpoint is None)
 
     def _reship(self, result: RunResult) -> None:
         """Ship and build the environment (``Reship``), then the same job on its plan."""

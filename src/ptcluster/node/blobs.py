@@ -11,6 +11,7 @@ import errno
 import hashlib
 import os
 import secrets
+import socket
 import time
 from collections.abc import Callable
 from typing import BinaryIO
@@ -44,24 +45,33 @@ def write_problem(path: str, exc: OSError, full_fix: str) -> dict:
 
 
 def part_name(final: str) -> str:
-    """``final``'s temp name while it arrives, naming this program's pid (a store that other
-    programs write into too: :func:`remove_parts` tells its own and the dead's apart)."""
+    """``final``'s temp name while it arrives, naming this program: its pid and host (a store
+    that other programs write into too, on a home other machines may share: :func:`remove_parts`
+    tells its own and this host's dead ones apart)."""
     folder, name = os.path.split(final)
-    return os.path.join(folder, f"{PART_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{name}")
+    return os.path.join(folder, f"{PART_PREFIX}{_writer()}~{secrets.token_hex(4)}~{name}")
+
+
+def _writer() -> str:
+    return f"{os.getpid()}~{socket.gethostname()}"
 
 
 def remove_parts(folder: str, dead_too: bool = False) -> None:
-    """The temp files in ``folder`` of this program (as it ends), or of programs that no
-    longer run (``dead_too``: a program killed mid-file left them); never another live one's."""
+    """The temp files in ``folder`` of this program (as it ends), or of this host's programs
+    that no longer run (``dead_too``: one killed mid-file left them); never a live program's,
+    never another host's (a shared home: its pids are not this host's to judge)."""
     try:
         names = os.listdir(folder)
     except OSError:
         return
+    mine, host = _writer(), socket.gethostname()
     for name in names:
-        pid = name[len(PART_PREFIX):].split("-", 1)[0]
-        if not (name.startswith(PART_PREFIX) and pid.isdigit()):
+        said = name[len(PART_PREFIX):].split("~")
+        if not (name.startswith(PART_PREFIX) and len(said) >= 4 and said[0].isdigit()):
             continue
-        if int(pid) != os.getpid() and not (dead_too and not os.path.exists(f"/proc/{pid}")):
+        pid, writer = said[0], f"{said[0]}~{said[1]}"
+        if writer != mine and not (dead_too and said[1] == host
+                                   and not os.path.exists(f"/proc/{pid}")):
             continue
         try:
             os.unlink(os.path.join(folder, name))

@@ -222,7 +222,8 @@ class ReadyFacts(TypedDict, total=False):
     """Added by the head from the ``started`` frame: the node's ranks came from a warm pool."""
     pool: bool
     """Present where the job asks for warm ranks (``run --warm``, a restart's own pool): the
-    node has a warm pool for its ranks, held. The head's ``go`` says ``warm`` only where every
+    node has a warm pool for its ranks (a job's own held by this guard; a user's found
+    listening, its idle timer not paused). The head's ``go`` says ``warm`` only where every
     node has one (pooled ranks and torchrun's rendezvous do not meet)."""
     rdma: dict[str, str]
     """``NCCL_IB_HCA`` / ``NCCL_IB_GID_INDEX`` as this node's RDMA devices call for them

@@ -215,9 +215,10 @@ class Supervisor(JobState):
                                   f"free one on {self._plan.nodes[0].host})"))
         pools = {h: life.facts["pool"] for h, life in self._life.items() if "pool" in life.facts}
         if pools:  # (warm ranks asked for: from the pools only where every node has one)
-            told = {**(told or {}), "warm": all(pools.values()) and len(pools) == len(self._life)}
+            told = {**(told or {}), "warm": self._opts.pooled and all(pools.values())
+                    and len(pools) == len(self._life)}
             cold = sorted(set(self._life) - {h for h, held in pools.items() if held})
-            if cold and len(cold) < len(self._life):
+            if cold and len(cold) < len(self._life) and self._opts.pooled:
                 actions.append(Status(f"every node's ranks start cold: {', '.join(cold[:3])}"
                                       f"{f' and {len(cold) - 3} more' if len(cold) > 3 else ''}"
                                       f" {'has' if len(cold) == 1 else 'have'} no warm pool "

@@ -144,7 +144,11 @@ class Guard:
             except (WarmError, OSError) as exc:
                 if not self.whole_world:  # (the other nodes forked theirs: none to meet cold)
                     raise refuse(R.POOL_LOST, why=str(exc)) from None
+                teardown(self.child, grace=1.0, spare=self.pool_pid)  # (what it forked)
                 self.child = None
+                if self.job_pool is not None:  # (a fresh one for the next attempt)
+                    self.job_pool.end(keep=False)
+                    self.job_pool = JobPool(self.cfg, self.env, python)
                 self.out.later(encode_text(Kind.AGENT, None, "ptcluster: no warm pool for this "
                                            f"node's ranks ({exc}): they start cold".encode()))
         if self.child is None:
@@ -181,6 +185,8 @@ class Guard:
             return ""
         python = node_python(self.cfg["argv"])[0]
         if under_slurm():
+            if warm.get("job"):
+                return ""  # (a restart's pool is the default: nothing to say where none can be)
             why = "not under Slurm (a step's processes are its own)"
         else:
             try:
@@ -215,8 +221,8 @@ class Guard:
         self.send(Kind.READY, facts)
         while not self.link.go.wait(0.1):
             if self.stop.is_set():
+                self.end_unstarted()  # (the pool handed on before the exit frame)
                 self.send(Kind.EXIT, {"code": 0, "reason": self.stop.reason, "t": time.time()})
-                self.end_unstarted()
                 return 0
         try:
             self.start(facts)

@@ -78,10 +78,10 @@ class HeadLink:
         self.out = Outbox(self.emit, float(cfg.get("output_hold", 0.0)))
         self.go = threading.Event()
         self.master_port: int | None = None
-        self.warm = False
-        """The head's ``go`` says every node's ranks come from a warm pool (its ``warm``)."""
         """The rendezvous port the master's guard chose (``master.port: auto``), told with
         ``go``."""
+        self.warm = False
+        """The head's ``go`` says every node's ranks come from a warm pool (its ``warm``)."""
         self.last_hb = time.monotonic()
         self.ranks: RankServer | None = None
         """The rank server once torchrun starts: what heartbeats, ``timing`` and ``stacks``

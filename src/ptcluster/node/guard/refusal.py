@@ -126,11 +126,12 @@ LEASE_REFUSED = Declared(
     "guard.lease-refused", "a lease cannot be taken",
     "cannot lease {what}in " + LEASE_DIR + ": {error}", UNLEASED_FIX)
 POOL_LOST = Declared(
-    "guard.pool-lost", "the warm pool ended before it forked the node's ranks",
-    "this node's warm pool ended between its ready and the job's go ({why}); the other nodes' "
-    "ranks came from theirs, so this node's could not start cold beside them",
-    "nothing to do with --max-restarts: the next attempt starts every node's ranks cold; "
-    "otherwise run again (a pool is started where none answers)")
+    "guard.pool-lost", "the warm pool could not fork the node's ranks beside the others'",
+    "this node's warm pool could not fork its ranks ({why}) after the other nodes' pools had "
+    "forked theirs; pooled and cold ranks never meet in one rendezvous, so they could not "
+    "start cold here",
+    "nothing to do: ptcluster launches the attempt again with every node's ranks cold (not "
+    "counted as a restart); if it recurs, run with --cold")
 TABLE = (NO_RANK_PROGRAMS, TMP_UNUSABLE, WORKDIR_MISSING, ENVIRONMENT_NOT_READY, SCRIPT_MISSING,
          MODULE_MISSING, NOT_A_JOB_ID, JOB_RUNS, JOB_LEASE_HELD, PORT_IN_USE, PORT_LEASED,
          NO_FREE_PORT, GPU_NOT_THERE, GPUS_BUSY, LEASE_DIR_UNTRUSTED, LEASE_REFUSED, POOL_LOST)

@@ -18,6 +18,7 @@ from ptcluster.node.guard.proctree import set_subreaper
 from ptcluster.node.guard.tmpdirs import user_tmp
 from ptcluster.node.sharing.safefile import private_dir
 from ptcluster.node.warm.protocol import (
+    LOCK_FD_VAR,
     POOL_BOOT,
     POOL_FILE,
     READY,
@@ -70,7 +71,11 @@ def pool_socket(cfg: GuardConfig, env: dict[str, str], python: str, tmpdir: str,
     started now (under the key's lock: two guards start one pool)."""
     warm = cfg.get("warm") or {}
     files = pool_files(cfg, env, python)
-    lock = hold_key(files["lock"])
+    try:
+        lock = hold_key(files["lock"], BEFORE_READY)
+    except BlockingIOError:
+        raise WarmError("a pool of this key is starting (another run's), still importing: the "
+                        "next run's ranks come from it") from None
     try:
         if answers(files["sock"]):
             return files["sock"]
@@ -79,7 +84,7 @@ def pool_socket(cfg: GuardConfig, env: dict[str, str], python: str, tmpdir: str,
                 os.unlink(stale)
         start_pool(python, files["sock"], float(warm["idle"]),
                    list(warm.get("imports") or []), pool_env(env),
-                   os.path.join(tmpdir, POOL_FILE), stop, BEFORE_READY)
+                   os.path.join(tmpdir, POOL_FILE), stop, BEFORE_READY, lock)
         return files["sock"]
     finally:
         os.close(lock)
@@ -98,13 +103,15 @@ def answers(path: str) -> bool:
 
 
 def start_pool(python: str, sock: str, idle: float, imports: list[str], env: dict[str, str],
-               program: str, stop: StopRequest, within: float = START_WITHIN) -> None:
+               program: str, stop: StopRequest, within: float = START_WITHIN,
+               lock: int = -1) -> None:
     """A pool out of this guard's tree: its first process exits at once, while the guard is no
     subreaper (no rank of it runs yet), so init adopts the pool; then its ``ready`` line, for
-    ``within`` s (a pool still importing then goes on: WarmError, this guard's ranks cold)."""
+    ``within`` s (a pool still importing then goes on: WarmError, this guard's ranks cold);
+    ``lock``, the key's, is the pool's to hold until it listens."""
     set_subreaper(False)
     try:
-        proc = pool_process(python, sock, idle, 0, imports, env, program)
+        proc = pool_process(python, sock, idle, 0, imports, env, program, lock)
         proc.wait()
     finally:
         set_subreaper(True)
@@ -112,13 +119,15 @@ def start_pool(python: str, sock: str, idle: float, imports: list[str], env: dic
 
 
 def pool_process(python: str, sock: str, idle: float, owner: int, imports: list[str],
-                 env: dict[str, str], program: str) -> subprocess.Popen[bytes]:
+                 env: dict[str, str], program: str, lock: int = -1) -> subprocess.Popen[bytes]:
     """The pool program started (``warm.pool``; ``owner``: 0, or the guard's pid for a job's
-    pool, which stays its child), in a session of its own."""
+    pool, which stays its child), in a session of its own; with the key's ``lock`` (a
+    descriptor it holds until it listens: ``protocol.LOCK_FD_VAR``)."""
+    held = {LOCK_FD_VAR: str(lock)} if lock >= 0 else {}
     return subprocess.Popen(
         [python, "-u", "-c", POOL_BOOT, program, sock, str(idle), str(owner), *imports],
-        env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=True)
+        env={**env, **held}, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(lock,) if held else ())
 
 
 def ready(proc: subprocess.Popen[bytes], stop: StopRequest | threading.Event,

@@ -47,6 +47,7 @@ from ptcluster.node.warm.protocol import (
     REFUSED,
     STATUS,
     drop_key,
+    let_key_go,
     namespaces,
     peer_uid,
     receive,
@@ -363,9 +364,11 @@ def ctypes_prctl(option: int, value: int) -> None:
 def load(imports: list[str], nice: int) -> Any:
     """torch (returned) and ``imports``; with ``nice``, in a thread of that priority (a
     thread's own on Linux: the main thread, and so every rank forked later, keeps its own).
-    What the thread cannot import (a module that must be imported on the main thread: one that
-    calls ``signal.signal``) is imported on the main thread after it, at its own priority."""
-    failed: list[str] = []
+    A module that must be imported on the main thread (one that calls ``signal.signal``: the
+    thread's import raises ValueError) is imported there after it, at its own priority; any
+    other failure is raised as it was."""
+    left: list[str] = []
+    raised: list[BaseException] = []
 
     def run() -> None:
         if nice:
@@ -373,16 +376,21 @@ def load(imports: list[str], nice: int) -> Any:
         for name in ("torch", *imports):
             try:
                 importlib.import_module(name)
-            except BaseException:  # noqa: BLE001 - tried again on the main thread
-                failed.append(name)
+            except ValueError:  # ("signal only works in main thread"): the main thread's
+                left.append(name)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
+                raised.append(exc)
+                return
 
     if not nice:
-        failed.extend(("torch", *imports))
+        left.extend(("torch", *imports))
     else:
         thread = threading.Thread(target=run, name="pool-imports")
         thread.start()
         thread.join()
-    for name in failed:
+    if raised:
+        raise raised[0]
+    for name in left:
         importlib.import_module(name)
     return sys.modules["torch"]
 
@@ -414,6 +422,7 @@ def start(path: str, idle: float, imports: list[str], owner: int = 0) -> Pool:
         print("error " + f"{type(exc).__name__}: {exc}"[:500], flush=True)
         os._exit(1)
     os.chdir("/")
+    let_key_go()  # (listening: a guard may find it now)
     said = READY + " " + json.dumps({"pid": os.getpid(), "torch": str(torch.__version__)})
     try:  # (unbuffered: nothing of it left to reach a rank's output later)
         os.write(1, (said + "\n").encode())

@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import struct
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -102,16 +103,30 @@ def paths(folder: str, name: str) -> dict[str, str]:
 
 LOCK_TRIES = 100
 """Locks :func:`hold_key` takes on a file removed before it held it, before it gives up."""
+LOCK_FD_VAR = "PTCLUSTER_POOL_LOCK_FD"
+"""In a new pool's environment: the descriptor of its key's lock, inherited from the guard
+that started it and held until the pool listens (no second pool of the key starts while the
+first imports, even once its guard stopped waiting for it)."""
 
 
-def hold_key(lock: str) -> int:
+def hold_key(lock: str, within: float) -> int:
     """The key's lock file held (``flock``), its descriptor: for a guard that starts a pool of
-    the key. A pool's end removes the file under the lock (:func:`drop_key`), so a lock taken
-    on a file no longer at ``lock`` holds nothing: dropped, and taken again on the new one."""
+    the key; OSError(EWOULDBLOCK) when not had within ``within`` s (a pool of the key that
+    another guard started is still importing: it holds the lock until it listens). A pool's
+    end removes the file under the lock (:func:`drop_key`), so a lock taken on a file no
+    longer at ``lock`` holds nothing: dropped, and taken again on the new one."""
+    deadline = time.monotonic() + within
     for _ in range(LOCK_TRIES):
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.05)
             if _same_file(fd, lock):
                 return fd
         except BaseException:
@@ -119,6 +134,17 @@ def hold_key(lock: str) -> int:
             raise
         os.close(fd)
     raise OSError(errno.EAGAIN, f"{lock}: removed under each of {LOCK_TRIES} locks taken")
+
+
+def let_key_go() -> None:
+    """In a new pool, once it listens: the key's lock it inherited, closed (``LOCK_FD_VAR``:
+    taken out of its environment too, never a rank's)."""
+    fd = os.environ.pop(LOCK_FD_VAR, "")
+    if fd.isdigit():
+        try:
+            os.close(int(fd))
+        except OSError:
+            pass
 
 
 def drop_key(lock: str, files: Sequence[str]) -> None:
