@@ -14,7 +14,7 @@ from rich.text import Text
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec
 from ptcluster.cli.console import terminal
 from ptcluster.cluster.model import ClusterSpec
-from ptcluster.monitor.jobs import JobRow, job_rows
+from ptcluster.monitor.jobs import JobRow, Seen, job_rows
 from ptcluster.monitor.watch import sample_once
 from ptcluster.node.guard.gpus import spans
 from ptcluster.remote.connect import transports
@@ -93,11 +93,11 @@ def pool_line(pool: dict[str, Any]) -> str:
             f"{pool['rss'] / 2**20:.0f} MiB, torch {pool['torch']}, {state}{kept}")
 
 
-def unknown_holders(seen: dict[str, tuple[str, str, list[dict]]]) -> list[dict[str, str]]:
+def unknown_holders(seen: Seen) -> list[dict[str, str]]:
     """The leases the nodes hold with no record of who holds them (``leases.held_all``'s
     ``unknown``), each once, by node and resource."""
     found = {(str(r.get("node")), str(r.get("resource"))) for _, _, records in seen.values()
-             for r in records if isinstance(r, dict) and r.get("unknown") is True}
+             for r in records if r.get("unknown") is True}
     return [{"node": node, "resource": resource} for node, resource in sorted(found)]
 
 

@@ -396,6 +396,38 @@ class JobSample(TypedDict):
     gpus: list[int]
 
 
+class LeaseOwner(TypedDict, total=False):
+    """Who takes a lease (a guard, for its job: ``node.guard.prechecks``), kept in its record."""
+
+    job_id: str | None
+    head: str | None
+    """The head's host."""
+    command: str | None
+    """What the job runs (``python train.py``)."""
+    ranks: list[int] | None
+    """``[first, last]`` global rank on the node (its ``job-ID`` lease)."""
+
+
+class LeaseRecord(LeaseOwner, total=False):
+    """A held lease's record as every reader takes it (``node.sharing.leases``' ``take`` writes
+    it, ``held_all`` and ``holder`` read it; the sampler sends it, ``ps``, ``kill``, the monitor
+    and the metrics read it): :func:`records.well_formed` is its one check, and
+    ``records.lease_of`` / ``rank_count`` its one reading. A lease held with no record believed
+    is ``{resource, node, unknown: true}`` only (``records.sampled``)."""
+
+    resource: str
+    """``job-ID``, ``gpu-3``, ``port-29500``."""
+    node: str
+    """The hostname of the node that holds it (a lock directory may be shared)."""
+    pid: int
+    uid: int
+    user: str
+    """The holder's user name, as the node reads its uid."""
+    since: float
+    """Seconds since 1970."""
+    unknown: bool
+
+
 class Sample(TypedDict):
     """What a node's sampler sends every interval (``monitor``, ``ps``, ``monitor --serve``),
     as the head keeps it once checked (``remote.replies.sample_reply``: every key there)."""
@@ -410,7 +442,7 @@ class Sample(TypedDict):
     """``{rx_bps, tx_bps}``: bytes a second over the interval."""
     gpus: list[GpuSample]
     gpu_error: str | None
-    leases: list[dict[str, Any]]
+    leases: list[LeaseRecord]
     """The lease records held on the node (``node.sharing.records``; bad ones dropped)."""
     jobs: dict[str, JobSample]
     user: str
