@@ -428,6 +428,41 @@ class LeaseRecord(LeaseOwner, total=False):
     unknown: bool
 
 
+class PoolInfo(TypedDict):
+    """One warm pool of the sampler's user (``node.warm.pools.listed``), as ``ps`` shows it."""
+
+    pid: int
+    rss: int
+    """Bytes."""
+    idle_since: float | None
+    """None: ranks of it run now."""
+    ranks: int
+    idle: float | None
+    """Seconds it stays idle before it ends."""
+    torch: str
+    python: str
+    started: float | None
+    job: str | None
+    """``JOB@HOST``: the job whose restarts it is kept for; None: the user's own
+    (``run --warm``)."""
+
+
+class PoolStopped(TypedDict):
+    """A pool ``warm stop`` signalled (``node.warm.pools.stop``)."""
+
+    pid: int
+    gone: bool
+    ranks: int
+
+
+class WarmAnswer(TypedDict):
+    """The ``warm`` program's ``result`` (``node.warm.pools.main``): the pools listed, or (with
+    ``stop``) those it stopped."""
+
+    pools: list[PoolInfo]
+    stopped: list[PoolStopped]
+
+
 class Sample(TypedDict):
     """What a node's sampler sends every interval (``monitor``, ``ps``, ``monitor --serve``),
     as the head keeps it once checked (``remote.replies.sample_reply``: every key there)."""
@@ -447,5 +482,5 @@ class Sample(TypedDict):
     jobs: dict[str, JobSample]
     user: str
     """The user the sampler runs as."""
-    pools: list[dict[str, Any]]
+    pools: list[PoolInfo]
     """That user's warm pools on the node (``node.warm.pools.listed``)."""
