@@ -32,10 +32,11 @@ from typing import Any, TypedDict
 
 from ptcluster.node.facts.accel import gpus, sh, torch_facts
 from ptcluster.node.facts.firewall import firewall_state, rule_counts
-from ptcluster.node.facts.health import gpu_warnings, judge
+from ptcluster.node.facts.health import HealthFinding, gpu_warnings, judge
 from ptcluster.node.facts.health_facts import read_health
 from ptcluster.node.facts.netif import AUTO_PORTS, interfaces, route_dev, route_interface
 from ptcluster.node.facts.rdma import read_rdma
+from ptcluster.node.problems import Sent
 from ptcluster.node.wire import Kind, control, encode, hello, split
 
 
@@ -117,9 +118,9 @@ class DoctorFacts(TypedDict, total=False):
     shm: Space | None
     disk: Space | None
     """The workdir's filesystem."""
-    health: list[dict[str, Any]]
+    health: list[HealthFinding]
     """The health gate's findings (``facts.health.judge``)."""
-    gpu_warnings: list[dict[str, Any]]
+    gpu_warnings: list[Sent]
     torch: dict[str, Any] | None
     """``facts.accel.torch_facts`` (None: not asked)."""
     slurm: SlurmStep | None
