@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypedDict
 from ptcluster.node.facts.accel import NVML_LIB, gpus, pci_gpu_count
 from ptcluster.node.facts.firewall import firewall_state
 from ptcluster.node.facts.netif import route_interface
-from ptcluster.node.facts.slurm_facts import slurm_facts
+from ptcluster.node.facts.slurm_facts import SlurmFacts, slurm_facts
 
 C_ENV = {"LC_ALL": "C", "LANG": "C"}
 """Commands whose words we look at run in the C locale."""
@@ -245,7 +245,7 @@ class SetupFacts(TypedDict, total=False):
     interface: str | None
     interface_why: str
     """``env``: the env file's text, the interface to the master (or why unknown)."""
-    slurm: dict[str, Any]
+    slurm: SlurmFacts
     """``slurm``: ``node.facts.slurm_facts.slurm_facts``."""
 
 
@@ -316,7 +316,7 @@ def slurm_fact(host: FactHost) -> SetupFacts:
     except (ImportError, OSError):
         nvml = False
     root_ok = host.sudo_mode in ("root", "nopasswd", "password")
-    return {"slurm": slurm_facts(run, as_root if root_ok else None, nvml)["slurm"]}
+    return {"slurm": slurm_facts(run, as_root if root_ok else None, nvml)}
 
 
 SECTIONS: dict[str, Fact] = {
