@@ -149,3 +149,10 @@ def test_the_slurm_section_checked_is_the_keys_its_writer_declares() -> None:
         set(sf.MungeKey.__annotations__)
     assert all(set(s) == set(sf.Service.__annotations__) for s in facts["services"].values())
     assert facts["hw_from"] == "slurmd -C" and facts["hw"]["CPUs"] == 2
+
+
+def test_the_gpu_section_checked_is_the_keys_its_writer_declares() -> None:
+    """``remote.replies.GPU`` checks exactly ``node.facts.setup_facts.SetupGpu``'s keys."""
+    from ptcluster.node.facts.setup_facts import SetupGpu
+
+    assert set(replies.GPU.fields) == set(SetupGpu.__annotations__)

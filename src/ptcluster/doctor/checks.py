@@ -155,17 +155,16 @@ def check_gpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding
             if why:
                 return F.NO_GPU_FOUND.at(node.host, error=g["error"])
             return Finding.plain("gpus", node.host, OK, "no GPU: gloo on CPU")
-        cuda = t.get("cuda")
-        if cuda and g.get("driver"):
+        cuda, driver, cuda_driver = t.get("cuda"), g.get("driver"), g.get("cuda_driver")
+        if cuda and driver:
             major = _parse_version(cuda)[0]
             need = MIN_DRIVER.get(major)
-            if need and _parse_version(g["driver"]) < need:
-                return F.DRIVER_TOO_OLD.at(node.host, driver=g["driver"], cuda=cuda,
+            if need and _parse_version(driver) < need:
+                return F.DRIVER_TOO_OLD.at(node.host, driver=driver, cuda=cuda,
                                            need=f"{need[0]}.{need[1]:02d}.{need[2]:02d}")
-            if need is None and g.get("cuda_driver") and \
-                    _parse_version(g["cuda_driver"])[0] < major:
-                return F.DRIVER_CUDA_OLDER.at(node.host, driver=g["driver"], cuda=cuda,
-                                              cuda_driver=g["cuda_driver"])
+            if need is None and cuda_driver and _parse_version(cuda_driver)[0] < major:
+                return F.DRIVER_CUDA_OLDER.at(node.host, driver=driver, cuda=cuda,
+                                              cuda_driver=cuda_driver)
         if t.get("ok") and cuda is None and "cuda" not in (t.get("unknown") or {}):
             return F.TORCH_CPU_BUILD.at(node.host, count=count, version=t.get("version"))
         if count < node.slots and spec.backend != "gloo":

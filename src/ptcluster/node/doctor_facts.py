@@ -30,8 +30,8 @@ import threading
 import time
 from typing import Any, TypedDict
 
-from ptcluster.node.facts.accel import gpus, sh, torch_facts
-from ptcluster.node.facts.firewall import firewall_state, rule_counts
+from ptcluster.node.facts.accel import GpuFacts, gpus, sh, torch_facts
+from ptcluster.node.facts.firewall import FirewallState, RuleCounts, firewall_state, rule_counts
 from ptcluster.node.facts.health import HealthFinding, gpu_warnings, judge
 from ptcluster.node.facts.health_facts import read_health
 from ptcluster.node.facts.netif import AUTO_PORTS, interfaces, route_dev, route_interface
@@ -107,8 +107,8 @@ class DoctorFacts(TypedDict, total=False):
     peers: dict[str, Route]
     master: MasterRoute
     """Only where the config names ``master_addr``."""
-    firewall: dict[str, Any]
-    gpus: dict[str, Any]
+    firewall: FirewallFacts
+    gpus: GpuFacts
     """``facts.accel.gpus``."""
     rdma: list[dict[str, Any]]
     interfaces: list[dict[str, Any]]
@@ -140,7 +140,11 @@ def resolve(name: str) -> list[str]:
     return out
 
 
-def firewall() -> dict[str, Any]:
+class FirewallFacts(FirewallState, RuleCounts):
+    """Doctor's ``firewall``: setup's model of it and the rule counts."""
+
+
+def firewall() -> FirewallFacts:
     """The firewall's model (``node.facts.firewall``: setup's, read as root only when this is root)
     and the rule counts of nftables and iptables."""
     def run(argv: list[str]) -> tuple[int, str]:

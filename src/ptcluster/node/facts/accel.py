@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 
 def sh(*argv: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -44,12 +44,29 @@ def load_nvml() -> Any:
     return ctypes.CDLL(NVML_LIB)
 
 
-def no_gpus(driver: str | None = None, error: str | None = None) -> dict[str, Any]:
+class GpuFacts(TypedDict):
+    """The node's NVIDIA GPUs as :func:`gpus` finds them: doctor's ``gpus`` (``DoctorFacts``),
+    the health gate's count, and setup's ``gpu`` section its count, driver and capabilities."""
+
+    count: int
+    names: list[str]
+    memory_mib: list[int | None]
+    compute_capability: list[str | None]
+    """``MAJOR.MINOR`` each (None where it was not said)."""
+    driver: str | None
+    cuda_driver: str | None
+    """The CUDA version the driver supports (NVML only)."""
+    source: str | None
+    """``nvml``, ``nvidia-smi``, or None (neither answered)."""
+    error: str | None
+
+
+def no_gpus(driver: str | None = None, error: str | None = None) -> GpuFacts:
     return {"count": 0, "names": [], "memory_mib": [], "compute_capability": [],
             "driver": driver, "cuda_driver": None, "source": None, "error": error}
 
 
-def read_nvml(nvml: Any) -> dict[str, Any]:
+def read_nvml(nvml: Any) -> GpuFacts:
     """GPU facts from a loaded NVML library (``ctypes.CDLL(NVML_LIB)``)."""
     import ctypes  # here, not at the top: a Python built without libffi has no ctypes
     nvml.nvmlErrorString.restype = ctypes.c_char_p
@@ -148,7 +165,7 @@ def _read_processes(nvml: Any, ctypes: Any) -> dict[int, list[dict[str, int]]]:
         nvml.nvmlShutdown()
 
 
-def parse_nvidia_smi_csv(text: str, fields: tuple[str, ...] = SMI_FIELDS) -> dict[str, Any]:
+def parse_nvidia_smi_csv(text: str, fields: tuple[str, ...] = SMI_FIELDS) -> GpuFacts:
     """``nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits`` -> GPU facts.
 
     Fields are taken from the right, so a name holding a comma stays whole."""
@@ -171,7 +188,7 @@ def parse_nvidia_smi_csv(text: str, fields: tuple[str, ...] = SMI_FIELDS) -> dic
     return facts
 
 
-def smi_gpus() -> dict[str, Any] | None:
+def smi_gpus() -> GpuFacts | None:
     """GPU facts from nvidia-smi; None when it is not installed."""
     for fields in (SMI_FIELDS, SMI_FIELDS[:3]):  # an older nvidia-smi has no compute_cap
         code, out = sh("nvidia-smi", f"--query-gpu={','.join(fields)}",
@@ -226,7 +243,7 @@ def pci_gpu_count(base: str = "/sys/bus/pci/devices") -> int:
     return count
 
 
-def gpus() -> dict[str, Any]:
+def gpus() -> GpuFacts:
     """NVML through ctypes; nvidia-smi when the library cannot be loaded; the kernel module's
     version for the driver when neither says it."""
     try:
