@@ -16,6 +16,7 @@ from ptcluster.doctor import findings as F
 from ptcluster.doctor.findings import FAIL, OK, SKIP, WARN, Finding, Status
 from ptcluster.doctor.node_report import NodeReport, ProblemKind, address_of, interface_of
 from ptcluster.node.doctor_facts import DoctorFacts
+from ptcluster.node.facts.accel import no_torch
 
 __all__ = ["FAIL", "OK", "SKIP", "WARN", "Finding", "Status", "per_node", "run_checks"]
 GIB = 1 << 30
@@ -91,7 +92,7 @@ VERSION_KEYS = ("python", "torch", "cuda", "nccl")
 
 
 def _versions(facts: DoctorFacts) -> dict[str, str | None]:
-    t = facts.get("torch") or {}
+    t = facts.get("torch") or no_torch()
     return {"python": facts["python"]["version"], "torch": t.get("version"),
             "cuda": t.get("cuda"), "nccl": t.get("nccl")}
 
@@ -104,8 +105,7 @@ def check_versions(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fin
     known: dict[str, Counter[str | None]] = {key: Counter() for key in VERSION_KEYS}
     for n in spec.nodes:
         facts = probes[n.host].facts
-        t = (facts or {}).get("torch") or {}
-        if facts is None or not t.get("ok"):
+        if facts is None or not (t := facts.get("torch") or no_torch())["ok"]:
             continue
         for key, value in _versions(facts).items():
             if key not in (t.get("unknown") or {}):
@@ -113,7 +113,7 @@ def check_versions(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fin
     majority = {key: c.most_common(1)[0][0] if c else None for key, c in known.items()}
 
     def one(node: NodeSpec, facts: DoctorFacts) -> Finding:
-        t = facts.get("torch") or {}
+        t = facts.get("torch") or no_torch()
         if not t.get("ok"):
             return F.TORCH_MISSING.at(node.host, python=node.python, error=t.get("error"))
         unknown = {k: why for k, why in (t.get("unknown") or {}).items() if k in VERSION_KEYS}
@@ -146,7 +146,7 @@ def check_gpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding
     """Driver new enough for torch's CUDA; GPU count >= slots when GPUs are to be used."""
     def one(node: NodeSpec, facts: DoctorFacts) -> Finding:
         g = facts["gpus"]
-        t = facts.get("torch") or {}
+        t = facts.get("torch") or no_torch()
         count = g["count"]
         if count == 0:
             why = f" ({g['error']})" if g.get("error") else ""

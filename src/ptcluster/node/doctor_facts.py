@@ -30,12 +30,18 @@ import threading
 import time
 from typing import Any, TypedDict
 
-from ptcluster.node.facts.accel import GpuFacts, gpus, sh, torch_facts
+from ptcluster.node.facts.accel import GpuFacts, TorchFacts, gpus, sh, torch_facts
 from ptcluster.node.facts.firewall import FirewallState, RuleCounts, firewall_state, rule_counts
 from ptcluster.node.facts.health import HealthFinding, gpu_warnings, judge
 from ptcluster.node.facts.health_facts import read_health
-from ptcluster.node.facts.netif import AUTO_PORTS, interfaces, route_dev, route_interface
-from ptcluster.node.facts.rdma import read_rdma
+from ptcluster.node.facts.netif import (
+    AUTO_PORTS,
+    Interface,
+    interfaces,
+    route_dev,
+    route_interface,
+)
+from ptcluster.node.facts.rdma import Device, read_rdma
 from ptcluster.node.problems import Sent
 from ptcluster.node.wire import Kind, control, encode, hello, split
 
@@ -110,8 +116,8 @@ class DoctorFacts(TypedDict, total=False):
     firewall: FirewallFacts
     gpus: GpuFacts
     """``facts.accel.gpus``."""
-    rdma: list[dict[str, Any]]
-    interfaces: list[dict[str, Any]]
+    rdma: list[Device]
+    interfaces: list[Interface]
     """``facts.netif.interfaces``: ``[{name, up, ipv4}]``."""
     interfaces_error: str | None
     ephemeral_range: list[int] | None
@@ -121,7 +127,7 @@ class DoctorFacts(TypedDict, total=False):
     health: list[HealthFinding]
     """The health gate's findings (``facts.health.judge``)."""
     gpu_warnings: list[Sent]
-    torch: dict[str, Any] | None
+    torch: TorchFacts | None
     """``facts.accel.torch_facts`` (None: not asked)."""
     slurm: SlurmStep | None
     listening: Listening

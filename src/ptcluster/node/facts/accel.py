@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 
 def sh(*argv: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -267,7 +267,8 @@ def gpus() -> GpuFacts:
 # -- torch and its CUDA libraries, without importing torch -----------------------------------------
 
 # (facts key, wheel name prefix, library file stem): NCCL and cuDNN as torch's CUDA wheels ship them
-CUDA_LIBS = (("nccl", "nvidia-nccl", "libnccl"), ("cudnn", "nvidia-cudnn", "libcudnn"))
+CUDA_LIBS: tuple[tuple[Literal["nccl", "cudnn"], str, str], ...] = (
+    ("nccl", "nvidia-nccl", "libnccl"), ("cudnn", "nvidia-cudnn", "libcudnn"))
 SYSTEM_LIB_DIRS = ("/usr/local/cuda/lib64", "/usr/lib/x86_64-linux-gnu",
                    "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 
@@ -349,19 +350,43 @@ def wheel_version(prefix: str, requires: list[str]) -> tuple[str, str] | None:
     return None
 
 
-def torch_facts() -> dict[str, Any]:
+class TorchFacts(TypedDict):
+    """torch as this interpreter would import it (:func:`torch_facts`): doctor's ``torch``
+    (``DoctorFacts``)."""
+
+    ok: bool
+    """Whether torch is installed here."""
+    version: str | None
+    cuda: str | None
+    """The CUDA it was built for; None: a CPU (or ROCm) build."""
+    hip: str | None
+    nccl: str | None
+    cudnn: str | None
+    path: str | None
+    source: dict[str, str]
+    """Where each version was read (``version.py``, a package, a library file)."""
+    unknown: dict[str, str]
+    """Why a version could not be read, by its key."""
+    error: str | None
+
+
+def no_torch() -> TorchFacts:
+    """torch not found (or not asked: doctor's checks read a node without the section so)."""
+    return {"ok": False, "version": None, "cuda": None, "hip": None, "nccl": None,
+            "cudnn": None, "path": None, "source": {}, "unknown": {}, "error": None}
+
+
+def torch_facts() -> TorchFacts:
     """torch's version, CUDA, NCCL and cuDNN for this interpreter, without importing torch."""
     from importlib import metadata
-    facts: dict[str, Any] = {"ok": False, "version": None, "cuda": None, "hip": None,
-                             "nccl": None, "cudnn": None, "path": None, "source": {},
-                             "unknown": {}, "error": None}
+    facts = no_torch()
     unknown: dict[str, str] = facts["unknown"]
     spec = importlib.util.find_spec("torch")  # where `import torch` would load it from
     if spec is None or not spec.submodule_search_locations:
         facts["error"] = f"torch is not installed for {sys.executable}"
         return facts
     root = Path(next(iter(spec.submodule_search_locations)))
-    facts.update(ok=True, path=str(root))
+    facts["ok"], facts["path"] = True, str(root)
     try:
         version_py, why = parse_version_py((root / "version.py").read_text()), None
     except (OSError, SyntaxError, ValueError) as exc:
