@@ -230,3 +230,12 @@ def test_the_doctors_sections_are_checked_by_the_keys_their_writer_declares() ->
     for section, typed in declared.items():
         assert typed.__name__ in str(hints[section]), section
         assert set(node_replies.SECTIONS[section].fields) == keys(typed), section
+
+
+def test_the_ready_frames_gpus_are_checked_by_the_keys_the_guard_declares() -> None:
+    """The head's check of a ready frame's ``gpus`` (``remote.guard_replies.GPUS``) names
+    exactly ``wire.GpuClaim``'s keys (``guard.gpus.claim`` writes it)."""
+    from ptcluster.node.wire import GpuClaim
+    from ptcluster.remote import guard_replies
+
+    assert set(guard_replies.GPUS.fields) == set(GpuClaim.__annotations__)

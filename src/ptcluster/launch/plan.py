@@ -141,7 +141,7 @@ class NodePlan:
             config["warm"] = warm
         return config
 
-    def warm_config(self, plan: LaunchPlan, opts: RunOptions) -> dict[str, Any] | None:
+    def warm_config(self, plan: LaunchPlan, opts: RunOptions) -> wire.WarmConfig | None:
         """``GuardConfig.warm``: this user's pool (``run --warm``), or the job's own pool on
         the node when restarts may follow (``--max-restarts``; not ``--cold``), or None."""
         if opts.warm:

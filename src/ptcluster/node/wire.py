@@ -15,7 +15,7 @@ The first frame of a node program is ``hello {"v": VERSION, "program": ..., "pid
 
 import json
 import time
-from typing import Any, TypedDict
+from typing import TypedDict
 
 VERSION = 2
 
@@ -147,6 +147,19 @@ JOB_POOL_WITHIN = 60.0
 guard that held it ended with restarts left (``GuardConfig.warm``)."""
 
 
+class WarmConfig(TypedDict, total=False):
+    """``GuardConfig.warm`` (``launch.plan.NodePlan.warm_config``)."""
+
+    idle: float
+    """The pool's idle seconds (a job's pool: how long it waits for the next attempt)."""
+    imports: list[str]
+    """``warm_imports``: what the pool imports before it forks."""
+    world: int
+    """The job's world size."""
+    job: str
+    """The node's host: the ranks come from the job's own pool (``--max-restarts``)."""
+
+
 class GuardConfig(TypedDict, total=False):
     """What the head tells a guard (its config line; ``launch.plan.NodePlan.guard_config``)."""
 
@@ -182,17 +195,28 @@ class GuardConfig(TypedDict, total=False):
     environment: dict[str, str]
     """``{digest, root, torch}``: the project's environment the ranks run in (argv's interpreter is
     its python), checked by the guard before anything starts; absent without one."""
-    warm: dict[str, Any]
-    """``run --warm``: ``{idle, imports, world}`` (the pool's idle seconds, ``warm_imports``, the
-    job's world size): the ranks come from this user's warm pool (``node.guard.warm_ranks``);
-    with ``job`` (the node's host; ``--max-restarts`` without ``--warm``): from the job's own
-    pool on the node, the guard's child, when one is ready (``node.guard.job_pool``), ``idle``
-    the seconds it waits for the next attempt's guard; absent: torchrun starts them."""
+    warm: WarmConfig
+    """``run --warm``: the ranks come from this user's warm pool (``node.guard.warm_ranks``);
+    with ``job`` (``--max-restarts`` without ``--warm``): from the job's own pool on the node,
+    the guard's child, when one is ready (``node.guard.job_pool``); absent: torchrun starts
+    them."""
     checkpoints: list[str]
     """Where the job saved its last checkpoint on this node in an earlier attempt: the health
     gate checks that disk as it does the workdir's."""
     """False: the user opted out of leases (``run --no-leases``, unsafe); absent or True: the
     job is refused where the node's lease directory is missing or not root's."""
+
+
+class GpuClaim(TypedDict, total=False):
+    """The GPUs a guard's job holds on its node (``guard.gpus.claim``); {} on a CPU node where
+    none was asked for."""
+
+    indices: list[int]
+    """Those leased (absent: CUDA_VISIBLE_DEVICES was set already)."""
+    visible: str
+    """The ranks' CUDA_VISIBLE_DEVICES."""
+    why: str
+    """How they were chosen."""
 
 
 class ReadyFacts(TypedDict, total=False):
@@ -210,8 +234,8 @@ class ReadyFacts(TypedDict, total=False):
     """Why this node's leases are off (only ``run --no-leases``); absent when on."""
     master_port: int
     """The master's leased rendezvous port."""
-    gpus: dict[str, Any]
-    """The GPUs the job holds here: ``{indices, visible, ...}`` (``guard.gpus.claim``)."""
+    gpus: GpuClaim
+    """The GPUs the job holds here (``guard.gpus.claim``)."""
     interface: str | None
     interface_source: str
     address: str | None

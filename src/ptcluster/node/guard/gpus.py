@@ -18,7 +18,7 @@ from typing import Any
 from ptcluster.node.facts.accel import compute_processes, gpus
 from ptcluster.node.guard.refusal import GPU_NOT_THERE, GPUS_BUSY, GuardError, refuse, unleasable
 from ptcluster.node.sharing.leases import Lease, Leasing, describe
-from ptcluster.node.wire import LeaseOwner
+from ptcluster.node.wire import GpuClaim, LeaseOwner
 
 VIRTUAL_GPUS = 1024
 """How far ``auto`` looks on a node without GPUs (indices only: nothing there to run out of)."""
@@ -48,7 +48,7 @@ def _gpu_memory(mib: int) -> str:
 
 def claim(want: list[int] | str | None, slots: int, owner: LeaseOwner,
           env: dict[str, str], leasing: Leasing | None = None
-          ) -> tuple[dict[str, Any], list[Lease]]:
+          ) -> tuple[GpuClaim, list[Lease]]:
     """(what to report and set, the leases to hold): ``{"indices", "visible", "why"}``.
 
     Refused (``GuardError``, ``busy`` set) before any rank starts when the GPUs asked for are
