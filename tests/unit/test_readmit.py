@@ -239,3 +239,13 @@ def test_the_ready_frames_gpus_are_checked_by_the_keys_the_guard_declares() -> N
     from ptcluster.remote import guard_replies
 
     assert set(guard_replies.GPUS.fields) == set(GpuClaim.__annotations__)
+
+
+def test_a_timing_frame_is_checked_by_the_keys_the_guard_declares() -> None:
+    """A ``timing`` frame's per-rank and node figures (``remote.guard_replies``) are checked by
+    exactly ``wire.RankTiming``'s and ``wire.NodeTiming``'s keys (``guard.schedstat``)."""
+    from ptcluster.node.wire import NodeTiming, RankTiming
+    from ptcluster.remote import guard_replies
+
+    assert set(guard_replies.RANK_FIGURES.fields) == set(RankTiming.__annotations__)
+    assert set(guard_replies.NODE_FIGURES.fields) == set(NodeTiming.__annotations__)

@@ -397,6 +397,30 @@ def control(payload: str) -> dict:
     return value
 
 
+class RankTiming(TypedDict):
+    """One rank's main thread in a ``timing`` frame (``guard.schedstat.SchedstatMeter.sample``):
+    seconds since the guard's last frame."""
+
+    span: float
+    run: float
+    """On a CPU."""
+    delay: float
+    """Waiting for a CPU."""
+    collectives: int | None
+    """Completed meanwhile (None: not known)."""
+
+
+class NodeTiming(TypedDict, total=False):
+    """The node in a ``timing`` frame (``SchedstatMeter.node``): each only when read."""
+
+    mem_available: float | None
+    """Share of memory available (0-1)."""
+    gpu_util: float | None
+    """Mean GPU utilization (%)."""
+    cpu_throttled: float | None
+    """Highest share of periods a CPU quota throttled the ranks' groups in."""
+
+
 class GpuSample(TypedDict):
     """One GPU in a sample (``node.sampler``'s ``Gpus.sample``)."""
 

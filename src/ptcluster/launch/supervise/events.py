@@ -75,8 +75,8 @@ class Timing:
     gpu_util, cpu_throttled}`` (``node.guard.schedstat``)."""
 
     host: str
-    ranks: dict[int, dict[str, Any]]
-    node: dict[str, Any]
+    ranks: dict[int, wire.RankTiming]
+    node: wire.NodeTiming
 
 
 @dataclass(frozen=True)
@@ -317,7 +317,7 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
                          {rank_key(r): moment(s, "idle") for r, s in idle.items()})
     if kind == wire.Kind.TIMING:
         ranks, node = guard_replies.timing(body.get("ranks") or {}, body.get("node") or {})
-        return Timing(host, {rank_key(r): dict(v) for r, v in ranks.items()}, dict(node))
+        return Timing(host, {rank_key(r): v for r, v in ranks.items()}, node)
     if kind == wire.Kind.STACKS:
         ident = body.get("id")
         return StacksReply(host, None if ident is None else int(ident),
