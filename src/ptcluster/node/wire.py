@@ -421,6 +421,26 @@ class NodeTiming(TypedDict, total=False):
     """Highest share of periods a CPU quota throttled the ranks' groups in."""
 
 
+class NcclChoice(TypedDict, total=False):
+    """What NCCL chose on a node (``facts.nccl_log.merge``): the guard's ``exit`` frame's ``nccl``
+    (``guard.spawn.nccl_said`` adds ``hcas`` and ``cause``), kept by the head
+    (``launch.supervise.events.nccl_chosen``) and said by ``launch.nccl_report``. Where the
+    ranks differ, every value seen joined by ``+``."""
+
+    transport: str | None
+    hca: str | None
+    link: str | None
+    sockets: str | None
+    gid_index: int | str | None
+    """One index; text where the ranks used several."""
+    ranks: int
+    """The ranks that said."""
+    hcas: list[str]
+    """The node's RDMA devices, where NCCL used none of them."""
+    cause: str
+    """Why it likely used sockets (``facts.rdma.fallback_cause``)."""
+
+
 class GpuSample(TypedDict):
     """One GPU in a sample (``node.sampler``'s ``Gpus.sample``)."""
 
