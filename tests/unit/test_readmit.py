@@ -249,3 +249,13 @@ def test_a_timing_frame_is_checked_by_the_keys_the_guard_declares() -> None:
 
     assert set(guard_replies.RANK_FIGURES.fields) == set(RankTiming.__annotations__)
     assert set(guard_replies.NODE_FIGURES.fields) == set(NodeTiming.__annotations__)
+
+
+def test_the_xid_and_oom_facts_are_checked_by_the_keys_the_guard_declares() -> None:
+    """A ``xid`` frame and a failed rank's ``oom`` (``remote.guard_replies``) are checked by
+    exactly ``wire.XidFacts``' and ``wire.OomFacts``' keys (``guard.xids``, ``guard.oom``)."""
+    from ptcluster.node.wire import OomFacts, XidFacts
+    from ptcluster.remote import guard_replies
+
+    assert set(guard_replies.XID.fields) == set(XidFacts.__annotations__)
+    assert set(guard_replies.OOM.fields) == set(OomFacts.__annotations__)

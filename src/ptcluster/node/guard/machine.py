@@ -36,6 +36,7 @@ from ptcluster.node.guard.oom import OomWatch, memory_group
 from ptcluster.node.guard.proctree import RankTrees
 from ptcluster.node.guard.schedstat import meminfo
 from ptcluster.node.guard.xids import XidWatch
+from ptcluster.node.wire import XidFacts
 
 __all__ = ["JOURNAL_EVERY", "MachineWatch", "memory_group"]  # (memory_group: a test's)
 
@@ -84,7 +85,7 @@ class MachineWatch:
         return self.oom.kills
 
     @property
-    def xids(self) -> list[dict[str, Any]]:
+    def xids(self) -> list[XidFacts]:
         return self.xid.xids
 
     def started(self, rank: int, pid: int, shim_pid: int) -> None:
@@ -136,11 +137,11 @@ class MachineWatch:
     def tied_by_group(self, rank: int) -> list[dict[str, Any]]:
         return self.oom.tied_by_group(rank)
 
-    def new_xids(self) -> list[dict[str, Any]]:
+    def new_xids(self) -> list[XidFacts]:
         """The Xids seen since the last call (the link sends each to the head)."""
         return self.xid.new_xids()
 
-    def xids_of(self, rank: int) -> list[dict[str, Any]]:
+    def xids_of(self, rank: int) -> list[XidFacts]:
         """A failed rank's Xids (``XidWatch.xids_of``)."""
         return self.xid.xids_of(rank)
 
