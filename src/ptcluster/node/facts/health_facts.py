@@ -106,10 +106,19 @@ def driver() -> DriverFacts:
             "boot_wall": boot_wall()}
 
 
-def boot() -> dict[str, Any]:
-    """``{"boot_id", "uptime"}`` of this node (either missing where unreadable): a new boot id
-    after a loss means the node rebooted."""
-    out: dict[str, Any] = {}
+class BootFacts(TypedDict, total=False):
+    """This node's boot (:func:`boot`; each absent where unreadable): a guard's ready facts and
+    the lost-node probe's answer carry them (``wire.ReadyFacts``, ``probe.BootAnswer``)."""
+
+    boot_id: str
+    """``/proc/sys/kernel/random/boot_id``: a new one after a loss means the node rebooted."""
+    uptime: float
+    """Seconds since it booted."""
+
+
+def boot() -> BootFacts:
+    """This node's boot id and uptime."""
+    out: BootFacts = {}
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             out["boot_id"] = f.read().strip()
