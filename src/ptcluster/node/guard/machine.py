@@ -36,7 +36,7 @@ from ptcluster.node.guard.oom import KernelKill, MemGroup, OomWatch, memory_grou
 from ptcluster.node.guard.proctree import RankTrees
 from ptcluster.node.guard.schedstat import meminfo
 from ptcluster.node.guard.xids import XidWatch
-from ptcluster.node.wire import OomFacts, OomVictim, XidFacts
+from ptcluster.node.wire import DiskFacts, OomFacts, OomVictim, XidFacts
 
 __all__ = ["JOURNAL_EVERY", "MachineWatch", "memory_group"]  # (memory_group: a test's)
 
@@ -145,7 +145,7 @@ class MachineWatch:
         """A failed rank's Xids (``XidWatch.xids_of``)."""
         return self.xid.xids_of(rank)
 
-    def after_error(self, body: dict[str, Any]) -> dict[str, Any] | None:
+    def after_error(self, body: dict[str, Any]) -> DiskFacts | None:
         """The disk facts of a rank's error record that says its filesystem was full."""
         if body.get("errno") not in FULL_ERRNOS:
             return None
