@@ -397,6 +397,16 @@ def control(payload: str) -> dict:
     return value
 
 
+class Beat(TypedDict, total=False):
+    """A guard's heartbeat (``hb``, every ``heartbeat_every`` s; ``guard.link``)."""
+
+    t: float
+    """The node's clock."""
+    idle: dict[str, float]
+    """While ranks run: per rank (as text), seconds since its last progress
+    (``guard.progress``); absent where not measured."""
+
+
 class RankTiming(TypedDict):
     """One rank's main thread in a ``timing`` frame (``guard.schedstat.SchedstatMeter.sample``):
     seconds since the guard's last frame."""
