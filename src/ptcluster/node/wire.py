@@ -407,6 +407,27 @@ class Beat(TypedDict, total=False):
     (``guard.progress``); absent where not measured."""
 
 
+class RankStacks(TypedDict, total=False):
+    """One rank in a guard's ``stacks`` frame (``guard.progress.StackProbes.collect``), as
+    ``launch.stacks`` parses it."""
+
+    pid: int
+    how: str
+    """``probe thread`` or ``signal (faulthandler)``."""
+    text: str
+    """The Python stacks (faulthandler's or the probe thread's)."""
+    fr: dict[str, object]
+    """The flight recorder's entries (``{cut: why}`` where the frame was too long for them)."""
+    ms: float | None
+    """Milliseconds the rank took to answer."""
+    note: str
+    error: str
+    """Why no stack came (no probe, not signalled)."""
+    pyspy: str
+    """py-spy's dump, native frames too (where installed)."""
+    pyspy_error: str
+
+
 class RankTiming(TypedDict):
     """One rank's main thread in a ``timing`` frame (``guard.schedstat.SchedstatMeter.sample``):
     seconds since the guard's last frame."""
