@@ -250,8 +250,21 @@ class Listener:
             conn.close()
 
 
-def connect_all(targets: list[list[Any]], timeout: float) -> list[dict[str, Any]]:
-    results: list[dict[str, Any]] = []
+class Connect(TypedDict):
+    """One connection a node tried (the ``connect`` frame's ``results``; doctor's ports
+    check reads them, ``NodeReport.connects``)."""
+
+    label: str
+    """``master``, or the peer whose ephemeral port it was."""
+    host: str
+    port: int
+    error: str | None
+    """Why it failed (None: it connected)."""
+    ms: float
+
+
+def connect_all(targets: list[list[Any]], timeout: float) -> list[Connect]:
+    results: list[Connect] = []
     lock = threading.Lock()
 
     def one(label: str, host: str, port: int) -> None:
