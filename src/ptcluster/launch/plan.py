@@ -116,7 +116,7 @@ class NodePlan:
     def guard_config(self, plan: LaunchPlan, opts: RunOptions) -> wire.GuardConfig:
         """Everything the node's guard is told (plus the runner's timing knobs): its config
         line, typed where both ends read it (``node.wire.GuardConfig``)."""
-        target = {"script": self.target.script} if self.target.script else \
+        target: wire.Target = {"script": self.target.script} if self.target.script else \
             {"module": self.target.module} if self.target.module else \
             {"cwd": wire.PRIVATE_CWD}
         config: wire.GuardConfig = {

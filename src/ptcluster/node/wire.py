@@ -147,6 +147,17 @@ JOB_POOL_WITHIN = 60.0
 guard that held it ended with restarts left (``GuardConfig.warm``)."""
 
 
+class Target(TypedDict, total=False):
+    """``GuardConfig.target``: what the ranks run, checked by the guard before the job starts;
+    one of the three."""
+
+    script: str
+    module: str
+    cwd: str
+    """``PRIVATE_CWD`` (shipped code: ptcluster's own rank programs): the ranks start in a
+    private directory of the guard's, removed with it (SECURITY-REVIEW M3)."""
+
+
 class WarmConfig(TypedDict, total=False):
     """``GuardConfig.warm`` (``launch.plan.NodePlan.warm_config``)."""
 
@@ -171,10 +182,7 @@ class GuardConfig(TypedDict, total=False):
     env_defaults: dict[str, str]
     """Set where the node has no value of its own."""
     workdir: str
-    target: dict[str, str]
-    """``{"script": PATH}`` or ``{"module": NAME}``, checked before the job starts; or
-    ``{"cwd": PRIVATE_CWD}`` (shipped code: ptcluster's own rank programs), which starts in a
-    private directory of the guard's, removed with it (SECURITY-REVIEW M3)."""
+    target: Target
     check_port: int | str | None
     """The master's rendezvous port to lease (``"auto"``: take a free one); None elsewhere."""
     head: str

@@ -31,7 +31,7 @@ from ptcluster.node.rank_wire import AGENT_FILE, BACKEND_VAR, SHIM_FILE
 from ptcluster.node.sharing.leases import NO_LEASES, Lease, Leasing, describe
 from ptcluster.node.sharing.records import valid_job_id
 from ptcluster.node.venv_store import env_state, mark_used, site_packages
-from ptcluster.node.wire import GuardConfig, LeaseOwner, ReadyFacts
+from ptcluster.node.wire import GuardConfig, LeaseOwner, ReadyFacts, Target
 
 
 def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> ReadyFacts:
@@ -186,7 +186,7 @@ def node_python(argv: list[str]) -> list[str]:
     return out
 
 
-def check_target(target: dict[str, Any], workdir: str, site: str = "") -> None:
+def check_target(target: Target, workdir: str, site: str = "") -> None:
     """Refuse before launch a script or module that is not there (what `python` would find;
     ``site``: the project environment's site-packages, which the ranks' interpreter sees and
     this guard's, its base, does not)."""
