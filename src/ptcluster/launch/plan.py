@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, ProjectEnv
 from ptcluster.node import wire
+from ptcluster.node.facts.health_facts import HealthContext
 from ptcluster.node.rank_wire import (
     ATTEMPT_VAR,
     BACKEND_VAR,
@@ -153,7 +154,7 @@ class NodePlan:
                 "world": plan.world_size, "job": self.host}
 
 
-def health_context(node: NodePlan, checkpoint: str | None = None) -> dict[str, Any]:
+def health_context(node: NodePlan, checkpoint: str | None = None) -> HealthContext:
     """The context of ``node.facts.health.health`` for ``node`` as its guard would give it (the
     workdir, slots, backend, GPUs chosen; ``checkpoint``: where it saved last): what a probe
     of a lost node asks its health gate with (``run --readmit``)."""

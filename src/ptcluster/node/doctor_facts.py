@@ -33,7 +33,7 @@ from typing import Any, TypedDict
 from ptcluster.node.facts.accel import GpuFacts, TorchFacts, gpus, sh, torch_facts
 from ptcluster.node.facts.firewall import FirewallState, RuleCounts, firewall_state, rule_counts
 from ptcluster.node.facts.health import HealthFinding, gpu_warnings, judge
-from ptcluster.node.facts.health_facts import read_health
+from ptcluster.node.facts.health_facts import HealthContext, read_health
 from ptcluster.node.facts.netif import (
     AUTO_PORTS,
     Interface,
@@ -193,11 +193,12 @@ def collect(cfg: dict[str, Any]) -> DoctorFacts:
     except (OSError, ValueError):
         facts["ephemeral_range"] = None
     facts["shm"], facts["disk"] = space("/dev/shm"), space(workdir)
-    ctx = {  # the guard's gate (node.facts.health), on the facts read above
+    ctx: HealthContext = {  # the guard's gate (node.facts.health), on the facts read above
         "workdir": workdir, "slots": cfg.get("slots"), "backend": cfg.get("backend"),
         "chosen": cfg.get("gpus_chosen") or "CUDA_VISIBLE_DEVICES" in os.environ,
-        "gpu_count": int(facts["gpus"].get("count") or 0),
-        **({"disk": (disk["free"], disk["total"])} if (disk := facts["disk"]) else {})}
+        "gpu_count": int(facts["gpus"].get("count") or 0)}
+    if disk := facts["disk"]:
+        ctx["disk"] = (disk["free"], disk["total"])
     health = read_health(ctx)
     facts["health"] = judge(health)
     facts["gpu_warnings"] = gpu_warnings(health) if ctx["gpu_count"] else []

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from ptcluster.node.facts.gpu_errors import (
     ACT_HARDWARE,
@@ -31,6 +31,7 @@ from ptcluster.node.facts.gpu_errors import (
     xids_in,
 )
 from ptcluster.node.facts.health_facts import (
+    HealthContext,
     HealthFacts,
     read_health,
     uses_gpus,
@@ -317,10 +318,8 @@ def judge(facts: HealthFacts) -> list[HealthFinding]:
     return out
 
 
-def health(ctx: dict[str, Any]) -> list[HealthFinding]:
-    """The gate on this node: ``judge`` of what ``read_health`` reads. ``ctx``: ``workdir``
-    (this node's path), ``slots``, ``backend`` (the cluster file's), ``chosen`` (GPUs named
-    already: not counted), ``checkpoints``."""
+def health(ctx: HealthContext) -> list[HealthFinding]:
+    """The gate on this node: ``judge`` of what ``read_health`` reads."""
     return judge(read_health(ctx))
 
 
