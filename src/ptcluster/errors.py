@@ -7,6 +7,7 @@ and keeps its traceback.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -100,7 +101,7 @@ class Problem:
         return cls(who, what, fix, entry.code, tuple((k, str(v)) for k, v in values.items()))
 
     @classmethod
-    def received(cls, who: str | None, sent: dict[str, Any]) -> Problem:
+    def received(cls, who: str | None, sent: Mapping[str, Any]) -> Problem:
         """A node's problem as its program sent it (``Declared.sent``: ``{what, fix, code,
         fields}``; a code or fields missing: one said in words), said by ``who``."""
         fields = sent.get("fields") or {}

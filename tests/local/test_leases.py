@@ -23,6 +23,7 @@ from ptcluster.node.guard import gpus
 from ptcluster.node.guard.prechecks import lease_master_port
 from ptcluster.node.guard.refusal import UNLEASED_FIX, GuardError
 from ptcluster.node.sharing import leases
+from ptcluster.node.sharing.records import sampled
 
 
 @pytest.fixture
@@ -281,11 +282,14 @@ def test_ps_rows_count_each_lease_once_on_the_node_it_names() -> None:
     assert j2.mine and not j1.mine and j2.nodes == ["n2"] and j2.ranks == 1
     assert j1.nodes == ["n1", "n2"] and j1.ranks == 3 and j1.port == 29501
     assert j1.gpus == {"n1": [2, 3], "n2": [0]} and j1.started == 100.0
+    # A malformed record never reaches job_rows: the head's one check of a sampled lease
+    # (records.sampled, in remote.replies.sample_reply) drops it first.
     bad = [{**rec("h1", "job-J3", since="soon"), "job_id": "J3"}, [1],
            {**rec("h1", "job-J4", ranks=["x", 1]), "job_id": "J4"},
            {**rec("h1", "job-J5", since=float("nan")), "job_id": "J5"}]
-    rows = job_rows({"n1": ("h1", "bob", [*bad, *leases_seen])})  # skipped, not a traceback
-    assert [r.job_id for r in rows] == ["J2", "J1"]
+    good = {**rec("h1", "job-J6", ranks=[0, 1]), "job_id": "J6", "pid": 10, "uid": 1000}
+    sent = [{**b, "pid": 10, "uid": 1000} if isinstance(b, dict) else b for b in bad]
+    assert [r for r in [*sent, good] if sampled(r)] == [good]
 
 
 def test_the_monitors_job_column_is_every_users_jobs_on_this_node() -> None:

@@ -194,7 +194,8 @@ def test_the_console_summary_names_the_planned_restart() -> None:
 
 
 @pytest.mark.parametrize("schema, written", [
-    ("KILL", "ptcluster.node.kill:KillAnswer"), ("BOOT", "ptcluster.node.probe:BootAnswer")])
+    ("KILL", "ptcluster.node.kill:KillAnswer"), ("BOOT", "ptcluster.node.probe:BootAnswer"),
+    ("WARM", "ptcluster.node.wire:WarmAnswer"), ("POOL", "ptcluster.node.wire:PoolInfo")])
 def test_each_answer_is_checked_by_the_keys_its_writer_declares(schema: str, written: str):
     """The head's check of kill's and the probe's answers (``remote.node_replies``) names
     exactly the keys of the TypedDict beside the node code that writes them: a key added on
@@ -229,3 +230,32 @@ def test_the_doctors_sections_are_checked_by_the_keys_their_writer_declares() ->
     for section, typed in declared.items():
         assert typed.__name__ in str(hints[section]), section
         assert set(node_replies.SECTIONS[section].fields) == keys(typed), section
+
+
+def test_the_ready_frames_gpus_are_checked_by_the_keys_the_guard_declares() -> None:
+    """The head's check of a ready frame's ``gpus`` (``remote.guard_replies.GPUS``) names
+    exactly ``wire.GpuClaim``'s keys (``guard.gpus.claim`` writes it)."""
+    from ptcluster.node.wire import GpuClaim
+    from ptcluster.remote import guard_replies
+
+    assert set(guard_replies.GPUS.fields) == set(GpuClaim.__annotations__)
+
+
+def test_a_timing_frame_is_checked_by_the_keys_the_guard_declares() -> None:
+    """A ``timing`` frame's per-rank and node figures (``remote.guard_replies``) are checked by
+    exactly ``wire.RankTiming``'s and ``wire.NodeTiming``'s keys (``guard.schedstat``)."""
+    from ptcluster.node.wire import NodeTiming, RankTiming
+    from ptcluster.remote import guard_replies
+
+    assert set(guard_replies.RANK_FIGURES.fields) == set(RankTiming.__annotations__)
+    assert set(guard_replies.NODE_FIGURES.fields) == set(NodeTiming.__annotations__)
+
+
+def test_the_xid_and_oom_facts_are_checked_by_the_keys_the_guard_declares() -> None:
+    """A ``xid`` frame and a failed rank's ``oom`` (``remote.guard_replies``) are checked by
+    exactly ``wire.XidFacts``' and ``wire.OomFacts``' keys (``guard.xids``, ``guard.oom``)."""
+    from ptcluster.node.wire import OomFacts, XidFacts
+    from ptcluster.remote import guard_replies
+
+    assert set(guard_replies.XID.fields) == set(XidFacts.__annotations__)
+    assert set(guard_replies.OOM.fields) == set(OomFacts.__annotations__)

@@ -122,3 +122,37 @@ def test_the_setup_facts_checked_are_the_keys_their_writer_declares() -> None:
     assert checked == declared
     assert set(replies.SECTION_KEYS) == set(SECTIONS)
     assert set(replies.FIELDS) <= declared
+
+
+def test_the_slurm_section_checked_is_the_keys_its_writer_declares() -> None:
+    """``remote.replies.SLURM`` checks exactly the keys of ``node.facts.slurm_facts``'
+    SlurmFacts, and what slurm_facts writes (here from canned command output) passes it with
+    the keys of SlurmFacts, MungeKey and Service: a key added on one side fails here."""
+    from ptcluster.node.facts import slurm_facts as sf
+
+    def run(argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "dpkg-query":
+            return 0, "munge install ok installed\nslurmd install ok installed\n"
+        if argv[0] == "slurmd":
+            return 0, "NodeName=n CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 " \
+                      "ThreadsPerCore=1 RealMemory=2048\n"
+        if argv[0] == "stat":
+            return 0, "munge 400\n"
+        if argv[0] == "sha256sum":
+            return 0, "ab12 /etc/munge/munge.key\n"
+        return 0, "ActiveState=active\nActiveEnterTimestamp=@1700000000\n"  # systemctl
+
+    facts = sf.slurm_facts(run, run, nvml=False)
+    assert set(replies.SLURM.fields) == set(sf.SlurmFacts.__annotations__) == set(facts)
+    replies.SLURM("slurm", facts)
+    assert facts["munge_key"] is not None and set(facts["munge_key"]) == \
+        set(sf.MungeKey.__annotations__)
+    assert all(set(s) == set(sf.Service.__annotations__) for s in facts["services"].values())
+    assert facts["hw_from"] == "slurmd -C" and facts["hw"]["CPUs"] == 2
+
+
+def test_the_gpu_section_checked_is_the_keys_its_writer_declares() -> None:
+    """``remote.replies.GPU`` checks exactly ``node.facts.setup_facts.SetupGpu``'s keys."""
+    from ptcluster.node.facts.setup_facts import SetupGpu
+
+    assert set(replies.GPU.fields) == set(SetupGpu.__annotations__)

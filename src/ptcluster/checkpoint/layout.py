@@ -23,9 +23,15 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ptcluster.node.ckpt_list import MARKER, REPLICA_PREFIX, TMP_SUFFIX, list_steps, part_files
+from ptcluster.node.ckpt_list import (
+    MARKER,
+    REPLICA_PREFIX,
+    TMP_SUFFIX,
+    StepHeld,
+    list_steps,
+    part_files,
+)
 from ptcluster.node.rank_wire import CKPT_ROOT_VAR
 
 __all__ = ["MARKER", "TMP_SUFFIX"]
@@ -143,7 +149,7 @@ def read_marker(folder: Path) -> Manifest | None:
     return Manifest.parse(data)
 
 
-def holdings(steps: list[dict[str, Any]]) -> list[Holding]:
+def holdings(steps: list[StepHeld]) -> list[Holding]:
     """``node.ckpt_list.list_steps``'s answer (a rank's own, or a node's ``ckpt`` frame's)."""
     out = []
     for d in steps:

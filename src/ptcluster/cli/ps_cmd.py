@@ -14,9 +14,10 @@ from rich.text import Text
 from ptcluster.cli.common import SECONDS, cluster_option, load_spec
 from ptcluster.cli.console import terminal
 from ptcluster.cluster.model import ClusterSpec
-from ptcluster.monitor.jobs import JobRow, job_rows
+from ptcluster.monitor.jobs import JobRow, Seen, job_rows
 from ptcluster.monitor.watch import sample_once
 from ptcluster.node.guard.gpus import spans
+from ptcluster.node.wire import PoolInfo, Sample
 from ptcluster.remote.connect import transports
 
 
@@ -74,30 +75,37 @@ def spare_rows(spec: ClusterSpec, rows: list[JobRow],
              "jobs": [r.job_id for r in rows if s.host in r.nodes]} for s in spec.spares]
 
 
-def pool_rows(samples: dict[str, Any]) -> list[dict[str, Any]]:
+class PoolRow(PoolInfo):
+    """A pool as ``ps`` shows it (``--json``'s ``pools``): the sampler's, with its node."""
+
+    node: str
+    owner: str
+
+
+def pool_rows(samples: dict[str, Sample]) -> list[PoolRow]:
     """Your warm pools (``run --warm``), every node's: owner, node, pid, memory, idle since
     (None: ranks of it run now), its idle timeout, its torch and interpreter."""
-    return [{"node": host, "owner": str(s.get("user") or ""), **pool}
-            for host, s in samples.items() for pool in s.get("pools") or []]
+    return [{"node": host, "owner": s["user"], **pool}
+            for host, s in samples.items() for pool in s["pools"]]
 
 
-def pool_line(pool: dict[str, Any]) -> str:
-    idle = pool.get("idle_since")
+def pool_line(pool: PoolRow) -> str:
+    idle = pool["idle_since"]
     state = f"{pool['ranks']} rank(s) running" if idle is None else \
         "idle since " + time.strftime("%H:%M:%S", time.localtime(idle)) + \
-        (f", ends after {pool['idle']:.0f} s idle" if pool.get("idle") else "")
-    job = pool.get("job")
+        (f", ends after {pool['idle']:.0f} s idle" if pool["idle"] else "")
+    job = pool["job"]
     kept = "" if job is None else \
         f", kept for the restarts of {'job ' + str(job).split('@')[0] if job else 'a job'}"
     return (f"warm pool on {pool['node']}: {pool['owner']}, pid {pool['pid']}, "
             f"{pool['rss'] / 2**20:.0f} MiB, torch {pool['torch']}, {state}{kept}")
 
 
-def unknown_holders(seen: dict[str, tuple[str, str, list[dict]]]) -> list[dict[str, str]]:
+def unknown_holders(seen: Seen) -> list[dict[str, str]]:
     """The leases the nodes hold with no record of who holds them (``leases.held_all``'s
     ``unknown``), each once, by node and resource."""
     found = {(str(r.get("node")), str(r.get("resource"))) for _, _, records in seen.values()
-             for r in records if isinstance(r, dict) and r.get("unknown") is True}
+             for r in records if r.get("unknown") is True}
     return [{"node": node, "resource": resource} for node, resource in sorted(found)]
 
 

@@ -4,11 +4,10 @@ node asked (``node.warm.pools``), each pool's outcome by node."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from ptcluster.cluster import ClusterSpec
 from ptcluster.node import WARM
-from ptcluster.node.wire import Kind
+from ptcluster.node.wire import Kind, PoolStopped
 from ptcluster.remote.connect import transports
 from ptcluster.remote.group import Member, ask_all
 from ptcluster.remote.node_replies import warm_answer
@@ -20,7 +19,7 @@ class PoolsStop:
     """What ``warm stop`` did: per node, each pool (``pid``, ``gone``, ``ranks``), and the
     nodes that did not answer (why)."""
 
-    stopped: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    stopped: dict[str, list[PoolStopped]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
 
 

@@ -16,6 +16,7 @@ from ptcluster.doctor import findings as F
 from ptcluster.doctor.findings import FAIL, OK, SKIP, WARN, Finding, Status
 from ptcluster.doctor.node_report import NodeReport, ProblemKind, address_of, interface_of
 from ptcluster.node.doctor_facts import DoctorFacts
+from ptcluster.node.facts.accel import no_torch
 
 __all__ = ["FAIL", "OK", "SKIP", "WARN", "Finding", "Status", "per_node", "run_checks"]
 GIB = 1 << 30
@@ -91,7 +92,7 @@ VERSION_KEYS = ("python", "torch", "cuda", "nccl")
 
 
 def _versions(facts: DoctorFacts) -> dict[str, str | None]:
-    t = facts.get("torch") or {}
+    t = facts.get("torch") or no_torch()
     return {"python": facts["python"]["version"], "torch": t.get("version"),
             "cuda": t.get("cuda"), "nccl": t.get("nccl")}
 
@@ -104,8 +105,7 @@ def check_versions(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fin
     known: dict[str, Counter[str | None]] = {key: Counter() for key in VERSION_KEYS}
     for n in spec.nodes:
         facts = probes[n.host].facts
-        t = (facts or {}).get("torch") or {}
-        if facts is None or not t.get("ok"):
+        if facts is None or not (t := facts.get("torch") or no_torch())["ok"]:
             continue
         for key, value in _versions(facts).items():
             if key not in (t.get("unknown") or {}):
@@ -113,7 +113,7 @@ def check_versions(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Fin
     majority = {key: c.most_common(1)[0][0] if c else None for key, c in known.items()}
 
     def one(node: NodeSpec, facts: DoctorFacts) -> Finding:
-        t = facts.get("torch") or {}
+        t = facts.get("torch") or no_torch()
         if not t.get("ok"):
             return F.TORCH_MISSING.at(node.host, python=node.python, error=t.get("error"))
         unknown = {k: why for k, why in (t.get("unknown") or {}).items() if k in VERSION_KEYS}
@@ -146,7 +146,7 @@ def check_gpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding
     """Driver new enough for torch's CUDA; GPU count >= slots when GPUs are to be used."""
     def one(node: NodeSpec, facts: DoctorFacts) -> Finding:
         g = facts["gpus"]
-        t = facts.get("torch") or {}
+        t = facts.get("torch") or no_torch()
         count = g["count"]
         if count == 0:
             why = f" ({g['error']})" if g.get("error") else ""
@@ -155,17 +155,16 @@ def check_gpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[Finding
             if why:
                 return F.NO_GPU_FOUND.at(node.host, error=g["error"])
             return Finding.plain("gpus", node.host, OK, "no GPU: gloo on CPU")
-        cuda = t.get("cuda")
-        if cuda and g.get("driver"):
+        cuda, driver, cuda_driver = t.get("cuda"), g.get("driver"), g.get("cuda_driver")
+        if cuda and driver:
             major = _parse_version(cuda)[0]
             need = MIN_DRIVER.get(major)
-            if need and _parse_version(g["driver"]) < need:
-                return F.DRIVER_TOO_OLD.at(node.host, driver=g["driver"], cuda=cuda,
+            if need and _parse_version(driver) < need:
+                return F.DRIVER_TOO_OLD.at(node.host, driver=driver, cuda=cuda,
                                            need=f"{need[0]}.{need[1]:02d}.{need[2]:02d}")
-            if need is None and g.get("cuda_driver") and \
-                    _parse_version(g["cuda_driver"])[0] < major:
-                return F.DRIVER_CUDA_OLDER.at(node.host, driver=g["driver"], cuda=cuda,
-                                              cuda_driver=g["cuda_driver"])
+            if need is None and cuda_driver and _parse_version(cuda_driver)[0] < major:
+                return F.DRIVER_CUDA_OLDER.at(node.host, driver=driver, cuda=cuda,
+                                              cuda_driver=cuda_driver)
         if t.get("ok") and cuda is None and "cuda" not in (t.get("unknown") or {}):
             return F.TORCH_CPU_BUILD.at(node.host, count=count, version=t.get("version"))
         if count < node.slots and spec.backend != "gloo":

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from ptcluster.cluster.model import NodeSpec
 from ptcluster.errors import Problem
-from ptcluster.node.doctor_facts import DoctorFacts
+from ptcluster.node.doctor_facts import Connect, DoctorFacts
 
 
 class ProblemKind(str, Enum):
@@ -40,7 +39,7 @@ class NodeReport:
     """Seconds from starting ssh to the node's facts (connect + facts)."""
     clock_offset: float | None = None
     """Node clock minus head clock, seconds (one-way latency uncertainty)."""
-    connects: list[dict[str, Any]] = field(default_factory=list)
+    connects: list[Connect] = field(default_factory=list)
     stderr: list[str] = field(default_factory=list)
 
     @property

@@ -21,14 +21,21 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.doctor import findings as F
 from ptcluster.doctor.checks import OK, SKIP, Finding, per_node
 from ptcluster.doctor.node_report import NodeReport
 from ptcluster.node.doctor_facts import DoctorFacts
-from ptcluster.node.facts.rdma import ETHERNET, active_ports, best_gid, link_local, recommend, shown
+from ptcluster.node.facts.rdma import (
+    ETHERNET,
+    Device,
+    active_ports,
+    best_gid,
+    link_local,
+    recommend,
+    shown,
+)
 
 NAME = "rdma"
 
@@ -45,7 +52,7 @@ def _named(value: str) -> list[tuple[str, int | None]]:
     return out
 
 
-def _down_chosen(devices: list[dict[str, Any]], chosen: str) -> list[str]:
+def _down_chosen(devices: list[Device], chosen: str) -> list[str]:
     """The HCA ports ``NCCL_IB_HCA`` names that are not ACTIVE (or not there)."""
     bad = []
     for name, port in _named(chosen):
@@ -57,7 +64,7 @@ def _down_chosen(devices: list[dict[str, Any]], chosen: str) -> list[str]:
     return bad
 
 
-def _wrong_index(devices: list[dict[str, Any]], index: str) -> list[str]:
+def _wrong_index(devices: list[Device], index: str) -> list[str]:
     """The ACTIVE RoCE ports whose GID at ``NCCL_IB_GID_INDEX`` is missing or link-local."""
     bad = []
     for name, port in active_ports(devices):
@@ -73,12 +80,12 @@ def _wrong_index(devices: list[dict[str, Any]], index: str) -> list[str]:
     return bad
 
 
-def _summary(devices: list[dict[str, Any]]) -> str:
+def _summary(devices: list[Device]) -> str:
     parts = []
     for name, port in active_ports(devices):
         gid = best_gid(port) if port["link_layer"] == ETHERNET else None
         layer = "RoCE" if port["link_layer"] == ETHERNET else port["link_layer"]
-        netdev = (gid or {}).get("ndev") or ",".join(next(
+        netdev = (gid["ndev"] if gid else None) or ",".join(next(
             d["netdevs"] for d in devices if d["name"] == name)) or "no netdev"
         parts.append(f"{name}:{port['port']} {layer} {port['rate'] or '?'} ({netdev}"
                      + (f", GID {gid['index']} {shown(gid['gid'])}" if gid else "") + ")")

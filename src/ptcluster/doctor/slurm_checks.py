@@ -44,7 +44,8 @@ def check_slurm_gpus(spec: ClusterSpec, probes: dict[str, NodeReport]) -> list[F
         slurm = facts.get("slurm")
         if not slurm:
             return None
-        present = (facts.get("gpus") or {}).get("count", 0)
+        gpus = facts.get("gpus")
+        present = gpus["count"] if gpus else 0
         cvd = slurm.get("cuda_visible_devices")
         visible = present if cvd is None else len([d for d in cvd.split(",") if d.strip()])
         if present == 0 and not cvd:

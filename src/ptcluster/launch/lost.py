@@ -23,6 +23,7 @@ from typing import Any
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, FailureKind, NodeOutcome
 from ptcluster.node import PROBE
+from ptcluster.node.facts.health_facts import HealthContext
 from ptcluster.node.probe import BootAnswer
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import Group, Member
@@ -79,7 +80,7 @@ def lost_nodes(failures: Sequence[Failure], nodes: Sequence[NodeOutcome]) -> lis
 
 def probe(nodes: Sequence[NodeOutcome], plan: LaunchPlan | Mapping[str, str], job_id: str,
           transports: Mapping[str, Transport],
-          health: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Probed]:
+          health: Mapping[str, HealthContext] | None = None) -> dict[str, Probed]:
     """Each node's ``boot`` answer, None for a node that gave none in time (``plan``: the
     plan the nodes ran in, or each node's interpreter; ``health``: per node, the context of
     its health gate, whose verdict the answer then carries as ``unfit``)."""

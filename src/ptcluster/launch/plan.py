@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, ProjectEnv
 from ptcluster.node import wire
+from ptcluster.node.facts.health_facts import HealthContext
 from ptcluster.node.rank_wire import (
     ATTEMPT_VAR,
     BACKEND_VAR,
@@ -116,7 +117,7 @@ class NodePlan:
     def guard_config(self, plan: LaunchPlan, opts: RunOptions) -> wire.GuardConfig:
         """Everything the node's guard is told (plus the runner's timing knobs): its config
         line, typed where both ends read it (``node.wire.GuardConfig``)."""
-        target = {"script": self.target.script} if self.target.script else \
+        target: wire.Target = {"script": self.target.script} if self.target.script else \
             {"module": self.target.module} if self.target.module else \
             {"cwd": wire.PRIVATE_CWD}
         config: wire.GuardConfig = {
@@ -141,7 +142,7 @@ class NodePlan:
             config["warm"] = warm
         return config
 
-    def warm_config(self, plan: LaunchPlan, opts: RunOptions) -> dict[str, Any] | None:
+    def warm_config(self, plan: LaunchPlan, opts: RunOptions) -> wire.WarmConfig | None:
         """``GuardConfig.warm``: this user's pool (``run --warm``), or the job's own pool on
         the node when restarts may follow (``--max-restarts``; not ``--cold``), or None."""
         if opts.warm:
@@ -153,7 +154,7 @@ class NodePlan:
                 "world": plan.world_size, "job": self.host}
 
 
-def health_context(node: NodePlan, checkpoint: str | None = None) -> dict[str, Any]:
+def health_context(node: NodePlan, checkpoint: str | None = None) -> HealthContext:
     """The context of ``node.facts.health.health`` for ``node`` as its guard would give it (the
     workdir, slots, backend, GPUs chosen; ``checkpoint``: where it saved last): what a probe
     of a lost node asks its health gate with (``run --readmit``)."""

@@ -16,11 +16,11 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ptcluster.launch.lost import PROBE_BOUND, back, probe
 from ptcluster.launch.result import NodeOutcome
 from ptcluster.node.facts.health import Unfit
+from ptcluster.node.facts.health_facts import HealthContext
 from ptcluster.remote.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class Watched:
 
     away: Sequence[NodeOutcome]
     python: Mapping[str, str]
-    health: Mapping[str, dict[str, Any]]
+    health: Mapping[str, HealthContext]
     job_id: str
     transports: Mapping[str, Transport]
     twice: frozenset[str]

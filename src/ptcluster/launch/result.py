@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ptcluster.errors import Problem
 from ptcluster.launch.supervise.straggler import Report
+from ptcluster.node.wire import NcclChoice
 
 if TYPE_CHECKING:
     from ptcluster.launch.stacks.report import StackReport
@@ -76,7 +77,7 @@ class NodeOutcome:
     after_loss: dict[str, Any] | None = None
     """Lost: what it answered when asked once more (``launch.lost``), ``{"answered": False}``
     when it did not."""
-    nccl: dict[str, Any] | None = None
+    nccl: NcclChoice | None = None
     """What NCCL chose there, from its own log (``launch.supervise.events.nccl_chosen``)."""
     gpu_errors: list[dict[str, Any]] = field(default_factory=list)
     """The GPU driver's Xids on the node while the job ran (``wire.XidFacts``)."""

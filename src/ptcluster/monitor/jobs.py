@@ -8,11 +8,16 @@ that runs now.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ptcluster.node.sharing.records import lease_of, rank_count
+from ptcluster.node.wire import LeaseRecord
+
+Seen = dict[str, tuple[str, str, list[LeaseRecord]]]
+"""``{host: (its hostname, the session's user, the lease records its sampler sent)}``: the
+records as the head took them (``remote.replies.sample_reply``: ``records.sampled``, the one
+check, is passed by each)."""
 
 
 @dataclass
@@ -35,17 +40,7 @@ class JobRow:
         return asdict(self)
 
 
-def _usable(r: object) -> bool:
-    """Whether a record's numbers are numbers: ``since`` and ``ranks`` (``[first, last]``)."""
-    if not isinstance(r, dict):
-        return False
-    since, ranks = r.get("since") or 0, r.get("ranks") or [0, 0]
-    return isinstance(since, (int, float)) and not isinstance(since, bool) and \
-        math.isfinite(since) and isinstance(ranks, list) and len(ranks) == 2 and \
-        all(isinstance(x, int) and not isinstance(x, bool) for x in ranks)
-
-
-def job_rows(nodes: dict[str, tuple[str, str, list[dict[str, Any]]]]) -> list[JobRow]:
+def job_rows(nodes: Seen) -> list[JobRow]:
     """``{host: (its hostname, the session's user, the lease records)}`` -> jobs, oldest
     first. Each lease counts once, on the node whose hostname its record names (nodes that
     share one lock directory, as containers may, all read every node's leases)."""
@@ -54,8 +49,6 @@ def job_rows(nodes: dict[str, tuple[str, str, list[dict[str, Any]]]]) -> list[Jo
     seen: set[tuple[str, str]] = set()
     for host, (_, me, records) in nodes.items():
         for r in records:
-            if not _usable(r):
-                continue  # (a node's malformed record: skipped, never a traceback of ps)
             job = str(r.get("job_id") or "")
             resource = str(r.get("resource") or "")
             where = str(r.get("node") or "")

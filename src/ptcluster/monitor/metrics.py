@@ -40,7 +40,7 @@ from ptcluster.control import registry as heads
 from ptcluster.control.protocol import StragglerAnswer, ask_straggler
 from ptcluster.errors import PtclusterError
 from ptcluster.monitor.httpd import MetricsServer
-from ptcluster.monitor.jobs import job_rows
+from ptcluster.monitor.jobs import Seen, job_rows
 from ptcluster.monitor.watch import NodeView
 from ptcluster.node.sharing.records import lease_of, rank_count
 
@@ -152,7 +152,7 @@ def lease_families(views: list[NodeView], now: float, stale: float) -> list[Metr
     gpu = GaugeMetricFamily("ptcluster_job_gpu", "1 for each GPU the job leased: join with "
                             "DCGM_FI_* on (Hostname, gpu).", labels=["job_id", "node",
                                                                      "Hostname", "gpu"])
-    nodes: dict[str, tuple[str, str, list[dict[str, Any]]]] = {}
+    nodes: Seen = {}
     hostname: dict[str, str] = {}
     for v in views:
         if fresh(v, now, stale):
@@ -164,7 +164,7 @@ def lease_families(views: list[NodeView], now: float, stale: float) -> list[Metr
     per_node: dict[tuple[str, str], int] = {}  # (job, hostname) -> its ranks there
     for name, _, records in nodes.values():
         for r in records:
-            if isinstance(r, dict) and r.get("node") == name and lease_of(r)[0] == "job":
+            if r.get("node") == name and lease_of(r)[0] == "job":
                 per_node[(str(r.get("job_id")), name)] = rank_count(r)
     for row in job_rows(nodes):
         info.add_metric([row.job_id, row.user, row.head, row.state], 1.0)

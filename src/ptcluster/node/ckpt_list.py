@@ -16,7 +16,7 @@ import json
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
 from ptcluster.node.wire import Kind, encode, hello
 
@@ -53,16 +53,35 @@ def read_marker(folder: str) -> str | None:
         os.close(fd)
 
 
-def list_steps(root: str) -> list[dict[str, Any]]:
-    """Every step folder under ``root``, newest first: ``{step, marker, files}``, ``files``
-    ``{name: [path relative to root, size]}`` (a name in both the own part and a replica: the
-    own part's)."""
+class StepHeld(TypedDict):
+    """One step folder a node holds (:func:`list_steps`), as ``checkpoint.layout.holdings``
+    reads it."""
+
+    step: int
+    marker: str | None
+    """The step's marker (its manifest), where it has one."""
+    files: dict[str, list[str | int]]
+    """``{name: [path relative to the root, size]}`` (a name in both the own part and a
+    replica: the own part's)."""
+
+
+class CkptAnswer(TypedDict, total=False):
+    """The ``ckpt`` frame: the directory asked for and what it holds (``missing``: why it
+    could not be read)."""
+
+    root: str
+    steps: list[StepHeld]
+    missing: str
+
+
+def list_steps(root: str) -> list[StepHeld]:
+    """Every step folder under ``root``, newest first."""
     try:
         names = os.listdir(root)
     except OSError:
         return []
     steps = sorted((int(m.group(1)) for m in map(STEP_RE.match, names) if m), reverse=True)
-    out = []
+    out: list[StepHeld] = []
     for step in steps:
         rel = f"step-{step}"
         folder = os.path.join(root, rel)
@@ -72,7 +91,7 @@ def list_steps(root: str) -> list[dict[str, Any]]:
                            if e.name.startswith(REPLICA_PREFIX) and e.is_dir(follow_symlinks=False))
         except OSError:
             continue
-        files: dict[str, list] = {}
+        files: dict[str, list[str | int]] = {}
         for sub in subs:
             for name in part_files(os.path.join(root, sub)):
                 try:
@@ -95,18 +114,20 @@ def main() -> int:
     cfg = json.loads(sys.stdin.readline())
     sys.stdout.buffer.write(hello("ckpt-list"))
     root = os.path.abspath(root_of(cfg))
+    answer: CkptAnswer = {"root": root, "steps": []}
     try:
         st = os.stat(root)
     except OSError as exc:
-        sys.stdout.buffer.write(encode(Kind.CKPT, {"root": root, "steps": [],
-                                                   "missing": exc.strerror or str(exc)}))
+        answer["missing"] = exc.strerror or str(exc)
+        sys.stdout.buffer.write(encode(Kind.CKPT, answer))
     else:
         if st.st_uid != os.getuid():
             sys.stdout.buffer.write(encode(Kind.ERROR, {
                 "problem": f"{root} belongs to uid {st.st_uid}, not this user",
                 "fix": "collect a checkpoint directory of yours"}))
         else:
-            sys.stdout.buffer.write(encode(Kind.CKPT, {"root": root, "steps": list_steps(root)}))
+            answer["steps"] = list_steps(root)
+            sys.stdout.buffer.write(encode(Kind.CKPT, answer))
     sys.stdout.flush()
     return 0
 

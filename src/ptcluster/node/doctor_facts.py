@@ -30,12 +30,19 @@ import threading
 import time
 from typing import Any, TypedDict
 
-from ptcluster.node.facts.accel import gpus, sh, torch_facts
-from ptcluster.node.facts.firewall import firewall_state, rule_counts
-from ptcluster.node.facts.health import gpu_warnings, judge
-from ptcluster.node.facts.health_facts import read_health
-from ptcluster.node.facts.netif import AUTO_PORTS, interfaces, route_dev, route_interface
-from ptcluster.node.facts.rdma import read_rdma
+from ptcluster.node.facts.accel import GpuFacts, TorchFacts, gpus, sh, torch_facts
+from ptcluster.node.facts.firewall import FirewallState, RuleCounts, firewall_state, rule_counts
+from ptcluster.node.facts.health import HealthFinding, gpu_warnings, judge
+from ptcluster.node.facts.health_facts import HealthContext, read_health
+from ptcluster.node.facts.netif import (
+    AUTO_PORTS,
+    Interface,
+    interfaces,
+    route_dev,
+    route_interface,
+)
+from ptcluster.node.facts.rdma import Device, read_rdma
+from ptcluster.node.problems import Sent
 from ptcluster.node.wire import Kind, control, encode, hello, split
 
 
@@ -106,21 +113,21 @@ class DoctorFacts(TypedDict, total=False):
     peers: dict[str, Route]
     master: MasterRoute
     """Only where the config names ``master_addr``."""
-    firewall: dict[str, Any]
-    gpus: dict[str, Any]
+    firewall: FirewallFacts
+    gpus: GpuFacts
     """``facts.accel.gpus``."""
-    rdma: list[dict[str, Any]]
-    interfaces: list[dict[str, Any]]
+    rdma: list[Device]
+    interfaces: list[Interface]
     """``facts.netif.interfaces``: ``[{name, up, ipv4}]``."""
     interfaces_error: str | None
     ephemeral_range: list[int] | None
     shm: Space | None
     disk: Space | None
     """The workdir's filesystem."""
-    health: list[dict[str, Any]]
+    health: list[HealthFinding]
     """The health gate's findings (``facts.health.judge``)."""
-    gpu_warnings: list[dict[str, Any]]
-    torch: dict[str, Any] | None
+    gpu_warnings: list[Sent]
+    torch: TorchFacts | None
     """``facts.accel.torch_facts`` (None: not asked)."""
     slurm: SlurmStep | None
     listening: Listening
@@ -139,7 +146,11 @@ def resolve(name: str) -> list[str]:
     return out
 
 
-def firewall() -> dict[str, Any]:
+class FirewallFacts(FirewallState, RuleCounts):
+    """Doctor's ``firewall``: setup's model of it and the rule counts."""
+
+
+def firewall() -> FirewallFacts:
     """The firewall's model (``node.facts.firewall``: setup's, read as root only when this is root)
     and the rule counts of nftables and iptables."""
     def run(argv: list[str]) -> tuple[int, str]:
@@ -182,11 +193,12 @@ def collect(cfg: dict[str, Any]) -> DoctorFacts:
     except (OSError, ValueError):
         facts["ephemeral_range"] = None
     facts["shm"], facts["disk"] = space("/dev/shm"), space(workdir)
-    ctx = {  # the guard's gate (node.facts.health), on the facts read above
+    ctx: HealthContext = {  # the guard's gate (node.facts.health), on the facts read above
         "workdir": workdir, "slots": cfg.get("slots"), "backend": cfg.get("backend"),
         "chosen": cfg.get("gpus_chosen") or "CUDA_VISIBLE_DEVICES" in os.environ,
-        "gpu_count": int(facts["gpus"].get("count") or 0),
-        **({"disk": (disk["free"], disk["total"])} if (disk := facts["disk"]) else {})}
+        "gpu_count": int(facts["gpus"].get("count") or 0)}
+    if disk := facts["disk"]:
+        ctx["disk"] = (disk["free"], disk["total"])
     health = read_health(ctx)
     facts["health"] = judge(health)
     facts["gpu_warnings"] = gpu_warnings(health) if ctx["gpu_count"] else []
@@ -239,8 +251,21 @@ class Listener:
             conn.close()
 
 
-def connect_all(targets: list[list[Any]], timeout: float) -> list[dict[str, Any]]:
-    results: list[dict[str, Any]] = []
+class Connect(TypedDict):
+    """One connection a node tried (the ``connect`` frame's ``results``; doctor's ports
+    check reads them, ``NodeReport.connects``)."""
+
+    label: str
+    """``master``, or the peer whose ephemeral port it was."""
+    host: str
+    port: int
+    error: str | None
+    """Why it failed (None: it connected)."""
+    ms: float
+
+
+def connect_all(targets: list[list[Any]], timeout: float) -> list[Connect]:
+    results: list[Connect] = []
     lock = threading.Lock()
 
     def one(label: str, host: str, port: int) -> None:

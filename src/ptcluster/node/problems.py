@@ -22,6 +22,7 @@ import re
 import string
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypedDict
 
 CODE = re.compile(r"^[a-z]+\.[a-z0-9]+(-[a-z0-9]+)*$")
 """What a code looks like: ``KIND.NAME``, lower case, NAME's words joined by ``-``."""
@@ -30,6 +31,17 @@ CODE = re.compile(r"^[a-z]+\.[a-z0-9]+(-[a-z0-9]+)*$")
 def placeholders(text: str) -> frozenset[str]:
     """The ``{named}`` fields of ``text`` (a format spec after the name is allowed)."""
     return frozenset(name for _, name, _, _ in string.Formatter().parse(text) if name)
+
+
+class Sent(TypedDict):
+    """A declared problem as a node's program sends it (:meth:`Declared.sent`), read on the head
+    by ``errors.Problem.received``."""
+
+    code: str
+    what: str
+    fix: str
+    fields: dict[str, str]
+    """The values it was said with, as text."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +68,7 @@ class Declared:
                             f"extra {sorted(given - self.fields)}")
         return self.what.format(**values), self.fix.format(**values)
 
-    def sent(self, **values: object) -> dict[str, object]:
+    def sent(self, **values: object) -> Sent:
         """The problem as a node's program sends it: ``{code, what, fix, fields}`` (the values
         as strings; ``errors.Problem.received`` reads it on the head)."""
         what, fix = self.texts(**values)

@@ -21,7 +21,16 @@ from typing import Any
 from ptcluster.node.sharing.leases import held_all, user_name
 from ptcluster.node.sharing.records import MAX_LEASES, lease_of, rank_count
 from ptcluster.node.warm.pools import listed
-from ptcluster.node.wire import MAX_FRAME, GpuSample, JobSample, Kind, Sample, encode, hello
+from ptcluster.node.wire import (
+    MAX_FRAME,
+    GpuSample,
+    JobSample,
+    Kind,
+    LeaseRecord,
+    Sample,
+    encode,
+    hello,
+)
 
 
 class Cpu:
@@ -125,7 +134,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def jobs(leased: list[dict[str, Any]]) -> dict[str, JobSample]:
+def jobs(leased: list[LeaseRecord]) -> dict[str, JobSample]:
     """Every ptcluster job on this node, any user's, from the leases its guard holds here:
     job id -> user, ranks, GPUs. (Not from /proc/*/environ, which shows only one's own.)"""
     here = socket.gethostname()

@@ -25,7 +25,7 @@ import queue
 import shutil
 import sys
 import threading
-from typing import Any
+from typing import Any, TypedDict
 
 from ptcluster.node.facts.firewall import UFW_ADDED, ufw_enabled
 from ptcluster.node.facts.setup_facts import (
@@ -39,6 +39,16 @@ from ptcluster.node.facts.setup_facts import (
     sections,
 )
 from ptcluster.node.wire import Kind, control, encode, hello, split
+
+
+class StepDone(TypedDict):
+    """A step's outcome (``done``, the answer to ``run``; ``setup.apply`` reads it)."""
+
+    id: int
+    rc: int
+    """Its exit status."""
+    out: str
+    """Its output's last 4000 characters, the sudo password scrubbed."""
 
 
 class Node:
@@ -128,7 +138,7 @@ class Node:
         return out
 
     # -- commands -----------------------------------------------------------------------------
-    def run_step(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def run_step(self, msg: dict[str, Any]) -> StepDone:
         argv = [os.path.expanduser(a) if a.startswith("~/") else a for a in msg["argv"]]
         data, timeout, env = msg.get("input"), float(msg.get("timeout", 600)), msg.get("env")
         if msg.get("root"):

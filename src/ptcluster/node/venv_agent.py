@@ -54,6 +54,7 @@ from typing import BinaryIO
 from ptcluster.node.blobs import HeadStream, free_bytes, pass_on, receive, remove_parts
 from ptcluster.node.data_relay import Relay, ssh_address
 from ptcluster.node.guard.proctree import libc_prctl
+from ptcluster.node.problems import Sent
 from ptcluster.node.sharing.safefile import remove_tree
 from ptcluster.node.venv_problems import (
     BUILD_STOPPED,
@@ -195,7 +196,7 @@ class Node:
                 "python": os.path.join(self.env_dir(digest), "bin", "python"),
                 "seconds": round(time.monotonic() - begun, 3)}
 
-    def make(self, digest: str, resolved: dict) -> dict | None:
+    def make(self, digest: str, resolved: dict) -> Sent | None:
         """Build into ``.build-DIGEST-RAND`` and rename it into place; None when done, else
         the problem (``Declared.sent``; the partial folder removed)."""
         tmp = os.path.join(self.envs, f"{BUILD_PREFIX}{digest}-{secrets.token_hex(4)}")
@@ -224,7 +225,7 @@ class Node:
             remove_tree(tmp)
         return problem
 
-    def install(self, tmp: str, resolved: dict) -> dict | None:
+    def install(self, tmp: str, resolved: dict) -> Sent | None:
         base = base_python()
         uv = self.uv(resolved["tools"])
         links = tmp + ".links"
@@ -263,7 +264,7 @@ class Node:
             remove_tree(tmp + ".cache")
         return None
 
-    def failure(self, tmp: str, argv: list, code: int, out: str) -> dict:
+    def failure(self, tmp: str, argv: list, code: int, out: str) -> Sent:
         if "No space left" in out or "Disk quota" in out:
             return disk_problem(tmp, OSError(errno.ENOSPC, out.strip().splitlines()[-1]))
         last = out.strip().splitlines()[-1] if out.strip() else f"exit status {code}"

@@ -24,6 +24,7 @@ import time
 
 from ptcluster.node import venv_problems as P
 from ptcluster.node.blobs import free_bytes
+from ptcluster.node.problems import Sent
 from ptcluster.node.sharing.records import alive, read_record
 from ptcluster.node.sharing.safefile import remove_tree
 from ptcluster.node.warm import pools
@@ -168,11 +169,11 @@ def site_packages(env_dir: str) -> str:
     return os.path.join(lib, "python", "site-packages")
 
 
-def package_findings(env_dir: str, site: str, wheels: list[dict]) -> list[dict]:
+def package_findings(env_dir: str, site: str, wheels: list[dict]) -> list[Sent]:
     """Missing, extra and different packages against the resolved ``wheels``."""
     have = installed(site)
     want = {norm(w["name"]): w["version"] for w in wheels}
-    out = []
+    out: list[Sent] = []
     for name, version in sorted(want.items()):
         if name not in have:
             out.append(P.PACKAGE_MISSING.sent(name=name, version=version, env=env_dir))
@@ -185,7 +186,7 @@ def package_findings(env_dir: str, site: str, wheels: list[dict]) -> list[dict]:
     return out
 
 
-def full_check(env_dir: str, wheels: list[dict]) -> list[dict]:
+def full_check(env_dir: str, wheels: list[dict]) -> list[Sent]:
     """Every difference between the environment and its build: packages, then files (hashes),
     each a declared problem (``venv_problems``: ``Declared.sent``) whose fields name the
     package and both versions, or the file, its package and both hashes."""
@@ -371,6 +372,6 @@ FULL_FIX = P.DISK_FULL.fix
 """What a wheel that did not arrive for a full disk says to do (``blobs.receive``)."""
 
 
-def disk_problem(path: str, exc: BaseException) -> dict:
+def disk_problem(path: str, exc: BaseException) -> Sent:
     """A build's full disk, as the ``build`` answer says it (``venvs.disk-full``)."""
     return P.DISK_FULL.sent(path=path, free=free_bytes(os.path.dirname(path)), error=exc)

@@ -15,7 +15,7 @@ The first frame of a node program is ``hello {"v": VERSION, "program": ..., "pid
 
 import json
 import time
-from typing import Any, TypedDict
+from typing import TypedDict
 
 VERSION = 2
 
@@ -147,6 +147,30 @@ JOB_POOL_WITHIN = 60.0
 guard that held it ended with restarts left (``GuardConfig.warm``)."""
 
 
+class Target(TypedDict, total=False):
+    """``GuardConfig.target``: what the ranks run, checked by the guard before the job starts;
+    one of the three."""
+
+    script: str
+    module: str
+    cwd: str
+    """``PRIVATE_CWD`` (shipped code: ptcluster's own rank programs): the ranks start in a
+    private directory of the guard's, removed with it (SECURITY-REVIEW M3)."""
+
+
+class WarmConfig(TypedDict, total=False):
+    """``GuardConfig.warm`` (``launch.plan.NodePlan.warm_config``)."""
+
+    idle: float
+    """The pool's idle seconds (a job's pool: how long it waits for the next attempt)."""
+    imports: list[str]
+    """``warm_imports``: what the pool imports before it forks."""
+    world: int
+    """The job's world size."""
+    job: str
+    """The node's host: the ranks come from the job's own pool (``--max-restarts``)."""
+
+
 class GuardConfig(TypedDict, total=False):
     """What the head tells a guard (its config line; ``launch.plan.NodePlan.guard_config``)."""
 
@@ -158,10 +182,7 @@ class GuardConfig(TypedDict, total=False):
     env_defaults: dict[str, str]
     """Set where the node has no value of its own."""
     workdir: str
-    target: dict[str, str]
-    """``{"script": PATH}`` or ``{"module": NAME}``, checked before the job starts; or
-    ``{"cwd": PRIVATE_CWD}`` (shipped code: ptcluster's own rank programs), which starts in a
-    private directory of the guard's, removed with it (SECURITY-REVIEW M3)."""
+    target: Target
     check_port: int | str | None
     """The master's rendezvous port to lease (``"auto"``: take a free one); None elsewhere."""
     head: str
@@ -182,17 +203,28 @@ class GuardConfig(TypedDict, total=False):
     environment: dict[str, str]
     """``{digest, root, torch}``: the project's environment the ranks run in (argv's interpreter is
     its python), checked by the guard before anything starts; absent without one."""
-    warm: dict[str, Any]
-    """``run --warm``: ``{idle, imports, world}`` (the pool's idle seconds, ``warm_imports``, the
-    job's world size): the ranks come from this user's warm pool (``node.guard.warm_ranks``);
-    with ``job`` (the node's host; ``--max-restarts`` without ``--warm``): from the job's own
-    pool on the node, the guard's child, when one is ready (``node.guard.job_pool``), ``idle``
-    the seconds it waits for the next attempt's guard; absent: torchrun starts them."""
+    warm: WarmConfig
+    """``run --warm``: the ranks come from this user's warm pool (``node.guard.warm_ranks``);
+    with ``job`` (``--max-restarts`` without ``--warm``): from the job's own pool on the node,
+    the guard's child, when one is ready (``node.guard.job_pool``); absent: torchrun starts
+    them."""
     checkpoints: list[str]
     """Where the job saved its last checkpoint on this node in an earlier attempt: the health
     gate checks that disk as it does the workdir's."""
     """False: the user opted out of leases (``run --no-leases``, unsafe); absent or True: the
     job is refused where the node's lease directory is missing or not root's."""
+
+
+class GpuClaim(TypedDict, total=False):
+    """The GPUs a guard's job holds on its node (``guard.gpus.claim``); {} on a CPU node where
+    none was asked for."""
+
+    indices: list[int]
+    """Those leased (absent: CUDA_VISIBLE_DEVICES was set already)."""
+    visible: str
+    """The ranks' CUDA_VISIBLE_DEVICES."""
+    why: str
+    """How they were chosen."""
 
 
 class ReadyFacts(TypedDict, total=False):
@@ -210,8 +242,8 @@ class ReadyFacts(TypedDict, total=False):
     """Why this node's leases are off (only ``run --no-leases``); absent when on."""
     master_port: int
     """The master's leased rendezvous port."""
-    gpus: dict[str, Any]
-    """The GPUs the job holds here: ``{indices, visible, ...}`` (``guard.gpus.claim``)."""
+    gpus: GpuClaim
+    """The GPUs the job holds here (``guard.gpus.claim``)."""
     interface: str | None
     interface_source: str
     address: str | None
@@ -374,6 +406,81 @@ def control(payload: str) -> dict:
     return value
 
 
+class Beat(TypedDict, total=False):
+    """A guard's heartbeat (``hb``, every ``heartbeat_every`` s; ``guard.link``)."""
+
+    t: float
+    """The node's clock."""
+    idle: dict[str, float]
+    """While ranks run: per rank (as text), seconds since its last progress
+    (``guard.progress``); absent where not measured."""
+
+
+class RankStacks(TypedDict, total=False):
+    """One rank in a guard's ``stacks`` frame (``guard.progress.StackProbes.collect``), as
+    ``launch.stacks`` parses it."""
+
+    pid: int
+    how: str
+    """``probe thread`` or ``signal (faulthandler)``."""
+    text: str
+    """The Python stacks (faulthandler's or the probe thread's)."""
+    fr: dict[str, object]
+    """The flight recorder's entries (``{cut: why}`` where the frame was too long for them)."""
+    ms: float | None
+    """Milliseconds the rank took to answer."""
+    note: str
+    error: str
+    """Why no stack came (no probe, not signalled)."""
+    pyspy: str
+    """py-spy's dump, native frames too (where installed)."""
+    pyspy_error: str
+
+
+class RankTiming(TypedDict):
+    """One rank's main thread in a ``timing`` frame (``guard.schedstat.SchedstatMeter.sample``):
+    seconds since the guard's last frame."""
+
+    span: float
+    run: float
+    """On a CPU."""
+    delay: float
+    """Waiting for a CPU."""
+    collectives: int | None
+    """Completed meanwhile (None: not known)."""
+
+
+class NodeTiming(TypedDict, total=False):
+    """The node in a ``timing`` frame (``SchedstatMeter.node``): each only when read."""
+
+    mem_available: float | None
+    """Share of memory available (0-1)."""
+    gpu_util: float | None
+    """Mean GPU utilization (%)."""
+    cpu_throttled: float | None
+    """Highest share of periods a CPU quota throttled the ranks' groups in."""
+
+
+class NcclChoice(TypedDict, total=False):
+    """What NCCL chose on a node (``facts.nccl_log.merge``): the guard's ``exit`` frame's ``nccl``
+    (``guard.spawn.nccl_said`` adds ``hcas`` and ``cause``), kept by the head
+    (``launch.supervise.events.nccl_chosen``) and said by ``launch.nccl_report``. Where the
+    ranks differ, every value seen joined by ``+``."""
+
+    transport: str | None
+    hca: str | None
+    link: str | None
+    sockets: str | None
+    gid_index: int | str | None
+    """One index; text where the ranks used several."""
+    ranks: int
+    """The ranks that said."""
+    hcas: list[str]
+    """The node's RDMA devices, where NCCL used none of them."""
+    cause: str
+    """Why it likely used sockets (``facts.rdma.fallback_cause``)."""
+
+
 class GpuSample(TypedDict):
     """One GPU in a sample (``node.sampler``'s ``Gpus.sample``)."""
 
@@ -397,6 +504,73 @@ class JobSample(TypedDict):
     gpus: list[int]
 
 
+class LeaseOwner(TypedDict, total=False):
+    """Who takes a lease (a guard, for its job: ``node.guard.prechecks``), kept in its record."""
+
+    job_id: str | None
+    head: str | None
+    """The head's host."""
+    command: str | None
+    """What the job runs (``python train.py``)."""
+    ranks: list[int] | None
+    """``[first, last]`` global rank on the node (its ``job-ID`` lease)."""
+
+
+class LeaseRecord(LeaseOwner, total=False):
+    """A held lease's record as every reader takes it (``node.sharing.leases``' ``take`` writes
+    it, ``held_all`` and ``holder`` read it; the sampler sends it, ``ps``, ``kill``, the monitor
+    and the metrics read it): :func:`records.well_formed` is its one check, and
+    ``records.lease_of`` / ``rank_count`` its one reading. A lease held with no record believed
+    is ``{resource, node, unknown: true}`` only (``records.sampled``)."""
+
+    resource: str
+    """``job-ID``, ``gpu-3``, ``port-29500``."""
+    node: str
+    """The hostname of the node that holds it (a lock directory may be shared)."""
+    pid: int
+    uid: int
+    user: str
+    """The holder's user name, as the node reads its uid."""
+    since: float
+    """Seconds since 1970."""
+    unknown: bool
+
+
+class PoolInfo(TypedDict):
+    """One warm pool of the sampler's user (``node.warm.pools.listed``), as ``ps`` shows it."""
+
+    pid: int
+    rss: int
+    """Bytes."""
+    idle_since: float | None
+    """None: ranks of it run now."""
+    ranks: int
+    idle: float | None
+    """Seconds it stays idle before it ends."""
+    torch: str
+    python: str
+    started: float | None
+    job: str | None
+    """``JOB@HOST``: the job whose restarts it is kept for; None: the user's own
+    (``run --warm``)."""
+
+
+class PoolStopped(TypedDict):
+    """A pool ``warm stop`` signalled (``node.warm.pools.stop``)."""
+
+    pid: int
+    gone: bool
+    ranks: int
+
+
+class WarmAnswer(TypedDict):
+    """The ``warm`` program's ``result`` (``node.warm.pools.main``): the pools listed, or (with
+    ``stop``) those it stopped."""
+
+    pools: list[PoolInfo]
+    stopped: list[PoolStopped]
+
+
 class Sample(TypedDict):
     """What a node's sampler sends every interval (``monitor``, ``ps``, ``monitor --serve``),
     as the head keeps it once checked (``remote.replies.sample_reply``: every key there)."""
@@ -411,10 +585,10 @@ class Sample(TypedDict):
     """``{rx_bps, tx_bps}``: bytes a second over the interval."""
     gpus: list[GpuSample]
     gpu_error: str | None
-    leases: list[dict[str, Any]]
+    leases: list[LeaseRecord]
     """The lease records held on the node (``node.sharing.records``; bad ones dropped)."""
     jobs: dict[str, JobSample]
     user: str
     """The user the sampler runs as."""
-    pools: list[dict[str, Any]]
+    pools: list[PoolInfo]
     """That user's warm pools on the node (``node.warm.pools.listed``)."""

@@ -132,8 +132,9 @@ def disk(where: str, value: Any) -> None:
         record(FILESYSTEM)(where, value)
 
 
-FIGURES = table_of(record({"span": figure, "run": figure, "delay": figure,
-                           "collectives": optional(COUNT)}), 1 << 16)
+RANK_FIGURES = record({"span": figure, "run": figure, "delay": figure,
+                       "collectives": optional(COUNT)})
+FIGURES = table_of(RANK_FIGURES, 1 << 16)
 NODE_FIGURES = record({"mem_available": optional(figure), "gpu_util": optional(figure),
                        "cpu_throttled": optional(figure)})
 """A ``timing`` frame's ``ranks`` (``guard.schedstat``) and ``node``."""
@@ -169,6 +170,6 @@ def disk_facts(body: Any) -> wire.DiskFacts:
     return cast(wire.DiskFacts, _checked(disk, "disk", body))
 
 
-def timing(ranks: Any, node: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+def timing(ranks: Any, node: Any) -> tuple[dict[str, wire.RankTiming], wire.NodeTiming]:
     """A ``timing`` frame's per-rank figures and the node's, checked."""
     return _checked(FIGURES, "timing.ranks", ranks), _checked(NODE_FIGURES, "timing.node", node)

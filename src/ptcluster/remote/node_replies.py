@@ -16,6 +16,7 @@ from typing import Any, cast
 from ptcluster.node.doctor_facts import DoctorFacts
 from ptcluster.node.kill import KillAnswer
 from ptcluster.node.probe import BootAnswer
+from ptcluster.node.wire import WarmAnswer
 from ptcluster.remote.replies import (
     LABEL,
     MAX_POOLS,
@@ -142,9 +143,9 @@ WARM = record({"pools": listing(POOL, MAX_POOLS), "stopped": listing(record({
 """``node.warm.pools``' ``result`` (``warm stop``: what became of each pool)."""
 
 
-def warm_answer(answer: Any) -> dict[str, Any]:
+def warm_answer(answer: Any) -> WarmAnswer:
     """A node's ``warm`` result checked. Raises :class:`BadReply`."""
-    return _answer(WARM, "warm's answer", answer)
+    return cast(WarmAnswer, _answer(WARM, "warm's answer", answer))
 
 
 def kill_answer(answer: Any) -> KillAnswer:

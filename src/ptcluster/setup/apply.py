@@ -20,12 +20,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, SlurmSetupSpec, SshSpec
 from ptcluster.errors import Problem
 from ptcluster.node import SETUP_AGENT as SETUP
 from ptcluster.node.facts.setup_facts import SetupFacts
+from ptcluster.node.setup_agent import StepDone
 from ptcluster.node.wire import Kind
 from ptcluster.remote import replies
 from ptcluster.remote.channel import NodeChannel
@@ -423,9 +424,9 @@ class Setup:
         argv = list(action.argv)
         if action.env:
             argv = ["env", *[f"{k}={v}" for k, v in action.env], *argv]
-        done = session.ask(Kind.RUN, {"id": 1, "argv": argv, "root": action.root,
-                                   "input": action.input, "timeout": action.timeout},
-                           action.timeout + 30)
+        done = cast(StepDone, session.ask(Kind.RUN, {
+            "id": 1, "argv": argv, "root": action.root, "input": action.input,
+            "timeout": action.timeout}, action.timeout + 30))
         return done["rc"] == 0, done.get("out", "")
 
     def _copy(self, node: NodeSpec, names: list[str]) -> tuple[bool, str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ptcluster.errors import Problem
 from ptcluster.launch.result import Failure, FailureKind
@@ -75,8 +75,8 @@ class Timing:
     gpu_util, cpu_throttled}`` (``node.guard.schedstat``)."""
 
     host: str
-    ranks: dict[int, dict[str, Any]]
-    node: dict[str, Any]
+    ranks: dict[int, wire.RankTiming]
+    node: wire.NodeTiming
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ class GuardExit:
     reason: str
     error: str = ""
     """What ended torchrun itself, ``TYPE: TEXT`` (its error file), when the guard has it."""
-    nccl: dict[str, Any] | None = None
+    nccl: wire.NcclChoice | None = None
     """What NCCL chose on the node, read from its own log (``node.facts.nccl_log``): transport,
     HCAs, GID index; and the likely cause when it used sockets though the node has HCAs."""
 
@@ -317,7 +317,7 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
                          {rank_key(r): moment(s, "idle") for r, s in idle.items()})
     if kind == wire.Kind.TIMING:
         ranks, node = guard_replies.timing(body.get("ranks") or {}, body.get("node") or {})
-        return Timing(host, {rank_key(r): dict(v) for r, v in ranks.items()}, dict(node))
+        return Timing(host, {rank_key(r): v for r, v in ranks.items()}, node)
     if kind == wire.Kind.STACKS:
         ident = body.get("id")
         return StacksReply(host, None if ident is None else int(ident),
@@ -385,7 +385,7 @@ def killed_by(said: str) -> str:
 NCCL_KEYS = ("transport", "hca", "link", "sockets", "gid_index", "ranks", "hcas", "cause")
 
 
-def nccl_chosen(said: Any) -> dict[str, Any] | None:
+def nccl_chosen(said: Any) -> wire.NcclChoice | None:
     """A guard's ``nccl`` as the head keeps it: its known keys only, each a short string, a
     number or a list of short strings (a node's text, cleaned again where it is shown)."""
     if not isinstance(said, dict):
@@ -401,7 +401,7 @@ def nccl_chosen(said: Any) -> dict[str, Any] | None:
             out[key] = [str(v)[:64] for v in value[:16]]
         else:
             out[key] = str(value)[:300]
-    return out
+    return cast(wire.NcclChoice, out)  # (bounded, not checked key by key: only shown)
 
 
 def _opt_float(value: Any) -> float | None:

@@ -31,6 +31,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from ptcluster.node.wire import NodeTiming, RankTiming
+
 DEFAULT_THRESHOLD = 1.5
 """Busy-share ratio (the straggler's / the other ranks' median) from which a rank is named.
 Chosen from ``benchmarks/straggler_threshold.py`` on the testbed (3 nodes x 1 rank, gloo; see
@@ -119,7 +121,7 @@ class Report(TypedDict):
     threshold: float
     release: float
     ranks: list[RankJson]
-    nodes: dict[str, dict[str, Any]]
+    nodes: dict[str, NodeTiming]
     current: VerdictJson | None
     peak: dict[str, Any] | None
     history: list[dict[str, Any]]
@@ -231,7 +233,7 @@ class _Spread:
         return self.sorted[k]
 
 
-def candidates(figures: dict[int, RankFigures], nodes: dict[str, dict[str, Any]],
+def candidates(figures: dict[int, RankFigures], nodes: dict[str, NodeTiming],
                at_least: float = 0.0) -> list[Straggler]:
     """Every rank, and every node of several ranks (not all of them), as the straggler would be,
     with its ratio (those of ``at_least`` or more); none where the others hardly wait
@@ -283,7 +285,7 @@ def candidates(figures: dict[int, RankFigures], nodes: dict[str, dict[str, Any]]
     return out
 
 
-def find_straggler(figures: dict[int, RankFigures], nodes: dict[str, dict[str, Any]],
+def find_straggler(figures: dict[int, RankFigures], nodes: dict[str, NodeTiming],
                    threshold: float) -> Straggler | None:
     """The straggler among ``figures``, or None: a whole node before a single rank, else the
     slowest."""
@@ -291,7 +293,7 @@ def find_straggler(figures: dict[int, RankFigures], nodes: dict[str, dict[str, A
     return max(found, key=lambda v: (v.whole_node, v.ratio), default=None)
 
 
-def why(host: str, mine: list[RankFigures], usual: float, node: dict[str, Any]) -> str:
+def why(host: str, mine: list[RankFigures], usual: float, node: NodeTiming) -> str:
     """What the node saw, or "why unknown": never a guess (``usual``: the other ranks' median
     share of time waiting for a CPU)."""
     reasons = []
@@ -323,7 +325,7 @@ class StragglerWatch:
     reports: dict[int, deque[tuple[str, float, float, float, int | None]]] = field(
         default_factory=dict)
     """rank -> its last ``window`` reports: (host, span, run, delay, collectives or None)."""
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nodes: dict[str, NodeTiming] = field(default_factory=dict)
     totals: dict[int, list[float]] = field(default_factory=dict)
     """rank -> [seconds reported, seconds its main thread waited, collectives completed] over the
     whole attempt."""
@@ -349,7 +351,7 @@ class StragglerWatch:
     def release(self) -> float:
         return 1.0 + RELEASE * (self.threshold - 1.0)
 
-    def report(self, host: str, ranks: dict[int, dict[str, Any]], node: dict[str, Any]) -> None:
+    def report(self, host: str, ranks: dict[int, RankTiming], node: NodeTiming) -> None:
         """A guard's ``timing`` frame: per rank its interval's figures, and its node's."""
         for rank, body in ranks.items():
             try:
@@ -365,7 +367,7 @@ class StragglerWatch:
             total[0] += span
             total[1] += max(0.0, span - run - delay)
             total[2] += count if isinstance(count, int) and count > 0 else 0
-        self.nodes[host] = dict(node)
+        self.nodes[host] = node.copy()
         self._fresh = True
         self.version += 1
 

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 
 def sh(*argv: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -44,12 +44,29 @@ def load_nvml() -> Any:
     return ctypes.CDLL(NVML_LIB)
 
 
-def no_gpus(driver: str | None = None, error: str | None = None) -> dict[str, Any]:
+class GpuFacts(TypedDict):
+    """The node's NVIDIA GPUs as :func:`gpus` finds them: doctor's ``gpus`` (``DoctorFacts``),
+    the health gate's count, and setup's ``gpu`` section its count, driver and capabilities."""
+
+    count: int
+    names: list[str]
+    memory_mib: list[int | None]
+    compute_capability: list[str | None]
+    """``MAJOR.MINOR`` each (None where it was not said)."""
+    driver: str | None
+    cuda_driver: str | None
+    """The CUDA version the driver supports (NVML only)."""
+    source: str | None
+    """``nvml``, ``nvidia-smi``, or None (neither answered)."""
+    error: str | None
+
+
+def no_gpus(driver: str | None = None, error: str | None = None) -> GpuFacts:
     return {"count": 0, "names": [], "memory_mib": [], "compute_capability": [],
             "driver": driver, "cuda_driver": None, "source": None, "error": error}
 
 
-def read_nvml(nvml: Any) -> dict[str, Any]:
+def read_nvml(nvml: Any) -> GpuFacts:
     """GPU facts from a loaded NVML library (``ctypes.CDLL(NVML_LIB)``)."""
     import ctypes  # here, not at the top: a Python built without libffi has no ctypes
     nvml.nvmlErrorString.restype = ctypes.c_char_p
@@ -148,7 +165,7 @@ def _read_processes(nvml: Any, ctypes: Any) -> dict[int, list[dict[str, int]]]:
         nvml.nvmlShutdown()
 
 
-def parse_nvidia_smi_csv(text: str, fields: tuple[str, ...] = SMI_FIELDS) -> dict[str, Any]:
+def parse_nvidia_smi_csv(text: str, fields: tuple[str, ...] = SMI_FIELDS) -> GpuFacts:
     """``nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits`` -> GPU facts.
 
     Fields are taken from the right, so a name holding a comma stays whole."""
@@ -171,7 +188,7 @@ def parse_nvidia_smi_csv(text: str, fields: tuple[str, ...] = SMI_FIELDS) -> dic
     return facts
 
 
-def smi_gpus() -> dict[str, Any] | None:
+def smi_gpus() -> GpuFacts | None:
     """GPU facts from nvidia-smi; None when it is not installed."""
     for fields in (SMI_FIELDS, SMI_FIELDS[:3]):  # an older nvidia-smi has no compute_cap
         code, out = sh("nvidia-smi", f"--query-gpu={','.join(fields)}",
@@ -226,7 +243,7 @@ def pci_gpu_count(base: str = "/sys/bus/pci/devices") -> int:
     return count
 
 
-def gpus() -> dict[str, Any]:
+def gpus() -> GpuFacts:
     """NVML through ctypes; nvidia-smi when the library cannot be loaded; the kernel module's
     version for the driver when neither says it."""
     try:
@@ -250,7 +267,8 @@ def gpus() -> dict[str, Any]:
 # -- torch and its CUDA libraries, without importing torch -----------------------------------------
 
 # (facts key, wheel name prefix, library file stem): NCCL and cuDNN as torch's CUDA wheels ship them
-CUDA_LIBS = (("nccl", "nvidia-nccl", "libnccl"), ("cudnn", "nvidia-cudnn", "libcudnn"))
+CUDA_LIBS: tuple[tuple[Literal["nccl", "cudnn"], str, str], ...] = (
+    ("nccl", "nvidia-nccl", "libnccl"), ("cudnn", "nvidia-cudnn", "libcudnn"))
 SYSTEM_LIB_DIRS = ("/usr/local/cuda/lib64", "/usr/lib/x86_64-linux-gnu",
                    "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 
@@ -332,19 +350,43 @@ def wheel_version(prefix: str, requires: list[str]) -> tuple[str, str] | None:
     return None
 
 
-def torch_facts() -> dict[str, Any]:
+class TorchFacts(TypedDict):
+    """torch as this interpreter would import it (:func:`torch_facts`): doctor's ``torch``
+    (``DoctorFacts``)."""
+
+    ok: bool
+    """Whether torch is installed here."""
+    version: str | None
+    cuda: str | None
+    """The CUDA it was built for; None: a CPU (or ROCm) build."""
+    hip: str | None
+    nccl: str | None
+    cudnn: str | None
+    path: str | None
+    source: dict[str, str]
+    """Where each version was read (``version.py``, a package, a library file)."""
+    unknown: dict[str, str]
+    """Why a version could not be read, by its key."""
+    error: str | None
+
+
+def no_torch() -> TorchFacts:
+    """torch not found (or not asked: doctor's checks read a node without the section so)."""
+    return {"ok": False, "version": None, "cuda": None, "hip": None, "nccl": None,
+            "cudnn": None, "path": None, "source": {}, "unknown": {}, "error": None}
+
+
+def torch_facts() -> TorchFacts:
     """torch's version, CUDA, NCCL and cuDNN for this interpreter, without importing torch."""
     from importlib import metadata
-    facts: dict[str, Any] = {"ok": False, "version": None, "cuda": None, "hip": None,
-                             "nccl": None, "cudnn": None, "path": None, "source": {},
-                             "unknown": {}, "error": None}
+    facts = no_torch()
     unknown: dict[str, str] = facts["unknown"]
     spec = importlib.util.find_spec("torch")  # where `import torch` would load it from
     if spec is None or not spec.submodule_search_locations:
         facts["error"] = f"torch is not installed for {sys.executable}"
         return facts
     root = Path(next(iter(spec.submodule_search_locations)))
-    facts.update(ok=True, path=str(root))
+    facts["ok"], facts["path"] = True, str(root)
     try:
         version_py, why = parse_version_py((root / "version.py").read_text()), None
     except (OSError, SyntaxError, ValueError) as exc:

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 Command = Callable[[list[str]], tuple[int, str]]
 """Runs a command: ``(exit status, stdout and stderr)``."""
@@ -37,7 +37,28 @@ def ufw_enabled() -> bool:
     return ufw_installed() and bool(re.search(r"^\s*ENABLED\s*=\s*yes", conf, re.M))
 
 
-def firewall_state(run: Command, as_root: Command | None) -> dict[str, Any]:
+class FirewallState(TypedDict, total=False):
+    """The firewall's model: setup's ``firewall`` section (``setup.plan`` reads it), and part
+    of doctor's ``firewall`` (``node.doctor_facts.FirewallFacts``)."""
+
+    kind: str | None
+    """``ufw``, ``firewalld``, or None (neither is there)."""
+    active: bool
+    rules: list[str] | None
+    """ufw's added rules, or firewalld's trusted sources; None when they could not be read."""
+    why: str
+    """Why the rules could not be read (ufw's)."""
+
+
+class RuleCounts(TypedDict, total=False):
+    """What :func:`rule_counts` could count (each only when it was read)."""
+
+    nft_rules: int
+    nft_drop: int
+    iptables_rules: int
+
+
+def firewall_state(run: Command, as_root: Command | None) -> FirewallState:
     """``{kind: "ufw" | "firewalld" | None, active, rules, why}``: ``rules`` None when they could
     not be read (``as_root`` None: no root here; ``why`` says)."""
     if ufw_installed():
@@ -62,10 +83,10 @@ def firewall_state(run: Command, as_root: Command | None) -> dict[str, Any]:
     return {"kind": None, "active": False, "rules": []}
 
 
-def rule_counts(run: Command) -> dict[str, int]:
+def rule_counts(run: Command) -> RuleCounts:
     """nftables' rules (and its drop/reject rules) and iptables' appended rules, where this user
     may list them (root): ``{nft_rules, nft_drop, iptables_rules}``, each only when read."""
-    info: dict[str, int] = {}
+    info: RuleCounts = {}
     code, out = run(["nft", "list", "ruleset"])
     if code == 0:
         info["nft_rules"] = sum(1 for line in out.splitlines()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from typing import Any
+from typing import Any, TypedDict
 
 from ptcluster.node.facts.accel import load_nvml
 
@@ -91,8 +91,45 @@ WARN_XIDS = (63, 92)
 """Not fatal, but doctor warns of them: the GPU's memory is wearing."""
 
 
-def parse_xid(text: str) -> dict[str, Any] | None:
-    """A kernel line's Xid: ``{pci, xid, pid (0: unknown), name, text}``; None for any other."""
+class _Xid(TypedDict):
+    pci: str
+    """``pci_key``'s spelling."""
+    xid: int
+    pid: int
+    """The process the driver blamed (0: it did not say)."""
+    name: str
+    text: str
+    """The driver's words after the pid and name."""
+
+
+class Xid(_Xid, total=False):
+    """An Xid as the driver said it: a kernel line's (:func:`parse_xid`) or an NVML event's
+    (:meth:`NvmlXids.wait`, with its ``gpu``); the guard adds what it means
+    (``wire.XidFacts``)."""
+
+    gpu: int | None
+
+
+class KernelXid(Xid):
+    """An Xid of the kernel's records (:func:`xids_in`): the health gate's and doctor's."""
+
+    at: float
+    """Seconds since boot."""
+    stale: bool
+    """The driver loaded again after it."""
+
+
+class XidMeaning(TypedDict):
+    """What an Xid means (:func:`describe_xid`)."""
+
+    meaning: str
+    action: str
+    """``ACT_*``."""
+    fatal: bool
+
+
+def parse_xid(text: str) -> Xid | None:
+    """A kernel line's Xid (no ``gpu``); None for any other line."""
     m = XID_LINE.match(text)  # at the start: see DRIVER_LOADED
     if m is None:
         return None
@@ -120,7 +157,7 @@ def pci_key(bus_id: str) -> str:
     return f"{domain:04x}:{bus:02x}:{device:02x}"
 
 
-def describe_xid(xid: int, text: str = "") -> dict[str, Any]:
+def describe_xid(xid: int, text: str = "") -> XidMeaning:
     """``{meaning, action, fatal}`` of an Xid (its text decides for Xid 154)."""
     meaning, action, fatal = XIDS.get(xid, (f"Xid {xid} (see NVIDIA's catalog: {XID_CATALOG})",
                                             ACT_WATCH, False))
@@ -139,10 +176,9 @@ def xid_fix(action: str, gpu: int | None) -> str:
     return XID_ACTIONS.get(action, XID_ACTIONS[ACT_WATCH]).format(gpu="N" if gpu is None else gpu)
 
 
-def xids_in(records: list[tuple[float, str]]) -> list[dict[str, Any]]:
-    """Every Xid of these kernel records, oldest first, each with ``at`` (seconds since boot)
-    and ``stale`` (the driver loaded again after it)."""
-    out: list[dict[str, Any]] = []
+def xids_in(records: list[tuple[float, str]]) -> list[KernelXid]:
+    """Every Xid of these kernel records, oldest first."""
+    out: list[KernelXid] = []
     for at, text in records:
         if text.startswith(DRIVER_LOADED):
             for earlier in out:
@@ -154,9 +190,9 @@ def xids_in(records: list[tuple[float, str]]) -> list[dict[str, Any]]:
     return out
 
 
-def open_fatal(xids: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def open_fatal(xids: list[KernelXid]) -> list[KernelXid]:
     """The fatal Xids no driver load has cleared, the latest per GPU."""
-    latest: dict[str, dict[str, Any]] = {}
+    latest: dict[str, KernelXid] = {}
     for xid in xids:
         if not xid["stale"] and describe_xid(xid["xid"], xid["text"])["fatal"]:
             latest[xid["pci"]] = xid
@@ -363,7 +399,7 @@ class NvmlXids:
             self.close()
             raise RuntimeError("no GPU takes Xid events")
 
-    def wait(self, ms: int) -> list[dict[str, Any]]:
+    def wait(self, ms: int) -> list[Xid]:
         """The Xids NVML reports within ``ms`` milliseconds (all that are waiting, at once)."""
         import ctypes
 
@@ -372,7 +408,7 @@ class NvmlXids:
                         ("eventData", ctypes.c_ulonglong), ("gpuInstanceId", ctypes.c_uint),
                         ("computeInstanceId", ctypes.c_uint)]
 
-        out: list[dict[str, Any]] = []
+        out: list[Xid] = []
         while len(out) < 64:
             data = EventData()
             code = _nvml_call(self.nvml, "nvmlEventSetWait_v2", self.set, ctypes.byref(data),

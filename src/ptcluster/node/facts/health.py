@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from ptcluster.node.facts.gpu_errors import (
     ACT_HARDWARE,
@@ -31,11 +31,12 @@ from ptcluster.node.facts.gpu_errors import (
     xids_in,
 )
 from ptcluster.node.facts.health_facts import (
+    HealthContext,
     HealthFacts,
     read_health,
     uses_gpus,
 )
-from ptcluster.node.problems import Declared
+from ptcluster.node.problems import Declared, Sent
 
 GIB = 1 << 30
 DISK_MIN_FREE = GIB
@@ -125,28 +126,46 @@ def size(n: float) -> str:
     return f"{n / (1 << 20):.1f} MiB" if 0 < n < 10 << 20 else f"{n / (1 << 20):.0f} MiB"
 
 
-def finding(check: str, ok: bool, what: str, fix: str | None = None) -> dict[str, Any]:
+class _Found(TypedDict):
+    check: str
+    """Which check (``disk``, ``memory``, ``gpus``, ``gpu-driver``, ``checkpoint-disk``)."""
+    ok: bool
+    what: str
+    fix: str | None
+    code: str | None
+    """A refusal's (``health.*``); None for what is fine."""
+
+
+class HealthFinding(_Found, total=False):
+    """What one check of the health gate found (:func:`judge`): the guard's refusal, the probe's
+    ``unfit`` and doctor's ``health`` section (``doctor.health_checks``) read it."""
+
+    fields: dict[str, str]
+    """A refusal's values (``Declared.sent``)."""
+
+
+def finding(check: str, ok: bool, what: str, fix: str | None = None) -> HealthFinding:
     """What a check found that is fine (no code: ``ok`` True), in words."""
     return {"check": check, "ok": ok, "what": what, "fix": fix, "code": None}
 
 
-def refused(check: str, entry: Declared, **values: object) -> dict[str, Any]:
+def refused(check: str, entry: Declared, **values: object) -> HealthFinding:
     """A check's refusal, said by its entry (``REFUSALS``), with its code and the values it
     was said with (``fields``)."""
     return {"check": check, "ok": False, **entry.sent(**values)}
 
 
-def warned(entry: Declared, **values: object) -> dict[str, Any]:
+def warned(entry: Declared, **values: object) -> Sent:
     """A GPU's warning (``WARNINGS``): ``{code, what, fix, fields}``."""
     return entry.sent(**values)
 
 
-def check_disk(facts: HealthFacts) -> dict[str, Any]:
+def check_disk(facts: HealthFacts) -> HealthFinding:
     """The workdir's filesystem: nearly full (``DISK_MIN_FREE``) is refused."""
     return disk_finding("disk", "workdir", facts["workdir"], facts["disk"])
 
 
-def check_checkpoint_disk(facts: HealthFacts) -> dict[str, Any] | None:
+def check_checkpoint_disk(facts: HealthFacts) -> HealthFinding | None:
     """Where the job saved its last checkpoint on this node (a restart: ``checkpoints``): too
     little room for another checkpoint as large as the largest there
     (``CHECKPOINT_ROOM`` times it), or nearly full as a workdir, is refused. A restart would
@@ -166,7 +185,7 @@ def check_checkpoint_disk(facts: HealthFacts) -> dict[str, Any] | None:
 
 
 def disk_finding(check: str, role: str, path: str,
-                 space: tuple[int, int] | None) -> dict[str, Any]:
+                 space: tuple[int, int] | None) -> HealthFinding:
     if space is None:
         return finding(check, True, f"free space of {path} unknown")
     free, total = space
@@ -178,7 +197,7 @@ def disk_finding(check: str, role: str, path: str,
     return finding(check, True, what)
 
 
-def check_memory(facts: HealthFacts) -> dict[str, Any]:
+def check_memory(facts: HealthFacts) -> HealthFinding:
     """Memory available for the node's ranks: below ``MEM_PER_RANK`` each is refused."""
     mem = facts["memory"]
     if mem is None:
@@ -193,7 +212,7 @@ def check_memory(facts: HealthFacts) -> dict[str, Any]:
     return finding("memory", True, what)
 
 
-def check_gpu_count(facts: HealthFacts) -> dict[str, Any] | None:
+def check_gpu_count(facts: HealthFacts) -> HealthFinding | None:
     """Fewer GPUs than the node's slots, when the job uses GPUs there (the node has some, or the
     cluster file asks for NCCL). Not asked when the GPUs are chosen already (an explicit
     ``gpus:`` list, or ``CUDA_VISIBLE_DEVICES`` set by Slurm or the user)."""
@@ -218,7 +237,7 @@ def when(seconds_since_boot: float, boot_wall: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(boot_wall + seconds_since_boot))
 
 
-def check_gpu_driver(facts: HealthFacts) -> list[dict[str, Any]] | None:
+def check_gpu_driver(facts: HealthFacts) -> list[HealthFinding] | None:
     """The GPU driver's word, where the job uses GPUs: a fatal Xid since the driver last
     loaded, uncorrectable ECC errors since, a row remapping pending or failed, retired pages
     pending: each refuses the node (one finding each), with NVIDIA's action for it; else one
@@ -226,7 +245,7 @@ def check_gpu_driver(facts: HealthFacts) -> list[dict[str, Any]] | None:
     drv = facts["driver"]
     if drv is None or not uses_gpus(facts["gpu_count"], facts["backend"]):
         return None
-    bad: list[dict[str, Any]] = []
+    bad: list[HealthFinding] = []
     for xid in open_fatal(xids_in(drv["kernel"])):
         index = drv["pci"].get(xid["pci"])
         said = describe_xid(xid["xid"], xid["text"])
@@ -256,12 +275,12 @@ def check_gpu_driver(facts: HealthFacts) -> list[dict[str, Any]] | None:
                     ("no error counted" if drv["state"] else "not answering"))]
 
 
-def gpu_warnings(facts: HealthFacts) -> list[dict[str, Any]]:
+def gpu_warnings(facts: HealthFacts) -> list[Sent]:
     """What doctor warns of, not refused (``WARNINGS``, each ``{code, what, fix}``): a PCIe
     link below its width (or, while the GPU is busy, its generation: it drops at idle to save
     power), slowdowns, Xids 63 and 92; none where the driver was not read."""
     drv = facts["driver"]
-    out: list[dict[str, Any]] = []
+    out: list[Sent] = []
     if drv is None:
         return out
     for state in drv["state"]:
@@ -283,26 +302,24 @@ def gpu_warnings(facts: HealthFacts) -> list[dict[str, Any]]:
     return out
 
 
-Check = Callable[[HealthFacts], "dict[str, Any] | list[dict[str, Any]] | None"]
+Check = Callable[[HealthFacts], "HealthFinding | list[HealthFinding] | None"]
 CHECKS: list[Check] = [check_gpu_count, check_disk, check_checkpoint_disk, check_memory,
                        check_gpu_driver]
 """The health gate, in order: each takes the node's facts and returns a finding, several (one
 per reason), or None (not asked here)."""
 
 
-def judge(facts: HealthFacts) -> list[dict[str, Any]]:
+def judge(facts: HealthFacts) -> list[HealthFinding]:
     """Every check's finding on these facts: pure (no I/O), the gate's whole judgement."""
-    out: list[dict[str, Any]] = []
+    out: list[HealthFinding] = []
     for check in CHECKS:
         found = check(facts)
         out.extend([] if found is None else [found] if isinstance(found, dict) else found)
     return out
 
 
-def health(ctx: dict[str, Any]) -> list[dict[str, Any]]:
-    """The gate on this node: ``judge`` of what ``read_health`` reads. ``ctx``: ``workdir``
-    (this node's path), ``slots``, ``backend`` (the cluster file's), ``chosen`` (GPUs named
-    already: not counted), ``checkpoints``."""
+def health(ctx: HealthContext) -> list[HealthFinding]:
+    """The gate on this node: ``judge`` of what ``read_health`` reads."""
     return judge(read_health(ctx))
 
 
@@ -312,11 +329,11 @@ class Unfit(TypedDict):
 
     what: str
     fix: str
-    code: str
-    fields: dict[str, Any]
+    code: str | None
+    fields: dict[str, str]
 
 
-def unfit(findings: list[dict[str, Any]]) -> Unfit | None:
+def unfit(findings: list[HealthFinding]) -> Unfit | None:
     """The refusal the findings call for: every failed check's what and fix together, and the
     first one's ``code`` and ``fields`` (the refusal's: ``health.*``); None when the node is
     fit."""

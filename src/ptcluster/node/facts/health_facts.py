@@ -76,11 +76,29 @@ def uses_gpus(gpu_count: int, backend: str | None) -> bool:
     return gpu_count > 0 or backend == BACKEND_NCCL
 
 
-def read_health(ctx: dict[str, Any]) -> HealthFacts:
-    """The facts of this node the gate judges. ``ctx``: ``workdir`` (this node's path),
-    ``slots``, ``backend`` (the cluster file's), ``chosen`` (GPUs named already),
-    ``checkpoints`` (where the job saved last); ``gpu_count`` and ``disk`` where the caller
-    read them already (doctor's facts program)."""
+class _Workdir(TypedDict):
+    workdir: str
+    """This node's path."""
+
+
+class HealthContext(_Workdir, total=False):
+    """What the gate is asked about (the guard's prechecks, doctor's facts program, and the
+    head for a lost node's probe: ``launch.plan.health_context``)."""
+
+    slots: int | None
+    backend: str | None
+    """The cluster file's."""
+    chosen: bool
+    """GPUs named already (``gpus:``, CUDA_VISIBLE_DEVICES): their count is not judged."""
+    checkpoints: list[str]
+    """Where the job saved its last checkpoint on this node."""
+    gpu_count: int
+    """Where the caller read it already (doctor's facts program), and the workdir's ``disk``."""
+    disk: tuple[int, int] | None
+
+
+def read_health(ctx: HealthContext) -> HealthFacts:
+    """The facts of this node the gate judges."""
     workdir = str(ctx["workdir"])
     count = int(ctx["gpu_count"]) if "gpu_count" in ctx else int(gpus().get("count") or 0)
     backend = ctx.get("backend")
@@ -106,10 +124,19 @@ def driver() -> DriverFacts:
             "boot_wall": boot_wall()}
 
 
-def boot() -> dict[str, Any]:
-    """``{"boot_id", "uptime"}`` of this node (either missing where unreadable): a new boot id
-    after a loss means the node rebooted."""
-    out: dict[str, Any] = {}
+class BootFacts(TypedDict, total=False):
+    """This node's boot (:func:`boot`; each absent where unreadable): a guard's ready facts and
+    the lost-node probe's answer carry them (``wire.ReadyFacts``, ``probe.BootAnswer``)."""
+
+    boot_id: str
+    """``/proc/sys/kernel/random/boot_id``: a new one after a loss means the node rebooted."""
+    uptime: float
+    """Seconds since it booted."""
+
+
+def boot() -> BootFacts:
+    """This node's boot id and uptime."""
+    out: BootFacts = {}
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             out["boot_id"] = f.read().strip()

@@ -20,7 +20,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Literal, TypedDict
+
+from ptcluster.node.wire import NcclChoice
 
 DEBUG_FILE = "nccl.%h.%p.log"
 """``NCCL_DEBUG_FILE``'s name in the guard's job directory: NCCL puts the host and pid in."""
@@ -39,12 +41,27 @@ _NETWORK = re.compile(r"Using network (\S+)")
 _GID = re.compile(r"NCCL_IB_GID_INDEX set by environment to (-?\d+)")
 
 
-def parse(lines: Iterable[str]) -> dict[str, Any]:
-    """One rank's choice: ``transport`` (``IB``, ``Socket``, a plugin's network, or None),
-    ``network`` as NCCL named it, ``hca`` (``mlx5_0:1,mlx5_1:1``), ``link`` (``IB``, ``RoCE``),
-    ``sockets`` (the interfaces NET/Socket uses), ``gid_index``, ``no_ib_device``."""
-    found: dict[str, Any] = {"transport": None, "network": None, "hca": None, "link": None,
-                             "sockets": None, "gid_index": None, "no_ib_device": False}
+class RankChoice(TypedDict):
+    """One rank's choice, from its debug file (:func:`parse`)."""
+
+    transport: str | None
+    """``IB``, ``Socket``, a plugin's network, or None."""
+    network: str | None
+    """As NCCL named it."""
+    hca: str | None
+    """``mlx5_0:1,mlx5_1:1``."""
+    link: str | None
+    """``IB``, ``RoCE``."""
+    sockets: str | None
+    """The interfaces NET/Socket uses."""
+    gid_index: int | None
+    no_ib_device: bool
+
+
+def parse(lines: Iterable[str]) -> RankChoice:
+    """One rank's choice (:class:`RankChoice`)."""
+    found: RankChoice = {"transport": None, "network": None, "hca": None, "link": None,
+                         "sockets": None, "gid_index": None, "no_ib_device": False}
     for line in lines:
         if "NCCL" not in line:
             continue
@@ -73,22 +90,27 @@ def parse(lines: Iterable[str]) -> dict[str, Any]:
     return found
 
 
-def merge(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+def merge(ranks: list[RankChoice]) -> NcclChoice | None:
     """One node's answer from its ranks' (they normally agree; where not, every value seen,
     joined by ``+``); None when no rank said anything."""
-    said = [r for r in ranks if r.get("transport")]
+    said = [r for r in ranks if r["transport"]]
     if not said:
         return None
-    out: dict[str, Any] = {}
-    for key in ("transport", "hca", "link", "sockets", "gid_index"):
-        values = sorted({str(r[key]) for r in said if r.get(key) is not None})
-        out[key] = None if not values else (
-            int(values[0]) if key == "gid_index" and len(values) == 1 else "+".join(values))
-    out["ranks"] = len(said)
-    return out
+
+    def seen(key: Literal["transport", "hca", "link", "sockets", "gid_index"]) -> list[str]:
+        return sorted({str(r[key]) for r in said if r[key] is not None})
+
+    def joined(key: Literal["transport", "hca", "link", "sockets"]) -> str | None:
+        return "+".join(seen(key)) or None
+
+    gids = seen("gid_index")
+    return {"transport": joined("transport"), "hca": joined("hca"), "link": joined("link"),
+            "sockets": joined("sockets"),
+            "gid_index": None if not gids else int(gids[0]) if len(gids) == 1 else "+".join(gids),
+            "ranks": len(said)}
 
 
-def read_dir(path: str) -> dict[str, Any] | None:
+def read_dir(path: str) -> NcclChoice | None:
     """The node's answer from the debug files NCCL wrote in ``path`` (the guard's job dir)."""
     try:
         names = sorted(n for n in os.listdir(path) if n.startswith(DEBUG_PREFIX))[:MAX_FILES]

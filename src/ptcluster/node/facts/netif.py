@@ -12,7 +12,7 @@ The rule: the interface of this node's route to the master's address; on the mas
 import json
 import socket
 import subprocess
-from typing import Any
+from typing import TypedDict
 
 AUTO_PORTS = range(29500, 30000)
 """Where ``master.port: auto`` looks for a free port (the guard at launch, the doctor's probe):
@@ -83,7 +83,16 @@ def parse_ip_oneline(text: str) -> list[tuple[str, str]]:
             if len(f) > 3]
 
 
-def interfaces() -> tuple[list[dict[str, Any]], str | None]:
+class Interface(TypedDict):
+    """One of the node's network interfaces (:func:`interfaces`): doctor's ``interfaces``."""
+
+    name: str
+    up: bool
+    ipv4: list[str]
+    """``addr/len`` each."""
+
+
+def interfaces() -> tuple[list[Interface], str | None]:
     """(this node's interfaces: ``[{name, up, ipv4: ["addr/len"]}]``, None), or ([], why they
     could not be listed): the one listing of the node's addresses (``ip -j addr show``)."""
     try:
@@ -100,7 +109,7 @@ def interfaces() -> tuple[list[dict[str, Any]], str | None]:
         return [], f"`ip -j addr show` output does not parse ({type(exc).__name__}: {exc})"
 
 
-def parse_ip_addr(text: str) -> list[dict[str, Any]]:
+def parse_ip_addr(text: str) -> list[Interface]:
     """``ip -j addr show`` -> [{name, up, ipv4: ["addr/len"]}]; raises on unexpected output."""
     links = json.loads(text)
     if not isinstance(links, list):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from typing import Any
+from typing import TypedDict
 
 SYSFS = "/sys/class/infiniband"
 ACTIVE = "ACTIVE"
@@ -43,6 +43,47 @@ def _sys_read(path: str) -> str | None:
         return None
 
 
+class Gid(TypedDict):
+    """A port's configured GID."""
+
+    index: int
+    gid: str
+    type: str | None
+    """``IB/RoCE v1`` or ``RoCE v2``."""
+    ndev: str | None
+    """The network device it is bound to (RoCE)."""
+
+
+class Port(TypedDict):
+    port: int
+    state: str | None
+    """``ACTIVE``, ``DOWN``, ..."""
+    phys_state: str | None
+    rate: str | None
+    link_layer: str | None
+    """``InfiniBand`` or ``Ethernet`` (RoCE)."""
+    gids: list[Gid]
+
+
+class Device(TypedDict):
+    """An RDMA device (HCA) as :func:`read_rdma` reads it: doctor's ``rdma`` (``DoctorFacts``),
+    the guard's NCCL defaults and its fallback cause."""
+
+    name: str
+    netdevs: list[str]
+    ports: list[Port]
+
+
+class Advice(TypedDict):
+    """What NCCL should be told on a node (:func:`recommend`)."""
+
+    hca: str | None
+    gid_index: int | None
+    link_layers: list[str]
+    gid_indexes: dict[str, int | None]
+    """Per ACTIVE RoCE port (``HCA:PORT``), the GID index NCCL's defaults pick there."""
+
+
 def _port_state(text: str | None) -> str | None:
     """``"4: ACTIVE"`` -> ``"ACTIVE"``."""
     return None if text is None else text.split(":", 1)[-1].strip()
@@ -55,9 +96,9 @@ def _sys_ls(path: str) -> list[str]:
         return []
 
 
-def _port_gids(port_dir: str) -> list[dict[str, Any]]:
+def _port_gids(port_dir: str) -> list[Gid]:
     """The port's configured GIDs (an unset entry is left out), each with its type and netdev."""
-    out = []
+    out: list[Gid] = []
     names = [n for n in _sys_ls(os.path.join(port_dir, "gids")) if n.isdigit()]
     for name in sorted(names, key=int)[:MAX_GIDS]:
         gid = _sys_read(os.path.join(port_dir, "gids", name))
@@ -69,13 +110,13 @@ def _port_gids(port_dir: str) -> list[dict[str, Any]]:
     return out
 
 
-def read_rdma(sysfs: str = SYSFS) -> list[dict[str, Any]]:
+def read_rdma(sysfs: str = SYSFS) -> list[Device]:
     """Every RDMA device under ``sysfs`` with its ports; [] when there is none (no
     ``/sys/class/infiniband``: the node has no RDMA stack, which is fine)."""
-    devices = []
+    devices: list[Device] = []
     for hca in _sys_ls(sysfs):
         base = os.path.join(sysfs, hca)
-        ports: list[dict[str, Any]] = []
+        ports: list[Port] = []
         numbers = sorted((p for p in _sys_ls(os.path.join(base, "ports")) if p.isdigit()), key=int)
         for port in numbers:
             pdir = os.path.join(base, "ports", port)
@@ -130,19 +171,19 @@ def shown(gid: str) -> str:
     return f"::ffff:{v4}" if v4 is not None else addr.compressed
 
 
-def best_gid(port: dict[str, Any]) -> dict[str, Any] | None:
+def best_gid(port: Port) -> Gid | None:
     """The GID NCCL's defaults pick on a RoCE port: the first RoCE v2 one over IPv4, else the
     first RoCE v2 global IPv6 one; None when only link-local (or no RoCE v2) GIDs are there."""
     v2 = [g for g in port["gids"] if g.get("type") == ROCE_V2 and not link_local(g["gid"])]
     v4 = [g for g in v2 if ipv4_of(g["gid"])]
-    return (v4 or v2 or [None])[0]
+    return (v4 or v2)[0] if v4 or v2 else None
 
 
-def active_ports(devices: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+def active_ports(devices: list[Device]) -> list[tuple[str, Port]]:
     return [(d["name"], p) for d in devices for p in d["ports"] if p["state"] == ACTIVE]
 
 
-def recommend(devices: list[dict[str, Any]]) -> dict[str, Any]:
+def recommend(devices: list[Device]) -> Advice:
     """What NCCL should be told on this node: ``NCCL_IB_HCA`` (its ACTIVE ports, ``=`` for exact
     names: ``mlx5_1`` alone would also match ``mlx5_10``) and, on RoCE, ``NCCL_IB_GID_INDEX``
     (one value for every HCA of the node: NCCL takes one, nccl#890); each None when there is
@@ -150,7 +191,7 @@ def recommend(devices: list[dict[str, Any]]) -> dict[str, Any]:
     active = active_ports(devices)
     layers = sorted({str(p["link_layer"]) for _, p in active})
     hca = "=" + ",".join(f"{name}:{p['port']}" for name, p in active) if active else None
-    indexes = {name + f":{p['port']}": (best_gid(p) or {}).get("index")
+    indexes = {name + f":{p['port']}": gid["index"] if (gid := best_gid(p)) else None
                for name, p in active if p["link_layer"] == ETHERNET}
     found = set(indexes.values())
     gid_index = next(iter(found)) if len(found) == 1 else None
@@ -158,7 +199,7 @@ def recommend(devices: list[dict[str, Any]]) -> dict[str, Any]:
             "gid_indexes": indexes}
 
 
-def rdma_env(devices: list[dict[str, Any]]) -> dict[str, str]:
+def rdma_env(devices: list[Device]) -> dict[str, str]:
     """The variables :func:`recommend` gives values for (the guard sets each one the user's
     ``env:`` and the node's own environment leave unset)."""
     said = recommend(devices)
@@ -170,7 +211,7 @@ def rdma_env(devices: list[dict[str, Any]]) -> dict[str, str]:
     return env
 
 
-def fallback_cause(devices: list[dict[str, Any]], env: dict[str, str]) -> str:
+def fallback_cause(devices: list[Device], env: dict[str, str]) -> str:
     """Why NCCL most likely used TCP sockets on a node with RDMA devices (the ranks'
     environment ``env``): what doctor's rdma check would say, in one phrase."""
     if env.get("NCCL_IB_DISABLE", "0").strip() not in ("", "0"):

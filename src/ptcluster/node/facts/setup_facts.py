@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypedDict
 
 from ptcluster.node.facts.accel import NVML_LIB, gpus, pci_gpu_count
-from ptcluster.node.facts.firewall import firewall_state
+from ptcluster.node.facts.firewall import FirewallState, firewall_state
 from ptcluster.node.facts.netif import route_interface
-from ptcluster.node.facts.slurm_facts import slurm_facts
+from ptcluster.node.facts.slurm_facts import SlurmFacts, slurm_facts
 
 C_ENV = {"LC_ALL": "C", "LANG": "C"}
 """Commands whose words we look at run in the C locale."""
@@ -204,6 +204,36 @@ class Sudo(TypedDict, total=False):
     why: str | None
 
 
+class OsRelease(TypedDict):
+    """``/etc/os-release``'s (each '' where it says none)."""
+
+    ID: str
+    ID_LIKE: str
+    VERSION_ID: str
+    PRETTY_NAME: str
+
+
+class SetupGpu(TypedDict):
+    """NVIDIA GPUs: on the PCI bus (with or without a driver), the driver, the capabilities."""
+
+    count: int
+    driver: str | None
+    compute_capability: list[str]
+
+
+class Venv(TypedDict, total=False):
+    """The venv setup makes: ``{exists: False}``; ``{exists, ok: True, python, dists}``; or
+    ``{exists, ok: False, why}`` (its interpreter failed)."""
+
+    exists: bool
+    ok: bool
+    python: str
+    """``MAJOR.MINOR``."""
+    dists: dict[str, str | None]
+    """Each of ``VENV_DISTS``: its version, None where it is not installed."""
+    why: str
+
+
 class Workdir(TypedDict):
     path: str
     """The node's (``~`` expanded there)."""
@@ -228,13 +258,13 @@ class SetupFacts(TypedDict, total=False):
     """``key``: the head's public key is in ``authorized_keys``."""
     packages: dict[str, bool]
     """``apt``: each package asked for, installed or not."""
-    venv: dict[str, Any]
-    """``venv``: ``{exists, ok, python, dists}`` or ``{exists, ok: False, why}``."""
-    os: dict[str, Any]
-    """``os``: ``/etc/os-release``'s ID, ID_LIKE, VERSION_ID, PRETTY_NAME."""
-    gpu: dict[str, Any]
-    """``os``: ``{count, driver, ...}``."""
-    firewall: dict[str, Any]
+    venv: Venv
+    """``venv``."""
+    os: OsRelease
+    """``os``: ``/etc/os-release``'s."""
+    gpu: SetupGpu
+    """``os``: the GPUs."""
+    firewall: FirewallState
     """``firewall``: ``node.facts.firewall.firewall_state``."""
     wheelhouse: dict[str, str]
     """``wheels``: file name -> sha256."""
@@ -245,7 +275,7 @@ class SetupFacts(TypedDict, total=False):
     interface: str | None
     interface_why: str
     """``env``: the env file's text, the interface to the master (or why unknown)."""
-    slurm: dict[str, Any]
+    slurm: SlurmFacts
     """``slurm``: ``node.facts.slurm_facts.slurm_facts``."""
 
 
@@ -316,7 +346,7 @@ def slurm_fact(host: FactHost) -> SetupFacts:
     except (ImportError, OSError):
         nvml = False
     root_ok = host.sudo_mode in ("root", "nopasswd", "password")
-    return {"slurm": slurm_facts(run, as_root if root_ok else None, nvml)["slurm"]}
+    return {"slurm": slurm_facts(run, as_root if root_ok else None, nvml)}
 
 
 SECTIONS: dict[str, Fact] = {
@@ -363,13 +393,14 @@ def _has_key(pubkey: str) -> bool:
     return any(line.split()[:2] == want for line in text.splitlines() if line.strip())
 
 
-def _os_release() -> dict[str, str]:
+def _os_release() -> OsRelease:
     out: dict[str, str] = {}
     for line in (_read("/etc/os-release") or "").splitlines():
         key, sep, value = line.partition("=")
         if sep:
             out[key.strip()] = value.strip().strip('"')
-    return {k: out.get(k, "") for k in ("ID", "ID_LIKE", "VERSION_ID", "PRETTY_NAME")}
+    return {"ID": out.get("ID", ""), "ID_LIKE": out.get("ID_LIKE", ""),
+            "VERSION_ID": out.get("VERSION_ID", ""), "PRETTY_NAME": out.get("PRETTY_NAME", "")}
 
 
 def _installed(packages: list[str]) -> dict[str, bool]:
@@ -379,7 +410,7 @@ def _installed(packages: list[str]) -> dict[str, bool]:
     return {p: p in done for p in packages}
 
 
-def _gpu() -> dict[str, Any]:
+def _gpu() -> SetupGpu:
     """NVIDIA GPUs: those on the PCI bus (there without a driver: what the driver step looks
     for), the driver and the compute capabilities, from the one discovery (``accel.gpus``)."""
     found = gpus()
@@ -392,7 +423,7 @@ VENV_DISTS = ("torch", "ptcluster", "pip", "scikit_learn")
 normalizes them: scikit-learn is `scikit_learn`)."""
 
 
-def _venv(path: str) -> dict[str, Any]:
+def _venv(path: str) -> Venv:
     """The venv at ``path``: whether it exists and works, its Python, and ``VENV_DISTS``."""
     py = os.path.join(path, "bin", "python")
     if not os.access(py, os.X_OK):
@@ -400,7 +431,7 @@ def _venv(path: str) -> dict[str, Any]:
     return _venv_here(path, py) or _venv_probe(py)
 
 
-def _venv_here(path: str, py: str) -> dict[str, Any] | None:
+def _venv_here(path: str, py: str) -> Venv | None:
     """The venv's facts without starting another interpreter, when its ``bin/python`` is the
     very interpreter running this program (``python3 -m venv`` makes it a symlink), so it runs
     and is this Python; None when only the interpreter can tell (``_venv_probe``).
@@ -449,7 +480,7 @@ def _one_site(cfg: str, site: str, entries: list[str]) -> bool:
     return True
 
 
-def _venv_probe(py: str) -> dict[str, Any]:
+def _venv_probe(py: str) -> Venv:
     """The venv's facts from its own interpreter (one more Python start: ~60 ms of CPU)."""
     code, out = run([py, "-c", "import json,sys,importlib.metadata as m\n"
                      f"v={{}}\nfor d in {VENV_DISTS!r}:\n"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 Runner = Callable[[list[str]], tuple[int, str]]
 SLURM_PACKAGES = ("munge", "slurmd", "slurm-client", "slurmctld")
@@ -84,20 +84,63 @@ def nvidia_devices() -> list[str]:
     return ["/dev/" + n for n in sorted(names, key=lambda n: int(n[6:]))]
 
 
-def slurm_facts(run: Runner, as_root: Runner | None, nvml: bool) -> dict[str, Any]:
-    """The ``slurm`` section: ``{packages, hw, hw_from, cgroup, nvml, gpu_files, files,
-    munge_key, services}``; ``munge_key`` None where it cannot be read (no root)."""
+class Service(TypedDict):
+    """A munge or Slurm service as systemd says it."""
+
+    enabled: bool
+    active: bool
+    since: int | None
+    """When it became active (Unix time)."""
+
+
+class MungeKey(TypedDict, total=False):
+    """The munge key's digest, owner and mode (never its bytes); ``{exists: False}`` alone
+    where there is none."""
+
+    exists: bool
+    owner: str
+    mode: str
+    """Octal, as ``stat -c %a`` says it."""
+    sha256: str | None
+
+
+class SlurmFacts(TypedDict):
+    """Setup's ``slurm`` section (``SetupFacts.slurm``), as ``setup.slurm`` and
+    ``setup.slurm_steps`` read it (``remote.replies.SLURM`` checks it)."""
+
+    packages: dict[str, bool]
+    """Each of ``SLURM_PACKAGES``: installed or not."""
+    hw: dict[str, int]
+    """``HW_KEYS``: ``slurmd -C``'s, or :func:`estimate_hw`'s."""
+    hw_from: str
+    """``slurmd -C`` or ``estimate``."""
+    cgroup: str
+    """``v1`` or ``v2``."""
+    nvml: bool
+    gpu_files: list[str]
+    files: dict[str, str | None]
+    """Each of ``SLURM_FILES``: its text, None where there is none."""
+    mtimes: dict[str, int | None]
+    munge_key: MungeKey | None
+    """None where it cannot be read (no root)."""
+    services: dict[str, Service]
+    """Each of ``SERVICES``."""
+
+
+def slurm_facts(run: Runner, as_root: Runner | None, nvml: bool) -> SlurmFacts:
+    """The ``slurm`` section; ``munge_key`` None where it cannot be read (no root)."""
     _, out = run(["dpkg-query", "-W", "-f", "${Package} ${Status}\n", *SLURM_PACKAGES])
     done = {line.split()[0] for line in out.splitlines()
             if line.strip().endswith("ok installed")}
-    hw, hw_from = {}, "estimate"
+    hw: dict[str, int] = {}
+    hw_from = "estimate"
     if "slurmd" in done:
         code, out = run(["slurmd", "-C"])
         hw = parse_slurmd_c(out) if code == 0 else {}
         hw_from = "slurmd -C" if len(hw) == len(HW_KEYS) else "estimate"
     if hw_from == "estimate":
         hw = estimate_hw()
-    services: dict[str, dict[str, Any]] = {}
+    services: dict[str, Service] = {}
     for name in SERVICES:
         _, enabled = run(["systemctl", "is-enabled", name])
         _, shown = run(["systemctl", "show", "--timestamp=unix", "-p", "ActiveState",
@@ -109,13 +152,13 @@ def slurm_facts(run: Runner, as_root: Runner | None, nvml: bool) -> dict[str, An
                           "since": int(since) if since.isdigit() else None}
     files = {name: _read(path) for name, path in SLURM_FILES.items()}
     mtimes = {name: _file_mtime(path) for name, path in SLURM_FILES.items()}
-    return {"slurm": {"packages": {p: p in done for p in SLURM_PACKAGES}, "hw": hw,
-                      "hw_from": hw_from, "cgroup": cgroup_version(), "nvml": nvml,
-                      "gpu_files": nvidia_devices(), "files": files, "mtimes": mtimes,
-                      "munge_key": _munge_key(as_root), "services": services}}
+    return {"packages": {p: p in done for p in SLURM_PACKAGES}, "hw": hw, "hw_from": hw_from,
+            "cgroup": cgroup_version(), "nvml": nvml, "gpu_files": nvidia_devices(),
+            "files": files, "mtimes": mtimes, "munge_key": _munge_key(as_root),
+            "services": services}
 
 
-def _munge_key(as_root: Runner | None) -> dict[str, Any] | None:
+def _munge_key(as_root: Runner | None) -> MungeKey | None:
     """The key's sha256, owner and mode (read as root: the file is the munge user's alone);
     ``{"exists": False}`` when there is none."""
     if as_root is None:

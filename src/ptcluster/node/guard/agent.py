@@ -256,8 +256,8 @@ class Guard:
         if self.link.ranks is not None:
             self.link.ranks.close(EXIT_WAIT)  # every rank's last lines and exit before ours
         self.link.last_look()
-        said.update(nccl_said(self.tmpdir, self.env))  # what NCCL chose, from its own log
-        self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time(), **said})
+        nccl = nccl_said(self.tmpdir, self.env)  # what NCCL chose, from its own log
+        self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time(), **said, **nccl})
         if self.link.machine is not None:
             self.link.machine.close()
         remove_tree(self.tmpdir)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import errno
 import os
 import re
-from typing import Any
+
+from ptcluster.node.wire import DiskFacts
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 """What a full filesystem raises: no space left, the user's quota exceeded."""
@@ -25,7 +26,7 @@ NEARLY_FULL = 0.02
 """A filesystem with less than this share free is named when a rank's ENOSPC named no file."""
 
 
-def disk_facts(filename: str) -> dict[str, Any] | None:
+def disk_facts(filename: str) -> DiskFacts | None:
     """The filesystem of ``filename`` (or of its nearest existing folder): ``{path, mount,
     fstype, source, free, total}``; with no file: ``{full: [...]}``, the nearly full ones."""
     if not filename:
@@ -44,7 +45,7 @@ def disk_facts(filename: str) -> dict[str, Any] | None:
     return facts
 
 
-def fs_facts(mount: tuple[str, str, str], at: str = "") -> dict[str, Any] | None:
+def fs_facts(mount: tuple[str, str, str], at: str = "") -> DiskFacts | None:
     point, fstype, source = mount
     if fstype in PSEUDO_FS:
         return None

@@ -18,6 +18,7 @@ from typing import Any
 from ptcluster.node.facts.accel import compute_processes, gpus
 from ptcluster.node.guard.refusal import GPU_NOT_THERE, GPUS_BUSY, GuardError, refuse, unleasable
 from ptcluster.node.sharing.leases import Lease, Leasing, describe
+from ptcluster.node.wire import GpuClaim, LeaseOwner
 
 VIRTUAL_GPUS = 1024
 """How far ``auto`` looks on a node without GPUs (indices only: nothing there to run out of)."""
@@ -45,9 +46,9 @@ def _gpu_memory(mib: int) -> str:
     return f"{mib / 1024:.0f} GiB" if mib >= 1024 else f"{mib} MiB"
 
 
-def claim(want: list[int] | str | None, slots: int, owner: dict[str, Any],
+def claim(want: list[int] | str | None, slots: int, owner: LeaseOwner,
           env: dict[str, str], leasing: Leasing | None = None
-          ) -> tuple[dict[str, Any], list[Lease]]:
+          ) -> tuple[GpuClaim, list[Lease]]:
     """(what to report and set, the leases to hold): ``{"indices", "visible", "why"}``.
 
     Refused (``GuardError``, ``busy`` set) before any rank starts when the GPUs asked for are
@@ -94,7 +95,7 @@ def _candidates(want: list[int] | str | None, slots: int, count: int) -> tuple[l
 
 
 def _take(candidates: list[int], need: int, processes: dict[int, list[dict[str, int]]],
-          owner: dict[str, Any], leasing: Leasing
+          owner: LeaseOwner, leasing: Leasing
           ) -> tuple[list[int], list[Lease], dict[str, list[int]], set[str]]:
     """Lease the first ``need`` free GPUs of ``candidates``: (those chosen, their leases, who
     holds each GPU skipped -> its indices, the users to ask). Released again on an OSError."""

@@ -15,7 +15,6 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
 
 from ptcluster.node.guard.machine import MachineWatch
 from ptcluster.node.guard.outbox import Outbox
@@ -27,6 +26,7 @@ from ptcluster.node.wire import (
     HEARTBEAT_EVERY,
     HEARTBEAT_TIMEOUT,
     MAX_FRAME,
+    Beat,
     GuardConfig,
     Kind,
     encode,
@@ -159,7 +159,7 @@ class HeadLink:
             due += every
             if due <= time.monotonic():
                 due = time.monotonic() + every
-            beat: dict[str, Any] = {"t": time.time()}
+            beat: Beat = {"t": time.time()}
             if self.meter is not None and not self.stop.is_set():
                 try:
                     beat["idle"] = self.meter.sample()

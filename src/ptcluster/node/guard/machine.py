@@ -32,10 +32,11 @@ from ptcluster.node.facts.kernel_log import (
     read_kmsg,
 )
 from ptcluster.node.guard.disk import FULL_ERRNOS, disk_facts
-from ptcluster.node.guard.oom import OomWatch, memory_group
+from ptcluster.node.guard.oom import KernelKill, MemGroup, OomWatch, memory_group
 from ptcluster.node.guard.proctree import RankTrees
 from ptcluster.node.guard.schedstat import meminfo
 from ptcluster.node.guard.xids import XidWatch
+from ptcluster.node.wire import DiskFacts, OomFacts, OomVictim, XidFacts
 
 __all__ = ["JOURNAL_EVERY", "MachineWatch", "memory_group"]  # (memory_group: a test's)
 
@@ -72,19 +73,19 @@ class MachineWatch:
         self.ranks.trees = trees
 
     @property
-    def groups(self) -> dict[int, dict[str, Any]]:
+    def groups(self) -> dict[int, MemGroup]:
         return self.oom.groups
 
     @property
-    def inherited(self) -> dict[str, Any] | None:
+    def inherited(self) -> MemGroup | None:
         return self.oom.inherited
 
     @property
-    def kills(self) -> list[dict[str, Any]]:
+    def kills(self) -> list[KernelKill]:
         return self.oom.kills
 
     @property
-    def xids(self) -> list[dict[str, Any]]:
+    def xids(self) -> list[XidFacts]:
         return self.xid.xids
 
     def started(self, rank: int, pid: int, shim_pid: int) -> None:
@@ -129,22 +130,22 @@ class MachineWatch:
         if self.log:
             self.read_log()
 
-    def after_exit(self, rank: int, code: int | None) -> dict[str, Any] | None:
+    def after_exit(self, rank: int, code: int | None) -> OomFacts | None:
         """The OOM facts of a rank that ended with ``code`` (``OomWatch.after_exit``)."""
         return self.oom.after_exit(rank, code)
 
-    def tied_by_group(self, rank: int) -> list[dict[str, Any]]:
+    def tied_by_group(self, rank: int) -> list[OomVictim]:
         return self.oom.tied_by_group(rank)
 
-    def new_xids(self) -> list[dict[str, Any]]:
+    def new_xids(self) -> list[XidFacts]:
         """The Xids seen since the last call (the link sends each to the head)."""
         return self.xid.new_xids()
 
-    def xids_of(self, rank: int) -> list[dict[str, Any]]:
+    def xids_of(self, rank: int) -> list[XidFacts]:
         """A failed rank's Xids (``XidWatch.xids_of``)."""
         return self.xid.xids_of(rank)
 
-    def after_error(self, body: dict[str, Any]) -> dict[str, Any] | None:
+    def after_error(self, body: dict[str, Any]) -> DiskFacts | None:
         """The disk facts of a rank's error record that says its filesystem was full."""
         if body.get("errno") not in FULL_ERRNOS:
             return None

@@ -19,11 +19,12 @@ import re
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 from ptcluster.node.facts.kernel_log import LOG_JOURNAL, journal_readable, oomd_kills, within
 from ptcluster.node.guard.proctree import RankTrees
 from ptcluster.node.guard.schedstat import cgroup_mounts
+from ptcluster.node.wire import OomFacts, OomVictim
 
 LOG_WAIT = 1.0
 """Seconds the guard waits at most for the kernel's account of a kill it counted (the line is
@@ -38,6 +39,32 @@ RSS = re.compile(r"(anon|file|shmem)-rss:(\d+)kB")
 UID = re.compile(r"UID:(\d+)")
 
 
+class MemGroup(TypedDict):
+    """A rank's memory group as first seen: its counter file, the count there, its limit."""
+
+    file: str
+    base: int
+    limit: int | None
+
+
+class KillWhy(TypedDict, total=False):
+    """A kill's ``oom-kill:`` line: why (``CONSTRAINT_*``) and which groups."""
+
+    constraint: str
+    memcg: str
+    task_memcg: str
+
+
+class KernelKill(KillWhy):
+    """One victim of the kernel's OOM killer, as its log lines say (:meth:`OomWatch.parse`)."""
+
+    pid: int
+    comm: str
+    rss: int
+    """Bytes."""
+    uid: int | None
+
+
 class OomWatch:
     """One job's view of the kernel's OOM kills on this node (see the module's docstring)."""
 
@@ -50,7 +77,7 @@ class OomWatch:
         self.node_base = vmstat_oom_kills()
         own = memory_group(os.getpid())
         count = group_oom_kills(own[0]) if own is not None else None
-        self.inherited: dict[str, Any] | None = None if own is None or count is None else \
+        self.inherited: MemGroup | None = None if own is None or count is None else \
             {"file": own[0], "base": count, "limit": own[1]}
         """The guard's own memory group and its count now, before any rank exists: what a rank
         inherits unless it moves. A rank first seen in it counts from here, not from when its
@@ -59,14 +86,14 @@ class OomWatch:
         self.since = time.time()
         self.log = ""
         """Where the kernel's log is read ("" where it cannot): the machine watch says."""
-        self.groups: dict[int, dict[str, Any]] = {}
+        self.groups: dict[int, MemGroup] = {}
         """Per rank: its memory group's counter file, the count first seen there, its limit."""
         self.unified: dict[int, str] = {}
         """Per rank: its control group in the unified (v2) hierarchy, where it has one (what
         systemd-oomd names when it kills)."""
-        self.kills: list[dict[str, Any]] = []
+        self.kills: list[KernelKill] = []
         """The kernel's victims since the job started (read so far)."""
-        self.pending: dict[int, dict[str, Any]] = {}
+        self.pending: dict[int, KillWhy] = {}
         """Per pid: the ``oom-kill:`` line's facts, until its ``Killed process`` line comes."""
         self.waited = 0
         """The node's count the log was last waited for in vain (``victims``)."""
@@ -85,18 +112,18 @@ class OomWatch:
             known = self.groups.get(rank)
             if found is None:  # (gone already: it was where it started, the guard's group)
                 if known is None and self.inherited is not None:
-                    self.groups[rank] = dict(self.inherited)
+                    self.groups[rank] = self.inherited.copy()
                 return
             path, limit = found
             if known is None and self.inherited is not None \
                     and self.inherited["file"] == path:
-                self.groups[rank] = dict(self.inherited)
+                self.groups[rank] = self.inherited.copy()
             elif known is None or known["file"] != path:
                 count = group_oom_kills(path)
                 if count is not None:
                     self.groups[rank] = {"file": path, "base": count, "limit": limit}
 
-    def after_exit(self, rank: int, code: int | None) -> dict[str, Any] | None:
+    def after_exit(self, rank: int, code: int | None) -> OomFacts | None:
         """The OOM facts of a rank that ended with ``code`` (None: without an exit record):
         None when no counter rose (or the rank succeeded)."""
         if code == 0:
@@ -110,7 +137,7 @@ class OomWatch:
             in_group = count - group["base"] if count is not None else 0
         if node <= 0 and in_group <= 0:
             return self.oomd_said(rank, code)
-        facts: dict[str, Any] = {"node_kills": node, "group_kills": in_group, "log": self.log}
+        facts: OomFacts = {"node_kills": node, "group_kills": in_group, "log": self.log}
         if group is not None:
             facts["group"] = os.path.dirname(group["file"])
             if group["limit"]:
@@ -124,7 +151,7 @@ class OomWatch:
             facts["log"] = ""
         return facts
 
-    def oomd_said(self, rank: int, code: int | None) -> dict[str, Any] | None:
+    def oomd_said(self, rank: int, code: int | None) -> OomFacts | None:
         """A SIGKILLed rank no kernel counter explains: did systemd-oomd kill its control group
         (or one above it)? Only where its journal is readable; None otherwise."""
         if code not in (None, -signal.SIGKILL) or not journal_readable():
@@ -135,14 +162,14 @@ class OomWatch:
         killed = [(cg, why) for cg, why in oomd_kills(self.since) if within(group, cg)]
         if not killed:
             return None
-        facts: dict[str, Any] = {"node_kills": 0, "group_kills": 0, "log": LOG_JOURNAL,
-                                 "victims": [], "oomd": {"group": killed[-1][0],
-                                                          "why": killed[-1][1]}}
+        facts: OomFacts = {"node_kills": 0, "group_kills": 0, "log": LOG_JOURNAL,
+                           "victims": [], "oomd": {"group": killed[-1][0],
+                                                    "why": killed[-1][1]}}
         if self.mem is not None:
             facts["mem_available"], facts["mem_total"] = self.mem
         return facts
 
-    def victims(self, rank: int, counted: int) -> list[dict[str, Any]]:
+    def victims(self, rank: int, counted: int) -> list[OomVictim]:
         """The kernel's victims in the rank's tree. Until the log has as many kills as the
         node counted (``counted``), it waits for them, ``LOG_WAIT`` s at most and once per
         count: a rank whose tree was not hit then costs nothing (the others of a job ended by
@@ -162,7 +189,7 @@ class OomWatch:
                 return mine[:4]
             time.sleep(0.05)
 
-    def tied_by_group(self, rank: int) -> list[dict[str, Any]]:
+    def tied_by_group(self, rank: int) -> list[OomVictim]:
         """Victims no look saw in any rank's tree (a process that lived less than a heartbeat:
         a DataLoader worker killed as it started), tied to ``rank`` by what the kernel's record
         still holds: the same user as the guard's and the rank's own memory group (under
@@ -194,8 +221,9 @@ class OomWatch:
         pid = int(m.group(1))
         rss = sum(int(kb) for _, kb in RSS.findall(m.group(3))) * 1024
         uid = UID.search(m.group(3))
-        kill = {"pid": pid, "comm": m.group(2), "rss": rss, **self.pending.pop(pid, {}),
-                "uid": int(uid.group(1)) if uid else None}
+        kill: KernelKill = {"pid": pid, "comm": m.group(2), "rss": rss,
+                            **self.pending.pop(pid, KillWhy()),
+                            "uid": int(uid.group(1)) if uid else None}
         if kill not in self.kills:
             self.kills.append(kill)
 
@@ -212,10 +240,15 @@ def vmstat_oom_kills() -> int | None:
     return None
 
 
-def victim(kill: dict[str, Any], tied: str, main: bool) -> dict[str, Any]:
-    """A kill as the rank's exit says it (``wire.OomVictim``): how it was tied to the rank."""
-    keys = ("pid", "comm", "rss", "constraint", "memcg")
-    return {**{k: kill[k] for k in keys if k in kill}, "main": main, "tied": tied}
+def victim(kill: KernelKill, tied: str, main: bool) -> OomVictim:
+    """A kill as the rank's exit says it: how it was tied to the rank."""
+    out: OomVictim = {"pid": kill["pid"], "comm": kill["comm"], "rss": kill["rss"]}
+    if "constraint" in kill:
+        out["constraint"] = kill["constraint"]
+    if "memcg" in kill:
+        out["memcg"] = kill["memcg"]
+    out["main"], out["tied"] = main, tied
+    return out
 
 
 def group_path(folder: str) -> str:

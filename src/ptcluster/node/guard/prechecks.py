@@ -31,7 +31,7 @@ from ptcluster.node.rank_wire import AGENT_FILE, BACKEND_VAR, SHIM_FILE
 from ptcluster.node.sharing.leases import NO_LEASES, Lease, Leasing, describe
 from ptcluster.node.sharing.records import valid_job_id
 from ptcluster.node.venv_store import env_state, mark_used, site_packages
-from ptcluster.node.wire import GuardConfig, ReadyFacts
+from ptcluster.node.wire import GuardConfig, LeaseOwner, ReadyFacts, Target
 
 
 def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> ReadyFacts:
@@ -58,8 +58,8 @@ def precheck(cfg: GuardConfig, handed: Collection[str], held: list[Lease]) -> Re
     site = project_environment(cfg)
     check_target(cfg.get("target") or {}, workdir, site)
     health_gate(cfg, workdir)
-    owner = {"job_id": cfg.get("job_id"), "head": cfg.get("head"),
-             "command": cfg.get("command"), "ranks": cfg.get("ranks")}
+    owner: LeaseOwner = {"job_id": cfg.get("job_id"), "head": cfg.get("head"),
+                         "command": cfg.get("command"), "ranks": cfg.get("ranks")}
     leasing = job_leasing(cfg)
     if leasing.off:
         facts["leases_off"] = leasing.off
@@ -186,7 +186,7 @@ def node_python(argv: list[str]) -> list[str]:
     return out
 
 
-def check_target(target: dict[str, Any], workdir: str, site: str = "") -> None:
+def check_target(target: Target, workdir: str, site: str = "") -> None:
     """Refuse before launch a script or module that is not there (what `python` would find;
     ``site``: the project environment's site-packages, which the ranks' interpreter sees and
     this guard's, its base, does not)."""
@@ -272,7 +272,7 @@ def port_in_use(port: int) -> str | None:
     return None
 
 
-def lease_job(owner: dict[str, Any], leasing: Leasing) -> Lease:
+def lease_job(owner: LeaseOwner, leasing: Leasing) -> Lease:
     """The job's own lease on this node (``job-ID``): its record is what ``ptcluster ps`` lists
     and ``ptcluster kill`` signals (the guard's pid), on every node of the job."""
     if not valid_job_id(owner.get("job_id")):  # (it names files in the shared lease dir)
@@ -290,7 +290,7 @@ def lease_job(owner: dict[str, Any], leasing: Leasing) -> Lease:
     return lease
 
 
-def lease_master_port(port: int | str, owner: dict[str, Any],
+def lease_master_port(port: int | str, owner: LeaseOwner,
                       leasing: Leasing | None = None) -> tuple[int, Lease]:
     """The rendezvous port this job's master uses, leased for the job's life.
 

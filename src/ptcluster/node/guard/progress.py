@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Literal
 
 from ptcluster.node.rank_wire import (
     DUMP,
@@ -30,6 +30,7 @@ from ptcluster.node.rank_wire import (
     STACK_SIGNAL,
     decode_record,
 )
+from ptcluster.node.wire import RankStacks
 
 MAX_STACK = 256 * 1024
 """Bytes of one rank's dump kept (a process with thousands of threads is cut there)."""
@@ -46,6 +47,8 @@ TICK = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 PYSPY_TIMEOUT = 5.0
 """Seconds one ``py-spy dump`` may take (it pauses the rank while it reads its memory)."""
 MAX_PYSPY = 64 * 1024
+CUT: tuple[Literal["text", "pyspy"], ...] = ("text", "pyspy")
+"""A rank's texts :func:`fit_stacks` cuts."""
 
 
 def find_pyspy() -> str | None:
@@ -54,7 +57,7 @@ def find_pyspy() -> str | None:
     return here if os.access(here, os.X_OK) else shutil.which("py-spy")
 
 
-def pyspy_dump(exe: str, pid: int) -> dict[str, str]:
+def pyspy_dump(exe: str, pid: int) -> RankStacks:
     """Native frames too, and whether a thread holds the GIL; ``{"pyspy": text}`` or
     ``{"pyspy_error": why}`` (py-spy needs ptrace rights: root or CAP_SYS_PTRACE here)."""
     try:
@@ -67,7 +70,7 @@ def pyspy_dump(exe: str, pid: int) -> dict[str, str]:
     return {"pyspy": proc.stdout[:MAX_PYSPY]}
 
 
-def fit_stacks(ranks: dict[str, dict[str, Any]], limit: int) -> dict[str, dict[str, Any]]:
+def fit_stacks(ranks: dict[str, RankStacks], limit: int) -> dict[str, RankStacks]:
     """``ranks`` (``StackProbes.collect``) cut until their JSON is at most ``limit`` bytes: the
     head closes a channel whose frame is longer (``wire.MAX_FRAME``). Each rank's texts keep
     their start, an equal share each, halved until they fit; flight-recorder entries go last."""
@@ -78,7 +81,7 @@ def fit_stacks(ranks: dict[str, dict[str, Any]], limit: int) -> dict[str, dict[s
                 rank["fr"] = {"cut": "the stacks frame was too long"}
             share = 0
         for rank in ranks.values():
-            for key in ("text", "pyspy"):
+            for key in CUT:
                 text = rank.get(key)
                 if isinstance(text, str) and len(text) > share:
                     rank[key] = text[:share] + f"\n[cut at {share} characters: the stacks " \
@@ -142,7 +145,7 @@ class StackProbes:
                 del self.ready[st["rank"]]  # exec'd or ended: never signal that pid again
 
     # -- stacks -------------------------------------------------------------------------------
-    def collect(self, native: bool = False) -> dict[str, dict[str, Any]]:
+    def collect(self, native: bool = False) -> dict[str, RankStacks]:
         """Every rank's stacks: first from the rank's probe thread (under the GIL: safe while
         the rank runs); a rank that cannot answer within ``ANSWER_WAIT`` s has a thread holding
         the GIL, so nothing runs Python there and faulthandler's dump by signal is safe. py-spy
@@ -151,7 +154,7 @@ class StackProbes:
         with self.collecting:
             return self._collect(native)
 
-    def _collect(self, native: bool) -> dict[str, dict[str, Any]]:
+    def _collect(self, native: bool) -> dict[str, RankStacks]:
         targets = dict(self.ready)
         with self.lock:
             for rank in targets:
@@ -167,7 +170,7 @@ class StackProbes:
                 if all(r in self.dumps for r in targets):
                     break
             time.sleep(0.01)
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, RankStacks] = {}
         with self.lock:
             for rank, answer in self.dumps.items():
                 if rank in targets:
@@ -195,9 +198,9 @@ class StackProbes:
         return out
 
     def _by_signal(self, targets: dict[int, tuple[Any, int, bool, str]]
-                   ) -> dict[str, dict[str, Any]]:
+                   ) -> dict[str, RankStacks]:
         """faulthandler's dumps of ranks whose probe thread could not answer."""
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, RankStacks] = {}
         start = {rank: _size(t[3]) for rank, t in targets.items()}
         grown: dict[int, tuple[int, float]] = {}  # rank -> (size, when it last grew)
         sent: dict[int, float] = {}
@@ -221,7 +224,7 @@ class StackProbes:
         for rank, at in sent.items():
             text = _read(targets[rank][3], start[rank])
             done = grown[rank][1] if rank in grown else None
-            entry: dict[str, Any] = {
+            entry: RankStacks = {
                 "pid": targets[rank][1], "text": text, "how": "signal (faulthandler)",
                 "ms": None if done is None else round((done - at) * 1000, 1),
                 "note": f"its probe thread did not answer in {ANSWER_WAIT:.0f} s: a thread "

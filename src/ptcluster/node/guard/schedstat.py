@@ -27,12 +27,14 @@ the capped rank asleep 60 % of its window, its delay under the 25 % that names a
 from collections.abc import Iterable
 from typing import Any
 
+from ptcluster.node.wire import NodeTiming, RankTiming
+
 
 class SchedstatMeter:
     """Each rank's main-thread figures since the previous ``sample``."""
 
     def __init__(self) -> None:
-        self.last: dict[int, tuple[int, float, int, int, float]] = {}
+        self.last: dict[int, tuple[int, float, int, int, int]] = {}
         """rank -> (pid, sampled at, run ns, delay ns, completed collectives or -1)."""
         self.groups: dict[str, tuple[int, int]] = {}
         """The ranks' CPU groups' ``cpu.stat`` at the last look: path -> (periods, throttled)."""
@@ -48,11 +50,11 @@ class SchedstatMeter:
             self.nvml = None
 
     def sample(self, pids: dict[int, int], completed: dict[int, float],
-               now: float) -> dict[str, dict[str, Any]]:
+               now: float) -> dict[str, RankTiming]:
         """rank (as text) -> ``{span, run, delay, collectives}``; a rank's first look (or a new
         pid) gives nothing yet. ``completed``: rank -> collectives completed so far (from its
         probe; absent when unknown)."""
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, RankTiming] = {}
         for rank, pid in pids.items():
             got = main_thread_schedstat(pid)
             if got is None:
@@ -63,11 +65,11 @@ class SchedstatMeter:
             self.last[rank] = (pid, now, got[0], got[1], count)
             if prev is None or prev[0] != pid or now <= prev[1]:
                 continue
-            figures: dict[str, Any] = {"span": round(now - prev[1], 3),
-                                       "run": round((got[0] - prev[2]) / 1e9, 4),
-                                       "delay": round((got[1] - prev[3]) / 1e9, 4),
-                                       "collectives": count - prev[4]
-                                       if count >= 0 and prev[4] >= 0 else None}
+            figures: RankTiming = {"span": round(now - prev[1], 3),
+                                   "run": round((got[0] - prev[2]) / 1e9, 4),
+                                   "delay": round((got[1] - prev[3]) / 1e9, 4),
+                                   "collectives": count - prev[4]
+                                   if count >= 0 and prev[4] >= 0 else None}
             out[str(rank)] = figures
         for rank in list(self.last):
             if rank not in pids:
@@ -92,8 +94,8 @@ class SchedstatMeter:
         self.groups = now
         self.throttled = round(max(shares), 3) if shares else None
 
-    def node(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def node(self) -> NodeTiming:
+        out: NodeTiming = {}
         mem = meminfo()
         if mem.get("MemTotal") and "MemAvailable" in mem:
             out["mem_available"] = round(mem["MemAvailable"] / mem["MemTotal"], 3)

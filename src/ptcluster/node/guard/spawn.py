@@ -32,7 +32,7 @@ from ptcluster.node.rank_wire import (
     SOCK_VAR,
     TORCHRUN_LOG_VAR,
 )
-from ptcluster.node.wire import PRIVATE_CWD, GuardConfig, Kind, ReadyFacts, encode_text
+from ptcluster.node.wire import PRIVATE_CWD, GuardConfig, Kind, NcclChoice, ReadyFacts, encode_text
 
 PR_SET_PDEATHSIG = 1
 HANDED: dict[str, str] = dict(getattr(getattr(__spec__, "loader", None), "files", None) or {})
@@ -111,7 +111,7 @@ lines go to a file per rank in the job's directory (the console stays as it was)
 :func:`nccl_said`."""
 
 
-def nccl_said(tmpdir: str, env: dict[str, str]) -> dict[str, Any]:
+def nccl_said(tmpdir: str, env: dict[str, str]) -> dict[str, NcclChoice]:
     """What NCCL chose on this node (``node.facts.nccl_log``: the transport, HCAs, GID index), from
     the files its ranks wrote; with the likely cause when it used sockets though the node has
     HCAs. ``{}`` when NCCL wrote nothing here."""

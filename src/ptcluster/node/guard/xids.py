@@ -19,6 +19,7 @@ from typing import Any
 
 from ptcluster.node.facts.gpu_errors import (
     NvmlXids,
+    Xid,
     describe_xid,
     gpu_indices,
     parse_xid,
@@ -26,6 +27,7 @@ from ptcluster.node.facts.gpu_errors import (
 )
 from ptcluster.node.facts.kernel_log import boot_wall
 from ptcluster.node.guard.proctree import RankTrees
+from ptcluster.node.wire import XidFacts
 
 MAX_XIDS = 64
 """Xids kept per job (a failing GPU repeats its line many times a second)."""
@@ -44,9 +46,9 @@ class XidWatch:
         self.look = look
         self.gpus = list(gpus or [])
         """The GPU indices this job was given here ([]: not known)."""
-        self.xids: list[dict[str, Any]] = []
+        self.xids: list[XidFacts] = []
         """The driver's Xids since the job started, each with its GPU and rank where known."""
-        self.unsent: list[dict[str, Any]] = []
+        self.unsent: list[XidFacts] = []
         """Xids not yet sent to the head (``new_xids``)."""
         self.pci: dict[str, int] | None = None
         """PCI address -> GPU index (read at the first Xid)."""
@@ -84,7 +86,7 @@ class XidWatch:
         if not any(x["text"] == xid["text"] and abs(x["at"] - when) < 0.01 for x in self.xids):
             self.note_xid(xid, when)
 
-    def note_xid(self, xid: dict[str, Any], when: float) -> None:
+    def note_xid(self, xid: Xid, when: float) -> None:
         """An Xid (under ``lock``): its GPU, its rank, what it means; queued for the head."""
         if len(self.xids) >= MAX_XIDS:
             return
@@ -96,19 +98,19 @@ class XidWatch:
                 self.pci = gpu_indices()
             gpu = self.pci.get(xid["pci"])
         said = describe_xid(xid["xid"], xid["text"])
-        found = {**xid, **said, "fix": xid_fix(said["action"], gpu), "at": when,
+        found: XidFacts = {**xid, **said, "fix": xid_fix(said["action"], gpu), "at": when,
                  "clock": time.strftime("%H:%M:%S", time.localtime(when)), "gpu": gpu,
                  "rank": rank, "jobs_gpu": gpu is not None and gpu in self.gpus}
         self.xids.append(found)
         self.unsent.append(found)
 
-    def new_xids(self) -> list[dict[str, Any]]:
+    def new_xids(self) -> list[XidFacts]:
         """The Xids seen since the last call (the link sends each to the head)."""
         with self.lock:
             out, self.unsent = self.unsent, []
         return out
 
-    def xids_of(self, rank: int) -> list[dict[str, Any]]:
+    def xids_of(self, rank: int) -> list[XidFacts]:
         """A failed rank's Xids: those the driver blamed on a process of its tree, and those of
         the job's GPUs that named no process of another rank."""
         self.look()

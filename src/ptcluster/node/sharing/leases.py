@@ -54,6 +54,7 @@ from ptcluster.node.sharing.records import (
     write_record,
 )
 from ptcluster.node.sharing.safefile import create_new, open_regular
+from ptcluster.node.wire import LeaseOwner, LeaseRecord
 
 LEASE_DIR = "/run/lock"
 PREFIX = "ptcluster-"
@@ -99,12 +100,12 @@ class Leasing:
         if off is None:
             sweep(ensure_dir(directory))
 
-    def take(self, resource: str, info: dict) -> Lease | None:
+    def take(self, resource: str, info: LeaseOwner) -> Lease | None:
         if self.off:
             return Lease(-1, lease_name(resource), "")
         return take(resource, info, self.directory)
 
-    def holder(self, resource: str) -> dict | None:
+    def holder(self, resource: str) -> LeaseRecord | None:
         return None if self.off else holder(resource, self.directory)
 
 
@@ -258,7 +259,7 @@ def _of_any(entry: str, names: set[str]) -> bool:
     return any(c == "." and entry[:i] in names for i, c in enumerate(entry))
 
 
-def take(resource: str, info: dict, directory: str | None = None) -> Lease | None:
+def take(resource: str, info: LeaseOwner, directory: str | None = None) -> Lease | None:
     """Lease ``resource`` for as long as this process lives; None when another holds it."""
     name = lease_name(resource)
     directory = ensure_dir(directory)
@@ -267,11 +268,12 @@ def take(resource: str, info: dict, directory: str | None = None) -> Lease | Non
         return None
     # (a name no one can guess, so none can be planted first: L1)
     info_path = os.path.join(directory, f"{name}.{os.getuid()}.{secrets.token_hex(8)}.json")
-    record = {**info, "resource": resource, "node": socket.gethostname(), "pid": os.getpid(),
-              "uid": os.getuid(), "user": user_name(), "since": info.get("since", time.time())}
-    record.update({k: v[:MOST_TEXT] for k, v in record.items() if isinstance(v, str)})
+    record: LeaseRecord = {
+        **info, "resource": resource, "node": socket.gethostname(), "pid": os.getpid(),
+        "uid": os.getuid(), "user": user_name(), "since": time.time()}
     try:
-        write_record(info_path, record, RECORD_MODE)
+        write_record(info_path, {k: v[:MOST_TEXT] if isinstance(v, str) else v
+                                 for k, v in record.items()}, RECORD_MODE)
     except OSError:  # who holds it is advice; the lock is the lease
         pass
     return Lease(fd, name, info_path, os.path.join(directory, name + _LOCK))
@@ -359,7 +361,7 @@ def _held(directory: str, name: str, table: dict[str, set[int]] | None) -> set[i
         os.close(fd)
 
 
-def holder(resource: str, directory: str | None = None) -> dict | None:
+def holder(resource: str, directory: str | None = None) -> LeaseRecord | None:
     """Who holds ``resource`` now ({} when held but not said by whom); None when it is free."""
     name = lease_name(resource)
     directory = directory or LEASE_DIR
@@ -369,7 +371,7 @@ def holder(resource: str, directory: str | None = None) -> dict | None:
     return _said(directory, name, held, sorted(_listdir(directory)))
 
 
-def held_all(directory: str | None = None, unknown: bool = False) -> list[dict]:
+def held_all(directory: str | None = None, unknown: bool = False) -> list[LeaseRecord]:
     """The record of every lease held on this node now (any user's): what ``ptcluster ps``
     lists. A lock file nobody holds is a lease that has ended, whatever its records say.
     ``unknown``: also ``{"resource", "node", "unknown": True}`` for each lease held with no
@@ -377,13 +379,13 @@ def held_all(directory: str | None = None, unknown: bool = False) -> list[dict]:
     directory = directory or LEASE_DIR
     entries = sorted(_listdir(directory))
     table = _flock_holders()
-    out = []
+    out: list[LeaseRecord] = []
     for entry in entries:
         if not (entry.startswith(PREFIX) and entry.endswith(_LOCK)):
             continue
         name = entry[:-len(_LOCK)]
         held = _held(directory, name, table)
-        record = {} if held is None else _said(directory, name, held, entries)
+        record: LeaseRecord = {} if held is None else _said(directory, name, held, entries)
         if record:
             out.append(record)
         elif held is not None and unknown:
@@ -400,24 +402,24 @@ def _listdir(directory: str) -> list[str]:
         return []
 
 
-def _said(directory: str, name: str, holders: set[int], entries: list[str]) -> dict:
+def _said(directory: str, name: str, holders: set[int], entries: list[str]) -> LeaseRecord:
     """The record of a held lease's holder: the newest of its records that is well formed,
     whose file belongs to the uid it names (or to root), whose process is alive and, where the
     kernel names the lock's holders, one of them, running as that uid. Its ``user`` is its
     uid's name here. ``entries``: the directory's, sorted (the records of ``name`` are found
     by bisection: O(log n) a lease, not O(n), with thousands of entries; L3)."""
-    best: dict = {}
+    best: LeaseRecord = {}
     at = bisect.bisect_left(entries, name + ".")
     while at < len(entries) and entries[at].startswith(name + "."):
         entry, at = entries[at], at + 1
         if not entry.endswith(".json"):
             continue
         got = read_record(os.path.join(directory, entry), limit=16384)
-        if got is None or not well_formed(got[0]):
+        if got is None:
             continue
         record, owner = got
-        assert isinstance(record, dict)
-        if owner not in (0, record["uid"]) or (holders and record["pid"] not in holders) \
+        if not well_formed(record) or owner not in (0, record["uid"]) \
+                or (holders and record["pid"] not in holders) \
                 or not _runs_as(record["pid"], record["uid"]) \
                 or record["since"] < best.get("since", -1):
             continue
@@ -436,7 +438,7 @@ def _runs_as(pid: int, uid: int) -> bool:
         return False
 
 
-def describe(record: dict, memory: str | None = None) -> str:
+def describe(record: LeaseRecord, memory: str | None = None) -> str:
     """``job 20261201-093000-ab12cd (alice, python train.py, since 09:30, 31 GiB)``, from what is
     known; ``memory``: what its processes use of the resource (a GPU's memory), when known."""
     if not record:

@@ -15,9 +15,11 @@ import json
 import math
 import os
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import TypeGuard
 
 from ptcluster.node.sharing.safefile import create_new, read_regular
+from ptcluster.node.wire import LeaseRecord
 
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """What a job id is, everywhere one becomes a path (a lease's or a kill note's name, a run
@@ -30,7 +32,7 @@ def valid_job_id(job_id: object) -> bool:
     return isinstance(job_id, str) and JOB_ID.fullmatch(job_id) is not None
 
 
-def write_record(path: str, record: dict, mode: int, dir_fd: int | None = None,
+def write_record(path: str, record: Mapping[str, object], mode: int, dir_fd: int | None = None,
                  tmp: str = "") -> None:
     """``record`` as ``path`` (relative to ``dir_fd`` when given), with ``mode`` whatever the
     umask: written to ``tmp`` (default ``PATH.PID.tmp``; ``O_EXCL | O_NOFOLLOW``) and renamed
@@ -94,7 +96,7 @@ MAX_LEASES = 4096
 MOST_KEYS = 32
 
 
-def well_formed(record: object) -> bool:
+def well_formed(record: object) -> TypeGuard[LeaseRecord]:
     """Whether ``record`` is a lease record every reader can use as is: a dict with a pid and a
     uid that are plausible ints, a finite ``since`` (seconds since 1970, before 2242), text
     where text belongs and ``ranks`` as ``[first, last]``; every key a printable label, every
@@ -122,7 +124,7 @@ UNKNOWN_KEYS = frozenset({"resource", "node", "unknown"})
 """A held lease with no record believed (``leases.held_all(unknown=True)``): only these."""
 
 
-def sampled(record: object) -> bool:
+def sampled(record: object) -> TypeGuard[LeaseRecord]:
     """Whether ``record`` is a lease as a sampler sends it and the head takes it in a sample
     (``remote.replies.sample_reply``): one rule for both sides. A :func:`well_formed` record,
     or a lease held with no record believed (a planted lock entry): ``{resource, node,
@@ -134,7 +136,7 @@ def sampled(record: object) -> bool:
     return well_formed(record)
 
 
-def lease_of(record: dict[str, Any]) -> tuple[str, str]:
+def lease_of(record: LeaseRecord) -> tuple[str, str]:
     """What a lease record holds, read one way for every reader (the sampler, ``ps``, the
     monitor, the metrics): ``("job", "")``, ``("gpu", "3")``, ``("port", "29500")``; a
     kind not named here is returned as it is, for the reader to skip."""
@@ -142,14 +144,11 @@ def lease_of(record: dict[str, Any]) -> tuple[str, str]:
     return kind, value
 
 
-def rank_count(record: dict[str, Any]) -> int:
+def rank_count(record: LeaseRecord) -> int:
     """The ranks a job lease's ``ranks`` (``[first, last]``) says it runs on its node (0 when
-    it says none, or says it in another shape)."""
+    it says none). ``record`` is :func:`well_formed` (every reader's records are)."""
     ranks = record.get("ranks")
-    if not isinstance(ranks, list) or len(ranks) != 2 or not all(
-            isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-        return 0
-    return max(ranks[1] - ranks[0] + 1, 0)
+    return max(ranks[1] - ranks[0] + 1, 0) if ranks else 0
 
 
 def _key(key: object) -> bool:

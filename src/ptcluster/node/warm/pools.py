@@ -20,12 +20,11 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Any
 
 from ptcluster.node.guard.tmpdirs import runtime_dir
 from ptcluster.node.sharing.records import read_record
 from ptcluster.node.warm.protocol import POOL_BOOT, WARM_DIR, drop_key, namespaces
-from ptcluster.node.wire import Kind, encode, hello
+from ptcluster.node.wire import Kind, PoolInfo, PoolStopped, WarmAnswer, encode, hello
 
 STOP_WAIT = 5.0
 """Seconds ``warm stop`` waits for an idle pool to be gone (one whose ranks run ends with them)."""
@@ -61,10 +60,11 @@ def rss(pid: int) -> int:
     return 0
 
 
-def listed() -> list[dict[str, Any]]:
+def listed() -> list[PoolInfo]:
     """Every live pool of this user's here: pid, memory, idle since (None: ranks run), its
     running ranks, idle timeout, torch, python, started; what dead ones left is removed."""
-    where, out, here = folder(), [], namespaces()
+    where, here = folder(), namespaces()
+    out: list[PoolInfo] = []
     try:
         names = sorted(os.listdir(where))
     except OSError:
@@ -109,7 +109,7 @@ def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def stop(job: str = "") -> list[dict[str, Any]]:
+def stop(job: str = "") -> list[PoolStopped]:
     """SIGTERM every pool of this user's here: an idle one ends at once, one whose ranks run
     takes no new rank and ends with them; each with whether it is gone. A job's pool is not
     the user's to end so (it ends with its job, and a restart's ranks come from it); with
@@ -131,8 +131,8 @@ def main() -> int:
     cfg = json.loads(sys.stdin.readline() or "{}")
     sys.stdout.buffer.write(hello("warm"))
     stopped = stop(str(cfg.get("job") or "")) if cfg.get("stop") else []
-    sys.stdout.buffer.write(encode(Kind.RESULT, {"pools": [] if stopped else listed(),
-                                                 "stopped": stopped}))
+    answer: WarmAnswer = {"pools": [] if stopped else listed(), "stopped": stopped}
+    sys.stdout.buffer.write(encode(Kind.RESULT, answer))
     sys.stdout.flush()
     return 0
 
