@@ -104,6 +104,8 @@ def cluster_file_page() -> str:
 def exit_codes_page() -> str:
     from ptcluster.checkpoint.collect import TABLE as CHECKPOINT
     from ptcluster.cli.problems import TABLE as CLI
+    from ptcluster.node.blobs import TABLE as FILE
+    from ptcluster.node.data_agent import TABLE as NODE_PUSH
     from ptcluster.push.scan import TABLE as PUSH
     from ptcluster.remote.slurm import TABLE as SLURM
     from ptcluster.submit.sbatch import TABLE as SUBMIT
@@ -117,6 +119,11 @@ def exit_codes_page() -> str:
     lines += ["", "## What submit, a run inside a Slurm allocation and push refuse (exit 2)", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines += problem_rows(SUBMIT + SLURM + PUSH)
+    lines += ["", "## What a node fails a push for (exit 1)", "",
+              "`push` and `run --data` name the node (and the file); `file.*` is also why a "
+              "node could not build the project's environment (a wheel that did not arrive):", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(NODE_PUSH + FILE)
     lines += ["", "## What collect refuses (exit 1)", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines += problem_rows(CHECKPOINT)

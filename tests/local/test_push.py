@@ -31,6 +31,10 @@ def digests(folder: Path) -> dict[str, str]:
             and not p.name.startswith(".ptcluster")}
 
 
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def dataset(root: Path, files: int = 12, size: int = 300_000) -> Path:
     src = root / "src"
     for i in range(files):
@@ -151,7 +155,12 @@ def test_cli_full_disk_names_path_and_free_space_and_keeps_the_old_version(
         (src / "big.bin").write_bytes(os.urandom(3_000_000))
         code, out, err = cli("push", str(src), "--to", str(small / "data"))
         assert code == 1 and f"the disk is full at {small / 'data'}" in err, err
-        assert "bytes free" in err and "3000000 bytes to store" in err
+        (node,) = push([Member("n1", LocalTransport("n1"), sys.executable,
+                               {"dest": str(small / "data")})], scan(src)).failed.values()
+        assert node.problem is not None and node.problem.code == "push.no-room"
+        fields = node.problem.fields
+        assert (fields["dest"], fields["need"]) == (str(small / "data"), "3000000")
+        assert 0 <= int(fields["free"]) < 3_000_000
         assert (small / "data" / "big.bin").read_bytes() == old
         assert not list(small.rglob(".ptcluster-part-*"))
     finally:
@@ -246,14 +255,17 @@ def test_bytes_that_are_not_the_listed_digest_are_refused_on_every_node(tmp_path
         byte = f.read(1)
         f.seek(3 << 20)
         f.write(bytes([byte[0] ^ 0xFF]))
+    (listed,) = [f.sha256 for f in listing.files if f.path == "shard-0/big.bin"]
     nodes = relay_members(tmp_path, 3)
     done = push(nodes, listing)
     assert done.chain == ["n1", "n2", "n3"]
     assert set(done.failed) == {"n1", "n2", "n3"}
     for host, node in done.nodes.items():
         assert node.problem is not None and node.problem.who == host
-        assert "shard-0/big.bin" in node.problem.what and "arrived with sha256" in \
-            node.problem.what, node.problem.what
+        assert node.problem.code == "file.damaged", node.problem
+        assert node.problem.what.startswith("shard-0/big.bin: "), node.problem.what
+        assert node.problem.fields == {"name": "big.bin", "got": sha256(big)[:12],
+                                       "want": listed[:12]}
         dest = tmp_path / f"dest-{host}" / "data"
         assert not (dest / "shard-0" / "big.bin").exists()
         assert not list(dest.rglob(".ptcluster-part-*"))

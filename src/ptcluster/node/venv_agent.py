@@ -50,13 +50,13 @@ from ptcluster.node.venv_problems import (
     BUILD_STOPPED,
     BUILD_UNWRITABLE,
     CHANGED_IN_USE,
+    DISK_FULL,
     INSTALL_FAILED,
     NEVER_BUILT,
     WHEEL_NOT_STORED,
 )
 from ptcluster.node.venv_store import (
     BUILD_PREFIX,
-    FULL_FIX,
     GRACE,
     LOCK_PREFIX,
     MANIFEST,
@@ -132,7 +132,7 @@ class Node:
         step), stored as ``store/sha256/HEX`` when their digest is ``sha256``."""
         sha = str(msg["sha256"])
         problem = receive(stdin, sha, int(msg["size"]), os.path.join(self.store, sha),
-                          FULL_FIX, tee=self.hear)
+                          DISK_FULL, tee=self.hear)
         if problem is None:
             self.failed.pop(sha, None)
         else:
@@ -143,10 +143,8 @@ class Node:
         digest, resolved = msg["digest"], msg["resolved"]
         begun = time.monotonic()
         for w in [*resolved["wheels"], *resolved["tools"]]:
-            if w["sha256"] in self.failed:  # (blobs' words, shared with push: no code)
-                failed = self.failed[w["sha256"]]
-                return {"digest": digest, "ok": False, "what": failed["problem"],
-                        "fix": failed.get("fix")}
+            if w["sha256"] in self.failed:  # (blobs' file.* or venvs.disk-full, sent)
+                return {"digest": digest, "ok": False, **self.failed[w["sha256"]]}
             if not os.path.isfile(os.path.join(self.store, w["sha256"])):
                 return {"digest": digest, "ok": False,
                         **WHEEL_NOT_STORED.sent(filename=w["filename"])}

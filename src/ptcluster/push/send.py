@@ -199,7 +199,7 @@ def _plan(group: Group, listing: Listing, out: dict[str, NodePush], say: Event,
         if have is None:
             continue
         if not have.get("ok"):
-            problem = Problem(host, str(have.get("problem")), str(have.get("fix") or "") or None)
+            problem = Problem.received(host, have)
             out[host] = NodePush(host, FAILED, problem=problem)
             say(Progress(host, FAILED, f"failed: {problem.what}", final=True))
             continue
@@ -226,8 +226,9 @@ def _verdict(host: str, listing: Listing, answer: dict[str, Any], files: int, si
     if failed:
         path, why = next(iter(sorted(failed.items())))
         more = f" (and {len(failed) - 1} more file(s))" if len(failed) > 1 else ""
-        return NodePush(host, FAILED, files, size, count, sent, problem=Problem(
-            host, f"{path}: {why.get('problem')}{more}", str(why.get("fix") or "") or None))
+        first = Problem.received(host, why)  # (the node's file.* or push.disk-full)
+        return NodePush(host, FAILED, files, size, count, sent,
+                        problem=replace(first, what=f"{path}: {first.what}{more}"))
     theirs: dict[str, Any] = answer.get("files") or {}
     wrong = [f.path for f in listing.files if theirs.get(f.path) != f.sha256]
     if wrong:
