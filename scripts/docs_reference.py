@@ -168,7 +168,9 @@ SUMMARY_FIELDS: dict[str, str] = {
     "hang_report": "Every rank's stacks when `--hang-timeout` found a hang, the straggler "
                    "first.",
     "straggler": "The straggler report of the last attempt: every rank's wait share, the "
-                 "history, the peak ratio and every evaluation's ratios.",
+                 "history, the peak ratio and every evaluation's ratios; a verdict's `why` "
+                 "and, as figures, `seen` (`cpu_starved`, `cpu_throttled`, `mem_available`, "
+                 "`gpu_util`: what the node saw past its limit).",
     "nccl": "What NCCL chose on each GPU node, read from its own log (`NCCL_DEBUG_FILE`): "
             "`{node: {transport, hca, gid_index, ...}}`; `transport` is `IB` (InfiniBand or "
             "RoCE: `link` says which) or `Socket`, and `cause` says why a node with HCAs used "

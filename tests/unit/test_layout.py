@@ -132,12 +132,13 @@ def test_the_circle_finder_finds_circles_and_only_them() -> None:
                                   "ptcluster.errors"}
 
 
-SENTENCE_ASSERTS = 176
+SENTENCE_ASSERTS = 172
 """Assertions in tests that match a sentence (2026-12-07, after the supervisor's, the command
 line's, the environment's (the node's full check and build too), submit's, push's, collect's and the
 machine view's (OOM, full disk, Xid) problems, and a file a node did not store (``file.*``,
-push's and the wheels' full disk) got codes and tests asserted codes, fields and
-summary.json's values in their place): the count may only fall. Issue 41's goal is 40: a test
+push's and the wheels' full disk) got codes, and a straggler's why its figures (``seen``) and
+the stacks' straggler its rule, and tests asserted codes, fields and summary.json's values in
+their place): the count may only fall. Issue 41's goal is 40: a test
 asserts a problem's code and fields, and a few rendering tests keep the words."""
 
 
