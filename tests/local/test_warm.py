@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.head import Head, run_head
+from tests.support.head import Head, only_run, run_head
 
 pytestmark = pytest.mark.slow
 
@@ -129,8 +129,9 @@ def test_a_warm_rank_sees_what_a_cold_one_sees(node) -> None:
     assert odd.returncode == 1 and "] umask 0o77" in odd.stdout, odd.stderr
     assert "(14, '1')" in odd.stdout  # SIGALRM ignored, in both ranks
     cold_rc, cold = run_head(["run", "--nproc", "2", *args[5:]], folder, env=env)
-    warm_rc, warm = run_head(args, folder, env=env)
-    assert "no warm pool" not in "\n".join(warm.err), warm.err
+    warm_rc, warm = run_head([*args[:5], "--run-dir", "runs-warm", *args[5:]], folder, env=env)
+    _, summary = only_run(folder / "runs-warm")
+    assert [a["warm"] for a in summary["attempts"]] == [{"localhost": True}], warm.err
     assert cold_rc == warm_rc == 1, (cold.err, warm.err)
     cold_lines, warm_lines = rank_lines(cold), rank_lines(warm)
     assert len(cold_lines) > 40 and any("env RANK=1" in line for line in cold_lines), cold.err
