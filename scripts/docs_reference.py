@@ -139,6 +139,10 @@ SUMMARY_FIELDS: dict[str, str] = {
     "signal": "The signal to the head that stopped the job (`SIGINT`, `SIGTERM`), else null.",
     "interrupted": "The job was stopped (Ctrl-C, SIGTERM, `ptcluster kill`, Slurm).",
     "gave_up": "Why no further attempt was made after a failed one (`--max-restarts`).",
+    "gave_up_code": "`gave_up`'s code (`run.no-restarts-left`, `run.too-few-nodes`, "
+                    "`run.no-progress`; null for none, or a stop).",
+    "gave_up_fields": "The values `gave_up`'s text was filled with (`used`, `most`; `left`, "
+                      "`dropped`, `min_nodes`; `attempt`, `since`).",
     "no_progress": "The restarts gave up: an attempt saved no newer checkpoint (exit 3).",
     "ended_by": "Who ended the job from outside (Slurm's scancel, time limit, preemption; "
                 "`ptcluster kill`).",
@@ -205,6 +209,7 @@ def known_failures_page() -> str:
     from ptcluster.launch.problems import TABLE as RUN
     from ptcluster.launch.supervise.known import as_markdown
     from ptcluster.launch.supervise.machine_view import TABLE as MACHINE
+    from ptcluster.launch.supervise.restart import GAVE_UP
 
     head = ["| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines = ["", "## What the machine saw of a rank's death (run)", "",
@@ -216,7 +221,11 @@ def known_failures_page() -> str:
              "What `run` says when a node, not a rank, failed or the job as a whole did "
              "(`summary.json`: the failure's `code` and `fields`), or when the head cannot "
              "start the job at all (its one error line):", "", *head,
-             *problem_rows(e for e in RUN if e not in MACHINE)]
+             *problem_rows(e for e in RUN if e not in MACHINE and e not in GAVE_UP),
+             "", "## Why a failed job was not restarted (run --max-restarts)", "",
+             "The job ends with its root cause, and `summary.json`'s `gave_up` says why no "
+             "further attempt was made (`gave_up_code`, `gave_up_fields`):", "", *head,
+             *problem_rows(GAVE_UP)]
     return as_markdown().rstrip("\n") + "\n" + "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,9 @@ the decision core's own (``supervise.verdict``: it may import nothing outside it
 from ptcluster.launch.nccl_report import ON_SOCKETS
 from ptcluster.launch.runlogs import OPEN_FILES_LIMIT
 from ptcluster.launch.supervise.machine_view import TABLE as MACHINE
+from ptcluster.launch.supervise.restart import GAVE_UP
 from ptcluster.launch.supervise.verdict import TABLE as CORE
 from ptcluster.rundir import RUN_DIR_EXISTS, RUN_DIR_UNWRITABLE
 
-TABLE = (*CORE, *MACHINE, OPEN_FILES_LIMIT, RUN_DIR_EXISTS, RUN_DIR_UNWRITABLE, ON_SOCKETS)
+TABLE = (*CORE, *MACHINE, *GAVE_UP, OPEN_FILES_LIMIT, RUN_DIR_EXISTS, RUN_DIR_UNWRITABLE,
+         ON_SOCKETS)
