@@ -193,7 +193,7 @@ def test_without_warm_no_pool_starts(node) -> None:
 def test_a_pool_killed_under_its_ranks_is_named_and_leaves_nothing(node) -> None:
     folder, env = node
     (folder / "wait.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
-    head = Head([*warm_run(), "wait.py"], folder, env=env)
+    head = Head([*warm_run(), "--run-dir", "runs", "wait.py"], folder, env=env)
     try:
         head.wait_for("] up", count=2)
         (pool,) = pools(env, folder)
@@ -203,7 +203,10 @@ def test_a_pool_killed_under_its_ranks_is_named_and_leaves_nothing(node) -> None
         if head.proc.poll() is None:
             head.kill()
     assert rc == 1
-    assert "the warm pool on this node ended while this rank ran" in "\n".join(head.err)
+    _, summary = only_run(folder / "runs")
+    cause = summary["root_cause"]
+    assert (cause["code"], cause["fields"], cause["exit_code"]) == ("run.warm-pool-ended", {}, -9)
+    assert cause["message"] in "\n".join(head.err) and cause["fix"], cause  # (said, with its fix)
 
 
 def test_a_pool_killed_while_it_forks_the_first_rank_is_named_and_the_job_runs_cold(

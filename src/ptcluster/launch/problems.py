@@ -7,7 +7,8 @@ from ptcluster.launch.runlogs import OPEN_FILES_LIMIT
 from ptcluster.launch.supervise.machine_view import TABLE as MACHINE
 from ptcluster.launch.supervise.restart import GAVE_UP
 from ptcluster.launch.supervise.verdict import TABLE as CORE
+from ptcluster.node.guard.warm_ranks import TABLE as WARM
 from ptcluster.rundir import RUN_DIR_EXISTS, RUN_DIR_UNWRITABLE
 
-TABLE = (*CORE, *MACHINE, *GAVE_UP, OPEN_FILES_LIMIT, RUN_DIR_EXISTS, RUN_DIR_UNWRITABLE,
+TABLE = (*CORE, *MACHINE, *WARM, *GAVE_UP, OPEN_FILES_LIMIT, RUN_DIR_EXISTS, RUN_DIR_UNWRITABLE,
          ON_SOCKETS)

@@ -311,7 +311,7 @@ class Supervisor(JobState):
             return []
         rank.raised = Raised(self._corrected(e.host, e.node_time), e.text,
                              exit_call=e.exc == "SystemExit", exc=e.exc, errno=e.errno,
-                             usage=e.usage, disk=e.disk)
+                             usage=e.usage, disk=e.disk, declared=e.declared)
         return self._judge_rank(rank, now)
 
     def _judge_rank(self, rank: RankLife, now: float) -> list[Action]:
