@@ -4,6 +4,7 @@ channels; incremental by content, verified, temp names, bad input and a node los
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -116,11 +117,13 @@ def test_cli_push_to_dest_then_nothing_moves(cli, tmp_path: Path,
     code, out, err = cli("push", str(src), "--to", str(dest))
     assert code == 0, err
     assert "5 file(s)" in out and "to 1 of 1 node(s)" in out and digests(dest) == digests(src)
-    assert "localhost: 5 file(s)" in err and "sha256 the head's" in err
-    code, out, err = cli("push", str(src), "--to", str(dest))
-    assert code == 0 and "; 0 bytes sent" in out, (out, err)
-    code, out, err = cli("push", str(src))  # no --to: the same absolute path (here: itself)
-    assert code == 0 and "; 0 bytes sent" in out, (out, err)
+    for args in (("--to", str(dest)), ()):  # (no --to: the same absolute path, here itself)
+        code, out, err = cli("push", "--json", str(src), *args)
+        assert code == 0 and err == "", err
+        got = json.loads(out)
+        assert (got["ok"], got["files"], got["bytes_sent"]) == (True, 5, 0), got
+        assert [(n["host"], n["state"], n["files"]) for n in got["nodes"]] == [
+            ("localhost", UP_TO_DATE, 0)], got
 
 
 def test_cli_bad_input(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,7 +137,11 @@ def test_cli_bad_input(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     blocker.write_text("not a folder\n")
     code, out, err = cli("push", str(src), "--to", str(blocker / "data"))
     assert code == 1 and f"{blocker / 'data'} is not writable here" in err, err
-    assert "0 of 1 node(s)" in out
+    code, out, err = cli("push", "--json", str(src), "--to", str(blocker / "data"))
+    (node,) = json.loads(out)["nodes"]
+    assert code == 1 and (node["state"], node["problem"]["code"]) == (
+        FAILED, "push.dest-unwritable"), node
+    assert node["problem"]["fields"]["dest"] == str(blocker / "data"), node
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the full disk is a small tmpfs: root mounts it")
