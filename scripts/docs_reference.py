@@ -104,6 +104,8 @@ def cluster_file_page() -> str:
 def exit_codes_page() -> str:
     from ptcluster.checkpoint.collect import TABLE as CHECKPOINT
     from ptcluster.cli.problems import TABLE as CLI
+    from ptcluster.node.blobs import TABLE as FILE
+    from ptcluster.node.data_agent import TABLE as NODE_PUSH
     from ptcluster.push.scan import TABLE as PUSH
     from ptcluster.remote.slurm import TABLE as SLURM
     from ptcluster.submit.sbatch import TABLE as SUBMIT
@@ -117,6 +119,11 @@ def exit_codes_page() -> str:
     lines += ["", "## What submit, a run inside a Slurm allocation and push refuse (exit 2)", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines += problem_rows(SUBMIT + SLURM + PUSH)
+    lines += ["", "## What a node fails a push for (exit 1)", "",
+              "`push` and `run --data` name the node (and the file); `file.*` is also why a "
+              "node could not build the project's environment (a wheel that did not arrive):", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(NODE_PUSH + FILE)
     lines += ["", "## What collect refuses (exit 1)", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines += problem_rows(CHECKPOINT)
@@ -132,6 +139,10 @@ SUMMARY_FIELDS: dict[str, str] = {
     "signal": "The signal to the head that stopped the job (`SIGINT`, `SIGTERM`), else null.",
     "interrupted": "The job was stopped (Ctrl-C, SIGTERM, `ptcluster kill`, Slurm).",
     "gave_up": "Why no further attempt was made after a failed one (`--max-restarts`).",
+    "gave_up_code": "`gave_up`'s code (`run.no-restarts-left`, `run.too-few-nodes`, "
+                    "`run.no-progress`; null for none, or a stop).",
+    "gave_up_fields": "The values `gave_up`'s text was filled with (`used`, `most`; `left`, "
+                      "`dropped`, `min_nodes`; `attempt`, `since`).",
     "no_progress": "The restarts gave up: an attempt saved no newer checkpoint (exit 3).",
     "ended_by": "Who ended the job from outside (Slurm's scancel, time limit, preemption; "
                 "`ptcluster kill`).",
@@ -161,7 +172,9 @@ SUMMARY_FIELDS: dict[str, str] = {
     "hang_report": "Every rank's stacks when `--hang-timeout` found a hang, the straggler "
                    "first.",
     "straggler": "The straggler report of the last attempt: every rank's wait share, the "
-                 "history, the peak ratio and every evaluation's ratios.",
+                 "history, the peak ratio and every evaluation's ratios; a verdict's `why` "
+                 "and, as figures, `seen` (`cpu_starved`, `cpu_throttled`, `mem_available`, "
+                 "`gpu_util`: what the node saw past its limit).",
     "nccl": "What NCCL chose on each GPU node, read from its own log (`NCCL_DEBUG_FILE`): "
             "`{node: {transport, hca, gid_index, ...}}`; `transport` is `IB` (InfiniBand or "
             "RoCE: `link` says which) or `Socket`, and `cause` says why a node with HCAs used "
@@ -196,6 +209,7 @@ def known_failures_page() -> str:
     from ptcluster.launch.problems import TABLE as RUN
     from ptcluster.launch.supervise.known import as_markdown
     from ptcluster.launch.supervise.machine_view import TABLE as MACHINE
+    from ptcluster.launch.supervise.restart import GAVE_UP
 
     head = ["| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines = ["", "## What the machine saw of a rank's death (run)", "",
@@ -207,7 +221,11 @@ def known_failures_page() -> str:
              "What `run` says when a node, not a rank, failed or the job as a whole did "
              "(`summary.json`: the failure's `code` and `fields`), or when the head cannot "
              "start the job at all (its one error line):", "", *head,
-             *problem_rows(e for e in RUN if e not in MACHINE)]
+             *problem_rows(e for e in RUN if e not in MACHINE and e not in GAVE_UP),
+             "", "## Why a failed job was not restarted (run --max-restarts)", "",
+             "The job ends with its root cause, and `summary.json`'s `gave_up` says why no "
+             "further attempt was made (`gave_up_code`, `gave_up_fields`):", "", *head,
+             *problem_rows(GAVE_UP)]
     return as_markdown().rstrip("\n") + "\n" + "\n".join(lines) + "\n"
 
 

@@ -64,8 +64,9 @@ def test_a_malformed_probe_answer_is_not_believed(evil: Any, tmp_path: Path) -> 
     assert isinstance(answers["evil"], lost.Unbelieved)
     assert lost.after_loss(answers["evil"]) == {"answered": True,
                                                  "malformed": answers["evil"].why}
-    what, _, lines = lost.explain(nodes[1], answers["evil"], 1.0, "lost")
-    assert "malformed answer" in what and not lines and len(what) < 400
+    found, lines = lost.explained(nodes[1], answers["evil"], 1.0, "lost")
+    assert (found.code, found.fields) == ("run.lost-malformed", {"why": answers["evil"].why})
+    assert not lines and len(found.what) < 400
 
 
 def test_the_real_probe_programs_answer_passes_the_check() -> None:

@@ -24,6 +24,7 @@ from ptcluster.node.guard.prechecks import lease_master_port
 from ptcluster.node.guard.refusal import UNLEASED_FIX, GuardError
 from ptcluster.node.sharing import leases
 from ptcluster.node.sharing.records import sampled
+from ptcluster.remote.guard_replies import GPUS
 
 
 @pytest.fixture
@@ -170,11 +171,13 @@ def test_gpus_auto_takes_free_ones_and_explicit_gpus_held_are_refused_naming_the
     """On this machine (no GPU: NVML's part is skipped, and said so) indices are still
     leased, as on a CPU testbed node."""
     first, held = gpus.claim([0, 1], 2, {**OWNER, "user": "alice"}, {})
-    assert first["visible"] == "0,1" and "NVML skipped" in first["why"]
+    assert first["visible"] == "0,1" and (first["by"], first["nvml"]) == ("listed", False)
     try:
         second, more = gpus.claim("auto", 2, {"job_id": "second"}, {})
         assert second["indices"] == [2, 3], second
-        assert "skipped 0-1: job 20261201-0930-ab12" in second["why"], second
+        assert list(second["skipped"]) == ["0-1"] and second["by"] == "auto", second
+        assert second["skipped"]["0-1"].startswith("job 20261201-0930-ab12 ("), second
+        GPUS("gpus", second)  # (what the head accepts: raises BadReply if not)
         for lease in more:
             lease.release()
         with pytest.raises(GuardError) as info:
@@ -365,7 +368,7 @@ def test_a_job_runs_unleased_only_when_its_user_opted_out(tmp_path, monkeypatch)
     leasing = job_leasing({"leases": False})
     assert leasing.off == leases.NO_LEASES and "unsafe" in leasing.off
     chosen, held = gpus.claim([0], 1, OWNER, {}, leasing)
-    assert chosen["indices"] == [0] and "not leased (run --no-leases" in chosen["why"], chosen
+    assert chosen["indices"] == [0] and chosen["leased"] is False, chosen
     port, lease = lease_master_port("auto", OWNER, leasing)
     assert 29500 <= port < 30000 and leasing.holder(f"port-{port}") is None
     for one in [*held, lease]:

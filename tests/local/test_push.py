@@ -4,6 +4,7 @@ channels; incremental by content, verified, temp names, bad input and a node los
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -29,6 +30,10 @@ def digests(folder: Path) -> dict[str, str]:
     return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()
             and not p.name.startswith(".ptcluster")}
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def dataset(root: Path, files: int = 12, size: int = 300_000) -> Path:
@@ -112,11 +117,13 @@ def test_cli_push_to_dest_then_nothing_moves(cli, tmp_path: Path,
     code, out, err = cli("push", str(src), "--to", str(dest))
     assert code == 0, err
     assert "5 file(s)" in out and "to 1 of 1 node(s)" in out and digests(dest) == digests(src)
-    assert "localhost: 5 file(s)" in err and "sha256 the head's" in err
-    code, out, err = cli("push", str(src), "--to", str(dest))
-    assert code == 0 and "; 0 bytes sent" in out, (out, err)
-    code, out, err = cli("push", str(src))  # no --to: the same absolute path (here: itself)
-    assert code == 0 and "; 0 bytes sent" in out, (out, err)
+    for args in (("--to", str(dest)), ()):  # (no --to: the same absolute path, here itself)
+        code, out, err = cli("push", "--json", str(src), *args)
+        assert code == 0 and err == "", err
+        got = json.loads(out)
+        assert (got["ok"], got["files"], got["bytes_sent"]) == (True, 5, 0), got
+        assert [(n["host"], n["state"], n["files"]) for n in got["nodes"]] == [
+            ("localhost", UP_TO_DATE, 0)], got
 
 
 def test_cli_bad_input(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,7 +137,11 @@ def test_cli_bad_input(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     blocker.write_text("not a folder\n")
     code, out, err = cli("push", str(src), "--to", str(blocker / "data"))
     assert code == 1 and f"{blocker / 'data'} is not writable here" in err, err
-    assert "0 of 1 node(s)" in out
+    code, out, err = cli("push", "--json", str(src), "--to", str(blocker / "data"))
+    (node,) = json.loads(out)["nodes"]
+    assert code == 1 and (node["state"], node["problem"]["code"]) == (
+        FAILED, "push.dest-unwritable"), node
+    assert node["problem"]["fields"]["dest"] == str(blocker / "data"), node
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the full disk is a small tmpfs: root mounts it")
@@ -151,7 +162,12 @@ def test_cli_full_disk_names_path_and_free_space_and_keeps_the_old_version(
         (src / "big.bin").write_bytes(os.urandom(3_000_000))
         code, out, err = cli("push", str(src), "--to", str(small / "data"))
         assert code == 1 and f"the disk is full at {small / 'data'}" in err, err
-        assert "bytes free" in err and "3000000 bytes to store" in err
+        (node,) = push([Member("n1", LocalTransport("n1"), sys.executable,
+                               {"dest": str(small / "data")})], scan(src)).failed.values()
+        assert node.problem is not None and node.problem.code == "push.no-room"
+        fields = node.problem.fields
+        assert (fields["dest"], fields["need"]) == (str(small / "data"), "3000000")
+        assert 0 <= int(fields["free"]) < 3_000_000
         assert (small / "data" / "big.bin").read_bytes() == old
         assert not list(small.rglob(".ptcluster-part-*"))
     finally:
@@ -246,14 +262,17 @@ def test_bytes_that_are_not_the_listed_digest_are_refused_on_every_node(tmp_path
         byte = f.read(1)
         f.seek(3 << 20)
         f.write(bytes([byte[0] ^ 0xFF]))
+    (listed,) = [f.sha256 for f in listing.files if f.path == "shard-0/big.bin"]
     nodes = relay_members(tmp_path, 3)
     done = push(nodes, listing)
     assert done.chain == ["n1", "n2", "n3"]
     assert set(done.failed) == {"n1", "n2", "n3"}
     for host, node in done.nodes.items():
         assert node.problem is not None and node.problem.who == host
-        assert "shard-0/big.bin" in node.problem.what and "arrived with sha256" in \
-            node.problem.what, node.problem.what
+        assert node.problem.code == "file.damaged", node.problem
+        assert node.problem.what.startswith("shard-0/big.bin: "), node.problem.what
+        assert node.problem.fields == {"name": "big.bin", "got": sha256(big)[:12],
+                                       "want": listed[:12]}
         dest = tmp_path / f"dest-{host}" / "data"
         assert not (dest / "shard-0" / "big.bin").exists()
         assert not list(dest.rglob(".ptcluster-part-*"))

@@ -411,7 +411,8 @@ def test_a_script_that_never_reports_progress_gets_plain_restarts(tmp_path, no_l
     seen = [line.split("] ", 1)[1] for line in head.lines if "] attempt " in line]
     assert seen == ["attempt 0 0 2", "attempt 1 1 2", "attempt 2 2 2"], head.output()
     assert [a["attempt"] for a in s["attempts"]] == [0, 1, 2]
-    assert s["gave_up"] == "no restarts left (2 of 2 used)" and not s["no_progress"]
+    assert (s["gave_up_code"], s["gave_up_fields"]) == ("run.no-restarts-left", {
+        "used": "2", "most": "2"}) and not s["no_progress"]
     assert s["gave_up"] in "\n".join(head.err)  # the console says what summary.json says
 
 
@@ -425,6 +426,8 @@ def test_a_script_that_crashes_at_start_gives_up_with_no_progress(tmp_path,
     no_leftovers.append(job_id)
     assert code == 3, head.output()
     assert len(s["attempts"]) == 1 and s["no_progress"], s
+    assert (s["gave_up_code"], s["gave_up_fields"]) == ("run.no-progress", {
+        "attempt": "0", "since": "after step 0"}), s
     assert s["attempts"][0]["resumed_from"] == 0 and s["attempts"][0]["checkpoint"] is None
     err = "\n".join(head.err)
     assert s["gave_up"] in err and s["root_cause"]["rank"] == 0, err

@@ -25,7 +25,7 @@ from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import Target, plan_json
 from ptcluster.launch.runlogs import RunLogs
 from ptcluster.monitor.watch import job_straggler
-from ptcluster.rundir import RunDir, write_private
+from ptcluster.rundir import RunDir, RunDirError, write_private
 
 NOBODY = 65534
 SECRET_ENV = ("API_TOKEN", "s3cret-6b1f")
@@ -60,8 +60,9 @@ def _plan():
 
 
 def _write_run(run_dir: Path) -> list[str]:
-    """What a run writes (plan, logs, summary, a stacks report), each refusal said."""
-    said: list[str] = []
+    """What a run writes (plan, logs, summary, a stacks report), each refusal said (a write
+    that raised: its error; the run's logs: their words)."""
+    said: list[object] = []
     plan = _plan()
     layout = RunDir(run_dir)
     for step in (lambda: layout.create(0, plan_json(plan, RunOptions())),
@@ -70,7 +71,7 @@ def _write_run(run_dir: Path) -> list[str]:
         try:
             step()
         except (PtclusterError, OSError) as exc:
-            said.append(str(exc))
+            said.append(exc)
     logs = RunLogs(run_dir, on_error=said.append)
     logs.rank_line(0, "rank output " + SECRET_ENV[1])
     logs.node_line(0, "localhost", "node output " + SECRET_ENV[1])
@@ -110,7 +111,9 @@ def test_a_run_dir_another_user_planted_is_refused_and_nothing_leaks(shared) -> 
     _as_nobody(PLANT, str(run), str(secret))
     said = _write_run(run)
     assert _leaked(run, secret) == []
-    assert said and "belongs to uid 65534" in said[0], said
+    refused = said[0] if said else None
+    assert isinstance(refused, RunDirError) and refused.code == "run.run-dir-unwritable", said
+    assert refused.problem.fields["path"] == str(run), refused
 
 
 def test_a_run_dir_swapped_by_the_owner_of_the_runs_dir_is_not_written_through(shared) -> None:

@@ -189,7 +189,7 @@ def test_a_users_temp_parent_planted_by_another_user_is_refused_in_one_line_at_o
     assert first.startswith("error "), first
     said = json.loads(first.split(" ", 1)[1])
     assert f"ptcluster-{os.getuid()} belongs to uid 65534" in said["problem"], said
-    assert "remove " in said["fix"] and not said.get("busy"), said
+    assert said["code"] == "guard.tmp-unusable" and not said.get("busy"), said
     assert took < 15, took
     assert sorted(p.name for p in home.rglob("*")) == ["data.bin", "important.txt", "sub"]
 
@@ -212,7 +212,11 @@ def test_a_users_runtime_dir_is_used_where_it_exists_so_a_planted_tmp_parent_doe
         assert (runtime / f"ptcluster-{os.getuid()}").is_dir()
         runtime.chmod(0o755)
         first = guard_first_frame(tmp_path, monkeypatch, base, runtime=runtime)
-        assert first.startswith("error ") and "belongs to uid 65534" in first, first
+        assert first.startswith("error "), first
+        said = json.loads(first.split(" ", 1)[1])
+        # (a runtime dir open to others is passed over: TMPDIR's, nobody's, is refused)
+        assert said["code"] == "guard.tmp-unusable", said
+        assert said["fields"]["path"] == str(base / f"ptcluster-{os.getuid()}"), said
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -136,8 +136,7 @@ def test_desync_by_stack_alone_and_no_straggler_when_all_agree() -> None:
                                 rs(2, "n3", barrier)])
     assert [r.rank for r in report.straggler()[0]] == [1]
     same = StackReport(ranks=[rs(0, "n1", IN_ALL_REDUCE), rs(1, "n2", IN_ALL_REDUCE)])
-    late, why = same.straggler()
-    assert late == [] and "every rank waits in the same collective" in why
+    assert same.named()[::2] == ([], "same-collective")
 
 
 def test_a_rank_without_a_stack_is_named_when_the_others_have_one() -> None:
@@ -146,7 +145,7 @@ def test_a_rank_without_a_stack_is_named_when_the_others_have_one() -> None:
                                 rs(2, "n3", IN_ALL_REDUCE)])
     late, why = report.straggler()
     assert [r.rank for r in late] == [1] and why == "it gave no stack while the others did"
-    assert report.to_json()["straggler"] == {"ranks": [1], "why": why}
+    assert report.to_json()["straggler"] == {"ranks": [1], "why": why, "rule": "no-stack"}
 
 
 # -- the head's rule -------------------------------------------------------------------------

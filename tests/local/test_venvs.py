@@ -3,6 +3,7 @@ program over real channels, real uv (or pip), real wheels the tests make."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -161,7 +162,9 @@ def test_damaged_wheel_refused_partial_removed_other_node_kept(tmp_path, wheels)
     got = ship(members, lambda p: env, lambda w: bad)
     problem = got.nodes["n1"].problem
     assert got.nodes["n1"].state == FAILED and problem is not None
-    assert problem.who == "n1" and "damaged on the way" in problem.what, problem
+    assert problem.who == "n1" and problem.code == "file.damaged", problem
+    got_sha = hashlib.sha256(bad.read_bytes()).hexdigest()
+    assert problem.fields == {"name": a.sha256, "got": got_sha[:12], "want": a.sha256[:12]}
     store = tmp_path / "root-n1" / "store" / "sha256"
     assert list(store.iterdir()) == [] and not list((tmp_path / "root-n1" / "envs").glob(
         ".build-*"))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.head import Head, run_head
+from tests.support.head import Head, only_run, run_head
 
 pytestmark = pytest.mark.slow
 
@@ -129,8 +129,9 @@ def test_a_warm_rank_sees_what_a_cold_one_sees(node) -> None:
     assert odd.returncode == 1 and "] umask 0o77" in odd.stdout, odd.stderr
     assert "(14, '1')" in odd.stdout  # SIGALRM ignored, in both ranks
     cold_rc, cold = run_head(["run", "--nproc", "2", *args[5:]], folder, env=env)
-    warm_rc, warm = run_head(args, folder, env=env)
-    assert "no warm pool" not in "\n".join(warm.err), warm.err
+    warm_rc, warm = run_head([*args[:5], "--run-dir", "runs-warm", *args[5:]], folder, env=env)
+    _, summary = only_run(folder / "runs-warm")
+    assert [a["warm"] for a in summary["attempts"]] == [{"localhost": True}], warm.err
     assert cold_rc == warm_rc == 1, (cold.err, warm.err)
     cold_lines, warm_lines = rank_lines(cold), rank_lines(warm)
     assert len(cold_lines) > 40 and any("env RANK=1" in line for line in cold_lines), cold.err
@@ -192,7 +193,7 @@ def test_without_warm_no_pool_starts(node) -> None:
 def test_a_pool_killed_under_its_ranks_is_named_and_leaves_nothing(node) -> None:
     folder, env = node
     (folder / "wait.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
-    head = Head([*warm_run(), "wait.py"], folder, env=env)
+    head = Head([*warm_run(), "--run-dir", "runs", "wait.py"], folder, env=env)
     try:
         head.wait_for("] up", count=2)
         (pool,) = pools(env, folder)
@@ -202,7 +203,10 @@ def test_a_pool_killed_under_its_ranks_is_named_and_leaves_nothing(node) -> None
         if head.proc.poll() is None:
             head.kill()
     assert rc == 1
-    assert "the warm pool on this node ended while this rank ran" in "\n".join(head.err)
+    _, summary = only_run(folder / "runs")
+    cause = summary["root_cause"]
+    assert (cause["code"], cause["fields"], cause["exit_code"]) == ("run.warm-pool-ended", {}, -9)
+    assert cause["message"] in "\n".join(head.err) and cause["fix"], cause  # (said, with its fix)
 
 
 def test_a_pool_killed_while_it_forks_the_first_rank_is_named_and_the_job_runs_cold(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ptcluster.launch.lost import TABLE as LOST
 from tests.support.head import Head, job_id_when_started, only_run, run_head
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
@@ -216,10 +217,12 @@ def test_stacks_on_a_healthy_job_leaves_it_running_and_its_result_unchanged(
     assert len(with_stacks) == 1 and with_stacks == digest(plain.lines)
 
 
-def test_stacks_without_a_running_job_is_a_clear_error(job_dir) -> None:
-    proc = subprocess.run([PY, "-m", "ptcluster", "stacks", "--run-dir", str(job_dir / "none")],
-                          cwd=job_dir, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "no running job" in proc.stderr and "Fix:" in proc.stderr
+def test_stacks_without_a_running_job_is_a_clear_error(cli, job_dir) -> None:
+    code, _, err = cli("stacks", "--run-dir", str(job_dir / "none"))
+    assert code == 2 and cli.problem.code == "cli.no-running-job", err
+    assert cli.problem.fields == {"runs": str(job_dir / "none")} and "Fix:" in err
+    code, _, err = cli("stacks", "--run-dir", str(job_dir / "none"), "20261207-no-such-job")
+    assert code == 2 and cli.problem.code == "cli.no-run-dir", err
 
 
 def test_a_link_cut_with_a_hang_timeout_is_a_lost_node(testbed, job_dir, no_leftovers) -> None:
@@ -241,5 +244,6 @@ def test_a_link_cut_with_a_hang_timeout_is_a_lost_node(testbed, job_dir, no_left
     assert summary["hang_report"] is None
     assert "hang" not in [f["kind"] for f in summary["failures"]], summary["failures"]
     root = summary["root_cause"]
-    assert root["host"] == victim.name and ("node lost" in root["message"]
-                                            or "connection lost" in root["message"]), root
+    # (lost, then asked once more: its failure says what the probe found, run.lost-*)
+    assert (root["host"], root["kind"]) == (victim.name, "lost"), root
+    assert root["code"] in {e.code for e in LOST}, root

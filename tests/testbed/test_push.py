@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -197,10 +198,12 @@ def test_cli_push_onto_bare_nodes_then_nothing_moves(bare_bed: tb.Testbed, tmp_p
     assert code == 0, err
     for node in bare_bed.nodes:  # each node's own root: its own copy
         assert digests(bare_bed.node_root(node) / dest.lstrip("/")) == digests(src)
-    code, out, err = cli("push", "--cluster", str(cluster), str(src), "--to", dest)
-    assert code == 0 and "; 0 bytes sent" in out, (out, err)
+    code, out, err = cli("push", "--json", "--cluster", str(cluster), str(src), "--to", dest)
+    assert code == 0 and json.loads(out)["bytes_sent"] == 0, (out, err)
     (src / "shard-1" / "part-001.bin").write_bytes(os.urandom(1000))
-    code, out, err = cli("push", "--cluster", str(cluster), str(src), "--to", dest)
-    assert code == 0 and "; 2000 bytes sent" in out, (out, err)
+    code, out, err = cli("push", "--json", "--cluster", str(cluster), str(src), "--to", dest)
+    got = json.loads(out)
+    assert code == 0 and got["bytes_sent"] == 1000 * len(bare_bed.nodes), (out, err)
+    assert {n["files"] for n in got["nodes"]} == {1}, got  # (the changed file, on each)
     for node in bare_bed.nodes:
         assert digests(bare_bed.node_root(node) / dest.lstrip("/")) == digests(src)

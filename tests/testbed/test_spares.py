@@ -137,7 +137,7 @@ def test_the_rendezvous_node_lost_a_spare_takes_its_place_at_the_same_world_size
     assert second["hosts"] == [n[1], n[2], n[3]] and second["world_size"] == 4, second
     assert second["ok"] and second["resumed_from"] == first["checkpoint"], (first, second)
     assert f"restart 1 of 1: spare {n[3]} replaces {n[0]} (lost)" in err, err
-    assert "world size 4 (the same: the spares' slots match)" in err, err
+    assert second["world_size"] == first["world_size"], (first, second)  # (the slots match)
     # the next rendezvous on the next node of the file; the spare's ranks last
     plan = json.loads((tmp_path / "runs" / s["job_id"] / "plan.1.json").read_text())
     assert plan["master_addr"] == n[1], plan["master_addr"]
@@ -386,5 +386,5 @@ def test_with_readmit_a_node_back_while_a_spare_holds_its_place_waits_as_a_spare
     assert first["replaced"] == {n[2]: n[3]}, first
     assert second["ok"] and second["hosts"] == [n[0], n[1], n[3]], second
     assert second["world_size"] == 4 and second["planned_step"] is None, second
-    assert "planned restart" not in "\n".join(head.err), head.output()
+    assert first["planned_step"] is None, first  # (a spare's restart, not a planned one)
     one_model(head, 4)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+from ptcluster.node.guard.refusal import UNLEASED_FIX
 from tests.support import bare
 from tests.support import testbed as tb
 from tests.support.bare import BareNode, BareOptions
@@ -336,8 +337,11 @@ def test_explicit_gpus_that_alice_holds_refuse_bobs_job_before_any_rank_or_wait_
         assert code == 1, refused.output()
         assert f"1 GPU(s) asked for, 0 free: GPU 1 is in use by job {job_a} (alice, python " \
             "job.py, since " in err, err  # (the program, never its arguments)
-        assert "run --wait" in err and "or ask alice" in err, err
+        assert "run --wait" in err, err
         summary = json.loads((run / "summary.json").read_text())
+        cause = summary["root_cause"]
+        assert (cause["code"], cause["fields"]["ask"]) == ("guard.gpus-busy", ", or ask alice"), \
+            cause
         assert all(r["status"] == "not started" for r in summary["ranks"]), summary["ranks"]
         assert not any(":0] " in line for line in refused.lines), refused.output()
         assert on_nodes(bed, run.name) == {}
@@ -408,6 +412,9 @@ def test_a_run_lock_that_is_not_roots_refuses_a_users_job_in_one_line_unless_opt
     jobs: list[str] = []
     runs = alice.dir / "runs-unleased"
 
+    def newest_summary(runs: Path) -> dict:
+        return json.loads((runs / jobs[-1] / "summary.json").read_text())
+
     def run_alice(*opts: str) -> tuple[int, Head]:
         code, head = run_head(["run", *opts, "--cluster", alice.cluster(), "--run-dir",
                                str(runs), "job.py"], cwd=alice.dir, timeout=180, env=alice.env)
@@ -423,15 +430,17 @@ def test_a_run_lock_that_is_not_roots_refuses_a_users_job_in_one_line_unless_opt
                 "no lease directory to trust" in line]  # (one line, as every refusal)
         assert len(said) == 1 and f"{n1.name}: no lease directory" in said[0], refused.output()
         assert f"/run/lock belongs to uid {alice.uid(n1)}, not to root" in said[0], said
-        assert "have root make /run/lock " in said[0] and "`run --no-leases`" in said[0] \
-            and "unsafe" in said[0], said
+        cause = newest_summary(runs)["root_cause"]
+        assert (cause["code"], cause["host"]) == ("guard.lease-dir-untrusted", n1.name), cause
+        assert cause["fix"] == UNLEASED_FIX and "unsafe" in said[0], said  # (in its one line)
         assert not any("ready " in line for line in refused.lines), refused.output()
         assert set(ours.glob("ptcluster*")) == before  # (nothing made, nothing removed)
         back = bed.root_exec(n1, "sh", "-c", "chown root:root /run/lock && chmod 755 /run/lock")
         assert back.returncode == 0, back.stderr
         code, refused = run_alice()
-        assert code == 1 and "/run/lock has mode 755, not 1777" in "\n".join(refused.err), \
-            refused.output()
+        cause = newest_summary(runs)["root_cause"]
+        assert code == 1 and cause["code"] == "guard.lease-dir-untrusted", refused.output()
+        assert cause["fields"] == {"error": "/run/lock has mode 755, not 1777"}, cause
         code, unleased = run_alice("--no-leases")
         assert code == 0, unleased.output()
         assert sum(line.endswith("] finished") for line in unleased.lines) == 3

@@ -57,10 +57,11 @@ def test_warm_ranks_on_three_nodes_equal_cold_ones(testbed, tmp_path, no_leftove
             flags = ["--warm", "--warm-idle", "300"] if how != "cold" else []
             code, head = run_head(["run", "--cluster", cluster, "--run-dir", f"runs-{how}",
                                    *flags, "ranks.py", str(out)], cwd=tmp_path)
-            job_id, _ = only_run(tmp_path / f"runs-{how}")
+            job_id, summary = only_run(tmp_path / f"runs-{how}")
             no_leftovers.append(job_id)
             assert code == 0, head.output()
-            assert "no warm pool" not in head.output()
+            (attempt,) = summary["attempts"]  # (every node's ranks from its pool, or none)
+            assert set(attempt["warm"].values()) == {how != "cold"}, head.output()
             seen[how] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
         assert seen["warm"] == seen["cold"] == seen["warm-again"]
         assert [i["host"] for i in seen["warm"]] == [testbed.nodes[i].name for i in (0, 0, 1, 2)]

@@ -138,13 +138,15 @@ def declared() -> list:
 def test_the_command_lines_refusals_are_on_the_exit_codes_page() -> None:
     from ptcluster.checkpoint.collect import TABLE as CHECKPOINT
     from ptcluster.cli.problems import TABLE as CLI
+    from ptcluster.node.blobs import TABLE as FILE
+    from ptcluster.node.data_agent import TABLE as NODE_PUSH
     from ptcluster.push.scan import TABLE as PUSH
     from ptcluster.remote.slurm import TABLE as SLURM
     from ptcluster.submit.sbatch import TABLE as SUBMIT
 
     page = ref.render("reference/exit-codes.md")
     assert all(f"| `{e.code}` | {ref._cell(e.title)} |" in page
-               for e in CLI + SUBMIT + SLURM + CHECKPOINT + PUSH)
+               for e in CLI + SUBMIT + SLURM + CHECKPOINT + PUSH + NODE_PUSH + FILE)
 
 
 def test_the_docs_generator_reads_tables_not_code() -> None:

@@ -11,7 +11,7 @@ from ptcluster.cluster.model import ClusterSpec, MasterSpec, NodeSpec
 from ptcluster.doctor.checks import FAIL, OK
 from ptcluster.doctor.health_checks import check_health
 from ptcluster.doctor.node_report import NodeReport
-from ptcluster.launch.lost import NO_ANSWER, explain, lost_nodes, reword, span
+from ptcluster.launch.lost import NO_ANSWER, explain, explained, lost_nodes, reword, span
 from ptcluster.launch.result import AttemptRecord, Failure, FailureKind, NodeOutcome
 from ptcluster.launch.supervise.restart import RestartPolicy, decide
 from ptcluster.node.facts.health import (
@@ -135,11 +135,12 @@ def test_a_node_that_does_not_answer() -> None:
 def test_a_node_that_rebooted_says_when_and_how_long_it_was_up() -> None:
     now = time.time()
     answer = {"boot_id": "b2", "uptime": 60.0, "time": now, "kernel": ["kernel: Oops"]}
-    what, fix, lines = explain(node(boot_id="b1", uptime=3 * 3600.0, time=now - 600, pid=7),
-                               answer, now - 120, "connection lost")
+    found, lines = explained(node(boot_id="b1", uptime=3 * 3600.0, time=now - 600, pid=7),
+                             answer, now - 120, "connection lost")
     booted = time.strftime("%H:%M", time.localtime(now - 60))
-    assert what == f"rebooted at {booted} (up 3 h before)"
-    assert lines == ["kernel: Oops"] and "last kernel lines are below" in fix
+    assert found.what == f"rebooted at {booted} (up 3 h before)"  # (the rendering)
+    assert (found.code, found.fields) == ("run.lost-rebooted", {
+        "at": booted, "was_up": " (up 3 h before)"}) and lines == ["kernel: Oops"]
 
 
 def test_a_node_up_on_the_same_boot() -> None:

@@ -22,8 +22,10 @@ from ptcluster.launch.supervise.known import (
     BY_NAME,
     CONSEQUENCE_WINDOW,
     TABLE,
+    VERSIONS,
     RankReport,
     as_markdown,
+    differing_versions,
     match_rank,
     order_failures,
     versions_differ,
@@ -224,7 +226,8 @@ def test_order_failures_puts_each_consequence_after_its_cause() -> None:
 def test_versions_that_differ_are_said_at_go_and_explain_an_unknown_failure() -> None:
     facts: dict[str, wire.ReadyFacts] = {"a": {"torch": "2.4.0", "nccl": "2.20.5"},
                                          "b": {"torch": "2.5.1", "nccl": "2.20.5"}}
-    assert versions_differ(facts) == "a: torch 2.4.0, b: torch 2.5.1"
+    assert differing_versions(facts) == {"torch": {"a": "2.4.0", "b": "2.5.1"}}
+    assert versions_differ(facts) == "a: torch 2.4.0, b: torch 2.5.1"  # (said so)
     assert versions_differ({"a": {"torch": "2.5.1"}, "b": {}}) is None
     plan = plan_launch(parse_cluster_text(CLUSTER, "c.yaml"), Target(script="t.py"),
                        port=29500, job_id="J")
@@ -237,7 +240,8 @@ def test_versions_that_differ_are_said_at_go_and_explain_an_unknown_failure() ->
     assert any("a: torch 2.4.0, b: torch 2.5.1" in n for n in notes)
     raised(sup, "b", 2, ValueError("cannot unpickle"), 3.0)
     rc = sup.failures[0]
-    assert rc.known == "versions-differ" and "b: torch 2.5.1" in (rc.fix or "")
+    assert rc.known == "versions-differ" and rc.facts["versions"] == differing_versions(facts)
+    assert rc.fix == f"{VERSIONS.fix} (a: torch 2.4.0, b: torch 2.5.1)"
 
 
 def test_versions_stay_when_the_exception_comes_after_the_exit() -> None:
@@ -249,7 +253,7 @@ def test_versions_stay_when_the_exception_comes_after_the_exit() -> None:
     rc = sup.failures[0]
     assert (rc.known, rc.at, rc.message) == ("versions-differ", WALL + 3.0,
                                              "exited with code 1 (ValueError: bad pickle)")
-    assert "a: torch 2.4.0, b: torch 2.5.1" in (rc.fix or "")
+    assert rc.facts["versions"] == {"torch": {"a": "2.4.0", "b": "2.5.1"}}, rc.facts
 
 
 def test_versions_do_not_replace_a_known_failure() -> None:

@@ -20,6 +20,8 @@ from ptcluster.cli.problems import TABLE as CLI
 from ptcluster.doctor.findings import SHM_SMALL, TABLE, Finding
 from ptcluster.errors import Problem, PtclusterError
 from ptcluster.launch.problems import TABLE as RUN
+from ptcluster.node.blobs import TABLE as FILE
+from ptcluster.node.data_agent import TABLE as NODE_PUSH
 from ptcluster.node.facts.health import REFUSALS, WARNINGS
 from ptcluster.node.guard.refusal import TABLE as GUARD
 from ptcluster.node.guard.refusal import GuardError, refuse
@@ -34,7 +36,7 @@ from ptcluster.venvs.problems import TABLE as VENVS
 
 TABLES = {"doctor": TABLE, "node": NODE, "health": REFUSALS + WARNINGS, "guard": GUARD,
           "run": RUN, "venvs": VENVS + NODE_VENVS, "cli": CLI, "submit": SUBMIT, "slurm": SLURM,
-          "checkpoint": CHECKPOINT, "push": PUSH}
+          "checkpoint": CHECKPOINT, "push": PUSH + NODE_PUSH, "file": FILE}
 EVERY = [e for entries in TABLES.values() for e in entries]
 SRC = Path(ptcluster.__file__).parent
 

@@ -132,7 +132,10 @@ def test_a_spare_that_fails_to_join_is_dropped_and_not_counted_as_a_restart() ->
     s1 = lost("s1", FailureKind.START)
     second = attempt(1, ["n1", "n3", "s1"], s1, started=False)
     d = decide(POLICY, [first, second], [s1], False, spares=())
-    assert not d.restart and "no spare left; --min-nodes is 3" in d.reason
+    assert not d.restart and d.gave_up is not None and d.gave_up.code == "run.too-few-nodes"
+    assert d.gave_up.fields == {"left": "2", "dropped": "s1 (could not start)",
+                                "spares": "; no spare left", "min_nodes": "3"}, d.gave_up
+    assert d.reason == d.gave_up.what
     d = decide(RestartPolicy(max_restarts=1, min_nodes=2), [first, second], [s1], False)
     assert d.restart and d.reason == "spare s1 failed to join, not counted as a restart; " \
                                      "restart 1 of 1 without s1 (could not start)"

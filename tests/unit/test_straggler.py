@@ -60,23 +60,26 @@ def test_every_rank_of_one_node_is_named_as_the_node() -> None:
     assert verdict is not None and verdict.ranks == (2,) and not verdict.whole_node
 
 
-@pytest.mark.parametrize(("starved", "node", "why"), [
-    (0.40, {}, "n2's CPU is saturated (its main thread waited 40% of the time for a CPU)"),
-    (0.10, {}, "why unknown"),
-    (0.10, {"mem_available": 0.05}, "n2 is short of memory (5% available)"),
-    (0.10, {"gpu_util": 20.0}, "n2's GPU util is low (20%)"),
-    (0.10, {"mem_available": 0.5, "gpu_util": 95.0}, "why unknown"),
+@pytest.mark.parametrize(("starved", "node", "seen", "why"), [
+    (0.40, {}, {"cpu_starved": 0.40},
+     "n2's CPU is saturated (its main thread waited 40% of the time for a CPU)"),
+    (0.10, {}, {}, "why unknown"),
+    (0.10, {"mem_available": 0.05}, {"mem_available": 0.05},
+     "n2 is short of memory (5% available)"),
+    (0.10, {"gpu_util": 20.0}, {"gpu_util": 20.0}, "n2's GPU util is low (20%)"),
+    (0.10, {"mem_available": 0.5, "gpu_util": 95.0}, {}, "why unknown"),
     # a CPU quota: the main thread slept through it (Linux 6.18 dequeues a throttled task)
-    (0.10, {"cpu_throttled": 0.9},
+    (0.10, {"cpu_throttled": 0.9}, {"cpu_throttled": 0.9},
      "n2's CPU is saturated (a CPU quota throttled its ranks in 90% of its periods)"),
-    (0.10, {"cpu_throttled": 0.1}, "why unknown"),
-    (0.40, {"cpu_throttled": 0.9},
+    (0.10, {"cpu_throttled": 0.1}, {}, "why unknown"),
+    (0.40, {"cpu_throttled": 0.9}, {"cpu_starved": 0.40},
      "n2's CPU is saturated (its main thread waited 40% of the time for a CPU)"),
 ])
-def test_why_is_only_what_the_node_saw(starved, node, why) -> None:
+def test_why_is_only_what_the_node_saw(starved, node, seen, why) -> None:
     figures = {0: fig(0, 0.75), 1: fig(1, 0.75), 2: fig(2, 0.40, starved=starved)}
     (verdict,) = [v for v in candidates(figures, {"n2": node}) if v.ranks == (2,)]
-    assert verdict.why == why
+    assert verdict.seen == pytest.approx(seen) and verdict.to_json()["seen"] == verdict.seen
+    assert verdict.why == why  # (the words: the rendering of what was seen)
 
 
 def test_the_line_says_who_how_much_and_why() -> None:
@@ -87,13 +90,17 @@ def test_the_line_says_who_how_much_and_why() -> None:
     # the others waited 2 x 6 s x 0.75 = 9 s over 600 collectives
     assert verdict.wait_per_collective == pytest.approx(0.015)
     assert verdict.ratio == round(0.55 / 0.25, 2)
-    assert verdict.line() == (
+    line = verdict.line()
+    assert line == (
         "rank 2 on n2 is the straggler: the other ranks wait 0.015 s per collective (75% of "
         "their time) for it (its steps take 2.2x the median); n2's CPU is saturated (its main "
         "thread waited 40% of the time for a CPU)")
-    figures = {r: fig(r, f.wait_share, collectives=None) for r, f in figures.items()}
+    figures = {r: fig(r, f.wait_share, f.starved_share, collectives=None)
+               for r, f in figures.items()}
     verdict = find_straggler(figures, {}, DEFAULT_THRESHOLD)
-    assert verdict is not None and "wait 75% of their time for it" in verdict.line()
+    assert verdict is not None and verdict.wait_per_collective is None  # (no recorder)
+    assert verdict.line() == line.replace("0.015 s per collective (75% of their time)",
+                                          "75% of their time")
 
 
 def frames(watch: StragglerWatch, waits: dict[int, float], starved: float = 0.05,

@@ -26,5 +26,14 @@ SETUP_WITHOUT_CLUSTER = Declared(
     "cli.setup-without-cluster", "setup with no cluster file",
     "setup prepares remote nodes, and no cluster file is in use",
     "pass --cluster FILE (write one with `ptcluster init --hosts ...`)")
+NO_RUN_DIR = Declared(
+    "cli.no-run-dir", "no such run directory or job", "no run directory {run} (nor {under})",
+    "give a run directory or a job id from ./ptcluster-runs")
+NO_RUNNING_JOB = Declared(
+    "cli.no-running-job", "no job runs under the runs directory",
+    "no running job under {runs}/", "start one with `ptcluster run`, or give its run directory")
+NO_STACKS = Declared(
+    "cli.no-stacks", "the running job gave no stacks", "{run_dir}: no stacks: {error}",
+    "try again while the job runs")
 TABLE = (NOTHING_TO_RUN, NPROC_NOT_LOCAL, READMIT_WITHOUT_RESTARTS, NOT_A_JOB_ID,
-         SETUP_WITHOUT_CLUSTER)
+         SETUP_WITHOUT_CLUSTER, NO_RUN_DIR, NO_RUNNING_JOB, NO_STACKS)

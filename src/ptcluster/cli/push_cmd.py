@@ -4,6 +4,7 @@ content), each verified by sha256 on the node and renamed into place whole."""
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -101,11 +102,17 @@ def push_data(spec: ClusterSpec, data: tuple[DataSpec, ...], *, show: bool) -> C
 @click.option("--relay/--no-relay", default=None, help="The nodes pass the files on to each "
               "other over the cluster network (a chain), so this machine sends each byte once "
               "(default: from 3 nodes).")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON (every node's, "
+              "a failure's problem with its code and fields) instead of the lines.")
 def push_cmd(cluster: str | None, src: Path, dest: str | None, delete: bool,
-             relay: bool | None) -> None:
+             relay: bool | None, as_json: bool) -> None:
     spec = load_spec(cluster)
     where = dest or str(src.expanduser().absolute())
-    done = run_push(spec, src, where, delete=delete, show=not quiet(), relay=relay)
+    done = run_push(spec, src, where, delete=delete, show=not quiet() and not as_json,
+                    relay=relay)
+    if as_json:
+        click.echo(json.dumps(done.to_json(), indent=2))
+        sys.exit(exits.OK if done.ok else exits.FAILED)
     for node in done.failed.values():
         assert node.problem is not None
         terminal(stderr=True, soft_wrap=True).print(str(node.problem))

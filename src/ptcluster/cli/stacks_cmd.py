@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ptcluster.cli.console import terminal
+from ptcluster.cli.problems import NO_RUN_DIR, NO_RUNNING_JOB, NO_STACKS
 from ptcluster.control.protocol import ask_stacks, running_jobs
 from ptcluster.errors import UsageError
 from ptcluster.rundir import DEFAULT_RUNS_DIR, RunDir
@@ -23,8 +24,8 @@ def stacks(run: str | None, runs_dir: str | None, as_json: bool, brief: bool) ->
     run_dir = find_run(run, Path(runs_dir or DEFAULT_RUNS_DIR))
     answer = ask_stacks(run_dir)
     if not answer.get("ok"):
-        raise UsageError(f"{run_dir}: no stacks: {answer.get('error', 'unknown error')}",
-                         "try again while the job runs")
+        raise UsageError.of(NO_STACKS, run_dir=run_dir,
+                            error=answer.get("error", "unknown error"))
     if as_json:  # with the straggler report's current figures (every rank's wait share)
         click.echo(json.dumps({**answer["report"], "straggler_report": answer.get("straggler")},
                               indent=2))
@@ -45,9 +46,7 @@ def find_run(run: str | None, runs: Path) -> Path:
         for candidate in (Path(run), runs / run):
             if RunDir(candidate).plan_file().exists():
                 return candidate
-        raise UsageError(f"no run directory {run} (nor {runs / run})",
-                         "give a run directory or a job id from ./ptcluster-runs")
+        raise UsageError.of(NO_RUN_DIR, run=run, under=runs / run)
     for run_dir in running_jobs(runs):
         return run_dir
-    raise UsageError(f"no running job under {runs}/",
-                     "start one with `ptcluster run`, or give its run directory")
+    raise UsageError.of(NO_RUNNING_JOB, runs=runs)

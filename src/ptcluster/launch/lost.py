@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from ptcluster.errors import Problem
 from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, FailureKind, NodeOutcome
 from ptcluster.node import PROBE
 from ptcluster.node.facts.health_facts import HealthContext
 from ptcluster.node.probe import BootAnswer
+from ptcluster.node.problems import Declared
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import Group, Member
 from ptcluster.remote.node_replies import boot_answer
@@ -38,6 +40,38 @@ CLOSE_TIMEOUT = 1.0
 PROBE_BOUND = PROBE_TIMEOUT + 2 * CLOSE_TIMEOUT
 """The most the probes add to the job's exit: the answer, the channels' end, their last word."""
 NO_ANSWER = "does not answer (powered off, or its network is down)"
+
+KERNEL_CAUSES = ": a kernel panic, a watchdog, the power or an administrator"
+LOST_NO_ANSWER = Declared(
+    "run.lost-no-answer", "a lost node does not answer the head's probe", NO_ANSWER,
+    "check its power and its network (a console, the BMC); `ptcluster doctor` once it is "
+    "back; with --max-restarts and --min-nodes a restart goes on without it")
+LOST_MALFORMED = Declared(
+    "run.lost-malformed", "a lost node answered the probe with a malformed answer",
+    "answered the head's probe with a malformed answer ({why})",
+    "check that node (a node that sends this may be compromised)")
+LOST_REBOOTED = Declared(
+    "run.lost-rebooted", "a lost node rebooted (its kernel's last lines read)",
+    "rebooted at {at}{was_up}", "its previous boot's last kernel lines are below" + KERNEL_CAUSES)
+LOST_REBOOTED_UNSEEN = Declared(
+    "run.lost-rebooted-unseen", "a lost node rebooted (its kernel's last lines not read)",
+    "rebooted at {at}{was_up}",
+    "see its previous boot's kernel log (`journalctl -k -b -1` on it)" + KERNEL_CAUSES)
+LOST_CUT_OFF = Declared(
+    "run.lost-cut-off", "a lost node is up, only cut off from the head",
+    "is up and its guard (pid {pid}) still runs: only its connection to the head was cut",
+    "check the network between the head and it; its guard ends the job there when it no "
+    "longer hears the head")
+LOST_GUARD_ENDED = Declared(
+    "run.lost-guard-ended", "a lost node is up, its guard ended",
+    "is up; its guard ended ({detail})",
+    "see the node log in the run directory; something on it killed the guard (the "
+    "out-of-memory killer, an administrator, a script that kills by name)")
+TABLE = (LOST_NO_ANSWER, LOST_MALFORMED, LOST_REBOOTED, LOST_REBOOTED_UNSEEN, LOST_CUT_OFF,
+         LOST_GUARD_ENDED)
+"""What became of a lost node, as the head's probe after the job found it: the node's failure
+is said again as one of these (its code replaces the loss's; the loss's words stay in its
+message, ``before: ...``)."""
 
 
 @dataclass(frozen=True)
@@ -142,27 +176,32 @@ def answering_again(nodes: Sequence[NodeOutcome], python: Mapping[str, str], job
 
 def reword(failure: Failure, node: NodeOutcome, answer: Probed) -> None:
     """``failure`` (a loss of ``node``) said again with what the probe found: pure."""
-    what, fix, lines = explain(node, answer, failure.at, failure.message)
+    found, lines = explained(node, answer, failure.at, failure.message)
     # (the same boot's words carry the loss already: said once)
-    failure.message = what if failure.message in what else f"{what} (before: {failure.message})"
-    failure.fix = fix
+    what = found.what if failure.message in found.what else \
+        f"{found.what} (before: {failure.message})"
+    failure.problem = replace(found, what=what).by(failure.who)
     if lines:
         failure.last_lines = [*failure.last_lines, *lines]
 
 
 def explain(node: NodeOutcome, answer: Probed, lost_at: float,
             detail: str) -> tuple[str, str, list[str]]:
-    """(what became of ``node``, the fix, kernel lines to show) from the probe's ``answer`` and
-    its ready facts; ``lost_at``: when it was lost (head clock); ``detail``: what the head knew
-    then (the loss as it was worded)."""
+    """(what became of ``node``, the fix, kernel lines to show): :func:`explained` in words."""
+    found, lines = explained(node, answer, lost_at, detail)
+    return found.what, found.fix or "", lines
+
+
+def explained(node: NodeOutcome, answer: Probed, lost_at: float,
+              detail: str) -> tuple[Problem, list[str]]:
+    """(what became of ``node``, as its declared problem (``TABLE``); kernel lines to show)
+    from the probe's ``answer`` and its ready facts; ``lost_at``: when it was lost (head
+    clock); ``detail``: what the head knew then (the loss as it was worded)."""
     facts = node.facts
     if answer is None:
-        return (NO_ANSWER, "check its power and its network (a console, the BMC); "
-                           "`ptcluster doctor` once it is back; with --max-restarts and "
-                           "--min-nodes a restart goes on without it", [])
+        return Problem.of(LOST_NO_ANSWER, None), []
     if isinstance(answer, Unbelieved):
-        return (f"answered the head's probe with a malformed answer ({answer.why})",
-                "check that node (a node that sends this may be compromised)", [])
+        return Problem.of(LOST_MALFORMED, None, why=answer.why), []
     before, now = facts.get("boot_id"), answer.get("boot_id")
     if before and now and before != now:
         booted = float(answer.get("time") or 0.0) - float(answer.get("uptime") or 0.0)
@@ -171,18 +210,11 @@ def explain(node: NodeOutcome, answer: Probed, lost_at: float,
             f" (up {span(float(up) + max(0.0, lost_at - float(facts.get('time') or lost_at)))}" \
             " before)"
         lines = [str(x) for x in answer.get("kernel") or []]
-        seen = "its previous boot's last kernel lines are below" if lines else \
-            "see its previous boot's kernel log (`journalctl -k -b -1` on it)"
-        return (f"rebooted at {clock(booted)}{was_up}",
-                f"{seen}: a kernel panic, a watchdog, the power or an administrator", lines)
+        return Problem.of(LOST_REBOOTED if lines else LOST_REBOOTED_UNSEEN, None,
+                          at=clock(booted), was_up=was_up), lines
     if answer.get("guard_alive"):
-        return (f"is up and its guard (pid {facts.get('pid')}) still runs: only its "
-                "connection to the head was cut",
-                "check the network between the head and it; its guard ends the job there when "
-                "it no longer hears the head", [])
-    return (f"is up; its guard ended ({detail})",
-            "see the node log in the run directory; something on it killed the guard (the "
-            "out-of-memory killer, an administrator, a script that kills by name)", [])
+        return Problem.of(LOST_CUT_OFF, None, pid=facts.get("pid")), []
+    return Problem.of(LOST_GUARD_ENDED, None, detail=detail), []
 
 
 def clock(at: float) -> str:

@@ -228,6 +228,9 @@ class RunResult:
     gave_up: str = ""
     """Why no further attempt was made after a failed one ("" when none failed, or no restarts
     were allowed)."""
+    gave_up_problem: Problem | None = None
+    """``gave_up`` as its declared problem (``supervise.restart.GAVE_UP``: its code and
+    fields); None for a stop (said in words)."""
     no_progress: bool = False
     """The restart rule gave up because an attempt saved no newer checkpoint (exit 3)."""
     hang_report: StackReport | None = None
@@ -293,6 +296,9 @@ class RunResult:
             "signal": None if self.signum is None else signal.Signals(self.signum).name,
             "interrupted": self.interrupted,
             "gave_up": self.gave_up, "no_progress": self.no_progress, "ended_by": self.ended_by,
+            "gave_up_code": None if self.gave_up_problem is None else self.gave_up_problem.code,
+            "gave_up_fields": {} if self.gave_up_problem is None else
+            self.gave_up_problem.fields,
             "attempts": [a.to_json() for a in self.attempts],
             "spares": [{"after_attempt": a.number, "node": node, "spare": spare,
                         "why": a.dropped_why.get(node, "")}

@@ -357,6 +357,7 @@ class Runner:
         result.interrupted = result.interrupted or decision.stopped
         if not decision.restart or self.restarts is None:
             result.gave_up, result.no_progress = decision.reason, decision.no_progress
+            result.gave_up_problem = decision.gave_up
             self._end_kept_pools(record, gone)
             return False
         for host in (*decision.readmit, *(spare for _, spare in decision.replace)):

@@ -4,7 +4,9 @@ ships files to (the project's environment's wheels, ``ptcluster push``'s data).
 After a ``blob {sha256, size, ...}`` frame come exactly ``size`` raw bytes on the channel. They
 are always all read (the channel stays in step), written to a temp name beside the final one,
 verified by sha256 and only then renamed into place: nothing partial or damaged is ever under
-its final name. Standard library only; a part of the programs that use it.
+its final name. A file that did not arrive is a declared problem (``TABLE``: ``file.*``, shared
+by push and the environment's wheels; a full disk is the caller's own entry, its fix theirs),
+sent as ``Declared.sent`` gives it. Standard library only; a part of the programs that use it.
 """
 
 import errno
@@ -16,11 +18,27 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO
 
+from ptcluster.node.problems import Declared, Sent
+
 CHUNK = 1 << 20
 PART_PREFIX = ".ptcluster-part-"
 """The temp name's prefix (in the final file's folder): what a crash may leave, removed by the
 next run."""
 FULL = (errno.ENOSPC, errno.EDQUOT)
+
+UNWRITABLE = Declared(
+    "file.unwritable", "a file sent to a node cannot be written there",
+    "cannot write {path}: {error}", "check that file system and its permissions")
+CUT_SHORT = Declared(
+    "file.cut-short", "the head's stream of a file ended early",
+    "the head's stream ended {left} bytes short of {sha}", "run again")
+DAMAGED = Declared(
+    "file.damaged", "a file arrived with another sha256 than the head's",
+    "{name} arrived with sha256 {got}, not {want} (damaged on the way, or the head's file "
+    "changed while it was sent)", "run again")
+TABLE = (UNWRITABLE, CUT_SHORT, DAMAGED)
+"""Why a file sent to a node (push's data, the environment's wheels) is not stored there, beside
+the caller's full disk (``push.disk-full``, ``venvs.disk-full``: fields path, free, error)."""
 
 
 def free_bytes(path: str) -> int:
@@ -32,16 +50,12 @@ def free_bytes(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def full_problem(path: str, exc: BaseException, fix: str) -> dict:
-    return {"problem": f"the disk is full at {path} ({free_bytes(os.path.dirname(path))} bytes "
-                       f"free): {exc}", "fix": fix}
-
-
-def write_problem(path: str, exc: OSError, full_fix: str) -> dict:
+def write_problem(path: str, exc: OSError, full: Declared) -> Sent:
+    """Why ``path`` cannot be written, sent: ``full`` (fields path, free, error) for a full
+    disk, else ``file.unwritable``."""
     if exc.errno in FULL:
-        return full_problem(path, exc, full_fix)
-    return {"problem": f"cannot write {path}: {exc.strerror or exc}",
-            "fix": "check that file system and its permissions"}
+        return full.sent(path=path, free=free_bytes(os.path.dirname(path)), error=exc)
+    return UNWRITABLE.sent(path=path, error=exc.strerror or exc)
 
 
 def part_name(final: str) -> str:
@@ -79,18 +93,20 @@ def remove_parts(folder: str, dead_too: bool = False) -> None:
             pass
 
 
-def receive(stdin: BinaryIO, sha: str, size: int, final: str, full_fix: str,
-            mode: int = 0o600, tee: Callable[[bytes], None] | None = None) -> dict | None:
+def receive(stdin: BinaryIO, sha: str, size: int, final: str, full: Declared,
+            mode: int = 0o600, tee: Callable[[bytes], None] | None = None) -> Sent | None:
     """Exactly ``size`` bytes from ``stdin``, stored as ``final`` when their digest is ``sha``:
-    None then, else ``{problem, fix}`` (the temp file removed, an older ``final`` kept). Each
+    None then, else the problem, sent (``Declared.sent``: ``{code, what, fix, fields}``; the
+    temp file removed, an older ``final`` kept); ``full`` says a full disk. Each
     block goes to ``tee`` too (the relay's next node) as it arrives. Raises EOFError when the
     stream ended short (the head is gone)."""
     tmp = part_name(final)
-    h, left, out, problem, placed = hashlib.sha256(), size, None, None, False
+    h, left, out, placed = hashlib.sha256(), size, None, False
+    problem: Sent | None = None
     try:
         out = open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode), "wb")
     except OSError as exc:
-        problem = write_problem(tmp, exc, full_fix)
+        problem = write_problem(tmp, exc, full)
     try:
         while left:
             block = stdin.read(min(CHUNK, left))
@@ -104,19 +120,17 @@ def receive(stdin: BinaryIO, sha: str, size: int, final: str, full_fix: str,
                 try:
                     out.write(block)
                 except OSError as exc:
-                    problem = write_problem(tmp, exc, full_fix)
+                    problem = write_problem(tmp, exc, full)
         if out is not None:
             try:
                 out.close()
             except OSError as exc:
-                problem = problem or write_problem(tmp, exc, full_fix)
+                problem = problem or write_problem(tmp, exc, full)
         if left:
-            problem = {"problem": f"the head's stream ended {left} bytes short of {sha[:12]}",
-                       "fix": "run again"}
+            problem = CUT_SHORT.sent(left=left, sha=sha[:12])
         elif problem is None and h.hexdigest() != sha:
-            problem = {"problem": f"{os.path.basename(final)} arrived with sha256 "
-                       f"{h.hexdigest()[:12]}, not {sha[:12]} (damaged on the way, or the "
-                       "head's file changed while it was sent)", "fix": "run again"}
+            problem = DAMAGED.sent(name=os.path.basename(final), got=h.hexdigest()[:12],
+                                   want=sha[:12])
         if problem is None:
             os.rename(tmp, final)
             placed = True

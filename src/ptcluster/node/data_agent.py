@@ -8,10 +8,12 @@ Standard library only; shipped like every node program (``remote.bootstrap``).
   stdout          ``hello``, then answers:
                   ``have {files: [{path, size, sha256}]}`` -> ``have {ok, missing, free,
                   addr}`` (addr: where ssh reached this node, for the relay)
-                  (or ``{ok: false, problem, fix}``: DEST not writable, too little space)
+                  (or ``{ok: false, code, what, fix, fields}``: ``TABLE``'s DEST not
+                  writable, too little space)
                   ``blob {sha256, size, path, mtime}`` then exactly ``size`` raw bytes: stored
                   as DEST/path once verified, by a temp name then a rename (``node.blobs``)
                   ``stored {delete}`` -> ``stored {files: {path: sha256}, failed, deleted}``
+                  (failed: ``{path: problem}``, each as ``Declared.sent`` gives it)
                   relay (``node.data_relay``): ``relay {bind, secret, peer}`` -> ``relay
                   {port}``: the files come from the upstream node instead; ``link {addr, port,
                   secret}`` -> ``link {ok}``: each file received is passed on to that node
@@ -42,10 +44,23 @@ from typing import BinaryIO
 
 from ptcluster.node.blobs import CHUNK, PART_PREFIX, HeadStream, free_bytes, receive
 from ptcluster.node.data_relay import Relay, ssh_address
+from ptcluster.node.problems import Declared, Sent
 from ptcluster.node.wire import Kind, control, encode, hello, split
 
 MANIFEST = ".ptcluster-data.json"
-FULL_FIX = "free space on that file system (or push to another --to), then push again"
+FREE = "free space on that file system (or push to another --to), then push again"
+DEST_UNWRITABLE = Declared(
+    "push.dest-unwritable", "the folder pushed to cannot be written on a node",
+    "{dest} is not writable here: {error}",
+    "push to a folder this user may write (--to), or make that one so")
+NO_ROOM = Declared(
+    "push.no-room", "a node has less space free than the files it lacks",
+    "the disk is full at {dest}: {need} bytes to store, {free} bytes free", FREE)
+DISK_FULL = Declared(
+    "push.disk-full", "a node's disk filled as a file arrived",
+    "the disk is full at {path} ({free} bytes free): {error}", FREE)
+TABLE = (DEST_UNWRITABLE, NO_ROOM, DISK_FULL)
+"""Why a node refuses or fails a push (beside ``node.blobs``' ``file.*``); push names the node."""
 
 
 def inside(path: str) -> bool:
@@ -66,7 +81,7 @@ class Dest:
     def __init__(self, dest: str) -> None:
         self.dest = os.path.abspath(os.path.expanduser(dest))
         self.manifest: dict[str, dict] = {}
-        self.failed: dict[str, dict] = {}
+        self.failed: dict[str, Sent] = {}
         self.wanted: list[str] = []
         self.relay = Relay(self.receive)
         """This node's place in the relay's chain (none: its files come from the head)."""
@@ -86,11 +101,10 @@ class Dest:
         self.save()
         free = free_bytes(self.dest)
         if 0 <= free < need:
-            return {"ok": False, "problem": f"the disk is full at {self.dest}: {need} bytes to "
-                    f"store, {free} bytes free", "fix": FULL_FIX}
+            return {"ok": False, **NO_ROOM.sent(dest=self.dest, need=need, free=free)}
         return {"ok": True, "missing": missing, "free": free, "addr": ssh_address()}
 
-    def prepare(self) -> dict | None:
+    def prepare(self) -> Sent | None:
         """DEST made if missing and writable by this user; earlier pushes' temp files gone."""
         try:
             os.makedirs(self.dest, exist_ok=True)
@@ -98,8 +112,7 @@ class Dest:
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             os.unlink(probe)
         except OSError as exc:
-            return {"problem": f"{self.dest} is not writable here: {exc.strerror or exc}",
-                    "fix": "push to a folder this user may write (--to), or make that one so"}
+            return DEST_UNWRITABLE.sent(dest=self.dest, error=exc.strerror or exc)
         self.remove_parts()
         return None
 
@@ -162,7 +175,7 @@ class Dest:
         except OSError:
             pass  # (the file's open fails then, and says why)
         self.relay.announce(msg)
-        problem = receive(stdin, sha, int(msg["size"]), final, FULL_FIX, 0o644,
+        problem = receive(stdin, sha, int(msg["size"]), final, DISK_FULL, 0o644,
                           self.relay.forward)
         if problem is not None:
             self.failed[path] = problem

@@ -60,13 +60,13 @@ from ptcluster.node.venv_problems import (
     BUILD_STOPPED,
     BUILD_UNWRITABLE,
     CHANGED_IN_USE,
+    DISK_FULL,
     INSTALL_FAILED,
     NEVER_BUILT,
     WHEEL_NOT_STORED,
 )
 from ptcluster.node.venv_store import (
     BUILD_PREFIX,
-    FULL_FIX,
     GRACE,
     LOCK_PREFIX,
     MANIFEST,
@@ -97,8 +97,8 @@ class Node:
         for d in (self.root, self.store, self.envs, os.path.join(self.root, "uses")):
             os.makedirs(d, mode=0o700, exist_ok=True)
         remove_parts(self.store, dead_too=True)  # (what a program killed mid-wheel left)
-        self.failed: dict[str, dict] = {}
-        """Wheels that did not arrive whole: sha256 -> {problem, fix}."""
+        self.failed: dict[str, Sent] = {}
+        """Wheels that did not arrive whole: sha256 -> the problem, sent."""
         self.lock = threading.Lock()
         self.proc: subprocess.Popen | None = None
         self.building: str | None = None
@@ -147,7 +147,7 @@ class Node:
         if os.path.isfile(final):
             pass_on(stream, size, self.relay.forward)
             return
-        problem = receive(stream, sha, size, final, FULL_FIX, tee=self.relay.forward)
+        problem = receive(stream, sha, size, final, DISK_FULL, tee=self.relay.forward)
         if problem is None:
             self.failed.pop(sha, None)
         else:
@@ -159,10 +159,9 @@ class Node:
         self.relay.finish()  # (the relay's wheels all in, or its upstream gone)
         begun = time.monotonic()
         for w in [*resolved["wheels"], *resolved["tools"]]:
-            if w["sha256"] in self.failed:  # (blobs' words, shared with push: no code)
-                failed = self.failed[w["sha256"]]
+            if w["sha256"] in self.failed:  # (blobs' file.* or venvs.disk-full, sent)
                 return {"digest": digest, "ok": False, "lacking": True,
-                        "what": failed["problem"], "fix": failed.get("fix")}
+                        **self.failed[w["sha256"]]}
             if not os.path.isfile(os.path.join(self.store, w["sha256"])):
                 return {"digest": digest, "ok": False, "lacking": True,
                         **WHEEL_NOT_STORED.sent(filename=w["filename"])}

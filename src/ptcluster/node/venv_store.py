@@ -368,10 +368,6 @@ def dist_version(name: str) -> str:
         return ""
 
 
-FULL_FIX = P.DISK_FULL.fix
-"""What a wheel that did not arrive for a full disk says to do (``blobs.receive``)."""
-
-
 def disk_problem(path: str, exc: BaseException) -> Sent:
     """A build's full disk, as the ``build`` answer says it (``venvs.disk-full``)."""
     return P.DISK_FULL.sent(path=path, free=free_bytes(os.path.dirname(path)), error=exc)

@@ -225,6 +225,15 @@ class GpuClaim(TypedDict, total=False):
     """The ranks' CUDA_VISIBLE_DEVICES."""
     why: str
     """How they were chosen."""
+    by: str
+    """``preset`` (CUDA_VISIBLE_DEVICES was set: nothing leased), ``listed`` (the cluster
+    file's ``gpus:``) or ``auto``."""
+    skipped: dict[str, str]
+    """Auto: the GPUs passed over, as spans, -> who holds them."""
+    nvml: bool
+    """NVML's compute processes were read."""
+    leased: bool
+    """False with ``run --no-leases`` (or preset)."""
 
 
 class ReadyFacts(TypedDict, total=False):

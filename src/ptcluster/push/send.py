@@ -56,6 +56,17 @@ class NodePush:
     deleted: int = 0
     problem: Problem | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        """``push --json``'s node: its outcome and figures, and a failure's problem (what,
+        fix, and its code and fields: ``push.*``, ``file.*``, ``node.*``)."""
+        said = self.problem
+        return {"host": self.host, "state": self.state, "files": self.files,
+                "size": self.size, "files_sent": self.files_sent,
+                "bytes_sent": self.bytes_sent, "deleted": self.deleted,
+                "problem": None if said is None else {
+                    "what": said.what, "fix": said.fix, "code": said.code,
+                    "fields": said.fields}}
+
 
 @dataclass(frozen=True)
 class PushResult:
@@ -78,6 +89,12 @@ class PushResult:
     def bytes_sent(self) -> int:
         """The head's egress: every byte it sent, to every node."""
         return sum(n.bytes_sent for n in self.nodes.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """``push --json``: the whole push, every node's outcome."""
+        return {"ok": self.ok, "files": self.files, "size": self.size,
+                "bytes_sent": self.bytes_sent, "seconds": round(self.seconds, 3),
+                "chain": self.chain, "nodes": [n.to_json() for n in self.nodes.values()]}
 
 
 def members_for(members: Sequence[Member], dest: str) -> list[Member]:
@@ -186,7 +203,7 @@ def _plan(group: Group, listing: Listing, out: dict[str, NodePush], say: Event,
         if have is None:
             continue
         if not have.get("ok"):
-            problem = Problem(host, str(have.get("problem")), str(have.get("fix") or "") or None)
+            problem = Problem.received(host, have)
             out[host] = NodePush(host, FAILED, problem=problem)
             say(Progress(host, FAILED, f"failed: {problem.what}", final=True))
             continue
@@ -213,8 +230,9 @@ def _verdict(host: str, listing: Listing, answer: dict[str, Any], files: int, si
     if failed:
         path, why = next(iter(sorted(failed.items())))
         more = f" (and {len(failed) - 1} more file(s))" if len(failed) > 1 else ""
-        return NodePush(host, FAILED, files, size, count, sent, problem=Problem(
-            host, f"{path}: {why.get('problem')}{more}", str(why.get("fix") or "") or None))
+        first = Problem.received(host, why)  # (the node's file.* or push.disk-full)
+        return NodePush(host, FAILED, files, size, count, sent,
+                        problem=replace(first, what=f"{path}: {first.what}{more}"))
     theirs: dict[str, Any] = answer.get("files") or {}
     wrong = [f.path for f in listing.files if theirs.get(f.path) != f.sha256]
     if wrong:

@@ -84,7 +84,9 @@ def digits(where: str, value: Any) -> None:
 
 
 GPUS = record({"indices": optional(listing(number(0, MAX_GPUS), MAX_GPUS)),
-               "visible": word, "why": note})
+               "visible": word, "why": note, "by": optional(one_of("preset", "listed", "auto")),
+               "skipped": optional(table_of(note, MAX_GPUS)), "nvml": optional(boolean),
+               "leased": optional(boolean)})
 """``guard.gpus.claim``'s report: the GPUs the job holds on the node."""
 READY = record({
     "hostname": hostname, "pid": PID, "python": word, "time": figure, "workdir": word,

@@ -22,6 +22,12 @@ OUR_FILES = ("ptcluster-stack-probe", "ptcluster-shim", "ptcluster-guard")
 """Frames of ptcluster's own code in a rank (the shim that runs the target, the probe)."""
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(.*?)\])? "
                      r"\(most recent call first\):\s*$")
+RULES = ("no-ranks", "outside-collective", "no-stack", "desync", "stack-differs",
+         "same-collective", "none")
+"""How the stacks named the straggler, or why none (``to_json``'s ``straggler.rule``): no rank
+runs; some ranks are outside the collective the others wait in; one gave no stack; its
+collectives differ (a desync); its stack differs; every rank waits in the same collective;
+none differs."""
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*?)\s*$')
 
 
@@ -201,32 +207,39 @@ class StackReport:
 
     def straggler(self) -> tuple[list[RankStack], str]:
         """(the ranks holding the others up, why), or ([], why none could be named)."""
+        late, why, _ = self.named()
+        return late, why
+
+    def named(self) -> tuple[list[RankStack], str, str]:
+        """:meth:`straggler` and the rule that decided it (``RULES``)."""
         if not self.ranks:  # asked before the ranks' probes were up (or after they ended)
             return [], ("no rank of the job runs yet (or any more) on the nodes that answered: "
-                        "ask again once the job prints its first lines")
+                        "ask again once the job prints its first lines"), "no-ranks"
         known = [r for r in self.ranks if r.in_collective is not None]
         waiting = [r for r in known if r.in_collective]
         outside = [r for r in known if not r.in_collective]
         if waiting and outside:
             what = _common_collective(waiting)
             return outside, (f"not in the collective the others wait in ({what})" if what
-                             else "not in a collective while the others wait in one")
+                             else "not in a collective while the others wait in one"), \
+                "outside-collective"
         silent = [r for r in self.ranks if not r.threads]
         if silent and len(silent) < len(self.ranks):
-            return silent, "it gave no stack while the others did"
+            return silent, "it gave no stack while the others did", "no-stack"
         odd = _odd_history(self.ranks)
         if odd is not None:
-            return odd
+            return *odd, "desync"
         groups = self.groups()
         if len(groups) > 1 and len(groups[-1].ranks) < len(groups[0].ranks):
             small = [g for g in groups if len(g.ranks) == len(groups[-1].ranks)]
             if len(small) == 1:
                 return small[0].ranks, (f"its stack differs from the other ranks' "
-                                        f"({groups[0].ranks[0].where()})")
+                                        f"({groups[0].ranks[0].where()})"), "stack-differs"
         if len(groups) == 1 and waiting:
             return [], "every rank waits in the same collective: a rank or node that is " \
-                       "gone (see the nodes) or a collective no rank will issue"
-        return [], "no single rank differs from the others"
+                       "gone (see the nodes) or a collective no rank will issue", \
+                "same-collective"
+        return [], "no single rank differs from the others", "none"
 
     def lines(self, full: bool = True) -> list[str]:
         """The report for a terminal: the straggler first, then the ranks by place, then
@@ -260,10 +273,10 @@ class StackReport:
         return f"straggler {who}: {late[0].where()} ({why})"
 
     def to_json(self) -> dict[str, Any]:
-        late, why = self.straggler()
+        late, why, rule = self.named()
         return {
             "reason": self.reason, "at": self.at, "missing": self.missing,
-            "straggler": {"ranks": [r.rank for r in late], "why": why},
+            "straggler": {"ranks": [r.rank for r in late], "why": why, "rule": rule},
             "groups": [{"ranks": [r.rank for r in g.ranks], "where": g.ranks[0].where()}
                        for g in self.groups()],
             "ranks": [{"rank": r.rank, "host": r.host, "pid": r.pid, "where": r.where(),

@@ -150,6 +150,9 @@ class RankError:
     """The filesystem it could not write to, as its guard saw it (ENOSPC, EDQUOT)."""
     usage: str = ""
     """``argparse``'s message, when the parser ended the rank (``sys.exit(2)``)."""
+    declared: Problem | None = None
+    """The error as its declared problem, where the guard said it (``text`` is its what: a
+    warm pool's rank the pool failed, ``node.guard.warm_ranks.TABLE``)."""
 
 
 @dataclass(frozen=True)
@@ -306,6 +309,15 @@ def env_not_ready(value: Any) -> str:
     return str(value)
 
 
+def _declared(body: dict[str, Any]) -> Problem | None:
+    """A rank error's declared problem (its ``code``, ``fix`` and ``fields``), or None."""
+    code = code_of(body.get("code"))
+    if code is None:
+        return None
+    return Problem(None, said(body.get("text"), "text"), said(body.get("fix"), "fix") or None,
+                   code, values_of(body.get("fields")))
+
+
 def pid_of(value: Any) -> int:
     return bounded(value, 1, 1 << 31, "pid")
 
@@ -329,7 +341,7 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
                          None if num is None else bounded(num, 0, 1 << 16, "errno"),
                          said(body.get("filename"), "filename"),
                          guard_replies.disk_facts(body["disk"]) if body.get("disk") else None,
-                         said(body.get("usage"), "usage"))
+                         said(body.get("usage"), "usage"), _declared(body))
     if kind == wire.Kind.STOPPING:
         signal = str(body.get("signal") or "")
         return GuardStopping(host, said(body.get("reason"), "reason"), moment(body["t"]), signal,

@@ -217,15 +217,28 @@ def match_agent(error: str) -> Known | None:
         if error else None
 
 
-def versions_differ(facts: Mapping[str, Mapping[str, object]]) -> str | None:
-    """``n1: torch 2.4.0, n2: torch 2.5.1`` where the nodes' ready facts (``torch``,
-    ``nccl``) name different versions; None where they agree or say nothing."""
-    said = []
+def differing_versions(facts: Mapping[str, Mapping[str, object]]) -> dict[str, dict[str, str]]:
+    """``{"torch": {"n1": "2.4.0", "n2": "2.5.1"}}``: each of ``torch``, ``nccl`` whose
+    versions the nodes' ready facts name differently, with every node's; {} where they agree
+    or say nothing."""
+    out = {}
     for what in ("torch", "nccl"):
         seen = {host: str(f[what]) for host, f in facts.items() if f.get(what)}
         if len(set(seen.values())) > 1:
-            said.append(", ".join(f"{host}: {what} {v}" for host, v in seen.items()))
-    return "; ".join(said) or None
+            out[what] = seen
+    return out
+
+
+def versions_said(differ: Mapping[str, Mapping[str, str]]) -> str | None:
+    """``n1: torch 2.4.0, n2: torch 2.5.1``: :func:`differing_versions` in words (None: {})."""
+    return "; ".join(", ".join(f"{host}: {what} {v}" for host, v in seen.items())
+                     for what, seen in differ.items()) or None
+
+
+def versions_differ(facts: Mapping[str, Mapping[str, object]]) -> str | None:
+    """``n1: torch 2.4.0, n2: torch 2.5.1`` where the nodes' ready facts (``torch``,
+    ``nccl``) name different versions; None where they agree or say nothing."""
+    return versions_said(differing_versions(facts))
 
 
 def order_failures(failures: Iterable[Failure]) -> list[Failure]:

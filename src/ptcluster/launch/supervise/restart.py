@@ -45,7 +45,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ptcluster.errors import Problem
 from ptcluster.launch.result import AttemptRecord, Failure, FailureKind
+from ptcluster.node.problems import Declared
 
 NODE_LOSS = (FailureKind.LOST, FailureKind.START, FailureKind.UNHEALTHY)
 """Failure kinds that mean the node itself is gone or unusable: it is left out of the next
@@ -54,6 +56,25 @@ GONE = (FailureKind.LOST, FailureKind.START)
 """Of those, a node that stopped answering (or never did): one that answers again later may be
 taken back (``returned``). One its health gate refused is not: it never stopped answering,
 and only its gate (the next attempt's) could say it is well again."""
+
+NO_RESTARTS_LEFT = Declared(
+    "run.no-restarts-left", "the restarts allowed are used up",
+    "no restarts left ({used} of {most} used)",
+    "fix what the root cause says, then run again (or allow more: --max-restarts)")
+TOO_FEW_NODES = Declared(
+    "run.too-few-nodes", "too few nodes would remain for a restart",
+    "only {left} node(s) would remain after dropping {dropped}{spares}; --min-nodes is "
+    "{min_nodes}",
+    "bring the dropped nodes back or add spares (spares: in the cluster file), or lower "
+    "--min-nodes")
+NO_PROGRESS = Declared(
+    "run.no-progress", "an attempt saved no newer checkpoint",
+    "gave up: no progress (attempt {attempt} saved no checkpoint {since})",
+    "the job failed again before its next checkpoint: fix what the root cause says (a "
+    "restart would only fail the same way; exit 3)")
+GAVE_UP = (NO_RESTARTS_LEFT, TOO_FEW_NODES, NO_PROGRESS)
+"""Why a failed job is not restarted though restarts were asked for (``summary.json``'s
+``gave_up``, with its code and fields)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +110,15 @@ class Decision:
     stopped: bool = False
     """The job was stopped, it did not fail (ended from outside, or a stop request after the
     attempt had ended): the result counts as interrupted."""
+    gave_up: Problem | None = None
+    """Why no further attempt, as its declared problem (``GAVE_UP``; ``reason`` is its what)."""
+
+
+def _gave_up(entry: Declared, drop: tuple[str, ...], why: tuple[tuple[str, str], ...],
+             no_progress: bool = False, **values: object) -> Decision:
+    problem = Problem.of(entry, None, **values)
+    return Decision(False, problem.what, drop, why=why, no_progress=no_progress,
+                    gave_up=problem)
 
 
 def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
@@ -123,13 +153,12 @@ def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
     left = len(last.hosts) - len(drop) + len(replace) + len(readmit)
     used = restarts_used(attempts)
     if used >= policy.max_restarts:
-        return Decision(False, f"no restarts left ({used} of {policy.max_restarts} used)", drop,
-                        why=why)
+        return _gave_up(NO_RESTARTS_LEFT, drop, why, used=used, most=policy.max_restarts)
     if left < policy.min_nodes:
         said = ", ".join(f"{h} ({w})" for h, w in why)
         none = "; no spare left" if spares or any(a.replaced for a in attempts) else ""
-        return Decision(False, f"only {left} node(s) would remain after dropping {said}"
-                               f"{none}; --min-nodes is {policy.min_nodes}", drop, why=why)
+        return _gave_up(TOO_FEW_NODES, drop, why, left=left, dropped=said, spares=none,
+                        min_nodes=policy.min_nodes)
     reports = any(a.checkpoint is not None or a.resumed_from is not None for a in attempts)
     cause_dropped = last.cause is not None and last.cause.host in drop \
         and last.cause.kind in NODE_LOSS
@@ -137,8 +166,7 @@ def decide(policy: RestartPolicy | None, attempts: Sequence[AttemptRecord],
         start = start_step(attempts)
         if last.checkpoint is None or (start is not None and last.checkpoint <= start):
             since = "since it started" if start is None else f"after step {start}"
-            return Decision(False, f"gave up: no progress (attempt {last.number} saved no "
-                                   f"checkpoint {since})", drop, no_progress=True, why=why)
+            return _gave_up(NO_PROGRESS, drop, why, True, attempt=last.number, since=since)
     if stop_requested:  # Ctrl-C after the attempt had ended
         return Decision(False, "stopped by the user: not restarted", drop, stopped=True,
                         why=why)

@@ -21,7 +21,7 @@ from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, NodeOutcome, RankRecord
 from ptcluster.launch.supervise.actions import Action, Send, SignalChannel, Status
 from ptcluster.launch.supervise.hang import HangWatch
-from ptcluster.launch.supervise.known import VERSIONS, order_failures
+from ptcluster.launch.supervise.known import VERSIONS, order_failures, versions_said
 from ptcluster.launch.supervise.readmit import CheckpointReports, Readmissions
 from ptcluster.launch.supervise.straggler import Report, StragglerWatch
 from ptcluster.launch.supervise.verdict import Raised, judge_rank
@@ -192,11 +192,13 @@ class RankLife:
         """Started, not ended."""
         return self.record.started_at is not None and self.record.ended_at is None
 
-    def judge(self, stop_at: float | None, versions: str | None = None) -> Failure | None:
+    def judge(self, stop_at: float | None,
+              versions: dict[str, dict[str, str]] | None = None) -> Failure | None:
         """Once it ended: a failure that is news, or None (it succeeded, has not ended, ended
         in the teardown of ``stop_at`` (its node's), or was judged before: then refined).
-        ``versions``: the nodes' versions that differ, the explanation of a failure that has
-        none of its own (``known.VERSIONS``)."""
+        ``versions``: the nodes' versions that differ (``known.differing_versions``), the
+        explanation of a failure that has none of its own (``known.VERSIONS``; its facts'
+        ``versions`` then)."""
         record = self.record
         verdict = judge_rank(record, self.raised, self.returned, stop_at, self.oom, self.xids)
         if verdict is None:
@@ -204,9 +206,10 @@ class RankLife:
         record.stopped = verdict.stopped
         if verdict.stopped:
             return None
-        known, fix = verdict.known, verdict.fix
+        known, fix, facts = verdict.known, verdict.fix, verdict.facts
         if known is None and fix is None and versions:
-            known, fix = VERSIONS, f"{VERSIONS.fix} ({versions})"
+            known, fix = VERSIONS, f"{VERSIONS.fix} ({versions_said(versions)})"
+            facts = {**facts, "versions": versions}
         if self.failure is None:
             self.failure = Failure(host=record.host, rank=record.rank, message="",
                                    exit_code=record.exit_code)
@@ -218,8 +221,7 @@ class RankLife:
         # a declared problem brings its code and fields; words alone, none
         failure.problem = (verdict.declared or Problem(None, "")).by(failure.who)
         failure.message, failure.fix = verdict.message, fix
-        failure.kind, failure.facts, failure.exit_code = verdict.kind, verdict.facts, \
-            record.exit_code
+        failure.kind, failure.facts, failure.exit_code = verdict.kind, facts, record.exit_code
         failure.known, failure.meaning = (None, None) if known is None else \
             (known.name, known.meaning)
         return news
@@ -251,9 +253,9 @@ class JobState:
                        for n in plan.nodes for r in n.ranks}
         self._ranks_on = {n.host: n.ranks for n in plan.nodes}
         self._failures: list[Failure] = []
-        self._versions: str | None = None
-        """The torch or NCCL versions that differ between the nodes (``known.versions_differ``,
-        read once every node is ready), None where they agree."""
+        self._versions: dict[str, dict[str, str]] = {}
+        """The torch or NCCL versions that differ between the nodes
+        (``known.differing_versions``, read once every node is ready), {} where they agree."""
         self._checkpoint: int | None = None
         self._checkpoint_paths: dict[str, str] = {}
         """Per node: where the job said it saved its last checkpoint there."""

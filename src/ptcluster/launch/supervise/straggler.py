@@ -104,6 +104,8 @@ class VerdictJson(TypedDict):
     others_wait_share: float
     wait_per_collective_s: float | None
     why: str
+    seen: dict[str, float]
+    """What ``why`` says, as figures (``Straggler.seen``)."""
 
 
 class TraceJson(TypedDict):
@@ -181,6 +183,10 @@ class Straggler:
     others_wait_share: float
     wait_per_collective: float | None
     why: str
+    seen: dict[str, float] = field(default_factory=dict)
+    """What the node saw that ``why`` says, by name, past its limit only: ``cpu_starved`` (the
+    share of time the most starved rank's main thread waited for a CPU), ``cpu_throttled``
+    (the share of CPU quota periods throttled), ``mem_available`` (share), ``gpu_util`` (%)."""
 
     @property
     def who(self) -> str:
@@ -198,7 +204,8 @@ class Straggler:
     def to_json(self) -> VerdictJson:
         return {"ranks": list(self.ranks), "host": self.host, "whole_node": self.whole_node,
                 "ratio": self.ratio, "others_wait_share": self.others_wait_share,
-                "wait_per_collective_s": self.wait_per_collective, "why": self.why}
+                "wait_per_collective_s": self.wait_per_collective, "why": self.why,
+                "seen": dict(self.seen)}
 
 
 class _Spread:
@@ -278,10 +285,9 @@ def candidates(figures: dict[int, RankFigures], nodes: dict[str, NodeTiming],
                                         if f.collectives is None or f.collectives <= 0)
         counted = counted_all - sum(f.collectives or 0 for f in mine)
         per = max(0.0, waited) / counted if uncounted == 0 else None
+        found = seen(mine, starved.median_without(ranks), nodes.get(host) or {})
         out.append(Straggler(ranks, host, whole, ratio, round(median_wait, 3),
-                           None if per is None else round(per, 4),
-                           why(host, mine, starved.median_without(ranks),
-                               nodes.get(host) or {})))
+                           None if per is None else round(per, 4), why(host, found), found))
     return out
 
 
@@ -293,24 +299,38 @@ def find_straggler(figures: dict[int, RankFigures], nodes: dict[str, NodeTiming]
     return max(found, key=lambda v: (v.whole_node, v.ratio), default=None)
 
 
-def why(host: str, mine: list[RankFigures], usual: float, node: NodeTiming) -> str:
-    """What the node saw, or "why unknown": never a guess (``usual``: the other ranks' median
-    share of time waiting for a CPU)."""
-    reasons = []
-    starved = max(mine, key=lambda f: f.starved_share)
+def seen(mine: list[RankFigures], usual: float, node: NodeTiming) -> dict[str, float]:
+    """What the node saw that slows its ranks (``Straggler.seen``), never a guess (``usual``:
+    the other ranks' median share of time waiting for a CPU)."""
+    out: dict[str, float] = {}
+    starved = max(f.starved_share for f in mine)
     throttled = node.get("cpu_throttled")
-    if starved.starved_share >= max(CPU_STARVED, 1.5 * usual):
-        reasons.append(f"{host}'s CPU is saturated (its main thread waited "
-                       f"{starved.starved_share:.0%} of the time for a CPU)")
+    if starved >= max(CPU_STARVED, 1.5 * usual):
+        out["cpu_starved"] = starved
     elif isinstance(throttled, (int, float)) and throttled >= THROTTLED:
-        reasons.append(f"{host}'s CPU is saturated (a CPU quota throttled its ranks in "
-                       f"{throttled:.0%} of its periods)")
+        out["cpu_throttled"] = throttled
     mem = node.get("mem_available")
     if isinstance(mem, (int, float)) and mem < LOW_MEMORY:
-        reasons.append(f"{host} is short of memory ({mem:.0%} available)")
+        out["mem_available"] = mem
     gpu = node.get("gpu_util")
     if isinstance(gpu, (int, float)) and gpu < LOW_GPU:
-        reasons.append(f"{host}'s GPU util is low ({gpu:.0f}%)")
+        out["gpu_util"] = gpu
+    return out
+
+
+def why(host: str, seen: dict[str, float]) -> str:
+    """``seen`` said, or "why unknown"."""
+    reasons = []
+    if "cpu_starved" in seen:
+        reasons.append(f"{host}'s CPU is saturated (its main thread waited "
+                       f"{seen['cpu_starved']:.0%} of the time for a CPU)")
+    if "cpu_throttled" in seen:
+        reasons.append(f"{host}'s CPU is saturated (a CPU quota throttled its ranks in "
+                       f"{seen['cpu_throttled']:.0%} of its periods)")
+    if "mem_available" in seen:
+        reasons.append(f"{host} is short of memory ({seen['mem_available']:.0%} available)")
+    if "gpu_util" in seen:
+        reasons.append(f"{host}'s GPU util is low ({seen['gpu_util']:.0f}%)")
     return "; ".join(reasons) if reasons else "why unknown"
 
 

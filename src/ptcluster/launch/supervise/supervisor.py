@@ -35,7 +35,12 @@ from ptcluster.launch.supervise.actions import (
     StacksAnswered,
     Status,
 )
-from ptcluster.launch.supervise.known import VERSIONS, match_agent, versions_differ
+from ptcluster.launch.supervise.known import (
+    VERSIONS,
+    differing_versions,
+    match_agent,
+    versions_said,
+)
 from ptcluster.launch.supervise.machine_view import xid_said
 from ptcluster.launch.supervise.readmit import said_back
 from ptcluster.launch.supervise.states import (
@@ -203,9 +208,10 @@ class Supervisor(JobState):
         if wrong is not None:
             return self._fail(wrong, now)
         self._phase, self._went_at = Phase.RUNNING, now
-        self._versions = versions_differ({h: life.facts for h, life in self._life.items()})
-        actions: list[Action] = [] if self._versions is None else \
-            [Status(f"the nodes' versions differ ({self._versions}): {VERSIONS.fix}")]
+        self._versions = differing_versions({h: life.facts for h, life in self._life.items()})
+        actions: list[Action] = [] if not self._versions else \
+            [Status(f"the nodes' versions differ ({versions_said(self._versions)}): "
+                    f"{VERSIONS.fix}")]
         told: dict[str, object] | None = None
         if self._plan.master_port == AUTO_PORT:  # the port the master's guard leased
             master = self._life[self._plan.nodes[0].host].facts
@@ -312,7 +318,7 @@ class Supervisor(JobState):
             return []
         rank.raised = Raised(self._corrected(e.host, e.node_time), e.text,
                              exit_call=e.exc == "SystemExit", exc=e.exc, errno=e.errno,
-                             usage=e.usage, disk=e.disk)
+                             usage=e.usage, disk=e.disk, declared=e.declared)
         return self._judge_rank(rank, now)
 
     def _judge_rank(self, rank: RankLife, now: float) -> list[Action]:

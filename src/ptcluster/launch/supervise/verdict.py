@@ -88,6 +88,8 @@ class Raised:
     """The filesystem its guard found full (ENOSPC, EDQUOT)."""
     usage: str = ""
     """What ``argparse`` exited with (its message), when the parser ended the rank."""
+    declared: Problem | None = None
+    """The error as its declared problem, where the node said it (its code, fields, fix)."""
 
     def report(self) -> RankReport:
         """As the known-failures table reads it."""
@@ -153,7 +155,11 @@ def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
     known = None if raised is None else match_rank(raised.report())
     if known is not None:
         fix = known.fix
-    return RankVerdict(stopped=False, at=failed_at, message=message, fix=fix, known=known)
+    declared = None if raised is None else raised.declared
+    if declared is not None:  # (its code and fields; the message says it as above)
+        fix = fix or declared.fix
+    return RankVerdict(stopped=False, at=failed_at, message=message, fix=fix, known=known,
+                       declared=declared)
 
 
 def not_ready(hosts: Sequence[str], timeout: float, at: float) -> Failure:

@@ -49,13 +49,17 @@ def _gpu_memory(mib: int) -> str:
 def claim(want: list[int] | str | None, slots: int, owner: LeaseOwner,
           env: dict[str, str], leasing: Leasing | None = None
           ) -> tuple[GpuClaim, list[Lease]]:
-    """(what to report and set, the leases to hold): ``{"indices", "visible", "why"}``.
+    """(what to report and set, the leases to hold): ``{"indices", "visible", "why"}``, and
+    what ``why`` says as values: ``by`` (``preset``: CUDA_VISIBLE_DEVICES was set, nothing
+    leased; ``listed``: the cluster file's ``gpus:``; ``auto``), ``skipped`` (auto: the GPUs
+    passed over, as spans, -> who holds them), ``nvml`` (whether NVML's compute processes were
+    read) and ``leased`` (false with ``run --no-leases``).
 
     Refused (``GuardError``, ``busy`` set) before any rank starts when the GPUs asked for are
     taken, naming who has them.
     """
     if "CUDA_VISIBLE_DEVICES" in env:  # Slurm's allocation, or the user's own choice
-        return {"visible": env["CUDA_VISIBLE_DEVICES"],
+        return {"visible": env["CUDA_VISIBLE_DEVICES"], "by": "preset", "leased": False,
                 "why": "CUDA_VISIBLE_DEVICES was already set (by Slurm or the cluster file's "
                        "env): not leased"}, []
     leasing = leasing or Leasing()
@@ -69,16 +73,19 @@ def claim(want: list[int] | str | None, slots: int, owner: LeaseOwner,
         for lease in held:
             lease.release()
         raise _refusal(need, len(chosen), taken, users, count)
+    skipped = {} if isinstance(want, list) else {spans(ix): who for who, ix in taken.items()}
     if isinstance(want, list):
         why = "gpus: from the cluster file"
     else:
-        skipped = "; ".join(f"{spans(ix)}: {who}" for who, ix in taken.items())
-        why = f"auto: the first {need} free" + (f" (skipped {skipped})" if skipped else "")
+        said = "; ".join(f"{ix}: {who}" for ix, who in skipped.items())
+        why = f"auto: the first {need} free" + (f" (skipped {said})" if said else "")
     if unchecked:
         why += f"; {unchecked}"
     if leasing.off:
         why += f"; not leased ({leasing.off}): other jobs are not kept off them"
-    return {"indices": chosen, "visible": ",".join(map(str, chosen)), "why": why}, held
+    return {"indices": chosen, "visible": ",".join(map(str, chosen)), "why": why,
+            "by": "listed" if isinstance(want, list) else "auto", "skipped": skipped,
+            "nvml": not unchecked, "leased": not leasing.off}, held
 
 
 def _candidates(want: list[int] | str | None, slots: int, count: int) -> tuple[list[int], int]:

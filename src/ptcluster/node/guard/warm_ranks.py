@@ -25,6 +25,7 @@ from typing import Any
 
 from ptcluster.node.guard.proctree import descendants
 from ptcluster.node.guard.warm_pool import WarmError
+from ptcluster.node.problems import Declared, Sent
 from ptcluster.node.rank_wire import (
     AGENT_ERROR_VAR,
     CHILD_FLAG,
@@ -43,6 +44,19 @@ from ptcluster.node.rank_wire import (
 )
 from ptcluster.node.warm.pool import kill_session
 from ptcluster.node.warm.protocol import FORK, PID, REFUSED, STATUS, receive, send
+
+POOL_FIX = ("see the node log for what ended it; run again (a node whose pool does not answer "
+            "starts its ranks cold)")
+POOL_ENDED = Declared(
+    "run.warm-pool-ended", "the warm pool ended while its ranks ran",
+    "the warm pool on this node ended while this rank ran (killed?): the rank died with it",
+    POOL_FIX)
+POOL_NO_RANK = Declared(
+    "run.warm-pool-no-rank", "the warm pool did not start a rank",
+    "the warm pool did not start this rank: {why}", POOL_FIX)
+TABLE = (POOL_ENDED, POOL_NO_RANK)
+"""A rank of a warm pool that failed for the pool's sake, as its error record says it
+(``Declared.sent`` beside ``exc`` ``WarmPoolLost``; the head's failure carries the code)."""
 
 LOCAL_RANK_MACRO = "${local_rank}"
 SIGNALS_VAR, SIGNALS_DEFAULT = "TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
@@ -200,7 +214,7 @@ class WarmRanks:
             conn.close()
             if first:  # nothing of this guard's runs: its ranks may still start cold
                 raise WarmError(str(why))
-            self.lost(rank, f"the warm pool did not start this rank: {why}")
+            self.lost(rank, POOL_NO_RANK.sent(why=str(why)[:250]))
             return
         conn.settimeout(None)
         one = Pooled(rank, conn, connect_or_none(self.server, rank, CTL), int(reply["pid"]), fds[0])
@@ -211,10 +225,13 @@ class WarmRanks:
             self.ranks.append(one)
         self.sel.register(conn, selectors.EVENT_READ, one)
 
-    def lost(self, rank: int, text: str) -> None:
-        """A rank the pool failed: its error and exit records, as a rank's own would be."""
+    def lost(self, rank: int, problem: Sent) -> None:
+        """A rank the pool failed: its error (``problem``, sent) and exit records, as a rank's
+        own would be."""
         data = connect_or_none(self.server, rank, DATA)
-        send_record(data, ERROR, {"t": time.time(), "exc": "WarmPoolLost", "text": text[:300]})
+        send_record(data, ERROR, {"t": time.time(), "exc": "WarmPoolLost",
+                                  "text": problem["what"], "fix": problem["fix"],
+                                  "code": problem["code"], "fields": problem["fields"]})
         if data is not None:
             data.close()
         one = Pooled(rank, socket.socket(), connect_or_none(self.server, rank, CTL), 0, -1)
@@ -241,9 +258,10 @@ class WarmRanks:
 
     def lost_under(self, one: Pooled) -> None:
         data = connect_or_none(self.server, one.rank, DATA)
-        send_record(data, ERROR, {"t": time.time(), "exc": "WarmPoolLost",
-                              "text": "the warm pool on this node ended while this rank ran "
-                                      "(killed?): the rank died with it"})
+        ended = POOL_ENDED.sent()
+        send_record(data, ERROR, {"t": time.time(), "exc": "WarmPoolLost", "text": ended["what"],
+                                  "fix": ended["fix"], "code": ended["code"],
+                                  "fields": ended["fields"]})
         if data is not None:
             data.close()
         self.kill(one)
