@@ -38,6 +38,7 @@ from ptcluster.remote.bootstrap import (
     PACKAGE,
     closure,
     hands,
+    imported,
     is_module,
     module_source,
     node_argv,
@@ -107,6 +108,16 @@ def test_the_check_finds_a_forbidden_import() -> None:
     assert set(closure("ptcluster.node.rank.shim")) == {
         "ptcluster.node.rank.shim", "ptcluster.node.rank_wire", "ptcluster.node.rank.stack_probe",
         "ptcluster.node.rank.step_probe"}
+
+
+def test_the_closure_read_off_compiled_code_is_the_one_the_syntax_tree_gives() -> None:
+    """``bootstrap.imported`` reads a module's imports off its bytecode (no source parsed per
+    run): the same ``ptcluster`` modules as its syntax tree names, for every module shipped
+    (imports inside functions, ``from P import M`` of a module and of names alike)."""
+    modules = {m for p in PROGRAMS for m in shipped(p)} | {IMPORTER}
+    for module in sorted(modules):
+        ours = {m for m in imports(module) if m.split(".")[0] == PACKAGE}
+        assert imported(module) == ours, module
 
 
 def test_every_module_of_the_node_package_is_shipped() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import importlib
 import logging
 import os
@@ -142,6 +143,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         sys.stdout.flush()
     except BrokenPipeError:
         code = _stdout_gone()
+    if argv is None:  # (the command's own process, which ends now)
+        # the interpreter's last collections then pass over what the ~400 modules made: every
+        # command's exit took ~20 ms more (a run's last line to its exit, 29 ms)
+        gc.freeze()
     raise SystemExit(code) from state.error
 
 

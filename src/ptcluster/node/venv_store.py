@@ -17,7 +17,6 @@ sizes and times (cheap), ``doctor`` the hashes and the installed packages (full)
 """
 
 import hashlib
-import importlib.metadata
 import os
 import re
 import time
@@ -362,9 +361,11 @@ def stale_builds(root: str, older: float = 3600.0) -> int:
 
 def dist_version(name: str) -> str:
     """An installed distribution's version, read from its metadata (nothing imported)."""
+    from importlib import metadata  # (~8 ms, and email's parser: not in every guard's start)
+
     try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
         return ""
 
 

@@ -9,20 +9,25 @@ ever re-parsed by a shell.
 
 A program travels as its modules (mitogen's first stage, then AnsiballZ's idea: the modules and
 ``runpy``): ``node.importer``'s source, the program's import closure as ``{module: source}``
-(every ``ptcluster`` module its module imports, and theirs: found by the AST here), and one call
-that runs it with those modules importable (``node.importer``), each under its own path.
+(every ``ptcluster`` module its module imports, and theirs: found in their compiled code here),
+and one call that runs it with those modules importable (``node.importer``), each under its own
+path.
 """
 
 from __future__ import annotations
 
 import ast
 import base64
+import dis
 import json
 import re
 import zlib
+from collections.abc import Iterator
 from functools import lru_cache
 from importlib import resources
+from importlib.machinery import SourceFileLoader
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import ptcluster
@@ -57,16 +62,39 @@ def is_module(name: str) -> bool:
 
 def imported(module: str) -> set[str]:
     """The ``ptcluster`` modules ``module`` imports, anywhere in it (``from P import M`` counts
-    as the module ``P.M`` where that is one)."""
+    as the module ``P.M`` where that is one), read off its compiled code: every import is an
+    ``IMPORT_NAME`` there, after its level and its names. The code comes from the head's own
+    bytecode cache where it is current (as an import takes it), so a run parses no source:
+    a syntax tree of the guard's 45 modules cost every run ~0.15 s."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(module_source(module))):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.split(".")[0] == PACKAGE}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
-                and node.module.split(".")[0] == PACKAGE:
-            subs = {f"{node.module}.{a.name}" for a in node.names}
-            found |= {s for s in subs if is_module(s)} or {node.module}
+    for name, level, names in _imports(_code(module)):
+        if level == 0 and name.split(".")[0] == PACKAGE:
+            subs = {f"{name}.{a}" for a in names or ()}
+            found |= {s for s in subs if is_module(s)} or {name}
     return found
+
+
+def _code(module: str) -> CodeType:
+    path = _ROOT.joinpath(*module.split(".")).with_suffix(".py")
+    code = SourceFileLoader(module, str(path)).get_code(module)
+    assert code is not None  # (None only for a loader without source)
+    return code
+
+
+def _imports(code: CodeType) -> Iterator[tuple[str, Any, Any]]:
+    """``(module, level, names)`` of every import in ``code`` and the code inside it (the two
+    values an ``IMPORT_NAME`` takes are the ones loaded just before it)."""
+    todo = [code]
+    while todo:
+        co = todo.pop()
+        todo.extend(c for c in co.co_consts if isinstance(c, CodeType))
+        if not any(n.split(".")[0] == PACKAGE for n in co.co_names):
+            continue  # (no import of ours here: most of the code objects)
+        before: list[Any] = [None, None]
+        for ins in dis.get_instructions(co):
+            if ins.opname == "IMPORT_NAME":
+                yield ins.argval, before[0], before[1]
+            before = [before[1], ins.argval]
 
 
 @lru_cache(maxsize=64)
@@ -124,9 +152,10 @@ def hands(program: Program) -> dict[str, str]:
 
 @lru_cache(maxsize=8)
 def payload(program: Program) -> bytes:
-    """Line 1 of a node program's stdin: its packed source, compressed."""
+    """Line 1 of a node program's stdin: its packed source, compressed (level 6: the guard's
+    0.5 MB in a third of level 9's time, 0.5 % larger)."""
     source = pack_source(program).encode()
-    return base64.b64encode(zlib.compress(source, 9)) + b"\n"
+    return base64.b64encode(zlib.compress(source, 6)) + b"\n"
 
 
 def node_argv(python: str, program: Program, tag: str = "-") -> list[str]:

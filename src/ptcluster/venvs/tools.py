@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.metadata
 import os
 import platform as host
 import tempfile
@@ -31,9 +30,11 @@ _LEFT_OUT = ("INSTALLER", "REQUESTED", "RECORD", "direct_url.json")
 
 
 def head_uv_version() -> str:
+    from importlib import metadata  # (~9 ms, and email's parser: not in every run's start)
+
     try:
-        return importlib.metadata.version(UV)
-    except importlib.metadata.PackageNotFoundError:
+        return metadata.version(UV)
+    except metadata.PackageNotFoundError:
         raise PtclusterError("uv is not installed beside ptcluster on this machine",
                              "reinstall ptcluster (uv is one of its dependencies)") from None
 
@@ -67,7 +68,9 @@ def uv_wheel(platform: Platform, *, find_links: Sequence[Path], store: WheelStor
 def pack_installed_uv(dest: Path) -> Path | None:
     """The head's installed uv as a wheel in ``dest`` (None where its files are not all
     there to pack)."""
-    dist = importlib.metadata.distribution(UV)
+    from importlib import metadata
+
+    dist = metadata.distribution(UV)
     files = [f for f in dist.files or [] if "__pycache__" not in f.parts]
     dist_info = f"uv-{dist.version}.dist-info"
     wheel_meta = dist.read_text("WHEEL") or ""

@@ -67,6 +67,11 @@ class RankServer:
         self.listener.listen(1024)
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, None)
+        self.wake_r, self.wake_w = os.pipe()
+        """``close`` wakes the thread (it waits up to ``PASS_WAIT`` s for its streams: every
+        job's end waited for it, 25 ms on average)."""
+        os.set_blocking(self.wake_w, False)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, None)
         self.open_streams: dict[int, int] = {}
         self.seen_streams: dict[int, int] = {}
         self.declared: dict[int, int] = {}
@@ -81,7 +86,9 @@ class RankServer:
         while True:
             due = self.out.due()
             for key, _ in self.sel.select(PASS_WAIT if due is None else min(PASS_WAIT, due)):
-                if key.data is None:
+                if key.fileobj == self.wake_r:
+                    os.read(self.wake_r, 64)
+                elif key.data is None:
                     self.accept()
                 else:
                     self.read(key.fileobj, key.data)
@@ -254,8 +261,17 @@ class RankServer:
     def close(self, wait: float) -> None:
         """Serve until every stream is closed and every exit is sent, at most ``wait`` s."""
         self.closing.set()
+        if self.wake_w < 0:
+            return  # (closed before)
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:  # (full: it is awake already)
+            pass
         self.thread.join(timeout=wait)
         if self.thread.is_alive():
             return  # a descendant still holds a stream: its exit goes out with what we have
         self.flush_exits(force=True)
         self.listener.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        self.wake_w = -1
