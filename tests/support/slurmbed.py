@@ -193,9 +193,16 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         return _run(*argv, check=check, timeout=timeout, env={**self.env, **(env or {})})
 
     def jobs(self) -> dict[str, str]:
-        """Job id -> state of every job Slurm still knows about."""
-        out = self.run("squeue", "-h", "-o", "%i %T", check=False).stdout
-        return dict(line.split() for line in out.splitlines() if line.strip())
+        """Job id -> state of every job Slurm still knows about. A squeue that failed (the
+        controller busy: a requeue under way, a socket timeout) is asked again, never taken
+        for "no job" (its empty answer would end ``wait_no_jobs`` at once: suspected, not
+        shown, in a requeue test that read its log before the job had run again)."""
+        for _ in range(20):
+            got = self.run("squeue", "-h", "-o", "%i %T", check=False)
+            if got.returncode == 0:
+                return dict(line.split() for line in got.stdout.splitlines() if line.strip())
+            time.sleep(0.5)
+        raise AssertionError(f"squeue kept failing: {got.stderr.strip()[-500:]}")
 
     def steps(self) -> list[str]:
         out = self.run("squeue", "-h", "-s", "-o", "%i", check=False).stdout

@@ -46,6 +46,8 @@ class SlurmProof(TypedDict, total=False):
     seconds: float
     trainer: TrainerProof
     problem: str
+    retried: str
+    """The first ``srun``'s failure, where it was tried again (``slurm_apply.SRUN_TRIES``)."""
     removed: list[str]
     draining: list[dict[str, Any]]
 
