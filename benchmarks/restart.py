@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +32,8 @@ JOB = """import os, signal, sys, time
 import torch, torch.distributed as dist
 import ptcluster
 dist.init_process_group("gloo")
-rank, attempt = dist.get_rank(), os.environ["PTCLUSTER_ATTEMPT"]
+rank, attempt = dist.get_rank(), os.environ.get(
+    "PTCLUSTER_ATTEMPT", os.environ.get("TORCHELASTIC_RESTART_COUNT"))
 start = int(open("ckpt").read()) if os.path.exists("ckpt") and attempt != "0" else 0
 if rank == 0:
     ptcluster.resumed_from(start)
@@ -47,18 +50,31 @@ for step in range(start + 1, 41):
     time.sleep(0.02)
 dist.destroy_process_group()
 """
-LINE = re.compile(r"\] (step=(\d+) attempt=(\d+)|dying) t=([\d.]+)")
+TORCHRUN_ATTEMPTS: list[int] = []
+"""The attempt of each torchrun restart that stepped first (1: its first restart worked)."""
+LINE = re.compile(r"(?:\] |^)(step=(\d+) attempt=(\d+)|dying) t=([\d.]+)", re.M)
 
 
-def run(cwd: Path, kill: bool, cold: bool = False) -> tuple[float, int]:
+def torchrun_argv() -> list[str]:
+    """Plain torchrun, elastic: c10d rendezvous on a free local port, up to 3 restarts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+            "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--max-restarts", "3", "--monitor-interval", "0.1"]
+
+
+def run(cwd: Path, kill: bool, cold: bool = False, torchrun: bool = False) -> tuple[float, int]:
     """(seconds: launch -> first step, or death -> first step of attempt 1; steps lost); with
-    the job's warm pool, or ``cold`` (``--cold``: none)."""
+    the job's warm pool, or ``cold`` (``--cold``: none), or under plain ``torchrun`` (the first
+    attempt after the death that steps: ``TORCHRUN_ATTEMPTS`` gets its number)."""
     (cwd / "ckpt").unlink(missing_ok=True)
     runs = cwd / "runs"
     before = set(runs.glob("*/summary.json"))
-    argv = PTCLUSTER + ["run", "--nproc", "2", "--run-dir", "runs", "--max-restarts", "1",
-                        *(["--cold"] if cold else []), "job.py"] + (
-                            ["kill"] if kill else [])
+    argv = (torchrun_argv() if torchrun else PTCLUSTER + [
+        "run", "--nproc", "2", "--run-dir", "runs", "--max-restarts", "1",
+        *(["--cold"] if cold else [])]) + ["job.py"] + (["kill"] if kill else [])
     t0 = time.time()
     proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
@@ -69,9 +85,14 @@ def run(cwd: Path, kill: bool, cold: bool = False) -> tuple[float, int]:
         t = float(m.group(4))
         if m.group(1) == "dying":
             died = t
-        elif first is None and m.group(3) == ("1" if kill else "0"):
+        elif first is None and (m.group(3) != "0" if kill else m.group(3) == "0"):
             first, resumed = t, int(m.group(2)) - 1
+            if torchrun:
+                TORCHRUN_ATTEMPTS.append(int(m.group(3)))
     assert first is not None, proc.stdout[-2000:]
+    if torchrun:
+        assert died is not None and resumed is not None, proc.stdout[-2000:]
+        return first - died, 25 - resumed
     (new,) = set(runs.glob("*/summary.json")) - before
     warm = [a["warm"] for a in json.loads(new.read_text())["attempts"]]
     assert warm[1:] == [{"localhost": not cold}] * (len(warm) - 1), warm
@@ -90,7 +111,7 @@ def main() -> None:
         (cwd / "job.py").write_text(JOB)
         run(cwd, kill=False)  # warm the page cache
         fresh, restart, lost = [], [], []
-        fresh_cold, restart_cold = [], []
+        fresh_cold, restart_cold, restart_torchrun = [], [], []
         for _ in range(args.repeat):
             fresh.append(run(cwd, kill=False)[0])
             fresh_cold.append(run(cwd, kill=False, cold=True)[0])
@@ -99,6 +120,9 @@ def main() -> None:
             lost.append(steps)
             took, steps = run(cwd, kill=True, cold=True)
             restart_cold.append(took)
+            lost.append(steps)
+            took, steps = run(cwd, kill=True, torchrun=True)
+            restart_torchrun.append(took)
             lost.append(steps)
     pooled, cold = median(restart), median(restart_cold)
     show([
@@ -110,7 +134,14 @@ def main() -> None:
          f"{cold:.2f}  {sorted(restart_cold)}"),
         ("ratio restart / fresh: pool, cold (targets <= 0.5, <= 1.3)",
          f"{pooled / median(fresh):.2f}  {cold / median(fresh):.2f}"),
+        ("death -> first step after it, torchrun --max-restarts 3, c10d (median s)",
+         f"{median(restart_torchrun):.2f}  {sorted(restart_torchrun)}"),
+        ("torchrun: restarts that needed more than one attempt",
+         f"{sum(a > 1 for a in TORCHRUN_ATTEMPTS)} of {len(TORCHRUN_ATTEMPTS)} "
+         f"(attempts {TORCHRUN_ATTEMPTS})"),
         ("ratio restart pool / restart cold", f"{pooled / cold:.2f}"),
+        ("ratio restart pool / torchrun's restart (target <= 0.5)",
+         f"{pooled / median(restart_torchrun):.2f}"),
         ("ratio fresh / fresh --cold (the pool's start, at nice 10)",
          f"{median(fresh) / median(fresh_cold):.2f}"),
         ("steps lost (checkpoint every 10, killed at 25)", f"{sorted(lost)}"),
