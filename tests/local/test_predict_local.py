@@ -123,3 +123,49 @@ def test_the_plot_is_a_png(tmp_path) -> None:
     path = write_prediction_plot(predict(m, [1, 1, 1], BusBw(((1, 0.0125),))),
                                  tmp_path / "p.png", "test")
     assert matplotlib.image.imread(path).shape[0] > 100
+
+
+AVERAGED = textwrap.dedent("""
+    import hashlib, json, sys
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    rank, store, probed = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "probed"
+    if probed:
+        from ptcluster.node.rank.step_probe import install
+        install(json.dumps({"warmup": 50, "steps": 50}), lambda body: None)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+    torch.manual_seed(0)
+    net = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(300, 4000), nn.ReLU(), nn.Linear(4000, 10)))  # 2 buckets
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    torch.manual_seed(rank)  # each rank its own data: the gradients differ until averaged
+    for _ in range(3):
+        loss = net(torch.randn(16, 300)).square().sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    digest = hashlib.sha256()
+    for p in net.parameters():
+        digest.update(p.detach().numpy().tobytes())
+    print(digest.hexdigest(), flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def test_the_probes_comm_hook_averages_the_gradients_as_ddp_does(tmp_path) -> None:
+    # (the hook divides by the world size itself: DDP's own path divides while it copies
+    # into the bucket; a hook that summed only would train a different model)
+    digests = {}
+    for how in ("plain", "probed"):
+        procs = [subprocess.Popen([sys.executable, "-c", AVERAGED, str(rank),
+                                   str(tmp_path / f"store-{how}"), how],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
+                                       "PYTHONPATH": str(ROOT / "src")})
+                 for rank in (0, 1)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+        (digest,) = {out.strip() for out, _ in outs}  # both ranks hold the same parameters
+        digests[how] = digest
+    assert digests["probed"] == digests["plain"]
