@@ -255,9 +255,8 @@ class Guard:
         if code is None:
             code = -9
         if self.job_pool is not None:  # (before the exit frame: the next attempt may claim it)
-            self.job_pool.end(keep=restarts_left(self.cfg) and (
-                code != 0 if reason == "job ended" else self.stop.by_head and not self.stop.final),
-                since=ended)
+            self.job_pool.end(keep=restarts_left(self.cfg) and not self.stop.final and (
+                code != 0 if reason == "job ended" else self.stop.by_head), since=ended)
         if self.pump_thread is not None:
             self.pump_thread.join(timeout=2.0)
         if self.link.ranks is not None:
