@@ -199,6 +199,46 @@ def test_a_stop_by_the_user_ends_the_pool_at_once(node) -> None:
     assert gone(pool["pid"], within=5.0), "the pool waits for an attempt that never comes"
 
 
+def test_a_stop_that_comes_after_the_attempt_ended_ends_the_pool_its_guard_kept(
+        node, monkeypatch) -> None:
+    """A Ctrl-C that comes once an attempt has ended (``run --wait``'s poll, between
+    attempts): its guard, told no ``final``, kept the job's pool for a restart; the runner,
+    which then restarts nothing, ends it at once (not left to its 60 s). The runner's own
+    loop on this machine, its attempt real; the stop asked the moment the attempt returned."""
+    from ptcluster.cluster import local_cluster
+    from ptcluster.launch.api import prepare
+    from ptcluster.launch.plan import Target
+    from ptcluster.launch.runner import Restarts, Runner
+    from ptcluster.launch.supervise.restart import RestartPolicy
+    from ptcluster.remote.connect import transports
+
+    folder, env = node
+    (folder / "job.py").write_text(WAIT_FOR_POOL.replace("{first}", "pass"))
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", env["XDG_RUNTIME_DIR"])
+    spec, target = local_cluster(2), Target(script="job.py")
+    runner = Runner(prepare(spec, target, max_restarts=1), transports(spec), folder / "run",
+                    restarts=Restarts(RestartPolicy(max_restarts=1, min_nodes=1), spec, target))
+    new_attempt, kept = runner.new_attempt, []
+
+    class StoppedAfter:
+        def __init__(self) -> None:
+            self.attempt = new_attempt()
+
+        def run(self, before, t0):
+            got = self.attempt.run(before, t0)
+            kept.extend(p["pid"] for p in pools(env, folder))  # (its guard kept it: the 60 s)
+            runner.request_stop("interrupted", signal.SIGINT)
+            return got
+
+    runner.new_attempt = StoppedAfter  # type: ignore[method-assign]
+    result = runner.run()
+    assert not result.ok and len(result.attempts) == 1, result.failures
+    assert len(kept) == 1, "attempt 0's guard kept no pool"
+    assert gone(kept[0], within=5.0), "the kept pool waits for an attempt that never comes"
+    assert pools(env, folder) == []
+
+
 def gone(pid: int, within: float = 15.0) -> bool:
     """Whether ``pid`` ends (or is a zombie) within ``within`` s."""
     deadline = time.monotonic() + within

@@ -220,7 +220,9 @@ def test_a_pool_killed_while_it_forks_the_first_rank_is_named_and_the_job_runs_c
     os.kill(pool["pid"], signal.SIGSTOP)  # it takes the request, never answers
     head = Head(args, folder, env=env)
     try:
-        time.sleep(4.0)  # the guard has sent its fork request by now (the job starts in ~2 s)
+        # the guard has sent its fork request by now: the job starts in ~2 s, its guard's
+        # hold (before its ready) waits 5 s for the stopped pool, then goes on unheld
+        time.sleep(9.0)
         os.kill(pool["pid"], signal.SIGKILL)
         rc = head.wait(120)
     finally:
@@ -349,7 +351,7 @@ def test_a_pool_still_importing_when_its_guard_must_say_ready_goes_on_for_the_ne
     import threading
 
     from ptcluster.node import WARM_POOL
-    from ptcluster.node.guard.warm_pool import WarmError, answers, pool_process, ready
+    from ptcluster.node.guard.warm_pool import WarmError, hold, pool_process, ready
     from ptcluster.node.warm.protocol import hold_key
     from ptcluster.remote.bootstrap import pack_source
 
@@ -371,10 +373,82 @@ def test_a_pool_still_importing_when_its_guard_must_say_ready_goes_on_for_the_ne
         deadline = time.monotonic() + 30
         while not log.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert log.exists() and answers(str(sock)), \
-            "the pool did not go on after its guard stopped waiting"
+        live, held = hold(str(sock))
+        if held is not None:
+            held.close()
+        assert log.exists() and live, "the pool did not go on after its guard stopped waiting"
         os.close(hold_key(lock_path, 5.0))  # (free once it listens)
     finally:
         for pid in _with_arg(str(sock)):
             os.kill(pid, signal.SIGKILL)  # (the pool this test started)
         shutil.rmtree(sock.parent, ignore_errors=True)
+
+
+def test_a_pool_its_guards_hold_outlives_its_idle_timeout_and_forks_after(tmp_path) -> None:
+    """A user's pool held by a guard between its ``ready`` and its ``go`` (a slow node
+    elsewhere) never ends by its idle timeout meanwhile, as the guard that started it holds it
+    (from its start: a socket pair) and as one that found it holds it (``hold``); once let go,
+    it ends after its idle seconds. The pool started and asked as a guard does, real forks."""
+    import socket
+    import threading
+
+    from ptcluster.node import SHIM, WARM_POOL
+    from ptcluster.node.guard.warm_pool import hold, pool_process, ready
+    from ptcluster.node.rank_wire import CHILD_FLAG, SHIM_VAR
+    from ptcluster.node.warm.protocol import FORK, PID, STATUS, receive, send
+    from ptcluster.remote.bootstrap import pack_source
+
+    folder = Path(tempfile.mkdtemp(prefix="ph", dir="/tmp"))
+    sock = folder / "pool-k.sock"
+    (tmp_path / "pool.py").write_text(pack_source(WARM_POOL))
+    (tmp_path / "shim.py").write_text(pack_source(SHIM))
+    (tmp_path / "hi.py").write_text("print('forked', flush=True)\n")
+    idle = 1.0
+
+    def fork() -> tuple[dict | None, str]:
+        """hi.py run as a rank the pool forks: its status, its output."""
+        out_r, out_w = os.pipe()
+        null = os.open(os.devnull, os.O_RDONLY)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(60)
+        try:
+            conn.connect(str(sock))
+            send(conn, {"kind": FORK, "argv": ["-c", CHILD_FLAG, "hi.py"], "cwd": str(tmp_path),
+                        "env": {"PATH": os.environ["PATH"], SHIM_VAR: str(tmp_path / "shim.py")}},
+                 [null, out_w, out_w])
+            os.close(out_w)
+            said, fds = receive(conn)
+            for fd in fds:
+                os.close(fd)
+            status = receive(conn)[0] if said and said["kind"] == PID else said
+            with os.fdopen(out_r) as f:
+                return status, f.read()
+        finally:
+            conn.close()
+            os.close(null)
+
+    mine, its = socket.socketpair()
+    try:
+        proc = pool_process(sys.executable, str(sock), idle, 0, [], dict(os.environ),
+                            str(tmp_path / "pool.py"), held=its.fileno())
+        its.close()
+        proc.wait()  # (its first process: the pool goes on out of our tree)
+        ready(proc, threading.Event())
+        time.sleep(3 * idle + 1)  # (held by the guard that started it, well past its idle)
+        assert fork() == ({"kind": STATUS, "code": 0}, "forked\n")
+        mine.close()  # (ranks forked: the starting guard lets it go)
+        live, held = hold(str(sock))  # (the next run's guard, before its ready)
+        assert live and held is not None
+        time.sleep(3 * idle + 1)
+        assert fork() == ({"kind": STATUS, "code": 0}, "forked\n")
+        assert _with_arg(str(sock)), "the pool ended while a guard held it"
+        held.close()
+        deadline = time.monotonic() + 15  # (let go: its idle clock runs again)
+        while _with_arg(str(sock)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _with_arg(str(sock)), "the pool outlived its idle timeout once let go"
+    finally:
+        mine.close()
+        for pid in _with_arg(str(sock)):
+            os.kill(pid, signal.SIGKILL)  # (the pool this test started)
+        shutil.rmtree(folder, ignore_errors=True)

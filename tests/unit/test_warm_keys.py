@@ -157,3 +157,20 @@ def test_a_pool_imports_on_the_main_thread_what_its_low_priority_thread_cannot(
         assert torch.__name__ == "torch" and "mainonly_mod" in sys.modules
     finally:
         sys.modules.pop("mainonly_mod", None)
+
+
+def test_ps_says_whether_a_pool_is_idle_running_ranks_or_held_for_a_runs_ranks() -> None:
+    """``idle_since`` None: ranks of it run, or (none yet) a guard holds it between its
+    ``ready`` and its ``go`` (``warm.protocol.HOLD``: no idle end meanwhile)."""
+    from ptcluster.cli.ps_cmd import PoolRow, pool_line
+
+    def line(idle_since: float | None, ranks: int) -> str:
+        row: PoolRow = {"node": "n1", "owner": "me", "pid": 7, "rss": 2**20,
+                        "idle_since": idle_since, "ranks": ranks, "idle": 600.0, "torch": "2.13",
+                        "python": "/p", "started": 0.0, "job": None}
+        return pool_line(row).split("torch 2.13, ")[1]
+
+    assert line(None, 2) == "2 rank(s) running"
+    assert line(None, 0) == "held for a run's ranks"
+    assert line(0.0, 0).startswith("idle since ") and line(0.0, 0).endswith(
+        ", ends after 600 s idle")

@@ -84,16 +84,19 @@ class PoolRow(PoolInfo):
 
 def pool_rows(samples: dict[str, Sample]) -> list[PoolRow]:
     """Your warm pools (``run --warm``), every node's: owner, node, pid, memory, idle since
-    (None: ranks of it run now), its idle timeout, its torch and interpreter."""
+    (None: ranks of it run now, or a guard holds it for a run's ranks), its idle timeout, its
+    torch and interpreter."""
     return [{"node": host, "owner": s["user"], **pool}
             for host, s in samples.items() for pool in s["pools"]]
 
 
 def pool_line(pool: PoolRow) -> str:
     idle = pool["idle_since"]
-    state = f"{pool['ranks']} rank(s) running" if idle is None else \
-        "idle since " + time.strftime("%H:%M:%S", time.localtime(idle)) + \
-        (f", ends after {pool['idle']:.0f} s idle" if pool["idle"] else "")
+    if idle is not None:
+        state = "idle since " + time.strftime("%H:%M:%S", time.localtime(idle)) + \
+            (f", ends after {pool['idle']:.0f} s idle" if pool["idle"] else "")
+    else:  # (a guard holds it for a run's ranks, not forked yet: no idle end meanwhile)
+        state = f"{pool['ranks']} rank(s) running" if pool["ranks"] else "held for a run's ranks"
     job = pool["job"]
     kept = "" if job is None else \
         f", kept for the restarts of {'job ' + str(job).split('@')[0] if job else 'a job'}"

@@ -552,7 +552,7 @@ class PoolInfo(TypedDict):
     rss: int
     """Bytes."""
     idle_since: float | None
-    """None: ranks of it run now."""
+    """None: ranks of it run now, or a guard holds it for a run's ranks (``warm.protocol.HOLD``)."""
     ranks: int
     idle: float | None
     """Seconds it stays idle before it ends."""

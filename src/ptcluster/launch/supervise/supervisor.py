@@ -472,6 +472,8 @@ class Supervisor(JobState):
         for host, life in self._life.items():  # (not one that is stopping by itself)
             if life.stop_at is None and self._enter(host, NodeState.STOPPING, self.wall(now)):
                 actions.append(Send(host, wire.Kind.STOP, said))
+                if final:
+                    self._stop.final_to.add(host)
         return actions
 
     def _enter(self, host: str, state: NodeState, at: float | None = None) -> bool:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -107,6 +108,9 @@ class Guard:
         """The job's own warm pool here (``--max-restarts``), while this guard holds it."""
         self.pool = ""
         """The socket of the warm pool this node's ranks would come from ("": none)."""
+        self.pool_hold: socket.socket | None = None
+        """The connection on which this guard holds this user's pool (``run --warm``) from
+        before its ``ready`` until its ranks started (the pool's idle clock stands meanwhile)."""
         self.env_use = ""
         """This job's use record of the project's environment it runs in ("": none)."""
         self.leases: list[Lease] = []
@@ -155,6 +159,7 @@ class Guard:
             torchrun = start_torchrun(self.cfg, self.env, self.tmpdir)
             self.child = torchrun
             self.pump_thread = pump_agent(torchrun.stdout, self.out)
+        self.let_pool_go()  # (its forked ranks hold it now; cold ones never will)
         self.send(Kind.STARTED, {"pid": self.child.pid, "warm": isinstance(self.child,
                                                                             WarmRanks)})
         pool = self.job_pool
@@ -191,7 +196,9 @@ class Guard:
         else:
             try:
                 if not warm.get("job"):
-                    return pool_socket(self.cfg, self.env, python, self.tmpdir, self.stop)
+                    path, self.pool_hold = pool_socket(self.cfg, self.env, python, self.tmpdir,
+                                                       self.stop)
+                    return path
                 self.job_pool = JobPool(self.cfg, self.env, python)
                 if not attempt_of(self.cfg):
                     return ""  # (the first attempt: its guard starts the pool once ranks run)
@@ -248,9 +255,8 @@ class Guard:
         if code is None:
             code = -9
         if self.job_pool is not None:  # (before the exit frame: the next attempt may claim it)
-            self.job_pool.end(keep=restarts_left(self.cfg) and (
-                code != 0 if reason == "job ended" else self.stop.by_head and not self.stop.final),
-                since=ended)
+            self.job_pool.end(keep=restarts_left(self.cfg) and not self.stop.final and (
+                code != 0 if reason == "job ended" else self.stop.by_head), since=ended)
         if self.pump_thread is not None:
             self.pump_thread.join(timeout=2.0)
         if self.link.ranks is not None:
@@ -269,9 +275,18 @@ class Guard:
         first, last = self.cfg["ranks"]
         return last - first + 1 >= int((self.cfg.get("warm") or {}).get("world") or 0)
 
+    def let_pool_go(self) -> None:
+        """This user's pool no longer held by this guard (its idle clock runs again, unless
+        ranks it forked run)."""
+        if self.pool_hold is not None:
+            self.pool_hold.close()
+            self.pool_hold = None
+
     def end_unstarted(self) -> None:
-        """What a guard whose ranks never ran leaves: its job directory and the job's pool
-        (kept for the next attempt where the head stopped this one and restarts are left)."""
+        """What a guard whose ranks never ran leaves: its job directory, its hold on this
+        user's pool, and the job's pool (kept for the next attempt where the head stopped this
+        one and restarts are left)."""
+        self.let_pool_go()
         if self.job_pool is not None:
             self.job_pool.end(keep=restarts_left(self.cfg) and self.stop.by_head
                               and not self.stop.final, since=time.time())

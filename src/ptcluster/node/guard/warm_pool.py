@@ -18,6 +18,9 @@ from ptcluster.node.guard.proctree import set_subreaper
 from ptcluster.node.guard.tmpdirs import user_tmp
 from ptcluster.node.sharing.safefile import private_dir
 from ptcluster.node.warm.protocol import (
+    HELD,
+    HOLD,
+    HOLD_FD_VAR,
     LOCK_FD_VAR,
     POOL_BOOT,
     POOL_FILE,
@@ -28,6 +31,8 @@ from ptcluster.node.warm.protocol import (
     paths,
     pool_env,
     pool_key,
+    receive,
+    send,
 )
 from ptcluster.node.wire import GuardConfig
 
@@ -66,9 +71,11 @@ def job_mark(cfg: GuardConfig) -> str:
 
 
 def pool_socket(cfg: GuardConfig, env: dict[str, str], python: str, tmpdir: str,
-                stop: StopRequest) -> str:
+                stop: StopRequest) -> tuple[str, socket.socket | None]:
     """The socket of this user's pool for the ranks' key on this node: a live one, or one
-    started now (under the key's lock: two guards start one pool)."""
+    started now (under the key's lock: two guards start one pool); and the connection on which
+    this guard holds it (``warm.protocol.HOLD``: no idle end until it is closed; None: a pool
+    that does not know ``hold``, an older ptcluster's)."""
     warm = cfg.get("warm") or {}
     files = pool_files(cfg, env, python)
     try:
@@ -77,41 +84,61 @@ def pool_socket(cfg: GuardConfig, env: dict[str, str], python: str, tmpdir: str,
         raise WarmError("a pool of this key is starting (another run's), still importing: the "
                         "next run's ranks come from it") from None
     try:
-        if answers(files["sock"]):
-            return files["sock"]
+        live, held = hold(files["sock"])
+        if live:
+            return files["sock"], held
         for stale in (files["sock"], files["record"]):
             if os.path.lexists(stale):
                 os.unlink(stale)
-        start_pool(python, files["sock"], float(warm["idle"]),
-                   list(warm.get("imports") or []), pool_env(env),
-                   os.path.join(tmpdir, POOL_FILE), stop, BEFORE_READY, lock)
-        return files["sock"]
+        mine, its = socket.socketpair()
+        try:
+            start_pool(python, files["sock"], float(warm["idle"]),
+                       list(warm.get("imports") or []), pool_env(env),
+                       os.path.join(tmpdir, POOL_FILE), stop, BEFORE_READY, lock, its.fileno())
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            its.close()
+        return files["sock"], mine
     finally:
         os.close(lock)
 
 
-def answers(path: str) -> bool:
-    """Whether a pool listens at ``path`` (a connection it takes, then drops: no request)."""
+def hold(path: str) -> tuple[bool, socket.socket | None]:
+    """(whether a pool listens at ``path``, the connection on which this guard holds it now:
+    ``warm.protocol.HOLD``, None where it does not answer ``held``)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5.0)
     try:
         sock.connect(path)
     except OSError:
-        return False
-    finally:
         sock.close()
-    return True
+        return False, None
+    try:
+        send(sock, {"kind": HOLD})
+        reply, fds = receive(sock)
+    except OSError:
+        reply, fds = None, []
+    for fd in fds:
+        os.close(fd)
+    if reply is None or reply.get("kind") != HELD:
+        sock.close()
+        return True, None  # (an older pool: used as before, unheld)
+    return True, sock
 
 
 def start_pool(python: str, sock: str, idle: float, imports: list[str], env: dict[str, str],
                program: str, stop: StopRequest, within: float = START_WITHIN,
-               lock: int = -1) -> None:
+               lock: int = -1, held: int = -1) -> None:
     """A pool out of this guard's tree: its first process exits at once, while the guard is no
     subreaper (no rank of it runs yet), so init adopts the pool; then its ``ready`` line, for
     ``within`` s (a pool still importing then goes on: WarmError, this guard's ranks cold);
-    ``lock``, the key's, is the pool's to hold until it listens."""
+    ``lock``, the key's, is the pool's to hold until it listens; ``held``, its end of the
+    socket pair on which the guard holds it (``protocol.HOLD_FD_VAR``)."""
     set_subreaper(False)
     try:
-        proc = pool_process(python, sock, idle, 0, imports, env, program, lock)
+        proc = pool_process(python, sock, idle, 0, imports, env, program, lock, held)
         proc.wait()
     finally:
         set_subreaper(True)
@@ -119,15 +146,18 @@ def start_pool(python: str, sock: str, idle: float, imports: list[str], env: dic
 
 
 def pool_process(python: str, sock: str, idle: float, owner: int, imports: list[str],
-                 env: dict[str, str], program: str, lock: int = -1) -> subprocess.Popen[bytes]:
+                 env: dict[str, str], program: str, lock: int = -1,
+                 held: int = -1) -> subprocess.Popen[bytes]:
     """The pool program started (``warm.pool``; ``owner``: 0, or the guard's pid for a job's
     pool, which stays its child), in a session of its own; with the key's ``lock`` (a
-    descriptor it holds until it listens: ``protocol.LOCK_FD_VAR``)."""
-    held = {LOCK_FD_VAR: str(lock)} if lock >= 0 else {}
+    descriptor it holds until it listens: ``protocol.LOCK_FD_VAR``) and the socket its guard
+    holds it on (``held``: ``protocol.HOLD_FD_VAR``)."""
+    given = {name: fd for name, fd in ((LOCK_FD_VAR, lock), (HOLD_FD_VAR, held)) if fd >= 0}
     return subprocess.Popen(
         [python, "-u", "-c", POOL_BOOT, program, sock, str(idle), str(owner), *imports],
-        env={**env, **held}, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(lock,) if held else ())
+        env={**env, **{name: str(fd) for name, fd in given.items()}}, cwd="/",
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True, pass_fds=tuple(given.values()))
 
 
 def ready(proc: subprocess.Popen[bytes], stop: StopRequest | threading.Event,

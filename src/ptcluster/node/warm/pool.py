@@ -14,7 +14,8 @@ threaded, on one selector: a ``fork`` request (only from its own uid: ``SO_PEERC
 rank (``warm.become``; moved into the guard's control groups before it may run), answered with
 its pid and pidfd, later with its wait status; a guard's connection that closes under a running
 rank kills the rank's session; ``SIGTERM`` (``warm stop``) takes the socket away at once and ends
-the pool when its ranks have; ``IDLE`` seconds with no rank and no request end it. It is a child
+the pool when its ranks have; ``IDLE`` seconds with no rank, no request and no guard that holds
+it (``warm.protocol.HOLD``: from its ``ready`` to its ``go``) end it. It is a child
 subreaper (a rank's orphans stay in its tree, in the rank's session) and never touches CUDA.
 
 torch and the standard library only; handed on by the guard, loaded as a rank program is.
@@ -37,6 +38,9 @@ from ptcluster.node.rank_wire import SHIM_BOOT
 from ptcluster.node.warm.become import PR_SET_PDEATHSIG, become, die_with
 from ptcluster.node.warm.protocol import (
     FORK,
+    HELD,
+    HOLD,
+    HOLD_FD_VAR,
     JOB_POOL_NICE,
     KEEP,
     KEPT,
@@ -79,6 +83,9 @@ class Pool:
         self.facts: dict[str, Any] = {}
         self.owner: socket.socket | None = None
         """A job's pool: the connection of the guard that holds it (``warm.protocol.OWN``)."""
+        self.holders: set[socket.socket] = set()
+        """A user's pool: the connections of the guards that will fork from it
+        (``warm.protocol.HOLD``): no idle end while there is one."""
 
     def listen(self) -> None:
         old = os.umask(0o177)  # (the folder is 0700 already; the socket too)
@@ -97,7 +104,8 @@ class Pool:
         """The record ``ps``, ``warm stop`` and prune read; a later one that cannot be written
         leaves the last in place; the ``first`` raises (a pool no one can list or stop is not
         started: its guard's ranks start cold, saying why)."""
-        idle = None if self.ranks else time.time() - (time.monotonic() - self.last)
+        idle = None if self.ranks or self.holders else \
+            time.time() - (time.monotonic() - self.last)
         record = {**self.facts, "pid": os.getpid(), "idle_since": idle, "ranks": len(self.ranks),
                   "idle": self.idle}
         tmp = f"{self.record}.{os.getpid()}.tmp"
@@ -126,7 +134,7 @@ class Pool:
     def serve(self) -> tuple[dict[str, Any], list[int], int, int] | None:
         """Until the pool ends (None), or in a forked rank: its request, fds, go pipe, parent."""
         while self.ranks or not self.stopping:
-            if not self.ranks and self.owner is None and \
+            if not self.ranks and self.owner is None and not self.holders and \
                     time.monotonic() - self.last >= self.idle:
                 break
             for key, _ in self.sel.select(LOOK_EVERY):
@@ -148,6 +156,8 @@ class Pool:
             self.unlisten()
         elif what == "owner":
             self.owner_said()
+        elif what == "holder":
+            self.released(obj)
         elif isinstance(what, Rank) and obj is what.conn:  # the guard's end closed: its rank ends
             self.sel.unregister(what.conn)
             what.orphaned = True
@@ -168,6 +178,14 @@ class Pool:
             return None
         if message is not None and message.get("kind") == OWN and not fds:
             self.own(conn, str(message.get("job") or "")[:300])
+            return None
+        if message is not None and message.get("kind") == HOLD and not fds:
+            try:
+                send(conn, {"kind": HELD})
+            except OSError:
+                conn.close()
+                return None
+            self.hold(conn)
             return None
         if message is None or message.get("kind") != FORK or len(fds) != 3:
             close_all(fds)
@@ -230,6 +248,22 @@ class Pool:
             self.facts["job"] = job
             self.write_record()
 
+    def hold(self, conn: socket.socket) -> None:
+        """A guard holds this pool until ``conn`` ends (``warm.protocol.HOLD``)."""
+        conn.setblocking(True)
+        self.holders.add(conn)
+        self.sel.register(conn, selectors.EVENT_READ, "holder")
+        self.write_record()
+
+    def released(self, conn: socket.socket) -> None:
+        """A holder's connection ended (its ranks forked, or its guard gone; whatever else
+        it says ends it too): the idle clock starts again."""
+        self.sel.unregister(conn)
+        conn.close()
+        self.holders.discard(conn)
+        self.last = time.monotonic()
+        self.write_record()
+
     def owner_said(self) -> None:
         """``keep`` (the pool waits its idle seconds for the next attempt's guard, no longer
         its parent's to die with), or the end of the owner's connection: the pool's end."""
@@ -260,12 +294,14 @@ class Pool:
         """In a forked rank: the pool's descriptors closed through their objects (none of them
         may close a number the rank's program reuses later)."""
         self.sel.close()
-        for sock in [self.listener, conn, self.owner, *(r.conn for r in self.ranks.values())]:
+        for sock in [self.listener, conn, self.owner, *self.holders,
+                     *(r.conn for r in self.ranks.values())]:
             if sock is not None:
                 sock.close()
         for fd in [self.wake_r, self.wake_w, *(r.pidfd for r in self.ranks.values())]:
             os.close(fd)
         self.ranks.clear()
+        self.holders.clear()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def ended(self, rank: Rank) -> None:
@@ -422,6 +458,13 @@ def start(path: str, idle: float, imports: list[str], owner: int = 0) -> Pool:
         print("error " + f"{type(exc).__name__}: {exc}"[:500], flush=True)
         os._exit(1)
     os.chdir("/")
+    held = os.environ.pop(HOLD_FD_VAR, "")
+    if held.isdigit():  # (its guard holds it from its start: no idle end before its go)
+        try:
+            pool.hold(socket.socket(fileno=int(held)))
+        except OSError:
+            pass
+    pool.last = time.monotonic()  # (its imports were no idle time)
     let_key_go()  # (listening: a guard may find it now)
     said = READY + " " + json.dumps({"pid": os.getpid(), "torch": str(torch.__version__)})
     try:  # (unbuffered: nothing of it left to reach a rank's output later)

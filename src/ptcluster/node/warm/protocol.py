@@ -50,6 +50,12 @@ OWN, OWNED, KEEP, KEPT = "own", "owned", "keep", "kept"
 keeps for its life (``owned``, or ``refused`` where another guard holds it); that connection's
 end ends the pool, unless its guard sent ``keep`` first (answered ``kept``): then the pool waits
 its idle seconds for the next attempt's guard."""
+HOLD, HELD = "hold", "held"
+"""A user's pool (``run --warm``): a guard that will fork its ranks from it holds it from its
+``ready`` to its ``go`` on a connection it opened with ``hold`` (answered ``held``), or on the
+socket it gave a pool it started (``HOLD_FD_VAR``); while any is held the pool never ends by
+its idle timeout, and the end of each such connection (the ranks forked, or the guard gone)
+starts its idle clock again. Unlike ``own``, its end never ends the pool."""
 JOB_POOL_NICE = 10
 """The nice value of a job's pool while it imports (the first attempt's ranks run meanwhile)."""
 MAX_MESSAGE = 4 << 20
@@ -107,6 +113,12 @@ LOCK_FD_VAR = "PTCLUSTER_POOL_LOCK_FD"
 """In a new pool's environment: the descriptor of its key's lock, inherited from the guard
 that started it and held until the pool listens (no second pool of the key starts while the
 first imports, even once its guard stopped waiting for it)."""
+
+
+HOLD_FD_VAR = "PTCLUSTER_POOL_HOLD_FD"
+"""In a new user's pool's environment: the descriptor of one end of a socket pair whose other
+end its guard keeps (the pool is held from its start: ``HOLD``; taken out of the environment
+once it listens)."""
 
 
 def hold_key(lock: str, within: float) -> int:
