@@ -154,6 +154,10 @@ SUMMARY_FIELDS: dict[str, str] = {
                 "`run --readmit` at `planned_step`, the checkpoint every rank saved); per node, "
                 "whether its ranks were forked from a warm pool (`warm`: `run --warm`, or the "
                 "job's own pool on a restart) or started cold by torchrun.",
+    "went_cold": "Failures after which the same attempt was launched again with every "
+                 "node's ranks cold, not counted as a restart: `guard.pool-lost`, a node's warm "
+                 "pool that failed at its fork after the other nodes' had forked theirs "
+                 "(pooled and cold ranks never meet). Empty when none.",
     "spares": "Each spare that took a node's place (`spares:` of the cluster file): after "
               "which attempt, the node, the spare, and why the node was left out.",
     "duration_s": "Seconds from start to the end of the teardown.",

@@ -291,3 +291,4 @@ def test_a_pool_that_fails_at_its_fork_beside_forked_ranks_is_launched_again_all
     result = runner._attempts([], 0.0)
     assert pooled == [True, False] and result.ok and len(result.attempts) == 1, notes
     assert any(n.startswith("b: its warm pool failed at the fork") for n in notes), notes
+    assert [(f.host, f.code) for f in runner.went_cold] == [("b", POOL_LOST.code)]

@@ -131,8 +131,10 @@ def test_a_pool_lost_between_ready_and_go_launches_the_attempt_again_cold(
         assert code == 0, said
         assert f"{first.name}: its warm pool failed at the fork" in said
         assert f"{first.name}: this node's warm pool could not fork its ranks" in said
-        (attempt,) = summary["attempts"]  # (the pooled try: not counted, not recorded)
+        (attempt,) = summary["attempts"]  # (the pooled try: not counted, as an attempt)
         assert set(attempt["warm"].values()) == {False}, summary["attempts"]
+        (cold,) = summary["went_cold"]  # (but said: why every node's ranks started cold)
+        assert (cold["host"], cold["code"]) == (first.name, "guard.pool-lost"), cold
         sums = {json.loads((tmp_path / "out" / f"rank{r}.json").read_text())["sum"]
                 for r in range(4)}
         assert sums == {10.0}

@@ -241,6 +241,9 @@ class RunResult:
     environment: dict[str, Any] | None = None
     """The project's environment the ranks ran in (``venvs.runenv.Environment.to_json``),
     None without ``requirements``."""
+    went_cold: list[Failure] = field(default_factory=list)
+    """Why an attempt was launched again with every node's ranks cold, not counted as a restart
+    (``guard.pool-lost``: a node's warm pool failed at its fork after the others' had forked)."""
     ended_by: str = ""
     """Who ended the job from outside, when someone did (Slurm: scancel, the time limit,
     preemption, a requeue): the job was stopped, it did not fail (``interrupted``)."""
@@ -300,6 +303,7 @@ class RunResult:
             "gave_up_fields": {} if self.gave_up_problem is None else
             self.gave_up_problem.fields,
             "attempts": [a.to_json() for a in self.attempts],
+            "went_cold": [_failure_json(f) for f in self.went_cold],
             "spares": [{"after_attempt": a.number, "node": node, "spare": spare,
                         "why": a.dropped_why.get(node, "")}
                        for a in self.attempts for node, spare in a.replaced.items()],

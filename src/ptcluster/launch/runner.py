@@ -38,7 +38,7 @@ from ptcluster.launch.plan import (
 )
 from ptcluster.launch.port import free_port
 from ptcluster.launch.readmit_watch import ReturnWatch, Watched
-from ptcluster.launch.result import AttemptRecord, FailureKind, NodeOutcome, RunResult
+from ptcluster.launch.result import AttemptRecord, Failure, FailureKind, NodeOutcome, RunResult
 from ptcluster.launch.runlogs import RunLogs, log_files_budget
 from ptcluster.launch.stacks.collector import StackCollector
 from ptcluster.launch.supervise.restart import (
@@ -197,6 +197,9 @@ class Runner:
         self.logs, self.events = self.ctx.logs, self.ctx.events
         self.attempt: Attempt | None = None
         """The attempt that runs (or ran last)."""
+        self.went_cold: list[Failure] = []
+        """The failures for which an attempt was launched again all cold (summary's
+        ``went_cold``)."""
         self._away: dict[str, NodeOutcome] = {}
         """The nodes dropped after an attempt because they were lost (``restart.GONE``, cut
         off), each with its outcome there (its guard's pid, its boot): asked at a later
@@ -238,6 +241,7 @@ class Runner:
         result.log_errors = [f"{error} ({self.logs.lost.get(name, 0)} line(s) missing)"
                              for name, error in self.logs.errors.items()]
         result.environment = self.environment
+        result.went_cold = self.went_cold
         result.signum = self.stops.signum
         self.layout.write_summary(result.to_json())
         return result
@@ -267,6 +271,7 @@ class Runner:
                            "launching again with every node's ranks cold (not counted as a "
                            "restart)")
                 self.opts = self.ctx.opts = replace(self.opts, pooled=False)
+                self.went_cold = list(result.failures)
                 continue
             if self._may_wait(result, time.monotonic() - waiting_since):
                 self.notes.drop()
