@@ -104,8 +104,11 @@ def cluster_file_page() -> str:
 def exit_codes_page() -> str:
     from ptcluster.checkpoint.collect import TABLE as CHECKPOINT
     from ptcluster.cli.problems import TABLE as CLI
+    from ptcluster.control.kill import TABLE as KILL
+    from ptcluster.control.protocol import TABLE as CONTROL
     from ptcluster.node.blobs import TABLE as FILE
     from ptcluster.node.data_agent import TABLE as NODE_PUSH
+    from ptcluster.node.kill import TABLE as NODE_KILL
     from ptcluster.push.scan import TABLE as PUSH
     from ptcluster.remote.slurm import TABLE as SLURM
     from ptcluster.submit.sbatch import TABLE as SUBMIT
@@ -127,6 +130,16 @@ def exit_codes_page() -> str:
     lines += ["", "## What collect refuses (exit 1)", "",
               "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
     lines += problem_rows(CHECKPOINT)
+    lines += ["", "## Why kill did not end a job on a node (exit 1)", "",
+              "`kill` through the nodes' guards names each node where the job's guard was not "
+              "signalled, and why:", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(NODE_KILL + KILL)
+    lines += ["", "## Why a running job's head could not be asked (exit 1)", "",
+              "`stacks` and `kill` ask a job's head on its control socket (`kill` then goes "
+              "through the nodes' guards instead):", "",
+              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
+    lines += problem_rows(CONTROL)
     lines.append("")
     return "\n".join(lines)
 

@@ -127,14 +127,15 @@ def _label(where: str, value: Any) -> None:
         raise _bad(where, value, f"text of at most {LABEL} characters")
 
 
+SENT = record({"what": note, "fix": note, "code": optional(word), "fields": optional(bounded)})
+"""A declared problem as a node's program sends it (``node.problems.Sent``)."""
 KILL = record({"found": boolean, "pid": optional(number(1, 2**31)), "user": optional(_label),
                "note_error": optional(note), "signalled": optional(boolean),
-               "error": optional(note)})
+               "error": optional(note), "problem": optional(SENT)})
 """``node.kill``'s ``result`` (``end_job``)."""
 BOOT = record({"boot_id": optional(word), "uptime": optional(figure), "time": figure,
                "guard_alive": optional(boolean), "kernel": optional(listing(note, 64)),
-               "unfit": optional(record({"what": note, "fix": note, "code": optional(word),
-                                         "fields": optional(bounded)}))})
+               "unfit": optional(SENT)})
 """``node.probe``'s ``boot`` (``answer``; ``unfit``: its health gate's refusal, when asked)."""
 
 
