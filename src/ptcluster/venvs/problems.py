@@ -78,6 +78,11 @@ REQUIREMENTS_MISSING = Declared(
 NOT_A_FOLDER = Declared(
     "venvs.not-a-folder", "--find-links names no folder", "--find-links {folder}: not a folder",
     "give a folder of wheels")
+NOT_READY = Declared(
+    "venvs.not-ready", "some node could not get the project's environment",
+    "no rank started: the project's environment is not ready on {hosts}: {said}",
+    "fix what each node says, then run again (the other nodes keep what they built)")
 TABLE = (REQUIREMENTS_MISSING, NOT_A_FOLDER, NOT_A_REQUIREMENTS_FILE, TORCH_DIFFERS,
          PTCLUSTER_DIFFERS, PYTHON_EXCLUDED, PYTHON_DIFFERS, MACHINE_DIFFERS, NOTHING_DECLARED,
-         BUILD_UNTRUSTED, BUILD_ELSEWHERE, BUILD_NO_COMPILER, BUILD_FAILED, INDEX_UNTRUSTED)
+         BUILD_UNTRUSTED, BUILD_ELSEWHERE, BUILD_NO_COMPILER, BUILD_FAILED, INDEX_UNTRUSTED,
+         NOT_READY)
