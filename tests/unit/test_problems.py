@@ -100,7 +100,8 @@ def test_a_node_sends_a_declared_problem_and_the_head_reads_it() -> None:
     assert (words.code, words.fix, words.fields) == (None, None, {})
 
 
-SAYERS = {"at": None, "of": 0, "refuse": 0, "refused": 1, "warned": 0, "sent": None}
+SAYERS = {"at": None, "of": 0, "refuse": 0, "refused": 1, "warned": 0, "sent": None,
+          "BadReply": 0}
 """Calls that say a declared problem: the method or function, and the position of the entry
 among its arguments (None: the method's object is the entry, ``SHM_SMALL.at(host, ...)``)."""
 
