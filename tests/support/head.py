@@ -133,6 +133,19 @@ def by_rank(lines: list[str]) -> dict[tuple[str, int], list[str]]:
     return out
 
 
+def closing_table(lines: list[str]) -> dict[int, dict[str, str]]:
+    """rank -> its row of the table a run ends with (``rank``, ``host``, ``local``, ``status``,
+    ``duration``: the columns by the table's head), from the head's stderr lines."""
+    head = next(line for line in lines if line.startswith("┃"))
+    names = [cell.strip() for cell in head.strip("┃").split("┃")]
+    rows = {}
+    for line in lines:
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        if line.startswith("│") and len(cells) == len(names) and cells[0].isdigit():
+            rows[int(cells[0])] = dict(zip(names, cells, strict=True))
+    return rows
+
+
 def rank_fields(lines: list[str]) -> dict[int, dict[str, str]]:
     """rank -> the fields of the reference trainer's ``rank=R params_sha256=... start_epoch=N``
     line, from a head's prefixed output."""
