@@ -101,11 +101,20 @@ def cluster_file_page() -> str:
     return "\n".join(lines)
 
 
+def _problems_section(title: str, intro: str, entries: Iterable[Declared]) -> list[str]:
+    """A section of a page: its title, a sentence before the table (none: ""), the table."""
+    return ["", f"## {title}", "", *([intro, ""] if intro else []),
+            "| code | problem | what | fix |", "| --- | --- | --- | --- |", *problem_rows(entries)]
+
+
 def exit_codes_page() -> str:
     from ptcluster.checkpoint.collect import TABLE as CHECKPOINT
     from ptcluster.cli.problems import TABLE as CLI
+    from ptcluster.control.kill import TABLE as KILL
+    from ptcluster.control.protocol import TABLE as CONTROL
     from ptcluster.node.blobs import TABLE as FILE
     from ptcluster.node.data_agent import TABLE as NODE_PUSH
+    from ptcluster.node.kill import TABLE as NODE_KILL
     from ptcluster.push.scan import TABLE as PUSH
     from ptcluster.remote.slurm import TABLE as SLURM
     from ptcluster.submit.sbatch import TABLE as SUBMIT
@@ -113,20 +122,24 @@ def exit_codes_page() -> str:
     lines = ["# Exit codes", "", "What every `ptcluster` command exits with "
              "(`ptcluster/cli/exits.py`).", "", "| code | meaning |", "| --- | --- |"]
     lines += [f"| {code} | {_cell(meaning)} |" for code, meaning in EXIT_CODES]
-    lines += ["", "## What the command line refuses (exit 2)", "",
-              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
-    lines += problem_rows(CLI)
-    lines += ["", "## What submit, a run inside a Slurm allocation and push refuse (exit 2)", "",
-              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
-    lines += problem_rows(SUBMIT + SLURM + PUSH)
-    lines += ["", "## What a node fails a push for (exit 1)", "",
-              "`push` and `run --data` name the node (and the file); `file.*` is also why a "
-              "node could not build the project's environment (a wheel that did not arrive):", "",
-              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
-    lines += problem_rows(NODE_PUSH + FILE)
-    lines += ["", "## What collect refuses (exit 1)", "",
-              "| code | problem | what | fix |", "| --- | --- | --- | --- |"]
-    lines += problem_rows(CHECKPOINT)
+    lines += _problems_section("What the command line refuses (exit 2)", "", CLI)
+    lines += _problems_section(
+        "What submit, a run inside a Slurm allocation and push refuse (exit 2)", "",
+        SUBMIT + SLURM + PUSH)
+    lines += _problems_section(
+        "What a node fails a push for (exit 1)",
+        "`push` and `run --data` name the node (and the file); `file.*` is also why a node "
+        "could not build the project's environment (a wheel that did not arrive):",
+        NODE_PUSH + FILE)
+    lines += _problems_section("What collect refuses (exit 1)", "", CHECKPOINT)
+    lines += _problems_section(
+        "Why kill did not end a job on a node (exit 1)",
+        "`kill` through the nodes' guards names each node where the job's guard was not "
+        "signalled, and why:", NODE_KILL + KILL)
+    lines += _problems_section(
+        "Why a running job's head could not be asked (exit 1)",
+        "`stacks` and `kill` ask a job's head on its control socket (`kill` then goes through "
+        "the nodes' guards instead):", CONTROL)
     lines.append("")
     return "\n".join(lines)
 

@@ -13,6 +13,7 @@ from ptcluster.bench.formulas import (
 from ptcluster.bench.sweep import BenchConfig, run_bench
 from ptcluster.cluster.load import local_cluster
 from tests.support.head import run_head
+from tests.support.sweeps import footer
 
 
 def check_rows(rows: list[dict], n: int) -> None:
@@ -37,8 +38,9 @@ def test_local_bench_all_ops_json_plot(tmp_path) -> None:
     assert [r["size"] for r in data["rows"] if r["op"] == "all_reduce"] == [8, 64, 512, 4096,
                                                                            32768]
     check_rows(data["rows"], 2)
-    text = "\n".join(head.lines)
-    assert "# Out of bounds values : 0 OK" in text and "# Avg bus bandwidth" in text
+    end = footer("\n".join(head.lines))  # (the table's footer, as nccl-tests ends theirs)
+    assert end["Out of bounds values"] == "0 OK" and end["Avg bus bandwidth"] == \
+        f"{data['avg_busbw']:.4f} GB/s", end
     png = (tmp_path / "busbw.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     import matplotlib.image

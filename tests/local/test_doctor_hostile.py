@@ -30,18 +30,21 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     return facts
 
 
-@pytest.mark.parametrize("facts, words", [
-    (_with("hostname", "node1\nnode0"), "not a DNS name"),
-    (_with("listening", "29500"), "listening"),
-    (_with("listening.master", "29500; rm"), "listening.master"),
-    (_with("interfaces", [{"name": 7, "ipv4": ["1.2.3.4/8"]}]), "interfaces[0].name"),
-    (_with("gpus", {"driver": "5" * 2_000_000}), "gpus.driver"),
-    (_with("master.addrs", ["10.0.0.1"] * 100_000), "master.addrs"),
-    (_with("time", float("nan")), "time"),
-    ({"hostname": "node1"}, "time is None, not there"),
+REFUSED = "node.doctor-facts-refused"
+
+
+@pytest.mark.parametrize("facts, said", [
+    (_with("hostname", "node1\nnode0"), ("node.hostname-refused", None)),
+    (_with("listening", "29500"), (REFUSED, "listening")),
+    (_with("listening.master", "29500; rm"), (REFUSED, "listening.master")),
+    (_with("interfaces", [{"name": 7, "ipv4": ["1.2.3.4/8"]}]), (REFUSED, "interfaces[0].name")),
+    (_with("gpus", {"driver": "5" * 2_000_000}), (REFUSED, "gpus.driver")),
+    (_with("master.addrs", ["10.0.0.1"] * 100_000), (REFUSED, "master.addrs")),
+    (_with("time", float("nan")), (REFUSED, "time")),
+    ({"hostname": "node1"}, (REFUSED, "time")),
     (["not", "a", "table"], "not an object"),
 ])
-def test_a_node_with_malformed_facts_is_its_own_failure(facts: Any, words: str,
+def test_a_node_with_malformed_facts_is_its_own_failure(facts: Any, said: Any,
                                                         tmp_path: Path) -> None:
     (tmp_path / "facts.json").write_text(json.dumps(facts))
     spec = parse_cluster_text("nodes: [{host: evil}, {host: localhost}]\n", "c.yaml")
@@ -51,7 +54,10 @@ def test_a_node_with_malformed_facts_is_its_own_failure(facts: Any, words: str,
     reports = collect_facts(spec, transports, master_port=0, timeout=60)
     evil, good = reports["evil"], reports["localhost"]
     assert evil.facts is None and evil.problem is not None
-    assert words in str(evil.problem)
+    if isinstance(said, str):  # (the frame is no object: the channel's bad frame, in words)
+        assert evil.problem.code is None and said in str(evil.problem), evil.problem
+    else:  # (code, the key path refused): the value itself is in the problem's fields
+        assert (evil.problem.code, evil.problem.fields.get("where")) == said, evil.problem
     assert good.ok and good.facts is not None and good.problem is None
     results = run_checks(spec, reports)  # never an exception from the bad node's reply
     assert any(r.host == "evil" and r.status == "fail" for r in results)

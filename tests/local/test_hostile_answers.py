@@ -44,8 +44,8 @@ def test_a_malformed_kill_answer_is_that_nodes_failure(evil: Any, tmp_path: Path
     monkeypatch.setattr(kill, "transports", lambda spec: reach)
     stop = kill.stop_through_guards(SPEC, "j-1", "TERM", {"user": "me"}, timeout=30)
     assert stop.signalled == ["good"]
-    assert list(stop.failed) == ["evil"] and "malformed answer" in stop.failed["evil"]
-    assert len(stop.failed["evil"]) < 400 and not stop.refused
+    assert list(stop.failed) == ["evil"] and stop.failed["evil"].code == "kill.malformed-answer"
+    assert len(str(stop.failed["evil"])) < 400 and not stop.refused
 
 
 @pytest.mark.parametrize("evil", [

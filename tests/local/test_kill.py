@@ -233,16 +233,21 @@ def test_only_the_owner_or_root_is_answered_on_the_socket() -> None:
     shared = Path(tempfile.mkdtemp(dir="/tmp", prefix="ptc-control-"))
     os.chmod(shared, 0o755)
     server = ControlServer(shared, lambda request: {"ok": True, "asked": request})
-    code = ("import sys, json; from pathlib import Path; from ptcluster.control.protocol import "
-            "ask; print(json.dumps(ask(Path(sys.argv[1]), {'cmd': 'x'}, timeout=5, owner=0)))")
+    code = ("import sys, json; from pathlib import Path\n"
+            "from ptcluster.control.protocol import ControlError, ask\n"
+            "try: print(json.dumps(ask(Path(sys.argv[1]), {'cmd': 'x'}, timeout=5, owner=0)))\n"
+            "except ControlError as e: print(json.dumps([e.code, e.problem.fields]))")
+
+    def refused() -> list:
+        as_nobody = _nobody(code, str(shared))
+        assert as_nobody.returncode == 0, as_nobody.stdout + as_nobody.stderr
+        return json.loads(as_nobody.stdout)
+
     try:
         assert ask(shared, {"cmd": "x"}) == {"ok": True, "asked": {"cmd": "x"}}
-        as_nobody = _nobody(code, str(shared))
-        assert "Permission denied" in as_nobody.stderr, as_nobody.stdout + as_nobody.stderr
+        assert refused() == ["control.not-asked", {"why": "Permission denied"}]
         os.chmod(RunDir(shared).control_socket, 0o666)
-        as_nobody = _nobody(code, str(shared))
-        assert "closed the connection without an answer" in as_nobody.stderr, \
-            as_nobody.stdout + as_nobody.stderr  # the peer uid check
+        assert refused() == ["control.closed", {"run_dir": str(shared)}]  # the peer uid check
         assert ask(shared, {"cmd": "x"})["ok"]  # the owner still is
     finally:
         server.close()

@@ -45,8 +45,9 @@ def test_a_lease_is_exclusive_says_who_and_is_released(lease_dir) -> None:
     assert leases.take("port-29500", OWNER) is None  # another open file: refused
     who = leases.holder("port-29500")
     assert who is not None and who["job_id"] == OWNER["job_id"] and who["pid"] == os.getpid()
-    assert "job 20261201-0930-ab12 (" in leases.describe(who) and "python train.py" in \
-        leases.describe(who)
+    since = time.strftime("%H:%M", time.localtime(who["since"]))
+    assert leases.describe(who) == f"job 20261201-0930-ab12 ({who['user']}, python train.py, " \
+        f"since {since}, head laptop)"  # (the rendering every refusal of a held thing says)
     info = Path(first.info_path)
     assert oct(info.stat().st_mode & 0o777) == "0o644"  # world-readable: never a secret
     assert json.loads(info.read_text())["resource"] == "port-29500"
@@ -336,6 +337,8 @@ def test_kill_by_another_user_is_refused_by_the_kernel_and_by_the_owner_works(tm
         refused = json.loads(as_nobody.stdout)
         assert refused["found"] and refused["signalled"] is False, refused
         assert refused["error"] == "job J9 is root's: only root may end it", refused
+        assert (refused["problem"]["code"], refused["problem"]["fields"]) == (
+            "kill.not-yours", {"job_id": "J9", "owner": "root", "allowed": "root"}), refused
         assert holder.poll() is None  # untouched
         assert not list(shared.glob("ptcluster-kill-*"))  # nobody's note went with the refusal
         mine = subprocess.run([sys.executable, "-c", ask, str(shared), "root"],

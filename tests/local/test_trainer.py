@@ -23,7 +23,10 @@ from ptcluster.examples.mnist import train as train_mod
 from ptcluster.examples.mnist.config import TrainConfig, parse_config
 from ptcluster.examples.mnist.train import main as train_main
 from ptcluster.examples.mnist.world import World
-from tests.support.head import only_run, rank_fields, run_head
+from tests.support.head import by_rank, only_run, rank_fields, run_head
+
+EPOCH = re.compile(r"\bepoch (\d+/\d+) loss=")
+"""The trainer's line at an epoch's end: which epoch of how many."""
 
 
 def write_idx(path, tensor: torch.Tensor, gz: bool) -> None:
@@ -196,8 +199,9 @@ def test_ddp_trainer_reaches_accuracy_with_identical_params(tmp_path, no_leftove
     ranks = rank_fields(head.lines)
     assert [ranks[r]["start_epoch"] for r in (0, 1)] == ["5", "5"], ranks
     assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"], ranks
-    assert "[localhost:0] epoch 6/6" in "\n".join(head.lines) and "epoch 5/6" not in \
-        "\n".join(head.lines)
+    epochs = {who: [m.group(1) for m in map(EPOCH.search, lines) if m]
+              for who, lines in by_rank(head.lines).items()}
+    assert {who: e for who, e in epochs.items() if e} == {("localhost", 0): ["6/6"]}, epochs
     assert end_epochs(tmp_path / "checkpoints") == {4, 5}
 
 

@@ -76,17 +76,21 @@ def test_the_flag_wins_over_the_key_relative_to_the_cwd(cli, monkeypatch: MP,
 
 
 @pytest.mark.parametrize(("args", "file", "said"), [
-    (["--requirements", "Pipfile"], "Pipfile", "not a file ptcluster reads an environment from"),
-    (["--requirements", "missing/requirements.txt"], None, "is not there"),
+    (["--requirements", "Pipfile"], "Pipfile",
+     ("venvs.not-a-requirements-file", {"path": "Pipfile"})),
+    (["--requirements", "missing/requirements.txt"], None,
+     ("venvs.requirements-missing", {"path": "missing/requirements.txt"})),
     (["--requirements", "requirements.txt"], "requirements.txt",
-     "may name another index only when you trust it"),
+     ("venvs.index-untrusted", {"source": "requirements.txt",
+                                "elsewhere": "--extra-index-url https://mirror.invalid/simple "
+                                             "(requirements.txt:1)"})),
     (["--requirements", "requirements.txt", "--find-links", "no-such-dir"], None,
-     "not a folder"),
+     ("venvs.not-a-folder", {"folder": "no-such-dir"})),
 ])
 @pytest.mark.parametrize("command", ["run", "doctor", "env"])
 def test_bad_input_is_exit_2_before_any_node(cli, monkeypatch: MP, project: Path,
                                              command: str, args: list[str], file: str | None,
-                                             said: str) -> None:
+                                             said: tuple[str, dict[str, str]]) -> None:
     monkeypatch.chdir(project)
     if file == "requirements.txt":
         (project / file).write_text("--extra-index-url https://mirror.invalid/simple\nalpha\n")
@@ -95,7 +99,8 @@ def test_bad_input_is_exit_2_before_any_node(cli, monkeypatch: MP, project: Path
     argv = [command, *args] + (["train.py"] if command == "run" else [])
     code, out, err = cli(*argv)
     assert code == 2, (out, err)
-    assert said in err and "Traceback" not in err
+    assert (cli.problem.code, cli.problem.fields) == said, err
+    assert str(cli.problem) in err and "Traceback" not in err  # (said as one line)
     assert "node-that-is-not-there" not in err  # refused before any node was tried
 
 

@@ -121,6 +121,31 @@ def job_id_when_started(runs: Path, timeout: float = 60.0) -> str:
     raise AssertionError("no run directory appeared")
 
 
+def by_rank(lines: list[str]) -> dict[tuple[str, int], list[str]]:
+    """(node, rank) -> the lines that rank printed (stdout and stderr, in the order the head
+    printed them), from a head's ``[node:rank] text`` prefixed output; node lines (``[node]``)
+    and the head's own are left out."""
+    out: dict[tuple[str, int], list[str]] = {}
+    for line in lines:
+        m = re.match(r"\[([^]\s]+):(\d+)\] ?(.*)", line)
+        if m:
+            out.setdefault((m.group(1), int(m.group(2))), []).append(m.group(3))
+    return out
+
+
+def closing_table(lines: list[str]) -> dict[int, dict[str, str]]:
+    """rank -> its row of the table a run ends with (``rank``, ``host``, ``local``, ``status``,
+    ``duration``: the columns by the table's head), from the head's stderr lines."""
+    head = next(line for line in lines if line.startswith("┃"))
+    names = [cell.strip() for cell in head.strip("┃").split("┃")]
+    rows = {}
+    for line in lines:
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        if line.startswith("│") and len(cells) == len(names) and cells[0].isdigit():
+            rows[int(cells[0])] = dict(zip(names, cells, strict=True))
+    return rows
+
+
 def rank_fields(lines: list[str]) -> dict[int, dict[str, str]]:
     """rank -> the fields of the reference trainer's ``rank=R params_sha256=... start_epoch=N``
     line, from a head's prefixed output."""

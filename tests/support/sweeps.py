@@ -18,3 +18,11 @@ def sweep_result(pairs: bool) -> BenchResult:
     return BenchResult(world_size=8, backend="nccl", rows=rows, pairs=[
         {"a": hosts[i], "b": hosts[j], "bytes": 16 << 20, "gbps": 10.0 * (i + j + 1)}
         for i in range(3) for j in range(i + 1, 3)] if pairs else [])
+
+
+def footer(text: str) -> dict[str, str]:
+    """The ``# name : value`` lines that end a bench table (nccl-tests' footer: ``Out of bounds
+    values``, ``Avg bus bandwidth``), by name."""
+    return {name.strip(): value.strip() for name, _, value in
+            (line[2:].partition(" : ") for line in text.splitlines()
+             if line.startswith("# ") and " : " in line)}

@@ -9,6 +9,7 @@ import pytest
 
 from ptcluster.bench.formulas import bus_factor
 from tests.support.head import Head, run_head
+from tests.support.sweeps import footer
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 PY = sys.executable
@@ -34,7 +35,13 @@ def test_bench_4_ranks_with_pair_matrix(testbed, tmp_path) -> None:
     assert pairs == {(names[0], names[1]), (names[0], names[2]), (names[1], names[2])}
     assert all(p["gbps"] > 0 for p in data["pairs"])
     text = "\n".join(head.lines)
-    assert "# node-pair bandwidth" in text and "# Out of bounds values : 0 OK" in text
+    assert footer(text)["Out of bounds values"] == "0 OK", text
+    # the pair matrix: a row per node, its bandwidth to each node as the JSON says
+    hosts = list(dict.fromkeys([p["a"] for p in data["pairs"]] + [p["b"] for p in data["pairs"]]))
+    rows = {cells[1]: cells[2:] for cells in (line.split() for line in head.lines)
+            if cells[:1] == ["#"] and len(cells) == len(hosts) + 2 and cells[1] in hosts}
+    gbps = {frozenset((p["a"], p["b"])): f"{p['gbps']:.3f}" for p in data["pairs"]}
+    assert rows == {a: [gbps.get(frozenset((a, b)), "-") for b in hosts] for a in hosts}, text
     low = min(data["pairs"], key=lambda p: p["gbps"])  # named, with the median, in both
     slowest = data["slowest_pair"]
     assert (slowest["a"], slowest["b"], slowest["gbps"]) == (low["a"], low["b"], low["gbps"])

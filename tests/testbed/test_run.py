@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ptcluster.launch.options import RunOptions
+from ptcluster.node.guard.refusal import PORT_LEASED
 from tests.support.head import Head, job_id_when_started, only_run, run_head
 from tests.support.procs import job_processes
 from tests.support.testbed import next_port
@@ -358,9 +359,12 @@ def test_a_fixed_port_held_by_a_running_job_is_refused_naming_it(testbed, job_di
     finally:
         first.signal(signal.SIGINT)
         first.wait(timeout=30)
-    assert f"{testbed.nodes[0].name}: master port {port} is in use on this node by job {job} " \
-        f"(root, python sleeper.py, since " in err, err
-    assert "master.port: auto" in err, err
+    cause = only_run(job_dir / "runs")[1]["root_cause"]
+    assert (cause["host"], cause["code"], cause["fields"]["port"], cause["fix"]) == (
+        testbed.nodes[0].name, "guard.port-leased", str(port), PORT_LEASED.fix), err
+    assert cause["fields"]["holder"].startswith(f"job {job} (root, python sleeper.py, since "), \
+        cause  # (leases.describe: who holds it)
+    assert cause["message"] in err and PORT_LEASED.fix in err, err  # (said so)
 
 
 def test_jobs_share_gpus_by_lease_and_a_taken_gpu_is_refused_naming_its_job(

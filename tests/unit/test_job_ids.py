@@ -28,7 +28,9 @@ def test_an_id_that_is_a_path_is_refused_everywhere(job_id: str, tmp_path, monke
     assert not valid_job_id(job_id)
     monkeypatch.setattr(leases, "LEASE_DIR", str(tmp_path))
     said = kill.end_job(job_id, "TERM", {"host": "h", "user": "root"})
-    assert said["found"] is False and "is not a job id" in said["error"]
+    assert said["found"] is False and said.get("signalled") is None
+    assert (said["problem"]["code"], said["problem"]["fields"]) == (
+        "kill.not-a-job-id", {"job_id": repr(job_id[:80])})
     assert list(tmp_path.iterdir()) == []  # no kill note, wherever it would have gone
     assert not leases.well_formed({"pid": 1, "uid": 0, "since": 1.0, "job_id": job_id})
     with pytest.raises(ValueError, match="is not a job id"):

@@ -237,7 +237,8 @@ def test_versions_that_differ_are_said_at_go_and_explain_an_unknown_failure() ->
         sup.on_event(ev.Hello(host, wire.VERSION, 10, WALL + 1.0), 1.0)
         notes += [a.text for a in sup.on_event(ev.Ready(host, facts[host]), 1.0)
                   if isinstance(a, Status)]
-    assert any("a: torch 2.4.0, b: torch 2.5.1" in n for n in notes)
+    assert notes[0] == "the nodes' versions differ (a: torch 2.4.0, b: torch 2.5.1): " \
+        f"{VERSIONS.fix}"  # (said first at go: the rendering, whole)
     raised(sup, "b", 2, ValueError("cannot unpickle"), 3.0)
     rc = sup.failures[0]
     assert rc.known == "versions-differ" and rc.facts["versions"] == differing_versions(facts)

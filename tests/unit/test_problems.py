@@ -17,6 +17,8 @@ import pytest
 import ptcluster
 from ptcluster.checkpoint.collect import TABLE as CHECKPOINT
 from ptcluster.cli.problems import TABLE as CLI
+from ptcluster.control.kill import TABLE as KILL
+from ptcluster.control.protocol import TABLE as CONTROL
 from ptcluster.doctor.findings import SHM_SMALL, TABLE, Finding
 from ptcluster.errors import Problem, PtclusterError
 from ptcluster.launch.problems import TABLE as RUN
@@ -25,6 +27,7 @@ from ptcluster.node.data_agent import TABLE as NODE_PUSH
 from ptcluster.node.facts.health import REFUSALS, WARNINGS
 from ptcluster.node.guard.refusal import TABLE as GUARD
 from ptcluster.node.guard.refusal import GuardError, refuse
+from ptcluster.node.kill import TABLE as NODE_KILL
 from ptcluster.node.problems import Declared, lint, placeholders
 from ptcluster.node.venv_problems import PACKAGE_DIFFERS
 from ptcluster.node.venv_problems import TABLE as NODE_VENVS
@@ -36,7 +39,8 @@ from ptcluster.venvs.problems import TABLE as VENVS
 
 TABLES = {"doctor": TABLE, "node": NODE, "health": REFUSALS + WARNINGS, "guard": GUARD,
           "run": RUN, "venvs": VENVS + NODE_VENVS, "cli": CLI, "submit": SUBMIT, "slurm": SLURM,
-          "checkpoint": CHECKPOINT, "push": PUSH + NODE_PUSH, "file": FILE}
+          "checkpoint": CHECKPOINT, "push": PUSH + NODE_PUSH, "file": FILE,
+          "kill": NODE_KILL + KILL, "control": CONTROL}
 EVERY = [e for entries in TABLES.values() for e in entries]
 SRC = Path(ptcluster.__file__).parent
 
@@ -96,7 +100,8 @@ def test_a_node_sends_a_declared_problem_and_the_head_reads_it() -> None:
     assert (words.code, words.fix, words.fields) == (None, None, {})
 
 
-SAYERS = {"at": None, "of": 0, "refuse": 0, "refused": 1, "warned": 0, "sent": None}
+SAYERS = {"at": None, "of": 0, "refuse": 0, "refused": 1, "warned": 0, "sent": None,
+          "BadReply": 0}
 """Calls that say a declared problem: the method or function, and the position of the entry
 among its arguments (None: the method's object is the entry, ``SHM_SMALL.at(host, ...)``)."""
 

@@ -71,9 +71,14 @@ def test_a_well_formed_reply_passes_and_keeps_only_what_was_asked() -> None:
 def test_a_reply_with_a_line_break_fails_that_node_at_the_ask(where: str) -> None:
     with pytest.raises(NodeFailure) as failed:
         asked(reply_of(evil(where)), ["os", "slurm"])
-    what = failed.value.problem.what
-    assert "hostname" in what if where == "hostname" else "the node's facts are refused" in what
-    assert failed.value.problem.fix
+    problem = failed.value.problem
+    if where == "hostname":
+        assert (problem.code, problem.fields) == (
+            "node.hostname-refused", {"hostname": repr("gpu-c\nPrologSlurmctld=/home/m/x")})
+    else:  # the value as the node sent it, shown (repr: the line break is not written)
+        assert problem.code == "node.facts-refused" and set(problem.fields) == {
+            "where", "value", "want"} and repr(INJECTED)[1:-1] in problem.fields["value"]
+    assert problem.fix
 
 
 @pytest.mark.parametrize("bad", [
@@ -156,3 +161,20 @@ def test_the_gpu_section_checked_is_the_keys_its_writer_declares() -> None:
     from ptcluster.node.facts.setup_facts import SetupGpu
 
     assert set(replies.GPU.fields) == set(SetupGpu.__annotations__)
+
+
+def test_a_refused_value_is_said_of_the_reply_it_came_in() -> None:
+    """The doctor's facts, a node program's answer and a sample refuse a value as the facts do
+    (``BadReply.said_of``): their entries take the same fields."""
+    from ptcluster.remote.diagnoses import (
+        ANSWER_REFUSED,
+        DOCTOR_FACTS_REFUSED,
+        FACTS_REFUSED,
+        SAMPLE_REFUSED,
+    )
+
+    assert {e.fields for e in (DOCTOR_FACTS_REFUSED, ANSWER_REFUSED, SAMPLE_REFUSED)} == {
+        FACTS_REFUSED.fields}
+    with pytest.raises(replies.BadReply) as refused:
+        replies.sample_reply({"t": "soon"})
+    assert refused.value.problem.code == "node.sample-refused"

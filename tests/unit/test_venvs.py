@@ -85,7 +85,9 @@ def test_failed_nodes_in_one_message() -> None:
                         {})
     assert not result.ok and list(result.failed) == ["n2"]
     err = EnvironmentFailed([n.problem for n in result.failed.values() if n.problem])
-    assert "n2: disk full. Fix: free" in str(err) and err.exit_code == 1
+    assert err.problems == [result.failed["n2"].problem] and err.exit_code == 1
+    assert (err.code, err.problem.fields) == ("venvs.not-ready", {
+        "hosts": "n2", "said": "n2: disk full. Fix: free"})  # (each node's, as it says it)
 
 
 @pytest.mark.parametrize(("python", "kept"), [

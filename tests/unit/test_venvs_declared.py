@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ptcluster.cluster.trust import TRUST_FLAG
 from ptcluster.errors import UsageError
 from ptcluster.venvs.declared import kind_of, read_declared
 from ptcluster.venvs.platforms import best_file, linux_platforms, uv_platform
@@ -177,9 +178,10 @@ def test_requirements_index_lines_are_noted_for_trust(tmp_path: Path) -> None:
     assert read_declared(path, LINUX).indexes == ("https://mirror.example/simple", "https://x/s")
     with pytest.raises(UsageError) as exc:
         check_trust(read_declared(path, LINUX), trusted=False)
-    assert "--index-url https://mirror.example/simple" in str(exc.value)
-    assert "--trust-cluster-file" in str(exc.value)
-    assert exc.value.exit_code == 2
+    problem = exc.value.problem
+    assert (problem.code, problem.fields) == ("venvs.index-untrusted", {
+        "source": str(path), "elsewhere": elsewhere[0]}) and exc.value.exit_code == 2
+    assert TRUST_FLAG in str(problem.fix)
     check_trust(read_declared(path, LINUX), trusted=True)  # vouched for: allowed
 
 

@@ -60,11 +60,11 @@ def _say_guards(job_id: str, signame: str, stop: GuardsStop) -> int:
                    f"{', '.join(stop.signalled)}")
     alike: dict[str, list[str]] = {}  # every node of the job says the same: one line
     for host, why in stop.refused.items():
-        alike.setdefault(why, []).append(host)
-    for why, hosts in alike.items():
-        say(f"ptcluster: {why} (on {', '.join(hosts)})", err=True)
+        alike.setdefault(why.what, []).append(host)
+    for what, hosts in alike.items():
+        say(f"ptcluster: {what} (on {', '.join(hosts)})", err=True)
     for host, why in stop.failed.items():
-        say(f"ptcluster: {host}: {why}", err=True)
+        say(f"ptcluster: {host}: {why.what}", err=True)
     if not stop.signalled and not stop.refused:
         say(f"ptcluster: no job {job_id} runs on these nodes "
                    "(`ptcluster ps --all-users` lists them)", err=True)

@@ -19,12 +19,25 @@ from dataclasses import dataclass, field
 from ptcluster.cluster import ClusterSpec
 from ptcluster.control import registry as heads
 from ptcluster.control.protocol import ControlError, alive, ask, kill_request
+from ptcluster.errors import Problem
 from ptcluster.node import KILL
+from ptcluster.node.problems import Declared
 from ptcluster.node.wire import Kind
 from ptcluster.remote.connect import transports
 from ptcluster.remote.group import Member, ask_all
 from ptcluster.remote.node_replies import kill_answer
 from ptcluster.remote.replies import BadReply
+
+NO_ANSWER = Declared(
+    "kill.no-answer", "a node gave no answer to kill", "no answer",
+    "check that the node is up and reachable (`ptcluster doctor`), then kill again")
+MALFORMED = Declared(
+    "kill.malformed-answer", "a node's answer to kill is not one",
+    "it sent a malformed answer: {why}",
+    "check that node (a node that sends this may be compromised)")
+TABLE = (NO_ANSWER, MALFORMED)
+"""What the head says of a node that did not say what became of the job's guard there (the
+node's own answers: ``node.kill.TABLE``)."""
 
 ANSWER_TIMEOUT = 5.0
 """Seconds a head has to take the request (it answers at once; the stop goes on after)."""
@@ -79,10 +92,11 @@ class GuardsStop:
 
     signalled: list[str] = field(default_factory=list)
     """The nodes whose guard of the job got the signal (it tears its job down by itself)."""
-    refused: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, Problem] = field(default_factory=dict)
     """Per node where the job runs but its guard was not signalled: why (another user's)."""
-    failed: dict[str, str] = field(default_factory=dict)
-    """Per node that could not be asked, or could not say: why."""
+    failed: dict[str, Problem] = field(default_factory=dict)
+    """Per node that could not be asked, or could not say: why (``kill.*`` codes, or the
+    connection's ``node.*``)."""
 
     @property
     def ok(self) -> bool:
@@ -99,20 +113,23 @@ def stop_through_guards(spec: ClusterSpec, job_id: str, signame: str, by: dict[s
     result = ask_all([Member(n.host, reach[n.host], n.python, config) for n in spec.machines],
                      KILL, Kind.RESULT, timeout)
     signalled: list[str] = []
-    refused: dict[str, str] = {}
-    failed: dict[str, str] = {}
+    refused: dict[str, Problem] = {}
+    failed: dict[str, Problem] = {}
     for host, node in result.nodes.items():
         said = node.answers.get(Kind.RESULT)
         if said is None:
-            failed[host] = "no answer" if node.problem is None else node.problem.what
+            failed[host] = Problem.of(NO_ANSWER, host) if node.problem is None else node.problem
             continue
         try:
             answer = kill_answer(said)
         except BadReply as exc:
-            failed[host] = f"it sent a malformed answer: {exc.what}"
+            failed[host] = Problem.of(MALFORMED, host, why=exc.what)
             continue
         if answer.get("signalled"):
             signalled.append(host)
         if answer.get("error"):
-            (refused if answer.get("found") else failed)[host] = answer.get("error") or ""
+            sent = answer.get("problem")
+            why = Problem(host, answer.get("error") or "") if sent is None else \
+                Problem.received(host, sent)
+            (refused if answer.get("found") else failed)[host] = why
     return GuardsStop(signalled, refused, failed)

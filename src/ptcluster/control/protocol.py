@@ -23,6 +23,7 @@ from typing import Any, TypedDict, cast
 
 from ptcluster.errors import PtclusterError
 from ptcluster.launch.supervise.straggler import Report
+from ptcluster.node.problems import Declared
 from ptcluster.node.sharing import safefile
 from ptcluster.rundir import RunDir
 
@@ -119,7 +120,36 @@ def kill_request(job_id: str, signame: str, by: dict[str, str]) -> dict[str, Any
 
 
 class ControlError(PtclusterError):
-    """The running job cannot be asked (not running, or no answer)."""
+    """The running job cannot be asked (not running, or no answer): ``TABLE``'s problems."""
+
+
+NO_JOB = Declared(
+    "control.no-job", "no job runs in that run directory", "no job is running in {run_dir} "
+    "(no {socket})", "give the run directory of a running job (see ./ptcluster-runs)")
+HEAD_GONE = Declared(
+    "control.head-gone", "the job's head is gone",
+    "the job of {run_dir} is no longer running (its head is gone)",
+    "give the run directory of a running job")
+NOT_ASKED = Declared(
+    "control.not-asked", "the job's control socket could not be reached", "{why}: not asked",
+    "give the run directory of your own job")
+NOT_OWNER = Declared(
+    "control.not-owner", "the control socket is another user's",
+    "{socket} is served by uid {uid}, not by uid {owner}",
+    "give the run directory of your own job")
+NO_ANSWER = Declared(
+    "control.no-answer", "the job's head did not answer in time",
+    "the head of {run_dir} did not answer in {timeout} s",
+    "try again; the job itself is not affected")
+CLOSED = Declared(
+    "control.closed", "the job's head closed the connection without an answer",
+    "the head of {run_dir} closed the connection without an answer",
+    "try again while the job runs")
+BAD_ANSWER = Declared(
+    "control.bad-answer", "the job's head gave a bad answer",
+    "the head of {run_dir} gave a bad answer", "report this bug")
+TABLE = (NO_JOB, HEAD_GONE, NOT_ASKED, NOT_OWNER, NO_ANSWER, CLOSED, BAD_ANSWER)
+"""Why a running job's head could not be asked (``stacks``, ``kill``, ``warm``)."""
 
 
 def peer_uid(conn: socket.socket) -> int:
@@ -136,35 +166,29 @@ def ask(run_dir: Path, request: dict[str, Any], timeout: float = 30.0,
     owner = os.getuid() if owner is None else owner
     path = RunDir(run_dir).control_socket
     if not path.exists():
-        raise ControlError(f"no job is running in {run_dir} (no {path.name})",
-                           "give the run directory of a running job (see ./ptcluster-runs)")
+        raise ControlError.of(NO_JOB, run_dir=run_dir, socket=path.name)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         try:
             at_short_path(path, lambda short: s.connect(short), owner)
         except (ConnectionRefusedError, FileNotFoundError):
-            raise ControlError(f"the job of {run_dir} is no longer running (its head is gone)",
-                               "give the run directory of a running job") from None
+            raise ControlError.of(HEAD_GONE, run_dir=run_dir) from None
         except OSError as exc:  # (not ours, not a socket, no directory)
-            raise ControlError(f"{exc.strerror or exc}: not asked",
-                               "give the run directory of your own job") from None
+            raise ControlError.of(NOT_ASKED, why=exc.strerror or exc) from None
         if peer_uid(s) != owner:
-            raise ControlError(f"{path} is served by uid {peer_uid(s)}, not by uid {owner}",
-                               "give the run directory of your own job")
+            raise ControlError.of(NOT_OWNER, socket=path, uid=peer_uid(s), owner=owner)
         try:
             s.sendall(json.dumps(request).encode() + b"\n")
             line = s.makefile("rb").readline()
         except TimeoutError:
-            raise ControlError(f"the head of {run_dir} did not answer in {timeout:.0f} s",
-                               "try again; the job itself is not affected") from None
+            raise ControlError.of(NO_ANSWER, run_dir=run_dir, timeout=f"{timeout:.0f}") from None
         except (ConnectionResetError, BrokenPipeError):
             line = b""  # (closed before or after our request: we are not its owner)
     if not line:
-        raise ControlError(f"the head of {run_dir} closed the connection without an answer",
-                           "try again while the job runs")
+        raise ControlError.of(CLOSED, run_dir=run_dir)
     answer = json.loads(line)
     if not isinstance(answer, dict):
-        raise ControlError(f"the head of {run_dir} gave a bad answer", "report this bug")
+        raise ControlError.of(BAD_ANSWER, run_dir=run_dir)
     return answer
 
 

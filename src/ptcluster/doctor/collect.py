@@ -119,5 +119,5 @@ def _refused(r: NodeResult) -> Problem | None:
     try:
         doctor_reply(r.answers[Kind.READY])
     except BadReply as exc:
-        return Problem(None, exc.what, exc.fix)
+        return exc.problem
     return None

@@ -309,14 +309,17 @@ class Runner:
                 and record.checkpoint is None)
 
     def _reship(self, result: RunResult) -> None:
-        """Ship and build the environment (``Reship``), then the same job on its plan."""
+        """Ship and build the environment (``Reship``), then the same job on its plan;
+        ``summary.json``'s ``environment.reshipped``: each node's guard's refusal that made it
+        (its code)."""
         assert self.reship is not None
         hosts = sorted({f.host for f in result.failures})
         self.notes(f"the project's environment is not ready on {', '.join(hosts)}: "
                    "shipping it, then launching again")
         got, self.reship = self.reship(self.plan), None
         self.plan = self._first = got.plan
-        self.environment = got.environment
+        self.environment = {**got.environment,
+                            "reshipped": {f.host: f.code for f in result.failures}}
         if self.restarts is not None:
             self.restarts = replace(self.restarts, spec=got.spec)
         self.layout.write_plan(self.plan.attempt, plan_json(self.plan, self.opts))

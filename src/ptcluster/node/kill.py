@@ -23,9 +23,25 @@ import sys
 import time
 from typing import TypedDict
 
+from ptcluster.node.problems import Declared, Sent
 from ptcluster.node.sharing.leases import RECORD_MODE, held_all, kill_note
 from ptcluster.node.sharing.records import unlink, valid_job_id, write_record
 from ptcluster.node.wire import Kind, encode, hello
+
+NOT_A_JOB_ID = Declared(
+    "kill.not-a-job-id", "kill asked a node with a job id that is not one",
+    "{job_id} is not a job id",
+    "give the id `ptcluster ps` shows (letters, digits, '.', '_', '-')")
+ENDED_MEANWHILE = Declared(
+    "kill.ended-meanwhile", "the job's guard ended before it was signalled",
+    "its guard ended meanwhile", "none needed: the job's part on that node has ended")
+NOT_YOURS = Declared(
+    "kill.not-yours", "the job is another user's",
+    "job {job_id} is {owner}'s: only {allowed} may end it",
+    "ask {owner} to end it (`ptcluster kill` as that user), or root")
+TABLE = (NOT_A_JOB_ID, ENDED_MEANWHILE, NOT_YOURS)
+"""Why a node's guard of a job was not signalled (``kill.*``: the ``result`` frame's
+``problem``; the head adds its own, ``control.kill.TABLE``)."""
 
 
 def guard_of(pid: int, uid: int, job_id: str) -> bool:
@@ -76,12 +92,20 @@ class KillAnswer(TypedDict, total=False):
     """Why the note of who asked could not be written (the signal is sent all the same)."""
     signalled: bool
     error: str
-    """Why it was not signalled (not a job id, another user's, ended meanwhile)."""
+    """Why it was not signalled (not a job id, another user's, ended meanwhile): its
+    ``problem``'s what."""
+    problem: Sent
+    """The same, declared (``TABLE``: its code and fields)."""
+
+
+def _not_signalled(out: KillAnswer, problem: Sent) -> KillAnswer:
+    out["error"], out["problem"] = problem["what"], problem
+    return out
 
 
 def end_job(job_id: str, signame: str, by: dict) -> KillAnswer:
     if not valid_job_id(job_id):  # (kill's note is named by it, in the shared lease dir)
-        return {"found": False, "error": f"{job_id[:80]!r} is not a job id"}
+        return _not_signalled({"found": False}, NOT_A_JOB_ID.sent(job_id=repr(job_id[:80])))
     here = socket.gethostname()  # (a lock directory may be shared with other nodes)
     guards = [r for r in held_all() if r.get("resource") == f"job-{job_id}"
               and r.get("job_id") == job_id and r.get("node") == here
@@ -98,15 +122,15 @@ def end_job(job_id: str, signame: str, by: dict) -> KillAnswer:
         out["signalled"] = _signal(record["pid"], record["uid"], job_id,
                                    getattr(signal, "SIG" + signame))
         if not out["signalled"]:
-            out["error"] = "its guard ended meanwhile"
+            _not_signalled(out, ENDED_MEANWHILE.sent())
     except PermissionError:
         out["signalled"] = False
         owner = record.get("user") or "?"
-        out["error"] = (f"job {job_id} is {owner}'s: only {owner}"
-                        f"{'' if owner == 'root' else ' or root'} may end it")
+        _not_signalled(out, NOT_YOURS.sent(job_id=job_id, owner=owner, allowed=owner + (
+            "" if owner == "root" else " or root")))
     except ProcessLookupError:
         out["signalled"] = False
-        out["error"] = "its guard ended meanwhile"
+        _not_signalled(out, ENDED_MEANWHILE.sent())
     if not out["signalled"]:
         unlink(kill_note(job_id, uid=os.getuid()))
     return out

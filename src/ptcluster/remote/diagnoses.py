@@ -72,4 +72,28 @@ NO_LOCAL_PYTHON = Declared(
     "set python: to an interpreter that exists")
 START = (TOO_MANY_FILES, NO_SSH, NO_SRUN, NO_LOCAL_PYTHON)
 """A channel's local process (ssh, srun, a local python) that cannot be started at all."""
-TABLE = CHANNEL + START
+COMPROMISED = "a node that sends this may be compromised"
+FACTS_REFUSED = Declared(
+    "node.facts-refused", "a value of a node's facts is refused",
+    "the node's facts are refused: {where} is {value}, not {want}",
+    f"check that node (what it sends goes into files root writes on every node; {COMPROMISED})")
+DOCTOR_FACTS_REFUSED = Declared(
+    "node.doctor-facts-refused", "a value of a node's doctor facts is refused",
+    "the node's doctor facts are refused: {where} is {value}, not {want}",
+    f"check that node ({COMPROMISED})")
+ANSWER_REFUSED = Declared(
+    "node.answer-refused", "a value of a node program's answer is refused",
+    "{where} is {value}, not {want}", f"check that node ({COMPROMISED})")
+SAMPLE_REFUSED = Declared(
+    "node.sample-refused", "a value of a node's sample is refused",
+    "the node's sample is refused: {where} is {value}, not {want}",
+    f"check that node's sampler ({COMPROMISED})")
+HOSTNAME_REFUSED = Declared(
+    "node.hostname-refused", "a node's hostname is not a DNS name",
+    "the node says its hostname is {hostname}, which is not a DNS name: setup writes no name "
+    "of a node until it is one",
+    "give the node a hostname of letters, digits, '-' and '.' (hostnamectl set-hostname NAME)")
+REPLIES = (FACTS_REFUSED, DOCTOR_FACTS_REFUSED, ANSWER_REFUSED, SAMPLE_REFUSED, HOSTNAME_REFUSED)
+"""A node's reply the head does not believe (``remote.replies.BadReply``): a value of the
+wrong type or range, said of the kind of reply it came in."""
+TABLE = CHANNEL + START + REPLIES

@@ -20,6 +20,7 @@ from typing import Any, cast
 from ptcluster.cluster.validate import is_dns_name
 from ptcluster.node import wire
 from ptcluster.node.facts.gpu_errors import ACT_HARDWARE, ACT_JOB, ACT_REBOOT, ACT_RESET, ACT_WATCH
+from ptcluster.remote.diagnoses import ANSWER_REFUSED
 from ptcluster.remote.node_replies import note
 from ptcluster.remote.replies import (
     LABEL,
@@ -146,8 +147,7 @@ def _checked(check: Check, what: str, value: Any) -> Any:
     try:
         check(what, value)
     except BadReply as exc:  # (a ValueError: the frame decodes as Malformed, the node named)
-        raise BadReply(exc.what.replace("the node's facts are refused: ", "", 1),
-                       "check that node (a node that sends this may be compromised)") from None
+        raise exc.said_of(ANSWER_REFUSED) from None
     return value
 
 

@@ -17,6 +17,7 @@ from ptcluster.node.doctor_facts import DoctorFacts
 from ptcluster.node.kill import KillAnswer
 from ptcluster.node.probe import BootAnswer
 from ptcluster.node.wire import WarmAnswer
+from ptcluster.remote.diagnoses import ANSWER_REFUSED, DOCTOR_FACTS_REFUSED
 from ptcluster.remote.replies import (
     LABEL,
     MAX_POOLS,
@@ -108,8 +109,7 @@ def doctor_reply(reply: Any) -> DoctorFacts:
             word("a key", key)
             FIELDS.get(key, bounded)(key, value)
     except BadReply as exc:
-        raise BadReply(exc.what.replace("the node's facts are", "the node's doctor facts are", 1),
-                       "check that node (a node that sends this may be compromised)") from None
+        raise exc.said_of(DOCTOR_FACTS_REFUSED) from None
     return cast(DoctorFacts, reply)
 
 
@@ -117,8 +117,7 @@ def _answer(schema: Check, what: str, answer: Any) -> dict[str, Any]:
     try:
         schema(what, answer)
     except BadReply as exc:
-        raise BadReply(exc.what.replace("the node's facts are refused: ", "", 1),
-                       "check that node (a node that sends this may be compromised)") from None
+        raise exc.said_of(ANSWER_REFUSED) from None
     return dict(answer)
 
 
@@ -127,14 +126,15 @@ def _label(where: str, value: Any) -> None:
         raise _bad(where, value, f"text of at most {LABEL} characters")
 
 
+SENT = record({"what": note, "fix": note, "code": optional(word), "fields": optional(bounded)})
+"""A declared problem as a node's program sends it (``node.problems.Sent``)."""
 KILL = record({"found": boolean, "pid": optional(number(1, 2**31)), "user": optional(_label),
                "note_error": optional(note), "signalled": optional(boolean),
-               "error": optional(note)})
+               "error": optional(note), "problem": optional(SENT)})
 """``node.kill``'s ``result`` (``end_job``)."""
 BOOT = record({"boot_id": optional(word), "uptime": optional(figure), "time": figure,
                "guard_alive": optional(boolean), "kernel": optional(listing(note, 64)),
-               "unfit": optional(record({"what": note, "fix": note, "code": optional(word),
-                                         "fields": optional(bounded)}))})
+               "unfit": optional(SENT)})
 """``node.probe``'s ``boot`` (``answer``; ``unfit``: its health gate's refusal, when asked)."""
 
 

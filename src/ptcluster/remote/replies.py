@@ -20,10 +20,13 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ptcluster.cluster.validate import is_dns_name
+from ptcluster.errors import Problem
 from ptcluster.node.facts.setup_facts import SetupFacts, sections
 from ptcluster.node.facts.slurm_facts import HW_KEYS, SERVICES, SLURM_FILES, SLURM_PACKAGES
+from ptcluster.node.problems import Declared
 from ptcluster.node.sharing.records import MAX_LEASES, MOST_TEXT, sampled
 from ptcluster.node.wire import Sample
+from ptcluster.remote.diagnoses import FACTS_REFUSED, HOSTNAME_REFUSED, SAMPLE_REFUSED
 
 GPU_FILE = re.compile(r"/dev/nvidia\d{1,4}")
 """A GPU's device file in ``gres.conf`` (``re.fullmatch``: a trailing newline does not pass)."""
@@ -48,21 +51,34 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
 
 
 class BadReply(ValueError):
-    """A reply the head does not believe: what is wrong with it, and the fix."""
+    """A reply the head does not believe: what is wrong with it, and the fix; ``problem``:
+    the same, declared (``remote.diagnoses.REPLIES``: its code and fields)."""
 
-    def __init__(self, what: str, fix: str) -> None:
-        super().__init__(what)
-        self.what = what
-        self.fix = fix
+    def __init__(self, entry: Declared, **values: object) -> None:
+        self.problem = Problem.of(entry, None, **values)
+        super().__init__(self.problem.what)
+
+    @property
+    def what(self) -> str:
+        return self.problem.what
+
+    @property
+    def fix(self) -> str:
+        return self.problem.fix or ""
+
+    def said_of(self, entry: Declared) -> BadReply:
+        """The same refused value said of another kind of reply (``entry``: the doctor's
+        facts, a node program's answer, a sample); a refusal of another kind, as it was."""
+        if self.problem.code != FACTS_REFUSED.code:
+            return self
+        return BadReply(entry, **self.problem.fields)
 
 
 Check = Callable[[str, Any], None]
 
 
 def _bad(where: str, value: object, want: str) -> BadReply:
-    return BadReply(f"the node's facts are refused: {where} is {_shown(value)}, not {want}",
-                    "check that node (what it sends goes into files root writes on every "
-                    "node; a node that sends this may be compromised)")
+    return BadReply(FACTS_REFUSED, where=where, value=_shown(value), want=want)
 
 
 def _shown(value: object) -> str:
@@ -163,10 +179,7 @@ def loose(where: str, value: Any) -> None:
 
 def hostname(where: str, value: Any) -> None:
     if not is_dns_name(value):
-        raise BadReply(f"the node says its hostname is {str(value)[:80]!r}, which is not a DNS "
-                       "name: setup writes no name of a node until it is one",
-                       "give the node a hostname of letters, digits, '-' and '.' (hostnamectl "
-                       "set-hostname NAME)")
+        raise BadReply(HOSTNAME_REFUSED, hostname=repr(str(value)[:80]))
 
 
 def gpu_file(where: str, value: Any) -> None:
@@ -327,7 +340,5 @@ def sample_reply(sample: Any) -> Sample:
                 raise _bad(key, None, "there")
             check(key, sample[key])
     except BadReply as exc:
-        raise BadReply(exc.what.replace("the node's facts are", "the node's sample is", 1),
-                       "check that node's sampler (a node that sends this may be "
-                       "compromised)") from None
+        raise exc.said_of(SAMPLE_REFUSED) from None
     return cast(Sample, {key: sample[key] for key in SAMPLE})

@@ -59,7 +59,7 @@ class NodeSession:
             try:
                 return cast(dict[str, Any], facts_reply(value, payload.get("only")))
             except BadReply as exc:
-                raise NodeFailure(exc.what, exc.fix) from None
+                raise NodeFailure(exc.what, exc.fix, exc.problem) from None
         return dict(value)
 
 
@@ -67,9 +67,9 @@ class NodeFailure(Exception):
     """Setup cannot go on on this node: its :class:`Problem` (who: None, the node's outcome
     says which node)."""
 
-    def __init__(self, what: str, fix: str) -> None:
+    def __init__(self, what: str, fix: str, problem: Problem | None = None) -> None:
         super().__init__(what)
-        self.problem = Problem(None, what, fix)
+        self.problem = Problem(None, what, fix) if problem is None else problem
 
 
 def key_refusal(host: str, addr: str, port: int, code: int | None,

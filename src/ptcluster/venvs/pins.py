@@ -11,6 +11,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 
 from ptcluster.errors import UsageError
+from ptcluster.venvs.problems import REQUIREMENTS_MISSING
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -69,9 +70,7 @@ def read_bytes(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
-        raise UsageError(f"{path}: the requirements file is not there",
-                         "check the path (`requirements:` is relative to the cluster file's "
-                         "folder, --requirements to the current directory)") from None
+        raise UsageError.of(REQUIREMENTS_MISSING, path=path) from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read it: {exc.strerror}", "check the file") from None
 

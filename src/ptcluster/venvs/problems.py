@@ -65,6 +65,24 @@ BUILD_FAILED = Declared(
     "venvs.build-failed", "no wheel, and pip could not build one",
     NO_WHEEL + ", and pip could not build it here: {tail}",
     "give a folder with its wheel with --find-links")
-TABLE = (NOT_A_REQUIREMENTS_FILE, TORCH_DIFFERS, PTCLUSTER_DIFFERS, PYTHON_EXCLUDED,
-         PYTHON_DIFFERS, MACHINE_DIFFERS, NOTHING_DECLARED, BUILD_UNTRUSTED, BUILD_ELSEWHERE,
-         BUILD_NO_COMPILER, BUILD_FAILED)
+INDEX_UNTRUSTED = Declared(
+    "venvs.index-untrusted", "a requirements file names another index, and is not trusted",
+    "{source}: fetches from {elsewhere}: a requirements file may name another index only "
+    "when you trust it",
+    f"{TRUST_IT}; else remove the line and give the wheels' folder with --find-links")
+REQUIREMENTS_MISSING = Declared(
+    "venvs.requirements-missing", "the requirements file is not there",
+    "{path}: the requirements file is not there",
+    "check the path (`requirements:` is relative to the cluster file's folder, --requirements "
+    "to the current directory)")
+NOT_A_FOLDER = Declared(
+    "venvs.not-a-folder", "--find-links names no folder", "--find-links {folder}: not a folder",
+    "give a folder of wheels")
+NOT_READY = Declared(
+    "venvs.not-ready", "some node could not get the project's environment",
+    "no rank started: the project's environment is not ready on {hosts}: {said}",
+    "fix what each node says, then run again (the other nodes keep what they built)")
+TABLE = (REQUIREMENTS_MISSING, NOT_A_FOLDER, NOT_A_REQUIREMENTS_FILE, TORCH_DIFFERS,
+         PTCLUSTER_DIFFERS, PYTHON_EXCLUDED, PYTHON_DIFFERS, MACHINE_DIFFERS, NOTHING_DECLARED,
+         BUILD_UNTRUSTED, BUILD_ELSEWHERE, BUILD_NO_COMPILER, BUILD_FAILED, INDEX_UNTRUSTED,
+         NOT_READY)

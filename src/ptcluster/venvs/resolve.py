@@ -25,7 +25,6 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from ptcluster.cluster.trust import TRUST_IT
 from ptcluster.errors import UsageError
 from ptcluster.venvs.choice import EnvChoice
 from ptcluster.venvs.declared import read_declared
@@ -33,7 +32,12 @@ from ptcluster.venvs.fetch import obtain
 from ptcluster.venvs.lockfiles import marker_holds
 from ptcluster.venvs.pins import Declared, Pin
 from ptcluster.venvs.platforms import marker_env, uv_platform
-from ptcluster.venvs.problems import PTCLUSTER_DIFFERS, TORCH_DIFFERS
+from ptcluster.venvs.problems import (
+    INDEX_UNTRUSTED,
+    NOT_A_FOLDER,
+    PTCLUSTER_DIFFERS,
+    TORCH_DIFFERS,
+)
 from ptcluster.venvs.reqfile import read_requirements
 from ptcluster.venvs.resolved import SETUP_OWNS, Platform, ResolvedEnv, normalize, setup_owns
 from ptcluster.venvs.store import WheelStore
@@ -49,10 +53,8 @@ def check_trust(declared: Declared, trusted: bool) -> None:
     vouches for it (``cluster.trust``'s rule: a file picked up from a cloned repository must
     not choose where this machine's code comes from)."""
     if declared.elsewhere and not trusted:
-        raise UsageError(f"{declared.source}: fetches from {declared.elsewhere[0]}: a "
-                         "requirements file may name another index only when you trust it",
-                         f"{TRUST_IT}; else remove the line and give the wheels' folder with "
-                         "--find-links")
+        raise UsageError.of(INDEX_UNTRUSTED, source=declared.source,
+                            elsewhere=declared.elsewhere[0])
 
 
 def precheck(spec_file: Path, platform: Platform | None, find_links: Sequence[Path],
@@ -64,7 +66,7 @@ def precheck(spec_file: Path, platform: Platform | None, find_links: Sequence[Pa
     check_trust(declared, trusted)
     for folder in find_links:
         if not Path(folder).is_dir():
-            raise UsageError(f"--find-links {folder}: not a folder", "give a folder of wheels")
+            raise UsageError.of(NOT_A_FOLDER, folder=folder)
     return declared
 
 

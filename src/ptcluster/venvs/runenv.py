@@ -26,6 +26,7 @@ from ptcluster.launch.runner import Reship, Reshipped
 from ptcluster.node.venv_store import env_python
 from ptcluster.venvs.known import KnownNodes
 from ptcluster.venvs.nodes import check, members
+from ptcluster.venvs.problems import NOT_READY
 from ptcluster.venvs.resolve import check_torch, resolve
 from ptcluster.venvs.resolved import Platform, ResolvedEnv
 from ptcluster.venvs.ship import (
@@ -48,14 +49,14 @@ GUARD, SHIP = "guard", "ship"
 
 
 class EnvironmentFailed(PtclusterError):
-    """Some node could not get the environment: no rank was started (exit 1)."""
+    """Some node could not get the environment: no rank was started (exit 1). ``problems``:
+    each node's (its own problem, ``venvs.not-ready``, names them and says the first three)."""
 
     def __init__(self, problems: list[Problem]) -> None:
-        hosts = [str(p.who) for p in problems]
-        super().__init__(f"no rank started: the project's environment is not ready on "
-                         f"{some(hosts)}: " + "; ".join(str(p) for p in problems[:3]),
-                         "fix what each node says, then run again (the other nodes keep "
-                         "what they built)")
+        values = {"hosts": some([str(p.who) for p in problems]),
+                  "said": "; ".join(str(p) for p in problems[:3])}
+        super().__init__(*NOT_READY.texts(**values), NOT_READY.code)
+        self.problem = Problem.of(NOT_READY, None, **values)
         self.problems = problems
 
 
