@@ -132,16 +132,17 @@ def test_the_circle_finder_finds_circles_and_only_them() -> None:
                                   "ptcluster.errors"}
 
 
-SENTENCE_ASSERTS = 142
+SENTENCE_ASSERTS = 139
 """Assertions in tests that match a sentence (2026-12-07, after the supervisor's, the command
 line's, the environment's (the node's full check and build too), submit's, push's, collect's and the
 machine view's (OOM, full disk, Xid) problems got codes; then a file a node did not store
 (``file.*``, push's and the wheels' full disk), stacks' refusals, the warm pool's failed ranks,
 why a failed job is not restarted and what became of a lost node got codes, a straggler's why,
 the GPUs' choice and the differing versions their values, the stacks' straggler its rule, and
-push ``--json``; tests asserted codes, fields and summary.json's or --json's values in their
-place): the count may only fall. Issue 41's goal is 40: a test asserts a problem's code and
-fields, and a few rendering tests keep the words."""
+push ``--json``; then setup's step reasons and why it stops on a node (``setup.*``), and the
+nodes without cgroup v2 of ``--slurm``; tests asserted codes, fields and summary.json's or
+--json's values in their place): the count may only fall. Issue 41's goal is 40: a test asserts
+a problem's code and fields, and a few rendering tests keep the words."""
 
 
 def sentence_asserts(tests: Path) -> int:
