@@ -104,7 +104,8 @@ def test_the_password_goes_to_sudos_prompt_only_and_a_bad_hostname_nowhere(
         # n3's name is not a DNS name: refused there, and no line of it anywhere
         assert "10.6.6.6" not in hosts and "mirror.example" not in hosts, hosts
     said = outcome[3].problem
-    assert said is not None and "not a DNS name" in said.what and "hostnamectl" in (said.fix or "")
+    assert said is not None and said.code == "setup.hostname-not-dns", said
+    assert said.fields == {"hostname": EVIL}, said
     assert b"10.6.6.6" not in b"".join(
         (bed.node_root(n) / "etc" / "hosts").read_bytes() for n in bed.nodes[:3])
     assert os.path.exists(bed.node_root(bed.nodes[3]) / "etc" / "hosts")

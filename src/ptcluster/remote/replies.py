@@ -20,8 +20,10 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ptcluster.cluster.validate import is_dns_name
+from ptcluster.errors import Problem
 from ptcluster.node.facts.setup_facts import SetupFacts, sections
 from ptcluster.node.facts.slurm_facts import HW_KEYS, SERVICES, SLURM_FILES, SLURM_PACKAGES
+from ptcluster.node.problems import Declared
 from ptcluster.node.sharing.records import MAX_LEASES, MOST_TEXT, sampled
 from ptcluster.node.wire import Sample
 
@@ -50,10 +52,26 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
 class BadReply(ValueError):
     """A reply the head does not believe: what is wrong with it, and the fix."""
 
-    def __init__(self, what: str, fix: str) -> None:
+    def __init__(self, what: str, fix: str, problem: Problem | None = None) -> None:
         super().__init__(what)
         self.what = what
         self.fix = fix
+        self.problem = problem
+        """The declared problem it is, where it is one (its code and fields)."""
+
+    @classmethod
+    def of(cls, entry: Declared, /, **values: object) -> BadReply:
+        problem = Problem.of(entry, None, **values)
+        return cls(problem.what, problem.fix or "", problem)
+
+
+HOSTNAME_NOT_DNS = Declared(
+    "setup.hostname-not-dns", "the node's hostname is not a DNS name",
+    "the node says its hostname is {hostname!r}, which is not a DNS name: setup writes no name "
+    "of a node until it is one",
+    "give the node a hostname of letters, digits, '-' and '.' (hostnamectl set-hostname NAME)")
+"""Setup's (``setup.problems`` lists it), declared beside the check of setup's facts that
+refuses it (``hostname``; ``setup.plan.hostname_problem`` says it again)."""
 
 
 Check = Callable[[str, Any], None]
@@ -163,10 +181,7 @@ def loose(where: str, value: Any) -> None:
 
 def hostname(where: str, value: Any) -> None:
     if not is_dns_name(value):
-        raise BadReply(f"the node says its hostname is {str(value)[:80]!r}, which is not a DNS "
-                       "name: setup writes no name of a node until it is one",
-                       "give the node a hostname of letters, digits, '-' and '.' (hostnamectl "
-                       "set-hostname NAME)")
+        raise BadReply.of(HOSTNAME_NOT_DNS, hostname=str(value)[:80])
 
 
 def gpu_file(where: str, value: Any) -> None:

@@ -59,7 +59,7 @@ class NodeSession:
             try:
                 return cast(dict[str, Any], facts_reply(value, payload.get("only")))
             except BadReply as exc:
-                raise NodeFailure(exc.what, exc.fix) from None
+                raise NodeFailure(exc.what, exc.fix, exc.problem) from None
         return dict(value)
 
 

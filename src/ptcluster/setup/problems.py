@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ptcluster.errors import Problem
 from ptcluster.node.problems import Declared
+from ptcluster.remote.replies import HOSTNAME_NOT_DNS
 from ptcluster.setup.steps import BLOCKED, CHANGE, Status, Step, StepAction
 
 
@@ -182,11 +183,6 @@ PASSWORD_REFUSED = _stop("password-refused", "the node refused the password",
                          "check the password, and ssh.user in the cluster file")
 NO_SSH_CLIENT = _stop("no-ssh-client", "ssh does not start on the head",
                       "cannot start ssh: {error}", "install openssh-client")
-HOSTNAME_NOT_DNS = _stop(
-    "hostname-not-dns", "the node's hostname is not a DNS name",
-    "the node says its hostname is {hostname!r}, which is not a DNS name: setup writes no name "
-    "of a node until it is one",
-    "give the node a hostname of letters, digits, '-' and '.' (hostnamectl set-hostname NAME)")
 BUG = _stop("bug", "setup hit a bug", "setup hit a bug here: {error}",
             "report it with the output of -v")
 
