@@ -214,7 +214,7 @@ def test_one_munge_key_everywhere_0400_munge_and_nowhere_else(bed, work) -> None
     cred = bed.sh(bed.nodes[2], "munge -n").stdout
     proc = subprocess.run(bed.ssh(bed.nodes[0], "unmunge"), input=cred, capture_output=True,
                           text=True, timeout=30)
-    assert "STATUS:          Success (0)" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # (unmunge: 0 when it is accepted)
 
 
 def test_second_run_changes_nothing_and_check_holds(bed, work) -> None:
