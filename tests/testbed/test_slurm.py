@@ -216,11 +216,13 @@ def test_monitor_env_and_bench_in_an_allocation(clean, tmp_path) -> None:
     assert env.wait() == 0, env.text()
     assert f"export MASTER_ADDR={addrs[0]}" in env.text()
     assert "export WORLD_SIZE=4" in env.text()
-    bench = Proc(["salloc", "-N3", "-n4", PY, "-m", "ptcluster", "bench", "--op", "all_reduce",
-                  "-b", "8", "-e", "64", "-n", "2", "-w", "1"], slurm.env, tmp_path)
+    bench = Proc(["salloc", "-N3", "-n4", PY, "-m", "ptcluster", "-q", "bench", "--op",
+                  "all_reduce", "-b", "8", "-e", "64", "-n", "2", "-w", "1", "--json"],
+                 slurm.env, tmp_path)
     assert bench.wait() == 0, bench.text()
-    assert "# ptcluster bench: 4 ranks, backend gloo" in bench.text()
-    assert "# Out of bounds values : 0 OK" in bench.text()
+    said = json.loads("\n".join(line for line in bench.out if not line.startswith("salloc:")))
+    assert (said["world_size"], said["backend"], said["out_of_bounds"]) == (4, "gloo", 0), said
+    assert said["rows"] and said["failure"] is None, said
 
 
 @pytest.mark.testbed
