@@ -121,5 +121,8 @@ def test_sudos_refusals_are_told_apart_at_its_prompt(bed: tb.Testbed, tmp_path: 
     sudo = {i: {s.name: s for s in o.before}["sudo"] for i, o in outcome.items()}
     assert outcome[2].connection == outcome[4].connection == "key"
     assert sudo[2].status == S.BLOCKED and sudo[2].why == "sudo refused the password"
+    assert sudo[2].problem is not None and sudo[2].problem.code == "setup.sudo-refused-password"
     assert sudo[4].status == S.BLOCKED
     assert sudo[4].why == f"{bare.USER} is not in the sudoers file", sudo[4].why
+    assert sudo[4].problem is not None and (sudo[4].problem.code, sudo[4].problem.fields) == (
+        "setup.no-sudo", {"why": f"{bare.USER} is not in the sudoers file"})
