@@ -117,6 +117,7 @@ def exit_codes_page() -> str:
     from ptcluster.node.kill import TABLE as NODE_KILL
     from ptcluster.push.scan import TABLE as PUSH
     from ptcluster.remote.slurm import TABLE as SLURM
+    from ptcluster.setup.problems import STEP_REASONS, STOPS
     from ptcluster.submit.sbatch import TABLE as SUBMIT
 
     lines = ["# Exit codes", "", "What every `ptcluster` command exits with "
@@ -140,6 +141,16 @@ def exit_codes_page() -> str:
         "Why a running job's head could not be asked (exit 1)",
         "`stacks` and `kill` ask a job's head on its control socket (`kill` then goes through "
         "the nodes' guards instead):", CONTROL)
+    lines += ["", "## Why setup changes a step, or cannot (exit 1 until every node converged)",
+              "", "Each step of `ptcluster setup`'s plan that is not ok says why, with its code "
+              "(`setup --json`: the step's `code` and `fields`); the fix says what apply does "
+              "(change) or who can do it (blocked):", "",
+              "| status | code | problem | what | fix |", "| --- | --- | --- | --- | --- |"]
+    lines += problem_rows(STEP_REASONS, "status")
+    lines += _problems_section(
+        "Why setup stops on a node (exit 1)",
+        "The node's `problem` in `setup --json`, with its `code` and `fields`; the other nodes "
+        "go on:", STOPS)
     lines.append("")
     return "\n".join(lines)
 

@@ -115,7 +115,13 @@ def test_plan_of_a_fresh_node() -> None:
     # the firewall opens TCP to the other nodes' addresses only: not anywhere, not the subnet
     assert steps["firewall"].commands() == ["sudo ufw allow from 10.0.0.1 proto tcp",
                                             "sudo ufw allow from 10.0.0.3 proto tcp"]
-    assert "127.0.1.1 trap" in steps["/etc/hosts"].why
+    hosts = steps["/etc/hosts"].problem  # issue 12: the 127.0.1.1 trap, its name taken off
+    assert hosts is not None and (hosts.code, hosts.fields) == (
+        "setup.hosts-trap", {"state": "is missing", "hostname": "node1"})
+    assert steps["/etc/hosts"].to_json()["code"] == "setup.hosts-trap"
+    torch = steps["torch + ptcluster"].problem
+    assert torch is not None and torch.code == "setup.torch-install"
+    assert torch.fields["lacks"] == "torch missing, ptcluster missing, scikit-learn missing"
     pip = shlex.split(steps["torch + ptcluster"].commands()[0])
     assert pip[:4] == ["~/.ptcluster/venv/bin/python", "-m", "pip", "install"], pip
     at = pip.index("--no-index")
@@ -142,6 +148,29 @@ def test_plan_is_all_ok_once_converged() -> None:
     assert not P.pending(steps)
 
 
+def test_the_report_gives_codes_fields_and_counts() -> None:
+    """``setup --json``: each step's and each stopped node's code and fields beside the words,
+    the changes made and the nodes with a change pending."""
+    from ptcluster.setup import problems as R
+    from ptcluster.setup.login import NodeFailure
+    from ptcluster.setup.report import NodeSetupOutcome, SetupReport
+
+    refused = NodeFailure.of(R.NO_ANSWER, seconds="60", kind="facts").problem
+    report = SetupReport({
+        "n1": NodeSetupOutcome("n1", before=P.plan_node("n1", FRESH, CF),
+                               applied=[("ssh key", "changed", ""), ("os", "skipped", "")]),
+        "n2": NodeSetupOutcome("n2", problem=refused)}, [], None, dry_run=False)
+    said = report.to_json()
+    assert (said["changes"], said["pending"], said["converged"]) == (1, ["n1"], False)
+    n1, n2 = said["nodes"]
+    plan = {s["step"]: s for s in n1["plan"]}
+    assert (plan["workdir"]["code"], plan["workdir"]["fields"]) == (
+        "setup.workdir-missing", {"path": "/home/u/w"})
+    assert (plan["os"]["code"], plan["os"]["fields"]) == (None, {})  # ok: words only
+    assert (n2["code"], n2["fields"]) == ("setup.no-answer", {"seconds": "60", "kind": "facts"})
+    assert (n2["problem"], n2["fix"]) == (refused.what, refused.fix)  # the words stay
+
+
 def test_plan_without_sudo_blocks_root_steps_with_admin_commands() -> None:
     facts = copy.deepcopy(FRESH)
     facts["sudo"] = {"mode": "none", "why": "u is not in the sudoers file"}
@@ -150,6 +179,19 @@ def test_plan_without_sudo_blocks_root_steps_with_admin_commands() -> None:
     for name in ("sudo", "apt packages", "firewall", "/etc/hosts", "python venv", "wheels",
                  "torch + ptcluster"):
         assert steps[name].status == S.BLOCKED, name
+    codes = {n: s.problem.code for n, s in steps.items() if s.problem is not None}
+    assert {n: codes[n] for n in ("sudo", "apt packages", "firewall", "python venv", "wheels",
+                                  "torch + ptcluster")} == {
+        "sudo": "setup.no-sudo", "apt packages": "setup.needs-root",
+        "firewall": "setup.firewall-unreadable", "python venv": "setup.venv-needs-packages",
+        "wheels": "setup.wheels-no-venv", "torch + ptcluster": "setup.torch-no-venv"}
+    fields = {n: s.problem.fields for n, s in steps.items() if s.problem is not None}
+    assert fields["sudo"] == {"why": "u is not in the sudoers file"}
+    assert fields["apt packages"] == {"why": "missing: python3-venv",
+                                      "why_not": "u is not in the sudoers file"}
+    # the one rendering: the reason of a blocked step, as the plan shows it
+    assert steps["apt packages"].why == ("missing: python3-venv; needs root (u is not in the "
+                                         "sudoers file): an admin can run the commands below")
     assert steps["apt packages"].commands()[0].startswith("sudo env DEBIAN_FRONTEND")
     assert steps["firewall"].commands()  # what an admin can run
     # what needs no root still happens

@@ -104,7 +104,8 @@ def test_the_password_goes_to_sudos_prompt_only_and_a_bad_hostname_nowhere(
         # n3's name is not a DNS name: refused there, and no line of it anywhere
         assert "10.6.6.6" not in hosts and "mirror.example" not in hosts, hosts
     said = outcome[3].problem
-    assert said is not None and "not a DNS name" in said.what and "hostnamectl" in (said.fix or "")
+    assert said is not None and said.code == "node.hostname-refused", said
+    assert said.fields == {"hostname": EVIL}, said
     assert b"10.6.6.6" not in b"".join(
         (bed.node_root(n) / "etc" / "hosts").read_bytes() for n in bed.nodes[:3])
     assert os.path.exists(bed.node_root(bed.nodes[3]) / "etc" / "hosts")
@@ -120,5 +121,8 @@ def test_sudos_refusals_are_told_apart_at_its_prompt(bed: tb.Testbed, tmp_path: 
     sudo = {i: {s.name: s for s in o.before}["sudo"] for i, o in outcome.items()}
     assert outcome[2].connection == outcome[4].connection == "key"
     assert sudo[2].status == S.BLOCKED and sudo[2].why == "sudo refused the password"
+    assert sudo[2].problem is not None and sudo[2].problem.code == "setup.sudo-refused-password"
     assert sudo[4].status == S.BLOCKED
     assert sudo[4].why == f"{bare.USER} is not in the sudoers file", sudo[4].why
+    assert sudo[4].problem is not None and (sudo[4].problem.code, sudo[4].problem.fields) == (
+        "setup.no-sudo", {"why": f"{bare.USER} is not in the sudoers file"})

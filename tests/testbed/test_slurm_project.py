@@ -192,10 +192,12 @@ def test_run_in_salloc_with_flags_then_unchanged_then_push_sends_one_changed_fil
     check_nodes(slurm, rank_infos(again.stdout), dest, made["data"])
     (made["data"] / "sub" / "b.txt").write_text("changed\n")
     push = client(slurm, "salloc", "-N3", PY, "-m", "ptcluster", "push", str(made["data"]),
-                  "--to", dest, cwd=tmp_path)
+                  "--to", dest, "--json", cwd=tmp_path)
     assert push.returncode == 0, push.stderr[-4000:]
-    assert "to 3 of 3 node(s); 8 bytes sent" in push.stdout, push.stdout
-    assert "relayed:" in push.stdout, push.stdout
+    said = json.loads(push.stdout)
+    # the one changed file's 8 bytes, to every node, relayed from node to node
+    assert (said["ok"], said["bytes_sent"], len(said["nodes"])) == (True, 8, 3), said
+    assert sorted(said["chain"]) == sorted(n["host"] for n in said["nodes"]), said
     sha = hashlib.sha256(b"changed\n").hexdigest()
     for node in slurm.nodes:
         assert f"{sha}  sub/b.txt" in in_node(slurm, node, f"cd {dest} && sha256sum sub/b.txt")

@@ -34,13 +34,14 @@ from ptcluster.node.venv_problems import TABLE as NODE_VENVS
 from ptcluster.push.scan import TABLE as PUSH
 from ptcluster.remote.diagnoses import TABLE as NODE
 from ptcluster.remote.slurm import TABLE as SLURM
+from ptcluster.setup.problems import TABLE as SETUP
 from ptcluster.submit.sbatch import TABLE as SUBMIT
 from ptcluster.venvs.problems import TABLE as VENVS
 
 TABLES = {"doctor": TABLE, "node": NODE, "health": REFUSALS + WARNINGS, "guard": GUARD,
           "run": RUN, "venvs": VENVS + NODE_VENVS, "cli": CLI, "submit": SUBMIT, "slurm": SLURM,
           "checkpoint": CHECKPOINT, "push": PUSH + NODE_PUSH, "file": FILE,
-          "kill": NODE_KILL + KILL, "control": CONTROL}
+          "kill": NODE_KILL + KILL, "control": CONTROL, "setup": SETUP}
 EVERY = [e for entries in TABLES.values() for e in entries]
 SRC = Path(ptcluster.__file__).parent
 
@@ -101,7 +102,7 @@ def test_a_node_sends_a_declared_problem_and_the_head_reads_it() -> None:
 
 
 SAYERS = {"at": None, "of": 0, "refuse": 0, "refused": 1, "warned": 0, "sent": None,
-          "BadReply": 0}
+          "BadReply": 0, "step": None}
 """Calls that say a declared problem: the method or function, and the position of the entry
 among its arguments (None: the method's object is the entry, ``SHM_SMALL.at(host, ...)``)."""
 
@@ -131,7 +132,8 @@ def _entry(node: ast.expr, names: dict[str, object]) -> Declared | None:
 
 
 TABLE_MODULES = ("findings", "diagnoses", "refusal", "facts.health", "venvs.problems",
-                 "venv_problems", "cli.problems", "Declared(")
+                 "venv_problems", "cli.problems", "setup.problems", "setup import problems",
+                 "Declared(")
 """What a module that says a declared problem names: a table's module, or its own entries."""
 
 

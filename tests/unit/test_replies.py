@@ -74,7 +74,7 @@ def test_a_reply_with_a_line_break_fails_that_node_at_the_ask(where: str) -> Non
     problem = failed.value.problem
     if where == "hostname":
         assert (problem.code, problem.fields) == (
-            "node.hostname-refused", {"hostname": repr("gpu-c\nPrologSlurmctld=/home/m/x")})
+            "node.hostname-refused", {"hostname": "gpu-c\nPrologSlurmctld=/home/m/x"})
     else:  # the value as the node sent it, shown (repr: the line break is not written)
         assert problem.code == "node.facts-refused" and set(problem.fields) == {
             "where", "value", "want"} and repr(INJECTED)[1:-1] in problem.fields["value"]

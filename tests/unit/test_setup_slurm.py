@@ -91,7 +91,7 @@ def test_cgroup_plugins_only_where_every_node_has_cgroup_v2() -> None:
     facts["b"]["slurm"]["cgroup"] = "v1"
     sc = slurm_cluster(SlurmSetupSpec(controller="a"), dict(facts), ADDRS, KEY)
     assert "ProctrackType=proctrack/linuxproc" in sc.files["slurm.conf"]
-    assert "b without cgroup v2" in sc.why and "cgroup.conf" not in sc.files
+    assert sc.without_cgroup_v2 == ("b",) and "cgroup.conf" not in sc.files
 
 
 def test_partitions_from_the_cluster_file() -> None:
@@ -158,7 +158,8 @@ def test_files_wait_for_every_nodes_facts() -> None:
     from dataclasses import replace
 
     step = plan("a", cluster_2_1_1()["a"], replace(cf, slurm=sc))["slurm.conf"]
-    assert step.status == S.BLOCKED and "not every node answered" in step.why
+    assert step.status == S.BLOCKED and step.problem is not None
+    assert step.problem.code == "setup.slurm-files-wait"
 
 
 def test_parse_slurmd_c_and_estimate_shape() -> None:

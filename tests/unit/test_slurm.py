@@ -19,7 +19,7 @@ from ptcluster.cluster.slurm import (
 )
 from ptcluster.doctor.node_report import NodeReport
 from ptcluster.doctor.slurm_checks import slurm_checks
-from ptcluster.remote.slurm import SrunTransport, ended_by_slurm
+from ptcluster.remote.slurm import SrunTransport, ended_by_slurm, job_end
 from ptcluster.remote.transport import explain_channel_failure, explain_start_failure
 
 PY = sys.executable
@@ -75,8 +75,9 @@ def test_ended_by_slurm_only_when_the_job_no_longer_runs() -> None:
     assert ended_by_slurm("7", state("JobId=7 JobName=x JobState=RUNNING Reason=None")) is None
     why = ended_by_slurm("7", state("JobId=7 JobState=CANCELLED Reason=None Dependency=(null)"))
     assert why is not None and why.startswith("Slurm ended job 7 (JobState=CANCELLED)")
-    why = ended_by_slurm("7", state("JobId=7 JobState=PENDING Reason=BeginTime"))
-    assert why is not None and "JobState=PENDING, reason BeginTime" in why
+    assert job_end("JobId=7 JobState=PENDING Reason=BeginTime") == ("PENDING", "BeginTime")
+    assert job_end("JobId=7 JobState=CANCELLED Reason=None") == ("CANCELLED", None)
+    assert job_end("JobId=7 JobState=RUNNING Reason=None") is None
 
 
 def test_srun_refusing_the_step_is_explained() -> None:

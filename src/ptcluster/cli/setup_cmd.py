@@ -151,7 +151,7 @@ def _render_plans(console: Console, report: SetupReport) -> None:
             for text in s.files() if s.status != S.OK else []:
                 console.print("\n".join("        | " + line for line in text.splitlines()),
                               markup=False)
-    pending = sum(P.pending(n.before) for n in report.nodes.values() if not n.problem)
+    pending = len(report.pending)
     unreached = sum(bool(n.problem) for n in report.nodes.values())
     console.print((f"{pending} node(s) with changes pending" if pending else
                    "no changes pending") + (f"; {unreached} node(s) not reached"
@@ -198,7 +198,7 @@ def _render_applied(console: Console, report: SetupReport) -> None:
                     console.print(f"      $ {cmd}", markup=False)
     if report.slurm is not None:
         _render_slurm(console, report.slurm)
-    n_changed = len(changed)
+    n_changed = report.changes
     verdict = (("every node converged", "green") if report.converged else
                ("not every node converged", "red"))
     console.print(Text.assemble(verdict, f"; {n_changed} change(s) made" + (

@@ -90,7 +90,7 @@ SAMPLE_REFUSED = Declared(
     f"check that node's sampler ({COMPROMISED})")
 HOSTNAME_REFUSED = Declared(
     "node.hostname-refused", "a node's hostname is not a DNS name",
-    "the node says its hostname is {hostname}, which is not a DNS name: setup writes no name "
+    "the node says its hostname is {hostname!r}, which is not a DNS name: setup writes no name "
     "of a node until it is one",
     "give the node a hostname of letters, digits, '-' and '.' (hostnamectl set-hostname NAME)")
 REPLIES = (FACTS_REFUSED, DOCTOR_FACTS_REFUSED, ANSWER_REFUSED, SAMPLE_REFUSED, HOSTNAME_REFUSED)

@@ -179,7 +179,7 @@ def loose(where: str, value: Any) -> None:
 
 def hostname(where: str, value: Any) -> None:
     if not is_dns_name(value):
-        raise BadReply(HOSTNAME_REFUSED, hostname=repr(str(value)[:80]))
+        raise BadReply(HOSTNAME_REFUSED, hostname=str(value)[:80])
 
 
 def gpu_file(where: str, value: Any) -> None:

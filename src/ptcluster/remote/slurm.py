@@ -101,10 +101,20 @@ def ended_by_slurm(job_id: str, scontrol: Runner | None = None) -> str | None:
             ["-o", "show", "job", job_id])
     except SlurmError:
         return None
+    ended = job_end(text)
+    if ended is None:
+        return None
+    state, reason = ended
+    why = f", reason {reason}" if reason else ""
+    return (f"Slurm ended job {job_id} (JobState={state}{why}): the ranks were stopped by "
+            "Slurm (scancel, time limit, preemption or requeue), not by a failure of the job")
+
+
+def job_end(text: str) -> tuple[str, str | None] | None:
+    """(JobState, Reason; None for none) of a job that no longer runs, from ``scontrol -o show
+    job``; None while it runs (or when the answer has no state)."""
     m = re.search(r"(?:^|\s)JobState=(\S+)", text)
     if m is None or m.group(1) == "RUNNING":
         return None
     reason = re.search(r"(?:^|\s)Reason=(\S+)", text)
-    why = f", reason {reason.group(1)}" if reason and reason.group(1) != "None" else ""
-    return (f"Slurm ended job {job_id} (JobState={m.group(1)}{why}): the ranks were stopped by "
-            "Slurm (scancel, time limit, preemption or requeue), not by a failure of the job")
+    return m.group(1), (reason.group(1) if reason and reason.group(1) != "None" else None)

@@ -33,6 +33,7 @@ from ptcluster.remote.channel import NodeChannel
 from ptcluster.remote.sync import tar_pipe
 from ptcluster.remote.transport import SshTransport, remote_command, ssh_argv
 from ptcluster.setup import plan as P
+from ptcluster.setup import problems as R
 from ptcluster.setup import slurm_apply
 from ptcluster.setup import steps as S
 from ptcluster.setup.executor import Event
@@ -141,13 +142,12 @@ class Setup:
             if path.exists() and pub.exists():
                 steps.append(S.Step("head key", S.OK, str(path)))
             elif path.exists():
-                steps.append(S.Step("head key", S.BLOCKED, f"{path} exists without {pub.name}: "
-                                    "never overwritten", (S.StepAction(("ssh-keygen", "-y", "-f",
-                                                                        str(path))),)))
+                steps.append(R.HEAD_KEY_HALF.step("head key", (S.StepAction((
+                    "ssh-keygen", "-y", "-f", str(path))),), path=path, pub=pub.name))
                 continue
             elif self.opts.dry_run:
-                steps.append(S.Step("head key", S.CHANGE, f"no key at {path}",
-                                    (S.StepAction(argv),)))
+                steps.append(R.HEAD_KEY_MISSING.step("head key", (S.StepAction(argv),),
+                                                     path=path))
                 pubkey = pubkey or "ssh-ed25519 <the new key> ptcluster"
                 continue
             else:
@@ -218,8 +218,7 @@ class Setup:
                 self.on_event(node.host, f"failed: {exc.problem.what}")
             except Exception as exc:  # noqa: BLE001 - one node's bug never stops the others
                 log.exception("%s: setup failed", node.host)
-                outcome.problem = Problem(None, f"setup hit a bug here: {type(exc).__name__}: "
-                                          f"{exc}", "report it with the output of -v")
+                outcome.problem = Problem.of(R.BUG, None, error=f"{type(exc).__name__}: {exc}")
 
         threads = [threading.Thread(target=guarded, args=(n,), name=f"setup-{n.host}",
                                     daemon=True) for n in self.spec.nodes
@@ -273,7 +272,7 @@ class Setup:
         facts = ask_facts(session, self.sections(), self.opts.timeout * 3)
         refused = P.hostname_problem(facts)
         if refused is not None:
-            raise NodeFailure(refused.what, refused.fix or "")
+            raise NodeFailure.said(refused)
         self.facts[node.host] = facts
         self.on_event(node.host, f"facts ({outcome.connection})")
 
@@ -291,9 +290,7 @@ class Setup:
             raise refused from None
         askpass = self.askpass()
         if askpass is None:
-            raise NodeFailure("the node does not accept the head's key yet and no password "
-                              "was given", "run setup at a terminal (it asks once), or "
-                              "pass --password-file FILE (mode 600)") from None
+            raise NodeFailure.of(R.NO_PASSWORD) from None
         pw = PasswordSsh(host=node.host, ssh=password_ssh(self.ssh[node.host]))
         pw.askpass = askpass
         session = self.open_session(node, pw)
@@ -302,9 +299,7 @@ class Setup:
         except NodeFailure as exc:
             tail = "\n".join(session.closed[1] if session.closed else []).lower()
             if "permission denied" in tail:
-                raise NodeFailure("the node refused the password (and the key)",
-                                  "check the password, and ssh.user in the cluster file"
-                                  ) from None
+                raise NodeFailure.of(R.PASSWORD_REFUSED) from None
             raise exc from None
         return session, first
 
@@ -317,7 +312,7 @@ class Setup:
         try:
             channel.start()
         except OSError as exc:
-            raise NodeFailure(f"cannot start ssh: {exc}", "install openssh-client") from None
+            raise NodeFailure.of(R.NO_SSH_CLIENT, error=exc) from None
         with self._opened_lock:
             self._opened.append(session)
         return session

@@ -13,10 +13,12 @@ from typing import Any, cast
 from ptcluster.cluster.model import NodeSpec, SshSpec
 from ptcluster.errors import Problem
 from ptcluster.node.facts.setup_facts import SetupFacts
+from ptcluster.node.problems import Declared
 from ptcluster.node.wire import Kind, control, split
 from ptcluster.remote.channel import NodeChannel
 from ptcluster.remote.replies import BadReply, facts_reply
 from ptcluster.remote.transport import SshTransport, ssh_argv
+from ptcluster.setup import problems as R
 from ptcluster.setup.secret import Askpass
 
 
@@ -46,15 +48,13 @@ class NodeSession:
         try:
             got, value = self.replies.get(timeout=timeout)
         except queue.Empty:
-            raise NodeFailure(f"no answer within {timeout:.0f} s ({kind})",
-                              "check the node is up and not overloaded") from None
+            raise NodeFailure.of(R.NO_ANSWER, seconds=f"{timeout:.0f}", kind=kind) from None
         if got == "closed":
             code, stderr = value
             tail = [s for s in stderr if s.strip()][-1:] or [f"exit status {code}"]
-            raise NodeFailure(f"the setup channel closed ({tail[0]})",
-                              "check the node's python3 and ssh (-v shows more)")
+            raise NodeFailure.of(R.CHANNEL_CLOSED, last=tail[0])
         if got == "bad":
-            raise NodeFailure(f"the node sent a bad frame ({value})", "report this bug")
+            raise NodeFailure.of(R.BAD_FRAME, error=value)
         if kind == Kind.FACTS:  # checked here, before any part of setup reads it
             try:
                 return cast(dict[str, Any], facts_reply(value, payload.get("only")))
@@ -71,6 +71,16 @@ class NodeFailure(Exception):
         super().__init__(what)
         self.problem = Problem(None, what, fix) if problem is None else problem
 
+    @classmethod
+    def of(cls, entry: Declared, /, **values: object) -> NodeFailure:
+        """The failure ``entry`` declares (``setup.problems``), its fields filled in by name."""
+        return cls.said(Problem.of(entry, None, **values))
+
+    @classmethod
+    def said(cls, problem: Problem) -> NodeFailure:
+        """The failure ``problem`` is (its code and fields kept)."""
+        return cls(problem.what, problem.fix or "", problem)
+
 
 def key_refusal(host: str, addr: str, port: int, code: int | None,
                  stderr: list[str]) -> NodeFailure | None:
@@ -78,18 +88,12 @@ def key_refusal(host: str, addr: str, port: int, code: int | None,
     know the key yet (ssh's "Permission denied": the password's turn)."""
     err = "\n".join(stderr).strip()
     if "IDENTIFICATION HAS CHANGED" in err.upper():
-        return NodeFailure("the node's host key CHANGED since it was last seen",
-                           "check with the node's admin; if expected, remove the old key "
-                           f"(ssh-keygen -R {host}); setup never accepts a changed key")
+        return NodeFailure.of(R.HOST_KEY_CHANGED, host=host)
     if "host key" in err.lower():
-        return NodeFailure(f"unknown host key {host_fingerprint(addr, port)}",
-                           "check the fingerprint with the node's admin, then run again "
-                           "with --accept-new-host-keys")
+        return NodeFailure.of(R.HOST_KEY_UNKNOWN, fingerprint=host_fingerprint(addr, port))
     if code != 255 or "permission denied" not in err.lower():
-        last = err.splitlines()[-1] if err else f"exit status {code}"
-        return NodeFailure(f"cannot start the setup program over ssh ({last})",
-                           "check the node is up, its address, sshd (port 22 or ssh.port) and "
-                           "that it has python3")
+        return NodeFailure.of(R.NO_SSH, last=err.splitlines()[-1] if err else
+                              f"exit status {code}")
     return None
 
 

@@ -15,10 +15,11 @@ from ptcluster.cluster.model import SETUP_PYTHON, SETUP_VENV
 from ptcluster.cluster.validate import is_dns_name
 from ptcluster.errors import Problem
 from ptcluster.node.facts.setup_facts import SetupFacts
+from ptcluster.remote.diagnoses import HOSTNAME_REFUSED
+from ptcluster.setup import problems as R
 from ptcluster.setup.slurm_steps import SLURM_DEFS
 from ptcluster.setup.steps import (
     BLOCKED,
-    CHANGE,
     OK,
     WHEELHOUSE,
     ClusterFacts,
@@ -43,10 +44,7 @@ def hostname_problem(facts: SetupFacts) -> Problem | None:
     name = facts.get("hostname")
     if is_dns_name(name):
         return None
-    return Problem(None, f"the node says its hostname is {str(name)[:80]!r}, which is not a DNS "
-                   "name: setup writes no name of a node until it is one",
-                   "give the node a hostname of letters, digits, '-' and '.' (hostnamectl "
-                   "set-hostname NAME)")
+    return Problem.of(HOSTNAME_REFUSED, None, hostname=str(name)[:80])
 
 
 def cluster_hostnames(facts: dict[str, SetupFacts]) -> dict[str, str]:
@@ -81,6 +79,15 @@ def _sudo_why(facts: SetupFacts) -> str:
     return SUDO_WHY.get(facts["sudo"]["mode"], facts["sudo"].get("why") or "no sudo")
 
 
+def _no_sudo(facts: SetupFacts) -> Step:
+    mode = facts["sudo"]["mode"]
+    if mode == "needs-password":
+        return R.SUDO_NEEDS_PASSWORD.step("sudo")
+    if mode == "wrong-password":
+        return R.SUDO_REFUSED_PASSWORD.step("sudo")
+    return R.NO_SUDO.step("sudo", why=_sudo_why(facts))
+
+
 def _debian(facts: SetupFacts) -> bool:
     os_ = facts["os"]
     family = {os_.get("ID", "")} | set(os_.get("ID_LIKE", "").split())
@@ -94,29 +101,26 @@ def _missing_packages(facts: SetupFacts) -> list[str]:
 def _ssh_key(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     if facts.get("key_authorized"):
         return Step("ssh key", OK, "the head's key is authorized")
-    return Step("ssh key", CHANGE, "the head's key is not in ~/.ssh/authorized_keys", (
+    return R.KEY_NOT_AUTHORIZED.step("ssh key", (
         StepAction(("sh", "-c", "umask 077 && mkdir -p ~/.ssh && cat >> ~/.ssh/authorized_keys"),
                    input=cf.pubkey.strip() + "\n"),))
 
 
 def _sudo(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
-    return Step("sudo", OK if _root_ok(facts) else BLOCKED, _sudo_why(facts))
+    return Step("sudo", OK, _sudo_why(facts)) if _root_ok(facts) else _no_sudo(facts)
 
 
 def _os(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     os_ = facts["os"]
     if _debian(facts):
         return Step("os", OK, os_.get("PRETTY_NAME") or os_.get("ID") or "")
-    return Step("os", BLOCKED, f"{os_.get('PRETTY_NAME') or 'unknown OS'}: setup knows Debian "
-                "and Ubuntu only (apt); prepare this node by hand")
+    return R.NOT_APT.step("os", os=os_.get("PRETTY_NAME") or "unknown OS")
 
 
 def _gpu_driver(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     gpu = facts["gpu"]
     if gpu["count"] and not gpu["driver"]:
-        return Step("gpu driver", BLOCKED, f"{gpu['count']} NVIDIA GPU(s) but no driver: "
-                    "install it (e.g. `sudo ubuntu-drivers install`) and reboot; setup never "
-                    "installs drivers")
+        return R.NO_DRIVER.step("gpu driver", count=gpu["count"])
     return Step("gpu driver", OK, f"driver {gpu['driver']}, {gpu['count']} GPU(s)"
                 if gpu["count"] else "no NVIDIA GPU")
 
@@ -129,22 +133,21 @@ def _apt_packages(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
                       "-y -q -o DPkg::Lock::Timeout=300 " + shlex.join(missing)),
                      root=True, env=(("DEBIAN_FRONTEND", "noninteractive"),), timeout=1800)
     debian = _debian(facts)
-    return _root_step("apt packages", _root_ok(facts) and debian, "missing: " +
-                      ", ".join(missing), (apt,), _sudo_why(facts) if debian else "not apt")
+    return _root_step("apt packages", _root_ok(facts) and debian, R.PACKAGES_MISSING.step(
+        "apt packages", (apt,), missing=", ".join(missing)), _sudo_why(facts) if debian
+        else "not apt")
 
 
 def _python_venv(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     venv, node_py = facts["venv"], facts["python"]
     if node_py != cf.python:
-        return Step("python venv", BLOCKED, f"the node's python3 is {node_py}, the head's is "
-                    f"{cf.python} (the wheels are the head's): install python{cf.python} there, "
-                    "or run setup from a head with the nodes' Python")
+        return R.PYTHON_DIFFERS.step("python venv", node=node_py, head=cf.python)
     if venv.get("exists") and venv.get("ok"):
         return Step("python venv", OK, f"{VENV} (Python {venv.get('python')})")
     make = StepAction(("sh", "-c", f"rm -rf {VENV} && python3 -m venv {VENV}"))
     if _missing_packages(facts) and not (_root_ok(facts) and _debian(facts)):
-        return Step("python venv", BLOCKED, "needs python3-venv (apt packages)", (make,))
-    return Step("python venv", CHANGE, "no working venv at " + VENV, (make,))
+        return R.VENV_NEEDS_PACKAGES.step("python venv", (make,))
+    return R.NO_VENV.step("python venv", (make,), venv=VENV)
 
 
 def _wanted(cf: ClusterFacts) -> dict[str, str]:
@@ -169,64 +172,62 @@ def _install_case(host: str, facts: SetupFacts, cf: ClusterFacts) -> str:
 def _wheels(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     case = _install_case(host, facts, cf)
     if case == "no torch":
-        return Step("wheels", BLOCKED, (cf.torch.problem or NO_TORCH).what)
+        return R.NO_TORCH_BUILD.step("wheels", why=(cf.torch.problem or NO_TORCH).what)
     if case == "installed":
         return Step("wheels", OK, "nothing to copy: the venv has what it needs")
     if case == "no venv":
-        return Step("wheels", BLOCKED, "not copied: the venv cannot be made (see above)")
+        return R.WHEELS_NO_VENV.step("wheels")
     if cf.manifest is None:
-        return Step("wheels", CHANGE, "the head downloads the wheels once, then copies what the "
-                    "node lacks", (StepAction((cf.torch.requirement, "ptcluster + deps"),
-                                              kind="copy"),))
+        return R.WHEELS_TO_DOWNLOAD.step("wheels", (StepAction(
+            (cf.torch.requirement, "ptcluster + deps"), kind="copy"),))
     node_wheels: dict[str, str] = facts.get("wheelhouse") or {}
     lacking = tuple(n for n, h in cf.manifest.items() if node_wheels.get(n) != h)
     if not lacking:
         return Step("wheels", OK, f"{len(cf.manifest)} wheels already on the node")
-    return Step("wheels", CHANGE, f"{len(lacking)} of {len(cf.manifest)} wheels to copy",
-                (StepAction(lacking, kind="copy"),))
+    return R.WHEELS_LACKING.step("wheels", (StepAction(lacking, kind="copy"),),
+                                 lacking=len(lacking), total=len(cf.manifest))
 
 
 def _torch(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     case, want = _install_case(host, facts, cf), _wanted(cf)
     dists = facts["venv"].get("dists") or {}
     if case == "no torch":
-        return Step("torch + ptcluster", BLOCKED, str(cf.torch.problem or NO_TORCH))
+        return R.NO_TORCH_BUILD.step("torch + ptcluster", why=str(cf.torch.problem or NO_TORCH))
     if case == "installed":
         return Step("torch + ptcluster", OK, f"torch {want['torch']}, ptcluster "
                     f"{want['ptcluster']}{extras_said(dists)} ({cf.torch.why})")
     if case == "no venv":
-        return Step("torch + ptcluster", BLOCKED, "needs the venv (see above)")
+        return R.TORCH_NO_VENV.step("torch + ptcluster")
     pip = StepAction((VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check",
                       "--no-index", "--find-links", WHEELHOUSE, cf.torch.requirement,
                       self_requirement(cf.self_version)), timeout=3600)
-    return Step("torch + ptcluster", CHANGE, f"{', '.join(venv_lacks(dists, want))}; want torch "
-                f"{want['torch']} ({cf.torch.why}), ptcluster {want['ptcluster']}", (pip,))
+    return R.TORCH_INSTALL.step("torch + ptcluster", (pip,), lacks=", ".join(venv_lacks(
+        dists, want)), torch=want["torch"], why=cf.torch.why, ptcluster=want["ptcluster"])
 
 
 def _env_file(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     text = env_file_text(host, facts, cf)
     if facts.get("env_file") == text:
         return Step("env file", OK, ENV_FILE)
-    return Step("env file", CHANGE, f"{ENV_FILE} " + (
-        "differs" if facts.get("env_file") is not None else "missing"), (
+    return R.ENV_FILE.step("env file", (
         StepAction(("sh", "-c", f"mkdir -p ~/.ptcluster && cat > {ENV_FILE}.tmp && "
-                    f"mv {ENV_FILE}.tmp {ENV_FILE}"), input=text),))
+                    f"mv {ENV_FILE}.tmp {ENV_FILE}"), input=text),), path=ENV_FILE,
+        state="differs" if facts.get("env_file") is not None else "missing")
 
 
 def _workdir(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     workdir = facts.get("workdir")
     if not workdir or workdir.get("exists", True):
         return Step("workdir", OK, workdir.get("path", "") if workdir else "")
-    return Step("workdir", CHANGE, f"{workdir['path']} does not exist", (
-        StepAction(("mkdir", "-p", "--", workdir["path"])),))
+    return R.WORKDIR_MISSING.step("workdir", (
+        StepAction(("mkdir", "-p", "--", workdir["path"])),), path=workdir["path"])
 
 
-def _root_step(name: str, can: bool, why: str, actions: tuple[StepAction, ...],
-               why_not: str) -> Step:
+def _root_step(name: str, can: bool, change: Step, why_not: str) -> Step:
+    """``change`` where setup has root; else blocked, its commands for an admin."""
     if can:
-        return Step(name, CHANGE, why, actions)
-    return Step(name, BLOCKED, f"{why}; needs root ({why_not}): an admin can run the "
-                "commands below", actions)
+        return change
+    return R.NEEDS_ROOT.step(name, change.actions, why=change.why, why_not=why_not)
 
 
 def _firewall(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
@@ -249,15 +250,14 @@ def _firewall(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
         if actions:
             actions += (StepAction(("firewall-cmd", "--reload"), root=True),)
     if fw["rules"] is None:
-        return Step("firewall", BLOCKED, f"{fw['kind']} is active and its rules need root to "
-                    "read or change: an admin can run the commands below",
-                    tuple(StepAction(("ufw", "allow", "from", a, "proto", "tcp"), root=True)
-                          for a in peers) if fw["kind"] == "ufw" else ())
+        return R.FIREWALL_UNREADABLE.step("firewall", tuple(
+            StepAction(("ufw", "allow", "from", a, "proto", "tcp"), root=True)
+            for a in peers) if fw["kind"] == "ufw" else (), kind=fw["kind"])
     if not lacking:
         return Step("firewall", OK, f"{fw['kind']}: TCP open to the other nodes only "
                     f"({', '.join(peers) or 'none'})")
-    return _root_step("firewall", _root_ok(facts), f"{fw['kind']} active: TCP from "
-                      f"{', '.join(lacking)} not allowed", actions, "no sudo")
+    return _root_step("firewall", _root_ok(facts), R.FIREWALL_CLOSED.step(
+        "firewall", actions, kind=fw["kind"], lacking=", ".join(lacking)), "no sudo")
 
 
 def hosts_with_block(current: str, entries: list[tuple[str, list[str]]], own: str) -> str:
@@ -301,17 +301,18 @@ def _hosts(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     want = hosts_with_block(current, entries, facts["hostname"])
     if want == current:
         return Step("/etc/hosts", OK, "every node's name maps to its cluster address")
-    why = "the managed block " + ("differs" if HOSTS_BEGIN in current else "is missing")
-    if any(line.split()[:1] and line.split()[0].startswith("127.") and facts["hostname"] in
-           line.split()[1:] for line in current.splitlines()):
-        why += f"; {facts['hostname']} maps to 127.x (the 127.0.1.1 trap): that name is removed"
+    state = "differs" if HOSTS_BEGIN in current else "is missing"
+    trap = any(line.split()[:1] and line.split()[0].startswith("127.") and facts["hostname"] in
+               line.split()[1:] for line in current.splitlines())
     # Written in place, not renamed over (/etc/hosts is often a bind mount: containers), but
     # only once the whole new text is on disk beside it: an interrupted step never leaves it
     # empty or half written.
     script = ("cat > /etc/hosts.ptcluster-new && cat /etc/hosts.ptcluster-new > /etc/hosts "
               "&& rm -f /etc/hosts.ptcluster-new")
-    return _root_step("/etc/hosts", _root_ok(facts), why, (
-        StepAction(("sh", "-c", script), root=True, input=want),), "no sudo")
+    write = (StepAction(("sh", "-c", script), root=True, input=want),)
+    change = (R.HOSTS_TRAP.step("/etc/hosts", write, state=state, hostname=facts["hostname"])
+              if trap else R.HOSTS_BLOCK.step("/etc/hosts", write, state=state))
+    return _root_step("/etc/hosts", _root_ok(facts), change, "no sudo")
 
 
 def env_file_text(host: str, facts: SetupFacts, cf: ClusterFacts) -> str:

@@ -84,7 +84,9 @@ class NodeSetupOutcome:
         said = self.problem
         return {"host": self.host, "addr": self.addr, "connection": self.connection,
                 "problem": None if said is None else said.what,
-                "fix": None if said is None else said.fix, "converged": self.converged,
+                "fix": None if said is None else said.fix,
+                "code": None if said is None else said.code,
+                "fields": {} if said is None else said.fields, "converged": self.converged,
                 "plan": [s.to_json(self.host) for s in self.before],
                 "applied": [{"step": s, "result": r, "detail": d} for s, r, d in self.applied],
                 "after": [s.to_json(self.host) for s in self.after],
@@ -108,10 +110,22 @@ class SetupReport:
         return all(n.converged for n in self.nodes.values()) and not P.pending(self.head) \
             and (self.slurm is None or bool(self.slurm.get("ok")))
 
+    @property
+    def changes(self) -> int:
+        """The steps apply changed, on every node (the summary's "N change(s) made")."""
+        return sum(r == "changed" for n in self.nodes.values() for _, r, _ in n.applied)
+
+    @property
+    def pending(self) -> list[str]:
+        """The nodes reached whose plan still has a step that is not ok (a dry run's "N
+        node(s) with changes pending")."""
+        return [h for h, n in self.nodes.items() if n.problem is None and P.pending(n.final)]
+
     def to_json(self) -> dict[str, Any]:
         t = self.torch
         return {"dry_run": self.dry_run, "converged": self.converged,
                 "duration_s": round(self.duration, 2), "wheelhouse_s": self.wheelhouse_s,
+                "changes": self.changes, "pending": self.pending,
                 "head": [s.to_json("head") for s in self.head],
                 "torch": None if t is None else {"version": t.version, "variant": t.variant,
                                                  "why": t.why, "problem": (

@@ -56,6 +56,8 @@ class SlurmCluster:
     """The head's key's sha256; None: not made yet (a dry run from nothing)."""
     munge_b64: str | None = None
     """The key itself, base64 (a command's input only; None in a dry run)."""
+    without_cgroup_v2: tuple[str, ...] = ()
+    """The nodes without cgroup v2 (none: Slurm's cgroup plugins; else Linux's /proc)."""
 
     def __repr__(self) -> str:  # never the key, wherever a SlurmCluster is shown
         return f"SlurmCluster(controller={self.controller!r}, files={sorted(self.files)})"
@@ -188,9 +190,10 @@ def slurm_cluster(spec: SlurmSetupSpec, facts: dict[str, SetupFacts | None],
     gres = gres_conf(known)
     if gres:
         files["gres.conf"] = gres
-    if all(f["slurm"]["cgroup"] == "v2" for f in known.values()):  # as ``plugins`` chose
+    v1 = tuple(sorted(h for h, f in known.items() if f["slurm"]["cgroup"] != "v2"))
+    if not v1:  # as ``plugins`` chose
         files["cgroup.conf"] = CGROUP_CONF
-    return SlurmCluster(spec.controller, files, why, sha, b64)
+    return SlurmCluster(spec.controller, files, why, sha, b64, v1)
 
 
 _KEPT = re.compile(r"NodeName=[A-Za-z0-9][A-Za-z0-9.-]*( [A-Za-z]+=[A-Za-z0-9_.,:()/-]*)*")

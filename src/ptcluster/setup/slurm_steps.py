@@ -12,10 +12,9 @@ from __future__ import annotations
 import shlex
 
 from ptcluster.node.facts.setup_facts import SetupFacts
+from ptcluster.setup import problems as R
 from ptcluster.setup.slurm import FILES, SlurmCluster
 from ptcluster.setup.steps import (
-    BLOCKED,
-    CHANGE,
     OK,
     ClusterFacts,
     PlanFn,
@@ -39,8 +38,7 @@ def _packages(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
                       "--no-install-recommends -o DPkg::Lock::Timeout=300 " +
                       shlex.join(missing)), root=True,
                      env=(("DEBIAN_FRONTEND", "noninteractive"),), timeout=1800)
-    return Step("slurm packages", CHANGE, "missing: " + ", ".join(missing) +
-                " (from the node's own apt sources)", (apt,))
+    return R.SLURM_PACKAGES.step("slurm packages", (apt,), missing=", ".join(missing))
 
 
 KEY_PROGRAM = """
@@ -74,16 +72,16 @@ def _munge_key(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
     sc, key = cf.slurm, facts["slurm"]["munge_key"]
     assert sc is not None
     if key is None:
-        return Step("munge key", BLOCKED, "reading /etc/munge/munge.key needs root")
+        return R.MUNGE_KEY_UNREADABLE.step("munge key")
     if key.get("exists") and key.get("sha256") == sc.munge_sha and key.get("owner") == "munge" \
             and key.get("mode") == "400":
         return Step("munge key", OK, "the cluster's key, munge's own, mode 0400")
-    why = ("no key" if not key.get("exists") else "another key" if key.get("sha256") !=
-           sc.munge_sha else f"owner {key.get('owner')}, mode {key.get('mode')}")
+    state = ("no key" if not key.get("exists") else "another key" if key.get("sha256") !=
+             sc.munge_sha else f"owner {key.get('owner')}, mode {key.get('mode')}")
     source = "the head's" if sc.munge_sha else "a new one, made once on the head"
-    return Step("munge key", CHANGE, f"{why}: {source} (sent as the command's input, never "
-                "shown)", (StepAction(KEY_ARGV, root=True, input=(sc.munge_b64 or "") + "\n"),
-                           StepAction(("systemctl", "restart", "munge"), root=True)))
+    return R.MUNGE_KEY.step("munge key", (
+        StepAction(KEY_ARGV, root=True, input=(sc.munge_b64 or "") + "\n"),
+        StepAction(("systemctl", "restart", "munge"), root=True)), state=state, source=source)
 
 
 def _service(name: str, host: str, facts: SetupFacts, files: tuple[str, ...]) -> Step:
@@ -94,10 +92,10 @@ def _service(name: str, host: str, facts: SetupFacts, files: tuple[str, ...]) ->
     stale = svc["active"] and newest is not None and (svc["since"] or 0) < newest
     if svc["enabled"] and svc["active"] and not stale:
         return Step(name, OK, "enabled, running")
-    why = ("not enabled" if not svc["enabled"] else "not running" if not svc["active"]
-           else "running since before its files changed")
-    return Step(name, CHANGE, why, (StepAction(("sh", "-c", f"systemctl enable {name} && "
-                                                f"systemctl restart {name}"), root=True),))
+    reason = (R.SERVICE_DISABLED if not svc["enabled"] else R.SERVICE_STOPPED
+              if not svc["active"] else R.SERVICE_STALE)
+    return reason.step(name, (StepAction(("sh", "-c", f"systemctl enable {name} && "
+                                          f"systemctl restart {name}"), root=True),))
 
 
 def _munge(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
@@ -119,7 +117,8 @@ def _files(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
                                    f"{path}"), root=True, input=want, show_input=True))
     if not actions:
         return Step("slurm.conf", OK, f"{', '.join(sc.files)} as the cluster's; {sc.why}")
-    return Step("slurm.conf", CHANGE, f"{'; '.join(why)}; {sc.why}", tuple(actions))
+    return R.SLURM_FILES.step("slurm.conf", tuple(actions), files="; ".join(why),
+                              plugins=sc.why)
 
 
 def _slurmctld(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
@@ -137,9 +136,9 @@ def _needs_files(name: str, plan: PlanFn) -> PlanFn:
     """Step ``name``, blocked until every node's Slurm facts are in (``cf.slurm``)."""
     def step(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
         if cf.slurm is None or not cf.slurm.files or "slurm" not in facts:
-            return Step(name, BLOCKED, (cf.slurm and cf.slurm.why) or
-                        "not every node answered: the cluster's Slurm files need the facts "
-                        "of all of them")
+            if cf.slurm is not None and cf.slurm.why:
+                return R.SLURM_FILES_REFUSED.step(name, why=cf.slurm.why)
+            return R.SLURM_FILES_WAIT.step(name)
         return plan(host, facts, cf)
     return step
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ptcluster.errors import Problem
 from ptcluster.node.facts.setup_facts import SetupFacts
 from ptcluster.setup.slurm import SlurmCluster
 from ptcluster.setup.torch_choice import TorchChoice
@@ -78,7 +79,12 @@ class Step:
     name: str
     status: Status
     why: str = ""
+    """What the plan says of it: its reason's what (``problem``), or the facts that prove it
+    done (ok: in words)."""
     actions: tuple[StepAction, ...] = ()
+    problem: Problem | None = None
+    """Why it is a change or blocked, declared (``setup.problems``: its code and fields);
+    None for a step that is done."""
 
     def commands(self, host: str = "NODE") -> list[str]:
         return [a.display(host) for a in self.actions]
@@ -88,8 +94,10 @@ class Step:
         return [a.input for a in self.actions if a.show_input and a.input is not None]
 
     def to_json(self, host: str = "NODE") -> dict[str, Any]:
+        said = self.problem
         out = {"step": self.name, "status": self.status, "why": self.why,
-               "commands": self.commands(host)}
+               "code": None if said is None else said.code,
+               "fields": {} if said is None else said.fields, "commands": self.commands(host)}
         if self.files():
             out["files"] = self.files()
         return out
