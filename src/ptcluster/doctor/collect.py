@@ -8,13 +8,13 @@ node that fails: every node gets a :class:`NodeReport`.
 from __future__ import annotations
 
 import random
-from typing import Any, cast
+from typing import cast
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.doctor.node_report import NodeReport, address_of, interface_of
 from ptcluster.errors import Problem
 from ptcluster.node import FACTS
-from ptcluster.node.doctor_facts import DoctorFacts
+from ptcluster.node.doctor_facts import ConnectAsk, DoctorConfig, DoctorFacts
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import LATE_FIX, Group, Member, NodeResult
 from ptcluster.remote.node_replies import doctor_reply
@@ -43,12 +43,14 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
                   timeout: float = 60.0, connect_timeout: float = 2.0) -> dict[str, NodeReport]:
     probed = {n.host: [spec.nodes[j] for j in probe_peers(i, len(spec.nodes))]
               for i, n in enumerate(spec.nodes)}
-    members = [Member(node.host, transports[node.host], node.python, {
-        "workdir": node.workdir, "peers": [p.host for p in probed[node.host]],
-        "master_addr": spec.master.addr, "slots": node.slots, "backend": spec.backend,
-        "gpus_chosen": isinstance(node.gpus, tuple),
-        "master_port": (master_port or "auto") if i == 0 else None})
-        for i, node in enumerate(spec.nodes)]
+    def config(i: int, node: NodeSpec) -> DoctorConfig:
+        return {"workdir": node.workdir, "peers": [p.host for p in probed[node.host]],
+                "master_addr": spec.master.addr, "slots": node.slots, "backend": spec.backend,
+                "gpus_chosen": isinstance(node.gpus, tuple),
+                "master_port": (master_port or "auto") if i == 0 else None}
+
+    members = [Member(node.host, transports[node.host], node.python, config(i, node))
+               for i, node in enumerate(spec.nodes)]
     group = Group(members, FACTS, answer=Kind.READY, kinds=[Kind.CONNECT])
     try:
         group.wait(Kind.READY, timeout, late=Problem(
@@ -61,9 +63,9 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
         waiting = []
         for node in spec.nodes:
             if node.host in facts and group.alive(node.host):
-                group.send(node.host, Kind.CONNECT, {
-                    "targets": _targets(spec, probed[node.host], facts),
-                    "timeout": connect_timeout})
+                ask: ConnectAsk = {"targets": _targets(spec, probed[node.host], facts),
+                                   "timeout": connect_timeout}
+                group.send(node.host, Kind.CONNECT, ask)
                 waiting.append(node.host)
         group.wait(Kind.CONNECT, connect_timeout + 10, hosts=waiting)
     finally:
@@ -72,13 +74,13 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
 
 
 def _targets(spec: ClusterSpec, peers: list[NodeSpec],
-             facts: dict[str, DoctorFacts]) -> list[list[Any]]:
+             facts: dict[str, DoctorFacts]) -> list[tuple[str, str, int]]:
     """What one node connects to: the master port, and each of its ``peers``' ephemeral
     listener on the address NCCL/Gloo would use there (``facts``: the nodes that answered)."""
-    targets: list[list[Any]] = []
+    targets: list[tuple[str, str, int]] = []
     master_facts = facts.get(spec.nodes[0].host)
-    if master_facts and master_facts["listening"].get("master"):
-        targets.append(["master", spec.master.addr, master_facts["listening"]["master"]])
+    if master_facts and (master := master_facts["listening"].get("master")):
+        targets.append(("master", spec.master.addr, master))
     for peer in peers:
         peer_facts = facts.get(peer.host)
         if not peer_facts:
@@ -86,7 +88,7 @@ def _targets(spec: ClusterSpec, peers: list[NodeSpec],
         addr = address_of(interface_of(peer, peer_facts, spec.master.addr), peer_facts)
         port = peer_facts["listening"].get("ephemeral")
         if addr and port:
-            targets.append([f"peer:{peer.host}", addr, port])
+            targets.append((f"peer:{peer.host}", addr, port))
     return targets
 
 

@@ -26,6 +26,7 @@ LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) and the cluster file's ``env:``.
 import json
 import signal
 import socket
+from collections.abc import Mapping
 
 SOCK_VAR = "PTCLUSTER_GUARD_SOCK"
 """Env var of every rank: the path of its guard's Unix socket."""
@@ -171,7 +172,7 @@ def connect_or_none(path: str, rank: int, role: str) -> socket.socket | None:
         return None
 
 
-def send_record(sock: socket.socket | None, kind: str, body: dict[str, object]) -> None:
+def send_record(sock: socket.socket | None, kind: str, body: Mapping[str, object]) -> None:
     """One record on ``sock`` (None: nowhere); a guard gone meanwhile is not an error here."""
     if sock is None:
         return
@@ -190,7 +191,7 @@ def header(line: bytes) -> tuple[int, str]:
         raise ValueError(f"bad header {line[:80]!r}") from exc
 
 
-def encode_record(kind: str, body: dict) -> bytes:
+def encode_record(kind: str, body: Mapping[str, object]) -> bytes:
     return f"{kind} {json.dumps(body)}\n".encode()
 
 
