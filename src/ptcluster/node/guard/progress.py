@@ -28,6 +28,8 @@ from ptcluster.node.rank_wire import (
     PROGRESS,
     READY,
     STACK_SIGNAL,
+    ProbeDump,
+    ProbeReady,
     decode_record,
 )
 from ptcluster.node.wire import RankStacks
@@ -104,7 +106,7 @@ class StackProbes:
         self.pids: dict[int, int] = {}
         """rank -> pid of the rank's process (the shim's start record), until it exits."""
         self.fr_counts: dict[int, dict[str, Any]] = {}
-        self.dumps: dict[int, dict[str, Any]] = {}
+        self.dumps: dict[int, ProbeDump] = {}
         """rank -> the probe thread's answer to ``dump`` (text, fr, at)."""
         self.last_output: dict[int, float] = {}
 
@@ -127,16 +129,18 @@ class StackProbes:
             record = decode_record(line.decode(errors="replace"))
             if record is None:
                 continue
-            kind, body = record
+            kind, body = record  # (this rank's probe's, as rank_wire declares each)
             if kind == READY:
-                self.ready[rank] = (st["conn"], int(body.get("pid", 0)), bool(body.get("fr")),
-                                    str(body.get("stk", "")))
+                ready: ProbeReady = body
+                self.ready[rank] = (st["conn"], int(ready.get("pid", 0)), bool(ready.get("fr")),
+                                    str(ready.get("stk", "")))
             elif kind == PROGRESS:
                 self.fr_counts[rank] = body
             elif kind == DUMP:
-                body["at"] = time.monotonic()
+                dump: ProbeDump = body
+                dump["at"] = time.monotonic()
                 with self.lock:
-                    self.dumps[rank] = body
+                    self.dumps[rank] = dump
 
     def dropped(self, st: dict[str, Any]) -> None:
         if st.get("role") == PROBE:

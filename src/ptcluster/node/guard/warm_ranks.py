@@ -39,6 +39,9 @@ from ptcluster.node.rank_wire import (
     OUT,
     START,
     THREADS_VAR,
+    RankError,
+    RankExit,
+    RankStart,
     connect_or_none,
     send_record,
 )
@@ -175,6 +178,12 @@ class Pooled:
         self.started = time.time()
 
 
+def pool_error(problem: Sent) -> RankError:
+    """A rank's ``error`` record of what its pool did (``problem``: declared, as sent)."""
+    return {"t": time.time(), "exc": "WarmPoolLost", "text": problem["what"],
+            "fix": problem["fix"], "code": problem["code"], "fields": problem["fields"]}
+
+
 class WarmRanks:
     """This node's ranks, forked by the pool at ``sock``; ``poll`` is torchrun's exit status."""
 
@@ -232,9 +241,10 @@ class WarmRanks:
             return
         conn.settimeout(None)
         one = Pooled(rank, conn, connect_or_none(self.server, rank, CTL), int(reply["pid"]), fds[0])
-        send_record(one.ctl, START, {"pid": one.pid, "shim_pid": one.pid, "t": one.started,
-                                 "streams": 2, "local_rank": int(request["env"]["LOCAL_RANK"]),
-                                 "python": sys.executable})
+        started: RankStart = {"pid": one.pid, "shim_pid": one.pid, "t": one.started,
+                              "streams": 2, "local_rank": int(request["env"]["LOCAL_RANK"]),
+                              "python": sys.executable}
+        send_record(one.ctl, START, started)
         with self.lock:
             self.ranks.append(one)
         self.sel.register(conn, selectors.EVENT_READ, one)
@@ -243,9 +253,7 @@ class WarmRanks:
         """A rank the pool failed: its error (``problem``, sent) and exit records, as a rank's
         own would be."""
         data = connect_or_none(self.server, rank, DATA)
-        send_record(data, ERROR, {"t": time.time(), "exc": "WarmPoolLost",
-                                  "text": problem["what"], "fix": problem["fix"],
-                                  "code": problem["code"], "fields": problem["fields"]})
+        send_record(data, ERROR, pool_error(problem))
         if data is not None:
             data.close()
         one = Pooled(rank, socket.socket(), connect_or_none(self.server, rank, CTL), 0, -1)
@@ -272,10 +280,7 @@ class WarmRanks:
 
     def lost_under(self, one: Pooled) -> None:
         data = connect_or_none(self.server, one.rank, DATA)
-        ended = POOL_ENDED.sent()
-        send_record(data, ERROR, {"t": time.time(), "exc": "WarmPoolLost", "text": ended["what"],
-                                  "fix": ended["fix"], "code": ended["code"],
-                                  "fields": ended["fields"]})
+        send_record(data, ERROR, pool_error(POOL_ENDED.sent()))
         if data is not None:
             data.close()
         self.kill(one)
@@ -283,8 +288,8 @@ class WarmRanks:
 
     def finish(self, one: Pooled, code: int) -> None:
         end = time.time()
-        send_record(one.ctl, EXIT, {"code": code, "t": end,
-                                    "duration": round(end - one.started, 3)})
+        ended: RankExit = {"code": code, "t": end, "duration": round(end - one.started, 3)}
+        send_record(one.ctl, EXIT, ended)
         if one.ctl is not None:
             one.ctl.close()
         one.conn.close()
