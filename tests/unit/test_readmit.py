@@ -196,7 +196,8 @@ def test_the_console_summary_names_the_planned_restart() -> None:
 @pytest.mark.parametrize("schema, written", [
     ("KILL", "ptcluster.node.kill:KillAnswer"), ("BOOT", "ptcluster.node.probe:BootAnswer"),
     ("WARM", "ptcluster.node.wire:WarmAnswer"), ("POOL", "ptcluster.node.wire:PoolInfo"),
-    ("CKPT", "ptcluster.node.ckpt_list:CkptAnswer"), ("HELD", "ptcluster.node.ckpt_list:StepHeld")])
+    ("CKPT", "ptcluster.node.ckpt_list:CkptAnswer"), ("HELD", "ptcluster.node.ckpt_list:StepHeld"),
+    ("CONNECT", "ptcluster.node.doctor_facts:Connect")])
 def test_each_answer_is_checked_by_the_keys_its_writer_declares(schema: str, written: str):
     """The head's check of kill's and the probe's answers (``remote.node_replies``) names
     exactly the keys of the TypedDict beside the node code that writes them: a key added on

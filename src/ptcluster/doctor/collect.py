@@ -8,7 +8,6 @@ node that fails: every node gets a :class:`NodeReport`.
 from __future__ import annotations
 
 import random
-from typing import cast
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.doctor.node_report import NodeReport, address_of, interface_of
@@ -17,7 +16,7 @@ from ptcluster.node import FACTS
 from ptcluster.node.doctor_facts import ConnectAsk, DoctorConfig, DoctorFacts
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import LATE_FIX, Group, Member, NodeResult
-from ptcluster.remote.node_replies import doctor_reply
+from ptcluster.remote.node_replies import connect_results, doctor_reply
 from ptcluster.remote.replies import BadReply
 from ptcluster.remote.transport import Transport
 
@@ -58,8 +57,8 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
         # Connectivity, as the job would use it: every node to the master port (by the master's
         # name, as MASTER_ADDR is used), and to every peer's ephemeral port on its NCCL/Gloo
         # address.
-        facts = {h: _facts(r) for h, r in group.result.succeeded.items()
-                 if _refused(r) is None}
+        checked = {h: _checked(r) for h, r in group.result.succeeded.items()}
+        facts = {h: f for h, f in checked.items() if f is not None and not isinstance(f, Problem)}
         waiting = []
         for node in spec.nodes:
             if node.host in facts and group.alive(node.host):
@@ -95,31 +94,30 @@ def _targets(spec: ClusterSpec, peers: list[NodeSpec],
 def _report(r: NodeResult, begun: float) -> NodeReport:
     """The doctor's report of one node from its outcome (``begun``: when the channels started)."""
     report = NodeReport(host=r.host, problem=r.problem, exit_code=r.exit_code, stderr=r.stderr)
-    refused = _refused(r)
-    if refused is not None:  # that node's failure (exit code None: "no answer" we believe)
-        report.problem = refused
+    facts = _checked(r)
+    try:
+        connects = connect_results(r.answers[Kind.CONNECT]) if Kind.CONNECT in r.answers else []
+    except BadReply as exc:
+        facts = Problem(None, exc.what, exc.fix)
+    if isinstance(facts, Problem):  # that node's failure (exit code None: "no answer" we believe)
+        report.problem = facts
         report.exit_code = None
         return report
-    if Kind.READY in r.answers:
-        report.facts = facts = _facts(r)
+    if facts is not None:
+        report.facts = facts
         came, at = r.came[Kind.READY]
         report.ssh_s = round(came - begun, 3)
         report.clock_offset = round(facts["time"] - at, 3)
-    report.connects = r.answers.get(Kind.CONNECT, {}).get("results", [])
+    report.connects = connects
     return report
 
 
-def _facts(r: NodeResult) -> DoctorFacts:
-    """The node's facts, as ``_refused`` checked them (``remote.node_replies.doctor_reply``)."""
-    return cast(DoctorFacts, r.answers[Kind.READY])
-
-
-def _refused(r: NodeResult) -> Problem | None:
-    """Why the head does not believe the node's facts (``remote.node_replies``), or None."""
+def _checked(r: NodeResult) -> DoctorFacts | Problem | None:
+    """The node's facts as the head checked them (``remote.node_replies.doctor_reply``), why it
+    does not believe them, or None (no facts came)."""
     if Kind.READY not in r.answers:
         return None
     try:
-        doctor_reply(r.answers[Kind.READY])
+        return doctor_reply(r.answers[Kind.READY])
     except BadReply as exc:
         return Problem(None, exc.what, exc.fix)
-    return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from ptcluster.node.ckpt_list import CkptAnswer
-from ptcluster.node.doctor_facts import DoctorFacts
+from ptcluster.node.doctor_facts import Connect, DoctorFacts
 from ptcluster.node.kill import KillAnswer
 from ptcluster.node.probe import BootAnswer
 from ptcluster.node.wire import WarmAnswer
@@ -114,6 +114,19 @@ def doctor_reply(reply: Any) -> DoctorFacts:
         raise BadReply(exc.what.replace("the node's facts are", "the node's doctor facts are", 1),
                        "check that node (a node that sends this may be compromised)") from None
     return cast(DoctorFacts, reply)
+
+
+CONNECT = record({"label": word, "host": word, "port": PORT, "error": optional(note),
+                  "ms": figure})
+"""One connection a node tried (``node.doctor_facts.Connect``: the ``connect`` frame's
+``results``)."""
+
+
+def connect_results(answer: Any) -> list[Connect]:
+    """A node's ``connect`` frame's results, checked. Raises :class:`BadReply`."""
+    checked = _answer(record({"results": listing(CONNECT, MOST_ITEMS)}), "the connect answer",
+                      answer)
+    return cast(list[Connect], checked["results"])
 
 
 def _answer(schema: Check, what: str, answer: Any) -> dict[str, Any]:
