@@ -216,6 +216,16 @@ class ProbeReady(TypedDict):
     """The file faulthandler's dumps go to."""
 
 
+class ProbeProgress(TypedDict):
+    """The stack probe's ``progress``: the flight recorder's counters, summed over the process
+    groups, when they change (``stack_probe.flight_recorder``'s ``counts``)."""
+
+    enqueued: int
+    completed: int
+    waiting: list[str]
+    """The groups with a collective enqueued and not completed."""
+
+
 class ProbeDump(TypedDict, total=False):
     """The stack probe's ``dump``: its answer to the guard's ``dump`` line."""
 

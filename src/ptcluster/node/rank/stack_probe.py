@@ -40,6 +40,7 @@ from ptcluster.node.rank_wire import (
     READY,
     STACK_SIGNAL,
     ProbeDump,
+    ProbeProgress,
     ProbeReady,
     connect,
     encode_record,
@@ -160,7 +161,8 @@ def flight_recorder(active: bool) -> dict:
         enq, comp = enq + max(e, 0), comp + max(c, 0)
         if e > c:
             waiting.append(pg)
-    out: dict = {"counts": {"enqueued": enq, "completed": comp, "waiting": waiting}}
+    counts: ProbeProgress = {"enqueued": enq, "completed": comp, "waiting": waiting}
+    out: dict = {"counts": counts}
     if active:
         entries = raw.get("entries") or []
         out["active"] = [{"pg": (e.get("process_group") or ["?"])[-1],
