@@ -79,6 +79,19 @@ class KillAnswer(TypedDict, total=False):
     """Why it was not signalled (not a job id, another user's, ended meanwhile)."""
 
 
+class _Config(TypedDict):
+    job_id: str
+
+
+class KillConfig(_Config, total=False):
+    """The program's config line (``control.kill.stop_through_guards`` writes it)."""
+
+    signal: str
+    """The signal's name without SIG (default TERM)."""
+    by: dict[str, str]
+    """Who asks (``{host, user}``: the guard's kill note, ``wire.KILLED_BY``)."""
+
+
 def end_job(job_id: str, signame: str, by: dict) -> KillAnswer:
     if not valid_job_id(job_id):  # (kill's note is named by it, in the shared lease dir)
         return {"found": False, "error": f"{job_id[:80]!r} is not a job id"}
@@ -113,7 +126,7 @@ def end_job(job_id: str, signame: str, by: dict) -> KillAnswer:
 
 
 def main() -> int:
-    cfg = json.loads(sys.stdin.readline())
+    cfg: KillConfig = json.loads(sys.stdin.readline())
     sys.stdout.buffer.write(hello("kill"))
     result = end_job(str(cfg["job_id"]), str(cfg.get("signal") or "TERM"),
                      dict(cfg.get("by") or {}))
