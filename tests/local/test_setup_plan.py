@@ -411,7 +411,6 @@ def test_the_real_node_programs_facts_pass_the_heads_check() -> None:
     # every reply setup asks for is checked at the ask (remote/replies.py, H1): what the real
     # node program sends here, every section and Slurm's, must pass it whole
     from ptcluster.cluster import parse_cluster_text
-    from ptcluster.node.wire import Kind
     from ptcluster.remote.transport import LocalTransport
     from ptcluster.setup.apply import Setup
     from ptcluster.setup.options import SetupOptions
@@ -421,8 +420,8 @@ def test_the_real_node_programs_facts_pass_the_heads_check() -> None:
     setup.targets, setup.pubkey = {"n1": ("127.0.0.1", 22)}, "ssh-ed25519 AAAAnot-there x"
     session = setup.open_session(spec.nodes[0], LocalTransport(host="n1"))
     try:
-        first = session.ask(Kind.FACTS, {"only": ["sudo"]}, 60)
-        facts = session.ask(Kind.FACTS, {"only": ["all", "slurm"]}, 120)
+        first = session.facts(["sudo"], 60)
+        facts = session.facts(["all", "slurm"], 120)
     finally:
         setup.close_sessions("bye")
     assert set(first) == {"user", "uid", "home", "hostname", "python", "python_path", "sudo"}
@@ -452,8 +451,8 @@ def test_apply_replans_only_the_step_it_applies(monkeypatch, tmp_path: Path) -> 
     asked: list[tuple[str, dict]] = []
 
     class Session:  # the node answers every fact request with "unchanged"
-        def ask(self, kind: str, payload: dict, timeout: float) -> dict:
-            asked.append((kind, payload))
+        def facts(self, only: list[str], timeout: float) -> dict:
+            asked.append(("facts", {"only": only}))
             return {}
 
     spec = parse_cluster_text("nodes: [{host: n1}]\n", "c.yaml")

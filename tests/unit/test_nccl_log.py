@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from ptcluster.node.facts.nccl_log import DEBUG_SUBSYS, merge, parse, read_dir
+from ptcluster.node.wire import NcclChoice
 
 DATA = Path(__file__).parent / "data" / "nccl"
 EXPECT: dict[str, dict[str, Any]] = {
@@ -146,7 +147,9 @@ def test_what_a_guard_said_of_nccl_reaches_the_node_and_summary() -> None:
                      RunOptions(), now=0.0, wall_offset=0.0)
     said = ev.nccl_chosen({"transport": "IB", "hca": "mlx5_0:1", "gid_index": 3, "x": "y",
                            "cause": "z" * 1000})
-    assert said is not None and "x" not in said and len(said["cause"]) == 300  # bounded
+    assert said is not None and "x" not in said and len(said["cause"] or "") == 300  # bounded
+    assert set(said) == set(NcclChoice.__annotations__)  # every key the guard declares
+    assert (said["gid_index"], said["ranks"], said["hcas"]) == (3, None, None)
     sup.on_event(ev.GuardExit("a", 0, "job ended", "", said), 4.0)
     (node,) = sup.nodes
     assert node.nccl == said

@@ -196,7 +196,9 @@ def test_the_console_summary_names_the_planned_restart() -> None:
 
 @pytest.mark.parametrize("schema, written", [
     ("KILL", "ptcluster.node.kill:KillAnswer"), ("BOOT", "ptcluster.node.probe:BootAnswer"),
-    ("WARM", "ptcluster.node.wire:WarmAnswer"), ("POOL", "ptcluster.node.wire:PoolInfo")])
+    ("WARM", "ptcluster.node.wire:WarmAnswer"), ("POOL", "ptcluster.node.wire:PoolInfo"),
+    ("CKPT", "ptcluster.node.ckpt_list:CkptAnswer"), ("HELD", "ptcluster.node.ckpt_list:StepHeld"),
+    ("CONNECT", "ptcluster.node.doctor_facts:Connect")])
 def test_each_answer_is_checked_by_the_keys_its_writer_declares(schema: str, written: str):
     """The head's check of kill's and the probe's answers (``remote.node_replies``) names
     exactly the keys of the TypedDict beside the node code that writes them: a key added on
@@ -260,3 +262,24 @@ def test_the_xid_and_oom_facts_are_checked_by_the_keys_the_guard_declares() -> N
 
     assert set(guard_replies.XID.fields) == set(XidFacts.__annotations__)
     assert set(guard_replies.OOM.fields) == set(OomFacts.__annotations__)
+
+
+def test_a_checkpoint_listing_is_checked_and_a_malformed_one_refused(tmp_path) -> None:
+    """``remote.node_replies.ckpt_answer`` passes what ``node.ckpt_list`` lists of a real
+    directory, and refuses a listing whose file entry is not ``[path, size]`` (that node's
+    named problem in ``checkpoint.collect``, not a KeyError there)."""
+    from ptcluster.node.ckpt_list import list_steps
+    from ptcluster.remote.node_replies import ckpt_answer
+    from ptcluster.remote.replies import BadReply
+
+    step = tmp_path / "step-3"
+    step.mkdir()
+    (step / "part-0.pt").write_bytes(b"x" * 5)
+    (step / "COMPLETE").write_text("{}")
+    listed = {"root": str(tmp_path), "steps": list_steps(str(tmp_path))}
+    assert ckpt_answer(listed) == listed
+    assert listed["steps"][0]["files"] == {"part-0.pt": ["step-3/part-0.pt", 5]}
+    for bad in ({"steps": []}, {"root": str(tmp_path), "steps": [{"step": 3, "marker": None,
+                                                                  "files": {"a": ["a"]}}]}):
+        with pytest.raises(BadReply):
+            ckpt_answer(bad)

@@ -53,7 +53,7 @@ class Channel:  # what NodeSession sends on; the replies come through on_frames,
 def asked(reply: dict[str, Any], only: list[str]) -> dict[str, Any]:
     session = NodeSession(Channel())  # type: ignore[arg-type]
     session.on_frames([wire.encode(wire.Kind.FACTS, reply).decode().rstrip("\n")])
-    return session.ask(wire.Kind.FACTS, {"only": only}, 1.0)
+    return dict(session.facts(only, 1.0))
 
 
 def test_a_well_formed_reply_passes_and_keeps_only_what_was_asked() -> None:
@@ -178,3 +178,16 @@ def test_a_refused_value_is_said_of_the_reply_it_came_in() -> None:
     with pytest.raises(replies.BadReply) as refused:
         replies.sample_reply({"t": "soon"})
     assert refused.value.problem.code == "node.sample-refused"
+
+
+def test_a_steps_outcome_is_checked_by_the_keys_its_writer_declares() -> None:
+    """``remote.replies.DONE`` (``step_done``, what ``NodeSession.run`` returns) checks exactly
+    ``node.setup_agent.StepDone``'s keys, and refuses an outcome without its exit status."""
+    from ptcluster.node.setup_agent import StepDone
+
+    assert set(replies.DONE.fields) == set(StepDone.__annotations__)
+    assert replies.step_done({"id": 1, "rc": 0, "out": "ok"}) == {"id": 1, "rc": 0, "out": "ok"}
+    for bad in ({"id": 1, "out": ""}, {"id": 1, "rc": "0", "out": ""},
+                {"id": 1, "rc": 0, "out": None}, {"id": 1, "rc": 0, "out": "", "more": 1}):
+        with pytest.raises(replies.BadReply):
+            replies.step_done(bad)

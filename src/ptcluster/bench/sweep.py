@@ -23,6 +23,7 @@ from ptcluster.launch.options import RunOptions
 from ptcluster.launch.result import Failure
 from ptcluster.launch.runner import LineSink
 from ptcluster.node import BENCH_WORKER
+from ptcluster.node.rank.bench_wire import WorkerConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,7 +177,7 @@ def sweep_plan(cfg: BenchConfig, nranks: int) -> tuple[list[tuple[str, list[int]
     return plan, skipped
 
 
-def worker_config(cfg: BenchConfig, nranks: int, pairs: list[list[int]]) -> dict[str, Any]:
+def worker_config(cfg: BenchConfig, nranks: int, pairs: list[list[int]]) -> WorkerConfig:
     """What every rank's worker gets (JSON, argv[1]): counts, not sizes, so the head's formulas
     are the only ones. ``pairs``: the [rank a, rank b] ping-pongs, when ``cfg.pairs``."""
     return {"plan": sweep_plan(cfg, nranks)[0], "iters": cfg.iters, "warmup": cfg.warmup,

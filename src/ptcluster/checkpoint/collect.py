@@ -20,13 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ptcluster.checkpoint import layout
-from ptcluster.cluster.model import ClusterSpec
+from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.errors import Problem, PtclusterError
 from ptcluster.node import CKPT_LIST
+from ptcluster.node.ckpt_list import CkptConfig
 from ptcluster.node.problems import Declared
 from ptcluster.node.wire import Kind
 from ptcluster.remote.connect import transport
 from ptcluster.remote.group import Member, ask_all
+from ptcluster.remote.node_replies import ckpt_answer
+from ptcluster.remote.replies import BadReply
 
 LIST_TIMEOUT = 30.0
 """Seconds every node has to say what it holds."""
@@ -89,18 +92,24 @@ def collect(spec: ClusterSpec, dir: str, dest: Path, step: int | None = None,
 
 def _ask(spec: ClusterSpec, dir: str) -> tuple[list[str], list[list[layout.Holding]],
                                                 list[str], list[Problem]]:
-    members = [Member(n.host, transport(spec, n), n.python, {"dir": dir, "workdir": n.workdir})
-               for n in spec.nodes]
+    def config(n: NodeSpec) -> CkptConfig:
+        return {"dir": dir, "workdir": n.workdir}
+
+    members = [Member(n.host, transport(spec, n), n.python, config(n)) for n in spec.nodes]
     result = ask_all(members, CKPT_LIST, Kind.CKPT, LIST_TIMEOUT)
     hosts, listings, roots = [], [], []
-    for host, answered in result.succeeded.items():
-        frame = answered.answers[Kind.CKPT]
-        hosts.append(host)
-        roots.append(str(frame["root"]))
-        listings.append(layout.holdings(frame.get("steps") or []))
     unreachable = [Problem(host, r.problem.what if r.problem else str(r.why),
                            r.problem.fix if r.problem else None)
                    for host, r in result.failed.items()]
+    for host, answered in result.succeeded.items():
+        try:
+            frame = ckpt_answer(answered.answers[Kind.CKPT])
+        except BadReply as exc:  # that node's failure, named
+            unreachable.append(Problem(host, exc.what, exc.fix))
+            continue
+        hosts.append(host)
+        roots.append(frame["root"])
+        listings.append(layout.holdings(frame.get("steps") or []))
     return hosts, listings, roots, unreachable
 
 

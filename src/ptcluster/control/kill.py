@@ -21,6 +21,7 @@ from ptcluster.control import registry as heads
 from ptcluster.control.protocol import ControlError, alive, ask, kill_request
 from ptcluster.errors import Problem
 from ptcluster.node import KILL
+from ptcluster.node.kill import KillConfig
 from ptcluster.node.problems import Declared
 from ptcluster.node.wire import Kind
 from ptcluster.remote.connect import transports
@@ -109,7 +110,7 @@ def stop_through_guards(spec: ClusterSpec, job_id: str, signame: str, by: dict[s
     """Send SIG``signame`` to the guard of ``job_id`` on every node of ``spec`` (the node's
     ``kill`` program finds it by its lease), waiting up to ``timeout`` s for every node."""
     reach = transports(spec)
-    config = {"job_id": job_id, "signal": signame, "by": by}
+    config: KillConfig = {"job_id": job_id, "signal": signame, "by": by}
     result = ask_all([Member(n.host, reach[n.host], n.python, config) for n in spec.machines],
                      KILL, Kind.RESULT, timeout)
     signalled: list[str] = []

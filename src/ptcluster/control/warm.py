@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ptcluster.cluster import ClusterSpec
 from ptcluster.node import WARM
+from ptcluster.node.warm.pools import PoolsConfig
 from ptcluster.node.wire import Kind, PoolStopped
 from ptcluster.remote.connect import transports
 from ptcluster.remote.group import Member, ask_all
@@ -27,7 +28,8 @@ def stop_pools(spec: ClusterSpec, hosts: tuple[str, ...], timeout: float) -> Poo
     """SIGTERM this user's pools on ``hosts`` (every machine of ``spec`` when empty)."""
     reach = transports(spec)
     machines = [n for n in spec.machines if not hosts or n.host in hosts]
-    result = ask_all([Member(n.host, reach[n.host], n.python, {"stop": True}) for n in machines],
+    stop: PoolsConfig = {"stop": True}
+    result = ask_all([Member(n.host, reach[n.host], n.python, stop) for n in machines],
                      WARM, Kind.RESULT, timeout)
     out = PoolsStop()
     for host, node in result.nodes.items():

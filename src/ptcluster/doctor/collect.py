@@ -8,16 +8,15 @@ node that fails: every node gets a :class:`NodeReport`.
 from __future__ import annotations
 
 import random
-from typing import Any, cast
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
 from ptcluster.doctor.node_report import NodeReport, address_of, interface_of
 from ptcluster.errors import Problem
 from ptcluster.node import FACTS
-from ptcluster.node.doctor_facts import DoctorFacts
+from ptcluster.node.doctor_facts import ConnectAsk, DoctorConfig, DoctorFacts
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import LATE_FIX, Group, Member, NodeResult
-from ptcluster.remote.node_replies import doctor_reply
+from ptcluster.remote.node_replies import connect_results, doctor_reply
 from ptcluster.remote.replies import BadReply
 from ptcluster.remote.transport import Transport
 
@@ -43,12 +42,14 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
                   timeout: float = 60.0, connect_timeout: float = 2.0) -> dict[str, NodeReport]:
     probed = {n.host: [spec.nodes[j] for j in probe_peers(i, len(spec.nodes))]
               for i, n in enumerate(spec.nodes)}
-    members = [Member(node.host, transports[node.host], node.python, {
-        "workdir": node.workdir, "peers": [p.host for p in probed[node.host]],
-        "master_addr": spec.master.addr, "slots": node.slots, "backend": spec.backend,
-        "gpus_chosen": isinstance(node.gpus, tuple),
-        "master_port": (master_port or "auto") if i == 0 else None})
-        for i, node in enumerate(spec.nodes)]
+    def config(i: int, node: NodeSpec) -> DoctorConfig:
+        return {"workdir": node.workdir, "peers": [p.host for p in probed[node.host]],
+                "master_addr": spec.master.addr, "slots": node.slots, "backend": spec.backend,
+                "gpus_chosen": isinstance(node.gpus, tuple),
+                "master_port": (master_port or "auto") if i == 0 else None}
+
+    members = [Member(node.host, transports[node.host], node.python, config(i, node))
+               for i, node in enumerate(spec.nodes)]
     group = Group(members, FACTS, answer=Kind.READY, kinds=[Kind.CONNECT])
     try:
         group.wait(Kind.READY, timeout, late=Problem(
@@ -56,14 +57,14 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
         # Connectivity, as the job would use it: every node to the master port (by the master's
         # name, as MASTER_ADDR is used), and to every peer's ephemeral port on its NCCL/Gloo
         # address.
-        facts = {h: _facts(r) for h, r in group.result.succeeded.items()
-                 if _refused(r) is None}
+        checked = {h: _checked(r) for h, r in group.result.succeeded.items()}
+        facts = {h: f for h, f in checked.items() if f is not None and not isinstance(f, Problem)}
         waiting = []
         for node in spec.nodes:
             if node.host in facts and group.alive(node.host):
-                group.send(node.host, Kind.CONNECT, {
-                    "targets": _targets(spec, probed[node.host], facts),
-                    "timeout": connect_timeout})
+                ask: ConnectAsk = {"targets": _targets(spec, probed[node.host], facts),
+                                   "timeout": connect_timeout}
+                group.send(node.host, Kind.CONNECT, ask)
                 waiting.append(node.host)
         group.wait(Kind.CONNECT, connect_timeout + 10, hosts=waiting)
     finally:
@@ -72,13 +73,13 @@ def collect_facts(spec: ClusterSpec, transports: dict[str, Transport], *, master
 
 
 def _targets(spec: ClusterSpec, peers: list[NodeSpec],
-             facts: dict[str, DoctorFacts]) -> list[list[Any]]:
+             facts: dict[str, DoctorFacts]) -> list[tuple[str, str, int]]:
     """What one node connects to: the master port, and each of its ``peers``' ephemeral
     listener on the address NCCL/Gloo would use there (``facts``: the nodes that answered)."""
-    targets: list[list[Any]] = []
+    targets: list[tuple[str, str, int]] = []
     master_facts = facts.get(spec.nodes[0].host)
-    if master_facts and master_facts["listening"].get("master"):
-        targets.append(["master", spec.master.addr, master_facts["listening"]["master"]])
+    if master_facts and (master := master_facts["listening"].get("master")):
+        targets.append(("master", spec.master.addr, master))
     for peer in peers:
         peer_facts = facts.get(peer.host)
         if not peer_facts:
@@ -86,38 +87,37 @@ def _targets(spec: ClusterSpec, peers: list[NodeSpec],
         addr = address_of(interface_of(peer, peer_facts, spec.master.addr), peer_facts)
         port = peer_facts["listening"].get("ephemeral")
         if addr and port:
-            targets.append([f"peer:{peer.host}", addr, port])
+            targets.append((f"peer:{peer.host}", addr, port))
     return targets
 
 
 def _report(r: NodeResult, begun: float) -> NodeReport:
     """The doctor's report of one node from its outcome (``begun``: when the channels started)."""
     report = NodeReport(host=r.host, problem=r.problem, exit_code=r.exit_code, stderr=r.stderr)
-    refused = _refused(r)
-    if refused is not None:  # that node's failure (exit code None: "no answer" we believe)
-        report.problem = refused
+    facts = _checked(r)
+    try:
+        connects = connect_results(r.answers[Kind.CONNECT]) if Kind.CONNECT in r.answers else []
+    except BadReply as exc:
+        facts = Problem(None, exc.what, exc.fix)
+    if isinstance(facts, Problem):  # that node's failure (exit code None: "no answer" we believe)
+        report.problem = facts
         report.exit_code = None
         return report
-    if Kind.READY in r.answers:
-        report.facts = facts = _facts(r)
+    if facts is not None:
+        report.facts = facts
         came, at = r.came[Kind.READY]
         report.ssh_s = round(came - begun, 3)
         report.clock_offset = round(facts["time"] - at, 3)
-    report.connects = r.answers.get(Kind.CONNECT, {}).get("results", [])
+    report.connects = connects
     return report
 
 
-def _facts(r: NodeResult) -> DoctorFacts:
-    """The node's facts, as ``_refused`` checked them (``remote.node_replies.doctor_reply``)."""
-    return cast(DoctorFacts, r.answers[Kind.READY])
-
-
-def _refused(r: NodeResult) -> Problem | None:
-    """Why the head does not believe the node's facts (``remote.node_replies``), or None."""
+def _checked(r: NodeResult) -> DoctorFacts | Problem | None:
+    """The node's facts as the head checked them (``remote.node_replies.doctor_reply``), why it
+    does not believe them, or None (no facts came)."""
     if Kind.READY not in r.answers:
         return None
     try:
-        doctor_reply(r.answers[Kind.READY])
+        return doctor_reply(r.answers[Kind.READY])
     except BadReply as exc:
         return exc.problem
-    return None

@@ -25,7 +25,7 @@ from ptcluster.launch.plan import LaunchPlan
 from ptcluster.launch.result import Failure, FailureKind, NodeOutcome
 from ptcluster.node import PROBE
 from ptcluster.node.facts.health_facts import HealthContext
-from ptcluster.node.probe import BootAnswer
+from ptcluster.node.probe import BootAnswer, ProbeConfig
 from ptcluster.node.problems import Declared
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import Group, Member
@@ -119,10 +119,14 @@ def probe(nodes: Sequence[NodeOutcome], plan: LaunchPlan | Mapping[str, str], jo
     plan the nodes ran in, or each node's interpreter; ``health``: per node, the context of
     its health gate, whose verdict the answer then carries as ``unfit``)."""
     python = {n.host: n.python for n in plan.nodes} if isinstance(plan, LaunchPlan) else plan
-    members = [Member(n.host, transports[n.host], python[n.host],
-                      {"job_id": job_id, "guard_pid": n.facts.get("pid"),
-                       "boot_id": n.facts.get("boot_id"),
-                       **({"health": health[n.host]} if health and n.host in health else {})})
+    def config(n: NodeOutcome) -> ProbeConfig:
+        cfg: ProbeConfig = {"job_id": job_id, "guard_pid": n.facts.get("pid"),
+                            "boot_id": n.facts.get("boot_id")}
+        if health and n.host in health:
+            cfg["health"] = health[n.host]
+        return cfg
+
+    members = [Member(n.host, transports[n.host], python[n.host], config(n))
                for n in nodes if n.host in transports and n.host in python]
     if not members:
         return {}

@@ -38,8 +38,8 @@ def nccl_lines(nodes: Iterable[NodeOutcome]) -> tuple[list[str], list[Problem]]:
         else:
             text = f"NCCL over {transport}"
         lines.append(f"{node.host}: {text}")
-        if said.get("hcas") and "Socket" in transport:
+        if (hcas := said.get("hcas")) and "Socket" in transport:
             warnings.append(Problem.of(ON_SOCKETS, node.host,
-                                       hcas=", ".join(map(str, said["hcas"])),
+                                       hcas=", ".join(map(str, hcas)),
                                        cause=said.get("cause") or "?"))
     return lines, warnings

@@ -52,6 +52,7 @@ from ptcluster.launch.supervise.supervisor import Supervisor
 from ptcluster.node import WARM
 from ptcluster.node.guard.refusal import POOL_LOST
 from ptcluster.node.rank_wire import MAX_RESTARTS_VAR
+from ptcluster.node.warm.pools import PoolsConfig
 from ptcluster.node.wire import Kind
 from ptcluster.remote.group import Member, ask_all
 from ptcluster.remote.transport import Transport
@@ -390,9 +391,9 @@ class Runner:
         if record.ok or not left:
             return  # (none kept: no restart was left)
         skip = gone | view.told_final
-        members = [Member(n.host, self.ctx.transports[n.host], n.python,
-                          {"stop": True, "job": self.plan.job_id}) for n in self.plan.nodes
-                   if n.host in record.hosts and n.host not in skip
+        stop: PoolsConfig = {"stop": True, "job": self.plan.job_id}
+        members = [Member(n.host, self.ctx.transports[n.host], n.python, stop)
+                   for n in self.plan.nodes if n.host in record.hosts and n.host not in skip
                    and "job" in (n.warm_config(self.plan, self.opts) or {})]
         if members:
             ask_all(members, WARM, Kind.RESULT, KEPT_POOLS_WAIT)

@@ -18,6 +18,7 @@ from ptcluster.cluster.model import ClusterSpec
 from ptcluster.control.protocol import ask_straggler, running_jobs
 from ptcluster.errors import Problem, PtclusterError
 from ptcluster.node import SAMPLER
+from ptcluster.node.sampler import SamplerConfig
 from ptcluster.node.wire import Kind, Sample, control, split
 from ptcluster.remote.channel import NodeChannel, close_all, start_all
 from ptcluster.remote.group import Member, NodeResult, Why, ask_all
@@ -57,8 +58,8 @@ class Monitor:
 
     def _channel(self, host: str) -> NodeChannel:
         node, session = self.nodes[host], self._session[host]
-        return NodeChannel(self.transports[host], node.python, SAMPLER,
-                           {"interval": self.interval},
+        config: SamplerConfig = {"interval": self.interval}
+        return NodeChannel(self.transports[host], node.python, SAMPLER, config,
                            on_frames=partial(self._frames, host, session),
                            on_closed=partial(self._closed, host, session, node.python))
 
@@ -155,8 +156,8 @@ def sample_once(spec: ClusterSpec, transports: dict[str, Transport], timeout: fl
                 interval: float = 0.2) -> tuple[dict[str, Sample], dict[str, str]]:
     """Every node's first sample (its sampler started once: ``ps``), and for each node that
     has none within ``timeout`` s, why."""
-    members = [Member(n.host, transports[n.host], n.python, {"interval": interval})
-               for n in spec.machines]
+    config: SamplerConfig = {"interval": interval}
+    members = [Member(n.host, transports[n.host], n.python, config) for n in spec.machines]
     result = ask_all(members, SAMPLER, Kind.SAMPLE, timeout,
                      late=Problem(None, f"no sample within {timeout:.0f} s"))
     samples: dict[str, Sample] = {}

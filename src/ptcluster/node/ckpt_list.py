@@ -5,8 +5,8 @@ its own node (``checkpoint.layout.list_node``): one reading of the layout for bo
 
 Standard library only (shipped). It answers one frame and ends.
 
-  stdin  line 2  JSON config: {"dir": DIR, "workdir": WORKDIR} (DIR relative to WORKDIR
-                 unless absolute; a leading ~ is this node's home)
+  stdin  line 2  JSON config (``CkptConfig``): {"dir": DIR, "workdir": WORKDIR} (DIR relative
+                 to WORKDIR unless absolute; a leading ~ is this node's home)
   stdout         frames of ``node.wire``: ``hello``, then ``ckpt {root, steps}`` or ``error``
 """
 
@@ -16,7 +16,7 @@ import json
 import os
 import re
 import sys
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from ptcluster.node.wire import Kind, encode, hello
 
@@ -65,9 +65,17 @@ class StepHeld(TypedDict):
     replica: the own part's)."""
 
 
+class CkptConfig(TypedDict):
+    """The program's config line (``checkpoint.collect`` writes it)."""
+
+    dir: str
+    workdir: str
+
+
 class CkptAnswer(TypedDict, total=False):
     """The ``ckpt`` frame: the directory asked for and what it holds (``missing``: why it
-    could not be read)."""
+    could not be read), checked by the head as it arrives (``remote.node_replies.CKPT``: the
+    same keys)."""
 
     root: str
     steps: list[StepHeld]
@@ -103,7 +111,7 @@ def list_steps(root: str) -> list[StepHeld]:
     return out
 
 
-def root_of(cfg: dict[str, Any]) -> str:
+def root_of(cfg: CkptConfig) -> str:
     path = os.path.expanduser(str(cfg["dir"]))
     if os.path.isabs(path):
         return path
@@ -111,7 +119,7 @@ def root_of(cfg: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    cfg = json.loads(sys.stdin.readline())
+    cfg: CkptConfig = json.loads(sys.stdin.readline())
     sys.stdout.buffer.write(hello("ckpt-list"))
     root = os.path.abspath(root_of(cfg))
     answer: CkptAnswer = {"root": root, "steps": []}

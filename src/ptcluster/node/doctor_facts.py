@@ -3,10 +3,12 @@
 Shipped and started like the guard (source over the channel's stdin, see ``remote.bootstrap``).
 One ssh session per node does everything:
 
-  stdin  line 2   JSON config: workdir, peers, master_addr, master_port (master only), ...
+  stdin  line 2   JSON config (``DoctorConfig``): workdir, peers, master_addr, master_port
+                  (master only), ...
   stdout          frames of ``node.wire``: ``hello``, then ``ready {facts}`` (facts, plus the
                   ports this node now listens on)
   stdin           ``connect {"targets": [[label, host, port], ...], "timeout": s}``
+                  (``ConnectAsk``)
   stdout          ``connect {"results": [...]}``
   stdin           EOF or ``bye``: close the listeners and exit
 
@@ -28,7 +30,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from ptcluster.node.facts.accel import GpuFacts, TorchFacts, gpus, sh, torch_facts
 from ptcluster.node.facts.firewall import FirewallState, RuleCounts, firewall_state, rule_counts
@@ -43,7 +45,7 @@ from ptcluster.node.facts.netif import (
 )
 from ptcluster.node.facts.rdma import Device, read_rdma
 from ptcluster.node.problems import Sent
-from ptcluster.node.wire import Kind, control, encode, hello, split
+from ptcluster.node.wire import Kind, encode, hello, split
 
 
 class PythonFacts(TypedDict):
@@ -159,7 +161,37 @@ def firewall() -> FirewallFacts:
     return {**firewall_state(run, run if os.geteuid() == 0 else None), **rule_counts(run)}
 
 
-def collect(cfg: dict[str, Any]) -> DoctorFacts:
+class _Config(TypedDict):
+    workdir: str
+    """``~`` is the node's home, as for the guard."""
+
+
+class DoctorConfig(_Config, total=False):
+    """The doctor's node program's config line (``doctor.collect.collect_facts`` writes it)."""
+
+    peers: list[str]
+    """The nodes whose names and routes this one checks (``doctor.collect.probe_peers``)."""
+    master_addr: str
+    slots: int
+    backend: str
+    gpus_chosen: bool
+    """The cluster file names this node's GPUs (the health gate's context)."""
+    master_port: int | str | None
+    """Only the master's: the port it listens on for the connect test (``auto``: the first
+    free one of ``AUTO_PORTS``)."""
+    torch: bool
+    """Read torch's facts (default true)."""
+
+
+class ConnectAsk(TypedDict):
+    """``connect``: what this node connects to (``doctor.collect`` writes it)."""
+
+    targets: list[tuple[str, str, int]]
+    """``[label, host, port]``: ``master``, or ``peer:HOST`` (its ephemeral listener)."""
+    timeout: float
+
+
+def collect(cfg: DoctorConfig) -> DoctorFacts:
     workdir = os.path.expanduser(cfg["workdir"])  # `~` is the node's home, as for the guard
     hostname = socket.gethostname()
     facts: DoctorFacts = {
@@ -264,7 +296,7 @@ class Connect(TypedDict):
     ms: float
 
 
-def connect_all(targets: list[list[Any]], timeout: float) -> list[Connect]:
+def connect_all(targets: list[tuple[str, str, int]], timeout: float) -> list[Connect]:
     results: list[Connect] = []
     lock = threading.Lock()
 
@@ -293,7 +325,7 @@ def emit(frame: bytes) -> None:
 
 
 def main() -> int:
-    cfg = json.loads(sys.stdin.readline())
+    cfg: DoctorConfig = json.loads(sys.stdin.readline())
     emit(hello("facts"))
     facts = collect(cfg)
     listening: Listening = {"master": None, "ephemeral": None, "master_error": None}
@@ -318,9 +350,9 @@ def main() -> int:
     for line in sys.stdin:
         kind, payload = split(line.strip())
         if kind == Kind.CONNECT:
-            request = control(payload)
-            emit(encode(Kind.CONNECT, {"results": connect_all(request.get("targets", []),
-                                                           float(request.get("timeout", 2.0)))}))
+            request: ConnectAsk = json.loads(payload)
+            emit(encode(Kind.CONNECT, {"results": connect_all(request["targets"],
+                                                           float(request["timeout"]))}))
         elif kind != Kind.HB:
             break  # "bye", EOF or anything unknown: done
     for lst in listeners:

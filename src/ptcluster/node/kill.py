@@ -103,6 +103,19 @@ def _not_signalled(out: KillAnswer, problem: Sent) -> KillAnswer:
     return out
 
 
+class _Config(TypedDict):
+    job_id: str
+
+
+class KillConfig(_Config, total=False):
+    """The program's config line (``control.kill.stop_through_guards`` writes it)."""
+
+    signal: str
+    """The signal's name without SIG (default TERM)."""
+    by: dict[str, str]
+    """Who asks (``{host, user}``: the guard's kill note, ``wire.KILLED_BY``)."""
+
+
 def end_job(job_id: str, signame: str, by: dict) -> KillAnswer:
     if not valid_job_id(job_id):  # (kill's note is named by it, in the shared lease dir)
         return _not_signalled({"found": False}, NOT_A_JOB_ID.sent(job_id=repr(job_id[:80])))
@@ -137,7 +150,7 @@ def end_job(job_id: str, signame: str, by: dict) -> KillAnswer:
 
 
 def main() -> int:
-    cfg = json.loads(sys.stdin.readline())
+    cfg: KillConfig = json.loads(sys.stdin.readline())
     sys.stdout.buffer.write(hello("kill"))
     result = end_job(str(cfg["job_id"]), str(cfg.get("signal") or "TERM"),
                      dict(cfg.get("by") or {}))

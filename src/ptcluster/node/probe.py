@@ -8,8 +8,9 @@ reboot the previous boot's last kernel lines where the journal keeps them and le
 ``health`` (``run --readmit``: a node that answers again is taken back only when fit), also the
 health gate's refusal (``unfit``: None when the node would pass the gate a guard runs).
 
-  stdin  line 2  JSON config: {"job_id", "guard_pid", "boot_id", "health"} (the middle two
-                 from ready; ``health``: the gate's context, ``node.facts.health.health``)
+  stdin  line 2  JSON config (``ProbeConfig``): {"job_id", "guard_pid", "boot_id", "health"}
+                 (the middle two from ready; ``health``: the gate's context,
+                 ``node.facts.health.health``)
   stdout         frames of ``node.wire``: ``hello``, then ``boot {json}``
 """
 
@@ -19,10 +20,10 @@ import json
 import subprocess
 import sys
 import time
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from ptcluster.node.facts.health import Unfit, health, unfit
-from ptcluster.node.facts.health_facts import boot
+from ptcluster.node.facts.health_facts import HealthContext, boot
 from ptcluster.node.wire import Kind, encode, hello
 
 KERNEL_LINES = 8
@@ -73,7 +74,22 @@ class BootAnswer(TypedDict, total=False):
     """Only when the head sent the gate's context: its refusal, None when fit."""
 
 
-def answer(cfg: dict[str, Any]) -> BootAnswer:
+class _Config(TypedDict):
+    job_id: str
+
+
+class ProbeConfig(_Config, total=False):
+    """The probe's config line (``launch.lost.probe`` writes it)."""
+
+    guard_pid: int | None
+    """The job's guard here, as its ready frame said (None: none to look for)."""
+    boot_id: str | None
+    """This node's boot id at ready (another one now: it rebooted)."""
+    health: HealthContext
+    """The health gate's context: answer its verdict too (``unfit``)."""
+
+
+def answer(cfg: ProbeConfig) -> BootAnswer:
     now = boot()
     out: BootAnswer = {"boot_id": now.get("boot_id"), "uptime": now.get("uptime"),
                        "time": time.time()}
@@ -88,7 +104,7 @@ def answer(cfg: dict[str, Any]) -> BootAnswer:
 
 
 def main() -> int:
-    cfg = json.loads(sys.stdin.readline())
+    cfg: ProbeConfig = json.loads(sys.stdin.readline())
     sys.stdout.buffer.write(hello("probe"))
     sys.stdout.buffer.write(encode(Kind.BOOT, answer(cfg)))
     sys.stdout.flush()

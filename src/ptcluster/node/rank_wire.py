@@ -26,6 +26,8 @@ LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) and the cluster file's ``env:``.
 import json
 import signal
 import socket
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 SOCK_VAR = "PTCLUSTER_GUARD_SOCK"
 """Env var of every rank: the path of its guard's Unix socket."""
@@ -150,6 +152,90 @@ may the guard signal it), ``progress {enqueued, completed, waiting}`` (the fligh
 counters, when they change), and ``dump {text, fr}``, its answer to the guard's ``dump`` line."""
 
 
+class RankStart(TypedDict, total=False):
+    """``start`` on ``ctl``: the target's process started (``node.rank.shim``; a warm rank's:
+    ``guard.warm_ranks``)."""
+
+    pid: int
+    shim_pid: int
+    t: float
+    streams: int
+    """The output streams it opened (the guard sends its exit once they are closed)."""
+    local_rank: int
+    python: str
+    rank: int
+    """The connection's rank: the guard's, as it passes any record on."""
+
+
+class RankExit(TypedDict, total=False):
+    """``exit`` on ``ctl``: the target ended (the shim's; a warm rank's: ``guard.warm_ranks``;
+    the guard's own where the shim died without one)."""
+
+    code: int | None
+    """Its wait status: an exit code, or minus the signal that killed it (None: unknown)."""
+    t: float
+    duration: float
+    note: str
+    """The guard's: why it made the record (``ended without an exit record``)."""
+    rank: int
+    oom: Mapping[str, object]
+    xids: Sequence[Mapping[str, object]]
+    """The guard's, on a failed rank: ``node.wire.OomFacts`` and ``XidFacts``."""
+
+
+class RankError(TypedDict, total=False):
+    """``error`` on ``data``: an exception left the user's code (``node.rank.shim.error_record``;
+    a warm rank its pool failed: ``guard.warm_ranks``, a declared problem)."""
+
+    t: float
+    exc: str
+    """The exception's type name."""
+    text: str
+    errno: int
+    filename: str
+    """Those of the first ``OSError`` in its chain (the file absolute; "": none named)."""
+    usage: str
+    """argparse's message, when the parser ended the program."""
+    code: str
+    fix: str
+    fields: dict[str, str]
+    """A declared problem's (``node.problems.Sent``)."""
+    rank: int
+    disk: Mapping[str, object]
+    """The guard's, where the error says the disk was full: ``node.wire.DiskFacts``."""
+
+
+class ProbeReady(TypedDict):
+    """The stack probe's ``ready`` (``node.rank.stack_probe.install``)."""
+
+    pid: int
+    signal: int
+    fr: bool
+    """The flight recorder is on."""
+    stk: str
+    """The file faulthandler's dumps go to."""
+
+
+class ProbeProgress(TypedDict):
+    """The stack probe's ``progress``: the flight recorder's counters, summed over the process
+    groups, when they change (``stack_probe.flight_recorder``'s ``counts``)."""
+
+    enqueued: int
+    completed: int
+    waiting: list[str]
+    """The groups with a collective enqueued and not completed."""
+
+
+class ProbeDump(TypedDict, total=False):
+    """The stack probe's ``dump``: its answer to the guard's ``dump`` line."""
+
+    text: str
+    fr: dict[str, object]
+    """The flight recorder's state (``stack_probe.flight_recorder``: torch's JSON)."""
+    at: float
+    """The guard's: when it came (its monotonic clock)."""
+
+
 def connect(path: str, rank: int, role: str) -> socket.socket:
     """A connection to the guard for ``role``, its header sent. Raises ``OSError``."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -171,7 +257,7 @@ def connect_or_none(path: str, rank: int, role: str) -> socket.socket | None:
         return None
 
 
-def send_record(sock: socket.socket | None, kind: str, body: dict[str, object]) -> None:
+def send_record(sock: socket.socket | None, kind: str, body: Mapping[str, object]) -> None:
     """One record on ``sock`` (None: nowhere); a guard gone meanwhile is not an error here."""
     if sock is None:
         return
@@ -190,12 +276,13 @@ def header(line: bytes) -> tuple[int, str]:
         raise ValueError(f"bad header {line[:80]!r}") from exc
 
 
-def encode_record(kind: str, body: dict) -> bytes:
+def encode_record(kind: str, body: Mapping[str, object]) -> bytes:
     return f"{kind} {json.dumps(body)}\n".encode()
 
 
-def decode_record(line: str) -> tuple[str, dict] | None:
-    """``(kind, body)`` of one record line; None when it is not a record."""
+def decode_record(line: str) -> tuple[str, Any] | None:
+    """``(kind, body)`` of one record line (a JSON object: the reader declares which record of
+    ``kind`` it is); None when it is not a record."""
     kind, _, payload = line.partition(" ")
     try:
         body = json.loads(payload) if payload else {}

@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from ptcluster.node.sharing.leases import held_all, user_name
 from ptcluster.node.sharing.records import MAX_LEASES, lease_of, rank_count
@@ -165,8 +165,15 @@ def fitted(sample: Sample, limit: int) -> bytes:
     return frame
 
 
+class SamplerConfig(TypedDict, total=False):
+    """The program's config line (``monitor.watch.Monitor`` writes it)."""
+
+    interval: float
+    """Seconds between samples (default 2, at least 0.2)."""
+
+
 def main() -> int:
-    cfg = json.loads(sys.stdin.readline())
+    cfg: SamplerConfig = json.loads(sys.stdin.readline())
     sys.stdout.buffer.write(hello("sampler"))
     sys.stdout.flush()
     interval = max(0.2, float(cfg.get("interval", 2.0)))

@@ -3,10 +3,12 @@
 Shipped like the doctor's probe (source over the channel's stdin, ``remote.bootstrap``) and run
 by the node's system ``python3``: standard library only, nothing of ptcluster installed.
 
-  stdin  line 2   JSON config: pubkey, venv, wheelhouse, env_file, packages, master_addr
+  stdin  line 2   JSON config (``setup_facts.SetupConfig``): pubkey, venv, wheelhouse, env_file,
+                  packages, master_addr, workdir
   stdin           ``sudo {"password": ...}``   kept in memory only, piped to ``sudo -S``
-                  ``facts {"only": [...]}``    -> ``facts {...}``
+                  ``facts {"only": [...]}``    -> ``facts {...}``           (``FactsAsk``)
                   ``run {"id", "argv", "root", "input", "timeout"}`` -> ``done {"id", "rc", "out"}``
+                  (``StepRun`` -> ``StepDone``)
                   ``bye``: exit once what was asked is done; ``stop`` or EOF: end the
                   running command (its process group) and exit
 
@@ -32,6 +34,7 @@ from ptcluster.node.facts.setup_facts import (
     COMMANDS,
     NO_ROOT,
     SECTIONS,
+    SetupConfig,
     SetupFacts,
     Sudo,
     login_name,
@@ -39,6 +42,31 @@ from ptcluster.node.facts.setup_facts import (
     sections,
 )
 from ptcluster.node.wire import Kind, control, encode, hello, split
+
+
+class _Step(TypedDict):
+    id: int
+    argv: list[str]
+    """The command (an argument starting ``~/`` is under the node's home)."""
+    root: bool
+    """Run as root, the way this node allows (``Node.root_run``)."""
+    input: str | None
+    """Its standard input."""
+    timeout: float
+
+
+class StepRun(_Step, total=False):
+    """A step's command (``run``: ``setup.apply.Setup`` writes it, ``Node.run_step`` runs it)."""
+
+    env: dict[str, str] | None
+    """Its environment (None: this program's)."""
+
+
+class FactsAsk(TypedDict, total=False):
+    """``facts``: the sections ``only`` names (None: all), the wheels hashed (``hash_only``)."""
+
+    only: list[str] | None
+    hash_only: list[str] | None
 
 
 class StepDone(TypedDict):
@@ -52,7 +80,7 @@ class StepDone(TypedDict):
 
 
 class Node:
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, cfg: SetupConfig) -> None:
         self.cfg = cfg
         self.password: str | None = None
         self.sudo_mode: str | None = None
@@ -138,7 +166,7 @@ class Node:
         return out
 
     # -- commands -----------------------------------------------------------------------------
-    def run_step(self, msg: dict[str, Any]) -> StepDone:
+    def run_step(self, msg: StepRun) -> StepDone:
         argv = [os.path.expanduser(a) if a.startswith("~/") else a for a in msg["argv"]]
         data, timeout, env = msg.get("input"), float(msg.get("timeout", 600)), msg.get("env")
         if msg.get("root"):
@@ -150,7 +178,7 @@ class Node:
 
 def main() -> None:
     stdin = sys.stdin.buffer
-    cfg = json.loads(stdin.readline())
+    cfg: SetupConfig = json.loads(stdin.readline())
     out = sys.stdout.buffer
     node = Node(cfg)
 
@@ -163,21 +191,23 @@ def main() -> None:
     # Requests are served on a worker thread, so that this thread sees the channel end (EOF:
     # the head went away, Ctrl-C there) even while a command runs, and ends that command:
     # every step can be re-run, so a re-run brings the node to the same end state.
-    requests: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue()
+    requests: queue.Queue[tuple[str, Any] | None] = queue.Queue()
 
     def serve() -> None:
         while True:
             item = requests.get()
             if item is None:
                 return
-            kind, msg = item
+            kind, msg = item  # (the head's request, as it declares it)
             try:
                 if kind == Kind.FACTS:
-                    if "hash_only" in msg:
-                        node.cfg["hash_only"] = msg["hash_only"]
-                    send(Kind.FACTS, node.facts(msg.get("only")))
+                    ask: FactsAsk = msg
+                    if "hash_only" in ask:
+                        node.cfg["hash_only"] = ask["hash_only"]
+                    send(Kind.FACTS, node.facts(ask.get("only")))
                 elif kind == Kind.RUN:
-                    send(Kind.DONE, node.run_step(msg))
+                    step: StepRun = msg
+                    send(Kind.DONE, node.run_step(step))
             except OSError:  # the head is gone
                 return
 

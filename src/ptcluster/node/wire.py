@@ -482,11 +482,12 @@ class NcclChoice(TypedDict, total=False):
     sockets: str | None
     gid_index: int | str | None
     """One index; text where the ranks used several."""
-    ranks: int
+    ranks: int | None
     """The ranks that said."""
-    hcas: list[str]
-    """The node's RDMA devices, where NCCL used none of them."""
-    cause: str
+    hcas: list[str] | None
+    """The node's RDMA devices, where NCCL used none of them (the head: None where not said,
+    as every key)."""
+    cause: str | None
     """Why it likely used sockets (``facts.rdma.fallback_cause``)."""
 
 

@@ -22,7 +22,7 @@ import dis
 import json
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from importlib import resources
 from importlib.machinery import SourceFileLoader
@@ -169,6 +169,6 @@ def node_argv(python: str, program: Program, tag: str = "-") -> list[str]:
     return [python, "-u", "-c", BOOTSTRAP, program.name, tag]
 
 
-def preamble(program: Program, config: dict[str, Any]) -> bytes:
+def preamble(program: Program, config: Mapping[str, object]) -> bytes:
     """What a node program reads first: its source, then its JSON config."""
     return payload(program) + json.dumps(config).encode() + b"\n"

@@ -23,8 +23,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from ptcluster.errors import Problem
 from ptcluster.node import Program
@@ -51,7 +50,7 @@ class NodeChannel:
     """
 
     def __init__(self, transport: Transport, python: str, program: Program,
-                 config: dict[str, Any], *, on_frames: Callable[[list[str]], None],
+                 config: Mapping[str, object], *, on_frames: Callable[[list[str]], None],
                  on_closed: Callable[[int | None, list[str]], None],
                  on_stderr: Callable[[str], None] | None = None,
                  heartbeat: float | None = None, tag: str = "-",
@@ -98,7 +97,7 @@ class NodeChannel:
         self._hub = hub()
         self._hub.add(self)
 
-    def send(self, kind: str, payload: dict[str, Any] | None = None, *, raw: int = 0) -> None:
+    def send(self, kind: str, payload: Mapping[str, object] | None = None, *, raw: int = 0) -> None:
         """Queue a frame for the node (never blocks); ``raw``: the bytes it announces, which
         :meth:`send_raw` queues next (no heartbeat is queued until they all are)."""
         with self._lock:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import signal
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import partial
@@ -38,7 +38,8 @@ class Member:
     host: str
     transport: Transport
     python: str
-    config: dict[str, Any]
+    config: Mapping[str, object]
+    """Its config line (a program's declared config: ``node.probe.ProbeConfig``, ...)."""
 
 
 class Why(str, Enum):
@@ -142,7 +143,7 @@ class Group:
         self._events.put((channel.host, _Ev.NOT_STARTED, said, time.monotonic(), time.time()))
 
     # -- the caller's thread ------------------------------------------------------------------
-    def send(self, host: str, kind: str, payload: dict[str, Any] | None = None, *,
+    def send(self, host: str, kind: str, payload: Mapping[str, object] | None = None, *,
              raw: int = 0) -> None:
         self.channels[host].send(kind, payload, raw=raw)
 

@@ -1,6 +1,7 @@
-"""The schemas of the doctor's, kill's and the probe's replies (``node.doctor_facts``,
-``node.kill``, ``node.probe``), checked as they arrive (``doctor.collect``, ``control.kill``,
-``launch.lost``), beside :mod:`ptcluster.remote.replies` and built from its checks.
+"""The schemas of the doctor's, kill's, the probe's and the checkpoint listing's replies
+(``node.doctor_facts``, ``node.kill``, ``node.probe``, ``node.ckpt_list``), checked as they
+arrive (``doctor.collect``, ``control.kill``, ``launch.lost``, ``checkpoint.collect``), beside
+:mod:`ptcluster.remote.replies` and built from its checks.
 
 Doctor: what the head reads by structure (the node's hostname, its clock, ports it listens on, its
 interfaces and addresses, routes, the workdir and disk) is checked field by field; the rest of
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from ptcluster.node.doctor_facts import DoctorFacts
+from ptcluster.node.ckpt_list import CkptAnswer
+from ptcluster.node.doctor_facts import Connect, DoctorFacts
 from ptcluster.node.kill import KillAnswer
 from ptcluster.node.probe import BootAnswer
 from ptcluster.node.wire import WarmAnswer
@@ -34,6 +36,7 @@ from ptcluster.remote.replies import (
     number,
     optional,
     record,
+    text,
     word,
 )
 
@@ -113,6 +116,19 @@ def doctor_reply(reply: Any) -> DoctorFacts:
     return cast(DoctorFacts, reply)
 
 
+CONNECT = record({"label": word, "host": word, "port": PORT, "error": optional(note),
+                  "ms": figure})
+"""One connection a node tried (``node.doctor_facts.Connect``: the ``connect`` frame's
+``results``)."""
+
+
+def connect_results(answer: Any) -> list[Connect]:
+    """A node's ``connect`` frame's results, checked. Raises :class:`BadReply`."""
+    checked = _answer(record({"results": listing(CONNECT, MOST_ITEMS)}), "the connect answer",
+                      answer)
+    return cast(list[Connect], checked["results"])
+
+
 def _answer(schema: Check, what: str, answer: Any) -> dict[str, Any]:
     try:
         schema(what, answer)
@@ -141,6 +157,27 @@ BOOT = record({"boot_id": optional(word), "uptime": optional(figure), "time": fi
 WARM = record({"pools": listing(POOL, MAX_POOLS), "stopped": listing(record({
     "pid": number(1, 2**31), "gone": boolean, "ranks": number(0, 2**31)}), MAX_POOLS)})
 """``node.warm.pools``' ``result`` (``warm stop``: what became of each pool)."""
+
+
+def held_file(where: str, value: Any) -> None:
+    """``[path relative to the root, size]`` of a file a node holds."""
+    if not isinstance(value, list) or len(value) != 2:
+        raise _bad(where, value, "[path, size]")
+    word(f"{where}[0]", value[0])
+    number(0, 2**62)(f"{where}[1]", value[1])
+
+
+MOST_STEPS = 1 << 16
+HELD = record({"step": number(0, 2**62), "marker": optional(text),
+               "files": mapping(held_file)})
+CKPT = record({"root": word, "steps": optional(listing(HELD, MOST_STEPS)),
+               "missing": optional(note)})
+"""``node.ckpt_list``'s ``ckpt`` frame (``main``), each step its ``StepHeld``."""
+
+
+def ckpt_answer(answer: Any) -> CkptAnswer:
+    """A node's ``ckpt`` frame checked. Raises :class:`BadReply`."""
+    return cast(CkptAnswer, _answer(CKPT, "the checkpoint listing", answer))
 
 
 def warm_answer(answer: Any) -> WarmAnswer:

@@ -24,6 +24,7 @@ from ptcluster.errors import Problem
 from ptcluster.node.facts.setup_facts import SetupFacts, sections
 from ptcluster.node.facts.slurm_facts import HW_KEYS, SERVICES, SLURM_FILES, SLURM_PACKAGES
 from ptcluster.node.problems import Declared
+from ptcluster.node.setup_agent import StepDone
 from ptcluster.node.sharing.records import MAX_LEASES, MOST_TEXT, sampled
 from ptcluster.node.wire import Sample
 from ptcluster.remote.diagnoses import FACTS_REFUSED, HOSTNAME_REFUSED, SAMPLE_REFUSED
@@ -229,6 +230,23 @@ def facts_reply(reply: dict[str, Any], only: list[str] | None) -> SetupFacts:
         FIELDS.get(key, loose)(key, reply[key])
         out[key] = reply[key]
     return cast(SetupFacts, out)
+
+
+def output(where: str, value: Any) -> None:
+    """A command's output (text, lines allowed; never None)."""
+    if not isinstance(value, str):
+        raise _bad(where, value, "a command's output")
+    text(where, value)
+
+
+DONE = record({"id": number(0, 2**31), "rc": number(-2**31, 2**31), "out": output})
+"""A step's outcome (``node.setup_agent.StepDone``: the same keys)."""
+
+
+def step_done(reply: Any) -> StepDone:
+    """A ``done`` frame, checked. Raises :class:`BadReply`."""
+    DONE("the step's outcome", reply)
+    return cast(StepDone, reply)
 
 
 def fresh(reply: SetupFacts, only: list[str] | None) -> SetupFacts:

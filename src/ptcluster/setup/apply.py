@@ -20,13 +20,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from ptcluster.cluster.model import ClusterSpec, NodeSpec, SlurmSetupSpec, SshSpec
 from ptcluster.errors import Problem
 from ptcluster.node import SETUP_AGENT as SETUP
-from ptcluster.node.facts.setup_facts import SetupFacts
-from ptcluster.node.setup_agent import StepDone
+from ptcluster.node.facts.setup_facts import SetupConfig, SetupFacts
+from ptcluster.node.setup_agent import StepRun
 from ptcluster.node.wire import Kind
 from ptcluster.remote import replies
 from ptcluster.remote.channel import NodeChannel
@@ -41,7 +41,6 @@ from ptcluster.setup.login import (
     NodeFailure,
     NodeSession,
     PasswordSsh,
-    ask_facts,
     key_refusal,
     password_ssh,
     ssh_target,
@@ -233,7 +232,7 @@ class Setup:
         return host in self.sessions
 
     def refresh(self, host: str, sections: list[str]) -> None:
-        reply = ask_facts(self.sessions[host], sections,
+        reply = self.sessions[host].facts(sections,
                                         self.opts.timeout * 3)  # (checked: replies)
         facts = self.facts[host]
         if facts is not None:  # those sections alone: never the hostname checked at connect
@@ -254,7 +253,7 @@ class Setup:
         # the key first (BatchMode: never a prompt); the password only when the key is refused
         session = self.open_session(node, SshTransport(host=node.host, ssh=ssh))
         try:
-            first = ask_facts(session, ["sudo"], self.opts.timeout * 3)
+            first = session.facts(["sudo"], self.opts.timeout * 3)
             outcome.connection = "key"
         except NodeFailure:
             if session.closed is None:
@@ -269,7 +268,7 @@ class Setup:
             secret = self.password()
             if secret is not None:
                 session.channel.send(Kind.SUDO, {"password": secret.reveal()})
-        facts = ask_facts(session, self.sections(), self.opts.timeout * 3)
+        facts = session.facts(self.sections(), self.opts.timeout * 3)
         refused = P.hostname_problem(facts)
         if refused is not None:
             raise NodeFailure.said(refused)
@@ -295,7 +294,7 @@ class Setup:
         pw.askpass = askpass
         session = self.open_session(node, pw)
         try:
-            first = ask_facts(session, ["sudo"], self.opts.timeout)
+            first = session.facts(["sudo"], self.opts.timeout)
         except NodeFailure as exc:
             tail = "\n".join(session.closed[1] if session.closed else []).lower()
             if "permission denied" in tail:
@@ -317,7 +316,7 @@ class Setup:
             self._opened.append(session)
         return session
 
-    def _node_config(self, node: NodeSpec) -> dict[str, Any]:
+    def _node_config(self, node: NodeSpec) -> SetupConfig:
         # the interface is the route to the master's address as the head resolves it: the
         # master's name may resolve on the nodes only once the /etc/hosts step ran
         master = self.targets[self.spec.nodes[0].host][0]
@@ -361,7 +360,7 @@ class Setup:
                 continue
             if d.sections:  # the step's own facts, read again right now
                 only = list(d.sections)
-                facts.update(replies.fresh(ask_facts(session, only,
+                facts.update(replies.fresh(session.facts(only,
                                                        self.opts.timeout * 3), only))
             cluster = self.cluster
             step = d.plan(node.host, facts, cluster)  # this step alone, from those facts
@@ -419,10 +418,10 @@ class Setup:
         argv = list(action.argv)
         if action.env:
             argv = ["env", *[f"{k}={v}" for k, v in action.env], *argv]
-        done = cast(StepDone, session.ask(Kind.RUN, {
-            "id": 1, "argv": argv, "root": action.root, "input": action.input,
-            "timeout": action.timeout}, action.timeout + 30))
-        return done["rc"] == 0, done.get("out", "")
+        step: StepRun = {"id": 1, "argv": argv, "root": action.root, "input": action.input,
+                         "timeout": action.timeout}
+        done = session.run(step, action.timeout + 30)
+        return done["rc"] == 0, done["out"]
 
     def _copy(self, node: NodeSpec, names: list[str]) -> tuple[bool, str]:
         assert self._wheels is not None
@@ -443,10 +442,10 @@ class Setup:
             outcome.after = outcome.before  # nothing was done: the first facts still hold
             return
         session = self.sessions[node.host]
-        facts = ask_facts(session, self.sections(), self.opts.timeout * 3)
+        facts = session.facts(self.sections(), self.opts.timeout * 3)
         outcome.after = P.plan_node(node.host, facts, self.cluster)
         if P.pending(outcome.after) and self.cluster.manifest is not None:
-            facts.update(replies.fresh(ask_facts(session, ["wheels"],
+            facts.update(replies.fresh(session.facts(["wheels"],
                                                    self.opts.timeout * 3), ["wheels"]))
             outcome.after = P.plan_node(node.host, facts, self.cluster)
         self.on_event(node.host, "converged" if not P.pending(outcome.after) else

@@ -7,16 +7,18 @@ from __future__ import annotations
 import queue
 import socket
 import subprocess
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 from ptcluster.cluster.model import NodeSpec, SshSpec
 from ptcluster.errors import Problem
 from ptcluster.node.facts.setup_facts import SetupFacts
 from ptcluster.node.problems import Declared
+from ptcluster.node.setup_agent import FactsAsk, StepDone, StepRun
 from ptcluster.node.wire import Kind, control, split
 from ptcluster.remote.channel import NodeChannel
-from ptcluster.remote.replies import BadReply, facts_reply
+from ptcluster.remote.replies import BadReply, facts_reply, step_done
 from ptcluster.remote.transport import SshTransport, ssh_argv
 from ptcluster.setup import problems as R
 from ptcluster.setup.secret import Askpass
@@ -43,7 +45,24 @@ class NodeSession:
         self.closed = (code, stderr)
         self.replies.put(("closed", (code, stderr)))
 
-    def ask(self, kind: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def facts(self, only: list[str], timeout: float) -> SetupFacts:
+        """The facts sections ``only`` names, checked as they arrive (before any part of setup
+        reads them: ``remote.replies.facts_reply``)."""
+        ask: FactsAsk = {"only": only}
+        try:
+            return facts_reply(self._reply(Kind.FACTS, ask, timeout), only)
+        except BadReply as exc:
+            raise NodeFailure.said(exc.problem) from None
+
+    def run(self, step: StepRun, timeout: float) -> StepDone:
+        """A step's command run on the node: its outcome, checked
+        (``remote.replies.step_done``)."""
+        try:
+            return step_done(self._reply(Kind.RUN, step, timeout))
+        except BadReply as exc:
+            raise NodeFailure.said(exc.problem) from None
+
+    def _reply(self, kind: str, payload: Mapping[str, object], timeout: float) -> Any:
         self.channel.send(kind, payload)
         try:
             got, value = self.replies.get(timeout=timeout)
@@ -55,12 +74,7 @@ class NodeSession:
             raise NodeFailure.of(R.CHANNEL_CLOSED, last=tail[0])
         if got == "bad":
             raise NodeFailure.of(R.BAD_FRAME, error=value)
-        if kind == Kind.FACTS:  # checked here, before any part of setup reads it
-            try:
-                return cast(dict[str, Any], facts_reply(value, payload.get("only")))
-            except BadReply as exc:
-                raise NodeFailure(exc.what, exc.fix, exc.problem) from None
-        return dict(value)
+        return value
 
 
 class NodeFailure(Exception):
@@ -154,8 +168,3 @@ def host_fingerprint(addr: str, port: int) -> str:
     return "; ".join(" ".join(line.split()[1:2] + line.split()[-1:])
                      for line in fp.stdout.splitlines()) or "(no key offered)"
 
-
-def ask_facts(session: NodeSession, only: list[str], timeout: float) -> SetupFacts:
-    """The facts sections ``only`` names, as ``session`` checked them on arrival
-    (``remote.replies.facts_reply``)."""
-    return cast(SetupFacts, session.ask(Kind.FACTS, {"only": only}, timeout))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from ptcluster.errors import Problem
 from ptcluster.launch.result import Failure, FailureKind
@@ -394,26 +394,31 @@ def killed_by(said: str) -> str:
     return wire.KILLED_BY.format(host=found[1], user=found[2]) if found else ""
 
 
-NCCL_KEYS = ("transport", "hca", "link", "sockets", "gid_index", "ranks", "hcas", "cause")
-
-
 def nccl_chosen(said: Any) -> wire.NcclChoice | None:
-    """A guard's ``nccl`` as the head keeps it: its known keys only, each a short string, a
-    number or a list of short strings (a node's text, cleaned again where it is shown)."""
+    """A guard's ``nccl`` as the head keeps it: every key of ``wire.NcclChoice`` (None where
+    not said), each a short string, a number or a list of short strings (a node's text,
+    cleaned again where it is shown); other keys dropped."""
     if not isinstance(said, dict):
         return None
-    out: dict[str, Any] = {}
-    for key in NCCL_KEYS:
-        value = said.get(key)
-        if isinstance(value, bool) or value is None:
-            out[key] = None
-        elif isinstance(value, int):
-            out[key] = value
-        elif isinstance(value, list):
-            out[key] = [str(v)[:64] for v in value[:16]]
-        else:
-            out[key] = str(value)[:300]
-    return cast(wire.NcclChoice, out)  # (bounded, not checked key by key: only shown)
+    hcas = said.get("hcas")
+    return {"transport": _said(said.get("transport")), "hca": _said(said.get("hca")),
+            "link": _said(said.get("link")), "sockets": _said(said.get("sockets")),
+            "gid_index": _said_number(said.get("gid_index")),
+            "ranks": _count(said.get("ranks")),
+            "hcas": [str(v)[:64] for v in hcas[:16]] if isinstance(hcas, list) else None,
+            "cause": _said(said.get("cause"))}
+
+
+def _said(value: Any) -> str | None:
+    return None if isinstance(value, bool) or value is None else str(value)[:300]
+
+
+def _said_number(value: Any) -> int | str | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else _said(value)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _opt_float(value: Any) -> float | None:

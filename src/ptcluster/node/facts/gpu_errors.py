@@ -295,7 +295,23 @@ NVML_SLOWDOWNS = {0x8: "hardware slowdown", 0x40: "hardware thermal slowdown",
 idle are normal and left out)."""
 
 
-def nvml_state(nvml: Any = None) -> list[dict[str, Any]]:
+class GpuState(TypedDict, total=False):
+    """One GPU's health as NVML says it (:func:`nvml_state`; a key is absent where the GPU does
+    not support the call), read by the health gate (``facts.health``)."""
+
+    index: int
+    pci: str
+    ecc_uncorrected: int
+    remap_pending: bool
+    remap_failed: bool
+    retire_pending: bool
+    pcie: tuple[int, ...]
+    """(width, max width, gen, max gen)."""
+    util: int
+    slowdowns: list[str]
+
+
+def nvml_state(nvml: Any = None) -> list[GpuState]:
     """Per GPU what NVML says of its health: ``{index, pci, ecc_uncorrected, remap_pending,
     remap_failed, retire_pending, pcie: (width, max width, gen, max gen), slowdowns}``; a key is
     absent where the GPU does not support the call. [] where NVML does not answer."""
@@ -309,8 +325,8 @@ def nvml_state(nvml: Any = None) -> list[dict[str, Any]]:
 def _nvml_gpu_state(nvml: Any) -> Any:
     import ctypes  # here: a Python built without libffi has no ctypes
 
-    def each(handle: Any, index: int) -> dict[str, Any]:
-        state: dict[str, Any] = {"index": index}
+    def each(handle: Any, index: int) -> GpuState:
+        state: GpuState = {"index": index}
         try:
             state["pci"] = _nvml_pci_of(nvml, handle)
         except RuntimeError:

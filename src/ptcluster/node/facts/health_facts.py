@@ -13,10 +13,10 @@ Standard library only; a part of the guard, of the doctor's facts program and of
 from __future__ import annotations
 
 import os
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from ptcluster.node.facts.accel import gpus
-from ptcluster.node.facts.gpu_errors import gpu_indices, nvml_state
+from ptcluster.node.facts.gpu_errors import GpuState, gpu_indices, nvml_state
 from ptcluster.node.facts.kernel_log import LogRecord, boot_wall, kernel_since_boot
 
 LARGEST_OF = 1000
@@ -43,7 +43,7 @@ class DriverFacts(TypedDict):
     kernel: list[LogRecord]
     source: str
     """Where the records were read ("": the log is not readable here)."""
-    state: list[dict[str, Any]]
+    state: list[GpuState]
     """``gpu_errors.nvml_state`` ([] where NVML does not answer)."""
     pci: dict[str, int]
     """PCI address (``gpu_errors.pci_key``) -> GPU index."""

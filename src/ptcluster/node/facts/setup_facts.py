@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TypedDict
+from typing import Protocol, TypedDict
 
 from ptcluster.node.facts.accel import NVML_LIB, gpus, pci_gpu_count
 from ptcluster.node.facts.firewall import FirewallState, firewall_state
@@ -183,10 +183,33 @@ def end(p: subprocess.Popen[bytes]) -> None:
             continue
 
 
+class _Config(TypedDict):
+    pubkey: str
+    """The head's public key (the ``key`` fact: is it authorized here)."""
+    venv: str
+    wheelhouse: str
+    env_file: str
+    """Paths (``~`` is the node's home)."""
+    packages: list[str]
+    """The apt packages setup installs (the ``apt`` fact: which are)."""
+    master_addr: str
+    """The master's address as the head resolves it (the ``env`` fact's route)."""
+    workdir: str
+    """The node's workdir ("": none; the ``workdir`` fact)."""
+
+
+class SetupConfig(_Config, total=False):
+    """Setup's node program's config line (``setup.apply.Setup`` writes it; each fact reads its
+    part through ``FactHost.cfg``)."""
+
+    hash_only: list[str] | None
+    """The wheels the ``wheels`` fact hashes (a ``facts`` ask may set it; None: all)."""
+
+
 class FactHost(Protocol):
     """What a fact reads of setup's node program (``setup_agent.Node``)."""
 
-    cfg: dict[str, Any]
+    cfg: SetupConfig
     sudo_mode: str | None
     ran: dict[tuple[str, ...], tuple[int, str]]
 

@@ -143,7 +143,7 @@ class Guard:
         if self.pool and self.link.warm:
             try:
                 self.child = WarmRanks(self.pool, ranks.path)
-                self.child.start(dict(self.cfg), self.env, start_dir(self.cfg, self.tmpdir),
+                self.child.start(self.cfg, self.env, start_dir(self.cfg, self.tmpdir),
                                  self.tmpdir)
             except (WarmError, OSError) as exc:
                 if not self.whole_world:  # (the other nodes forked theirs: none to meet cold)

@@ -36,6 +36,7 @@ from ptcluster.node.guard.oom import KernelKill, MemGroup, OomWatch, memory_grou
 from ptcluster.node.guard.proctree import RankTrees
 from ptcluster.node.guard.schedstat import meminfo
 from ptcluster.node.guard.xids import XidWatch
+from ptcluster.node.rank_wire import RankError
 from ptcluster.node.wire import DiskFacts, OomFacts, OomVictim, XidFacts
 
 __all__ = ["JOURNAL_EVERY", "MachineWatch", "memory_group"]  # (memory_group: a test's)
@@ -145,7 +146,7 @@ class MachineWatch:
         """A failed rank's Xids (``XidWatch.xids_of``)."""
         return self.xid.xids_of(rank)
 
-    def after_error(self, body: dict[str, Any]) -> DiskFacts | None:
+    def after_error(self, body: RankError) -> DiskFacts | None:
         """The disk facts of a rank's error record that says its filesystem was full."""
         if body.get("errno") not in FULL_ERRNOS:
             return None

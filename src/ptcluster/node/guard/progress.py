@@ -28,6 +28,9 @@ from ptcluster.node.rank_wire import (
     PROGRESS,
     READY,
     STACK_SIGNAL,
+    ProbeDump,
+    ProbeProgress,
+    ProbeReady,
     decode_record,
 )
 from ptcluster.node.wire import RankStacks
@@ -103,8 +106,8 @@ class StackProbes:
         file its dumps go to)."""
         self.pids: dict[int, int] = {}
         """rank -> pid of the rank's process (the shim's start record), until it exits."""
-        self.fr_counts: dict[int, dict[str, Any]] = {}
-        self.dumps: dict[int, dict[str, Any]] = {}
+        self.fr_counts: dict[int, ProbeProgress] = {}
+        self.dumps: dict[int, ProbeDump] = {}
         """rank -> the probe thread's answer to ``dump`` (text, fr, at)."""
         self.last_output: dict[int, float] = {}
 
@@ -127,16 +130,19 @@ class StackProbes:
             record = decode_record(line.decode(errors="replace"))
             if record is None:
                 continue
-            kind, body = record
+            kind, body = record  # (this rank's probe's, as rank_wire declares each)
             if kind == READY:
-                self.ready[rank] = (st["conn"], int(body.get("pid", 0)), bool(body.get("fr")),
-                                    str(body.get("stk", "")))
+                ready: ProbeReady = body
+                self.ready[rank] = (st["conn"], int(ready.get("pid", 0)), bool(ready.get("fr")),
+                                    str(ready.get("stk", "")))
             elif kind == PROGRESS:
-                self.fr_counts[rank] = body
+                progress: ProbeProgress = body
+                self.fr_counts[rank] = progress
             elif kind == DUMP:
-                body["at"] = time.monotonic()
+                dump: ProbeDump = body
+                dump["at"] = time.monotonic()
                 with self.lock:
-                    self.dumps[rank] = body
+                    self.dumps[rank] = dump
 
     def dropped(self, st: dict[str, Any]) -> None:
         if st.get("role") == PROBE:
@@ -254,14 +260,14 @@ class ProgressMeter:
         idle: dict[str, float] = {}
         for rank, pid in pids.items():
             ticks = tree_ticks(table, pid)
-            counts = self.probes.fr_counts.get(rank) or {}
-            completed = float(counts.get("completed", -1))
+            counts = self.probes.fr_counts.get(rank)
+            completed = float(counts.get("completed", -1)) if counts else -1.0
             st = self.state.get(rank)
             if st is None or st[0] != pid:
                 st = self.state[rank] = [pid, ticks, now, now, completed]
             else:
                 cpu = (ticks - st[1]) * TICK
-                waiting = bool(counts.get("waiting"))
+                waiting = bool(counts and counts.get("waiting"))
                 if completed > st[4] or (not waiting and cpu >= self.cpu_floor * (now - st[2])):
                     st[3] = now
                 st[1], st[2], st[4] = ticks, now, completed

@@ -23,6 +23,9 @@ from ptcluster.node.rank_wire import (
     REPORT,
     START,
     STREAMS,
+    RankError,
+    RankExit,
+    RankStart,
     decode_record,
     header,
 )
@@ -75,7 +78,7 @@ class RankServer:
         self.open_streams: dict[int, int] = {}
         self.seen_streams: dict[int, int] = {}
         self.declared: dict[int, int] = {}
-        self.pending: dict[int, tuple[dict[str, Any], float]] = {}
+        self.pending: dict[int, tuple[RankExit, float]] = {}
         self.exited: set[int] = set()
         self.probes = StackProbes()
         self.closing = threading.Event()
@@ -182,35 +185,38 @@ class RankServer:
             self.out.now(encode(RANK_FRAMES[REPORT], {"rank": rank, "kind": BAD_RECORD,
                                                     "text": text}))
             return
-        kind, body = record
+        kind, body = record  # (the rank's, as rank_wire declares each record of its kind)
         body["rank"] = rank
         if kind == EXIT:
-            self.machine_said(rank, body)
+            ended: RankExit = body
+            self.machine_said(rank, ended)
             self.probes.ended(rank)
             self.exited.add(rank)
-            self.pending[rank] = (body, time.monotonic() + EXIT_WAIT)
+            self.pending[rank] = (ended, time.monotonic() + EXIT_WAIT)
         elif kind == START:
-            self.declared[rank] = int(body.get("streams", 0))
-            self.probes.started(rank, int(body.get("pid", 0)))
+            started: RankStart = body
+            self.declared[rank] = int(started.get("streams", 0))
+            self.probes.started(rank, int(started.get("pid", 0)))
             try:
                 if self.watch is not None:
-                    self.watch.started(rank, int(body.get("pid", 0)),
-                                       int(body.get("shim_pid", 0)))
+                    self.watch.started(rank, int(started.get("pid", 0)),
+                                       int(started.get("shim_pid", 0)))
             except Exception:  # noqa: BLE001, S110 - advice only: never this thread's end
                 pass
-            self.out.now(encode(RANK_FRAMES[START], body))
+            self.out.now(encode(RANK_FRAMES[START], started))
         elif kind == REPORT:  # (data a rank reports, maybe every step: held as output is)
             self.out.later(encode(RANK_FRAMES[kind], body))
         elif kind == ERROR:
+            error: RankError = body
             try:
-                disk = self.watch.after_error(body) if self.watch is not None else None
+                disk = self.watch.after_error(error) if self.watch is not None else None
             except Exception:  # noqa: BLE001 - advice only: the error goes out regardless
                 disk = None
             if disk:
-                body["disk"] = disk
-            self.out.now(encode(RANK_FRAMES[kind], body))
+                error["disk"] = disk
+            self.out.now(encode(RANK_FRAMES[kind], error))
 
-    def machine_said(self, rank: int, body: dict[str, Any]) -> None:
+    def machine_said(self, rank: int, body: RankExit) -> None:
         """Into a failed rank's exit record: the OOM kills of its tree, the GPU driver's Xids of
         its processes or its GPUs, where any."""
         if self.watch is None or body.get("code") == 0:
@@ -242,8 +248,8 @@ class RankServer:
                 del self.open_streams[rank]
         elif st["role"] == CTL and rank not in self.exited:
             # The shim itself died (SIGKILL): no exit record; the head reports it as killed.
-            body = {"rank": rank, "code": None, "t": time.time(),
-                    "note": "ended without an exit record"}
+            body: RankExit = {"rank": rank, "code": None, "t": time.time(),
+                              "note": "ended without an exit record"}
             self.machine_said(rank, body)
             self.probes.ended(rank)
             self.exited.add(rank)

@@ -21,7 +21,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import TypedDict
 
 from ptcluster.node.guard.proctree import descendants
 from ptcluster.node.guard.warm_pool import WarmError
@@ -39,11 +39,15 @@ from ptcluster.node.rank_wire import (
     OUT,
     START,
     THREADS_VAR,
+    RankError,
+    RankExit,
+    RankStart,
     connect_or_none,
     send_record,
 )
 from ptcluster.node.warm.pool import kill_session
-from ptcluster.node.warm.protocol import FORK, PID, REFUSED, STATUS, receive, send
+from ptcluster.node.warm.protocol import FORK, PID, REFUSED, STATUS, Message, receive, send
+from ptcluster.node.wire import GuardConfig
 
 POOL_FIX = ("see the node log for what ended it; run again (a node whose pool does not answer "
             "starts its ranks cold)")
@@ -70,7 +74,19 @@ RUN_ID = "none"
 """torchrun's ``--rdzv-id`` default, which the plan keeps: every rank's TORCHELASTIC_RUN_ID."""
 
 
-def torchrun_options(argv: list[str]) -> dict[str, Any]:
+class TorchrunOptions(TypedDict):
+    """What :func:`torchrun_options` reads of the plan's torchrun command."""
+
+    nnodes: int
+    node_rank: int
+    nproc: int
+    master_addr: str
+    master_port: str
+    target: list[str]
+    """What follows ``-c SHIM_BOOT``: the rank's program and its arguments."""
+
+
+def torchrun_options(argv: list[str]) -> TorchrunOptions:
     """What the plan's torchrun command says (``launch.plan.torchrun_argv``): the node's place
     and the program (``--no-python PYTHON -u -c SHIM_BOOT TARGET...``)."""
     at = argv.index("--no-python")
@@ -80,7 +96,7 @@ def torchrun_options(argv: list[str]) -> dict[str, Any]:
             "master_port": opts["master-port"], "target": argv[at + 5:]}
 
 
-def elastic_env(base: dict[str, str], opts: dict[str, Any], local_rank: int, rank: int,
+def elastic_env(base: dict[str, str], opts: TorchrunOptions, local_rank: int, rank: int,
                 world: int, error_file: str) -> dict[str, str]:
     """One rank's environment as torchrun would give it (its ``_start_workers``, its
     OMP_NUM_THREADS rule, the shim's restart count), but that no agent store serves it."""
@@ -162,6 +178,12 @@ class Pooled:
         self.started = time.time()
 
 
+def pool_error(problem: Sent) -> RankError:
+    """A rank's ``error`` record of what its pool did (``problem``: declared, as sent)."""
+    return {"t": time.time(), "exc": "WarmPoolLost", "text": problem["what"],
+            "fix": problem["fix"], "code": problem["code"], "fields": problem["fields"]}
+
+
 class WarmRanks:
     """This node's ranks, forked by the pool at ``sock``; ``poll`` is torchrun's exit status."""
 
@@ -174,23 +196,24 @@ class WarmRanks:
         os.set_blocking(self.wake_fd, False)
         self.sel = selectors.DefaultSelector()
 
-    def start(self, cfg: dict[str, Any], env: dict[str, str], cwd: str, tmpdir: str) -> None:
+    def start(self, cfg: GuardConfig, env: dict[str, str], cwd: str, tmpdir: str) -> None:
         """Every rank of this node, forked; WarmError when the pool refuses the first."""
         opts = torchrun_options(cfg["argv"])
-        base, world = int(cfg["ranks"][0]), int((cfg.get("warm") or {})["world"])
-        fixed = {"cwd": cwd, "umask": umask(), "rlimits": rlimits(),
-                 "ignored": cold_ignored(), "cgroups": cgroup_files()}
+        base, world = int(cfg["ranks"][0]), int(cfg["warm"]["world"])
+        mask, limits, ignored, groups = umask(), rlimits(), cold_ignored(), cgroup_files()
         for local in range(opts["nproc"]):
             error_dir = os.path.join(tmpdir, "warm", str(local))
             os.makedirs(error_dir, 0o700)
             rank_env = elastic_env(env, opts, local, base + local, world,
                                    os.path.join(error_dir, "error.json"))
             target = [a.replace(LOCAL_RANK_MACRO, str(local)) for a in opts["target"]]
-            self.fork(base + local, {**fixed, "kind": FORK, "env": rank_env,
-                                     "argv": ["-c", CHILD_FLAG, *target]}, first=local == 0)
+            self.fork(base + local, {"cwd": cwd, "umask": mask, "rlimits": limits,
+                                     "ignored": ignored, "cgroups": groups, "kind": FORK,
+                                     "env": rank_env, "argv": ["-c", CHILD_FLAG, *target]},
+                      first=local == 0)
         threading.Thread(target=self.watch, daemon=True, name="warm-ranks").start()
 
-    def fork(self, rank: int, request: dict[str, Any], first: bool) -> None:
+    def fork(self, rank: int, request: Message, first: bool) -> None:
         """One rank: its streams to the pool; its ``ctl`` (the shim parent's) once it runs."""
         streams = [connect_or_none(self.server, rank, role) for role in (OUT, ERR)]
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -218,9 +241,10 @@ class WarmRanks:
             return
         conn.settimeout(None)
         one = Pooled(rank, conn, connect_or_none(self.server, rank, CTL), int(reply["pid"]), fds[0])
-        send_record(one.ctl, START, {"pid": one.pid, "shim_pid": one.pid, "t": one.started,
-                                 "streams": 2, "local_rank": int(request["env"]["LOCAL_RANK"]),
-                                 "python": sys.executable})
+        started: RankStart = {"pid": one.pid, "shim_pid": one.pid, "t": one.started,
+                              "streams": 2, "local_rank": int(request["env"]["LOCAL_RANK"]),
+                              "python": sys.executable}
+        send_record(one.ctl, START, started)
         with self.lock:
             self.ranks.append(one)
         self.sel.register(conn, selectors.EVENT_READ, one)
@@ -229,9 +253,7 @@ class WarmRanks:
         """A rank the pool failed: its error (``problem``, sent) and exit records, as a rank's
         own would be."""
         data = connect_or_none(self.server, rank, DATA)
-        send_record(data, ERROR, {"t": time.time(), "exc": "WarmPoolLost",
-                                  "text": problem["what"], "fix": problem["fix"],
-                                  "code": problem["code"], "fields": problem["fields"]})
+        send_record(data, ERROR, pool_error(problem))
         if data is not None:
             data.close()
         one = Pooled(rank, socket.socket(), connect_or_none(self.server, rank, CTL), 0, -1)
@@ -258,10 +280,7 @@ class WarmRanks:
 
     def lost_under(self, one: Pooled) -> None:
         data = connect_or_none(self.server, one.rank, DATA)
-        ended = POOL_ENDED.sent()
-        send_record(data, ERROR, {"t": time.time(), "exc": "WarmPoolLost", "text": ended["what"],
-                                  "fix": ended["fix"], "code": ended["code"],
-                                  "fields": ended["fields"]})
+        send_record(data, ERROR, pool_error(POOL_ENDED.sent()))
         if data is not None:
             data.close()
         self.kill(one)
@@ -269,8 +288,8 @@ class WarmRanks:
 
     def finish(self, one: Pooled, code: int) -> None:
         end = time.time()
-        send_record(one.ctl, EXIT, {"code": code, "t": end,
-                                    "duration": round(end - one.started, 3)})
+        ended: RankExit = {"code": code, "t": end, "duration": round(end - one.started, 3)}
+        send_record(one.ctl, EXIT, ended)
         if one.ctl is not None:
             one.ctl.close()
         one.conn.close()

@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import NoReturn
 
@@ -60,7 +61,7 @@ class _Records:
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
-    def send(self, kind: str, data: dict) -> None:
+    def send(self, kind: str, data: Mapping[str, object]) -> None:
         with self._lock:
             if self._sock is None:
                 self._sock = connect(os.environ[SOCK_VAR], int(os.environ["RANK"]), DATA)
@@ -70,7 +71,7 @@ class _Records:
 _RECORDS = _Records()
 
 
-def report(kind: str, data: dict) -> None:
+def report(kind: str, data: Mapping[str, object]) -> None:
     """Send a structured record to the head (``Runner.on_data``), on the guard's socket.
 
     Never mixed with the rank's output, so nothing a program prints can pass for a record.

@@ -18,12 +18,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
 from ptcluster.node.rank.api import device_sync, end_rank, init_distributed, report
+from ptcluster.node.rank.bench_wire import PairDone, RowDone, Started, WorkerConfig
 
 MAX_ITERS = 100_000
 """Most timed iterations of one size, however short they are (``min_s``)."""
@@ -48,16 +49,18 @@ class Rank:
 
 
 def run() -> int:
-    cfg = json.loads(sys.argv[1])
+    cfg: WorkerConfig = json.loads(sys.argv[1])
     rank, n, device, backend = init_distributed(cfg["timeout"])
     me = Rank(rank, n, device, getattr(torch, cfg["dtype"]))
     if rank == 0:
-        report("start", {"world_size": n, "backend": backend, "device": device.type})
+        started: Started = {"world_size": n, "backend": backend, "device": device.type}
+        report("start", started)
     for op, counts in cfg["plan"]:
         for count in counts:
             seconds, wrong = bench_count(me, cfg, op, count)
             if rank == 0:
-                report("row", {"op": op, "count": count, "seconds": seconds, "wrong": wrong})
+                row: RowDone = {"op": op, "count": count, "seconds": seconds, "wrong": wrong}
+                report("row", row)
     if cfg["pairs"]:
         pair_matrix(me, cfg)
     dist.barrier()
@@ -65,7 +68,7 @@ def run() -> int:
     return 0
 
 
-def bench_count(me: Rank, cfg: dict[str, Any], op: str, count: int) -> tuple[float, int]:
+def bench_count(me: Rank, cfg: WorkerConfig, op: str, count: int) -> tuple[float, int]:
     """One row: seconds per op (averaged over ranks) and wrong elements (summed over ranks)."""
     big = count * me.n  # all_gather's output and reduce_scatter's input
     send = torch.zeros(big if op == "reduce_scatter" else count, dtype=me.dtype, device=me.device)
@@ -166,7 +169,7 @@ def check(me: Rank, op: str, send: torch.Tensor, recv: torch.Tensor, count: int,
     return int((got.double() != expected).sum().item())
 
 
-def pair_matrix(me: Rank, cfg: dict[str, Any]) -> None:
+def pair_matrix(me: Rank, cfg: WorkerConfig) -> None:
     """Ping-pong between the first ranks of every pair of nodes; others wait at the barrier."""
     buf = torch.ones(cfg["pair_count"], dtype=me.dtype, device=me.device)
     for a, b in cfg["pairs"]:
@@ -183,7 +186,8 @@ def pair_matrix(me: Rank, cfg: dict[str, Any]) -> None:
         me.sync()
         seconds = (time.perf_counter() - t0) / cfg["iters"]
         if me.rank == a:
-            report("pair", {"a": a, "b": b, "seconds": seconds})
+            pair: PairDone = {"a": a, "b": b, "seconds": seconds}
+            report("pair", pair)
 
 
 def round_trip(buf: torch.Tensor, peer: int, first: bool) -> None:

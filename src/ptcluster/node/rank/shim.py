@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from types import TracebackType
 
 from ptcluster.node.rank.stack_probe import install as install_probe
@@ -47,6 +48,9 @@ from ptcluster.node.rank_wire import (
     SHIM_VAR,
     SOCK_VAR,
     START,
+    RankError,
+    RankExit,
+    RankStart,
     connect_or_none,
     send_record,
 )
@@ -97,10 +101,11 @@ def run_target(argv: list[str]) -> int:
     for s in (out, err):
         if s is not None:
             s.close()  # the target holds them now: EOF comes when it (and its children) end
-    send_record(ctl, START, {"pid": child.pid, "shim_pid": parent, "t": start,
-                         "streams": int(out is not None) + int(err is not None),
-                         "local_rank": int(os.environ.get("LOCAL_RANK", "-1")),
-                         "python": sys.executable})
+    started: RankStart = {"pid": child.pid, "shim_pid": parent, "t": start,
+                          "streams": int(out is not None) + int(err is not None),
+                          "local_rank": int(os.environ.get("LOCAL_RANK", "-1")),
+                          "python": sys.executable}
+    send_record(ctl, START, started)
 
     def forward(signum: int, frame: object) -> None:
         try:
@@ -112,7 +117,8 @@ def run_target(argv: list[str]) -> int:
         signal.signal(sig, forward)
     code = child.wait()
     end = time.time()
-    send_record(ctl, EXIT, {"code": code, "t": end, "duration": round(end - start, 3)})
+    ended: RankExit = {"code": code, "t": end, "duration": round(end - start, 3)}
+    send_record(ctl, EXIT, ended)
     if ctl is not None:
         ctl.close()
     return code
@@ -189,11 +195,11 @@ def _report_error(exc: BaseException, text: str) -> None:
     _report(ERROR, error_record(exc, text))
 
 
-def error_record(exc: BaseException, text: str) -> dict[str, object]:
+def error_record(exc: BaseException, text: str) -> RankError:
     """The ``error`` record of ``exc`` (``rank_wire.ERROR``): its type's name and ``text``; the
     errno and file of the first ``OSError`` in its chain, and argparse's message when the
     parser ended the program."""
-    body: dict[str, object] = {"t": time.time(), "exc": type(exc).__name__, "text": text}
+    body: RankError = {"t": time.time(), "exc": type(exc).__name__, "text": text}
     body.update(_os_error(exc))
     usage = _argparse_message(exc)
     if usage:
@@ -201,7 +207,7 @@ def error_record(exc: BaseException, text: str) -> dict[str, object]:
     return body
 
 
-def _os_error(exc: BaseException) -> dict[str, object]:
+def _os_error(exc: BaseException) -> RankError:
     """``{errno, filename}`` of the first ``OSError`` in the exception's chain (torch wraps a
     full disk's ``OSError`` in its ``RuntimeError``); the file as an absolute path."""
     seen: list[BaseException] = []
@@ -228,7 +234,7 @@ def _argparse_message(exc: BaseException) -> str:
     return ""
 
 
-def _report(kind: str, body: dict[str, object]) -> None:
+def _report(kind: str, body: Mapping[str, object]) -> None:
     """One record to the guard on a connection of its own (the child has no ``ctl``)."""
     rank = int(os.environ.get("RANK", "-1"))
     path = os.environ.get(SOCK_VAR, "")

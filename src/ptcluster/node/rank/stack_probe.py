@@ -39,6 +39,9 @@ from ptcluster.node.rank_wire import (
     PROGRESS,
     READY,
     STACK_SIGNAL,
+    ProbeDump,
+    ProbeProgress,
+    ProbeReady,
     connect,
     encode_record,
 )
@@ -69,8 +72,9 @@ def install(path: str, rank: int) -> None:
     faulthandler.register(STACK_SIGNAL, file=stk, all_threads=True, chain=False)
     atexit.register(_stop_torch_calls)
     _keep.extend((stk, probe))
-    probe.sendall(encode_record(READY, {"pid": os.getpid(), "signal": int(STACK_SIGNAL),
-                                 "fr": _fr_buffer() > 0, "stk": stk_path}))
+    ready: ProbeReady = {"pid": os.getpid(), "signal": int(STACK_SIGNAL),
+                         "fr": _fr_buffer() > 0, "stk": stk_path}
+    probe.sendall(encode_record(READY, ready))
     threading.Thread(target=_serve, args=(probe,), name="ptcluster-stack-probe",
                      daemon=True).start()
 
@@ -100,8 +104,9 @@ def _serve(s: socket.socket) -> None:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 if line.strip() == DUMP.encode():
-                    s.sendall(encode_record(DUMP, {"text": stacks_text(),
-                                            "fr": flight_recorder(active=True)}))
+                    dump: ProbeDump = {"text": stacks_text(),
+                                       "fr": flight_recorder(active=True)}
+                    s.sendall(encode_record(DUMP, dump))
             counts = flight_recorder(active=False).get("counts")
             if counts is not None and counts != last:
                 last = counts
@@ -156,7 +161,8 @@ def flight_recorder(active: bool) -> dict:
         enq, comp = enq + max(e, 0), comp + max(c, 0)
         if e > c:
             waiting.append(pg)
-    out: dict = {"counts": {"enqueued": enq, "completed": comp, "waiting": waiting}}
+    counts: ProbeProgress = {"enqueued": enq, "completed": comp, "waiting": waiting}
+    out: dict = {"counts": counts}
     if active:
         entries = raw.get("entries") or []
         out["active"] = [{"pg": (e.get("process_group") or ["?"])[-1],

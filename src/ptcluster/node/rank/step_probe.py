@@ -40,7 +40,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypedDict
 
 FIRST_BUCKET = 1 << 20
 """DDP's first bucket cap (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)."""
@@ -50,6 +50,19 @@ MAX_STEPS = 5000
 """Most measured steps (however short they are)."""
 KEEP_BUCKETS = 20
 """The record keeps the buckets of this many last steps (the others: their times only)."""
+
+
+class MeasuredStep(TypedDict):
+    """One measured step in the ``predict`` record (``steps``: ``bench.predict`` reads them)."""
+
+    step_s: float
+    batch: int
+    """Its batch's first dimension (0: not seen)."""
+    eval: bool
+    """It ran without gradients (an evaluation: not a training step)."""
+    buckets: list[list[float]] | None
+    """``[bytes, ready_s, done_s]`` of each gradient bucket (only the last steps keep them)."""
+    ddp: bool
 
 
 class Probe:
@@ -76,7 +89,7 @@ class Probe:
         self.ddp = False
         self.buckets: list[list[float]] = []  # [bytes, ready_s, done_s] of this step
         self.params: list[Any] = []  # no DDP: (param, bucket index) order
-        self.measured: list[dict[str, Any]] = []
+        self.measured: list[MeasuredStep] = []
         self.sent = 0
         """How many measured steps the last record held."""
 

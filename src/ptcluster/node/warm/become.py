@@ -17,7 +17,8 @@ import random
 import resource
 import signal
 import sys
-from typing import Any
+
+from ptcluster.node.warm.protocol import Message
 
 PR_SET_PDEATHSIG = 1
 PYTHON_IGNORES = (signal.SIGPIPE, signal.SIGXFSZ)
@@ -80,7 +81,7 @@ def reseed() -> None:
             pass
 
 
-def become(request: dict[str, Any], fds: list[int], go: int, parent: int,
+def become(request: Message, fds: list[int], go: int, parent: int,
            path: list[str], main_keys: set[str]) -> None:
     """All of it, in the order that keeps the rank from running as anything else."""
     die_with(parent)

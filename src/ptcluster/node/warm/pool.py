@@ -50,6 +50,8 @@ from ptcluster.node.warm.protocol import (
     READY,
     REFUSED,
     STATUS,
+    Message,
+    PoolRecord,
     drop_key,
     let_key_go,
     namespaces,
@@ -80,7 +82,7 @@ class Pool:
         self.last = time.monotonic()
         self.stopping = False
         self.wake_r, self.wake_w = os.pipe()
-        self.facts: dict[str, Any] = {}
+        self.facts: PoolRecord = {}
         self.owner: socket.socket | None = None
         """A job's pool: the connection of the guard that holds it (``warm.protocol.OWN``)."""
         self.holders: set[socket.socket] = set()
@@ -106,8 +108,8 @@ class Pool:
         started: its guard's ranks start cold, saying why)."""
         idle = None if self.ranks or self.holders else \
             time.time() - (time.monotonic() - self.last)
-        record = {**self.facts, "pid": os.getpid(), "idle_since": idle, "ranks": len(self.ranks),
-                  "idle": self.idle}
+        record: PoolRecord = {**self.facts, "pid": os.getpid(), "idle_since": idle,
+                              "ranks": len(self.ranks), "idle": self.idle}
         tmp = f"{self.record}.{os.getpid()}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -131,7 +133,7 @@ class Pool:
             self.listener = None
             drop_key(self.path[:-len(".sock")] + ".lock", (self.path, self.record))
 
-    def serve(self) -> tuple[dict[str, Any], list[int], int, int] | None:
+    def serve(self) -> tuple[Message, list[int], int, int] | None:
         """Until the pool ends (None), or in a forked rank: its request, fds, go pipe, parent."""
         while self.ranks or not self.stopping:
             if not self.ranks and self.owner is None and not self.holders and \
@@ -145,7 +147,7 @@ class Pool:
         self.unlisten()
         return None
 
-    def event(self, what: Any, obj: Any) -> tuple[dict[str, Any], list[int], int, int] | None:
+    def event(self, what: Any, obj: Any) -> tuple[Message, list[int], int, int] | None:
         if what == "listen" and self.listener is not None:
             conn, _ = self.listener.accept()
             self.last = time.monotonic()
@@ -166,7 +168,7 @@ class Pool:
             self.ended(what)
         return None
 
-    def request(self, conn: socket.socket) -> tuple[dict[str, Any], list[int], int, int] | None:
+    def request(self, conn: socket.socket) -> tuple[Message, list[int], int, int] | None:
         if peer_uid(conn) != os.getuid():  # another user (root too): never a rank of theirs
             conn.close()
             return None
@@ -193,8 +195,8 @@ class Pool:
             return None
         return self.fork(conn, message, fds)
 
-    def fork(self, conn: socket.socket, message: dict[str, Any],
-             fds: list[int]) -> tuple[dict[str, Any], list[int], int, int] | None:
+    def fork(self, conn: socket.socket, message: Message,
+             fds: list[int]) -> tuple[Message, list[int], int, int] | None:
         go_r, go_w = os.pipe()
         parent = os.getpid()
         sys.stdout.flush()
@@ -445,8 +447,9 @@ def start(path: str, idle: float, imports: list[str], owner: int = 0) -> Pool:
         torch = load(imports, JOB_POOL_NICE if owner else 0)
         pool.listen()
         pool.facts = {"python": sys.executable, "torch": str(torch.__version__),
-                      "started": time.time(), "imports": imports, "place": namespaces(),
-                      **({"job": True} if owner else {})}
+                      "started": time.time(), "imports": imports, "place": namespaces()}
+        if owner:
+            pool.facts["job"] = True
         pool.write_record(first=True)
     except BaseException as exc:  # noqa: BLE001 - said to the guard, which starts cold
         if pool.listener is not None:  # (what it made: its socket, no record)

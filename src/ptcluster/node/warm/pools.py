@@ -20,6 +20,7 @@ import signal
 import sys
 import tempfile
 import time
+from typing import TypedDict
 
 from ptcluster.node.guard.tmpdirs import runtime_dir
 from ptcluster.node.sharing.records import read_record
@@ -127,8 +128,18 @@ def stop(job: str = "") -> list[PoolStopped]:
     return [{"pid": p["pid"], "gone": not is_pool(p["pid"]), "ranks": p["ranks"]} for p in pools]
 
 
+class PoolsConfig(TypedDict, total=False):
+    """The program's config line (``control.warm.stop_pools``, ``launch.runner`` write it):
+    none, the pools listed."""
+
+    stop: bool
+    """End this user's pools (``warm stop``) instead."""
+    job: str
+    """With ``stop``: only the pools kept for this job's restarts (none: the user's own)."""
+
+
 def main() -> int:
-    cfg = json.loads(sys.stdin.readline() or "{}")
+    cfg: PoolsConfig = json.loads(sys.stdin.readline() or "{}")
     sys.stdout.buffer.write(hello("warm"))
     stopped = stop(str(cfg.get("job") or "")) if cfg.get("stop") else []
     answer: WarmAnswer = {"pools": [] if stopped else listed(), "stopped": stopped}

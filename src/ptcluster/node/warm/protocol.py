@@ -23,7 +23,7 @@ import socket
 import struct
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 WARM_DIR = "warm"
 """The pools' folder in the user's private temp directory of the guards."""
@@ -56,6 +56,56 @@ HOLD, HELD = "hold", "held"
 socket it gave a pool it started (``HOLD_FD_VAR``); while any is held the pool never ends by
 its idle timeout, and the end of each such connection (the ranks forked, or the guard gone)
 starts its idle clock again. Unlike ``own``, its end never ends the pool."""
+
+
+class Message(TypedDict, total=False):
+    """A message on a pool's socket: ``kind`` and the keys of that kind (one type for every
+    kind: a connection's first message may be either of the guard's, ``fork`` or ``own``)."""
+
+    kind: str
+    # fork (guard -> pool: ``guard.warm_ranks.WarmRanks.start`` writes it, ``warm.become`` reads
+    # it in the forked rank): the rank to become, as a cold rank would start
+    cwd: str
+    umask: int
+    rlimits: dict[str, list[int]]
+    """``{RLIMIT_NAME: [soft, hard]}``, the guard's."""
+    ignored: list[int]
+    """The signals a cold rank starts with ignored."""
+    cgroups: list[list[str]]
+    """``[line of /proc/self/cgroup, its group's cgroup.procs]``: the pool moves the rank there."""
+    env: dict[str, str]
+    argv: list[str]
+    """``sys.argv`` of the rank (``-c CHILD_FLAG TARGET...``)."""
+    # pid (pool -> guard, with the rank's pidfd)
+    pid: int
+    # status (pool -> guard): the rank's wait status as ``Popen.returncode`` gives it
+    code: int
+    # refused (pool -> guard)
+    why: str
+    # own (guard -> pool): ``JOB@HOST``, the job whose pool it is
+    job: str
+
+
+class PoolRecord(TypedDict, total=False):
+    """A pool's record (``pool-KEY.json``: ``warm.pool.Pool.write_record`` writes it,
+    ``warm.pools.listed`` reads it)."""
+
+    pid: int
+    idle_since: float | None
+    """None: ranks of it run now."""
+    ranks: int
+    idle: float
+    """Seconds it stays idle before it ends."""
+    python: str
+    torch: str
+    started: float
+    imports: list[str]
+    place: str
+    """Its namespaces (:func:`namespaces`)."""
+    job: bool | str
+    """A job's pool: ``JOB@HOST`` once a guard owns it (True before)."""
+
+
 JOB_POOL_NICE = 10
 """The nice value of a job's pool while it imports (the first attempt's ranks run meanwhile)."""
 MAX_MESSAGE = 4 << 20
@@ -190,7 +240,7 @@ def _same_file(fd: int, path: str) -> bool:
     return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
 
 
-def send(sock: socket.socket, message: dict[str, object], fds: list[int] | None = None) -> None:
+def send(sock: socket.socket, message: Message, fds: list[int] | None = None) -> None:
     """One message, with ``fds`` (SCM_RIGHTS) on its first bytes."""
     data = json.dumps(message).encode()
     data = struct.pack(">I", len(data)) + data
@@ -202,7 +252,7 @@ def send(sock: socket.socket, message: dict[str, object], fds: list[int] | None 
         sock.sendall(data)
 
 
-def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+def receive(sock: socket.socket) -> tuple[Message | None, list[int]]:
     """One message and the descriptors that came with it; (None, fds) at EOF or on a message
     that is not one (its descriptors are still the caller's to close). Reads no byte past the
     message (the pool's ``pid`` and ``status`` may come back to back)."""
@@ -213,10 +263,10 @@ def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     if len(body) != size:
         return None, fds
     try:
-        value = json.loads(body)
+        message: Message = json.loads(body)  # (this user's guard's, or its pool's: as declared)
     except ValueError:
         return None, fds
-    return (value if isinstance(value, dict) else None), fds
+    return (message if isinstance(message, dict) else None), fds
 
 
 def _exactly(sock: socket.socket, size: int, fds: list[int]) -> bytes:
