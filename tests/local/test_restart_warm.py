@@ -235,6 +235,7 @@ def test_a_stop_that_comes_after_the_attempt_ended_ends_the_pool_its_guard_kept(
     result = runner.run()
     assert not result.ok and len(result.attempts) == 1, result.failures
     assert len(kept) == 1, "attempt 0's guard kept no pool"
+    assert [n.kept_pool for n in result.nodes] == [True]  # (its exit frame said so: asked)
     assert gone(kept[0], within=5.0), "the kept pool waits for an attempt that never comes"
     assert pools(env, folder) == []
 

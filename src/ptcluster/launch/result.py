@@ -81,6 +81,9 @@ class NodeOutcome:
     """What NCCL chose there, from its own log (``launch.supervise.events.nccl_chosen``)."""
     gpu_errors: list[dict[str, Any]] = field(default_factory=list)
     """The GPU driver's Xids on the node while the job ran (``wire.XidFacts``)."""
+    kept_pool: bool | None = None
+    """Whether its guard handed the job's warm pool on to the next attempt, as its exit frame
+    said (None: no exit frame came)."""
 
 
 class FailureKind(str, Enum):

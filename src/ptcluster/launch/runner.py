@@ -367,7 +367,7 @@ class Runner:
         if not decision.restart or self.restarts is None:
             result.gave_up, result.no_progress = decision.reason, decision.no_progress
             result.gave_up_problem = decision.gave_up
-            self._end_kept_pools(record, gone, view)
+            self._end_kept_pools(record, gone, result.nodes)
             return False
         for host in (*decision.readmit, *(spare for _, spare in decision.replace)):
             self._away.pop(host, None)
@@ -380,20 +380,22 @@ class Runner:
         self.layout.write_plan(self.plan.attempt, plan_json(self.plan, self.opts))
         return True
 
-    def _end_kept_pools(self, record: AttemptRecord, gone: set[str], view: Supervisor) -> None:
+    def _end_kept_pools(self, record: AttemptRecord, gone: set[str],
+                        nodes: list[NodeOutcome]) -> None:
         """The job's warm pools that the guards of a failed attempt kept for a restart the
         runner then decided against (no progress, ended from outside, too few nodes, the
         user's stop that came after the attempt had ended: ``--wait``'s poll, between
         attempts): ended now (``node.warm.pools``), not left waiting ``wire.JOB_POOL_WITHIN``
-        for a guard; not on the nodes ``gone``, nor where the guard was told the user's stop
-        (``final``: it kept none)."""
+        for a guard. Asked where the guard's exit frame said it kept one, or no exit frame
+        came; not on the nodes ``gone``."""
         left = int(dict(self.plan.nodes[0].env).get(MAX_RESTARTS_VAR, 0)) > self.plan.attempt
         if record.ok or not left:
             return  # (none kept: no restart was left)
-        skip = gone | view.told_final
+        kept_none = {n.host for n in nodes if n.kept_pool is False}
         stop: PoolsConfig = {"stop": True, "job": self.plan.job_id}
         members = [Member(n.host, self.ctx.transports[n.host], n.python, stop)
-                   for n in self.plan.nodes if n.host in record.hosts and n.host not in skip
+                   for n in self.plan.nodes
+                   if n.host in record.hosts and n.host not in gone | kept_none
                    and "job" in (n.warm_config(self.plan, self.opts) or {})]
         if members:
             ask_all(members, WARM, Kind.RESULT, KEPT_POOLS_WAIT)

@@ -190,6 +190,8 @@ class GuardExit:
     nccl: wire.NcclChoice | None = None
     """What NCCL chose on the node, read from its own log (``node.facts.nccl_log``): transport,
     HCAs, GID index; and the likely cause when it used sockets though the node has HCAs."""
+    kept_pool: bool = False
+    """The guard handed the job's warm pool on to the next attempt (restarts left)."""
 
 
 @dataclass(frozen=True)
@@ -376,7 +378,7 @@ def _control(host: str, kind: str, body: dict[str, Any]) -> Event:
     if kind == wire.Kind.EXIT:
         return GuardExit(host, bounded(body["code"], -(1 << 31), 1 << 31, "code"),
                          said(body.get("reason"), "reason"), said(body.get("error"), "error"),
-                         nccl_chosen(body.get("nccl")))
+                         nccl_chosen(body.get("nccl")), body.get("kept_pool") is True)
     raise UnknownKind(f"unknown frame kind {kind!r}")
 
 

@@ -104,9 +104,6 @@ class StopRecord:
     """Stop requests so far (Ctrl-C, SIGTERM, a caller): 1 stops the job, 2 cuts the channels."""
     killed_by: str = ""
     """``ended by `ptcluster kill` from HOST (user)`` when a guard said so, else ""."""
-    final_to: set[str] = field(default_factory=set)
-    """The nodes told that the stop is the user's (``stop``'s ``final``): their guards ended
-    the job's warm pool themselves."""
 
 
 @dataclass
@@ -304,12 +301,6 @@ class JobState:
     def killed_by(self) -> str:
         """``ended by `ptcluster kill` from HOST (user)``, or ""."""
         return self._stop.killed_by
-
-    @property
-    def told_final(self) -> frozenset[str]:
-        """The nodes whose guards were told the user's stop (``final``): none of them kept
-        the job's warm pool for a restart."""
-        return frozenset(self._stop.final_to)
 
     @property
     def cut_off(self) -> list[str]:

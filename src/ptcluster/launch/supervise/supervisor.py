@@ -348,7 +348,7 @@ class Supervisor(JobState):
 
     def _guard_exit(self, e: ev.GuardExit, now: float) -> list[Action]:
         node = self._nodes[e.host]
-        node.guard_exit, node.reason = e.code, e.reason
+        node.guard_exit, node.reason, node.kept_pool = e.code, e.reason, e.kept_pool
         if e.nccl is not None:
             node.nccl = e.nccl
         if self._life[e.host].stop_at is not None:
@@ -472,8 +472,6 @@ class Supervisor(JobState):
         for host, life in self._life.items():  # (not one that is stopping by itself)
             if life.stop_at is None and self._enter(host, NodeState.STOPPING, self.wall(now)):
                 actions.append(Send(host, wire.Kind.STOP, said))
-                if final:
-                    self._stop.final_to.add(host)
         return actions
 
     def _enter(self, host: str, state: NodeState, at: float | None = None) -> bool:

@@ -228,8 +228,9 @@ class Guard:
         self.send(Kind.READY, facts)
         while not self.link.go.wait(0.1):
             if self.stop.is_set():
-                self.end_unstarted()  # (the pool handed on before the exit frame)
-                self.send(Kind.EXIT, {"code": 0, "reason": self.stop.reason, "t": time.time()})
+                kept = self.end_unstarted()  # (the pool handed on before the exit frame)
+                self.send(Kind.EXIT, {"code": 0, "reason": self.stop.reason, "t": time.time(),
+                                      "kept_pool": kept})
                 return 0
         try:
             self.start(facts)
@@ -254,16 +255,16 @@ class Guard:
         said = {"error": agent_error(self.tmpdir)} if code and reason == "job ended" else {}
         if code is None:
             code = -9
-        if self.job_pool is not None:  # (before the exit frame: the next attempt may claim it)
-            self.job_pool.end(keep=restarts_left(self.cfg) and not self.stop.final and (
-                code != 0 if reason == "job ended" else self.stop.by_head), since=ended)
+        kept = self.hand_pool_on(  # (before the exit frame: the next attempt may claim it)
+            (code != 0 if reason == "job ended" else self.stop.by_head), since=ended)
         if self.pump_thread is not None:
             self.pump_thread.join(timeout=2.0)
         if self.link.ranks is not None:
             self.link.ranks.close(EXIT_WAIT)  # every rank's last lines and exit before ours
         self.link.last_look()
         nccl = nccl_said(self.tmpdir, self.env)  # what NCCL chose, from its own log
-        self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time(), **said, **nccl})
+        self.send(Kind.EXIT, {"code": code, "reason": reason, "t": time.time(),
+                              "kept_pool": kept, **said, **nccl})
         if self.link.machine is not None:
             self.link.machine.close()
         remove_tree(self.tmpdir)
@@ -282,19 +283,27 @@ class Guard:
             self.pool_hold.close()
             self.pool_hold = None
 
-    def end_unstarted(self) -> None:
+    def hand_pool_on(self, wanted: bool, since: float) -> bool:
+        """The job's pool handed on to the next attempt's guard where ``wanted`` and restarts
+        are left and the stop is not the user's, else ended (``JobPool.end``): True when
+        handed on (the exit frame's ``kept_pool``)."""
+        if self.job_pool is None:
+            return False
+        return self.job_pool.end(keep=wanted and restarts_left(self.cfg) and not self.stop.final,
+                                 since=since)
+
+    def end_unstarted(self) -> bool:
         """What a guard whose ranks never ran leaves: its job directory, its hold on this
         user's pool, and the job's pool (kept for the next attempt where the head stopped this
-        one and restarts are left)."""
+        one and restarts are left: True)."""
         self.let_pool_go()
-        if self.job_pool is not None:
-            self.job_pool.end(keep=restarts_left(self.cfg) and self.stop.by_head
-                              and not self.stop.final, since=time.time())
+        kept = self.hand_pool_on(self.stop.by_head, since=time.time())
         if self.link.ranks is not None:
             self.link.ranks.close(0.0)
         if self.link.machine is not None:
             self.link.machine.close()
         remove_tree(self.tmpdir)
+        return kept
 
     @property
     def pool_pid(self) -> int:

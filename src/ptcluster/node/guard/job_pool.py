@@ -98,10 +98,11 @@ class JobPool:
             self.failed = str(exc)
             self.kill()
 
-    def end(self, keep: bool, since: float = 0.0) -> None:
+    def end(self, keep: bool, since: float = 0.0) -> bool:
         """Hand the pool on to the next attempt's guard (``keep``; a pool still importing
         waited for until ``READY_WAIT`` after ``since``, the job's end), or end it; either way
-        this guard holds it no longer."""
+        this guard holds it no longer. True: it was handed on (the guard's exit frame says so:
+        ``kept_pool``)."""
         if keep and self.thread is not None:
             self.thread.join(max(0.0, since + READY_WAIT - time.time()))
         self.give_up.set()
@@ -113,6 +114,7 @@ class JobPool:
             self.owner = None
         if not kept:
             self.kill()
+        return kept
 
     def _keep(self) -> bool:
         assert self.owner is not None
