@@ -266,8 +266,17 @@ def test_a_guard_that_raises_shows_the_module_line_and_source_on_the_heads_conso
     said = "\n".join(head.err + head.lines)
     source = module_source("ptcluster.node.guard.prechecks").splitlines()
     line = next(n for n, text in enumerate(source, 1) if "socket.gethostname()" in text)
-    assert code != 0 and "a guard that raises" in said, said
-    assert f'File "ptcluster/node/guard/prechecks.py", line {line}, in precheck' in said, said
-    assert source[line - 1].strip() in said, said
-    _, summary = only_run(tmp_path / "runs")  # and in the run directory
-    assert f'"ptcluster/node/guard/prechecks.py\\", line {line}' in json.dumps(summary), summary
+    assert code != 0
+    root = next(text for text in head.err + head.lines if text.startswith("Root cause"))
+    _, summary = only_run(tmp_path / "runs")  # and in the run directory, the same
+    cause = summary["root_cause"]
+    assert (cause["kind"], cause["host"], cause["message"]) == (
+        "guard", "localhost", "the guard failed: RuntimeError('a guard that raises')"), cause
+    assert root.rstrip() == f"Root cause (first observed failure): localhost: " \
+                            f"{cause['message']}. Fix: {cause['fix']}".rstrip(), said
+    frames = cause["fix"].split("Traceback (most recent call last): | ")[1].split(" | ")
+    at = frames.index(f'  File "ptcluster/node/guard/prechecks.py", line {line}, in precheck')
+    assert frames[at + 1].strip() == source[line - 1].strip(), frames  # (the source line)
+    assert frames[-4:] == [f'  File "{site / "sitecustomize.py"}", line 4, in broken',
+                           "    raise RuntimeError('a guard that raises')",
+                           "RuntimeError: a guard that raises", ""], frames

@@ -42,7 +42,11 @@ def test_rendering_the_commands_page_leaves_the_app_as_it_was() -> None:
     """click caches a command's help option from the first context that asks: the page must
     ask with the app's own settings (``-h`` beside ``--help``), in the page and after it."""
     page = ref.commands_page()
-    assert "| `-h, --help` |" in page
+    sections = page.split("\n## ptcluster\n")[1].split("\n### ")
+    lasts = [[line for line in section.splitlines() if line.startswith("| `")][-1]
+             for section in sections]  # (every command's options, the app's own first)
+    assert len(lasts) == len(all_commands()) + 1
+    assert {last.split(" | ")[0] for last in lasts} == {"| `-h, --help`"}, lasts
     with cli.make_context("ptcluster", ["env", "-h"], resilient_parsing=True) as ctx:
         env = all_commands()["env"]
         assert env.get_help_option(ctx) is not None
@@ -197,7 +201,9 @@ def test_the_readme_is_a_front_page_whose_links_exist() -> None:
     missing = [link for link in links if not link.startswith("http") and
                not (root / link).exists()]
     assert not missing, f"README.md links to files that do not exist: {missing}"
-    assert ".venv/bin/mkdocs serve" in readme and "bash scripts/test.sh" in readme
+    shell = {line.split("#")[0].strip() for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
+             for line in block.splitlines()}  # (the commands of its shell blocks)
+    assert {".venv/bin/mkdocs serve", "bash scripts/test.sh"} <= shell, shell
 
 
 def test_a_block_that_only_writes_files_is_known_as_such(tmp_path, monkeypatch) -> None:

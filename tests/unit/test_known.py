@@ -135,7 +135,16 @@ def test_the_table_is_plain_data_for_a_docs_page() -> None:
     page = as_markdown()
     for k in TABLE:
         assert f"(`{k.name}`)" in page and k.fix in page
-    assert "errno 98 (EADDRINUSE)" in page and "A consequence" in page
+    port, peer = BY_NAME["address-in-use"], BY_NAME["peer-gone"]
+    sections = {head: body for head, body in
+                (part.split("\n", 1) for part in page.split("\n## ")[1:])}
+    assert sections[f"{port.title} (`address-in-use`)"] == (
+        "\n- **When**: errno 98 (EADDRINUSE); or its text has “EADDRINUSE” or “address already in "
+        f"use”.\n- **Meaning**: {port.meaning}.\n- **Fix**: {port.fix}.\n")
+    assert sections[f"{peer.title} (`peer-gone`)"].splitlines()[-2:] == [
+        f"- **Fix**: {peer.fix}.", "- **A consequence**: never the root cause when another "
+        f"failure happened within {CONSEQUENCE_WINDOW:g} s of it."]
+    assert len(sections) == len(TABLE)
 
 
 def make(facts: dict[str, wire.ReadyFacts] | None = None) -> Supervisor:
