@@ -191,7 +191,9 @@ SUMMARY_FIELDS: dict[str, str] = {
                   "miss.",
     "root_cause": "The failure that happened first (on corrected clocks): host, rank, kind "
                   "(`rank`, `lost`, `hang`, `oom`, `gpu`, `disk`, `unhealthy`, …), message, "
-                  "fix, the known failure it is, exit code, last lines, what the node saw; "
+                  "fix, the known failure it is, exit code, last lines, what the node saw "
+                  "(`facts`; `hung_after`: what a rank raised before it hung until the "
+                  "teardown ended it); "
                   "for a declared problem (a guard's refusal, the health gate's, a node that "
                   "could not be reached) its `code` (`guard.port-in-use`, `health.memory-low`, "
                   "`node.ssh-key-refused`: [doctor's checks](../troubleshooting/doctor-checks.md) "
