@@ -182,6 +182,10 @@ SUMMARY_FIELDS: dict[str, str] = {
                  "node's ranks cold, not counted as a restart: `guard.pool-lost`, a node's warm "
                  "pool that failed at its fork after the other nodes' had forked theirs "
                  "(pooled and cold ranks never meet). Empty when none.",
+    "waited": "`run --wait`: the refusals it waited out, others holding what it asks for "
+              "(`guard.gpus-busy`, `guard.port-leased`, each node's in the root cause's "
+              "shape), one list each time the waiting note said them. Not failures of the "
+              "job. Empty without a wait.",
     "spares": "Each spare that took a node's place (`spares:` of the cluster file): after "
               "which attempt, the node, the spare, and why the node was left out.",
     "duration_s": "Seconds from start to the end of the teardown.",

@@ -410,11 +410,16 @@ def test_jobs_share_gpus_by_lease_and_a_taken_gpu_is_refused_naming_its_job(
         code = waiter.wait(timeout=120)
         no_leftovers.append(only_run(job_dir / "runs-wait")[0])
         assert code == 0, waiter.output()
-        assert sum("waiting (--wait" in line for line in waiter.err) == 1, waiter.output()
-        # the refusal it waited out is no failure: no teardown of it, no Fix to use --wait
-        assert not [line for line in waiter.err if "stopping the job" in line or
-                    "Fix:" in line or line.endswith(": stopped")], waiter.output()
-        assert len(only_run(job_dir / "runs-wait")[1]["attempts"]) == 1
+        summary = only_run(job_dir / "runs-wait")[1]
+        (said,) = summary["waited"]  # said once: the GPU held by the second job, on each node
+        assert {(w["code"], w["fields"]["need"], w["fields"]["free"]) for w in said} == {
+            ("guard.gpus-busy", "1", "0")}, said
+        assert all(job_id_of(heads[1]) in w["fields"]["held"] for w in said), said
+        # the refusal it waited out is no failure: no teardown of it (its note has a Fix: to
+        # use --wait), no node stopped
+        assert not [line for line in waiter.err if "Fix:" in line or line.endswith(": stopped")
+                    ], waiter.output()
+        assert len(summary["attempts"]) == 1 and summary["failures"] == []
     finally:
         for h in heads:
             if h.proc.poll() is None:

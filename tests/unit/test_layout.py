@@ -132,7 +132,7 @@ def test_the_circle_finder_finds_circles_and_only_them() -> None:
                                   "ptcluster.errors"}
 
 
-SENTENCE_ASSERTS = 52
+SENTENCE_ASSERTS = 50
 """Assertions in tests that match a sentence (2026-12-07, after the supervisor's, the command
 line's, the environment's (the node's full check and build too), submit's, push's, collect's and the
 machine view's (OOM, full disk, Xid) problems got codes; then a file a node did not store
