@@ -182,6 +182,10 @@ SUMMARY_FIELDS: dict[str, str] = {
                  "node's ranks cold, not counted as a restart: `guard.pool-lost`, a node's warm "
                  "pool that failed at its fork after the other nodes' had forked theirs "
                  "(pooled and cold ranks never meet). Empty when none.",
+    "waited": "`run --wait`: the refusals it waited out, others holding what it asks for "
+              "(`guard.gpus-busy`, `guard.port-leased`, each node's in the root cause's "
+              "shape), one list each time the waiting note said them. Not failures of the "
+              "job. Empty without a wait.",
     "spares": "Each spare that took a node's place (`spares:` of the cluster file): after "
               "which attempt, the node, the spare, and why the node was left out.",
     "duration_s": "Seconds from start to the end of the teardown.",
@@ -191,7 +195,9 @@ SUMMARY_FIELDS: dict[str, str] = {
                   "miss.",
     "root_cause": "The failure that happened first (on corrected clocks): host, rank, kind "
                   "(`rank`, `lost`, `hang`, `oom`, `gpu`, `disk`, `unhealthy`, …), message, "
-                  "fix, the known failure it is, exit code, last lines, what the node saw; "
+                  "fix, the known failure it is, exit code, last lines, what the node saw "
+                  "(`facts`; `hung_after`: what a rank raised before it hung until the "
+                  "teardown ended it); "
                   "for a declared problem (a guard's refusal, the health gate's, a node that "
                   "could not be reached) its `code` (`guard.port-in-use`, `health.memory-low`, "
                   "`node.ssh-key-refused`: [doctor's checks](../troubleshooting/doctor-checks.md) "

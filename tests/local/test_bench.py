@@ -101,9 +101,12 @@ def test_a_quick_size_is_timed_for_min_s(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_min_busbw_gates(tmp_path) -> None:
+    """A real sweep under the gate: its measure is below, so it fails (the code and fields of
+    the refusal: unit test_bench), and the measure it failed by is the data it printed."""
     code, head = run_head(["bench", "--nproc", "2", "-b", "1K", "-e", "1K", "-n", "2", "-w", "0",
-                           "--min-busbw", "1000000"], cwd=tmp_path, timeout=120)
-    assert code == 1 and "below --min-busbw" in "\n".join(head.err)
+                           "--json", "--min-busbw", "1000000"], cwd=tmp_path, timeout=120)
+    got = json.loads("\n".join(head.lines))
+    assert code == 1 and 0 < got["avg_busbw"] < 1e6 and got["failure"] is None, head.err
 
 
 @pytest.mark.parametrize(("gbps", "slowest", "ratio", "slow"), [

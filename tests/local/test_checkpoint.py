@@ -4,6 +4,7 @@ the same and in another world size; no checkpoint; kills at random moments of sa
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -225,9 +226,16 @@ def test_collect_takes_a_lost_disks_part_from_its_replica_and_an_older_step_on_r
 def test_collect_through_the_cli_on_the_local_cluster(trained: Path, tmp_path: Path, cli):
     """One node here holds every file (its own and node 1's replica): the real command."""
     code, out, err = cli("collect", str(trained / "node0" / "ckpt"), "--to",
-                         str(tmp_path / "out"))
+                         str(tmp_path / "out"), "--json")
     assert code == 0, err
-    assert "step 6: 5 file(s)" in out
+    got = json.loads(out)
+    assert (got["step"], got["files"], got["sources"], got["unreachable"]) == (
+        6, 5, {"localhost": 5}, []), got
+    code, out, err = cli("-q", "collect", str(trained / "node0" / "ckpt"), "--to",
+                         str(tmp_path / "again"))
+    assert code == 0 and out == (  # the one rendering
+        f"ptcluster: step 6: 5 file(s), {got['bytes'] / 2**20:.1f} MiB into "
+        f"{tmp_path / 'again'}\n"), out
     shutil.copy(trained / "out.pt", tmp_path / "out.pt")
     state = _load_one_process(tmp_path / "out")
     for name, tensor in final(trained / "out.pt")["params"].items():

@@ -334,7 +334,10 @@ def test_kill_goes_through_the_guards_when_the_head_is_not_reachable_here(tmp_pa
         assert killer.returncode == 0, killer.stdout + killer.stderr
         assert f"job {job_id}: SIGTERM to its guard on localhost" in killer.stdout, \
             killer.stdout + killer.stderr
-        assert ("no longer running" in killer.stderr) == (case == "stale"), killer.stderr
+        gone = (f"ptcluster: job {job_id}: not through its head (the job of "
+                f"{tmp_path / 'dead-run'} is no longer running (its head is gone)); through "
+                "its nodes' guards")  # (control.head-gone, said once as it is)
+        assert (gone in killer.stderr.splitlines()) == (case == "stale"), killer.stderr
         summary = _ended(head, job_id, tmp_path)
     finally:
         head.kill()

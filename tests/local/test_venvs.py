@@ -413,7 +413,8 @@ def test_cli_run_doctor_env_venvs_end_to_end(tmp_path, no_leftovers) -> None:
     assert not (home / ".ptcluster" / "envs").joinpath("deps").exists()
 
 
-def test_a_lock_pinning_another_torch_is_refused_before_a_byte(tmp_path) -> None:
+def test_a_lock_pinning_another_torch_is_refused_before_a_byte(tmp_path, cli,
+                                                                monkeypatch) -> None:
     """A requirements file that pins a torch the nodes do not have (here, with --find-links,
     where uv's resolution leaves torch out) is exit 2 naming both versions, before any wheel is
     sent or environment made; the nodes' own torch pinned is fine."""
@@ -425,20 +426,23 @@ def test_a_lock_pinning_another_torch_is_refused_before_a_byte(tmp_path) -> None
     home.mkdir()
     make_named(project / "wheels", "tinypkg", "1.0")
     (project / "train.py").write_text("import tinypkg\n")
-    command = str(Path(sys.executable).with_name("ptcluster"))
-    env = {**os.environ, "HOME": str(home)}
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(project)
     have = importlib.metadata.version("torch")
     (project / "requirements.txt").write_text("tinypkg\ntorch==1.13.1 ; python_version > '3'\n")
-    got = subprocess.run([command, "run", "--nproc", "1", "--requirements", "requirements.txt",
-                          "--find-links", "wheels", "train.py"], cwd=project, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert got.returncode == 2, got.stderr
-    assert "torch 1.13.1" in got.stderr and have in got.stderr and "Traceback" not in got.stderr
+    code, _, err = cli("run", "--nproc", "1", "--requirements", "requirements.txt",
+                       "--find-links", "wheels", "train.py")
+    assert code == 2 and cli.problem.code == "venvs.torch-differs", err
+    assert cli.problem.fields == {"version": "1.13.1", "node_torch": have,
+                                  "node_release": have.split("+")[0]}
+    assert "Traceback" not in err
     assert not (home / ".ptcluster" / "store").exists() or \
         not any((home / ".ptcluster" / "store").rglob("*.whl"))
     assert not (home / ".ptcluster" / "envs").exists() or \
         not [p for p in (home / ".ptcluster" / "envs").iterdir() if not p.name.startswith(".")]
     (project / "requirements.txt").write_text(f"tinypkg\ntorch=={have.split('+')[0]}\n")
+    command = str(Path(sys.executable).with_name("ptcluster"))  # (the installed command)
+    env = {**os.environ, "HOME": str(home)}
     ok = subprocess.run([command, "run", "--nproc", "1", "--requirements", "requirements.txt",
                          "--find-links", "wheels", "train.py"], cwd=project, env=env,
                         capture_output=True, text=True, timeout=300)

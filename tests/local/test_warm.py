@@ -126,7 +126,11 @@ def test_a_warm_rank_sees_what_a_cold_one_sees(node) -> None:
     odd = subprocess.run([sys.executable, "-m", "ptcluster", *args], cwd=folder,
                          env={**os.environ, **env}, capture_output=True, text=True, timeout=300,
                          preexec_fn=odd_process)
-    assert odd.returncode == 1 and "] umask 0o77" in odd.stdout, odd.stderr
+    said = [line.split("] ", 1) for line in odd.stdout.splitlines()
+            if line.startswith("[localhost:")]  # ([node:rank, what it printed])
+    assert odd.returncode == 1, odd.stderr
+    assert sorted(who for who, what in said if what == "umask 0o77") == [
+        "[localhost:0", "[localhost:1"], odd.stdout  # the run's umask, in both ranks
     assert "(14, '1')" in odd.stdout  # SIGALRM ignored, in both ranks
     cold_rc, cold = run_head(["run", "--nproc", "2", *args[5:]], folder, env=env)
     warm_rc, warm = run_head([*args[:5], "--run-dir", "runs-warm", *args[5:]], folder, env=env)

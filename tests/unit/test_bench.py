@@ -137,7 +137,8 @@ def test_bench_json_flag_prints_data_only(cli, fake_bench) -> None:
     code, out, err = cli("bench", "--nproc", "2", "-b", "1K", "-e", "4K", "--json")
     assert code == 0
     assert json.loads(out) == fake_result().to_json()  # nothing but the JSON on stdout
-    assert "ptcluster bench: 2 rank(s)" in err  # status goes to stderr
+    assert err.splitlines() == [  # the status line goes to stderr
+        "ptcluster bench: 2 rank(s) on 1 node(s), all_reduce, 3 size(s)"]
     assert fake_bench[0].sizes == (1024, 2048, 4096)
     code, out, err = cli("-q", "bench", "--nproc", "2", "--json")
     assert code == 0 and json.loads(out) == fake_result().to_json() and err == ""
@@ -163,6 +164,19 @@ def test_bench_json_takes_no_file_and_an_unwritable_file_is_one_line(cli, fake_b
     assert code == 1
     assert err.startswith("error: /proc/x/b.json: ") and "Fix:" in err
     assert len(err.splitlines()) == 1
+
+
+def test_bench_below_min_busbw_fails_with_the_measure_and_the_gate(cli, fake_bench) -> None:
+    avg = fake_result().avg_busbw
+    code, out, err = cli("-q", "bench", "--nproc", "2", "--json", "--min-busbw", "1e6")
+    assert code == 1 and json.loads(out)["avg_busbw"] == avg  # the data comes first
+    assert cli.problem.code == "cli.below-min-busbw"
+    assert cli.problem.fields == {"avg": f"{avg:.3f}", "min": "1e+06"}
+    assert err == (f"error: average bus bandwidth {avg:.3f} GB/s is below --min-busbw 1e+06. "
+                   "Fix: find the slow link with `ptcluster bench --pairs`, or lower "
+                   "--min-busbw\n")  # the one rendering
+    code, _, _ = cli("-q", "bench", "--nproc", "2", "--json", "--min-busbw", f"{avg / 2}")
+    assert code == 0 and cli.problem is None
 
 
 def test_bench_wrong_values_fail_in_table_and_json(cli, fake_bench) -> None:

@@ -13,9 +13,11 @@ from ptcluster.bench.predict import (
     Measured,
     allreduce_s,
     exposed,
+    link,
     link_for,
     measured_from,
     predict,
+    slower,
     verdict,
 )
 from ptcluster.bench.probe import Prediction, sweep_sizes
@@ -63,6 +65,9 @@ def test_a_big_gradient_on_a_slow_link_is_slower_on_more_nodes() -> None:
     assert rows[1].samples_per_s == pytest.approx(8 * 2 / rows[1].step_s)
     assert rows[1].efficiency == pytest.approx(0.1 / rows[1].step_s)
     assert [r.bound for r in rows[1:]] == ["network", "network"]
+    assert [(r.nodes, best.nodes) for r, best in slower(rows)] == [(2, 1), (3, 1)]
+    now, needed = link(m, [1, 1, 1], LINK_100M)
+    assert now == pytest.approx(0.1) and needed is not None and needed > now  # (Gbit/s)
     said = verdict(m, rows, [1, 1, 1], LINK_100M)
     assert said[0].startswith("2 nodes are predicted slower than 1:")
     assert said[1].startswith("3 nodes are predicted slower than 1:")  # faster than 2

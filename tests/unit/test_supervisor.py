@@ -278,6 +278,7 @@ def test_a_rank_that_raised_before_the_stop_failed_then_not_when_it_was_killed()
     assert first.rank == 0 and first.at == pytest.approx(WALL + 5.0)
     assert first.message == ("RuntimeError: boom, then it hung until the teardown ended it "
                              "(killed by SIGTERM)")
+    assert (first.exit_code, first.facts) == (-15, {"hung_after": "RuntimeError: boom"})
     assert sup.ranks[0].status == "killed by SIGTERM"
 
 

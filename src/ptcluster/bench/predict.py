@@ -224,35 +224,53 @@ def link_for(m: Measured, slots: Sequence[int], busbw: BusBw,
     return hi
 
 
-def verdict(m: Measured, rows: Sequence[Row], slots: Sequence[int],
-            busbw: BusBw | None) -> list[str]:
-    """Plain sentences: every node count predicted slower than a smaller one (the fastest of
-    those named), and what link speed would make all the nodes pay off (``PAYS_OFF``
-    efficiency)."""
-    out: list[str] = []
-    mb = m.grad_bytes / 1e6
+def slower(rows: Sequence[Row]) -> list[tuple[Row, Row]]:
+    """Every node count predicted slower than a smaller one: (its row, the fastest row with
+    fewer nodes)."""
+    out = []
     for k, row in enumerate(rows[1:], start=1):
         best = max(rows[:k], key=lambda r: r.samples_per_s)  # the best with fewer nodes
         if row.samples_per_s < best.samples_per_s:
-            out.append(
-                f"{row.nodes} nodes are predicted slower than {best.nodes}: "
-                f"{row.samples_per_s:.1f} samples/s against {best.samples_per_s:.1f}. Each step "
-                f"all-reduces {mb:.2f} MB of gradients, {row.allreduce_s:.3f} s on "
-                f"{row.ranks} ranks, {row.exposed_s:.3f} s of it not hidden behind backward, "
-                f"against {m.compute_s:.3f} s of compute.")
+            out.append((row, best))
+    return out
+
+
+def link(m: Measured, slots: Sequence[int], busbw: BusBw) -> tuple[float, float | None]:
+    """The link now and the link that pays off: the all-reduce's bus bandwidth measured now
+    (Gbit/s, at the largest bucket), and the one with which all the nodes would reach
+    ``PAYS_OFF`` scaling efficiency (None: no link speed does; at most the first: they do
+    now)."""
+    factor = link_for(m, slots, busbw)
+    now_gbit = busbw.at(max((b.nbytes for b in m.buckets), default=1)) * 8
+    return now_gbit, None if factor is None else now_gbit * factor
+
+
+def verdict(m: Measured, rows: Sequence[Row], slots: Sequence[int],
+            busbw: BusBw | None) -> list[str]:
+    """Plain sentences: every node count predicted slower than a smaller one (the fastest of
+    those named: :func:`slower`), and what link speed would make all the nodes pay off
+    (:func:`link`)."""
+    out: list[str] = []
+    mb = m.grad_bytes / 1e6
+    for row, best in slower(rows):
+        out.append(
+            f"{row.nodes} nodes are predicted slower than {best.nodes}: "
+            f"{row.samples_per_s:.1f} samples/s against {best.samples_per_s:.1f}. Each step "
+            f"all-reduces {mb:.2f} MB of gradients, {row.allreduce_s:.3f} s on "
+            f"{row.ranks} ranks, {row.exposed_s:.3f} s of it not hidden behind backward, "
+            f"against {m.compute_s:.3f} s of compute.")
     if busbw is None or len(rows) < 2:
         return out
     last = rows[-1]
-    factor = link_for(m, slots, busbw)
-    now_gbit = busbw.at(max((b.nbytes for b in m.buckets), default=1)) * 8
-    if factor is None:
+    now_gbit, needed = link(m, slots, busbw)
+    if needed is None:
         out.append(f"No link speed brings {last.nodes} nodes to {PAYS_OFF:.0%} scaling "
                    "efficiency: the step is not limited by the network.")
-    elif factor <= 1.0:
+    elif needed <= now_gbit:
         out.append(f"{last.nodes} nodes pay off: {last.samples_per_s / rows[0].samples_per_s:.2f}x "
                    f"the samples/s of one node ({last.efficiency:.0%} scaling efficiency).")
     else:
         out.append(f"{last.nodes} nodes would reach {PAYS_OFF:.0%} scaling efficiency with a "
-                   f"link of about {now_gbit * factor:.3g} Gbit/s (the all-reduce measured "
+                   f"link of about {needed:.3g} Gbit/s (the all-reduce measured "
                    f"{now_gbit:.3g} Gbit/s of bus bandwidth now).")
     return out

@@ -12,7 +12,16 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ptcluster.bench.predict import BusBw, Measured, Row, measured_from, predict, verdict
+from ptcluster.bench.predict import (
+    BusBw,
+    Measured,
+    Row,
+    link,
+    measured_from,
+    predict,
+    slower,
+    verdict,
+)
 from ptcluster.bench.sweep import BenchConfig, BenchResult, run_bench
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.launch.api import run_target
@@ -64,6 +73,10 @@ class Prediction:
     measured: Measured | None = None
     rows: list[Row] = field(default_factory=list)
     sentences: list[str] = field(default_factory=list)
+    slower: list[tuple[int, int]] = field(default_factory=list)
+    """(nodes, than): each node count predicted slower than a smaller one (``predict.slower``)."""
+    link: tuple[float, float | None] | None = None
+    """(now, pays off): the link in Gbit/s (``predict.link``); None for one node."""
     sweep: BenchResult | None = None
     failure: Failure | None = None
     output_tail: list[str] = field(default_factory=list)
@@ -78,6 +91,9 @@ class Prediction:
                 "sweep": None if self.sweep is None else self.sweep.to_json(),
                 "measured": None if self.measured is None else self.measured.to_json(),
                 "detail": [r.to_json() for r in self.rows], "verdict": self.sentences,
+                "slower": [{"nodes": n, "than": than} for n, than in self.slower],
+                "link": None if self.link is None else {"now_gbit": self.link[0],
+                                                        "pays_off_gbit": self.link[1]},
                 "seconds": {"probe": round(self.probe_s, 3), "sweep": round(self.sweep_s, 3)},
                 "failure": None if self.failure is None else self.failure.headline()}
 
@@ -161,4 +177,7 @@ def run_predict(spec: ClusterSpec, sweep_spec: ClusterSpec, target: Target, cfg:
         busbw = BusBw(((1, 1.0),))
     out.rows = predict(m, slots, busbw)
     out.sentences = verdict(m, out.rows, slots, busbw)
+    out.slower = [(row.nodes, best.nodes) for row, best in slower(out.rows)]
+    if busbw is not None and len(out.rows) > 1:
+        out.link = link(m, slots, busbw)
     return out

@@ -18,6 +18,7 @@ import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ptcluster.checkpoint import layout
 from ptcluster.cluster.model import ClusterSpec, NodeSpec
@@ -48,6 +49,14 @@ class Collected:
     """Files taken from each node (by host)."""
     unreachable: list[Problem] = field(default_factory=list)
     """Nodes that did not answer (the checkpoint was complete without them)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``collect --json``: the step, where it went, the figures, and each node not asked
+        (who, what, and its code and fields)."""
+        return {"step": self.step, "dest": str(self.dest), "files": self.files,
+                "bytes": self.bytes, "sources": self.sources,
+                "unreachable": [{"who": p.who, "what": p.what, "code": p.code,
+                                 "fields": p.fields} for p in self.unreachable]}
 
 
 NO_NODE_ANSWERED = Declared(

@@ -28,7 +28,8 @@ from ptcluster.cli.common import (
 )
 from ptcluster.cli.console import say, terminal
 from ptcluster.cli.predict_view import job_target, run_prediction
-from ptcluster.errors import UsageError
+from ptcluster.cli.problems import BELOW_MIN_BUSBW
+from ptcluster.errors import PtclusterError, UsageError
 
 
 class ByteSize(click.ParamType):
@@ -159,9 +160,8 @@ def bench(ctx: click.Context, cluster: str | None, nproc: int | None, port: int 
     if result.wrong:
         sys.exit(1)
     if min_busbw is not None and result.avg_busbw < min_busbw:
-        err.print(f"[red]average bus bandwidth {result.avg_busbw:.3f} GB/s is below "
-                  f"--min-busbw {min_busbw:g}[/red]", markup=True)
-        sys.exit(1)
+        raise PtclusterError.of(BELOW_MIN_BUSBW, avg=f"{result.avg_busbw:.3f}",
+                                min=f"{min_busbw:g}")
 
 
 def refuse_sweep_options(ctx: click.Context) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -23,15 +24,22 @@ from ptcluster.cli.console import say
               help="The folder here to write the checkpoint to (made if missing).")
 @click.option("--step", type=click.IntRange(min=0), default=None,
               help="This step, not the newest complete one.")
-def collect(cluster: str | None, dir: str, dest: Path, step: int | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON (the step, "
+              "the files and bytes, the files from each node, the nodes not asked) instead of "
+              "the lines.")
+def collect(cluster: str | None, dir: str, dest: Path, step: int | None,
+            as_json: bool) -> None:
     spec = load_spec(cluster)
-    show = not quiet()
+    show = not quiet() and not as_json
 
     def on_file(host: str, name: str, size: int) -> None:
         if show:
             say(f"ptcluster: {name} ({size / 2**20:.1f} MiB) from {host}", err=True)
 
     done = collect_checkpoint(spec, dir, dest, step, on_file)
+    if as_json:
+        click.echo(json.dumps(done.to_json(), indent=2))
+        sys.exit(0)
     for problem in done.unreachable:
         say(f"ptcluster: not asked: {problem}", err=True)
     say(f"ptcluster: step {done.step}: {done.files} file(s), {done.bytes / 2**20:.1f} MiB "

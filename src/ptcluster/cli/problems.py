@@ -1,5 +1,6 @@
 """What the command line itself refuses, declared (``cli.*`` codes, ``node.problems``): usage
-that names nothing to do, or options that contradict each other or the cluster in use.
+that names nothing to do, or options that contradict each other or the cluster in use; and a
+gate the command line sets that a measure failed (bench's ``--min-busbw``).
 
 Raised by entry (``UsageError.of(NOTHING_TO_RUN)``); a test reads the code and fields
 (``SystemExit.__cause__`` of ``cli.main``), the docs' page the table."""
@@ -35,5 +36,9 @@ NO_RUNNING_JOB = Declared(
 NO_STACKS = Declared(
     "cli.no-stacks", "the running job gave no stacks", "{run_dir}: no stacks: {error}",
     "try again while the job runs")
+BELOW_MIN_BUSBW = Declared(
+    "cli.below-min-busbw", "bench measured less than --min-busbw",
+    "average bus bandwidth {avg} GB/s is below --min-busbw {min}",
+    "find the slow link with `ptcluster bench --pairs`, or lower --min-busbw")
 TABLE = (NOTHING_TO_RUN, NPROC_NOT_LOCAL, READMIT_WITHOUT_RESTARTS, NOT_A_JOB_ID,
-         SETUP_WITHOUT_CLUSTER, NO_RUN_DIR, NO_RUNNING_JOB, NO_STACKS)
+         SETUP_WITHOUT_CLUSTER, NO_RUN_DIR, NO_RUNNING_JOB, NO_STACKS, BELOW_MIN_BUSBW)

@@ -244,6 +244,9 @@ class RunResult:
     environment: dict[str, Any] | None = None
     """The project's environment the ranks ran in (``venvs.runenv.Environment.to_json``),
     None without ``requirements``."""
+    waited: list[list[Failure]] = field(default_factory=list)
+    """``--wait``: the refusals it waited out (others held what it asks for: ``guard.gpus-busy``,
+    ``guard.port-leased``), as said each time they changed; not failures of the job."""
     went_cold: list[Failure] = field(default_factory=list)
     """Why an attempt was launched again with every node's ranks cold, not counted as a restart
     (``guard.pool-lost``: a node's warm pool failed at its fork after the others' had forked)."""
@@ -307,6 +310,7 @@ class RunResult:
             self.gave_up_problem.fields,
             "attempts": [a.to_json() for a in self.attempts],
             "went_cold": [_failure_json(f) for f in self.went_cold],
+            "waited": [[_failure_json(f) for f in said] for said in self.waited],
             "spares": [{"after_attempt": a.number, "node": node, "spare": spare,
                         "why": a.dropped_why.get(node, "")}
                        for a in self.attempts for node, spare in a.replaced.items()],

@@ -201,6 +201,9 @@ class Runner:
         self.went_cold: list[Failure] = []
         """The failures for which an attempt was launched again all cold (summary's
         ``went_cold``)."""
+        self.waited: list[list[Failure]] = []
+        """``--wait``: the refusals waited out, one list each time the note said them
+        (summary's ``waited``)."""
         self._away: dict[str, NodeOutcome] = {}
         """The nodes dropped after an attempt because they were lost (``restart.GONE``, cut
         off), each with its outcome there (its guard's pid, its boot): asked at a later
@@ -242,7 +245,7 @@ class Runner:
         result.log_errors = [f"{error} ({self.logs.lost.get(name, 0)} line(s) missing)"
                              for name, error in self.logs.errors.items()]
         result.environment = self.environment
-        result.went_cold = self.went_cold
+        result.went_cold, result.waited = self.went_cold, self.waited
         result.signum = self.stops.signum
         self.layout.write_summary(result.to_json())
         return result
@@ -331,6 +334,7 @@ class Runner:
         why = "; ".join(f"{f.host}: {f.message}" for f in result.failures)
         if why != said:
             self.notes(f"waiting (--wait, no queue): {why}")
+            self.waited.append(list(result.failures))
         deadline = time.monotonic() + self.opts.wait_poll
         while time.monotonic() < deadline and not self.stops.count:
             time.sleep(0.1)

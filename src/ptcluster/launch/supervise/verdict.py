@@ -135,8 +135,10 @@ def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
     # A rank the teardown ended was signalled; one that exited with its own code did not hang:
     # it exited a moment after another rank's failure had started the teardown.
     killed = code is None or code < 0
+    facts: dict[str, Any] = {}
     if text and stop_at is not None and record.ended_at >= stop_at and killed:
         message = f"{text}, then it hung until the teardown ended it ({message})"
+        facts["hung_after"] = text  # (summary.json's: what it raised before it hung)
     elif text and raised is not None and not raised.exit_call:
         message += f" ({text})"
     elif raised is not None and raised.usage:  # the script's own parser ended it
@@ -159,7 +161,7 @@ def judge_rank(record: RankRecord, raised: Raised | None, returned: bool,
     if declared is not None:  # (its code and fields; the message says it as above)
         fix = fix or declared.fix
     return RankVerdict(stopped=False, at=failed_at, message=message, fix=fix, known=known,
-                       declared=declared)
+                       declared=declared, facts=facts)
 
 
 def not_ready(hosts: Sequence[str], timeout: float, at: float) -> Failure:
