@@ -19,10 +19,9 @@ from ptcluster.node.rank.bench_wire import PairDone, RowDone, Started
 from ptcluster.node.rank.step_probe import PredictRecord
 from ptcluster.remote.diagnoses import RECORD_REFUSED
 from ptcluster.remote.replies import (
-    BadReply,
-    Check,
     _bad,
     boolean,
+    checked,
     figure,
     listing,
     number,
@@ -65,29 +64,21 @@ PREDICT = record({"kind": one_of("predict"), "world_size": number(1, MOST_RANKS)
 """``step_probe.PredictRecord``."""
 
 
-def _checked(schema: Check, what: str, data: Any) -> Any:
-    try:
-        schema(what, data)
-    except BadReply as exc:
-        raise exc.said_of(RECORD_REFUSED) from None
-    return data
-
-
 def started(data: Any) -> Started:
     """The bench worker's ``start`` (without its ``kind``), checked. Raises ``BadReply``."""
-    return cast(Started, _checked(START, "the bench's start", data))
+    return cast(Started, checked(START, "the bench's start", data, RECORD_REFUSED))
 
 
 def row_done(data: Any) -> RowDone:
     """The bench worker's ``row`` (without its ``kind``), checked. Raises ``BadReply``."""
-    return cast(RowDone, _checked(ROW, "the bench's row", data))
+    return cast(RowDone, checked(ROW, "the bench's row", data, RECORD_REFUSED))
 
 
 def pair_done(data: Any) -> PairDone:
     """The bench worker's ``pair`` (without its ``kind``), checked. Raises ``BadReply``."""
-    return cast(PairDone, _checked(PAIR, "the bench's pair", data))
+    return cast(PairDone, checked(PAIR, "the bench's pair", data, RECORD_REFUSED))
 
 
 def predict_record(data: Any) -> PredictRecord:
     """The step probe's ``predict`` record, checked. Raises ``BadReply``."""
-    return cast(PredictRecord, _checked(PREDICT, "the predict record", data))
+    return cast(PredictRecord, checked(PREDICT, "the predict record", data, RECORD_REFUSED))
