@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from ptcluster.bench.predict import Bucket, BusBw, Measured, predict
+from ptcluster.bench.probe import PredictConfig, probe_job
+from ptcluster.cluster.load import local_cluster
 from ptcluster.examples.mnist.train import model as mnist_model
+from ptcluster.launch.plan import Target
 from tests.support.head import run_head
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +114,20 @@ def test_predict_on_the_local_cluster(tmp_path) -> None:
     assert out["measured"]["ddp"] is True and out["measured"]["grad_bytes"] == 407_080
     assert out["sweep"] is None
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_a_predict_record_the_head_refuses_is_the_probes_failure() -> None:
+    """``remote.rank_records``: a ``predict`` record whose steps are not a list (a program's own
+    ``report``, here) is refused where the head reads it: the brief run's failure is that
+    refusal, its code and where, not a measurement."""
+    code = ("from ptcluster.node.rank.api import report\n"
+            "report('predict', {'world_size': 1, 'steps': 'x'})\n")
+    measured, failure, _ = probe_job(local_cluster(1), Target(code=code),
+                                     PredictConfig(warmup=1, steps=1, timeout=120), None)
+    assert measured is None and failure is not None
+    assert (failure.rank, failure.problem.code) == (0, "node.record-refused")
+    assert failure.problem.fields["where"] == "the predict record.steps"
 
 
 def test_the_plot_is_a_png(tmp_path) -> None:

@@ -25,6 +25,8 @@ from ptcluster.bench.plot import (
 )
 from ptcluster.bench.sweep import BenchConfig, BenchResult, Row, worker_config
 from ptcluster.errors import UsageError
+from ptcluster.remote.rank_records import pair_done, row_done, started
+from ptcluster.remote.replies import BadReply
 from tests.support.sweeps import footer, sweep_result
 
 
@@ -65,6 +67,22 @@ def test_the_worker_gets_the_heads_counts() -> None:
     one_rank = worker_config(BenchConfig(ops=("all_reduce", "sendrecv"), sizes=(8,)), 1, [])
     assert one_rank["plan"] == [("all_reduce", [2])]  # sendrecv needs 2 ranks: not shipped
     json.dumps(wc)  # it travels as argv JSON
+
+
+def test_the_workers_records_are_checked_before_they_are_read() -> None:
+    """``remote.rank_records``: the worker's records as it writes them pass; a count that is
+    text, a pair without its peer or a key the worker does not write is refused, named."""
+    row = {"op": "all_reduce", "count": 512, "seconds": 1e-4, "wrong": 0}
+    assert row_done(row) == row
+    assert started({"world_size": 4, "backend": "gloo", "device": "cpu"})["backend"] == "gloo"
+    assert pair_done({"a": 0, "b": 2, "seconds": 0.01})["b"] == 2
+    for check, bad, where in ((row_done, dict(row, count="512"), "the bench's row.count"),
+                              (pair_done, {"a": 0, "seconds": 0.01}, "the bench's pair.b"),
+                              (row_done, dict(row, extra=1), "the bench's row")):
+        with pytest.raises(BadReply) as refused:
+            check(bad)
+        assert refused.value.problem.code == "node.record-refused"
+        assert refused.value.problem.fields["where"] == where
 
 
 @pytest.mark.parametrize("field,value,message", [

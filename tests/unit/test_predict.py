@@ -23,6 +23,8 @@ from ptcluster.bench.predict import (
 from ptcluster.bench.probe import Prediction, sweep_sizes
 from ptcluster.cli.predict_view import job_target
 from ptcluster.errors import UsageError
+from ptcluster.remote.rank_records import predict_record
+from ptcluster.remote.replies import BadReply
 
 MB = 1_000_000
 LINK_100M = BusBw(((1, 0.0125),))
@@ -155,6 +157,22 @@ def test_the_probes_record_is_read_back() -> None:
         measured_from([], 1)
     with pytest.raises(ValueError, match="--batch"):
         measured_from([dict(step, batch=0)], 1)
+
+
+def test_the_predict_record_is_checked_before_it_is_read() -> None:
+    """``remote.rank_records.predict_record``: a record as the step probe writes it passes; one
+    whose step time is not a number or whose bucket is not [bytes, ready_s, done_s] is refused,
+    named by where."""
+    step = {"step_s": 0.1, "batch": 64, "eval": False, "ddp": True,
+            "buckets": [[4_000_000, 0.05, 0.07]]}
+    record = {"kind": "predict", "world_size": 2, "steps": [step, dict(step, buckets=None)]}
+    assert predict_record(record) == record
+    for where, bad in (("steps[0].step_s", dict(step, step_s="0.1")),
+                       ("steps[0].buckets[0]", dict(step, buckets=[[4_000_000, 0.05]]))):
+        with pytest.raises(BadReply) as refused:
+            predict_record(dict(record, steps=[bad]))
+        assert refused.value.problem.code == "node.record-refused"
+        assert refused.value.problem.fields["where"] == f"the predict record.{where}"
 
 
 def test_sweep_sizes_are_the_buckets_or_a_ladder() -> None:

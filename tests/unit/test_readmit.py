@@ -283,3 +283,23 @@ def test_a_checkpoint_listing_is_checked_and_a_malformed_one_refused(tmp_path) -
                                                                   "files": {"a": ["a"]}}]}):
         with pytest.raises(BadReply):
             ckpt_answer(bad)
+
+
+@pytest.mark.parametrize("schema, written", [
+    ("START", "ptcluster.node.rank.bench_wire:Started"),
+    ("ROW", "ptcluster.node.rank.bench_wire:RowDone"),
+    ("PAIR", "ptcluster.node.rank.bench_wire:PairDone"),
+    ("STEP", "ptcluster.node.rank.step_probe:MeasuredStep"),
+    ("PREDICT", "ptcluster.node.rank.step_probe:PredictRecord")])
+def test_each_rank_record_is_checked_by_the_keys_its_writer_declares(schema: str,
+                                                                    written: str) -> None:
+    """The head's check of the bench worker's and the step probe's records
+    (``remote.rank_records``) names exactly the keys of the TypedDict beside the rank code that
+    writes them."""
+    import importlib
+
+    from ptcluster.remote import rank_records
+
+    module, name = written.split(":")
+    declared = getattr(importlib.import_module(module), name).__annotations__
+    assert set(getattr(rank_records, schema).fields) == set(declared)

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ptcluster.node.rank.step_probe import MeasuredStep
+
 NETWORK_SHARE = 0.10
 """A row is network-bound when the all-reduce that backward does not hide is over this share
 of its step (the network alone costs more than this much of the efficiency)."""
@@ -87,7 +89,7 @@ class Measured:
                 "steps": self.steps, "buckets": [asdict(b) for b in self.buckets]}
 
 
-def measured_from(steps: Sequence[dict[str, Any]], world_size: int,
+def measured_from(steps: Sequence[MeasuredStep], world_size: int,
                   batch: int | None = None) -> Measured:
     """The probe's ``predict`` record (``node.rank.step_probe``): per measured step its
     seconds, batch and ``[bytes, ready_s, done_s]`` per bucket (None in all but the last
@@ -98,7 +100,7 @@ def measured_from(steps: Sequence[dict[str, Any]], world_size: int,
     if not steps:
         raise ValueError("no measured step")
     last = steps[-1]["buckets"] or []
-    with_buckets = [s["buckets"] for s in steps if s.get("buckets") is not None]
+    with_buckets = [b for s in steps if (b := s.get("buckets")) is not None]
     same = [b for b in with_buckets if len(b) == len(last)]
     buckets = tuple(Bucket(nbytes=int(b[0]), ready_s=statistics.median(s[i][1] for s in same))
                     for i, b in enumerate(last))

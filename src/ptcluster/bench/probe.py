@@ -29,6 +29,8 @@ from ptcluster.launch.options import RunOptions
 from ptcluster.launch.plan import Target
 from ptcluster.launch.result import Failure
 from ptcluster.node.rank_wire import PREDICT_VAR, THREADS_DEFAULT, THREADS_VAR
+from ptcluster.remote.rank_records import predict_record
+from ptcluster.remote.replies import BadReply
 
 MAX_SWEEP_SIZES = 8
 """Most distinct sizes the sweep times: past this many bucket sizes, a geometric ladder from the
@@ -125,7 +127,7 @@ def probe_job(spec: ClusterSpec, target: Target, cfg: PredictConfig,
 
     def on_data(host: str, rank: int, data: dict[str, Any]) -> None:
         if data.get("kind") == "predict":
-            records.append(data)
+            records.append(data)  # (checked once, the last: the one the head keeps)
 
     def on_line(host: str, rank: int | None, text: str) -> None:
         tail.append(f"[{host}{'' if rank is None else f' rank {rank}'}] {text}")
@@ -135,8 +137,10 @@ def probe_job(spec: ClusterSpec, target: Target, cfg: PredictConfig,
     host = spec.nodes[0].host
     if records:
         try:
-            return (measured_from(records[-1]["steps"], int(records[-1]["world_size"]),
-                                  cfg.batch), None, [])
+            last = predict_record(records[-1])
+            return measured_from(last["steps"], last["world_size"], cfg.batch), None, []
+        except BadReply as exc:
+            return None, Failure(host=host, rank=0, problem=exc.problem), list(tail)
         except ValueError as exc:
             return None, Failure(host=host, rank=0, message=str(exc)), list(tail)
     why = run.root_cause or Failure(

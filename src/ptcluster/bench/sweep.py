@@ -24,6 +24,7 @@ from ptcluster.launch.result import Failure
 from ptcluster.launch.runner import LineSink
 from ptcluster.node import BENCH_WORKER
 from ptcluster.node.rank.bench_wire import WorkerConfig
+from ptcluster.remote.rank_records import pair_done, row_done, started
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,21 +205,25 @@ def run_bench(spec: ClusterSpec, cfg: BenchConfig, port: int | None = None,
     pair_bytes = pair_count(cfg) * elem
 
     def handle(host: str, rank: int, data: dict[str, Any]) -> None:
+        """A worker's record, checked (``remote.rank_records``: one that fails is noted by
+        the run as unusable)."""
         kind = data.pop("kind", None)
         if kind == "start":
-            result.backend = data["backend"]
+            result.backend = started(data)["backend"]
         elif kind == "row":
-            op, count, seconds = data["op"], data["count"], data["seconds"]
+            row = row_done(data)
+            op, count, seconds = row["op"], row["count"], row["seconds"]
             size = size_for(op, count, n, elem)
             algbw, busbw = bandwidths(op, size, seconds, n)
             result.rows.append(Row(op=op, size=size, count=count, type=cfg.dtype,
                                    redop=redop_for(op), root=root_for(op),
                                    time_us=seconds * 1e6, algbw=algbw, busbw=busbw,
-                                   wrong=data["wrong"]))
+                                   wrong=row["wrong"]))
         elif kind == "pair":
-            result.pairs.append({"a": host_of[data["a"]], "b": host_of[data["b"]],
+            pair = pair_done(data)
+            result.pairs.append({"a": host_of[pair["a"]], "b": host_of[pair["b"]],
                                  "bytes": pair_bytes,
-                                 "gbps": 2 * pair_bytes / data["seconds"] / 1e9})
+                                 "gbps": 2 * pair_bytes / pair["seconds"] / 1e9})
 
     run = run_rank_program(spec, BENCH_WORKER,
                            (json.dumps(worker_cfg),), port=port, on_data=handle, on_line=on_line,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ptcluster.errors import Problem
 from ptcluster.launch.supervise.straggler import Report
-from ptcluster.node.wire import NcclChoice
+from ptcluster.node.wire import NcclChoice, ReadyFacts
 
 if TYPE_CHECKING:
     from ptcluster.launch.stacks.report import StackReport
@@ -62,8 +62,9 @@ class NodeOutcome:
     host: str
     node_rank: int
     ready: bool = False
-    facts: dict[str, Any] = field(default_factory=dict)
-    """What the guard reported at ready: hostname, interface (and how it was chosen), ..."""
+    facts: ReadyFacts = field(default_factory=ReadyFacts)
+    """What the guard reported at ready (checked: ``remote.guard_replies.ready_facts``):
+    hostname, interface (and how it was chosen), ..."""
     clock_offset: float | None = None
     """Node clock minus head clock (s), measured at hello; within one-way latency."""
     guard_exit: int | None = None

@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import BinaryIO
+from typing import BinaryIO, TypedDict
 
 from ptcluster.node.blobs import CHUNK, PART_PREFIX, HeadStream, free_bytes, receive
 from ptcluster.node.data_relay import Relay, ssh_address
@@ -61,6 +61,22 @@ DISK_FULL = Declared(
     "the disk is full at {path} ({free} bytes free): {error}", FREE)
 TABLE = (DEST_UNWRITABLE, NO_ROOM, DISK_FULL)
 """Why a node refuses or fails a push (beside ``node.blobs``' ``file.*``); push names the node."""
+
+
+class _Config(TypedDict):
+    dest: str
+    """The folder on this node (made if missing)."""
+
+
+class PushConfig(_Config, total=False):
+    """The program's config line (``push.send.members_for`` writes it, ``push.send.push`` adds
+    its default ``silence``)."""
+
+    silence: float
+    """Seconds without a byte from the head after which it ends (0 or absent: never)."""
+    addr: str | None
+    """Where the other nodes reach this one (the relay's; read by the head's ``remote.relay``,
+    not here; None: as the node's ``have`` says)."""
 
 
 def inside(path: str) -> bool:
@@ -223,7 +239,7 @@ def watch_head(node: Dest, head: HeadStream, silence: float) -> None:
 
 def main() -> None:
     stdin = sys.stdin.buffer
-    cfg = json.loads(stdin.readline())
+    cfg: PushConfig = json.loads(stdin.readline())
     out = sys.stdout.buffer
     writing = threading.Lock()
 

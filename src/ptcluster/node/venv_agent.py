@@ -49,7 +49,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import BinaryIO, TypedDict
 
 from ptcluster.node.blobs import HeadStream, free_bytes, pass_on, receive, remove_parts
 from ptcluster.node.data_relay import Relay, ssh_address
@@ -87,6 +87,20 @@ PR_SET_PDEATHSIG = 1
 LAYER = "_ptcluster_layer.pth"
 """The file in an environment's site-packages that appends setup's venv's site-packages (torch,
 ptcluster) after its own: the project's packages first, torch and ptcluster beneath."""
+
+
+class VenvsConfig(TypedDict, total=False):
+    """The program's config line (``venvs.nodes.members`` writes it, ``venvs.ship.ship`` adds
+    its defaults)."""
+
+    root: str
+    """The user's ptcluster directory here (default ``~/.ptcluster``)."""
+    silence: float
+    """Seconds without a byte from the head after which it ends as at ``stop`` (0 or absent:
+    never)."""
+    addr: str | None
+    """Where the other nodes reach this one (the relay's; read by the head's ``remote.relay``,
+    not here; None: as the node's ``have`` says)."""
 
 
 class Node:
@@ -412,7 +426,7 @@ def serve(node: Node, kind: str, msg: dict) -> tuple[str, dict]:
 
 def main() -> None:
     stdin = sys.stdin.buffer
-    cfg = json.loads(stdin.readline())
+    cfg: VenvsConfig = json.loads(stdin.readline())
     out = sys.stdout.buffer
     node = Node(cfg.get("root") or "~/.ptcluster")
     writing = threading.Lock()

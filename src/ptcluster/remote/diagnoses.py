@@ -88,12 +88,18 @@ SAMPLE_REFUSED = Declared(
     "node.sample-refused", "a value of a node's sample is refused",
     "the node's sample is refused: {where} is {value}, not {want}",
     f"check that node's sampler ({COMPROMISED})")
+RECORD_REFUSED = Declared(
+    "node.record-refused", "a value of a record a rank reported is refused",
+    "the rank's record is refused: {where} is {value}, not {want}",
+    "use the same ptcluster version on the head and on every node (the bench worker and the "
+    "step probe write these records)")
 HOSTNAME_REFUSED = Declared(
     "node.hostname-refused", "a node's hostname is not a DNS name",
     "the node says its hostname is {hostname!r}, which is not a DNS name: setup writes no name "
     "of a node until it is one",
     "give the node a hostname of letters, digits, '-' and '.' (hostnamectl set-hostname NAME)")
-REPLIES = (FACTS_REFUSED, DOCTOR_FACTS_REFUSED, ANSWER_REFUSED, SAMPLE_REFUSED, HOSTNAME_REFUSED)
+REPLIES = (FACTS_REFUSED, DOCTOR_FACTS_REFUSED, ANSWER_REFUSED, SAMPLE_REFUSED, RECORD_REFUSED,
+           HOSTNAME_REFUSED)
 """A node's reply the head does not believe (``remote.replies.BadReply``): a value of the
 wrong type or range, said of the kind of reply it came in."""
 TABLE = CHANNEL + START + REPLIES

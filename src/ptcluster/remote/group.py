@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import partial
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ptcluster.errors import Problem
 from ptcluster.node import Program
@@ -29,17 +29,20 @@ from ptcluster.remote.transport import Transport, explain_channel_failure
 CLOSE_TIMEOUT = 5.0
 """Seconds every channel has to end after its EOF (one deadline for all, not one each)."""
 LATE_FIX = "check the node is up and not overloaded"
+Config = TypeVar("Config", bound=Mapping[str, object])
 
 
 @dataclass(frozen=True)
-class Member:
+class Member(Generic[Config]):
     """One node to ask: how to reach it, its interpreter, its program's config line."""
 
     host: str
     transport: Transport
     python: str
-    config: Mapping[str, object]
-    """Its config line (a program's declared config: ``node.probe.ProbeConfig``, ...)."""
+    config: Config
+    """Its config line (a program's declared config: ``node.probe.ProbeConfig``, ...; a
+    ``Member[VenvsConfig]`` holds that program's, so mypy checks the keys where it is built
+    and where it is read)."""
 
 
 class Why(str, Enum):

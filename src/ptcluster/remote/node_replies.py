@@ -29,6 +29,7 @@ from ptcluster.remote.replies import (
     Check,
     _bad,
     boolean,
+    checked,
     figure,
     hostname,
     listing,
@@ -130,11 +131,7 @@ def connect_results(answer: Any) -> list[Connect]:
 
 
 def _answer(schema: Check, what: str, answer: Any) -> dict[str, Any]:
-    try:
-        schema(what, answer)
-    except BadReply as exc:
-        raise exc.said_of(ANSWER_REFUSED) from None
-    return dict(answer)
+    return dict(checked(schema, what, answer, ANSWER_REFUSED))
 
 
 def _label(where: str, value: Any) -> None:

@@ -78,6 +78,16 @@ class BadReply(ValueError):
 Check = Callable[[str, Any], None]
 
 
+def checked(schema: Check, what: str, value: Any, entry: Declared) -> Any:
+    """``value``, which ``schema`` passes (``what``: where a refusal says it is). Raises
+    :class:`BadReply`, said as ``entry`` (the kind of reply it came in)."""
+    try:
+        schema(what, value)
+    except BadReply as exc:
+        raise exc.said_of(entry) from None
+    return value
+
+
 def _bad(where: str, value: object, want: str) -> BadReply:
     return BadReply(FACTS_REFUSED, where=where, value=_shown(value), want=want)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ptcluster.cluster.model import ClusterSpec
 from ptcluster.errors import Problem
@@ -17,11 +17,14 @@ from ptcluster.remote.group import Group, Member
 from ptcluster.venvs.resolved import Platform
 from ptcluster.venvs.ship import NODE_ROOT, Choose
 
+if TYPE_CHECKING:  # (the node program's own imports are not the head's: ~6 ms of every run)
+    from ptcluster.node.venv_agent import VenvsConfig
+
 TIMEOUT = 300.0
 """Seconds for a node's answer (the full check hashes every file of an environment)."""
 
 
-def members(spec: ClusterSpec, root: str = NODE_ROOT) -> list[Member]:
+def members(spec: ClusterSpec, root: str = NODE_ROOT) -> list[Member[VenvsConfig]]:
     """Every node of ``spec``, its ``venvs`` program to run on its ``python:``."""
     reach = transports(spec)
     return [Member(n.host, reach[n.host], n.python, {"root": root}) for n in spec.machines]
@@ -36,7 +39,7 @@ class NodeAnswer:
     problem: Problem | None = None
 
 
-def ask(nodes: list[Member], kind: str,
+def ask(nodes: list[Member[VenvsConfig]], kind: str,
         payload: Callable[[str, Platform], dict[str, Any]] | None = None,
         timeout: float = TIMEOUT) -> dict[str, NodeAnswer]:
     """``kind`` to every node (its payload from its platform), every node's answer."""
@@ -63,7 +66,7 @@ def ask(nodes: list[Member], kind: str,
     return out
 
 
-def check(nodes: list[Member], choose: Choose) -> dict[str, NodeAnswer]:
+def check(nodes: list[Member[VenvsConfig]], choose: Choose) -> dict[str, NodeAnswer]:
     """The full check on every node against the environment resolved for its platform:
     ``answer["findings"]``, each a declared problem as the node sent it (``node.venv_problems``:
     ``{code, what, fix, fields}``, naming the package and both versions, or the file);
@@ -75,13 +78,13 @@ def check(nodes: list[Member], choose: Choose) -> dict[str, NodeAnswer]:
     return ask(nodes, Kind.CHECK, payload)
 
 
-def listing(nodes: list[Member]) -> dict[str, NodeAnswer]:
+def listing(nodes: list[Member[VenvsConfig]]) -> dict[str, NodeAnswer]:
     """Every node's environments: ``answer["envs"]``, each ``{digest, size, created,
     last_used, in_use, source, packages}``, the most recently used first."""
     return ask(nodes, Kind.VENVS)
 
 
-def prune(nodes: list[Member], keep: int, max_bytes: int,
+def prune(nodes: list[Member[VenvsConfig]], keep: int, max_bytes: int,
           grace: float | None = None) -> dict[str, NodeAnswer]:
     """Prune every node: ``answer`` ``{kept, removed}`` (each with its ``why``),
     ``wheels_removed``, ``builds_removed``. ``grace``: seconds after a job was given an

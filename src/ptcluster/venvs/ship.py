@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ptcluster.errors import Problem
 from ptcluster.node import VENVS
@@ -29,6 +29,9 @@ from ptcluster.remote.relay import RELAY_MIN, address, relayed
 from ptcluster.venvs.problems import MACHINE_DIFFERS, PYTHON_DIFFERS
 from ptcluster.venvs.resolve import check_torch
 from ptcluster.venvs.resolved import Platform, ResolvedEnv, Wheel
+
+if TYPE_CHECKING:  # (the node program's own imports are not the head's: ~6 ms of every run)
+    from ptcluster.node.venv_agent import VenvsConfig
 
 SENDING, BUILDING = "sending", "building"
 
@@ -147,7 +150,7 @@ def platform_problem(host: str, env: ResolvedEnv, have: dict[str, Any]) -> Probl
     return None
 
 
-def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
+def ship(members: Sequence[Member[VenvsConfig]], choose: Choose, locate: Locate, *,
          on_event: Event | None = None, have_timeout: float = HAVE_TIMEOUT,
          build_timeout: float = BUILD_TIMEOUT, relay: bool | None = None) -> ShipResult:
     """The environment ``choose`` resolves for each node's platform, on every member (its
@@ -160,8 +163,7 @@ def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
     # heartbeats: a node whose link is cut mid-build sees no EOF (its sshd keeps the session
     # for as long as TCP does); the program ends itself after HEARTBEAT_TIMEOUT s of silence
     relaying = len(members) >= RELAY_MIN if relay is None else relay
-    members = [replace(m, config={"silence": HEARTBEAT_TIMEOUT, **(
-        {"addr": address(m.host)} if relaying else {}), **m.config}) for m in members]
+    members = [replace(m, config=_config(m, relaying)) for m in members]
     group = Group(members, VENVS, answer=Kind.BUILD,
                   kinds=(Kind.FACTS, Kind.HAVE, Kind.RELAY, Kind.LINK), heartbeat=HEARTBEAT_EVERY)
     out: dict[str, NodeEnv] = {}
@@ -203,6 +205,15 @@ def ship(members: Sequence[Member], choose: Choose, locate: Locate, *,
     facts = {h: dict(r.answers[Kind.FACTS]) for h, r in result.nodes.items()
              if r.answers.get(Kind.FACTS) is not None}
     return ShipResult({m.host: out[m.host] for m in members}, envs, facts, chain)
+
+
+def _config(member: Member[VenvsConfig], relaying: bool) -> VenvsConfig:
+    """The member's config with ship's defaults beneath it: the heartbeats' ``silence`` and,
+    when ``relaying``, the address the other nodes reach it at."""
+    config: VenvsConfig = {"silence": HEARTBEAT_TIMEOUT, **member.config}
+    if relaying:
+        config.setdefault("addr", address(member.host))
+    return config
 
 
 def _have(group: Group, by_host: dict[str, ResolvedEnv], hosts: list[str],

@@ -13,7 +13,6 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import cast
 
 from ptcluster.errors import Problem
 from ptcluster.launch.options import RunOptions
@@ -122,7 +121,7 @@ class NodeLife:
     @property
     def facts(self) -> wire.ReadyFacts:
         """What its guard reported at ready (``{}`` before), kept in its record."""
-        return cast(wire.ReadyFacts, self.outcome.facts)
+        return self.outcome.facts
 
     def enter(self, state: NodeState, at: float | None = None) -> bool:
         """The one place a node changes state (``at``: for STOPPING and LOST, when it was told

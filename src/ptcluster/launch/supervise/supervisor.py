@@ -191,7 +191,7 @@ class Supervisor(JobState):
         return []
 
     def _ready(self, e: ev.Ready, now: float) -> list[Action]:
-        self._nodes[e.host].facts = dict(e.facts)
+        self._nodes[e.host].facts = e.facts.copy()
         if self._life[e.host].state is NodeState.STARTING:
             self._enter(e.host, NodeState.READY)
         actions: list[Action] = [Status(note) for note in ready_notes(e.host, e.facts)]

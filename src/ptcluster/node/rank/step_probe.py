@@ -65,6 +65,16 @@ class MeasuredStep(TypedDict):
     ddp: bool
 
 
+class PredictRecord(TypedDict):
+    """What rank 0 sends (``bench.probe`` reads it, checked: ``remote.rank_records``)."""
+
+    kind: str
+    """``predict``."""
+    world_size: int
+    steps: list[MeasuredStep]
+    """Every measured step so far (the head keeps the last record)."""
+
+
 class Probe:
     """Per-step timings of one rank; ``send`` gets the record (rank 0's guard socket);
     ``grad_enabled``: torch's ``is_grad_enabled``; ``sync``: waits for the GPU's queued work;
@@ -219,8 +229,10 @@ class Probe:
         if int(os.environ.get("RANK", "0")) == 0:
             for old in self.measured[:-KEEP_BUCKETS]:
                 old["buckets"] = None  # the last steps' buckets are enough, and a record small
-            self.send({"kind": "predict", "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-                       "steps": self.measured})
+            record: PredictRecord = {
+                "kind": "predict", "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                "steps": self.measured}
+            self.send(record)
 
     def _finish(self) -> None:
         if self.extra:
