@@ -10,6 +10,7 @@ import json
 import signal
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -117,7 +118,7 @@ def test_policy_validates() -> None:
         RestartPolicy(min_nodes=0)
 
 
-def test_the_console_s_dropped_lines_are_in_the_summary(tmp_path, monkeypatch) -> None:
+def test_the_console_s_dropped_lines_are_in_the_summary(tmp_path) -> None:
     from ptcluster.cluster import parse_cluster_text
     from ptcluster.launch.plan import Target, plan_launch
     from ptcluster.launch.result import RunResult
@@ -126,9 +127,16 @@ def test_the_console_s_dropped_lines_are_in_the_summary(tmp_path, monkeypatch) -
     spec = parse_cluster_text("nodes:\n  - {host: a, slots: 1}\n", "c.yaml")
     plan = plan_launch(spec, Target(script="t.py"), port=29500, job_id="J")
     runner = Runner(plan, {}, tmp_path / "run", console_dropped=lambda: 7)
-    monkeypatch.setattr(runner, "_attempts", lambda attempts, t0: RunResult(
-        job_id="J", run_dir=tmp_path / "run", ranks=[], nodes=[], failures=[],
-        interrupted=False, duration=1.0))
+
+    class Done:  # (an attempt that ended well at once)
+        def run(self, before, t0):
+            record = AttemptRecord(number=0, hosts=["a"], world_size=1, master_port=29500,
+                                   started_at=0.0, ok=True)
+            return SimpleNamespace(killed_by="", cut_off=[]), RunResult(
+                job_id="J", run_dir=tmp_path / "run", ranks=[], nodes=[], failures=[],
+                interrupted=False, duration=1.0), record
+
+    runner.new_attempt = Done  # type: ignore[method-assign]
     runner.logs.run_dir = tmp_path / "nowhere"  # (what the job wrote: no log could be made)
     runner.logs.rank_line(0, "a line")
     assert runner.run().console_dropped == 7
@@ -268,7 +276,7 @@ def test_the_notes_of_a_wait_s_retried_tries_are_held_by_every_part(tmp_path) ->
 
     shown: list[list[str]] = []
     runner.new_attempt = Try  # type: ignore[method-assign]
-    runner._attempts([], 0.0)
+    runner.run()
     # the two refused tries say nothing (their teardown's "stopping the job ... Fix: ... (run
     # --wait)" was once shown for the first, before the wait line); the wait is said once;
     # the third try's notes are shown when its ranks start, and from then on as they come

@@ -289,7 +289,7 @@ def test_a_pool_that_fails_at_its_fork_beside_forked_ranks_is_launched_again_all
             return SimpleNamespace(killed_by="", cut_off=[]), result, record
 
     runner.new_attempt = Try  # type: ignore[method-assign]
-    result = runner._attempts([], 0.0)
+    result = runner.run()
     assert pooled == [True, False] and result.ok and len(result.attempts) == 1, notes
     assert any(n.startswith("b: its warm pool failed at the fork") for n in notes), notes
     assert [(f.host, f.code) for f in runner.went_cold] == [("b", POOL_LOST.code)]
