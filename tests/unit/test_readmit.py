@@ -281,8 +281,10 @@ def test_a_checkpoint_listing_is_checked_and_a_malformed_one_refused(tmp_path) -
     assert listed["steps"][0]["files"] == {"part-0.pt": ["step-3/part-0.pt", 5]}
     for bad in ({"steps": []}, {"root": str(tmp_path), "steps": [{"step": 3, "marker": None,
                                                                   "files": {"a": ["a"]}}]}):
-        with pytest.raises(BadReply):
+        with pytest.raises(BadReply) as refused:
             ckpt_answer(bad)
+        # (collect names the node with this problem, its code kept: collect --json's code)
+        assert refused.value.problem.by("n1").code == "node.answer-refused"
 
 
 @pytest.mark.parametrize("schema, written", [

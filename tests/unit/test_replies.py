@@ -189,5 +189,6 @@ def test_a_steps_outcome_is_checked_by_the_keys_its_writer_declares() -> None:
     assert replies.step_done({"id": 1, "rc": 0, "out": "ok"}) == {"id": 1, "rc": 0, "out": "ok"}
     for bad in ({"id": 1, "out": ""}, {"id": 1, "rc": "0", "out": ""},
                 {"id": 1, "rc": 0, "out": None}, {"id": 1, "rc": 0, "out": "", "more": 1}):
-        with pytest.raises(replies.BadReply):
+        with pytest.raises(replies.BadReply) as refused:
             replies.step_done(bad)
+        assert refused.value.problem.code == "node.answer-refused"  # (a step's, not facts)

@@ -188,3 +188,19 @@ def test_slurm_in_the_cluster_file() -> None:
                       ("slurm: {controler: a}", "unknown key")):
         with pytest.raises(SpecError, match=said):
             parse_cluster_text(base + bad + "\n", "c.yaml")
+
+
+def test_a_node_without_slurm_facts_waits_when_the_files_are_made() -> None:
+    """The cluster's files are made (their ``why``: the plugins chosen), but this node's facts
+    lack ``slurm``: its files step waits for them; it is not "refused" with the plugins'
+    reason as its refusal."""
+    from dataclasses import replace
+
+    facts = cluster_2_1_1()
+    sc = slurm_cluster(SlurmSetupSpec(controller="a"), dict(facts), ADDRS, KEY)
+    assert sc.files and sc.why  # (made, with why its plugins)
+    lacking = {k: v for k, v in facts["a"].items() if k != "slurm"}
+    (files,) = [d for d in SLURM_DEFS if d.name == "slurm.conf"]
+    step = files.plan("a", lacking, replace(cf_for(facts), slurm=sc))
+    assert step.status == S.BLOCKED and step.problem is not None
+    assert step.problem.code == "setup.slurm-files-wait"

@@ -107,14 +107,13 @@ def _ask(spec: ClusterSpec, dir: str) -> tuple[list[str], list[list[layout.Holdi
     members = [Member(n.host, transport(spec, n), n.python, config(n)) for n in spec.nodes]
     result = ask_all(members, CKPT_LIST, Kind.CKPT, LIST_TIMEOUT)
     hosts, listings, roots = [], [], []
-    unreachable = [Problem(host, r.problem.what if r.problem else str(r.why),
-                           r.problem.fix if r.problem else None)
+    unreachable = [r.problem.by(host) if r.problem else Problem(host, str(r.why))
                    for host, r in result.failed.items()]
     for host, answered in result.succeeded.items():
         try:
             frame = ckpt_answer(answered.answers[Kind.CKPT])
         except BadReply as exc:  # that node's failure, named
-            unreachable.append(Problem(host, exc.what, exc.fix))
+            unreachable.append(exc.problem.by(host))
             continue
         hosts.append(host)
         roots.append(frame["root"])

@@ -98,7 +98,7 @@ def _report(r: NodeResult, begun: float) -> NodeReport:
     try:
         connects = connect_results(r.answers[Kind.CONNECT]) if Kind.CONNECT in r.answers else []
     except BadReply as exc:
-        facts = Problem(None, exc.what, exc.fix)
+        facts = exc.problem
     if isinstance(facts, Problem):  # that node's failure (exit code None: "no answer" we believe)
         report.problem = facts
         report.exit_code = None

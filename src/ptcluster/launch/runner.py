@@ -376,6 +376,8 @@ class Runner:
         for host in (*decision.readmit, *(spare for _, spare in decision.replace)):
             self._away.pop(host, None)
         hosts = _next_hosts(self.plan, file_nodes, decision)
+        if set(record.hosts) - set(hosts) - gone:  # (dropped, yet answering: its pool is no
+            self._end_kept_pools(record, gone | set(hosts), result.nodes)  # next guard's)
         before = self.plan
         self.plan = self.restarts.next_plan(self._first, len(attempts), hosts, self._addresses)
         self.notes(f"{decision.reason}: attempt {len(attempts)} on {len(hosts)} node(s), world "
@@ -384,14 +386,15 @@ class Runner:
         self.layout.write_plan(self.plan.attempt, plan_json(self.plan, self.opts))
         return True
 
-    def _end_kept_pools(self, record: AttemptRecord, gone: set[str],
+    def _end_kept_pools(self, record: AttemptRecord, skip: set[str],
                         nodes: list[NodeOutcome]) -> None:
         """The job's warm pools that the guards of a failed attempt kept for a restart the
         runner then decided against (no progress, ended from outside, too few nodes, the
         user's stop that came after the attempt had ended: ``--wait``'s poll, between
-        attempts): ended now (``node.warm.pools``), not left waiting ``wire.JOB_POOL_WITHIN``
+        attempts), or on a node the next attempt leaves out (dropped, or its place taken by a
+        spare): ended now (``node.warm.pools``), not left waiting ``wire.JOB_POOL_WITHIN``
         for a guard. Asked where the guard's exit frame said it kept one, or no exit frame
-        came; not on the nodes ``gone``."""
+        came; not on the nodes ``skip`` (gone, or going on)."""
         left = int(dict(self.plan.nodes[0].env).get(MAX_RESTARTS_VAR, 0)) > self.plan.attempt
         if record.ok or not left:
             return  # (none kept: no restart was left)
@@ -399,7 +402,7 @@ class Runner:
         stop: PoolsConfig = {"stop": True, "job": self.plan.job_id}
         members = [Member(n.host, self.ctx.transports[n.host], n.python, stop)
                    for n in self.plan.nodes
-                   if n.host in record.hosts and n.host not in gone | kept_none
+                   if n.host in record.hosts and n.host not in skip | kept_none
                    and "job" in (n.warm_config(self.plan, self.opts) or {})]
         if members:
             ask_all(members, WARM, Kind.RESULT, KEPT_POOLS_WAIT)

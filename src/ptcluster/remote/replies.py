@@ -27,7 +27,12 @@ from ptcluster.node.problems import Declared
 from ptcluster.node.setup_agent import StepDone
 from ptcluster.node.sharing.records import MAX_LEASES, MOST_TEXT, sampled
 from ptcluster.node.wire import Sample
-from ptcluster.remote.diagnoses import FACTS_REFUSED, HOSTNAME_REFUSED, SAMPLE_REFUSED
+from ptcluster.remote.diagnoses import (
+    ANSWER_REFUSED,
+    FACTS_REFUSED,
+    HOSTNAME_REFUSED,
+    SAMPLE_REFUSED,
+)
 
 GPU_FILE = re.compile(r"/dev/nvidia\d{1,4}")
 """A GPU's device file in ``gres.conf`` (``re.fullmatch``: a trailing newline does not pass)."""
@@ -255,8 +260,7 @@ DONE = record({"id": number(0, 2**31), "rc": number(-2**31, 2**31), "out": outpu
 
 def step_done(reply: Any) -> StepDone:
     """A ``done`` frame, checked. Raises :class:`BadReply`."""
-    DONE("the step's outcome", reply)
-    return cast(StepDone, reply)
+    return cast(StepDone, checked(DONE, "the step's outcome", reply, ANSWER_REFUSED))
 
 
 def fresh(reply: SetupFacts, only: list[str] | None) -> SetupFacts:

@@ -136,8 +136,8 @@ def _needs_files(name: str, plan: PlanFn) -> PlanFn:
     """Step ``name``, blocked until every node's Slurm facts are in (``cf.slurm``)."""
     def step(host: str, facts: SetupFacts, cf: ClusterFacts) -> Step:
         if cf.slurm is None or not cf.slurm.files or "slurm" not in facts:
-            if cf.slurm is not None and cf.slurm.why:
-                return R.SLURM_FILES_REFUSED.step(name, why=cf.slurm.why)
+            if cf.slurm is not None and not cf.slurm.files and cf.slurm.why:  # (with files,
+                return R.SLURM_FILES_REFUSED.step(name, why=cf.slurm.why)  # why: the plugins)
             return R.SLURM_FILES_WAIT.step(name)
         return plan(host, facts, cf)
     return step
