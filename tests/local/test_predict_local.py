@@ -147,11 +147,11 @@ AVERAGED = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from torch import nn
-    rank, store, probed = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "probed"
+    rank, store, probed, world = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "probed", 3
     if probed:
         from ptcluster.node.rank.step_probe import install
         install(json.dumps({"warmup": 50, "steps": 50}), lambda body: None)
-    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
     torch.manual_seed(0)
     net = nn.parallel.DistributedDataParallel(
         nn.Sequential(nn.Linear(300, 4000), nn.ReLU(), nn.Linear(4000, 10)))  # 2 buckets
@@ -172,7 +172,8 @@ AVERAGED = textwrap.dedent("""
 
 def test_the_probes_comm_hook_averages_the_gradients_as_ddp_does(tmp_path) -> None:
     # (the hook divides by the world size itself: DDP's own path divides while it copies
-    # into the bucket; a hook that summed only would train a different model)
+    # into the bucket, by multiplying with 1/3 here; a hook that summed only, or divided by 3,
+    # would train a different model: the parameters are compared bit for bit)
     digests = {}
     for how in ("plain", "probed"):
         procs = [subprocess.Popen([sys.executable, "-c", AVERAGED, str(rank),
@@ -180,7 +181,7 @@ def test_the_probes_comm_hook_averages_the_gradients_as_ddp_does(tmp_path) -> No
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
                                        "PYTHONPATH": str(ROOT / "src")})
-                 for rank in (0, 1)]
+                 for rank in (0, 1, 2)]
         outs = [p.communicate(timeout=120) for p in procs]
         assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
         (digest,) = {out.strip() for out, _ in outs}  # both ranks hold the same parameters

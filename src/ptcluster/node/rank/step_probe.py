@@ -8,13 +8,14 @@ before the user's program runs; the program is not changed. Through public torch
   is the one counted;
 * the DDP buckets: every ``DistributedDataParallel`` built afterwards gets a comm hook
   (``register_comm_hook``) that notes each bucket's bytes and the moment it is ready, then
-  averages it over the ranks as DDP's own path does, and notes when that all-reduce is done.
-  DDP's own path divides each gradient by the world size while it copies it into the bucket;
-  a hook gets the bucket already copied, so it divides in a scan of its own
-  (``default_hooks.allreduce_hook`` does too): with a 21 MB gradient on a CPU that scan was
-  ~1 ms of an 8 ms step (11-17 %, 2026-12-07). The probe times that scan and leaves it out of
-  the step and the buckets' moments; on one rank it skips it (a division by 1). Measured after
-  ``warmup`` steps: DDP rebuilds its buckets in the order of the first backward;
+  averages it over the ranks as DDP's own path does, and notes when that all-reduce is done. DDP's
+  own path divides each gradient by the world size while it copies it into the bucket; a hook gets
+  the bucket already copied, so it divides in a scan of its own (``default_hooks.allreduce_hook``
+  does too, by ``div_``: on a CPU a third of the values of a division by 3 differ in their last
+  bit from DDP's multiplication by 1/3): with a 21 MB gradient on a CPU that scan was ~1 ms of an
+  8 ms step (11-17 %, 2026-12-07). The probe times that scan and leaves it out of the step and the
+  buckets' moments; on one rank it skips it (a division by 1). Measured after ``warmup`` steps:
+  DDP rebuilds its buckets in the order of the first backward;
 * without DDP (a one-rank run that does not wrap its model): the buckets DDP would make of the
   optimizer's parameters (reverse order, 1 MiB first, then 25 MiB: DDP's defaults), ready when
   their last gradient is (``register_post_accumulate_grad_hook``);
@@ -126,7 +127,7 @@ class Probe:
         size = dist.get_world_size(group)
         if size > 1:  # (DDP's own path divides while copying into the bucket: not timed)
             began = time.perf_counter()
-            buf.div_(size)
+            buf.mul_(1.0 / size)  # (as DDP's: by the reciprocal; div_ differs in the last bit)
             self.overhead += time.perf_counter() - began
         fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
 
